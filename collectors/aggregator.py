@@ -1,0 +1,502 @@
+"""The per-process aggregator: the only thing the cache hot path touches.
+
+A lookup costs a few dict operations on the calling thread's own state — no
+lock, no I/O, no OpenTelemetry call. Exporters read the aggregator later:
+OpenTelemetry observable instruments in their callbacks, the embedded store
+and Redis sinks in the periodic flush.
+
+Why per-thread state: ``d[k] += 1`` on a shared dict can lose counts between
+threads, and a lock costs about as much as the rest of the lookup. Each thread
+owns its dicts, so its increments are exact; readers copy them (``dict.copy``
+runs without releasing the GIL) and sum. Cumulative counters are never reset,
+so they are exact; the hot-key sketches and A/B unit records are swapped out at
+flush, and in multi-threaded mode a swapped buffer is read one flush later so
+that an increment in flight when it was swapped is not lost.
+
+Label sets are interned to small ints when a request context is set or a
+wrapper is bound, so the per-lookup key is ``(ctx_id, layer_id, family,
+result)`` and all label work is paid at export.
+
+Hot keys use a batched Space-Saving sketch per (tenant, layer) and thread: a
+dict of up to K + max(K, 1024) entries; when full, it keeps the top K by
+estimated count, and new keys enter with the largest evicted estimate as both
+their starting estimate and error bound, so ``hits + misses <= true count <=
+hits + misses + err`` for every key reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import operator
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from . import schema
+from .keys import FamilyNormaliser, TenantBucketer
+
+__all__ = ["Aggregator", "LayerBinding", "HIT", "MISS", "BYPASS", "ERROR"]
+
+log = logging.getLogger("warmscope.collectors")
+
+HIT, MISS, BYPASS, ERROR = 0, 1, 2, 3
+RESULT_NAMES = schema.RESULTS
+
+# Request histograms, in the order of the per-(labels) histogram list.
+HISTOGRAMS = (
+    (schema.TTFT, schema.TTFT_BUCKETS),
+    (schema.REQUEST_DURATION, schema.DURATION_BUCKETS),
+    (schema.TOKEN_USAGE, schema.TOKEN_BUCKETS),
+    (schema.CACHE_READ_TOKENS, schema.TOKEN_BUCKETS),
+)
+# Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
+UNIT_BUCKETS = schema.DURATION_BUCKETS
+# A/B unit record fields, in list order (the histogram follows them).
+UNIT_FIELDS = (
+    "lookups", "hits", "requests", "latency_sum", "latency_sq", "ttft_sum",
+    "conversions", "value", "gpu_s", "sla_met",
+)
+_NU = len(UNIT_FIELDS)
+
+
+class _ThreadState:
+    """One thread's counters for one layer (or, layer -1, its request records)."""
+
+    __slots__ = ("layer_id", "counts", "writes", "hot", "units", "req", "hist")
+
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+        self.counts: dict[tuple, int] = {}  # (ctx id, family, result) -> n
+        self.writes: dict[tuple, int] = {}  # (ctx id, family) -> n
+        self.hot: dict[int, dict] = {}  # tenant id -> sketch {key: [hits, misses, err, family]}
+        self.units: dict[tuple, list] = {}
+        self.req: dict[tuple, list] = {}
+        self.hist: dict[tuple, list] = {}
+
+
+class LayerBinding:
+    """Set up once per layer: its id, family normaliser and per-thread state."""
+
+    __slots__ = ("layer", "layer_id", "families", "memo", "length_buckets", "tls")
+
+    def __init__(self, layer: str, layer_id: int, families: FamilyNormaliser, length_buckets: bool) -> None:
+        self.layer = layer
+        self.layer_id = layer_id
+        self.families = families
+        self.memo = families._memo  # read directly on the hot path
+        self.length_buckets = length_buckets
+        self.tls = threading.local()
+
+
+@dataclass(slots=True)
+class WarmedKey:
+    run_id: str
+    key_hash_src: object  # the raw key; hashed only when exported
+    family: str
+    tenant: str
+    layer: str
+    warmed_at: float
+    ttl_s: float | None
+    first_hit_at: float | None = None
+    first_miss_at: float | None = None
+    hits: int = 0
+    exported: tuple | None = None  # state at the last export
+
+
+@dataclass(slots=True)
+class EarlyWindow:
+    """Keys requested right after a warm-up run (for warm-set recall)."""
+
+    run_id: str
+    layer: str
+    tenant: str | None  # None: all tenants
+    until: float
+    limit: int
+    seen: dict = field(default_factory=dict)  # raw key -> [first_seen, lookups, family]
+    overflow: int = 0
+
+
+class Aggregator:
+    def __init__(
+        self,
+        replica: str = "replica-0",
+        tenants: TenantBucketer | None = None,
+        family_rules: Iterable[tuple[str, str]] = (),
+        max_families: int = 256,
+        hot_keys_k: int = 100,
+        clock: Callable[[], float] = time.time,
+        warmed_key_limit: int = 200_000,
+        early_key_limit: int = 50_000,
+    ) -> None:
+        self.replica = replica
+        self.tenants = tenants or TenantBucketer()
+        self.clock = clock
+        self._family_rules = tuple(family_rules)
+        self._max_families = max_families
+        self.hot_k = hot_keys_k
+        # Slack above K makes compaction rare: amortised O(1) per new key.
+        self._hot_cap = hot_keys_k + max(hot_keys_k, 1024)
+        self.warmed_key_limit = warmed_key_limit
+        self.early_key_limit = early_key_limit
+        self._lock = threading.Lock()
+        self._req_tls = threading.local()
+        self._states: list[_ThreadState] = []
+        self._retired: list[tuple[dict, dict]] = []  # (hot, units) awaiting a settle
+        # Interned label sets.
+        self._ctx_ids: dict[tuple, int] = {}
+        self._ctx_labels: list[tuple] = []
+        self._layers: dict[str, LayerBinding] = {}
+        self._layer_names: list[str] = []
+        self._tenant_ids: dict[str, int] = {}
+        self._tenant_names: list[str] = []
+        self._hot_floor: dict[int, int] = {}
+        # Warm-up bookkeeping (touched on the hot path only by dict.get).
+        self.warmed: dict[object, WarmedKey] = {}
+        self.early: list[EarlyWindow] = []
+        self.events: deque = deque()  # warm-up run records for the sinks
+        self.warmup_counts: dict[tuple, list] = {}  # WARMUP_LABELS(+status) -> sums
+        self.warmup_active: dict[tuple, int] = {}
+        self.errors: dict[str, int] = {s: 0 for s in schema.TELEMETRY_STAGES}
+        self._logged: set[str] = set()
+
+    # ---------------------------------------------------------------- setup
+    def bind_layer(self, layer: str, length_buckets: bool | None = None) -> LayerBinding:
+        with self._lock:
+            b = self._layers.get(layer)
+            if b is None:
+                if length_buckets is None:
+                    length_buckets = layer == "prefix_kv"
+                b = LayerBinding(
+                    layer, len(self._layer_names),
+                    FamilyNormaliser(self._family_rules, self._max_families), bool(length_buckets),
+                )
+                self._layers[layer] = b
+                self._layer_names.append(layer)
+            return b
+
+    def intern_context(
+        self, tenant: str, experiment: str, variant: str, model: str, length_bucket: str
+    ) -> tuple[int, int, int]:
+        """Ids for a request's label set: (with length bucket, without, tenant id)."""
+        out = []
+        for lb in (length_bucket, ""):
+            labels = (tenant, experiment, variant, model, lb)
+            cid = self._ctx_ids.get(labels)
+            if cid is None:
+                with self._lock:
+                    cid = self._ctx_ids.get(labels)
+                    if cid is None:
+                        cid = len(self._ctx_labels)
+                        self._ctx_labels.append(labels)
+                        self._ctx_ids[labels] = cid
+            out.append(cid)
+        tid = self._tenant_ids.get(tenant)
+        if tid is None:
+            with self._lock:
+                tid = self._tenant_ids.setdefault(tenant, len(self._tenant_names))
+                if tid == len(self._tenant_names):
+                    self._tenant_names.append(tenant)
+        return out[0], out[1], tid
+
+    def _state(self, tls: threading.local, layer_id: int) -> _ThreadState:
+        st = _ThreadState(layer_id)
+        tls.s = st
+        with self._lock:
+            self._states.append(st)
+        return st
+
+    # ------------------------------------------------------------ hot path
+    def record_lookup(self, b: LayerBinding, key: object, result: int, ctx: Any) -> None:
+        """Count one lookup. ``ctx`` is the active RequestContext (or the default)."""
+        try:
+            st = b.tls.s
+        except AttributeError:
+            st = self._state(b.tls, b.layer_id)
+        fam = b.memo.get(key)
+        if fam is None:
+            fam = b.families.family(key)
+        k = (ctx.cid if b.length_buckets else ctx.cid0, fam, result)
+        c = st.counts
+        c[k] = c.get(k, 0) + 1
+        if result > MISS:
+            return
+        sk = st.hot.get(ctx.tid)
+        if sk is None:
+            sk = st.hot[ctx.tid] = {}
+        e = sk.get(key)
+        if e is None:
+            hk = (ctx.tid << 12) | b.layer_id
+            if len(sk) >= self._hot_cap:
+                self._compact(hk, sk)
+            floor = self._hot_floor.get(hk, 0)
+            e = sk[key] = [floor, 0, 0, floor, fam, key]
+        e[0] += 1
+        e[result + 1] += 1
+        if ctx.ukey is not None:
+            u = st.units.get(ctx.ukey)
+            if u is None:
+                u = st.units[ctx.ukey] = _new_unit()
+            u[0] += 1
+            if result == HIT:
+                u[1] += 1
+        if self.warmed:
+            w = self.warmed.get(key)
+            if w is not None:
+                self._warmed_read(w, result)
+        if self.early:
+            self._early_read(b, key, fam, ctx)
+
+    def record_write(self, b: LayerBinding, key: object, ctx: Any, n: int = 1) -> None:
+        try:
+            st = b.tls.s
+        except AttributeError:
+            st = self._state(b.tls, b.layer_id)
+        k = (ctx.cid0, b.families.family(key))
+        st.writes[k] = st.writes.get(k, 0) + n
+
+    def _compact(self, hk: int, sk: dict) -> None:
+        # Entries are [estimate, hits, misses, err, family, key]; keep the top K.
+        top = heapq.nlargest(self.hot_k + 1, sk.values(), key=_est)
+        if len(top) > self.hot_k:
+            self._hot_floor[hk] = max(self._hot_floor.get(hk, 0), top[-1][0])
+            top.pop()
+        sk.clear()
+        sk.update((e[5], e) for e in top)
+
+    def _warmed_read(self, w: WarmedKey, result: int) -> None:
+        if result == HIT:
+            w.hits += 1
+            if w.first_hit_at is None:
+                w.first_hit_at = self.clock()
+        elif w.first_miss_at is None:
+            w.first_miss_at = self.clock()
+
+    def _early_read(self, b: LayerBinding, key: object, fam: str, ctx: Any) -> None:
+        # Windows are closed by the flusher; the clock is read only for new keys.
+        for win in self.early:
+            if win.layer != b.layer or (win.tenant is not None and win.tenant != ctx.tenant):
+                continue
+            e = win.seen.get(key)
+            if e is not None:
+                e[1] += 1
+            elif len(win.seen) < win.limit:
+                now = self.clock()
+                if now <= win.until:
+                    win.seen[key] = [now, 1, fam]
+            else:
+                win.overflow += 1
+
+    # ------------------------------------------------------- request records
+    def record_request(
+        self,
+        ctx: Any,
+        ttft_s: float | None,
+        latency_s: float | None,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        gpu_s: float,
+        sla_met: bool | None,
+        conversion: bool | None,
+        value: float,
+    ) -> None:
+        try:
+            st = self._req_tls.s
+        except AttributeError:
+            st = self._state(self._req_tls, -1)
+        rk = (ctx.cid0, "" if sla_met is None else ("true" if sla_met else "false"))
+        r = st.req.get(rk)
+        if r is None:
+            r = st.req[rk] = [0, 0.0, 0, 0.0]
+        r[0] += 1
+        r[1] += gpu_s
+        if conversion:
+            r[2] += 1
+            r[3] += value
+        for i, v in enumerate((ttft_s, latency_s, prompt_tokens, cached_tokens)):
+            if v is None:
+                continue
+            hk = (i, ctx.cid0)
+            h = st.hist.get(hk)
+            bounds = HISTOGRAMS[i][1]
+            if h is None:
+                h = st.hist[hk] = [0] * (len(bounds) + 3)  # buckets, +Inf, sum, count
+            h[bisect.bisect_left(bounds, v)] += 1
+            h[-2] += v
+            h[-1] += 1
+        if ctx.ukey is not None:
+            u = st.units.get(ctx.ukey)
+            if u is None:
+                u = st.units[ctx.ukey] = _new_unit()
+            lat = latency_s if latency_s is not None else 0.0
+            u[2] += 1
+            u[3] += lat
+            u[4] += lat * lat
+            u[5] += ttft_s or 0.0
+            if conversion:
+                u[6] += 1
+                u[7] += value
+            u[8] += gpu_s
+            if sla_met:
+                u[9] += 1
+            if latency_s is not None:
+                u[_NU + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
+
+    # ------------------------------------------------------------- warm-up
+    def warmup_event(self, kind: str, labels: tuple, record: dict, status: str = "") -> None:
+        """Book a warm-up start/end (called by WarmupRun; not on the lookup path)."""
+        with self._lock:
+            if kind == "start":
+                self.warmup_active[labels] = self.warmup_active.get(labels, 0) + 1
+            else:
+                self.warmup_active[labels] = self.warmup_active.get(labels, 1) - 1
+                sums = self.warmup_counts.setdefault(labels + (status,), [0, 0, 0, 0.0])
+                sums[0] += 1
+                sums[1] += record.get("keys", 0)
+                sums[2] += record.get("bytes", 0)
+                sums[3] += record.get("gpu_s", 0.0)
+            self.events.append(("run", dict(record)))
+
+    def add_warmed(self, w: WarmedKey) -> bool:
+        if len(self.warmed) >= self.warmed_key_limit:
+            self.count_error("record", "warmed-key limit reached; key not tracked for precision")
+            return False
+        self.warmed[w.key_hash_src] = w
+        return True
+
+    def open_early_window(self, run_id: str, layer: str, tenant: str | None, seconds: float) -> None:
+        if seconds <= 0 or self.early_key_limit <= 0:
+            return
+        win = EarlyWindow(run_id, layer, tenant, self.clock() + seconds, self.early_key_limit)
+        with self._lock:
+            self.early = self.early + [win]  # copy-on-write: the hot path iterates it
+
+    # -------------------------------------------------------------- errors
+    def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
+        """Swallowed instrumentation failure: count it, log the first per stage."""
+        try:
+            self.errors[stage] = self.errors.get(stage, 0) + 1
+            if stage not in self._logged:
+                self._logged.add(stage)
+                log.warning("warmscope %s failure (counted, not raised): %s %s", stage, message, exc or "")
+        except Exception:  # pragma: no cover - never raise from here
+            pass
+
+    # -------------------------------------------------------------- readers
+    def _all_states(self) -> list[_ThreadState]:
+        with self._lock:
+            return list(self._states)
+
+    def layer_name(self, layer_id: int) -> str:
+        return self._layer_names[layer_id]
+
+    def ctx_labels(self, cid: int) -> tuple:
+        return self._ctx_labels[cid]
+
+    def lookup_totals(self) -> dict[tuple, int]:
+        """Cumulative lookups keyed by the full LOOKUP_LABELS value tuple."""
+        out: dict[tuple, int] = {}
+        for st in self._all_states():
+            if st.layer_id < 0:
+                continue
+            layer = self._layer_names[st.layer_id]
+            for (cid, fam, res), n in st.counts.copy().items():
+                t, exp, var, model, lb = self._ctx_labels[cid]
+                k = (t, layer, fam, RESULT_NAMES[res], exp, var, model, self.replica, lb)
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def write_totals(self) -> dict[tuple, int]:
+        out: dict[tuple, int] = {}
+        for st in self._all_states():
+            if st.layer_id < 0:
+                continue
+            for (cid, fam), n in st.writes.copy().items():
+                t = self._ctx_labels[cid][0]
+                k = (t, self._layer_names[st.layer_id], fam, self.replica)
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def request_totals(self) -> dict[tuple, list]:
+        """(tenant, exp, variant, model, replica, sla) -> [requests, gpu_s, conversions, value]."""
+        out: dict[tuple, list] = {}
+        for st in self._all_states():
+            for (cid, sla), r in st.req.copy().items():
+                t, exp, var, model, _ = self._ctx_labels[cid]
+                k = (t, exp, var, model, self.replica, sla)
+                acc = out.setdefault(k, [0, 0.0, 0, 0.0])
+                for i in range(4):
+                    acc[i] += r[i]
+        return out
+
+    def histogram_totals(self) -> dict[tuple[int, tuple], list]:
+        """(histogram index, REQUEST_LABELS values) -> [bucket counts..., +Inf, sum, count]."""
+        out: dict[tuple, list] = {}
+        for st in self._all_states():
+            for (i, cid), h in st.hist.copy().items():
+                t, exp, var, model, _ = self._ctx_labels[cid]
+                k = (i, (t, exp, var, model, self.replica))
+                acc = out.get(k)
+                if acc is None:
+                    out[k] = list(h)
+                else:
+                    for j, v in enumerate(h):
+                        acc[j] += v
+        return out
+
+    def take_buffers(self, settle: bool) -> tuple[dict[int, dict], dict[tuple, list]]:
+        """Swap out hot-key sketches and unit records, merged across threads.
+
+        With ``settle=False`` (other threads may be recording) the buffers
+        swapped now are returned at the next call, so no in-flight increment is
+        lost; ``settle=True`` returns everything now (single-threaded callers,
+        shutdown).
+        """
+        fresh = []
+        for st in self._all_states():
+            hot, units = st.hot, st.units
+            st.hot, st.units = {}, {}
+            hot = {(tid << 12) | st.layer_id: sk for tid, sk in hot.items()}
+            fresh.append((hot, units))
+        with self._lock:
+            ready = self._retired + (fresh if settle else [])
+            self._retired = [] if settle else fresh
+        hot_out: dict[int, dict] = {}
+        units_out: dict[tuple, list] = {}
+        for hot, units in ready:
+            for hk, sk in hot.items():
+                acc = hot_out.setdefault(hk, {})
+                for key, e in sk.items():
+                    a = acc.get(key)
+                    if a is None:
+                        acc[key] = list(e)
+                    else:  # the same key seen by two threads
+                        a[1] += e[1]
+                        a[2] += e[2]
+                        a[3] = max(a[3], e[3])
+                        a[0] = a[1] + a[2] + a[3]
+            for uk, u in units.items():
+                a = units_out.get(uk)
+                if a is None:
+                    units_out[uk] = list(u)
+                else:
+                    for j, v in enumerate(u):
+                        a[j] += v
+        # Keep the top K per sketch.
+        for hk, acc in hot_out.items():
+            if len(acc) > self.hot_k:
+                hot_out[hk] = {e[5]: e for e in heapq.nlargest(self.hot_k, acc.values(), key=_est)}
+        return hot_out, units_out
+
+    def hot_scope(self, hk: int) -> tuple[str, str]:
+        return self._tenant_names[hk >> 12], self._layer_names[hk & 0xFFF]
+
+
+_est = operator.itemgetter(0)
+
+
+def _new_unit() -> list:
+    return [0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0] + [0] * (len(UNIT_BUCKETS) + 1)

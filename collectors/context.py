@@ -1,0 +1,102 @@
+"""Request context: set once per request, read by every wrapper below it.
+
+Serving code sets tenant, experiment unit, variant, model and prompt length
+once; cache wrappers deep in the stack label their lookups from it without any
+parameter plumbing. It lives in a :mod:`contextvars` variable, so it follows
+asyncio tasks, and threads started with ``contextvars.copy_context().run`` or
+``asyncio.to_thread``; :func:`propagate` wraps a callable for a thread pool.
+
+Label work (tenant allow-list, interning) happens here, once per request, so a
+lookup only reads three ints.
+
+Example::
+
+    from collectors import request_context
+    with request_context(tenant="acme", unit=session_id, experiment="warmup-2026-11",
+                         variant="B", model="llama-3-8b", prompt_tokens=1800):
+        answer = serve(prompt)   # wrapped caches inside pick the labels up
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+from . import schema
+
+__all__ = ["RequestContext", "request_context", "current_context", "propagate"]
+
+T = TypeVar("T")
+
+
+class RequestContext:
+    __slots__ = (
+        "tenant", "experiment", "variant", "model", "unit", "prompt_tokens",
+        "length_bucket", "cid", "cid0", "tid", "ukey", "_agg",
+    )
+
+    def __init__(
+        self,
+        agg: Any,
+        tenant: str | None = None,
+        unit: str | None = None,
+        experiment: str | None = None,
+        variant: str | None = None,
+        model: str | None = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        self._agg = agg
+        self.tenant = agg.tenants.label(tenant)
+        self.experiment = str(experiment) if experiment else schema.NONE
+        self.variant = str(variant) if variant else schema.NONE
+        self.model = str(model) if model else schema.UNKNOWN
+        self.unit = None if unit is None else str(unit)
+        self.prompt_tokens = prompt_tokens
+        self.length_bucket = schema.length_bucket(prompt_tokens) if prompt_tokens is not None else schema.UNKNOWN
+        self.cid, self.cid0, self.tid = agg.intern_context(
+            self.tenant, self.experiment, self.variant, self.model, self.length_bucket
+        )
+        # A/B unit records only when the request is in an experiment.
+        self.ukey = (self.experiment, self.variant, self.unit) if (self.unit and self.experiment) else None
+
+
+_current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "warmscope_request_context", default=None
+)
+
+
+def current_context() -> RequestContext | None:
+    return _current.get()
+
+
+@contextmanager
+def request_context(
+    tenant: str | None = None,
+    unit: str | None = None,
+    experiment: str | None = None,
+    variant: str | None = None,
+    model: str | None = None,
+    prompt_tokens: int | None = None,
+    telemetry: Any = None,
+) -> Iterator[RequestContext]:
+    """Label every lookup and request record inside the block."""
+    from .pipeline import current_telemetry
+
+    tel = telemetry or current_telemetry()
+    ctx = RequestContext(tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens)
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+def propagate(fn: Callable[..., T]) -> Callable[..., T]:
+    """Wrap ``fn`` so it runs in a copy of the caller's context (thread pools)."""
+    ctx = contextvars.copy_context()
+
+    def run(*a: Any, **kw: Any) -> T:
+        return ctx.run(fn, *a, **kw)
+
+    return run

@@ -1,0 +1,141 @@
+"""Key identity without key text: keyed hashes, key families, bounded tenants.
+
+* :class:`KeyHasher` — a keyed BLAKE2b digest. The raw key never leaves the
+  process; hot keys, warmed keys and A/B units are exported by this hash only.
+  Hashing costs ~0.7 µs, so it runs when something is exported, not per lookup.
+* :class:`FamilyNormaliser` — maps a key to its *family*, a template safe to use
+  as a label. User rules ``(regex, template)`` are tried first: the first regex
+  that matches gives ``match.expand(template)`` (``\\1`` refers to groups) and
+  nothing else of the key; the default
+  splits on ``:`` / ``/`` / ``|`` and replaces every segment that holds a digit,
+  a UUID or hex hash, whitespace, or more than 32 characters by ``*`` and keeps at
+  most four segments — so ``summarize:doc:8812`` -> ``summarize:doc:*`` and a
+  prompt used as a key (``resp:What is the capital of France?``) -> ``resp:*``.
+  Results are memoised per key (bounded) and the number of families per layer
+  is capped; overflow maps to ``other``.
+* :class:`TenantBucketer` — an allow-list, or the first ``max_tenants`` seen;
+  everything else is ``other``.
+
+Example::
+
+    >>> FamilyNormaliser().family("summarize:doc:8812")
+    'summarize:doc:*'
+    >>> len(KeyHasher(b"s3cret").hash("summarize:doc:8812"))
+    16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from typing import Iterable
+
+from . import schema
+
+__all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer"]
+
+_SPLIT = re.compile(r"([:/|])")
+_IDENT = re.compile(r"[A-Za-z_\-.]{1,32}")
+
+
+class KeyHasher:
+    def __init__(self, secret: bytes) -> None:
+        if not secret:
+            raise ValueError("key secret must not be empty")
+        self._secret = bytes(secret)[:64]
+
+    def hash(self, key: object) -> str:
+        data = key if isinstance(key, bytes) else str(key).encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(data, key=self._secret, digest_size=8).hexdigest()
+
+
+def default_family(key: str) -> str:
+    parts = _SPLIT.split(key)
+    out: list[str] = []
+    segs = 0
+    for i in range(0, len(parts), 2):
+        seg = parts[i]
+        if segs == 4:
+            out.append("*")
+            break
+        out.append(seg if _IDENT.fullmatch(seg) else ("*" if seg else ""))
+        segs += 1
+        if i + 1 < len(parts):
+            out.append(parts[i + 1])
+    fam = "".join(out)
+    return fam or "*"
+
+
+class FamilyNormaliser:
+    """Key -> family label, memoised and bounded (thread-safe enough: races
+    only recompute the same value)."""
+
+    def __init__(
+        self,
+        rules: Iterable[tuple[str, str]] = (),
+        max_families: int = 256,
+        memo_size: int = 65536,
+    ) -> None:
+        self._rules = [(re.compile(p), r) for p, r in rules]
+        self._max = max_families
+        self._memo: dict[object, str] = {}
+        self._memo_size = memo_size
+        self._families: set[str] = set()
+        self._lock = threading.Lock()
+
+    def family(self, key: object) -> str:
+        fam = self._memo.get(key)
+        if fam is not None:
+            return fam
+        return self._slow(key)
+
+    def _slow(self, key: object) -> str:
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+        fam = None
+        for pat, repl in self._rules:
+            m = pat.search(text)
+            if m:
+                # The family is the expanded template alone: the rest of the key
+                # text is dropped, so a partial match cannot leak it.
+                fam = m.expand(repl)
+                break
+        if fam is None:
+            fam = default_family(text)
+        if fam not in self._families:
+            with self._lock:
+                if len(self._families) >= self._max:
+                    fam = schema.OTHER
+                else:
+                    self._families.add(fam)
+        if len(self._memo) >= self._memo_size:
+            self._memo.clear()  # cleared in place: LayerBinding holds this dict
+        try:
+            self._memo[key] = fam
+        except TypeError:  # unhashable key: no memo
+            pass
+        return fam
+
+
+class TenantBucketer:
+    def __init__(self, allow: Iterable[str] = (), max_tenants: int = 64) -> None:
+        self._allow = frozenset(allow)
+        self._seen: set[str] = set()
+        self._max = max_tenants
+        self._lock = threading.Lock()
+
+    def label(self, tenant: object) -> str:
+        if tenant is None or tenant == "":
+            return schema.UNKNOWN
+        t = str(tenant)
+        if self._allow:
+            return t if t in self._allow else schema.OTHER
+        if t in self._seen:
+            return t
+        with self._lock:
+            if t in self._seen:
+                return t
+            if len(self._seen) < self._max:
+                self._seen.add(t)
+                return t
+        return schema.OTHER

@@ -1,0 +1,108 @@
+"""Redis sink: hot keys, A/B unit records and warm-up runs for production.
+
+Layout (every key under ``ws:``; only keyed hashes of cache keys and units):
+
+* ``ws:hot:{window}:{tenant}:{layer}:hits`` / ``:misses`` — sorted sets,
+  member = key hash, score = count in the window (ZINCRBY); ``:fam`` — hash
+  key hash -> family; ``:err`` — hash key hash -> Space-Saving error bound;
+  ``ws:hot:windows`` — sorted set of ``{window}:{tenant}:{layer}`` by window.
+* ``ws:ab:{experiment}:{variant}:{unit hash}`` — hash of the unit's sums
+  (HINCRBY / HINCRBYFLOAT, fields as ``store.ab_units``) plus ``first_ts`` /
+  ``last_ts``; ``ws:ab:{experiment}:units`` — set of ``{variant}:{unit hash}``;
+  ``ws:ab:experiments`` — set of experiment names.
+* ``ws:run:{run_id}`` — hash of the warm-up run record; ``ws:runs`` — sorted set
+  of run ids by start; ``ws:run:{run_id}:warmed`` / ``:early`` — hashes key hash
+  -> JSON row (as ``store.warmed_keys`` / ``store.early_keys`` minus ids).
+
+Everything gets a TTL (``hot_key_ttl_s``; runs and units 30 days) and is
+written in one pipelined round trip per flush. The analysis Redis source reads
+this layout back into the canonical frames.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .aggregator import UNIT_FIELDS
+from .store import _H
+
+__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S"]
+
+PREFIX = "ws"
+RUN_TTL_S = 30 * 86400
+
+
+class RedisSink:
+    def __init__(self, client: Any, url: str, hot_ttl_s: int, agg: Any) -> None:
+        if client is None:
+            import redis
+
+            # Short timeouts: the flusher must not hang on a dead server.
+            client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.client = client
+        self.hot_ttl_s = int(hot_ttl_s)
+        self.agg = agg
+
+    def write(self, batches: dict[str, list]) -> int:
+        p = self.client.pipeline(transaction=False)
+        n = 0
+        ttl = self.hot_ttl_s
+        for window, tenant, layer, kh, fam, hits, misses, err in batches.get("hot_keys", ()):
+            base = f"{PREFIX}:hot:{int(window)}:{tenant}:{layer}"
+            if hits:
+                p.zincrby(base + ":hits", hits, kh)
+            if misses:
+                p.zincrby(base + ":misses", misses, kh)
+            p.hset(base + ":fam", kh, fam)
+            if err:
+                p.hset(base + ":err", kh, err)
+            for suffix in (":hits", ":misses", ":fam", ":err"):
+                p.expire(base + suffix, ttl)
+            p.zadd(f"{PREFIX}:hot:windows", {f"{int(window)}:{tenant}:{layer}": window})
+            n += 1
+        fields = UNIT_FIELDS + tuple(_H)
+        for row in batches.get("ab_units", ()):
+            exp, var, uh, first_ts, last_ts = row[:5]
+            key = f"{PREFIX}:ab:{exp}:{var}:{uh}"
+            for f, v in zip(fields, row[5:]):
+                if v:
+                    if isinstance(v, float):
+                        p.hincrbyfloat(key, f, v)
+                    else:
+                        p.hincrby(key, f, v)
+            p.hsetnx(key, "first_ts", first_ts)
+            p.hset(key, "last_ts", last_ts)
+            p.expire(key, RUN_TTL_S)
+            p.sadd(f"{PREFIX}:ab:{exp}:units", f"{var}:{uh}")
+            p.expire(f"{PREFIX}:ab:{exp}:units", RUN_TTL_S)
+            p.sadd(f"{PREFIX}:ab:experiments", exp)
+            n += 1
+        from .pipeline import _RUN_COLS
+
+        for row in batches.get("warmup_runs", ()):
+            rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row)}
+            key = f"{PREFIX}:run:{rec['run_id']}"
+            p.hset(key, mapping=rec)
+            p.expire(key, RUN_TTL_S)
+            p.zadd(f"{PREFIX}:runs", {rec["run_id"]: float(rec["started"] or 0)})
+            n += 1
+        for row in batches.get("warmed_keys", ()):
+            key = f"{PREFIX}:run:{row[0]}:warmed"
+            p.hset(key, row[1], json.dumps(list(row[2:])))
+            p.expire(key, RUN_TTL_S)
+            n += 1
+        for row in batches.get("early_keys", ()):
+            key = f"{PREFIX}:run:{row[0]}:early"
+            p.hset(key, row[1], json.dumps(list(row[2:])))
+            p.expire(key, RUN_TTL_S)
+            n += 1
+        if n:
+            p.execute()
+        return n
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass

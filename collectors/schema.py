@@ -1,0 +1,218 @@
+"""Every instrument, unit, attribute key and allowed value set warmscope emits.
+
+One place names the telemetry so that collectors, exporters, the embedded
+store, Prometheus rules and the analysis agree. Names follow OpenTelemetry
+conventions (dotted lower-case, base units such as ``s`` and ``By``); GenAI
+quantities use the GenAI semantic-convention names. After translation to
+Prometheus, dots become underscores and counters gain ``_total``, e.g.
+``warmscope.cache.lookups`` -> ``warmscope_cache_lookups_total`` with label
+``warmscope_cache_result``.
+
+Example::
+
+    >>> from collectors import schema
+    >>> schema.CACHE_LOOKUPS.name
+    'warmscope.cache.lookups'
+    >>> schema.prom_name(schema.CACHE_LOOKUPS)
+    'warmscope_cache_lookups_total'
+    >>> schema.length_bucket(300)
+    '512'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Instrument",
+    "ATTR",
+    "RESULTS",
+    "CONVENTIONAL_LAYERS",
+    "WARMUP_STATUSES",
+    "TELEMETRY_STAGES",
+    "OTHER",
+    "UNKNOWN",
+    "CACHE_LOOKUPS",
+    "CACHE_WRITES",
+    "TTFT",
+    "REQUEST_DURATION",
+    "TOKEN_USAGE",
+    "CACHE_READ_TOKENS",
+    "GPU_TIME",
+    "REQUESTS",
+    "CONVERSIONS",
+    "CONVERSION_VALUE",
+    "WARMUP_RUNS",
+    "WARMUP_ACTIVE",
+    "WARMUP_KEYS",
+    "WARMUP_BYTES",
+    "WARMUP_GPU_TIME",
+    "TELEMETRY_ERRORS",
+    "INSTRUMENTS",
+    "LOOKUP_LABELS",
+    "REQUEST_LABELS",
+    "WARMUP_LABELS",
+    "TTFT_BUCKETS",
+    "DURATION_BUCKETS",
+    "TOKEN_BUCKETS",
+    "length_bucket",
+    "prom_name",
+    "prom_label",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    name: str
+    kind: str  # "counter" | "histogram" | "updown"
+    unit: str
+    description: str
+    attributes: tuple[str, ...]
+
+
+class ATTR:
+    """Attribute keys (OTel style). Prometheus labels: dots -> underscores."""
+
+    TENANT = "warmscope.tenant"
+    LAYER = "warmscope.cache.layer"
+    RESULT = "warmscope.cache.result"
+    FAMILY = "warmscope.key.family"
+    EXPERIMENT = "warmscope.experiment"
+    VARIANT = "warmscope.variant"
+    MODEL = "gen_ai.request.model"
+    REPLICA = "warmscope.replica"
+    LENGTH_BUCKET = "warmscope.prompt.length_bucket"
+    TOKEN_TYPE = "gen_ai.token.type"
+    SLA_MET = "warmscope.sla.met"
+    STRATEGY = "warmscope.warmup.strategy"
+    TRIGGER = "warmscope.warmup.trigger"
+    STATUS = "warmscope.warmup.status"
+    STAGE = "warmscope.telemetry.stage"
+
+
+RESULTS = ("hit", "miss", "bypass", "error")
+CONVENTIONAL_LAYERS = ("weights", "lora", "prefix_kv", "embedding", "response", "tokenizer")
+WARMUP_STATUSES = ("running", "ok", "error", "cancelled")
+# Where an instrumentation failure happened (self-metric attribute values).
+TELEMETRY_STAGES = ("record", "hook", "flush", "store", "redis", "export", "config")
+OTHER = "other"  # tenant / family overflow bucket
+UNKNOWN = "unknown"  # a dimension the caller did not set
+NONE = ""  # experiment/variant when not in an experiment
+
+# The dimensions root-cause analysis drills into, in label-tuple order.
+LOOKUP_LABELS = (
+    ATTR.TENANT,
+    ATTR.LAYER,
+    ATTR.FAMILY,
+    ATTR.RESULT,
+    ATTR.EXPERIMENT,
+    ATTR.VARIANT,
+    ATTR.MODEL,
+    ATTR.REPLICA,
+    ATTR.LENGTH_BUCKET,
+)
+REQUEST_LABELS = (ATTR.TENANT, ATTR.EXPERIMENT, ATTR.VARIANT, ATTR.MODEL, ATTR.REPLICA)
+WARMUP_LABELS = (ATTR.TENANT, ATTR.LAYER, ATTR.STRATEGY, ATTR.TRIGGER, ATTR.REPLICA)
+
+# Fixed histogram buckets: the GenAI semantic conventions' advice.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+CACHE_LOOKUPS = Instrument(
+    "warmscope.cache.lookups", "counter", "{lookup}",
+    "Cache lookups by result (hit, miss, bypass, error).", LOOKUP_LABELS,
+)
+CACHE_WRITES = Instrument(
+    "warmscope.cache.writes", "counter", "{write}",
+    "Cache writes (set, insert, warm-up fill).", (ATTR.TENANT, ATTR.LAYER, ATTR.FAMILY, ATTR.REPLICA),
+)
+TTFT = Instrument(
+    "gen_ai.server.time_to_first_token", "histogram", "s",
+    "Time to generate the first token of a request.", REQUEST_LABELS,
+)
+REQUEST_DURATION = Instrument(
+    "gen_ai.server.request.duration", "histogram", "s",
+    "End-to-end request latency.", REQUEST_LABELS,
+)
+TOKEN_USAGE = Instrument(
+    "gen_ai.client.token.usage", "histogram", "{token}",
+    "Prompt (input) tokens per request.", REQUEST_LABELS + (ATTR.TOKEN_TYPE,),
+)
+CACHE_READ_TOKENS = Instrument(
+    "gen_ai.client.inference.usage.cache_read.input_tokens", "histogram", "{token}",
+    "Prompt tokens served from a cache per request.", REQUEST_LABELS,
+)
+GPU_TIME = Instrument(
+    "warmscope.gpu.time", "counter", "s",
+    "GPU-seconds spent serving requests.", REQUEST_LABELS,
+)
+REQUESTS = Instrument(
+    "warmscope.requests", "counter", "{request}",
+    "Requests served, by whether the latency SLA was met.", REQUEST_LABELS + (ATTR.SLA_MET,),
+)
+CONVERSIONS = Instrument(
+    "warmscope.conversions", "counter", "{conversion}",
+    "Requests that led to a conversion.", REQUEST_LABELS,
+)
+CONVERSION_VALUE = Instrument(
+    "warmscope.conversion.value", "counter", "1",
+    "Business value of conversions (currency units).", REQUEST_LABELS,
+)
+WARMUP_RUNS = Instrument(
+    "warmscope.warmup.runs", "counter", "{run}",
+    "Finished warm-up runs by status.", WARMUP_LABELS + (ATTR.STATUS,),
+)
+WARMUP_ACTIVE = Instrument(
+    "warmscope.warmup.active", "updown", "{run}",
+    "Warm-up runs in progress.", WARMUP_LABELS,
+)
+WARMUP_KEYS = Instrument(
+    "warmscope.warmup.keys", "counter", "{key}",
+    "Keys written by warm-up runs.", WARMUP_LABELS,
+)
+WARMUP_BYTES = Instrument(
+    "warmscope.warmup.bytes", "counter", "By",
+    "Bytes written by warm-up runs.", WARMUP_LABELS,
+)
+WARMUP_GPU_TIME = Instrument(
+    "warmscope.warmup.gpu.time", "counter", "s",
+    "GPU-seconds spent by warm-up runs.", WARMUP_LABELS,
+)
+TELEMETRY_ERRORS = Instrument(
+    "warmscope.telemetry.errors", "counter", "{error}",
+    "Instrumentation failures swallowed to protect the host, by stage.", (ATTR.STAGE,),
+)
+
+INSTRUMENTS = (
+    CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
+    GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
+    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, TELEMETRY_ERRORS,
+)
+
+_LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
+
+
+def length_bucket(tokens: int | None) -> str:
+    """Power-of-two prompt-length bucket (upper bound) as a label value."""
+    if tokens is None or tokens < 0:
+        return UNKNOWN
+    for b in _LEN_BUCKETS:
+        if tokens <= b:
+            return str(b)
+    return "inf"
+
+
+def prom_label(attr: str) -> str:
+    return attr.replace(".", "_")
+
+
+def prom_name(inst: Instrument) -> str:
+    """The series name the Prometheus exporter / OTLP translation produces."""
+    base = inst.name.replace(".", "_")
+    unit_suffix = {"s": "_seconds", "By": "_bytes"}.get(inst.unit, "")
+    if unit_suffix and not base.endswith(unit_suffix):
+        base += unit_suffix
+    if inst.kind == "counter":
+        base += "_total"
+    return base
