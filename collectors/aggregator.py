@@ -10,8 +10,9 @@ threads, and a lock costs about as much as the rest of the lookup. Each thread
 owns its dicts, so its increments are exact; readers copy them (``dict.copy``
 runs without releasing the GIL) and sum. Cumulative counters are never reset,
 so they are exact; the hot-key sketches and A/B unit records are swapped out at
-flush, and in multi-threaded mode a swapped buffer is read one flush later so
-that an increment in flight when it was swapped is not lost.
+flush by the owning thread itself (the flusher raises a flag that the next
+record on that thread answers), so no increment is in flight on a buffer being
+read.
 
 Label sets are interned to small ints when a request context is set or a
 wrapper is bound, so the per-lookup key is ``(ctx_id, layer_id, family,
@@ -66,10 +67,13 @@ _NU = len(UNIT_FIELDS)
 class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
-    __slots__ = ("layer_id", "counts", "writes", "hot", "units", "req", "hist")
+    __slots__ = ("layer_id", "counts", "writes", "hot", "units", "req", "hist", "swap", "unanswered", "outbox")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
+        self.swap = False  # set by the flusher: hand the swappable buffers over
+        self.unanswered = 0  # flushes since the request, for idle threads
+        self.outbox: list[tuple[dict, dict]] = []
         self.counts: dict[tuple, int] = {}  # (ctx id, family, result) -> n
         self.writes: dict[tuple, int] = {}  # (ctx id, family) -> n
         self.hot: dict[int, dict] = {}  # tenant id -> sketch {key: [hits, misses, err, family]}
@@ -145,7 +149,7 @@ class Aggregator:
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
-        self._retired: list[tuple[dict, dict]] = []  # (hot, units) awaiting a settle
+        self._retired: list[tuple[int, dict, dict]] = []  # buffers taken from idle threads
         # Interned label sets.
         self._ctx_ids: dict[tuple, int] = {}
         self._ctx_labels: list[tuple] = []
@@ -216,6 +220,8 @@ class Aggregator:
             st = b.tls.s
         except AttributeError:
             st = self._state(b.tls, b.layer_id)
+        if st.swap:
+            _hand_off(st)
         fam = b.memo.get(key)
         if fam is None:
             fam = b.families.family(key)
@@ -307,6 +313,8 @@ class Aggregator:
             st = self._req_tls.s
         except AttributeError:
             st = self._state(self._req_tls, -1)
+        if st.swap:
+            _hand_off(st)
         rk = (ctx.cid0, "" if sla_met is None else ("true" if sla_met else "false"))
         r = st.req.get(rk)
         if r is None:
@@ -450,24 +458,36 @@ class Aggregator:
     def take_buffers(self, settle: bool) -> tuple[dict[int, dict], dict[tuple, list]]:
         """Swap out hot-key sketches and unit records, merged across threads.
 
-        With ``settle=False`` (other threads may be recording) the buffers
-        swapped now are returned at the next call, so no in-flight increment is
-        lost; ``settle=True`` returns everything now (single-threaded callers,
-        shutdown).
+        With ``settle=False`` (other threads may be recording) each thread is
+        asked to hand its buffers over at its next record, so no increment is
+        in flight on a buffer being read; a thread idle for two flushes has its
+        buffers taken and read one flush later. ``settle=True`` takes
+        everything now (single-threaded callers, shutdown).
         """
-        fresh = []
+        ready: list[tuple[int, dict, dict]] = []
+        forced: list[tuple[int, dict, dict]] = []
         for st in self._all_states():
-            hot, units = st.hot, st.units
-            st.hot, st.units = {}, {}
-            hot = {(tid << 12) | st.layer_id: sk for tid, sk in hot.items()}
-            fresh.append((hot, units))
+            while st.outbox:
+                ready.append((st.layer_id, *st.outbox.pop()))
+            if settle:
+                ready.append((st.layer_id, st.hot, st.units))
+                st.hot, st.units, st.swap = {}, {}, False
+            elif st.swap:
+                st.unanswered += 1
+                if st.unanswered >= 2:  # the thread is idle: take its buffers ourselves
+                    forced.append((st.layer_id, st.hot, st.units))
+                    st.hot, st.units, st.swap = {}, {}, False
+            else:
+                st.swap, st.unanswered = True, 0
         with self._lock:
-            ready = self._retired + (fresh if settle else [])
-            self._retired = [] if settle else fresh
+            # Buffers taken from under an idle thread wait one more flush.
+            ready += self._retired + (forced if settle else [])
+            self._retired = [] if settle else forced
         hot_out: dict[int, dict] = {}
         units_out: dict[tuple, list] = {}
-        for hot, units in ready:
-            for hk, sk in hot.items():
+        for layer_id, hot, units in ready:
+            for tid, sk in hot.items():
+                hk = (tid << 12) | layer_id
                 acc = hot_out.setdefault(hk, {})
                 for key, e in sk.items():
                     a = acc.get(key)
@@ -496,6 +516,13 @@ class Aggregator:
 
 
 _est = operator.itemgetter(0)
+
+
+def _hand_off(st: _ThreadState) -> None:
+    """Run by the owning thread: move its swappable buffers to the outbox."""
+    st.outbox.append((st.hot, st.units))
+    st.hot, st.units = {}, {}
+    st.swap = False
 
 
 def _new_unit() -> list:

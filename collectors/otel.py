@@ -157,10 +157,12 @@ class OTelBridge:
         self.agg = agg
         self._owned = provider is None
         self._server = None
+        self._own_readers: list = []
         if provider is None:
             provider = self._build_provider(cfg)
         self.provider = provider
-        for r in getattr(getattr(provider, "_sdk_config", None), "metric_readers", ()):
+        # A provider keeps its readers privately; find ours to bind them.
+        for r in list(getattr(provider, "_metric_readers", ())) + list(self._own_readers):
             if isinstance(r, _HistogramInjection):
                 r.ws_bind(agg)
         meter = provider.get_meter(SCOPE)
@@ -179,10 +181,14 @@ class OTelBridge:
             reader: Any = PeriodicReader(OTLPMetricExporter(**kw),
                                          export_interval_millis=cfg.flush_interval_s * 1000)
         else:
-            from prometheus_client import start_http_server
+            from prometheus_client import CollectorRegistry, start_http_server
 
-            reader = PrometheusReader()
-            self._server = start_http_server(cfg.prometheus_port, addr=cfg.prometheus_addr)
+            # A registry of our own: no clash with the host's default registry.
+            self.registry = CollectorRegistry()
+            reader = PrometheusReader(registry=self.registry)
+            self._server = start_http_server(cfg.prometheus_port, addr=cfg.prometheus_addr,
+                                             registry=self.registry)
+        self._own_readers.append(reader)
         return MeterProvider(metric_readers=[reader], resource=res)
 
     def _safe(self, fn):
@@ -265,5 +271,6 @@ class OTelBridge:
         if self._server is not None:
             try:
                 self._server[0].shutdown()
-            except Exception:
-                pass
+                self._server[0].server_close()
+            except Exception as e:
+                self.agg.count_error("export", "scrape endpoint shutdown", e)

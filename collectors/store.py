@@ -124,9 +124,10 @@ def _q(col: str) -> str:
 
 
 class EmbeddedStore:
-    def __init__(self, path: str | Path, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False, timeout: float = 5.0) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self.timeout = timeout
         self._local = threading.local()
         if readonly:
             if not self.path.exists():
@@ -154,13 +155,13 @@ class EmbeddedStore:
         if con is None:
             try:
                 if self.readonly:
-                    con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0,
+                    con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self.timeout,
                                           check_same_thread=False)
                 else:
-                    con = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
+                    con = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False)
                     con.execute("PRAGMA journal_mode=WAL")
                     con.execute("PRAGMA synchronous=NORMAL")
-                con.execute("PRAGMA busy_timeout=5000")
+                con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             except sqlite3.Error as e:
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
             self._local.con = con
