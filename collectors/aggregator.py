@@ -33,7 +33,7 @@ import logging
 import operator
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -67,16 +67,19 @@ _NU = len(UNIT_FIELDS)
 class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
-    __slots__ = ("layer_id", "counts", "writes", "hot", "units", "req", "hist", "swap", "unanswered", "outbox")
+    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "swap", "unanswered",
+                 "outbox", "lock")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
         self.swap = False  # set by the flusher: hand the swappable buffers over
-        self.unanswered = 0  # flushes since the request, for idle threads
+        self.unanswered = 0.0  # monotonic time of the request, for idle threads
         self.outbox: list[tuple[dict, dict]] = []
+        self.lock = threading.Lock()  # hand-off vs. forced take; never on the lookup path
         self.counts: dict[tuple, int] = {}  # (ctx id, family, result) -> n
         self.writes: dict[tuple, int] = {}  # (ctx id, family) -> n
-        self.hot: dict[int, dict] = {}  # tenant id -> sketch {key: [hits, misses, err, family]}
+        self.hot: dict[int, dict] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
+        self.hbuf: dict[int, tuple[list, list]] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
         self.units: dict[tuple, list] = {}
         self.req: dict[tuple, list] = {}
         self.hist: dict[tuple, list] = {}
@@ -149,12 +152,13 @@ class Aggregator:
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
-        self._retired: list[tuple[int, dict, dict]] = []  # buffers taken from idle threads
+        self._retired: list[tuple[float, int, dict, dict, dict]] = []  # taken from idle threads
         # Interned label sets.
         self._ctx_ids: dict[tuple, int] = {}
         self._ctx_labels: list[tuple] = []
         self._layers: dict[str, LayerBinding] = {}
         self._layer_names: list[str] = []
+        self._bindings: list[LayerBinding] = []
         self._tenant_ids: dict[str, int] = {}
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}
@@ -180,6 +184,7 @@ class Aggregator:
                 )
                 self._layers[layer] = b
                 self._layer_names.append(layer)
+                self._bindings.append(b)
             return b
 
     def intern_context(
@@ -221,27 +226,25 @@ class Aggregator:
         except AttributeError:
             st = self._state(b.tls, b.layer_id)
         if st.swap:
-            _hand_off(st)
-        fam = b.memo.get(key)
-        if fam is None:
-            fam = b.families.family(key)
+            self._hand_off(st)
+        if result > MISS:  # bypass / error: counted, not tracked per key
+            fam = b.memo.get(key) or b.families.family(key)
+            k = (ctx.cid if b.length_buckets else ctx.cid0, fam, result)
+            st.counts[k] = st.counts.get(k, 0) + 1
+            return
+        fam = b.memo.get(key) or b.families.family(key)
         k = (ctx.cid if b.length_buckets else ctx.cid0, fam, result)
         c = st.counts
         c[k] = c.get(k, 0) + 1
-        if result > MISS:
-            return
-        sk = st.hot.get(ctx.tid)
-        if sk is None:
-            sk = st.hot[ctx.tid] = {}
-        e = sk.get(key)
-        if e is None:
-            hk = (ctx.tid << 12) | b.layer_id
-            if len(sk) >= self._hot_cap:
-                self._compact(hk, sk)
-            floor = self._hot_floor.get(hk, 0)
-            e = sk[key] = [floor, 0, 0, floor, fam, key]
-        e[0] += 1
-        e[result + 1] += 1
+        # Hot keys: append now, sketch in batches (collections.Counter runs in
+        # C, and the per-key sketch work is paid once per distinct key).
+        hb = st.hbuf.get(ctx.tid)
+        if hb is None:
+            hb = st.hbuf[ctx.tid] = ([], [])
+        lst = hb[result]
+        lst.append(key)
+        if len(lst) >= _BATCH:
+            self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:
             u = st.units.get(ctx.ukey)
             if u is None:
@@ -263,6 +266,41 @@ class Aggregator:
             st = self._state(b.tls, b.layer_id)
         k = (ctx.cid0, b.families.family(key))
         st.writes[k] = st.writes.get(k, 0) + n
+
+    def _hand_off(self, st: _ThreadState) -> None:
+        """Run by the owning thread: sketch what is buffered, move it to the outbox."""
+        with st.lock:
+            if not st.swap:  # the flusher took the buffers meanwhile
+                return
+            if st.layer_id >= 0 and st.hbuf:
+                self._sketch(st.layer_id, st.hot, st.hbuf)
+            st.outbox.append((st.hot, st.units))
+            st.hot, st.units = {}, {}
+            st.swap = False
+
+    def _sketch(self, layer_id: int, hot: dict, hbuf: dict) -> None:
+        """Fold buffered keys into the Space-Saving sketches (owner thread, or
+        the flusher once no thread can touch these dicts)."""
+        fams = self._bindings[layer_id].families
+        for tid, pair in list(hbuf.items()):
+            sk = hot.get(tid)
+            if sk is None:
+                sk = hot[tid] = {}
+            for r, lst in enumerate(pair):
+                if not lst:
+                    continue
+                counted = Counter(lst)
+                lst.clear()
+                hk = (tid << 12) | layer_id
+                for key, n in counted.items():
+                    e = sk.get(key)
+                    if e is None:
+                        if len(sk) >= self._hot_cap:
+                            self._compact(hk, sk)
+                        floor = self._hot_floor.get(hk, 0)
+                        e = sk[key] = [floor, 0, 0, floor, fams.family(key), key]
+                    e[0] += n
+                    e[r + 1] += n
 
     def _compact(self, hk: int, sk: dict) -> None:
         # Entries are [estimate, hits, misses, err, family, key]; keep the top K.
@@ -314,7 +352,7 @@ class Aggregator:
         except AttributeError:
             st = self._state(self._req_tls, -1)
         if st.swap:
-            _hand_off(st)
+            self._hand_off(st)
         rk = (ctx.cid0, "" if sla_met is None else ("true" if sla_met else "false"))
         r = st.req.get(rk)
         if r is None:
@@ -460,29 +498,40 @@ class Aggregator:
 
         With ``settle=False`` (other threads may be recording) each thread is
         asked to hand its buffers over at its next record, so no increment is
-        in flight on a buffer being read; a thread idle for two flushes has its
-        buffers taken and read one flush later. ``settle=True`` takes
-        everything now (single-threaded callers, shutdown).
+        in flight on a buffer being read; a thread that has not answered for
+        ``_IDLE_S`` has its buffers taken, and they are read ``_IDLE_S`` later.
+        ``settle=True`` takes everything now (single-threaded callers, shutdown).
         """
+        now = time.monotonic()
         ready: list[tuple[int, dict, dict]] = []
-        forced: list[tuple[int, dict, dict]] = []
+        forced: list[tuple[float, int, dict, dict, dict]] = []
         for st in self._all_states():
             while st.outbox:
                 ready.append((st.layer_id, *st.outbox.pop()))
             if settle:
-                ready.append((st.layer_id, st.hot, st.units))
-                st.hot, st.units, st.swap = {}, {}, False
+                forced.append((now, st.layer_id, st.hot, st.units, st.hbuf))
+                st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
             elif st.swap:
-                st.unanswered += 1
-                if st.unanswered >= 2:  # the thread is idle: take its buffers ourselves
-                    forced.append((st.layer_id, st.hot, st.units))
-                    st.hot, st.units, st.swap = {}, {}, False
+                if now - st.unanswered > _IDLE_S:  # the thread is idle: take its buffers ourselves
+                    with st.lock:
+                        if st.swap:
+                            forced.append((now, st.layer_id, st.hot, st.units, st.hbuf))
+                            st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
             else:
-                st.swap, st.unanswered = True, 0
+                st.unanswered = now
+                st.swap = True
         with self._lock:
-            # Buffers taken from under an idle thread wait one more flush.
-            ready += self._retired + (forced if settle else [])
-            self._retired = [] if settle else forced
+            # Buffers taken from under an idle thread are read _IDLE_S later.
+            pool = self._retired + forced
+            if settle:
+                taken, self._retired = pool, []
+            else:
+                taken = [t for t in pool if now - t[0] > _IDLE_S]
+                self._retired = [t for t in pool if now - t[0] <= _IDLE_S]
+        for _, layer_id, hot, units, hbuf in taken:
+            if layer_id >= 0 and hbuf:
+                self._sketch(layer_id, hot, hbuf)
+            ready.append((layer_id, hot, units))
         hot_out: dict[int, dict] = {}
         units_out: dict[tuple, list] = {}
         for layer_id, hot, units in ready:
@@ -516,13 +565,13 @@ class Aggregator:
 
 
 _est = operator.itemgetter(0)
+_BATCH = 2048  # buffered hot-key reads per (thread, layer, tenant, result)
+# A thread that has not answered a hand-off request for this long is idle; no
+# thread stays preempted this long between two bytecodes of one lookup.
+_IDLE_S = 2.0
 
 
-def _hand_off(st: _ThreadState) -> None:
-    """Run by the owning thread: move its swappable buffers to the outbox."""
-    st.outbox.append((st.hot, st.units))
-    st.hot, st.units = {}, {}
-    st.swap = False
+
 
 
 def _new_unit() -> list:

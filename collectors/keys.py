@@ -50,21 +50,33 @@ class KeyHasher:
         return hashlib.blake2b(data, key=self._secret, digest_size=8).hexdigest()
 
 
+def _segment(seg: str) -> str:
+    # isalpha()/isascii() run in C; the regex only sees segments with _ - .
+    if seg.isalpha() and seg.isascii() and len(seg) <= 32:
+        return seg
+    if not seg:
+        return ""
+    return seg if _IDENT.fullmatch(seg) else "*"
+
+
 def default_family(key: str) -> str:
+    if "/" not in key and "|" not in key:  # the common case: str.split, no regex
+        parts = key.split(":")
+        if len(parts) > 4:
+            return ":".join([_segment(p) for p in parts[:4]] + ["*"]) or "*"
+        return ":".join([_segment(p) for p in parts]) or "*"
     parts = _SPLIT.split(key)
     out: list[str] = []
     segs = 0
     for i in range(0, len(parts), 2):
-        seg = parts[i]
         if segs == 4:
             out.append("*")
             break
-        out.append(seg if _IDENT.fullmatch(seg) else ("*" if seg else ""))
+        out.append(_segment(parts[i]))
         segs += 1
         if i + 1 < len(parts):
             out.append(parts[i + 1])
-    fam = "".join(out)
-    return fam or "*"
+    return "".join(out) or "*"
 
 
 class FamilyNormaliser:
@@ -75,7 +87,7 @@ class FamilyNormaliser:
         self,
         rules: Iterable[tuple[str, str]] = (),
         max_families: int = 256,
-        memo_size: int = 65536,
+        memo_size: int = 1 << 18,
     ) -> None:
         self._rules = [(re.compile(p), r) for p, r in rules]
         self._max = max_families
