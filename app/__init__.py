@@ -1,0 +1,1 @@
+"""warmscope app: the Streamlit dashboard and the `warmscope` command line."""

@@ -1,0 +1,56 @@
+# Shared setup for scripts/demo.sh and scripts/test.sh (sourced, not run).
+# Idempotent: creates .venv, installs the project, installs system services
+# with apt-get when they are missing. Works on a fresh Debian/Ubuntu machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '\033[1m[warmscope]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*  (run as root or install sudo)"; return 1; fi
+}
+
+APT_UPDATED=0
+apt_install() {  # apt_install pkg...
+  if [ "$APT_UPDATED" = 0 ]; then
+    log "apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    APT_UPDATED=1
+  fi
+  log "apt-get install $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_cmd() {  # ensure_cmd command package
+  command -v "$1" >/dev/null 2>&1 || apt_install "$2"
+  command -v "$1" >/dev/null 2>&1 || { log "$1 is still missing after installing $2"; return 1; }
+}
+
+pick_python() {
+  for py in python3.13 python3.12 python3.11 python3; do
+    if command -v "$py" >/dev/null 2>&1 &&
+       "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  log "Python >= 3.11 is required (found: $(python3 --version 2>&1 || echo none))"
+  return 1
+}
+
+ensure_venv() {  # ensure_venv [extra]
+  local extra="${1:-}" py stamp want
+  py="$(pick_python)"
+  if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv 2>/dev/null || { apt_install python3-venv; rm -rf .venv; "$py" -m venv .venv; }
+  fi
+  want="$(sha256sum pyproject.toml | cut -c1-16)-${extra}"
+  stamp=".venv/.warmscope-installed"
+  if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp"; then
+    log "installing warmscope${extra:+[$extra]} into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".${extra:+[$extra]}"
+    echo "$want" > "$stamp"
+  fi
+}
