@@ -56,7 +56,8 @@ HISTOGRAMS = (
 )
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
 UNIT_BUCKETS = schema.DURATION_BUCKETS
-# A/B unit record fields, in list order (the histogram follows them).
+# A/B unit record fields, in list order (the histogram follows them). Lookups
+# and hits are kept per layer; the request-level record has them at zero.
 UNIT_FIELDS = (
     "lookups", "hits", "requests", "latency_sum", "latency_sq", "ttft_sum",
     "conversions", "value", "gpu_s", "sla_met",
@@ -159,6 +160,7 @@ class Aggregator:
         self._layers: dict[str, LayerBinding] = {}
         self._layer_names: list[str] = []
         self._bindings: list[LayerBinding] = []
+        self._label_cache: dict[tuple, tuple] = {}  # raw series key -> label tuple (bounded by series)
         self._tenant_ids: dict[str, int] = {}
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}
@@ -248,7 +250,7 @@ class Aggregator:
         if ctx.ukey is not None:
             u = st.units.get(ctx.ukey)
             if u is None:
-                u = st.units[ctx.ukey] = _new_unit()
+                u = st.units[ctx.ukey] = [0, 0]  # this layer's [lookups, hits] for the unit
             u[0] += 1
             if result == HIT:
                 u[1] += 1
@@ -455,6 +457,43 @@ class Aggregator:
                 out[k] = out.get(k, 0) + n
         return out
 
+    def _lookup_label(self, layer_id: int, k: tuple) -> tuple:
+        cid, fam, res = k
+        t, exp, var, model, lb = self._ctx_labels[cid]
+        return (t, self._layer_names[layer_id], fam, RESULT_NAMES[res], exp, var, model, self.replica, lb)
+
+    def _write_label(self, layer_id: int, k: tuple) -> tuple:
+        cid, fam = k
+        return (self._ctx_labels[cid][0], self._layer_names[layer_id], fam, self.replica)
+
+    def deltas(self, kind: str, last: dict) -> tuple[dict[tuple, int], dict]:
+        """Lookups (``kind="counts"``) or writes (``"writes"``) since ``last``.
+
+        ``last`` is the snapshot this returned before (per thread state, raw
+        keys); only series that changed are turned into labels, so a flush
+        costs a dict comparison per series, not a label build. Returns
+        (deltas by full label tuple, the new snapshot).
+        """
+        label = self._lookup_label if kind == "counts" else self._write_label
+        cache = self._label_cache
+        out: dict[tuple, int] = {}
+        snap: dict[int, dict] = {}
+        for st in self._all_states():
+            if st.layer_id < 0:
+                continue
+            cur = getattr(st, kind).copy()
+            prev = last.get(id(st), {})
+            for k, n in cur.items():
+                p = prev.get(k, 0)
+                if n != p:
+                    ck = (kind, st.layer_id, k)
+                    lab = cache.get(ck)
+                    if lab is None:
+                        lab = cache[ck] = label(st.layer_id, k)
+                    out[lab] = out.get(lab, 0) + n - p
+            snap[id(st)] = cur
+        return out, snap
+
     def write_totals(self) -> dict[tuple, int]:
         out: dict[tuple, int] = {}
         for st in self._all_states():
@@ -495,6 +534,10 @@ class Aggregator:
 
     def take_buffers(self, settle: bool) -> tuple[dict[int, dict], dict[tuple, list]]:
         """Swap out hot-key sketches and unit records, merged across threads.
+
+        Unit records come keyed ``(experiment, variant, unit, layer)``: per
+        layer ``[lookups, hits]``, and with layer ``""`` the request-level
+        record (``UNIT_FIELDS`` order, then the latency histogram).
 
         With ``settle=False`` (other threads may be recording) each thread is
         asked to hand its buffers over at its next record, so no increment is
@@ -547,10 +590,12 @@ class Aggregator:
                         a[2] += e[2]
                         a[3] = max(a[3], e[3])
                         a[0] = a[1] + a[2] + a[3]
+            layer = self._layer_names[layer_id] if layer_id >= 0 else ""
             for uk, u in units.items():
-                a = units_out.get(uk)
+                k = uk + (layer,)
+                a = units_out.get(k)
                 if a is None:
-                    units_out[uk] = list(u)
+                    units_out[k] = list(u)
                 else:
                     for j, v in enumerate(u):
                         a[j] += v

@@ -109,7 +109,15 @@ class InstrumentedCache:
         self._set(key, value)
         self._rec.write(key)
 
-    set = __setitem__
+    def set(self, key: Hashable, value: Any, **kw: Any) -> None:
+        """Write through to the backend (extra keywords, e.g. ``ttl``, go to its ``set``)."""
+        self._set(key, value, **kw)
+        self._rec.write(key)
+
+    def record(self, key: Hashable, hit: bool) -> None:
+        """Count a lookup the cache answered outside :meth:`get` — e.g. blocks
+        after the first miss of a prefix walk, which cannot hit."""
+        self._rec(key, HIT if hit else MISS)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.backend

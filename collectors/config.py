@@ -59,6 +59,7 @@ class CollectorConfig:
     prometheus_addr: str = "127.0.0.1"
     flush_interval_s: float = 10.0
     hot_keys_k: int = 100
+    side_flush_s: float = 300.0  # hot keys and A/B unit records: flushed this often (metric points every flush)
     hot_key_window_s: int = 3600
     hot_key_ttl_s: int = 2 * 86400
     warmed_key_limit: int = 200_000  # per process, across open warm-up runs
@@ -71,6 +72,7 @@ class CollectorConfig:
         "prometheus_port": (0, 65535),
         "flush_interval_s": (0.05, 3600),
         "hot_keys_k": (1, 100_000),
+        "side_flush_s": (0, 86400),
         "hot_key_window_s": (60, 7 * 86400),
         "hot_key_ttl_s": (60, 90 * 86400),
         "warmed_key_limit": (0, 50_000_000),

@@ -37,17 +37,26 @@ __all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer"]
 
 _SPLIT = re.compile(r"([:/|])")
 _IDENT = re.compile(r"[A-Za-z_\-.]{1,32}")
+_DIGITS = str.maketrans("123456789", "000000000")
 
 
 class KeyHasher:
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, memo_size: int = 1 << 17) -> None:
         if not secret:
             raise ValueError("key secret must not be empty")
         self._secret = bytes(secret)[:64]
+        self._memo: dict[object, str] = {}  # the same hot keys and units recur every flush
+        self._memo_size = memo_size
 
     def hash(self, key: object) -> str:
-        data = key if isinstance(key, bytes) else str(key).encode("utf-8", "surrogatepass")
-        return hashlib.blake2b(data, key=self._secret, digest_size=8).hexdigest()
+        h = self._memo.get(key)
+        if h is None:
+            data = key if isinstance(key, bytes) else str(key).encode("utf-8", "surrogatepass")
+            h = hashlib.blake2b(data, key=self._secret, digest_size=8).hexdigest()
+            if len(self._memo) >= self._memo_size:
+                self._memo.clear()
+            self._memo[key] = h
+        return h
 
 
 def _segment(seg: str) -> str:
@@ -95,6 +104,11 @@ class FamilyNormaliser:
         self._memo_size = memo_size
         self._families: set[str] = set()
         self._lock = threading.Lock()
+        # Without rules the default family depends only on each segment's
+        # class, which replacing digits by "0" keeps: keys that differ only in
+        # digits (ids, counters) share one memo entry. Unique keys then cost a
+        # translate and a dict probe instead of a full normalisation.
+        self._shapes: dict[str, str] | None = None if self._rules else {}
 
     def family(self, key: object) -> str:
         fam = self._memo.get(key)
@@ -105,6 +119,15 @@ class FamilyNormaliser:
     def _slow(self, key: object) -> str:
         text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
         fam = None
+        shapes = self._shapes
+        if shapes is not None:
+            shape = text.translate(_DIGITS)
+            fam = shapes.get(shape)
+            if fam is None:
+                fam = default_family(text)
+                if len(shapes) >= self._memo_size:
+                    shapes.clear()
+                shapes[shape] = fam
         for pat, repl in self._rules:
             m = pat.search(text)
             if m:

@@ -62,19 +62,22 @@ _CARDINALITY = 100_000  # our own caps bound series; the SDK default (2000) woul
 class _HistogramInjection:
     """Mixin: appends the aggregator's histograms to each collection."""
 
-    _ws_agg: Aggregator | None = None
-    _ws_start_ns: int = 0
+    _ws_aggs: list[tuple[Aggregator, int]] | None = None
 
     def ws_bind(self, agg: Aggregator) -> None:
-        self._ws_agg = agg
-        self._ws_start_ns = time.time_ns()
+        """Add an aggregator whose histograms this reader appends (several
+        pipelines may share one provider, e.g. simulated replicas)."""
+        if self._ws_aggs is None:
+            self._ws_aggs = []
+        if all(a is not agg for a, _ in self._ws_aggs):
+            self._ws_aggs.append((agg, time.time_ns()))
 
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any) -> None:
-        if self._ws_agg is not None:
+        for agg, start_ns in self._ws_aggs or ():
             try:
-                metrics_data = _inject(metrics_data, self._ws_agg, self._ws_start_ns)
+                metrics_data = _inject(metrics_data, agg, start_ns)
             except Exception as e:  # never break export
-                self._ws_agg.count_error("export", "histogram injection", e)
+                agg.count_error("export", "histogram injection", e)
         super()._receive_metrics(metrics_data, timeout_millis, **kw)  # type: ignore[misc]
 
 
@@ -142,7 +145,14 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
     scopes = list(rm.scope_metrics)
     for j, sm in enumerate(scopes):
         if sm.scope.name == SCOPE:
-            scopes[j] = ScopeMetrics(sm.scope, list(sm.metrics) + hist, sm.schema_url)
+            merged = {m.name: m for m in sm.metrics}
+            for m in hist:  # same histogram from another pipeline: concatenate points
+                old = merged.get(m.name)
+                if old is not None and isinstance(old.data, Histogram):
+                    m = Metric(m.name, m.description, m.unit, Histogram(
+                        list(old.data.data_points) + list(m.data.data_points), m.data.aggregation_temporality))
+                merged[m.name] = m
+            scopes[j] = ScopeMetrics(sm.scope, list(merged.values()), sm.schema_url)
             break
     else:
         scopes.append(ScopeMetrics(scope, hist, ""))
@@ -154,6 +164,8 @@ class OTelBridge:
     """Registers warmscope's observable instruments on a meter provider."""
 
     def __init__(self, agg: Aggregator, cfg: Any, provider: MeterProvider | None = None) -> None:
+        # Several pipelines may share a provider (simulated replicas): each
+        # registers its instruments under its own meter, named by replica.
         self.agg = agg
         self._owned = provider is None
         self._server = None
@@ -165,8 +177,7 @@ class OTelBridge:
         for r in list(getattr(provider, "_metric_readers", ())) + list(self._own_readers):
             if isinstance(r, _HistogramInjection):
                 r.ws_bind(agg)
-        meter = provider.get_meter(SCOPE)
-        self._register(meter)
+        self._register(provider.get_meter(SCOPE, version=agg.replica))
 
     def _build_provider(self, cfg: Any) -> MeterProvider:
         res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})

@@ -35,7 +35,7 @@ from .context import RequestContext, _current
 from .keys import KeyHasher, TenantBucketer
 from .store import EmbeddedStore, histogram_row
 
-__all__ = ["Telemetry", "setup", "current_telemetry", "shutdown"]
+__all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_together"]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -89,6 +89,8 @@ class Telemetry:
         self._pending_store: dict[str, list] = defaultdict(list)
         self._pending_redis: dict[str, list] = defaultdict(list)
         self._flush_lock = threading.Lock()
+        self._last_side = -float("inf")  # hot keys / units flush less often than points
+        self._final = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.background = background
@@ -143,36 +145,46 @@ class Telemetry:
     # ------------------------------------------------------------- flushing
     def _loop(self) -> None:
         while not self._stop.wait(self.config.flush_interval_s):
-            self.flush()
+            self.flush(side=False)
 
-    def flush(self, now: float | None = None, settle: bool | None = None) -> dict[str, int]:
+    def flush(self, now: float | None = None, settle: bool | None = None, side: bool = True) -> dict[str, int]:
         """Move what the aggregator holds to the sinks. Never raises.
 
         ``settle=True`` when no other thread is recording (virtual-time callers
-        and shutdown); default: True without a background thread.
+        and shutdown); default: True without a background thread. Hot keys and
+        A/B unit records go out on every explicit flush, and every
+        ``side_flush_s`` from the periodic flusher (``side=False``).
         """
         with self._flush_lock:
             try:
-                return self._flush(now, self.background is False if settle is None else settle)
+                return self._flush(now, self.background is False if settle is None else settle, side)
             except Exception as e:
                 self.aggregator.count_error("flush", "flush", e)
                 return {}
 
-    def _flush(self, now: float | None, settle: bool) -> dict[str, int]:
+    def _flush(self, now: float | None, settle: bool, side: bool = True) -> dict[str, int]:
+        store_b, redis_b, new_last = self._collect(self.clock() if now is None else now, settle, side)
+        written = {k: len(v) for k, v in store_b.items()}
+        written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
+        if self.store is not None:
+            if self._write_sink("store", self.store.write, store_b, self._pending_store):
+                self._last.update(new_last)
+        if self.redis_sink is not None:
+            self._write_sink("redis", self.redis_sink.write, redis_b, self._pending_redis)
+        return written
+
+    def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict, dict, dict]:
+        """Rows for the store and Redis since the last flush, and the new
+        cumulative snapshot to remember once the store write succeeded."""
         agg = self.aggregator
-        now = self.clock() if now is None else now
         store_b: dict[str, list] = defaultdict(list)
         redis_b: dict[str, list] = defaultdict(list)
         side = redis_b if self.redis_sink is not None else store_b
         new_last: dict[str, dict] = {}
         if self.points_to_store and self.store is not None:
-            for name, cur in (("lookups", agg.lookup_totals()), ("writes", agg.write_totals())):
-                last = self._last[name]
-                for k, v in cur.items():
-                    d = v - last.get(k, 0)
-                    if d:
-                        store_b[name].append((now, *k, d))
-                new_last[name] = cur
+            for name, kind in (("lookups", "counts"), ("writes", "writes")):
+                deltas, new_last[name] = agg.deltas(kind, self._last[name])
+                store_b[name].extend((now, *k, d) for k, d in deltas.items() if d)
             cur = agg.request_totals()
             last = self._last["requests"]
             for k, v in cur.items():
@@ -193,52 +205,61 @@ class Telemetry:
                 )
             new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
 
-        hot, units = agg.take_buffers(settle)
+        hot, units = {}, {}
+        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
+        if side_now:
+            self._last_side = now
+            hot, units = agg.take_buffers(settle or self._final)
         if hot:
             win = float(int(now // self.config.hot_key_window_s) * self.config.hot_key_window_s)
             h = self.hasher.hash
             for hk, sk in hot.items():
                 tenant, layer = agg.hot_scope(hk)
                 for key, e in sk.items():
-                    side["hot_keys"].append((win, tenant, layer, h(key), e[4], e[1], e[2], e[3]))
-        for (exp, var, unit), u in units.items():
-            side["ab_units"].append((exp, var, self.hasher.hash(unit), now, now, *u))
+                    if e[1] + e[2] >= 2:  # a key read once in a flush window is not hot
+                        side["hot_keys"].append((win, tenant, layer, h(key), e[4], e[1], e[2], e[3]))
+        for (exp, var, unit, layer), u in units.items():
+            if layer:
+                side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, u[0], u[1]))
+            else:
+                side["ab_units"].append((exp, var, self.hasher.hash(unit), now, now, *u[2:]))
         while agg.events:
             kind, rec = agg.events.popleft()
             side["warmup_runs"].append(tuple(rec.get(c) for c in _RUN_COLS))
-        self._export_warmed(now, side)
+        if side_now:
+            self._export_warmed(now, side)
         self._export_early(now, side)
+        return store_b, redis_b, new_last
 
-        written = {k: len(v) for k, v in store_b.items()}
-        written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
-        if self.store is not None:
-            if self._write_sink("store", self.store.write, store_b, self._pending_store):
-                self._last.update(new_last)
-        if self.redis_sink is not None:
-            self._write_sink("redis", self.redis_sink.write, redis_b, self._pending_redis)
-        return written
-
-    def _write_sink(self, stage: str, write: Callable, batches: dict, pending: dict) -> bool:
-        # Metric points are recomputed from cumulative totals, so they are not
-        # kept in `pending`: an unwritten delta simply grows until it lands.
+    @staticmethod
+    def _stage(batches: dict, pending: dict) -> dict[str, list]:
+        """What to write now: kept side rows plus this flush's rows. Metric
+        points are recomputed from cumulative totals, so they are not kept in
+        ``pending``: an unwritten delta simply grows until it lands."""
         for k, rows in batches.items():
-            if k not in ("lookups", "writes", "requests", "histograms"):
+            if k not in _POINT_FRAMES:
                 pending[k].extend(rows)
         merged = {k: list(v) for k, v in pending.items() if v}
-        for k in ("lookups", "writes", "requests", "histograms"):
+        for k in _POINT_FRAMES:
             if batches.get(k):
                 merged[k] = batches[k]
+        return merged
+
+    def _failed(self, stage: str, e: BaseException, pending: dict) -> None:
+        self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
+        if sum(len(v) for v in pending.values()) > _PENDING_LIMIT:
+            self.aggregator.count_error(stage, "retry backlog full; oldest rows dropped")
+            for k in list(pending):
+                del pending[k][: len(pending[k]) // 2]
+
+    def _write_sink(self, stage: str, write: Callable, batches: dict, pending: dict) -> bool:
+        merged = self._stage(batches, pending)
         if not merged:
             return True
         try:
             write(merged)
         except Exception as e:
-            self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
-            total = sum(len(v) for v in pending.values())
-            if total > _PENDING_LIMIT:
-                self.aggregator.count_error(stage, "retry backlog full; oldest rows dropped")
-                for k in list(pending):
-                    del pending[k][: len(pending[k]) // 2]
+            self._failed(stage, e, pending)
             return False
         pending.clear()
         return True
@@ -286,6 +307,7 @@ class Telemetry:
         # Close recall windows that are still open so nothing is lost.
         for w in self.aggregator.early:
             w.until = min(w.until, self.clock())
+        self._final = True
         self.flush(settle=True)
         if self.otel is not None:
             self.otel.shutdown()
@@ -293,8 +315,46 @@ class Telemetry:
             self.redis_sink.close()
 
 
+_POINT_FRAMES = ("lookups", "writes", "requests", "histograms")
 _RUN_COLS = ("run_id", "replica", "tenant", "layer", "strategy", "trigger", "started", "ended",
              "status", "keys", "bytes", "gpu_s", "memory_bytes", "error")
+
+def flush_together(telemetries: list[Telemetry], now: float | None = None) -> None:
+    """Flush pipelines that share one store in one transaction each store.
+
+    For many pipelines in one process (the simulator's replicas): one commit
+    per flush instead of one per pipeline. Never raises.
+    """
+    groups: dict[int, list[Telemetry]] = defaultdict(list)
+    for t in telemetries:
+        groups[id(t.store)].append(t)
+    for group in groups.values():
+        store = group[0].store
+        merged: dict[str, list] = defaultdict(list)
+        staged: list[tuple[Telemetry, dict]] = []
+        for t in group:
+            try:
+                with t._flush_lock:
+                    sb, rb, new_last = t._collect(t.clock() if now is None else now, not t.background)
+                    if t.redis_sink is not None:
+                        t._write_sink("redis", t.redis_sink.write, rb, t._pending_redis)
+                    for k, v in t._stage(sb, t._pending_store).items():
+                        merged[k].extend(v)
+                    staged.append((t, new_last))
+            except Exception as e:
+                t.aggregator.count_error("flush", "flush", e)
+        if store is None or not merged:
+            continue
+        try:
+            store.write(merged)
+        except Exception as e:
+            for t, _ in staged:
+                t._failed("store", e, t._pending_store)
+            continue
+        for t, new_last in staged:
+            t._last.update(new_last)
+            t._pending_store.clear()
+
 
 _installed: Telemetry | None = None
 _install_lock = threading.Lock()

@@ -7,8 +7,8 @@ Layout (every key under ``ws:``; only keyed hashes of cache keys and units):
   key hash -> family; ``:err`` — hash key hash -> Space-Saving error bound;
   ``ws:hot:windows`` — sorted set of ``{window}:{tenant}:{layer}`` by window.
 * ``ws:ab:{experiment}:{variant}:{unit hash}`` — hash of the unit's sums
-  (HINCRBY / HINCRBYFLOAT, fields as ``store.ab_units``) plus ``first_ts`` /
-  ``last_ts``; ``ws:ab:{experiment}:units`` — set of ``{variant}:{unit hash}``;
+  (HINCRBY / HINCRBYFLOAT): request-level fields as ``store.ab_units``, and per
+  layer ``{layer}:lookups`` / ``{layer}:hits``; plus ``first_ts`` / ``last_ts``; ``ws:ab:{experiment}:units`` — set of ``{variant}:{unit hash}``;
   ``ws:ab:experiments`` — set of experiment names.
 * ``ws:run:{run_id}`` — hash of the warm-up run record; ``ws:runs`` — sorted set
   of run ids by start; ``ws:run:{run_id}:warmed`` / ``:early`` — hashes key hash
@@ -61,7 +61,8 @@ class RedisSink:
                 p.expire(base + suffix, ttl)
             p.zadd(f"{PREFIX}:hot:windows", {f"{int(window)}:{tenant}:{layer}": window})
             n += 1
-        fields = UNIT_FIELDS + tuple(_H)
+        fields = UNIT_FIELDS[2:] + tuple(_H)
+        touched: set[tuple[str, str, str]] = set()
         for row in batches.get("ab_units", ()):
             exp, var, uh, first_ts, last_ts = row[:5]
             key = f"{PREFIX}:ab:{exp}:{var}:{uh}"
@@ -73,11 +74,22 @@ class RedisSink:
                         p.hincrby(key, f, v)
             p.hsetnx(key, "first_ts", first_ts)
             p.hset(key, "last_ts", last_ts)
-            p.expire(key, RUN_TTL_S)
+            touched.add((exp, var, uh))
+            n += 1
+        for exp, var, uh, layer, lookups, hits in batches.get("ab_lookups", ()):
+            key = f"{PREFIX}:ab:{exp}:{var}:{uh}"
+            if lookups:
+                p.hincrby(key, f"{layer}:lookups", lookups)
+            if hits:
+                p.hincrby(key, f"{layer}:hits", hits)
+            touched.add((exp, var, uh))
+            n += 1
+        for exp, var, uh in touched:
+            p.expire(f"{PREFIX}:ab:{exp}:{var}:{uh}", RUN_TTL_S)
             p.sadd(f"{PREFIX}:ab:{exp}:units", f"{var}:{uh}")
+        for exp in {t[0] for t in touched}:
             p.expire(f"{PREFIX}:ab:{exp}:units", RUN_TTL_S)
             p.sadd(f"{PREFIX}:ab:experiments", exp)
-            n += 1
         from .pipeline import _RUN_COLS
 
         for row in batches.get("warmup_runs", ()):

@@ -36,10 +36,13 @@ Canonical frames (every backend yields these columns):
     window (start, Unix s), tenant, layer, key_hash, family, hits, misses, err
     (Space-Saving error bound: true count >= hits + misses - err).
 ``ab_units``
-    experiment, variant, unit_hash, first_ts, last_ts, lookups, hits, requests,
-    latency_sum, latency_sq, ttft_sum, conversions, value, gpu_s, sla_met,
-    h0..hN (per-unit request-duration histogram, bounds in
-    ``schema.DURATION_BUCKETS`` + inf).
+    experiment, variant, unit_hash, first_ts, last_ts, requests, latency_sum,
+    latency_sq, ttft_sum, conversions, value, gpu_s, sla_met, h0..hN — one row
+    per experiment unit: request-level sums and the per-unit request-duration
+    histogram (bounds ``schema.DURATION_BUCKETS`` + inf).
+``ab_lookups``
+    experiment, variant, unit_hash, layer, lookups, hits — one row per unit and
+    cache layer (hit rate as a ratio metric clustered by unit).
 ``faults``
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
@@ -79,7 +82,8 @@ _TABLES: dict[str, tuple[str, ...]] = {
                     "first_hit_at", "first_miss_at", "hits"),
     "early_keys": ("run_id", "key_hash", "family", "first_seen", "lookups"),
     "hot_keys": ("window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"),
-    "ab_units": ("experiment", "variant", "unit_hash", "first_ts", "last_ts") + UNIT_FIELDS + tuple(_H),
+    "ab_units": ("experiment", "variant", "unit_hash", "first_ts", "last_ts") + UNIT_FIELDS[2:] + tuple(_H),
+    "ab_lookups": ("experiment", "variant", "unit_hash", "layer", "lookups", "hits"),
     "faults": ("trap", "scope", "start", "end", "params"),
 }
 FRAMES = tuple(_TABLES)
@@ -102,15 +106,17 @@ CREATE TABLE IF NOT EXISTS warmup_runs(run_id TEXT PRIMARY KEY, replica TEXT, te
   gpu_s REAL, memory_bytes INTEGER, error TEXT);
 CREATE TABLE IF NOT EXISTS warmed_keys(run_id TEXT, key_hash TEXT, family TEXT, tenant TEXT, layer TEXT,
   warmed_at REAL, ttl_s REAL, first_hit_at REAL, first_miss_at REAL, hits INTEGER,
-  PRIMARY KEY(run_id, key_hash));
+  PRIMARY KEY(run_id, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS early_keys(run_id TEXT, key_hash TEXT, family TEXT, first_seen REAL,
-  lookups INTEGER, PRIMARY KEY(run_id, key_hash));
+  lookups INTEGER, PRIMARY KEY(run_id, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS hot_keys(window REAL, tenant TEXT, layer TEXT, key_hash TEXT, family TEXT,
-  hits INTEGER, misses INTEGER, err INTEGER, PRIMARY KEY(window, tenant, layer, key_hash));
+  hits INTEGER, misses INTEGER, err INTEGER, PRIMARY KEY(window, tenant, layer, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ab_units(experiment TEXT, variant TEXT, unit_hash TEXT, first_ts REAL,
-  last_ts REAL, lookups INTEGER, hits INTEGER, requests INTEGER, latency_sum REAL, latency_sq REAL,
+  last_ts REAL, requests INTEGER, latency_sum REAL, latency_sq REAL,
   ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER, {hcols},
-  PRIMARY KEY(experiment, variant, unit_hash));
+  PRIMARY KEY(experiment, variant, unit_hash)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ab_lookups(experiment TEXT, variant TEXT, unit_hash TEXT, layer TEXT,
+  lookups INTEGER, hits INTEGER, PRIMARY KEY(experiment, variant, unit_hash, layer)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS faults(trap TEXT, scope TEXT, start REAL, "end" REAL, params TEXT);
 """.replace("{hcols}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H))
 
@@ -124,8 +130,10 @@ def _q(col: str) -> str:
 
 
 class EmbeddedStore:
-    def __init__(self, path: str | Path, readonly: bool = False, timeout: float = 5.0) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False, timeout: float = 5.0,
+                 durable: bool = True) -> None:
         self.path = Path(path)
+        self.durable = durable  # False: no fsync at all (regenerable data: the simulator)
         self.readonly = readonly
         self.timeout = timeout
         self._local = threading.local()
@@ -160,7 +168,7 @@ class EmbeddedStore:
                 else:
                     con = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False)
                     con.execute("PRAGMA journal_mode=WAL")
-                    con.execute("PRAGMA synchronous=NORMAL")
+                    con.execute(f"PRAGMA synchronous={'NORMAL' if self.durable else 'OFF'}")
                 con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             except sqlite3.Error as e:
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
@@ -194,10 +202,13 @@ class EmbeddedStore:
                             "hits = hits + excluded.hits, misses = misses + excluded.misses, "
                             "err = max(err, excluded.err)")
                 elif table == "ab_units":
-                    adds = ", ".join(f"{c} = {c} + excluded.{c}" for c in UNIT_FIELDS + tuple(_H))
+                    adds = ", ".join(f"{c} = {c} + excluded.{c}" for c in UNIT_FIELDS[2:] + tuple(_H))
                     sql += (" ON CONFLICT(experiment, variant, unit_hash) DO UPDATE SET "
                             f"first_ts = min(first_ts, excluded.first_ts), "
                             f"last_ts = max(last_ts, excluded.last_ts), {adds}")
+                elif table == "ab_lookups":
+                    sql += (" ON CONFLICT(experiment, variant, unit_hash, layer) DO UPDATE SET "
+                            "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
                 elif table in ("warmup_runs", "warmed_keys", "early_keys"):
                     sql = sql.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
                 con.executemany(sql, rows)
@@ -275,7 +286,13 @@ def _explode_histograms(df):
     return pd.DataFrame.from_records(recs, columns=cols)
 
 
+_BOUNDS_JSON: dict[tuple, str] = {}
+
+
 def histogram_row(ts: float, metric: str, labels: tuple, bounds: Sequence[float],
                   counts: Sequence[int], total_sum: float, total: int) -> tuple:
-    return (ts, metric, *labels, json.dumps(list(bounds)), json.dumps(list(counts)), total_sum, total)
+    bj = _BOUNDS_JSON.get(tuple(bounds))
+    if bj is None:
+        bj = _BOUNDS_JSON[tuple(bounds)] = json.dumps(list(bounds))
+    return (ts, metric, *labels, bj, ",".join(map(str, counts)).join("[]"), total_sum, total)
 

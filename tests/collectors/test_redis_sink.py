@@ -39,8 +39,10 @@ def test_hot_keys_and_units_land_in_redis(make_tel, redis_client):
     for m in members:
         var, uh = m.decode().split(":")
         h = redis_client.hgetall(f"ws:ab:exp:{var}:{uh}")
-        for f in tot:
+        for f in ("requests", "conversions"):
             tot[f] += int(h.get(f.encode(), 0))
+        for f in ("lookups", "hits"):  # per layer
+            tot[f] += int(h.get(f"prefix_kv:{f}".encode(), 0))
     assert tot == {"lookups": 44, "hits": 40, "requests": 4, "conversions": 1}
     run_ids = redis_client.zrange("ws:runs", 0, -1)
     assert len(run_ids) == 1

@@ -85,7 +85,7 @@ def test_locked_store_loses_nothing(make_tel, tmp_path):
     tel.flush(now=20.0)
     df = tel.store.frame("lookups")
     assert df["count"].sum() == 2 and set(df.ts) == {20.0}  # one delta, written late
-    assert tel.store.frame("ab_units")["lookups"].sum() == 1  # kept and retried
+    assert tel.store.frame("ab_lookups")["lookups"].sum() == 1  # kept and retried
 
 
 def request_context_unit(tel):

@@ -1,0 +1,142 @@
+"""Simulation settings and the cost model's constants, in one frozen dataclass.
+
+Read from the ``[simulator]`` table of the TOML file (``WARMSCOPE_CONFIG``) and
+overridden by ``warmscope simulate`` options. Every constant of the cost model
+is here, with its unit:
+
+=========================  ==========  ============================================
+setting                    default     meaning
+=========================  ==========  ============================================
+hours                      24          virtual duration
+rps                        12.0        mean requests per second over the day (all tenants)
+diurnal_amplitude          0.5         rate(t) = rps * (1 + a*sin(2π(h-9)/24)), peak at 15:00
+bursts_per_day             4           short bursts (Poisson count), each burst_minutes long
+burst_factor               2.5         rate multiplier during a burst
+tenants                    8           tenant count (names are letters only)
+models                     2           model count; each tenant uses one
+replicas                   2           replicas per variant pool (A and B pools)
+tick_s                     60          flush interval / frame resolution (virtual seconds)
+block_tokens               512         prefix-KV block size in tokens
+kv_capacity_tokens         400000      prefix-KV capacity per replica (LRU, tokens)
+lora_slots                 4           LoRA adapters resident per replica (LRU)
+embedding_capacity         20000       embedding cache entries per replica (LRU)
+response_capacity          20000       response cache entries per pool (LRU, TTL)
+response_ttl_s             3600        response cache TTL
+weights_load_s             120         model weights load time at replica start
+slots                      16          concurrent sequences per replica (continuous batching)
+prefill_s_per_token        0.00004     GPU time to prefill one uncached prompt token
+decode_s_per_token         0.012       wall time per output token (shared by the batch)
+lora_load_s                0.4         adapter load on a LoRA miss
+embed_s                    0.015       embedding computation on an embedding miss
+base_ttft_s                0.03        fixed TTFT overhead
+slo_ttft_s                 1.0         TTFT SLO (SLA met when TTFT <= this)
+conv_base                  0.12        conversion probability at zero latency
+conv_tau_s                 6.0         conversion probability *= exp(-latency / conv_tau_s)
+value_per_conversion       4.0         currency units (tenant i gets value*(1+i/10))
+warm_keys                  400         keys per layer a warm-up run may warm
+warm_s_per_key             0.05        wall time a warm-up spends per key
+peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak); <0 disables
+lambda_mode                slo         predictive heat decay: "slo" (λ = 1/(slo_ms·0.1)) or "fixed"
+lambda_fixed               0.0005      λ per second when lambda_mode = "fixed"
+=========================  ==========  ============================================
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SimConfig", "STRATEGIES"]
+
+STRATEGIES = ("none", "static_topk", "semantic", "predictive")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    hours: float = 24.0
+    rps: float = 12.0
+    diurnal_amplitude: float = 0.5
+    bursts_per_day: float = 4.0
+    burst_minutes: float = 10.0
+    burst_factor: float = 2.5
+    tenants: int = 8
+    models: int = 2
+    replicas: int = 2
+    tick_s: float = 60.0
+    block_tokens: int = 512
+    kv_capacity_tokens: int = 400_000
+    lora_slots: int = 4
+    embedding_capacity: int = 20_000
+    response_capacity: int = 20_000
+    response_ttl_s: float = 3600.0
+    weights_load_s: float = 120.0
+    slots: int = 16
+    prefill_s_per_token: float = 0.00004
+    decode_s_per_token: float = 0.012
+    lora_load_s: float = 0.4
+    embed_s: float = 0.015
+    base_ttft_s: float = 0.03
+    slo_ttft_s: float = 1.0
+    conv_base: float = 0.12
+    conv_tau_s: float = 6.0
+    value_per_conversion: float = 4.0
+    warm_keys: int = 400
+    warm_s_per_key: float = 0.05
+    peak_warmup_at_h: float = 8.5
+    lambda_mode: str = "slo"
+    lambda_fixed: float = 0.0005
+    strategy_a: str = "none"
+    strategy_b: str = "static_topk"
+    seed: int = 1
+    start: float = 1_795_824_000.0  # 2026-11-28 00:00 UTC: fixed so runs are reproducible
+    experiment: str = "warmup-strategy"
+
+    _POSITIVE = ("hours", "rps", "tick_s", "block_tokens", "kv_capacity_tokens", "lora_slots",
+                 "embedding_capacity", "response_capacity", "slots", "tenants", "models", "replicas")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "SimConfig":
+        raw: dict[str, Any] = {}
+        path = path or os.environ.get("WARMSCOPE_CONFIG")
+        if path and Path(path).exists():
+            try:
+                raw.update(tomllib.loads(Path(path).read_text()).get("simulator", {}))
+            except tomllib.TOMLDecodeError as e:
+                raise ValueError(f"config file {path} is not valid TOML: {e}") from None
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}
+        kw: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k not in known:
+                raise ValueError(f"simulator.{k} is not a known setting; known: {', '.join(sorted(known))}")
+            typ = type(known[k].default)
+            try:
+                kw[k] = typ(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"simulator.{k} must be a {typ.__name__}, got {v!r}") from None
+        cfg = replace(cls(), **kw)
+        for k in cls._POSITIVE:
+            if getattr(cfg, k) <= 0:
+                raise ValueError(f"simulator.{k} must be > 0, got {getattr(cfg, k)!r}")
+        if cfg.tenants > 26 * 26:
+            raise ValueError(f"simulator.tenants must be <= {26 * 26}, got {cfg.tenants}")
+        for arm in ("strategy_a", "strategy_b"):
+            if getattr(cfg, arm) not in STRATEGIES:
+                raise ValueError(f"simulator.{arm} must be one of {STRATEGIES}, got {getattr(cfg, arm)!r}")
+        if cfg.lambda_mode not in ("slo", "fixed"):
+            raise ValueError(f"simulator.lambda_mode must be 'slo' or 'fixed', got {cfg.lambda_mode!r}")
+        return cfg
+
+    @property
+    def heat_lambda(self) -> float:
+        """Decay rate per second of the predictive strategy's heat score.
+
+        SLO-aware (seed 1): λ = 1 / (slo_ms × 0.1), read as per *minute* of
+        idle time, so a 1 s SLO forgets a key with a 100-minute time constant.
+        """
+        if self.lambda_mode == "fixed":
+            return self.lambda_fixed
+        return 1.0 / (self.slo_ttft_s * 1000 * 0.1) / 60.0

@@ -1,0 +1,549 @@
+"""The discrete-event engine: replicas, pools, the request path, warm-ups, faults.
+
+Two pools of ``replicas`` replicas serve the same traffic: pool A runs
+``strategy_a``, pool B ``strategy_b``; a session (the A/B unit) is routed to
+its variant's pool by a stable hash, then to a replica by session. Each replica
+is its own :class:`collectors.Telemetry` (replica label = its name) writing to
+one embedded store, exactly as separate serving processes would.
+
+Request path (every lookup goes through the collectors' wrappers):
+
+1. ``weights`` — the model must be loaded on the replica; before that the
+   request waits (cold start) and the lookup is a miss.
+2. ``response`` — cacheable templates look the prompt up in the pool's response
+   cache (in-process LRU with TTL, or Redis); a hit answers at once.
+3. ``lora`` — the tenant's adapter in the replica's LRU of GPU slots.
+4. ``embedding`` — RAG templates embed three chunks (cached per replica).
+5. ``prefix_kv`` — the prompt's token blocks, walked in order: blocks until the
+   first miss are reused (partial prefix hit), the rest are prefilled.
+
+TTFT = weights wait + queueing (``slots`` concurrent sequences) + adapter load +
+embedding + prefill of uncached tokens + overhead; latency adds decoding;
+GPU-seconds count prefill, embedding and the request's share of decoding;
+conversion probability falls exponentially with latency.
+
+Time advances in ticks of ``tick_s``; the replicas' pipelines are flushed with
+the virtual timestamp at each tick end, so frames have tick resolution.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from collectors import InstrumentedCache, request_context
+from collectors.config import CollectorConfig
+from collectors.pipeline import Telemetry, flush_together
+from collectors.store import EmbeddedStore
+
+from .caches import LRU
+from .config import SimConfig
+from .faults import Fault
+from .strategies import HeatTracker, KeyStats, choose, yesterday_log
+from .traffic import (
+    CHUNKS_PER_QUERY, TEMPLATES, draw_arrivals, make_tenants, pick_template, rate_at, tenant_weights, variant_of,
+)
+
+__all__ = ["Simulation", "Summary"]
+
+TOKENISATION_VARIANTS = 50
+MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
+
+
+@dataclass
+class Summary:
+    requests: int = 0
+    lookups: Counter = field(default_factory=Counter)  # (replica, layer, result) -> n
+    warmups: int = 0
+    units: dict[str, int] = field(default_factory=dict)  # variant -> distinct sessions
+    wall_s: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.wall_s if self.wall_s else 0.0
+
+
+def write_run_info(store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[dict]) -> None:
+    store.write_faults(truth)
+    store.set_meta("simulation", json.dumps({
+        "seed": cfg.seed, "hours": cfg.hours, "start": t0, "strategy_a": cfg.strategy_a,
+        "strategy_b": cfg.strategy_b, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
+    }, sort_keys=True))
+
+
+class _RedisResponseCache:
+    """Response cache on Redis (wrapped by InstrumentedCache like the LRU)."""
+
+    def __init__(self, client: Any, ttl: float) -> None:
+        self.r = client
+        self.ttl = int(ttl)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.r.get(key)
+        return default if v is None else v
+
+    def set(self, key: str, value: Any, ttl: float | None = None) -> None:
+        self.r.set(key, value, ex=int(ttl or self.ttl))
+
+
+class Replica:
+    def __init__(self, sim: "Simulation", name: str, pool: "Pool", start_rel: float) -> None:
+        self.sim = sim
+        self.name = name
+        self.pool = pool
+        cfg = sim.cfg
+        self.tel = sim._telemetry(name)
+        clock = sim.clock
+        self.weights = InstrumentedCache(LRU(100, clock), "weights", telemetry=self.tel)
+        self.lora = InstrumentedCache(LRU(cfg.lora_slots, clock), "lora", telemetry=self.tel)
+        self.emb = InstrumentedCache(LRU(cfg.embedding_capacity, clock), "embedding", telemetry=self.tel)
+        self.kv_lru = LRU(cfg.kv_capacity_tokens, clock, weigh=lambda tokens: tokens)
+        self.kv = InstrumentedCache(self.kv_lru, "prefix_kv", telemetry=self.tel)
+        self.resp = pool.response_view(self)
+        self.slots = [0.0] * cfg.slots
+        self.weights_ready: dict[str, float] = {}
+        self.start(start_rel, "replica_start")
+
+    def start(self, t_rel: float, trigger: str, warm_until: float | None = None) -> None:
+        """(Re)start: caches dropped, weights load, then the pool's warm-up."""
+        for c in (self.weights, self.lora, self.emb, self.kv):
+            c.backend.clear()
+        ready = t_rel + self.sim.cfg.weights_load_s
+        for model in self.sim.models:
+            self.weights_ready[model] = ready
+        self.sim.schedule(ready, self._weights_loaded)
+        self.sim.schedule(ready, lambda: self.sim.warmup(self.pool, [self], trigger, finish_at=warm_until))
+
+    def _weights_loaded(self) -> None:
+        for model in self.sim.models:
+            self.weights.set(f"weights:{model}", 1)
+
+
+class Pool:
+    def __init__(self, sim: "Simulation", variant: str, strategy: str) -> None:
+        self.sim = sim
+        self.variant = variant
+        self.strategy = strategy
+        self.replicas: list[Replica] = []
+        cfg = sim.cfg
+        self.heat = HeatTracker(cfg.heat_lambda) if strategy == "predictive" else None
+        self.resp_lru = LRU(cfg.response_capacity, sim.clock, ttl=cfg.response_ttl_s)
+        self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
+        self.last_drop_trigger = -1e18
+
+    def response_view(self, rep: Replica) -> Any:
+        backend: Any = self.resp_lru
+        if self.sim.redis_url:
+            import redis
+
+            db = 1 if self.variant == "A" else 2  # pools never share entries
+            backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.sim.cfg.response_ttl_s)
+        return InstrumentedCache(backend, "response", telemetry=rep.tel)
+
+
+class Simulation:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        store: str | Path | EmbeddedStore,
+        faults: list[Fault] | tuple[Fault, ...] = (),
+        collector_config: CollectorConfig | None = None,
+        redis_url: str | None = None,
+        meter_provider: Any = None,
+        progress: Callable[[int, int], None] | None = None,
+        realtime: bool = False,
+        speed: float = 1.0,
+        variants: tuple[str, ...] = ("A", "B"),
+    ) -> None:
+        self.cfg = cfg
+        self.variants = variants  # a worker process may simulate one pool (see run_parallel)
+        self.faults = list(faults)
+        self.redis_url = redis_url
+        self.progress = progress
+        self.realtime = realtime
+        self.speed = speed
+        # Simulated data can be regenerated from the seed: no fsync.
+        self.store = store if isinstance(store, EmbeddedStore) else EmbeddedStore(store, durable=False)
+        # Hot keys and unit records every 15 virtual minutes: per-minute points,
+        # fewer upserts (a session spans many ticks).
+        self.ccfg = collector_config or CollectorConfig.load(env={}, key_secret="warmscope-sim", max_families=1024,
+                                                             side_flush_s=900)
+        self.meter_provider = meter_provider
+        self.now = cfg.start
+        self.t0 = cfg.start if not realtime else time.time()
+        if realtime:
+            self.now = self.t0
+        self.clock = lambda: self.now
+        self.rng = np.random.default_rng(cfg.seed)
+        self.tenants = make_tenants(cfg, self.rng)
+        self.by_name = {t.name: t for t in self.tenants}
+        self.models = sorted({t.model for t in self.tenants})
+        self.tw = tenant_weights(len(self.tenants))
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self._run_seq = 0
+        self.telemetries: list[Telemetry] = []
+        self.summary = Summary()
+        self.sessions: dict[tuple[int, int], list[list[int]]] = defaultdict(list)  # (tenant, tpl) -> [sid, conv]
+        self._next_session = 0
+        self._req_id = 0
+        self._units: dict[str, set] = {v: set() for v in variants}
+        self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
+        self.bursts = self._bursts()
+        strategies = {"A": cfg.strategy_a, "B": cfg.strategy_b}
+        self.pools = {v: Pool(self, v, strategies[v]) for v in variants}
+        for pool in self.pools.values():
+            for i in range(cfg.replicas):
+                pool.replicas.append(Replica(self, f"{pool.variant.lower()}-{i}", pool, 0.0))
+        if cfg.peak_warmup_at_h >= 0:
+            for pool in self.pools.values():
+                self.schedule(cfg.peak_warmup_at_h * 3600,
+                              lambda p=pool: self.warmup(p, p.replicas, "forecast_peak"))
+        for f in self.faults:
+            self._schedule_fault(f)
+
+    # ------------------------------------------------------------ plumbing
+    def _telemetry(self, replica: str) -> Telemetry:
+        cfg = CollectorConfig._from_raw({**self.ccfg.as_dict(), "replica": replica})
+        tel = Telemetry(cfg, clock=self.clock, store=self.store, meter_provider=self.meter_provider,
+                        background=False)
+        self.telemetries.append(tel)
+        return tel
+
+    def schedule(self, t_rel: float, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t_rel, self._seq, fn))
+
+    def _run_events(self, t_rel: float) -> None:
+        ev = self._events
+        while ev and ev[0][0] <= t_rel:
+            at, _, fn = heapq.heappop(ev)
+            saved = self.now
+            self.now = self.t0 + at
+            fn()
+            self.now = max(saved, self.now)
+
+    def _bursts(self) -> list[tuple[float, float]]:
+        rng = np.random.default_rng(self.cfg.seed + 99)
+        n = rng.poisson(self.cfg.bursts_per_day * self.cfg.hours / 24)
+        starts = np.sort(rng.random(n)) * self.cfg.hours * 3600
+        return [(float(s), float(s) + self.cfg.burst_minutes * 60) for s in starts]
+
+    def _schedule_fault(self, f: Fault) -> None:
+        if f.trap == "warmup_out_of_step":
+            for pool in self.pools.values():
+                for rep in pool.replicas:
+                    if f.matches(replica=rep.name):
+                        self.schedule(f.start, lambda r=rep: r.start(f.start, "replica_restart", warm_until=f.end))
+        elif f.trap == "warmup_timing":
+            for pool in self.pools.values():
+                reps = [r for r in pool.replicas if f.matches(replica=r.name)]
+                if reps:
+                    ttl = float(f.params.get("ttl_s", 300))
+                    self.schedule(f.start, lambda p=pool, rs=reps: self.warmup(
+                        p, rs, "scheduled", ttl=ttl, layers=(f.scope.get("layer"),) if "layer" in f.scope else None,
+                        strategy="static_topk" if p.strategy == "none" else None))
+
+    def ground_truth(self) -> list[dict]:
+        return [f.ground_truth(self.t0, self.cfg.hours) for f in self.faults]
+
+    # -------------------------------------------------------------- warm-up
+    def warmup(self, pool: Pool, replicas: list[Replica], trigger: str, finish_at: float | None = None,
+               ttl: float | None = None, layers: tuple | None = None, strategy: str | None = None) -> None:
+        strategy = strategy or pool.strategy
+        if strategy == "none":
+            return
+        t_rel = self.now - self.t0
+        picks = choose(strategy, self.cfg, t_rel, self.yesterday, pool.heat, self.by_name)
+        if layers:
+            picks = [p for p in picks if p[0] in layers]
+        if not picks:
+            return
+        duration = len(picks) * self.cfg.warm_s_per_key
+        end = max(finish_at if finish_at is not None else t_rel + duration, t_rel + duration)
+        for rep in replicas:
+            runs = {}
+            for layer in sorted({p[0] for p in picks}):
+                self._run_seq += 1
+                run = rep.tel.warmup(strategy, layer=layer, trigger=trigger,
+                                     run_id=f"run-{self.cfg.seed}-{self._run_seq:05d}")
+                run.__enter__()
+                runs[layer] = run
+            self.schedule(end, lambda r=rep, rs=runs: self._finish_warmup(r, rs, picks, ttl))
+            self.summary.warmups += len(runs)
+
+    def _finish_warmup(self, rep: Replica, runs: dict, picks: list, ttl: float | None) -> None:
+        for layer, key, tenant, tpl, gpu_s in picks:
+            if layer == "prefix_kv":
+                rep.kv.set(key, self.cfg.block_tokens)
+                nbytes = self.cfg.block_tokens * 128 * 1024  # KV bytes per token, order of magnitude
+            elif layer == "embedding":
+                rep.emb.set(key, 1)
+                nbytes = 4096
+            else:
+                rep.resp.set(key, b"r", ttl=ttl)
+                nbytes = 2048
+            runs[layer].warmed(key, nbytes=nbytes, gpu_s=gpu_s, tenant=tenant,
+                               ttl_s=ttl or (self.cfg.response_ttl_s if layer == "response" else None))
+        for run in runs.values():
+            run.__exit__(None, None, None)
+
+    # -------------------------------------------------------------- running
+    def run(self, finish: bool = True) -> Summary:
+        """Simulate; with ``finish`` also write ground truth and run metadata."""
+        cfg = self.cfg
+        wall0 = time.perf_counter()
+        ticks = int(math.ceil(cfg.hours * 3600 / cfg.tick_s))
+        for tick in range(ticks):
+            t_rel = tick * cfg.tick_s
+            dt = min(cfg.tick_s, cfg.hours * 3600 - t_rel)
+            rate = rate_at(cfg, t_rel + dt / 2, self.bursts)
+            a = draw_arrivals(self.rng, cfg, t_rel, dt, rate, self.tw)
+            active = [f for f in self.faults if f.start < t_rel + dt and f.end > t_rel
+                      and f.trap not in ("warmup_out_of_step", "warmup_timing")]
+            kv_before = self._kv_counts()
+            for i in range(len(a.t)):
+                tr = float(a.t[i])
+                if self._events and self._events[0][0] <= tr:
+                    self._run_events(tr)
+                self.now = self.t0 + tr
+                self._serve(a, i, tr, [f for f in active if f.active(tr)] if active else ())
+            self._run_events(t_rel + dt)
+            self.now = self.t0 + t_rel + dt
+            self._tick_end(kv_before)
+            flush_together(self.telemetries, now=self.now)
+            if self.progress:
+                self.progress(tick + 1, ticks)
+            if self.realtime:
+                wait = (t_rel + dt) / self.speed - (time.perf_counter() - wall0)
+                if wait > 0:
+                    time.sleep(wait)
+        for tel in self.telemetries:
+            tel.close()
+        if finish:
+            self.finish()
+        self.summary.wall_s = time.perf_counter() - wall0
+        self.summary.units = {v: len(s) for v, s in self._units.items() if v in self.pools}
+        return self.summary
+
+    def finish(self) -> None:
+        write_run_info(self.store, self.cfg, self.t0, self.ground_truth())
+
+    def _kv_counts(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for v, pool in self.pools.items():
+            h = m = 0
+            for rep in pool.replicas:
+                h += self.summary.lookups[(rep.name, "prefix_kv", "hit")]
+                m += self.summary.lookups[(rep.name, "prefix_kv", "miss")]
+            out[v] = (h, m)
+        return out
+
+    def _tick_end(self, before: dict[str, tuple[int, int]]) -> None:
+        """Hit-rate-drop trigger: a tick far below the last half hour warms the pool."""
+        after = self._kv_counts()
+        t_rel = self.now - self.t0
+        for v, pool in self.pools.items():
+            h = after[v][0] - before[v][0]
+            n = h + after[v][1] - before[v][1]
+            hist = pool.kv_hist
+            hist.append((h, n))
+            window = hist[-31:-1]
+            base_n = sum(x[1] for x in window)
+            if n >= 100 and base_n >= 1000 and t_rel - pool.last_drop_trigger > 3600:
+                base = sum(x[0] for x in window) / base_n
+                if h / n < 0.6 * base:
+                    pool.last_drop_trigger = t_rel
+                    self.warmup(pool, pool.replicas, "hit_rate_drop")
+            if pool.heat is not None:
+                pool.heat.cluster_recent = Counter({k: c * 0.95 for k, c in pool.heat.cluster_recent.items()})
+
+    # ------------------------------------------------------- one request
+    def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
+        cfg = self.cfg
+        look = self.summary.lookups
+        ten = self.tenants[int(a.tenant[i])]
+        tpl_idx = pick_template(ten, float(a.u_tpl[i]))
+        tpl = TEMPLATES[tpl_idx]
+        # Session: continue one of the recent ones, or start a new one.
+        sess_list = self.sessions[(ten.idx, tpl_idx)]
+        p_cont = 0.7 if tpl.dialog else 0.3
+        if sess_list and a.u_session[i] < p_cont:
+            sess = sess_list[int(a.u_pick[i] * len(sess_list))]
+        else:
+            sess = [self._next_session, 0]
+            self._next_session += 1
+            sess_list.append(sess)
+            if len(sess_list) > 200:
+                sess_list.pop(0)
+        sid = sess[0]
+        self._req_id += 1
+        lo, hi = tpl.query_tokens
+        q = lo + int(a.query_tokens_u[i] * (hi - lo))
+        conv = sess[1] if tpl.dialog else 0
+        prompt = tpl.sys_tokens + conv + q
+        out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
+        if tpl.dialog:  # session state advances in every worker, served or not
+            sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
+        variant = variant_of(cfg.experiment, sid)
+        pool = self.pools.get(variant)
+        if pool is None:  # the other worker's pool
+            return
+        self._units[variant].add(sid)
+        rep = pool.replicas[sid % len(pool.replicas)]
+        fx: Any = ()
+        bypass: tuple = ()
+        if faults:
+            fx = [f for f in faults if f.matches(tenant=ten.name, replica=rep.name, template=tpl.name,
+                                                 model=ten.model)]
+            bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
+        rname = rep.name
+
+        if pool.heat is not None:
+            pool.heat.cluster_recent[tpl.cluster] += 1
+        with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
+                             model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
+            # 1. weights
+            wait = 0.0
+            wkey = f"weights:{ten.model}"
+            if rep.weights.get(wkey) is None:
+                look[(rname, "weights", "miss")] += 1
+                wait = max(rep.weights_ready.get(ten.model, tr) - tr, 0.0)
+            else:
+                look[(rname, "weights", "hit")] += 1
+            # 2. response cache
+            rkey = None
+            if tpl.cacheable:
+                rkey = self._response_key(ten.name, tpl, int(a.fill[i]), int(a.user[i]), tr, fx)
+                if bypass and ("*" in bypass or "response" in bypass):
+                    rep.resp.bypass(rkey)
+                    look[(rname, "response", "bypass")] += 1
+                    rkey = None
+                elif rep.resp.get(rkey) is not None:
+                    look[(rname, "response", "hit")] += 1
+                    if pool.heat is not None:
+                        pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
+                    lat = cfg.base_ttft_s + wait + 0.02
+                    self._record(rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, float(a.u_conv[i]))
+                    return
+                else:
+                    look[(rname, "response", "miss")] += 1
+                    if pool.heat is not None:
+                        pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
+            # 3. LoRA adapter
+            lora_s = 0.0
+            lkey = f"lora:adapter:{ten.name}.v1"
+            if rep.lora.get(lkey) is None:
+                look[(rname, "lora", "miss")] += 1
+                rep.lora.set(lkey, 1)
+                lora_s = cfg.lora_load_s
+            else:
+                look[(rname, "lora", "hit")] += 1
+            # 4. embeddings
+            emb_s = 0.0
+            if tpl.rag:
+                for c in a.chunks[i][:CHUNKS_PER_QUERY]:
+                    ekey = f"emb:{tpl.name}:chunk:{ten.name}.{int(c)}"
+                    if bypass and ("*" in bypass or "embedding" in bypass):
+                        rep.emb.bypass(ekey)
+                        look[(rname, "embedding", "bypass")] += 1
+                        emb_s += cfg.embed_s
+                    elif rep.emb.get(ekey) is None:
+                        look[(rname, "embedding", "miss")] += 1
+                        rep.emb.set(ekey, 1)
+                        emb_s += cfg.embed_s
+                    else:
+                        look[(rname, "embedding", "hit")] += 1
+                    if pool.heat is not None:
+                        pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr)
+            # 5. prefix KV walk
+            cached = self._prefix(rep, pool, ten, tpl, tpl_idx, sid, conv, q, prompt, tr, fx,
+                                  bool(bypass) and ("*" in bypass or "prefix_kv" in bypass))
+            uncached = prompt - cached
+            prefill = uncached * cfg.prefill_s_per_token
+            work = lora_s + emb_s + prefill + cfg.base_ttft_s
+            decode = out_tokens * cfg.decode_s_per_token
+            start = max(tr + wait, rep.slots[0])
+            heapq.heapreplace(rep.slots, start + work + decode)
+            ttft = (start - tr) + work
+            lat = ttft + decode
+            gpu = prefill + emb_s + 0.2 * lora_s + decode / cfg.slots
+            self._record(rep, ten, ttft, lat, prompt, cached, gpu, float(a.u_conv[i]))
+            if rkey is not None:
+                rep.resp.set(rkey, b"r")
+
+    def _record(self, rep: Replica, ten: Any, ttft: float, lat: float, prompt: int, cached: int, gpu: float,
+                u: float) -> None:
+        cfg = self.cfg
+        converted = u < cfg.conv_base * math.exp(-lat / cfg.conv_tau_s)
+        rep.tel.record_request(ttft_s=ttft, latency_s=lat, prompt_tokens=prompt, cached_tokens=cached, gpu_s=gpu,
+                               sla_met=ttft <= cfg.slo_ttft_s, conversion=converted, value=ten.value)
+        self.summary.requests += 1
+
+    def _response_key(self, tenant: str, tpl: Any, fill: int, user: int, tr: float, fx: Any) -> str:
+        key = f"resp:{tpl.name}:{tenant}.{fill}"
+        for f in fx:
+            if f.trap == "tenant_isolation":
+                key = f"resp:{tpl.name}:{fill}"  # the tenant scope is lost
+            elif f.trap == "key_explosion":
+                key = f"resp:{tpl.name}:{tenant}.{fill}:u{user}:m{int(tr // 60)}"
+            elif f.trap == "dynamic_tokenisation":
+                key += f"~{self._req_id % TOKENISATION_VARIANTS}"
+        return key
+
+    def _prefix(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, sid: int, conv: int, q: int,
+                prompt: int, tr: float, fx: Any, bypass: bool) -> int:
+        """Walk the prompt's blocks; return the number of tokens reused."""
+        B = self.cfg.block_tokens
+        look = self.summary.lookups
+        rname = rep.name
+        kv = rep.kv
+        min_len = 0
+        variant = ""
+        for f in fx:
+            if f.trap == "kv_fixed_len" and f.scope.get("layer", "prefix_kv") == "prefix_kv":
+                min_len = int(f.params.get("min_tokens", 2048))
+            elif f.trap == "dynamic_tokenisation":
+                variant = f"~{self._req_id % TOKENISATION_VARIANTS}"
+        blocks: list[tuple[str, int, bool]] = []  # key, tokens, reusable
+        n_sys = math.ceil(tpl.sys_tokens / B)
+        for b in range(n_sys):
+            blocks.append((f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True))
+        if tpl.dialog:
+            total = conv + q
+            full = conv // B
+            for b in range(math.ceil(total / B)):
+                blocks.append((f"kv:{tpl.name}:hist:{sid}.{b}", min(B, total - b * B), b < full))
+        else:
+            for b in range(math.ceil(q / B)):
+                blocks.append((f"kv:{tpl.name}:query:{self._req_id}.{b}", min(B, q - b * B), False))
+        cached = 0
+        chain = True
+        heat = pool.heat
+        for j, (key, tokens, reusable) in enumerate(blocks):
+            if heat is not None and j < n_sys:
+                heat.touch("prefix_kv", key, ten.name, tpl_idx, tr)
+            if bypass:
+                kv.bypass(key)
+                look[(rname, "prefix_kv", "bypass")] += 1
+                continue
+            if chain and reusable and prompt >= min_len:
+                if kv.get(key) is not None:
+                    look[(rname, "prefix_kv", "hit")] += 1
+                    cached += tokens
+                    continue
+            else:
+                kv.record(key, hit=False)
+            look[(rname, "prefix_kv", "miss")] += 1
+            chain = False
+            if prompt >= min_len:
+                kv.set(key, tokens)
+        return cached

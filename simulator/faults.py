@@ -1,0 +1,126 @@
+"""Injectable cold-start traps, with ground truth.
+
+A fault is one of the seven traps of DESIGN.md, switched on for a window and a
+scope. Spec syntax (``warmscope simulate --fault``)::
+
+    TRAP[:DIM=VALUE[,DIM=VALUE...]][@START-END][;PARAM=VALUE...]
+
+``START``/``END`` are ``HH:MM`` from the start of the simulated day (or hours as
+a number); DIM is one of ``tenant``, ``layer``, ``replica``, ``template``,
+``model``. Examples::
+
+    bypass:tenant=globex,layer=response@10:00-11:30
+    tenant_isolation:layer=response@14:00-15:00
+    kv_fixed_len:replica=a-0@06:00-09:00;min_tokens=2048
+
+Traps (name — what the simulator does in scope and window — its signature):
+
+``warmup_out_of_step`` (1)
+    the scoped replica restarts at START: caches and weights dropped, weights
+    reload, and its warm-up only finishes at END — traffic meets a cold
+    replica: weights/prefix misses on that replica only.
+``dynamic_tokenisation`` (2)
+    prompts of the scoped template are tokenised with a random variant, so
+    one template maps to many prefix/response keys: same families, many more
+    distinct keys, hit rate falls while requests repeat as before.
+``kv_fixed_len`` (3)
+    the prefix-KV cache serves only sequences of at least ``min_tokens``
+    (default 2048): short prompts miss, by length bucket.
+``tenant_isolation`` (4)
+    response-cache keys lose their tenant scope: tenants read each other's
+    entries (cross-tenant reads; a data leak).
+``bypass`` (5)
+    a middleware path skips the cache: lookups are ``bypass`` results.
+``key_explosion`` (6)
+    response keys gain per-user and per-minute dimensions: new key families,
+    equal requests land on different keys.
+``warmup_timing`` (7)
+    the scoped warm-up runs at START with entries that expire (TTL
+    ``ttl_s``, default 300 s) before the traffic that needs them arrives:
+    warm-set precision collapses.
+
+Ground truth rows: ``{"trap", "scope": {dim: value}, "start", "end", "params"}``
+with absolute (virtual) Unix seconds, written to the store's ``faults`` frame
+and, with ``--faults-out``, to a JSON file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Fault", "TRAPS", "parse_fault", "DIMS"]
+
+TRAPS = ("warmup_out_of_step", "dynamic_tokenisation", "kv_fixed_len", "tenant_isolation", "bypass",
+         "key_explosion", "warmup_timing")
+DIMS = ("tenant", "layer", "replica", "template", "model")
+_SPEC = re.compile(r"^(?P<trap>[a-z_]+)(?::(?P<scope>[^@;]*))?(?:@(?P<win>[^;]+))?(?:;(?P<params>.*))?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    trap: str
+    scope: dict[str, str] = field(default_factory=dict)
+    start: float = 0.0  # seconds from the simulation start
+    end: float = float("inf")
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def active(self, t_rel: float) -> bool:
+        return self.start <= t_rel < self.end
+
+    def matches(self, **dims: str) -> bool:
+        for k, v in self.scope.items():
+            if k in dims and dims[k] != v:
+                return False
+        return True
+
+    def ground_truth(self, t0: float, hours: float) -> dict[str, Any]:
+        end = min(self.end, hours * 3600)
+        return {"trap": self.trap, "scope": dict(self.scope), "start": t0 + self.start, "end": t0 + end,
+                "params": dict(self.params)}
+
+
+def _time(s: str) -> float:
+    s = s.strip()
+    if ":" in s:
+        h, m = s.split(":", 1)
+        return int(h) * 3600 + int(m) * 60
+    return float(s) * 3600
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse a ``--fault`` spec; errors name the part that is wrong."""
+    m = _SPEC.match(spec.strip())
+    if not m:
+        raise ValueError(f"fault spec {spec!r} is not TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]")
+    trap = m["trap"]
+    if trap not in TRAPS:
+        raise ValueError(f"unknown trap {trap!r} in {spec!r}; traps: {', '.join(TRAPS)}")
+    scope: dict[str, str] = {}
+    for part in filter(None, (m["scope"] or "").split(",")):
+        if "=" not in part:
+            raise ValueError(f"scope part {part!r} in {spec!r} must be DIM=VALUE")
+        k, v = (x.strip() for x in part.split("=", 1))
+        if k not in DIMS:
+            raise ValueError(f"unknown scope dimension {k!r} in {spec!r}; dimensions: {', '.join(DIMS)}")
+        scope[k] = v
+    start, end = 0.0, float("inf")
+    if m["win"]:
+        try:
+            a, b = m["win"].split("-", 1)
+            start, end = _time(a), _time(b)
+        except ValueError:
+            raise ValueError(f"window {m['win']!r} in {spec!r} must be HH:MM-HH:MM") from None
+        if end <= start:
+            raise ValueError(f"window {m['win']!r} in {spec!r} ends before it starts")
+    params: dict[str, Any] = {}
+    for part in filter(None, (m["params"] or "").split(";")):
+        if "=" not in part:
+            raise ValueError(f"parameter {part!r} in {spec!r} must be NAME=VALUE")
+        k, v = (x.strip() for x in part.split("=", 1))
+        try:
+            params[k] = float(v)
+        except ValueError:
+            params[k] = v
+    return Fault(trap, scope, start, end, params)
