@@ -1,7 +1,8 @@
 """The `warmscope` command line.
 
-    warmscope demo [--port 8501] [--fresh]   fill the embedded store if empty, open the dashboard
+    warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
     warmscope dashboard [--port 8501]        open the dashboard on the configured source
+    warmscope simulate [options]             run the emulated inference stack (see --help)
 """
 
 from __future__ import annotations
@@ -49,31 +50,84 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _remove_store(path: Path) -> None:
+    for p in path.parent.glob(path.name + "*"):
+        p.unlink()
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from collectors.store import EmbeddedStore
 
     path = _store_path(args)
     if args.fresh and path.exists():
-        for p in path.parent.glob(path.name + "*"):
-            p.unlink()
+        _remove_store(path)
     store = EmbeddedStore(path)
-    if store.counts()["lookups"] == 0:
-        from app.demo import fill_demo
-
-        print(f"filling {path} with demo data", file=sys.stderr)
-        n = fill_demo(str(path), progress=_progress("demo traffic"))
-        print(f"wrote {n:,} simulated requests", file=sys.stderr)
+    empty = store.counts()["lookups"] == 0
     store.close()
+    if empty:
+        from simulator import SimConfig, parse_fault, simulate
+
+        # A day with two injected traps, so every page has something to show.
+        cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk")
+        faults = [parse_fault("bypass:tenant=globex,layer=response@10:00-11:30"),
+                  parse_fault("tenant_isolation:layer=response@14:00-15:00")]
+        print(f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)", file=sys.stderr)
+        s = simulate(cfg, path, faults, progress=_progress("simulating"))
+        print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
     if args.no_dashboard:
         return 0
     return cmd_dashboard(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from collectors.store import EmbeddedStore
+    from simulator import SimConfig, parse_fault, simulate
+
+    try:
+        cfg = SimConfig.load(
+            hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
+            strategy_a=args.strategy_a, strategy_b=args.strategy_b, seed=args.seed, tick_s=args.tick,
+        )
+        faults = [parse_fault(f) for f in args.fault]
+    except ValueError as e:
+        print(f"warmscope simulate: {e}", file=sys.stderr)
+        return 2
+    path = Path(args.out) if args.out else _store_path(args)
+    if path.exists() and not (args.fresh or args.append):
+        if EmbeddedStore(path).counts()["lookups"]:
+            print(f"warmscope simulate: {path} already holds data; pass --fresh to replace it or --append "
+                  "to add to it", file=sys.stderr)
+            return 2
+    if args.fresh and path.exists():
+        _remove_store(path)
+    kw: dict = {}
+    if args.exporter != "embedded" or args.redis_url:
+        from collectors.config import CollectorConfig
+
+        kw["collector_config"] = CollectorConfig.load(
+            env={}, exporter=args.exporter, key_secret="warmscope-sim", max_families=1024,
+            redis_url=args.redis_url or "", prometheus_port=args.prometheus_port, side_flush_s=900,
+        )
+    if args.realtime:
+        kw.update(realtime=True, speed=args.speed)
+    s = simulate(cfg, path, faults, workers=args.workers,
+                 progress=None if args.quiet else _progress("simulating"), **kw)
+    if args.faults_out:
+        truth = [f.ground_truth(cfg.start, cfg.hours) for f in faults]
+        Path(args.faults_out).write_text(json.dumps(truth, indent=2, default=str))
+    print(json.dumps({"store": str(path), "requests": s.requests, "wall_s": round(s.wall_s, 2),
+                      "requests_per_s": round(s.rps), "warmup_runs": s.warmups, "units": s.units,
+                      "faults": len(faults)}))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
     ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, fn, helptext in (("demo", cmd_demo, "fill the embedded store with demo data if empty, open the "
+    for name, fn, helptext in (("demo", cmd_demo, "simulate a day into the embedded store if empty, open the "
                                 "dashboard"), ("dashboard", cmd_dashboard, "open the dashboard")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--port", type=int, default=8501)
@@ -82,6 +136,36 @@ def main(argv: list[str] | None = None) -> int:
         if name == "demo":
             p.add_argument("--fresh", action="store_true", help="delete the store first")
             p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
+            p.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
+    from simulator.config import STRATEGIES
+    from simulator.faults import TRAPS
+
+    p = sub.add_parser("simulate", help="run the emulated GPU inference stack into a store",
+                       description="Simulate replicas serving tenants through weights, LoRA, embedding, "
+                       "prefix-KV and response caches; pools A and B run different warm-up strategies.",
+                       epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
+                       + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
+    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--rps", type=float, help="mean requests per second (default 12)")
+    p.add_argument("--tenants", type=int, default=8)
+    p.add_argument("--replicas", type=int, default=2, help="replicas per variant pool")
+    p.add_argument("--strategy-a", choices=STRATEGIES, default="none")
+    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
+    p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tick", type=float, help="flush interval in virtual seconds (default 60)")
+    p.add_argument("--out", help="store path (default: the configured embedded store)")
+    p.add_argument("--faults-out", help="also write the ground truth as JSON here")
+    p.add_argument("--fresh", action="store_true", help="replace an existing store")
+    p.add_argument("--append", action="store_true", help="add to an existing store")
+    p.add_argument("--workers", type=int, help="processes (default: 2 on a multi-core machine)")
+    p.add_argument("--realtime", action="store_true", help="pace virtual time to the wall clock")
+    p.add_argument("--speed", type=float, default=1.0, help="with --realtime: virtual seconds per wall second")
+    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded")
+    p.add_argument("--prometheus-port", type=int, default=9464)
+    p.add_argument("--redis-url", help="response cache, hot keys and A/B units in Redis")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_simulate)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -37,12 +37,15 @@ Canonical frames (every backend yields these columns):
     (Space-Saving error bound: true count >= hits + misses - err).
 ``ab_units``
     experiment, variant, unit_hash, first_ts, last_ts, requests, latency_sum,
-    latency_sq, ttft_sum, conversions, value, gpu_s, sla_met, h0..hN — one row
-    per experiment unit: request-level sums and the per-unit request-duration
-    histogram (bounds ``schema.DURATION_BUCKETS`` + inf).
+    latency_sq, ttft_sum, conversions, value, gpu_s, sla_met, h0..hN — an
+    experiment unit's request-level sums and request-duration histogram
+    (bounds ``schema.DURATION_BUCKETS`` + inf) over one flush window
+    [first_ts, last_ts]; a unit active in several windows has several rows:
+    sum them by unit (append-only keeps writes cheap; see
+    :meth:`EmbeddedStore.units`).
 ``ab_lookups``
-    experiment, variant, unit_hash, layer, lookups, hits — one row per unit and
-    cache layer (hit rate as a ratio metric clustered by unit).
+    experiment, variant, unit_hash, layer, lookups, hits — a unit's lookups
+    and hits in one cache layer over one flush window (sum by unit and layer).
 ``faults``
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
@@ -113,10 +116,9 @@ CREATE TABLE IF NOT EXISTS hot_keys(window REAL, tenant TEXT, layer TEXT, key_ha
   hits INTEGER, misses INTEGER, err INTEGER, PRIMARY KEY(window, tenant, layer, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ab_units(experiment TEXT, variant TEXT, unit_hash TEXT, first_ts REAL,
   last_ts REAL, requests INTEGER, latency_sum REAL, latency_sq REAL,
-  ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER, {hcols},
-  PRIMARY KEY(experiment, variant, unit_hash)) WITHOUT ROWID;
+  ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER, {hcols});
 CREATE TABLE IF NOT EXISTS ab_lookups(experiment TEXT, variant TEXT, unit_hash TEXT, layer TEXT,
-  lookups INTEGER, hits INTEGER, PRIMARY KEY(experiment, variant, unit_hash, layer)) WITHOUT ROWID;
+  lookups INTEGER, hits INTEGER);
 CREATE TABLE IF NOT EXISTS faults(trap TEXT, scope TEXT, start REAL, "end" REAL, params TEXT);
 """.replace("{hcols}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H))
 
@@ -185,8 +187,8 @@ class EmbeddedStore:
     def write(self, batches: dict[str, Sequence[Sequence[Any]]]) -> int:
         """Write all batches in one transaction; returns rows written.
 
-        ``hot_keys`` and ``ab_units`` rows add to existing rows (upsert);
-        ``warmup_runs``, ``warmed_keys`` and ``early_keys`` rows replace them.
+        ``hot_keys`` rows add to existing rows (upsert); ``warmup_runs``,
+        ``warmed_keys`` and ``early_keys`` rows replace them; the rest append.
         Raises sqlite3.Error on failure (the caller keeps the batch and retries).
         """
         con = self._con()
@@ -201,14 +203,6 @@ class EmbeddedStore:
                     sql += (" ON CONFLICT(window, tenant, layer, key_hash) DO UPDATE SET "
                             "hits = hits + excluded.hits, misses = misses + excluded.misses, "
                             "err = max(err, excluded.err)")
-                elif table == "ab_units":
-                    adds = ", ".join(f"{c} = {c} + excluded.{c}" for c in UNIT_FIELDS[2:] + tuple(_H))
-                    sql += (" ON CONFLICT(experiment, variant, unit_hash) DO UPDATE SET "
-                            f"first_ts = min(first_ts, excluded.first_ts), "
-                            f"last_ts = max(last_ts, excluded.last_ts), {adds}")
-                elif table == "ab_lookups":
-                    sql += (" ON CONFLICT(experiment, variant, unit_hash, layer) DO UPDATE SET "
-                            "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
                 elif table in ("warmup_runs", "warmed_keys", "early_keys"):
                     sql = sql.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
                 con.executemany(sql, rows)
@@ -263,6 +257,29 @@ class EmbeddedStore:
             df["scope"] = df["scope"].map(json.loads)
             df["params"] = df["params"].map(json.loads)
         return df.replace({None: np.nan}) if name in ("warmup_runs", "warmed_keys") else df
+
+    def units(self, experiment: str | None = None):
+        """``ab_units`` summed per unit (first_ts min, last_ts max), with one
+        ``lookups_<layer>`` / ``hits_<layer>`` column pair per cache layer."""
+        import pandas as pd
+
+        u = self.frame("ab_units")
+        lk = self.frame("ab_lookups")
+        if experiment is not None:
+            u = u[u.experiment == experiment]
+            lk = lk[lk.experiment == experiment]
+        keys = ["experiment", "variant", "unit_hash"]
+        agg = {c: "sum" for c in u.columns if c not in keys}
+        agg.update(first_ts="min", last_ts="max")
+        out = u.groupby(keys, as_index=False).agg(agg) if len(u) else u
+        if len(lk):
+            wide = lk.pivot_table(index=keys, columns="layer", values=["lookups", "hits"], aggfunc="sum",
+                                  fill_value=0)
+            wide.columns = [f"{a}_{b}" for a, b in wide.columns]
+            out = out.merge(wide.reset_index(), on=keys, how="outer")
+            num = [c for c in out.columns if c not in keys and c not in ("first_ts", "last_ts")]
+            out[num] = out[num].fillna(0)
+        return out.reset_index(drop=True) if isinstance(out, pd.DataFrame) else out
 
     def counts(self) -> dict[str, int]:
         con = self._con()

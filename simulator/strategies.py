@@ -7,10 +7,11 @@
   (docs, dialog, retrieval, short); the budget is split evenly across the
   clusters seen and the top keys of each cluster are warmed, so no task type
   starts cold.
-* ``predictive`` — heat decay (seed formula): ``score = similarity ×
-  exp(−λ·Δt) × priority`` where Δt is the time since the key was last
-  requested, similarity is the key's cluster share of the last hour's traffic
-  relative to the busiest cluster, and priority is the tenant's 1–10 priority.
+* ``predictive`` — heat decay (seed formula): ``score = heat × similarity ×
+  exp(−λ·Δt) × priority/10`` where heat is the key's decayed request count,
+  Δt the time since it was last requested, similarity its template cluster's
+  share of recent traffic relative to the busiest cluster, and priority the
+  tenant's 1–10 priority.
   λ is fixed or SLO-aware (see ``SimConfig.heat_lambda``). Heat comes from the
   pool's own observed traffic; with none yet (replica start) yesterday's log
   seeds it.

@@ -1,8 +1,8 @@
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.demo import fill_demo
 from collectors import EmbeddedStore
+from simulator import SimConfig, simulate
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 @pytest.fixture
 def demo_store(tmp_path, monkeypatch):
     path = tmp_path / "demo.sqlite"
-    fill_demo(str(path), hours=0.5, rps=2.0)
+    simulate(SimConfig.load(hours=0.5, rps=3.0, tenants=3), path, workers=1)
     monkeypatch.setenv("WARMSCOPE_STORE", str(path))
     return path
 
@@ -44,13 +44,12 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch):
     assert "No lookups recorded yet" in at.info[0].value
 
 
-def test_cli_demo_fills_an_empty_store_once(tmp_path, monkeypatch):
+def test_cli_demo_fills_an_empty_store_once(tmp_path):
     from app import cli
 
-    monkeypatch.setattr("app.demo.fill_demo.__defaults__", (0.2, 1.0, 7, 1.7e9, None))
     path = tmp_path / "cli.sqlite"
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard"]) == 0
+    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     n = EmbeddedStore(path).counts()["lookups"]
     assert n > 0
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard"]) == 0
+    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     assert EmbeddedStore(path).counts()["lookups"] == n

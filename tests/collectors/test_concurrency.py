@@ -43,6 +43,7 @@ def test_eight_threads_100k_lookups_each_give_exact_totals(make_tel):
     df = tel.store.frame("lookups")
     assert df["count"].sum() == n_threads * n
     # A/B unit records: swapped under concurrency, still exact.
-    units = tel.store.frame("ab_lookups")
-    assert len(units) == n_threads and set(units.layer) == {"response"}
-    assert units["lookups"].sum() == n_threads * n and units["hits"].sum() == n_threads * n // 2
+    units = tel.store.units("e")
+    assert len(units) == n_threads
+    assert units["lookups_response"].sum() == n_threads * n and units["hits_response"].sum() == n_threads * n // 2
+    assert (units["lookups_response"] == n).all()
