@@ -89,6 +89,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         cfg = SimConfig.load(
             hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
             strategy_a=args.strategy_a, strategy_b=args.strategy_b, seed=args.seed, tick_s=args.tick,
+            b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
         )
         faults = [parse_fault(f) for f in args.fault]
     except ValueError as e:
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=2, help="replicas per variant pool")
     p.add_argument("--strategy-a", choices=STRATEGIES, default="none")
     p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
+    p.add_argument("--b-response-ttl", type=float, help="pool B's response-cache TTL in s (A/B of TTLs)")
+    p.add_argument("--b-kv-capacity", type=int, help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tick", type=float, help="flush interval in virtual seconds (default 60)")

@@ -53,7 +53,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from . import schema
 from .aggregator import HISTOGRAMS, Aggregator
 
-__all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE"]
+__all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE", "build_provider",
+           "stop_server"]
 
 SCOPE = "warmscope.collectors"
 _CARDINALITY = 100_000  # our own caps bound series; the SDK default (2000) would drop some
@@ -160,6 +161,37 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
     return MetricsData(out)
 
 
+def build_provider(cfg: Any) -> tuple[MeterProvider, Any]:
+    """A meter provider exporting as ``cfg.exporter`` says (``otlp`` or
+    ``prometheus``), and the scrape server it started (or None).
+
+    Several pipelines in one process (the simulator's replicas) share one."""
+    res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})
+    server = None
+    if cfg.exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        kw = {}
+        if cfg.otlp_endpoint:
+            base = cfg.otlp_endpoint.rstrip("/")
+            kw["endpoint"] = base if base.endswith("/v1/metrics") else base + "/v1/metrics"
+        reader: Any = PeriodicReader(OTLPMetricExporter(**kw), export_interval_millis=cfg.flush_interval_s * 1000)
+    elif cfg.exporter == "prometheus":
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()  # our own: no clash with the host's default registry
+        reader = PrometheusReader(registry=registry)
+        server = start_http_server(cfg.prometheus_port, addr=cfg.prometheus_addr, registry=registry)
+    else:
+        raise ValueError(f"exporter {cfg.exporter!r} has no meter provider")
+    return MeterProvider(metric_readers=[reader], resource=res), server
+
+
+def stop_server(server: Any) -> None:
+    server[0].shutdown()
+    server[0].server_close()
+
+
 class OTelBridge:
     """Registers warmscope's observable instruments on a meter provider."""
 
@@ -169,38 +201,14 @@ class OTelBridge:
         self.agg = agg
         self._owned = provider is None
         self._server = None
-        self._own_readers: list = []
         if provider is None:
-            provider = self._build_provider(cfg)
+            provider, self._server = build_provider(cfg)
         self.provider = provider
         # A provider keeps its readers privately; find ours to bind them.
-        for r in list(getattr(provider, "_metric_readers", ())) + list(self._own_readers):
+        for r in getattr(provider, "_metric_readers", ()):
             if isinstance(r, _HistogramInjection):
                 r.ws_bind(agg)
         self._register(provider.get_meter(SCOPE, version=agg.replica))
-
-    def _build_provider(self, cfg: Any) -> MeterProvider:
-        res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})
-        if cfg.exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-            kw = {}
-            if cfg.otlp_endpoint:
-                kw["endpoint"] = cfg.otlp_endpoint.rstrip("/") + (
-                    "" if cfg.otlp_endpoint.rstrip("/").endswith("/v1/metrics") else "/v1/metrics"
-                )
-            reader: Any = PeriodicReader(OTLPMetricExporter(**kw),
-                                         export_interval_millis=cfg.flush_interval_s * 1000)
-        else:
-            from prometheus_client import CollectorRegistry, start_http_server
-
-            # A registry of our own: no clash with the host's default registry.
-            self.registry = CollectorRegistry()
-            reader = PrometheusReader(registry=self.registry)
-            self._server = start_http_server(cfg.prometheus_port, addr=cfg.prometheus_addr,
-                                             registry=self.registry)
-        self._own_readers.append(reader)
-        return MeterProvider(metric_readers=[reader], resource=res)
 
     def _safe(self, fn):
         def cb(options: CallbackOptions) -> Iterable[Observation]:
@@ -281,7 +289,6 @@ class OTelBridge:
                 self.agg.count_error("export", "shutdown", e)
         if self._server is not None:
             try:
-                self._server[0].shutdown()
-                self._server[0].server_close()
+                stop_server(self._server)
             except Exception as e:
                 self.agg.count_error("export", "scrape endpoint shutdown", e)

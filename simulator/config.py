@@ -38,6 +38,11 @@ warm_s_per_key             0.05        wall time a warm-up spends per key
 peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak); <0 disables
 lambda_mode                slo         predictive heat decay: "slo" (λ = 1/(slo_ms·0.1)) or "fixed"
 lambda_fixed               0.0005      λ per second when lambda_mode = "fixed"
+strategy_a / strategy_b    none /      warm-up strategy of pool A / pool B
+                           static_topk
+b_response_ttl_s,          0           pool B's response TTL / response capacity /
+b_response_capacity,                   prefix-KV capacity (0 = as pool A): A/B tests
+b_kv_capacity_tokens                   of TTLs and capacities
 =========================  ==========  ============================================
 """
 
@@ -90,6 +95,10 @@ class SimConfig:
     lambda_fixed: float = 0.0005
     strategy_a: str = "none"
     strategy_b: str = "static_topk"
+    # Pool B may also differ in cache settings (0 = same as pool A).
+    b_response_ttl_s: float = 0.0
+    b_response_capacity: int = 0
+    b_kv_capacity_tokens: int = 0
     seed: int = 1
     start: float = 1_795_824_000.0  # 2026-11-28 00:00 UTC: fixed so runs are reproducible
     experiment: str = "warmup-strategy"
@@ -129,6 +138,14 @@ class SimConfig:
         if cfg.lambda_mode not in ("slo", "fixed"):
             raise ValueError(f"simulator.lambda_mode must be 'slo' or 'fixed', got {cfg.lambda_mode!r}")
         return cfg
+
+    def for_variant(self, variant: str, name: str) -> float:
+        """A cache setting as pool ``variant`` sees it."""
+        if variant == "B":
+            v = getattr(self, f"b_{name}", 0)
+            if v:
+                return v
+        return getattr(self, name)
 
     @property
     def heat_lambda(self) -> float:

@@ -105,7 +105,7 @@ class Replica:
         self.weights = InstrumentedCache(LRU(100, clock), "weights", telemetry=self.tel)
         self.lora = InstrumentedCache(LRU(cfg.lora_slots, clock), "lora", telemetry=self.tel)
         self.emb = InstrumentedCache(LRU(cfg.embedding_capacity, clock), "embedding", telemetry=self.tel)
-        self.kv_lru = LRU(cfg.kv_capacity_tokens, clock, weigh=lambda tokens: tokens)
+        self.kv_lru = LRU(cfg.for_variant(pool.variant, "kv_capacity_tokens"), clock, weigh=lambda tokens: tokens)
         self.kv = InstrumentedCache(self.kv_lru, "prefix_kv", telemetry=self.tel)
         self.resp = pool.response_view(self)
         self.slots = [0.0] * cfg.slots
@@ -135,7 +135,8 @@ class Pool:
         self.replicas: list[Replica] = []
         cfg = sim.cfg
         self.heat = HeatTracker(cfg.heat_lambda) if strategy == "predictive" else None
-        self.resp_lru = LRU(cfg.response_capacity, sim.clock, ttl=cfg.response_ttl_s)
+        self.resp_ttl = cfg.for_variant(variant, "response_ttl_s")
+        self.resp_lru = LRU(cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl)
         self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
         self.last_drop_trigger = -1e18
 
@@ -145,7 +146,7 @@ class Pool:
             import redis
 
             db = 1 if self.variant == "A" else 2  # pools never share entries
-            backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.sim.cfg.response_ttl_s)
+            backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl)
         return InstrumentedCache(backend, "response", telemetry=rep.tel)
 
 
@@ -177,6 +178,13 @@ class Simulation:
         self.ccfg = collector_config or CollectorConfig.load(env={}, key_secret="warmscope-sim", max_families=1024,
                                                              side_flush_s=900)
         self.meter_provider = meter_provider
+        self._own_provider = None
+        if meter_provider is None and self.ccfg.exporter in ("otlp", "prometheus"):
+            from collectors.otel import build_provider
+
+            # One provider (one scrape endpoint) for all simulated replicas.
+            self.meter_provider, server = build_provider(self.ccfg)
+            self._own_provider = (self.meter_provider, server)
         self.now = cfg.start
         self.t0 = cfg.start if not realtime else time.time()
         if realtime:
@@ -292,7 +300,7 @@ class Simulation:
                 rep.resp.set(key, b"r", ttl=ttl)
                 nbytes = 2048
             runs[layer].warmed(key, nbytes=nbytes, gpu_s=gpu_s, tenant=tenant,
-                               ttl_s=ttl or (self.cfg.response_ttl_s if layer == "response" else None))
+                               ttl_s=ttl or (rep.pool.resp_ttl if layer == "response" else None))
         for run in runs.values():
             run.__exit__(None, None, None)
 
@@ -328,6 +336,13 @@ class Simulation:
                     time.sleep(wait)
         for tel in self.telemetries:
             tel.close()
+        if self._own_provider is not None:
+            from collectors.otel import stop_server
+
+            provider, server = self._own_provider
+            provider.shutdown()
+            if server is not None:
+                stop_server(server)
         if finish:
             self.finish()
         self.summary.wall_s = time.perf_counter() - wall0

@@ -202,3 +202,10 @@ def test_realtime_mode_paces_to_the_wall_clock(tmp_path):
     assert ts.min() >= t - 1 and ts.max() <= t + 25  # wall-clock timestamps, virtual pacing
     assert s.requests > 0
     assert np.isfinite(ts).all()
+
+
+def test_pools_can_differ_in_cache_capacity(tmp_path):
+    _, st = _run(tmp_path, "cap", hours=0.5, strategy_b="none", b_kv_capacity_tokens=4096)
+    df = st.frame("lookups")
+    kv = df[(df.layer == "prefix_kv") & (df.ts > T0 + 300)]
+    assert _hit_rate(kv[kv.variant == "B"]) < _hit_rate(kv[kv.variant == "A"]) - 0.1
