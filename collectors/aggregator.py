@@ -53,7 +53,9 @@ HISTOGRAMS = (
     (schema.REQUEST_DURATION, schema.DURATION_BUCKETS),
     (schema.TOKEN_USAGE, schema.TOKEN_BUCKETS),
     (schema.CACHE_READ_TOKENS, schema.TOKEN_BUCKETS),
+    (schema.LOAD_DURATION, schema.DURATION_BUCKETS),  # per layer: kept in the layer's state
 )
+LOAD_HIST = 4
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
 UNIT_BUCKETS = schema.DURATION_BUCKETS
 # A/B unit record fields, in list order (the histogram follows them). Lookups
@@ -171,6 +173,7 @@ class Aggregator:
         self.warmup_counts: dict[tuple, list] = {}  # WARMUP_LABELS(+status) -> sums
         self.warmup_active: dict[tuple, int] = {}
         self.errors: dict[str, int] = {s: 0 for s in schema.TELEMETRY_STAGES}
+        self.gauges: dict[str, float] = {}  # last value per gauge name
         self._logged: set[str] = set()
 
     # ---------------------------------------------------------------- setup
@@ -303,6 +306,23 @@ class Aggregator:
                         e = sk[key] = [floor, 0, 0, floor, fams.family(key), key]
                     e[0] += n
                     e[r + 1] += n
+
+    def record_load(self, b: LayerBinding, seconds: float, ctx: Any) -> None:
+        """Time to load a value after a miss, per layer (feature load latency)."""
+        try:
+            st = b.tls.s
+        except AttributeError:
+            st = self._state(b.tls, b.layer_id)
+        hk = (LOAD_HIST, ctx.cid0)
+        h = st.hist.get(hk)
+        if h is None:
+            h = st.hist[hk] = [0] * (len(UNIT_BUCKETS) + 3)
+        h[bisect.bisect_left(UNIT_BUCKETS, seconds)] += 1
+        h[-2] += seconds
+        h[-1] += 1
+
+    def set_gauge(self, name: str, value: float) -> None:
+        self.gauges[name] = float(value)
 
     def _compact(self, hk: int, sk: dict) -> None:
         # Entries are [estimate, hits, misses, err, family, key]; keep the top K.
@@ -518,12 +538,15 @@ class Aggregator:
         return out
 
     def histogram_totals(self) -> dict[tuple[int, tuple], list]:
-        """(histogram index, REQUEST_LABELS values) -> [bucket counts..., +Inf, sum, count]."""
+        """(histogram index, REQUEST_LABELS values + (layer,)) -> [bucket counts..., +Inf, sum, count].
+
+        The layer is "" for request histograms and the cache layer for load durations."""
         out: dict[tuple, list] = {}
         for st in self._all_states():
+            layer = self._layer_names[st.layer_id] if st.layer_id >= 0 else ""
             for (i, cid), h in st.hist.copy().items():
                 t, exp, var, model, _ = self._ctx_labels[cid]
-                k = (i, (t, exp, var, model, self.replica))
+                k = (i, (t, exp, var, model, self.replica, layer))
                 acc = out.get(k)
                 if acc is None:
                     out[k] = list(h)

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, TypeVar
 
@@ -126,12 +127,22 @@ class InstrumentedCache:
         return len(self.backend)
 
     def get_or_load(self, key: Hashable, loader: Callable[[Hashable], Any]) -> Any:
-        """Return the cached value, or load, store and return it (a miss)."""
+        """Return the cached value, or load, store and return it (a miss; the
+        load is timed into ``warmscope.cache.load.duration``)."""
         v = self.get(key, _MISSING)
         if v is _MISSING:
+            t = time.perf_counter()
             v = loader(key)
+            self.record_load(time.perf_counter() - t)
             self[key] = v
         return v
+
+    def record_load(self, seconds: float) -> None:
+        """Record how long loading a missed value took (for loads done elsewhere)."""
+        try:
+            self._agg.record_load(self._b, seconds, self._tel.context())
+        except Exception as e:
+            self._agg.count_error("record", "load duration", e)
 
     def bypass(self, key: Hashable) -> None:
         """Record a request that skipped this cache on purpose."""

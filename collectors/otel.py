@@ -118,7 +118,9 @@ def _histogram_metrics(agg: Aggregator, start_ns: int) -> list[Metric]:
     now = time.time_ns()
     per: dict[int, list[HistogramDataPoint]] = {}
     for (i, labels), h in agg.histogram_totals().items():
-        attrs = dict(zip(schema.REQUEST_LABELS, labels))
+        attrs = dict(zip(schema.REQUEST_LABELS, labels[:5]))
+        if labels[5]:
+            attrs[schema.ATTR.LAYER] = labels[5]
         if HISTOGRAMS[i][0] is schema.TOKEN_USAGE:
             attrs[schema.ATTR.TOKEN_TYPE] = "input"
         per.setdefault(i, []).append(HistogramDataPoint(
@@ -261,6 +263,12 @@ class OTelBridge:
             for stage, n in list(agg.errors.items()):
                 yield Observation(n, {schema.ATTR.STAGE: stage})
 
+        def gauge(name: str):
+            def gen():
+                if name in agg.gauges:
+                    yield Observation(agg.gauges[name], {schema.ATTR.REPLICA: agg.replica})
+            return gen
+
         def counter(inst: schema.Instrument, fn) -> None:
             meter.create_observable_counter(inst.name, [self._safe(fn)], unit=inst.unit,
                                             description=inst.description)
@@ -276,6 +284,10 @@ class OTelBridge:
         counter(schema.WARMUP_BYTES, warm(2))
         counter(schema.WARMUP_GPU_TIME, warm(3))
         counter(schema.TELEMETRY_ERRORS, errors)
+        meter.create_observable_gauge(
+            schema.GPU_MEMORY.name, [self._safe(gauge(schema.GPU_MEMORY.name))], unit=schema.GPU_MEMORY.unit,
+            description=schema.GPU_MEMORY.description,
+        )
         meter.create_observable_up_down_counter(
             schema.WARMUP_ACTIVE.name, [self._safe(active)], unit=schema.WARMUP_ACTIVE.unit,
             description=schema.WARMUP_ACTIVE.description,

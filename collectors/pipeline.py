@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
+from . import schema
 from .aggregator import HISTOGRAMS, Aggregator
 from .config import CollectorConfig
 from .context import RequestContext, _current
@@ -136,6 +137,13 @@ class Telemetry:
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_request", e)
 
+    def record_gpu_memory(self, used_share: float) -> None:
+        """The share (0-1) of GPU cache memory in use on this replica, now."""
+        try:
+            self.aggregator.set_gauge(schema.GPU_MEMORY.name, used_share)
+        except Exception as e:
+            self.aggregator.count_error("record", "gpu memory", e)
+
     def warmup(self, strategy: str, layer: str, **kw: Any):
         """A :class:`collectors.warmup.WarmupRun` context manager bound to this pipeline."""
         from .warmup import WarmupRun
@@ -204,6 +212,8 @@ class Telemetry:
                     histogram_row(now, inst.name, labels, bounds, dh[:-2], dh[-2], dh[-1])
                 )
             new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
+            for name, v in list(agg.gauges.items()):
+                store_b["gauges"].append((now, name, agg.replica, v))
 
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
@@ -315,7 +325,7 @@ class Telemetry:
             self.redis_sink.close()
 
 
-_POINT_FRAMES = ("lookups", "writes", "requests", "histograms")
+_POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges")
 _RUN_COLS = ("run_id", "replica", "tenant", "layer", "strategy", "trigger", "started", "ended",
              "status", "keys", "bytes", "gpu_s", "memory_bytes", "error")
 

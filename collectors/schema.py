@@ -47,6 +47,8 @@ __all__ = [
     "WARMUP_KEYS",
     "WARMUP_BYTES",
     "WARMUP_GPU_TIME",
+    "LOAD_DURATION",
+    "GPU_MEMORY",
     "TELEMETRY_ERRORS",
     "INSTRUMENTS",
     "LOOKUP_LABELS",
@@ -64,7 +66,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Instrument:
     name: str
-    kind: str  # "counter" | "histogram" | "updown"
+    kind: str  # "counter" | "histogram" | "updown" | "gauge"
     unit: str
     description: str
     attributes: tuple[str, ...]
@@ -179,6 +181,17 @@ WARMUP_GPU_TIME = Instrument(
     "warmscope.warmup.gpu.time", "counter", "s",
     "GPU-seconds spent by warm-up runs.", WARMUP_LABELS,
 )
+LOAD_DURATION = Instrument(
+    "warmscope.cache.load.duration", "histogram", "s",
+    "Time to load or compute a value after a cache miss (feature/embedding load latency).",
+    REQUEST_LABELS + (ATTR.LAYER,),
+)
+GPU_MEMORY = Instrument(
+    # "_ratio" in the name: Prometheus translators append it to unit-1 gauges
+    # unless present, so every export path yields the same series name.
+    "warmscope.gpu.memory.usage_ratio", "gauge", "1",
+    "Share of GPU cache memory in use (0-1), like vllm:kv_cache_usage_perc.", (ATTR.REPLICA,),
+)
 TELEMETRY_ERRORS = Instrument(
     "warmscope.telemetry.errors", "counter", "{error}",
     "Instrumentation failures swallowed to protect the host, by stage.", (ATTR.STAGE,),
@@ -187,7 +200,7 @@ TELEMETRY_ERRORS = Instrument(
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
     GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
-    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, TELEMETRY_ERRORS,
+    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, LOAD_DURATION, GPU_MEMORY, TELEMETRY_ERRORS,
 )
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072

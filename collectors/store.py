@@ -18,10 +18,15 @@ Canonical frames (every backend yields these columns):
     ts, tenant, experiment, variant, model, replica, sla_met ("true"|"false"|""),
     requests, gpu_s, conversions, value.
 ``histograms``
-    ts, metric, tenant, experiment, variant, model, replica, le (upper bound,
-    inf for the overflow bucket), count (non-cumulative), sum, total — one row
-    per bucket; ``sum``/``total`` repeat per bucket of the same series.
-    metric is the OTel instrument name (``gen_ai.server.time_to_first_token`` ...).
+    ts, metric, tenant, experiment, variant, model, replica, layer, le (upper
+    bound, inf for the overflow bucket), count (non-cumulative), sum, total —
+    one row per bucket; ``sum``/``total`` repeat per bucket of the same series.
+    metric is the OTel instrument name (``gen_ai.server.time_to_first_token``,
+    ``gen_ai.server.request.duration``, token histograms; layer is "" for
+    these) or ``warmscope.cache.load.duration`` (layer = the cache layer).
+``gauges``
+    ts, metric, replica, value — last value per flush
+    (``warmscope.gpu.memory.usage_ratio``: share of GPU cache memory in use).
 ``warmup_runs``
     run_id, replica, tenant, layer, strategy, trigger, started, ended (NaN while
     running), status (running|ok|error|cancelled), keys, bytes, gpu_s,
@@ -77,8 +82,9 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "writes": ("ts", "tenant", "layer", "family", "replica", "count"),
     "requests": ("ts", "tenant", "experiment", "variant", "model", "replica", "sla_met",
                  "requests", "gpu_s", "conversions", "value"),
-    "histograms": ("ts", "metric", "tenant", "experiment", "variant", "model", "replica",
+    "histograms": ("ts", "metric", "tenant", "experiment", "variant", "model", "replica", "layer",
                    "bounds", "counts", "sum", "total"),
+    "gauges": ("ts", "metric", "replica", "value"),
     "warmup_runs": ("run_id", "replica", "tenant", "layer", "strategy", "trigger", "started",
                     "ended", "status", "keys", "bytes", "gpu_s", "memory_bytes", "error"),
     "warmed_keys": ("run_id", "key_hash", "family", "tenant", "layer", "warmed_at", "ttl_s",
@@ -102,7 +108,9 @@ CREATE TABLE IF NOT EXISTS requests(ts REAL, tenant TEXT, experiment TEXT, varia
   replica TEXT, sla_met TEXT, requests INTEGER, gpu_s REAL, conversions INTEGER, value REAL);
 CREATE INDEX IF NOT EXISTS requests_ts ON requests(ts);
 CREATE TABLE IF NOT EXISTS histograms(ts REAL, metric TEXT, tenant TEXT, experiment TEXT, variant TEXT,
-  model TEXT, replica TEXT, bounds TEXT, counts TEXT, sum REAL, total INTEGER);
+  model TEXT, replica TEXT, layer TEXT, bounds TEXT, counts TEXT, sum REAL, total INTEGER);
+CREATE TABLE IF NOT EXISTS gauges(ts REAL, metric TEXT, replica TEXT, value REAL);
+CREATE INDEX IF NOT EXISTS gauges_ts ON gauges(ts);
 CREATE INDEX IF NOT EXISTS histograms_ts ON histograms(ts);
 CREATE TABLE IF NOT EXISTS warmup_runs(run_id TEXT PRIMARY KEY, replica TEXT, tenant TEXT, layer TEXT,
   strategy TEXT, trigger TEXT, started REAL, ended REAL, status TEXT, keys INTEGER, bytes INTEGER,
@@ -290,7 +298,8 @@ def _explode_histograms(df):
     import numpy as np
     import pandas as pd
 
-    cols = ["ts", "metric", "tenant", "experiment", "variant", "model", "replica", "le", "count", "sum", "total"]
+    cols = ["ts", "metric", "tenant", "experiment", "variant", "model", "replica", "layer", "le", "count", "sum",
+            "total"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     recs = []
@@ -299,7 +308,7 @@ def _explode_histograms(df):
         counts = json.loads(row.counts)
         for le, c in zip(bounds, counts):
             recs.append((row.ts, row.metric, row.tenant, row.experiment, row.variant, row.model,
-                         row.replica, le, c, row.sum, row.total))
+                         row.replica, row.layer, le, c, row.sum, row.total))
     return pd.DataFrame.from_records(recs, columns=cols)
 
 

@@ -327,6 +327,9 @@ class Simulation:
             self._run_events(t_rel + dt)
             self.now = self.t0 + t_rel + dt
             self._tick_end(kv_before)
+            for pool in self.pools.values():
+                for rep in pool.replicas:
+                    rep.tel.record_gpu_memory(rep.kv_lru.used / rep.kv_lru.cap)
             flush_together(self.telemetries, now=self.now)
             if self.progress:
                 self.progress(tick + 1, ticks)
@@ -460,6 +463,7 @@ class Simulation:
                 look[(rname, "lora", "miss")] += 1
                 rep.lora.set(lkey, 1)
                 lora_s = cfg.lora_load_s
+                rep.lora.record_load(lora_s)
             else:
                 look[(rname, "lora", "hit")] += 1
             # 4. embeddings
@@ -475,6 +479,7 @@ class Simulation:
                         look[(rname, "embedding", "miss")] += 1
                         rep.emb.set(ekey, 1)
                         emb_s += cfg.embed_s
+                        rep.emb.record_load(cfg.embed_s)
                     else:
                         look[(rname, "embedding", "hit")] += 1
                     if pool.heat is not None:

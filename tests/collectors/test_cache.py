@@ -140,3 +140,30 @@ def test_prompt_length_bucket_only_on_prefix_kv_layer(make_tel):
         rsp.get("r:1")
     by_layer = {p.attributes[ATTR.LAYER]: p.attributes[ATTR.LENGTH_BUCKET] for p in points(tel.reader, LOOKUPS)}
     assert by_layer == {"prefix_kv": "4096", "response": ""}
+
+
+def test_get_or_load_times_the_load_per_layer(make_tel):
+    import time as _t
+
+    tel = make_tel()
+    c = InstrumentedCache({}, layer="embedding", telemetry=tel)
+    c.get_or_load("e:1", lambda k: _t.sleep(0.02) or 1)
+    c.get_or_load("e:1", lambda k: 1 / 0)  # a hit: the loader is not called
+    c.record_load(0.5)
+    tel.flush(now=1.0)
+    h = tel.store.frame("histograms")
+    load = h[h.metric == "warmscope.cache.load.duration"]
+    assert set(load.layer) == {"embedding"} and load.total.iloc[0] == 2
+    assert 0.52 <= load["sum"].iloc[0] < 0.6
+    (p,) = points(tel.reader, "warmscope.cache.load.duration")
+    assert p.count == 2 and p.attributes[ATTR.LAYER] == "embedding"
+
+
+def test_gpu_memory_gauge_reaches_store_and_otel(make_tel):
+    tel = make_tel()
+    tel.record_gpu_memory(0.42)
+    tel.flush(now=3.0)
+    g = tel.store.frame("gauges")
+    assert g.value.tolist() == [0.42] and g.metric.tolist() == [schema.GPU_MEMORY.name]
+    (p,) = points(tel.reader, schema.GPU_MEMORY.name)
+    assert p.value == 0.42 and p.attributes[ATTR.REPLICA] == "r0"

@@ -45,9 +45,11 @@ def test_prom_name_matches_what_the_prometheus_exporter_emits():
     for inst in schema.INSTRUMENTS:
         if inst.kind == "counter":
             meter.create_counter(inst.name, unit=inst.unit, description=inst.description).add(1)
+        elif inst.kind == "gauge":
+            meter.create_gauge(inst.name, unit=inst.unit, description=inst.description).set(0.5)
     text = generate_latest(reg).decode()
     for inst in schema.INSTRUMENTS:
-        if inst.kind == "counter":
+        if inst.kind in ("counter", "gauge"):
             assert f"\n{schema.prom_name(inst)}{{" in text or f"\n{schema.prom_name(inst)} " in text, (
                 schema.prom_name(inst), text[:2000])
     provider.shutdown()

@@ -16,7 +16,7 @@ def test_every_frame_has_its_documented_columns_even_when_empty(tmp_path):
         assert len(df) == 0
         if name == "histograms":
             assert list(df.columns) == ["ts", "metric", "tenant", "experiment", "variant", "model", "replica",
-                                        "le", "count", "sum", "total"]
+                                        "layer", "le", "count", "sum", "total"]
         else:
             assert list(df.columns) == list(_TABLES[name])
     doc = EmbeddedStore.__module__ and sys.modules["collectors.store"].__doc__
