@@ -111,6 +111,7 @@ class WarmedKey:
     layer: str
     warmed_at: float
     ttl_s: float | None
+    gpu_s: float = 0.0  # what warming this key cost
     first_hit_at: float | None = None
     first_miss_at: float | None = None
     hits: int = 0

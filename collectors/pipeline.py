@@ -285,7 +285,7 @@ class Telemetry:
             if state != w.exported:
                 side["warmed_keys"].append((
                     w.run_id, h(w.key_hash_src), w.family, w.tenant, w.layer, w.warmed_at,
-                    w.ttl_s, w.first_hit_at, w.first_miss_at, w.hits,
+                    w.ttl_s, w.gpu_s, w.first_hit_at, w.first_miss_at, w.hits,
                 ))
                 w.exported = state
             horizon = w.warmed_at + (w.ttl_s if w.ttl_s else 86400.0)

@@ -19,8 +19,9 @@ Canonical frames (every backend yields these columns):
     requests, gpu_s, conversions, value.
 ``histograms``
     ts, metric, tenant, experiment, variant, model, replica, layer, le (upper
-    bound, inf for the overflow bucket), count (non-cumulative), sum, total —
-    one row per bucket; ``sum``/``total`` repeat per bucket of the same series.
+    bound, inf for the overflow bucket), count (non-cumulative, > 0), sum,
+    total — one row per non-empty bucket; ``sum``/``total`` repeat on each
+    bucket row of the same series.
     metric is the OTel instrument name (``gen_ai.server.time_to_first_token``,
     ``gen_ai.server.request.duration``, token histograms; layer is "" for
     these) or ``warmscope.cache.load.duration`` (layer = the cache layer).
@@ -32,8 +33,9 @@ Canonical frames (every backend yields these columns):
     running), status (running|ok|error|cancelled), keys, bytes, gpu_s,
     memory_bytes, error.
 ``warmed_keys``
-    run_id, key_hash, family, tenant, layer, warmed_at, ttl_s, first_hit_at,
-    first_miss_at, hits — one row per key a warm-up run wrote.
+    run_id, key_hash, family, tenant, layer, warmed_at, ttl_s, gpu_s (what
+    warming it cost), first_hit_at, first_miss_at, hits — one row per key a
+    warm-up run wrote.
 ``early_keys``
     run_id, key_hash, family, first_seen, lookups — keys requested in the
     recall window after a run (see collectors.config.early_window_s).
@@ -55,6 +57,8 @@ Canonical frames (every backend yields these columns):
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
 
+Frames with a ``ts`` column come sorted by ``ts``.
+
 Example::
 
     store = EmbeddedStore("var/warmscope.sqlite")
@@ -73,7 +77,7 @@ from .aggregator import UNIT_BUCKETS, UNIT_FIELDS
 
 __all__ = ["EmbeddedStore", "StoreError", "FRAMES", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _H = [f"h{i}" for i in range(len(UNIT_BUCKETS) + 1)]
 
 _TABLES: dict[str, tuple[str, ...]] = {
@@ -87,7 +91,7 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "gauges": ("ts", "metric", "replica", "value"),
     "warmup_runs": ("run_id", "replica", "tenant", "layer", "strategy", "trigger", "started",
                     "ended", "status", "keys", "bytes", "gpu_s", "memory_bytes", "error"),
-    "warmed_keys": ("run_id", "key_hash", "family", "tenant", "layer", "warmed_at", "ttl_s",
+    "warmed_keys": ("run_id", "key_hash", "family", "tenant", "layer", "warmed_at", "ttl_s", "gpu_s",
                     "first_hit_at", "first_miss_at", "hits"),
     "early_keys": ("run_id", "key_hash", "family", "first_seen", "lookups"),
     "hot_keys": ("window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"),
@@ -116,7 +120,7 @@ CREATE TABLE IF NOT EXISTS warmup_runs(run_id TEXT PRIMARY KEY, replica TEXT, te
   strategy TEXT, trigger TEXT, started REAL, ended REAL, status TEXT, keys INTEGER, bytes INTEGER,
   gpu_s REAL, memory_bytes INTEGER, error TEXT);
 CREATE TABLE IF NOT EXISTS warmed_keys(run_id TEXT, key_hash TEXT, family TEXT, tenant TEXT, layer TEXT,
-  warmed_at REAL, ttl_s REAL, first_hit_at REAL, first_miss_at REAL, hits INTEGER,
+  warmed_at REAL, ttl_s REAL, gpu_s REAL, first_hit_at REAL, first_miss_at REAL, hits INTEGER,
   PRIMARY KEY(run_id, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS early_keys(run_id TEXT, key_hash TEXT, family TEXT, first_seen REAL,
   lookups INTEGER, PRIMARY KEY(run_id, key_hash)) WITHOUT ROWID;
@@ -152,6 +156,16 @@ class EmbeddedStore:
                 raise StoreError(
                     f"embedded store {self.path} does not exist; run `warmscope simulate` "
                     "or point WARMSCOPE_STORE at a store the collectors wrote"
+                )
+            try:
+                row = self._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            except sqlite3.Error as e:
+                raise StoreError(f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one") \
+                    from None
+            if not row or int(row[0]) != SCHEMA_VERSION:
+                raise StoreError(
+                    f"embedded store {self.path} has schema version {row[0] if row else 'none'}, this warmscope "
+                    f"reads {SCHEMA_VERSION}; regenerate it (`warmscope demo --fresh`) or use a matching warmscope"
                 )
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +258,8 @@ class EmbeddedStore:
         tcol = {"hot_keys": "window", "warmup_runs": "started", "warmed_keys": "warmed_at",
                 "early_keys": "first_seen", "ab_units": "last_ts", "faults": "start"}.get(name, "ts")
         where, args = [], []
+        if tcol not in _TABLES[name]:  # no time column (ab_lookups): no time filter
+            start = end = None
         if start is not None:
             where.append(f"{_q(tcol)} >= ?")
             args.append(start)
@@ -253,6 +269,8 @@ class EmbeddedStore:
         sql = f"SELECT {', '.join(map(_q, _TABLES[name]))} FROM {name}"
         if where:
             sql += " WHERE " + " AND ".join(where)
+        if tcol == "ts" and "ts" in _TABLES[name]:
+            sql += " ORDER BY ts"  # time-sorted: analysis cuts windows by binary search
         try:
             cur = self._con().execute(sql, args)
             rows = cur.fetchall()
@@ -295,6 +313,7 @@ class EmbeddedStore:
 
 
 def _explode_histograms(df):
+    """One row per non-empty bucket (vectorised: one parse per bounds layout)."""
     import numpy as np
     import pandas as pd
 
@@ -302,14 +321,18 @@ def _explode_histograms(df):
             "total"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    recs = []
-    for row in df.itertuples(index=False):
-        bounds = json.loads(row.bounds) + [np.inf]
-        counts = json.loads(row.counts)
-        for le, c in zip(bounds, counts):
-            recs.append((row.ts, row.metric, row.tenant, row.experiment, row.variant, row.model,
-                         row.replica, row.layer, le, c, row.sum, row.total))
-    return pd.DataFrame.from_records(recs, columns=cols)
+    parts = []
+    for bounds_json, g in df.groupby("bounds", sort=False):
+        les = np.array(json.loads(bounds_json) + [np.inf])
+        nb = len(les)
+        flat = ",".join(c[1:-1] for c in g["counts"])
+        counts = np.array(flat.split(","), dtype=np.int64).reshape(len(g), nb)
+        rows, b = np.nonzero(counts)
+        part = g.iloc[rows][cols[:8] + ["sum", "total"]].reset_index(drop=True)
+        part.insert(8, "le", les[b])
+        part.insert(9, "count", counts[rows, b])
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)[cols]
 
 
 _BOUNDS_JSON: dict[tuple, str] = {}

@@ -1,0 +1,167 @@
+"""Analysis settings: prices, windows, and the 12-dimension score's targets and
+weights — one TOML table ``[analysis]`` (file from ``WARMSCOPE_CONFIG``), with
+defaults, validated at load. Errors name the key and the allowed range.
+
+```toml
+[analysis]
+price_per_gpu_s = 0.0008          # currency per GPU-second
+value_per_conversion = 4.0
+roi_windows_s = [300, 3600, 86400]
+treatment_variant = "B"
+
+[analysis.dimensions.cache_hit_rate]
+target = 0.85
+worst = 0.4
+weight = 0.06
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["AnalysisConfig", "DimensionSpec", "DEFAULT_DIMENSIONS", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class DimensionSpec:
+    name: str
+    label: str
+    unit: str
+    better: str  # "lower" | "higher" | "target"
+    target: float
+    worst: float
+    weight: float
+
+
+_OTHER = round(0.57 / 10, 6)
+DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = (
+    DimensionSpec("request_latency", "Request latency (TTFT P95)", "s", "lower", 1.0, 5.0, _OTHER),
+    DimensionSpec("cache_hit_rate", "Cache hit rate", "ratio", "higher", 0.8, 0.3, _OTHER),
+    DimensionSpec("prediction_mape", "Request-prediction error (MAPE)", "ratio", "lower", 0.15, 0.6, 0.18),
+    DimensionSpec("warmup_qps_gain", "Warm-up QPS gain", "ratio", "higher", 0.2, 0.0, _OTHER),
+    DimensionSpec("cold_start_time", "Cold-start time", "s", "lower", 300.0, 1800.0, _OTHER),
+    DimensionSpec("gpu_memory_fluctuation", "GPU memory fluctuation (CV)", "ratio", "lower", 0.1, 0.5, _OTHER),
+    DimensionSpec("feature_load_latency", "Feature/embedding load latency", "s", "lower", 0.02, 0.2, _OTHER),
+    DimensionSpec("sla_deviation", "SLA deviation (share missed)", "ratio", "lower", 0.01, 0.1, _OTHER),
+    DimensionSpec("ab_conversion_attribution", "A/B conversion attribution (relative lift)", "ratio", "higher",
+                  0.05, -0.05, _OTHER),
+    DimensionSpec("grey_release_penetration", "Grey-release traffic penetration", "ratio", "target", 0.5, 0.0,
+                  _OTHER),
+    DimensionSpec("resource_cost_share", "Warm-up resource cost share", "ratio", "lower", 0.05, 0.3, _OTHER),
+    DimensionSpec("roi_decay_coefficient", "ROI time-decay coefficient", "1/h", "lower", 0.5, 6.0, 0.25),
+)
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    price_per_gpu_s: float = 0.0008
+    value_per_conversion: float = 4.0
+    roi_windows_s: tuple[float, ...] = (300.0, 3600.0, 86400.0)
+    recall_window_s: float = 900.0
+    effect_window_s: float = 900.0
+    slo_ttft_s: float = 1.0
+    heat_recent_s: float = 3600.0
+    prediction_freq_s: float = 300.0
+    prediction_alpha: float = 0.3
+    decay_horizon_s: float = 6 * 3600.0
+    treatment_variant: str = "B"
+    dynamic_boost: float = 1.0  # how much a breached dimension's weight grows (see scores)
+    breach_below: float = 0.5  # a dimension scoring below this is breached
+    dimensions: tuple[DimensionSpec, ...] = field(default_factory=lambda: DEFAULT_DIMENSIONS)
+
+    _RANGES = {
+        "price_per_gpu_s": (0.0, 1e3), "value_per_conversion": (0.0, 1e9), "recall_window_s": (1.0, 7 * 86400),
+        "effect_window_s": (1.0, 7 * 86400), "slo_ttft_s": (0.001, 600.0), "heat_recent_s": (1.0, 7 * 86400),
+        "prediction_freq_s": (1.0, 86400.0), "prediction_alpha": (0.001, 1.0), "decay_horizon_s": (60.0, 30 * 86400),
+        "dynamic_boost": (0.0, 10.0), "breach_below": (0.0, 1.0),
+    }
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "AnalysisConfig":
+        raw: dict[str, Any] = {}
+        path = path or os.environ.get("WARMSCOPE_CONFIG")
+        if path:
+            p = Path(path)
+            try:
+                raw = dict(tomllib.loads(p.read_text()).get("analysis", {}))
+            except FileNotFoundError:
+                raise ConfigError(f"config file {p} does not exist") from None
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+        raw.update(overrides)
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "AnalysisConfig":
+        known = {f.name for f in fields(cls) if not f.name.startswith("_")}
+        kw: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k not in known:
+                raise ConfigError(f"analysis.{k} is not a known setting; known: {', '.join(sorted(known))}")
+            if k == "dimensions":
+                kw[k] = _dimensions(v)
+            elif k == "roi_windows_s":
+                try:
+                    ws = tuple(float(x) for x in v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"analysis.roi_windows_s must be a list of seconds, got {v!r}") from None
+                if not ws or any(w <= 0 for w in ws):
+                    raise ConfigError(f"analysis.roi_windows_s must be positive seconds, got {v!r}")
+                kw[k] = ws
+            elif k == "treatment_variant":
+                kw[k] = str(v)
+            else:
+                try:
+                    x = float(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"analysis.{k} must be a number, got {v!r}") from None
+                lo, hi = cls._RANGES[k]
+                if not lo <= x <= hi:
+                    raise ConfigError(f"analysis.{k} must be in [{lo}, {hi}], got {v!r}")
+                kw[k] = x
+        return replace(cls(), **kw)
+
+    def dimension(self, name: str) -> DimensionSpec:
+        for d in self.dimensions:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+
+def _dimensions(v: Any) -> tuple[DimensionSpec, ...]:
+    if not isinstance(v, Mapping):
+        raise ConfigError("analysis.dimensions must be a table of [analysis.dimensions.NAME] tables")
+    by = {d.name: d for d in DEFAULT_DIMENSIONS}
+    for name, spec in v.items():
+        if name not in by:
+            raise ConfigError(f"analysis.dimensions.{name} is not a dimension; dimensions: {', '.join(by)}")
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"analysis.dimensions.{name} must be a table")
+        d = by[name]
+        upd: dict[str, float] = {}
+        for k, x in spec.items():
+            if k not in ("target", "worst", "weight"):
+                raise ConfigError(f"analysis.dimensions.{name}.{k} is not known; use target, worst, weight")
+            try:
+                upd[k] = float(x)
+            except (TypeError, ValueError):
+                raise ConfigError(f"analysis.dimensions.{name}.{k} must be a number, got {x!r}") from None
+        if upd.get("weight", 0) < 0:
+            raise ConfigError(f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}")
+        d = replace(d, **upd)
+        if d.better != "target" and d.target == d.worst:
+            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ (both {d.target})")
+        by[name] = d
+    dims = tuple(by[d.name] for d in DEFAULT_DIMENSIONS)
+    if sum(d.weight for d in dims) <= 0:
+        raise ConfigError("analysis.dimensions: the weights must not all be zero")
+    return dims

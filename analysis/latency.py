@@ -1,0 +1,66 @@
+"""Quantiles from bucketed histograms (the ``histograms`` frame).
+
+Same estimate as Prometheus' ``histogram_quantile``: find the bucket holding
+the rank and interpolate linearly inside it (the first bucket starts at 0); a
+rank in the overflow bucket returns the largest finite bound.
+
+Example::
+
+    p95 = hist_quantile(histograms, 0.95, metric="gen_ai.server.time_to_first_token", by=["variant"])
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["hist_quantile", "quantile_from_buckets", "TTFT", "DURATION"]
+
+TTFT = "gen_ai.server.time_to_first_token"
+DURATION = "gen_ai.server.request.duration"
+
+
+def quantile_from_buckets(bounds: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """Quantile per row of ``counts`` (rows × buckets, last bucket = +Inf)."""
+    counts = np.atleast_2d(np.asarray(counts, dtype=float))
+    bounds = np.asarray(bounds, dtype=float)  # finite upper bounds, len = buckets - 1
+    total = counts.sum(axis=1)
+    cum = np.cumsum(counts, axis=1)
+    rank = q * total
+    idx = np.argmax(cum >= rank[:, None] - 1e-12, axis=1)
+    out = np.full(len(counts), np.nan)
+    ok = total > 0
+    fin = ok & (idx < len(bounds))
+    hi = bounds[np.minimum(idx, len(bounds) - 1)]
+    lo = np.where(idx > 0, bounds[np.maximum(idx - 1, 0)], 0.0)
+    prev = np.where(idx > 0, cum[np.arange(len(counts)), np.maximum(idx - 1, 0)], 0.0)
+    inb = counts[np.arange(len(counts)), idx]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(inb > 0, (rank - prev) / inb, 1.0)
+    out[fin] = (lo + (hi - lo) * frac)[fin]
+    out[ok & ~fin] = bounds[-1] if len(bounds) else np.nan
+    return out
+
+
+def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence[str] = (),
+                  start: float | None = None, end: float | None = None) -> pd.DataFrame:
+    """Quantile ``q`` of ``metric`` per group over (start, end]; columns: by + [value, count]."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    by = list(by)
+    h = hist[hist["metric"] == metric] if len(hist) else hist
+    if start is not None:
+        h = h[h["ts"] > start]
+    if end is not None:
+        h = h[h["ts"] <= end]
+    if h.empty:
+        return pd.DataFrame(columns=by + ["value", "count"])
+    wide = h.pivot_table(index=by or None, columns="le", values="count", aggfunc="sum", fill_value=0) if by \
+        else h.groupby("le")["count"].sum().to_frame().T
+    les = np.array(sorted(wide.columns.astype(float)))
+    wide = wide[les]
+    vals = quantile_from_buckets(les[np.isfinite(les)], wide.to_numpy(), q)
+    out = pd.DataFrame({"value": vals, "count": wide.to_numpy().sum(axis=1)}, index=wide.index)
+    return out.reset_index() if by else out.reset_index(drop=True)
