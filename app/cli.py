@@ -124,6 +124,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report_ab(args: argparse.Namespace) -> int:
+    from analysis.ab_report import build_from_series, build_report, render_html, render_markdown
+    from analysis.sources import EmbeddedSource, SourceError
+
+    try:
+        src = EmbeddedSource(_store_path(args))
+        experiment = args.experiment
+        units = src.units(experiment)
+        if len(units):
+            rep = build_report(units, experiment, args.control, args.treatment, primary=args.primary,
+                               requests=src.frame("requests"))
+        else:
+            rep = build_from_series(src.frame("lookups"), src.frame("requests"), experiment, args.control,
+                                    args.treatment)
+    except SourceError as e:
+        print(f"warmscope report ab: {e}", file=sys.stderr)
+        return 2
+    if rep.error:
+        print(f"warmscope report ab: {rep.error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(rep))
+    md = Path(args.markdown) if args.markdown else out.with_suffix(".md")
+    md.write_text(render_markdown(rep))
+    print(rep.verdict)
+    print(f"wrote {out} and {md}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
     ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
@@ -169,6 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", help="response cache, hot keys and A/B units in Redis")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_simulate)
+    rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
+    p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
+    p.add_argument("--experiment", default="warmup-strategy")
+    p.add_argument("--control", default="A")
+    p.add_argument("--treatment", default="B")
+    p.add_argument("--primary", default="latency per request (s)", help="primary metric name (as in the table)")
+    p.add_argument("--out", default="ab-report.html")
+    p.add_argument("--markdown", help="Markdown path (default: next to --out)")
+    p.set_defaults(fn=cmd_report_ab)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

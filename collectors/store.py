@@ -286,18 +286,26 @@ class EmbeddedStore:
 
     def units(self, experiment: str | None = None):
         """``ab_units`` summed per unit (first_ts min, last_ts max), with one
-        ``lookups_<layer>`` / ``hits_<layer>`` column pair per cache layer."""
+        ``lookups_<layer>`` / ``hits_<layer>`` column pair per cache layer.
+        Aggregated in SQL: a day of units is millions of rows."""
         import pandas as pd
 
-        u = self.frame("ab_units")
-        lk = self.frame("ab_lookups")
-        if experiment is not None:
-            u = u[u.experiment == experiment]
-            lk = lk[lk.experiment == experiment]
         keys = ["experiment", "variant", "unit_hash"]
-        agg = {c: "sum" for c in u.columns if c not in keys}
-        agg.update(first_ts="min", last_ts="max")
-        out = u.groupby(keys, as_index=False).agg(agg) if len(u) else u
+        sums = [c for c in _TABLES["ab_units"] if c not in keys + ["first_ts", "last_ts"]]
+        where, args = ("WHERE experiment = ?", (experiment,)) if experiment is not None else ("", ())
+        sql_u = (f"SELECT experiment, variant, unit_hash, min(first_ts), max(last_ts), "
+                 f"{', '.join(f'sum({c})' for c in sums)} FROM ab_units {where} GROUP BY {', '.join(keys)}")
+        sql_l = (f"SELECT experiment, variant, unit_hash, layer, sum(lookups), sum(hits) FROM ab_lookups {where} "
+                 f"GROUP BY experiment, variant, unit_hash, layer")
+        try:
+            con = self._con()
+            u = pd.DataFrame.from_records(con.execute(sql_u, args).fetchall(),
+                                          columns=keys + ["first_ts", "last_ts"] + sums)
+            lk = pd.DataFrame.from_records(con.execute(sql_l, args).fetchall(),
+                                           columns=keys + ["layer", "lookups", "hits"])
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot read A/B units from {self.path}: {e}") from None
+        out = u
         if len(lk):
             wide = lk.pivot_table(index=keys, columns="layer", values=["lookups", "hits"], aggfunc="sum",
                                   fill_value=0)
@@ -305,7 +313,7 @@ class EmbeddedStore:
             out = out.merge(wide.reset_index(), on=keys, how="outer")
             num = [c for c in out.columns if c not in keys and c not in ("first_ts", "last_ts")]
             out[num] = out[num].fillna(0)
-        return out.reset_index(drop=True) if isinstance(out, pd.DataFrame) else out
+        return out.reset_index(drop=True)
 
     def counts(self) -> dict[str, int]:
         con = self._con()

@@ -1,0 +1,78 @@
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.ab_report import build_from_series, build_report, render_html, render_markdown
+from collectors import EmbeddedStore
+from simulator import SimConfig, simulate
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ab") / "ab.sqlite"
+    simulate(SimConfig.load(hours=1.0, rps=6.0, tenants=4, replicas=2, seed=9, strategy_b="static_topk"), path,
+             workers=1)
+    return EmbeddedStore(path, readonly=True)
+
+
+def test_report_from_unit_records(store):
+    units = store.units("warmup-strategy")
+    rep = build_report(units, "warmup-strategy", requests=store.frame("requests"))
+    assert rep.error is None and rep.srm_units is not None and not rep.srm_units.flagged
+    names = {r.metric for r in rep.results}
+    assert {"conversion (units)", "hit rate (prefix_kv)", "GPU-s per request", "P95 latency (s)",
+            "latency per request (s)"} <= names
+    prim = [r for r in rep.results if r.primary]
+    assert len(prim) == 1 and prim[0].metric == "latency per request (s)"
+    others = [r for r in rep.results if not r.primary and np.isfinite(r.p_value)]
+    assert all(r.p_holm >= r.p_value - 1e-12 and r.p_bh >= r.p_value - 1e-12 for r in others)
+    assert rep.units["A"] + rep.units["B"] == len(units)
+    # The headline equals a direct computation on the units.
+    a, b = units[units.variant == "A"], units[units.variant == "B"]
+    la, lb = a.latency_sum.sum() / a.requests.sum(), b.latency_sum.sum() / b.requests.sum()
+    assert prim[0].control == pytest.approx(la) and prim[0].treatment == pytest.approx(lb)
+    assert len(rep.effect_over_time) > 3
+
+
+def test_html_is_self_contained_and_markdown_has_the_same_content(store):
+    rep = build_report(store.units("warmup-strategy"), "warmup-strategy")
+    page = render_html(rep)
+    assert "plotly" in page.lower() and not re.search(r'<script[^>]+src="http', page)
+    assert rep.verdict.split(":")[0] in page or rep.verdict[:30] in page
+    md = render_markdown(rep)
+    assert rep.verdict in md and "SRM on units: ok" in md and "★ latency per request (s)" in md
+
+
+def test_srm_mismatch_puts_a_warning_before_everything(store):
+    units = store.units("warmup-strategy")
+    a = units[units.variant == "A"]
+    b = units[units.variant == "B"]
+    skewed = pd.concat([a, b.iloc[: len(b) // 2]])
+    rep = build_report(skewed, "warmup-strategy")
+    assert rep.srm_units.flagged and rep.verdict.startswith("Do not trust")
+    md = render_markdown(rep)
+    assert md.index("MISMATCH") < md.index("| metric")
+
+
+def test_unknown_experiment_is_a_clear_error(store):
+    rep = build_report(store.units("warmup-strategy"), "no-such-experiment")
+    assert rep.error and "no unit records for experiment 'no-such-experiment'" in rep.error
+
+
+def test_prometheus_only_fallback_warns(store):
+    rep = build_from_series(store.frame("lookups"), store.frame("requests"), "warmup-strategy")
+    assert rep.source.startswith("metric series") and "unit records" in rep.warnings[0]
+    assert rep.results[0].primary and "batch means" in rep.results[0].test
+
+
+def test_cli_writes_html_and_markdown(store, tmp_path, capsys):
+    from app import cli
+
+    out = tmp_path / "r" / "ab.html"
+    assert cli.main(["--store", str(store.path), "report", "ab", "--out", str(out)]) == 0
+    assert out.exists() and out.with_suffix(".md").exists()
+    assert capsys.readouterr().out.strip() in out.with_suffix(".md").read_text()
+    assert cli.main(["--store", str(store.path), "report", "ab", "--experiment", "nope", "--out",
+                     str(out)]) == 2
