@@ -1,0 +1,134 @@
+"""Cache drill-down: from the lookups frame to ranked root causes of a
+hit-rate regression.
+
+The measure is the *effective* hit rate: hits over all lookups, bypassed and
+failed ones included, so a middleware path that skips the cache shows up as a
+regression too. For an anomaly window and a baseline window (by default the
+same length just before, or around an automatically found change point):
+
+* a leaf is one combination of tenant, layer, key family, model, replica,
+  variant and prompt-length bucket;
+* its expected hits are its baseline rate × its lookups in the anomaly window;
+  a leaf with fewer than ``min_baseline`` baseline lookups — or a key family
+  that did not exist before — is shrunk toward its parent's rate (its key
+  family's, else tenant × layer's, else layer's) by ``min_baseline``
+  pseudo-lookups;
+* :func:`analysis.rootcause.localize` ranks the causes.
+
+Example::
+
+    dd = drill_down(lookups)                       # change point found automatically
+    dd.localization.causes[0].element              # {'tenant': 'globex', 'layer': 'response'}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .hitrate import time_slice
+from .rootcause import Localization, localize
+
+__all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "DrillDown"]
+
+RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
+
+
+def _leaf_counts(lk: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
+    hits = np.where(lk["result"].to_numpy() == "hit", lk["count"].to_numpy(float), 0.0)
+    return pd.DataFrame({"hits": hits, "lookups": lk["count"].to_numpy(float)}, index=lk.index).groupby(
+        [lk[c] for c in dims], observed=True).sum()
+
+
+def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
+               dims: Sequence[str] = RCA_DIMS, min_baseline: float = 20.0,
+               forecast: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Leaves with observed hits/lookups in ``anomaly`` and expected hits from
+    ``baseline`` — or, given ``forecast`` (a lookups frame of what was
+    expected: a forecast, or a control replay), from it over the same window."""
+    dims = [d for d in dims if d in lookups.columns]
+    cur = _leaf_counts(time_slice(lookups, *anomaly), dims)
+    base_lk = time_slice(lookups, *baseline) if forecast is None else time_slice(forecast, *anomaly)
+    base = _leaf_counts(base_lk, dims)
+    t = cur.join(base, rsuffix="_base", how="left").fillna(0.0).reset_index()
+    # Parent rate for leaves without baseline: the key family (across tenants
+    # and replicas), then tenant × layer, then layer, then overall.
+    prior = np.full(len(t), np.nan)
+    for parent in (["family"], ["tenant", "layer"], ["layer"], []):
+        parent = [p for p in parent if p in dims]
+        if parent:
+            pb = _leaf_counts(base_lk, parent)
+            pr = (pb["hits"] / pb["lookups"].replace(0, np.nan)).rename("r")
+            fill = t[parent].merge(pr.reset_index(), on=parent, how="left")["r"].to_numpy()
+        else:
+            tot = base_lk["count"].sum()
+            fill = np.full(len(t), base_lk.loc[base_lk["result"] == "hit", "count"].sum() / tot if tot else np.nan)
+        prior = np.where(np.isfinite(prior), prior, fill)
+    # A leaf with a thin baseline (fewer than min_baseline lookups) is shrunk
+    # toward its parent's rate; a thick one keeps its own, zero included.
+    prior = np.nan_to_num(prior, nan=0.0)
+    hb, nb = t["hits_base"].to_numpy(), t["lookups_base"].to_numpy()
+    rate = np.where(nb >= min_baseline, hb / np.maximum(nb, 1), (hb + min_baseline * prior) / (nb + min_baseline))
+    t["hits_exp"] = rate * t["lookups"]
+    t["lookups_exp"] = t["lookups"]
+    return t[dims + ["hits", "lookups", "hits_exp", "lookups_exp"]]
+
+
+def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 10) -> float | None:
+    """The most likely single change in the per-bucket effective hit rate
+    (maximises the standardised mean difference between the two sides);
+    returns its timestamp (start of the first changed bucket) or None."""
+    if lookups.empty:
+        return None
+    hits = np.where(lookups["result"].to_numpy() == "hit", lookups["count"].to_numpy(float), 0.0)
+    b = (lookups["ts"].to_numpy(float) - 1e-9) // freq * freq
+    g = pd.DataFrame({"b": b, "h": hits, "n": lookups["count"].to_numpy(float)}).groupby("b").sum()
+    g = g[g["n"] > 0]
+    r = (g["h"] / g["n"]).to_numpy()
+    n = len(r)
+    if n < 2 * min_segment:
+        return None
+    c = np.cumsum(r)
+    k = np.arange(min_segment, n - min_segment + 1)
+    left = c[k - 1] / k
+    right = (c[-1] - c[k - 1]) / (n - k)
+    stat = np.abs(left - right) * np.sqrt(k * (n - k) / n)
+    i = int(np.argmax(stat))
+    return float(g.index[k[i]])
+
+
+@dataclass
+class DrillDown:
+    localization: Localization
+    anomaly: tuple[float, float]
+    baseline: tuple[float, float]
+    leaves: pd.DataFrame
+
+
+def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None,
+               baseline: tuple[float, float] | None = None, dims: Sequence[str] = RCA_DIMS,
+               max_depth: int = 3, forecast: pd.DataFrame | None = None) -> DrillDown:
+    """Root causes of the regression in ``anomaly`` vs ``baseline``. Without
+    ``anomaly``, the change point splits the data: after it is the anomaly,
+    the same length before it the baseline."""
+    if lookups.empty:
+        return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, "no lookups in the selected range"),
+                         (np.nan, np.nan), (np.nan, np.nan), pd.DataFrame())
+    if anomaly is None:
+        cp = change_point(lookups)
+        if cp is None:
+            return DrillDown(Localization([], "", np.nan, np.nan, 0, 0,
+                                         "too little data to find a change point; pick the windows"),
+                             (np.nan, np.nan), (np.nan, np.nan), pd.DataFrame())
+        end = float(lookups["ts"].max())
+        anomaly = (cp, end)
+    if baseline is None:
+        length = anomaly[1] - anomaly[0]
+        baseline = (anomaly[0] - length, anomaly[0])
+    leaves = leaf_table(lookups, anomaly, baseline, dims, forecast=forecast)
+    loc = localize(leaves, [d for d in dims if d in leaves.columns], v_num="hits", v_den="lookups",
+                   f_num="hits_exp", f_den="lookups_exp", max_depth=max_depth)
+    return DrillDown(loc, anomaly, baseline, leaves)
