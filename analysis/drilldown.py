@@ -53,7 +53,9 @@ def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tu
     cur = _leaf_counts(time_slice(lookups, *anomaly), dims)
     base_lk = time_slice(lookups, *baseline) if forecast is None else time_slice(forecast, *anomaly)
     base = _leaf_counts(base_lk, dims)
-    t = cur.join(base, rsuffix="_base", how="left").fillna(0.0).reset_index()
+    # Outer join: a leaf that vanished (e.g. a key family replaced by new ones)
+    # has no hits to lose, but its expected traffic belongs to its parents.
+    t = cur.join(base, rsuffix="_base", how="outer").fillna(0.0).reset_index()
     # Parent rate for leaves without baseline: the key family (across tenants
     # and replicas), then tenant × layer, then layer, then overall.
     prior = np.full(len(t), np.nan)
@@ -74,7 +76,10 @@ def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tu
     rate = np.where(nb >= min_baseline, hb / np.maximum(nb, 1), (hb + min_baseline * prior) / (nb + min_baseline))
     t["hits_exp"] = rate * t["lookups"]
     t["lookups_exp"] = t["lookups"]
-    return t[dims + ["hits", "lookups", "hits_exp", "lookups_exp"]]
+    # Expected traffic volume, scaled to the anomaly window's length.
+    scale = 1.0 if forecast is not None else (anomaly[1] - anomaly[0]) / max(baseline[1] - baseline[0], 1e-9)
+    t["volume_exp"] = t["lookups_base"] * scale
+    return t[dims + ["hits", "lookups", "hits_exp", "lookups_exp", "volume_exp"]]
 
 
 def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 10) -> float | None:
@@ -130,5 +135,5 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
         baseline = (anomaly[0] - length, anomaly[0])
     leaves = leaf_table(lookups, anomaly, baseline, dims, forecast=forecast)
     loc = localize(leaves, [d for d in dims if d in leaves.columns], v_num="hits", v_den="lookups",
-                   f_num="hits_exp", f_den="lookups_exp", max_depth=max_depth)
+                   f_num="hits_exp", f_den="lookups_exp", max_depth=max_depth, v_vol="lookups", f_vol="volume_exp")
     return DrillDown(loc, anomaly, baseline, leaves)

@@ -31,7 +31,11 @@ abnormal/normal leaf split to score elements:
    one more dimension clearly did not move, keep only the children that did
    (the fault sat below the element); remove its leaves, rescore, and stop
    when no element explains a further ``min_gain`` of the change or its move
-   is within noise.
+   is within noise. A cause moves the measure in the direction of the total
+   change; given traffic volumes (``v_vol``/``f_vol``), an element whose
+   traffic grew by more than ``max_volume_growth`` is taken for downstream
+   pressure — more misses upstream send more lookups down the request path —
+   and not offered as a cause.
 
 Each cause carries its score and its *explanatory power*: the share of the
 total change that reverting its leaves to expected would undo (for ratios,
@@ -88,39 +92,45 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
 
 def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.15):
     """Split an element by one more dimension when some of its children clearly
-    did not move (|z| < 2, at least ``unmoved_share`` of its expected value):
-    return the children that moved, or None to keep the element whole."""
+    did not move — |z| < 2 although a move like the others' would have been
+    detectable there — and they hold at least ``unmoved_share`` of its expected
+    value: return the children that moved, or None to keep the element whole."""
     best = None
     tot = cur[member].sum()
     if tot <= 0:
         return None
+
+    def z_of(o_, e_, m):
+        if den is not None:
+            n = den[m].sum()
+            p = min(max(e_ / max(n, 1), 0.01), 0.99)
+            return (o_ - e_) / np.sqrt(max(n * p * (1 - p), 1e-9))
+        return (o_ - e_) / np.sqrt(e_ + 1)
+
     for d in dims:
         if d in sub:
             continue
-        vals_d = keys[d][member]
-        moved, still, still_share = [], 0, 0.0
-        for v in np.unique(vals_d):
+        kids = []
+        for v in np.unique(keys[d][member]):
             m = member & (keys[d] == v)
             e_, o_ = cur[m].sum(), h[m].sum()
-            if e_ <= 0:
-                continue
-            if den is not None:
-                n = den[m].sum()
-                p = min(max(e_ / max(n, 1), 0.01), 0.99)
-                z = (o_ - e_) / np.sqrt(max(n * p * (1 - p), 1e-9))
-            else:
-                z = (o_ - e_) / np.sqrt(e_ + 1)
-            if abs(z) < 2:
-                still += 1
+            if e_ > 0:
+                kids.append((v, m, e_, o_, z_of(o_, e_, m)))
+        moved = [(v, m, e_, o_) for v, m, e_, o_, z in kids if abs(z) >= z_min]
+        if not moved:
+            continue
+        k_moved = sum(o for *_, o in moved) / sum(e for _, _, e, _ in moved)
+        still_share = 0.0
+        for v, m, e_, o_, z in kids:
+            # Unmoved only where the others' move would have shown: low-traffic children prove nothing.
+            if abs(z) < 2 and abs(z_of(k_moved * e_, e_, m)) >= z_min:
                 still_share += e_ / tot
-            elif abs(z) >= z_min:
-                moved.append((v, m))
-        if moved and still and still_share >= unmoved_share and (best is None or still_share > best[0]):
+        if still_share >= unmoved_share and (best is None or still_share > best[0]):
             # Only a consistent ripple: children that moved by very different
             # ratios are one fault showing unevenly, not a fault below the element.
-            ks = [h[m].sum() / cur[m].sum() for _, m in moved]
+            ks = [o / e for _, _, e, o in moved]
             if max(ks) - min(ks) <= 0.3:
-                best = (still_share, d, moved)
+                best = (still_share, d, [(v, m) for v, m, _, _ in moved])
     if best is None:
         return None
     _, d, moved = best
@@ -140,7 +150,10 @@ def localize(
     max_depth: int = 3,
     max_causes: int = 5,
     z_min: float = 4.0,
-    min_gain: float = 0.1,
+    min_gain: float = 0.05,
+    v_vol: str | None = None,
+    f_vol: str | None = None,
+    max_volume_growth: float = 0.25,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
     dims = list(dims)
@@ -206,10 +219,13 @@ def localize(
         base["h"], base["f"] = h, cur
         base["hh"], base["hf"], base["ff"], base["rr"] = h * h, h * cur, cur * cur, r0 * r0
         base["n"] = vd if ratio else 0.0
+        base["vv"] = L[v_vol].to_numpy(float) if v_vol else 0.0
+        base["fv"] = L[f_vol].to_numpy(float) if f_vol else 0.0
         base["free"] = ~taken
         best = None
         for sub in subsets:
-            g = base[base["free"]].groupby(list(sub), sort=False)[["h", "f", "hh", "hf", "ff", "rr", "n"]].sum()
+            g = base[base["free"]].groupby(list(sub), sort=False)[["h", "f", "hh", "hf", "ff", "rr", "n", "vv",
+                                                                  "fv"]].sum()
             g = g[g["f"] > 0]
             if g.empty:
                 continue
@@ -219,6 +235,11 @@ def localize(
             new_sq = sq0 - g["rr"].to_numpy() + within
             ps = 1 - np.sqrt(np.maximum(new_sq, 0)) / dev_norm
             gain = ps - explained - 0.02 * (len(sub) - 1)
+            # A cause moves the measure the way the total moved.
+            gain = np.where(np.sign(g["h"].to_numpy() - g["f"].to_numpy()) == np.sign(total), gain, -np.inf)
+            if v_vol and f_vol:  # grown traffic: pressure from upstream misses, an effect
+                grew = g["vv"].to_numpy() > (1 + max_volume_growth) * np.maximum(g["fv"].to_numpy(), 1e-9)
+                gain = np.where(grew, -np.inf, gain)
             if ratio:  # only moves beyond binomial noise may be causes
                 n_e = np.maximum(g["n"].to_numpy(), 1)
                 p_e = np.clip(g["f"].to_numpy() / n_e, 1e-6, 1 - 1e-6)

@@ -163,8 +163,8 @@ def match(pred: set[frozenset], exp: set[frozenset], leaves: pd.DataFrame) -> tu
         ok = {e} | alternatives(e)
         target = _leafset(leaves, e)
         found = [p for p in pred if p in ok or (target and _leafset(leaves, p) == target)]
-        if not found and set(dict(e)) == {"replica"}:
-            found = [p for p in pred if e <= p]
+        if set(dict(e)) == {"replica"}:
+            found += [p for p in pred if e <= p]
         if found:
             recalled += 1
             right.update(found)
@@ -197,7 +197,9 @@ def run(sc: Scenario, tmp: Path) -> dict:
         p = right / len(pred) if pred else 0.0
         r = recalled / len(exp) if exp else 0.0
         row.update(f1=2 * p * r / (p + r) if p + r else 0.0,
-                   predicted="; ".join(",".join(f"{k}={v}" for k, v in sorted(e)) for e in pred),
+                   predicted="; ".join(",".join(f"{k}={v}" for k, v in sorted(c.element.items()))
+                                       + f" (ep {c.explanatory_power:.2f}, score {c.score:.2f})"
+                                       for c in dd.localization.causes),
                    expected="; ".join(",".join(f"{k}={v}" for k, v in sorted(e)) for e in exp))
     frames = {n: st.frame(n) for n in ("lookups", "writes", "hot_keys", "warmup_runs", "warmed_keys")}
     verdicts = [v for v in detect_all(frames, win, base) if v.detected]
