@@ -55,7 +55,8 @@ def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tu
     base = _leaf_counts(base_lk, dims)
     # Outer join: a leaf that vanished (e.g. a key family replaced by new ones)
     # has no hits to lose, but its expected traffic belongs to its parents.
-    t = cur.join(base, rsuffix="_base", how="outer").fillna(0.0).reset_index()
+    t = cur.merge(base, left_index=True, right_index=True, how="outer", suffixes=("", "_base"))
+    t = t.fillna(0.0).reset_index()
     # Parent rate for leaves without baseline: the key family (across tenants
     # and replicas), then tenant × layer, then layer, then overall.
     prior = np.full(len(t), np.nan)

@@ -93,8 +93,9 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
 def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.15):
     """Split an element by one more dimension when some of its children clearly
     did not move — |z| < 2 although a move like the others' would have been
-    detectable there — and they hold at least ``unmoved_share`` of its expected
-    value: return the children that moved, or None to keep the element whole."""
+    detectable there — they hold at least ``unmoved_share`` of its expected
+    value, and the moved children fit the data better than the whole element
+    moving by one ratio: return the children that moved, or None."""
     best = None
     tot = cur[member].sum()
     if tot <= 0:
@@ -126,10 +127,15 @@ def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.1
             if abs(z) < 2 and abs(z_of(k_moved * e_, e_, m)) >= z_min:
                 still_share += e_ / tot
         if still_share >= unmoved_share and (best is None or still_share > best[0]):
-            # Only a consistent ripple: children that moved by very different
-            # ratios are one fault showing unevenly, not a fault below the element.
-            ks = [o / e for _, _, e, o in moved]
-            if max(ks) - min(ks) <= 0.3:
+            # Keep the split only if the moved children, each with its own
+            # ratio (the rest as expected), fit the data better than the whole
+            # element moving by one ratio.
+            k_all = h[member].sum() / tot
+            whole = float(np.sum((h[member] - k_all * cur[member]) ** 2))
+            split = float(np.sum((h[member] - cur[member]) ** 2))
+            for _, m, e_, o_ in moved:
+                split += float(np.sum((h[m] - (o_ / e_) * cur[m]) ** 2) - np.sum((h[m] - cur[m]) ** 2))
+            if split < whole:
                 best = (still_share, d, [(v, m) for v, m, _, _ in moved])
     if best is None:
         return None

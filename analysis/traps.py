@@ -105,7 +105,7 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     wa = time_slice(wr, *an).groupby("family")["count"].sum()
     wb = time_slice(wr, *base).groupby("family")["count"].sum()
     span_a, span_b = an[1] - an[0], base[1] - base[0]
-    t = a.join(b, rsuffix="_b", how="inner")
+    t = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("", "_b"))
     t = t[(t["hm_b"] >= 50) & (t["rate_b"] > 0.3)]
     if t.empty:
         return _none("dynamic_tokenisation", "no family with a baseline to compare")
@@ -145,7 +145,7 @@ def fixed_len(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         return _none("kv_fixed_len", "no prefix_kv lookups with a length bucket")
     a = _rates(time_slice(kv, *an), ["replica", "length_bucket"])
     b = _rates(time_slice(kv, *base), ["replica", "length_bucket"])
-    t = a.join(b, rsuffix="_b", how="inner")
+    t = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("", "_b"))
     t = t[(t["hm"] >= 30) & (t["rate_b"] > 0.2)]
     found = []
     for rep, g in t.groupby(level=0):
