@@ -9,13 +9,39 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from app import data  # noqa: E402
+from app import data, ui  # noqa: E402
 
-st.set_page_config(page_title="warmscope", layout="wide")
+st.set_page_config(page_title="warmscope", page_icon="🔥", layout="wide")
 PAGES = Path(__file__).with_name("pages")
 nav = st.navigation([
-    st.Page(str(PAGES / "overview.py"), title="Overview", default=True),
+    st.Page(str(PAGES / "overview.py"), title="Overview", icon="🏠", default=True),
+    st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon="🎯"),
+    st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon="🔥"),
+    st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon="🔑"),
+    st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon="🔍"),
+    st.Page(str(PAGES / "ab.py"), title="A/B", icon="🧪"),
+    st.Page(str(PAGES / "alerts.py"), title="Alerts", icon="🚨"),
 ])
 with st.sidebar:
     st.caption(f"Source: {data.source_label()}")
+    st.selectbox("Time range", list(ui.RANGES), index=1, key="range")
+    live = st.toggle("Live (refresh when new data lands)", key="live")
+
+
+@st.fragment(run_every=5)
+def _watch() -> None:
+    try:
+        b = data.time_bounds()
+    except data.SourceError:
+        return
+    last = b[1] if b else None
+    if st.session_state.get("_last_ts") not in (None, last):
+        st.session_state["_last_ts"] = last
+        st.rerun(scope="app")
+    st.session_state["_last_ts"] = last
+
+
+if live:
+    with st.sidebar:
+        _watch()
 nav.run()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set everything up and run the whole test suite:  bash scripts/test.sh [pytest args]
-# Installs the services the tests start (redis-server) when missing; the tests
+# Installs what the tests start (redis-server, chromium for the browser tests)
+# when missing; the tests
 # start them on free 127.0.0.1 ports and stop them. Under CI=true a missing
 # service fails the run instead of skipping tests.
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
 ensure_cmd redis-server redis-server
+ensure_cmd chromium chromium
 log "running tests"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

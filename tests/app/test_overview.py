@@ -1,47 +1,101 @@
-import pytest
-from streamlit.testing.v1 import AppTest
-
-from collectors import EmbeddedStore
-from simulator import SimConfig, simulate
+"""Every dashboard page under AppTest: no exception, headline numbers equal the
+analysis functions' on the same data, drill-down changes the selection, and
+the empty/missing-store states say what to do."""
 
 from pathlib import Path
 
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.config import AnalysisConfig
+from analysis.hitrate import hit_table
+from analysis.scores import score_card
+from collectors import EmbeddedStore
+from simulator import SimConfig, parse_fault, simulate
+
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+PAGES = ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
 
 
-@pytest.fixture
-def demo_store(tmp_path, monkeypatch):
-    path = tmp_path / "demo.sqlite"
-    simulate(SimConfig.load(hours=0.5, rps=3.0, tenants=3), path, workers=1)
-    monkeypatch.setenv("WARMSCOPE_STORE", str(path))
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("app") / "demo.sqlite"
+    simulate(SimConfig.load(hours=1.0, rps=4.0, tenants=4, seed=3), path,
+             [parse_fault("bypass:tenant=acme,layer=prefix_kv@00:40-01:00")], workers=1)
     return path
 
 
-def test_overview_headline_equals_the_store(demo_store):
-    at = AppTest.from_file(MAIN, default_timeout=60).run()
+@pytest.fixture
+def app(demo_store, monkeypatch):
+    monkeypatch.setenv("WARMSCOPE_STORE", str(demo_store))
+    return AppTest.from_file(MAIN, default_timeout=120)
+
+
+def test_overview_headline_equals_the_analysis(app, demo_store):
+    at = app.run()
     assert not at.exception
-    df = EmbeddedStore(demo_store).frame("lookups")
-    hm = df[df.result.isin(["hit", "miss"])]
-    rate = hm.loc[hm.result == "hit", "count"].sum() / hm["count"].sum()
+    st = EmbeddedStore(demo_store, readonly=True)
+    fr = {n: st.frame(n) for n in ("lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges",
+                                   "writes", "hot_keys", "early_keys")}
+    overall = hit_table(fr["lookups"])
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Lookups"] == f"{hm['count'].sum():,}"
-    assert metrics["Hit rate"] == f"{rate:.1%}"
+    assert metrics["Hit rate"] == f"{overall.hit_rate.iloc[0]:.1%}"
+    assert metrics["Lookups"] == f"{int(overall.lookups.iloc[0]):,}"
+    assert metrics["Warm-up score"] == f"{score_card(fr, AnalysisConfig.load()).composite:.2f}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_without_exception(app, page):
+    at = app.run()
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_hit_rate_drill_down_changes_the_selection(app):
+    at = app.run()
+    at.switch_page("pages/hitrate.py").run()
+    at.selectbox(key="groupby").set_value("tenant").run()
+    at.selectbox(key="drill-pick").set_value("acme").run()
+    assert at.session_state["drill"] == [("tenant", "acme")]
+    assert any("tenant = acme" in b.label for b in at.button)
+    at.selectbox(key="groupby").set_value("layer").run()
+    at.selectbox(key="drill-pick").set_value("prefix_kv").run()
+    assert at.session_state["drill"] == [("tenant", "acme"), ("layer", "prefix_kv")]
+    at.button(key="crumb-0").click().run()  # back to tenant = acme
+    assert at.session_state["drill"] == [("tenant", "acme")]
+    at.button(key="crumb-root").click().run()
+    assert at.session_state["drill"] == []
+    assert not at.exception
+
+
+def test_ab_page_verdict_matches_the_report(app, demo_store):
+    from analysis.ab_report import build_report
+
+    at = app.run()
+    at.switch_page("pages/ab.py").run()
+    st = EmbeddedStore(demo_store, readonly=True)
+    rep = build_report(st.units("warmup-strategy"), "warmup-strategy", requests=st.frame("requests"))
+    assert any(rep.verdict in m.value for m in at.markdown)
 
 
 def test_missing_store_shows_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("WARMSCOPE_STORE", str(tmp_path / "none.sqlite"))
     at = AppTest.from_file(MAIN, default_timeout=60).run()
     assert not at.exception
-    assert "warmscope simulate" in at.error[0].value or "warmscope demo" in at.error[0].value
+    assert "warmscope simulate" in at.error[0].value
 
 
-def test_empty_store_says_no_data(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", ["overview"] + PAGES)
+def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     path = tmp_path / "empty.sqlite"
     EmbeddedStore(path).close()
     monkeypatch.setenv("WARMSCOPE_STORE", str(path))
     at = AppTest.from_file(MAIN, default_timeout=60).run()
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py").run()
     assert not at.exception
-    assert "No lookups recorded yet" in at.info[0].value
+    assert at.info and ("warmscope demo" in at.info[0].value or "No experiment" in at.info[0].value)
 
 
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
