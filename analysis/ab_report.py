@@ -156,6 +156,10 @@ def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treat
     prim = next((r for r in rep.results if r.primary), None)
     rep.power = power(sa[primary], sb[primary], rep.days_observed, target_rel) if prim else None
     rep.effect_over_time = _over_time(u, control, treatment, primary, over_time_points, alpha)
+    pre = [c for c in u.columns if c.startswith("pre_")]
+    if not pre:
+        rep.warnings.append("CUPED not applied: the unit records carry no pre-period values (pre_<metric> "
+                            "columns); analysis.ab.cuped adjusts a metric when they exist")
     rep.verdict = _verdict(rep, prim)
     return rep
 

@@ -1,0 +1,69 @@
+"""Dashboard page render times on simulated data, against an empty page.
+
+    python -m bench.bench_pages [--store var/warmscope.sqlite] [--hours 24]
+
+Without --store, simulates ``--hours`` into a temporary store first. Each page
+is rendered with Streamlit's AppTest: once cold (loaders read the store) and
+three more times warm (loaders cached); prints the cold time and the warm
+median against an empty Streamlit page. Target: median < 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["overview", "hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
+
+
+def render(page: str) -> float:
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600)
+    t = time.perf_counter()
+    at.run()
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py").run()
+    took = time.perf_counter() - t
+    assert not at.exception, (page, at.exception)
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store")
+    ap.add_argument("--hours", type=float, default=24.0)
+    args = ap.parse_args()
+    if args.store:
+        store = args.store
+    else:
+        from simulator import SimConfig, simulate
+
+        store = str(Path(tempfile.mkdtemp()) / "bench.sqlite")
+        simulate(SimConfig.load(hours=args.hours), store)
+    os.environ["WARMSCOPE_STORE"] = store
+    empty = Path(tempfile.mkdtemp()) / "empty.py"
+    empty.write_text("import streamlit as st\nst.title('empty')\n")
+    base = statistics.median(_time_empty(empty) for _ in range(3))
+    print(f"store {store}")
+    print(f"{'page':10s} {'cold s':>8s} {'warm median s':>14s} {'x empty':>8s}")
+    print(f"{'(empty)':10s} {base:8.3f} {base:14.3f} {1:8.1f}")
+    for p in PAGES:
+        cold = render(p)
+        warm = statistics.median(render(p) for _ in range(3))
+        print(f"{p:10s} {cold:8.2f} {warm:14.2f} {warm / base:8.1f}")
+
+
+def _time_empty(path: Path) -> float:
+    t = time.perf_counter()
+    AppTest.from_file(str(path)).run()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()
