@@ -112,6 +112,7 @@ class WarmedKey:
     warmed_at: float
     ttl_s: float | None
     gpu_s: float = 0.0  # what warming this key cost
+    labels: tuple = ()  # the run's WARMUP_LABELS values
     first_hit_at: float | None = None
     first_miss_at: float | None = None
     hits: int = 0
@@ -175,6 +176,8 @@ class Aggregator:
         self.warmup_active: dict[tuple, int] = {}
         self.errors: dict[str, int] = {s: 0 for s in schema.TELEMETRY_STAGES}
         self.gauges: dict[str, float] = {}  # last value per gauge name
+        self.warm_read: dict[tuple, int] = {}  # WARMUP_LABELS -> warmed keys read
+        self.cross_tenant: dict[str, int] = {}  # layer -> (key, extra tenant) pairs seen
         self._logged: set[str] = set()
 
     # ---------------------------------------------------------------- setup
@@ -339,6 +342,8 @@ class Aggregator:
             w.hits += 1
             if w.first_hit_at is None:
                 w.first_hit_at = self.clock()
+                if w.first_miss_at is None:  # read while still the warmed entry
+                    self.warm_read[w.labels] = self.warm_read.get(w.labels, 0) + 1
         elif w.first_miss_at is None:
             w.first_miss_at = self.clock()
 
@@ -623,6 +628,17 @@ class Aggregator:
                 else:
                     for j, v in enumerate(u):
                         a[j] += v
+        # Cross-tenant reads: one key in several tenants' sketches of a layer.
+        owners: dict[tuple, int] = {}
+        for hk, acc in hot_out.items():
+            layer = self._layer_names[hk & 0xFFF]
+            if layer in schema.SHARED_LAYERS:
+                continue
+            for key in acc:
+                owners[(layer, key)] = owners.get((layer, key), 0) + 1
+        for (layer, _), n in owners.items():
+            if n > 1:
+                self.cross_tenant[layer] = self.cross_tenant.get(layer, 0) + n - 1
         # Keep the top K per sketch.
         for hk, acc in hot_out.items():
             if len(acc) > self.hot_k:

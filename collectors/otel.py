@@ -255,6 +255,14 @@ class OTelBridge:
                     yield Observation(v, dict(zip(attrs, k)))
             return gen
 
+        def warm_read():
+            for labels, n in list(agg.warm_read.items()):
+                yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
+
+        def cross():
+            for layer, n in list(agg.cross_tenant.items()):
+                yield Observation(n, {schema.ATTR.LAYER: layer, schema.ATTR.REPLICA: agg.replica})
+
         def active():
             for labels, n in list(agg.warmup_active.items()):
                 yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
@@ -284,6 +292,8 @@ class OTelBridge:
         counter(schema.WARMUP_BYTES, warm(2))
         counter(schema.WARMUP_GPU_TIME, warm(3))
         counter(schema.TELEMETRY_ERRORS, errors)
+        counter(schema.WARMUP_KEYS_READ, warm_read)
+        counter(schema.CROSS_TENANT_KEYS, cross)
         meter.create_observable_gauge(
             schema.GPU_MEMORY.name, [self._safe(gauge(schema.GPU_MEMORY.name))], unit=schema.GPU_MEMORY.unit,
             description=schema.GPU_MEMORY.description,

@@ -49,6 +49,9 @@ __all__ = [
     "WARMUP_GPU_TIME",
     "LOAD_DURATION",
     "GPU_MEMORY",
+    "WARMUP_KEYS_READ",
+    "CROSS_TENANT_KEYS",
+    "SHARED_LAYERS",
     "TELEMETRY_ERRORS",
     "INSTRUMENTS",
     "LOOKUP_LABELS",
@@ -181,6 +184,15 @@ WARMUP_GPU_TIME = Instrument(
     "warmscope.warmup.gpu.time", "counter", "s",
     "GPU-seconds spent by warm-up runs.", WARMUP_LABELS,
 )
+WARMUP_KEYS_READ = Instrument(
+    "warmscope.warmup.keys.read", "counter", "{key}",
+    "Warmed keys read (hit) at least once: warm-set precision = read / warmed.", WARMUP_LABELS,
+)
+CROSS_TENANT_KEYS = Instrument(
+    "warmscope.cache.cross_tenant.keys", "counter", "{key}",
+    "Hot keys read by more than one tenant in a flush window (outside shared layers): a data leak.",
+    (ATTR.LAYER, ATTR.REPLICA),
+)
 LOAD_DURATION = Instrument(
     "warmscope.cache.load.duration", "histogram", "s",
     "Time to load or compute a value after a cache miss (feature/embedding load latency).",
@@ -200,8 +212,10 @@ TELEMETRY_ERRORS = Instrument(
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
     GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
-    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, LOAD_DURATION, GPU_MEMORY, TELEMETRY_ERRORS,
+    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
+    TELEMETRY_ERRORS,
 )
+SHARED_LAYERS = ("weights",)  # layers shared by design across tenants
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 

@@ -96,6 +96,7 @@ class WarmupRun:
             t = self.agg.tenants.label(tenant) if tenant is not None else (self.tenant_scope or schema.UNKNOWN)
             self.agg.add_warmed(WarmedKey(
                 self.run_id, key, b.families.family(key), t, self.layer, self.tel.clock(), ttl_s, float(gpu_s),
+                self._labels,
             ))
         except Exception as e:
             self.agg.count_error("record", "warmed key", e)

@@ -72,3 +72,22 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
         assert [s for _, s in hits] == [40.0]  # written once, not twice
     finally:
         srv2.stop()
+
+
+def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
+    from collectors import schema
+    from tests.helpers import total
+
+    tel = make_tel()
+    resp = InstrumentedCache({"resp:shared:1": 1}, layer="response", telemetry=tel)
+    weights = InstrumentedCache({"weights:m": 1}, layer="weights", telemetry=tel)
+    for t in ("a", "b", "c"):
+        with request_context(tenant=t, telemetry=tel):
+            for _ in range(3):
+                resp.get("resp:shared:1")
+                weights.get("weights:m")
+    with request_context(tenant="a", telemetry=tel):
+        resp.get("resp:own:1")
+    tel.flush()
+    assert total(tel.reader, schema.CROSS_TENANT_KEYS.name, {schema.ATTR.LAYER: "response"}) == 2
+    assert total(tel.reader, schema.CROSS_TENANT_KEYS.name, {schema.ATTR.LAYER: "weights"}) == 0

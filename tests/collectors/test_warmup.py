@@ -102,3 +102,25 @@ def test_recall_window_records_keys_seen_after_the_run(make_tel):
     warmed = set(tel.store.frame("warmed_keys").key_hash)
     # Recall = early keys that had been warmed = 1 of 3.
     assert early.key_hash.isin(warmed).sum() == 1
+
+
+def test_keys_read_counter_gives_precision_in_prometheus_terms(make_tel):
+    clock = Clock()
+    tel = make_tel(clock=clock)
+    backend = {}
+    kv = InstrumentedCache(backend, layer="prefix_kv", telemetry=tel)
+    with tel.warmup("static_topk", layer="prefix_kv", tenant="t") as run:
+        for k in ("kv:a", "kv:b", "kv:c", "kv:d"):
+            backend[k] = 1
+            run.warmed(k)
+    del backend["kv:d"]
+    with request_context(tenant="t", telemetry=tel):
+        kv.get("kv:a")
+        kv.get("kv:a")
+        kv.get("kv:b")
+        kv.get("kv:d")  # evicted: a miss, never read while warm
+        backend["kv:d"] = 1
+        kv.get("kv:d")  # a hit, but on a refilled entry
+    read = total(tel.reader, schema.WARMUP_KEYS_READ.name)
+    warmed = total(tel.reader, schema.WARMUP_KEYS.name)
+    assert (read, warmed) == (2, 4)
