@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up and run the whole test suite:  bash scripts/test.sh [pytest args]
-# Installs what the tests start (redis-server, chromium for the browser tests)
+# Installs what the tests start (redis-server, prometheus/promtool, chromium)
 # when missing; the tests
 # start them on free 127.0.0.1 ports and stop them. Under CI=true a missing
 # service fails the run instead of skipping tests.
@@ -8,5 +8,6 @@ source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
+ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for the integration test
 log "running tests"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
