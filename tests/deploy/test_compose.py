@@ -18,7 +18,7 @@ def test_stack_has_every_service_pinned_healthchecked_and_limited():
     for name, s in svc.items():
         image = s.get("image", "")
         assert image and ":" in image and not image.endswith(":latest"), name
-        assert re.search(r":\d", image), f"{name}: image tag must be a version"
+        assert re.search(r":v?\d", image), f"{name}: image tag must be a version"
         assert s.get("healthcheck", {}).get("test"), name
         assert s.get("mem_limit"), name
 
