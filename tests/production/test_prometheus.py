@@ -1,0 +1,171 @@
+"""The Prometheus source against a real Prometheus scraping the collectors
+while the simulator runs in real time; escaping and failure messages."""
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
+from analysis.sources import SourceError
+from collectors import EmbeddedStore
+from collectors.config import CollectorConfig
+from collectors.otel import build_provider, stop_server
+from simulator import SimConfig, Simulation
+from tests.conftest import free_port, need_binary, wait_until
+
+
+def _decode_literal(s: str, i: int) -> tuple[str, int]:
+    """Read the PromQL string literal starting at s[i] == '"'; return (value, end)."""
+    assert s[i] == '"'
+    out, i = [], i + 1
+    esc = {"\\": "\\", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
+    while s[i] != '"':
+        if s[i] == "\\":
+            out.append(esc[s[i + 1]])
+            i += 2
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out), i + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40), st.lists(st.text(max_size=10), min_size=1, max_size=4))
+def test_label_values_cannot_change_the_query(value, values):
+    q = selector("warmscope_cache_lookups_total", {"tenant": value, "layer": values})
+    assert q.startswith('warmscope_cache_lookups_total{warmscope_tenant="')
+    got, end = _decode_literal(q, q.index('"'))
+    assert got == value
+    rest = q[end:]
+    assert rest.startswith(', warmscope_cache_layer=~"')
+    rx, end2 = _decode_literal(rest, rest.index('"'))
+    assert rest[end2:] == "}"  # nothing after the last matcher: no injected clause
+    import re
+
+    assert all(re.fullmatch(rx, v) for v in values)
+    assert not re.fullmatch(rx, "".join(values) + "x") or "".join(values) + "x" in values
+
+
+def test_unknown_dimension_and_steps():
+    with pytest.raises(ValueError, match="cannot filter on 'tenant\\}'"):
+        selector("m", {"tenant}": "x"})
+    assert choose_step(0, 3600) == 15 and choose_step(0, 86400) == 300 and choose_step(0, 7 * 86400) == 3600
+    assert promql_string('a"b\\c\n') == '"a\\"b\\\\c\\n"'
+
+
+def test_unreachable_prometheus_is_a_clear_message():
+    src = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout=2)
+    with pytest.raises(SourceError, match=r"is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL"):
+        src.frame("lookups", 0, 3600)
+
+
+class _Odd(BaseHTTPRequestHandler):
+    mode = "html"
+
+    def do_GET(self):  # noqa: N802
+        if _Odd.mode == "slow":
+            time.sleep(3)
+        body = b"<html>not prometheus</html>" if _Odd.mode in ("html", "slow") else b'{"status":"error"}'
+        self.send_response(500 if _Odd.mode == "error" else 200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("mode, needle", [("html", "not the Prometheus API"), ("error", "refused the query"),
+                                          ("slow", "did not answer within 1 s")])
+def test_garbage_error_and_slow_answers_are_clear_messages(mode, needle):
+    srv = HTTPServer(("127.0.0.1", free_port()), _Odd)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Odd.mode = mode
+    try:
+        src = PrometheusSource(f"http://127.0.0.1:{srv.server_port}", timeout=1)
+        with pytest.raises(SourceError, match=needle):
+            src.frame("lookups", 0, 3600)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_other_frames_say_where_they_live():
+    with pytest.raises(SourceError, match="come from Redis or the embedded store"):
+        PrometheusSource("http://127.0.0.1:1").frame("hot_keys", 0, 1)
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory):
+    """Simulator in real time, scraped every second by a real Prometheus."""
+    prom_bin = need_binary("prometheus")
+    tmp = tmp_path_factory.mktemp("prom")
+    exporter_port, prom_port = free_port(), free_port()
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: warmscope\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+    prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{prom_port}"
+    try:
+        wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
+        provider, server = build_provider(CollectorConfig.load(env={}, exporter="prometheus",
+                                                               prometheus_port=exporter_port))
+        cfg = SimConfig.load(hours=20 / 3600, rps=20.0, tenants=3, replicas=1, tick_s=2.0, peak_warmup_at_h=-1)
+        t0 = time.time()
+        Simulation(cfg, tmp / "live.sqlite", meter_provider=provider, realtime=True, speed=1.0).run()
+        time.sleep(3)  # the last points get scraped
+        t1 = time.time()
+        try:  # keep the target up while the tests query: a down target's series go stale
+            yield url, EmbeddedStore(tmp / "live.sqlite", readonly=True), t0, t1
+        finally:
+            provider.shutdown()
+            stop_server(server)
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+def _instant(url, q):
+    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(q)}", timeout=5) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+def test_prometheus_counts_agree_with_the_embedded_store(live_run):
+    import urllib.parse  # noqa: F401
+
+    url, store, t0, t1 = live_run
+    lk = store.frame("lookups")
+    by_layer = lk.groupby("layer")["count"].sum()
+    got = {r["metric"]["warmscope_cache_layer"]: float(r["value"][1])
+           for r in _instant(url, "sum by (warmscope_cache_layer) (warmscope_cache_lookups_total)")}
+    assert set(got) == set(by_layer.index)
+    # The last scrape can miss at most one scrape interval (1 s) of traffic.
+    per_second = lk.groupby("layer")["count"].sum() / max(lk.ts.max() - lk.ts.min(), 1)
+    for layer, n in by_layer.items():
+        assert abs(got[layer] - n) <= 2 * per_second[layer] + 1, (layer, got[layer], n)
+
+
+def test_prometheus_source_builds_canonical_frames(live_run):
+    url, store, t0, t1 = live_run
+    src = PrometheusSource(url)
+    df = src.frame("lookups", t0 - 30, t1 + 5)
+    assert list(df.columns) == ["ts", "tenant", "layer", "family", "result", "experiment", "variant", "model",
+                                "replica", "length_bucket", "count"]
+    assert len(df) > 0 and set(df.layer) <= set(store.frame("lookups").layer)
+    st_lk = store.frame("lookups")
+    per_layer = df.groupby("layer")["count"].sum()
+    rate = st_lk.groupby("layer")["count"].sum() / max(st_lk.ts.max() - st_lk.ts.min(), 1)
+    for layer, n in st_lk.groupby("layer")["count"].sum().items():  # within one scrape interval of traffic
+        assert abs(per_layer[layer] - n) <= 2 * rate[layer] + 1, (layer, per_layer[layer], n)
+    inj = src.frame("lookups", t0 - 30, t1 + 5, filters={"tenant": 'acme"} or vector(1) #'})
+    assert inj.empty  # an injected value is just a tenant that does not exist
+    req = src.frame("requests", t0 - 30, t1 + 5)
+    assert req["requests"].sum() > 0 and req["gpu_s"].sum() > 0
