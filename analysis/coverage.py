@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .hitrate import hit_table, time_slice
-from .latency import TTFT, quantile_from_buckets
+from .latency import TTFT, all_bounds, quantile_from_buckets
 
 __all__ = ["warm_set_coverage", "read_in_time", "run_effect"]
 
@@ -118,8 +118,9 @@ def run_effect(run: Any, lookups: pd.DataFrame, histograms: pd.DataFrame, reques
         w = time_slice(ttft, s, e)
         if w.empty:
             return [np.nan] * len(qs)
-        c = w.groupby("le")["count"].sum().sort_index()
-        les = c.index.to_numpy(dtype=float)
+        c = w.groupby("le")["count"].sum()
+        les = all_bounds(TTFT, c.index)
+        c = c.reindex(les, fill_value=0)
         return [float(quantile_from_buckets(les[np.isfinite(les)], c.to_numpy(), x)[0]) for x in qs]
 
     def gpu(s, e):

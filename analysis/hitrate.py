@@ -137,7 +137,9 @@ def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[floa
     else:
         m = pd.concat([cur.add_suffix(""), base.add_suffix("_base")], axis=1)
     for c in ("hits", "lookups", "hits_base", "lookups_base"):
-        m[c] = m[c].fillna(0)
+        m[c] = pd.to_numeric(m[c], errors="coerce").fillna(0.0)  # an empty side merges as object dtype
+    for c in ("hit_rate", "hit_rate_base"):
+        m[c] = pd.to_numeric(m[c], errors="coerce")
     d, lo, hi = newcombe_diff(m["hits"].to_numpy(float), m["lookups"].to_numpy(float),
                               m["hits_base"].to_numpy(float), m["lookups_base"].to_numpy(float), z)
     pooled = (m["hits"] + m["hits_base"]) / (m["lookups"] + m["lookups_base"]).replace(0, np.nan)

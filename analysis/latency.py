@@ -16,16 +16,30 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["hist_quantile", "quantile_from_buckets", "TTFT", "DURATION"]
+__all__ = ["hist_quantile", "quantile_from_buckets", "all_bounds", "TTFT", "DURATION"]
 
 TTFT = "gen_ai.server.time_to_first_token"
 DURATION = "gen_ai.server.request.duration"
+
+
+def all_bounds(metric: str, present) -> np.ndarray:
+    """Every bucket bound of ``metric``: the schema's (the store keeps only
+    non-empty buckets, but interpolation needs each bucket's lower edge) plus
+    any others present, and +Inf last."""
+    from collectors.aggregator import HISTOGRAMS
+
+    known = {inst.name: b for inst, b in HISTOGRAMS}
+    les = {float(x) for x in present} | {float(x) for x in known.get(metric, ())}
+    les.discard(float("inf"))
+    return np.array(sorted(les) + [np.inf])
 
 
 def quantile_from_buckets(bounds: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
     """Quantile per row of ``counts`` (rows × buckets, last bucket = +Inf)."""
     counts = np.atleast_2d(np.asarray(counts, dtype=float))
     bounds = np.asarray(bounds, dtype=float)  # finite upper bounds, len = buckets - 1
+    if len(bounds) == 0:
+        return np.full(len(counts), np.nan)
     total = counts.sum(axis=1)
     cum = np.cumsum(counts, axis=1)
     rank = q * total
@@ -59,8 +73,8 @@ def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence
         return pd.DataFrame(columns=by + ["value", "count"])
     wide = h.pivot_table(index=by or None, columns="le", values="count", aggfunc="sum", fill_value=0) if by \
         else h.groupby("le")["count"].sum().to_frame().T
-    les = np.array(sorted(wide.columns.astype(float)))
-    wide = wide[les]
+    les = all_bounds(metric, wide.columns.astype(float))
+    wide = wide.reindex(columns=les, fill_value=0)
     vals = quantile_from_buckets(les[np.isfinite(les)], wide.to_numpy(), q)
     out = pd.DataFrame({"value": vals, "count": wide.to_numpy().sum(axis=1)}, index=wide.index)
     return out.reset_index() if by else out.reset_index(drop=True)

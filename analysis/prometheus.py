@@ -155,7 +155,7 @@ class PrometheusSource:
                 prev = fv
                 if d and ts > start:
                     rows.append((ts, *labels, d))
-        df = pd.DataFrame(rows, columns=["ts", *cols, value])
+        df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
             df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()
         return df

@@ -1,9 +1,13 @@
-"""Cached loaders over the active source: the only place pages get data from.
+"""Cached loaders over the active sources: the only place pages get data from.
 
-The source is the embedded store named by ``WARMSCOPE_STORE`` (default
-``var/warmscope.sqlite``). Loaders take the time range chosen in the sidebar
-and return canonical frames, or raise :class:`SourceError` with a message a
-page can show as is. Results are cached for ``TTL`` seconds (short in live mode).
+* ``WARMSCOPE_PROMETHEUS_URL`` set: lookups and requests come from Prometheus;
+* ``WARMSCOPE_REDIS_URL`` set: hot keys, A/B units and warm-up runs come from Redis;
+* everything else from the embedded store named by ``WARMSCOPE_STORE``
+  (default ``var/warmscope.sqlite``) — the only source when neither is set.
+
+Loaders take the time range chosen in the sidebar and return canonical
+frames, or raise :class:`SourceError` with a message a page can show as is.
+Results are cached for ``TTL`` seconds.
 """
 
 from __future__ import annotations
@@ -31,8 +35,51 @@ def store_path() -> str:
     return os.environ.get("WARMSCOPE_STORE") or str(CollectorConfig.load().resolved_store_path())
 
 
+_PROM_FRAMES = ("lookups", "requests")
+_REDIS_FRAMES = ("hot_keys", "warmup_runs", "warmed_keys", "early_keys")
+
+
+def prometheus_url() -> str:
+    return os.environ.get("WARMSCOPE_PROMETHEUS_URL", "")
+
+
+def redis_url() -> str:
+    return os.environ.get("WARMSCOPE_REDIS_URL", "")
+
+
 def source_label() -> str:
-    return f"embedded store · {store_path()}"
+    parts = []
+    if prometheus_url():
+        parts.append(f"Prometheus · {prometheus_url()}")
+    if redis_url():
+        parts.append(f"Redis · {redis_url()}")
+    parts.append(f"embedded store · {store_path()}")
+    return " + ".join(parts)
+
+
+@st.cache_resource(show_spinner=False)
+def _prom(url: str):
+    from analysis.prometheus import PrometheusSource
+
+    return PrometheusSource(url)
+
+
+@st.cache_resource(show_spinner=False)
+def _redis(url: str):
+    from analysis.redis_source import RedisSource
+
+    return RedisSource(url)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _remote_frame(kind: str, url: str, name: str, start: float | None, end: float | None) -> pd.DataFrame:
+    from analysis.sources import SourceError as AnalysisSourceError
+
+    try:
+        src = _prom(url) if kind == "prometheus" else _redis(url)
+        return src.frame(name, start, end)
+    except AnalysisSourceError as e:
+        raise SourceError(str(e)) from None
 
 
 def _store(path: str) -> EmbeddedStore:
@@ -58,7 +105,15 @@ def _mtime(path: str) -> float:
 
 
 def frame(name: str, start: float | None = None, end: float | None = None) -> pd.DataFrame:
+    if prometheus_url() and name in _PROM_FRAMES:
+        return _remote_frame("prometheus", prometheus_url(), name, start, end)
+    if redis_url() and name in _REDIS_FRAMES:
+        return _remote_frame("redis", redis_url(), name, start, end)
     path = store_path()
+    if (prometheus_url() or redis_url()) and not Path(path).exists():
+        from collectors.store import _TABLES
+
+        return pd.DataFrame(columns=list(_TABLES.get(name, ())))  # not collected in this deployment
     return _frame(path, name, start, end, _mtime(path))
 
 
@@ -74,7 +129,19 @@ def _units(path: str, experiment: str, mtime: float) -> pd.DataFrame:
         raise SourceError(str(e)) from None
 
 
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _redis_units(url: str, experiment: str) -> pd.DataFrame:
+    from analysis.sources import SourceError as AnalysisSourceError
+
+    try:
+        return _redis(url).units(experiment)
+    except AnalysisSourceError as e:
+        raise SourceError(str(e)) from None
+
+
 def units(experiment: str) -> pd.DataFrame:
+    if redis_url():
+        return _redis_units(redis_url(), experiment)
     path = store_path()
     return _units(path, experiment, _mtime(path))
 
@@ -87,7 +154,13 @@ def _bounds(path: str, mtime: float) -> tuple[float, float] | None:
 
 
 def time_bounds() -> tuple[float, float] | None:
-    """(first, last) lookup timestamp in the store, or None when it is empty."""
+    """(first, last) lookup timestamp, or None when there is no data. With
+    Prometheus: the last week up to now (its retention decides what is there)."""
+    if prometheus_url():
+        import time
+
+        now = time.time()
+        return now - 7 * 86400, now
     path = store_path()
     return _bounds(path, _mtime(path))
 
@@ -99,5 +172,10 @@ def _experiments(path: str, mtime: float) -> list[str]:
 
 
 def experiments() -> list[str]:
+    if redis_url():
+        try:
+            return sorted(_redis(redis_url()).r.smembers("ws:ab:experiments"))
+        except Exception as e:  # redis errors: say it, don't crash the page
+            raise SourceError(f"Redis at {redis_url()} cannot list experiments: {e}") from None
     path = store_path()
     return _experiments(path, _mtime(path))

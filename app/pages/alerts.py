@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import os
+import urllib.request
+
 import streamlit as st
 
 from analysis.alerts import evaluate
 from app import ui
 
 st.title("Alerts")
+am = os.environ.get("WARMSCOPE_ALERTMANAGER_URL", "")
+if am:
+    try:
+        with urllib.request.urlopen(f"{am.rstrip('/')}/api/v2/alerts?active=true", timeout=5) as r:
+            active = json.loads(r.read())
+        st.subheader(f"Firing in Alertmanager ({am})")
+        if not active:
+            st.success("Alertmanager has no active alerts.")
+        for a in active:
+            lab, ann = a.get("labels", {}), a.get("annotations", {})
+            st.warning(f"**{lab.get('alertname', '?')}** ({lab.get('severity', '')}) · {ann.get('summary', '')}")
+    except (OSError, ValueError) as e:
+        st.warning(f"Alertmanager at {am} could not be read ({e}); showing the conditions evaluated here instead.")
 start, end = ui.time_range()
 fr = ui.load(["lookups", "writes", "hot_keys", "warmup_runs", "warmed_keys", "early_keys"], start, end)
-st.caption("Embedded mode: the conditions of the Prometheus alerting rules, evaluated by the analysis over the "
-           "selected range (the latest third against the third before it).")
+st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "
+           "(the latest third against the third before it).")
 alerts = evaluate(fr, start, end)
 if alerts.empty:
     st.success("No alert conditions hold in this range.")

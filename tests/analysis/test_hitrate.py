@@ -104,3 +104,9 @@ def test_hit_table_properties(rs, freq):
     assert ((ok.ci_low <= ok.hit_rate + 1e-12) & (ok.hit_rate <= ok.ci_high + 1e-12)).all()
     assert t[t.lookups == 0].hit_rate.isna().all()
     assert t.hits.sum() == sum(r[4] for r in rs if r[3] == "hit")
+
+
+def test_change_with_an_empty_baseline_window_is_nan_not_a_crash():
+    df = lk([(150, "a", "kv", "hit", 5)])
+    c = hit_rate_change(df, by=["layer"], window=(100, 200)).iloc[0]
+    assert c.rate == 1 and np.isnan(c.baseline_rate) and np.isnan(c.p_value)

@@ -26,15 +26,16 @@ def _hist(rows):
 
 
 def test_hist_quantile_groups_and_window():
-    h = _hist([(60, TTFT, "A", 1.0, 2), (60, TTFT, "A", 2.0, 6), (60, TTFT, "A", 4.0, 2),
-               (60, TTFT, "B", 1.0, 10), (120, TTFT, "B", 4.0, 10), (60, "other", "A", 1.0, 99)])
-    q = hist_quantile(h, 0.5, TTFT, by=["variant"]).set_index("variant")
+    M = "test.latency"  # not a schema metric: only the bounds present are known
+    h = _hist([(60, M, "A", 1.0, 2), (60, M, "A", 2.0, 6), (60, M, "A", 4.0, 2),
+               (60, M, "B", 1.0, 10), (120, M, "B", 4.0, 10), (60, "other", "A", 1.0, 99)])
+    q = hist_quantile(h, 0.5, M, by=["variant"]).set_index("variant")
     assert q.loc["A", "value"] == pytest.approx(1.5) and q.loc["A", "count"] == 10
     assert q.loc["B", "value"] == pytest.approx(1.0)  # 10 of 20 in (0, 1]
-    q2 = hist_quantile(h, 0.5, TTFT, by=["variant"], end=60).set_index("variant")
+    q2 = hist_quantile(h, 0.5, M, by=["variant"], end=60).set_index("variant")
     assert q2.loc["B", "value"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="quantile must be in"):
-        hist_quantile(h, 95, TTFT)
+        hist_quantile(h, 95, M)
     assert hist_quantile(h.iloc[0:0], 0.5).empty
 
 
@@ -47,3 +48,16 @@ def test_quantiles_are_monotone(counts):
         assert all(np.isnan(qs))
     else:
         assert all(x <= y + 1e-12 for x, y in zip(qs, qs[1:]))
+
+
+def test_missing_empty_buckets_do_not_move_the_quantile():
+    # The store keeps only non-empty buckets; the lower edge must still be the schema's previous bound.
+    from analysis.latency import all_bounds
+    from collectors.schema import TTFT_BUCKETS
+
+    h = _hist([(60, TTFT, "A", 1.0, 10)])  # all ten observations in (0.75, 1.0]
+    q = hist_quantile(h, 0.5, TTFT).value.iloc[0]
+    assert q == pytest.approx(0.75 + 0.25 * 0.5)
+    only_overflow = _hist([(60, TTFT, "A", float("inf"), 3)])
+    assert hist_quantile(only_overflow, 0.5, TTFT).value.iloc[0] == TTFT_BUCKETS[-1]
+    assert list(all_bounds("unknown.metric", [2.0, 1.0, float("inf")])) == [1.0, 2.0, float("inf")]

@@ -107,3 +107,17 @@ def test_cli_demo_fills_an_empty_store_once(tmp_path):
     assert n > 0
     assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     assert EmbeddedStore(path).counts()["lookups"] == n
+
+
+@pytest.mark.parametrize("page", ["overview", "hitrate", "alerts"])
+def test_prometheus_down_is_a_clear_message(tmp_path, monkeypatch, page):
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("WARMSCOPE_PROMETHEUS_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WARMSCOPE_ALERTMANAGER_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WARMSCOPE_STORE", str(tmp_path / "none.sqlite"))
+    at = AppTest.from_file(MAIN, default_timeout=60).run()
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception
+    assert "is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL" in at.error[0].value

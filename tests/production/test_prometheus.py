@@ -169,3 +169,21 @@ def test_prometheus_source_builds_canonical_frames(live_run):
     assert inj.empty  # an injected value is just a tenant that does not exist
     req = src.frame("requests", t0 - 30, t1 + 5)
     assert req["requests"].sum() > 0 and req["gpu_s"].sum() > 0
+
+
+def test_dashboard_reads_lookups_from_prometheus(live_run, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    url, store, t0, t1 = live_run
+    monkeypatch.setenv("WARMSCOPE_PROMETHEUS_URL", url)
+    monkeypatch.setenv("WARMSCOPE_STORE", str(store.path))
+    main = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+    at = AppTest.from_file(main, default_timeout=120).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    shown = int({m.label: m.value for m in at.metric}["Lookups"].replace(",", ""))
+    lk = store.frame("lookups")
+    expected = lk[lk.result.isin(["hit", "miss"])]["count"].sum()
+    assert abs(shown - expected) <= 0.05 * expected + 20
+    assert "Prometheus" in at.sidebar.caption[0].value
