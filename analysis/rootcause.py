@@ -117,7 +117,8 @@ def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.1
             e_, o_ = cur[m].sum(), h[m].sum()
             if e_ > 0:
                 kids.append((v, m, e_, o_, z_of(o_, e_, m)))
-        moved = [(v, m, e_, o_) for v, m, e_, o_, z in kids if abs(z) >= z_min]
+        direction = np.sign(h[member].sum() - tot)
+        moved = [(v, m, e_, o_) for v, m, e_, o_, z in kids if abs(z) >= z_min and np.sign(z) == direction]
         if not moved:
             continue
         k_moved = sum(o for *_, o in moved) / sum(e for _, _, e, _ in moved)
