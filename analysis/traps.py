@@ -37,12 +37,13 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from collectors.schema import SHARED_LAYERS  # shared by design across tenants
+
 from .coverage import read_in_time
 from .hitrate import time_slice
 
 __all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS"]
 
-SHARED_LAYERS = ("weights",)  # shared by design across tenants
 Frames = Mapping[str, pd.DataFrame]
 Window = tuple[float, float]
 
