@@ -127,6 +127,12 @@ def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.1
             # Unmoved only where the others' move would have shown: low-traffic children prove nothing.
             if abs(z) < 2 and abs(z_of(k_moved * e_, e_, m)) >= z_min:
                 still_share += e_ / tot
+        # Children carrying a small part of the element's move are noise or
+        # knock-on effects, not where the fault sits.
+        dev = abs(h[member].sum() - tot)
+        moved = [x for x in moved if abs(x[3] - x[2]) >= 0.1 * dev]
+        if not moved:
+            continue
         if still_share >= unmoved_share and (best is None or still_share > best[0]):
             # Keep the split only if the moved children, each with its own
             # ratio (the rest as expected), fit the data better than the whole
