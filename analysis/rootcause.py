@@ -90,7 +90,7 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
-def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.15):
+def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.10):
     """Split an element by one more dimension when some of its children clearly
     did not move — |z| < 2 although a move like the others' would have been
     detectable there — they hold at least ``unmoved_share`` of its expected
@@ -133,17 +133,17 @@ def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.1
         moved = [x for x in moved if abs(x[3] - x[2]) >= 0.1 * dev]
         if not moved:
             continue
-        if still_share >= unmoved_share and (best is None or still_share > best[0]):
+        if still_share >= unmoved_share:
             # Keep the split only if the moved children, each with its own
             # ratio (the rest as expected), fit the data better than the whole
-            # element moving by one ratio.
+            # element moving by one ratio; of several dimensions, the best fit.
             k_all = h[member].sum() / tot
             whole = float(np.sum((h[member] - k_all * cur[member]) ** 2))
             split = float(np.sum((h[member] - cur[member]) ** 2))
             for _, m, e_, o_ in moved:
                 split += float(np.sum((h[m] - (o_ / e_) * cur[m]) ** 2) - np.sum((h[m] - cur[m]) ** 2))
-            if split < whole:
-                best = (still_share, d, [(v, m) for v, m, _, _ in moved])
+            if split < whole and (best is None or split < best[0]):
+                best = (split, d, [(v, m) for v, m, _, _ in moved])
     if best is None:
         return None
     _, d, moved = best

@@ -15,7 +15,8 @@ for a replica restart). Scores:
   conversation blocks lose their prefix too; + {family=resp:X:*} for
   cacheable ones); kv_fixed_len(replica r, min m) → {replica=r,
   length_bucket=b} for each prompt bucket b ≤ m seen on r, or {replica=r,
-  layer=prefix_kv} when those buckets are ≥ 85% of its prefix lookups;
+  layer=prefix_kv} when those buckets are ≥ 90% of its prefix lookups (the
+  localiser reports a cause whole unless ≥ 10% of it clearly did not move);
   warmup_out_of_step(replica r) → {replica=r} (or {replica=r, layer=weights}:
   a restart shows mostly as unloaded weights). A predicted element also
   matches when it selects exactly the same leaves (a key family only one
@@ -57,12 +58,14 @@ class Scenario:
     rca: bool = True
 
 
-def scenarios(n: int = 36) -> list[Scenario]:
+def scenarios(n: int = 36, seed: int = 2026) -> list[Scenario]:
+    """Scenario set ``seed`` (2026 is the development set; others are held out)."""
     out: list[Scenario] = []
-    rng = np.random.default_rng(2026)
+    rng = np.random.default_rng(seed)
     layers = ["response", "embedding", "prefix_kv"]
     i = 0
-    worlds = [(100 + w, float(rng.choice([4.0, 6.0, 8.0])), int(rng.choice([4, 6, 8]))) for w in range(max(1, n // 3))]
+    base = 100 if seed == 2026 else 1000 + (seed % 1000) * 100  # held-out sets simulate other worlds
+    worlds = [(base + w, float(rng.choice([4.0, 6.0, 8.0])), int(rng.choice([4, 6, 8]))) for w in range(max(1, n // 3))]
     while len(out) < n:
         seed, rps, nt = worlds[i % len(worlds)]
         ten = make_tenants(SimConfig.load(tenants=nt, seed=seed), np.random.default_rng(seed))
@@ -125,7 +128,7 @@ def expected(spec: str, lookups: pd.DataFrame, t0: float) -> set[frozenset]:
         w = lookups[(lookups.ts > t0 + f.start) & (lookups.ts <= t0 + f.end) & (lookups.layer == "prefix_kv")
                     & (lookups.replica == s["replica"])]
         short = w.length_bucket.str.isdigit() & (pd.to_numeric(w.length_bucket, errors="coerce") <= m)
-        if w.loc[short, "count"].sum() >= 0.85 * w["count"].sum():
+        if w.loc[short, "count"].sum() >= 0.90 * w["count"].sum():
             return {frozenset({("replica", s["replica"]), ("layer", "prefix_kv")})}
         buckets = set(w.loc[short, "length_bucket"].unique())
         return {frozenset({("replica", s["replica"]), ("length_bucket", b)}) for b in buckets}
@@ -211,16 +214,17 @@ def run(sc: Scenario, tmp: Path) -> dict:
     return row
 
 
-def evaluate(n: int = 36, tmp: Path | None = None) -> pd.DataFrame:
+def evaluate(n: int = 36, tmp: Path | None = None, seed: int = 2026) -> pd.DataFrame:
     tmp = tmp or Path(tempfile.mkdtemp())
-    return pd.DataFrame([run(sc, tmp) for sc in scenarios(n)])
+    return pd.DataFrame([run(sc, tmp) for sc in scenarios(n, seed)])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenarios", type=int, default=36)
+    ap.add_argument("--set", type=int, default=2026, help="scenario set seed (2026: development; others: held out)")
     args = ap.parse_args()
-    df = evaluate(args.scenarios)
+    df = evaluate(args.scenarios, seed=args.set)
     pd.set_option("display.width", 200, "display.max_colwidth", 70)
     print(df[["scenario", "f1", "trap_ok", "detected"]].to_string(index=False))
     rca = df["f1"].dropna()
