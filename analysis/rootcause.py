@@ -8,34 +8,32 @@ Output: a ranked set of root-cause *elements*, each a combination of
 dimension values such as ``{tenant=t3, layer=prefix_kv}``.
 
 Method. The published localisers split into search-by-explanatory-power
-(Adtributor: one dimension only; iDice, HotSpot: Monte-Carlo search over
-combinations) and deviation-clustering methods (Squeeze, RiskLoc), which lead
-on multi-dimensional, multi-element benchmarks. This module follows the
-second family, combining Squeeze's *generalised ripple effect* (the leaves
-under one root cause share one relative deviation) with RiskLoc's use of the
-abnormal/normal leaf split to score elements:
+(Adtributor: one dimension only; iDice, HotSpot: search over combinations)
+and deviation-clustering methods (Squeeze, RiskLoc), which lead on
+multi-dimensional, multi-element benchmarks. This module scores candidates by
+HotSpot's *potential score* under Squeeze's *generalised ripple effect* (the
+leaves under one root cause move by one common ratio), searched greedily
+rather than by Monte-Carlo:
 
-1. each leaf gets a relative deviation ``d`` (observed vs expected); for
-   ratio measures also a binomial z-score, so a leaf with a handful of lookups
-   is not mistaken for a cause;
-2. leaves that deviate in the direction of the total change by more than the
-   noise of the bulk (``|z| > z_min`` and ``|d|`` above a robust MAD cut) are
-   *abnormal*;
-3. every element of 1–``max_depth`` dimensions that contains an abnormal leaf
-   is scored by F1 of purity (share of its leaves that are abnormal — leaves
-   with no room to move the way the total moved, like a hit rate expected at
-   0 in a drop, are neutral) and coverage (share of the change carried by the
-   abnormal leaves it holds);
-4. greedy cover: take the element whose ripple best explains the change (the
-   shallower one on a near tie — succinctness); if some of its children by
-   one more dimension clearly did not move, keep only the children that did
-   (the fault sat below the element); remove its leaves, rescore, and stop
-   when no element explains a further ``min_gain`` of the change or its move
-   is within noise. A cause moves the measure in the direction of the total
-   change; given traffic volumes (``v_vol``/``f_vol``), an element whose
-   traffic grew by more than ``max_volume_growth`` is taken for downstream
-   pressure — more misses upstream send more lookups down the request path —
-   and not offered as a cause.
+1. work on the part that moved: hits at the observed lookups (ratio measures)
+   or the measure itself (additive);
+2. for every element of 1–``max_depth`` dimensions, the potential score is
+   ``1 − ‖observed − a‖ / ‖observed − expected‖``, where ``a`` moves the
+   element's leaves by its own ratio and keeps the rest as expected; computed
+   from per-element sums, so one groupby per dimension subset;
+3. greedy cover: take the element with the largest gain (a small penalty per
+   extra dimension — succinctness); keep only elements that move the measure
+   the way the total moved, beyond binomial noise (``z_min``, ratios), and —
+   given traffic volumes (``v_vol``/``f_vol``) — whose traffic did not grow by
+   more than ``max_volume_growth`` (grown traffic is downstream pressure from
+   misses upstream, an effect, not a cause);
+4. refinement: if at least 10% of the chosen element's expected value sits in
+   children (by one more dimension) that clearly did not move although a move
+   like the others' would have shown, and the moved children fit better each
+   with its own ratio, report the moved children instead (the fault sat below
+   the element);
+5. apply the chosen ripple, remove those leaves, repeat until no element adds
+   ``min_gain``.
 
 Each cause carries its score and its *explanatory power*: the share of the
 total change that reverting its leaves to expected would undo (for ratios,
@@ -187,21 +185,12 @@ def localize(
         with np.errstate(invalid="ignore", divide="ignore"):
             o = np.where(vd > 0, vn / vd, np.nan)
             e = np.where(fd > 0, fn / fd, np.nan)
-            d = np.where(np.isfinite(o) & np.isfinite(e), (o - e) / np.maximum(np.abs(e), 1e-9), 0.0)
-            pe = np.clip(np.where(np.isfinite(e), e, 0.5), 0.01, 0.99)
-            z = np.where(np.isfinite(o) & np.isfinite(e), (o - e) / np.sqrt(pe * (1 - pe) / np.maximum(vd, 1)),
-                         0.0)
             # A leaf's share of the change: what reverting it alone would undo.
             contrib = np.where(np.isfinite(o) & np.isfinite(e), (o - e) * vd, 0.0)
         measure = f"{v_num}/{v_den}"
     else:
         ov, ev = L[v].to_numpy(float), L[f].to_numpy(float)
         obs_t, exp_t = float(ov.sum()), float(ev.sum())
-        with np.errstate(invalid="ignore", divide="ignore"):
-            d = 2 * (ov - ev) / np.maximum(ov + ev, 1e-9)
-        # An additive measure's noise model is unknown (counts, latency sums…):
-        # the robust cut on d below carries the whole test.
-        z = np.full(len(d), np.inf)
         contrib = ov - ev
         measure = v
     total = float(np.nansum(contrib))
@@ -290,46 +279,4 @@ def localize(
     loc.abnormal_leaves = int(taken.sum())
     if not loc.causes:
         loc.notes.append("no combination of dimension values explains the change beyond noise")
-    return loc
-    keys = {c: L[c].astype(str).to_numpy() for c in dims}
-    alive = np.ones(len(L), dtype=bool)
-    remaining = weight.sum()
-    w_total = remaining
-    subsets = [s for k in range(1, max_depth + 1) for s in itertools.combinations(dims, k)]
-    while len(loc.causes) < max_causes and remaining > 0.02 * w_total:
-        best = None
-        act = alive & abnormal
-        if not act.any():
-            break
-        frame = pd.DataFrame({c: keys[c] for c in dims})
-        frame["_alive"] = alive
-        frame["_el"] = alive & (eligible | act)
-        frame["_ab"] = act
-        frame["_w"] = np.where(act, weight, 0.0)
-        A = frame["_w"].sum()
-        for sub in subsets:
-            g = frame[frame["_alive"]].groupby(list(sub), sort=False).agg(n=("_el", "sum"), a=("_ab", "sum"),
-                                                                          w=("_w", "sum"))
-            g = g[g["a"] > 0]
-            if g.empty:
-                continue
-            purity = (g["a"] / g["n"]).to_numpy()
-            cover = (g["w"] / A).to_numpy()
-            f1 = 2 * purity * cover / (purity + cover)
-            i = int(np.argmax(f1 - 1e-3 * len(sub)))
-            cand = (f1[i] - 1e-3 * len(sub), f1[i], purity[i], sub,
-                    g.index[i] if len(sub) > 1 else (g.index[i],), int(g["n"].iloc[i]), int(g["a"].iloc[i]))
-            if best is None or cand[0] > best[0]:
-                best = cand
-        if best is None or best[2] < min_purity:
-            break
-        _, f1, purity, sub, vals, n, a = best
-        member = np.ones(len(L), dtype=bool)
-        for c, val in zip(sub, vals):
-            member &= keys[c] == str(val)
-        # Explanatory power: the share of the total change these leaves carry.
-        ep = float(np.nansum(contrib[member & alive]) / total)
-        loc.causes.append(RootCause({c: str(val) for c, val in zip(sub, vals)}, float(f1), ep, n, a))
-        alive &= ~member
-        remaining = weight[alive & abnormal].sum()
     return loc

@@ -69,7 +69,6 @@ def scenarios(n: int = 36, seed: int = 2026) -> list[Scenario]:
     while len(out) < n:
         seed, rps, nt = worlds[i % len(worlds)]
         ten = make_tenants(SimConfig.load(tenants=nt, seed=seed), np.random.default_rng(seed))
-        names = [t.name for t in ten]
         used = sorted({TEMPLATES[j].name for t in ten for j in t.templates})
         # (tenant, layer) pairs that exist: embedding needs a RAG template, response a cacheable one.
         pairs = [(x.name, layer) for x in ten for layer in layers
@@ -94,7 +93,7 @@ def scenarios(n: int = 36, seed: int = 2026) -> list[Scenario]:
             t2 = str(rng.choice([x for x in cacheable if x != tl[0]]))
             f = [f"bypass:tenant={tl[0]},layer={tl[1]}@00:45-01:15", f"key_explosion:tenant={t2}@00:45-01:15"]
         elif kind == 6:
-            f = [f"tenant_isolation:layer=response@00:45-01:15"]
+            f = ["tenant_isolation:layer=response@00:45-01:15"]
         elif kind == 7:
             f = [f"warmup_timing:replica=b-{rng.integers(0, 2)},layer=response@00:45-01:15;ttl_s=60"]
         else:

@@ -3,7 +3,7 @@
 import math
 
 import numpy as np
-import pandas as pd
+
 import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
