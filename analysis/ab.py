@@ -146,57 +146,79 @@ class Ratio:
 
 @dataclass(frozen=True)
 class Quantile:
-    """Per-unit histogram counts (units × buckets, last = overflow) and bounds."""
+    """A quantile of per-unit histograms (bounds; last bucket = overflow), kept
+    as sums over units so that arms add and a store can maintain them: with
+    h_uk unit u's count in bucket k, N_u = Σ_k h_uk and C_uk = Σ_{j<k} h_uj,
+
+    ``pooled`` Σ_u h_uk, ``nn`` Σ N_u², ``cc`` Σ C_uk², ``cd`` Σ C_uk·h_uk,
+    ``dd`` Σ h_uk², ``cn`` Σ C_uk·N_u, ``dn`` Σ h_uk·N_u (per bucket k) and
+    ``n`` the units with at least one observation.
+
+    That is everything the clustered share-below variance needs at any q̂
+    (the share of unit u below q̂ in bucket k is C_uk + f·h_uk).
+    :meth:`from_units` builds it from a units × buckets count matrix."""
 
     q: float
     bounds: tuple[float, ...]
-    counts: np.ndarray = field(repr=False)
+    n: int
+    pooled: np.ndarray = field(repr=False)
+    nn: float = field(repr=False)
+    cc: np.ndarray = field(repr=False)
+    cd: np.ndarray = field(repr=False)
+    dd: np.ndarray = field(repr=False)
+    cn: np.ndarray = field(repr=False)
+    dn: np.ndarray = field(repr=False)
+
+    @classmethod
+    def from_units(cls, q: float, bounds: Sequence[float], counts) -> "Quantile":
+        c = np.asarray(counts, dtype=float).reshape(-1, len(bounds) + 1)
+        tot = c.sum(axis=1)
+        cum = np.cumsum(c, axis=1) - c  # C_uk: the unit's observations in buckets below k
+        return cls(float(q), tuple(bounds), int((tot > 0).sum()), c.sum(axis=0), float(tot @ tot),
+                   (cum * cum).sum(axis=0), (cum * c).sum(axis=0), (c * c).sum(axis=0), tot @ cum, tot @ c)
 
     def __add__(self, o: "Quantile") -> "Quantile":
-        return Quantile(self.q, self.bounds, np.vstack([self.counts, o.counts]))
-
-    @property
-    def n(self) -> int:
-        return int((self.counts.sum(axis=1) > 0).sum())
+        return Quantile(self.q, self.bounds, self.n + o.n, self.pooled + o.pooled, self.nn + o.nn,
+                        self.cc + o.cc, self.cd + o.cd, self.dd + o.dd, self.cn + o.cn, self.dn + o.dn)
 
     @property
     def estimate(self) -> float:
-        return float(quantile_from_buckets(np.array(self.bounds), self.counts.sum(axis=0), self.q)[0])
+        return float(quantile_from_buckets(np.array(self.bounds), self.pooled, self.q)[0])
 
     def _share_below(self):
         """(q̂, clustered SE of the share of observations <= q̂, density at q̂)."""
-        c = self.counts[self.counts.sum(axis=1) > 0].astype(float)
-        if len(c) < 2:
-            return float("nan"), float("nan"), float("nan"), c
+        if self.n < 2:
+            return float("nan"), float("nan"), float("nan")
         b = np.array(self.bounds)
         qhat = self.estimate
         # Share of each unit's observations <= q̂, uniform inside the bucket holding q̂.
         k = int(np.searchsorted(b, qhat, side="left"))
         lo = b[k - 1] if k > 0 else 0.0
         hi = b[k] if k < len(b) else lo
-        frac = (qhat - lo) / (hi - lo) if hi > lo else 1.0
-        below = c[:, :k].sum(axis=1) + frac * c[:, k]
-        r = Ratio.from_units(below, c.sum(axis=1))
-        dens = c[:, k].sum() / c.sum() / (hi - lo) if hi > lo else float("nan")
-        return qhat, math.sqrt(r.var_of_estimate()), dens, c
+        f = (qhat - lo) / (hi - lo) if hi > lo else 1.0
+        total = float(self.pooled.sum())
+        below = float(self.pooled[:k].sum()) + f * self.pooled[k]
+        r = Ratio(self.n, below, total, self.cc[k] + 2 * f * self.cd[k] + f * f * self.dd[k], self.nn,
+                  self.cn[k] + f * self.dn[k])
+        dens = self.pooled[k] / total / (hi - lo) if hi > lo else float("nan")
+        return qhat, math.sqrt(r.var_of_estimate()), dens
 
     def outer_ci(self, z: float = Z95) -> tuple[float, float, float]:
         """(estimate, lower, upper) by Deng et al.'s outer CI (clustered variance)."""
-        qhat, se, _, c = self._share_below()
+        qhat, se, _ = self._share_below()
         if not np.isfinite(se):
             return float("nan"), float("nan"), float("nan")
         b = np.array(self.bounds)
         p = float(np.clip(self.q, 0, 1))
-        pooled = c.sum(axis=0)
-        lo_q = float(quantile_from_buckets(b, pooled, float(np.clip(p - z * se, 0, 1)))[0])
-        hi_q = float(quantile_from_buckets(b, pooled, float(np.clip(p + z * se, 0, 1)))[0])
+        lo_q = float(quantile_from_buckets(b, self.pooled, float(np.clip(p - z * se, 0, 1)))[0])
+        hi_q = float(quantile_from_buckets(b, self.pooled, float(np.clip(p + z * se, 0, 1)))[0])
         return qhat, lo_q, hi_q
 
     def var_of_estimate(self) -> float:
         """σ_p² / f̂(q̂)²: the share's clustered variance over the squared
         histogram density at q̂. Near a bucket edge the outer interval is
         lopsided, and half its width would overstate the error."""
-        _, se, dens, _ = self._share_below()
+        _, se, dens = self._share_below()
         return (se / dens) ** 2 if np.isfinite(se) and dens and np.isfinite(dens) else float("nan")
 
 

@@ -37,12 +37,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from collectors.ab_moments import BUCKET_S, NB, bucket_of
 from collectors.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
 from .hitrate import hit_table
 
-__all__ = ["ABReport", "build_report", "build_from_series", "render_markdown", "render_html", "metric_stats",
+__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "build_from_series", "render_markdown", "render_html", "metric_stats",
            "DEFAULT_PRIMARY"]
 
 DEFAULT_PRIMARY = "latency per request (s)"
@@ -89,8 +90,8 @@ def metric_stats(u: pd.DataFrame, only: str | None = None) -> dict[str, object]:
         "latency per request (s)": lambda: Ratio.from_units(u["latency_sum"], req),
         "TTFT per request (s)": lambda: Ratio.from_units(u["ttft_sum"], req),
         "SLA met per request": lambda: Ratio.from_units(u["sla_met"], req),
-        "P95 latency (s)": lambda: Quantile(0.95, tuple(DURATION_BUCKETS), hist()),
-        "P99 latency (s)": lambda: Quantile(0.99, tuple(DURATION_BUCKETS), hist()),
+        "P95 latency (s)": lambda: Quantile.from_units(0.95, DURATION_BUCKETS, hist()),
+        "P99 latency (s)": lambda: Quantile.from_units(0.99, DURATION_BUCKETS, hist()),
     })
     return {k: f() for k, f in makers.items() if only is None or k == only}
 
@@ -125,25 +126,11 @@ def _verdict(rep: ABReport, prim: Result | None) -> str:
     return f"No significant difference on {prim.metric} ({rel}, p = {prim.p_value:.2g}){mde}."
 
 
-def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: str = "B",
-                 primary: str = DEFAULT_PRIMARY, planned: Sequence[float] = (0.5, 0.5),
-                 requests: pd.DataFrame | None = None, alpha: float = 0.05, target_rel: float = 0.02,
-                 over_time_points: int = 12) -> ABReport:
-    """Everything the report shows, from ``EmbeddedStore.units(experiment)`` rows."""
-    u = units[units["experiment"] == experiment] if len(units) else units
-    counts = {v: int((u["variant"] == v).sum()) for v in (control, treatment)} if len(u) else {}
-    rep = ABReport(experiment, control, treatment, "unit records", counts, None, None, [], primary, "", None, 0.0)
-    if u.empty:
-        rep.error = f"no unit records for experiment {experiment!r}; is the experiment name right?"
-        rep.verdict = _verdict(rep, None)
-        return rep
-    rep.srm_units = srm([counts[control], counts[treatment]], planned, what="units")
-    if requests is not None and len(requests):
-        rq = requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum()
-        rep.srm_requests = srm([rq.get(control, 0), rq.get(treatment, 0)], planned, what="requests")
-    a, b = u[u["variant"] == control], u[u["variant"] == treatment]
-    rep.days_observed = max((u["last_ts"].max() - u["first_ts"].min()) / 86400.0, 1e-9)
-    sa, sb = metric_stats(a), metric_stats(b)
+def _finish(rep: ABReport, sa: dict, sb: dict, primary: str, alpha: float, target_rel: float, has_pre: bool,
+            cumulative) -> ABReport:
+    """Tests, adjustments, power, the over-time curve and the verdict, shared by
+    the unit-row and the moments paths. ``cumulative()`` yields (t, stats_a,
+    stats_b) for units that arrived before t."""
     if primary not in sa:
         rep.warnings.append(f"primary metric {primary!r} not found; using {DEFAULT_PRIMARY!r}")
         rep.primary = primary = DEFAULT_PRIMARY
@@ -155,31 +142,148 @@ def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treat
     rep.results = sorted(results, key=lambda r: (not r.primary, r.metric))
     prim = next((r for r in rep.results if r.primary), None)
     rep.power = power(sa[primary], sb[primary], rep.days_observed, target_rel) if prim else None
-    rep.effect_over_time = _over_time(u, control, treatment, primary, over_time_points, alpha)
-    pre = [c for c in u.columns if c.startswith("pre_")]
-    if not pre:
+    rows = []
+    for t, a, b in cumulative(primary):
+        if a.n < 2 or b.n < 2:
+            continue
+        r = compare(primary, a, b, alpha)
+        rows.append((t, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect))
+    rep.effect_over_time = pd.DataFrame(rows, columns=["t", "effect", "low", "high", "seq_low", "seq_high",
+                                                       "abs_effect"])
+    if not has_pre:
         rep.warnings.append("CUPED not applied: the unit records carry no pre-period values (pre_<metric> "
                             "columns); analysis.ab.cuped adjusts a metric when they exist")
     rep.verdict = _verdict(rep, prim)
     return rep
 
 
-def _over_time(u: pd.DataFrame, control: str, treatment: str, metric: str, points: int, alpha: float):
-    """The primary metric's cumulative effect as units arrived (first_ts)."""
-    t0, t1 = u["first_ts"].min(), u["first_ts"].max()
-    if not np.isfinite(t0) or t1 <= t0:
-        return pd.DataFrame(columns=["t", "effect", "low", "high", "seq_low", "seq_high"])
-    rows = []
+def _points(buckets: np.ndarray, points: int) -> np.ndarray:
+    """Over-time points: ends of arrival buckets (``BUCKET_S``), at most ``points``, evenly picked."""
+    ends = np.unique(buckets) + BUCKET_S
+    if len(ends) == 0:
+        return ends
+    return ends[np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))]
+
+
+def _start(units: dict[str, int], experiment: str, control: str, treatment: str, primary: str,
+           planned: Sequence[float], request_totals: dict[str, float] | None) -> ABReport:
+    rep = ABReport(experiment, control, treatment, "unit records", units, None, None, [], primary, "", None, 0.0)
+    rep.srm_units = srm([units[control], units[treatment]], planned, what="units")
+    if request_totals:
+        rep.srm_requests = srm([request_totals.get(control, 0), request_totals.get(treatment, 0)], planned,
+                               what="requests")
+    return rep
+
+
+def _empty(experiment: str, control: str, treatment: str, primary: str, units: dict) -> ABReport:
+    rep = ABReport(experiment, control, treatment, "unit records", units, None, None, [], primary, "", None, 0.0)
+    rep.error = f"no unit records for experiment {experiment!r}; is the experiment name right?"
+    rep.verdict = _verdict(rep, None)
+    return rep
+
+
+def _request_totals(requests: pd.DataFrame | None, experiment: str) -> dict[str, float] | None:
+    if requests is None or not len(requests):
+        return None
+    return requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum().to_dict()
+
+
+def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: str = "B",
+                 primary: str = DEFAULT_PRIMARY, planned: Sequence[float] = (0.5, 0.5),
+                 requests: pd.DataFrame | None = None, alpha: float = 0.05, target_rel: float = 0.02,
+                 over_time_points: int = 12) -> ABReport:
+    """Everything the report shows, from ``EmbeddedStore.units(experiment)`` rows
+    (one per unit). :func:`build_report_from_moments` gives the same report
+    from the store's A/B moments without reading unit rows."""
+    u = units[units["experiment"] == experiment] if len(units) else units
+    counts = {v: int((u["variant"] == v).sum()) for v in (control, treatment)} if len(u) else {}
+    if u.empty:
+        return _empty(experiment, control, treatment, primary, counts)
+    rep = _start(counts, experiment, control, treatment, primary, planned, _request_totals(requests, experiment))
+    a, b = u[u["variant"] == control], u[u["variant"] == treatment]
+    rep.days_observed = max((u["last_ts"].max() - u["first_ts"].min()) / 86400.0, 1e-9)
     # Each arm sorted once; a point is a prefix of each (a view, no copy).
-    arms = [u[u["variant"] == v].sort_values("first_ts") for v in (control, treatment)]
+    arms = [x.sort_values("first_ts") for x in (a, b)]
     ts = [arm["first_ts"].to_numpy() for arm in arms]
-    for t in np.linspace(t0, t1, points + 1)[1:]:
-        a, b = (arm.iloc[: int(np.searchsorted(x, t, side="right"))] for arm, x in zip(arms, ts))
-        if len(a) < 2 or len(b) < 2:
-            continue
-        r = compare(metric, metric_stats(a, only=metric)[metric], metric_stats(b, only=metric)[metric], alpha)
-        rows.append((t, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect))
-    return pd.DataFrame(rows, columns=["t", "effect", "low", "high", "seq_low", "seq_high", "abs_effect"])
+    pts = _points(bucket_of(u["first_ts"].to_numpy()), over_time_points)
+
+    def cumulative(metric):
+        for t in pts:
+            pa, pb = (arm.iloc[: int(np.searchsorted(x, t, side="left"))] for arm, x in zip(arms, ts))
+            yield t, metric_stats(pa, only=metric)[metric], metric_stats(pb, only=metric)[metric]
+
+    return _finish(rep, metric_stats(a), metric_stats(b), primary, alpha, target_rel,
+                   any(c.startswith("pre_") for c in u.columns), cumulative)
+
+
+def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = None) -> dict[str, object]:
+    """Sufficient statistics of every metric (or just ``only``) from one arm's
+    summed ``ab_moments`` row and ``ab_layer_moments`` rows by layer; equal to
+    :func:`metric_stats` on that arm's unit rows."""
+    n = int(round(m["n"]))
+
+    def ratio(x: str) -> Ratio:
+        return Ratio(n, m[f"s_{x}"], m["s_requests"], m[f"q_{x}"], m["q_requests"], m[f"x_{x}"])
+
+    def quant(q: float) -> Quantile:
+        k = range(NB)
+        arr = lambda p: np.array([m[f"{p}{i}"] for i in k], dtype=float)  # noqa: E731
+        return Quantile(q, tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]), arr("cc"),
+                        arr("cd"), arr("dd"), arr("cn"), arr("dn"))
+
+    makers = {
+        "conversion (units)": lambda: Proportion(n, int(round(m["pos"]))),
+        "conversions per request": lambda: ratio("conversions"),
+        "value per unit": lambda: Mean(n, m["s_value"], m["q_value"]),
+    }
+    for layer in sorted(layers):
+        lm = layers[layer]
+        makers[f"hit rate ({layer})"] = lambda lm=lm: Ratio(n, lm["s_hits"], lm["s_lookups"], lm["q_hits"],
+                                                            lm["q_lookups"], lm["x_hits"])
+    makers.update({
+        "GPU-s per request": lambda: ratio("gpu_s"),
+        "latency per request (s)": lambda: ratio("latency_sum"),
+        "TTFT per request (s)": lambda: ratio("ttft_sum"),
+        "SLA met per request": lambda: ratio("sla_met"),
+        "P95 latency (s)": lambda: quant(0.95),
+        "P99 latency (s)": lambda: quant(0.99),
+    })
+    return {k: f() for k, f in makers.items() if only is None or k == only}
+
+
+def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame, experiment: str,
+                              control: str = "A", treatment: str = "B", primary: str = DEFAULT_PRIMARY,
+                              planned: Sequence[float] = (0.5, 0.5), request_totals: dict[str, float] | None = None,
+                              alpha: float = 0.05, target_rel: float = 0.02, over_time_points: int = 12) -> ABReport:
+    """The report from ``EmbeddedStore.moments(experiment)``: milliseconds for
+    any number of units. ``request_totals``: requests per variant from the
+    request metrics, for the request-level sample-ratio check."""
+    mm = moments
+    counts = {v: int(round(mm.loc[mm["variant"] == v, "n"].sum())) for v in (control, treatment)} if len(mm) \
+        else {}
+    if not len(mm) or not sum(counts.values()):
+        return _empty(experiment, control, treatment, primary, counts)
+    rep = _start(counts, experiment, control, treatment, primary, planned, request_totals)
+    rep.days_observed = max((mm["max_last"].max() - mm["min_first"].min()) / 86400.0, 1e-9)
+    layers = sorted(layer_moments["layer"].unique()) if len(layer_moments) else []
+    sums = [c for c in mm.columns if c not in ("variant", "bucket", "min_first", "max_last")]
+    lsums = [c for c in layer_moments.columns if c not in ("variant", "bucket", "layer")]
+
+    def arm(v: str, before: float = np.inf):
+        a = mm[(mm["variant"] == v) & (mm["bucket"] < before)][sums].sum()
+        lm = layer_moments[(layer_moments["variant"] == v) & (layer_moments["bucket"] < before)] \
+            if len(layer_moments) else layer_moments
+        zero = pd.Series(0.0, index=lsums)
+        by = lm.groupby("layer")[lsums].sum() if len(lm) else None
+        return a, {ly: (by.loc[ly] if by is not None and ly in by.index else zero) for ly in layers}
+
+    def cumulative(metric):
+        for t in _points(mm["bucket"].to_numpy(), over_time_points):
+            (ma, la), (mb, lb) = arm(control, t), arm(treatment, t)
+            yield t, moment_stats(ma, la, metric)[metric], moment_stats(mb, lb, metric)[metric]
+
+    (ma, la), (mb, lb) = arm(control), arm(treatment)
+    return _finish(rep, moment_stats(ma, la), moment_stats(mb, lb), primary, alpha, target_rel, False, cumulative)
 
 
 def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment: str, control: str = "A",

@@ -3,6 +3,9 @@
     warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
     warmscope dashboard [--port 8501]        open the dashboard on the configured source
     warmscope simulate [options]             run the emulated inference stack (see --help)
+    warmscope report ab [options]            write the A/B report (HTML and Markdown)
+    warmscope rca CSV --dims ...             root causes of a change in a leaf table (JSON)
+    warmscope upgrade-store                  bring a store written by an older warmscope up to date
 """
 
 from __future__ import annotations
@@ -77,6 +80,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.no_dashboard:
         return 0
     return cmd_dashboard(args)
+
+
+def cmd_upgrade_store(args: argparse.Namespace) -> int:
+    from collectors.store import SCHEMA_VERSION, EmbeddedStore, StoreError
+
+    path = _store_path(args)
+    if not path.exists():
+        print(f"warmscope upgrade-store: {path} does not exist; pass --store PATH", file=sys.stderr)
+        return 2
+    try:
+        EmbeddedStore(path).close()  # a writable open upgrades in place
+    except StoreError as e:
+        print(f"warmscope upgrade-store: {e}", file=sys.stderr)
+        return 1
+    print(f"{path} is at schema version {SCHEMA_VERSION}", file=sys.stderr)
+    return 0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -226,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", help="response cache, hot keys and A/B units in Redis")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_simulate)
+    p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
+    p.set_defaults(fn=cmd_upgrade_store)
     p = sub.add_parser("rca", help="root causes of a change in a CSV leaf table (prints JSON)",
                        description="One CSV row per combination of dimension values; prints the root-cause set "
                        "as [{\"element\": {dim: value}, \"score\": s, \"explanatory_power\": ep}], most "

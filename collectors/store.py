@@ -46,13 +46,16 @@ Canonical frames (every backend yields these columns):
     experiment, variant, unit_hash, first_ts, last_ts, requests, latency_sum,
     latency_sq, ttft_sum, conversions, value, gpu_s, sla_met, h0..hN — an
     experiment unit's request-level sums and request-duration histogram
-    (bounds ``schema.DURATION_BUCKETS`` + inf) over one flush window
-    [first_ts, last_ts]; a unit active in several windows has several rows:
-    sum them by unit (append-only keeps writes cheap; see
-    :meth:`EmbeddedStore.units`).
+    (bounds ``schema.DURATION_BUCKETS`` + inf) from its first flush window
+    (first_ts) to its last (last_ts): one row per unit, rows written in later
+    flush windows add to it (upsert), so readers never aggregate raw rows.
 ``ab_lookups``
     experiment, variant, unit_hash, layer, lookups, hits — a unit's lookups
-    and hits in one cache layer over one flush window (sum by unit and layer).
+    and hits in one cache layer, one row per unit and layer (upsert too).
+    :meth:`EmbeddedStore.units` joins both into one wide row per unit.
+    Writes also keep per-variant A/B moments (``ab_moments``,
+    ``ab_layer_moments``; see :mod:`collectors.ab_moments` and
+    :meth:`EmbeddedStore.moments`) from which a report needs no unit rows.
 ``faults``
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
@@ -73,11 +76,12 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from . import ab_moments as _m
 from .aggregator import UNIT_BUCKETS, UNIT_FIELDS
 
 __all__ = ["EmbeddedStore", "StoreError", "FRAMES", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: ab_units / ab_lookups hold one row per unit (upsert)
 _H = [f"h{i}" for i in range(len(UNIT_BUCKETS) + 1)]
 
 _TABLES: dict[str, tuple[str, ...]] = {
@@ -128,19 +132,178 @@ CREATE TABLE IF NOT EXISTS hot_keys(window REAL, tenant TEXT, layer TEXT, key_ha
   hits INTEGER, misses INTEGER, err INTEGER, PRIMARY KEY(window, tenant, layer, key_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ab_units(experiment TEXT, variant TEXT, unit_hash TEXT, first_ts REAL,
   last_ts REAL, requests INTEGER, latency_sum REAL, latency_sq REAL,
-  ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER, {hcols});
+  ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER, {hcols},
+  PRIMARY KEY(experiment, variant, unit_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ab_lookups(experiment TEXT, variant TEXT, unit_hash TEXT, layer TEXT,
-  lookups INTEGER, hits INTEGER);
+  lookups INTEGER, hits INTEGER, PRIMARY KEY(experiment, variant, unit_hash, layer)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS faults(trap TEXT, scope TEXT, start REAL, "end" REAL, params TEXT);
-""".replace("{hcols}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H))
-
-
-class StoreError(RuntimeError):
-    """The store file cannot be opened or read; the message says what to do."""
+""".replace("{hcols}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H)) + _m.ddl()
 
 
 def _q(col: str) -> str:
     return f'"{col}"'
+
+
+_AB_KEYS = ("experiment", "variant", "unit_hash")
+_AB_SUMS = tuple(c for c in _TABLES["ab_units"] if c not in _AB_KEYS + ("first_ts", "last_ts"))
+_AB_SELECT = 400  # keys per IN (...) lookup of existing rows
+
+
+def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: list[tuple]) -> dict[tuple, tuple]:
+    """Current rows of ``table`` for ``keys`` (experiment, variant, unit_hash[, layer]), by key."""
+    out: dict[tuple, tuple] = {}
+    by_ev: dict[tuple, list] = {}
+    for k in keys:
+        by_ev.setdefault(k[:2], []).append(k[2:])
+    nk = len(keys[0]) if keys else 3
+    sel = ", ".join(map(_q, ("unit_hash", "layer")[:nk - 2] + tuple(cols)))
+    for (exp, var), rest in by_ev.items():
+        hashes = sorted({r[0] for r in rest})
+        for i in range(0, len(hashes), _AB_SELECT):
+            chunk = hashes[i:i + _AB_SELECT]
+            sql = (f"SELECT {sel} FROM {table} WHERE experiment = ? AND variant = ? "
+                   f"AND unit_hash IN ({', '.join('?' * len(chunk))})")
+            for row in con.execute(sql, (exp, var, *chunk)):
+                out[(exp, var) + tuple(row[:nk - 2])] = tuple(row[nk - 2:])
+    return out
+
+
+def _write_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> int:
+    """Add unit records to their units' rows and the A/B moments to match
+    (see :mod:`collectors.ab_moments`): one row per unit and per unit × layer;
+    a unit with lookups but no request record gets an all-zero unit row so
+    that every unit is counted once."""
+    import numpy as np
+
+    nf = len(_AB_SUMS)
+    add: dict[tuple, list] = {}
+    for r in unit_rows:  # fold repeats of a unit within the batch (retried rows)
+        k = tuple(r[:3])
+        a = add.get(k)
+        if a is None:
+            add[k] = [r[3], r[4], *r[5:]]
+        else:
+            a[0], a[1] = min(a[0], r[3]), max(a[1], r[4])
+            for i in range(nf):
+                a[2 + i] += r[5 + i]
+    ladd: dict[tuple, list] = {}
+    for r in lookup_rows:
+        k = tuple(r[:4])
+        a = ladd.get(k)
+        if a is None:
+            ladd[k] = [r[4], r[5]]
+        else:
+            a[0] += r[4]
+            a[1] += r[5]
+    ucols = ("first_ts", "last_ts") + _AB_SUMS
+    lunits = {k[:3] for k in ladd}
+    need = sorted(set(add) | lunits)
+    old = _existing(con, "ab_units", ucols, need) if need else {}
+    now = max((a[1] for a in add.values()), default=None)
+    if now is None:
+        import time
+
+        now = time.time()
+    for k in lunits:  # lookups of a unit with no unit row yet: a zero row stamped now
+        if k not in add and k not in old:
+            add[k] = [now, now] + [0] * nf
+    keys = list(add)
+    n = 0
+    bucket_of: dict[tuple, float] = {}
+    if keys:
+        width = 2 + nf
+        o = np.zeros((len(keys), width))
+        present = np.zeros(len(keys))
+        d = np.array([add[k] for k in keys], dtype=float)
+        for i, k in enumerate(keys):
+            r = old.get(k)
+            if r is not None:
+                o[i] = r
+                present[i] = 1
+        new = o + d
+        new[:, 0] = np.where(present > 0, np.minimum(o[:, 0], d[:, 0]), d[:, 0])
+        new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
+        buckets = _m.bucket_of(np.where(present > 0, o[:, 0], new[:, 0]))
+        delta = _m.contributions(new, np.ones(len(keys))) - _m.contributions(o, present)
+        delta[:, 2], delta[:, 3] = new[:, 0], new[:, 1]  # extrema: combined with min / max
+        _add_moments(con, "ab_moments", [k[:2] + (b,) for k, b in zip(keys, buckets)], delta, min_max=True)
+        ints = [i for i, c in enumerate(ucols) if _INT_COLS.get(c)]
+        rows = []
+        for i, k in enumerate(keys):
+            vals = new[i].tolist()
+            for j in ints:
+                vals[j] = int(round(vals[j]))
+            rows.append(k + tuple(vals))
+            bucket_of[k] = buckets[i]
+        cols = _AB_KEYS + ucols
+        con.executemany(f"INSERT OR REPLACE INTO ab_units({', '.join(map(_q, cols))}) "
+                        f"VALUES({', '.join('?' * len(cols))})", rows)
+        n += len(unit_rows)
+    if ladd:
+        lkeys = list(ladd)
+        lold = _existing(con, "ab_lookups", ("lookups", "hits"), lkeys)
+        missing = sorted({k[:3] for k in lkeys if k[:3] not in bucket_of})
+        if missing:
+            for k, r in _existing(con, "ab_units", ("first_ts",), missing).items():
+                bucket_of[k] = float(_m.bucket_of(np.array([r[0]]))[0])
+        o = np.array([lold.get(k, (0, 0)) for k in lkeys], dtype=float)
+        present = np.array([k in lold for k in lkeys], dtype=float)
+        new = o + np.array([ladd[k] for k in lkeys], dtype=float)
+        delta = (_m.layer_contributions(new[:, 0], new[:, 1], np.ones(len(lkeys)))
+                 - _m.layer_contributions(o[:, 0], o[:, 1], present))
+        _add_moments(con, "ab_layer_moments", [k[:2] + (bucket_of[k[:3]], k[3]) for k in lkeys], delta)
+        con.executemany("INSERT OR REPLACE INTO ab_lookups(experiment, variant, unit_hash, layer, lookups, hits) "
+                        "VALUES(?, ?, ?, ?, ?, ?)", [k + (int(v[0]), int(v[1])) for k, v in zip(lkeys, new)])
+        n += len(lookup_rows)
+    return n
+
+
+def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta, min_max: bool = False) -> None:
+    import numpy as np
+
+    index: dict[tuple, int] = {}
+    gid = np.array([index.setdefault(g, len(index)) for g in groups])
+    sums = np.zeros((len(index), delta.shape[1]))
+    np.add.at(sums, gid, delta)
+    if min_max:  # min_first / max_last are extrema, not sums
+        sums[:, 2] = np.inf
+        sums[:, 3] = -np.inf
+        np.minimum.at(sums[:, 2], gid, delta[:, 2])
+        np.maximum.at(sums[:, 3], gid, delta[:, 3])
+    con.executemany(_m.upsert_sql(table), [g + tuple(row) for g, row in zip(index, sums.tolist())])
+_UPSERT = {
+    "hot_keys": (" ON CONFLICT(window, tenant, layer, key_hash) DO UPDATE SET "
+                 "hits = hits + excluded.hits, misses = misses + excluded.misses, err = max(err, excluded.err)"),
+}
+
+
+def _migrate_2_to_3(con: sqlite3.Connection) -> None:
+    """Schema 2 kept one A/B row per unit per flush window; 3 keeps one per
+    unit: fold the old rows into the new tables (nothing is lost)."""
+    sums = ", ".join(f"sum({_q(c)})" for c in _AB_SUMS)
+    con.execute("ALTER TABLE ab_units RENAME TO ab_units_v2")
+    con.execute("ALTER TABLE ab_lookups RENAME TO ab_lookups_v2")
+    for stmt in _DDL.split(";"):
+        if "TABLE IF NOT EXISTS ab_" in stmt:
+            con.execute(stmt)
+    con.execute(f"INSERT INTO ab_units SELECT experiment, variant, unit_hash, min(first_ts), max(last_ts), {sums} "
+                "FROM ab_units_v2 GROUP BY experiment, variant, unit_hash")
+    con.execute("INSERT INTO ab_lookups SELECT experiment, variant, unit_hash, layer, sum(lookups), sum(hits) "
+                "FROM ab_lookups_v2 GROUP BY experiment, variant, unit_hash, layer")
+    con.execute("DROP TABLE ab_units_v2")
+    con.execute("DROP TABLE ab_lookups_v2")
+    for stmt in _m.ddl().split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    _m.rebuild_sql(con)
+
+
+_MIGRATIONS = {2: _migrate_2_to_3}
+_INT_COLS = {"requests": 1, "conversions": 1, "sla_met": 1, **{h: 1 for h in _H}}
+
+
+class StoreError(RuntimeError):
+    """The store file cannot be opened or read; the message says what to do."""
 
 
 class EmbeddedStore:
@@ -162,6 +325,12 @@ class EmbeddedStore:
             except sqlite3.Error as e:
                 raise StoreError(f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one") \
                     from None
+            if row and int(row[0]) in _MIGRATIONS:
+                raise StoreError(
+                    f"embedded store {self.path} was written by an older warmscope (schema {row[0]}, this one "
+                    f"reads {SCHEMA_VERSION}); upgrade it in place, keeping its data, with "
+                    f"`warmscope --store {self.path} upgrade-store`"
+                )
             if not row or int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(
                     f"embedded store {self.path} has schema version {row[0] if row else 'none'}, this warmscope "
@@ -175,12 +344,27 @@ class EmbeddedStore:
                 con.execute(
                     "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
-            row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row and int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(
-                    f"embedded store {self.path} has schema version {row[0]}, this warmscope "
-                    f"reads {SCHEMA_VERSION}; move the file away to start a new store"
-                )
+            self._upgrade(con)
+
+    def _upgrade(self, con: sqlite3.Connection) -> None:
+        """Bring an older store up to SCHEMA_VERSION in one transaction (the
+        version is re-read under the write lock: concurrent openers migrate once)."""
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            version = int(con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+            while version in _MIGRATIONS and version < SCHEMA_VERSION:
+                _MIGRATIONS[version](con)
+                version += 1
+                con.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
+            con.commit()
+        except sqlite3.Error as e:
+            con.rollback()
+            raise StoreError(f"cannot upgrade embedded store {self.path}: {e}") from None
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"embedded store {self.path} has schema version {version}, this warmscope "
+                f"reads {SCHEMA_VERSION}; move the file away to start a new store"
+            )
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
@@ -209,22 +393,23 @@ class EmbeddedStore:
     def write(self, batches: dict[str, Sequence[Sequence[Any]]]) -> int:
         """Write all batches in one transaction; returns rows written.
 
-        ``hot_keys`` rows add to existing rows (upsert); ``warmup_runs``,
-        ``warmed_keys`` and ``early_keys`` rows replace them; the rest append.
+        ``hot_keys``, ``ab_units`` and ``ab_lookups`` rows add to existing rows
+        (upsert); ``warmup_runs``, ``warmed_keys`` and ``early_keys`` rows
+        replace them; the rest append.
         Raises sqlite3.Error on failure (the caller keeps the batch and retries).
         """
         con = self._con()
         n = 0
         with con:
+            if batches.get("ab_units") or batches.get("ab_lookups"):
+                n += _write_ab(con, batches.get("ab_units") or (), batches.get("ab_lookups") or ())
             for table, rows in batches.items():
-                if not rows:
+                if not rows or table in ("ab_units", "ab_lookups"):
                     continue
                 cols = _TABLES[table]
                 sql = f"INSERT INTO {table}({', '.join(map(_q, cols))}) VALUES({', '.join('?' * len(cols))})"
-                if table == "hot_keys":
-                    sql += (" ON CONFLICT(window, tenant, layer, key_hash) DO UPDATE SET "
-                            "hits = hits + excluded.hits, misses = misses + excluded.misses, "
-                            "err = max(err, excluded.err)")
+                if table in _UPSERT:
+                    sql += _UPSERT[table]
                 elif table in ("warmup_runs", "warmed_keys", "early_keys"):
                     sql = sql.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
                 con.executemany(sql, rows)
@@ -285,16 +470,14 @@ class EmbeddedStore:
         return df.replace({None: np.nan}) if name in ("warmup_runs", "warmed_keys") else df
 
     def units(self, experiment: str | None = None):
-        """``ab_units`` summed per unit (first_ts min, last_ts max), with one
-        ``lookups_<layer>`` / ``hits_<layer>`` column pair per cache layer.
-        Raw rows are fetched and aggregated in pandas: for a day's millions of
-        rows that is ~2.5x faster than SQLite's GROUP BY plus a pivot."""
+        """One row per A/B unit: ``ab_units`` columns plus one ``lookups_<layer>``
+        / ``hits_<layer>`` column pair per cache layer (0 where the unit made
+        no lookup in that layer)."""
         import pandas as pd
 
-        keys = ["experiment", "variant", "unit_hash"]
-        sums = [c for c in _TABLES["ab_units"] if c not in keys + ["first_ts", "last_ts"]]
+        keys = list(_AB_KEYS)
+        cols_u = list(_TABLES["ab_units"])
         where, args = ("WHERE experiment = ?", (experiment,)) if experiment is not None else ("", ())
-        cols_u = keys + ["first_ts", "last_ts"] + sums
         try:
             con = self._con()
             u = pd.DataFrame.from_records(
@@ -305,18 +488,32 @@ class EmbeddedStore:
                             args).fetchall(), columns=keys + ["layer", "lookups", "hits"])
         except sqlite3.Error as e:
             raise StoreError(f"cannot read A/B units from {self.path}: {e}") from None
-        if len(u):
-            agg = {c: "sum" for c in sums}
-            agg.update(first_ts="min", last_ts="max")
-            u = u.groupby(keys, as_index=False, sort=False).agg(agg)[cols_u]
         out = u
         if len(lk):
-            wide = lk.groupby(keys + ["layer"], sort=False)[["lookups", "hits"]].sum().unstack("layer", fill_value=0)
+            wide = lk.pivot(index=keys, columns="layer", values=["lookups", "hits"]).fillna(0).astype("int64")
             wide.columns = [f"{a}_{b}" for a, b in wide.columns]
             out = out.merge(wide.reset_index(), on=keys, how="outer")
             num = [c for c in out.columns if c not in keys and c not in ("first_ts", "last_ts")]
             out[num] = out[num].fillna(0)
         return out.reset_index(drop=True)
+
+    def moments(self, experiment: str):
+        """(``ab_moments``, ``ab_layer_moments``) rows of one experiment, sorted
+        by bucket (see :mod:`collectors.ab_moments`): what an A/B report reads
+        instead of one row per unit."""
+        import pandas as pd
+
+        out = []
+        for table, keys, cols in (("ab_moments", ["variant", "bucket"], _m.COLUMNS),
+                                  ("ab_layer_moments", ["variant", "bucket", "layer"], _m.LAYER_COLUMNS)):
+            sql = (f"SELECT {', '.join(map(_q, keys + list(cols)))} FROM {table} WHERE experiment = ? "
+                   "ORDER BY bucket")
+            try:
+                rows = self._con().execute(sql, (experiment,)).fetchall()
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot read A/B moments from {self.path}: {e}") from None
+            out.append(pd.DataFrame.from_records(rows, columns=keys + list(cols)))
+        return out[0], out[1]
 
     def counts(self) -> dict[str, int]:
         con = self._con()

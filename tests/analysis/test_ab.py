@@ -159,7 +159,7 @@ def test_aa_rejects_at_alpha_for_every_metric_type():
             counts = np.zeros((300, len(bounds) + 1))
             for j in range(lat.shape[1]):
                 np.add.at(counts, (np.arange(300), idx[:, j]), 1)
-            return Quantile(0.95, tuple(bounds), counts)
+            return Quantile.from_units(0.95, tuple(bounds), counts)
         return arm(), arm()
 
     for name, make in (("proportion", prop), ("mean", mean), ("ratio", ratio), ("quantile", quant)):
@@ -194,7 +194,7 @@ def test_ci_covers_a_known_injected_effect():
 def test_quantile_estimate_and_outer_ci():
     bounds = (1.0, 2.0, 4.0)
     counts = np.array([[2, 6, 2, 0], [1, 5, 4, 0], [3, 3, 3, 1]], dtype=float)
-    q = Quantile(0.5, bounds, counts)
+    q = Quantile.from_units(0.5, bounds, counts)
     from analysis.latency import quantile_from_buckets
 
     assert q.estimate == pytest.approx(quantile_from_buckets(np.array(bounds), counts.sum(axis=0), 0.5)[0])

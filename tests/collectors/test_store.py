@@ -92,3 +92,79 @@ def request_context_unit(tel):
     from collectors import request_context
 
     return request_context(tenant="t", unit="u", experiment="e", variant="A", telemetry=tel)
+
+
+_V2_AB = """
+CREATE TABLE ab_units(experiment TEXT, variant TEXT, unit_hash TEXT, first_ts REAL, last_ts REAL, requests INTEGER,
+  latency_sum REAL, latency_sq REAL, ttft_sum REAL, conversions INTEGER, value REAL, gpu_s REAL, sla_met INTEGER,
+  {h});
+CREATE TABLE ab_lookups(experiment TEXT, variant TEXT, unit_hash TEXT, layer TEXT, lookups INTEGER, hits INTEGER);
+"""
+
+
+def _v2_store(path, rows_u, rows_l):
+    """A store as schema 2 wrote it: A/B tables append one row per unit per flush window."""
+    from collectors.store import _DDL, _H
+
+    con = sqlite3.connect(path)
+    ddl = "".join(s + ";" for s in _DDL.split(";") if s.strip() and "TABLE IF NOT EXISTS ab_" not in s)
+    con.executescript(ddl + _V2_AB.replace("{h}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H)))
+    con.execute("INSERT INTO meta VALUES('schema_version', '2')")
+    cols = _TABLES["ab_units"]
+    con.executemany(f"INSERT INTO ab_units({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})", rows_u)
+    con.executemany("INSERT INTO ab_lookups VALUES(?, ?, ?, ?, ?, ?)", rows_l)
+    con.commit()
+    con.close()
+
+
+def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
+    import random
+
+    import pandas as pd
+
+    from collectors.store import _H
+
+    rnd = random.Random(3)
+    nh = len(_H)
+    rows_u, rows_l = [], []
+    for i in range(300):  # units active in 1-4 flush windows
+        var = "AB"[i % 2]
+        for w in range(rnd.randint(1, 4)):
+            ts = 900.0 * (i % 7 + w)
+            rows_u.append(("e", var, f"u{i}", ts, ts, rnd.randint(1, 5), rnd.random(), rnd.random(), rnd.random(),
+                           rnd.randint(0, 1), rnd.random(), rnd.random(), rnd.randint(0, 3),
+                           *[rnd.randint(0, 2) for _ in range(nh)]))
+            for layer in rnd.sample(["prefix_kv", "response", "lora"], rnd.randint(0, 3)):
+                rows_l.append(("e", var, f"u{i}", layer, rnd.randint(1, 9), rnd.randint(0, 1)))
+    path = tmp_path / "v2.sqlite"
+    _v2_store(path, rows_u, rows_l)
+
+    with pytest.raises(StoreError, match="older warmscope .* upgrade-store"):
+        EmbeddedStore(path, readonly=True)
+    out = subprocess.run([sys.executable, "-m", "app.cli", "--store", str(path), "upgrade-store"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = EmbeddedStore(path, readonly=True).units("e").set_index("unit_hash").sort_index()
+
+    # Reference: the same rows folded by hand, independently of SQL.
+    raw = pd.DataFrame(rows_u, columns=list(_TABLES["ab_units"]))
+    exp = raw.groupby("unit_hash").agg({**{c: "sum" for c in raw.columns[5:]}, "first_ts": "min",
+                                        "last_ts": "max", "variant": "first"}).sort_index()
+    assert len(got) == 300
+    for c in exp.columns:
+        if c == "variant":
+            assert (got[c] == exp[c]).all()
+        else:
+            assert got[c].to_numpy() == pytest.approx(exp[c].to_numpy()), c
+    lk = pd.DataFrame(rows_l, columns=["e", "v", "unit_hash", "layer", "lookups", "hits"])
+    ref = lk.groupby(["unit_hash", "layer"])[["lookups", "hits"]].sum()
+    for (uh, layer), r in ref.iterrows():
+        assert got.at[uh, f"lookups_{layer}"] == r["lookups"]
+        assert got.at[uh, f"hits_{layer}"] == r["hits"]
+    assert got["lookups_lora"].sum() == lk.loc[lk.layer == "lora", "lookups"].sum()
+    # The upgraded store goes on adding to the same unit rows.
+    st = EmbeddedStore(path)
+    st.write({"ab_units": [("e", "A", "u0", 0.0, 99999.0, 7) + (0,) * (len(_TABLES["ab_units"]) - 6)]})
+    again = st.units("e").set_index("unit_hash")
+    assert again.at["u0", "requests"] == exp.at["u0", "requests"] + 7
+    assert again.at["u0", "last_ts"] == 99999.0 and len(again) == 300
