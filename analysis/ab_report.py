@@ -43,7 +43,7 @@ from collectors.schema import DURATION_BUCKETS
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
 from .hitrate import hit_table
 
-__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "build_from_series", "render_markdown", "render_html", "metric_stats",
+__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series", "render_markdown", "render_html", "metric_stats",
            "DEFAULT_PRIMARY"]
 
 DEFAULT_PRIMARY = "latency per request (s)"
@@ -284,6 +284,22 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
 
     (ma, la), (mb, lb) = arm(control), arm(treatment)
     return _finish(rep, moment_stats(ma, la), moment_stats(mb, lb), primary, alpha, target_rel, False, cumulative)
+
+
+def report_for(source, experiment: str, control: str = "A", treatment: str = "B",
+               primary: str = DEFAULT_PRIMARY, **kw) -> ABReport:
+    """The report from the best data a source has: the store's A/B moments,
+    else unit rows (e.g. Redis), else metric series (batch means)."""
+    if hasattr(source, "moments"):
+        m, lm = source.moments(experiment)
+        if len(m):
+            return build_report_from_moments(m, lm, experiment, control, treatment, primary,
+                                             request_totals=source.request_totals(experiment), **kw)
+    units = source.units(experiment)
+    if len(units):
+        return build_report(units, experiment, control, treatment, primary=primary,
+                            requests=source.frame("requests"), **kw)
+    return build_from_series(source.frame("lookups"), source.frame("requests"), experiment, control, treatment)
 
 
 def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment: str, control: str = "A",

@@ -42,7 +42,20 @@ class EmbeddedSource:
         return {n: self.frame(n, start, end) for n in names}
 
     def units(self, experiment: str | None = None) -> pd.DataFrame:
-        return self._store.units(experiment)
+        return self._call(self._store.units, experiment)
+
+    def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Per-variant A/B moments (see :mod:`collectors.ab_moments`)."""
+        return self._call(self._store.moments, experiment)
+
+    def request_totals(self, experiment: str) -> dict[str, float]:
+        return self._call(self._store.request_totals, experiment)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except StoreError as e:
+            raise SourceError(str(e)) from None
 
     def describe(self) -> str:
         return f"{self.label} · {self.path}"

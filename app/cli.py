@@ -144,19 +144,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_report_ab(args: argparse.Namespace) -> int:
-    from analysis.ab_report import build_from_series, build_report, render_html, render_markdown
+    from analysis.ab_report import render_html, render_markdown, report_for
     from analysis.sources import EmbeddedSource, SourceError
 
     try:
         src = EmbeddedSource(_store_path(args))
         experiment = args.experiment
-        units = src.units(experiment)
-        if len(units):
-            rep = build_report(units, experiment, args.control, args.treatment, primary=args.primary,
-                               requests=src.frame("requests"))
-        else:
-            rep = build_from_series(src.frame("lookups"), src.frame("requests"), experiment, args.control,
-                                    args.treatment)
+        rep = report_for(src, experiment, args.control, args.treatment, primary=args.primary)
     except SourceError as e:
         print(f"warmscope report ab: {e}", file=sys.stderr)
         return 2

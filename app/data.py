@@ -21,8 +21,8 @@ import streamlit as st
 from collectors.config import CollectorConfig
 from collectors.store import EmbeddedStore, StoreError
 
-__all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "units", "time_bounds", "experiments",
-           "TTL"]
+__all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "units", "ab_report", "time_bounds",
+           "experiments", "TTL"]
 
 TTL = 30
 
@@ -144,6 +144,30 @@ def units(experiment: str) -> pd.DataFrame:
         return _redis_units(redis_url(), experiment)
     path = store_path()
     return _units(path, experiment, _mtime(path))
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _ab_report(kind: str, where: str, experiment: str, control: str, treatment: str, primary: str, mtime: float):
+    from analysis.ab_report import build_report, report_for
+    from analysis.sources import EmbeddedSource
+    from analysis.sources import SourceError as AnalysisSourceError
+
+    try:
+        if kind == "redis":  # unit rows from Redis; request totals from wherever requests come from
+            return build_report(_redis(where).units(experiment), experiment, control, treatment, primary=primary,
+                                requests=frame("requests"))
+        return report_for(EmbeddedSource(where), experiment, control, treatment, primary=primary)
+    except AnalysisSourceError as e:
+        raise SourceError(str(e)) from None
+
+
+def ab_report(experiment: str, control: str, treatment: str, primary: str):
+    """The A/B report (:class:`analysis.ab_report.ABReport`): from the store's
+    A/B moments (milliseconds at any number of units), or from Redis unit rows."""
+    if redis_url():
+        return _ab_report("redis", redis_url(), experiment, control, treatment, primary, 0.0)
+    path = store_path()
+    return _ab_report("embedded", path, experiment, control, treatment, primary, _mtime(path))
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

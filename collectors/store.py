@@ -515,6 +515,15 @@ class EmbeddedStore:
             out.append(pd.DataFrame.from_records(rows, columns=keys + list(cols)))
         return out[0], out[1]
 
+    def request_totals(self, experiment: str) -> dict[str, float]:
+        """Requests per variant of an experiment, from the request metrics."""
+        try:
+            rows = self._con().execute("SELECT variant, sum(requests) FROM requests WHERE experiment = ? "
+                                       "GROUP BY variant", (experiment,)).fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot read requests from {self.path}: {e}") from None
+        return {v: float(n) for v, n in rows}
+
     def counts(self) -> dict[str, int]:
         con = self._con()
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _TABLES}

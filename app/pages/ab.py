@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.ab_report import DEFAULT_PRIMARY, build_report, effect_figure, render_html
-from app import data, ui
+from analysis.ab_report import DEFAULT_PRIMARY, effect_figure, render_html
+from app import data
 
 st.title("A/B report")
 try:
@@ -21,13 +21,15 @@ c1, c2, c3 = st.columns(3)
 exp = c1.selectbox("Experiment", exps, key="ab-exp")
 control = c2.text_input("Control variant", "A", key="ab-control")
 treatment = c3.text_input("Treatment variant", "B", key="ab-treatment")
-with st.spinner("Reading unit records…"):
-    units = data.units(exp)
-req = ui.load(["requests"])["requests"]
 primary = st.selectbox("Primary metric", [DEFAULT_PRIMARY, "GPU-s per request", "conversions per request",
                                           "P95 latency (s)", "hit rate (prefix_kv)", "hit rate (response)"],
                        key="ab-primary")
-rep = build_report(units, exp, control, treatment, primary=primary, requests=req)
+try:
+    with st.spinner("Computing the report…"):
+        rep = data.ab_report(exp, control, treatment, primary)
+except data.SourceError as e:
+    st.error(str(e))
+    st.stop()
 if rep.error:
     st.error(rep.error)
     st.stop()

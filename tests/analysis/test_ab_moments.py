@@ -77,7 +77,6 @@ def test_upserts_keep_units_and_moments_exact(tmp_path):
     rnd = random.Random(7)
     st = EmbeddedStore(tmp_path / "u.sqlite")
     cols = _TABLES["ab_units"]
-    nf = len(cols) - 5
     written_u, written_l = [], []
     for batch in range(30):
         t = 1000.0 + 300 * batch
