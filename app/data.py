@@ -192,7 +192,9 @@ def time_bounds() -> tuple[float, float] | None:
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _experiments(path: str, mtime: float) -> list[str]:
     con = _store(path)._con()
-    return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM ab_units WHERE experiment != ''")]
+    # ab_moments: a few rows per variant and 15 minutes, where ab_units has one per unit
+    return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' "
+                                      "ORDER BY experiment")]
 
 
 def experiments() -> list[str]:

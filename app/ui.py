@@ -7,7 +7,8 @@ import streamlit as st
 
 from app import data
 
-RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "everything": None}
+RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
+          "everything": None}
 
 
 def time_range() -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """Dashboard page render times on simulated data, against an empty page.
 
-    python -m bench.bench_pages [--store var/warmscope.sqlite] [--hours 24]
+    python -m bench.bench_pages [--store var/warmscope.sqlite] [--hours 24] [--range "last 6 hours"]
 
 Without --store, simulates ``--hours`` into a temporary store first. Each page
 is rendered with Streamlit's AppTest: once cold (loaders read the store) and
@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["overview", "hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
 
 
-def render(page: str) -> float:
+def render(page: str, range_: str) -> float:
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600)
+    at.session_state["range"] = range_
     t = time.perf_counter()
     at.run()
     if page != "overview":
@@ -38,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
     ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--range", default="last 6 hours", help="sidebar time range (default: the dashboard's)")
     args = ap.parse_args()
     if args.store:
         store = args.store
@@ -50,12 +52,12 @@ def main() -> None:
     empty = Path(tempfile.mkdtemp()) / "empty.py"
     empty.write_text("import streamlit as st\nst.title('empty')\n")
     base = statistics.median(_time_empty(empty) for _ in range(3))
-    print(f"store {store}")
+    print(f"store {store}, range {args.range!r}")
     print(f"{'page':10s} {'cold s':>8s} {'warm median s':>14s} {'x empty':>8s}")
     print(f"{'(empty)':10s} {base:8.3f} {base:14.3f} {1:8.1f}")
     for p in PAGES:
-        cold = render(p)
-        warm = statistics.median(render(p) for _ in range(3))
+        cold = render(p, args.range)
+        warm = statistics.median(render(p, args.range) for _ in range(3))
         print(f"{p:10s} {cold:8.2f} {warm:14.2f} {warm / base:8.1f}")
 
 
