@@ -139,6 +139,30 @@ CREATE TABLE IF NOT EXISTS ab_lookups(experiment TEXT, variant TEXT, unit_hash T
 CREATE TABLE IF NOT EXISTS faults(trap TEXT, scope TEXT, start REAL, "end" REAL, params TEXT);
 """.replace("{hcols}", ", ".join(f"{h} INTEGER DEFAULT 0" for h in _H)) + _m.ddl()
 
+# Hourly rollups of the per-flush tables, kept at write time (upsert into the
+# hour that holds the flush's ts; a rollup row's ts is the hour's end). Views
+# over days read these: ~60x fewer rows than the per-minute flushes.
+ROLLUP_S = 3600.0
+_MEASURES = {"lookups": ("count",), "writes": ("count",), "requests": ("requests", "gpu_s", "conversions", "value"),
+             "histograms": ("counts", "sum", "total")}
+ROLLUPS = tuple(_MEASURES)
+
+
+def _rollup_ddl() -> str:
+    out = []
+    for t, meas in _MEASURES.items():
+        dims = [c for c in _TABLES[t] if c not in meas]
+        out.append(f"CREATE TABLE IF NOT EXISTS {t}_1h AS SELECT * FROM {t} WHERE 0;\n"
+                   f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_1h_key ON {t}_1h({', '.join(map(_q0, dims))});\n")
+    return "".join(out)
+
+
+def _q0(c: str) -> str:
+    return f'"{c}"'
+
+
+_DDL += _rollup_ddl()
+
 
 def _q(col: str) -> str:
     return f'"{col}"'
@@ -296,6 +320,83 @@ def _migrate_2_to_3(con: sqlite3.Connection) -> None:
         if stmt.strip():
             con.execute(stmt)
     _m.rebuild_sql(con)
+    for stmt in _rollup_ddl().split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    _backfill_rollups(con)
+
+
+def _hour(ts: float) -> float:
+    return float(-(-ts // ROLLUP_S) * ROLLUP_S)  # the end of the hour holding ts (a flush's ts ends its interval)
+
+
+def _rollup(con: sqlite3.Connection, table: str, rows) -> None:
+    cols = _TABLES[table]
+    meas = _MEASURES[table]
+    nd = len(cols) - len(meas)  # dimensions come first, measures last
+    if table == "histograms":
+        _rollup_histograms(con, rows)
+        return
+    acc: dict[tuple, list] = {}
+    for r in rows:
+        k = (_hour(r[0]), *r[1:nd])
+        a = acc.get(k)
+        if a is None:
+            acc[k] = list(r[nd:])
+        else:
+            for i in range(len(meas)):
+                a[i] += r[nd + i]
+    sets = ", ".join(f"{_q(m)} = {_q(m)} + excluded.{_q(m)}" for m in meas)
+    con.executemany(f"INSERT INTO {table}_1h({', '.join(map(_q, cols))}) VALUES({', '.join('?' * len(cols))}) "
+                    f"ON CONFLICT({', '.join(map(_q, cols[:nd]))}) DO UPDATE SET {sets}",
+                    [k + tuple(v) for k, v in acc.items()])
+
+
+def _rollup_histograms(con: sqlite3.Connection, rows) -> None:
+    acc: dict[tuple, list] = {}
+    for r in rows:  # ts, metric, 6 labels, bounds, counts, sum, total
+        k = (_hour(r[0]), *r[1:9])
+        c = json.loads(r[9])
+        a = acc.get(k)
+        if a is None:
+            acc[k] = [c, r[10], r[11]]
+        else:
+            a[0] = [x + y for x, y in zip(a[0], c)]
+            a[1] += r[10]
+            a[2] += r[11]
+    hours = sorted({k[0] for k in acc})
+    cols = _TABLES["histograms"]
+    for row in con.execute(f"SELECT {', '.join(map(_q, cols))} FROM histograms_1h "
+                           f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
+        a = acc.get(tuple(row[:9]))
+        if a is not None:
+            a[0] = [x + y for x, y in zip(a[0], json.loads(row[9]))]
+            a[1] += row[10]
+            a[2] += row[11]
+    con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(_q, cols))}) "
+                    f"VALUES({', '.join('?' * len(cols))})",
+                    [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()])
+
+
+def _backfill_rollups(con: sqlite3.Connection) -> None:
+    """Rebuild the hourly rollups from the per-flush rows (upgrades)."""
+    for table, meas in _MEASURES.items():
+        con.execute(f"DELETE FROM {table}_1h")
+        if table == "histograms":
+            cur = con.execute(f"SELECT {', '.join(map(_q, _TABLES[table]))} FROM histograms ORDER BY ts")
+            while True:
+                chunk = cur.fetchmany(50_000)
+                if not chunk:
+                    break
+                _rollup_histograms(con, chunk)
+            continue
+        cols = _TABLES[table]
+        dims = [c for c in cols if c not in meas]
+        x = f"(ts / {ROLLUP_S})"
+        hour = f"(CAST({x} AS INTEGER) + ({x} > CAST({x} AS INTEGER))) * {ROLLUP_S}"  # ceil, for ts > 0
+        con.execute(f"INSERT INTO {table}_1h({', '.join(map(_q, cols))}) SELECT {hour}, "
+                    f"{', '.join(map(_q, dims[1:]))}, {', '.join(f'sum({_q(m)})' for m in meas)} FROM {table} "
+                    f"GROUP BY {hour}, {', '.join(map(_q, dims[1:]))}")
 
 
 _MIGRATIONS = {2: _migrate_2_to_3}
@@ -395,12 +496,16 @@ class EmbeddedStore:
 
         ``hot_keys``, ``ab_units`` and ``ab_lookups`` rows add to existing rows
         (upsert); ``warmup_runs``, ``warmed_keys`` and ``early_keys`` rows
-        replace them; the rest append.
+        replace them; the rest append. ``lookups``, ``writes``, ``requests``
+        and ``histograms`` rows also add to their hourly rollups. The
+        transaction takes the write lock first (read-modify-write of A/B units
+        and rollups stays correct with several writer processes).
         Raises sqlite3.Error on failure (the caller keeps the batch and retries).
         """
         con = self._con()
         n = 0
-        with con:
+        con.execute("BEGIN IMMEDIATE")
+        try:
             if batches.get("ab_units") or batches.get("ab_lookups"):
                 n += _write_ab(con, batches.get("ab_units") or (), batches.get("ab_lookups") or ())
             for table, rows in batches.items():
@@ -413,7 +518,13 @@ class EmbeddedStore:
                 elif table in ("warmup_runs", "warmed_keys", "early_keys"):
                     sql = sql.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
                 con.executemany(sql, rows)
+                if table in _MEASURES:
+                    _rollup(con, table, rows)
                 n += len(rows)
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
         return n
 
     def write_faults(self, faults: Iterable[dict]) -> None:
@@ -433,8 +544,13 @@ class EmbeddedStore:
         return row[0] if row else None
 
     # ------------------------------------------------------------- reading
-    def frame(self, name: str, start: float | None = None, end: float | None = None):
-        """A canonical frame (see module docstring); time filters apply to ts columns."""
+    def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None):
+        """A canonical frame (see module docstring); time filters apply to ts columns.
+
+        ``step=3600`` (``ROLLUP_S``) reads ``lookups``, ``writes``, ``requests``
+        and ``histograms`` from their hourly rollups: the same columns, one row
+        per hour and label set, ts the hour's end; the frame's
+        ``attrs["step_s"]`` says which resolution it holds (0: per flush)."""
         import numpy as np
         import pandas as pd
 
@@ -451,7 +567,8 @@ class EmbeddedStore:
         if end is not None:
             where.append(f"{_q(tcol)} < ?")
             args.append(end)
-        sql = f"SELECT {', '.join(map(_q, _TABLES[name]))} FROM {name}"
+        table = f"{name}_1h" if step and step >= ROLLUP_S and name in _MEASURES else name
+        sql = f"SELECT {', '.join(map(_q, _TABLES[name]))} FROM {table}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         if tcol == "ts" and "ts" in _TABLES[name]:
@@ -463,7 +580,10 @@ class EmbeddedStore:
             raise StoreError(f"cannot read {name} from {self.path}: {e}") from None
         df = pd.DataFrame.from_records(rows, columns=list(_TABLES[name]))
         if name == "histograms":
-            return _explode_histograms(df)
+            df = _explode_histograms(df)
+        df.attrs["step_s"] = ROLLUP_S if table != name else 0.0
+        if name == "histograms":
+            return df
         if name == "faults":
             df["scope"] = df["scope"].map(json.loads)
             df["params"] = df["params"].map(json.loads)

@@ -168,3 +168,51 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     again = st.units("e").set_index("unit_hash")
     assert again.at["u0", "requests"] == exp.at["u0", "requests"] + 7
     assert again.at["u0", "last_ts"] == 99999.0 and len(again) == 300
+
+
+def test_hourly_rollups_equal_the_per_flush_rows_summed_by_hour(tmp_path):
+    import math
+    import random
+
+    import numpy as np
+    import pandas as pd
+
+    from collectors.store import ROLLUP_S, _backfill_rollups, histogram_row
+
+    rnd = random.Random(5)
+    st = EmbeddedStore(tmp_path / "r.sqlite")
+    hsum = 0.0
+    for tick in range(1, 400):  # one-minute flushes over ~6.6 hours, some on hour boundaries
+        ts = 1_700_000_000.0 - 1_700_000_000.0 % 3600 + 60.0 * tick
+        lk = [(ts, t, ly, "f", res, "", "", "m", "r0", "", rnd.randint(1, 9))
+              for t in ("a", "b") for ly in ("kv", "resp") for res in ("hit", "miss") if rnd.random() < 0.8]
+        rq = [(ts, "a", "e", v, "m", "r0", "true", rnd.randint(1, 5), rnd.random(), rnd.randint(0, 1), rnd.random())
+              for v in "AB"]
+        hs = [histogram_row(ts, "gen_ai.server.time_to_first_token", ("a", "", "", "m", "r0", ""), [0.1, 1.0],
+                            [rnd.randint(0, 3), rnd.randint(0, 3), rnd.randint(0, 1)], rnd.random(), 4)]
+        hsum += hs[0][10]
+        st.write({"lookups": lk, "requests": rq, "histograms": hs})
+    for name, meas in (("lookups", ["count"]), ("requests", ["requests", "gpu_s", "conversions", "value"])):
+        raw = st.frame(name)
+        dims = [c for c in raw.columns if c not in meas and c != "ts"]
+        ref = raw.assign(ts=np.ceil(raw.ts / ROLLUP_S) * ROLLUP_S).groupby(["ts"] + dims)[meas].sum()
+        got = st.frame(name, step=ROLLUP_S)
+        assert got.attrs["step_s"] == ROLLUP_S and raw.attrs["step_s"] == 0
+        got = got.set_index(["ts"] + dims)[meas].sort_index()
+        assert len(got) == len(ref) < len(raw) / 20
+        assert got.to_numpy(float) == pytest.approx(ref.sort_index().to_numpy(float))
+    h = st.frame("histograms")
+    hr = st.frame("histograms", step=ROLLUP_S)
+    ref = h.assign(ts=np.ceil(h.ts / ROLLUP_S) * ROLLUP_S).groupby(["ts", "le"])["count"].sum()
+    assert hr.groupby(["ts", "le"])["count"].sum().to_dict() == ref.to_dict()
+    assert hr.drop_duplicates("ts")["total"].sum() == 4 * 399  # every flush recorded total=4
+    assert math.isclose(hr.drop_duplicates("ts")["sum"].sum(), hsum)
+    before = {n: st.frame(n, step=ROLLUP_S) for n in ("lookups", "requests", "histograms")}
+    con = st._con()
+    with con:
+        _backfill_rollups(con)  # the upgrade path: rebuilt from the per-flush rows in SQL
+    for n, b in before.items():
+        a = st.frame(n, step=ROLLUP_S)
+        key = [c for c in a.columns if c not in ("count", "requests", "gpu_s", "conversions", "value", "sum", "total")]
+        pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True),
+                                      b.sort_values(key).reset_index(drop=True), check_dtype=False)
