@@ -126,6 +126,9 @@ def _mape(fr: Frames, cfg: AnalysisConfig):
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
+    if lk.attrs.get("step_s", 0) > cfg.prediction_freq_s:
+        return None, "lookups", (f"needs lookups per {cfg.prediction_freq_s:g} s; these are per "
+                                 f"{lk.attrs['step_s']:g} s (pick a range of 24 h or less)")
     v = prediction_mape(lk, cfg.prediction_freq_s, cfg.prediction_alpha)
     return (None, "lookups", "too little history to forecast") if not np.isfinite(v) else \
         (v, f"lookups: EWMA(alpha={cfg.prediction_alpha:g}) per family, {cfg.prediction_freq_s:g}-s buckets", "")
@@ -159,6 +162,9 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig):
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
+    if lk.attrs.get("step_s", 0) > 60:
+        return None, "lookups", (f"needs per-minute lookups; these are per {lk.attrs['step_s']:g} s "
+                                 "(pick a range of 24 h or less)")
     t = hit_table(lk, by=["replica"], freq=60, mask=(lk["layer"] != "weights").to_numpy(dtype=bool))
     times = []
     for _, g in t.groupby("replica"):

@@ -90,9 +90,10 @@ def _store(path: str) -> EmbeddedStore:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _frame(path: str, name: str, start: float | None, end: float | None, mtime: float) -> pd.DataFrame:
+def _frame(path: str, name: str, start: float | None, end: float | None, mtime: float,
+           step: float | None = None) -> pd.DataFrame:
     try:
-        return _store(path).frame(name, start, end)
+        return _store(path).frame(name, start, end, step=step)
     except StoreError as e:
         raise SourceError(str(e)) from None
 
@@ -104,7 +105,8 @@ def _mtime(path: str) -> float:
     return max((x.stat().st_mtime for x in (p, wal) if x.exists()), default=0.0)
 
 
-def frame(name: str, start: float | None = None, end: float | None = None) -> pd.DataFrame:
+def frame(name: str, start: float | None = None, end: float | None = None, step: float | None = None) -> pd.DataFrame:
+    """``step=3600``: hourly rollups where the embedded store keeps them (long ranges)."""
     if prometheus_url() and name in _PROM_FRAMES:
         return _remote_frame("prometheus", prometheus_url(), name, start, end)
     if redis_url() and name in _REDIS_FRAMES:
@@ -114,11 +116,12 @@ def frame(name: str, start: float | None = None, end: float | None = None) -> pd
         from collectors.store import _TABLES
 
         return pd.DataFrame(columns=list(_TABLES.get(name, ())))  # not collected in this deployment
-    return _frame(path, name, start, end, _mtime(path))
+    return _frame(path, name, start, end, _mtime(path), step)
 
 
-def frames(names, start: float | None = None, end: float | None = None) -> dict[str, pd.DataFrame]:
-    return {n: frame(n, start, end) for n in names}
+def frames(names, start: float | None = None, end: float | None = None,
+           step: float | None = None) -> dict[str, pd.DataFrame]:
+    return {n: frame(n, start, end, step) for n in names}
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

@@ -31,9 +31,26 @@ def when(ts: float) -> str:
     return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d %H:%M")
 
 
-def load(names, start=None, end=None) -> dict:
+HOURLY_ABOVE_S = 86400 + 60  # ranges longer than a day read hourly rollups
+
+
+def step(start: float | None, end: float | None) -> float | None:
+    """The resolution a page reads: per flush up to a day, hourly beyond."""
+    if start is None or end is None or end - start <= HOURLY_ABOVE_S:
+        return None
+    return 3600.0
+
+
+def resolution_note(start: float, end: float) -> None:
+    if step(start, end):
+        st.caption("Hourly resolution (range over 24 h): minute-level figures — cold-start time, prediction "
+                   "error — need a range of 24 hours or less.")
+
+
+def load(names, start=None, end=None, fine: bool = False) -> dict:
+    """Frames for the range; ``fine=True`` keeps per-flush rows at any range."""
     try:
-        return data.frames(names, start, end)
+        return data.frames(names, start, end, None if fine else step(start, end))
     except data.SourceError as e:
         st.error(str(e))
         st.stop()

@@ -32,7 +32,11 @@ if lk.empty:
     st.stop()
 free = [d for d in DIMS if d not in {p[0] for p in path}]
 by = st.selectbox("Group by", free, key="groupby")
-freq = st.select_slider("Bucket", options=[60, 300, 600, 1800, 3600], value=600, format_func=lambda s: f"{s // 60} min")
+res = ui.step(start, end) or 0
+opts = [f for f in (60, 300, 600, 1800, 3600, 6 * 3600) if f >= res]
+freq = st.select_slider("Bucket", options=opts, value=max(600, opts[0]),
+                        format_func=lambda s: f"{s // 3600} h" if s >= 3600 else f"{s // 60} min")
+ui.resolution_note(start, end)
 t = hit_table(lk, by=[by], freq=freq)
 t = t[t.lookups > 0]
 top = hit_table(lk, by=[by]).sort_values("lookups", ascending=False)

@@ -17,6 +17,7 @@ start, end = ui.time_range()
 fr = ui.load(["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes", "hot_keys",
               "early_keys"], start, end)
 st.caption(f"{ui.when(start)} → {ui.when(end)}")
+ui.resolution_note(start, end)
 card = score_card(fr, AnalysisConfig.load())
 lk = fr["lookups"]
 overall = hit_table(lk)
@@ -47,7 +48,7 @@ with right:
 if card.note:
     st.caption(card.note)
 
-hr = hit_table(lk, by=["layer"], freq=600)
+hr = hit_table(lk, by=["layer"], freq=max(600, ui.step(start, end) or 0))
 if len(hr):
     hr["time"] = hr.bucket.astype("datetime64[s]")
     st.plotly_chart(px.line(hr, x="time", y="hit_rate", color="layer", range_y=[0, 1],

@@ -15,6 +15,7 @@ st.title("Root cause")
 start, end = ui.time_range()
 fr = ui.load(["lookups", "writes", "hot_keys", "warmup_runs", "warmed_keys"], start, end)
 lk = fr["lookups"]
+ui.resolution_note(start, end)
 mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode")
 if mode == "choose":
     a0, a1 = st.slider("Anomaly window (hours before the end)", 0.0, max((end - start) / 3600, 0.1),
@@ -28,9 +29,10 @@ else:
     anomaly = (cp, end)
 length = anomaly[1] - anomaly[0]
 baseline = (anomaly[0] - length, anomaly[0])
-t = hit_table(lk, freq=300)
+t = hit_table(lk, freq=max(300, ui.step(start, end) or 0))
 t["time"] = t.bucket.astype("datetime64[s]")
-fig = px.line(t, x="time", y="hit_rate", title="Effective hit rate (5-minute buckets)", range_y=[0, 1])
+fig = px.line(t, x="time", y="hit_rate", range_y=[0, 1], title="Effective hit rate "
+              f"({'hourly' if ui.step(start, end) else '5-minute'} buckets)")
 fig.add_vrect(x0=pd.Timestamp(anomaly[0], unit="s"), x1=pd.Timestamp(anomaly[1], unit="s"), fillcolor="red",
               opacity=0.12, line_width=0, annotation_text="anomaly")
 fig.add_vrect(x0=pd.Timestamp(baseline[0], unit="s"), x1=pd.Timestamp(baseline[1], unit="s"), fillcolor="grey",

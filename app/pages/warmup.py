@@ -16,7 +16,7 @@ from app import ui
 st.title("Warm-up runs")
 start, end = ui.time_range()
 cfg = AnalysisConfig.load()
-fr = ui.load(["warmup_runs", "warmed_keys", "early_keys", "lookups", "histograms", "requests"], start, end)
+fr = ui.load(["warmup_runs", "warmed_keys", "early_keys"], start, end)
 runs = fr["warmup_runs"]
 if runs.empty:
     st.info("No warm-up runs in this range. Wrap warm-up jobs in `Telemetry.warmup(...)` (or run the simulator "
@@ -46,6 +46,12 @@ st.plotly_chart(px.bar(by.reset_index(), x="strategy", y=["gpu_s", "wasted_gpu_s
 run_id = st.selectbox("Run", list(runs.sort_values("started", ascending=False).run_id), key="run")
 run = runs.set_index("run_id").loc[run_id]
 run = pd.Series({**run.to_dict(), "run_id": run_id})
+# A run's before/after, ROI and decay need per-minute data around it only, at any range.
+ended = run.ended if run.ended == run.ended else end
+span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
+fr.update(ui.load(["lookups", "histograms"], run.started - cfg.effect_window_s - 60, ended + cfg.effect_window_s + 60,
+                  fine=True))
+fr.update(ui.load(["requests"], run.started - span - 60, ended + span + 60, fine=True))
 a, b = st.columns(2)
 with a:
     st.subheader("Before / after")

@@ -1,0 +1,53 @@
+"""Ranges over a day read the hourly rollups: pages render, say so, and the
+headline numbers equal the per-minute data's."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.hitrate import hit_table
+from collectors import EmbeddedStore
+from simulator import SimConfig, simulate
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def two_days(tmp_path_factory):
+    path = tmp_path_factory.mktemp("long") / "two-days.sqlite"
+    simulate(SimConfig.load(hours=30.0, rps=0.4, tenants=2, replicas=1, seed=5), path, workers=1)
+    return path
+
+
+def _app(path, monkeypatch, range_="last 7 days"):
+    monkeypatch.setenv("WARMSCOPE_STORE", str(path))
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.session_state["range"] = range_
+    return at
+
+
+def test_overview_over_days_is_hourly_and_totals_match_the_minute_data(two_days, monkeypatch):
+    at = _app(two_days, monkeypatch).run()
+    assert not at.exception
+    assert any("Hourly resolution" in c.value for c in at.caption)
+    raw = hit_table(EmbeddedStore(two_days, readonly=True).frame("lookups"))
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Lookups"] == f"{int(raw.lookups.iloc[0]):,}"
+    assert shown["Hit rate"] == f"{raw.hit_rate.iloc[0]:.1%}"
+    table = at.dataframe[0].value
+    cold = table[table["label"].astype(str) == "Cold-start time"]
+    assert len(cold) == 1 and "24 h or less" in " ".join(map(str, cold.iloc[0].tolist()))
+
+
+@pytest.mark.parametrize("page", ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"])
+def test_every_page_renders_over_days(two_days, monkeypatch, page):
+    at = _app(two_days, monkeypatch).run()
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception and not at.error, (page, [e.value for e in at.error])
+
+
+def test_a_day_or_less_stays_per_minute(two_days, monkeypatch):
+    at = _app(two_days, monkeypatch, "last 24 hours").run()
+    assert not at.exception
+    assert not any("Hourly resolution" in c.value for c in at.caption)
