@@ -38,6 +38,13 @@ TRAP_ALERTS = {
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
+def hot_keys_since(start: float, end: float) -> float:
+    """The earliest hot-key window :func:`evaluate` reads (load no more)."""
+    from .traps import HOT_KEY_LOOKBACK_S
+
+    return end - (end - start) / 3 - HOT_KEY_LOOKBACK_S
+
+
 def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
     rows = []
     lk = frames.get("lookups", pd.DataFrame())

@@ -21,16 +21,19 @@ from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["overview", "hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
+TITLES = {"overview": "Cache warm-up overview", "hitrate": "Hit rate explorer", "warmup": "Warm-up runs",
+          "hotkeys": "Hot keys", "rootcause": "Root cause", "ab": "A/B report", "alerts": "Alerts"}
 
 
 def render(page: str, range_: str) -> float:
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600)
     at.session_state["range"] = range_
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py")  # the first run renders this page only
     t = time.perf_counter()
     at.run()
-    if page != "overview":
-        at.switch_page(f"pages/{page}.py").run()
     took = time.perf_counter() - t
+    assert at.title and at.title[0].value == TITLES[page], (page, [x.value for x in at.title])
     assert not at.exception, (page, at.exception)
     return took
 

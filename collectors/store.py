@@ -60,7 +60,11 @@ Canonical frames (every backend yields these columns):
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
 
-Frames with a ``ts`` column come sorted by ``ts``.
+Frames with a ``ts`` column come sorted by ``ts``. ``lookups``, ``writes``,
+``requests`` and ``histograms`` also exist as hourly rollups, kept as rows are
+written: ``frame(name, start, end, step=3600)`` returns the same columns with
+one row per hour and label set (ts = the hour's end); ``df.attrs["step_s"]``
+is set on rollup frames only (absent: per flush).
 
 Example::
 
@@ -581,7 +585,8 @@ class EmbeddedStore:
         df = pd.DataFrame.from_records(rows, columns=list(_TABLES[name]))
         if name == "histograms":
             df = _explode_histograms(df)
-        df.attrs["step_s"] = ROLLUP_S if table != name else 0.0
+        if table != name:  # only rollups carry attrs: pandas copies non-empty attrs on every operation
+            df.attrs["step_s"] = ROLLUP_S
         if name == "histograms":
             return df
         if name == "faults":

@@ -8,12 +8,12 @@ import streamlit as st
 
 from analysis.drilldown import change_point, drill_down
 from analysis.hitrate import hit_table
-from analysis.traps import detect_all
+from analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
 from app import ui
 
 st.title("Root cause")
 start, end = ui.time_range()
-fr = ui.load(["lookups", "writes", "hot_keys", "warmup_runs", "warmed_keys"], start, end)
+fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end)
 lk = fr["lookups"]
 ui.resolution_note(start, end)
 mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode")
@@ -40,6 +40,7 @@ fig.add_vrect(x0=pd.Timestamp(baseline[0], unit="s"), x1=pd.Timestamp(baseline[1
 st.plotly_chart(fig, width="stretch")
 st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
            f"{ui.when(baseline[1])}")
+fr.update(ui.load(["hot_keys"], max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end))  # what the isolation check reads
 dd = drill_down(lk, anomaly=anomaly, baseline=baseline)
 loc = dd.localization
 st.subheader("Ranked explanations")
