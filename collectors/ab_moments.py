@@ -41,7 +41,8 @@ import numpy as np
 from .aggregator import UNIT_BUCKETS, UNIT_FIELDS
 
 __all__ = ["BUCKET_S", "FIELDS", "NB", "COLUMNS", "LAYER_COLUMNS", "contributions", "layer_contributions",
-           "rebuild_sql"]
+           "unit_exprs", "layer_exprs", "bucket_sql",
+           "bucket_of", "rebuild_sql", "upsert_sql", "ddl"]
 
 BUCKET_S = 900.0
 FIELDS = UNIT_FIELDS[2:]  # requests first
@@ -93,6 +94,35 @@ def layer_contributions(lookups: np.ndarray, hits: np.ndarray, present: np.ndarr
     return np.column_stack([present.astype(float), lookups, hits, lookups * lookups, hits * hits, hits * lookups])
 
 
+def unit_exprs(val, present: str) -> list[str]:
+    """SQL for a unit's contribution to each COLUMNS entry except the extrema
+    (min_first, max_last), from ``val(column) -> SQL`` of its totals;
+    ``present`` is SQL that is 1 for a unit that exists (0: all zeros)."""
+    f = {c: f"({val(c)})" for c in FIELDS}
+    h = [f"({val(k)})" for k in _H]
+    out = [present, f"(({f['conversions']} > 0) * {present})"]
+    for c in FIELDS:
+        out += [f[c], f"{f[c]} * {f[c]}", f"{f[c]} * {f['requests']}"]
+    out += h
+    tot = "(" + " + ".join(h) + ")"
+    cum = ["0"] + ["(" + " + ".join(h[:k]) + ")" for k in range(1, NB)]
+    out += [f"({tot} > 0)", f"{tot} * {tot}"]
+    out += [f"{cum[k]} * {cum[k]}" for k in range(NB)]
+    out += [f"{cum[k]} * {h[k]}" for k in range(NB)]
+    out += [f"{h[k]} * {h[k]}" for k in range(NB)]
+    out += [f"{cum[k]} * {tot}" for k in range(NB)]
+    out += [f"{h[k]} * {tot}" for k in range(NB)]
+    return out
+
+
+def layer_exprs(lookups: str, hits: str, present: str) -> list[str]:
+    return [present, lookups, hits, f"{lookups} * {lookups}", f"{hits} * {hits}", f"{hits} * {lookups}"]
+
+
+def bucket_sql(first_ts: str) -> str:
+    return f"(CAST(({first_ts}) / {BUCKET_S} AS INTEGER) * {BUCKET_S})"  # ts > 0: truncation is floor
+
+
 def bucket_of(first_ts: np.ndarray) -> np.ndarray:
     return np.floor(np.asarray(first_ts, dtype=float) / BUCKET_S) * BUCKET_S
 
@@ -109,33 +139,24 @@ def rebuild_sql(con, experiment: str | None = None) -> None:
     args = (experiment,) if experiment is not None else ()
     con.execute(f"DELETE FROM ab_moments {where}", args)
     con.execute(f"DELETE FROM ab_layer_moments {where}", args)
-    exprs = ["count(*)", "sum(conversions > 0)", "min(first_ts)", "max(last_ts)"]
-    for f in FIELDS:
-        exprs += [f"sum({_q(f)})", f"sum({_q(f)} * {_q(f)})", f"sum({_q(f)} * requests)"]
-    exprs += [f"sum({h})" for h in _H]
-    tot = "(" + " + ".join(_H) + ")"
-    cum = ["0"] + ["(" + " + ".join(_H[:k]) + ")" for k in range(1, NB)]
-    exprs += [f"sum({tot} > 0)", f"sum({tot} * {tot})"]
-    exprs += [f"sum({cum[k]} * {cum[k]})" for k in range(NB)]
-    exprs += [f"sum({cum[k]} * {_H[k]})" for k in range(NB)]
-    exprs += [f"sum({_H[k]} * {_H[k]})" for k in range(NB)]
-    exprs += [f"sum({cum[k]} * {tot})" for k in range(NB)]
-    exprs += [f"sum({_H[k]} * {tot})" for k in range(NB)]
-    bucket = f"CAST(first_ts / {BUCKET_S} AS INTEGER) * {BUCKET_S}"  # ts > 0: truncation is floor
+    sums = [f"sum({e})" for e in unit_exprs(_q, "1")]
+    exprs = sums[:2] + ["min(first_ts)", "max(last_ts)"] + sums[2:]
+    b = bucket_sql("first_ts")
     con.execute(
         f"INSERT INTO ab_moments(experiment, variant, bucket, {', '.join(map(_q, COLUMNS))}) "
-        f"SELECT experiment, variant, {bucket}, {', '.join(exprs)} FROM ab_units {where} "
-        f"GROUP BY experiment, variant, {bucket}", args)
+        f"SELECT experiment, variant, {b}, {', '.join(exprs)} FROM ab_units {where} "
+        f"GROUP BY experiment, variant, {b}", args)
     lwhere = "WHERE l.experiment = ?" if experiment is not None else ""
+    lsums = ", ".join(f"sum({e})" for e in layer_exprs("l.lookups", "l.hits", "1"))
     con.execute(
         f"INSERT INTO ab_layer_moments(experiment, variant, bucket, layer, {', '.join(LAYER_COLUMNS)}) "
-        f"SELECT l.experiment, l.variant, CAST(u.first_ts / {BUCKET_S} AS INTEGER) * {BUCKET_S} AS b, l.layer, count(*), "
-        "sum(l.lookups), sum(l.hits), sum(l.lookups * l.lookups), sum(l.hits * l.hits), sum(l.hits * l.lookups) "
+        f"SELECT l.experiment, l.variant, {bucket_sql('u.first_ts')} AS b, l.layer, {lsums} "
         "FROM ab_lookups l JOIN ab_units u ON u.experiment = l.experiment AND u.variant = l.variant "
         f"AND u.unit_hash = l.unit_hash {lwhere} GROUP BY l.experiment, l.variant, b, l.layer", args)
 
 
-def upsert_sql(table: str) -> str:
+def upsert_sql(table: str, select: str) -> str:
+    """INSERT ... ``select`` ... that adds to existing moment rows (extrema combine by min / max)."""
     cols = COLUMNS if table == "ab_moments" else LAYER_COLUMNS
     keys = ("experiment", "variant", "bucket") + (("layer",) if table == "ab_layer_moments" else ())
     sets = []
@@ -145,8 +166,7 @@ def upsert_sql(table: str) -> str:
             sets.append(f"{_q(c)} = {fn}({_q(c)}, excluded.{_q(c)})")
         else:
             sets.append(f"{_q(c)} = {_q(c)} + excluded.{_q(c)}")
-    all_cols = keys + cols
-    return (f"INSERT INTO {table}({', '.join(map(_q, all_cols))}) VALUES({', '.join('?' * len(all_cols))}) "
+    return (f"INSERT INTO main.{table}({', '.join(map(_q, keys + cols))}) {select} "
             f"ON CONFLICT({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}")
 
 

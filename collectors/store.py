@@ -196,16 +196,30 @@ def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: li
     return out
 
 
-def _write_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> int:
-    """Add unit records to their units' rows and the A/B moments to match
-    (see :mod:`collectors.ab_moments`): one row per unit and per unit × layer;
-    a unit with lookups but no request record gets an all-zero unit row so
-    that every unit is counted once."""
+def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta, min_max: bool = False) -> None:
+    """Sum per-unit moment deltas by group and add them to ``table``."""
     import numpy as np
 
+    index: dict[tuple, int] = {}
+    gid = np.array([index.setdefault(g, len(index)) for g in groups])
+    sums = np.zeros((len(index), delta.shape[1]))
+    np.add.at(sums, gid, delta)
+    if min_max:  # min_first / max_last are extrema, not sums
+        sums[:, 2] = np.inf
+        sums[:, 3] = -np.inf
+        np.minimum.at(sums[:, 2], gid, delta[:, 2])
+        np.maximum.at(sums[:, 3], gid, delta[:, 3])
+    width = len(next(iter(index))) + delta.shape[1]
+    con.executemany(_m.upsert_sql(table, f"VALUES({', '.join('?' * width)})"),
+                    [g + tuple(row) for g, row in zip(index, sums.tolist())])
+
+
+def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
+    """A batch's unit rows summed per unit and lookup rows per unit × layer
+    (a retried batch can repeat a unit)."""
     nf = len(_AB_SUMS)
     add: dict[tuple, list] = {}
-    for r in unit_rows:  # fold repeats of a unit within the batch (retried rows)
+    for r in unit_rows:
         k = tuple(r[:3])
         a = add.get(k)
         if a is None:
@@ -223,82 +237,98 @@ def _write_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> int:
         else:
             a[0] += r[4]
             a[1] += r[5]
-    ucols = ("first_ts", "last_ts") + _AB_SUMS
-    lunits = {k[:3] for k in ladd}
-    need = sorted(set(add) | lunits)
-    old = _existing(con, "ab_units", ucols, need) if need else {}
-    now = max((a[1] for a in add.values()), default=None)
+    return [k + tuple(v) for k, v in add.items()], [k + tuple(v) for k, v in ladd.items()]
+
+
+def _stage_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> tuple[list, list]:
+    """Fold a batch's A/B rows and copy them into connection-private temp
+    tables; touches no shared table, so it runs before the write lock.
+    Returns the folded unit and lookup rows."""
+    units, lookups = _fold_ab(unit_rows, lookup_rows)
+    ucols = _TABLES["ab_units"]
+    con.executescript(
+        "DROP TABLE IF EXISTS temp._ab_t; DROP TABLE IF EXISTS temp._ab_lt;\n"
+        f"CREATE TEMP TABLE _ab_t({', '.join(map(_q, ucols))}, PRIMARY KEY(experiment, variant, unit_hash));\n"
+        "CREATE TEMP TABLE _ab_lt(experiment, variant, unit_hash, layer, lookups, hits);\n")
+    con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(ucols))})", units)
+    con.executemany("INSERT INTO _ab_lt VALUES(?, ?, ?, ?, ?, ?)", lookups)
+    con.commit()
+    return units, lookups
+
+
+def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
+    """Add the staged unit records (``units`` / ``lookups``: the folded rows
+    also staged in ``_ab_t`` / ``_ab_lt``) to their units' rows, and to the A/B moments
+    ``f(new totals) − f(old totals)`` (see :mod:`collectors.ab_moments`):
+    one row per unit and per unit × layer. A unit with lookups but no
+    request record gets an all-zero unit row, so every unit is counted once.
+    Runs under the write lock (it reads the rows it adds to)."""
+    import numpy as np
+
+    keys = ", ".join(_AB_KEYS)
+    on = " AND ".join(f"u.{k} = t.{k}" for k in _AB_KEYS)
+    now = max((r[4] for r in units), default=None)
     if now is None:
         import time
 
         now = time.time()
-    for k in lunits:  # lookups of a unit with no unit row yet: a zero row stamped now
-        if k not in add and k not in old:
-            add[k] = [now, now] + [0] * nf
-    keys = list(add)
-    n = 0
-    bucket_of: dict[tuple, float] = {}
-    if keys:
-        width = 2 + nf
-        o = np.zeros((len(keys), width))
-        present = np.zeros(len(keys))
-        d = np.array([add[k] for k in keys], dtype=float)
-        for i, k in enumerate(keys):
-            r = old.get(k)
-            if r is not None:
-                o[i] = r
-                present[i] = 1
+    zero = con.execute(f"SELECT DISTINCT {keys} FROM _ab_lt t WHERE NOT EXISTS (SELECT 1 FROM _ab_t u WHERE {on}) "
+                       f"AND NOT EXISTS (SELECT 1 FROM main.ab_units u WHERE {on})").fetchall()
+    if zero:
+        zrows = [k + (now, now) + (0,) * len(_AB_SUMS) for k in zero]
+        con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_TABLES['ab_units']))})", zrows)
+        units = units + zrows
+    if units:
+        # Old totals of the units that exist already (most units are new), f(new) − f(old) in numpy.
+        cols_o = ", ".join(f"u.{_q(c)}" for c in _TABLES["ab_units"])
+        old_rows = {tuple(r[:3]): r[3:] for r in con.execute(
+            f"SELECT {cols_o} FROM _ab_t t JOIN main.ab_units u ON {on}")}
+        nv = len(_TABLES["ab_units"]) - 3
+        d = np.array([r[3:] for r in units], dtype=float)
+        o = np.zeros_like(d)
+        present = np.zeros(len(units))
+        if old_rows:
+            idx = [i for i, r in enumerate(units) if r[:3] in old_rows]
+            o[idx] = np.array([old_rows[units[i][:3]] for i in idx], dtype=float).reshape(-1, nv)
+            present[idx] = 1
         new = o + d
         new[:, 0] = np.where(present > 0, np.minimum(o[:, 0], d[:, 0]), d[:, 0])
         new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
-        buckets = _m.bucket_of(np.where(present > 0, o[:, 0], new[:, 0]))
-        delta = _m.contributions(new, np.ones(len(keys))) - _m.contributions(o, present)
+        delta = _m.contributions(new, np.ones(len(units))) - _m.contributions(o, present)
         delta[:, 2], delta[:, 3] = new[:, 0], new[:, 1]  # extrema: combined with min / max
-        _add_moments(con, "ab_moments", [k[:2] + (b,) for k, b in zip(keys, buckets)], delta, min_max=True)
-        ints = [i for i, c in enumerate(ucols) if _INT_COLS.get(c)]
-        rows = []
-        for i, k in enumerate(keys):
-            vals = new[i].tolist()
-            for j in ints:
-                vals[j] = int(round(vals[j]))
-            rows.append(k + tuple(vals))
-            bucket_of[k] = buckets[i]
-        cols = _AB_KEYS + ucols
-        con.executemany(f"INSERT OR REPLACE INTO ab_units({', '.join(map(_q, cols))}) "
-                        f"VALUES({', '.join('?' * len(cols))})", rows)
-        n += len(unit_rows)
-    if ladd:
-        lkeys = list(ladd)
-        lold = _existing(con, "ab_lookups", ("lookups", "hits"), lkeys)
-        missing = sorted({k[:3] for k in lkeys if k[:3] not in bucket_of})
-        if missing:
-            for k, r in _existing(con, "ab_units", ("first_ts",), missing).items():
-                bucket_of[k] = float(_m.bucket_of(np.array([r[0]]))[0])
-        o = np.array([lold.get(k, (0, 0)) for k in lkeys], dtype=float)
-        present = np.array([k in lold for k in lkeys], dtype=float)
-        new = o + np.array([ladd[k] for k in lkeys], dtype=float)
-        delta = (_m.layer_contributions(new[:, 0], new[:, 1], np.ones(len(lkeys)))
+        buckets = _m.bucket_of(np.where(present > 0, o[:, 0], d[:, 0])).tolist()
+        _add_moments(con, "ab_moments", [r[:2] + (b,) for r, b in zip(units, buckets)], delta, min_max=True)
+        bucket_by = {r[:3]: b for r, b in zip(units, buckets)}
+    else:
+        bucket_by = {}
+    sets = ", ".join(["first_ts = min(first_ts, excluded.first_ts)", "last_ts = max(last_ts, excluded.last_ts)"]
+                     + [f"{_q(c)} = {_q(c)} + excluded.{_q(c)}" for c in _AB_SUMS])
+    cols = ", ".join(map(_q, _TABLES["ab_units"]))
+    con.execute(f"INSERT INTO main.ab_units({cols}) SELECT {cols} FROM _ab_t WHERE true "
+                f"ON CONFLICT({keys}) DO UPDATE SET {sets}")
+    if lookups:
+        # Layer moments the same way: old per-layer totals of existing unit × layer rows only.
+        lold = {tuple(r[:4]): r[4:] for r in con.execute(
+            f"SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits FROM _ab_lt t "
+            f"JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} AND o.layer = t.layer")}
+        missing = list({r[:3] for r in lookups if r[:3] not in bucket_by})
+        if missing:  # units whose unit row came in an earlier batch
+            for k, (first,) in _existing(con, "ab_units", ("first_ts",), missing).items():
+                bucket_by[k] = float(_m.bucket_of(np.array([first]))[0])
+        t = np.array([r[4:] for r in lookups], dtype=float)
+        o = np.array([lold.get(r[:4], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
+        present = np.array([r[:4] in lold for r in lookups], dtype=float)
+        delta = (_m.layer_contributions(o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups)))
                  - _m.layer_contributions(o[:, 0], o[:, 1], present))
-        _add_moments(con, "ab_layer_moments", [k[:2] + (bucket_of[k[:3]], k[3]) for k in lkeys], delta)
-        con.executemany("INSERT OR REPLACE INTO ab_lookups(experiment, variant, unit_hash, layer, lookups, hits) "
-                        "VALUES(?, ?, ?, ?, ?, ?)", [k + (int(v[0]), int(v[1])) for k, v in zip(lkeys, new)])
-        n += len(lookup_rows)
-    return n
+        _add_moments(con, "ab_layer_moments", [r[:2] + (bucket_by[r[:3]], r[3]) for r in lookups], delta)
+    agg = "_ab_lt"
+    con.execute(f"INSERT INTO main.ab_lookups(experiment, variant, unit_hash, layer, lookups, hits) "
+                f"SELECT * FROM {agg} WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
+                "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
+    con.execute("DROP TABLE temp._ab_t")
+    con.execute("DROP TABLE temp._ab_lt")
 
 
-def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta, min_max: bool = False) -> None:
-    import numpy as np
-
-    index: dict[tuple, int] = {}
-    gid = np.array([index.setdefault(g, len(index)) for g in groups])
-    sums = np.zeros((len(index), delta.shape[1]))
-    np.add.at(sums, gid, delta)
-    if min_max:  # min_first / max_last are extrema, not sums
-        sums[:, 2] = np.inf
-        sums[:, 3] = -np.inf
-        np.minimum.at(sums[:, 2], gid, delta[:, 2])
-        np.maximum.at(sums[:, 3], gid, delta[:, 3])
-    con.executemany(_m.upsert_sql(table), [g + tuple(row) for g, row in zip(index, sums.tolist())])
 _UPSERT = {
     "hot_keys": (" ON CONFLICT(window, tenant, layer, key_hash) DO UPDATE SET "
                  "hits = hits + excluded.hits, misses = misses + excluded.misses, err = max(err, excluded.err)"),
@@ -334,52 +364,55 @@ def _hour(ts: float) -> float:
     return float(-(-ts // ROLLUP_S) * ROLLUP_S)  # the end of the hour holding ts (a flush's ts ends its interval)
 
 
-def _rollup(con: sqlite3.Connection, table: str, rows) -> None:
-    cols = _TABLES[table]
-    meas = _MEASURES[table]
-    nd = len(cols) - len(meas)  # dimensions come first, measures last
-    if table == "histograms":
-        _rollup_histograms(con, rows)
-        return
+def _fold_rollup(table: str, rows) -> dict[tuple, list]:
+    """Rows summed by (hour, labels); no store access (runs before the lock)."""
     acc: dict[tuple, list] = {}
+    if table == "histograms":
+        for r in rows:  # ts, metric, 6 labels, bounds, counts, sum, total
+            k = (_hour(r[0]), *r[1:9])
+            c = json.loads(r[9])
+            a = acc.get(k)
+            if a is None:
+                acc[k] = [c, r[10], r[11]]
+            else:
+                a[0] = [x + y for x, y in zip(a[0], c)]
+                a[1] += r[10]
+                a[2] += r[11]
+        return acc
+    nm = len(_MEASURES[table])
+    nd = len(_TABLES[table]) - nm  # dimensions come first, measures last
     for r in rows:
         k = (_hour(r[0]), *r[1:nd])
         a = acc.get(k)
         if a is None:
             acc[k] = list(r[nd:])
         else:
-            for i in range(len(meas)):
+            for i in range(nm):
                 a[i] += r[nd + i]
+    return acc
+
+
+def _write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple, list]) -> None:
+    cols = _TABLES[table]
+    if table == "histograms":
+        hours = sorted({k[0] for k in acc})
+        for row in con.execute(f"SELECT {', '.join(map(_q, cols))} FROM histograms_1h "
+                               f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
+            a = acc.get(tuple(row[:9]))
+            if a is not None:
+                a[0] = [x + y for x, y in zip(a[0], json.loads(row[9]))]
+                a[1] += row[10]
+                a[2] += row[11]
+        con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(_q, cols))}) "
+                        f"VALUES({', '.join('?' * len(cols))})",
+                        [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()])
+        return
+    meas = _MEASURES[table]
+    nd = len(cols) - len(meas)
     sets = ", ".join(f"{_q(m)} = {_q(m)} + excluded.{_q(m)}" for m in meas)
     con.executemany(f"INSERT INTO {table}_1h({', '.join(map(_q, cols))}) VALUES({', '.join('?' * len(cols))}) "
                     f"ON CONFLICT({', '.join(map(_q, cols[:nd]))}) DO UPDATE SET {sets}",
                     [k + tuple(v) for k, v in acc.items()])
-
-
-def _rollup_histograms(con: sqlite3.Connection, rows) -> None:
-    acc: dict[tuple, list] = {}
-    for r in rows:  # ts, metric, 6 labels, bounds, counts, sum, total
-        k = (_hour(r[0]), *r[1:9])
-        c = json.loads(r[9])
-        a = acc.get(k)
-        if a is None:
-            acc[k] = [c, r[10], r[11]]
-        else:
-            a[0] = [x + y for x, y in zip(a[0], c)]
-            a[1] += r[10]
-            a[2] += r[11]
-    hours = sorted({k[0] for k in acc})
-    cols = _TABLES["histograms"]
-    for row in con.execute(f"SELECT {', '.join(map(_q, cols))} FROM histograms_1h "
-                           f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
-        a = acc.get(tuple(row[:9]))
-        if a is not None:
-            a[0] = [x + y for x, y in zip(a[0], json.loads(row[9]))]
-            a[1] += row[10]
-            a[2] += row[11]
-    con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(_q, cols))}) "
-                    f"VALUES({', '.join('?' * len(cols))})",
-                    [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()])
 
 
 def _backfill_rollups(con: sqlite3.Connection) -> None:
@@ -392,7 +425,7 @@ def _backfill_rollups(con: sqlite3.Connection) -> None:
                 chunk = cur.fetchmany(50_000)
                 if not chunk:
                     break
-                _rollup_histograms(con, chunk)
+                _write_rollup(con, "histograms", _fold_rollup("histograms", chunk))
             continue
         cols = _TABLES[table]
         dims = [c for c in cols if c not in meas]
@@ -404,7 +437,6 @@ def _backfill_rollups(con: sqlite3.Connection) -> None:
 
 
 _MIGRATIONS = {2: _migrate_2_to_3}
-_INT_COLS = {"requests": 1, "conversions": 1, "sla_met": 1, **{h: 1 for h in _H}}
 
 
 class StoreError(RuntimeError):
@@ -482,6 +514,7 @@ class EmbeddedStore:
                     con = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False)
                     con.execute("PRAGMA journal_mode=WAL")
                     con.execute(f"PRAGMA synchronous={'NORMAL' if self.durable else 'OFF'}")
+                    con.execute("PRAGMA cache_size=-65536")  # 64 MiB: A/B upserts probe unit B-trees at random
                 con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             except sqlite3.Error as e:
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
@@ -507,11 +540,17 @@ class EmbeddedStore:
         Raises sqlite3.Error on failure (the caller keeps the batch and retries).
         """
         con = self._con()
+        # Everything that needs no store access happens before the write lock.
+        ab = bool(batches.get("ab_units") or batches.get("ab_lookups"))
+        if ab:
+            staged = _stage_ab(con, batches.get("ab_units") or (), batches.get("ab_lookups") or ())
+        rollups = {t: _fold_rollup(t, rows) for t, rows in batches.items() if rows and t in _MEASURES}
         n = 0
         con.execute("BEGIN IMMEDIATE")
         try:
-            if batches.get("ab_units") or batches.get("ab_lookups"):
-                n += _write_ab(con, batches.get("ab_units") or (), batches.get("ab_lookups") or ())
+            if ab:
+                _write_ab(con, *staged)
+                n += len(batches.get("ab_units") or ()) + len(batches.get("ab_lookups") or ())
             for table, rows in batches.items():
                 if not rows or table in ("ab_units", "ab_lookups"):
                     continue
@@ -522,9 +561,9 @@ class EmbeddedStore:
                 elif table in ("warmup_runs", "warmed_keys", "early_keys"):
                     sql = sql.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
                 con.executemany(sql, rows)
-                if table in _MEASURES:
-                    _rollup(con, table, rows)
                 n += len(rows)
+            for table, acc in rollups.items():
+                _write_rollup(con, table, acc)
             con.commit()
         except BaseException:
             con.rollback()
