@@ -321,9 +321,8 @@ def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
         delta = (_m.layer_contributions(o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups)))
                  - _m.layer_contributions(o[:, 0], o[:, 1], present))
         _add_moments(con, "ab_layer_moments", [r[:2] + (bucket_by[r[:3]], r[3]) for r in lookups], delta)
-    agg = "_ab_lt"
-    con.execute(f"INSERT INTO main.ab_lookups(experiment, variant, unit_hash, layer, lookups, hits) "
-                f"SELECT * FROM {agg} WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
+    con.execute("INSERT INTO main.ab_lookups(experiment, variant, unit_hash, layer, lookups, hits) "
+                f"SELECT * FROM _ab_lt WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
                 "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
     con.execute("DROP TABLE temp._ab_t")
     con.execute("DROP TABLE temp._ab_lt")
