@@ -27,12 +27,13 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import curve_fit
+from scipy.optimize import OptimizeWarning, curve_fit
 
 from .hitrate import Z95, time_slice
 
@@ -172,7 +173,9 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         return b0 * np.exp(-k * tt)
 
     try:
-        (b0, k), cov = curve_fit(f, t, y, p0=(b0_guess, 1.0), maxfev=5000)
+        with warnings.catch_warnings():  # a flat series has no covariance: se is NaN, said by the CI
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (b0, k), cov = curve_fit(f, t, y, p0=(b0_guess, 1.0), maxfev=5000)
         se = float(np.sqrt(cov[1, 1])) if np.isfinite(cov[1, 1]) else nan
     except (RuntimeError, ValueError) as e:
         return Decay(nan, nan, nan, nan, nan, len(series), f"decay fit did not converge: {e}")

@@ -79,4 +79,5 @@ if decay.error:
     st.info(f"Decay not fitted: {decay.error}.")
 else:
     st.metric("ROI decay rate k", f"{decay.k_per_hour:.2f} / h",
-              help=f"95% CI {decay.ci_low:.2f} – {decay.ci_high:.2f}; half-life {decay.half_life_h:.2f} h")
+              help=(f"95% CI {decay.ci_low:.2f} – {decay.ci_high:.2f}" if np.isfinite(decay.ci_low) else
+                    "95% CI not estimable (too few distinct points)") + f"; half-life {decay.half_life_h:.2f} h")
