@@ -58,12 +58,26 @@ def _remove_store(path: Path) -> None:
         p.unlink()
 
 
+def _say_if_upgrading(path: Path) -> None:
+    """A store from an older warmscope is upgraded when opened for writing; say so (it can take a minute)."""
+    from collectors.store import EmbeddedStore, StoreError
+
+    if not path.exists():
+        return
+    try:
+        EmbeddedStore(path, readonly=True).close()
+    except StoreError as e:
+        if "older warmscope" in str(e):
+            print(f"upgrading {path} to this warmscope's schema (its data is kept)…", file=sys.stderr)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from collectors.store import EmbeddedStore
 
     path = _store_path(args)
     if args.fresh and path.exists():
         _remove_store(path)
+    _say_if_upgrading(path)
     store = EmbeddedStore(path)
     empty = store.counts()["lookups"] == 0
     store.close()
@@ -89,6 +103,7 @@ def cmd_upgrade_store(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"warmscope upgrade-store: {path} does not exist; pass --store PATH", file=sys.stderr)
         return 2
+    _say_if_upgrading(path)
     try:
         EmbeddedStore(path).close()  # a writable open upgrades in place
     except StoreError as e:
