@@ -217,6 +217,10 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta
 def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
     """A batch's unit rows summed per unit and lookup rows per unit × layer
     (a retried batch can repeat a unit)."""
+    ukeys = {r[:3] for r in unit_rows}
+    lkeys = {r[:4] for r in lookup_rows}
+    if len(ukeys) == len(unit_rows) and len(lkeys) == len(lookup_rows):  # the usual case: nothing to fold
+        return [tuple(r) for r in unit_rows], [tuple(r) for r in lookup_rows]
     nf = len(_AB_SUMS)
     add: dict[tuple, list] = {}
     for r in unit_rows:
@@ -316,8 +320,11 @@ def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
             for k, (first,) in _existing(con, "ab_units", ("first_ts",), missing).items():
                 bucket_by[k] = float(_m.bucket_of(np.array([first]))[0])
         t = np.array([r[4:] for r in lookups], dtype=float)
-        o = np.array([lold.get(r[:4], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
-        present = np.array([r[:4] in lold for r in lookups], dtype=float)
+        if lold:
+            o = np.array([lold.get(r[:4], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
+            present = np.array([r[:4] in lold for r in lookups], dtype=float)
+        else:  # all new unit × layer rows
+            o, present = np.zeros((len(lookups), 2)), np.zeros(len(lookups))
         delta = (_m.layer_contributions(o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups)))
                  - _m.layer_contributions(o[:, 0], o[:, 1], present))
         _add_moments(con, "ab_layer_moments", [r[:2] + (bucket_by[r[:3]], r[3]) for r in lookups], delta)
