@@ -21,7 +21,7 @@ import streamlit as st
 from collectors.config import CollectorConfig
 from collectors.store import EmbeddedStore, StoreError
 
-__all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "units", "ab_report", "time_bounds",
+__all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "ab_report", "time_bounds",
            "experiments", "TTL"]
 
 TTL = 30
@@ -122,31 +122,6 @@ def frame(name: str, start: float | None = None, end: float | None = None, step:
 def frames(names, start: float | None = None, end: float | None = None,
            step: float | None = None) -> dict[str, pd.DataFrame]:
     return {n: frame(n, start, end, step) for n in names}
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def _units(path: str, experiment: str, mtime: float) -> pd.DataFrame:
-    try:
-        return _store(path).units(experiment)
-    except StoreError as e:
-        raise SourceError(str(e)) from None
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def _redis_units(url: str, experiment: str) -> pd.DataFrame:
-    from analysis.sources import SourceError as AnalysisSourceError
-
-    try:
-        return _redis(url).units(experiment)
-    except AnalysisSourceError as e:
-        raise SourceError(str(e)) from None
-
-
-def units(experiment: str) -> pd.DataFrame:
-    if redis_url():
-        return _redis_units(redis_url(), experiment)
-    path = store_path()
-    return _units(path, experiment, _mtime(path))
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

@@ -152,24 +152,20 @@ _MEASURES = {"lookups": ("count",), "writes": ("count",), "requests": ("requests
 ROLLUPS = tuple(_MEASURES)
 
 
+def _q(col: str) -> str:
+    return f'"{col}"'
+
+
 def _rollup_ddl() -> str:
     out = []
     for t, meas in _MEASURES.items():
         dims = [c for c in _TABLES[t] if c not in meas]
         out.append(f"CREATE TABLE IF NOT EXISTS {t}_1h AS SELECT * FROM {t} WHERE 0;\n"
-                   f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_1h_key ON {t}_1h({', '.join(map(_q0, dims))});\n")
+                   f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_1h_key ON {t}_1h({', '.join(map(_q, dims))});\n")
     return "".join(out)
 
 
-def _q0(c: str) -> str:
-    return f'"{c}"'
-
-
 _DDL += _rollup_ddl()
-
-
-def _q(col: str) -> str:
-    return f'"{col}"'
 
 
 _AB_KEYS = ("experiment", "variant", "unit_hash")
