@@ -7,6 +7,6 @@ COPY collectors ./collectors
 COPY analysis ./analysis
 COPY app ./app
 COPY simulator ./simulator
-RUN pip install --no-cache-dir . && mkdir -p /data
+RUN pip install --no-cache-dir ".[app]" && mkdir -p /data
 EXPOSE 8501
 CMD ["warmscope", "dashboard", "--address", "0.0.0.0"]

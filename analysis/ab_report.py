@@ -37,8 +37,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from collectors.ab_moments import BUCKET_S, NB, bucket_of
-from collectors.schema import DURATION_BUCKETS
+from warmscope.collectors.ab_moments import BUCKET_S, NB, bucket_of
+from warmscope.collectors.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
 from .hitrate import hit_table

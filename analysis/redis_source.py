@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from collectors.redis_sink import PREFIX
-from collectors.store import _TABLES
+from warmscope.collectors.redis_sink import PREFIX
+from warmscope.collectors.store import _TABLES
 
 from .sources import SourceError
 

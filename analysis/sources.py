@@ -12,7 +12,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from collectors.store import FRAMES, EmbeddedStore, StoreError
+from warmscope.collectors.store import FRAMES, EmbeddedStore, StoreError
 
 __all__ = ["EmbeddedSource", "SourceError", "FRAMES"]
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collectors.config import CollectorConfig, ConfigError
+from warmscope.collectors.config import CollectorConfig, ConfigError
 
 APP_MAIN = Path(__file__).with_name("main.py")
 
@@ -60,7 +60,7 @@ def _remove_store(path: Path) -> None:
 
 def _say_if_upgrading(path: Path) -> None:
     """A store from an older warmscope is upgraded when opened for writing; say so (it can take a minute)."""
-    from collectors.store import EmbeddedStore, StoreError
+    from warmscope.collectors.store import EmbeddedStore, StoreError
 
     if not path.exists():
         return
@@ -72,7 +72,7 @@ def _say_if_upgrading(path: Path) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from collectors.store import EmbeddedStore
+    from warmscope.collectors.store import EmbeddedStore
 
     path = _store_path(args)
     if args.fresh and path.exists():
@@ -82,7 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     empty = store.counts()["lookups"] == 0
     store.close()
     if empty:
-        from simulator import SimConfig, parse_fault, simulate
+        from warmscope.simulator import SimConfig, parse_fault, simulate
 
         # A day with two injected traps, so every page has something to show.
         cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk")
@@ -97,7 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade_store(args: argparse.Namespace) -> int:
-    from collectors.store import SCHEMA_VERSION, EmbeddedStore, StoreError
+    from warmscope.collectors.store import SCHEMA_VERSION, EmbeddedStore, StoreError
 
     path = _store_path(args)
     if not path.exists():
@@ -116,8 +116,8 @@ def cmd_upgrade_store(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from collectors.store import EmbeddedStore
-    from simulator import SimConfig, parse_fault, simulate
+    from warmscope.collectors.store import EmbeddedStore
+    from warmscope.simulator import SimConfig, parse_fault, simulate
 
     try:
         cfg = SimConfig.load(
@@ -139,7 +139,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _remove_store(path)
     kw: dict = {}
     if args.exporter != "embedded" or args.redis_url:
-        from collectors.config import CollectorConfig
+        from warmscope.collectors.config import CollectorConfig
 
         kw["collector_config"] = CollectorConfig.load(
             env={}, exporter=args.exporter, key_secret="warmscope-sim", max_families=1024,
@@ -159,8 +159,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_report_ab(args: argparse.Namespace) -> int:
-    from analysis.ab_report import render_html, render_markdown, report_for
-    from analysis.sources import EmbeddedSource, SourceError
+    from warmscope.analysis.ab_report import render_html, render_markdown, report_for
+    from warmscope.analysis.sources import EmbeddedSource, SourceError
 
     try:
         src = EmbeddedSource(_store_path(args))
@@ -187,7 +187,7 @@ def cmd_rca(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from analysis.rootcause import localize
+    from warmscope.analysis.rootcause import localize
 
     try:
         leaves = pd.read_csv(args.csv, dtype={d: str for d in args.dims})
@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--fresh", action="store_true", help="delete the store first")
             p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
             p.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
-    from simulator.config import STRATEGIES
-    from simulator.faults import TRAPS
+    from warmscope.simulator.config import STRATEGIES
+    from warmscope.simulator.faults import TRAPS
 
     p = sub.add_parser("simulate", help="run the emulated GPU inference stack into a store",
                        description="Simulate replicas serving tenants through weights, LoRA, embedding, "

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from collectors.config import CollectorConfig
-from collectors.store import EmbeddedStore, StoreError
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.store import EmbeddedStore, StoreError
 
 __all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "ab_report", "time_bounds",
            "experiments", "TTL"]
@@ -59,21 +59,21 @@ def source_label() -> str:
 
 @st.cache_resource(show_spinner=False)
 def _prom(url: str):
-    from analysis.prometheus import PrometheusSource
+    from warmscope.analysis.prometheus import PrometheusSource
 
     return PrometheusSource(url)
 
 
 @st.cache_resource(show_spinner=False)
 def _redis(url: str):
-    from analysis.redis_source import RedisSource
+    from warmscope.analysis.redis_source import RedisSource
 
     return RedisSource(url)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _remote_frame(kind: str, url: str, name: str, start: float | None, end: float | None) -> pd.DataFrame:
-    from analysis.sources import SourceError as AnalysisSourceError
+    from warmscope.analysis.sources import SourceError as AnalysisSourceError
 
     try:
         src = _prom(url) if kind == "prometheus" else _redis(url)
@@ -113,7 +113,7 @@ def frame(name: str, start: float | None = None, end: float | None = None, step:
         return _remote_frame("redis", redis_url(), name, start, end)
     path = store_path()
     if (prometheus_url() or redis_url()) and not Path(path).exists():
-        from collectors.store import _TABLES
+        from warmscope.collectors.store import _TABLES
 
         return pd.DataFrame(columns=list(_TABLES.get(name, ())))  # not collected in this deployment
     return _frame(path, name, start, end, _mtime(path), step)
@@ -126,9 +126,9 @@ def frames(names, start: float | None = None, end: float | None = None,
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _ab_report(kind: str, where: str, experiment: str, control: str, treatment: str, primary: str, mtime: float):
-    from analysis.ab_report import build_report, report_for
-    from analysis.sources import EmbeddedSource
-    from analysis.sources import SourceError as AnalysisSourceError
+    from warmscope.analysis.ab_report import build_report, report_for
+    from warmscope.analysis.sources import EmbeddedSource
+    from warmscope.analysis.sources import SourceError as AnalysisSourceError
 
     try:
         if kind == "redis":  # unit rows from Redis; request totals from wherever requests come from

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-
-from app import data, ui  # noqa: E402
+from warmscope.app import data, ui
 
 st.set_page_config(page_title="warmscope", page_icon="🔥", layout="wide")
 PAGES = Path(__file__).with_name("pages")

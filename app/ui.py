@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data
+from warmscope.app import data
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
           "everything": None}

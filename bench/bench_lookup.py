@@ -21,9 +21,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from bench.common import best_ns, table
-from collectors import InstrumentedCache, request_context, schema
-from collectors.config import CollectorConfig
-from collectors.pipeline import Telemetry
+from warmscope.collectors import InstrumentedCache, request_context, schema
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.pipeline import Telemetry
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ def main() -> None:
     if args.store:
         store = args.store
     else:
-        from simulator import SimConfig, simulate
+        from warmscope.simulator import SimConfig, simulate
 
         store = str(Path(tempfile.mkdtemp()) / "bench.sqlite")
         simulate(SimConfig.load(hours=args.hours), store)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from analysis.rootcause import localize
+from warmscope.analysis.rootcause import localize
 
 
 def main() -> None:

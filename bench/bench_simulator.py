@@ -14,7 +14,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig, simulate
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collectors.store import _DDL, EmbeddedStore
+from warmscope.collectors.store import _DDL, EmbeddedStore
 
 
 def main() -> None:

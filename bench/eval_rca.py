@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.drilldown import drill_down
-from analysis.traps import detect_all
-from collectors import EmbeddedStore
-from simulator import SimConfig, parse_fault, simulate
-from simulator.traffic import TEMPLATES, make_tenants
+from warmscope.analysis.drilldown import drill_down
+from warmscope.analysis.traps import detect_all
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import SimConfig, parse_fault, simulate
+from warmscope.simulator.traffic import TEMPLATES, make_tenants
 
 BASE = (900.0, 2700.0)
 WIN = (2700.0, 4500.0)

@@ -2,7 +2,7 @@
 
 Set the pipeline up once per process, label each request, wrap the caches::
 
-    import collectors
+    from warmscope import collectors
     tel = collectors.setup()                       # config from env / TOML
     kv = collectors.InstrumentedCache(lru, layer="prefix_kv")
     r = collectors.instrument_redis(redis.Redis(), layer="response")

@@ -15,7 +15,7 @@ wrapped cache itself propagate unchanged (after being counted as ``error``).
 
 Example::
 
-    from collectors import InstrumentedCache, cached
+    from warmscope.collectors import InstrumentedCache, cached
     emb = InstrumentedCache({}, layer="embedding")
     vec = emb.get_or_load(chunk_id, embed_chunk)
 

@@ -11,7 +11,7 @@ lookup only reads three ints.
 
 Example::
 
-    from collectors import request_context
+    from warmscope.collectors import request_context
     with request_context(tenant="acme", unit=session_id, experiment="warmup-2026-11",
                          variant="B", model="llama-3-8b", prompt_tokens=1800):
         answer = serve(prompt)   # wrapped caches inside pick the labels up

@@ -13,7 +13,7 @@ written at the next flush.
 
 Example::
 
-    import collectors
+    from warmscope import collectors
     tel = collectors.setup(exporter="embedded", store_path="var/warmscope.sqlite")
     cache = collectors.InstrumentedCache({}, layer="response")
     ...

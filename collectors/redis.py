@@ -20,7 +20,7 @@ k.startswith("emb:") else "response"``).
 Example::
 
     import redis
-    from collectors import instrument_redis
+    from warmscope.collectors import instrument_redis
     r = instrument_redis(redis.Redis(), layer="response")
     r.get("resp:v1:8812")          # counted as hit or miss
 """

@@ -7,7 +7,7 @@ test and injectable cold-start traps. All telemetry goes through
 
 Example::
 
-    from simulator import SimConfig, Simulation, parse_fault
+    from warmscope.simulator import SimConfig, Simulation, parse_fault
     cfg = SimConfig.load(hours=2, strategy_a="none", strategy_b="static_topk", seed=3)
     sim = Simulation(cfg, "var/sim.sqlite", faults=[parse_fault("bypass:tenant=acme@01:00-01:30")])
     summary = sim.run()

@@ -39,10 +39,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectors import InstrumentedCache, request_context
-from collectors.config import CollectorConfig
-from collectors.pipeline import Telemetry, flush_together
-from collectors.store import EmbeddedStore
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.pipeline import Telemetry, flush_together
+from warmscope.collectors.store import EmbeddedStore
 
 from .caches import LRU
 from .config import SimConfig
@@ -180,7 +180,7 @@ class Simulation:
         self.meter_provider = meter_provider
         self._own_provider = None
         if meter_provider is None and self.ccfg.exporter in ("otlp", "prometheus"):
-            from collectors.otel import build_provider
+            from warmscope.collectors.otel import build_provider
 
             # One provider (one scrape endpoint) for all simulated replicas.
             self.meter_provider, server = build_provider(self.ccfg)
@@ -340,7 +340,7 @@ class Simulation:
         for tel in self.telemetries:
             tel.close()
         if self._own_provider is not None:
-            from collectors.otel import stop_server
+            from warmscope.collectors.otel import stop_server
 
             provider, server = self._own_provider
             provider.shutdown()

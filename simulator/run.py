@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors.store import EmbeddedStore
+from warmscope.collectors.store import EmbeddedStore
 
 from .config import SimConfig
 from .engine import Simulation, Summary, write_run_info

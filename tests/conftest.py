@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.config import CollectorConfig
-from collectors.pipeline import Telemetry
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.pipeline import Telemetry
 
 CI = os.environ.get("CI", "").lower() == "true"
 
@@ -106,7 +106,7 @@ def make_tel(tmp_path):
     def make(with_reader: bool = True, **overrides):
         from opentelemetry.sdk.metrics import MeterProvider
 
-        from collectors.otel import InMemoryReader
+        from warmscope.collectors.otel import InMemoryReader
 
         overrides.setdefault("store_path", str(tmp_path / "store.sqlite"))
         overrides.setdefault("key_secret", "test-secret")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.ab_report import DEFAULT_PRIMARY, effect_figure, render_html
-from app import data
+from warmscope.analysis.ab_report import DEFAULT_PRIMARY, effect_figure, render_html
+from warmscope.app import data
 
 st.title("A/B report")
 try:

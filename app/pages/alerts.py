@@ -8,8 +8,8 @@ import urllib.request
 
 import streamlit as st
 
-from analysis.alerts import evaluate, hot_keys_since
-from app import ui
+from warmscope.analysis.alerts import evaluate, hot_keys_since
+from warmscope.app import ui
 
 st.title("Alerts")
 am = os.environ.get("WARMSCOPE_ALERTMANAGER_URL", "")

@@ -6,8 +6,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.hitrate import hit_table
-from app import ui
+from warmscope.analysis.hitrate import hit_table
+from warmscope.app import ui
 
 DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
 st.title("Hit rate explorer")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.coverage import read_in_time
-from app import ui
+from warmscope.analysis.coverage import read_in_time
+from warmscope.app import ui
 
 st.title("Hot keys")
 start, end = ui.time_range()

@@ -6,11 +6,11 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.config import AnalysisConfig
-from analysis.hitrate import hit_table
-from analysis.scores import score_card
-from app import ui
-from analysis.alerts import evaluate, hot_keys_since
+from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.hitrate import hit_table
+from warmscope.analysis.scores import score_card
+from warmscope.app import ui
+from warmscope.analysis.alerts import evaluate, hot_keys_since
 
 st.title("Cache warm-up overview")
 start, end = ui.time_range()

@@ -6,10 +6,10 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from analysis.drilldown import change_point, drill_down
-from analysis.hitrate import hit_table
-from analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
-from app import ui
+from warmscope.analysis.drilldown import change_point, drill_down
+from warmscope.analysis.hitrate import hit_table
+from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
+from warmscope.app import ui
 
 st.title("Root cause")
 start, end = ui.time_range()

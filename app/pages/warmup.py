@@ -8,10 +8,10 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.config import AnalysisConfig
-from analysis.coverage import run_effect, warm_set_coverage
-from analysis.roi import benefit_series, fit_decay, roi_windows
-from app import ui
+from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.coverage import run_effect, warm_set_coverage
+from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
+from warmscope.app import ui
 
 st.title("Warm-up runs")
 start, end = ui.time_range()

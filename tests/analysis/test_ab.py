@@ -9,7 +9,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportions_ztest
 
-from analysis.ab import Mean, Proportion, Quantile, Ratio, adjust, batch_means, compare, cuped, msprt, power, srm
+from warmscope.analysis.ab import Mean, Proportion, Quantile, Ratio, adjust, batch_means, compare, cuped, msprt, power, srm
 
 RNG = np.random.default_rng(20261129)
 
@@ -195,7 +195,7 @@ def test_quantile_estimate_and_outer_ci():
     bounds = (1.0, 2.0, 4.0)
     counts = np.array([[2, 6, 2, 0], [1, 5, 4, 0], [3, 3, 3, 1]], dtype=float)
     q = Quantile.from_units(0.5, bounds, counts)
-    from analysis.latency import quantile_from_buckets
+    from warmscope.analysis.latency import quantile_from_buckets
 
     assert q.estimate == pytest.approx(quantile_from_buckets(np.array(bounds), counts.sum(axis=0), 0.5)[0])
     est, lo, hi = q.outer_ci()

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.ab_report import build_report, build_report_from_moments
-from collectors import EmbeddedStore
-from collectors import ab_moments as M
-from collectors.store import _TABLES
-from simulator import SimConfig, simulate
+from warmscope.analysis.ab_report import build_report, build_report_from_moments
+from warmscope.collectors import EmbeddedStore
+from warmscope.collectors import ab_moments as M
+from warmscope.collectors.store import _TABLES
+from warmscope.simulator import SimConfig, simulate
 
 EXP = "warmup-strategy"
 

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.ab_report import build_from_series, build_report, render_html, render_markdown
-from collectors import EmbeddedStore
-from simulator import SimConfig, simulate
+from warmscope.analysis.ab_report import build_from_series, build_report, render_html, render_markdown
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import SimConfig, simulate
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_prometheus_only_fallback_warns(store):
 
 
 def test_cli_writes_html_and_markdown(store, tmp_path, capsys):
-    from app import cli
+    from warmscope.app import cli
 
     out = tmp_path / "r" / "ab.html"
     assert cli.main(["--store", str(store.path), "report", "ab", "--out", str(out)]) == 0

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.config import AnalysisConfig
-from analysis.coverage import read_in_time, run_effect, warm_set_coverage
-from analysis.roi import benefit_series, business_roi, compute_roi, fit_decay, roi_windows
-from simulator import SimConfig, parse_fault, simulate
-from collectors import EmbeddedStore
+from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.coverage import read_in_time, run_effect, warm_set_coverage
+from warmscope.analysis.roi import benefit_series, business_roi, compute_roi, fit_decay, roi_windows
+from warmscope.simulator import SimConfig, parse_fault, simulate
+from warmscope.collectors import EmbeddedStore
 
 NAN = float("nan")
 RUN_COLS = ["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended", "gpu_s", "status"]
@@ -155,7 +155,7 @@ def test_run_effect_before_after():
 
 
 def test_analysis_config_validation(tmp_path):
-    from analysis.config import ConfigError
+    from warmscope.analysis.config import ConfigError
 
     p = tmp_path / "a.toml"
     p.write_text('[analysis]\nprice_per_gpu_s = 0.001\n[analysis.dimensions.cache_hit_rate]\ntarget = 0.9\n'

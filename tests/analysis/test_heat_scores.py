@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import scores as S
-from analysis.config import AnalysisConfig, DimensionSpec
-from analysis.heat import ewma_forecast, heat_scores, mape, prediction_mape, rank_to_warm, slo_lambda
-from analysis.scores import normalise, score_card
+from warmscope.analysis import scores as S
+from warmscope.analysis.config import AnalysisConfig, DimensionSpec
+from warmscope.analysis.heat import ewma_forecast, heat_scores, mape, prediction_mape, rank_to_warm, slo_lambda
+from warmscope.analysis.scores import normalise, score_card
 
 
 def lk(rows):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.latency import TTFT, hist_quantile, quantile_from_buckets
+from warmscope.analysis.latency import TTFT, hist_quantile, quantile_from_buckets
 
 
 def test_quantile_interpolates_inside_the_bucket():
@@ -52,8 +52,8 @@ def test_quantiles_are_monotone(counts):
 
 def test_missing_empty_buckets_do_not_move_the_quantile():
     # The store keeps only non-empty buckets; the lower edge must still be the schema's previous bound.
-    from analysis.latency import all_bounds
-    from collectors.schema import TTFT_BUCKETS
+    from warmscope.analysis.latency import all_bounds
+    from warmscope.collectors.schema import TTFT_BUCKETS
 
     h = _hist([(60, TTFT, "A", 1.0, 10)])  # all ten observations in (0.75, 1.0]
     q = hist_quantile(h, 0.5, TTFT).value.iloc[0]

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.drilldown import change_point, drill_down
-from analysis.rootcause import localize
+from warmscope.analysis.drilldown import change_point, drill_down
+from warmscope.analysis.rootcause import localize
 
 DIMS = {"a": 8, "b": 6, "c": 5, "d": 4, "e": 4}
 
@@ -78,7 +78,7 @@ def test_drill_down_on_an_empty_frame_says_so():
 
 
 def test_cli_prints_the_root_cause_set(tmp_path, capsys):
-    from app import cli
+    from warmscope.app import cli
 
     g, rng = cube(3)
     f = rng.lognormal(3, 1, len(g))

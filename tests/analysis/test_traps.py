@@ -3,10 +3,10 @@ single-trap scenarios), and the detectors' silence on a clean run."""
 
 import pytest
 
-from analysis.traps import detect_all
+from warmscope.analysis.traps import detect_all
 from bench.eval_rca import BASE, HOURS, WIN, run, scenarios
-from collectors import EmbeddedStore
-from simulator import SimConfig, simulate
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import SimConfig, simulate
 
 SINGLE = [s for s in scenarios(9) if len(s.faults) == 1]
 

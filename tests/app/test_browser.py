@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import SimConfig, parse_fault, simulate
+from warmscope.simulator import SimConfig, parse_fault, simulate
 from tests.conftest import free_port, need_binary, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.hitrate import hit_table
-from collectors import EmbeddedStore
-from simulator import SimConfig, simulate
+from warmscope.analysis.hitrate import hit_table
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import SimConfig, simulate
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.config import AnalysisConfig
-from analysis.hitrate import hit_table
-from analysis.scores import score_card
-from collectors import EmbeddedStore
-from simulator import SimConfig, parse_fault, simulate
+from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.hitrate import hit_table
+from warmscope.analysis.scores import score_card
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import SimConfig, parse_fault, simulate
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 PAGES = ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
@@ -70,7 +70,7 @@ def test_hit_rate_drill_down_changes_the_selection(app):
 
 
 def test_ab_page_verdict_matches_the_report(app, demo_store):
-    from analysis.ab_report import build_report
+    from warmscope.analysis.ab_report import build_report
 
     at = app.run()
     at.switch_page("pages/ab.py").run()
@@ -99,7 +99,7 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
 
 
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
-    from app import cli
+    from warmscope.app import cli
 
     path = tmp_path / "cli.sqlite"
     assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0

@@ -1,4 +1,4 @@
-from collectors import InstrumentedCache, request_context, schema
+from warmscope.collectors import InstrumentedCache, request_context, schema
 from tests.helpers import points
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

@@ -1,6 +1,6 @@
 import pytest
 
-from collectors.config import CollectorConfig, ConfigError
+from warmscope.collectors.config import CollectorConfig, ConfigError
 
 
 def test_defaults_are_embedded_and_bounded():

@@ -1,8 +1,8 @@
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from collectors import InstrumentedCache, propagate, request_context, schema
-from collectors.schema import ATTR
+from warmscope.collectors import InstrumentedCache, propagate, request_context, schema
+from warmscope.collectors.schema import ATTR
 from tests.helpers import total
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

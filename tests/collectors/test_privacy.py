@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
-from collectors import InstrumentedCache, instrument_redis, request_context
+from warmscope.collectors import InstrumentedCache, instrument_redis, request_context
 
 SECRETS = [b"zq7SECRET", b"What is my balance", b"sess-9Q"]
 
@@ -48,8 +48,8 @@ def test_no_key_text_in_prometheus_exposition(make_tel):
     from prometheus_client import CollectorRegistry, generate_latest
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from collectors.otel import PrometheusReader
-    from collectors.pipeline import Telemetry
+    from warmscope.collectors.otel import PrometheusReader
+    from warmscope.collectors.pipeline import Telemetry
 
     reg = CollectorRegistry()
     reader = PrometheusReader(registry=reg)

@@ -3,8 +3,8 @@
 import pytest
 import redis
 
-from collectors import instrument_redis, request_context, schema, uninstrument_redis
-from collectors.schema import ATTR
+from warmscope.collectors import instrument_redis, request_context, schema, uninstrument_redis
+from warmscope.collectors.schema import ATTR
 from tests.conftest import free_port
 from tests.helpers import total
 

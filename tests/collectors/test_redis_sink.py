@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from collectors import InstrumentedCache, request_context
+from warmscope.collectors import InstrumentedCache, request_context
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -75,7 +75,7 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
 
 
 def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
-    from collectors import schema
+    from warmscope.collectors import schema
     from tests.helpers import total
 
     tel = make_tel()

@@ -2,8 +2,8 @@ import re
 
 from opentelemetry.sdk.metrics import MeterProvider
 
-from collectors import schema
-from collectors.otel import PrometheusReader
+from warmscope.collectors import schema
+from warmscope.collectors.otel import PrometheusReader
 
 
 def test_instrument_names_are_dotted_lower_case_with_base_units():

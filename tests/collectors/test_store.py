@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from collectors import EmbeddedStore, InstrumentedCache, StoreError
-from collectors.store import FRAMES, _TABLES
+from warmscope.collectors import EmbeddedStore, InstrumentedCache, StoreError
+from warmscope.collectors.store import FRAMES, _TABLES
 
 
 def test_every_frame_has_its_documented_columns_even_when_empty(tmp_path):
@@ -19,7 +19,7 @@ def test_every_frame_has_its_documented_columns_even_when_empty(tmp_path):
                                         "layer", "le", "count", "sum", "total"]
         else:
             assert list(df.columns) == list(_TABLES[name])
-    doc = EmbeddedStore.__module__ and sys.modules["collectors.store"].__doc__
+    doc = EmbeddedStore.__module__ and sys.modules["warmscope.collectors.store"].__doc__
     for name in FRAMES:
         assert f"``{name}``" in doc
 
@@ -60,7 +60,7 @@ def test_a_reader_in_another_process_sees_committed_data(make_tel, tmp_path):
         c.get(f"k:{i}")
     tel.flush(now=1.0)
     code = textwrap.dedent(f"""
-        from collectors import EmbeddedStore
+        from warmscope.collectors import EmbeddedStore
         s = EmbeddedStore({str(tel.store.path)!r}, readonly=True)
         print(int(s.frame("lookups")["count"].sum()))
     """)
@@ -89,7 +89,7 @@ def test_locked_store_loses_nothing(make_tel, tmp_path):
 
 
 def request_context_unit(tel):
-    from collectors import request_context
+    from warmscope.collectors import request_context
 
     return request_context(tenant="t", unit="u", experiment="e", variant="A", telemetry=tel)
 
@@ -104,7 +104,7 @@ CREATE TABLE ab_lookups(experiment TEXT, variant TEXT, unit_hash TEXT, layer TEX
 
 def _v2_store(path, rows_u, rows_l):
     """A store as schema 2 wrote it: A/B tables append one row per unit per flush window."""
-    from collectors.store import _DDL, _H
+    from warmscope.collectors.store import _DDL, _H
 
     con = sqlite3.connect(path)
     ddl = "".join(s + ";" for s in _DDL.split(";") if s.strip() and "TABLE IF NOT EXISTS ab_" not in s)
@@ -122,7 +122,7 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
 
     import pandas as pd
 
-    from collectors.store import _H
+    from warmscope.collectors.store import _H
 
     rnd = random.Random(3)
     nh = len(_H)
@@ -141,7 +141,7 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
 
     with pytest.raises(StoreError, match="older warmscope .* upgrade-store"):
         EmbeddedStore(path, readonly=True)
-    out = subprocess.run([sys.executable, "-m", "app.cli", "--store", str(path), "upgrade-store"],
+    out = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(path), "upgrade-store"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "upgrading" in out.stderr and "schema version 3" in out.stderr
@@ -178,7 +178,7 @@ def test_hourly_rollups_equal_the_per_flush_rows_summed_by_hour(tmp_path):
     import numpy as np
     import pandas as pd
 
-    from collectors.store import ROLLUP_S, _backfill_rollups, histogram_row
+    from warmscope.collectors.store import ROLLUP_S, _backfill_rollups, histogram_row
 
     rnd = random.Random(5)
     st = EmbeddedStore(tmp_path / "r.sqlite")

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
-from analysis.sources import SourceError
-from collectors import EmbeddedStore
-from collectors.config import CollectorConfig
-from collectors.otel import build_provider, stop_server
-from simulator import SimConfig, Simulation
+from warmscope.analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
+from warmscope.analysis.sources import SourceError
+from warmscope.collectors import EmbeddedStore
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.otel import build_provider, stop_server
+from warmscope.simulator import SimConfig, Simulation
 from tests.conftest import free_port, need_binary, wait_until
 
 

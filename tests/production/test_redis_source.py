@@ -4,9 +4,9 @@ hot keys, warm-up runs and A/B units the embedded store gets from the same data.
 import pandas as pd
 import pytest
 
-from analysis.redis_source import RedisSource
-from analysis.sources import SourceError
-from collectors import InstrumentedCache, request_context
+from warmscope.analysis.redis_source import RedisSource
+from warmscope.analysis.sources import SourceError
+from warmscope.collectors import InstrumentedCache, request_context
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.redis

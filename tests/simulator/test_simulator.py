@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from collectors import EmbeddedStore
-from collectors.config import CollectorConfig
-from simulator import SimConfig, Simulation, parse_fault, simulate
+from warmscope.collectors import EmbeddedStore
+from warmscope.collectors.config import CollectorConfig
+from warmscope.simulator import SimConfig, Simulation, parse_fault, simulate
 
 T0 = SimConfig().start
 SMALL = dict(hours=1.0, rps=6.0, tenants=6, replicas=2, seed=5, peak_warmup_at_h=-1)
@@ -137,7 +137,7 @@ def test_dynamic_tokenisation_trap_drops_hit_rate_of_its_template(tmp_path):
     for t in probe.tenants:
         for i in t.templates:
             counts[i] = counts.get(i, 0) + 1
-    from simulator.traffic import TEMPLATES
+    from warmscope.simulator.traffic import TEMPLATES
 
     tpl = TEMPLATES[max(counts, key=counts.get)].name
     _, st = _run(tmp_path, "tok", [f"dynamic_tokenisation:template={tpl}@00:20-00:40"])
