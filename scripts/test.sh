@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up and run the whole test suite:  bash scripts/test.sh [pytest args]
-# Installs what the tests start (redis-server, prometheus/promtool, chromium)
+# Installs what the tests start (redis-server, prometheus/promtool, victoria-metrics,
+# chromium, and vLLM's CPU build in its own cached venv)
 # when missing; the tests
 # start them on free 127.0.0.1 ports and stop them. Under CI=true a missing
 # service fails the run instead of skipping tests.
@@ -9,6 +10,7 @@ ensure_venv dev
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
 ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for the integration test
+ensure_cmd victoria-metrics victoria-metrics   # the long-term PromQL store behind Prometheus
 log "vLLM (CPU build) for the real-engine tests: installed once into ~/.cache/warmscope"
 .venv/bin/python -m warmscope.simulator.real_engine install
 log "running tests"

@@ -1,0 +1,126 @@
+"""Long-term metrics on a PromQL store: a real Prometheus scrapes the collectors
+while the simulator runs in real time, evaluates warmscope's recording rules and
+remote-writes everything to a real VictoriaMetrics; the app's Prometheus source
+pointed at VictoriaMetrics gives the same frames as pointed at Prometheus."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from warmscope.analysis.prometheus import PrometheusSource
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.otel import build_provider, stop_server
+from warmscope.collectors.store import EmbeddedStore
+from warmscope.simulator import SimConfig, Simulation
+from tests.conftest import free_port, need_binary, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _instant(url: str, q: str) -> list[dict]:
+    return _get(f"{url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    prom_bin, vm_bin = need_binary("prometheus"), need_binary("victoria-metrics")
+    tmp = tmp_path_factory.mktemp("vm")
+    exporter_port, prom_port, vm_port = free_port(), free_port(), free_port()
+    vm_url, prom_url = f"http://127.0.0.1:{vm_port}", f"http://127.0.0.1:{prom_port}"
+    rules = tmp / "rules"
+    rules.mkdir()
+    (rules / "warmscope.rules.yml").write_text((ROOT / "rules" / "warmscope.rules.yml").read_text())
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{rules}/*.yml']\n"
+        "scrape_configs:\n"
+        f"  - job_name: warmscope\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
+        "remote_write:\n"
+        f"  - url: {vm_url}/api/v1/write\n"
+        "    queue_config: {batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}\n")
+    # serve the newest samples within a second (by default range queries hold back the last 30 s)
+    vm = subprocess.Popen([vm_bin, f"-storageDataPath={tmp / 'vmdata'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
+                           "-retentionPeriod=1", "-search.latencyOffset=1s", "-search.maxStepForPointsAdjustment=1ms",
+                           "-search.disableCache"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    provider = server = None
+    try:
+        wait_until(lambda: urllib.request.urlopen(vm_url + "/health", timeout=2).status == 200, 60, "victoria-metrics")
+        wait_until(lambda: urllib.request.urlopen(prom_url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
+        provider, server = build_provider(CollectorConfig.load(env={}, exporter="prometheus",
+                                                               prometheus_port=exporter_port))
+        cfg = SimConfig.load(hours=20 / 3600, rps=20.0, tenants=3, replicas=1, tick_s=2.0, peak_warmup_at_h=-1)
+        t0 = time.time()
+        Simulation(cfg, tmp / "live.sqlite", meter_provider=provider, realtime=True, speed=1.0).run()
+        time.sleep(3)  # the last points get scraped
+        t1 = time.time()
+        q = "sum(warmscope_cache_lookups_total)"
+
+        def caught_up() -> bool:  # VictoriaMetrics holds what Prometheus holds
+            a, b = _instant(prom_url, q), _instant(vm_url, q)
+            return bool(a and b) and float(a[0]["value"][1]) == float(b[0]["value"][1])
+
+        wait_until(caught_up, 60, "remote write to catch up")
+        end = t1
+
+        def range_caught_up() -> bool:  # and serves it in range queries up to t1
+            a = PrometheusSource(prom_url).frame("lookups", t0 - 30, end)["count"].sum()
+            b = PrometheusSource(vm_url).frame("lookups", t0 - 30, end)["count"].sum()
+            return a == b > 0
+
+        wait_until(range_caught_up, 90, "range queries to see the newest samples")
+        yield prom_url, vm_url, EmbeddedStore(tmp / "live.sqlite", readonly=True), t0, t1
+    finally:
+        if provider is not None:
+            provider.shutdown()
+            stop_server(server)
+        for p in (prom, vm):
+            p.terminate()
+            p.wait(15)
+
+
+def test_victoria_metrics_serves_the_same_frames_as_prometheus(stack):
+    prom_url, vm_url, store, t0, t1 = stack
+    from_prom = PrometheusSource(prom_url).frame("lookups", t0 - 30, t1)
+    from_vm = PrometheusSource(vm_url).frame("lookups", t0 - 30, t1)
+    assert len(from_prom) > 0
+    keys = ["layer", "result"]
+    a = from_prom.groupby(keys)["count"].sum()
+    b = from_vm.groupby(keys)["count"].sum()
+    assert a.index.equals(b.index) and (a == b).all(), (a, b)
+    # and both agree with the store within one scrape interval of traffic (1 s)
+    lk = store.frame("lookups")
+    rate = lk.groupby("layer")["count"].sum() / max(lk.ts.max() - lk.ts.min(), 1)
+    for layer, n in lk.groupby("layer")["count"].sum().items():
+        got = from_vm[from_vm.layer == layer]["count"].sum()
+        assert abs(got - n) <= 2 * rate[layer] + 1, (layer, got, n)
+    req_p = PrometheusSource(prom_url).frame("requests", t0 - 30, t1)
+    req_v = PrometheusSource(vm_url).frame("requests", t0 - 30, t1)
+    assert req_p["requests"].sum() == req_v["requests"].sum() > 0
+
+
+def test_recorded_rules_reach_the_long_term_store(stack):
+    prom_url, vm_url, *_ = stack
+    name = "warmscope:layer_hit_ratio:rate5m"
+    wait_until(lambda: bool(_instant(vm_url, name)), 30, f"{name} in VictoriaMetrics")
+    from_prom = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in _instant(prom_url, name)}
+    from_vm = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in _instant(vm_url, name)}
+    assert set(from_vm) == set(from_prom) and from_vm
+    for layer, v in from_vm.items():  # rule evaluations one interval apart at most
+        assert 0.0 <= v <= 1.0 and abs(v - from_prom[layer]) < 0.1, (layer, v, from_prom[layer])
+
