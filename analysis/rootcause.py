@@ -1,4 +1,4 @@
-"""Multi-dimensional root-cause localisation of a regression.
+"""Multi-dimensional root-cause localisation of a change.
 
 Input: a *leaf table* — one row per combination of dimension values — with an
 observed and an expected (baseline or forecast) value, either for an additive
@@ -7,37 +7,58 @@ rate = hits / lookups, given observed and expected numerator and denominator).
 Output: a ranked set of root-cause *elements*, each a combination of
 dimension values such as ``{tenant=t3, layer=prefix_kv}``.
 
-Method. The published localisers split into search-by-explanatory-power
-(Adtributor: one dimension only; iDice, HotSpot: search over combinations)
-and deviation-clustering methods (Squeeze, RiskLoc), which lead on
-multi-dimensional, multi-element benchmarks. This module scores candidates by
-HotSpot's *potential score* under Squeeze's *generalised ripple effect* (the
-leaves under one root cause move by one common ratio), searched greedily
-rather than by Monte-Carlo:
+Method: *vote-purity search*. Published localisers either search for the
+elements with the largest explanatory power (Adtributor, iDice, HotSpot) or
+first separate abnormal from normal leaves and then describe the abnormal ones
+by few elements (Squeeze, RiskLoc, RobustSpot). This module does the second,
+with each element's leaves judged against the element's own move:
 
-1. work on the part that moved: hits at the observed lookups (ratio measures)
-   or the measure itself (additive);
-2. for every element of 1–``max_depth`` dimensions, the potential score is
-   ``1 − ‖observed − a‖ / ‖observed − expected‖``, where ``a`` moves the
-   element's leaves by its own ratio and keeps the rest as expected; computed
-   from per-element sums, so one groupby per dimension subset;
-3. greedy cover: take the element with the largest gain (a small penalty per
-   extra dimension — succinctness); keep only elements that move the measure
-   the way the total moved, beyond binomial noise (``z_min``, ratios), and —
-   given traffic volumes (``v_vol``/``f_vol``) — whose traffic did not grow by
-   more than ``max_volume_growth`` (grown traffic is downstream pressure from
-   misses upstream, an effect, not a cause);
-4. refinement: if at least 10% of the chosen element's expected value sits in
-   children (by one more dimension) that clearly did not move although a move
-   like the others' would have shown, and the moved children fit better each
-   with its own ratio, report the moved children instead (the fault sat below
-   the element);
-5. apply the chosen ripple, remove those leaves, repeat until no element adds
-   ``min_gain``.
+1. **Standardised leaf residuals.** Additive measures: ``z = (v − f) / (σ·f)``
+   with the relative noise ``σ`` estimated robustly from the data (1.4826 ×
+   the median absolute relative deviation, taken on each side of zero and the
+   smaller kept, so that abnormal leaves — on one side — do not inflate it);
+   expected values have a floor (the 5th percentile of positive ones) so a
+   leaf from nothing is not infinitely abnormal. Ratio measures: binomial
+   residuals of the numerator at the observed denominator, the leaf's
+   expected rate shrunk toward the overall rate by one pseudo-event, divided
+   by the robust over-dispersion of all leaves (real counts are rarely
+   binomial). A leaf without expected and observed traffic carries no
+   evidence and is left out.
+2. **Candidates** are all elements of 1…``max_depth`` dimensions (all depths
+   while the number of dimension subsets stays within ``max_subsets``; beyond
+   that depth is bounded and a note says so), grouped with integer codes.
+3. **Each element is tested by its own move** (the generalised ripple effect
+   of Squeeze, Li et al., ISSRE 2019): its leaves either all moved by its
+   aggregate factor ``k = Σv / Σf`` or, for ratio measures, all converged to
+   one anomalous rate ``r = Σ num / Σ den`` — whichever fits the element's
+   leaves better (binomial log-likelihood). Every leaf *votes*: does it fit
+   the moved model better than "unchanged"? The vote is weighted by how much
+   evidence the leaf can hold (for ratios, the expected log-likelihood ratio
+   under the move, so a leaf with three events hardly counts). An element is
+   a candidate when (a) its *purity* — the weighted share of votes for the
+   move — is at least ``purity`` (RiskLoc's insight that a root cause's leaves
+   are nearly all abnormal, Kalander 2022), (b) its aggregate residual is
+   significant after a Bonferroni correction over all candidates, judged
+   in its own direction (an element may move against the total), and (c) a
+   single-leaf element also exceeds the largest residual seen on the quieter
+   side of zero (an empirical noise ceiling, as RiskLoc's cutoff).
+4. **Greedy cover.** The candidate with the largest absolute deviation
+   (additive: ``|Σ(v − f)|``; ratio: ``|Σ(num − den·rate_expected)|``) wins;
+   a parent only beats its child when it is itself pure, so redundant
+   parent/child pairs and too-coarse elements do not arise; a child only wins
+   when its parent is impure, so an element is never finer than needed. Its
+   leaves are removed and the search repeats on the rest until no candidate
+   remains or ``max_causes`` are found.
 
-Each cause carries its score and its *explanatory power*: the share of the
-total change that reverting its leaves to expected would undo (for ratios,
-the change of the aggregate ratio).
+With traffic volumes (``v_vol``/``f_vol``) an element whose traffic grew by
+more than ``max_volume_growth`` is skipped: grown traffic is downstream
+pressure from misses upstream, an effect rather than a cause.
+
+Each cause carries its score (the share of the total absolute deviation its
+leaves hold) and its *explanatory power*: the share of the signed change that
+its leaves make, so that all leaves' shares add up to 1 (for ratios: of the
+change in the aggregate rate at the observed traffic mix — see
+:func:`contributions`).
 
 Example::
 
@@ -49,13 +70,21 @@ Example::
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["RootCause", "Localization", "localize"]
+__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves", "MAX_SUBSETS"]
+
+MAX_SUBSETS = 400  # dimension subsets searched; beyond it the depth is bounded
+
+
+class LeafTableError(ValueError):
+    """The leaf table cannot be localised (the message names the row or column)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +94,17 @@ class RootCause:
     explanatory_power: float
     leaves: int
     abnormal_leaves: int
+    direction: int = 0           # +1 the element moved up, -1 down
+    change: float = 0.0          # its leaves' signed change (measure units; ratio: rate points)
 
     def as_json(self) -> dict:
-        return {"element": self.element, "score": round(self.score, 6),
-                "explanatory_power": round(self.explanatory_power, 6)}
+        return {"element": self.element, "score": _finite(self.score),
+                "explanatory_power": _finite(self.explanatory_power),
+                "direction": "up" if self.direction > 0 else "down"}
+
+
+def _finite(x: float) -> float | None:
+    return round(float(x), 6) if np.isfinite(x) else None
 
 
 @dataclass
@@ -88,65 +124,86 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
-def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.10):
-    """Split an element by one more dimension when some of its children clearly
-    did not move — |z| < 2 although a move like the others' would have been
-    detectable there — they hold at least ``unmoved_share`` of its expected
-    value, and the moved children fit the data better than the whole element
-    moving by one ratio: return the children that moved, or None."""
-    best = None
-    tot = cur[member].sum()
-    if tot <= 0:
-        return None
+def validate_leaves(leaves: pd.DataFrame, dims: Sequence[str], cols: Sequence[str], ratio: bool,
+                    row_offset: int = 2) -> None:
+    """Raise :class:`LeafTableError` naming the first bad row/column: missing
+    columns, non-numeric, NaN/inf or negative values, numerator above
+    denominator (ratio). ``row_offset`` turns a 0-based index into the row
+    number a user sees (2: a CSV with a header line)."""
+    missing = [c for c in [*dims, *cols] if c not in leaves.columns]
+    if missing:
+        raise LeafTableError(f"no column(s) {', '.join(map(str, missing))}; columns are "
+                             f"{', '.join(map(str, leaves.columns))}")
+    if leaves.empty:
+        raise LeafTableError("the leaf table has no rows")
+    for c in cols:
+        s = leaves[c]
+        num = pd.to_numeric(s, errors="coerce")
+        bad = num.isna() & s.notna()
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: {s.iloc[i]!r} is not a number")
+        arr = num.to_numpy(float)
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: value is empty, NaN or infinite; "
+                                 "give a finite number (0 for no traffic)")
+        if (arr < 0).any():
+            i = int(np.flatnonzero(arr < 0)[0])
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative value {arr[i]:g}; counts and "
+                                 "additive measures must be ≥ 0")
+    for c in dims:
+        if leaves[c].isna().any():
+            i = int(np.flatnonzero(leaves[c].isna().to_numpy())[0])
+            raise LeafTableError(f"dimension {c!r}, row {i + row_offset}: value is empty")
+    if ratio:
+        for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
+            a, b = pd.to_numeric(leaves[n]).to_numpy(float), pd.to_numeric(leaves[d]).to_numpy(float)
+            bad = a > b * (1 + 1e-9) + 1e-9
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise LeafTableError(f"row {i + row_offset}: numerator {n}={a[i]:g} is above denominator "
+                                     f"{d}={b[i]:g}; a ratio measure needs numerator ≤ denominator")
 
-    def z_of(o_, e_, m):
-        if den is not None:
-            n = den[m].sum()
-            p = min(max(e_ / max(n, 1), 0.01), 0.99)
-            return (o_ - e_) / np.sqrt(max(n * p * (1 - p), 1e-9))
-        return (o_ - e_) / np.sqrt(e_ + 1)
 
-    for d in dims:
-        if d in sub:
-            continue
-        kids = []
-        for v in np.unique(keys[d][member]):
-            m = member & (keys[d] == v)
-            e_, o_ = cur[m].sum(), h[m].sum()
-            if e_ > 0:
-                kids.append((v, m, e_, o_, z_of(o_, e_, m)))
-        direction = np.sign(h[member].sum() - tot)
-        moved = [(v, m, e_, o_) for v, m, e_, o_, z in kids if abs(z) >= z_min and np.sign(z) == direction]
-        if not moved:
-            continue
-        k_moved = sum(o for *_, o in moved) / sum(e for _, _, e, _ in moved)
-        still_share = 0.0
-        for v, m, e_, o_, z in kids:
-            # Unmoved only where the others' move would have shown: low-traffic children prove nothing.
-            if abs(z) < 2 and abs(z_of(k_moved * e_, e_, m)) >= z_min:
-                still_share += e_ / tot
-        # Children carrying a small part of the element's move are noise or
-        # knock-on effects, not where the fault sits.
-        dev = abs(h[member].sum() - tot)
-        moved = [x for x in moved if abs(x[3] - x[2]) >= 0.1 * dev]
-        if not moved:
-            continue
-        if still_share >= unmoved_share:
-            # Keep the split only if the moved children, each with its own
-            # ratio (the rest as expected), fit the data better than the whole
-            # element moving by one ratio; of several dimensions, the best fit.
-            k_all = h[member].sum() / tot
-            whole = float(np.sum((h[member] - k_all * cur[member]) ** 2))
-            split = float(np.sum((h[member] - cur[member]) ** 2))
-            for _, m, e_, o_ in moved:
-                split += float(np.sum((h[m] - (o_ / e_) * cur[m]) ** 2) - np.sum((h[m] - cur[m]) ** 2))
-            if split < whole and (best is None or split < best[0]):
-                best = (split, d, [(v, m) for v, m, _, _ in moved])
-    if best is None:
-        return None
-    _, d, moved = best
-    base = {c: str(v) for c, v in zip(sub, vals)}
-    return [({**base, d: str(v)}, m) for v, m in moved]
+def contributions(leaves: pd.DataFrame, v: str | None = None, f: str | None = None, v_num: str | None = None,
+                  v_den: str | None = None, f_num: str | None = None, f_den: str | None = None
+                  ) -> tuple[np.ndarray, float]:
+    """Each leaf's signed contribution to the change, and the part of the
+    change no leaf holds (traffic mix). Additive: ``v − f`` (mix 0). Ratio:
+    ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
+    add up to the change at the observed traffic mix, and the mix term to the
+    rest, so the two sum to observed − expected rate exactly."""
+    if v is not None:
+        return leaves[v].to_numpy(float) - leaves[f].to_numpy(float), 0.0
+    vn, vd = leaves[v_num].to_numpy(float), leaves[v_den].to_numpy(float)
+    fn, fd = leaves[f_num].to_numpy(float), leaves[f_den].to_numpy(float)
+    tot_v, tot_f = vd.sum(), fd.sum()
+    if tot_v <= 0 or tot_f <= 0:
+        return np.zeros(len(leaves)), 0.0
+    p0 = fn.sum() / tot_f
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pe = np.where(fd > 0, fn / np.where(fd > 0, fd, 1), p0)
+    c = (vn - vd * pe) / tot_v
+    mix = float((vd * pe).sum() / tot_v - p0)
+    return c, mix
+
+
+def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[tuple[int, ...]], int]:
+    n = len(dims)
+    top = n if max_depth is None else min(max_depth, n)
+    out: list[tuple[int, ...]] = []
+    depth = 0
+    for k in range(1, top + 1):
+        c = math.comb(n, k)
+        if out and len(out) + c > budget:
+            break
+        out.extend(itertools.combinations(range(n), k))
+        depth = k
+    if depth < top and n <= 16:
+        out.append(tuple(range(n)))  # single leaves are always candidates (cheap: the identity grouping)
+    return out, depth
 
 
 def localize(
@@ -158,125 +215,207 @@ def localize(
     v_den: str | None = None,
     f_num: str | None = None,
     f_den: str | None = None,
-    max_depth: int = 3,
-    max_causes: int = 5,
-    z_min: float = 4.0,
-    min_gain: float = 0.05,
+    max_depth: int | None = None,
+    max_causes: int = 10,
+    purity: float = 0.7,
+    alpha: float = 0.01,
     v_vol: str | None = None,
     f_vol: str | None = None,
     max_volume_growth: float = 0.25,
+    max_subsets: int = MAX_SUBSETS,
+    validate: bool = True,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
     dims = list(dims)
-    ratio = v is None
-    need = dims + ([v_num, v_den, f_num, f_den] if ratio else [v, f])
-    missing = [c for c in need if c is None or c not in leaves.columns]
+    ratio = v is None and f is None
+    cols = [v_num, v_den, f_num, f_den] if ratio else [v, f]
+    if any(c is None for c in cols):
+        return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
+                            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)")
+    missing = [c for c in dims + cols if c not in leaves.columns]
     if missing:
         return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
                             f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
                             "v_num/v_den/f_num/f_den (ratio)")
     if leaves.empty:
         return Localization([], "", float("nan"), float("nan"), 0, 0, "the leaf table is empty")
+    if validate:
+        try:
+            validate_leaves(leaves, dims, cols, ratio, row_offset=0)
+        except LeafTableError as e:
+            return Localization([], "", float("nan"), float("nan"), 0, len(leaves), str(e))
     L = leaves.reset_index(drop=True)
+    contrib, _mix = contributions(L, v, f, v_num, v_den, f_num, f_den)
     if ratio:
         vn, vd = L[v_num].to_numpy(float), L[v_den].to_numpy(float)
         fn, fd = L[f_num].to_numpy(float), L[f_den].to_numpy(float)
         obs_t, exp_t = _ratio_total(vn, vd), _ratio_total(fn, fd)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            o = np.where(vd > 0, vn / vd, np.nan)
-            e = np.where(fd > 0, fn / fd, np.nan)
-            # A leaf's share of the change: what reverting it alone would undo.
-            contrib = np.where(np.isfinite(o) & np.isfinite(e), (o - e) * vd, 0.0)
         measure = f"{v_num}/{v_den}"
+        total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
     else:
         ov, ev = L[v].to_numpy(float), L[f].to_numpy(float)
         obs_t, exp_t = float(ov.sum()), float(ev.sum())
-        contrib = ov - ev
         measure = v
-    total = float(np.nansum(contrib))
-    if not np.isfinite(total) or total == 0:
-        return Localization([], measure, obs_t, exp_t, 0, len(L), None,
-                            ["observed equals expected: nothing to explain"])
-    # Work on the additive part that moved: hits (ratio; lookups are held at
-    # their observed values) or the measure itself (additive).
-    if ratio:
-        h = vn
-        fexp = np.where(np.isfinite(e), e, 0.0) * vd
-    else:
-        h, fexp = ov, ev
-    dev_norm = float(np.sqrt(np.sum((h - fexp) ** 2)))
+        total = obs_t - exp_t
     loc = Localization([], measure, obs_t, exp_t, 0, len(L))
-    if dev_norm == 0:
+    if ratio and (fd.sum() <= 0 or vd.sum() <= 0):
+        loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
+        return loc
+    # -- 1. standardised leaf residuals ------------------------------------------------------------
+    if ratio:
+        p0 = fn.sum() / fd.sum()
+        pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
+        pe = np.clip(pe, 1e-6, 1 - 1e-6)
+        ok = vd > 0
+        h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
+        var = np.maximum(vd * pe * (1 - pe), 1.0)       # a floor of one event: tiny counts prove little
+        z = np.where(ok, (h - e) / np.sqrt(var), 0.0)
+        zs = z[ok & (var >= 1.0)]
+        mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
+        phi = max(1.0, mad) ** 2                          # over-dispersion (variance factor)
+        z = z / math.sqrt(phi)
+    else:
+        # Multiplicative noise: log ratios, with a floor (the 5th percentile of
+        # the positive expected values) so that small leaves prove little.
+        ok = (ev > 0) | (ov > 0)
+        pos = ev[ev > 0]
+        floor = float(np.quantile(pos, 0.05)) if len(pos) else 1.0
+        lr = np.log((ov + floor) / (ev + floor))
+        sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
+        scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
+        sigma = min(scales) if scales else 0.0
+        if not np.isfinite(sigma) or sigma <= 0:
+            sigma = float(np.abs(lr[ok]).max()) * 1e-3 if ok.any() else 0.0
+        if sigma <= 0:
+            loc.notes.append("observed equals expected: nothing to explain")
+            return loc
+        z = np.where(ok, lr / sigma, 0.0)
+        h, e, var = z, np.zeros_like(z), np.ones_like(z)
+        phi = 1.0
+    dev_total = float(np.abs(h - e)[ok].sum())
+    if not ok.any() or dev_total <= 0 or not np.isfinite(dev_total):
         loc.notes.append("observed equals expected: nothing to explain")
         return loc
-    keys = {c: L[c].astype(str).to_numpy() for c in dims}
-    subsets = [sub for k in range(1, max_depth + 1) for sub in itertools.combinations(dims, k)]
-    cur = fexp.copy()  # expected, with the causes found so far applied (ripple effect)
-    explained = 0.0
-    taken = np.zeros(len(L), dtype=bool)
-    base = pd.DataFrame({c: keys[c] for c in dims})
-    while len(loc.causes) < max_causes:
-        r0 = h - cur
-        sq0 = float(np.sum(r0 * r0))
-        base["h"], base["f"] = h, cur
-        base["hh"], base["hf"], base["ff"], base["rr"] = h * h, h * cur, cur * cur, r0 * r0
-        base["n"] = vd if ratio else 0.0
-        base["vv"] = L[v_vol].to_numpy(float) if v_vol else 0.0
-        base["fv"] = L[f_vol].to_numpy(float) if f_vol else 0.0
-        base["free"] = ~taken
+    # Empirical noise ceiling for single leaves: the largest residual on the quieter side.
+    up, down = float(contrib[ok & (contrib > 0)].sum()), float(-contrib[ok & (contrib < 0)].sum())
+    quiet = z[ok & (z < 0)] if up >= down else z[ok & (z > 0)]
+    ceiling = float(np.abs(quiet).max()) if len(quiet) else 0.0
+    # -- 2. candidates ----------------------------------------------------------------------------
+    if len(dims) > 10 and max_depth is None:
+        loc.notes.append(f"{len(dims)} dimensions: the search is bounded (at most {max_subsets} dimension "
+                         "subsets; single leaves are always candidates)")
+    subsets, depth = _subsets(dims, max_depth, max_subsets)
+    if max_depth is None and depth < len(dims) and len(dims) <= 10:
+        loc.notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
+    idx = np.flatnonzero(ok)
+    codes = []
+    for c in dims:
+        cd, uniq = pd.factorize(L[c].astype(str).to_numpy()[idx], sort=False)
+        codes.append((cd.astype(np.int64), np.asarray(uniq, dtype=object)))
+    h, e, var, z = h[idx], e[idx], var[idx], z[idx]
+    vol = L[v_vol].to_numpy(float)[idx] if v_vol else None
+    fvol = L[f_vol].to_numpy(float)[idx] if f_vol else None
+    if ratio:
+        vdi, pei = vd[idx], pe[idx]
+    groups = []
+    for sub in subsets:
+        key = np.zeros(len(idx), dtype=np.int64)
+        for j in sub:
+            key = key * (len(codes[j][1]) + 1) + codes[j][0]
+        uniq, inv = np.unique(key, return_inverse=True)
+        first = np.zeros(len(uniq), dtype=np.int64)
+        first[inv[::-1]] = np.arange(len(inv))[::-1]
+        groups.append((sub, inv.ravel(), len(uniq), first))
+    n_cand = sum(g[2] for g in groups)
+    z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
+    free = np.ones(len(idx), dtype=bool)
+    taken_all = np.zeros(len(L), dtype=bool)
+    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
+    sum_contrib = float(contrib.sum())
+    # -- 3./4. test every element by its own move, greedy cover ----------------------------------
+    while len(loc.causes) < max_causes and free.any():
         best = None
-        for sub in subsets:
-            g = base[base["free"]].groupby(list(sub), sort=False)[["h", "f", "hh", "hf", "ff", "rr", "n", "vv",
-                                                                  "fv"]].sum()
-            g = g[g["f"] > 0]
-            if g.empty:
+        fw = free.astype(float)
+        for sub, inv, ng, first in groups:
+            Sh = np.bincount(inv, h * fw, ng)
+            Se = np.bincount(inv, e * fw, ng)
+            Sv = np.bincount(inv, var * fw, ng)
+            n = np.bincount(inv, fw, ng)
+            dev = Sh - Se
+            Z = dev / np.sqrt(np.maximum(Sv * phi, 1e-12))
+            cand = (n > 0) & (np.abs(Z) >= z_crit)
+            cand &= (n >= 2) | (np.abs(Z) > ceiling)
+            if cand.any():
+                # Robust to one outlier: without its largest leaf the element must still be significant.
+                mx = np.zeros(ng)
+                np.maximum.at(mx, inv, np.abs(h - e) * fw)
+                z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
+                cand &= (n < 2) | (z_wo >= z_crit)
+            if vol is not None and fvol is not None:
+                Vv, Vf = np.bincount(inv, vol * fw, ng), np.bincount(inv, fvol * fw, ng)
+                cand &= ~(Vv > (1 + max_volume_growth) * np.maximum(Vf, 1e-9))
+            if not cand.any():
                 continue
-            k = (g["h"] / g["f"]).to_numpy()
-            # Residual if the element's leaves all moved by its own ratio k.
-            within = g["hh"].to_numpy() - 2 * k * g["hf"].to_numpy() + k * k * g["ff"].to_numpy()
-            new_sq = sq0 - g["rr"].to_numpy() + within
-            ps = 1 - np.sqrt(np.maximum(new_sq, 0)) / dev_norm
-            gain = ps - explained - 0.02 * (len(sub) - 1)
-            # A cause moves the measure the way the total moved.
-            gain = np.where(np.sign(g["h"].to_numpy() - g["f"].to_numpy()) == np.sign(total), gain, -np.inf)
-            if v_vol and f_vol:  # grown traffic: pressure from upstream misses, an effect
-                grew = g["vv"].to_numpy() > (1 + max_volume_growth) * np.maximum(g["fv"].to_numpy(), 1e-9)
-                gain = np.where(grew, -np.inf, gain)
-            if ratio:  # only moves beyond binomial noise may be causes
-                n_e = np.maximum(g["n"].to_numpy(), 1)
-                p_e = np.clip(g["f"].to_numpy() / n_e, 1e-6, 1 - 1e-6)
-                z_e = (g["h"].to_numpy() - g["f"].to_numpy()) / np.sqrt(n_e * p_e * (1 - p_e))
-                gain = np.where(np.abs(z_e) >= z_min, gain, -np.inf)
+            gi = inv
+            if ratio:
+                k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
+                Sd = np.bincount(inv, vdi * fw, ng)
+                r = Sh / np.maximum(Sd, 1e-12)
+                rm_scale = np.clip(k[gi] * pei, 1e-6, 1 - 1e-6)
+                rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
+                lls = _binom_llr(h, vdi, rm_scale, pei) * fw
+                llc = _binom_llr(h, vdi, rm_common, pei) * fw
+                use_common = np.bincount(inv, llc, ng) > np.bincount(inv, lls, ng)
+                rm = np.where(use_common[gi], rm_common, rm_scale)
+                llr = np.where(use_common[gi], llc, lls)
+                vote = llr > 0
+                w = vdi * _kl(rm, pei) / phi
+                fit = np.bincount(inv, llr, ng) / phi
+            else:
+                m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
+                vote = np.abs(h - m[gi]) < np.abs(h)
+                w = np.ones_like(h)
+                fit = n * m * m / 2
+            w = w * fw
+            W = np.bincount(inv, w, ng)
+            P = np.where(W > 0, np.bincount(inv, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
+            cand &= P >= purity
+            if not cand.any():
+                continue
+            gain = np.where(cand, fit, -np.inf)
             i = int(np.argmax(gain))
-            idx = g.index[i] if len(sub) > 1 else (g.index[i],)
-            if best is None or gain[i] > best[0]:
-                best = (gain[i], ps[i], sub, idx, k[i])
-        if best is None or best[0] < min_gain:
+            if best is None or gain[i] > best[0] * (1 + 1e-9):
+                best = (gain[i], sub, inv, i, int(np.sign(dev[i])), float(P[i]))
+        if best is None:
             break
-        gain, ps, sub, vals, k = best
-        member = ~taken
-        for c, val in zip(sub, vals):
-            member &= keys[c] == str(val)
-        parts = _refine(sub, vals, member, dims, keys, h, cur, vd if ratio else None, z_min) \
-            if len(sub) < max_depth else None
-        ep = float(np.nansum(contrib[member]) / total)
-        if parts:
-            # The element held leaves that did not move: keep only its children that did.
-            for elem, m in parts:
-                km = h[m].sum() / cur[m].sum() if cur[m].sum() else 1.0
-                new_cur = np.where(m, cur * km, cur)
-                ps_new = 1 - np.sqrt(np.sum((h - new_cur) ** 2)) / dev_norm
-                loc.causes.append(RootCause(elem, float(ps_new - explained), float(np.nansum(contrib[m]) / total),
-                                            int(m.sum()), int(m.sum())))
-                cur, explained = new_cur, ps_new
-                taken |= m
-            continue
-        loc.causes.append(RootCause({c: str(val) for c, val in zip(sub, vals)}, float(ps - explained), ep,
-                                    int(member.sum()), int(member.sum())))
-        cur = np.where(member, cur * k, cur)
-        taken |= member
-        explained = ps
-    loc.abnormal_leaves = int(taken.sum())
+        gain, sub, inv, i, direction, p = best
+        member = free & (inv == i)
+        row = idx[np.flatnonzero(member)[0]]
+        element = {dims[j]: str(L[dims[j]].iloc[row]) for j in sub}
+        # All leaves of the element (those without traffic included) for its share of the change.
+        full = np.ones(len(L), dtype=bool)
+        for j in sub:
+            full &= L[dims[j]].astype(str).to_numpy() == element[dims[j]]
+        full &= ~taken_all
+        ch = float(contrib[full].sum())
+        ep = ch / total if ratio else (ch / sum_contrib if sum_contrib else float("nan"))
+        if ratio and not np.isfinite(ep):
+            ep = float("nan")
+        loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib), ep,
+                                    int(full.sum()), int(member.sum()), direction, ch))
+        taken_all |= full
+        free &= ~member
+    loc.abnormal_leaves = int(taken_all.sum())
     if not loc.causes:
-        loc.notes.append("no combination of dimension values explains the change beyond noise")
+        loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
+                         f"(Bonferroni z ≥ {z_crit:.1f}, purity ≥ {purity:.0%})")
     return loc
+
+
+def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
+    """log L(p1) − log L(p0) for k events in n trials."""
+    return k * np.log(p1 / p0) + (n - k) * np.log((1 - p1) / (1 - p0))
+
+
+def _kl(p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
+    return p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))
