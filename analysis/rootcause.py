@@ -223,6 +223,7 @@ def localize(
     f_vol: str | None = None,
     max_volume_growth: float = 0.25,
     max_subsets: int = MAX_SUBSETS,
+    min_share: float | None = None,
     validate: bool = True,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
@@ -245,6 +246,10 @@ def localize(
         except LeafTableError as e:
             return Localization([], "", float("nan"), float("nan"), 0, len(leaves), str(e))
     L = leaves.reset_index(drop=True)
+    if min_share is None:
+        # Rates: a cause holds a visible part of the change (real rate data has many
+        # tiny leaves with extreme rates that move nothing).
+        min_share = 0.05 if ratio else 0.0
     contrib, _mix = contributions(L, v, f, v_num, v_den, f_num, f_den)
     if ratio:
         vn, vd = L[v_num].to_numpy(float), L[v_den].to_numpy(float)
@@ -333,6 +338,25 @@ def localize(
     total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
     sum_contrib = float(contrib.sum())
     # -- 3./4. test every element by its own move, greedy cover ----------------------------------
+    def _assess(mask: np.ndarray) -> tuple[float, float, float]:
+        """Z, purity and fit of one set of leaves moving together."""
+        hh, ee = h[mask], e[mask]
+        dz = float(hh.sum() - ee.sum())
+        zz = dz / math.sqrt(max(float(var[mask].sum()) * phi, 1e-12))
+        if ratio:
+            nn, pp = vdi[mask], pei[mask]
+            kk = hh.sum() / max(ee.sum(), 1e-12)
+            best_fit = None
+            for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6), np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)),
+                                                                1e-6, 1 - 1e-6)):
+                ll = _binom_llr(hh, nn, rm, pp)
+                if best_fit is None or ll.sum() > best_fit[0]:
+                    ww = nn * _kl(rm, pp)
+                    best_fit = (float(ll.sum()), float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)))
+            return zz, best_fit[1], best_fit[0] / phi
+        mm = hh.sum() / len(hh)
+        return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
+
     while len(loc.causes) < max_causes and free.any():
         best = None
         fw = free.astype(float)
@@ -390,6 +414,32 @@ def localize(
             break
         gain, sub, inv, i, direction, p = best
         member = free & (inv == i)
+        if ratio:
+            # A cause of a rate seldom moves all its children alike: climb to a
+            # parent when the parent's other leaves moved the same way, purely
+            # and significantly, on their own (the parent is the succinct answer).
+            while len(sub) > 1:
+                up_best = None
+                for drop in sub:
+                    psub = tuple(j for j in sub if j != drop)
+                    pm = free.copy()
+                    for j in psub:
+                        pm &= codes[j][0] == codes[j][0][np.flatnonzero(member)[0]]
+                    rest = pm & ~member
+                    if not rest.any():
+                        continue
+                    zr, pr, fr_ = _assess(rest)
+                    zp, pp, fp_ = _assess(pm)
+                    if (np.sign(zr) == direction and abs(zr) >= z_crit and pr >= purity and pp >= purity
+                            and (up_best is None or fp_ > up_best[0])):
+                        up_best = (fp_, psub, pm)
+                if up_best is None:
+                    break
+                _, sub, member = up_best
+        if min_share > 0:
+            share = abs(float(contrib[idx[member]].sum())) / total_abs_contrib
+            if share < min_share:
+                break
         row = idx[np.flatnonzero(member)[0]]
         element = {dims[j]: str(L[dims[j]].iloc[row]) for j in sub}
         # All leaves of the element (those without traffic included) for its share of the change.
