@@ -333,6 +333,7 @@ def localize(
         groups.append((sub, inv.ravel(), len(uniq), first))
     n_cand = sum(g[2] for g in groups)
     z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
+    z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
     free = np.ones(len(idx), dtype=bool)
     taken_all = np.zeros(len(L), dtype=bool)
     total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
@@ -430,7 +431,7 @@ def localize(
                         continue
                     zr, pr, fr_ = _assess(rest)
                     zp, pp, fp_ = _assess(pm)
-                    if (np.sign(zr) == direction and abs(zr) >= z_crit and pr >= purity and pp >= purity
+                    if (np.sign(zr) == direction and abs(zr) >= z_rest and pp >= purity
                             and (up_best is None or fp_ > up_best[0])):
                         up_best = (fp_, psub, pm)
                 if up_best is None:
