@@ -76,7 +76,6 @@ from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
 __all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves", "MAX_SUBSETS"]
 
@@ -124,26 +123,49 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
-def validate_leaves(leaves: pd.DataFrame, dims: Sequence[str], cols: Sequence[str], ratio: bool,
-                    row_offset: int = 2) -> None:
-    """Raise :class:`LeafTableError` naming the first bad row/column: missing
-    columns, non-numeric, NaN/inf or negative values, numerator above
-    denominator (ratio). ``row_offset`` turns a 0-based index into the row
-    number a user sees (2: a CSV with a header line)."""
-    missing = [c for c in [*dims, *cols] if c not in leaves.columns]
+def _names(leaves) -> list[str]:
+    return [str(c) for c in (leaves.columns if hasattr(leaves, "columns") else leaves.keys())]
+
+
+def _col(leaves, c: str) -> np.ndarray:
+    x = leaves[c]
+    return x.to_numpy() if hasattr(x, "to_numpy") else np.asarray(x)
+
+
+def _nrows(leaves) -> int:
+    names = _names(leaves)
+    return len(_col(leaves, names[0])) if names else 0
+
+
+def _numeric(x: np.ndarray, c: str, row_offset: int) -> np.ndarray:
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        for i, val in enumerate(x):
+            try:
+                float(val)
+            except (TypeError, ValueError):
+                raise LeafTableError(f"column {c!r}, row {i + row_offset}: {val!r} is not a number") from None
+        raise
+
+
+def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: bool,
+                    row_offset: int = 2) -> dict[str, np.ndarray]:
+    """Check a leaf table (a DataFrame or a mapping of column → array) and
+    return its measure columns as floats; raise :class:`LeafTableError` naming
+    the first bad row/column: missing columns, non-numeric, NaN/inf or
+    negative values, numerator above denominator (ratio). ``row_offset`` turns
+    a 0-based index into the row number a user sees (2: a CSV with a header
+    line)."""
+    names = _names(leaves)
+    missing = [c for c in [*dims, *cols] if c not in names]
     if missing:
-        raise LeafTableError(f"no column(s) {', '.join(map(str, missing))}; columns are "
-                             f"{', '.join(map(str, leaves.columns))}")
-    if leaves.empty:
+        raise LeafTableError(f"no column(s) {', '.join(map(str, missing))}; columns are {', '.join(names)}")
+    if _nrows(leaves) == 0:
         raise LeafTableError("the leaf table has no rows")
+    out = {}
     for c in cols:
-        s = leaves[c]
-        num = pd.to_numeric(s, errors="coerce")
-        bad = num.isna() & s.notna()
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise LeafTableError(f"column {c!r}, row {i + row_offset}: {s.iloc[i]!r} is not a number")
-        arr = num.to_numpy(float)
+        arr = _numeric(_col(leaves, c), c, row_offset)
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -153,21 +175,31 @@ def validate_leaves(leaves: pd.DataFrame, dims: Sequence[str], cols: Sequence[st
             i = int(np.flatnonzero(arr < 0)[0])
             raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative value {arr[i]:g}; counts and "
                                  "additive measures must be ≥ 0")
+        out[c] = arr
     for c in dims:
-        if leaves[c].isna().any():
-            i = int(np.flatnonzero(leaves[c].isna().to_numpy())[0])
+        x = _col(leaves, c)
+        if x.dtype == object:
+            empty = ~np.asarray(x == x, dtype=bool) | np.asarray(x == None, dtype=bool)  # noqa: E711 (NaN, None)
+            empty |= np.asarray(x == "", dtype=bool)
+        elif x.dtype.kind in "US":
+            empty = x == ""
+        else:
+            empty = ~np.isfinite(x) if x.dtype.kind == "f" else np.zeros(len(x), dtype=bool)
+        if empty.any():
+            i = int(np.flatnonzero(empty)[0])
             raise LeafTableError(f"dimension {c!r}, row {i + row_offset}: value is empty")
     if ratio:
         for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
-            a, b = pd.to_numeric(leaves[n]).to_numpy(float), pd.to_numeric(leaves[d]).to_numpy(float)
+            a, b = out[n], out[d]
             bad = a > b * (1 + 1e-9) + 1e-9
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise LeafTableError(f"row {i + row_offset}: numerator {n}={a[i]:g} is above denominator "
                                      f"{d}={b[i]:g}; a ratio measure needs numerator ≤ denominator")
+    return out
 
 
-def contributions(leaves: pd.DataFrame, v: str | None = None, f: str | None = None, v_num: str | None = None,
+def contributions(leaves, v: str | None = None, f: str | None = None, v_num: str | None = None,
                   v_den: str | None = None, f_num: str | None = None, f_den: str | None = None
                   ) -> tuple[np.ndarray, float]:
     """Each leaf's signed contribution to the change, and the part of the
@@ -176,12 +208,12 @@ def contributions(leaves: pd.DataFrame, v: str | None = None, f: str | None = No
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
     if v is not None:
-        return leaves[v].to_numpy(float) - leaves[f].to_numpy(float), 0.0
-    vn, vd = leaves[v_num].to_numpy(float), leaves[v_den].to_numpy(float)
-    fn, fd = leaves[f_num].to_numpy(float), leaves[f_den].to_numpy(float)
+        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0
+    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)
+    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)
     tot_v, tot_f = vd.sum(), fd.sum()
     if tot_v <= 0 or tot_f <= 0:
-        return np.zeros(len(leaves)), 0.0
+        return np.zeros(len(vn)), 0.0
     p0 = fn.sum() / tot_f
     with np.errstate(invalid="ignore", divide="ignore"):
         pe = np.where(fd > 0, fn / np.where(fd > 0, fd, 1), p0)
@@ -207,7 +239,7 @@ def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[
 
 
 def localize(
-    leaves: pd.DataFrame,
+    leaves,
     dims: Sequence[str],
     v: str | None = None,
     f: str | None = None,
@@ -233,36 +265,42 @@ def localize(
     if any(c is None for c in cols):
         return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
                             "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)")
-    missing = [c for c in dims + cols if c not in leaves.columns]
+    names = _names(leaves)
+    nrows = _nrows(leaves)
+    missing = [c for c in dims + cols if c not in names]
     if missing:
-        return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
+        return Localization([], "", float("nan"), float("nan"), 0, nrows,
                             f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
                             "v_num/v_den/f_num/f_den (ratio)")
-    if leaves.empty:
+    if nrows == 0:
         return Localization([], "", float("nan"), float("nan"), 0, 0, "the leaf table is empty")
     if validate:
         try:
-            validate_leaves(leaves, dims, cols, ratio, row_offset=0)
+            num = validate_leaves(leaves, dims, cols, ratio, row_offset=0)
         except LeafTableError as e:
-            return Localization([], "", float("nan"), float("nan"), 0, len(leaves), str(e))
-    L = leaves.reset_index(drop=True)
+            return Localization([], "", float("nan"), float("nan"), 0, nrows, str(e))
+    else:
+        num = {c: _col(leaves, c).astype(float) for c in cols}
+    L = dict(num)
+    for c in (v_vol, f_vol):
+        if c:
+            L[c] = _col(leaves, c).astype(float)
     if min_share is None:
         # Rates: a cause holds a visible part of the change (real rate data has many
         # tiny leaves with extreme rates that move nothing).
         min_share = 0.05 if ratio else 0.0
     contrib, _mix = contributions(L, v, f, v_num, v_den, f_num, f_den)
     if ratio:
-        vn, vd = L[v_num].to_numpy(float), L[v_den].to_numpy(float)
-        fn, fd = L[f_num].to_numpy(float), L[f_den].to_numpy(float)
+        vn, vd, fn, fd = L[v_num], L[v_den], L[f_num], L[f_den]
         obs_t, exp_t = _ratio_total(vn, vd), _ratio_total(fn, fd)
         measure = f"{v_num}/{v_den}"
         total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
     else:
-        ov, ev = L[v].to_numpy(float), L[f].to_numpy(float)
+        ov, ev = L[v], L[f]
         obs_t, exp_t = float(ov.sum()), float(ev.sum())
         measure = v
         total = obs_t - exp_t
-    loc = Localization([], measure, obs_t, exp_t, 0, len(L))
+    loc = Localization([], measure, obs_t, exp_t, 0, nrows)
     if ratio and (fd.sum() <= 0 or vd.sum() <= 0):
         loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
         return loc
@@ -313,13 +351,14 @@ def localize(
     if max_depth is None and depth < len(dims) and len(dims) <= 10:
         loc.notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
     idx = np.flatnonzero(ok)
-    codes = []
+    all_codes, codes = [], []
     for c in dims:
-        cd, uniq = pd.factorize(L[c].astype(str).to_numpy()[idx], sort=False)
-        codes.append((cd.astype(np.int64), np.asarray(uniq, dtype=object)))
+        uniq, cd = np.unique(_col(leaves, c).astype(str), return_inverse=True)
+        all_codes.append((cd.ravel().astype(np.int64), uniq))
+        codes.append((all_codes[-1][0][idx], uniq))
     h, e, var, z = h[idx], e[idx], var[idx], z[idx]
-    vol = L[v_vol].to_numpy(float)[idx] if v_vol else None
-    fvol = L[f_vol].to_numpy(float)[idx] if f_vol else None
+    vol = L[v_vol][idx] if v_vol else None
+    fvol = L[f_vol][idx] if f_vol else None
     if ratio:
         vdi, pei = vd[idx], pe[idx]
     groups = []
@@ -327,15 +366,18 @@ def localize(
         key = np.zeros(len(idx), dtype=np.int64)
         for j in sub:
             key = key * (len(codes[j][1]) + 1) + codes[j][0]
-        uniq, inv = np.unique(key, return_inverse=True)
-        first = np.zeros(len(uniq), dtype=np.int64)
-        first[inv[::-1]] = np.arange(len(inv))[::-1]
-        groups.append((sub, inv.ravel(), len(uniq), first))
+        order = np.argsort(key, kind="stable")
+        sk = key[order]
+        flags = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
+        inv = np.empty(len(key), dtype=np.int64)
+        inv[order] = np.cumsum(flags) - 1
+        starts = np.flatnonzero(flags)
+        groups.append((sub, inv, len(starts), (order, starts)))
     n_cand = sum(g[2] for g in groups)
     z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
     z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
     free = np.ones(len(idx), dtype=bool)
-    taken_all = np.zeros(len(L), dtype=bool)
+    taken_all = np.zeros(nrows, dtype=bool)
     total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
     sum_contrib = float(contrib.sum())
     # -- 3./4. test every element by its own move, greedy cover ----------------------------------
@@ -358,58 +400,70 @@ def localize(
         mm = hh.sum() / len(hh)
         return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
 
+    # Per-element sums, kept up to date as leaves are taken (subtracting the taken ones).
+    ah = np.abs(h - e)
+    stats = []
+    for sub, inv, ng, _ in groups:
+        cols_ = [np.bincount(inv, h, ng), np.bincount(inv, e, ng), np.bincount(inv, var, ng),
+                 np.bincount(inv, minlength=ng).astype(float)]
+        if ratio:
+            cols_.append(np.bincount(inv, vdi, ng))
+        if vol is not None and fvol is not None:
+            cols_ += [np.bincount(inv, vol, ng), np.bincount(inv, fvol, ng)]
+        stats.append(cols_)
     while len(loc.causes) < max_causes and free.any():
         best = None
         fw = free.astype(float)
-        for sub, inv, ng, first in groups:
-            Sh = np.bincount(inv, h * fw, ng)
-            Se = np.bincount(inv, e * fw, ng)
-            Sv = np.bincount(inv, var * fw, ng)
-            n = np.bincount(inv, fw, ng)
+        for (sub, inv, ng, (order, starts)), st in zip(groups, stats):
+            Sh, Se, Sv, n = st[:4]
             dev = Sh - Se
             Z = dev / np.sqrt(np.maximum(Sv * phi, 1e-12))
             cand = (n > 0) & (np.abs(Z) >= z_crit)
             cand &= (n >= 2) | (np.abs(Z) > ceiling)
-            if cand.any():
-                # Robust to one outlier: without its largest leaf the element must still be significant.
-                mx = np.zeros(ng)
-                np.maximum.at(mx, inv, np.abs(h - e) * fw)
-                z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
-                cand &= (n < 2) | (z_wo >= z_crit)
             if vol is not None and fvol is not None:
-                Vv, Vf = np.bincount(inv, vol * fw, ng), np.bincount(inv, fvol * fw, ng)
+                Vv, Vf = st[-2], st[-1]
                 cand &= ~(Vv > (1 + max_volume_growth) * np.maximum(Vf, 1e-9))
             if not cand.any():
                 continue
-            gi = inv
+            # Robust to one outlier: without its largest leaf the element must still be significant.
+            mx = np.maximum.reduceat((ah * fw)[order], starts)
+            z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
+            cand &= (n < 2) | (z_wo >= z_crit)
+            if not cand.any():
+                continue
+            # Votes only where they can matter: free leaves of the surviving elements.
+            sel = np.flatnonzero(cand[inv] & free)
+            gi = inv[sel]
+            hs = h[sel]
             if ratio:
+                Sd = st[4]
                 k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
-                Sd = np.bincount(inv, vdi * fw, ng)
                 r = Sh / np.maximum(Sd, 1e-12)
-                rm_scale = np.clip(k[gi] * pei, 1e-6, 1 - 1e-6)
+                ns, ps = vdi[sel], pei[sel]
+                rm_scale = np.clip(k[gi] * ps, 1e-6, 1 - 1e-6)
                 rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
-                lls = _binom_llr(h, vdi, rm_scale, pei) * fw
-                llc = _binom_llr(h, vdi, rm_common, pei) * fw
-                use_common = np.bincount(inv, llc, ng) > np.bincount(inv, lls, ng)
-                rm = np.where(use_common[gi], rm_common, rm_scale)
-                llr = np.where(use_common[gi], llc, lls)
+                lls = _binom_llr(hs, ns, rm_scale, ps)
+                llc = _binom_llr(hs, ns, rm_common, ps)
+                use_common = np.bincount(gi, llc, ng) > np.bincount(gi, lls, ng)
+                uc = use_common[gi]
+                rm = np.where(uc, rm_common, rm_scale)
+                llr = np.where(uc, llc, lls)
                 vote = llr > 0
-                w = vdi * _kl(rm, pei) / phi
-                fit = np.bincount(inv, llr, ng) / phi
+                w = ns * _kl(rm, ps)
+                fit = np.bincount(gi, llr, ng) / phi
             else:
                 m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
-                vote = np.abs(h - m[gi]) < np.abs(h)
-                w = np.ones_like(h)
+                vote = np.abs(hs - m[gi]) < np.abs(hs)
+                w = np.ones(len(sel))
                 fit = n * m * m / 2
-            w = w * fw
-            W = np.bincount(inv, w, ng)
-            P = np.where(W > 0, np.bincount(inv, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
+            W = np.bincount(gi, w, ng)
+            P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
             cand &= P >= purity
             if not cand.any():
                 continue
             gain = np.where(cand, fit, -np.inf)
             i = int(np.argmax(gain))
-            if best is None or gain[i] > best[0] * (1 + 1e-9):
+            if best is None or gain[i] > best[0]:
                 best = (gain[i], sub, inv, i, int(np.sign(dev[i])), float(P[i]))
         if best is None:
             break
@@ -442,12 +496,11 @@ def localize(
             if share < min_share:
                 break
         row = idx[np.flatnonzero(member)[0]]
-        element = {dims[j]: str(L[dims[j]].iloc[row]) for j in sub}
+        element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
         # All leaves of the element (those without traffic included) for its share of the change.
-        full = np.ones(len(L), dtype=bool)
+        full = ~taken_all
         for j in sub:
-            full &= L[dims[j]].astype(str).to_numpy() == element[dims[j]]
-        full &= ~taken_all
+            full &= all_codes[j][0] == all_codes[j][0][row]
         ch = float(contrib[full].sum())
         ep = ch / total if ratio else (ch / sum_contrib if sum_contrib else float("nan"))
         if ratio and not np.isfinite(ep):
@@ -455,6 +508,13 @@ def localize(
         loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib), ep,
                                     int(full.sum()), int(member.sum()), direction, ch))
         taken_all |= full
+        rm_ = np.flatnonzero(member)
+        for (_, inv_, ng_, _), st in zip(groups, stats):
+            gi_ = inv_[rm_]
+            vals = [h[rm_], e[rm_], var[rm_], None] + ([vdi[rm_]] if ratio else []) + \
+                ([vol[rm_], fvol[rm_]] if vol is not None and fvol is not None else [])
+            for arr, wv in zip(st, vals):
+                arr -= np.bincount(gi_, wv, ng_)
         free &= ~member
     loc.abnormal_leaves = int(taken_all.sum())
     if not loc.causes:
