@@ -55,10 +55,20 @@ more than ``max_volume_growth`` is skipped: grown traffic is downstream
 pressure from misses upstream, an effect rather than a cause.
 
 Each cause carries its score (the share of the total absolute deviation its
-leaves hold) and its *explanatory power*: the share of the signed change that
-its leaves make, so that all leaves' shares add up to 1 (for ratios: of the
-change in the aggregate rate at the observed traffic mix — see
-:func:`contributions`).
+leaves hold), its signed ``change`` in the measure's units (ratios: in rate
+units, 0.031 = 3.1 points) and its *explanatory power*. The total change splits
+exactly into the causes' changes, the change of all other leaves
+(``Localization.rest``) and, for ratios, the traffic-mix term
+(``Localization.mix``; see :func:`contributions`); explanatory power is a
+part's change over the sum of all parts' absolute changes, signed so that a
+part moving with the total is positive. The absolute shares add up to 100%,
+none exceeds it, and when every part moves the same way they are the plain
+shares of the total.
+
+References: Bhagwan et al., "Adtributor", NSDI 2014; Lin et al., "iDice",
+ICSE 2016; Sun et al., "HotSpot", IEEE Access 2018; Li et al., "Squeeze",
+ISSRE 2019; Kalander, "RiskLoc", arXiv:2205.10004; Sun et al.,
+"RobustSpot", IEEE TSC 2022 (doi 10.1109/TSC.2022.3155500).
 
 Example::
 
@@ -116,6 +126,9 @@ class Localization:
     leaves: int
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    change: float = float("nan")   # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    mix: float = 0.0               # part of the change due to the traffic mix alone (ratio measures)
+    rest: float = 0.0              # part of the change in leaves outside the causes
 
 
 def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
@@ -256,6 +269,7 @@ def localize(
     max_volume_growth: float = 0.25,
     max_subsets: int = MAX_SUBSETS,
     min_share: float | None = None,
+    sigma_floor: float = 0.005,
     validate: bool = True,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
@@ -326,10 +340,10 @@ def localize(
         lr = np.log((ov + floor) / (ev + floor))
         sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
         scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
-        sigma = min(scales) if scales else 0.0
+        # Too few leaves on a side to estimate it: the median of all of them.
+        sigma = min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
+        sigma = max(sigma, sigma_floor) if ok.any() and np.abs(lr[ok]).max() > 0 else 0.0
         if not np.isfinite(sigma) or sigma <= 0:
-            sigma = float(np.abs(lr[ok]).max()) * 1e-3 if ok.any() else 0.0
-        if sigma <= 0:
             loc.notes.append("observed equals expected: nothing to explain")
             return loc
         z = np.where(ok, lr / sigma, 0.0)
@@ -502,9 +516,7 @@ def localize(
         for j in sub:
             full &= all_codes[j][0] == all_codes[j][0][row]
         ch = float(contrib[full].sum())
-        ep = ch / total if ratio else (ch / sum_contrib if sum_contrib else float("nan"))
-        if ratio and not np.isfinite(ep):
-            ep = float("nan")
+        ep = float("nan")  # set below, once all causes are known
         loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib), ep,
                                     int(full.sum()), int(member.sum()), direction, ch))
         taken_all |= full
@@ -517,6 +529,16 @@ def localize(
                 arr -= np.bincount(gi_, wv, ng_)
         free &= ~member
     loc.abnormal_leaves = int(taken_all.sum())
+    # Explanatory power: each part's signed change over the gross change, signed
+    # against the total — causes, the other leaves and (rates) the traffic mix
+    # add up in points to the total change, and their |shares| to 100%.
+    loc.change = float(total) if np.isfinite(total) else float("nan")
+    loc.mix = _mix
+    loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
+    gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(_mix)
+    sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
+    loc.causes = [RootCause(c.element, c.score, sign * c.change / gross if gross > 0 else float("nan"), c.leaves,
+                            c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
     if not loc.causes:
         loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
                          f"(Bonferroni z ≥ {z_crit:.1f}, purity ≥ {purity:.0%})")
