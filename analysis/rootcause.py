@@ -189,18 +189,6 @@ def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: boo
             raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative value {arr[i]:g}; counts and "
                                  "additive measures must be ≥ 0")
         out[c] = arr
-    for c in dims:
-        x = _col(leaves, c)
-        if x.dtype == object:
-            empty = ~np.asarray(x == x, dtype=bool) | np.asarray(x == None, dtype=bool)  # noqa: E711 (NaN, None)
-            empty |= np.asarray(x == "", dtype=bool)
-        elif x.dtype.kind in "US":
-            empty = x == ""
-        else:
-            empty = ~np.isfinite(x) if x.dtype.kind == "f" else np.zeros(len(x), dtype=bool)
-        if empty.any():
-            i = int(np.flatnonzero(empty)[0])
-            raise LeafTableError(f"dimension {c!r}, row {i + row_offset}: value is empty")
     if ratio:
         for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
             a, b = out[n], out[d]
@@ -270,6 +258,8 @@ def localize(
     max_subsets: int = MAX_SUBSETS,
     min_share: float | None = None,
     sigma_floor: float = 0.005,
+    refine: bool = True,
+    unmoved_share: float = 0.10,
     validate: bool = True,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
@@ -324,9 +314,12 @@ def localize(
         pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
         pe = np.clip(pe, 1e-6, 1 - 1e-6)
         ok = vd > 0
+        if v_vol and f_vol:  # leaves that lost their traffic still count in an element's volume
+            ok = ok | (L[f_vol] > 0)
         h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
-        var = np.maximum(vd * pe * (1 - pe), 1.0)       # a floor of one event: tiny counts prove little
-        z = np.where(ok, (h - e) / np.sqrt(var), 0.0)
+        # A floor of one event: tiny counts prove little; no traffic, no evidence.
+        var = np.where(vd > 0, np.maximum(vd * pe * (1 - pe), 1.0), 0.0)
+        z = np.where(var > 0, (h - e) / np.sqrt(np.where(var > 0, var, 1.0)), 0.0)
         zs = z[ok & (var >= 1.0)]
         mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
         phi = max(1.0, mad) ** 2                          # over-dispersion (variance factor)
@@ -425,6 +418,53 @@ def localize(
         if vol is not None and fvol is not None:
             cols_ += [np.bincount(inv, vol, ng), np.bincount(inv, fvol, ng)]
         stats.append(cols_)
+    def _refine(sub, member, direction):
+        """An element one level too coarse: split it by one more dimension when
+        children holding at least ``unmoved_share`` of it clearly did not move
+        (|z| < 2 where the element's move would have shown at the Bonferroni
+        level) and the children that did move fit better, each with its own
+        move, than the whole element. Returns [(subset, leaves)] or None."""
+        z_e, _, fit_e = _assess(member)
+        if ratio:
+            k_e = h[member].sum() / max(e[member].sum(), 1e-12)
+        else:
+            m_e = h[member].mean()
+        best = None
+        for j in range(len(dims)):
+            if j in sub:
+                continue
+            cd = codes[j][0]
+            vals = np.unique(cd[member])
+            if len(vals) < 2:
+                continue
+            moved, unmoved, n_unmoved, total_w, fit_split = [], 0.0, 0, 0.0, 0.0
+            for val in vals:
+                km = member & (cd == val)
+                zk, pk, fk = _assess(km)
+                if ratio:
+                    wk = float(e[km].sum())
+                    z_exp = (k_e - 1) * wk / math.sqrt(max(float(var[km].sum()) * phi, 1e-12))
+                else:
+                    wk = float(km.sum())
+                    z_exp = m_e * math.sqrt(wk)
+                total_w += wk
+                if abs(zk) < 2 and abs(z_exp) >= z_crit:
+                    unmoved += wk
+                    n_unmoved += 1
+                elif np.sign(zk) == direction and abs(zk) >= z_rest and pk >= purity:
+                    moved.append(km)
+                    fit_split += fk
+            # Each further element is one more parameter picked among many: it must pay
+            # its way (a BIC-like price of z_crit²/2 in log-likelihood).
+            fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
+            if moved and total_w > 0 and unmoved / total_w >= unmoved_share and fit_split > fit_e \
+                    and (best is None or fit_split > best[0]):
+                best = (fit_split, j, moved)
+        if best is None:
+            return None
+        _, j, moved = best
+        return [(tuple(sorted((*sub, j))), km) for km in moved]
+
     while len(loc.causes) < max_causes and free.any():
         best = None
         fw = free.astype(float)
@@ -509,25 +549,26 @@ def localize(
             share = abs(float(contrib[idx[member]].sum())) / total_abs_contrib
             if share < min_share:
                 break
-        row = idx[np.flatnonzero(member)[0]]
-        element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
-        # All leaves of the element (those without traffic included) for its share of the change.
-        full = ~taken_all
-        for j in sub:
-            full &= all_codes[j][0] == all_codes[j][0][row]
-        ch = float(contrib[full].sum())
-        ep = float("nan")  # set below, once all causes are known
-        loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib), ep,
-                                    int(full.sum()), int(member.sum()), direction, ch))
-        taken_all |= full
-        rm_ = np.flatnonzero(member)
-        for (_, inv_, ng_, _), st in zip(groups, stats):
-            gi_ = inv_[rm_]
-            vals = [h[rm_], e[rm_], var[rm_], None] + ([vdi[rm_]] if ratio else []) + \
-                ([vol[rm_], fvol[rm_]] if vol is not None and fvol is not None else [])
-            for arr, wv in zip(st, vals):
-                arr -= np.bincount(gi_, wv, ng_)
-        free &= ~member
+        parts = _refine(sub, member, direction) if refine else None
+        for sub, member in parts or [(sub, member)]:
+            row = idx[np.flatnonzero(member)[0]]
+            element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
+            # All leaves of the element (those without traffic included) for its share of the change.
+            full = ~taken_all
+            for j in sub:
+                full &= all_codes[j][0] == all_codes[j][0][row]
+            ch = float(contrib[full].sum())
+            loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                                        float("nan"), int(full.sum()), int(member.sum()), direction, ch))
+            taken_all |= full
+            rm_ = np.flatnonzero(member)
+            for (_, inv_, ng_, _), st in zip(groups, stats):
+                gi_ = inv_[rm_]
+                vals = [h[rm_], e[rm_], var[rm_], None] + ([vdi[rm_]] if ratio else []) + \
+                    ([vol[rm_], fvol[rm_]] if vol is not None and fvol is not None else [])
+                for arr, wv in zip(st, vals):
+                    arr -= np.bincount(gi_, wv, ng_)
+            free &= ~member
     loc.abnormal_leaves = int(taken_all.sum())
     # Explanatory power: each part's signed change over the gross change, signed
     # against the total — causes, the other leaves and (rates) the traffic mix
