@@ -100,14 +100,15 @@ def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict:
         raise InputError(f"{path} is not UTF-8 text; save it as a UTF-8 CSV") from None
     except csv.Error as e:
         raise InputError(f"{path} is not valid CSV: {e}") from None
-    rows = [r for r in rows if r and any(x.strip() for x in r)]
+    rows = [r for r in rows if r]  # blank lines
     if not rows:
         raise InputError(f"{path} is empty; expected a header line and one row per leaf")
     header = [h.strip() for h in rows[0]]
     body = rows[1:]
     if not body:
         raise InputError(f"{path} has a header but no rows")
-    for i, r in enumerate(body):
+    widths = set(map(len, body))
+    for i, r in enumerate(body if widths != {len(header)} else ()):
         if len(r) != len(header):
             raise InputError(f"{path}, row {i + 2}: {len(r)} fields, the header has {len(header)}; "
                              "every row needs one value per column")
