@@ -150,6 +150,16 @@ def _nrows(leaves) -> int:
     return len(_col(leaves, names[0])) if names else 0
 
 
+def _factorize(x) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes and the distinct values (as strings) of a dimension column."""
+    if hasattr(x, "factorize"):  # a pandas Series: its own hash table
+        cd, uniq = x.factorize(use_na_sentinel=False)
+        return np.asarray(cd, dtype=np.int64), np.asarray([str(u) for u in uniq], dtype=object)
+    seen: dict = {}
+    cd = np.fromiter((seen.setdefault(str(v), len(seen)) for v in x), dtype=np.int64, count=len(x))
+    return cd, np.asarray(list(seen), dtype=object)
+
+
 def _numeric(x: np.ndarray, c: str, row_offset: int) -> np.ndarray:
     try:
         return np.asarray(x, dtype=float)
@@ -360,8 +370,8 @@ def localize(
     idx = np.flatnonzero(ok)
     all_codes, codes = [], []
     for c in dims:
-        uniq, cd = np.unique(_col(leaves, c).astype(str), return_inverse=True)
-        all_codes.append((cd.ravel().astype(np.int64), uniq))
+        cd, uniq = _factorize(leaves[c])
+        all_codes.append((cd, uniq))
         codes.append((all_codes[-1][0][idx], uniq))
     h, e, var, z = h[idx], e[idx], var[idx], z[idx]
     vol = L[v_vol][idx] if v_vol else None
