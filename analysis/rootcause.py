@@ -562,6 +562,19 @@ def localize(
         parts = _refine(sub, member, direction) if refine else None
         for sub, member in parts or [(sub, member)]:
             row = idx[np.flatnonzero(member)[0]]
+            # The shortest name for the same leaves: drop a dimension that does not narrow them.
+            for j in list(sub):
+                if len(sub) < 2:
+                    break
+                rest_ = [k for k in sub if k != j]
+                wider = ok.copy()
+                for k in rest_:
+                    wider &= all_codes[k][0] == all_codes[k][0][row]
+                same = ok.copy()
+                for k in sub:
+                    same &= all_codes[k][0] == all_codes[k][0][row]
+                if np.array_equal(wider, same):
+                    sub = tuple(rest_)
             element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
             # All leaves of the element (those without traffic included) for its share of the change.
             full = ~taken_all
