@@ -5,21 +5,42 @@ change), :mod:`~analysis.latency` (histogram quantiles), :mod:`~analysis.coverag
 (warm-set precision/recall, run effect), :mod:`~analysis.roi` (ROI and its
 decay), :mod:`~analysis.heat` (heat decay, prediction MAPE),
 :mod:`~analysis.scores` (the 12-dimension score), :mod:`~analysis.config`
-(targets, weights, prices), :mod:`~analysis.sources` (frames from a backend).
+(targets, weights, prices), :mod:`~analysis.sources` (frames from a backend),
+:mod:`~analysis.rootcause` and :mod:`~analysis.drilldown` (root causes).
+
+The names below are imported on first use, so importing one module (e.g. the
+root-cause localiser) does not load the others and their dependencies.
 """
 
 from __future__ import annotations
 
-from .config import AnalysisConfig, ConfigError
-from .coverage import run_effect, warm_set_coverage
-from .heat import heat_scores, prediction_mape, rank_to_warm, slo_lambda
-from .hitrate import hit_rate_change, hit_table, result_shares, wilson
-from .latency import hist_quantile
-from .roi import benefit_series, business_roi, compute_roi, fit_decay, roi_windows
-from .scores import ScoreCard, score_card
+import importlib
+import importlib.util
 
-__all__ = [
-    "AnalysisConfig", "ConfigError", "ScoreCard", "benefit_series", "business_roi", "compute_roi", "fit_decay",
-    "heat_scores", "hist_quantile", "hit_rate_change", "hit_table", "prediction_mape", "rank_to_warm",
-    "result_shares", "roi_windows", "run_effect", "score_card", "slo_lambda", "warm_set_coverage", "wilson",
-]
+_WHERE = {
+    "AnalysisConfig": "config", "ConfigError": "config",
+    "run_effect": "coverage", "warm_set_coverage": "coverage",
+    "heat_scores": "heat", "prediction_mape": "heat", "rank_to_warm": "heat", "slo_lambda": "heat",
+    "hit_rate_change": "hitrate", "hit_table": "hitrate", "result_shares": "hitrate", "wilson": "hitrate",
+    "hist_quantile": "latency",
+    "benefit_series": "roi", "business_roi": "roi", "compute_roi": "roi", "fit_decay": "roi",
+    "roi_windows": "roi",
+    "ScoreCard": "scores", "score_card": "scores",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    mod = _WHERE.get(name)
+    if mod is None:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, e.g. analysis.hitrate
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

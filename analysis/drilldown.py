@@ -32,7 +32,8 @@ import pandas as pd
 from .hitrate import time_slice
 from .rootcause import Localization, localize
 
-__all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "DrillDown"]
+__all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "drill_down_source", "regression_test",
+           "DrillDown"]
 
 RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
 
@@ -106,35 +107,115 @@ def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 1
     return float(g.index[k[i]])
 
 
+def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
+                    freq: float = 60.0) -> dict:
+    """Is the anomaly window's effective hit rate different from the baseline's,
+    given the baseline's own variability? Welch's t on the per-bucket rates of
+    the two windows (each ``freq`` seconds: bucket-to-bucket variation, not
+    binomial noise, is what a flat but busy line shows). Returns observed and
+    expected rate, their difference, t, degrees of freedom and the two-sided
+    p-value; p is NaN when a window has fewer than two buckets."""
+    from scipy import stats
+
+    def rates(w):
+        sl = time_slice(lookups, *w)
+        if sl.empty:
+            return np.zeros(0), 0.0, 0.0
+        hits = np.where(sl["result"].to_numpy() == "hit", sl["count"].to_numpy(float), 0.0)
+        n = sl["count"].to_numpy(float)
+        b = np.floor((sl["ts"].to_numpy(float) - w[0]) / freq).astype(np.int64)
+        g = pd.DataFrame({"b": b, "h": hits, "n": n}).groupby("b").sum()
+        g = g[g["n"] > 0]
+        return (g["h"] / g["n"]).to_numpy(), float(hits.sum()), float(n.sum())
+
+    ra, ha, na = rates(anomaly)
+    rb, hb, nb = rates(baseline)
+    out = {"observed": ha / na if na else float("nan"), "expected": hb / nb if nb else float("nan"),
+           "t": float("nan"), "df": float("nan"), "p": float("nan"), "buckets": (len(ra), len(rb))}
+    out["change"] = out["observed"] - out["expected"]
+    if len(ra) < 2 or len(rb) < 2:
+        return out
+    va, vb = ra.var(ddof=1) / len(ra), rb.var(ddof=1) / len(rb)
+    diff = ra.mean() - rb.mean()
+    se = float(np.sqrt(va + vb))
+    if se == 0:
+        out.update(t=float("inf") if diff else 0.0, p=0.0 if diff else 1.0)
+        return out
+    df = (va + vb) ** 2 / (va ** 2 / (len(ra) - 1) + vb ** 2 / (len(rb) - 1)) if va + vb > 0 else 1.0
+    t = float(diff / se)
+    out.update(t=t, df=float(df), p=float(2 * stats.t.sf(abs(t), df)))
+    return out
+
+
 @dataclass
 class DrillDown:
     localization: Localization
     anomaly: tuple[float, float]
     baseline: tuple[float, float]
     leaves: pd.DataFrame
+    test: dict | None = None          # regression_test() of the two windows (None with a forecast)
+    significant: bool = True          # False: "no significant regression in this range", no causes
 
 
 def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None,
                baseline: tuple[float, float] | None = None, dims: Sequence[str] = RCA_DIMS,
-               max_depth: int = 3, forecast: pd.DataFrame | None = None) -> DrillDown:
-    """Root causes of the regression in ``anomaly`` vs ``baseline``. Without
+               max_depth: int | None = None, forecast: pd.DataFrame | None = None,
+               alpha: float = 0.01) -> DrillDown:
+    """Root causes of the change in ``anomaly`` vs ``baseline``. Without
     ``anomaly``, the change point splits the data: after it is the anomaly,
-    the same length before it the baseline."""
+    the same length before it the baseline. The baseline never starts before
+    the data. Without a ``forecast``, causes are sought only when
+    :func:`regression_test` finds the windows' hit rates different at
+    ``alpha``; otherwise the result says "no significant regression in this
+    range" and lists no cause."""
+    def empty(msg: str, anomaly=(np.nan, np.nan), baseline=(np.nan, np.nan)) -> DrillDown:
+        return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, msg), anomaly, baseline, pd.DataFrame())
+
     if lookups.empty:
-        return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, "no lookups in the selected range"),
-                         (np.nan, np.nan), (np.nan, np.nan), pd.DataFrame())
+        return empty("no lookups in the selected range")
+    uts = np.unique(lookups["ts"].to_numpy(float))
+    # A flush stamps the end of its interval: the data starts one interval before the first stamp.
+    data_start = float(uts[0]) - (float(np.median(np.diff(uts))) if len(uts) > 1 else 0.0)
     if anomaly is None:
         cp = change_point(lookups)
         if cp is None:
-            return DrillDown(Localization([], "", np.nan, np.nan, 0, 0,
-                                         "too little data to find a change point; pick the windows"),
-                             (np.nan, np.nan), (np.nan, np.nan), pd.DataFrame())
+            return empty("too little data to find a change point; pick the windows")
         end = float(lookups["ts"].max())
         anomaly = (cp, end)
     if baseline is None:
         length = anomaly[1] - anomaly[0]
         baseline = (anomaly[0] - length, anomaly[0])
+    baseline = (max(baseline[0], data_start), baseline[1])
+    if baseline[1] <= baseline[0] or time_slice(lookups, *baseline).empty:
+        return empty("no data before the window to compare with; choose a later window or a baseline",
+                     anomaly, baseline)
+    test = None
+    if forecast is None:
+        test = regression_test(lookups, anomaly, baseline)
+        if not (test["p"] < alpha):
+            loc = Localization([], "hits/lookups", test["observed"], test["expected"], 0, 0)
+            loc.change = test["change"]
+            p = "too few minutes to test" if not np.isfinite(test["p"]) else f"p = {test['p']:.2g}"
+            loc.notes.append(f"no significant regression in this range: hit rate {test['observed']:.1%} vs "
+                             f"{test['expected']:.1%} in the baseline ({test['change'] * 100:+.2f} points, {p}, "
+                             "against the baseline's minute-to-minute variation)")
+            return DrillDown(loc, anomaly, baseline, pd.DataFrame(), test, significant=False)
     leaves = leaf_table(lookups, anomaly, baseline, dims, forecast=forecast)
     loc = localize(leaves, [d for d in dims if d in leaves.columns], v_num="hits", v_den="lookups",
                    f_num="hits_exp", f_den="lookups_exp", max_depth=max_depth, v_vol="lookups", f_vol="volume_exp")
-    return DrillDown(loc, anomaly, baseline, leaves)
+    return DrillDown(loc, anomaly, baseline, leaves, test)
+
+
+def drill_down_source(source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
+                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None, alpha: float = 0.01
+                      ) -> DrillDown:
+    """:func:`drill_down` over any source with ``frame("lookups", start, end)``
+    returning the canonical lookups frame (ts, result, count and the dimension
+    columns): the embedded store, or any other backend that maps its counters
+    onto that frame. Only the two windows are read."""
+    if baseline is None:
+        baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
+    lo, hi = min(anomaly[0], baseline[0]), max(anomaly[1], baseline[1])
+    lookups = source.frame("lookups", lo - 1.0, hi + 1.0)
+    return drill_down(lookups, anomaly, baseline, [d for d in dims if d in lookups.columns] or list(dims),
+                      max_depth=max_depth, alpha=alpha)

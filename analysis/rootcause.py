@@ -1,4 +1,4 @@
-"""Multi-dimensional root-cause localisation of a regression.
+"""Multi-dimensional root-cause localisation of a change.
 
 Input: a *leaf table* — one row per combination of dimension values — with an
 observed and an expected (baseline or forecast) value, either for an additive
@@ -7,37 +7,68 @@ rate = hits / lookups, given observed and expected numerator and denominator).
 Output: a ranked set of root-cause *elements*, each a combination of
 dimension values such as ``{tenant=t3, layer=prefix_kv}``.
 
-Method. The published localisers split into search-by-explanatory-power
-(Adtributor: one dimension only; iDice, HotSpot: search over combinations)
-and deviation-clustering methods (Squeeze, RiskLoc), which lead on
-multi-dimensional, multi-element benchmarks. This module scores candidates by
-HotSpot's *potential score* under Squeeze's *generalised ripple effect* (the
-leaves under one root cause move by one common ratio), searched greedily
-rather than by Monte-Carlo:
+Method: *vote-purity search*. Published localisers either search for the
+elements with the largest explanatory power (Adtributor, iDice, HotSpot) or
+first separate abnormal from normal leaves and then describe the abnormal ones
+by few elements (Squeeze, RiskLoc, RobustSpot). This module does the second,
+with each element's leaves judged against the element's own move:
 
-1. work on the part that moved: hits at the observed lookups (ratio measures)
-   or the measure itself (additive);
-2. for every element of 1–``max_depth`` dimensions, the potential score is
-   ``1 − ‖observed − a‖ / ‖observed − expected‖``, where ``a`` moves the
-   element's leaves by its own ratio and keeps the rest as expected; computed
-   from per-element sums, so one groupby per dimension subset;
-3. greedy cover: take the element with the largest gain (a small penalty per
-   extra dimension — succinctness); keep only elements that move the measure
-   the way the total moved, beyond binomial noise (``z_min``, ratios), and —
-   given traffic volumes (``v_vol``/``f_vol``) — whose traffic did not grow by
-   more than ``max_volume_growth`` (grown traffic is downstream pressure from
-   misses upstream, an effect, not a cause);
-4. refinement: if at least 10% of the chosen element's expected value sits in
-   children (by one more dimension) that clearly did not move although a move
-   like the others' would have shown, and the moved children fit better each
-   with its own ratio, report the moved children instead (the fault sat below
-   the element);
-5. apply the chosen ripple, remove those leaves, repeat until no element adds
-   ``min_gain``.
+1. **Standardised leaf residuals.** Additive measures: ``z = (v − f) / (σ·f)``
+   with the relative noise ``σ`` estimated robustly from the data (1.4826 ×
+   the median absolute relative deviation, taken on each side of zero and the
+   smaller kept, so that abnormal leaves — on one side — do not inflate it);
+   expected values have a floor (the 5th percentile of positive ones) so a
+   leaf from nothing is not infinitely abnormal. Ratio measures: binomial
+   residuals of the numerator at the observed denominator, the leaf's
+   expected rate shrunk toward the overall rate by one pseudo-event, divided
+   by the robust over-dispersion of all leaves (real counts are rarely
+   binomial). A leaf without expected and observed traffic carries no
+   evidence and is left out.
+2. **Candidates** are all elements of 1…``max_depth`` dimensions (all depths
+   while the number of dimension subsets stays within ``max_subsets``; beyond
+   that depth is bounded and a note says so), grouped with integer codes.
+3. **Each element is tested by its own move** (the generalised ripple effect
+   of Squeeze, Li et al., ISSRE 2019): its leaves either all moved by its
+   aggregate factor ``k = Σv / Σf`` or, for ratio measures, all converged to
+   one anomalous rate ``r = Σ num / Σ den`` — whichever fits the element's
+   leaves better (binomial log-likelihood). Every leaf *votes*: does it fit
+   the moved model better than "unchanged"? The vote is weighted by how much
+   evidence the leaf can hold (for ratios, the expected log-likelihood ratio
+   under the move, so a leaf with three events hardly counts). An element is
+   a candidate when (a) its *purity* — the weighted share of votes for the
+   move — is at least ``purity`` (RiskLoc's insight that a root cause's leaves
+   are nearly all abnormal, Kalander 2022), (b) its aggregate residual is
+   significant after a Bonferroni correction over all candidates, judged
+   in its own direction (an element may move against the total), and (c) a
+   single-leaf element also exceeds the largest residual seen on the quieter
+   side of zero (an empirical noise ceiling, as RiskLoc's cutoff).
+4. **Greedy cover.** The candidate with the largest absolute deviation
+   (additive: ``|Σ(v − f)|``; ratio: ``|Σ(num − den·rate_expected)|``) wins;
+   a parent only beats its child when it is itself pure, so redundant
+   parent/child pairs and too-coarse elements do not arise; a child only wins
+   when its parent is impure, so an element is never finer than needed. Its
+   leaves are removed and the search repeats on the rest until no candidate
+   remains or ``max_causes`` are found.
 
-Each cause carries its score and its *explanatory power*: the share of the
-total change that reverting its leaves to expected would undo (for ratios,
-the change of the aggregate ratio).
+With traffic volumes (``v_vol``/``f_vol``) an element whose traffic grew by
+more than ``max_volume_growth`` is skipped: grown traffic is downstream
+pressure from misses upstream, an effect rather than a cause.
+
+Each cause carries its score (the share of the total absolute deviation its
+leaves hold), its signed ``change`` in the measure's units (ratios: in rate
+units, 0.031 = 3.1 points) and its *explanatory power*. The total change splits
+exactly into the causes' changes, the change of all other leaves
+(``Localization.rest``) and, for ratios, the traffic-mix term
+(``Localization.mix``; see :func:`contributions`); explanatory power is a
+part's change over the sum of all parts' absolute changes, signed so that a
+part moving with the total is positive. The absolute shares add up to 100%,
+none exceeds it, and when every part moves the same way they are the plain
+shares of the total.
+
+References: Bhagwan et al., "Adtributor", NSDI 2014; Lin et al., "iDice",
+ICSE 2016; Sun et al., "HotSpot", IEEE Access 2018; Li et al., "Squeeze",
+ISSRE 2019; Kalander, "RiskLoc", arXiv:2205.10004; Sun et al.,
+"RobustSpot", IEEE TSC 2022 (doi 10.1109/TSC.2022.3155500).
 
 Example::
 
@@ -49,13 +80,20 @@ Example::
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
-__all__ = ["RootCause", "Localization", "localize"]
+__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves", "MAX_SUBSETS"]
+
+MAX_SUBSETS = 400  # dimension subsets searched; beyond it the depth is bounded
+
+
+class LeafTableError(ValueError):
+    """The leaf table cannot be localised (the message names the row or column)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +103,17 @@ class RootCause:
     explanatory_power: float
     leaves: int
     abnormal_leaves: int
+    direction: int = 0           # +1 the element moved up, -1 down
+    change: float = 0.0          # its leaves' signed change (measure units; ratio: rate points)
 
     def as_json(self) -> dict:
-        return {"element": self.element, "score": round(self.score, 6),
-                "explanatory_power": round(self.explanatory_power, 6)}
+        return {"element": self.element, "score": _finite(self.score),
+                "explanatory_power": _finite(self.explanatory_power),
+                "direction": "up" if self.direction > 0 else "down"}
+
+
+def _finite(x: float) -> float | None:
+    return round(float(x), 6) if np.isfinite(x) else None
 
 
 @dataclass
@@ -81,6 +126,9 @@ class Localization:
     leaves: int
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    change: float = float("nan")   # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    mix: float = 0.0               # part of the change due to the traffic mix alone (ratio measures)
+    rest: float = 0.0              # part of the change in leaves outside the causes
 
 
 def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
@@ -88,69 +136,121 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
-def _refine(sub, vals, member, dims, keys, h, cur, den, z_min, unmoved_share=0.10):
-    """Split an element by one more dimension when some of its children clearly
-    did not move — |z| < 2 although a move like the others' would have been
-    detectable there — they hold at least ``unmoved_share`` of its expected
-    value, and the moved children fit the data better than the whole element
-    moving by one ratio: return the children that moved, or None."""
-    best = None
-    tot = cur[member].sum()
-    if tot <= 0:
-        return None
+def _names(leaves) -> list[str]:
+    return [str(c) for c in (leaves.columns if hasattr(leaves, "columns") else leaves.keys())]
 
-    def z_of(o_, e_, m):
-        if den is not None:
-            n = den[m].sum()
-            p = min(max(e_ / max(n, 1), 0.01), 0.99)
-            return (o_ - e_) / np.sqrt(max(n * p * (1 - p), 1e-9))
-        return (o_ - e_) / np.sqrt(e_ + 1)
 
-    for d in dims:
-        if d in sub:
-            continue
-        kids = []
-        for v in np.unique(keys[d][member]):
-            m = member & (keys[d] == v)
-            e_, o_ = cur[m].sum(), h[m].sum()
-            if e_ > 0:
-                kids.append((v, m, e_, o_, z_of(o_, e_, m)))
-        direction = np.sign(h[member].sum() - tot)
-        moved = [(v, m, e_, o_) for v, m, e_, o_, z in kids if abs(z) >= z_min and np.sign(z) == direction]
-        if not moved:
-            continue
-        k_moved = sum(o for *_, o in moved) / sum(e for _, _, e, _ in moved)
-        still_share = 0.0
-        for v, m, e_, o_, z in kids:
-            # Unmoved only where the others' move would have shown: low-traffic children prove nothing.
-            if abs(z) < 2 and abs(z_of(k_moved * e_, e_, m)) >= z_min:
-                still_share += e_ / tot
-        # Children carrying a small part of the element's move are noise or
-        # knock-on effects, not where the fault sits.
-        dev = abs(h[member].sum() - tot)
-        moved = [x for x in moved if abs(x[3] - x[2]) >= 0.1 * dev]
-        if not moved:
-            continue
-        if still_share >= unmoved_share:
-            # Keep the split only if the moved children, each with its own
-            # ratio (the rest as expected), fit the data better than the whole
-            # element moving by one ratio; of several dimensions, the best fit.
-            k_all = h[member].sum() / tot
-            whole = float(np.sum((h[member] - k_all * cur[member]) ** 2))
-            split = float(np.sum((h[member] - cur[member]) ** 2))
-            for _, m, e_, o_ in moved:
-                split += float(np.sum((h[m] - (o_ / e_) * cur[m]) ** 2) - np.sum((h[m] - cur[m]) ** 2))
-            if split < whole and (best is None or split < best[0]):
-                best = (split, d, [(v, m) for v, m, _, _ in moved])
-    if best is None:
-        return None
-    _, d, moved = best
-    base = {c: str(v) for c, v in zip(sub, vals)}
-    return [({**base, d: str(v)}, m) for v, m in moved]
+def _col(leaves, c: str) -> np.ndarray:
+    x = leaves[c]
+    return x.to_numpy() if hasattr(x, "to_numpy") else np.asarray(x)
+
+
+def _nrows(leaves) -> int:
+    names = _names(leaves)
+    return len(_col(leaves, names[0])) if names else 0
+
+
+def _factorize(x) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes and the distinct values (as strings) of a dimension column."""
+    if hasattr(x, "factorize"):  # a pandas Series: its own hash table
+        cd, uniq = x.factorize(use_na_sentinel=False)
+        return np.asarray(cd, dtype=np.int64), np.asarray([str(u) for u in uniq], dtype=object)
+    seen: dict = {}
+    cd = np.fromiter((seen.setdefault(str(v), len(seen)) for v in x), dtype=np.int64, count=len(x))
+    return cd, np.asarray(list(seen), dtype=object)
+
+
+def _numeric(x: np.ndarray, c: str, row_offset: int) -> np.ndarray:
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        for i, val in enumerate(x):
+            try:
+                float(val)
+            except (TypeError, ValueError):
+                raise LeafTableError(f"column {c!r}, row {i + row_offset}: {val!r} is not a number") from None
+        raise
+
+
+def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: bool,
+                    row_offset: int = 2) -> dict[str, np.ndarray]:
+    """Check a leaf table (a DataFrame or a mapping of column → array) and
+    return its measure columns as floats; raise :class:`LeafTableError` naming
+    the first bad row/column: missing columns, non-numeric, NaN/inf or
+    negative values, numerator above denominator (ratio). ``row_offset`` turns
+    a 0-based index into the row number a user sees (2: a CSV with a header
+    line)."""
+    names = _names(leaves)
+    missing = [c for c in [*dims, *cols] if c not in names]
+    if missing:
+        raise LeafTableError(f"no column(s) {', '.join(map(str, missing))}; columns are {', '.join(names)}")
+    if _nrows(leaves) == 0:
+        raise LeafTableError("the leaf table has no rows")
+    out = {}
+    for c in cols:
+        arr = _numeric(_col(leaves, c), c, row_offset)
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: value is empty, NaN or infinite; "
+                                 "give a finite number (0 for no traffic)")
+        if (arr < 0).any():
+            i = int(np.flatnonzero(arr < 0)[0])
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative value {arr[i]:g}; counts and "
+                                 "additive measures must be ≥ 0")
+        out[c] = arr
+    if ratio:
+        for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
+            a, b = out[n], out[d]
+            bad = a > b * (1 + 1e-9) + 1e-9
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise LeafTableError(f"row {i + row_offset}: numerator {n}={a[i]:g} is above denominator "
+                                     f"{d}={b[i]:g}; a ratio measure needs numerator ≤ denominator")
+    return out
+
+
+def contributions(leaves, v: str | None = None, f: str | None = None, v_num: str | None = None,
+                  v_den: str | None = None, f_num: str | None = None, f_den: str | None = None
+                  ) -> tuple[np.ndarray, float]:
+    """Each leaf's signed contribution to the change, and the part of the
+    change no leaf holds (traffic mix). Additive: ``v − f`` (mix 0). Ratio:
+    ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
+    add up to the change at the observed traffic mix, and the mix term to the
+    rest, so the two sum to observed − expected rate exactly."""
+    if v is not None:
+        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0
+    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)
+    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)
+    tot_v, tot_f = vd.sum(), fd.sum()
+    if tot_v <= 0 or tot_f <= 0:
+        return np.zeros(len(vn)), 0.0
+    p0 = fn.sum() / tot_f
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pe = np.where(fd > 0, fn / np.where(fd > 0, fd, 1), p0)
+    c = (vn - vd * pe) / tot_v
+    mix = float((vd * pe).sum() / tot_v - p0)
+    return c, mix
+
+
+def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[tuple[int, ...]], int]:
+    n = len(dims)
+    top = n if max_depth is None else min(max_depth, n)
+    out: list[tuple[int, ...]] = []
+    depth = 0
+    for k in range(1, top + 1):
+        c = math.comb(n, k)
+        if out and len(out) + c > budget:
+            break
+        out.extend(itertools.combinations(range(n), k))
+        depth = k
+    if depth < top and n <= 16:
+        out.append(tuple(range(n)))  # single leaves are always candidates (cheap: the identity grouping)
+    return out, depth
 
 
 def localize(
-    leaves: pd.DataFrame,
+    leaves,
     dims: Sequence[str],
     v: str | None = None,
     f: str | None = None,
@@ -158,125 +258,361 @@ def localize(
     v_den: str | None = None,
     f_num: str | None = None,
     f_den: str | None = None,
-    max_depth: int = 3,
-    max_causes: int = 5,
-    z_min: float = 4.0,
-    min_gain: float = 0.05,
+    max_depth: int | None = None,
+    max_causes: int = 10,
+    purity: float = 0.7,
+    alpha: float = 0.01,
     v_vol: str | None = None,
     f_vol: str | None = None,
     max_volume_growth: float = 0.25,
+    max_subsets: int = MAX_SUBSETS,
+    min_share: float | None = None,
+    sigma_floor: float = 0.005,
+    refine: bool = True,
+    unmoved_share: float = 0.10,
+    validate: bool = True,
 ) -> Localization:
     """Root causes of the difference between observed and expected (see module doc)."""
     dims = list(dims)
-    ratio = v is None
-    need = dims + ([v_num, v_den, f_num, f_den] if ratio else [v, f])
-    missing = [c for c in need if c is None or c not in leaves.columns]
-    if missing:
+    ratio = v is None and f is None
+    cols = [v_num, v_den, f_num, f_den] if ratio else [v, f]
+    if any(c is None for c in cols):
         return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
+                            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)")
+    names = _names(leaves)
+    nrows = _nrows(leaves)
+    missing = [c for c in dims + cols if c not in names]
+    if missing:
+        return Localization([], "", float("nan"), float("nan"), 0, nrows,
                             f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
                             "v_num/v_den/f_num/f_den (ratio)")
-    if leaves.empty:
+    if nrows == 0:
         return Localization([], "", float("nan"), float("nan"), 0, 0, "the leaf table is empty")
-    L = leaves.reset_index(drop=True)
+    if validate:
+        try:
+            num = validate_leaves(leaves, dims, cols, ratio, row_offset=0)
+        except LeafTableError as e:
+            return Localization([], "", float("nan"), float("nan"), 0, nrows, str(e))
+    else:
+        num = {c: _col(leaves, c).astype(float) for c in cols}
+    L = dict(num)
+    for c in (v_vol, f_vol):
+        if c:
+            L[c] = _col(leaves, c).astype(float)
+    if min_share is None:
+        # Rates: a cause holds a visible part of the change (real rate data has many
+        # tiny leaves with extreme rates that move nothing).
+        min_share = 0.05 if ratio else 0.0
+    contrib, _mix = contributions(L, v, f, v_num, v_den, f_num, f_den)
     if ratio:
-        vn, vd = L[v_num].to_numpy(float), L[v_den].to_numpy(float)
-        fn, fd = L[f_num].to_numpy(float), L[f_den].to_numpy(float)
+        vn, vd, fn, fd = L[v_num], L[v_den], L[f_num], L[f_den]
         obs_t, exp_t = _ratio_total(vn, vd), _ratio_total(fn, fd)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            o = np.where(vd > 0, vn / vd, np.nan)
-            e = np.where(fd > 0, fn / fd, np.nan)
-            # A leaf's share of the change: what reverting it alone would undo.
-            contrib = np.where(np.isfinite(o) & np.isfinite(e), (o - e) * vd, 0.0)
         measure = f"{v_num}/{v_den}"
+        total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
     else:
-        ov, ev = L[v].to_numpy(float), L[f].to_numpy(float)
+        ov, ev = L[v], L[f]
         obs_t, exp_t = float(ov.sum()), float(ev.sum())
-        contrib = ov - ev
         measure = v
-    total = float(np.nansum(contrib))
-    if not np.isfinite(total) or total == 0:
-        return Localization([], measure, obs_t, exp_t, 0, len(L), None,
-                            ["observed equals expected: nothing to explain"])
-    # Work on the additive part that moved: hits (ratio; lookups are held at
-    # their observed values) or the measure itself (additive).
+        total = obs_t - exp_t
+    loc = Localization([], measure, obs_t, exp_t, 0, nrows)
+    if ratio and (fd.sum() <= 0 or vd.sum() <= 0):
+        loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
+        return loc
+    # -- 1. standardised leaf residuals ------------------------------------------------------------
     if ratio:
-        h = vn
-        fexp = np.where(np.isfinite(e), e, 0.0) * vd
+        p0 = fn.sum() / fd.sum()
+        pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
+        pe = np.clip(pe, 1e-6, 1 - 1e-6)
+        ok = vd > 0
+        if v_vol and f_vol:  # leaves that lost their traffic still count in an element's volume
+            ok = ok | (L[f_vol] > 0)
+        h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
+        # A floor of one event: tiny counts prove little; no traffic, no evidence.
+        var = np.where(vd > 0, np.maximum(vd * pe * (1 - pe), 1.0), 0.0)
+        z = np.where(var > 0, (h - e) / np.sqrt(np.where(var > 0, var, 1.0)), 0.0)
+        zs = z[ok & (var >= 1.0)]
+        mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
+        phi = max(1.0, mad) ** 2                          # over-dispersion (variance factor)
+        z = z / math.sqrt(phi)
     else:
-        h, fexp = ov, ev
-    dev_norm = float(np.sqrt(np.sum((h - fexp) ** 2)))
-    loc = Localization([], measure, obs_t, exp_t, 0, len(L))
-    if dev_norm == 0:
+        # Multiplicative noise: log ratios, with a floor (the 5th percentile of
+        # the positive expected values) so that small leaves prove little.
+        ok = (ev > 0) | (ov > 0)
+        pos = ev[ev > 0]
+        floor = float(np.quantile(pos, 0.05)) if len(pos) else 1.0
+        lr = np.log((ov + floor) / (ev + floor))
+        sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
+        scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
+        # Too few leaves on a side to estimate it: the median of all of them.
+        sigma = min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
+        sigma = max(sigma, sigma_floor) if ok.any() and np.abs(lr[ok]).max() > 0 else 0.0
+        if not np.isfinite(sigma) or sigma <= 0:
+            loc.notes.append("observed equals expected: nothing to explain")
+            return loc
+        z = np.where(ok, lr / sigma, 0.0)
+        h, e, var = z, np.zeros_like(z), np.ones_like(z)
+        phi = 1.0
+    dev_total = float(np.abs(h - e)[ok].sum())
+    if not ok.any() or dev_total <= 0 or not np.isfinite(dev_total):
         loc.notes.append("observed equals expected: nothing to explain")
         return loc
-    keys = {c: L[c].astype(str).to_numpy() for c in dims}
-    subsets = [sub for k in range(1, max_depth + 1) for sub in itertools.combinations(dims, k)]
-    cur = fexp.copy()  # expected, with the causes found so far applied (ripple effect)
-    explained = 0.0
-    taken = np.zeros(len(L), dtype=bool)
-    base = pd.DataFrame({c: keys[c] for c in dims})
-    while len(loc.causes) < max_causes:
-        r0 = h - cur
-        sq0 = float(np.sum(r0 * r0))
-        base["h"], base["f"] = h, cur
-        base["hh"], base["hf"], base["ff"], base["rr"] = h * h, h * cur, cur * cur, r0 * r0
-        base["n"] = vd if ratio else 0.0
-        base["vv"] = L[v_vol].to_numpy(float) if v_vol else 0.0
-        base["fv"] = L[f_vol].to_numpy(float) if f_vol else 0.0
-        base["free"] = ~taken
+    # Empirical noise ceiling for single leaves: the largest residual on the quieter side.
+    up, down = float(contrib[ok & (contrib > 0)].sum()), float(-contrib[ok & (contrib < 0)].sum())
+    quiet = z[ok & (z < 0)] if up >= down else z[ok & (z > 0)]
+    ceiling = float(np.abs(quiet).max()) if len(quiet) else 0.0
+    # -- 2. candidates ----------------------------------------------------------------------------
+    if len(dims) > 10 and max_depth is None:
+        loc.notes.append(f"{len(dims)} dimensions: the search is bounded (at most {max_subsets} dimension "
+                         "subsets; single leaves are always candidates)")
+    subsets, depth = _subsets(dims, max_depth, max_subsets)
+    if max_depth is None and depth < len(dims) and len(dims) <= 10:
+        loc.notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
+    idx = np.flatnonzero(ok)
+    all_codes, codes = [], []
+    for c in dims:
+        cd, uniq = _factorize(leaves[c])
+        all_codes.append((cd, uniq))
+        codes.append((all_codes[-1][0][idx], uniq))
+    h, e, var, z = h[idx], e[idx], var[idx], z[idx]
+    vol = L[v_vol][idx] if v_vol else None
+    fvol = L[f_vol][idx] if f_vol else None
+    if ratio:
+        vdi, pei = vd[idx], pe[idx]
+    groups = []
+    for sub in subsets:
+        key = np.zeros(len(idx), dtype=np.int64)
+        for j in sub:
+            key = key * (len(codes[j][1]) + 1) + codes[j][0]
+        order = np.argsort(key, kind="stable")
+        sk = key[order]
+        flags = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
+        inv = np.empty(len(key), dtype=np.int64)
+        inv[order] = np.cumsum(flags) - 1
+        starts = np.flatnonzero(flags)
+        groups.append((sub, inv, len(starts), (order, starts)))
+    n_cand = sum(g[2] for g in groups)
+    z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
+    z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
+    free = np.ones(len(idx), dtype=bool)
+    taken_all = np.zeros(nrows, dtype=bool)
+    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
+    sum_contrib = float(contrib.sum())
+    # -- 3./4. test every element by its own move, greedy cover ----------------------------------
+    def _assess(mask: np.ndarray) -> tuple[float, float, float]:
+        """Z, purity and fit of one set of leaves moving together."""
+        hh, ee = h[mask], e[mask]
+        dz = float(hh.sum() - ee.sum())
+        zz = dz / math.sqrt(max(float(var[mask].sum()) * phi, 1e-12))
+        if ratio:
+            nn, pp = vdi[mask], pei[mask]
+            kk = hh.sum() / max(ee.sum(), 1e-12)
+            best_fit = None
+            for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6), np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)),
+                                                                1e-6, 1 - 1e-6)):
+                ll = _binom_llr(hh, nn, rm, pp)
+                if best_fit is None or ll.sum() > best_fit[0]:
+                    ww = nn * _kl(rm, pp)
+                    best_fit = (float(ll.sum()), float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)))
+            return zz, best_fit[1], best_fit[0] / phi
+        mm = hh.sum() / len(hh)
+        return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
+
+    # Per-element sums, kept up to date as leaves are taken (subtracting the taken ones).
+    ah = np.abs(h - e)
+    stats = []
+    for sub, inv, ng, _ in groups:
+        cols_ = [np.bincount(inv, h, ng), np.bincount(inv, e, ng), np.bincount(inv, var, ng),
+                 np.bincount(inv, minlength=ng).astype(float)]
+        if ratio:
+            cols_.append(np.bincount(inv, vdi, ng))
+        if vol is not None and fvol is not None:
+            cols_ += [np.bincount(inv, vol, ng), np.bincount(inv, fvol, ng)]
+        stats.append(cols_)
+    def _refine(sub, member, direction):
+        """An element one level too coarse: split it by one more dimension when
+        children holding at least ``unmoved_share`` of it clearly did not move
+        (|z| < 2 where the element's move would have shown at the Bonferroni
+        level) and the children that did move fit better, each with its own
+        move, than the whole element. Returns [(subset, leaves)] or None."""
+        z_e, _, fit_e = _assess(member)
+        if ratio:
+            k_e = h[member].sum() / max(e[member].sum(), 1e-12)
+        else:
+            m_e = h[member].mean()
         best = None
-        for sub in subsets:
-            g = base[base["free"]].groupby(list(sub), sort=False)[["h", "f", "hh", "hf", "ff", "rr", "n", "vv",
-                                                                  "fv"]].sum()
-            g = g[g["f"] > 0]
-            if g.empty:
+        for j in range(len(dims)):
+            if j in sub:
                 continue
-            k = (g["h"] / g["f"]).to_numpy()
-            # Residual if the element's leaves all moved by its own ratio k.
-            within = g["hh"].to_numpy() - 2 * k * g["hf"].to_numpy() + k * k * g["ff"].to_numpy()
-            new_sq = sq0 - g["rr"].to_numpy() + within
-            ps = 1 - np.sqrt(np.maximum(new_sq, 0)) / dev_norm
-            gain = ps - explained - 0.02 * (len(sub) - 1)
-            # A cause moves the measure the way the total moved.
-            gain = np.where(np.sign(g["h"].to_numpy() - g["f"].to_numpy()) == np.sign(total), gain, -np.inf)
-            if v_vol and f_vol:  # grown traffic: pressure from upstream misses, an effect
-                grew = g["vv"].to_numpy() > (1 + max_volume_growth) * np.maximum(g["fv"].to_numpy(), 1e-9)
-                gain = np.where(grew, -np.inf, gain)
-            if ratio:  # only moves beyond binomial noise may be causes
-                n_e = np.maximum(g["n"].to_numpy(), 1)
-                p_e = np.clip(g["f"].to_numpy() / n_e, 1e-6, 1 - 1e-6)
-                z_e = (g["h"].to_numpy() - g["f"].to_numpy()) / np.sqrt(n_e * p_e * (1 - p_e))
-                gain = np.where(np.abs(z_e) >= z_min, gain, -np.inf)
+            cd = codes[j][0]
+            vals = np.unique(cd[member])
+            if len(vals) < 2:
+                continue
+            moved, unmoved, n_unmoved, total_w, fit_split = [], 0.0, 0, 0.0, 0.0
+            for val in vals:
+                km = member & (cd == val)
+                zk, pk, fk = _assess(km)
+                if ratio:
+                    wk = float(e[km].sum())
+                    z_exp = (k_e - 1) * wk / math.sqrt(max(float(var[km].sum()) * phi, 1e-12))
+                else:
+                    wk = float(km.sum())
+                    z_exp = m_e * math.sqrt(wk)
+                total_w += wk
+                if abs(zk) < 2 and abs(z_exp) >= z_crit:
+                    unmoved += wk
+                    n_unmoved += 1
+                elif np.sign(zk) == direction and abs(zk) >= z_rest and pk >= purity:
+                    moved.append(km)
+                    fit_split += fk
+            # Each further element is one more parameter picked among many: it must pay
+            # its way (a BIC-like price of z_crit²/2 in log-likelihood).
+            fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
+            if moved and total_w > 0 and unmoved / total_w >= unmoved_share and fit_split > fit_e \
+                    and (best is None or fit_split > best[0]):
+                best = (fit_split, j, moved)
+        if best is None:
+            return None
+        _, j, moved = best
+        return [(tuple(sorted((*sub, j))), km) for km in moved]
+
+    while len(loc.causes) < max_causes and free.any():
+        best = None
+        fw = free.astype(float)
+        for (sub, inv, ng, (order, starts)), st in zip(groups, stats):
+            Sh, Se, Sv, n = st[:4]
+            dev = Sh - Se
+            Z = dev / np.sqrt(np.maximum(Sv * phi, 1e-12))
+            cand = (n > 0) & (np.abs(Z) >= z_crit)
+            cand &= (n >= 2) | (np.abs(Z) > ceiling)
+            if vol is not None and fvol is not None:
+                Vv, Vf = st[-2], st[-1]
+                cand &= ~(Vv > (1 + max_volume_growth) * np.maximum(Vf, 1e-9))
+            if not cand.any():
+                continue
+            # Robust to one outlier: without its largest leaf the element must still be significant.
+            mx = np.maximum.reduceat((ah * fw)[order], starts)
+            z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
+            cand &= (n < 2) | (z_wo >= z_crit)
+            if not cand.any():
+                continue
+            # Votes only where they can matter: free leaves of the surviving elements.
+            sel = np.flatnonzero(cand[inv] & free)
+            gi = inv[sel]
+            hs = h[sel]
+            if ratio:
+                Sd = st[4]
+                k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
+                r = Sh / np.maximum(Sd, 1e-12)
+                ns, ps = vdi[sel], pei[sel]
+                rm_scale = np.clip(k[gi] * ps, 1e-6, 1 - 1e-6)
+                rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
+                lls = _binom_llr(hs, ns, rm_scale, ps)
+                llc = _binom_llr(hs, ns, rm_common, ps)
+                use_common = np.bincount(gi, llc, ng) > np.bincount(gi, lls, ng)
+                uc = use_common[gi]
+                rm = np.where(uc, rm_common, rm_scale)
+                llr = np.where(uc, llc, lls)
+                vote = llr > 0
+                w = ns * _kl(rm, ps)
+                fit = np.bincount(gi, llr, ng) / phi
+            else:
+                m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
+                vote = np.abs(hs - m[gi]) < np.abs(hs)
+                w = np.ones(len(sel))
+                fit = n * m * m / 2
+            W = np.bincount(gi, w, ng)
+            P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
+            cand &= P >= purity
+            if not cand.any():
+                continue
+            gain = np.where(cand, fit, -np.inf)
             i = int(np.argmax(gain))
-            idx = g.index[i] if len(sub) > 1 else (g.index[i],)
             if best is None or gain[i] > best[0]:
-                best = (gain[i], ps[i], sub, idx, k[i])
-        if best is None or best[0] < min_gain:
+                best = (gain[i], sub, inv, i, int(np.sign(dev[i])), float(P[i]))
+        if best is None:
             break
-        gain, ps, sub, vals, k = best
-        member = ~taken
-        for c, val in zip(sub, vals):
-            member &= keys[c] == str(val)
-        parts = _refine(sub, vals, member, dims, keys, h, cur, vd if ratio else None, z_min) \
-            if len(sub) < max_depth else None
-        ep = float(np.nansum(contrib[member]) / total)
-        if parts:
-            # The element held leaves that did not move: keep only its children that did.
-            for elem, m in parts:
-                km = h[m].sum() / cur[m].sum() if cur[m].sum() else 1.0
-                new_cur = np.where(m, cur * km, cur)
-                ps_new = 1 - np.sqrt(np.sum((h - new_cur) ** 2)) / dev_norm
-                loc.causes.append(RootCause(elem, float(ps_new - explained), float(np.nansum(contrib[m]) / total),
-                                            int(m.sum()), int(m.sum())))
-                cur, explained = new_cur, ps_new
-                taken |= m
-            continue
-        loc.causes.append(RootCause({c: str(val) for c, val in zip(sub, vals)}, float(ps - explained), ep,
-                                    int(member.sum()), int(member.sum())))
-        cur = np.where(member, cur * k, cur)
-        taken |= member
-        explained = ps
-    loc.abnormal_leaves = int(taken.sum())
+        gain, sub, inv, i, direction, p = best
+        member = free & (inv == i)
+        if ratio:
+            # A cause of a rate seldom moves all its children alike: climb to a
+            # parent when the parent's other leaves moved the same way, purely
+            # and significantly, on their own (the parent is the succinct answer).
+            while len(sub) > 1:
+                up_best = None
+                for drop in sub:
+                    psub = tuple(j for j in sub if j != drop)
+                    pm = free.copy()
+                    for j in psub:
+                        pm &= codes[j][0] == codes[j][0][np.flatnonzero(member)[0]]
+                    rest = pm & ~member
+                    if not rest.any():
+                        continue
+                    zr, pr, fr_ = _assess(rest)
+                    zp, pp, fp_ = _assess(pm)
+                    if (np.sign(zr) == direction and abs(zr) >= z_rest and pp >= purity
+                            and (up_best is None or fp_ > up_best[0])):
+                        up_best = (fp_, psub, pm)
+                if up_best is None:
+                    break
+                _, sub, member = up_best
+        if min_share > 0:
+            share = abs(float(contrib[idx[member]].sum())) / total_abs_contrib
+            if share < min_share:
+                break
+        parts = _refine(sub, member, direction) if refine else None
+        for sub, member in parts or [(sub, member)]:
+            row = idx[np.flatnonzero(member)[0]]
+            # The shortest name for the same leaves: drop a dimension that does not narrow them.
+            for j in list(sub):
+                if len(sub) < 2:
+                    break
+                rest_ = [k for k in sub if k != j]
+                wider = ok.copy()
+                for k in rest_:
+                    wider &= all_codes[k][0] == all_codes[k][0][row]
+                same = ok.copy()
+                for k in sub:
+                    same &= all_codes[k][0] == all_codes[k][0][row]
+                if np.array_equal(wider, same):
+                    sub = tuple(rest_)
+            element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
+            # All leaves of the element (those without traffic included) for its share of the change.
+            full = ~taken_all
+            for j in sub:
+                full &= all_codes[j][0] == all_codes[j][0][row]
+            ch = float(contrib[full].sum())
+            loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                                        float("nan"), int(full.sum()), int(member.sum()), direction, ch))
+            taken_all |= full
+            rm_ = np.flatnonzero(member)
+            for (_, inv_, ng_, _), st in zip(groups, stats):
+                gi_ = inv_[rm_]
+                vals = [h[rm_], e[rm_], var[rm_], None] + ([vdi[rm_]] if ratio else []) + \
+                    ([vol[rm_], fvol[rm_]] if vol is not None and fvol is not None else [])
+                for arr, wv in zip(st, vals):
+                    arr -= np.bincount(gi_, wv, ng_)
+            free &= ~member
+    loc.abnormal_leaves = int(taken_all.sum())
+    # Explanatory power: each part's signed change over the gross change, signed
+    # against the total — causes, the other leaves and (rates) the traffic mix
+    # add up in points to the total change, and their |shares| to 100%.
+    loc.change = float(total) if np.isfinite(total) else float("nan")
+    loc.mix = _mix
+    loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
+    gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(_mix)
+    sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
+    loc.causes = [RootCause(c.element, c.score, sign * c.change / gross if gross > 0 else float("nan"), c.leaves,
+                            c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
     if not loc.causes:
-        loc.notes.append("no combination of dimension values explains the change beyond noise")
+        loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
+                         f"(Bonferroni z ≥ {z_crit:.1f}, purity ≥ {purity:.0%})")
     return loc
+
+
+def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
+    """log L(p1) − log L(p0) for k events in n trials."""
+    return k * np.log(p1 / p0) + (n - k) * np.log((1 - p1) / (1 - p0))
+
+
+def _kl(p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
+    return p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))

@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from warmscope.collectors.config import CollectorConfig, ConfigError
-
 APP_MAIN = Path(__file__).with_name("main.py")
 
 
@@ -40,6 +38,8 @@ def _progress(label: str):
 
 
 def _store_path(args: argparse.Namespace) -> Path:
+    from warmscope.collectors.config import CollectorConfig
+
     return Path(args.store) if args.store else CollectorConfig.load().resolved_store_path()
 
 
@@ -182,34 +182,14 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rca(args: argparse.Namespace) -> int:
-    import json
-
-    import pandas as pd
-
-    from warmscope.analysis.rootcause import localize
-
-    try:
-        leaves = pd.read_csv(args.csv, dtype={d: str for d in args.dims})
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as e:
-        print(f"warmscope rca: cannot read {args.csv}: {e}", file=sys.stderr)
-        return 2
-    additive = args.v is not None or args.f is not None
-    ratio = any(x is not None for x in (args.v_num, args.v_den, args.f_num, args.f_den))
-    if additive == ratio:
-        print("warmscope rca: give either --v and --f (additive measure) or --v-num --v-den --f-num --f-den "
-              "(ratio measure)", file=sys.stderr)
-        return 2
-    loc = localize(leaves, args.dims, v=args.v, f=args.f, v_num=args.v_num, v_den=args.v_den, f_num=args.f_num,
-                   f_den=args.f_den, max_depth=args.max_depth, max_causes=args.max_causes)
-    if loc.error:
-        print(f"warmscope rca: {loc.error}", file=sys.stderr)
-        return 2
-    print(json.dumps([c.as_json() for c in loc.causes], indent=None if args.compact else 2))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["rca"]:  # light path: no collectors, simulator or pandas import
+        from .cli_rca import main as rca_main
+
+        return rca_main(argv[1:])
+    from warmscope.collectors.config import ConfigError
+
     ap = argparse.ArgumentParser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
     ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -256,22 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_simulate)
     p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
     p.set_defaults(fn=cmd_upgrade_store)
-    p = sub.add_parser("rca", help="root causes of a change in a CSV leaf table (prints JSON)",
-                       description="One CSV row per combination of dimension values; prints the root-cause set "
-                       "as [{\"element\": {dim: value}, \"score\": s, \"explanatory_power\": ep}], most "
-                       "important first.")
-    p.add_argument("csv")
-    p.add_argument("--dims", nargs="+", required=True, help="dimension columns")
-    p.add_argument("--v", help="observed column (additive measure)")
-    p.add_argument("--f", help="expected column (additive measure)")
-    p.add_argument("--v-num", help="observed numerator (ratio measure)")
-    p.add_argument("--v-den", help="observed denominator (ratio measure)")
-    p.add_argument("--f-num", help="expected numerator (ratio measure)")
-    p.add_argument("--f-den", help="expected denominator (ratio measure)")
-    p.add_argument("--max-depth", type=int, default=3)
-    p.add_argument("--max-causes", type=int, default=5)
-    p.add_argument("--compact", action="store_true", help="one-line JSON")
-    p.set_defaults(fn=cmd_rca)
+    from .cli_rca import add_parser as add_rca_parser, cmd_rca
+
+    add_rca_parser(sub).set_defaults(fn=cmd_rca)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy")

@@ -86,7 +86,7 @@ def test_cli_prints_the_root_cause_set(tmp_path, capsys):
     g.assign(obs=np.where(m, f * 0.2, f), exp=f).to_csv(tmp_path / "leaves.csv", index=False)
     assert cli.main(["rca", str(tmp_path / "leaves.csv"), "--dims", *DIMS, "--v", "obs", "--f", "exp"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out[0]["element"] == {"a": "a1", "c": "c2"} and 0.9 <= out[0]["explanatory_power"] <= 1.1
-    assert set(out[0]) == {"element", "score", "explanatory_power"}
+    assert out[0]["element"] == {"a": "a1", "c": "c2"} and 0.9 <= out[0]["explanatory_power"] <= 1.0
+    assert set(out[0]) == {"element", "score", "explanatory_power", "direction"} and out[0]["direction"] == "down"
     assert cli.main(["rca", str(tmp_path / "nope.csv"), "--dims", "a", "--v", "o", "--f", "e"]) == 2
     assert cli.main(["rca", str(tmp_path / "leaves.csv"), "--dims", "a", "--v", "obs", "--v-num", "x"]) == 2
