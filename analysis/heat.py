@@ -26,6 +26,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from .buckets import bucket_start
+
 __all__ = ["slo_lambda", "heat_scores", "rank_to_warm", "family_series", "ewma_forecast", "mape",
            "prediction_mape"]
 
@@ -72,7 +74,7 @@ def family_series(lookups: pd.DataFrame, freq: float = 300.0) -> pd.DataFrame:
     lk = lookups[lookups["result"].isin(["hit", "miss"])]
     if lk.empty:
         return pd.DataFrame()
-    b = ((lk["ts"] - 1e-9) // freq) * freq
+    b = bucket_start(lk["ts"], freq)
     s = lk.assign(bucket=b).groupby(["bucket", "family"], observed=True)["count"].sum().unstack(fill_value=0)
     full = np.arange(s.index.min(), s.index.max() + freq, freq)
     return s.reindex(full, fill_value=0)

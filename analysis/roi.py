@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit
 
+from .buckets import bucket_start
 from .hitrate import Z95, time_slice
 
 __all__ = ["business_roi", "compute_roi", "roi_windows", "benefit_series", "fit_decay", "Decay",
@@ -126,7 +127,7 @@ def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, val
     if after.empty:
         return pd.DataFrame(columns=["t_s", "benefit"])
     ctrl = _control(requests, after, run)
-    bucket = lambda df: ((df.ts - run.ended - 1e-9) // freq) * freq  # noqa: E731
+    bucket = lambda df: bucket_start(df.ts - run.ended, freq)  # noqa: E731
     t = after.assign(t_s=bucket(after)).groupby("t_s")[["requests", "gpu_s", "conversions"]].sum()
     if ctrl is not None:
         c = ctrl[(ctrl.ts > run.ended) & (ctrl.ts <= run.ended + horizon_s)]
