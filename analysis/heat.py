@@ -5,8 +5,10 @@ are predicted.
   per family, with Δt the seconds since the family was last requested,
   similarity its share of the most recent ``recent_s`` of traffic relative to
   the busiest family (or given), and priority the tenant's 1–10 priority;
-* seed 1's SLO-aware rate: ``λ = 1 / (slo_ms × 0.1)`` per minute
-  (:func:`slo_lambda` returns it per second);
+* seed 1's SLO-aware rate: ``λ = 1 / max(slo_ms × 0.1, 10)`` per *second*
+  of idle time (:func:`slo_lambda`): a 1 s SLO gives λ = 0.01/s, a time
+  constant of 100 s; the floor of 10 keeps a tight SLO (below 100 ms) from
+  forgetting a key within a few seconds (at most λ = 0.1/s);
 * prediction: an exponentially weighted forecast of each family's requests per
   bucket (smoothing ``alpha``), one bucket ahead, scored by MAPE against what
   happened (buckets with zero actual requests are left out of MAPE).
@@ -33,10 +35,13 @@ __all__ = ["slo_lambda", "heat_scores", "rank_to_warm", "family_series", "ewma_f
 
 
 def slo_lambda(slo_ms: float) -> float:
-    """SLO-aware decay rate, per second: λ = 1 / (slo_ms × 0.1) per minute."""
-    if slo_ms <= 0:
-        raise ValueError(f"slo_ms must be > 0, got {slo_ms}")
-    return 1.0 / (slo_ms * 0.1) / 60.0
+    """SLO-aware decay rate per second of elapsed time: ``1 / max(slo_ms × 0.1, 10)``.
+
+    ``slo_ms`` is the TTFT SLO in milliseconds; the result multiplies Δt in
+    seconds (``exp(−λ·Δt)``)."""
+    if not np.isfinite(slo_ms) or slo_ms <= 0:
+        raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms}")
+    return 1.0 / max(slo_ms * 0.1, 10.0)
 
 
 def heat_scores(lookups: pd.DataFrame, now: float, lam_per_s: float, recent_s: float = 3600.0,

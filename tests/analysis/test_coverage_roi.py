@@ -175,4 +175,4 @@ def test_analysis_config_validation(tmp_path):
     d = AnalysisConfig().dimensions
     assert sum(x.weight for x in d) == pytest.approx(1.0, abs=1e-4)
     assert AnalysisConfig().dimension("prediction_mape").weight == 0.18
-    assert AnalysisConfig().dimension("roi_decay_coefficient").weight == 0.25
+    assert AnalysisConfig().dimension("warmup_roi").weight == 0.25

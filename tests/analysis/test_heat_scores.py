@@ -17,14 +17,20 @@ def lk(rows):
 
 
 def test_slo_lambda_is_seed_one():
-    assert slo_lambda(1000) == pytest.approx(1 / 100 / 60)
-    with pytest.raises(ValueError):
-        slo_lambda(0)
+    # decay_rate = 1 / max(slo_ms × 0.1, 10), per second of elapsed time
+    assert slo_lambda(1000) == pytest.approx(1 / 100)  # max(100, 10) = 100
+    assert slo_lambda(50) == pytest.approx(1 / 10)  # max(5, 10) = 10: the floor
+    assert slo_lambda(100) == pytest.approx(1 / 10)  # max(10, 10)
+    # a key idle for 100 s under a 1 s SLO keeps exp(−1) = 0.3679 of its score
+    assert math.exp(-slo_lambda(1000) * 100) == pytest.approx(0.36787944)
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(ValueError, match="milliseconds"):
+            slo_lambda(bad)
 
 
 def test_heat_score_by_hand():
     df = lk([(400, "t", "kv", "a:*", "hit", 10), (1000, "t", "kv", "b:*", "miss", 5), (900, "u", "kv", "c:*", "hit", 10)])
-    lam = slo_lambda(1000)
+    lam = 1 / 6000  # per second: a 100-minute time constant
     s = heat_scores(df, now=1000, lam_per_s=lam, recent_s=700, priority={"t": 8}).set_index("family")
     # a: similarity 10/10 (recent >= 300), dt 600 s, priority 8
     assert s.loc["a:*", "score"] == pytest.approx(1.0 * math.exp(-lam * 600) * 0.8)
