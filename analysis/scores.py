@@ -273,7 +273,7 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig):
     ci = None
     if len(times) >= 2:
         half = float(stats.t.ppf(0.975, len(times) - 1) * np.std(times, ddof=1) / np.sqrt(len(times)))
-        ci = (v - half, v + half)
+        ci = (max(v - half, 0.0), v + half)  # a time is never negative
     return v, (f"lookups: minutes from {len(times)} replica start(s) to 90% of the replica's median hit "
                "rate"), "", ci
 
@@ -307,8 +307,8 @@ def _load_latency(fr: Frames, cfg: AnalysisConfig):
     if n <= 0:
         return None, "histograms", "no load durations recorded"
     v = float(one["sum"].sum() / n)
-    per = one["sum"] / one["total"].where(one["total"] > 0)
-    if per.dropna().nunique() <= 1 and n > 1:
+    per = (one["sum"] / one["total"].where(one["total"] > 0)).dropna()
+    if n > 1 and len(per) and (per.max() - per.min()) <= 1e-9 * max(abs(per.mean()), 1e-12):
         return None, "histograms", (f"every load took the same {v:.3g} s (a configured constant, not a "
                                     "measurement)")
     return v, f"histograms: mean warmscope.cache.load.duration ({src})", ""
