@@ -354,6 +354,7 @@ def _penetration(fr: Frames, cfg: AnalysisConfig):
     # A grey release ramps the treatment's share; a fixed split (an A/B hash) is not one.
     h = e.assign(hour=bucket_start(e["ts"], 3600.0), t=e["variant"] == cfg.treatment_variant)
     tab = h.groupby(["hour", "t"])["requests"].sum().unstack(fill_value=0)
+    tab = tab[tab.sum(axis=1) > 0]
     if tab.shape[0] < 2 or tab.shape[1] < 2 or stats.chi2_contingency(tab.to_numpy())[1] > 0.001:
         return None, "requests", (f"no grey release in this range: the treatment's share is fixed at {share:.0%} "
                                   "by the experiment's split (no ramp)")
