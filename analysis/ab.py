@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -53,15 +53,48 @@ from scipy import stats
 from .hitrate import Z95
 from .latency import quantile_from_buckets
 
-__all__ = ["Proportion", "Mean", "Ratio", "Quantile", "Result", "compare", "srm", "SRM", "adjust", "cuped",
-           "msprt", "power", "Power", "batch_means"]
+__all__ = ["Proportion", "Mean", "Ratio", "Quantile", "Result", "compare", "compare_arms", "srm", "SRM", "adjust",
+           "cuped", "msprt", "power", "Power", "mde_sentence", "batch_means", "spending", "group_sequential_bounds",
+           "InvalidStatistics", "MIN_EFFECTIVE_UNITS"]
 
 
 # --------------------------------------------------------------- statistics
+class InvalidStatistics(ValueError):
+    """Sufficient statistics that no set of units could have produced."""
+
+
+def _finite(name: str, **vals) -> None:
+    for k, v in vals.items():
+        if not np.all(np.isfinite(np.asarray(v, dtype=float))):
+            raise InvalidStatistics(f"{name}: {k} must be finite, got {v!r}")
+
+
+def _nonneg(name: str, **vals) -> None:
+    _finite(name, **vals)
+    for k, v in vals.items():
+        if np.any(np.asarray(v, dtype=float) < 0):
+            raise InvalidStatistics(f"{name}: {k} must be >= 0, got {v!r}")
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be strictly between 0 and 1 (e.g. 0.05), got {alpha!r}")
+
+
+# Σx² ≥ (Σx)²/n holds for any units; sums kept in floating point may miss it by rounding only.
+_RTOL = 1e-9
+
+
 @dataclass(frozen=True)
 class Proportion:
     n: int
     successes: int
+
+    def __post_init__(self) -> None:
+        _nonneg("Proportion", n=self.n, successes=self.successes)
+        if self.successes > self.n:
+            raise InvalidStatistics(f"Proportion: {self.successes} successes out of {self.n} units; successes "
+                                    "count units with at least one success, so they cannot exceed n")
 
     def __add__(self, o: "Proportion") -> "Proportion":
         return Proportion(self.n + o.n, self.successes + o.successes)
@@ -85,6 +118,15 @@ class Mean:
     n: int
     sum: float
     sum_sq: float
+
+    def __post_init__(self) -> None:
+        _nonneg("Mean", n=self.n, sum_sq=self.sum_sq)
+        _finite("Mean", sum=self.sum)
+        if self.n == 0 and (self.sum or self.sum_sq):
+            raise InvalidStatistics("Mean: sums over zero units must be 0")
+        if self.n and self.sum * self.sum / self.n > self.sum_sq * (1 + _RTOL) + 1e-12:
+            raise InvalidStatistics(f"Mean: sum of squares {self.sum_sq:g} is below sum²/n = "
+                                    f"{self.sum * self.sum / self.n:g}; no units give that (check the columns)")
 
     def __add__(self, o: "Mean") -> "Mean":
         return Mean(self.n + o.n, self.sum + o.sum, self.sum_sq + o.sum_sq)
@@ -116,6 +158,20 @@ class Ratio:
     sum_x2: float
     sum_y2: float
     sum_xy: float
+
+    def __post_init__(self) -> None:
+        _nonneg("Ratio", n=self.n, sum_x2=self.sum_x2, sum_y2=self.sum_y2)
+        _finite("Ratio", sum_x=self.sum_x, sum_y=self.sum_y, sum_xy=self.sum_xy)
+        if self.n == 0 and any((self.sum_x, self.sum_y, self.sum_x2, self.sum_y2, self.sum_xy)):
+            raise InvalidStatistics("Ratio: sums over zero units must be 0")
+        if self.sum_xy * self.sum_xy > self.sum_x2 * self.sum_y2 * (1 + _RTOL) + 1e-12:
+            raise InvalidStatistics("Ratio: (Σxy)² exceeds Σx²·Σy² (Cauchy–Schwarz); no units give that")
+
+    @property
+    def effective_units(self) -> float:
+        """Kish's effective number of units for the denominator, (Σy)² / Σy²:
+        ``n`` when every unit has the same y, about 1 when one unit holds it all."""
+        return self.sum_y * self.sum_y / self.sum_y2 if self.sum_y2 > 0 else 0.0
 
     def __add__(self, o: "Ratio") -> "Ratio":
         return Ratio(self.n + o.n, self.sum_x + o.sum_x, self.sum_y + o.sum_y, self.sum_x2 + o.sum_x2,
@@ -169,6 +225,35 @@ class Quantile:
     cn: np.ndarray = field(repr=False)
     dn: np.ndarray = field(repr=False)
 
+    def __post_init__(self) -> None:
+        if not (0 < self.q < 1):
+            raise InvalidStatistics(f"Quantile: q must be strictly between 0 and 1, got {self.q!r}")
+        b = np.asarray(self.bounds, dtype=float)
+        if len(b) == 0 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) or b[0] <= 0:
+            raise InvalidStatistics(f"Quantile: bounds must be positive, finite and increasing, got {self.bounds!r}")
+        for k in ("pooled", "cc", "cd", "dd", "cn", "dn"):
+            v = np.asarray(getattr(self, k), dtype=float)
+            if v.shape != (len(b) + 1,):
+                raise InvalidStatistics(f"Quantile: {k} needs one value per bucket ({len(b) + 1}: the bounds "
+                                        f"plus overflow), got shape {v.shape}")
+        _nonneg("Quantile", n=self.n, pooled=self.pooled, nn=self.nn, cc=self.cc, dd=self.dd)
+
+    def _same_kind(self, o: "Quantile") -> None:
+        if self.q != o.q or tuple(self.bounds) != tuple(o.bounds):
+            raise ValueError(f"cannot combine or compare quantiles with different q or bucket bounds: "
+                             f"q={self.q:g} vs q={o.q:g}, {len(self.bounds)} vs {len(o.bounds)} bounds"
+                             + ("" if tuple(self.bounds) == tuple(o.bounds) else " (bounds differ)"))
+
+    @property
+    def last_edge(self) -> float:
+        return float(self.bounds[-1])
+
+    @property
+    def above_last_edge(self) -> bool:
+        """The quantile falls in the overflow bucket: it is known only to exceed the last edge."""
+        total = float(self.pooled.sum())
+        return total > 0 and float(self.pooled[:-1].sum()) < self.q * total - 1e-12 * total
+
     @classmethod
     def from_units(cls, q: float, bounds: Sequence[float], counts) -> "Quantile":
         c = np.asarray(counts, dtype=float).reshape(-1, len(bounds) + 1)
@@ -178,6 +263,7 @@ class Quantile:
                    (cum * cum).sum(axis=0), (cum * c).sum(axis=0), (c * c).sum(axis=0), tot @ cum, tot @ c)
 
     def __add__(self, o: "Quantile") -> "Quantile":
+        self._same_kind(o)
         return Quantile(self.q, self.bounds, self.n + o.n, self.pooled + o.pooled, self.nn + o.nn,
                         self.cc + o.cc, self.cd + o.cd, self.dd + o.dd, self.cn + o.cn, self.dn + o.dn)
 
@@ -252,6 +338,9 @@ class Result:
     primary: bool = False
     error: str | None = None
     warning: str | None = None
+    rel_p_value: float = float("nan")
+    control_above: bool = False  # the control's quantile is only known to exceed the last bucket edge
+    treatment_above: bool = False
 
     @property
     def significant(self) -> bool:
@@ -265,13 +354,25 @@ def _nan_result(metric: str, kind: str, a: Stat, b: Stat, error: str) -> Result:
                   getattr(b, "n", 0), "", error=error)
 
 
+# Below this many effective units (Kish, :attr:`Ratio.effective_units`) in an
+# arm the delta method's normal approximation is not trusted: with heavily
+# skewed unit sizes (e.g. Pareto α = 1.5 sessions) a few units dominate Σy and
+# an A/A test rejects far more often than α. Checked by simulation (tests).
+MIN_EFFECTIVE_UNITS = 50.0
+
+
 def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, tau: float | None = None,
             primary: bool = False) -> Result:
-    """Treatment vs control for one metric; never raises on degenerate data."""
+    """Treatment vs control for one metric; never raises on degenerate data
+    (it says why in ``error``), but does raise ``ValueError`` on a bad
+    ``alpha`` and on quantiles with different q or bucket bounds."""
+    _check_alpha(alpha)
     kind = type(control).__name__.lower()
     z = stats.norm.ppf(1 - alpha / 2)
     if type(control) is not type(treatment):
         return _nan_result(metric, kind, control, treatment, "control and treatment are different metric types")
+    if isinstance(control, Quantile):
+        control._same_kind(treatment)
     na, nb = control.n, treatment.n
     if na < 2 or nb < 2:
         return _nan_result(metric, kind, control, treatment,
@@ -279,19 +380,40 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
     if isinstance(control, Ratio) and (control.sum_y == 0 or treatment.sum_y == 0):
         return _nan_result(metric, kind, control, treatment, "no denominator (e.g. zero lookups) in an arm")
     ea, eb = control.estimate, treatment.estimate
-    va, vb = control.var_of_estimate(), treatment.var_of_estimate()
     if not (np.isfinite(ea) and np.isfinite(eb)):
         return _nan_result(metric, kind, control, treatment, "no estimate in an arm (no data)")
+    if isinstance(control, Quantile) and (control.above_last_edge or treatment.above_last_edge):
+        arms = [n for n, x in (("control", control), ("treatment", treatment)) if x.above_last_edge]
+        return replace(_nan_result(
+            metric, kind, control, treatment,
+            f"P{control.q * 100:g} is beyond the last bucket edge ({control.last_edge:g}) in the {' and '.join(arms)}"
+            " arm: only '> edge' is known, so it is not tested (add buckets above the edge)"),
+            control=ea, treatment=eb, control_above=control.above_last_edge,
+            treatment_above=treatment.above_last_edge)
+    if isinstance(control, Ratio):
+        small = min(control.effective_units, treatment.effective_units)
+        if small < MIN_EFFECTIVE_UNITS:
+            return replace(_nan_result(
+                metric, kind, control, treatment,
+                f"too few units for the delta method: {small:.0f} effective units in an arm (need "
+                f"{MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the denominator, so a p-value "
+                "would be overconfident — wait for more units"), control=ea, treatment=eb, abs_effect=eb - ea)
+    va, vb = control.var_of_estimate(), treatment.var_of_estimate()
     d = eb - ea
+    if not (np.isfinite(va) and np.isfinite(vb)):
+        return replace(_nan_result(metric, kind, control, treatment,
+                                   "the variance of an arm's estimate cannot be estimated (e.g. no histogram "
+                                   "density at the quantile): not tested"),
+                       control=ea, treatment=eb, abs_effect=d)
     v = va + vb
     warning = None
-    if not np.isfinite(v) or v <= 0:
+    if v <= 0:
         if d == 0:
             return replace(_nan_result(metric, kind, control, treatment,
                                        "zero variance in both arms and no difference: nothing to test"),
                            control=ea, treatment=eb, abs_effect=0.0)
-        v = 0.0
-        warning = "zero variance: the difference is exact, p-value and CI are degenerate"
+        # Every unit in each arm has the same value (observed, not assumed): the difference is exact.
+        warning = "zero variance: every unit has the same value in each arm; the difference is exact"
     se = math.sqrt(v)
     if isinstance(control, Mean) and v > 0:
         df = v * v / ((va * va) / (na - 1) + (vb * vb) / (nb - 1)) if (va > 0 or vb > 0) else na + nb - 2
@@ -307,16 +429,33 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
         p = 2 * stats.norm.sf(abs(d) / se) if se > 0 else (0.0 if d else 1.0)
         lo, hi = d - z * se, d + z * se
         test = "delta-method z" if isinstance(control, Ratio) else "outer-CI z (Deng et al. 2018)"
+    rel = rlo = rhi = rel_p = float("nan")
     if ea != 0:
         rel = eb / ea - 1
         rse = math.sqrt(vb / ea ** 2 + eb ** 2 * va / ea ** 4)
         rlo, rhi = rel - z * rse, rel + z * rse
-    else:
-        rel = rlo = rhi = float("nan")
+        rel_p = 2 * stats.norm.sf(abs(rel) / rse) if rse > 0 else (0.0 if rel else 1.0)
     seq_p, seq_lo, seq_hi = msprt(d, v, tau if tau is not None else _default_tau(ea), alpha)
     mde = (z + stats.norm.ppf(0.8)) * se
     return Result(metric, kind, ea, eb, d, lo, hi, rel, rlo, rhi, float(p), na, nb, test, seq_p=seq_p,
-                  seq_low=seq_lo, seq_high=seq_hi, mde=mde, primary=primary, warning=warning)
+                  seq_low=seq_lo, seq_high=seq_hi, mde=mde, primary=primary, warning=warning,
+                  rel_p_value=float(rel_p))
+
+
+def compare_arms(metric: str, arms: Mapping[str, Stat], control: str, alpha: float = 0.05,
+                 primary: bool = False) -> list[Result]:
+    """A/B/n: every other arm against ``control``, p-values Holm-adjusted over
+    the comparisons (``p_holm``; BH in ``p_bh``). Each result's ``metric`` is
+    ``"<metric> (<arm> vs <control>)"``."""
+    _check_alpha(alpha)
+    if control not in arms:
+        raise ValueError(f"control arm {control!r} is not among the arms {sorted(arms)}")
+    others = [a for a in arms if a != control]
+    if not others:
+        raise ValueError("need at least one arm besides the control")
+    res = [compare(f"{metric} ({a} vs {control})", arms[control], arms[a], alpha, primary=primary) for a in others]
+    holm, bh = adjust([r.p_value for r in res])
+    return [replace(r, p_holm=float(h), p_bh=float(b)) for r, h, b in zip(res, holm, bh)]
 
 
 def _default_tau(baseline: float) -> float:
@@ -337,9 +476,20 @@ class SRM:
 
 def srm(counts: Sequence[float], planned: Sequence[float] | None = None, threshold: float = 0.001,
         what: str = "units") -> SRM:
-    """Pearson χ² of observed counts against the planned split; flagged at p < threshold."""
-    obs = np.asarray(counts, dtype=float)
-    share = np.asarray(planned if planned is not None else [1.0] * len(obs), dtype=float)
+    """Pearson χ² of observed counts (two or more arms) against the planned
+    split; flagged at p < threshold. Raises ``ValueError`` on counts or shares
+    that are not finite or negative, or when their lengths differ."""
+    obs = np.asarray(counts, dtype=float).ravel()
+    share = np.asarray(planned if planned is not None else [1.0] * len(obs), dtype=float).ravel()
+    if not np.all(np.isfinite(obs)) or np.any(obs < 0):
+        raise ValueError(f"sample-ratio check on {what}: counts must be finite and >= 0, got {list(counts)}")
+    if len(share) != len(obs):
+        raise ValueError(f"sample-ratio check on {what}: {len(obs)} counts but {len(share)} planned shares")
+    if not np.all(np.isfinite(share)) or np.any(share <= 0):
+        raise ValueError(f"sample-ratio check on {what}: planned shares must be finite and > 0, got "
+                         f"{list(share)}")
+    if not 0 < threshold < 1:
+        raise ValueError(f"sample-ratio threshold must be between 0 and 1, got {threshold!r}")
     share = share / share.sum()
     if obs.sum() <= 0 or len(obs) < 2:
         return SRM(tuple(obs), tuple(share), float("nan"), float("nan"), False, what)
@@ -351,9 +501,13 @@ def srm(counts: Sequence[float], planned: Sequence[float] | None = None, thresho
 
 # ------------------------------------------------------------ multiplicity
 def adjust(p_values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Holm and Benjamini–Hochberg adjusted p-values (NaN stays NaN)."""
-    p = np.asarray(p_values, dtype=float)
+    """Holm and Benjamini–Hochberg adjusted p-values (NaN stays NaN; a value
+    outside [0, 1] raises ``ValueError``)."""
+    p = np.asarray(p_values, dtype=float).ravel()
     ok = np.isfinite(p)
+    bad = p[ok & ((p < 0) | (p > 1))] if len(p) else p
+    if len(bad) or np.isinf(p).any():
+        raise ValueError(f"p-values must be in [0, 1] (NaN for 'not tested'), got {bad.tolist() or 'inf'}")
     holm = np.full(len(p), np.nan)
     bh = np.full(len(p), np.nan)
     q = p[ok]
@@ -401,6 +555,7 @@ def msprt(diff: float, var: float, tau: float, alpha: float = 0.05) -> tuple[flo
 
     Λ = sqrt(V/(V+τ²))·exp(τ²Δ²/(2V(V+τ²))); p = min(1, 1/Λ); the interval is
     the set of Δ0 with Λ(Δ − Δ0) < 1/α."""
+    _check_alpha(alpha)
     if not (np.isfinite(diff) and np.isfinite(var)) or var <= 0 or tau <= 0:
         return float("nan"), float("nan"), float("nan")
     t2 = tau * tau
@@ -408,6 +563,70 @@ def msprt(diff: float, var: float, tau: float, alpha: float = 0.05) -> tuple[flo
     p = float(min(1.0, math.exp(-log_lam))) if log_lam < 700 else 0.0
     half = math.sqrt(2 * var * (var + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((var + t2) / var)))
     return p, diff - half, diff + half
+
+
+# ---------------------------------------------------- group-sequential
+def spending(t, alpha: float = 0.05, kind: str = "obrien_fleming") -> np.ndarray:
+    """Lan–DeMets alpha spent by information fraction ``t``, two-sided (α/2 per
+    side, each side spending by the one-sided function): O'Brien–Fleming type
+    ``4 − 4Φ(z_{α/4}/√t)``, Pocock type ``α·ln(1 + (e − 1)t)``."""
+    _check_alpha(alpha)
+    t = np.clip(np.asarray(t, dtype=float), 0.0, 1.0)
+    if kind == "obrien_fleming":
+        with np.errstate(divide="ignore"):
+            return np.where(t > 0, 4 - 4 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 4) / np.sqrt(t)), 0.0)
+    if kind == "pocock":
+        return alpha * np.log(1 + (math.e - 1) * t)
+    raise ValueError(f"spending must be 'obrien_fleming' or 'pocock', got {kind!r}")
+
+
+def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
+                            kind: str = "obrien_fleming", grid: int = 2001) -> np.ndarray:
+    """Two-sided z boundaries for planned looks (Lan–DeMets alpha spending).
+
+    ``looks``: the number of equally spaced looks, or their information
+    fractions (increasing, the last 1.0 for the planned end). At look k the
+    test stops when |z_k| ≥ c_k; the chance of stopping at look k under no
+    effect (and not before) equals the alpha spent between looks k−1 and k.
+    Computed by numerical integration of the score process (Armitage,
+    McPherson & Rowe), so it needs no simulation."""
+    _check_alpha(alpha)
+    t = np.arange(1, looks + 1) / looks if isinstance(looks, (int, np.integer)) else np.asarray(looks, float)
+    if len(t) == 0 or np.any(np.diff(t) <= 0) or t[0] <= 0 or t[-1] > 1:
+        raise ValueError(f"information fractions must be increasing in (0, 1], got {list(t)}")
+    spent = spending(t, alpha, kind)
+    inc = np.diff(np.concatenate([[0.0], spent]))
+    bounds = np.empty(len(t))
+    # Density of the score S_k = Z_k·√t_k on a grid inside the continuation region.
+    s_grid, dens = None, None
+    for k, tk in enumerate(t):
+        if k == 0:
+            c = stats.norm.isf(inc[0] / 2)
+            bounds[0] = c
+            s_grid = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
+            dens = stats.norm.pdf(s_grid, scale=math.sqrt(tk))
+            continue
+        sd = math.sqrt(tk - t[k - 1])
+        w = np.full(grid, s_grid[1] - s_grid[0])
+        w[[0, -1]] /= 2  # trapezoid weights
+        mass = dens * w
+
+        def cross(c: float) -> float:
+            b = c * math.sqrt(tk)
+            return float(mass @ (stats.norm.sf((b - s_grid) / sd) + stats.norm.cdf((-b - s_grid) / sd)))
+
+        if inc[k] <= 0:
+            c = float("inf")
+        else:
+            from scipy.optimize import brentq
+
+            c = brentq(lambda c: cross(c) - inc[k], 0.01, 40.0, xtol=1e-10)
+        bounds[k] = c
+        if k < len(t) - 1:
+            new = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
+            dens = (mass[None, :] * stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd) / sd).sum(axis=1)
+            s_grid = new
+    return bounds
 
 
 # ------------------------------------------------------------------ power
@@ -423,7 +642,13 @@ class Power:
 
 def power(control: Stat, treatment: Stat, days_observed: float, target_rel: float = 0.02,
           alpha: float = 0.05, power_: float = 0.8) -> Power:
-    """MDE now (80% power), and the time to reach ``target_rel`` at the current traffic."""
+    """MDE now (80% power), and the time to reach ``target_rel`` at the current
+    traffic; ``note`` is one sentence that says it (see :func:`mde_sentence`)."""
+    _check_alpha(alpha)
+    if not 0 < power_ < 1:
+        raise ValueError(f"power must be strictly between 0 and 1 (e.g. 0.8), got {power_!r}")
+    if not target_rel > 0:
+        raise ValueError(f"target relative effect must be > 0 (e.g. 0.02 for 2%), got {target_rel!r}")
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power_)
     va, vb = control.var_of_estimate(), treatment.var_of_estimate()
     base = control.estimate
@@ -436,7 +661,22 @@ def power(control: Stat, treatment: Stat, days_observed: float, target_rel: floa
     need = n_now * (mde_rel / target_rel) ** 2
     rate = n_now / days_observed if days_observed > 0 else nan
     days = max(need - n_now, 0.0) / rate if rate and np.isfinite(rate) else nan
-    return Power(mde, mde_rel, target_rel, need, days)
+    return Power(mde, mde_rel, target_rel, need, days, mde_sentence(mde_rel, target_rel, days))
+
+
+def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
+    """The minimum detectable effect in words, never contradicting itself: when
+    the MDE is already at or below the target there is nothing to wait for."""
+    if not np.isfinite(mde_rel):
+        return "not enough data for a power estimate"
+    now = f"Minimum detectable effect now (80% power): {mde_rel:.2%}"
+    if mde_rel <= target_rel:
+        return f"{now}; a {target_rel:.0%} effect is already detectable."
+    if not np.isfinite(days):
+        return f"{now}; the time to reach {target_rel:.0%} is unknown (no traffic rate)."
+    if days < 1:
+        return f"{now}; reaching {target_rel:.0%} takes about {max(days * 24, 0.1):.1f} more hours at the current traffic."
+    return f"{now}; reaching {target_rel:.0%} takes about {days:.1f} more days at the current traffic."
 
 
 # ------------------------------------------------------------ batch means

@@ -41,6 +41,7 @@ from warmscope.collectors.ab_moments import BUCKET_S, NB, bucket_of
 from warmscope.collectors.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
+from .buckets import bucket_start
 from .hitrate import hit_table
 
 __all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series", "render_markdown", "render_html", "metric_stats",
@@ -321,7 +322,7 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
                        .to_numpy(), "hit rate (batch means)")]
     rq = requests[requests["experiment"] == experiment] if len(requests) else requests
     if len(rq):
-        b = ((rq["ts"] - 1e-9) // freq) * freq
+        b = bucket_start(rq["ts"], freq)
         g = rq.assign(bucket=b).groupby(["variant", "bucket"])[["requests", "gpu_s"]].sum()
         g["v"] = g["gpu_s"] / g["requests"]
         ca = g.loc[control, "v"].to_numpy() if control in g.index.get_level_values(0) else []
@@ -345,18 +346,20 @@ def _rows(rep: ABReport) -> list[list[str]]:
     out = []
     for r in rep.results:
         p_adj = "–" if r.primary else _fmt(r.p_holm)
+        ctrl = f"> {_fmt(r.control)}" if r.control_above else _fmt(r.control)
+        trt = f"> {_fmt(r.treatment)}" if r.treatment_above else _fmt(r.treatment)
         out.append([
-            ("★ " if r.primary else "") + r.metric, r.kind, _fmt(r.control), _fmt(r.treatment),
+            ("★ " if r.primary else "") + r.metric, r.kind, ctrl, trt,
             f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
             f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
-            _fmt(r.p_value), p_adj, _fmt(r.p_bh) if not r.primary else "–", _fmt(r.seq_p),
+            _fmt(r.p_value), _fmt(r.rel_p_value), p_adj, _fmt(r.p_bh) if not r.primary else "–", _fmt(r.seq_p),
             r.error or r.warning or "",
         ])
     return out
 
 
 HEADERS = ["metric", "kind", "control", "treatment", "difference [95% CI]", "relative [95% CI]", "p",
-           "p (Holm)", "p (BH)", "always-valid p", "note"]
+           "p (relative)", "p (Holm)", "p (BH)", "always-valid p", "note"]
 
 
 def _srm_line(s: SRM | None) -> str:
@@ -376,9 +379,7 @@ def render_markdown(rep: ABReport) -> str:
     lines.append(f"- Source: {rep.source}; units: " + ", ".join(f"{k} {v:,}" for k, v in rep.units.items())
                  + f"; {rep.days_observed:.2f} days observed")
     if rep.power is not None and np.isfinite(rep.power.mde_rel):
-        lines.append(f"- Minimum detectable effect now (80% power): {rep.power.mde_rel:.2%} on {rep.primary}; "
-                     f"reaching {rep.power.target_rel:.0%} takes about {rep.power.days_to_target:.1f} more days "
-                     "at the current traffic")
+        lines.append(f"- {rep.power.note} (primary metric: {rep.primary})")
     for w in rep.warnings:
         lines.append(f"- ⚠ {w}")
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
@@ -419,9 +420,7 @@ def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
     warn = "".join(f'<p class="warn">⚠ {e(w)}</p>' for w in rep.warnings)
     pw = ""
     if rep.power is not None and np.isfinite(rep.power.mde_rel):
-        pw = (f"<p>Minimum detectable effect now (80% power): <b>{rep.power.mde_rel:.2%}</b> on "
-              f"{e(rep.primary)}; reaching {rep.power.target_rel:.0%} takes about "
-              f"{rep.power.days_to_target:.1f} more days at the current traffic.</p>")
+        pw = f"<p>{e(rep.power.note)} (primary metric: {e(rep.primary)})</p>"
     fig = effect_figure(rep).to_html(full_html=False, include_plotlyjs=include_plotlyjs)
     units = ", ".join(f"{e(k)} {v:,}" for k, v in rep.units.items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>A/B report: {e(rep.experiment)}</title>

@@ -6,8 +6,11 @@ counterpart of the Prometheus alerting rules.
   25 points;
 * ``WarmSetPrecisionLow`` — a warm-up run whose warmed entries were read less
   than 30% of the time;
-* one alert per detected cold-start trap (``CrossTenantCacheRead`` is critical:
-  a data leak).
+* ``CrossTenantCacheRead`` (critical: a data leak) — any key of a
+  tenant-scoped layer read by two or more tenants in the same hot-key window,
+  anywhere in the range (not only its latest third: a leak does not stop
+  mattering because it is old);
+* one alert per other detected cold-start trap.
 
 Example::
 
@@ -20,11 +23,13 @@ from typing import Mapping
 
 import pandas as pd
 
+from warmscope.collectors.schema import SHARED_LAYERS
+
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
 from .traps import detect_all
 
-__all__ = ["evaluate", "TRAP_ALERTS"]
+__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since"]
 
 TRAP_ALERTS = {
     "warmup_out_of_step": ("TrafficBeforeWarmupComplete", "warning"),
@@ -38,11 +43,31 @@ TRAP_ALERTS = {
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-def hot_keys_since(start: float, end: float) -> float:
-    """The earliest hot-key window :func:`evaluate` reads (load no more)."""
-    from .traps import HOT_KEY_LOOKBACK_S
+HOT_KEY_WINDOW_S = 900.0  # the collectors' hot-key window: one starting before the range may cover part of it
 
-    return end - (end - start) / 3 - HOT_KEY_LOOKBACK_S
+
+def hot_keys_since(start: float, end: float) -> float:
+    """The earliest hot-key window :func:`evaluate` reads (load no more): the
+    cross-tenant check covers the whole range."""
+    return start - HOT_KEY_WINDOW_S
+
+
+def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict | None:
+    """Keys of tenant-scoped layers read by two or more tenants in one hot-key
+    window overlapping (start, end]: {shared_keys, layers, tenants, first,
+    last} (window starts), or None when there are none."""
+    if hot_keys is None or hot_keys.empty:
+        return None
+    hk = hot_keys[(hot_keys["window"] > start - HOT_KEY_WINDOW_S) & (hot_keys["window"] <= end)
+                  & ~hot_keys["layer"].isin(SHARED_LAYERS)]
+    keys = ["window", "layer", "key_hash"]
+    d = hk.drop_duplicates(keys + ["tenant"])
+    sh = d[d.duplicated(keys, keep=False)]
+    if sh.empty:
+        return None
+    return {"shared_keys": int(len(sh.drop_duplicates(keys))), "layers": sorted(set(sh["layer"])),
+            "tenants": sorted(set(sh["tenant"])), "first": float(sh["window"].min()),
+            "last": float(sh["window"].max())}
 
 
 def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
@@ -57,9 +82,16 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                              f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
                              f"({r.delta:+.1%}, p = {r.p_value:.1g})", end - third))
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
-            if v.detected:
+            if v.detected and v.trap != "tenant_isolation":  # checked over the whole range below
                 name, sev = TRAP_ALERTS[v.trap]
                 rows.append((sev, name, v.evidence, end - third))
+    leak = cross_tenant_reads(frames.get("hot_keys", pd.DataFrame()), start, end)
+    if leak is not None:
+        name, sev = TRAP_ALERTS["tenant_isolation"]
+        t = ", ".join(leak["tenants"][:5]) + (" …" if len(leak["tenants"]) > 5 else "")
+        rows.append((sev, name, f"SECURITY: {leak['shared_keys']} {'/'.join(leak['layers'])} keys were read by two "
+                                f"or more tenants ({t}) — cache keys lack a tenant scope (data leak)",
+                     leak["first"]))
     runs = frames.get("warmup_runs", pd.DataFrame())
     if len(runs) and len(frames.get("warmed_keys", pd.DataFrame())):
         cov = warm_set_coverage(runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame()))

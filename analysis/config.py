@@ -57,7 +57,7 @@ DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = (
     DimensionSpec("grey_release_penetration", "Grey-release traffic penetration", "ratio", "target", 0.5, 0.0,
                   _OTHER),
     DimensionSpec("resource_cost_share", "Warm-up resource cost share", "ratio", "lower", 0.05, 0.3, _OTHER),
-    DimensionSpec("roi_decay_coefficient", "ROI time-decay coefficient", "1/h", "lower", 0.5, 6.0, 0.25),
+    DimensionSpec("warmup_roi", "Warm-up ROI (T+5 min sliding window)", "ratio", "higher", 1.0, -1.0, 0.25),
 )
 
 
@@ -70,10 +70,11 @@ class AnalysisConfig:
     effect_window_s: float = 900.0
     slo_ttft_s: float = 1.0
     heat_recent_s: float = 3600.0
-    prediction_freq_s: float = 300.0
+    prediction_freq_s: float = 15.0  # the forecast cadence; coarser data use their own step
     prediction_alpha: float = 0.3
     decay_horizon_s: float = 6 * 3600.0
     treatment_variant: str = "B"
+    roi_window_s: float = 300.0  # the score's ROI window after each warm-up (T+5 min)
     dynamic_boost: float = 1.0  # how much a breached dimension's weight grows (see scores)
     breach_below: float = 0.5  # a dimension scoring below this is breached
     dimensions: tuple[DimensionSpec, ...] = field(default_factory=lambda: DEFAULT_DIMENSIONS)
@@ -82,7 +83,7 @@ class AnalysisConfig:
         "price_per_gpu_s": (0.0, 1e3), "value_per_conversion": (0.0, 1e9), "recall_window_s": (1.0, 7 * 86400),
         "effect_window_s": (1.0, 7 * 86400), "slo_ttft_s": (0.001, 600.0), "heat_recent_s": (1.0, 7 * 86400),
         "prediction_freq_s": (1.0, 86400.0), "prediction_alpha": (0.001, 1.0), "decay_horizon_s": (60.0, 30 * 86400),
-        "dynamic_boost": (0.0, 10.0), "breach_below": (0.0, 1.0),
+        "dynamic_boost": (0.0, 10.0), "breach_below": (0.0, 1.0), "roi_window_s": (60.0, 86400.0),
     }
 
     @classmethod

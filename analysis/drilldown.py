@@ -29,6 +29,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from .buckets import bucket_start
+
 from .hitrate import time_slice
 from .rootcause import Localization, localize
 
@@ -91,7 +93,7 @@ def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 1
     if lookups.empty:
         return None
     hits = np.where(lookups["result"].to_numpy() == "hit", lookups["count"].to_numpy(float), 0.0)
-    b = (lookups["ts"].to_numpy(float) - 1e-9) // freq * freq
+    b = bucket_start(lookups["ts"].to_numpy(float), freq)
     g = pd.DataFrame({"b": b, "h": hits, "n": lookups["count"].to_numpy(float)}).groupby("b").sum()
     g = g[g["n"] > 0]
     r = (g["h"] / g["n"]).to_numpy()

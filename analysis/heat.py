@@ -5,8 +5,10 @@ are predicted.
   per family, with Δt the seconds since the family was last requested,
   similarity its share of the most recent ``recent_s`` of traffic relative to
   the busiest family (or given), and priority the tenant's 1–10 priority;
-* seed 1's SLO-aware rate: ``λ = 1 / (slo_ms × 0.1)`` per minute
-  (:func:`slo_lambda` returns it per second);
+* seed 1's SLO-aware rate: ``λ = 1 / max(slo_ms × 0.1, 10)`` per *second*
+  of idle time (:func:`slo_lambda`): a 1 s SLO gives λ = 0.01/s, a time
+  constant of 100 s; the floor of 10 keeps a tight SLO (below 100 ms) from
+  forgetting a key within a few seconds (at most λ = 0.1/s);
 * prediction: an exponentially weighted forecast of each family's requests per
   bucket (smoothing ``alpha``), one bucket ahead, scored by MAPE against what
   happened (buckets with zero actual requests are left out of MAPE).
@@ -26,15 +28,20 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from .buckets import bucket_start
+
 __all__ = ["slo_lambda", "heat_scores", "rank_to_warm", "family_series", "ewma_forecast", "mape",
            "prediction_mape"]
 
 
 def slo_lambda(slo_ms: float) -> float:
-    """SLO-aware decay rate, per second: λ = 1 / (slo_ms × 0.1) per minute."""
-    if slo_ms <= 0:
-        raise ValueError(f"slo_ms must be > 0, got {slo_ms}")
-    return 1.0 / (slo_ms * 0.1) / 60.0
+    """SLO-aware decay rate per second of elapsed time: ``1 / max(slo_ms × 0.1, 10)``.
+
+    ``slo_ms`` is the TTFT SLO in milliseconds; the result multiplies Δt in
+    seconds (``exp(−λ·Δt)``)."""
+    if not np.isfinite(slo_ms) or slo_ms <= 0:
+        raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms}")
+    return 1.0 / max(slo_ms * 0.1, 10.0)
 
 
 def heat_scores(lookups: pd.DataFrame, now: float, lam_per_s: float, recent_s: float = 3600.0,
@@ -72,7 +79,7 @@ def family_series(lookups: pd.DataFrame, freq: float = 300.0) -> pd.DataFrame:
     lk = lookups[lookups["result"].isin(["hit", "miss"])]
     if lk.empty:
         return pd.DataFrame()
-    b = ((lk["ts"] - 1e-9) // freq) * freq
+    b = bucket_start(lk["ts"], freq)
     s = lk.assign(bucket=b).groupby(["bucket", "family"], observed=True)["count"].sum().unstack(fill_value=0)
     full = np.arange(s.index.min(), s.index.max() + freq, freq)
     return s.reindex(full, fill_value=0)

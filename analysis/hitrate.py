@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .buckets import bucket_start
+
 __all__ = ["Z95", "time_slice", "wilson", "hit_table", "hit_rate_change", "result_shares", "DIMENSIONS", "newcombe_diff"]
 
 Z95 = 1.959963984540054  # norm.ppf(0.975)
@@ -73,7 +75,7 @@ def hit_table(lookups: pd.DataFrame, by: Sequence[str] = (), freq: float | None 
     groupers = [lookups[c] for c in by]
     if freq:
         # Points are stamped at the end of their interval: put them in the bucket they cover.
-        groupers.append(pd.Series((lookups["ts"].to_numpy(dtype=float) - 1e-9) // freq * freq,
+        groupers.append(pd.Series(bucket_start(lookups["ts"].to_numpy(dtype=float), freq),
                                   index=lookups.index, name="bucket"))
     g = vals.groupby(groupers, sort=True, observed=True).sum().reset_index() if groupers else \
         pd.DataFrame({"hits": [h.sum()], "lookups": [n.sum()]})

@@ -15,6 +15,22 @@ For a run ending at ``t_end`` and a window ``T`` (5 min, 1 h, 24 h, ...):
   treated requests``;
 * ``ΔCost = run GPU-seconds × price`` (the warm-up's own cost).
 
+Uncertainty: the benefit (GPU-s saved × price, or extra conversions × value)
+is also computed per ``freq``-second bucket of the window against the
+baseline's rates; the buckets serve as batch means, so the benefit's standard
+error is ``sd(bucket benefits) × √k`` over k buckets and its 95% interval uses
+Student's t with k − 1 degrees of freedom. ROI's interval is the benefit's
+interval minus the cost, over the cost. When that standard error is more than
+``COST_TOO_SMALL`` times the cost, the ratio says nothing (a cost of $0.003
+against ±$100 of conversion noise): ``state`` reads "cost too small to
+estimate" and the ROI is NaN (its parts — revenue, GPU-s saved, cost — stay).
+A window that runs past the last data point is flagged (``complete`` False,
+``state`` "unfinished"): its ROI is over the part observed so far.
+
+Several runs of one warm-up (one per cache layer on the same replica) share
+one benefit: :func:`replica_runs` merges them into one run per replica so the
+benefit is not claimed once per layer.
+
 Decay: the per-minute benefit ``b(t)`` after the run is fitted to
 ``b0·exp(−k·t)`` by non-linear least squares; ``k`` (per hour) comes with a
 95% interval from the fit's covariance, and the half-life ``ln 2 / k``.
@@ -27,20 +43,46 @@ Example::
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 from scipy.optimize import OptimizeWarning, curve_fit
 
+from .buckets import bucket_start
 from .hitrate import Z95, time_slice
 
 __all__ = ["business_roi", "compute_roi", "roi_windows", "benefit_series", "fit_decay", "Decay",
-           "DEFAULT_WINDOWS"]
+           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL"]
 
 DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
+COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
+
+
+def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per warm-up of a replica: the runs a warm-up opened per cache
+    layer (same replica, strategy, trigger and start) merged, GPU-seconds,
+    keys and bytes summed, ``layer`` listing the layers ("prefix_kv+response"),
+    ``run_id`` the first run's, ``runs`` how many were merged."""
+    if runs.empty:
+        return runs.assign(runs=pd.Series(dtype=int))
+    keys = ["replica", "strategy", "trigger", "started"]
+    r = runs.copy()
+    for k in keys:
+        if k not in r.columns:
+            r[k] = ""
+    agg = {c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns}
+    agg.update({"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"})
+    for c in r.columns:
+        if c not in agg and c not in keys:
+            agg[c] = "first"
+    out = r.sort_values("run_id", kind="stable").groupby(keys, dropna=False, sort=False).agg(agg)
+    out["runs"] = r.groupby(keys, dropna=False, sort=False).size()
+    return out.reset_index()[list(runs.columns) + ["runs"]]
 
 
 def business_roi(warmed_conv: float, baseline_conv: float, value_per_conversion: float, cost: float) -> float:
@@ -83,14 +125,55 @@ def _rates(df: pd.DataFrame) -> tuple[float, float, float]:
     return n, float(df["conversions"].sum()) / n, float(df["gpu_s"].sum()) / n
 
 
+def _bucket_benefit(tr: pd.DataFrame, base: pd.DataFrame | None, b_rates: tuple[float, float], w0: float,
+                    freq: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bucket (GPU-s saved, extra conversions) of the treated rows against
+    the baseline's per-bucket rates (control variant) or fixed rates (before run)."""
+    if tr.empty:
+        return np.array([]), np.array([])
+    t = tr.assign(b=bucket_start(tr.ts - w0, freq)).groupby("b")[["requests", "gpu_s", "conversions"]].sum()
+    n = t["requests"].to_numpy(float)
+    if base is not None:
+        c = base.assign(b=bucket_start(base.ts - w0, freq)).groupby("b")[["requests", "gpu_s", "conversions"]].sum()
+        c = c.reindex(t.index)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c_gpu = (c["gpu_s"] / c["requests"]).to_numpy(float)
+            c_conv = (c["conversions"] / c["requests"]).to_numpy(float)
+    else:
+        c_conv, c_gpu = np.full(len(t), b_rates[0]), np.full(len(t), b_rates[1])
+    saved = c_gpu * n - t["gpu_s"].to_numpy(float)
+    conv = t["conversions"].to_numpy(float) - c_conv * n
+    ok = np.isfinite(saved) & np.isfinite(conv) & (n > 0)
+    return saved[ok], conv[ok]
+
+
+def _sum_ci(per_bucket: np.ndarray, total: float, level_z: float = Z95) -> tuple[float, float, float]:
+    """(se, low, high) of a total from its per-bucket parts (batch means, t with k − 1 df)."""
+    k = len(per_bucket)
+    if k < 2 or not np.isfinite(total):
+        return float("nan"), float("nan"), float("nan")
+    se = float(np.std(per_bucket, ddof=1) * math.sqrt(k))
+    tq = float(stats.t.ppf(stats.norm.cdf(level_z), k - 1))
+    return se, total - tq * se, total + tq * se
+
+
 def roi_windows(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_per_conversion: float,
-                windows: Sequence[float] = DEFAULT_WINDOWS) -> pd.DataFrame:
-    """One row per window: requests, conversions, GPU-s saved, revenue, cost, both ROIs, baseline kind."""
+                windows: Sequence[float] = DEFAULT_WINDOWS, freq: float = 60.0,
+                data_end: float | None = None) -> pd.DataFrame:
+    """One row per window: requests, conversions, GPU-s saved, revenue, cost,
+    both ROIs with 95% intervals (``roi_business_low/high``,
+    ``roi_compute_low/high``), baseline kind, ``complete`` and ``state``
+    ("ok", "unfinished", "cost too small to estimate", "no cost", "no
+    requests"). ``data_end``: the last time with data (default: the latest
+    request row)."""
     rows = []
-    cost = float(run.gpu_s) * price_per_gpu_s
+    cost = float(run.gpu_s) * price_per_gpu_s if np.isfinite(float(run.gpu_s)) else float("nan")
+    if data_end is None:
+        data_end = float(requests["ts"].max()) if len(requests) else float("-inf")
     longest = max(windows) if len(windows) else 0.0
     requests = time_slice(requests, run.started - longest, run.ended + longest)
     mine = _scope(requests, run)
+    nan = float("nan")
     for T in windows:
         w0, w1 = run.ended, run.ended + T
         treated = mine[(mine.ts > w0) & (mine.ts <= w1)]
@@ -104,13 +187,35 @@ def roi_windows(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_
             kind = "before run"
         _, b_conv, b_gpu = _rates(base)
         conv = conv_rate * n if n else 0.0
-        base_conv = b_conv * n if n and np.isfinite(b_conv) else float("nan")
-        saved = (b_gpu - gpu_rate) * n if n and np.isfinite(b_gpu) else float("nan")
+        base_conv = b_conv * n if n and np.isfinite(b_conv) else nan
+        saved = (b_gpu - gpu_rate) * n if n and np.isfinite(b_gpu) else nan
+        revenue = (conv - base_conv) * value_per_conversion
+        s_b, c_b = _bucket_benefit(treated, base if ctrl is not None else None, (b_conv, b_gpu), w0, freq)
+        se_c, lo_c, hi_c = _sum_ci(s_b * price_per_gpu_s, saved * price_per_gpu_s)
+        se_r, lo_r, hi_r = _sum_ci(c_b * value_per_conversion, revenue)
+        roi_b = business_roi(conv, base_conv, value_per_conversion, cost)
+        roi_c = compute_roi(saved, price_per_gpu_s, cost)
+        complete = bool(w1 <= data_end)
+        state = "ok" if complete else "unfinished"
+        if not n:
+            state = "no requests"
+        elif not (cost > 0):
+            state = "no cost"
+        elif (np.isfinite(se_r) and se_r > COST_TOO_SMALL * cost) or \
+                (np.isfinite(se_c) and se_c > COST_TOO_SMALL * cost):
+            state = "cost too small to estimate"
+        bad_b = state == "cost too small to estimate" and np.isfinite(se_r) and se_r > COST_TOO_SMALL * cost
+        bad_c = state == "cost too small to estimate" and np.isfinite(se_c) and se_c > COST_TOO_SMALL * cost
         rows.append({
             "window_s": T, "requests": n, "conversions": conv, "baseline_conversions": base_conv,
-            "gpu_s_saved": saved, "revenue": (conv - base_conv) * value_per_conversion, "cost": cost,
-            "roi_business": business_roi(conv, base_conv, value_per_conversion, cost),
-            "roi_compute": compute_roi(saved, price_per_gpu_s, cost), "baseline": kind,
+            "gpu_s_saved": saved, "revenue": revenue, "revenue_low": lo_r, "revenue_high": hi_r, "cost": cost,
+            "roi_business": nan if bad_b else roi_b,
+            "roi_business_low": nan if bad_b or not cost > 0 else (lo_r - cost) / cost,
+            "roi_business_high": nan if bad_b or not cost > 0 else (hi_r - cost) / cost,
+            "roi_compute": nan if bad_c else roi_c,
+            "roi_compute_low": nan if bad_c or not cost > 0 else (lo_c - cost) / cost,
+            "roi_compute_high": nan if bad_c or not cost > 0 else (hi_c - cost) / cost,
+            "baseline": kind, "complete": complete, "state": state,
         })
     return pd.DataFrame(rows)
 
@@ -126,7 +231,7 @@ def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, val
     if after.empty:
         return pd.DataFrame(columns=["t_s", "benefit"])
     ctrl = _control(requests, after, run)
-    bucket = lambda df: ((df.ts - run.ended - 1e-9) // freq) * freq  # noqa: E731
+    bucket = lambda df: bucket_start(df.ts - run.ended, freq)  # noqa: E731
     t = after.assign(t_s=bucket(after)).groupby("t_s")[["requests", "gpu_s", "conversions"]].sum()
     if ctrl is not None:
         c = ctrl[(ctrl.ts > run.ended) & (ctrl.ts <= run.ended + horizon_s)]
@@ -170,12 +275,14 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         b0_guess = float(np.max(np.abs(y))) or 1.0
 
     def f(tt, b0, k):
-        return b0 * np.exp(-k * tt)
+        # exp's argument clipped: a trial k far from the answer must not overflow (inf·0 = NaN)
+        return b0 * np.exp(np.clip(-k * tt, -700.0, 700.0))
 
     try:
         with warnings.catch_warnings():  # a flat series has no covariance: se is NaN, said by the CI
             warnings.simplefilter("ignore", OptimizeWarning)
-            (b0, k), cov = curve_fit(f, t, y, p0=(b0_guess, 1.0), maxfev=5000)
+            with np.errstate(over="ignore", invalid="ignore"):
+                (b0, k), cov = curve_fit(f, t, y, p0=(b0_guess, 1.0), maxfev=5000)
         se = float(np.sqrt(cov[1, 1])) if np.isfinite(cov[1, 1]) else nan
     except (RuntimeError, ValueError) as e:
         return Decay(nan, nan, nan, nan, nan, len(series), f"decay fit did not converge: {e}")

@@ -14,29 +14,39 @@ normalised to 0–1 against a target and a worst value from
 A dimension without the data it needs says so (``value is None``, ``note``)
 and is left out of the composite; nothing is invented.
 
-Definitions:
+Definitions (95% CI in brackets where the value is an estimate):
 
 ==========================  ====================================================
-request_latency             P95 TTFT (histograms, ``gen_ai.server.time_to_first_token``)
-cache_hit_rate              hits / (hits + misses), all layers but ``weights``
-prediction_mape             MAPE of a one-bucket-ahead EWMA forecast of requests per key family
-warmup_qps_gain             GPU-s per request, control ÷ treatment − 1 (capacity gain at equal GPUs)
-cold_start_time             mean seconds from a replica's first lookup until its per-minute hit
-                            rate first reaches 90% of its median
+request_latency             P95 TTFT (histograms) [outer CI, requests as draws]
+cache_hit_rate              hits / (hits + misses), all layers but ``weights`` [Wilson]
+prediction_mape             MAPE of a one-bucket-ahead EWMA forecast of requests per key
+                            family, at ``prediction_freq_s`` (15 s) or the data's step if
+                            coarser [t over the forecast cells]
+warmup_qps_gain             GPU-s per request, control ÷ treatment − 1 [hourly batch means]
+cold_start_time             mean seconds from each replica start in the range (a
+                            ``replica_start``/``replica_restart`` warm-up) until the
+                            replica's per-minute hit rate first reaches 90% of its median
+                            [t over starts]; no start in the range: no data
 gpu_memory_fluctuation      coefficient of variation of ``warmscope.gpu.memory.usage_ratio``,
-                            mean over replicas
-feature_load_latency        mean load duration after an ``embedding`` miss (all layers if none)
-sla_deviation               share of requests that missed the TTFT SLA
-ab_conversion_attribution   conversion rate, treatment ÷ control − 1
-grey_release_penetration    share of experiment requests served by the treatment variant
-resource_cost_share         warm-up GPU-s ÷ (warm-up + serving GPU-s)
-roi_decay_coefficient       median fitted decay rate k (1/h) of the benefit after each run
+                            mean over replicas; a gauge pinned at its ceiling: no data
+feature_load_latency        mean load duration after an ``embedding`` miss (all layers if
+                            none); every load the same (a constant): no data
+sla_deviation               share of requests that missed the TTFT SLA [Wilson]
+ab_conversion_attribution   conversion rate, treatment ÷ control − 1 [hourly batch means]
+grey_release_penetration    treatment's share of experiment requests in the last hour
+                            while it ramps; a fixed split (no change across hours): no data
+resource_cost_share         warm-up GPU-s ÷ (warm-up + serving GPU-s) (exact)
+warmup_roi                  compute ROI over T+5 min after each warm-up, runs merged per
+                            replica, pooled: (Σ saved × price − Σ cost) / Σ cost [summed
+                            window variances]; the benefit's decay rate is in the note
 ==========================  ====================================================
 
-Dynamic weighting: a dimension scoring below ``breach_below`` is breached and
-its weight grows to ``w × (1 + dynamic_boost × (breach_below − s) /
-breach_below)``; the weights of the dimensions with data are then renormalised
-to sum to 1, and the composite is their weighted mean.
+Dynamic weighting: a dimension scoring below ``breach_below`` whose CI
+excludes the target (or that has no CI: an exact value) is breached, and its
+weight grows to ``w × (1 + dynamic_boost × (breach_below − s) /
+breach_below)``; a low score whose CI includes the target reads "within noise"
+and keeps its base weight. The weights of the dimensions with data are then
+renormalised to sum to 1, and the composite is their weighted mean.
 
 Example::
 
@@ -52,11 +62,14 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from scipy import stats
+
+from .buckets import bucket_start
 from .config import AnalysisConfig, DimensionSpec
-from .heat import prediction_mape
-from .hitrate import hit_table
-from .latency import TTFT, hist_quantile
-from .roi import benefit_series, fit_decay
+from .heat import ewma_forecast, family_series
+from .hitrate import Z95, hit_table, wilson
+from .latency import TTFT, all_bounds, quantile_from_buckets
+from .roi import benefit_series, fit_decay, replica_runs, roi_windows
 
 __all__ = ["DimensionScore", "ScoreCard", "score_card", "normalise"]
 
@@ -76,6 +89,8 @@ class DimensionScore:
     effective_weight: float
     breached: bool
     note: str = ""
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,12 +119,27 @@ def _f(frames: Frames, name: str) -> pd.DataFrame:
     return df if df is not None else pd.DataFrame()
 
 
-# Each returns (value or None, source, note).
+# Each returns (value or None, source, note[, (ci_low, ci_high)]). No CI means
+# the value is an exact count (an accounting quantity), not an estimate.
 def _latency(fr: Frames, cfg: AnalysisConfig):
-    q = hist_quantile(_f(fr, "histograms"), 0.95, TTFT) if len(_f(fr, "histograms")) else pd.DataFrame()
-    if q.empty or not np.isfinite(q["value"].iloc[0]):
+    h = _f(fr, "histograms")
+    h = h[h["metric"] == TTFT] if len(h) else h
+    if h.empty:
         return None, "histograms", "no TTFT histogram"
-    return float(q["value"].iloc[0]), f"histograms: {TTFT} P95", ""
+    counts = h.groupby("le")["count"].sum()
+    les = all_bounds(TTFT, counts.index.astype(float))
+    c = counts.reindex(les, fill_value=0).to_numpy(float)
+    b = les[np.isfinite(les)]
+    n = c.sum()
+    v = float(quantile_from_buckets(b, c, 0.95)[0])
+    if n <= 0 or not np.isfinite(v):
+        return None, "histograms", "no TTFT histogram"
+    if c[:-1].sum() < 0.95 * n:
+        return None, "histograms", f"TTFT P95 is beyond the last bucket edge (> {b[-1]:g} s)"
+    # Outer CI (requests as independent draws): the ranks 0.95 ± z·sqrt(0.95·0.05/n) mapped back.
+    half = Z95 * np.sqrt(0.95 * 0.05 / n)
+    lo, hi = (float(quantile_from_buckets(b, c, float(np.clip(0.95 + d, 0, 1)))[0]) for d in (-half, half))
+    return v, f"histograms: {TTFT} P95", "", (lo, hi)
 
 
 def _hit_rate(fr: Frames, cfg: AnalysisConfig):
@@ -118,20 +148,43 @@ def _hit_rate(fr: Frames, cfg: AnalysisConfig):
         return None, "lookups", "no lookups"
     t = hit_table(lk, mask=(lk["layer"] != "weights").to_numpy(dtype=bool))
     v = t["hit_rate"].iloc[0] if len(t) else np.nan
-    return (None, "lookups", "no hit/miss lookups") if not np.isfinite(v) else \
-        (float(v), "lookups: hits / (hits + misses), layers except weights", "")
+    if not np.isfinite(v):
+        return None, "lookups", "no hit/miss lookups"
+    return float(v), "lookups: hits / (hits + misses), layers except weights", "", \
+        (float(t["ci_low"].iloc[0]), float(t["ci_high"].iloc[0]))
+
+
+def _step(lk: pd.DataFrame) -> float:
+    step = float(lk.attrs.get("step_s", 0) or 0)
+    if step:
+        return step
+    ts = np.unique(lk["ts"].to_numpy(float))
+    d = np.diff(ts)
+    return float(d[d > 0].min()) if len(d) and (d > 0).any() else 0.0
 
 
 def _mape(fr: Frames, cfg: AnalysisConfig):
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
-    if lk.attrs.get("step_s", 0) > cfg.prediction_freq_s:
-        return None, "lookups", (f"needs lookups per {cfg.prediction_freq_s:g} s; these are per "
-                                 f"{lk.attrs['step_s']:g} s (pick a range of 24 h or less)")
-    v = prediction_mape(lk, cfg.prediction_freq_s, cfg.prediction_alpha)
-    return (None, "lookups", "too little history to forecast") if not np.isfinite(v) else \
-        (v, f"lookups: EWMA(alpha={cfg.prediction_alpha:g}) per family, {cfg.prediction_freq_s:g}-s buckets", "")
+    step = _step(lk)
+    if step > 3600:
+        return None, "lookups", f"needs lookups per hour or finer; these are per {step:g} s"
+    freq = max(cfg.prediction_freq_s, step)
+    s = family_series(lk, freq)
+    if s.empty or len(s) < 3:
+        return None, "lookups", "too little history to forecast"
+    a = s.iloc[1:].to_numpy(float).ravel()
+    f = ewma_forecast(s, cfg.prediction_alpha).iloc[1:].to_numpy(float).ravel()
+    m = np.isfinite(a) & np.isfinite(f) & (a != 0)
+    if m.sum() < 2:
+        return None, "lookups", "too little history to forecast"
+    e = np.abs((a[m] - f[m]) / a[m])
+    v = float(e.mean())
+    half = float(stats.t.ppf(0.975, m.sum() - 1) * e.std(ddof=1) / np.sqrt(m.sum()))
+    why = "" if freq == cfg.prediction_freq_s else f" (the data's step; {cfg.prediction_freq_s:g} s needs finer data)"
+    return v, f"lookups: EWMA(alpha={cfg.prediction_alpha:g}) per family, {freq:g}-s buckets{why}", "", \
+        (v - half, v + half)
 
 
 def _arms(fr: Frames, cfg: AnalysisConfig):
@@ -147,6 +200,27 @@ def _arms(fr: Frames, cfg: AnalysisConfig):
     return t, c
 
 
+def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Series], float]):
+    """95% CI of a treatment-vs-control statistic from hourly batch means
+    (Student t over the hours); None with fewer than 3 hours."""
+    req = _f(fr, "requests")
+    e = req[req["experiment"].astype(bool)]
+    e = e.assign(hour=bucket_start(e["ts"], 3600.0), arm=np.where(e["variant"] == cfg.treatment_variant, "t", "c"))
+    g = e.groupby(["hour", "arm"])[["requests", "gpu_s", "conversions"]].sum().unstack("arm")
+    vals = []
+    for _, row in g.iterrows():
+        t, c = row.xs("t", level="arm"), row.xs("c", level="arm")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            v = stat(t, c)
+        if np.isfinite(v):
+            vals.append(v)
+    if len(vals) < 3:
+        return None
+    x = np.asarray(vals)
+    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return half
+
+
 def _qps_gain(fr: Frames, cfg: AnalysisConfig):
     arms = _arms(fr, cfg)
     if arms is None:
@@ -154,30 +228,54 @@ def _qps_gain(fr: Frames, cfg: AnalysisConfig):
     t, c = arms
     if t["gpu_s"] <= 0 or c["requests"] <= 0 or t["requests"] <= 0:
         return None, "requests", "no GPU time recorded"
-    return float((c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1), \
-        "requests: GPU-s/request control ÷ treatment − 1", ""
+
+    def gain(t, c):
+        return (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1
+
+    v = float(gain(t, c))
+    half = _hourly_ci(fr, cfg, gain)
+    return v, "requests: GPU-s/request control ÷ treatment − 1 (CI: hourly batch means)", "", \
+        (v - half, v + half) if half is not None else None
+
+
+_STARTS = ("replica_start", "replica_restart")
 
 
 def _cold_start(fr: Frames, cfg: AnalysisConfig):
-    lk = _f(fr, "lookups")
+    lk, runs = _f(fr, "lookups"), _f(fr, "warmup_runs")
     if lk.empty:
         return None, "lookups", "no lookups"
     if lk.attrs.get("step_s", 0) > 60:
         return None, "lookups", (f"needs per-minute lookups; these are per {lk.attrs['step_s']:g} s "
                                  "(pick a range of 24 h or less)")
+    starts = runs[runs["trigger"].isin(_STARTS)] if len(runs) and "trigger" in runs else runs.iloc[0:0]
+    if starts.empty:
+        return None, "warmup_runs, lookups", "no replica started in this range (nothing to time)"
+    starts = starts.groupby(["replica", "started"], as_index=False).size()
     t = hit_table(lk, by=["replica"], freq=60, mask=(lk["layer"] != "weights").to_numpy(dtype=bool))
+    t = t[t["lookups"] > 0]
+    t_end = float(lk["ts"].max())
     times = []
-    for _, g in t.groupby("replica"):
-        g = g[g["lookups"] > 0]
-        if len(g) < 5:
+    for r in starts.itertuples():
+        g = t[(t["replica"] == r.replica) & (t["bucket"] >= r.started - 60)]
+        nxt = starts[(starts["replica"] == r.replica) & (starts["started"] > r.started)]["started"]
+        if len(nxt):
+            g = g[g["bucket"] < nxt.min()]
+        if len(g) < 5 or t_end - r.started < 1800:
             continue
         med = g["hit_rate"].median()
         ok = g[g["hit_rate"] >= 0.9 * med]
         if len(ok):
-            times.append(float(ok["bucket"].iloc[0] + 60 - g["bucket"].iloc[0]))
+            times.append(float(ok["bucket"].iloc[0] + 60 - r.started))
     if not times:
-        return None, "lookups", "no replica with enough history"
-    return float(np.mean(times)), "lookups: first minute at 90% of the replica's median hit rate", ""
+        return None, "warmup_runs, lookups", "no replica start with 30 min of traffic after it in this range"
+    v = float(np.mean(times))
+    ci = None
+    if len(times) >= 2:
+        half = float(stats.t.ppf(0.975, len(times) - 1) * np.std(times, ddof=1) / np.sqrt(len(times)))
+        ci = (max(v - half, 0.0), v + half)  # a time is never negative
+    return v, (f"lookups: minutes from {len(times)} replica start(s) to 90% of the replica's median hit "
+               "rate"), "", ci
 
 
 def _gpu_mem(fr: Frames, cfg: AnalysisConfig):
@@ -185,6 +283,9 @@ def _gpu_mem(fr: Frames, cfg: AnalysisConfig):
     if g.empty or "metric" not in g or not (g["metric"] == "warmscope.gpu.memory.usage_ratio").any():
         return None, "gauges", "no GPU memory gauge recorded (Telemetry.record_gpu_memory)"
     g = g[g["metric"] == "warmscope.gpu.memory.usage_ratio"]
+    if g["value"].min() >= 0.99:
+        return None, "gauges", (f"GPU memory sits at its ceiling ({g['value'].mean():.2%}) all range: a full "
+                                "cache pool, so its fluctuation says nothing")
     cv = g.groupby("replica")["value"].agg(lambda v: v.std(ddof=0) / v.mean() if v.mean() > 0 else np.nan)
     cv = cv.dropna()
     if cv.empty:
@@ -205,7 +306,12 @@ def _load_latency(fr: Frames, cfg: AnalysisConfig):
     n = one["total"].sum()
     if n <= 0:
         return None, "histograms", "no load durations recorded"
-    return float(one["sum"].sum() / n), f"histograms: mean warmscope.cache.load.duration ({src})", ""
+    v = float(one["sum"].sum() / n)
+    per = (one["sum"] / one["total"].where(one["total"] > 0)).dropna()
+    if n > 1 and len(per) and (per.max() - per.min()) <= 1e-9 * max(abs(per.mean()), 1e-12):
+        return None, "histograms", (f"every load took the same {v:.3g} s (a configured constant, not a "
+                                    "measurement)")
+    return v, f"histograms: mean warmscope.cache.load.duration ({src})", ""
 
 
 def _sla(fr: Frames, cfg: AnalysisConfig):
@@ -216,7 +322,9 @@ def _sla(fr: Frames, cfg: AnalysisConfig):
     n = known["requests"].sum()
     if n <= 0:
         return None, "requests", "SLA outcome not recorded"
-    return float(known.loc[known["sla_met"] == "false", "requests"].sum() / n), "requests: sla_met = false share", ""
+    missed = float(known.loc[known["sla_met"] == "false", "requests"].sum())
+    lo, hi = wilson(missed, n)
+    return missed / n, "requests: sla_met = false share", "", (float(lo), float(hi))
 
 
 def _conv(fr: Frames, cfg: AnalysisConfig):
@@ -226,8 +334,14 @@ def _conv(fr: Frames, cfg: AnalysisConfig):
     t, c = arms
     if c["conversions"] <= 0 or t["requests"] <= 0:
         return None, "requests", "no conversions in the control arm"
-    return float((t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1), \
-        "requests: conversion rate treatment ÷ control − 1", ""
+
+    def lift(t, c):
+        return (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1
+
+    v = float(lift(t, c))
+    half = _hourly_ci(fr, cfg, lift)
+    return v, "requests: conversion rate treatment ÷ control − 1 (CI: hourly batch means)", "", \
+        (v - half, v + half) if half is not None else None
 
 
 def _penetration(fr: Frames, cfg: AnalysisConfig):
@@ -236,8 +350,16 @@ def _penetration(fr: Frames, cfg: AnalysisConfig):
     n = e["requests"].sum() if len(e) else 0
     if n <= 0:
         return None, "requests", "no experiment traffic"
-    return float(e.loc[e["variant"] == cfg.treatment_variant, "requests"].sum() / n), \
-        f"requests: share on variant {cfg.treatment_variant}", ""
+    share = float(e.loc[e["variant"] == cfg.treatment_variant, "requests"].sum() / n)
+    # A grey release ramps the treatment's share; a fixed split (an A/B hash) is not one.
+    h = e.assign(hour=bucket_start(e["ts"], 3600.0), t=e["variant"] == cfg.treatment_variant)
+    tab = h.groupby(["hour", "t"])["requests"].sum().unstack(fill_value=0)
+    tab = tab[tab.sum(axis=1) > 0]
+    if tab.shape[0] < 2 or tab.shape[1] < 2 or stats.chi2_contingency(tab.to_numpy())[1] > 0.001:
+        return None, "requests", (f"no grey release in this range: the treatment's share is fixed at {share:.0%} "
+                                  "by the experiment's split (no ramp)")
+    last = tab.iloc[-1]
+    return float(last[True] / last.sum()), f"requests: share on variant {cfg.treatment_variant} in the last hour", ""
 
 
 def _cost_share(fr: Frames, cfg: AnalysisConfig):
@@ -249,18 +371,51 @@ def _cost_share(fr: Frames, cfg: AnalysisConfig):
     return float(warm / (serve + warm)), "warmup_runs.gpu_s ÷ (warm-up + serving GPU-s)", ""
 
 
-def _decay(fr: Frames, cfg: AnalysisConfig):
+def _roi(fr: Frames, cfg: AnalysisConfig):
+    """Compute ROI over (end, end + T] after each warm-up, runs merged per
+    replica (one benefit per warm-up, not one per layer), pooled over warm-ups:
+    (Σ GPU-s saved × price − Σ cost) / Σ cost; CI from the windows' summed
+    variances. The benefit's decay rate is reported beside it, not scored."""
     runs, r = _f(fr, "warmup_runs"), _f(fr, "requests")
     if runs.empty or r.empty:
         return None, "warmup_runs, requests", "no warm-up runs"
+    done = replica_runs(runs[(runs["status"] == "ok") & runs["ended"].notna()])
+    T = cfg.roi_window_s
+    end = float(r["ts"].max())
+    saved = cost = var = 0.0
+    used = unfinished = 0
     ks = []
-    for run in runs[runs["status"] == "ok"].itertuples():
+    for run in done.itertuples():
+        if run.ended + T > end:
+            unfinished += 1
+            continue
+        w = roi_windows(run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, windows=(T,)).iloc[0]
+        if not (w["cost"] > 0 and np.isfinite(w["gpu_s_saved"])):
+            continue
+        half = (w["roi_compute_high"] - w["roi_compute"]) * w["cost"] if np.isfinite(w["roi_compute_high"]) else np.nan
+        saved += w["gpu_s_saved"] * cfg.price_per_gpu_s
+        cost += w["cost"]
+        var += (half / stats.t.ppf(0.975, 4)) ** 2 if np.isfinite(half) else 0.0
+        used += 1
         d = fit_decay(benefit_series(run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s))
-        if d.error is None and np.isfinite(d.k_per_hour) and d.b0 > 0:
-            ks.append(d.k_per_hour)
-    if not ks:
-        return None, "warmup_runs, requests", "no run with a decaying benefit to fit"
-    return float(np.median(ks)), f"median decay rate over {len(ks)} runs (benefit ~ b0·exp(−k·t))", ""
+        if d.error is None and np.isfinite(d.k_per_hour):
+            ks.append(d)
+    if not used:
+        why = f" ({unfinished} still inside their window)" if unfinished else ""
+        return None, "warmup_runs, requests", f"no finished warm-up with a cost and traffic after it{why}"
+    v = (saved - cost) / cost
+    se = np.sqrt(var) / cost
+    note = ""
+    if ks:
+        k = float(np.median([d.k_per_hour for d in ks]))
+        lo, hi = float(np.median([d.ci_low for d in ks])), float(np.median([d.ci_high for d in ks]))
+        note = f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), not scored"
+    if unfinished:
+        note += ("; " if note else "") + f"{unfinished} warm-up(s) still inside their {T:g}-s window left out"
+    if se * 1.96 > 20:
+        return None, "warmup_runs, requests", f"cost too small to estimate: ROI {v:+.3g} ± {1.96 * se:.3g}"
+    return float(v), (f"compute ROI over T+{T:g} s after {used} warm-up(s), runs merged per replica: "
+                      "(GPU-s saved × price − cost) / cost"), note, (float(v - Z95 * se), float(v + Z95 * se))
 
 
 _COMPUTE: dict[str, Callable] = {
@@ -268,8 +423,22 @@ _COMPUTE: dict[str, Callable] = {
     "warmup_qps_gain": _qps_gain, "cold_start_time": _cold_start, "gpu_memory_fluctuation": _gpu_mem,
     "feature_load_latency": _load_latency, "sla_deviation": _sla, "ab_conversion_attribution": _conv,
     "grey_release_penetration": _penetration, "resource_cost_share": _cost_share,
-    "roi_decay_coefficient": _decay,
+    "warmup_roi": _roi,
 }
+
+
+def _excludes_target(spec: DimensionSpec, ci: tuple[float, float] | None) -> bool:
+    """The CI lies wholly on the bad side of the target (no CI: an exact value)."""
+    if ci is None:
+        return True
+    lo, hi = ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return False
+    if spec.better == "lower":
+        return lo > spec.target
+    if spec.better == "higher":
+        return hi < spec.target
+    return not lo <= spec.target <= hi
 
 
 def score_card(frames: Frames, cfg: AnalysisConfig | None = None) -> ScoreCard:
@@ -277,28 +446,38 @@ def score_card(frames: Frames, cfg: AnalysisConfig | None = None) -> ScoreCard:
     raw = []
     for spec in cfg.dimensions:
         try:
-            value, source, note = _COMPUTE[spec.name](frames, cfg)
+            out = _COMPUTE[spec.name](frames, cfg)
         except (KeyError, ValueError) as e:  # a frame missing a column: say so, don't crash
-            value, source, note = None, "", f"cannot compute: {e}"
+            out = (None, "", f"cannot compute: {e}")
+        value, source, note = out[:3]
+        ci = out[3] if len(out) > 3 else None
         if value is not None and not np.isfinite(value):
             value, note = None, note or "not finite"
         score = normalise(spec, value) if value is not None else None
-        raw.append((spec, value, source, note, score))
+        raw.append((spec, value, source, note, score, ci))
     weights = {}
-    for spec, value, _, _, score in raw:
+    breached = {}
+    for spec, value, _, _, score, ci in raw:
         if score is None:
             continue
         w = spec.weight
-        if score < cfg.breach_below and cfg.breach_below > 0:
+        low = score < cfg.breach_below and cfg.breach_below > 0
+        breached[spec.name] = low and _excludes_target(spec, ci)
+        if breached[spec.name]:
             w *= 1 + cfg.dynamic_boost * (cfg.breach_below - score) / cfg.breach_below
         weights[spec.name] = w
     total = sum(weights.values())
     dims = []
-    for spec, value, source, note, score in raw:
+    for spec, value, source, note, score, ci in raw:
         ew = weights.get(spec.name, 0.0) / total if total > 0 else 0.0
+        b = breached.get(spec.name, False)
+        if score is not None and score < cfg.breach_below and not b:
+            note = "within noise: the CI includes the target" + (f"; {note}" if note else "")
         dims.append(DimensionScore(
-            spec.name, spec.label, value, spec.unit, source, score, spec.target, spec.weight, ew,
-            score is not None and score < cfg.breach_below, note if value is not None else (note or "no data"),
+            spec.name, spec.label, value, spec.unit, source, score, spec.target, spec.weight, ew, b,
+            note if value is not None else (note or "no data"),
+            ci[0] if ci is not None and value is not None else None,
+            ci[1] if ci is not None and value is not None else None,
         ))
     composite = sum(d.score * d.effective_weight for d in dims if d.score is not None) if total > 0 else None
     missing = [d.name for d in dims if d.score is None]

@@ -84,8 +84,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if empty:
         from warmscope.simulator import SimConfig, parse_fault, simulate
 
-        # A day with two injected traps, so every page has something to show.
-        cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk")
+        # A day with two injected traps, so every page has something to show; replicas restart every
+        # hour (rolling, behind a readiness gate) and popular content changes hourly, so warm-up has
+        # cold starts to prevent and a moving target to follow.
+        cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk", restart_every_h=1.0,
+                             content_drift_h=1.0)
         faults = [parse_fault("bypass:tenant=globex,layer=response@10:00-11:30"),
                   parse_fault("tenant_isolation:layer=response@14:00-15:00")]
         print(f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)", file=sys.stderr)
@@ -124,6 +127,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
             strategy_a=args.strategy_a, strategy_b=args.strategy_b, seed=args.seed, tick_s=args.tick,
             b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
+            restart_every_h=args.restart_every, content_drift_h=args.content_drift,
         )
         faults = [parse_fault(f) for f in args.fault]
     except ValueError as e:
@@ -219,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
     p.add_argument("--b-response-ttl", type=float, help="pool B's response-cache TTL in s (A/B of TTLs)")
     p.add_argument("--b-kv-capacity", type=int, help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
+    p.add_argument("--restart-every", type=float, metavar="HOURS",
+                   help="rolling restarts: each replica restarts every HOURS, staggered (default: never)")
+    p.add_argument("--content-drift", type=float, metavar="HOURS",
+                   help="trending content: popular fills and RAG chunks change every HOURS (default: never)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tick", type=float, help="flush interval in virtual seconds (default 60)")

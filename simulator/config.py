@@ -36,7 +36,13 @@ value_per_conversion       4.0         currency units (tenant i gets value*(1+i/
 warm_keys                  400         keys per layer a warm-up run may warm
 warm_s_per_key             0.05        wall time a warm-up spends per key
 peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak); <0 disables
-lambda_mode                slo         predictive heat decay: "slo" (λ = 1/(slo_ms·0.1)) or "fixed"
+content_drift_h            0           trending content: every this many hours the popularity of
+                                       fills and RAG chunks beyond the top 20 moves to other items
+                                       (yesterday's log is a period earlier); 0 disables
+restart_every_h            0           rolling restarts: each replica restarts every this many
+                                       hours, staggered across a pool, at the same times in both
+                                       pools (deploys, autoscaling); 0 disables
+lambda_mode                slo         predictive heat decay: "slo" (λ = 1/max(slo_ms·0.1, 10) per s) or "fixed"
 lambda_fixed               0.0005      λ per second when lambda_mode = "fixed"
 strategy_a / strategy_b    none /      warm-up strategy of pool A / pool B
                            static_topk
@@ -93,6 +99,8 @@ class SimConfig:
     peak_warmup_at_h: float = 8.5
     lambda_mode: str = "slo"
     lambda_fixed: float = 0.0005
+    restart_every_h: float = 0.0
+    content_drift_h: float = 0.0
     strategy_a: str = "none"
     strategy_b: str = "static_topk"
     # Pool B may also differ in cache settings (0 = same as pool A).
@@ -151,9 +159,10 @@ class SimConfig:
     def heat_lambda(self) -> float:
         """Decay rate per second of the predictive strategy's heat score.
 
-        SLO-aware (seed 1): λ = 1 / (slo_ms × 0.1), read as per *minute* of
-        idle time, so a 1 s SLO forgets a key with a 100-minute time constant.
+        SLO-aware (seed 1, :func:`warmscope.analysis.heat.slo_lambda`):
+        λ = 1 / max(slo_ms × 0.1, 10) per second of idle time, so a 1 s SLO
+        forgets a key with a 100-second time constant.
         """
         if self.lambda_mode == "fixed":
             return self.lambda_fixed
-        return 1.0 / (self.slo_ttft_s * 1000 * 0.1) / 60.0
+        return 1.0 / max(self.slo_ttft_s * 1000 * 0.1, 10.0)

@@ -55,7 +55,8 @@ from .traffic import (
 __all__ = ["Simulation", "Summary"]
 
 TOKENISATION_VARIANTS = 50
-MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
+MAX_CONTEXT = 8192
+PRE_START_S = 120.0  # replicas start this long (plus the weights' load time) before the simulated day  # a conversation longer than this starts over (context window)
 
 
 @dataclass
@@ -112,15 +113,35 @@ class Replica:
         self.weights_ready: dict[str, float] = {}
         self.start(start_rel, "replica_start")
 
-    def start(self, t_rel: float, trigger: str, warm_until: float | None = None) -> None:
-        """(Re)start: caches dropped, weights load, then the pool's warm-up."""
-        for c in (self.weights, self.lora, self.emb, self.kv):
-            c.backend.clear()
+    def start(self, t_rel: float, trigger: str, warm_until: float | None = None, gated: bool = True) -> None:
+        """(Re)start: caches dropped, weights load, then the pool's layered
+        warm-up. A gated replica takes traffic only when ready (readiness
+        probe: weights loaded and the start's warm-up finished); an ungated one
+        (the warm-up-out-of-step trap) takes it at once and meets cold caches."""
+        self._clear()
         ready = t_rel + self.sim.cfg.weights_load_s
         for model in self.sim.models:
             self.weights_ready[model] = ready
+        self.ready_at = ready if gated else t_rel
+        self.gated = gated
         self.sim.schedule(ready, self._weights_loaded)
         self.sim.schedule(ready, lambda: self.sim.warmup(self.pool, [self], trigger, finish_at=warm_until))
+
+    def _clear(self) -> None:
+        for c in (self.weights, self.lora, self.emb, self.kv):
+            c.backend.clear()
+
+    def roll(self, t_rel: float) -> None:
+        """Rolling restart with a surge instance: the new instance loads its
+        weights and runs the pool's warm-up while the old one keeps serving;
+        at cut-over (when the new one is ready) the replica's caches become
+        the new instance's — what the warm-up put there, nothing else."""
+        cutover = t_rel + self.sim.cfg.weights_load_s
+        self.sim.schedule(cutover, lambda: self.sim.warmup(self.pool, [self], "replica_restart", cutover=True))
+
+    def cut_over(self) -> None:
+        self._clear()
+        self._weights_loaded()
 
     def _weights_loaded(self) -> None:
         for model in self.sim.models:
@@ -208,13 +229,17 @@ class Simulation:
         self.bursts = self._bursts()
         strategies = {"A": cfg.strategy_a, "B": cfg.strategy_b}
         self.pools = {v: Pool(self, v, strategies[v]) for v in variants}
+        # Replicas start before the simulated day so that they are ready (weights loaded, start-up
+        # warm-up done) when traffic begins: a load balancer sends nothing to a replica that is not.
         for pool in self.pools.values():
             for i in range(cfg.replicas):
-                pool.replicas.append(Replica(self, f"{pool.variant.lower()}-{i}", pool, 0.0))
+                pool.replicas.append(Replica(self, f"{pool.variant.lower()}-{i}", pool, -PRE_START_S - cfg.weights_load_s))
         if cfg.peak_warmup_at_h >= 0:
             for pool in self.pools.values():
                 self.schedule(cfg.peak_warmup_at_h * 3600,
                               lambda p=pool: self.warmup(p, p.replicas, "forecast_peak"))
+        if cfg.restart_every_h > 0:
+            self._schedule_restarts()
         for f in self.faults:
             self._schedule_fault(f)
 
@@ -245,12 +270,39 @@ class Simulation:
         starts = np.sort(rng.random(n)) * self.cfg.hours * 3600
         return [(float(s), float(s) + self.cfg.burst_minutes * 60) for s in starts]
 
+    def _schedule_restarts(self) -> None:
+        """Rolling restarts: replica i restarts every ``restart_every_h`` hours,
+        offset by i/n of the period so a pool never restarts all at once;
+        replica i of both pools restarts at the same moment (a fair A/B)."""
+        period = self.cfg.restart_every_h * 3600
+        n = self.cfg.replicas
+        for pool in self.pools.values():
+            for i, rep in enumerate(pool.replicas):
+                t = period * (i + 1) / n
+                while t < self.cfg.hours * 3600:
+                    self.schedule(t, lambda r=rep, t=t: r.roll(t))
+                    t += period
+
+    def _route(self, pool: "Pool", sid: int, tr: float) -> tuple["Replica", float]:
+        """The session's replica if it is ready, else the next ready one in the
+        pool (readiness gate); if none is, the one ready first and the wait."""
+        reps = pool.replicas
+        n = len(reps)
+        home = sid % n
+        for j in range(n):
+            rep = reps[(home + j) % n]
+            if rep.ready_at <= tr:
+                return rep, 0.0
+        rep = min(reps, key=lambda r: r.ready_at)
+        return rep, rep.ready_at - tr
+
     def _schedule_fault(self, f: Fault) -> None:
         if f.trap == "warmup_out_of_step":
             for pool in self.pools.values():
                 for rep in pool.replicas:
                     if f.matches(replica=rep.name):
-                        self.schedule(f.start, lambda r=rep: r.start(f.start, "replica_restart", warm_until=f.end))
+                        self.schedule(f.start, lambda r=rep: r.start(f.start, "replica_restart", warm_until=f.end,
+                                                                     gated=False))
         elif f.trap == "warmup_timing":
             for pool in self.pools.values():
                 reps = [r for r in pool.replicas if f.matches(replica=r.name)]
@@ -264,33 +316,80 @@ class Simulation:
         return [f.ground_truth(self.t0, self.cfg.hours) for f in self.faults]
 
     # -------------------------------------------------------------- warm-up
+    LAYER_ORDER = ("lora", "prefix_kv", "embedding", "response")  # after the weights, in this order
+
     def warmup(self, pool: Pool, replicas: list[Replica], trigger: str, finish_at: float | None = None,
-               ttl: float | None = None, layers: tuple | None = None, strategy: str | None = None) -> None:
+               ttl: float | None = None, layers: tuple | None = None, strategy: str | None = None,
+               cutover: bool = False) -> None:
+        """Layered warm-up: weights are loaded (the replica's start), then LoRA
+        adapters, prefix-KV blocks, embeddings and responses, one layer after
+        the other, each its own run. A replica (re)start's warm-up holds the
+        readiness gate until its last layer is done. ``cutover``: a surge
+        instance warms in the background; every layer lands when the last one
+        is done, on caches emptied at that moment (:meth:`Replica.roll`)."""
         strategy = strategy or pool.strategy
-        if strategy == "none":
-            return
         t_rel = self.now - self.t0
-        picks = choose(strategy, self.cfg, t_rel, self.yesterday, pool.heat, self.by_name)
+        picks = [] if strategy == "none" else choose(strategy, self.cfg, t_rel, self.yesterday, pool.heat,
+                                                     self.by_name)
+        if strategy != "none":
+            picks = self._lora_picks(strategy, pool) + picks
         if layers:
             picks = [p for p in picks if p[0] in layers]
         if not picks:
+            if cutover:
+                for rep in replicas:
+                    rep.cut_over()
             return
-        duration = len(picks) * self.cfg.warm_s_per_key
-        end = max(finish_at if finish_at is not None else t_rel + duration, t_rel + duration)
+        by_layer = {ly: [p for p in picks if p[0] == ly] for ly in self.LAYER_ORDER}
+        by_layer = {ly: ps for ly, ps in by_layer.items() if ps}
+        cfg = self.cfg
+        durations = {ly: len(ps) * (cfg.lora_load_s if ly == "lora" else cfg.warm_s_per_key)
+                     for ly, ps in by_layer.items()}
+        total = sum(durations.values())
+        # A forced finish (warm-up out of step) stretches the layers to end there.
+        stretch = max((finish_at - t_rel) / total, 1.0) if finish_at is not None and total > 0 else 1.0
         for rep in replicas:
-            runs = {}
-            for layer in sorted({p[0] for p in picks}):
-                self._run_seq += 1
-                run = rep.tel.warmup(strategy, layer=layer, trigger=trigger,
-                                     run_id=f"run-{self.cfg.seed}-{self._run_seq:05d}")
-                run.__enter__()
-                runs[layer] = run
-            self.schedule(end, lambda r=rep, rs=runs: self._finish_warmup(r, rs, picks, ttl))
-            self.summary.warmups += len(runs)
+            t = t_rel
+            if cutover:
+                self.schedule(t_rel + total, rep.cut_over)  # before any layer lands (events keep their order)
+            for layer, ps in by_layer.items():
+                end = t + durations[layer] * stretch
+                self.schedule(t, lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end),
+                              tg=trigger, st=strategy: self._start_layer(r, ly, ps, e, tg, st, ttl))
+                t = end
+            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True):
+                rep.ready_at = max(rep.ready_at, t)
+
+    def _lora_picks(self, strategy: str, pool: Pool) -> list:
+        """The adapters of the tenants most likely to be served next, up to the
+        replica's LoRA slots: by recent heat (predictive) or yesterday's
+        requests (other strategies), weighted by tenant priority for predictive."""
+        score: dict[str, float] = defaultdict(float)
+        if strategy == "predictive" and pool.heat is not None and pool.heat.heat:
+            now = self.now - self.t0
+            lam = pool.heat.lam
+            for h, last, _, tenant, _ in pool.heat.heat.values():
+                score[tenant] += h * math.exp(-lam * max(now - last, 0.0)) * self.by_name[tenant].priority / 10
+        else:
+            for key, c in self.yesterday.counts["prefix_kv"].items():
+                score[self.yesterday.meta[key][0]] += c
+        top = sorted(score, key=lambda t: (-score[t], t))[: self.cfg.lora_slots]
+        return [("lora", f"lora:adapter:{t}.v1", t, 0, 0.2 * self.cfg.lora_load_s) for t in top]
+
+    def _start_layer(self, rep: Replica, layer: str, picks: list, end: float, trigger: str, strategy: str,
+                     ttl: float | None) -> None:
+        self._run_seq += 1
+        run = rep.tel.warmup(strategy, layer=layer, trigger=trigger, run_id=f"run-{self.cfg.seed}-{self._run_seq:05d}")
+        run.__enter__()
+        self.summary.warmups += 1
+        self.schedule(end, lambda: self._finish_warmup(rep, {layer: run}, picks, ttl))
 
     def _finish_warmup(self, rep: Replica, runs: dict, picks: list, ttl: float | None) -> None:
         for layer, key, tenant, tpl, gpu_s in picks:
-            if layer == "prefix_kv":
+            if layer == "lora":
+                rep.lora.set(key, 1)
+                nbytes = 64 * 1024 * 1024  # a LoRA adapter, order of magnitude
+            elif layer == "prefix_kv":
                 rep.kv.set(key, self.cfg.block_tokens)
                 nbytes = self.cfg.block_tokens * 128 * 1024  # KV bytes per token, order of magnitude
             elif layer == "embedding":
@@ -416,7 +515,7 @@ class Simulation:
         if pool is None:  # the other worker's pool
             return
         self._units[variant].add(sid)
-        rep = pool.replicas[sid % len(pool.replicas)]
+        rep, gate_wait = self._route(pool, sid, tr)
         fx: Any = ()
         bypass: tuple = ()
         if faults:
@@ -430,11 +529,11 @@ class Simulation:
         with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
                              model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
             # 1. weights
-            wait = 0.0
+            wait = gate_wait  # queued at the load balancer until a replica is ready
             wkey = f"weights:{ten.model}"
             if rep.weights.get(wkey) is None:
                 look[(rname, "weights", "miss")] += 1
-                wait = max(rep.weights_ready.get(ten.model, tr) - tr, 0.0)
+                wait = max(rep.weights_ready.get(ten.model, tr) - tr, wait)
             else:
                 look[(rname, "weights", "hit")] += 1
             # 2. response cache
@@ -549,7 +648,7 @@ class Simulation:
         chain = True
         heat = pool.heat
         for j, (key, tokens, reusable) in enumerate(blocks):
-            if heat is not None and j < n_sys:
+            if heat is not None and (j < n_sys or reusable):  # system prompts and conversation history
                 heat.touch("prefix_kv", key, ten.name, tpl_idx, tr)
             if bypass:
                 kv.bypass(key)

@@ -13,8 +13,10 @@
   share of recent traffic relative to the busiest cluster, and priority the
   tenant's 1–10 priority.
   λ is fixed or SLO-aware (see ``SimConfig.heat_lambda``). Heat comes from the
-  pool's own observed traffic; with none yet (replica start) yesterday's log
-  seeds it.
+  pool's own observed traffic — system-prompt blocks and the reusable history
+  blocks of active conversations, which a replacement instance can restore
+  (a KV offload tier) and yesterday's log cannot know; with no traffic yet
+  (replica start) yesterday's log seeds it.
 
 Each choice is ``(layer, key, tenant, template, gpu_s)``; ``gpu_s`` is what
 warming that key costs in the cost model.
@@ -64,7 +66,9 @@ def request_keys(tenant: Tenant, tpl_idx: int, fill: int, chunks: Iterable[int],
 
 def yesterday_log(cfg: SimConfig, tenants: list[Tenant], n: int = 40_000) -> KeyStats:
     rng = np.random.default_rng(cfg.seed + 10_007)
-    a = draw_arrivals(rng, cfg, 0.0, n / max(cfg.rps, 1e-9), cfg.rps, tenant_weights(len(tenants)))
+    # Yesterday's popular content: under content drift, a period before today's first.
+    a = draw_arrivals(rng, cfg, 0.0, n / max(cfg.rps, 1e-9), cfg.rps, tenant_weights(len(tenants)),
+                      drift_at=-cfg.content_drift_h * 3600)
     ks = KeyStats()
     for i in range(len(a.t)):
         ten = tenants[int(a.tenant[i])]
@@ -84,11 +88,17 @@ def warm_cost(cfg: SimConfig, layer: str, tpl_idx: int) -> float:
     return (tpl.sys_tokens + q) * cfg.prefill_s_per_token + tpl.out_tokens * cfg.decode_s_per_token / cfg.slots
 
 
-class HeatTracker:
-    """Decayed request counts per key: heat ← heat·exp(−λΔt) + 1 on each request."""
+COUNT_TAU_S = 3600.0  # memory of the request count (heat); recency is the score's exp(−λ·Δt)
 
-    def __init__(self, lam: float, limit: int = 60_000) -> None:
+
+class HeatTracker:
+    """Request counts per key with an hour's memory: heat ← heat·exp(−Δt/τ) + 1
+    on each request (τ = ``COUNT_TAU_S``). The score's recency factor
+    exp(−λ·Δt) uses the strategy's λ (SLO-aware by default)."""
+
+    def __init__(self, lam: float, limit: int = 60_000, count_tau_s: float = COUNT_TAU_S) -> None:
         self.lam = lam
+        self.decay = 1.0 / count_tau_s
         self.limit = limit
         self.heat: dict[str, list] = {}  # key -> [heat, last_t, layer, tenant, tpl]
         self.cluster_recent: Counter = Counter()
@@ -100,11 +110,11 @@ class HeatTracker:
                 self._prune(t)
             self.heat[key] = [1.0, t, layer, tenant, tpl]
         else:
-            e[0] = e[0] * math.exp(-self.lam * (t - e[1])) + 1.0
+            e[0] = e[0] * math.exp(-self.decay * (t - e[1])) + 1.0
             e[1] = t
 
     def _prune(self, t: float) -> None:
-        items = sorted(self.heat.items(), key=lambda kv: kv[1][0] * math.exp(-self.lam * (t - kv[1][1])))
+        items = sorted(self.heat.items(), key=lambda kv: kv[1][0] * math.exp(-self.decay * (t - kv[1][1])))
         for k, _ in items[: len(items) // 2]:
             del self.heat[k]
 

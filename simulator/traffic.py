@@ -126,18 +126,32 @@ class Arrivals:
     user: np.ndarray
 
 
+EVERGREEN = 20  # the most popular fills and chunks keep their rank under content drift
+
+
+def drift(ranks: np.ndarray, catalog: int, cfg: SimConfig, at_rel: float, step: int) -> np.ndarray:
+    """Trending content: every ``content_drift_h`` hours the popularity ranks
+    beyond the evergreen head move to other items (a deterministic rotation,
+    no random draws, so the same seed gives the same traffic otherwise)."""
+    if cfg.content_drift_h <= 0:
+        return ranks
+    shift = (int(math.floor(at_rel / (cfg.content_drift_h * 3600))) * step) % catalog
+    return np.where(ranks < EVERGREEN, ranks, (ranks + shift) % catalog)
+
+
 def draw_arrivals(rng: np.random.Generator, cfg: SimConfig, t0_rel: float, dt: float, rate: float,
-                  tw: np.ndarray) -> Arrivals:
+                  tw: np.ndarray, drift_at: float | None = None) -> Arrivals:
     n = int(rng.poisson(rate * dt))
     t = np.sort(rng.random(n)) * dt + t0_rel
+    at = t0_rel if drift_at is None else drift_at
     return Arrivals(
         t=t,
         tenant=rng.choice(len(tw), size=n, p=tw),
         u_tpl=rng.random(n),
         u_session=rng.random(n),
         u_pick=rng.random(n),
-        fill=(rng.zipf(1.25, n) - 1) % FILL_CATALOG,
-        chunks=(rng.zipf(1.15, (n, CHUNKS_PER_QUERY)) - 1) % CHUNK_CORPUS,
+        fill=drift((rng.zipf(1.25, n) - 1) % FILL_CATALOG, FILL_CATALOG, cfg, at, 977),
+        chunks=drift((rng.zipf(1.15, (n, CHUNKS_PER_QUERY)) - 1) % CHUNK_CORPUS, CHUNK_CORPUS, cfg, at, 3571),
         query_tokens_u=rng.random(n),
         out_mult=rng.lognormal(0.0, 0.35, n),
         u_conv=rng.random(n),

@@ -42,8 +42,7 @@ st.markdown(f"### {rep.verdict}")
 for w in rep.warnings:
     st.warning(w)
 if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
-    st.caption(f"Minimum detectable effect now (80% power): {rep.power.mde_rel:.2%}; reaching "
-               f"{rep.power.target_rel:.0%} takes about {rep.power.days_to_target:.1f} more days.")
+    st.caption(rep.power.note)
 t = rep.table()
 st.dataframe(t[["metric", "kind", "control", "treatment", "abs_effect", "rel_effect", "rel_low", "rel_high",
                 "p_value", "p_holm", "p_bh", "seq_p", "error"]].style.format(

@@ -9,7 +9,8 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportions_ztest
 
-from warmscope.analysis.ab import Mean, Proportion, Quantile, Ratio, adjust, batch_means, compare, cuped, msprt, power, srm
+from warmscope.analysis.ab import (Mean, Proportion, Quantile, Ratio, adjust, batch_means, compare, compare_arms, cuped,
+                                   group_sequential_bounds, mde_sentence, msprt, power, srm)
 
 RNG = np.random.default_rng(20261129)
 
@@ -201,3 +202,159 @@ def test_quantile_estimate_and_outer_ci():
     est, lo, hi = q.outer_ci()
     assert lo < est < hi
     assert q.n == 3 and (q + q).n == 6
+
+
+# ------------------------------------------------------------ edge cases
+def _overflow_quantile(slow_share, n=200, rng=None):
+    """Units with 10 latencies each; a share of them beyond the last bound (overflow)."""
+    rng = rng or np.random.default_rng(1)
+    bounds = (1.0, 2.0, 4.0)
+    counts = np.zeros((n, 4))
+    slow = rng.random((n, 10)) < slow_share
+    counts[:, 3] = slow.sum(axis=1)
+    counts[:, 1] = 10 - counts[:, 3]
+    return Quantile.from_units(0.95, bounds, counts)
+
+
+def test_quantile_beyond_the_last_edge_is_reported_as_above_and_not_tested():
+    # 10% of observations over the last edge: P95 is in the overflow bucket in both arms
+    a, b = _overflow_quantile(0.10), _overflow_quantile(0.12, rng=np.random.default_rng(2))
+    assert a.above_last_edge and b.above_last_edge
+    r = compare("P95", a, b)
+    assert r.error is not None and "beyond the last bucket edge (4)" in r.error
+    assert not np.isfinite(r.p_value) and not r.significant
+    assert r.control_above and r.treatment_above and r.control == 4.0
+
+
+def test_unknown_variance_is_never_treated_as_zero():
+    class NoVariance(Mean):  # an estimate whose variance cannot be computed
+        def var_of_estimate(self):
+            return float("nan")
+
+    r = compare("m", NoVariance(10, 10.0, 20.0), NoVariance(10, 20.0, 50.0))
+    assert r.error is not None and "variance" in r.error and not np.isfinite(r.p_value)
+    assert r.abs_effect == 1.0  # 20/10 − 10/10, still shown
+
+
+def test_mismatched_quantiles_raise():
+    a = Quantile.from_units(0.95, (1.0, 2.0), np.ones((3, 3)))
+    with pytest.raises(ValueError, match="different q"):
+        compare("p", a, Quantile.from_units(0.99, (1.0, 2.0), np.ones((3, 3))))
+    with pytest.raises(ValueError, match="bounds differ"):
+        a + Quantile.from_units(0.95, (1.0, 3.0), np.ones((3, 3)))
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda: Proportion(10, 20), "cannot exceed n"),
+    (lambda: Proportion(-5, 0), "n must be >= 0"),
+    (lambda: Mean(3, 6.0, 1.0), "below sum²/n"),  # 6²/3 = 12 > 1
+    (lambda: Mean(2, float("nan"), 1.0), "finite"),
+    (lambda: Ratio(2, 1.0, 1.0, -1.0, 1.0, 0.0), "sum_x2 must be >= 0"),
+    (lambda: Ratio(2, 1.0, 1.0, 1.0, 1.0, 5.0), "Cauchy"),  # 5² > 1·1
+    (lambda: Quantile.from_units(1.5, (1.0,), np.ones((2, 2))), "strictly between 0 and 1"),
+    (lambda: Quantile.from_units(0.5, (2.0, 1.0), np.ones((2, 3))), "increasing"),
+])
+def test_invalid_sufficient_statistics_raise_a_clear_error(make, needle):
+    with pytest.raises(ValueError, match=needle):
+        make()
+
+
+@pytest.mark.parametrize("alpha", [0, 1, 1.5, -0.1, float("nan")])
+def test_alpha_is_validated(alpha):
+    with pytest.raises(ValueError, match="alpha must be strictly between 0 and 1"):
+        compare("m", Proportion(100, 10), Proportion(100, 12), alpha=alpha)
+
+
+def test_srm_and_adjust_validate_their_inputs():
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        srm([1000, float("nan")])
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        srm([1000, -3])
+    with pytest.raises(ValueError, match="2 counts but 3 planned"):
+        srm([10, 10], planned=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        adjust([1.5, -0.1])
+    holm, _ = adjust([0.01, float("nan"), 0.04])  # NaN still means "not tested"
+    assert np.isnan(holm[1]) and holm[0] == pytest.approx(0.02) and holm[2] == pytest.approx(0.04)
+
+
+def test_k_arm_srm_matches_scipy():
+    s = srm([1000, 1000, 1150])
+    ref = stats.chisquare([1000, 1000, 1150])
+    # expected 1050 each: χ² = (50² + 50² + 100²) / 1050 = 15000 / 1050 = 14.2857
+    assert s.chi2 == pytest.approx(15000 / 1050) and s.p_value == pytest.approx(ref.pvalue)
+    assert s.flagged  # p = exp(−14.2857/2) = 7.9e-4 < 0.001
+
+
+def test_relative_lift_p_value_and_ci_by_hand():
+    a, b = Proportion(1000, 100), Proportion(1000, 130)
+    r = compare("c", a, b)
+    # rel = 0.13/0.10 − 1 = 0.3; Var(b)/a² + b²·Var(a)/a⁴ with Var = p(1−p)/1000
+    va, vb = 0.1 * 0.9 / 1000, 0.13 * 0.87 / 1000
+    rse = math.sqrt(vb / 0.01 + 0.0169 * va / 0.0001)
+    assert r.rel_effect == pytest.approx(0.3)
+    assert (r.rel_low, r.rel_high) == pytest.approx((0.3 - Z * rse, 0.3 + Z * rse))
+    assert r.rel_p_value == pytest.approx(2 * stats.norm.sf(0.3 / rse))
+
+
+Z = 1.959963984540054
+
+
+def test_a_b_n_each_arm_against_control_with_holm():
+    rng = np.random.default_rng(4)
+    arms = {"A": Mean.from_units(rng.normal(10, 2, 500)), "B": Mean.from_units(rng.normal(10, 2, 500)),
+            "C": Mean.from_units(rng.normal(10.6, 2, 500))}
+    res = compare_arms("v", arms, control="A")
+    assert [r.metric for r in res] == ["v (B vs A)", "v (C vs A)"]
+    holm = multipletests([r.p_value for r in res], method="holm")[1]
+    assert [r.p_holm for r in res] == pytest.approx(list(holm))
+    assert res[1].significant and res[1].abs_effect > 0
+    with pytest.raises(ValueError, match="control arm 'Z'"):
+        compare_arms("v", arms, control="Z")
+
+
+@pytest.mark.parametrize("kind, ref", [
+    # Lan–DeMets spending, 5 equally spaced looks, two-sided α = 0.05 (Jennison & Turnbull; gsDesign)
+    ("obrien_fleming", [4.8769, 3.3569, 2.6803, 2.2898, 2.0310]),
+    ("pocock", [2.4380, 2.4268, 2.4101, 2.3966, 2.3859]),
+])
+def test_group_sequential_bounds_match_published_values(kind, ref):
+    assert group_sequential_bounds(5, 0.05, kind) == pytest.approx(ref, abs=2e-3)
+
+
+def test_group_sequential_bounds_keep_alpha_by_simulation():
+    rng = np.random.default_rng(9)
+    c = group_sequential_bounds(4, 0.05, "obrien_fleming")
+    incr = rng.normal(size=(20000, 4)) * math.sqrt(0.25)  # score increments, info 1/4 per look
+    zk = np.cumsum(incr, axis=1) / np.sqrt(np.arange(1, 5) * 0.25)
+    assert abs((np.abs(zk) >= c).any(axis=1).mean() - 0.05) < 0.007
+    # a single look spends everything at the end: the fixed-horizon z
+    assert group_sequential_bounds(1)[0] == pytest.approx(Z)
+
+
+def test_mde_sentence_never_contradicts_itself():
+    assert mde_sentence(0.0026, 0.02, 0.0).endswith("a 2% effect is already detectable.")
+    assert "takes about 3.0 more days" in mde_sentence(0.05, 0.02, 3.0)
+    assert "hours" in mde_sentence(0.021, 0.02, 0.1)  # 0.1 day = 2.4 h
+
+
+def _pareto_ratio(n, rng):
+    """Sessions with Pareto(α = 1.5) sizes (infinite variance) and per-session hit rates."""
+    y = np.ceil((rng.pareto(1.5, n) + 1) * 2).astype(int)
+    return Ratio.from_units(rng.binomial(y, rng.beta(2, 2, n)), y)
+
+
+def test_skewed_small_samples_are_refused_and_the_rest_reject_at_alpha(monkeypatch):
+    import warmscope.analysis.ab as ab
+
+    rng = np.random.default_rng(5)
+    pairs = [(_pareto_ratio(200, rng), _pareto_ratio(200, rng)) for _ in range(1500)]
+    guarded = [compare("hr", a, b) for a, b in pairs]
+    tested = [r for r in guarded if r.error is None]
+    refused = [r for r in guarded if r.error is not None]
+    assert refused and all("too few units" in r.error for r in refused)
+    rate = np.mean([r.p_value < 0.05 for r in tested])
+    assert len(tested) > 300 and 0.03 <= rate <= 0.075, (len(tested), rate)
+    monkeypatch.setattr(ab, "MIN_EFFECTIVE_UNITS", 0.0)  # without the guard the A/A test over-rejects
+    naive = np.mean([compare("hr", a, b).p_value < 0.05 for a, b in pairs])
+    assert naive > 0.08, naive

@@ -1,13 +1,15 @@
 import math
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.coverage import read_in_time, run_effect, warm_set_coverage
-from warmscope.analysis.roi import benefit_series, business_roi, compute_roi, fit_decay, roi_windows
+from warmscope.analysis.roi import benefit_series, business_roi, compute_roi, fit_decay, replica_runs, roi_windows
 from warmscope.simulator import SimConfig, parse_fault, simulate
 from warmscope.collectors import EmbeddedStore
 
@@ -175,4 +177,61 @@ def test_analysis_config_validation(tmp_path):
     d = AnalysisConfig().dimensions
     assert sum(x.weight for x in d) == pytest.approx(1.0, abs=1e-4)
     assert AnalysisConfig().dimension("prediction_mape").weight == 0.18
-    assert AnalysisConfig().dimension("roi_decay_coefficient").weight == 0.25
+    assert AnalysisConfig().dimension("warmup_roi").weight == 0.25
+
+
+# ---------------------------------------------------------------- ROI CIs
+def _roi_case(run_gpu_s=10.0):
+    run = SimpleNamespace(replica="b-0", tenant="", started=0.0, ended=100.0, gpu_s=run_gpu_s)
+    rows = []
+    for k, g in enumerate([2.0, 4.0, 6.0, 4.0, 4.0], start=1):  # treated GPU-s per minute
+        rows.append((100 + 60 * k, "t", "e", "B", "m", "b-0", "true", 10, g, 0, 0.0))
+        rows.append((100 + 60 * k, "t", "e", "A", "m", "a-0", "true", 10, 10.0, 0, 0.0))  # control: 1 GPU-s/req
+    return run, pd.DataFrame(rows, columns=REQ_COLS)
+
+
+def test_roi_interval_by_hand():
+    run, req = _roi_case()
+    w = roi_windows(run, req, price_per_gpu_s=0.5, value_per_conversion=4.0, windows=(300,)).iloc[0]
+    # saved per minute = 10·1 − g = [8, 6, 4, 6, 6], total 30 GPU-s = $15; cost 10 × 0.5 = $5
+    assert w.gpu_s_saved == pytest.approx(30) and w.roi_compute == pytest.approx((15 - 5) / 5)
+    # per-minute $ [4, 3, 2, 3, 3]: sd = sqrt(2/4) = 0.7071; SE of the sum = 0.7071 × √5 = 1.5811
+    half = stats.t.ppf(0.975, 4) * math.sqrt(0.5) * math.sqrt(5)  # 2.7764 × 1.5811 = 4.3899
+    assert (w.roi_compute_low, w.roi_compute_high) == pytest.approx((2 - half / 5, 2 + half / 5))
+    assert w.state == "ok" and bool(w.complete)
+    assert w.roi_business == pytest.approx(-1.0)  # no conversions either side: (0 − 5) / 5
+
+
+def test_roi_says_cost_too_small_and_flags_unfinished_windows():
+    run, req = _roi_case(run_gpu_s=0.001)  # cost $0.0005 against a benefit SE of $1.58
+    w = roi_windows(run, req, 0.5, 4.0, windows=(300,)).iloc[0]
+    assert w.state == "cost too small to estimate" and math.isnan(w.roi_compute)
+    assert w.gpu_s_saved == pytest.approx(30)  # the parts stay
+    run, req = _roi_case()
+    t = roi_windows(run, req, 0.5, 4.0, windows=(300, 3600)).set_index("window_s")
+    assert bool(t.loc[300, "complete"]) and t.loc[3600, "state"] == "unfinished"  # data end 400 < 100 + 3600
+
+
+def test_decay_fit_does_not_overflow():
+    # A simulated run's per-minute benefit: noise around zero (SD ≈ 23) that sent the fit's trial k
+    # far enough for exp() to overflow.
+    from pathlib import Path
+
+    s = pd.read_csv(Path(__file__).parent / "data" / "noisy_benefit.csv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = fit_decay(s)
+    assert d.n_points == 360
+
+
+def test_replica_runs_count_a_warm_up_once():
+    runs = pd.DataFrame([
+        ("r1", "b-0", "", "prefix_kv", "static_topk", "replica_start", 0.0, 20.0, "ok", 5, 10, 1.0, 0, None),
+        ("r2", "b-0", "", "response", "static_topk", "replica_start", 0.0, 28.0, "ok", 3, 10, 0.5, 0, None),
+        ("r3", "b-1", "", "prefix_kv", "static_topk", "replica_start", 0.0, 20.0, "ok", 5, 10, 1.0, 0, None),
+    ], columns=["run_id", "replica", "tenant", "layer", "strategy", "trigger", "started", "ended", "status", "keys",
+                "bytes", "gpu_s", "memory_bytes", "error"])
+    m = replica_runs(runs).set_index("replica")
+    assert len(m) == 2 and m.loc["b-0", "gpu_s"] == 1.5 and m.loc["b-0", "keys"] == 8
+    assert m.loc["b-0", "layer"] == "prefix_kv+response" and m.loc["b-0", "ended"] == 28.0
+    assert m.loc["b-0", "runs"] == 2 and m.loc["b-0", "run_id"] == "r1"

@@ -17,14 +17,20 @@ def lk(rows):
 
 
 def test_slo_lambda_is_seed_one():
-    assert slo_lambda(1000) == pytest.approx(1 / 100 / 60)
-    with pytest.raises(ValueError):
-        slo_lambda(0)
+    # decay_rate = 1 / max(slo_ms × 0.1, 10), per second of elapsed time
+    assert slo_lambda(1000) == pytest.approx(1 / 100)  # max(100, 10) = 100
+    assert slo_lambda(50) == pytest.approx(1 / 10)  # max(5, 10) = 10: the floor
+    assert slo_lambda(100) == pytest.approx(1 / 10)  # max(10, 10)
+    # a key idle for 100 s under a 1 s SLO keeps exp(−1) = 0.3679 of its score
+    assert math.exp(-slo_lambda(1000) * 100) == pytest.approx(0.36787944)
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(ValueError, match="milliseconds"):
+            slo_lambda(bad)
 
 
 def test_heat_score_by_hand():
     df = lk([(400, "t", "kv", "a:*", "hit", 10), (1000, "t", "kv", "b:*", "miss", 5), (900, "u", "kv", "c:*", "hit", 10)])
-    lam = slo_lambda(1000)
+    lam = 1 / 6000  # per second: a 100-minute time constant
     s = heat_scores(df, now=1000, lam_per_s=lam, recent_s=700, priority={"t": 8}).set_index("family")
     # a: similarity 10/10 (recent >= 300), dt 600 s, priority 8
     assert s.loc["a:*", "score"] == pytest.approx(1.0 * math.exp(-lam * 600) * 0.8)
@@ -88,3 +94,82 @@ def test_score_card_never_crashes_and_stays_in_range(rows):
     if card.composite is not None:
         assert 0 <= card.composite <= 1
         assert sum(d.effective_weight for d in card.dimensions) == pytest.approx(1.0)
+
+
+# --------------------------------------------------- CIs, breaches, evidence
+def _fixed(values):
+    """_COMPUTE replaced by constants: name -> (value, ci) or absent (no data)."""
+    return {n: (lambda fr, cfg, n=n: (values[n][0], "test", "", values[n][1]) if n in values else
+                (None, "test", "no data")) for n in S._COMPUTE}
+
+
+def test_breach_needs_the_ci_to_exclude_the_target(monkeypatch):
+    # sla_deviation: target 0.01, worst 0.1 → value 0.1 scores 0 either way
+    monkeypatch.setattr(S, "_COMPUTE", _fixed({"sla_deviation": (0.1, (0.005, 0.2)), "cache_hit_rate": (0.8, None)}))
+    card = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}
+    d = card["sla_deviation"]
+    assert not d.breached and d.note.startswith("within noise")
+    assert d.effective_weight == pytest.approx(0.5)  # base weights 0.057 : 0.057
+    monkeypatch.setattr(S, "_COMPUTE", _fixed({"sla_deviation": (0.1, (0.05, 0.2)), "cache_hit_rate": (0.8, None)}))
+    d = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}["sla_deviation"]
+    # CI (0.05, 0.2) lies above the 0.01 target: breached, weight 0.057 × (1 + 1 × (0.5 − 0)/0.5) = 0.114
+    assert d.breached and d.effective_weight == pytest.approx(0.114 / (0.114 + 0.057))
+    assert (d.ci_low, d.ci_high) == (0.05, 0.2)
+
+
+def _req(rows):
+    return pd.DataFrame(rows, columns=["ts", "tenant", "experiment", "variant", "model", "replica", "sla_met",
+                                       "requests", "gpu_s", "conversions", "value"])
+
+
+def test_a_fixed_split_is_not_a_grey_release_and_a_ramp_is():
+    fixed = _req([(3600.0 * h + 60, "t", "e", v, "m", "r", "true", 500, 1.0, 0, 0.0)
+                  for h in range(6) for v in ("A", "B")])
+    v, _, note = S._penetration({"requests": fixed}, AnalysisConfig())[:3]
+    assert v is None and "fixed at 50%" in note
+    ramp = _req([(3600.0 * h + 60, "t", "e", v, "m", "r", "true", n, 1.0, 0, 0.0)
+                 for h, share in enumerate((0.05, 0.1, 0.25, 0.5)) for v, n in
+                 (("B", int(1000 * share)), ("A", int(1000 * (1 - share))))])
+    v, src, _ = S._penetration({"requests": ramp}, AnalysisConfig())[:3]
+    assert v == pytest.approx(0.5) and "last hour" in src  # 500 of 1000 in the last hour
+
+
+def test_cold_start_needs_a_replica_start_in_the_range():
+    lkp = lk([(60.0 * m, "t", "kv", "f:*", r, 5) for m in range(1, 120) for r in ("hit", "miss")]).assign(
+        replica="a-0")
+    v, _, note = S._cold_start({"lookups": lkp, "warmup_runs": pd.DataFrame(
+        columns=["replica", "trigger", "started"])}, AnalysisConfig())[:3]
+    assert v is None and "no replica started" in note
+    # started at 0 s; hit rate 0 for 10 minutes, then 0.5: the first minute at 90% of the median (0.5) ends 660 s
+    lkp = lk([(60.0 * m, "t", "kv", "f:*", r, 5 if (r == "miss" or m > 10) else 0)
+              for m in range(1, 120) for r in ("hit", "miss")]).assign(replica="a-0")
+    runs = pd.DataFrame([("a-0", "replica_start", 0.0)], columns=["replica", "trigger", "started"])
+    v = S._cold_start({"lookups": lkp, "warmup_runs": runs}, AnalysisConfig())[0]
+    assert v == 660.0
+
+
+def test_mape_runs_at_15_s_or_the_data_step():
+    # per-minute data: 15-s buckets are impossible, so the data's 60-s step is used and said
+    lkp = lk([(60.0 * m, "t", "kv", "f:*", "hit", 10) for m in range(1, 30)])
+    v, src, _, ci = S._mape({"lookups": lkp}, AnalysisConfig())
+    assert v == 0.0 and "60-s buckets (the data's step; 15 s needs finer data)" in src and ci == (0.0, 0.0)
+    lkp15 = lk([(15.0 * m, "t", "kv", "f:*", "hit", 10 if m % 2 else 30) for m in range(1, 40)])
+    v, src = S._mape({"lookups": lkp15}, AnalysisConfig())[:2]
+    assert "15-s buckets" in src and "data's step" not in src and v > 0
+
+
+def test_warmup_roi_dimension_by_hand():
+    # one warm-up on b-0 (two layers, counted once): cost (6 + 4) × 0.5 = $5
+    runs = pd.DataFrame([("r1", "b-0", "", "prefix_kv", "static_topk", "replica_start", 0.0, 100.0, "ok", 6.0),
+                         ("r2", "b-0", "", "response", "static_topk", "replica_start", 0.0, 100.0, "ok", 4.0)],
+                        columns=["run_id", "replica", "tenant", "layer", "strategy", "trigger", "started", "ended",
+                                 "status", "gpu_s"])
+    rows = []
+    for k, g in enumerate([2.0, 4.0, 6.0, 4.0, 4.0, 4.0], start=1):
+        rows += [(100 + 60 * k, "t", "e", "B", "m", "b-0", "true", 10, g, 0, 0.0),
+                 (100 + 60 * k, "t", "e", "A", "m", "a-0", "true", 10, 10.0, 0, 0.0)]
+    cfg = AnalysisConfig.load(price_per_gpu_s=0.5)
+    v, src, note, ci = S._roi({"warmup_runs": runs, "requests": _req(rows)}, cfg)
+    # T+300 s: saved 8 + 6 + 4 + 6 + 6 = 30 GPU-s = $15 → (15 − 5) / 5 = 2
+    assert v == pytest.approx(2.0) and "1 warm-up(s)" in src
+    assert ci[0] < 2.0 < ci[1]
