@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import schema
-from .keys import FamilyNormaliser, TenantBucketer
+from .keys import FamilyNormaliser, LabelCap, TenantBucketer
 
 __all__ = ["Aggregator", "LayerBinding", "HIT", "MISS", "BYPASS", "ERROR"]
 
@@ -143,6 +143,9 @@ class Aggregator:
         clock: Callable[[], float] = time.time,
         warmed_key_limit: int = 200_000,
         early_key_limit: int = 50_000,
+        max_buffered_units: int = 200_000,
+        max_label_values: int = 64,
+        max_layers: int = 256,
     ) -> None:
         self.replica = replica
         self.tenants = tenants or TenantBucketer()
@@ -154,6 +157,12 @@ class Aggregator:
         self._hot_cap = hot_keys_k + max(hot_keys_k, 1024)
         self.warmed_key_limit = warmed_key_limit
         self.early_key_limit = early_key_limit
+        # Hard bounds enforced on the way in; what does not fit is counted per row.
+        self.max_buffered_units = max_buffered_units
+        self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
+        self.dropped: dict[str, int] = {}  # stage -> rows dropped
+        self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
+        self._caps = {k: LabelCap(max_label_values) for k in _CAPPED}
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
@@ -184,6 +193,10 @@ class Aggregator:
     def bind_layer(self, layer: str, length_buckets: bool | None = None) -> LayerBinding:
         with self._lock:
             b = self._layers.get(layer)
+            if b is None and len(self._layer_names) >= self.max_layers:
+                layer = schema.OTHER  # ids stay below 4096: hot-key scopes pack the layer id in 12 bits
+                self._caps["layer"].overflow += 1
+                b = self._layers.get(layer)
             if b is None:
                 if length_buckets is None:
                     length_buckets = layer == "prefix_kv"
@@ -257,7 +270,12 @@ class Aggregator:
         if ctx.ukey is not None:
             u = st.units.get(ctx.ukey)
             if u is None:
-                u = st.units[ctx.ukey] = [0, 0]  # this layer's [lookups, hits] for the unit
+                if self._units_n >= self.max_buffered_units:
+                    self.count_dropped("record", 1)
+                    u = _SINK
+                else:
+                    self._units_n += 1
+                    u = st.units[ctx.ukey] = [0, 0]  # this layer's [lookups, hits] for the unit
             u[0] += 1
             if result == HIT:
                 u[1] += 1
@@ -404,7 +422,12 @@ class Aggregator:
         if ctx.ukey is not None:
             u = st.units.get(ctx.ukey)
             if u is None:
-                u = st.units[ctx.ukey] = _new_unit()
+                if self._units_n >= self.max_buffered_units:
+                    self.count_dropped("record", 1)
+                    u = _new_unit()  # counted as dropped, not kept
+                else:
+                    self._units_n += 1
+                    u = st.units[ctx.ukey] = _new_unit()
             lat = latency_s if latency_s is not None else 0.0
             u[2] += 1
             u[3] += lat
@@ -448,7 +471,33 @@ class Aggregator:
         with self._lock:
             self.early = self.early + [win]  # copy-on-write: the hot path iterates it
 
+    def cap_label(self, kind: str, value: str) -> str:
+        """``value``, or ``other`` once ``max_label_values`` distinct values of
+        this label were seen (model, experiment, variant, strategy, trigger)."""
+        return self._caps[kind].label(value)
+
+    def label_overflow(self) -> dict[str, int]:
+        """Values mapped to ``other`` per label (layer, model, experiment, ...)."""
+        out = {k: c.overflow for k, c in self._caps.items() if c.overflow}
+        fam = sum(getattr(b.families, "overflow", 0) for b in list(self._bindings))
+        if fam:
+            out["family"] = fam
+        return out
+
     # -------------------------------------------------------------- errors
+    def count_dropped(self, stage: str, rows: int) -> None:
+        """Rows that could not be kept (a bound was reached); never raises."""
+        try:
+            if rows > 0:
+                self.dropped[stage] = self.dropped.get(stage, 0) + int(rows)
+                key = "dropped:" + stage
+                if key not in self._logged:
+                    self._logged.add(key)
+                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; counted in "
+                                "warmscope.telemetry.dropped)", stage, rows)
+        except Exception:  # pragma: no cover
+            pass
+
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         """Swallowed instrumentation failure: count it, log the first per stage."""
         try:
@@ -575,6 +624,7 @@ class Aggregator:
         ``settle=True`` takes everything now (single-threaded callers, shutdown).
         """
         now = time.monotonic()
+        self._units_n = 0
         ready: list[tuple[int, dict, dict]] = []
         forced: list[tuple[float, int, dict, dict, dict]] = []
         for st in self._all_states():
@@ -650,6 +700,9 @@ class Aggregator:
 
 
 _est = operator.itemgetter(0)
+_MAX_LAYER_ID = 4000  # hot-key scope ids pack the layer id in 12 bits
+_CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
+_SINK = [0, 0]  # scratch unit record for lookups whose unit could not be kept
 _BATCH = 2048  # buffered hot-key reads per (thread, layer, tenant, result)
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.

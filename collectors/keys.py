@@ -33,7 +33,7 @@ from typing import Iterable
 
 from . import schema
 
-__all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer"]
+__all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer", "LabelCap"]
 
 _SPLIT = re.compile(r"([:/|])")
 _IDENT = re.compile(r"[A-Za-z_\-.]{1,32}")
@@ -103,6 +103,7 @@ class FamilyNormaliser:
         self._memo: dict[object, str] = {}
         self._memo_size = memo_size
         self._families: set[str] = set()
+        self.overflow = 0  # keys whose family was mapped to "other" (first time seen)
         self._lock = threading.Lock()
         # Without rules the default family depends only on each segment's
         # class, which replacing digits by "0" keeps: keys that differ only in
@@ -141,6 +142,7 @@ class FamilyNormaliser:
             with self._lock:
                 if len(self._families) >= self._max:
                     fam = schema.OTHER
+                    self.overflow += 1
                 else:
                     self._families.add(fam)
         if len(self._memo) >= self._memo_size:
@@ -173,4 +175,30 @@ class TenantBucketer:
             if len(self._seen) < self._max:
                 self._seen.add(t)
                 return t
+        return schema.OTHER
+
+
+class LabelCap:
+    """The first ``limit`` distinct values of one label, then ``other``.
+
+    For labels the caller sets freely (model, experiment, variant, warm-up
+    strategy and trigger): a bug that puts a request id in one cannot make a
+    series per request. Overflowing values are counted (``overflow``)."""
+
+    def __init__(self, limit: int = 64, keep: Iterable[str] = ()) -> None:
+        self._seen: set[str] = set(keep)
+        self._max = limit + len(self._seen)
+        self._lock = threading.Lock()
+        self.overflow = 0
+
+    def label(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self._max:
+                self._seen.add(value)
+                return value
+            self.overflow += 1
         return schema.OTHER
