@@ -141,7 +141,7 @@ close_s = time.perf_counter() - t
 lat.sort()
 q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1000
 agg = tel.aggregator
-dropped = sum(getattr(tel, "dropped", {}).values()) if isinstance(getattr(tel, "dropped", None), dict) else None
+dropped = agg.dropped_counts() if hasattr(agg, "dropped_counts") else None
 out(host_exceptions=f"{errs[0]}/{N * T}", peak_mb=round(rss_mb() - base, 1), close_s=round(close_s, 2),
     p99_us=round(q(0.99), 1), p999_us=round(q(0.999), 1), max_us=round(lat[-1] / 1000, 1),
     errors=dict((k, v) for k, v in agg.errors.items() if v), dropped=dropped, busy_s=round(busy, 2))
@@ -156,9 +156,13 @@ import redis
 pid = int(os.environ["BENCH_REDIS_PID"])
 cfg = CollectorConfig.load(env={}, exporter="none", redis_url=os.environ["BENCH_REDIS_URL"], key_secret="s")
 tel = Telemetry(cfg, background=False)
-for i in range(2000):
-    with request_context(tenant="t", unit=f"u{i % 200}", experiment="e", variant="AB"[i % 2], telemetry=tel):
-        tel.record_request(latency_s=0.1)
+def traffic(lo, hi):
+    for i in range(lo, hi):
+        with request_context(tenant="t", unit=f"u{i % 200}", experiment="e", variant="AB"[i % 2], telemetry=tel):
+            tel.record_request(latency_s=0.1)
+traffic(0, 1000)
+tel.flush()                # an open connection, as in a running service
+traffic(1000, 2000)
 errs = 0
 os.kill(pid, signal.SIGSTOP)
 t = time.perf_counter()
@@ -246,8 +250,31 @@ try:
 except Exception:
     pass
 in_cwd = os.path.exists("var/key-secret")
-out(host_exceptions=f"{errs}/1", units_lost=1000 - got, errors=tel.aggregator.errors.get("flush", 0) +
-    tel.aggregator.errors.get("redis", 0), secret_in_cwd=in_cwd)
+agg = tel.aggregator
+out(host_exceptions=f"{errs}/1", units_lost=1000 - got, errors=agg.errors.get("flush", 0) +
+    agg.errors.get("redis", 0) + agg.errors.get("config", 0), secret_in_cwd=in_cwd,
+    dropped_counted=agg.dropped_counts() if hasattr(agg, "dropped_counts") else None)
+"""
+
+SECRET_RETRY_CASE = PRELUDE + """
+from warmscope.collectors import request_context
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.pipeline import Telemetry
+from warmscope.collectors.store import EmbeddedStore
+tmp = os.environ["BENCH_TMP"]
+open(tmp + "/blocker", "w").close()           # a file where the data directory should be
+os.environ["WARMSCOPE_DATA_DIR"] = tmp + "/blocker/data"
+cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=tmp + "/s.sqlite")
+tel = Telemetry(cfg, background=False)
+for i in range(1000):
+    with request_context(tenant="t", unit=f"u{i}", experiment="sec", variant="A", telemetry=tel):
+        tel.record_request(latency_s=0.1)
+tel.flush()
+os.remove(tmp + "/blocker")                  # the data directory becomes writable
+tel.flush()
+tel.close()
+got = len(EmbeddedStore(tmp + "/s.sqlite", readonly=True).frame("ab_units"))
+out(host_exceptions="0/1", units_lost=1000 - got, errors=tel.aggregator.errors.get("config", 0))
 """
 
 PRIVACY_CASE = PRELUDE + """
@@ -380,6 +407,11 @@ def cli_cases(tmp: str) -> list[tuple[str, list[str], str | None]]:
     (d / "adir.sqlite").mkdir(exist_ok=True)
     (d / "ro").write_text("a file, not a directory")
     sim = ["simulate", "--hours", "0.05", "--rps", "2", "--quiet", "--workers", "1"]
+    n = iter(range(1000))
+
+    def g() -> str:
+        return str(d / f"g{next(n)}.sqlite")
+
     return [
         ("demo: corrupt store", ["--store", str(d / "corrupt.sqlite"), "demo", "--no-dashboard", "--hours", "0.05"],
          str(d / "corrupt.sqlite")),
@@ -392,20 +424,20 @@ def cli_cases(tmp: str) -> list[tuple[str, list[str], str | None]]:
         ("simulate: corrupt store", sim + ["--out", str(d / "corrupt.sqlite")], str(d / "corrupt.sqlite")),
         ("simulate: --faults-out unwritable", sim + ["--out", str(d / "f.sqlite"), "--faults-out",
                                                      str(d / "ro/x.json")], None),
-        ("simulate: min_tokens=abc", sim + ["--out", str(d / "g.sqlite"), "--fault",
+        ("simulate: min_tokens=abc", sim + ["--out", g(), "--fault",
                                             "kv_fixed_len:replica=a-0@00:00-01:00;min_tokens=abc"], None),
-        ("simulate: --hours nan", sim[:1] + ["--hours", "nan", "--out", str(d / "g.sqlite")], None),
-        ("simulate: --speed 0", sim + ["--realtime", "--speed", "0", "--out", str(d / "g.sqlite")], None),
-        ("simulate: --seed -1", sim + ["--seed", "-1", "--out", str(d / "g.sqlite")], None),
-        ("simulate: --redis-url garbage", sim + ["--redis-url", "garbage", "--out", str(d / "g.sqlite")], None),
-        ("simulate: window @25:00-26:00", sim + ["--fault", "bypass@25:00-26:00", "--out", str(d / "g.sqlite")],
+        ("simulate: --hours nan", sim[:1] + ["--hours", "nan", "--out", g()], None),
+        ("simulate: --speed 0", sim + ["--realtime", "--speed", "0", "--out", g()], None),
+        ("simulate: --seed -1", sim + ["--seed", "-1", "--out", g()], None),
+        ("simulate: --redis-url garbage", sim + ["--redis-url", "garbage", "--out", g()], None),
+        ("simulate: window @25:00-26:00", sim + ["--fault", "bypass@25:00-26:00", "--out", g()],
          None),
-        ("simulate: window @10-11", sim + ["--fault", "bypass@10-11", "--out", str(d / "g.sqlite")], None),
-        ("simulate: window @9:99-10:00", sim + ["--fault", "bypass@9:99-10:00", "--out", str(d / "g.sqlite")],
+        ("simulate: window @10-11", sim + ["--fault", "bypass@10-11", "--out", g()], None),
+        ("simulate: window @9:99-10:00", sim + ["--fault", "bypass@9:99-10:00", "--out", g()],
          None),
-        ("simulate: --workers 0", sim[:-2] + ["--workers", "0", "--out", str(d / "g.sqlite")], None),
-        ("simulate: negative capacity", sim + ["--b-kv-capacity", "-5", "--out", str(d / "g.sqlite")], None),
-        ("simulate: negative TTL", sim + ["--b-response-ttl", "-5", "--out", str(d / "g.sqlite")], None),
+        ("simulate: --workers 0", sim[:-2] + ["--workers", "0", "--out", g()], None),
+        ("simulate: negative capacity", sim + ["--b-kv-capacity", "-5", "--out", g()], None),
+        ("simulate: negative TTL", sim + ["--b-response-ttl", "-5", "--out", g()], None),
         ("dashboard: --port 99999", ["--store", str(d / "x.sqlite"), "dashboard", "--port", "99999"], None),
         ("demo --fresh keeps prod.sqlite.backup-2026", ["--store", str(d / "prod.sqlite"), "demo", "--no-dashboard",
                                                         "--fresh", "--hours", "0.02"], str(d / "prod.sqlite.backup-2026")),
@@ -424,6 +456,7 @@ def run_cli_case(argv: list[str], keep: str | None, tmp: str) -> dict:
         keep = str(p)
     if keep and keep.endswith("backup-2026"):
         Path(keep).write_text("precious")
+        sqlite3.connect(keep.replace(".backup-2026", "")).close()  # the store exists: --fresh replaces it
     before = Path(keep).stat().st_size if keep and Path(keep).is_file() else None
     env = dict(os.environ, WARMSCOPE_DATA_DIR=str(Path(tmp) / "cli-data"))
     t = time.perf_counter()
@@ -450,7 +483,7 @@ def deploy_checks() -> dict:
 
     df = (ROOT / "Dockerfile").read_text()
     comp = (ROOT / "docker-compose.yml").read_text()
-    ports = re.findall(r'-\s*"?([0-9.:]*\d+:\d+)"?', comp)
+    ports = re.findall(r'"([0-9.:]*\d+:\d+)"', comp)
     open_ports = [p for p in ports if not p.startswith("127.0.0.1:")]
     prom_src = "".join(p.read_text() for p in (ROOT / "analysis").glob("*.py"))
     return {
@@ -510,6 +543,10 @@ def main() -> None:
             print(name, results[name], flush=True)
     finally:
         red.stop()
+    name = "secret: embedded, data dir unwritable, then writable"
+    if want(name):
+        results[name] = run_py(SECRET_RETRY_CASE, {"BENCH_TMP": tempfile.mkdtemp(dir=tmp)})
+        print(name, results[name], flush=True)
     name = "otlp: hanging receiver"
     if want(name):
         results[name] = run_py(OTLP_CASE, {"BENCH_TMP": tmp})

@@ -71,7 +71,7 @@ class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
     __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "swap", "unanswered",
-                 "outbox", "lock")
+                 "outbox", "lock", "dropped")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -86,6 +86,7 @@ class _ThreadState:
         self.units: dict[tuple, list] = {}
         self.req: dict[tuple, list] = {}
         self.hist: dict[tuple, list] = {}
+        self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
 class LayerBinding:
@@ -146,11 +147,13 @@ class Aggregator:
         max_buffered_units: int = 200_000,
         max_label_values: int = 64,
         max_layers: int = 256,
+        family_vocabulary: Iterable[str] = (),
     ) -> None:
         self.replica = replica
         self.tenants = tenants or TenantBucketer()
         self.clock = clock
         self._family_rules = tuple(family_rules)
+        self._family_vocab = tuple(family_vocabulary)
         self._max_families = max_families
         self.hot_k = hot_keys_k
         # Slack above K makes compaction rare: amortised O(1) per new key.
@@ -160,7 +163,7 @@ class Aggregator:
         # Hard bounds enforced on the way in; what does not fit is counted per row.
         self.max_buffered_units = max_buffered_units
         self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
-        self.dropped: dict[str, int] = {}  # stage -> rows dropped
+        self.dropped: dict[str, int] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
         self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
         self._caps = {k: LabelCap(max_label_values) for k in _CAPPED}
         self._lock = threading.Lock()
@@ -202,7 +205,8 @@ class Aggregator:
                     length_buckets = layer == "prefix_kv"
                 b = LayerBinding(
                     layer, len(self._layer_names),
-                    FamilyNormaliser(self._family_rules, self._max_families), bool(length_buckets),
+                    FamilyNormaliser(self._family_rules, self._max_families, vocabulary=self._family_vocab),
+                    bool(length_buckets),
                 )
                 self._layers[layer] = b
                 self._layer_names.append(layer)
@@ -271,7 +275,7 @@ class Aggregator:
             u = st.units.get(ctx.ukey)
             if u is None:
                 if self._units_n >= self.max_buffered_units:
-                    self.count_dropped("record", 1)
+                    st.dropped += 1
                     u = _SINK
                 else:
                     self._units_n += 1
@@ -423,7 +427,7 @@ class Aggregator:
             u = st.units.get(ctx.ukey)
             if u is None:
                 if self._units_n >= self.max_buffered_units:
-                    self.count_dropped("record", 1)
+                    st.dropped += 1
                     u = _new_unit()  # counted as dropped, not kept
                 else:
                     self._units_n += 1
@@ -482,6 +486,16 @@ class Aggregator:
         fam = sum(getattr(b.families, "overflow", 0) for b in list(self._bindings))
         if fam:
             out["family"] = fam
+        return out
+
+    def dropped_counts(self) -> dict[str, int]:
+        """Rows dropped per stage: ``record`` (unit records over
+        ``max_buffered_units``, counted by each recording thread), ``store``
+        and ``redis`` (backlog over ``max_pending_rows``, or left at close)."""
+        out = dict(self.dropped)
+        rec = sum(st.dropped for st in self._all_states())
+        if rec:
+            out["record"] = out.get("record", 0) + rec
         return out
 
     # -------------------------------------------------------------- errors

@@ -53,6 +53,7 @@ class CollectorConfig:
     max_tenants: int = 64
     max_families: int = 256  # per layer; beyond -> "other"
     family_rules: tuple[tuple[str, str], ...] = ()  # (regex, replacement) tried first
+    family_vocabulary: tuple[str, ...] = ()  # extra words a default family may keep verbatim
     replica: str = field(default_factory=_default_replica)
     otlp_endpoint: str = ""  # "" -> OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318
     prometheus_port: int = 9464

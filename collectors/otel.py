@@ -320,7 +320,7 @@ class OTelBridge:
                 yield Observation(n, {schema.ATTR.STAGE: stage})
 
         def dropped():
-            for stage, n in list(agg.dropped.items()):
+            for stage, n in agg.dropped_counts().items():
                 yield Observation(n, {schema.ATTR.STAGE: stage})
 
         def overflow():

@@ -137,6 +137,7 @@ class Telemetry:
             max_buffered_units=cfg.max_buffered_units,
             max_label_values=cfg.max_label_values,
             max_layers=cfg.max_layers,
+            family_vocabulary=cfg.family_vocabulary,
         )
         self.default_context = RequestContext(self.aggregator)
         self._secret: bytes | None = None

@@ -10,14 +10,24 @@ def test_default_family_replaces_variable_segments():
     assert default_family("a:b:c:d:e:f") == "a:b:c:d:*"
 
 
+def test_default_family_keeps_only_known_words():
+    # names, email parts and free text made of letters only are not kept
+    assert default_family("user:alicesmith:chat") == "user:*:chat"
+    assert default_family("email/john.doe/example.com") == "*/*/*"
+    assert default_family("session:JohnDoe:passport") == "session:*:*"
+    assert default_family("prompt:Tell-me-about-my-diagnosis:y") == "*:*:y"
+    assert default_family("prefix_kv:chat-sys:1") == "prefix_kv:chat-sys:*"  # known words joined
+    assert FamilyNormaliser(vocabulary=["invoice"]).family("invoice:acme:7") == "invoice:*:*"
+
+
 def test_rules_take_only_the_expanded_template():
     n = FamilyNormaliser(rules=[(r"^(summarize|chat):", r"\1:*")])
     assert n.family("summarize:tenant7:my secret prompt") == "summarize:*"
-    assert n.family("other:1") == "other:*"
+    assert n.family("other:1") == "*:*"  # no rule matched, "other" is not a known word
 
 
 def test_family_count_is_capped_per_normaliser():
-    n = FamilyNormaliser(max_families=3)
+    n = FamilyNormaliser(max_families=3, vocabulary=[f"fam{chr(97 + i)}" for i in range(10)])
     fams = {n.family(f"fam{chr(97 + i)}:x") for i in range(10)}
     assert len(fams - {schema.OTHER}) == 3 and schema.OTHER in fams
 
