@@ -316,9 +316,11 @@ with request_context(tenant="t", telemetry=tel):
         caches[4099].get("hot")
         caches[0].get("cold")
 hot, _ = tel.aggregator.take_buffers(True)
-wrong = sum(1 for hk, sk in hot.items() if "hot" in sk and tel.aggregator.hot_scope(hk)[1] != "L4099")
-out(lookup_series_1000_labels=series, hot_keys_wrong_layer=wrong,
-    other_counted=tel.aggregator.errors.get("cardinality", 0))
+agg = tel.aggregator
+wrong = sum(1 for hk, sk in hot.items() if "hot" in sk and agg.hot_scope(hk) != ("t", "L4099")
+            and agg.hot_scope(hk) != ("t", "other"))
+out(lookup_series_1000_labels=series, hot_keys_wrong_scope=wrong,
+    overflow_counted=agg.label_overflow() if hasattr(agg, "label_overflow") else None)
 """
 
 
@@ -374,8 +376,10 @@ def run_setup_case(env: dict, tmp: str) -> dict:
     held = None
     sock = None
     if env.pop("BENCH_LOCK", None):
+        from warmscope.collectors.store import EmbeddedStore
+
+        EmbeddedStore(env["WARMSCOPE_STORE"]).close()
         held = sqlite3.connect(env["WARMSCOPE_STORE"], isolation_level=None)
-        held.execute("CREATE TABLE IF NOT EXISTS x(a)")
         held.execute("BEGIN EXCLUSIVE")
     if env.pop("BENCH_TAKE_PORT", None):
         sock = socket.socket()
@@ -450,8 +454,10 @@ def run_cli_case(argv: list[str], keep: str | None, tmp: str) -> dict:
     held = None
     if keep == "LOCK":
         p = Path(tmp) / "cli" / "locked.sqlite"
+        from warmscope.collectors.store import EmbeddedStore
+
+        EmbeddedStore(p).close()
         held = sqlite3.connect(p, isolation_level=None)
-        held.execute("CREATE TABLE IF NOT EXISTS x(a)")
         held.execute("BEGIN EXCLUSIVE")
         keep = str(p)
     if keep and keep.endswith("backup-2026"):

@@ -512,6 +512,10 @@ class Aggregator:
         except Exception:  # pragma: no cover
             pass
 
+    def bump_error(self, stage: str) -> None:
+        """Count a failure the caller has already explained (no log line)."""
+        self.errors[stage] = self.errors.get(stage, 0) + 1
+
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         """Swallowed instrumentation failure: count it, log the first per stage."""
         try:

@@ -185,7 +185,8 @@ class Telemetry:
             self._thread.start()
 
     def _setup_failed(self, stage: str, message: str) -> None:
-        self.aggregator.count_error(stage)
+        self.aggregator.bump_error(stage)
+        self.aggregator._logged.add(stage)
         log.error("warmscope: %s", message)
 
     def _open_store(self, wait_s: float | None = None) -> bool:
@@ -197,7 +198,7 @@ class Telemetry:
             self.store = st
             return True
         except Exception as e:
-            self.aggregator.count_error("store")
+            self.aggregator.bump_error("store")
             if "store" not in self.aggregator._logged:
                 self.aggregator._logged.add("store")
                 log.error("warmscope: cannot open the embedded store: %s; rows are kept in memory (up to "
@@ -224,7 +225,7 @@ class Telemetry:
             self.hasher
             return True
         except ConfigError as e:
-            self.aggregator.count_error("config")
+            self.aggregator.bump_error("config")
             if "secret" not in self.aggregator._logged:
                 self.aggregator._logged.add("secret")
                 log.error("warmscope: %s", e)
@@ -399,6 +400,11 @@ class Telemetry:
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
         if not self._secret_ready():  # nothing hashed leaves without the secret: buffered, retried
+            if self._final:  # last chance: what cannot be hashed is dropped, and counted
+                hot, units = agg.take_buffers(True)
+                n = len(units) + sum(len(sk) for sk in hot.values()) + len(agg.warmed)
+                n += sum(len(w.seen) for w in agg.early)
+                agg.count_dropped("redis" if self.redis_sink is not None else "store", n)
             while agg.events:
                 kind, rec = agg.events.popleft()
                 side["warmup_runs"].append(tuple(rec.get(c) for c in _RUN_COLS))
@@ -558,7 +564,8 @@ def _fallback(reason: str, clock: Callable[[], float] = time.time) -> Telemetry:
     log.error("warmscope: %s; instrumentation keeps counting in memory but exports nothing until this is "
               "fixed (your service is not affected)", reason)
     tel = Telemetry(CollectorConfig(exporter="none", key_secret="unconfigured"), clock=clock, background=False)
-    tel.aggregator.count_error("config")
+    tel.aggregator.bump_error("config")
+    tel.aggregator._logged.add("config")
     return tel
 
 
