@@ -479,11 +479,17 @@ class EmbeddedStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_before_writing()
             con = self._con()
-            with con:
-                con.executescript(_DDL)
-                con.execute(
-                    "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
+            try:
+                with con:
+                    con.executescript(_DDL)
+                    con.execute(
+                        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    )
+            except sqlite3.Error as e:
+                self.close()
+                hint = " (another process holds its write lock; try again when it is done)" \
+                    if "locked" in str(e) else ""
+                raise StoreError(f"cannot open embedded store {self.path}: {e}{hint}") from None
             self._upgrade(con)
 
     def _check_before_writing(self) -> None:
