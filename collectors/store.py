@@ -75,6 +75,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -478,6 +479,14 @@ class EmbeddedStore:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_before_writing()
+            if not self.path.exists():
+                # Owner-only: SQLite gives the -wal and -shm files the same mode.
+                try:
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:  # another process made it meanwhile
+                    pass
+                except OSError as e:
+                    raise StoreError(f"cannot create embedded store {self.path}: {e.strerror or e}") from None
             con = self._con()
             try:
                 with con:
