@@ -272,17 +272,18 @@ class Aggregator:
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:
-            u = st.units.get(ctx.ukey)
+            # This layer's lookups and hits for the unit, packed in one int
+            # (lookups + hits << 32): no per-unit container for the GC to walk.
+            units = st.units
+            u = units.get(ctx.ukey)
             if u is None:
                 if self._units_n >= self.max_buffered_units:
                     st.dropped += 1
-                    u = _SINK
                 else:
                     self._units_n += 1
-                    u = st.units[ctx.ukey] = [0, 0]  # this layer's [lookups, hits] for the unit
-            u[0] += 1
-            if result == HIT:
-                u[1] += 1
+                    units[ctx.ukey] = _HIT_INC if result == HIT else 1
+            else:
+                units[ctx.ukey] = u + (_HIT_INC if result == HIT else 1)
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
@@ -424,14 +425,14 @@ class Aggregator:
             h[-2] += v
             h[-1] += 1
         if ctx.ukey is not None:
-            u = st.units.get(ctx.ukey)
-            if u is None:
+            ub = st.units.get(ctx.ukey)
+            if ub is None:
                 if self._units_n >= self.max_buffered_units:
                     st.dropped += 1
-                    u = _new_unit()  # counted as dropped, not kept
-                else:
-                    self._units_n += 1
-                    u = st.units[ctx.ukey] = _new_unit()
+                    return  # counted as dropped, not kept
+                self._units_n += 1
+                ub = st.units[ctx.ukey] = _new_unit()  # a bytearray: not tracked by the GC
+            u = memoryview(ub).cast("d")
             lat = latency_s if latency_s is not None else 0.0
             u[2] += 1
             u[3] += lat
@@ -445,6 +446,7 @@ class Aggregator:
                 u[9] += 1
             if latency_s is not None:
                 u[_NU + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
+            u.release()
 
     # ------------------------------------------------------------- warm-up
     def warmup_event(self, kind: str, labels: tuple, record: dict, status: str = "") -> None:
@@ -688,8 +690,13 @@ class Aggregator:
                         a[3] = max(a[3], e[3])
                         a[0] = a[1] + a[2] + a[3]
             layer = self._layer_names[layer_id] if layer_id >= 0 else ""
+            packed = layer_id >= 0
             for uk, u in units.items():
                 k = uk + (layer,)
+                if packed:
+                    u = (u & _LOW, u >> 32)
+                else:
+                    u = memoryview(u).cast("d").tolist()
                 a = units_out.get(k)
                 if a is None:
                     units_out[k] = list(u)
@@ -711,6 +718,12 @@ class Aggregator:
         for hk, acc in hot_out.items():
             if len(acc) > self.hot_k:
                 hot_out[hk] = {e[5]: e for e in heapq.nlargest(self.hot_k, acc.values(), key=_est)}
+        for k, u in units_out.items():
+            if not k[3]:  # request-level record: counts back to ints
+                for j in _INT_FIELDS:
+                    u[j] = int(u[j])
+                for j in range(_NU, len(u)):
+                    u[j] = int(u[j])
         return hot_out, units_out
 
     def hot_scope(self, hk: int) -> tuple[str, str]:
@@ -720,7 +733,9 @@ class Aggregator:
 _est = operator.itemgetter(0)
 _MAX_LAYER_ID = 4000  # hot-key scope ids pack the layer id in 12 bits
 _CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
-_SINK = [0, 0]  # scratch unit record for lookups whose unit could not be kept
+_HIT_INC = 1 + (1 << 32)  # one lookup that hit, in a packed per-layer unit count
+_LOW = (1 << 32) - 1
+_INT_FIELDS = (0, 1, 2, 6, 9)  # lookups, hits, requests, conversions, sla_met
 _BATCH = 2048  # buffered hot-key reads per (thread, layer, tenant, result)
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.
@@ -730,5 +745,11 @@ _IDLE_S = 2.0
 
 
 
-def _new_unit() -> list:
-    return [0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0] + [0] * (len(UNIT_BUCKETS) + 1)
+_UNIT_BYTES = 8 * (_NU + len(UNIT_BUCKETS) + 1)
+
+
+def _new_unit() -> bytearray:
+    """A request-level unit record: UNIT_FIELDS then the latency histogram,
+    as doubles in a bytearray (not tracked by the GC, so a million buffered
+    units add nothing to a collection's pause; counts become ints at take)."""
+    return bytearray(_UNIT_BYTES)
