@@ -71,7 +71,7 @@ class CollectorConfig:
     max_label_values: int = 64  # per label (model, experiment, variant, trigger, strategy); beyond: "other"
     max_layers: int = 256  # cache layers per process; beyond: "other"
     prometheus_port_span: int = 16  # taken scrape port: try the next ones (several worker processes)
-    close_timeout_s: float = 5.0  # close() returns within about this long, whatever the sinks do
+    close_timeout_s: float = 15.0  # close() returns within about this long, whatever the sinks do
     export_timeout_s: float = 3.0  # one OTLP export attempt
 
     _RANGES = {
