@@ -7,6 +7,9 @@ COPY collectors ./collectors
 COPY analysis ./analysis
 COPY app ./app
 COPY simulator ./simulator
-RUN pip install --no-cache-dir ".[app]" && mkdir -p /data
+RUN pip install --no-cache-dir ".[app]" && mkdir -p /data && chmod 0700 /data
 EXPOSE 8501
-CMD ["warmscope", "dashboard", "--address", "0.0.0.0"]
+# Loopback by default: the dashboard has no login. docker-compose.yml binds it to
+# 0.0.0.0 inside the container and publishes it on the host's 127.0.0.1 only; to
+# serve other machines, put an authenticating proxy in front.
+CMD ["warmscope", "dashboard", "--address", "127.0.0.1"]

@@ -22,6 +22,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 import math
 import re
 from datetime import datetime, timezone
@@ -95,7 +97,9 @@ class PrometheusSource:
         # One connect retry; no read or status retries: a slow or failing
         # Prometheus should be reported now, not after minutes of retrying.
         retry = Retry(total=1, connect=1, read=0, status=0, redirect=0, raise_on_status=False)
-        self._prom = PrometheusConnect(url=self.url, disable_ssl=True, timeout=timeout, retry=retry)
+        # TLS certificates are verified unless WARMSCOPE_PROMETHEUS_INSECURE=1 says otherwise.
+        insecure = os.environ.get("WARMSCOPE_PROMETHEUS_INSECURE", "").lower() in ("1", "true", "yes")
+        self._prom = PrometheusConnect(url=self.url, disable_ssl=insecure, timeout=timeout, retry=retry)
 
     def describe(self) -> str:
         return f"Prometheus · {self.url}"

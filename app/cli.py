@@ -19,6 +19,60 @@ from pathlib import Path
 APP_MAIN = Path(__file__).with_name("main.py")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the problem and where to look, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, lo: float | None = None, lo_open: bool = False, hi: float | None = None):
+    """An argparse type: a finite number of ``kind`` within bounds, or a clear error."""
+    import math
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise argparse.ArgumentTypeError(f"must be {'>' if lo_open else '>='} {lo:g}, got {text}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi:g}, got {text}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_PORT = _number(int, 1, hi=65535)
+_POS_FLOAT = _number(float, 0, lo_open=True)
+_NONNEG_FLOAT = _number(float, 0)
+_POS_INT = _number(int, 1)
+_NONNEG_INT = _number(int, 0)
+
+
+def _redis_url(text: str) -> str:
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Redis URL; use redis://HOST:PORT/DB")
+    return text
+
+
+def _writable_file(text: str) -> str:
+    """A file path whose directory exists (or can be made) and is writable: checked before a long run."""
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path")
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is not a writable directory")
+    return text
+
+
 def _progress(label: str):
     """A terminal progress bar; redraws only when the percentage changes."""
     last = [-1]
@@ -54,8 +108,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _remove_store(path: Path) -> None:
-    for p in path.parent.glob(path.name + "*"):
-        p.unlink()
+    """Remove the store and the files SQLite keeps beside it — nothing else
+    (``prod.sqlite.backup`` next to ``prod.sqlite`` stays)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        p = path.with_name(path.name + suffix)
+        if p.is_file() or p.is_symlink():
+            p.unlink()
 
 
 def _say_if_upgrading(path: Path) -> None:
@@ -71,11 +129,33 @@ def _say_if_upgrading(path: Path) -> None:
             print(f"upgrading {path} to this warmscope's schema (its data is kept)…", file=sys.stderr)
 
 
+def _check_store(path: Path) -> None:
+    """Raise StoreError unless ``path`` is a warmscope store (any version)."""
+    import sqlite3
+
+    from warmscope.collectors.store import StoreError
+
+    if path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise StoreError(f"{path} is not a warmscope store ({e}); --fresh only replaces a warmscope store: "
+                         "move the file away or pass another --store") from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from warmscope.collectors.store import EmbeddedStore
+    from warmscope.collectors.store import EmbeddedStore, StoreError
 
     path = _store_path(args)
+    if path.is_dir():
+        raise StoreError(f"embedded store {path} is a directory; pass --store FILE")
     if args.fresh and path.exists():
+        _check_store(path)  # --fresh replaces a store, never a file that is not one
         _remove_store(path)
     _say_if_upgrading(path)
     store = EmbeddedStore(path)
@@ -134,6 +214,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"warmscope simulate: {e}", file=sys.stderr)
         return 2
     path = Path(args.out) if args.out else _store_path(args)
+    if path.is_dir():
+        print(f"warmscope simulate: {path} is a directory; pass --out FILE", file=sys.stderr)
+        return 2
+    if path.exists() and args.fresh:
+        _check_store(path)
     if path.exists() and not (args.fresh or args.append):
         if EmbeddedStore(path).counts()["lookups"]:
             print(f"warmscope simulate: {path} already holds data; pass --fresh to replace it or --append "
@@ -151,6 +236,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     if args.realtime:
         kw.update(realtime=True, speed=args.speed)
+    if args.faults_out:  # fail now, not after the whole run
+        try:
+            Path(args.faults_out).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.faults_out, "a"):
+                pass
+        except OSError as e:
+            print(f"warmscope simulate: cannot write --faults-out {args.faults_out}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
     s = simulate(cfg, path, faults, workers=args.workers,
                  progress=None if args.quiet else _progress("simulating"), **kw)
     if args.faults_out:
@@ -194,19 +288,21 @@ def main(argv: list[str] | None = None) -> int:
         return rca_main(argv[1:])
     from warmscope.collectors.config import ConfigError
 
-    ap = argparse.ArgumentParser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
+    ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
     ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, fn, helptext in (("demo", cmd_demo, "simulate a day into the embedded store if empty, open the "
                                 "dashboard"), ("dashboard", cmd_dashboard, "open the dashboard")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--port", type=int, default=8501)
-        p.add_argument("--address", default="127.0.0.1")
+        p.add_argument("--port", type=_PORT, default=8501, help="dashboard port, 1-65535 (default 8501)")
+        p.add_argument("--address", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; the dashboard has no "
+                       "login, put an authenticating proxy in front before exposing it)")
         p.set_defaults(fn=fn)
         if name == "demo":
             p.add_argument("--fresh", action="store_true", help="delete the store first")
             p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
-            p.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
+            p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
     from warmscope.simulator.config import STRATEGIES
     from warmscope.simulator.faults import TRAPS
 
@@ -215,31 +311,35 @@ def main(argv: list[str] | None = None) -> int:
                        "prefix-KV and response caches; pools A and B run different warm-up strategies.",
                        epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
                        + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
-    p.add_argument("--hours", type=float, default=24.0)
-    p.add_argument("--rps", type=float, help="mean requests per second (default 12)")
-    p.add_argument("--tenants", type=int, default=8)
-    p.add_argument("--replicas", type=int, default=2, help="replicas per variant pool")
+    p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
+    p.add_argument("--rps", type=_POS_FLOAT, help="mean requests per second (default 12)")
+    p.add_argument("--tenants", type=_POS_INT, default=8, help="tenants (default 8)")
+    p.add_argument("--replicas", type=_POS_INT, default=2, help="replicas per variant pool")
     p.add_argument("--strategy-a", choices=STRATEGIES, default="none")
     p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
-    p.add_argument("--b-response-ttl", type=float, help="pool B's response-cache TTL in s (A/B of TTLs)")
-    p.add_argument("--b-kv-capacity", type=int, help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
-    p.add_argument("--restart-every", type=float, metavar="HOURS",
+    p.add_argument("--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)")
+    p.add_argument("--b-kv-capacity", type=_POS_INT,
+                   help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
+    p.add_argument("--restart-every", type=_POS_FLOAT, metavar="HOURS",
                    help="rolling restarts: each replica restarts every HOURS, staggered (default: never)")
-    p.add_argument("--content-drift", type=float, metavar="HOURS",
+    p.add_argument("--content-drift", type=_POS_FLOAT, metavar="HOURS",
                    help="trending content: popular fills and RAG chunks change every HOURS (default: never)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--tick", type=float, help="flush interval in virtual seconds (default 60)")
+    p.add_argument("--seed", type=_NONNEG_INT, default=1, help="random seed, >= 0 (default 1)")
+    p.add_argument("--tick", type=_POS_FLOAT, help="flush interval in virtual seconds (default 60)")
     p.add_argument("--out", help="store path (default: the configured embedded store)")
-    p.add_argument("--faults-out", help="also write the ground truth as JSON here")
+    p.add_argument("--faults-out", type=_writable_file, help="also write the ground truth as JSON here")
     p.add_argument("--fresh", action="store_true", help="replace an existing store")
     p.add_argument("--append", action="store_true", help="add to an existing store")
-    p.add_argument("--workers", type=int, help="processes (default: 2 on a multi-core machine)")
+    p.add_argument("--workers", type=_POS_INT, help="processes, >= 1 (default: 2 on a multi-core machine)")
     p.add_argument("--realtime", action="store_true", help="pace virtual time to the wall clock")
-    p.add_argument("--speed", type=float, default=1.0, help="with --realtime: virtual seconds per wall second")
-    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded")
-    p.add_argument("--prometheus-port", type=int, default=9464)
-    p.add_argument("--redis-url", help="response cache, hot keys and A/B units in Redis")
+    p.add_argument("--speed", type=_POS_FLOAT, default=1.0,
+                   help="with --realtime: virtual seconds per wall second, > 0")
+    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded",
+                   help="where metric points go (default: the embedded store)")
+    p.add_argument("--prometheus-port", type=_PORT, default=9464, help="scrape port with --exporter prometheus")
+    p.add_argument("--redis-url", type=_redis_url, help="response cache, hot keys and A/B units in Redis "
+                   "(redis://HOST:PORT/DB)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_simulate)
     p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
@@ -257,13 +357,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
     args = ap.parse_args(argv)
+    import sqlite3
+
+    from warmscope.collectors.store import StoreError
+
     try:
         return args.fn(args)
     except ConfigError as e:
         print(f"warmscope: configuration error: {e}", file=sys.stderr)
         return 2
+    except StoreError as e:
+        print(f"warmscope {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as e:
+        print(f"warmscope {args.cmd}: the store cannot be used: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        print(f"warmscope {args.cmd}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

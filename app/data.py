@@ -32,7 +32,37 @@ class SourceError(RuntimeError):
 
 
 def store_path() -> str:
-    return os.environ.get("WARMSCOPE_STORE") or str(CollectorConfig.load().resolved_store_path())
+    if os.environ.get("WARMSCOPE_STORE"):
+        return os.environ["WARMSCOPE_STORE"]
+    try:
+        return str(CollectorConfig.load().resolved_store_path())
+    except ValueError:  # a bad [collectors] section: config_problem() tells the page
+        return str(CollectorConfig().resolved_store_path())
+
+
+def config_problem() -> str | None:
+    """The first configuration problem that would break every page, as one
+    message to show with ``st.error`` (None when all is well)."""
+    try:
+        CollectorConfig.load()
+    except ValueError as e:
+        return f"Configuration error: {e}"
+    try:
+        from warmscope.analysis.config import AnalysisConfig
+
+        AnalysisConfig.load()
+    except ValueError as e:
+        return f"Configuration error in [analysis]: {e}"
+    url = redis_url()
+    if url:
+        try:
+            import redis
+
+            redis.ConnectionPool.from_url(url)
+        except Exception as e:
+            return (f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or unset it "
+                    "to read the embedded store")
+    return None
 
 
 _PROM_FRAMES = ("lookups", "requests")

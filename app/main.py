@@ -19,6 +19,10 @@ nav = st.navigation([
     st.Page(str(PAGES / "ab.py"), title="A/B", icon="🧪"),
     st.Page(str(PAGES / "alerts.py"), title="Alerts", icon="🚨"),
 ])
+_problem = data.config_problem()
+if _problem:  # one clear message instead of a traceback on every page
+    st.error(_problem)
+    st.stop()
 with st.sidebar:
     st.caption(f"Source: {data.source_label()}")
     st.selectbox("Time range", list(ui.RANGES), index=1, key="range")

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import schema
-from .keys import FamilyNormaliser, TenantBucketer
+from .keys import FamilyNormaliser, LabelCap, TenantBucketer
 
 __all__ = ["Aggregator", "LayerBinding", "HIT", "MISS", "BYPASS", "ERROR"]
 
@@ -71,7 +71,7 @@ class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
     __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "swap", "unanswered",
-                 "outbox", "lock")
+                 "outbox", "lock", "dropped")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -86,6 +86,7 @@ class _ThreadState:
         self.units: dict[tuple, list] = {}
         self.req: dict[tuple, list] = {}
         self.hist: dict[tuple, list] = {}
+        self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
 class LayerBinding:
@@ -143,17 +144,28 @@ class Aggregator:
         clock: Callable[[], float] = time.time,
         warmed_key_limit: int = 200_000,
         early_key_limit: int = 50_000,
+        max_buffered_units: int = 200_000,
+        max_label_values: int = 64,
+        max_layers: int = 256,
+        family_vocabulary: Iterable[str] = (),
     ) -> None:
         self.replica = replica
         self.tenants = tenants or TenantBucketer()
         self.clock = clock
         self._family_rules = tuple(family_rules)
+        self._family_vocab = tuple(family_vocabulary)
         self._max_families = max_families
         self.hot_k = hot_keys_k
         # Slack above K makes compaction rare: amortised O(1) per new key.
         self._hot_cap = hot_keys_k + max(hot_keys_k, 1024)
         self.warmed_key_limit = warmed_key_limit
         self.early_key_limit = early_key_limit
+        # Hard bounds enforced on the way in; what does not fit is counted per row.
+        self.max_buffered_units = max_buffered_units
+        self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
+        self.dropped: dict[str, int] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
+        self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
+        self._caps = {k: LabelCap(max_label_values) for k in _CAPPED}
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
@@ -184,12 +196,17 @@ class Aggregator:
     def bind_layer(self, layer: str, length_buckets: bool | None = None) -> LayerBinding:
         with self._lock:
             b = self._layers.get(layer)
+            if b is None and len(self._layer_names) >= self.max_layers:
+                layer = schema.OTHER  # ids stay below 4096: hot-key scopes pack the layer id in 12 bits
+                self._caps["layer"].overflow += 1
+                b = self._layers.get(layer)
             if b is None:
                 if length_buckets is None:
                     length_buckets = layer == "prefix_kv"
                 b = LayerBinding(
                     layer, len(self._layer_names),
-                    FamilyNormaliser(self._family_rules, self._max_families), bool(length_buckets),
+                    FamilyNormaliser(self._family_rules, self._max_families, vocabulary=self._family_vocab),
+                    bool(length_buckets),
                 )
                 self._layers[layer] = b
                 self._layer_names.append(layer)
@@ -255,12 +272,18 @@ class Aggregator:
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:
-            u = st.units.get(ctx.ukey)
+            # This layer's lookups and hits for the unit, packed in one int
+            # (lookups + hits << 32): no per-unit container for the GC to walk.
+            units = st.units
+            u = units.get(ctx.ukey)
             if u is None:
-                u = st.units[ctx.ukey] = [0, 0]  # this layer's [lookups, hits] for the unit
-            u[0] += 1
-            if result == HIT:
-                u[1] += 1
+                if self._units_n >= self.max_buffered_units:
+                    st.dropped += 1
+                else:
+                    self._units_n += 1
+                    units[ctx.ukey] = _HIT_INC if result == HIT else 1
+            else:
+                units[ctx.ukey] = u + (_HIT_INC if result == HIT else 1)
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
@@ -402,9 +425,14 @@ class Aggregator:
             h[-2] += v
             h[-1] += 1
         if ctx.ukey is not None:
-            u = st.units.get(ctx.ukey)
-            if u is None:
-                u = st.units[ctx.ukey] = _new_unit()
+            ub = st.units.get(ctx.ukey)
+            if ub is None:
+                if self._units_n >= self.max_buffered_units:
+                    st.dropped += 1
+                    return  # counted as dropped, not kept
+                self._units_n += 1
+                ub = st.units[ctx.ukey] = _new_unit()  # a bytearray: not tracked by the GC
+            u = memoryview(ub).cast("d")
             lat = latency_s if latency_s is not None else 0.0
             u[2] += 1
             u[3] += lat
@@ -418,6 +446,7 @@ class Aggregator:
                 u[9] += 1
             if latency_s is not None:
                 u[_NU + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
+            u.release()
 
     # ------------------------------------------------------------- warm-up
     def warmup_event(self, kind: str, labels: tuple, record: dict, status: str = "") -> None:
@@ -448,7 +477,47 @@ class Aggregator:
         with self._lock:
             self.early = self.early + [win]  # copy-on-write: the hot path iterates it
 
+    def cap_label(self, kind: str, value: str) -> str:
+        """``value``, or ``other`` once ``max_label_values`` distinct values of
+        this label were seen (model, experiment, variant, strategy, trigger)."""
+        return self._caps[kind].label(value)
+
+    def label_overflow(self) -> dict[str, int]:
+        """Values mapped to ``other`` per label (layer, model, experiment, ...)."""
+        out = {k: c.overflow for k, c in self._caps.items() if c.overflow}
+        fam = sum(getattr(b.families, "overflow", 0) for b in list(self._bindings))
+        if fam:
+            out["family"] = fam
+        return out
+
+    def dropped_counts(self) -> dict[str, int]:
+        """Rows dropped per stage: ``record`` (unit records over
+        ``max_buffered_units``, counted by each recording thread), ``store``
+        and ``redis`` (backlog over ``max_pending_rows``, or left at close)."""
+        out = dict(self.dropped)
+        rec = sum(st.dropped for st in self._all_states())
+        if rec:
+            out["record"] = out.get("record", 0) + rec
+        return out
+
     # -------------------------------------------------------------- errors
+    def count_dropped(self, stage: str, rows: int) -> None:
+        """Rows that could not be kept (a bound was reached); never raises."""
+        try:
+            if rows > 0:
+                self.dropped[stage] = self.dropped.get(stage, 0) + int(rows)
+                key = "dropped:" + stage
+                if key not in self._logged:
+                    self._logged.add(key)
+                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; counted in "
+                                "warmscope.telemetry.dropped)", stage, rows)
+        except Exception:  # pragma: no cover
+            pass
+
+    def bump_error(self, stage: str) -> None:
+        """Count a failure the caller has already explained (no log line)."""
+        self.errors[stage] = self.errors.get(stage, 0) + 1
+
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         """Swallowed instrumentation failure: count it, log the first per stage."""
         try:
@@ -575,6 +644,7 @@ class Aggregator:
         ``settle=True`` takes everything now (single-threaded callers, shutdown).
         """
         now = time.monotonic()
+        self._units_n = 0
         ready: list[tuple[int, dict, dict]] = []
         forced: list[tuple[float, int, dict, dict, dict]] = []
         for st in self._all_states():
@@ -620,8 +690,13 @@ class Aggregator:
                         a[3] = max(a[3], e[3])
                         a[0] = a[1] + a[2] + a[3]
             layer = self._layer_names[layer_id] if layer_id >= 0 else ""
+            packed = layer_id >= 0
             for uk, u in units.items():
                 k = uk + (layer,)
+                if packed:
+                    u = (u & _LOW, u >> 32)
+                else:
+                    u = memoryview(u).cast("d").tolist()
                 a = units_out.get(k)
                 if a is None:
                     units_out[k] = list(u)
@@ -643,6 +718,12 @@ class Aggregator:
         for hk, acc in hot_out.items():
             if len(acc) > self.hot_k:
                 hot_out[hk] = {e[5]: e for e in heapq.nlargest(self.hot_k, acc.values(), key=_est)}
+        for k, u in units_out.items():
+            if not k[3]:  # request-level record: counts back to ints
+                for j in _INT_FIELDS:
+                    u[j] = int(u[j])
+                for j in range(_NU, len(u)):
+                    u[j] = int(u[j])
         return hot_out, units_out
 
     def hot_scope(self, hk: int) -> tuple[str, str]:
@@ -650,6 +731,11 @@ class Aggregator:
 
 
 _est = operator.itemgetter(0)
+_MAX_LAYER_ID = 4000  # hot-key scope ids pack the layer id in 12 bits
+_CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
+_HIT_INC = 1 + (1 << 32)  # one lookup that hit, in a packed per-layer unit count
+_LOW = (1 << 32) - 1
+_INT_FIELDS = (0, 1, 2, 6, 9)  # lookups, hits, requests, conversions, sla_met
 _BATCH = 2048  # buffered hot-key reads per (thread, layer, tenant, result)
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.
@@ -659,5 +745,11 @@ _IDLE_S = 2.0
 
 
 
-def _new_unit() -> list:
-    return [0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0] + [0] * (len(UNIT_BUCKETS) + 1)
+_UNIT_BYTES = 8 * (_NU + len(UNIT_BUCKETS) + 1)
+
+
+def _new_unit() -> bytearray:
+    """A request-level unit record: UNIT_FIELDS then the latency histogram,
+    as doubles in a bytearray (not tracked by the GC, so a million buffered
+    units add nothing to a collection's pause; counts become ints at take)."""
+    return bytearray(_UNIT_BYTES)

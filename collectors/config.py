@@ -53,6 +53,7 @@ class CollectorConfig:
     max_tenants: int = 64
     max_families: int = 256  # per layer; beyond -> "other"
     family_rules: tuple[tuple[str, str], ...] = ()  # (regex, replacement) tried first
+    family_vocabulary: tuple[str, ...] = ()  # extra words a default family may keep verbatim
     replica: str = field(default_factory=_default_replica)
     otlp_endpoint: str = ""  # "" -> OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318
     prometheus_port: int = 9464
@@ -65,6 +66,13 @@ class CollectorConfig:
     warmed_key_limit: int = 200_000  # per process, across open warm-up runs
     early_window_s: float = 900.0  # recall: keys seen this long after a run
     early_key_limit: int = 50_000  # per run
+    max_pending_rows: int = 100_000  # per sink: rows kept for retry while it is down; beyond: dropped, counted
+    max_buffered_units: int = 200_000  # A/B unit records between two flushes; beyond: dropped, counted
+    max_label_values: int = 64  # per label (model, experiment, variant, trigger, strategy); beyond: "other"
+    max_layers: int = 256  # cache layers per process; beyond: "other"
+    prometheus_port_span: int = 16  # taken scrape port: try the next ones (several worker processes)
+    close_timeout_s: float = 15.0  # close() returns within about this long, whatever the sinks do
+    export_timeout_s: float = 3.0  # one OTLP export attempt
 
     _RANGES = {
         "max_tenants": (1, 10_000),
@@ -78,6 +86,13 @@ class CollectorConfig:
         "warmed_key_limit": (0, 50_000_000),
         "early_window_s": (0, 7 * 86400),
         "early_key_limit": (0, 10_000_000),
+        "max_pending_rows": (0, 50_000_000),
+        "max_buffered_units": (0, 50_000_000),
+        "max_label_values": (1, 100_000),
+        "max_layers": (1, 4000),
+        "prometheus_port_span": (1, 1000),
+        "close_timeout_s": (0.1, 3600),
+        "export_timeout_s": (0.1, 600),
     }
     _ENV = {
         "exporter": "WARMSCOPE_EXPORTER",
@@ -147,24 +162,62 @@ class CollectorConfig:
     def resolved_store_path(self) -> Path:
         return Path(self.store_path) if self.store_path else default_data_dir() / "warmscope.sqlite"
 
+    def needs_explicit_secret(self) -> bool:
+        """Hashes leave the host (Redis, OTLP, a scrape endpoint): every replica
+        must hash with the same secret, so a per-host file secret would
+        silently split A/B units and hot keys. Only the embedded store may
+        make its own."""
+        return bool(self.redis_url) or self.exporter in ("otlp", "prometheus")
+
+    def secret_path(self) -> Path:
+        """Where a made secret lives: ``$WARMSCOPE_DATA_DIR``, else beside an
+        explicitly configured store, else ``$XDG_DATA_HOME/warmscope`` (or
+        ``~/.local/share/warmscope``) — never the host's working directory."""
+        if os.environ.get("WARMSCOPE_DATA_DIR"):
+            base = Path(os.environ["WARMSCOPE_DATA_DIR"])
+        elif self.store_path:
+            base = Path(self.store_path).parent
+        else:
+            base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "warmscope"
+        return (base / "key-secret").absolute()
+
     def resolved_secret(self) -> bytes:
-        """The keyed-hash secret; made once and kept beside the store if unset."""
+        """The keyed-hash secret; made once (mode 0600) if unset.
+
+        Raises :class:`ConfigError` naming the fix when there is none and one
+        cannot (or must not) be made; the pipeline keeps the rows and retries.
+        """
         if self.key_secret:
             return self.key_secret.encode()
-        p = self.resolved_store_path().parent / "key-secret"
+        if self.needs_explicit_secret():
+            raise ConfigError(
+                "collectors.key_secret is not set; with Redis, OTLP or Prometheus export every replica must "
+                "hash keys with the same secret: set WARMSCOPE_KEY_SECRET (or key_secret in warmscope.toml)"
+            )
+        p = self.secret_path()
         try:
-            return p.read_bytes().strip()
-        except FileNotFoundError:
+            try:
+                secret = p.read_bytes().strip()
+                if secret:
+                    return secret
+            except FileNotFoundError:
+                pass
             p.parent.mkdir(parents=True, exist_ok=True)
             secret = os.urandom(32).hex().encode()
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # raced with another process
+                return p.read_bytes().strip()
             try:
                 os.write(fd, secret)
             finally:
                 os.close(fd)
             return secret
-        except FileExistsError:  # pragma: no cover - raced with another process
-            return p.read_bytes().strip()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot make the key secret {p}: {e.strerror or e}; set WARMSCOPE_KEY_SECRET or "
+                "WARMSCOPE_DATA_DIR to a writable directory (rows are kept and retried)"
+            ) from None
 
 
 def _coerce(key: str, val: Any, default: Any, rng: tuple[float, float] | None) -> Any:

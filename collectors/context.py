@@ -48,9 +48,10 @@ class RequestContext:
     ) -> None:
         self._agg = agg
         self.tenant = agg.tenants.label(tenant)
-        self.experiment = str(experiment) if experiment else schema.NONE
-        self.variant = str(variant) if variant else schema.NONE
-        self.model = str(model) if model else schema.UNKNOWN
+        cap = agg.cap_label
+        self.experiment = cap("experiment", str(experiment)) if experiment else schema.NONE
+        self.variant = cap("variant", str(variant)) if variant else schema.NONE
+        self.model = cap("model", str(model)) if model else schema.UNKNOWN
         self.unit = None if unit is None else str(unit)
         self.prompt_tokens = prompt_tokens
         self.length_bucket = schema.length_bucket(prompt_tokens) if prompt_tokens is not None else schema.UNKNOWN
@@ -83,13 +84,22 @@ def request_context(
     """Label every lookup and request record inside the block."""
     from .pipeline import current_telemetry
 
-    tel = telemetry or current_telemetry()
-    ctx = RequestContext(tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens)
-    token = _current.set(ctx)
+    token = None
+    ctx = None
+    try:  # labelling must never break the request it labels
+        tel = telemetry or current_telemetry()
+        ctx = RequestContext(tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens)
+        token = _current.set(ctx)
+    except Exception as e:
+        try:
+            (telemetry or current_telemetry()).aggregator.count_error("record", "request context", e)
+        except Exception:  # pragma: no cover
+            pass
     try:
-        yield ctx
+        yield ctx  # type: ignore[misc]
     finally:
-        _current.reset(token)
+        if token is not None:
+            _current.reset(token)
 
 
 def propagate(fn: Callable[..., T]) -> Callable[..., T]:

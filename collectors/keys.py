@@ -7,10 +7,13 @@
   as a label. User rules ``(regex, template)`` are tried first: the first regex
   that matches gives ``match.expand(template)`` (``\\1`` refers to groups) and
   nothing else of the key; the default
-  splits on ``:`` / ``/`` / ``|`` and replaces every segment that holds a digit,
-  a UUID or hex hash, whitespace, or more than 32 characters by ``*`` and keeps at
-  most four segments — so ``summarize:doc:8812`` -> ``summarize:doc:*`` and a
-  prompt used as a key (``resp:What is the capital of France?``) -> ``resp:*``.
+  splits on ``:`` / ``/`` / ``|``, keeps a segment only when it is a word of a
+  known vocabulary (cache namespaces and task names, :data:`DEFAULT_VOCABULARY`,
+  plus ``family_vocabulary``; words may be joined by ``_``/``-``/``.``),
+  replaces every other segment — ids, hashes, names, email parts, free text —
+  by ``*``, and keeps at most four segments: ``summarize:doc:8812`` ->
+  ``summarize:doc:*``, ``user:alicesmith:chat`` -> ``user:*:chat``, a prompt
+  used as a key (``resp:What is the capital of France?``) -> ``resp:*``.
   Results are memoised per key (bounded) and the number of families per layer
   is capped; overflow maps to ``other``.
 * :class:`TenantBucketer` — an allow-list, or the first ``max_tenants`` seen;
@@ -33,7 +36,7 @@ from typing import Iterable
 
 from . import schema
 
-__all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer"]
+__all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer", "LabelCap"]
 
 _SPLIT = re.compile(r"([:/|])")
 _IDENT = re.compile(r"[A-Za-z_\-.]{1,32}")
@@ -59,21 +62,39 @@ class KeyHasher:
         return h
 
 
-def _segment(seg: str) -> str:
-    # isalpha()/isascii() run in C; the regex only sees segments with _ - .
-    if seg.isalpha() and seg.isascii() and len(seg) <= 32:
-        return seg
+# Segments a default family keeps: words that name a cache's structure in
+# inference stacks (namespaces, layers, common task names), never anything a
+# user typed. Extend it with ``family_vocabulary`` or write ``family_rules``.
+DEFAULT_VOCABULARY = frozenset("""
+    a b c d e f g h i j k l m n o p q r s t u v w x y z
+    api adapter adapters audio batch block blocks cache cached chat chunk chunks classify codegen completion
+    completions context conv conversation ctx doc docs document documents emb embed embedding embeddings
+    extract feature features fn gen generate hist history hot idx image img index item items kv lora meta
+    model models msg page pages passage passages prefix prefix_kv query queries rag ragqa rerank resp
+    response responses retrieve retrieval search seg segment sess session sessions summarize summary sys
+    system tenant tok token tokenizer tokens tool tools translate user users vec vector warm weights
+""".split())
+_WORD_SPLIT = re.compile(r"[_\-.]")
+
+
+def _segment(seg: str, vocab: frozenset[str] = DEFAULT_VOCABULARY) -> str:
+    """A segment stays only when it is a known word (or words joined by
+    ``_``/``-``/``.``): a name, an email part, an id or free text becomes ``*``."""
     if not seg:
         return ""
-    return seg if _IDENT.fullmatch(seg) else "*"
+    if seg in vocab:
+        return seg
+    if len(seg) <= 32 and all(w in vocab for w in _WORD_SPLIT.split(seg)):
+        return seg
+    return "*"
 
 
-def default_family(key: str) -> str:
+def default_family(key: str, vocab: frozenset[str] = DEFAULT_VOCABULARY) -> str:
     if "/" not in key and "|" not in key:  # the common case: str.split, no regex
         parts = key.split(":")
         if len(parts) > 4:
-            return ":".join([_segment(p) for p in parts[:4]] + ["*"]) or "*"
-        return ":".join([_segment(p) for p in parts]) or "*"
+            return ":".join([_segment(p, vocab) for p in parts[:4]] + ["*"]) or "*"
+        return ":".join([_segment(p, vocab) for p in parts]) or "*"
     parts = _SPLIT.split(key)
     out: list[str] = []
     segs = 0
@@ -81,7 +102,7 @@ def default_family(key: str) -> str:
         if segs == 4:
             out.append("*")
             break
-        out.append(_segment(parts[i]))
+        out.append(_segment(parts[i], vocab))
         segs += 1
         if i + 1 < len(parts):
             out.append(parts[i + 1])
@@ -97,12 +118,15 @@ class FamilyNormaliser:
         rules: Iterable[tuple[str, str]] = (),
         max_families: int = 256,
         memo_size: int = 1 << 18,
+        vocabulary: Iterable[str] = (),
     ) -> None:
         self._rules = [(re.compile(p), r) for p, r in rules]
+        self._vocab = DEFAULT_VOCABULARY | frozenset(vocabulary)
         self._max = max_families
         self._memo: dict[object, str] = {}
         self._memo_size = memo_size
         self._families: set[str] = set()
+        self.overflow = 0  # keys whose family was mapped to "other" (first time seen)
         self._lock = threading.Lock()
         # Without rules the default family depends only on each segment's
         # class, which replacing digits by "0" keeps: keys that differ only in
@@ -124,7 +148,7 @@ class FamilyNormaliser:
             shape = text.translate(_DIGITS)
             fam = shapes.get(shape)
             if fam is None:
-                fam = default_family(text)
+                fam = default_family(text, self._vocab)
                 if len(shapes) >= self._memo_size:
                     shapes.clear()
                 shapes[shape] = fam
@@ -136,11 +160,12 @@ class FamilyNormaliser:
                 fam = m.expand(repl)
                 break
         if fam is None:
-            fam = default_family(text)
+            fam = default_family(text, self._vocab)
         if fam not in self._families:
             with self._lock:
                 if len(self._families) >= self._max:
                     fam = schema.OTHER
+                    self.overflow += 1
                 else:
                     self._families.add(fam)
         if len(self._memo) >= self._memo_size:
@@ -173,4 +198,30 @@ class TenantBucketer:
             if len(self._seen) < self._max:
                 self._seen.add(t)
                 return t
+        return schema.OTHER
+
+
+class LabelCap:
+    """The first ``limit`` distinct values of one label, then ``other``.
+
+    For labels the caller sets freely (model, experiment, variant, warm-up
+    strategy and trigger): a bug that puts a request id in one cannot make a
+    series per request. Overflowing values are counted (``overflow``)."""
+
+    def __init__(self, limit: int = 64, keep: Iterable[str] = ()) -> None:
+        self._seen: set[str] = set(keep)
+        self._max = limit + len(self._seen)
+        self._lock = threading.Lock()
+        self.overflow = 0
+
+    def label(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self._max:
+                self._seen.add(value)
+                return value
+            self.overflow += 1
         return schema.OTHER

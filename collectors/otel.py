@@ -163,27 +163,75 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
     return MetricsData(out)
 
 
-def build_provider(cfg: Any) -> tuple[MeterProvider, Any]:
+def _counting_exporter(agg: Aggregator | None, **kw: Any):
+    """An OTLP/HTTP exporter whose failed exports (refused, timed out, HTTP
+    errors) are counted in ``warmscope.telemetry.errors{stage="export"}``; the
+    SDK itself only logs them."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    class CountingOTLPExporter(OTLPMetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **k: Any) -> Any:
+            try:
+                result = super().export(metrics_data, timeout_millis=timeout_millis, **k)
+            except Exception as e:  # never let the SDK thread die
+                if agg is not None:
+                    agg.count_error("export", "OTLP export failed", e)
+                return MetricExportResult.FAILURE
+            if result is not MetricExportResult.SUCCESS and agg is not None:
+                agg.count_error("export", "OTLP export failed (receiver unreachable, slow or refusing)")
+            return result
+
+    return CountingOTLPExporter(**kw)
+
+
+def _start_scrape_server(cfg: Any, registry: Any) -> tuple[Any, int]:
+    """Serve on ``prometheus_port``; when it is taken (several worker
+    processes on one host), the next free one of ``prometheus_port_span``
+    ports. Returns the server and the port it listens on."""
+    from prometheus_client import start_http_server
+
+    first = int(cfg.prometheus_port)
+    span = 1 if first == 0 else max(1, int(getattr(cfg, "prometheus_port_span", 1)))
+    last_err: OSError | None = None
+    for port in range(first, min(65536, first + span)):
+        try:
+            server = start_http_server(port, addr=cfg.prometheus_addr, registry=registry)
+            return server, server[0].server_address[1]
+        except OSError as e:
+            last_err = e
+    raise OSError(f"ports {first}-{first + span - 1} on {cfg.prometheus_addr} are all taken ({last_err}); "
+                  "set WARMSCOPE_PROMETHEUS_PORT or prometheus_port_span")
+
+
+def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvider, Any]:
     """A meter provider exporting as ``cfg.exporter`` says (``otlp`` or
     ``prometheus``), and the scrape server it started (or None).
 
     Several pipelines in one process (the simulator's replicas) share one."""
     res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})
     server = None
+    timeout_s = float(getattr(cfg, "export_timeout_s", 10.0))
     if cfg.exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        kw = {}
+        kw: dict[str, Any] = {"timeout": timeout_s}
         if cfg.otlp_endpoint:
             base = cfg.otlp_endpoint.rstrip("/")
             kw["endpoint"] = base if base.endswith("/v1/metrics") else base + "/v1/metrics"
-        reader: Any = PeriodicReader(OTLPMetricExporter(**kw), export_interval_millis=cfg.flush_interval_s * 1000)
+        reader: Any = PeriodicReader(_counting_exporter(agg, **kw),
+                                     export_interval_millis=cfg.flush_interval_s * 1000,
+                                     export_timeout_millis=timeout_s * 1000)
     elif cfg.exporter == "prometheus":
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()  # our own: no clash with the host's default registry
         reader = PrometheusReader(registry=registry)
-        server = start_http_server(cfg.prometheus_port, addr=cfg.prometheus_addr, registry=registry)
+        server, port = _start_scrape_server(cfg, registry)
+        if port != cfg.prometheus_port and cfg.prometheus_port:
+            import logging
+
+            logging.getLogger("warmscope.collectors").warning(
+                "warmscope: scrape port %d is taken; serving metrics on %s:%d", cfg.prometheus_port,
+                cfg.prometheus_addr, port)
     else:
         raise ValueError(f"exporter {cfg.exporter!r} has no meter provider")
     return MeterProvider(metric_readers=[reader], resource=res), server
@@ -204,7 +252,7 @@ class OTelBridge:
         self._owned = provider is None
         self._server = None
         if provider is None:
-            provider, self._server = build_provider(cfg)
+            provider, self._server = build_provider(cfg, agg)
         self.provider = provider
         # A provider keeps its readers privately; find ours to bind them.
         for r in getattr(provider, "_metric_readers", ()):
@@ -271,6 +319,14 @@ class OTelBridge:
             for stage, n in list(agg.errors.items()):
                 yield Observation(n, {schema.ATTR.STAGE: stage})
 
+        def dropped():
+            for stage, n in agg.dropped_counts().items():
+                yield Observation(n, {schema.ATTR.STAGE: stage})
+
+        def overflow():
+            for label, n in agg.label_overflow().items():
+                yield Observation(n, {schema.ATTR.LABEL: label})
+
         def gauge(name: str):
             def gen():
                 if name in agg.gauges:
@@ -292,6 +348,8 @@ class OTelBridge:
         counter(schema.WARMUP_BYTES, warm(2))
         counter(schema.WARMUP_GPU_TIME, warm(3))
         counter(schema.TELEMETRY_ERRORS, errors)
+        counter(schema.TELEMETRY_DROPPED, dropped)
+        counter(schema.LABEL_OVERFLOW, overflow)
         counter(schema.WARMUP_KEYS_READ, warm_read)
         counter(schema.CROSS_TENANT_KEYS, cross)
         meter.create_observable_gauge(
@@ -303,12 +361,23 @@ class OTelBridge:
             description=schema.WARMUP_ACTIVE.description,
         )
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop exporting; returns within about ``timeout_s`` even when the
+        receiver hangs (the last export is then abandoned and counted)."""
         if self._owned:
-            try:
-                self.provider.shutdown()
-            except Exception as e:
-                self.agg.count_error("export", "shutdown", e)
+            import threading
+
+            def stop() -> None:
+                try:
+                    self.provider.shutdown(timeout_millis=timeout_s * 1000)
+                except Exception as e:
+                    self.agg.count_error("export", "shutdown", e)
+
+            t = threading.Thread(target=stop, name="warmscope-otel-shutdown", daemon=True)
+            t.start()
+            t.join(timeout_s)
+            if t.is_alive():
+                self.agg.count_error("export", "exporter shutdown did not finish in time; last export abandoned")
         if self._server is not None:
             try:
                 stop_server(self._server)

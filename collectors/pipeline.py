@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
-from collections import defaultdict
+import uuid
+from collections import defaultdict, deque
 from typing import Any, Callable
 
 from . import schema
 from .aggregator import HISTOGRAMS, Aggregator
-from .config import CollectorConfig
+from .config import CollectorConfig, ConfigError
 from .context import RequestContext, _current
 from .keys import KeyHasher, TenantBucketer
 from .store import EmbeddedStore, histogram_row
@@ -40,7 +42,74 @@ __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_togethe
 
 log = logging.getLogger("warmscope.collectors")
 
-_PENDING_LIMIT = 2_000_000  # rows kept for retry when a sink is down
+_CHUNK_ROWS = 2_000  # rows per retry chunk (one Redis script call, bounded work per attempt)
+_STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
+
+
+class Backlog:
+    """Rows kept for a sink: bounded on the way in, in chunks with stable ids.
+
+    ``add`` keeps at most ``limit`` rows and returns how many it had to drop
+    (the caller counts them). Each chunk gets a batch id when it is formed and
+    keeps it across retries, so a sink that records applied ids (Redis) can
+    skip a chunk it already applied before a timeout.
+    """
+
+    def __init__(self, limit: int, chunk: int = _CHUNK_ROWS) -> None:
+        self.limit = int(limit)
+        self.chunk = max(1, int(chunk))
+        self.chunks: deque[list] = deque()  # [batch id, {frame: rows}, n]
+        self.n = 0
+        self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._seq = 0
+
+    def add(self, batches: dict[str, list]) -> int:
+        room = max(0, self.limit - self.n)
+        dropped = 0
+        cur: dict[str, list] = {}
+        cur_n = 0
+        for k, rows in batches.items():
+            if not rows:
+                continue
+            if len(rows) > room:
+                dropped += len(rows) - room
+                rows = rows[:room]
+            room -= len(rows)
+            i = 0
+            while i < len(rows):
+                take = min(self.chunk - cur_n, len(rows) - i)
+                cur.setdefault(k, []).extend(rows[i:i + take])
+                cur_n += take
+                i += take
+                if cur_n >= self.chunk:
+                    self._push(cur, cur_n)
+                    cur, cur_n = {}, 0
+        if cur_n:
+            self._push(cur, cur_n)
+        return dropped
+
+    def _push(self, rows: dict, n: int) -> None:
+        self._seq += 1
+        self.chunks.append([f"{self._prefix}-{self._seq}", rows, n])
+        self.n += n
+
+    def pop(self) -> None:
+        self.n -= self.chunks.popleft()[2]
+
+    def clear(self) -> int:
+        n, self.n = self.n, 0
+        self.chunks.clear()
+        return n
+
+    def merged(self) -> dict[str, list]:
+        out: dict[str, list] = defaultdict(list)
+        for _, rows, _ in self.chunks:
+            for k, v in rows.items():
+                out[k].extend(v)
+        return out
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class Telemetry:
@@ -65,39 +134,80 @@ class Telemetry:
             clock=clock,
             warmed_key_limit=cfg.warmed_key_limit,
             early_key_limit=cfg.early_key_limit,
+            max_buffered_units=cfg.max_buffered_units,
+            max_label_values=cfg.max_label_values,
+            max_layers=cfg.max_layers,
+            family_vocabulary=cfg.family_vocabulary,
         )
         self.default_context = RequestContext(self.aggregator)
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
+        self.background = background
         self.store = store
         has_redis = bool(cfg.redis_url) or redis_client is not None
         # Metric points go to the store with the embedded exporter; hot keys,
         # A/B units and warm-up runs go to Redis when configured, else the store.
+        self._store_path = None
         if store is None and (cfg.exporter == "embedded" or (cfg.exporter != "none" and not has_redis)):
-            self.store = EmbeddedStore(cfg.resolved_store_path())
-        self.points_to_store = self.store is not None and cfg.exporter in ("embedded", "none")
+            self._store_path = cfg.resolved_store_path()
+            self._open_store(_STARTUP_LOCK_WAIT_S if background else None)
+        self.points_to_store = (self.store is not None or self._store_path is not None) and \
+            cfg.exporter in ("embedded", "none")
         self.redis_sink = None
-        if cfg.redis_url or redis_client is not None:
-            from .redis_sink import RedisSink
+        if has_redis:
+            try:
+                from .redis_sink import RedisSink
 
-            self.redis_sink = RedisSink(redis_client, cfg.redis_url, cfg.hot_key_ttl_s, self.aggregator)
+                self.redis_sink = RedisSink(redis_client, cfg.redis_url, cfg.hot_key_ttl_s, self.aggregator)
+            except Exception as e:  # garbage URL, redis-py missing: keep serving, keep rows in memory
+                self._setup_failed("redis", f"cannot use Redis at {_redact(cfg.redis_url)!r} ({e}); hot keys, "
+                                   "A/B units and warm-up runs are dropped (counted) until the URL is fixed")
         self.otel = None
         if meter_provider is not None or cfg.exporter in ("otlp", "prometheus"):
-            from .otel import OTelBridge
+            try:
+                from .otel import OTelBridge
 
-            self.otel = OTelBridge(self.aggregator, cfg, meter_provider)
+                self.otel = OTelBridge(self.aggregator, cfg, meter_provider)
+            except Exception as e:
+                self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
+                                   "kept in memory only")
         self._last: dict[str, dict] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
-        self._pending_store: dict[str, list] = defaultdict(list)
-        self._pending_redis: dict[str, list] = defaultdict(list)
+        self._store_backlog = Backlog(cfg.max_pending_rows)
+        self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
         self._last_side = -float("inf")  # hot keys / units flush less often than points
         self._final = False
+        self._deadline = float("inf")  # monotonic; set by close()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.background = background
         if background:
             self._thread = threading.Thread(target=self._loop, name="warmscope-flush", daemon=True)
             self._thread.start()
+
+    def _setup_failed(self, stage: str, message: str) -> None:
+        self.aggregator.bump_error(stage)
+        self.aggregator._logged.add(stage)
+        log.error("warmscope: %s", message)
+
+    def _open_store(self, wait_s: float | None = None) -> bool:
+        """Open the embedded store; on failure count it, keep rows in memory
+        (bounded) and retry at the next flush. Never raises."""
+        try:
+            st = EmbeddedStore(self._store_path, timeout=wait_s if wait_s is not None else 5.0)
+            st.timeout = 5.0
+            self.store = st
+            return True
+        except Exception as e:
+            self.aggregator.bump_error("store")
+            if "store" not in self.aggregator._logged:
+                self.aggregator._logged.add("store")
+                log.error("warmscope: cannot open the embedded store: %s; rows are kept in memory (up to "
+                          "max_pending_rows) and the store is retried at every flush", e)
+            return False
+
+    def pending_rows(self, stage: str) -> int:
+        """Rows kept for retry for ``stage`` ("store" or "redis")."""
+        return len(self._store_backlog if stage == "store" else self._redis_backlog)
 
     # ------------------------------------------------------------ helpers
     @property
@@ -105,6 +215,21 @@ class Telemetry:
         if self._hasher is None:
             self._hasher = KeyHasher(self.config.resolved_secret())
         return self._hasher
+
+    def _secret_ready(self) -> bool:
+        """Whether keys can be hashed now; if not, say why once, count it,
+        and leave hot keys and unit records buffered (bounded) for the next flush."""
+        if self._hasher is not None:
+            return True
+        try:
+            self.hasher
+            return True
+        except ConfigError as e:
+            self.aggregator.bump_error("config")
+            if "secret" not in self.aggregator._logged:
+                self.aggregator._logged.add("secret")
+                log.error("warmscope: %s", e)
+            return False
 
     def context(self) -> RequestContext:
         """The active request context, re-bound to this pipeline if needed."""
@@ -174,12 +299,69 @@ class Telemetry:
         store_b, redis_b, new_last = self._collect(self.clock() if now is None else now, settle, side)
         written = {k: len(v) for k, v in store_b.items()}
         written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
-        if self.store is not None:
-            if self._write_sink("store", self.store.write, store_b, self._pending_store):
+        if self.points_to_store or self._store_path is not None or self.store is not None:
+            points = self._keep("store", self._store_backlog, store_b)
+            if self.store is None and self._store_path is not None:
+                self._open_store()
+            if self.store is not None and self._drain_store(points):
                 self._last.update(new_last)
+        elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
+            self.aggregator.count_dropped("store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES))
         if self.redis_sink is not None:
-            self._write_sink("redis", self.redis_sink.write, redis_b, self._pending_redis)
+            self._keep("redis", self._redis_backlog, redis_b)
+            self._drain_redis()
+        elif redis_b:
+            self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
+
+    def _keep(self, stage: str, backlog: Backlog, batches: dict) -> dict[str, list]:
+        """Queue this flush's side rows behind the backlog (bounded, drops
+        counted per row); return its metric points. Points are recomputed
+        from cumulative totals, so they are never queued: an unwritten delta
+        simply grows until it lands."""
+        side = {k: v for k, v in batches.items() if k not in _POINT_FRAMES and v}
+        dropped = backlog.add(side) if side else 0
+        if dropped:
+            self.aggregator.count_dropped(stage, dropped)
+        return {k: batches[k] for k in _POINT_FRAMES if batches.get(k)}
+
+    def _drain_store(self, points: dict[str, list]) -> bool:
+        """Points plus queued chunks, oldest first; each transaction all or nothing."""
+        bl = self._store_backlog
+        points_done = False
+        try:
+            first: dict[str, list] = defaultdict(list, {k: list(v) for k, v in points.items()})
+            taken = 0
+            for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
+                if taken and taken + n > 50 * _CHUNK_ROWS:
+                    break
+                for k, v in rows.items():
+                    first[k].extend(v)
+                taken += 1
+            if first:
+                self.store.write(first)
+            points_done = True
+            for _ in range(taken):
+                bl.pop()
+            while bl.chunks and time.monotonic() < self._deadline:
+                self.store.write(bl.chunks[0][1])
+                bl.pop()
+        except Exception as e:
+            self._failed("store", e)
+            return points_done
+        return True
+
+    def _drain_redis(self) -> None:
+        bl = self._redis_backlog
+        try:
+            while bl.chunks:
+                if time.monotonic() >= self._deadline:
+                    return
+                bid, rows, _ = bl.chunks[0]
+                self.redis_sink.write(rows, batch_id=bid)
+                bl.pop()
+        except Exception as e:
+            self._failed("redis", e)
 
     def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict, dict, dict]:
         """Rows for the store and Redis since the last flush, and the new
@@ -217,6 +399,16 @@ class Telemetry:
 
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
+        if not self._secret_ready():  # nothing hashed leaves without the secret: buffered, retried
+            if self._final:  # last chance: what cannot be hashed is dropped, and counted
+                hot, units = agg.take_buffers(True)
+                n = len(units) + sum(len(sk) for sk in hot.values()) + len(agg.warmed)
+                n += sum(len(w.seen) for w in agg.early)
+                agg.count_dropped("redis" if self.redis_sink is not None else "store", n)
+            while agg.events:
+                kind, rec = agg.events.popleft()
+                side["warmup_runs"].append(tuple(rec.get(c) for c in _RUN_COLS))
+            return store_b, redis_b, new_last
         if side_now:
             self._last_side = now
             hot, units = agg.take_buffers(settle or self._final)
@@ -241,38 +433,8 @@ class Telemetry:
         self._export_early(now, side)
         return store_b, redis_b, new_last
 
-    @staticmethod
-    def _stage(batches: dict, pending: dict) -> dict[str, list]:
-        """What to write now: kept side rows plus this flush's rows. Metric
-        points are recomputed from cumulative totals, so they are not kept in
-        ``pending``: an unwritten delta simply grows until it lands."""
-        for k, rows in batches.items():
-            if k not in _POINT_FRAMES:
-                pending[k].extend(rows)
-        merged = {k: list(v) for k, v in pending.items() if v}
-        for k in _POINT_FRAMES:
-            if batches.get(k):
-                merged[k] = batches[k]
-        return merged
-
-    def _failed(self, stage: str, e: BaseException, pending: dict) -> None:
+    def _failed(self, stage: str, e: BaseException) -> None:
         self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
-        if sum(len(v) for v in pending.values()) > _PENDING_LIMIT:
-            self.aggregator.count_error(stage, "retry backlog full; oldest rows dropped")
-            for k in list(pending):
-                del pending[k][: len(pending[k]) // 2]
-
-    def _write_sink(self, stage: str, write: Callable, batches: dict, pending: dict) -> bool:
-        merged = self._stage(batches, pending)
-        if not merged:
-            return True
-        try:
-            write(merged)
-        except Exception as e:
-            self._failed(stage, e, pending)
-            return False
-        pending.clear()
-        return True
 
     def _export_warmed(self, now: float, side: dict) -> None:
         agg = self.aggregator
@@ -309,20 +471,43 @@ class Telemetry:
                 agg.count_error("record", f"recall window of run {win.run_id} overflowed ({win.overflow} lookups)")
 
     # ------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Stop the flusher and flush what is left (everything settled)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the flusher and flush what is left (everything settled).
+
+        Returns within about ``timeout`` (default ``close_timeout_s``) whatever
+        the sinks do: rows still unwritten then are counted as dropped."""
+        budget = self.config.close_timeout_s if timeout is None else timeout
+        end = time.monotonic() + budget
+        self._deadline = end
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        # Close recall windows that are still open so nothing is lost.
-        for w in self.aggregator.early:
-            w.until = min(w.until, self.clock())
-        self._final = True
-        self.flush(settle=True)
+            self._thread.join(timeout=max(0.0, end - time.monotonic()))
+
+        def final() -> None:
+            # Close recall windows that are still open so nothing is lost.
+            for w in self.aggregator.early:
+                w.until = min(w.until, self.clock())
+            self._final = True
+            self.flush(settle=True)
+
+        t = threading.Thread(target=final, name="warmscope-close", daemon=True)
+        t.start()
+        t.join(timeout=max(0.0, end - time.monotonic()))
+        if t.is_alive():
+            log.error("warmscope: close() gave up after %.1f s; unwritten rows are dropped (counted)", budget)
+        left = self._store_backlog.n + self._redis_backlog.n
+        if left:
+            self.aggregator.count_dropped("store", self._store_backlog.clear())
+            self.aggregator.count_dropped("redis", self._redis_backlog.clear())
         if self.otel is not None:
-            self.otel.shutdown()
+            self.otel.shutdown(max(0.1, end - time.monotonic()))
         if self.redis_sink is not None:
             self.redis_sink.close()
+        if self.store is not None and not t.is_alive():
+            try:
+                self.store.close()
+            except Exception:
+                pass
 
 
 _POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges")
@@ -347,8 +532,11 @@ def flush_together(telemetries: list[Telemetry], now: float | None = None) -> No
                 with t._flush_lock:
                     sb, rb, new_last = t._collect(t.clock() if now is None else now, not t.background)
                     if t.redis_sink is not None:
-                        t._write_sink("redis", t.redis_sink.write, rb, t._pending_redis)
-                    for k, v in t._stage(sb, t._pending_store).items():
+                        t._keep("redis", t._redis_backlog, rb)
+                        t._drain_redis()
+                    for k, v in t._keep("store", t._store_backlog, sb).items():
+                        merged[k].extend(v)
+                    for k, v in t._store_backlog.merged().items():
                         merged[k].extend(v)
                     staged.append((t, new_last))
             except Exception as e:
@@ -359,45 +547,91 @@ def flush_together(telemetries: list[Telemetry], now: float | None = None) -> No
             store.write(merged)
         except Exception as e:
             for t, _ in staged:
-                t._failed("store", e, t._pending_store)
+                t._failed("store", e)
             continue
         for t, new_last in staged:
             t._last.update(new_last)
-            t._pending_store.clear()
+            t._store_backlog.clear()
 
 
 _installed: Telemetry | None = None
 _install_lock = threading.Lock()
 
 
-def setup(config: CollectorConfig | None = None, **overrides: Any) -> Telemetry:
-    """Build the process-wide pipeline (replacing an earlier one) and return it."""
-    global _installed
+def _fallback(reason: str, clock: Callable[[], float] = time.time) -> Telemetry:
+    """A pipeline that counts in memory and exports nothing: what the host
+    gets when the configuration is unusable (the reason is logged once)."""
+    log.error("warmscope: %s; instrumentation keeps counting in memory but exports nothing until this is "
+              "fixed (your service is not affected)", reason)
+    tel = Telemetry(CollectorConfig(exporter="none", key_secret="unconfigured"), clock=clock, background=False)
+    tel.aggregator.bump_error("config")
+    tel.aggregator._logged.add("config")
+    return tel
+
+
+def _build(config: CollectorConfig | None, overrides: dict[str, Any]) -> Telemetry:
+    """setup() without the install; never raises."""
     clock = overrides.pop("clock", time.time)
     background = overrides.pop("background", True)
     meter_provider = overrides.pop("meter_provider", None)
     redis_client = overrides.pop("redis_client", None)
     store = overrides.pop("store", None)
-    if config is None:
-        cfg = CollectorConfig.load(**overrides)
-    else:
-        cfg = CollectorConfig._from_raw({**config.as_dict(), **overrides}) if overrides else config
-    tel = Telemetry(cfg, clock=clock, meter_provider=meter_provider, redis_client=redis_client,
-                    store=store, background=background)
+    try:
+        if config is None:
+            cfg = CollectorConfig.load(**overrides)
+        else:
+            cfg = CollectorConfig._from_raw({**config.as_dict(), **overrides}) if overrides else config
+    except Exception as e:  # ConfigError names the key; anything else is a bug we must not raise either
+        return _fallback(f"configuration error: {e}", clock)
+    try:
+        return Telemetry(cfg, clock=clock, meter_provider=meter_provider, redis_client=redis_client,
+                         store=store, background=background)
+    except Exception as e:  # pragma: no cover - every sink guards itself; last line of defence
+        return _fallback(f"cannot start the pipeline: {type(e).__name__}: {e}", clock)
+
+
+def setup(config: CollectorConfig | None = None, **overrides: Any) -> Telemetry:
+    """Build the process-wide pipeline and return it. Never raises.
+
+    Idempotent: called again with the same configuration (and no injected
+    objects) it returns the installed pipeline; with a different one it closes
+    the old pipeline first (so a scrape port is free again) and builds anew.
+    A bad configuration gives a pipeline that counts in memory and exports
+    nothing, and one clear log line."""
+    global _installed
+    injected = any(overrides.get(k) is not None for k in ("clock", "meter_provider", "redis_client", "store"))
     with _install_lock:
-        old, _installed = _installed, tel
+        old = _installed
+        if old is not None and not injected:
+            try:
+                if config is None:
+                    plain = {k: v for k, v in overrides.items() if k != "background"}
+                    want = CollectorConfig.load(**plain)
+                else:
+                    want = CollectorConfig._from_raw({**config.as_dict(), **overrides}) if overrides else config
+                if want == old.config and overrides.get("background", True) == old.background:
+                    return old
+            except Exception:
+                pass
+        _installed = None
     if old is not None:
-        old.close()
+        try:
+            old.close()
+        except Exception as e:  # pragma: no cover
+            log.error("warmscope: closing the previous pipeline failed: %s", e)
+    tel = _build(config, dict(overrides))
+    with _install_lock:
+        _installed = tel
     return tel
 
 
 def current_telemetry() -> Telemetry:
-    """The installed pipeline; built from the environment on first use."""
+    """The installed pipeline; built from the environment on first use. Never raises."""
     global _installed
     if _installed is None:
         with _install_lock:
             if _installed is None:
-                _installed = Telemetry(CollectorConfig.load())
+                _installed = _build(None, {})
     return _installed
 
 
@@ -406,7 +640,17 @@ def shutdown() -> None:
     with _install_lock:
         tel, _installed = _installed, None
     if tel is not None:
-        tel.close()
+        try:
+            tel.close()
+        except Exception as e:  # pragma: no cover - never raise at exit
+            log.error("warmscope: shutdown failed: %s", e)
+
+
+def _redact(url: str) -> str:
+    """A URL without its password, for messages."""
+    import re
+
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url or "")
 
 
 atexit.register(shutdown)

@@ -14,14 +14,20 @@ Layout (every key under ``ws:``; only keyed hashes of cache keys and units):
   of run ids by start; ``ws:run:{run_id}:warmed`` / ``:early`` — hashes key hash
   -> JSON row (as ``store.warmed_keys`` / ``store.early_keys`` minus ids).
 
-Everything gets a TTL (``hot_key_ttl_s``; runs and units 30 days) and is
-written in one pipelined round trip per flush. The analysis Redis source reads
-this layout back into the canonical frames.
+Everything gets a TTL (``hot_key_ttl_s``; runs and units 30 days).
+
+Exactly once: each batch (at most a few thousand rows) is applied by one Lua
+script that first sets ``ws:batch:{batch id}`` (NX, kept 1 day) and skips the
+whole batch if that id was applied before. A batch that timed out after Redis
+received it (a stalled server) is retried with the same id, so its increments
+count once. The analysis Redis source reads this layout back into the
+canonical frames.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from .aggregator import UNIT_FIELDS
@@ -31,6 +37,67 @@ __all__ = ["RedisSink", "PREFIX", "RUN_TTL_S"]
 
 PREFIX = "ws"
 RUN_TTL_S = 30 * 86400
+BATCH_TTL_S = 86400  # applied batch ids are remembered this long
+
+# ARGV: marker ttl, then ops: "zi" key incr member | "hs" key field value |
+# "hn" key field value (HSETNX) | "hi"/"hf" key field incr | "ex" key ttl |
+# "za" key score member | "sa" key member. KEYS[1]: the batch marker.
+_APPLY = """
+if not redis.call('SET', KEYS[1], 'applied', 'NX', 'EX', ARGV[1]) then return 0 end
+local a = ARGV
+local i = 2
+local n = #a
+while i <= n do
+  local op = a[i]
+  if op == 'zi' then redis.call('ZINCRBY', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'hs' then redis.call('HSET', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'hn' then redis.call('HSETNX', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'hi' then redis.call('HINCRBY', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'hf' then redis.call('HINCRBYFLOAT', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'za' then redis.call('ZADD', a[i+1], a[i+2], a[i+3]); i = i + 4
+  elseif op == 'ex' then redis.call('EXPIRE', a[i+1], a[i+2]); i = i + 3
+  elseif op == 'sa' then redis.call('SADD', a[i+1], a[i+2]); i = i + 3
+  else return redis.error_reply('unknown op ' .. tostring(op)) end
+end
+return 1
+"""
+
+
+class _Ops:
+    """Commands recorded as flat script arguments (the pipeline API the
+    writer used before, kept so the layout code reads the same)."""
+
+    def __init__(self) -> None:
+        self.args: list = []
+
+    def zincrby(self, key: str, amount: float, member: str) -> None:
+        self.args += ("zi", key, amount, member)
+
+    def hset(self, key: str, field: str | None = None, value: Any = None, mapping: dict | None = None) -> None:
+        if mapping is not None:
+            for f, v in mapping.items():
+                self.args += ("hs", key, f, v)
+        else:
+            self.args += ("hs", key, field, value)
+
+    def hsetnx(self, key: str, field: str, value: Any) -> None:
+        self.args += ("hn", key, field, value)
+
+    def hincrby(self, key: str, field: str, amount: int) -> None:
+        self.args += ("hi", key, field, int(amount))
+
+    def hincrbyfloat(self, key: str, field: str, amount: float) -> None:
+        self.args += ("hf", key, field, repr(float(amount)))
+
+    def expire(self, key: str, ttl: int) -> None:
+        self.args += ("ex", key, int(ttl))
+
+    def zadd(self, key: str, mapping: dict) -> None:
+        for member, score in mapping.items():
+            self.args += ("za", key, score, member)
+
+    def sadd(self, key: str, member: str) -> None:
+        self.args += ("sa", key, member)
 
 
 class RedisSink:
@@ -41,11 +108,14 @@ class RedisSink:
             # Short timeouts: the flusher must not hang on a dead server.
             client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.client = client
+        self._apply = client.register_script(_APPLY)
         self.hot_ttl_s = int(hot_ttl_s)
         self.agg = agg
 
-    def write(self, batches: dict[str, list]) -> int:
-        p = self.client.pipeline(transaction=False)
+    def write(self, batches: dict[str, list], batch_id: str | None = None) -> int:
+        """Apply one batch atomically and at most once per ``batch_id``
+        (a retry after a timeout passes the same id). Returns rows in it."""
+        p = _Ops()
         n = 0
         ttl = self.hot_ttl_s
         for window, tenant, layer, kh, fam, hits, misses, err in batches.get("hot_keys", ()):
@@ -110,7 +180,8 @@ class RedisSink:
             p.expire(key, RUN_TTL_S)
             n += 1
         if n:
-            p.execute()
+            bid = batch_id or uuid.uuid4().hex
+            self._apply(keys=[f"{PREFIX}:batch:{bid}"], args=[BATCH_TTL_S, *p.args])
         return n
 
     def close(self) -> None:

@@ -53,6 +53,8 @@ __all__ = [
     "CROSS_TENANT_KEYS",
     "SHARED_LAYERS",
     "TELEMETRY_ERRORS",
+    "TELEMETRY_DROPPED",
+    "LABEL_OVERFLOW",
     "INSTRUMENTS",
     "LOOKUP_LABELS",
     "REQUEST_LABELS",
@@ -93,6 +95,7 @@ class ATTR:
     TRIGGER = "warmscope.warmup.trigger"
     STATUS = "warmscope.warmup.status"
     STAGE = "warmscope.telemetry.stage"
+    LABEL = "warmscope.telemetry.label"
 
 
 RESULTS = ("hit", "miss", "bypass", "error")
@@ -209,11 +212,20 @@ TELEMETRY_ERRORS = Instrument(
     "Instrumentation failures swallowed to protect the host, by stage.", (ATTR.STAGE,),
 )
 
+TELEMETRY_DROPPED = Instrument(
+    "warmscope.telemetry.dropped", "counter", "{row}",
+    "Rows dropped because a bounded buffer was full (a sink down too long), by stage.", (ATTR.STAGE,),
+)
+LABEL_OVERFLOW = Instrument(
+    "warmscope.telemetry.label_overflow", "counter", "{value}",
+    "Label values mapped to other because the label reached its cap, by label.", (ATTR.LABEL,),
+)
+
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
     GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
-    TELEMETRY_ERRORS,
+    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW,
 )
 SHARED_LAYERS = ("weights",)  # layers shared by design across tenants
 

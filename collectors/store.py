@@ -75,6 +75,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -477,13 +478,69 @@ class EmbeddedStore:
                 )
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._check_before_writing()
+            if not self.path.exists():
+                # Owner-only: SQLite gives the -wal and -shm files the same mode.
+                try:
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:  # another process made it meanwhile
+                    pass
+                except OSError as e:
+                    raise StoreError(f"cannot create embedded store {self.path}: {e.strerror or e}") from None
             con = self._con()
-            with con:
-                con.executescript(_DDL)
-                con.execute(
-                    "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
+            try:
+                with con:
+                    con.executescript(_DDL)
+                    con.execute(
+                        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    )
+            except sqlite3.Error as e:
+                self.close()
+                hint = " (another process holds its write lock; try again when it is done)" \
+                    if "locked" in str(e) else ""
+                raise StoreError(f"cannot open embedded store {self.path}: {e}{hint}") from None
             self._upgrade(con)
+
+    def _check_before_writing(self) -> None:
+        """Refuse, without changing a byte, a file that is not a warmscope
+        store or was written by a newer warmscope (opening it for writing
+        would switch its journal mode and add tables)."""
+        if not self.path.exists():
+            return
+        if self.path.is_dir():
+            raise StoreError(f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE at a file")
+        if self.path.stat().st_size == 0:
+            return
+        try:
+            con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self.timeout)
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
+                    if "meta" in tables else None
+            finally:
+                con.close()
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e):
+                raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
+            raise StoreError(f"{self.path} is not a warmscope store ({e}); move it away or point "
+                             "--store / WARMSCOPE_STORE elsewhere") from None
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.path} is not a warmscope store ({e}); move it away or point "
+                             "--store / WARMSCOPE_STORE elsewhere") from None
+        if row is None:
+            if tables:
+                raise StoreError(f"{self.path} is an SQLite file but not a warmscope store; move it away or "
+                                 "point --store / WARMSCOPE_STORE elsewhere")
+            return
+        try:
+            version = int(row[0])
+        except ValueError:
+            version = -1
+        if version > SCHEMA_VERSION or (version != SCHEMA_VERSION and version not in _MIGRATIONS):
+            raise StoreError(
+                f"embedded store {self.path} has schema version {row[0]}, this warmscope reads {SCHEMA_VERSION} "
+                "(written by a newer warmscope?); use a matching warmscope or move the file away to start a "
+                "new store")
 
     def _upgrade(self, con: sqlite3.Connection) -> None:
         """Bring an older store up to SCHEMA_VERSION in one transaction (the

@@ -49,10 +49,10 @@ class WarmupRun:
         self.tel = telemetry
         self.agg = telemetry.aggregator
         self.run_id = run_id or uuid.uuid4().hex[:16]
-        self.strategy = str(strategy)
-        self.layer = str(layer)
+        self.strategy = self.agg.cap_label("strategy", str(strategy))
+        self.layer = self.agg.bind_layer(str(layer)).layer  # capped like every layer
         self.tenant_scope = None if tenant is None else self.agg.tenants.label(tenant)
-        self.trigger = str(trigger)
+        self.trigger = self.agg.cap_label("trigger", str(trigger))
         self.early_window_s = telemetry.config.early_window_s if early_window_s is None else early_window_s
         self.keys = 0
         self.bytes = 0

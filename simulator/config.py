@@ -135,6 +135,13 @@ class SimConfig:
             except (TypeError, ValueError):
                 raise ValueError(f"simulator.{k} must be a {typ.__name__}, got {v!r}") from None
         cfg = replace(cls(), **kw)
+        import math
+
+        for k, v in kw.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"simulator.{k} must be a finite number, got {v!r}")
+            if (k.startswith("b_") or k == "seed") and isinstance(v, (int, float)) and v < 0:
+                raise ValueError(f"simulator.{k} must be >= 0, got {v!r}")
         for k in cls._POSITIVE:
             if getattr(cfg, k) <= 0:
                 raise ValueError(f"simulator.{k} must be > 0, got {getattr(cfg, k)!r}")

@@ -82,11 +82,20 @@ class Fault:
 
 
 def _time(s: str) -> float:
-    s = s.strip()
-    if ":" in s:
-        h, m = s.split(":", 1)
-        return int(h) * 3600 + int(m) * 60
-    return float(s) * 3600
+    """``HH:MM`` (00:00-24:00) as seconds from midnight."""
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})", s.strip())
+    if not m:
+        raise ValueError(f"{s.strip()!r} is not HH:MM")
+    h, mi = int(m[1]), int(m[2])
+    if mi > 59:
+        raise ValueError(f"minute {mi} in {s.strip()!r} is not 00-59")
+    if h > 24 or (h == 24 and mi):
+        raise ValueError(f"{s.strip()!r} is not a time of day (00:00-24:00)")
+    return h * 3600 + mi * 60
+
+
+# Parameters the traps read, and their types (others pass through as given).
+_PARAM_TYPES = {"min_tokens": int, "ttl_s": float}
 
 
 def parse_fault(spec: str) -> Fault:
@@ -110,8 +119,8 @@ def parse_fault(spec: str) -> Fault:
         try:
             a, b = m["win"].split("-", 1)
             start, end = _time(a), _time(b)
-        except ValueError:
-            raise ValueError(f"window {m['win']!r} in {spec!r} must be HH:MM-HH:MM") from None
+        except ValueError as e:
+            raise ValueError(f"window {m['win']!r} in {spec!r} must be HH:MM-HH:MM ({e})") from None
         if end <= start:
             raise ValueError(f"window {m['win']!r} in {spec!r} ends before it starts")
     params: dict[str, Any] = {}
@@ -119,6 +128,17 @@ def parse_fault(spec: str) -> Fault:
         if "=" not in part:
             raise ValueError(f"parameter {part!r} in {spec!r} must be NAME=VALUE")
         k, v = (x.strip() for x in part.split("=", 1))
+        if k in _PARAM_TYPES:
+            typ = _PARAM_TYPES[k]
+            try:
+                num = float(v)
+                if not (num > 0 and num != float("inf")) or (typ is int and not num.is_integer()):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"parameter {k} in {spec!r} must be a positive {'integer' if typ is int else 'number'}"
+                                 f", got {v!r}") from None
+            params[k] = num
+            continue
         try:
             params[k] = float(v)
         except ValueError:

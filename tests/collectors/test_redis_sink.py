@@ -61,12 +61,12 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
     srv.stop()
     tel.flush(now=100.0)  # fails: rows are kept, nothing raised
     assert tel.aggregator.errors["redis"] >= 1
-    assert sum(len(v) for v in tel._pending_redis.values()) > 0
+    assert tel.pending_rows("redis") > 0
     # The server comes back on the same port: the backlog is written.
     srv2 = RedisServer(tmp_path, port=port)
     try:
         tel.flush(now=200.0)
-        assert not any(tel._pending_redis.values())
+        assert tel.pending_rows("redis") == 0
         assert len(client.smembers("ws:ab:exp:units")) == 4
         hits = client.zrange("ws:hot:0:t1:prefix_kv:hits", 0, -1, withscores=True)
         assert [s for _, s in hits] == [40.0]  # written once, not twice

@@ -67,3 +67,37 @@ def test_collector_pipeline_is_valid_and_limits_memory_first():
     exp = OTELCOL["exporters"][pipe["exporters"][0]]
     assert "${env:PROMETHEUS_OTLP_ENDPOINT}" in exp["metrics_endpoint"]
     assert all("${env:" in v["endpoint"] for v in rec.values())
+
+
+def test_safe_defaults_loopback_ports_no_default_secret_tls_verified():
+    for name, s in COMPOSE["services"].items():
+        for port in s.get("ports", []):
+            # nothing in the stack authenticates: published on the host's loopback only
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on all interfaces"
+    secret = COMPOSE["services"]["simulator"]["environment"]["WARMSCOPE_KEY_SECRET"]
+    assert secret.startswith("${WARMSCOPE_KEY_SECRET:?"), "no default secret: compose must require one"
+    assert "change-me" not in (ROOT / "docker-compose.yml").read_text()
+    cmd = (ROOT / "Dockerfile").read_text().split("CMD", 1)[1]
+    assert "0.0.0.0" not in cmd
+    assert "disable_ssl=True" not in (ROOT / "analysis" / "prometheus.py").read_text()
+
+
+def test_prometheus_source_verifies_tls_unless_told_not_to(monkeypatch):
+    from warmscope.analysis.prometheus import PrometheusSource
+
+    monkeypatch.delenv("WARMSCOPE_PROMETHEUS_INSECURE", raising=False)
+    assert PrometheusSource("https://prometheus.example:9090")._prom._session.verify is not False
+    monkeypatch.setenv("WARMSCOPE_PROMETHEUS_INSECURE", "1")
+    assert PrometheusSource("https://prometheus.example:9090")._prom._session.verify is False
+
+
+def test_store_files_are_owner_only(tmp_path):
+    import stat
+
+    from warmscope.collectors.store import EmbeddedStore
+
+    st = EmbeddedStore(tmp_path / "s.sqlite")
+    st.write({"gauges": [(1.0, "m", "r", 0.5)]})
+    for f in tmp_path.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
+    st.close()
