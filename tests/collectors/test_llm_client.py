@@ -1,0 +1,226 @@
+"""OpenAI-compatible client instrumentation, the gateway and the warm-up runner
+against a local OpenAI-shaped server (real HTTP on 127.0.0.1; the real engine
+is exercised in tests/engine/test_ab_engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from warmscope.collectors import request_context
+from warmscope.collectors.gateway import make_app, serve
+from warmscope.collectors.openai_client import (AsyncInstrumentedTransport, InstrumentedTransport,
+                                                instrument_openai, recorder_of)
+from warmscope.collectors.warmup_runner import WarmupInputError, load_prompts, run_warmup
+
+from .llm_upstream import make_upstream
+
+SYSTEM = "You are the zq7 support bot for Initech. Reply in one line. " * 4   # text that must never leave
+USER = "My invoice 4471 is wrong"
+
+
+def msgs(system=SYSTEM, user=USER):
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with serve(make_upstream()) as url:
+        yield url
+
+
+def lookups(tel):
+    tel.flush()
+    lk = tel.store.frame("lookups")
+    return lk[lk["layer"] == "prefix_kv"]
+
+
+def test_sync_transport_records_tokens_per_tenant_and_passes_bytes_through(make_tel, upstream):
+    tel = make_tel()
+    plain = httpx.Client(base_url=upstream)
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    body = {"model": "tiny", "messages": msgs(), "max_tokens": 1}
+    first = inst.post("/v1/chat/completions", json=body, headers={"x-warmscope-tenant": "acme"})
+    second = inst.post("/v1/chat/completions", json={**body, "user": "globex"})
+    ref = plain.post("/v1/chat/completions", json=body)
+    assert first.json()["choices"] == ref.json()["choices"]           # the caller's response is untouched
+    u1, u2 = first.json()["usage"], second.json()["usage"]
+    assert u1["prompt_tokens_details"]["cached_tokens"] == 0 and u2["prompt_tokens_details"]["cached_tokens"] > 0
+    lk = lookups(tel)
+    by = lk.groupby(["tenant", "result"])["count"].sum().to_dict()
+    # tokens, not requests: acme all missed, globex hit its cached tokens
+    assert by[("acme", "miss")] == u1["prompt_tokens"]
+    assert by[("globex", "hit")] == u2["prompt_tokens_details"]["cached_tokens"]
+    assert by[("globex", "miss")] == u2["prompt_tokens"] - u2["prompt_tokens_details"]["cached_tokens"]
+    fams = set(lk["family"])
+    assert len(fams) == 1 and next(iter(fams)).startswith("chat:system:")
+    assert "zq7" not in next(iter(fams)) and "support" not in next(iter(fams))
+    assert recorder_of(inst).stats["recorded"] == 2
+
+
+def test_stream_gives_ttft_and_usage_and_unit_from_the_context(make_tel, upstream):
+    tel = make_tel()
+    client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel)
+    cached = 0
+    for _ in range(2):
+        with request_context(tenant="acme", unit="sess-1", experiment="exp", variant="B", telemetry=tel):
+            chunks = list(client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=3, stream=True,
+                                                         stream_options={"include_usage": True}))
+        cached += chunks[-1].usage.prompt_tokens_details.cached_tokens
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok ok ok"
+    tel.flush()
+    h = tel.store.frame("histograms")
+    ttft = h[h["metric"] == "gen_ai.server.time_to_first_token"]
+    assert ttft["count"].sum() == 2 and ttft["sum"].iloc[0] > 0     # one row per bucket; 2 observations
+    units = tel.store.units("exp")
+    assert len(units) == 1 and units["requests"].iloc[0] == 2 and units["variant"].iloc[0] == "B"
+    lk = lookups(tel)
+    hits = lk[lk.result == "hit"]["count"].sum()
+    assert hits == cached > 0
+
+
+def test_async_openai_client_streaming_and_not(make_tel, upstream):
+    tel = make_tel()
+
+    async def go():
+        client = instrument_openai(openai.AsyncOpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel)
+        with request_context(tenant="initech", telemetry=tel):
+            r = await client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=1)
+            s = await client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=1, stream=True,
+                                                     stream_options={"include_usage": True})
+            last = [c async for c in s][-1]
+        await client.close()
+        return r.usage, last.usage
+
+    u1, u2 = asyncio.run(go())
+    lk = lookups(tel)
+    assert set(lk["tenant"]) == {"initech"}
+    assert lk["count"].sum() == u1.prompt_tokens + u2.prompt_tokens      # 2 requests' prompt tokens
+    cached = u1.prompt_tokens_details.cached_tokens + u2.prompt_tokens_details.cached_tokens
+    assert lk[lk.result == "hit"]["count"].sum() == cached > 0
+
+
+def test_faults_reach_the_caller_as_without_warmscope_and_are_counted(make_tel, upstream, caplog):
+    tel = make_tel()
+    inst_tr = InstrumentedTransport(telemetry=tel)
+    inst = httpx.Client(base_url=upstream, transport=inst_tr)
+    plain = httpx.Client(base_url=upstream)
+
+    def both(fn):
+        out = []
+        for c in (plain, inst):
+            try:
+                out.append(("ok", fn(c)))
+            except Exception as e:
+                out.append(("raised", type(e)))
+        return out
+
+    # engine error: the same 500 and body
+    a, b = both(lambda c: (lambda r: (r.status_code, r.content))(
+        c.post("/v1/chat/completions", json={"model": "error", "messages": msgs()})))
+    assert a == b and a[1][0] == 500
+    # a stream cut mid-way: the same exception type for both
+    cut = {"model": "cut", "messages": msgs(), "stream": True}
+    a, b = both(lambda c: c.post("/v1/chat/completions", json=cut).content)
+    assert a == b and a[0] == "raised"
+    # a response that is not JSON: forwarded unchanged
+    a, b = both(lambda c: c.post("/v1/chat/completions", json={"model": "badjson", "messages": msgs()}).content)
+    assert a == b == ("ok", b"{not json")
+    # a request body that is not JSON: forwarded, the engine's 400 comes back
+    a, b = both(lambda c: c.post("/v1/chat/completions", content=b"\x00garbage{").status_code)
+    assert a == b == ("ok", 400)
+    # no usage details: one log line naming the fix, counted
+    with caplog.at_level(logging.WARNING, logger="warmscope.collectors"):
+        for _ in range(2):
+            inst.post("/v1/chat/completions", json={"model": "nousage", "messages": msgs()})
+    assert sum("enable-prompt-tokens-details" in r.message for r in caplog.records) == 1
+    # the engine down: the same connection error
+    dead = httpx.Client(base_url="http://127.0.0.1:9", transport=InstrumentedTransport(telemetry=tel))
+    with pytest.raises(httpx.ConnectError):
+        dead.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs()})
+    st = inst_tr.recorder.stats
+    assert (st["engine_errors"], st["cut_streams"], st["no_usage"]) == (2, 1, 2)   # the 500 and the 400
+    assert st["bad_body"] == 2                       # the non-JSON response and the non-JSON request
+    assert dead._transport.recorder.stats["connect_errors"] == 1
+    lk = lookups(tel)
+    assert lk[lk.result == "error"]["count"].sum() == 3   # engine error, cut stream, engine down
+
+
+def test_gateway_forwards_unchanged_and_records(make_tel, upstream):
+    tel = make_tel()
+    app = make_app(upstream, telemetry=tel)
+    with serve(app) as gw:
+        g, p = httpx.Client(base_url=gw), httpx.Client(base_url=upstream)
+        body = {"model": "tiny", "messages": msgs(), "stream": True, "stream_options": {"include_usage": True}}
+        p.post("/v1/chat/completions", json={**body, "messages": msgs(user="warm the prefix")})
+        via = g.post("/v1/chat/completions", json=body, headers={"x-warmscope-tenant": "acme"})
+        ref = p.post("/v1/chat/completions", json=body)   # the same request, straight to the engine
+        assert via.status_code == 200 and via.headers["content-type"].startswith("text/event-stream")
+        assert via.content == ref.content                # the SSE bytes, untouched
+        assert g.get("/v1/models").json() == p.get("/v1/models").json()
+        assert g.post("/v1/chat/completions", content=b"{truncated").status_code == 400
+        with pytest.raises(httpx.RemoteProtocolError):
+            g.post("/v1/chat/completions", json={"model": "cut", "messages": msgs(), "stream": True})
+        assert g.get("/v1/models").status_code == 200    # the gateway lives on
+    with serve(make_app("http://127.0.0.1:9", telemetry=tel)) as gw:
+        r = httpx.post(gw + "/v1/chat/completions", json={"model": "tiny", "messages": msgs()})
+        assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    st = app.state.recorder.stats
+    assert st["recorded"] == 1 and st["bad_body"] == 1 and st["cut_streams"] == 1
+    lk = lookups(tel)
+    acme = lk[lk.tenant == "acme"]
+    usage = json.loads([line for line in via.text.splitlines() if '"usage": {' in line][0][5:])["usage"]
+    assert acme[acme.result == "hit"]["count"].sum() == usage["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_warmup_runner_warms_records_and_fails_cleanly(make_tel, upstream, tmp_path):
+    tel = make_tel(early_window_s=3600)
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    rec = inst._transport.recorder
+    ws = tmp_path / "warm.jsonl"
+    ws.write_text("\n".join(json.dumps({"messages": [{"role": "system", "content": f"{SYSTEM} v{i}"}],
+                                        "tenant": "acme"}) for i in range(3)) + "\n")
+    res = run_warmup(upstream, str(ws), recorder=rec, top_k=2, tenant="acme", rate=0)
+    assert (res.status, res.keys) == ("ok", 2) and res.prompt_tokens > 0
+    # real requests that share a warmed prefix hit it: the warmed key was read
+    for i in range(3):
+        with request_context(tenant="acme", telemetry=tel):
+            inst.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system=f"{SYSTEM} v{i}")})
+    tel.close()
+    runs = tel.store.frame("warmup_runs")
+    assert list(runs["status"]) == ["ok"] and runs["keys"].iloc[0] == 2
+    wk = tel.store.frame("warmed_keys")
+    assert len(wk) == 2 and wk["first_hit_at"].notna().all()            # precision 2/2
+    early = tel.store.frame("early_keys")
+    assert len(early) == 3 and set(wk["key_hash"]) < set(early["key_hash"])   # recall 2/3
+    # from the in-process hot prefixes
+    hot = rec.hot_prefixes(10, tenant="acme")
+    assert len(hot) == 3 and all(k.startswith("chat:system:") for k, _, _ in hot)
+    # the engine gone: the run ends as error, nothing raised
+    bad = run_warmup("http://127.0.0.1:9", str(ws), telemetry=tel, top_k=2)
+    assert bad.status == "error" and "ConnectError" in bad.error
+    with pytest.raises(WarmupInputError, match=r"bad.jsonl:2: not JSON"):
+        (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n{oops\n')
+        load_prompts(tmp_path / "bad.jsonl")
+
+
+def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
+    from warmscope.app.cli import main
+
+    assert main(["gateway", "--upstream", "localhost:8000"]) == 2
+    assert "not an http(s) URL" in capsys.readouterr().err
+    assert main(["warmup", "--engine", "http://127.0.0.1:9", "--from", str(tmp_path / "none.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["warmup", "--engine", "http://127.0.0.1:9"]) == 2
+    assert "--from FILE" in capsys.readouterr().err
+    (tmp_path / "w.jsonl").write_text('{"prompt": "hello"}\n')
+    assert main(["--store", str(tmp_path / "s.sqlite"), "warmup", "--engine", "http://127.0.0.1:9",
+                 "--from", str(tmp_path / "w.jsonl"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "error" in err and "ConnectError" in err and "Traceback" not in err
