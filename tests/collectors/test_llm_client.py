@@ -224,3 +224,68 @@ def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
                  "--from", str(tmp_path / "w.jsonl"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "error" in err and "ConnectError" in err and "Traceback" not in err
+
+
+def _client_workload(tel, upstream):
+    client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel,
+                               experiment="exp", variant="A")
+    with tel.warmup("engine_prefix", layer="prefix_kv", tenant="acme") as run:
+        run.warmed(recorder_of(client).prefix_key("chat", "system", [["system", SYSTEM]]))
+    for j in range(3):
+        with request_context(tenant="acme", unit=f"sess-zq7{j}", telemetry=tel):
+            list(client.chat.completions.create(model="tiny", messages=msgs(), stream=True,
+                                                stream_options={"include_usage": True}))
+            client.chat.completions.create(model="tiny", messages=msgs(user=f"{USER} {j}"))
+    assert recorder_of(client).stats["recorded"] == 6
+
+
+LEAKS = [b"zq7", b"support bot", b"invoice 4471", b"Initech"]
+
+
+def _clean(blob: bytes, where: str) -> None:
+    for s in LEAKS:
+        assert s not in blob, f"{s!r} leaked into {where}"
+
+
+def test_no_prompt_text_in_store_otlp_or_prometheus(make_tel, upstream, tmp_path):
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from warmscope.collectors.otel import PrometheusReader
+    from warmscope.collectors.pipeline import Telemetry
+
+    tel = make_tel(store_path=str(tmp_path / "p.sqlite"), early_window_s=0)
+    _client_workload(tel, upstream)
+    md = tel.reader.get_metrics_data()
+    payload = encode_metrics(md).SerializeToString()
+    assert b"warmscope.cache.lookups" in payload
+    _clean(payload, "the OTLP payload")
+    tel.close()
+    assert len(tel.store.frame("hot_keys")) > 0 and len(tel.store.units("exp")) == 3
+    for f in tmp_path.glob("p.sqlite*"):
+        _clean(f.read_bytes(), f.name)
+    reg = CollectorRegistry()
+    tel2 = Telemetry(make_tel(with_reader=False).config,
+                     meter_provider=MeterProvider(metric_readers=[PrometheusReader(registry=reg)]), background=False)
+    _client_workload(tel2, upstream)
+    text = generate_latest(reg)
+    assert b"warmscope_cache_lookups_total" in text and b"prefix_kv" in text
+    _clean(text, "the Prometheus exposition")
+    tel2.close()
+
+
+@pytest.mark.redis
+def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
+    tel = make_tel(redis_client=redis_client, early_window_s=60)
+    _client_workload(tel, upstream)
+    tel.close()
+    keys = list(redis_client.scan_iter("ws:*"))
+    assert {k.split(b":")[1] for k in keys} >= {b"hot", b"ab", b"run"}
+    for k in keys:
+        _clean(k, "a Redis key name")
+        t = redis_client.type(k)
+        blob = {b"hash": lambda: repr(redis_client.hgetall(k)),
+                b"zset": lambda: repr(redis_client.zrange(k, 0, -1, withscores=True)),
+                b"set": lambda: repr(redis_client.smembers(k))}.get(t, lambda: redis_client.get(k) or b"")()
+        _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
