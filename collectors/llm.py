@@ -10,8 +10,8 @@ the first token. :class:`LLMRecorder` turns each request into:
   experiment and variant, keyed by the request's *prompt prefix* (the messages
   before the last one, else the first message, else the prompt's first
   characters);
-* a request record (TTFT from the first streamed chunk, duration, prompt and
-  cached tokens), and the A/B unit (a session) from the request context or a
+* a request record (TTFT from the first streamed chunk — none for a request
+  that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request context or a
   session header.
 
 The prefix key is ``KIND:ROLE:TEMPLATE:DIGEST`` where ``TEMPLATE`` is a keyed
@@ -170,6 +170,8 @@ class LLMRecorder:
         self.stats: dict[str, int] = {s: 0 for s in STATS}
         self._secret: bytes | None = None
         self._library: dict[str, list] = {}  # key -> [requests, tenant, kind, prefix]
+        self._keys: dict[tuple, dict] = {}  # (kind, role) -> prefix text -> key (bounded, in process)
+        self._contexts: dict[tuple, RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
         self._warned_usage = False
 
@@ -182,8 +184,17 @@ class LLMRecorder:
     def prefix_key(self, kind: str, role: str, prefix: Any) -> str:
         """The lookup key of a prompt prefix: no prompt text, only keyed hashes."""
         text = prefix if isinstance(prefix, str) else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
-        tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
-        return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
+        memo = self._keys.get((kind, role))
+        if memo is None:
+            memo = self._keys[(kind, role)] = {}
+        key = memo.get(text)
+        if key is None:
+            tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
+            key = f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
+            if len(memo) >= _LIB_CAP * 4:
+                memo.clear()
+            memo[text] = key
+        return key
 
     def begin(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> Exchange | None:
         """A request is about to be sent; None when it is not one to record."""
@@ -212,9 +223,10 @@ class LLMRecorder:
                 tenant = ctx.tenant if ctx.tenant != schema.UNKNOWN else None
                 unit, exp, var = ctx.unit, ctx.experiment or None, ctx.variant or None
                 model = model or (ctx.model if ctx.model != schema.UNKNOWN else None)
-            h = {k.lower(): v for k, v in headers.items()} if headers else {}
-            tenant = tenant or h.get(self.tenant_header) or (user if isinstance(user, str) else None)
-            unit = unit or h.get(self.session_header)
+            # httpx and Starlette headers are case-insensitive mappings
+            tenant = tenant or (headers.get(self.tenant_header) if headers else None) or \
+                (user if isinstance(user, str) else None)
+            unit = unit or (headers.get(self.session_header) if headers else None)
             labels = (tenant, unit, exp or self.experiment, var or self.variant,
                       model if isinstance(model, str) else None)
             return Exchange(self, key, labels, prompt)
@@ -224,8 +236,15 @@ class LLMRecorder:
 
     # ------------------------------------------------------------ recording
     def _context(self, ex: Exchange, prompt_tokens: int | None) -> RequestContext:
-        tenant, unit, exp, var, model = ex.labels
-        return RequestContext(self.agg, tenant, unit, exp, var, model, prompt_tokens)
+        k = ex.labels + (prompt_tokens,)
+        ctx = self._contexts.get(k)
+        if ctx is None:
+            tenant, unit, exp, var, model = ex.labels
+            ctx = RequestContext(self.agg, tenant, unit, exp, var, model, prompt_tokens)
+            if len(self._contexts) >= 4096:
+                self._contexts.clear()
+            self._contexts[k] = ctx
+        return ctx
 
     def _finish(self, ex: Exchange, error: BaseException | None) -> None:
         duration = time.perf_counter() - ex.t0
@@ -267,7 +286,7 @@ class LLMRecorder:
         cached = max(0, min(cached, prompt))
         ctx = self._context(ex, prompt)
         self.agg.record_tokens(self.binding, ex.key, cached, prompt - cached, ctx)
-        self.agg.record_request(ctx, ex.ttft if ex.stream else duration, duration, prompt, cached,
+        self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,
                                 0.0, None, None, 0.0)
         self.stats["recorded"] += 1
         self._remember(ex.key, ctx.tenant, ex.prompt)
