@@ -289,3 +289,41 @@ def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
                 b"zset": lambda: repr(redis_client.zrange(k, 0, -1, withscores=True)),
                 b"set": lambda: repr(redis_client.smembers(k))}.get(t, lambda: redis_client.get(k) or b"")()
         _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
+
+
+def test_gateway_command_forwards_records_and_stops_cleanly(upstream, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import free_port
+    from warmscope.collectors.store import EmbeddedStore
+
+    port = free_port()
+    store = tmp_path / "gw.sqlite"
+    env = dict(os.environ, WARMSCOPE_KEY_SECRET="t", WARMSCOPE_FLUSH_INTERVAL="1")
+    proc = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "gateway",
+                             "--upstream", upstream, "--port", str(port), "--variant", "B"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs(), "user": "acme"})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 0 and "Traceback" not in err
+    assert f"gateway on http://127.0.0.1:{port} -> {upstream}" in err and "recorded 1" in err
+    lk = EmbeddedStore(store, readonly=True).frame("lookups")
+    assert set(lk["tenant"]) == {"acme"} and set(lk["variant"]) == {"B"}
+    assert lk["count"].sum() == r.json()["usage"]["prompt_tokens"]
