@@ -113,6 +113,9 @@ def test_per_tenant_hits_sum_to_each_engines_own_counters(ab_run):
         b, a = ab_run["before"][arm], ab_run["after"][arm]
         eng_hits = a["vllm:prefix_cache_hits_total"] - b.get("vllm:prefix_cache_hits_total", 0)
         eng_queries = a["vllm:prefix_cache_queries_total"] - b.get("vllm:prefix_cache_queries_total", 0)
+        for tenant, row in per_tenant.iterrows():
+            lines.append(f"  {arm} {tenant}: {row['hit']:.0f} cached of {row['hit'] + row['miss']:.0f} prompt tokens "
+                         f"(hit rate {row['hit'] / (row['hit'] + row['miss']):.3f})")
         lines.append(f"{arm}: per-tenant sum hits {hits:.0f} / {queries:.0f} tokens; engine counters "
                      f"{eng_hits:.0f} / {eng_queries:.0f}")
         assert queries == pytest.approx(eng_queries, rel=0.01)
