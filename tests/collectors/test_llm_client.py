@@ -327,3 +327,22 @@ def test_gateway_command_forwards_records_and_stops_cleanly(upstream, tmp_path):
     lk = EmbeddedStore(store, readonly=True).frame("lookups")
     assert set(lk["tenant"]) == {"acme"} and set(lk["variant"]) == {"B"}
     assert lk["count"].sum() == r.json()["usage"]["prompt_tokens"]
+
+
+def test_client_and_gateway_libraries_stay_out_of_the_base_install():
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    base = " ".join(meta["dependencies"]).lower()
+    for lib in ("httpx", "openai", "starlette", "uvicorn"):
+        assert lib not in base, f"{lib} belongs in an extra"
+    extras = meta["optional-dependencies"]
+    assert any("httpx" in d for d in extras["client"]) and any("openai" in d for d in extras["client"])
+    assert "warmscope[gateway]" in extras["dev"] and any("uvicorn" in d for d in extras["gateway"])
+    import subprocess
+    import sys
+
+    # the collectors and the recorder import without them
+    code = ("import sys; sys.modules.update(httpx=None, openai=None, starlette=None, uvicorn=None); "
+            "from warmscope import collectors; import warmscope.collectors.llm")
+    subprocess.run([sys.executable, "-c", code], check=True)
