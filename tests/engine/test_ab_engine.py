@@ -97,6 +97,8 @@ def ab_run(vllm_engines, tmp_path_factory):
                warm_set=warm_set, before=before, after=after, records=records, tmp=tmp)
     tels["A"].close()
     store.close()
+    for e in (eng_a, eng_b):   # free the CPU and memory for the next module
+        e.stop()
 
 
 def test_per_tenant_hits_sum_to_each_engines_own_counters(ab_run):
