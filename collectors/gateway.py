@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -75,21 +74,17 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
                     if ex is not None:
                         ex.feed(chunk)
                     yield chunk
-            except BaseException as e:
+            except BaseException as e:  # upstream cut, or the client went away
                 if ex is not None:
                     ex.finish(e)
                 raise
-            if ex is not None:
-                ex.finish()
-
-        async def close() -> None:
-            await resp.aclose()
+            finally:
+                await resp.aclose()
             if ex is not None:
                 ex.finish()
 
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}}
-        return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers,
-                                 background=BackgroundTask(close))
+        return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
