@@ -6,6 +6,8 @@
     warmscope report ab [options]            write the A/B report (HTML and Markdown)
     warmscope rca CSV --dims ...             root causes of a change in a leaf table (JSON)
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
+    warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
+    warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
 """
 
 from __future__ import annotations
@@ -356,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="ab-report.html")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
+    from . import cli_gateway, cli_warmup
+
+    cli_gateway.add_parser(sub)
+    cli_warmup.add_parser(sub)
     args = ap.parse_args(argv)
     import sqlite3
 

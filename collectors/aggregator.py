@@ -291,6 +291,45 @@ class Aggregator:
         if self.early:
             self._early_read(b, key, fam, ctx)
 
+    def record_tokens(self, b: LayerBinding, key: object, hits: int, misses: int, ctx: Any) -> None:
+        """One request's prefix-cache use measured in tokens (an engine reports
+        ``cached_tokens`` of ``prompt_tokens``): ``hits`` hit and ``misses``
+        missed lookups of ``key``'s family, one hot-key read and one warmed/early
+        read (a hit when any token hit), the unit's lookups and hits in tokens."""
+        try:
+            st = b.tls.s
+        except AttributeError:
+            st = self._state(b.tls, b.layer_id)
+        if st.swap:
+            self._hand_off(st)
+        fam = b.memo.get(key) or b.families.family(key)
+        cid = ctx.cid if b.length_buckets else ctx.cid0
+        c = st.counts
+        for result, n in ((HIT, hits), (MISS, misses)):
+            if n > 0:
+                k = (cid, fam, result)
+                c[k] = c.get(k, 0) + n
+        result = HIT if hits > 0 else MISS
+        hb = st.hbuf.get(ctx.tid)
+        if hb is None:
+            hb = st.hbuf[ctx.tid] = ([], [])
+        lst = hb[result]
+        lst.append(key)
+        if len(lst) >= _BATCH:
+            self._sketch(b.layer_id, st.hot, st.hbuf)
+        if ctx.ukey is not None:
+            u = st.units.get(ctx.ukey)
+            if u is None:
+                u = st.units[ctx.ukey] = [0, 0]
+            u[0] += hits + misses
+            u[1] += hits
+        if self.warmed:
+            w = self.warmed.get(key)
+            if w is not None:
+                self._warmed_read(w, result)
+        if self.early:
+            self._early_read(b, key, fam, ctx)
+
     def record_write(self, b: LayerBinding, key: object, ctx: Any, n: int = 1) -> None:
         try:
             st = b.tls.s

@@ -1,0 +1,223 @@
+"""What the OpenAI-compatible instrumentation and the gateway add per request.
+
+1. Client: the same chat completion (non-streamed and streamed) through a
+   plain ``httpx.Client`` and through one with :class:`InstrumentedTransport`,
+   both over an in-process transport that returns a canned vLLM reply, so
+   the difference is the instrumentation alone (µs per request, and the ratio).
+2. The median request to the tiny model on a real vLLM engine (``--engine URL``,
+   or one started here when vLLM is installed; ``--no-engine`` skips it): the
+   added µs as a share of it (target: at most 50 µs and under 1 %).
+3. Gateway: requests straight to an upstream vs through ``warmscope gateway``
+   in front of it (each in its own process), interleaved over loopback HTTP
+   in this run; added latency at P50/P99.
+
+    python -m bench.bench_client [--n 3000] [--engine URL | --no-engine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.openai_client import InstrumentedTransport
+from warmscope.collectors.pipeline import Telemetry
+
+from .common import best_ns
+
+SYSTEM = "You are the support bot of a parts shop. Answer in one line. " * 8
+BODY = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "system", "content": SYSTEM},
+                                                        {"role": "user", "content": "Where is my parcel?"}]}
+USAGE = {"prompt_tokens": 512, "completion_tokens": 1, "total_tokens": 513,
+         "prompt_tokens_details": {"cached_tokens": 480}}
+REPLY = json.dumps({"id": "c", "object": "chat.completion", "model": "tiny", "usage": USAGE,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                 "finish_reason": "length"}]}).encode()
+SSE = b"".join([b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}\n\n',
+                b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"ok"}}],"usage":null}\n\n',
+                b'data: {"id":"c","choices":[],"usage":' + json.dumps(USAGE).encode() + b'}\n\n',
+                b"data: [DONE]\n\n"])
+
+
+def canned(request: httpx.Request) -> httpx.Response:
+    if b'"stream"' in request.content:
+        return httpx.Response(200, stream=httpx.ByteStream(SSE), headers={"content-type": "text/event-stream"})
+    # a body still to be read, as from the network
+    return httpx.Response(200, stream=httpx.ByteStream(REPLY), headers={"content-type": "application/json"})
+
+
+def telemetry() -> Telemetry:
+    import tempfile
+
+    cfg = CollectorConfig.load(env={}, exporter="none", store_path=tempfile.mkdtemp() + "/b.sqlite",
+                               key_secret="bench")
+    return Telemetry(cfg, background=False)
+
+
+def client_overhead(n: int) -> dict[str, float]:
+    tel = telemetry()
+    plain = httpx.Client(base_url="http://engine", transport=httpx.MockTransport(canned))
+    inst = httpx.Client(base_url="http://engine",
+                        transport=InstrumentedTransport(httpx.MockTransport(canned), telemetry=tel))
+    out = {}
+    for name, body in (("non-streamed", BODY), ("streamed", {**BODY, "stream": True})):
+        for label, c in (("plain", plain), ("instrumented", inst)):
+            def run(c=c, body=body):
+                for _ in range(n):
+                    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                        for _ in r.iter_bytes():
+                            pass
+            run()  # warm
+            out[f"{name} {label}"] = best_ns(run, n) / 1000.0
+    st = inst._transport.recorder.stats
+    assert st["recorded"] > 0 and st["no_usage"] == 0, st
+    tel.close()
+    return out
+
+
+def engine_median(url: str, n: int = 40) -> float:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            c.post("/v1/chat/completions", json=BODY).raise_for_status()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def _spawn(args: list[str], url: str, env: dict | None = None):
+    """A server in its own process (as deployed; in-process threads would
+    measure the GIL instead), returned once it answers."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return proc
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args} exited: {proc.stderr.read().decode()[-500:]}") from None
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{args} did not answer within 60 s")
+
+
+def gateway_latency(upstream: str, n: int) -> tuple[list[float], list[float]]:
+    import os
+    import tempfile
+
+    port = _free_port()
+    env = dict(os.environ, WARMSCOPE_STORE=tempfile.mkdtemp() + "/gw.sqlite", WARMSCOPE_KEY_SECRET="bench")
+    gw_url = f"http://127.0.0.1:{port}"
+    gw = _spawn(["-m", "warmscope.app.cli", "gateway", "--upstream", upstream, "--port", str(port)], gw_url, env)
+    direct, via = [], []
+    try:
+        with httpx.Client(timeout=60) as c:
+            for i in range(n + 20):
+                for base, acc in ((upstream, direct), (gw_url, via)):   # interleaved: the same load on both
+                    t = time.perf_counter()
+                    c.post(base + "/v1/chat/completions", json=BODY).raise_for_status()
+                    if i >= 20:
+                        acc.append((time.perf_counter() - t) * 1e6)
+    finally:
+        gw.terminate()
+        gw.wait(30)
+    return direct, via
+
+
+def serve_canned(port: int) -> None:
+    """An upstream that answers every completion at once with the canned reply."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def reply(request):
+        await request.body()
+        return Response(REPLY, media_type="application/json")
+
+    uvicorn.run(Starlette(routes=[Route("/v1/chat/completions", reply, methods=["POST", "GET"])]),
+                host="127.0.0.1", port=port, log_level="warning")
+
+
+def q(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=3000, help="requests per client case (default 3000)")
+    ap.add_argument("--gateway-n", type=int, default=400, help="requests per gateway case (default 400)")
+    ap.add_argument("--engine", help="a running vLLM engine's URL (default: start one if vLLM is installed)")
+    ap.add_argument("--no-engine", action="store_true", help="skip the real-engine figures")
+    ap.add_argument("--serve-canned", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_canned:
+        return serve_canned(args.serve_canned)
+
+    r = client_overhead(args.n)
+    print("client instrumentation, in-process canned engine reply (best of 5):")
+    added = {}
+    for name in ("non-streamed", "streamed"):
+        p, i = r[f"{name} plain"], r[f"{name} instrumented"]
+        added[name] = i - p
+        print(f"  {name:<13} plain {p:7.1f} µs/request  instrumented {i:7.1f} µs/request  "
+              f"added {i - p:6.1f} µs  ratio {i / p:5.2f}x")
+
+    port = _free_port()
+    up = f"http://127.0.0.1:{port}"
+    upstream = _spawn(["-m", "bench.bench_client", "--serve-canned", str(port)], up + "/v1/chat/completions")
+    try:
+        d, v = gateway_latency(up, args.gateway_n)
+    finally:
+        upstream.terminate()
+        upstream.wait(30)
+    print(f"gateway, loopback upstream answering at once ({args.gateway_n} requests each, interleaved):")
+    for p in (50, 99):
+        print(f"  P{p}: direct {q(d, p) / 1000:6.2f} ms  via gateway {q(v, p) / 1000:6.2f} ms  "
+              f"added {(q(v, p) - q(d, p)) / 1000:6.2f} ms")
+
+    if args.no_engine:
+        return
+    eng = None
+    url = args.engine
+    if url is None:
+        from warmscope.simulator import real_engine
+
+        if not real_engine.installed():
+            print("real engine: vLLM not installed (python -m warmscope.simulator.real_engine install); skipped")
+            return
+        eng = real_engine.VLLMEngine(log=lambda s: None).start()
+        url = eng.url
+    try:
+        med = engine_median(url)
+        worst = max(added.values())
+        print(f"real engine (tiny model): median request {med / 1000:.1f} ms; instrumentation adds "
+              f"{worst:.1f} µs = {100 * worst / med:.3f} % of it")
+        d, v = gateway_latency(url, min(args.gateway_n, 100))
+        for p in (50, 99):
+            print(f"  gateway to the engine P{p}: direct {q(d, p) / 1000:6.2f} ms  via gateway "
+                  f"{q(v, p) / 1000:6.2f} ms  added {(q(v, p) - q(d, p)) / 1000:6.2f} ms")
+    finally:
+        if eng is not None:
+            eng.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Instrument an OpenAI-compatible client: an httpx transport and an ``openai`` wrapper.
+
+Needs the ``client`` extra (``pip install "warmscope[client]"``)::
+
+    import openai
+    from warmscope import collectors
+    from warmscope.collectors.openai_client import instrument_openai
+
+    tel = collectors.setup()
+    client = instrument_openai(openai.OpenAI(base_url="http://vllm:8000/v1", api_key="-"))
+    with collectors.request_context(tenant="acme", unit=session_id):
+        client.chat.completions.create(model="m", messages=msgs,
+                                       stream=True, stream_options={"include_usage": True})
+
+Any httpx user can take the transport itself:
+``httpx.Client(transport=InstrumentedTransport())`` (``AsyncInstrumentedTransport``
+for ``httpx.AsyncClient``). What is recorded is described in
+:mod:`warmscope.collectors.llm`. The transport passes requests and responses
+through unchanged (streaming included) and never raises anything of its own:
+the caller sees exactly the responses and exceptions it would see without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+
+from .llm import Exchange, LLMRecorder
+from .pipeline import Telemetry
+
+__all__ = ["InstrumentedTransport", "AsyncInstrumentedTransport", "instrument_openai", "recorder_of"]
+
+
+def _body(request: httpx.Request) -> bytes | None:
+    try:
+        return request.content
+    except httpx.RequestNotRead:  # a streamed upload: not parsed
+        return None
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, inner: Any, ex: Exchange) -> None:
+        self._inner, self._ex = inner, ex
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._inner:
+                self._ex.feed(chunk)
+                yield chunk
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
+        self._ex.finish()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._ex.finish()
+
+
+class _AsyncStream(httpx.AsyncByteStream):
+    def __init__(self, inner: Any, ex: Exchange) -> None:
+        self._inner, self._ex = inner, ex
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                self._ex.feed(chunk)
+                yield chunk
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
+        self._ex.finish()
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._ex.finish()
+
+
+def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
+    ex.response(resp.status_code, resp.headers.get("content-type"))
+    resp.stream = stream  # the same response, its body read through the recorder
+    return resp
+
+
+class InstrumentedTransport(httpx.BaseTransport):
+    """An httpx transport that records OpenAI-compatible completions and
+    forwards everything to ``transport`` (default: ``httpx.HTTPTransport()``)."""
+
+    def __init__(self, transport: httpx.BaseTransport | None = None, telemetry: Telemetry | None = None,
+                 recorder: LLMRecorder | None = None, **recorder_kw: Any) -> None:
+        self.transport = transport or httpx.HTTPTransport()
+        self.recorder = recorder or LLMRecorder(telemetry, **recorder_kw)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        ex = self.recorder.begin(request.method, request.url.path, request.headers, _body(request))
+        if ex is None:
+            return self.transport.handle_request(request)
+        try:
+            resp = self.transport.handle_request(request)
+        except BaseException as e:
+            ex.finish(e)
+            raise
+        return _wrap(resp, ex, _SyncStream(resp.stream, ex))
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class AsyncInstrumentedTransport(httpx.AsyncBaseTransport):
+    """The asyncio counterpart of :class:`InstrumentedTransport`."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, telemetry: Telemetry | None = None,
+                 recorder: LLMRecorder | None = None, **recorder_kw: Any) -> None:
+        self.transport = transport or httpx.AsyncHTTPTransport()
+        self.recorder = recorder or LLMRecorder(telemetry, **recorder_kw)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        ex = self.recorder.begin(request.method, request.url.path, request.headers, _body(request))
+        if ex is None:
+            return await self.transport.handle_async_request(request)
+        try:
+            resp = await self.transport.handle_async_request(request)
+        except BaseException as e:
+            ex.finish(e)
+            raise
+        return _wrap(resp, ex, _AsyncStream(resp.stream, ex))
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+def instrument_openai(client: Any, telemetry: Telemetry | None = None, **recorder_kw: Any) -> Any:
+    """A copy of an ``openai.OpenAI`` / ``openai.AsyncOpenAI`` (or any client with
+    ``with_options(http_client=...)``) whose requests go through an instrumented
+    transport. Timeouts, retries and base URL are the client's own.
+    ``recorder_kw``: :class:`~warmscope.collectors.llm.LLMRecorder` options
+    (``experiment``, ``variant``, ``tenant_header``, ``session_header``)."""
+    is_async = "Async" in type(client).__name__
+    if is_async:
+        http: Any = httpx.AsyncClient(transport=AsyncInstrumentedTransport(telemetry=telemetry, **recorder_kw),
+                                      timeout=client.timeout, follow_redirects=True)
+    else:
+        http = httpx.Client(transport=InstrumentedTransport(telemetry=telemetry, **recorder_kw),
+                            timeout=client.timeout, follow_redirects=True)
+    return client.with_options(http_client=http)
+
+
+def recorder_of(client: Any) -> LLMRecorder:
+    """The recorder behind an instrumented openai or httpx client (for its
+    ``stats`` and ``hot_prefixes``)."""
+    http = getattr(client, "_client", client)
+    return http._transport.recorder

@@ -1,0 +1,348 @@
+"""OpenAI-compatible client instrumentation, the gateway and the warm-up runner
+against a local OpenAI-shaped server (real HTTP on 127.0.0.1; the real engine
+is exercised in tests/engine/test_ab_engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from warmscope.collectors import request_context
+from warmscope.collectors.gateway import make_app, serve
+from warmscope.collectors.openai_client import (AsyncInstrumentedTransport, InstrumentedTransport,
+                                                instrument_openai, recorder_of)
+from warmscope.collectors.warmup_runner import WarmupInputError, load_prompts, run_warmup
+
+from .llm_upstream import make_upstream
+
+SYSTEM = "You are the zq7 support bot for Initech. Reply in one line. " * 4   # text that must never leave
+USER = "My invoice 4471 is wrong"
+
+
+def msgs(system=SYSTEM, user=USER):
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with serve(make_upstream()) as url:
+        yield url
+
+
+def lookups(tel):
+    tel.flush()
+    lk = tel.store.frame("lookups")
+    return lk[lk["layer"] == "prefix_kv"]
+
+
+def test_sync_transport_records_tokens_per_tenant_and_passes_bytes_through(make_tel, upstream):
+    tel = make_tel()
+    plain = httpx.Client(base_url=upstream)
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    body = {"model": "tiny", "messages": msgs(), "max_tokens": 1}
+    first = inst.post("/v1/chat/completions", json=body, headers={"x-warmscope-tenant": "acme"})
+    second = inst.post("/v1/chat/completions", json={**body, "user": "globex"})
+    ref = plain.post("/v1/chat/completions", json=body)
+    assert first.json()["choices"] == ref.json()["choices"]           # the caller's response is untouched
+    u1, u2 = first.json()["usage"], second.json()["usage"]
+    assert u1["prompt_tokens_details"]["cached_tokens"] == 0 and u2["prompt_tokens_details"]["cached_tokens"] > 0
+    lk = lookups(tel)
+    by = lk.groupby(["tenant", "result"])["count"].sum().to_dict()
+    # tokens, not requests: acme all missed, globex hit its cached tokens
+    assert by[("acme", "miss")] == u1["prompt_tokens"]
+    assert by[("globex", "hit")] == u2["prompt_tokens_details"]["cached_tokens"]
+    assert by[("globex", "miss")] == u2["prompt_tokens"] - u2["prompt_tokens_details"]["cached_tokens"]
+    fams = set(lk["family"])
+    assert len(fams) == 1 and next(iter(fams)).startswith("chat:system:")
+    assert "zq7" not in next(iter(fams)) and "support" not in next(iter(fams))
+    assert recorder_of(inst).stats["recorded"] == 2
+
+
+def test_stream_gives_ttft_and_usage_and_unit_from_the_context(make_tel, upstream):
+    tel = make_tel()
+    client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel)
+    cached = 0
+    for _ in range(2):
+        with request_context(tenant="acme", unit="sess-1", experiment="exp", variant="B", telemetry=tel):
+            chunks = list(client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=3, stream=True,
+                                                         stream_options={"include_usage": True}))
+        cached += chunks[-1].usage.prompt_tokens_details.cached_tokens
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok ok ok"
+    tel.flush()
+    h = tel.store.frame("histograms")
+    ttft = h[h["metric"] == "gen_ai.server.time_to_first_token"]
+    assert ttft["count"].sum() == 2 and ttft["sum"].iloc[0] > 0     # one row per bucket; 2 observations
+    units = tel.store.units("exp")
+    assert len(units) == 1 and units["requests"].iloc[0] == 2 and units["variant"].iloc[0] == "B"
+    lk = lookups(tel)
+    hits = lk[lk.result == "hit"]["count"].sum()
+    assert hits == cached > 0
+
+
+def test_async_openai_client_streaming_and_not(make_tel, upstream):
+    tel = make_tel()
+
+    async def go():
+        client = instrument_openai(openai.AsyncOpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel)
+        with request_context(tenant="initech", telemetry=tel):
+            r = await client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=1)
+            s = await client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=1, stream=True,
+                                                     stream_options={"include_usage": True})
+            last = [c async for c in s][-1]
+        await client.close()
+        return r.usage, last.usage
+
+    u1, u2 = asyncio.run(go())
+    lk = lookups(tel)
+    assert set(lk["tenant"]) == {"initech"}
+    assert lk["count"].sum() == u1.prompt_tokens + u2.prompt_tokens      # 2 requests' prompt tokens
+    cached = u1.prompt_tokens_details.cached_tokens + u2.prompt_tokens_details.cached_tokens
+    assert lk[lk.result == "hit"]["count"].sum() == cached > 0
+
+
+def test_faults_reach_the_caller_as_without_warmscope_and_are_counted(make_tel, upstream, caplog):
+    tel = make_tel()
+    inst_tr = InstrumentedTransport(telemetry=tel)
+    inst = httpx.Client(base_url=upstream, transport=inst_tr)
+    plain = httpx.Client(base_url=upstream)
+
+    def both(fn):
+        out = []
+        for c in (plain, inst):
+            try:
+                out.append(("ok", fn(c)))
+            except Exception as e:
+                out.append(("raised", type(e)))
+        return out
+
+    # engine error: the same 500 and body
+    a, b = both(lambda c: (lambda r: (r.status_code, r.content))(
+        c.post("/v1/chat/completions", json={"model": "error", "messages": msgs()})))
+    assert a == b and a[1][0] == 500
+    # a stream cut mid-way: the same exception type for both
+    cut = {"model": "cut", "messages": msgs(), "stream": True}
+    a, b = both(lambda c: c.post("/v1/chat/completions", json=cut).content)
+    assert a == b and a[0] == "raised"
+    # a response that is not JSON: forwarded unchanged
+    a, b = both(lambda c: c.post("/v1/chat/completions", json={"model": "badjson", "messages": msgs()}).content)
+    assert a == b == ("ok", b"{not json")
+    # a request body that is not JSON: forwarded, the engine's 400 comes back
+    a, b = both(lambda c: c.post("/v1/chat/completions", content=b"\x00garbage{").status_code)
+    assert a == b == ("ok", 400)
+    # no usage details: one log line naming the fix, counted
+    with caplog.at_level(logging.WARNING, logger="warmscope.collectors"):
+        for _ in range(2):
+            inst.post("/v1/chat/completions", json={"model": "nousage", "messages": msgs()})
+    assert sum("enable-prompt-tokens-details" in r.message for r in caplog.records) == 1
+    # the engine down: the same connection error
+    dead = httpx.Client(base_url="http://127.0.0.1:9", transport=InstrumentedTransport(telemetry=tel))
+    with pytest.raises(httpx.ConnectError):
+        dead.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs()})
+    st = inst_tr.recorder.stats
+    assert (st["engine_errors"], st["cut_streams"], st["no_usage"]) == (2, 1, 2)   # the 500 and the 400
+    assert st["bad_body"] == 2                       # the non-JSON response and the non-JSON request
+    assert dead._transport.recorder.stats["connect_errors"] == 1
+    lk = lookups(tel)
+    assert lk[lk.result == "error"]["count"].sum() == 3   # engine error, cut stream, engine down
+
+
+def test_gateway_forwards_unchanged_and_records(make_tel, upstream):
+    tel = make_tel()
+    app = make_app(upstream, telemetry=tel)
+    with serve(app) as gw:
+        g, p = httpx.Client(base_url=gw), httpx.Client(base_url=upstream)
+        body = {"model": "tiny", "messages": msgs(), "stream": True, "stream_options": {"include_usage": True}}
+        p.post("/v1/chat/completions", json={**body, "messages": msgs(user="warm the prefix")})
+        via = g.post("/v1/chat/completions", json=body, headers={"x-warmscope-tenant": "acme"})
+        ref = p.post("/v1/chat/completions", json=body)   # the same request, straight to the engine
+        assert via.status_code == 200 and via.headers["content-type"].startswith("text/event-stream")
+        assert via.content == ref.content                # the SSE bytes, untouched
+        assert g.get("/v1/models").json() == p.get("/v1/models").json()
+        assert g.post("/v1/chat/completions", content=b"{truncated").status_code == 400
+        with pytest.raises(httpx.RemoteProtocolError):
+            g.post("/v1/chat/completions", json={"model": "cut", "messages": msgs(), "stream": True})
+        assert g.get("/v1/models").status_code == 200    # the gateway lives on
+    with serve(make_app("http://127.0.0.1:9", telemetry=tel)) as gw:
+        r = httpx.post(gw + "/v1/chat/completions", json={"model": "tiny", "messages": msgs()})
+        assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    st = app.state.recorder.stats
+    assert st["recorded"] == 1 and st["bad_body"] == 1 and st["cut_streams"] == 1
+    lk = lookups(tel)
+    acme = lk[lk.tenant == "acme"]
+    usage = json.loads([line for line in via.text.splitlines() if '"usage": {' in line][0][5:])["usage"]
+    assert acme[acme.result == "hit"]["count"].sum() == usage["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_warmup_runner_warms_records_and_fails_cleanly(make_tel, upstream, tmp_path):
+    tel = make_tel(early_window_s=3600)
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    rec = inst._transport.recorder
+    ws = tmp_path / "warm.jsonl"
+    ws.write_text("\n".join(json.dumps({"messages": [{"role": "system", "content": f"{SYSTEM} v{i}"}],
+                                        "tenant": "acme"}) for i in range(3)) + "\n")
+    res = run_warmup(upstream, str(ws), recorder=rec, top_k=2, tenant="acme", rate=0)
+    assert (res.status, res.keys) == ("ok", 2) and res.prompt_tokens > 0
+    # real requests that share a warmed prefix hit it: the warmed key was read
+    for i in range(3):
+        with request_context(tenant="acme", telemetry=tel):
+            inst.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system=f"{SYSTEM} v{i}")})
+    tel.close()
+    runs = tel.store.frame("warmup_runs")
+    assert list(runs["status"]) == ["ok"] and runs["keys"].iloc[0] == 2
+    wk = tel.store.frame("warmed_keys")
+    assert len(wk) == 2 and wk["first_hit_at"].notna().all()            # precision 2/2
+    early = tel.store.frame("early_keys")
+    assert len(early) == 3 and set(wk["key_hash"]) < set(early["key_hash"])   # recall 2/3
+    # from the in-process hot prefixes
+    hot = rec.hot_prefixes(10, tenant="acme")
+    assert len(hot) == 3 and all(k.startswith("chat:system:") for k, _, _ in hot)
+    # the engine gone: the run ends as error, nothing raised
+    bad = run_warmup("http://127.0.0.1:9", str(ws), telemetry=tel, top_k=2)
+    assert bad.status == "error" and "ConnectError" in bad.error
+    with pytest.raises(WarmupInputError, match=r"bad.jsonl:2: not JSON"):
+        (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n{oops\n')
+        load_prompts(tmp_path / "bad.jsonl")
+
+
+def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
+    from warmscope.app.cli import main
+
+    assert main(["gateway", "--upstream", "localhost:8000"]) == 2
+    assert "not an http(s) URL" in capsys.readouterr().err
+    assert main(["warmup", "--engine", "http://127.0.0.1:9", "--from", str(tmp_path / "none.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["warmup", "--engine", "http://127.0.0.1:9"]) == 2
+    assert "--from FILE" in capsys.readouterr().err
+    (tmp_path / "w.jsonl").write_text('{"prompt": "hello"}\n')
+    assert main(["--store", str(tmp_path / "s.sqlite"), "warmup", "--engine", "http://127.0.0.1:9",
+                 "--from", str(tmp_path / "w.jsonl"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "error" in err and "ConnectError" in err and "Traceback" not in err
+
+
+def _client_workload(tel, upstream):
+    client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel,
+                               experiment="exp", variant="A")
+    with tel.warmup("engine_prefix", layer="prefix_kv", tenant="acme") as run:
+        run.warmed(recorder_of(client).prefix_key("chat", "system", [["system", SYSTEM]]))
+    for j in range(3):
+        with request_context(tenant="acme", unit=f"sess-zq7{j}", telemetry=tel):
+            list(client.chat.completions.create(model="tiny", messages=msgs(), stream=True,
+                                                stream_options={"include_usage": True}))
+            client.chat.completions.create(model="tiny", messages=msgs(user=f"{USER} {j}"))
+    assert recorder_of(client).stats["recorded"] == 6
+
+
+LEAKS = [b"zq7", b"support bot", b"invoice 4471", b"Initech"]
+
+
+def _clean(blob: bytes, where: str) -> None:
+    for s in LEAKS:
+        assert s not in blob, f"{s!r} leaked into {where}"
+
+
+def test_no_prompt_text_in_store_otlp_or_prometheus(make_tel, upstream, tmp_path):
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from warmscope.collectors.otel import PrometheusReader
+    from warmscope.collectors.pipeline import Telemetry
+
+    tel = make_tel(store_path=str(tmp_path / "p.sqlite"), early_window_s=0)
+    _client_workload(tel, upstream)
+    md = tel.reader.get_metrics_data()
+    payload = encode_metrics(md).SerializeToString()
+    assert b"warmscope.cache.lookups" in payload
+    _clean(payload, "the OTLP payload")
+    tel.close()
+    assert len(tel.store.frame("hot_keys")) > 0 and len(tel.store.units("exp")) == 3
+    for f in tmp_path.glob("p.sqlite*"):
+        _clean(f.read_bytes(), f.name)
+    reg = CollectorRegistry()
+    tel2 = Telemetry(make_tel(with_reader=False).config,
+                     meter_provider=MeterProvider(metric_readers=[PrometheusReader(registry=reg)]), background=False)
+    _client_workload(tel2, upstream)
+    text = generate_latest(reg)
+    assert b"warmscope_cache_lookups_total" in text and b"prefix_kv" in text
+    _clean(text, "the Prometheus exposition")
+    tel2.close()
+
+
+@pytest.mark.redis
+def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
+    tel = make_tel(redis_client=redis_client, early_window_s=60)
+    _client_workload(tel, upstream)
+    tel.close()
+    keys = list(redis_client.scan_iter("ws:*"))
+    assert {k.split(b":")[1] for k in keys} >= {b"hot", b"ab", b"run"}
+    for k in keys:
+        _clean(k, "a Redis key name")
+        t = redis_client.type(k)
+        blob = {b"hash": lambda: repr(redis_client.hgetall(k)),
+                b"zset": lambda: repr(redis_client.zrange(k, 0, -1, withscores=True)),
+                b"set": lambda: repr(redis_client.smembers(k))}.get(t, lambda: redis_client.get(k) or b"")()
+        _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
+
+
+def test_gateway_command_forwards_records_and_stops_cleanly(upstream, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import free_port
+    from warmscope.collectors.store import EmbeddedStore
+
+    port = free_port()
+    store = tmp_path / "gw.sqlite"
+    env = dict(os.environ, WARMSCOPE_KEY_SECRET="t", WARMSCOPE_FLUSH_INTERVAL="1")
+    proc = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "gateway",
+                             "--upstream", upstream, "--port", str(port), "--variant", "B"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs(), "user": "acme"})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 0 and "Traceback" not in err
+    assert f"gateway on http://127.0.0.1:{port} -> {upstream}" in err and "recorded 1" in err
+    lk = EmbeddedStore(store, readonly=True).frame("lookups")
+    assert set(lk["tenant"]) == {"acme"} and set(lk["variant"]) == {"B"}
+    assert lk["count"].sum() == r.json()["usage"]["prompt_tokens"]
+
+
+def test_client_and_gateway_libraries_stay_out_of_the_base_install():
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    base = " ".join(meta["dependencies"]).lower()
+    for lib in ("httpx", "openai", "starlette", "uvicorn"):
+        assert lib not in base, f"{lib} belongs in an extra"
+    extras = meta["optional-dependencies"]
+    assert any("httpx" in d for d in extras["client"]) and any("openai" in d for d in extras["client"])
+    assert "warmscope[gateway]" in extras["dev"] and any("uvicorn" in d for d in extras["gateway"])
+    import subprocess
+    import sys
+
+    # the collectors and the recorder import without them
+    code = ("import sys; sys.modules.update(httpx=None, openai=None, starlette=None, uvicorn=None); "
+            "from warmscope import collectors; import warmscope.collectors.llm")
+    subprocess.run([sys.executable, "-c", code], check=True)

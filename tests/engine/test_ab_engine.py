@@ -1,0 +1,216 @@
+"""A/B of cache warm-up on two real vLLM engines, measured through the
+instrumented OpenAI client: arm A starts cold, arm B is warmed by the warm-up
+runner at start; one multi-tenant workload is split between them by session
+hash. What warmscope reports is checked against the engines' own counters and
+the cached tokens they returned; then an engine is stopped mid-run."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from warmscope.analysis.ab_report import report_for
+from warmscope.analysis.coverage import warm_set_coverage
+from warmscope.collectors import request_context
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.openai_client import instrument_openai, recorder_of
+from warmscope.collectors.pipeline import Telemetry
+from warmscope.collectors.store import EmbeddedStore
+from warmscope.collectors.warmup_runner import run_warmup
+
+pytestmark = pytest.mark.engine
+
+EXPERIMENT = "warmup-engine"
+TENANTS = ("acme", "globex", "initech", "umbrella")
+PER_TENANT = 24            # templates (system prompts) per tenant; one session each
+WORDS = ("ledger invoice refund parcel courier warranty voucher module sensor turbine valve gasket "
+         "nozzle piston bracket hinge rotor spindle").split()
+SECRET_WORD = "zqxmarker"  # in every system prompt: must appear in no exported byte
+
+
+def system_prompt(tenant: str, i: int) -> str:
+    r = random.Random(f"{tenant}-{i}")
+    # ~330 words: about 1700 tokens with the tiny model's tokenizer (max_model_len 2048)
+    return f"{SECRET_WORD} {tenant} desk {i}: " + " ".join(r.choice(WORDS) for _ in range(330))
+
+
+def arm_of(session: str) -> str:
+    return "A" if hashlib.blake2b(session.encode(), digest_size=2).digest()[0] % 2 == 0 else "B"
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q))
+
+
+@pytest.fixture(scope="module")
+def ab_run(vllm_engines, tmp_path_factory):
+    eng_a, eng_b = vllm_engines(2)
+    tmp = tmp_path_factory.mktemp("ab-engine")
+    store = EmbeddedStore(tmp / "ab.sqlite")
+    tels = {}
+    for arm in "AB":
+        cfg = CollectorConfig.load(env={}, store_path=str(tmp / "ab.sqlite"), key_secret="ab-secret",
+                                   exporter="embedded", replica=f"{arm.lower()}-0", early_window_s=3600)
+        tels[arm] = Telemetry(cfg, store=store, background=False)
+    clients = {arm: instrument_openai(openai.OpenAI(base_url=e.base_url, api_key="-", max_retries=0),
+                                      telemetry=tels[arm], experiment=EXPERIMENT, variant=arm)
+               for arm, e in (("A", eng_a), ("B", eng_b))}
+    templates = [(t, i) for t in TENANTS for i in range(PER_TENANT)]
+    # B's warm set: 3 in 4 of the templates (the rest stay cold), and 4 prompts no one asks for.
+    warm_set = [{"messages": [{"role": "system", "content": system_prompt(t, i)}], "tenant": t}
+                for t, i in templates if i % 4 != 3]
+    warm_set += [{"messages": [{"role": "system", "content": system_prompt("nobody", i)}]} for i in range(4)]
+    warm = run_warmup(eng_b.url, warm_set, recorder=recorder_of(clients["B"]), top_k=len(warm_set), rate=0,
+                      trigger="replica_start")
+    before = {"A": eng_a.counters(), "B": eng_b.counters()}
+    sessions = [(f"sess-{t}-{i}", t, i) for t, i in templates]
+    random.Random(7).shuffle(sessions)
+    records = []
+    for sid, tenant, i in sessions:
+        arm = arm_of(sid)
+        for turn in range(2 if i % 3 == 0 else 1):     # a third of the sessions come back once
+            msgs = [{"role": "system", "content": system_prompt(tenant, i)},
+                    {"role": "user", "content": f"question {turn} from {tenant}"}]
+            with request_context(tenant=tenant, unit=sid, telemetry=tels[arm]):
+                t0 = time.perf_counter()
+                stream = clients[arm].chat.completions.create(model="tiny", messages=msgs, max_tokens=1,
+                                                              stream=True, stream_options={"include_usage": True})
+                ttft, usage = None, None
+                for chunk in stream:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    usage = chunk.usage or usage
+            key = recorder_of(clients[arm]).prefix_key("chat", "system", [["system", msgs[0]["content"]]])
+            records.append(dict(arm=arm, tenant=tenant, key=key, ttft=ttft, prompt=usage.prompt_tokens,
+                                cached=usage.prompt_tokens_details.cached_tokens))
+    after = {"A": eng_a.counters(), "B": eng_b.counters()}
+    tels["A"].flush()
+    tels["B"].close()   # arm B is done: its final flush closes the run's recall window
+    yield dict(engines={"A": eng_a, "B": eng_b}, tels=tels, clients=clients, store=store, warm=warm,
+               warm_set=warm_set, before=before, after=after, records=records, tmp=tmp)
+    tels["A"].close()
+    store.close()
+    for e in (eng_a, eng_b):   # free the CPU and memory for the next module
+        e.stop()
+
+
+def test_per_tenant_hits_sum_to_each_engines_own_counters(ab_run):
+    lk = ab_run["store"].frame("lookups")
+    lk = lk[lk.layer == "prefix_kv"]
+    lines = []
+    for arm in "AB":
+        ours = lk[lk.replica == f"{arm.lower()}-0"]
+        per_tenant = ours.pivot_table(index="tenant", columns="result", values="count", aggfunc="sum",
+                                      fill_value=0)
+        assert set(per_tenant.index) <= set(TENANTS) and len(per_tenant) >= 3
+        hits = float(per_tenant["hit"].sum())
+        queries = float(per_tenant[["hit", "miss"]].sum().sum())
+        b, a = ab_run["before"][arm], ab_run["after"][arm]
+        eng_hits = a["vllm:prefix_cache_hits_total"] - b.get("vllm:prefix_cache_hits_total", 0)
+        eng_queries = a["vllm:prefix_cache_queries_total"] - b.get("vllm:prefix_cache_queries_total", 0)
+        for tenant, row in per_tenant.iterrows():
+            lines.append(f"  {arm} {tenant}: {row['hit']:.0f} cached of {row['hit'] + row['miss']:.0f} prompt tokens "
+                         f"(hit rate {row['hit'] / (row['hit'] + row['miss']):.3f})")
+        lines.append(f"{arm}: per-tenant sum hits {hits:.0f} / {queries:.0f} tokens; engine counters "
+                     f"{eng_hits:.0f} / {eng_queries:.0f}")
+        assert queries == pytest.approx(eng_queries, rel=0.01)
+        assert hits == pytest.approx(eng_hits, rel=0.01, abs=0.5)
+        # and both equal what the engine returned request by request
+        rec = [r for r in ab_run["records"] if r["arm"] == arm]
+        assert hits == sum(r["cached"] for r in rec) and queries == sum(r["prompt"] for r in rec)
+        assert hits > 0
+    print("\n" + "\n".join(lines))
+
+
+def test_ab_report_shows_b_better_in_hit_rate_and_ttft(ab_run):
+    rep = report_for(ab_run["store"], EXPERIMENT, primary="hit rate (prefix_kv)")
+    res = {r.metric: r for r in rep.results}
+    hr, tt = res["hit rate (prefix_kv)"], res["TTFT per request (s)"]
+    recs = ab_run["records"]
+    ttft = {arm: [r["ttft"] for r in recs if r["arm"] == arm] for arm in "AB"}
+    rows = [f"| arm | units | token hit rate | TTFT P50 (s) | TTFT P95 (s) |", "|---|---|---|---|---|"]
+    for arm, v in (("A", hr.control), ("B", hr.treatment)):
+        rows.append(f"| {arm} | {rep.units.get(arm)} | {v:.3f} | {pct(ttft[arm], 50):.3f} | "
+                    f"{pct(ttft[arm], 95):.3f} |")
+    rows.append(f"hit rate B-A {hr.abs_effect:+.3f} [{hr.abs_low:+.3f}, {hr.abs_high:+.3f}] p={hr.p_value:.2g}")
+    rows.append(f"TTFT/request B-A {tt.abs_effect:+.4f} s [{tt.abs_low:+.4f}, {tt.abs_high:+.4f}] "
+                f"p={tt.p_value:.2g}")
+    print("\n" + "\n".join(rows))
+    # the report's arm values are the engines' own cached/prompt token ratios
+    for arm, v in (("A", hr.control), ("B", hr.treatment)):
+        rec = [r for r in recs if r["arm"] == arm]
+        assert v == pytest.approx(sum(r["cached"] for r in rec) / sum(r["prompt"] for r in rec), rel=1e-9)
+    assert rep.srm_units is not None and not rep.srm_units.flagged
+    assert hr.abs_low > 0                      # B's hit rate is higher, CI excludes zero
+    assert tt.abs_high < 0                     # B's TTFT is lower, CI excludes zero
+
+
+def test_warm_set_precision_and_recall_come_from_real_cached_tokens(ab_run):
+    st = ab_run["store"]
+    runs = st.frame("warmup_runs")
+    runs = runs[runs.replica == "b-0"]
+    assert list(runs["status"]) == ["ok"] and ab_run["warm"].keys == len(ab_run["warm_set"])
+    cov = warm_set_coverage(runs, st.frame("warmed_keys"), st.frame("early_keys"), recall_window_s=3600)
+    row = cov.iloc[0]
+    b = [r for r in ab_run["records"] if r["arm"] == "B"]
+    warmed = set(ab_run["warm"].key_list)
+    read = {r["key"] for r in b if r["key"] in warmed and r["cached"] > 0}   # the engine served it from cache
+    requested = {r["key"] for r in b}
+    print(f"\nB's warm-up run: precision {row['precision']:.3f} (expected {len(read)}/{len(warmed)}), recall "
+          f"{row['recall']:.3f} (expected {len(requested & warmed)}/{len(requested)})")
+    assert row["precision"] == pytest.approx(len(read) / len(warmed))
+    assert row["recall"] == pytest.approx(len(requested & warmed) / len(requested))
+    assert 0 < row["precision"] < 1 and 0 < row["recall"] < 1
+
+
+def test_no_prompt_text_in_the_store(ab_run):
+    ab_run["tels"]["A"].flush()
+    blobs = [p.read_bytes() for p in Path(ab_run["tmp"]).glob("ab.sqlite*")]
+    assert blobs and sum(len(b) for b in blobs) > 10_000
+    for blob in blobs:
+        assert SECRET_WORD.encode() not in blob and b"turbine" not in blob and b"question 3" not in blob
+
+
+def test_engine_stopped_mid_run_fails_for_the_caller_as_without_warmscope(ab_run):
+    eng = ab_run["engines"]["A"]
+    tel = ab_run["tels"]["A"]
+    inst = ab_run["clients"]["A"]
+    plain = openai.OpenAI(base_url=eng.base_url, api_key="-", max_retries=0)
+    warm_set = [{"messages": [{"role": "system", "content": system_prompt("late", i)}]} for i in range(40)]
+    two_done = threading.Event()
+    out = {}
+
+    def progress(done, total):
+        if done >= 2:
+            two_done.set()
+
+    th = threading.Thread(target=lambda: out.setdefault("res", run_warmup(
+        eng.url, warm_set, telemetry=tel, top_k=40, rate=2, progress=progress, timeout_s=30)))
+    th.start()
+    assert two_done.wait(120)
+    eng.stop()                                          # the engine goes away mid-run
+    th.join(120)
+    res = out["res"]
+    assert res.status == "error" and 2 <= res.keys < 40
+    msgs = [{"role": "system", "content": system_prompt("acme", 0)}, {"role": "user", "content": "hi"}]
+    raised = []
+    for client in (plain, inst):
+        try:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
+        except Exception as e:
+            raised.append(type(e))
+    assert raised == [openai.APIConnectionError, openai.APIConnectionError]
+    st = recorder_of(inst).stats
+    assert st["connect_errors"] == 1
+    tel.flush()
+    runs = ab_run["store"].frame("warmup_runs")
+    assert runs.loc[runs.run_id == res.run_id, "status"].tolist() == ["error"]
+    lk = ab_run["store"].frame("lookups")
+    assert lk[(lk.replica == "a-0") & (lk.result == "error")]["count"].sum() == 1
