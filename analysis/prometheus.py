@@ -283,6 +283,7 @@ class PrometheusSource:
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
             return df.groupby(cols, as_index=False)["tokens"].sum()
         step = max(choose_step(start, end), int(self.scrape_interval))
+        start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
         if name == "engine_ttft":
             win = f"{max(step, int(4 * self.scrape_interval))}s"
             rows = []
