@@ -203,7 +203,7 @@ def rootcause(start: float, end: float) -> None:
     dims = ["model", "instance", "engine_kind"]
     cur = pre[(pre.ts > anomaly[0]) & (pre.ts <= anomaly[1])].groupby(dims)[["hits", "queries"]].sum()
     base = pre[(pre.ts > baseline[0]) & (pre.ts <= baseline[1])].groupby(dims)[["hits", "queries"]].sum()
-    leaves = cur.join(base, how="outer", lsuffix="", rsuffix="_base").fillna(0.0).reset_index()
+    leaves = cur.join(base.add_suffix("_base"), how="outer").fillna(0.0).reset_index()
     # Expected: each leaf at its baseline hit rate, with the anomaly's prompt tokens.
     rate0 = np.where(leaves.queries_base > 0, leaves.hits_base / leaves.queries_base.where(leaves.queries_base > 0),
                      np.nan)
@@ -211,10 +211,13 @@ def rootcause(start: float, end: float) -> None:
     leaves["queries_exp"] = np.where(np.isfinite(rate0), leaves.queries, 0.0)
     st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
                f"{ui.when(baseline[1])}")
-    show = leaves.assign(hit_rate=leaves.hits / leaves.queries.where(leaves.queries > 0),
-                         baseline=rate0)[[*dims, "queries", "hit_rate", "baseline"]]
-    st.dataframe(show.style.format({"hit_rate": "{:.1%}", "baseline": "{:.1%}", "queries": "{:,.0f}"},
-                                   na_rep="–"), hide_index=True, width="stretch")
+    def pct(x):
+        return "no traffic" if not np.isfinite(x) else f"{x:.1%}"
+
+    now_rate = (leaves.hits / leaves.queries.where(leaves.queries > 0)).to_numpy(float)
+    show = leaves[dims].assign(queries=leaves.queries.map("{:,.0f}".format), hit_rate=[pct(x) for x in now_rate],
+                               baseline=[pct(x) for x in rate0])
+    st.dataframe(show, hide_index=True, width="stretch")
     loc = localize(leaves, dims, v_num="hits", v_den="queries", f_num="hits_exp", f_den="queries_exp")
     st.subheader("Ranked explanations")
     if loc.error:

@@ -37,6 +37,10 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 WINDOW_S = 60      # the rules' [5m] windows and `offset 1h` in this test
+# the last thing each page draws in engine-only mode (the screenshot waits for it)
+LAST = {"overview": "Time to first token", "hitrate": "share of prompt tokens", "warmup": "come from the warmscope",
+        "hotkeys": "come from the warmscope", "rootcause": "Cold-start trap checks", "ab": "per-unit records",
+        "alerts": "Engine metrics only"}
 PAGES = {"overview": "", "hitrate": "hitrate", "warmup": "warmup", "hotkeys": "hotkeys", "rootcause": "rootcause",
          "ab": "ab", "alerts": "alerts"}
 FIGURES: dict = {}   # printed at the end of the module (the closing figures)
@@ -260,6 +264,8 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
         row = table.loc[f"127.0.0.1:{e.port}"]
         assert row["hit_rate"] == pytest.approx(c["vllm:prefix_cache_hits_total"] / c["vllm:prefix_cache_queries_total"],
                                                 rel=0.01)
+    assert [s.value for s in at.subheader] == ["Hit rate by model, instance and engine", "Time to first token"]
+    assert len(at.get("plotly_chart")) >= 4          # hit rate over time, cached by source, KV usage, TTFT
     FIGURES["overview table (whole run)"] = table[["hits", "queries", "hit_rate"]].reset_index().to_dict("records")
     assert "come from the warmscope collectors" in texts["warmup"][1]
     assert "come from the warmscope collectors" in texts["hotkeys"][1]
@@ -305,7 +311,8 @@ def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
                 page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=60_000)
                 page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')",
                                        timeout=90_000)
-                page.wait_for_timeout(1500)
+                page.get_by_text(LAST[name]).first.wait_for(timeout=90_000)
+                page.wait_for_timeout(2500)                           # charts finish drawing
                 page.screenshot(path=str(SHOTS / f"engine-{name}.png"), full_page=True)
                 assert not page.query_selector('[data-testid="stException"]'), name
                 sidebar = page.inner_text('[data-testid="stSidebar"]')
