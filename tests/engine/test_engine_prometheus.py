@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,8 @@ LAST = {"overview": "Time to first token", "hitrate": "share of prompt tokens", 
         "alerts": "Engine metrics only"}
 PAGES = {"overview": "", "hitrate": "hitrate", "warmup": "warmup", "hotkeys": "hotkeys", "rootcause": "rootcause",
          "ab": "ab", "alerts": "alerts"}
-FIGURES: dict = {}   # printed at the end of the module (the closing figures)
+FIGURES: dict = {}
+_RUNS = [0]   # printed at the end of the module (the closing figures)
 
 _WORDS = ("invoice refund shipping warranty account password delivery order printer router laptop screen battery "
           "contract upgrade billing support ticket manual policy").split()
@@ -82,6 +84,8 @@ def _drive(engines, plan, seconds: float, unique: bool = False, max_requests: in
     """Send chat requests for ``seconds`` (2 in flight per engine); ``plan[i]`` is
     (tenants, user-message words) for engine i. Unique prefixes put a nonce first."""
     stop = time.monotonic() + seconds
+    _RUNS[0] += 1
+    run = _RUNS[0]
     sent = [0]
     lock = threading.Lock()
 
@@ -95,12 +99,12 @@ def _drive(engines, plan, seconds: float, unique: bool = False, max_requests: in
             tenant = rnd.choice(tenants)
             system = _system_prompt(tenant)
             if unique:
-                system = f"Request {rnd.getrandbits(64):x}. " + system
+                system = f"Request {uuid.uuid4().hex}. " + system      # no two prompts share a prefix
             user = " ".join(rnd.choice(_WORDS) for _ in range(words)) + f" #{rnd.getrandbits(32)}"
             eng.chat([{"role": "system", "content": system}, {"role": "user", "content": user}])
 
-    threads = [threading.Thread(target=worker, args=(eng, *plan[i], f"{i}-{k}-{unique}"))
-               for i, eng in enumerate(engines) for k in range(2)]
+    threads = [threading.Thread(target=worker, args=(eng, *plan[i], f"{run}-{i}-{k}"))
+               for i, eng in enumerate(engines) for k in range(2)]  # new seeds on every call
     for t in threads:
         t.start()
     for t in threads:
@@ -206,7 +210,7 @@ def test_app_engine_counters_and_prometheus_agree_per_instance(phases):
         assert fr.loc[r["instance"], "hits"] == r["hits"] and fr.loc[r["instance"], "queries"] == r["queries"]
 
 
-def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases):
+def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, tmp_path, monkeypatch):
     engines, prom = stack
     FIGURES["alerts firing at the end of the shared-prompt phase"] = phases["firing_before"]
     assert not [a for a in phases["firing_before"] if "HitRate" in a]   # quiet while the prompts are shared
@@ -224,6 +228,15 @@ def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases):
     FIGURES["alerts fired after switching to unique prefixes"] = {k: sorted(v) for k, v in fired.items()}
     FIGURES["seconds from unique prefixes to the alert firing on both instances"] = round(time.monotonic() - t0)
     assert {f"127.0.0.1:{e.port}" for e in engines} <= fired.get("WarmscopeEngineHitRateRegressionShortTerm", set())
+    # the Alerts page (engine-only mode) lists it while it fires
+    from streamlit.testing.v1 import AppTest
+
+    for k, v in _page_env(prom, tmp_path).items():
+        monkeypatch.setenv(k, v)
+    at = AppTest.from_file(str(ROOT / "app" / "pages" / "alerts.py"), default_timeout=120).run()
+    assert not at.exception and not at.error
+    shown = " ".join(w.value for w in at.warning)
+    assert "WarmscopeEngineHitRateRegressionShortTerm** (firing, warning)" in shown and "[runbook](https://" in shown
     # the firing alert carries an absolute runbook link to an anchor that exists
     alert = next(a for a in _firing(prom) if a["labels"]["alertname"] == "WarmscopeEngineHitRateRegressionShortTerm")
     url = alert["annotations"]["runbook_url"]
@@ -271,7 +284,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert "come from the warmscope collectors" in texts["hotkeys"][1]
     ab = texts["ab"][1]
     assert "per-unit records" in ab and "WARMSCOPE_REDIS_URL" in ab
-    assert "WarmscopeEngineHitRateRegressionShortTerm" in texts["alerts"][1]
+    assert "Prometheus evaluates from its rules" in texts["alerts"][1]
     # root cause: the unique-prefix window against the shared-prompt one, over model x instance x engine
     at = AppTest.from_file(str(ROOT / "app" / "pages" / "rootcause.py"), default_timeout=120)
     at.session_state["range"] = "last hour"
@@ -311,7 +324,7 @@ def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
                 page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=60_000)
                 page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')",
                                        timeout=90_000)
-                page.get_by_text(LAST[name]).first.wait_for(timeout=90_000)
+                page.get_by_text(LAST[name]).first.wait_for(state="attached", timeout=90_000)
                 page.wait_for_timeout(2500)                           # charts finish drawing
                 page.screenshot(path=str(SHOTS / f"engine-{name}.png"), full_page=True)
                 assert not page.query_selector('[data-testid="stException"]'), name
