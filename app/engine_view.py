@@ -136,7 +136,7 @@ def overview(start: float, end: float) -> None:
             st.info("No KV-cache usage in this range.")
         else:
             kv["time"] = pd.to_datetime(kv.ts, unit="s")
-            st.plotly_chart(px.line(kv, x="time", y="usage", color="instance", range_y=[0, 1],
+            st.plotly_chart(px.line(kv, x="time", y="usage", color="instance", range_y=[0, 1], markers=True,
                                     title="KV-cache usage"), width="stretch")
     ttft = frame("engine_ttft", start, end)
     st.subheader("Time to first token")
@@ -150,7 +150,8 @@ def overview(start: float, end: float) -> None:
                      width="stretch")
         ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
         ttft["series"] = ttft.instance + " P" + (ttft["quantile"] * 100).round().astype(int).astype(str)
-        st.plotly_chart(px.line(ttft, x="time", y="seconds", color="series", title="TTFT P50 / P95 / P99"),
+        st.plotly_chart(px.line(ttft, x="time", y="seconds", color="series", markers=True,
+                                title="TTFT P50 / P95 / P99"),
                         width="stretch")
 
 
@@ -218,8 +219,15 @@ def rootcause(start: float, end: float) -> None:
     show = leaves[dims].assign(queries=leaves.queries.map("{:,.0f}".format), hit_rate=[pct(x) for x in now_rate],
                                baseline=[pct(x) for x in rate0])
     st.dataframe(show, hide_index=True, width="stretch")
-    loc = localize(leaves, dims, v_num="hits", v_den="queries", f_num="hits_exp", f_den="queries_exp")
     st.subheader("Ranked explanations")
+    if leaves.queries.sum() == 0 or leaves.queries_base.sum() == 0:
+        st.info("The anomaly window or the baseline before it holds no engine traffic, so there is no change to "
+                "explain: move the anomaly window (the baseline is the same length just before it) or widen the "
+                "time range.")
+        st.caption("Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read per-key "
+                   "and per-tenant records: they need the warmscope collectors.")
+        return
+    loc = localize(leaves, dims, v_num="hits", v_den="queries", f_num="hits_exp", f_den="queries_exp")
     if loc.error:
         st.warning(loc.error)
     elif not loc.causes:
