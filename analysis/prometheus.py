@@ -27,13 +27,14 @@ import os
 import math
 import re
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from .sources import SourceError
 
-__all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABELS"]
+__all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABELS", "ENGINE_FRAMES",
+           "engine_kind"]
 
 # Canonical frame column -> Prometheus label (OTel attribute with dots -> underscores).
 LABELS = {
@@ -73,6 +74,45 @@ def selector(metric: str, filters: Mapping[str, str | Sequence[str]] | None = No
             alt = "|".join(re.escape(str(v)) for v in vals)
             parts.append(f"{LABELS[col]}=~{promql_string('^(?:' + alt + ')$')}")
     return f"{metric}{{{', '.join(parts)}}}" if parts else metric
+
+
+# ---------------------------------------------------------------- engines
+# Native engine metrics (vLLM, SGLang, LMCache), read as each engine exports
+# them. Every name is matched in both forms: with colons (Prometheus 3.x, or
+# the classic text format) and with the colons escaped to underscores (what a
+# current prometheus_client answers Prometheus 2.x asking for OpenMetrics).
+# Where both forms exist for one label set, the colon form is kept.
+ENGINE_FRAMES = ("engine_prefix", "engine_cached_by_source", "engine_ttft", "engine_kv_usage")
+_HIT_NAMES = r"vllm[:_]prefix_cache_hits_total|sglang[:_]cached_tokens_total|lmcache[:_]num_hit_tokens(_total)?"
+_QUERY_NAMES = (r"vllm[:_]prefix_cache_queries_total|sglang[:_]prompt_tokens_total"
+                r"|lmcache[:_]num_requested_tokens(_total)?")
+_SOURCE_NAMES = r"vllm[:_]prompt_tokens_cached_by_source_total|sglang[:_]cached_tokens_total"
+_KV_NAMES = r"vllm[:_]kv_cache_usage_perc|sglang[:_]token_usage"
+_ENGINE_COLS = ["engine_kind", "model", "instance", "engine"]
+
+
+def engine_kind(metric_name: str) -> str:
+    """``vllm`` / ``sglang`` / ``lmcache`` from a metric name in either form."""
+    for kind in ("vllm", "sglang", "lmcache"):
+        if metric_name.startswith((kind + ":", kind + "_")):
+            return kind
+    return "other"
+
+
+def _dedupe_name_forms(series: list[dict]) -> list[dict]:
+    """Drop escaped-name series whose colon twin (same labels) is present."""
+    def key(m: dict) -> tuple:
+        return tuple(sorted((k, v) for k, v in m.items() if k != "__name__"))
+
+    colon = {(m.get("__name__", "").replace(":", "_"), key(m))
+             for m in (s.get("metric", {}) for s in series) if ":" in m.get("__name__", "")}
+    return [s for s in series if ":" in s.get("metric", {}).get("__name__", "")
+            or (s.get("metric", {}).get("__name__", ""), key(s.get("metric", {}))) not in colon]
+
+
+def _engine_labels(m: Mapping[str, str]) -> tuple[str, str, str, str]:
+    return (engine_kind(m.get("__name__", "")), m.get("model_name", ""), m.get("instance", ""),
+            m.get("engine", ""))
 
 
 def choose_step(start: float, end: float, points: int = 300, minimum: float = 15.0) -> int:
@@ -192,6 +232,86 @@ class PrometheusSource:
             return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value"]]
         raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups and requests); "
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
+
+    # ------------------------------------------------------------ engines
+    def _raw_increments(self, names_rx: str, start: float, end: float, extra: Callable[[dict], tuple],
+                        ncols: int) -> list[tuple]:
+        """Per-step increments of raw counters whose name matches ``names_rx``
+        (same reset and birth handling as :meth:`_increase_frame`)."""
+        step = max(choose_step(start, end), int(self.scrape_interval))
+        q0 = end - math.ceil((end - start) / step + 1) * step
+        rows = []
+        series = _dedupe_name_forms(self.query_range(f'{{__name__=~{promql_string(names_rx)}}}', q0, end, step))
+        for s in series:
+            labels = extra(s.get("metric", {}))
+            prev = None
+            for ts, v in s.get("values", []):
+                ts, fv = float(ts), float(v)
+                if not math.isfinite(fv):
+                    continue
+                if prev is None:
+                    d = fv if ts > q0 + step / 2 else None
+                else:
+                    d = fv - prev if fv >= prev else fv
+                prev = fv
+                if d and ts > start:
+                    rows.append((ts, *labels, d))
+        return rows
+
+    def engine_frame(self, name: str, start: float, end: float) -> pd.DataFrame:
+        """Engine frames (token counts are increments per step):
+
+        * ``engine_prefix``: ts, engine_kind, model, instance, engine, hits, queries
+          (prefix-cache hit and queried prompt tokens; the token-weighted hit
+          rate of any group is sum(hits) / sum(queries));
+        * ``engine_cached_by_source``: ts, engine_kind, model, instance, source, tokens;
+        * ``engine_ttft``: ts, engine_kind, model, instance, quantile, seconds
+          (P50/P95/P99 over a window of the step, at least four scrapes);
+        * ``engine_kv_usage``: ts, engine_kind, model, instance, engine, usage (0–1).
+        """
+        if name == "engine_prefix":
+            cols = ["ts", *_ENGINE_COLS]
+            parts = []
+            for rx, col in ((_HIT_NAMES, "hits"), (_QUERY_NAMES, "queries")):
+                rows = self._raw_increments(rx, start, end, _engine_labels, 4)
+                df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
+                parts.append(df.groupby(cols, as_index=False)[col].sum())
+            out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
+            return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]
+        if name == "engine_cached_by_source":
+            def lab(m):
+                return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
+
+            rows = self._raw_increments(_SOURCE_NAMES, start, end, lab, 4)
+            cols = ["ts", "engine_kind", "model", "instance", "source"]
+            df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
+            return df.groupby(cols, as_index=False)["tokens"].sum()
+        step = max(choose_step(start, end), int(self.scrape_interval))
+        start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
+        if name == "engine_ttft":
+            win = f"{max(step, int(4 * self.scrape_interval))}s"
+            rows = []
+            for kind in ("vllm", "sglang"):
+                for q in (0.5, 0.95, 0.99):
+                    by = "sum by (le, instance, model_name)"
+                    expr = (f"histogram_quantile({q}, {by} (rate({kind}:time_to_first_token_seconds_bucket[{win}])) "
+                            f"or {by} (rate({kind}_time_to_first_token_seconds_bucket[{win}])))")
+                    for s in self.query_range(expr, start, end, step):
+                        m = s.get("metric", {})
+                        for ts, v in s.get("values", []):
+                            if math.isfinite(float(v)):
+                                rows.append((float(ts), kind, m.get("model_name", ""), m.get("instance", ""), q,
+                                             float(v)))
+            return pd.DataFrame(rows, columns=["ts", "engine_kind", "model", "instance", "quantile", "seconds"])
+        if name == "engine_kv_usage":
+            rows = []
+            for s in _dedupe_name_forms(self.query_range(f'{{__name__=~{promql_string(_KV_NAMES)}}}',
+                                                         start, end, step)):
+                labels = _engine_labels(s.get("metric", {}))
+                rows += [(float(ts), *labels, float(v)) for ts, v in s.get("values", []) if math.isfinite(float(v))]
+            df = pd.DataFrame(rows, columns=["ts", *_ENGINE_COLS, "usage"])
+            return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()
+        raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
 
     def frames(self, names: Iterable[str], start: float | None = None, end: float | None = None) -> dict:
         return {n: self.frame(n, start, end) for n in names}

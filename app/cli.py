@@ -1,10 +1,12 @@
 """The `warmscope` command line.
 
     warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
+    warmscope demo --engine vllm             real prefix-cache hits from vLLM's CPU build (app/cli_engine_demo.py)
     warmscope dashboard [--port 8501]        open the dashboard on the configured source
     warmscope simulate [options]             run the emulated inference stack (see --help)
     warmscope report ab [options]            write the A/B report (HTML and Markdown)
     warmscope rca CSV --dims ...             root causes of a change in a leaf table (JSON)
+    warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
     warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
     warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
@@ -152,6 +154,11 @@ def _check_store(path: Path) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from warmscope.collectors.store import EmbeddedStore, StoreError
+
+    if getattr(args, "engine", None) or getattr(args, "engine_url", None):  # real engine: app/cli_engine_demo.py
+        from warmscope.app.cli_engine_demo import run
+
+        return run(args)
 
     path = _store_path(args)
     if path.is_dir():
@@ -305,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--fresh", action="store_true", help="delete the store first")
             p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
             p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
+            from warmscope.app.cli_engine_demo import add_arguments as engine_demo_arguments
+
+            engine_demo_arguments(p)
     from warmscope.simulator.config import STRATEGIES
     from warmscope.simulator.faults import TRAPS
 
@@ -344,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(redis://HOST:PORT/DB)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_simulate)
+    from warmscope.app.cli_rules import add_parser as add_rules_parser
+
+    add_rules_parser(sub)
     p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
     p.set_defaults(fn=cmd_upgrade_store)
     from .cli_rca import add_parser as add_rca_parser, cmd_rca

@@ -83,7 +83,8 @@ def source_label() -> str:
         parts.append(f"Prometheus · {prometheus_url()}")
     if redis_url():
         parts.append(f"Redis · {redis_url()}")
-    parts.append(f"embedded store · {store_path()}")
+    if not parts or Path(store_path()).exists():  # name the store only where it is read
+        parts.append(f"embedded store · {store_path()}")
     return " + ".join(parts)
 
 

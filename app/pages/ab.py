@@ -5,9 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from warmscope.analysis.ab_report import DEFAULT_PRIMARY, effect_figure, render_html
-from warmscope.app import data
+from warmscope.app import data, engine_view
 
 st.title("A/B report")
+if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
+    engine_view.ab_advice()
 try:
     exps = data.experiments()
 except data.SourceError as e:

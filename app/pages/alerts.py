@@ -9,7 +9,7 @@ import urllib.request
 import streamlit as st
 
 from warmscope.analysis.alerts import evaluate, hot_keys_since
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 
 st.title("Alerts")
 am = os.environ.get("WARMSCOPE_ALERTMANAGER_URL", "")
@@ -26,6 +26,8 @@ if am:
     except (OSError, ValueError) as e:
         st.warning(f"Alertmanager at {am} could not be read ({e}); showing the conditions evaluated here instead.")
 start, end = ui.time_range()
+if engine_view.active(start, end):  # engine metrics only
+    engine_view.alerts()
 fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys", "early_keys"], start, end)
 fr.update(ui.load(["hot_keys"], max(start, hot_keys_since(start, end)), end))  # only what the checks read
 st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "

@@ -7,11 +7,14 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from warmscope.analysis.hitrate import hit_table
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 
 DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
 st.title("Hit rate explorer")
 start, end = ui.time_range()
+if engine_view.active(start, end):  # engine metrics only
+    engine_view.explorer(start, end)
+    st.stop()
 lk = ui.load(["lookups"], start, end)["lookups"]
 path = st.session_state.setdefault("drill", [])  # [(dim, value), ...]
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import streamlit as st
 
 from warmscope.analysis.coverage import read_in_time
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 
 st.title("Hot keys")
 start, end = ui.time_range()
+if engine_view.only_engines(start, end):  # no collector records anywhere
+    engine_view.needs_collectors("Hot keys and warmed-but-unread keys")
 fr = ui.load(["hot_keys", "warmed_keys"], start - 3600, end)
 hk = fr["hot_keys"]
 if hk.empty:

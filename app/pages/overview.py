@@ -9,11 +9,14 @@ import streamlit as st
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.scores import score_card
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 from warmscope.analysis.alerts import evaluate, hot_keys_since
 
 st.title("Cache warm-up overview")
 start, end = ui.time_range()
+if engine_view.active(start, end):  # engine metrics only
+    engine_view.overview(start, end)
+    st.stop()
 fr = ui.load(["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes", "early_keys"],
              start, end)
 fr.update(ui.load(["hot_keys"], max(start, hot_keys_since(start, end)), end))  # only what the alert checks read

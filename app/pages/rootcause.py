@@ -9,10 +9,13 @@ import streamlit as st
 from warmscope.analysis.drilldown import change_point, drill_down
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 
 st.title("Root cause")
 start, end = ui.time_range()
+if engine_view.active(start, end):  # engine metrics only
+    engine_view.rootcause(start, end)
+    st.stop()
 fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end)
 lk = fr["lookups"]
 ui.resolution_note(start, end)

@@ -11,10 +11,12 @@ import streamlit as st
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.coverage import run_effect, warm_set_coverage
 from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
-from warmscope.app import ui
+from warmscope.app import engine_view, ui
 
 st.title("Warm-up runs")
 start, end = ui.time_range()
+if engine_view.only_engines(start, end):  # no collector records anywhere
+    engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")
 cfg = AnalysisConfig.load()
 fr = ui.load(["warmup_runs", "warmed_keys", "early_keys"], start, end)
 runs = fr["warmup_runs"]
