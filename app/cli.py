@@ -43,6 +43,40 @@ def _store_path(args: argparse.Namespace) -> Path:
     return Path(args.store) if args.store else CollectorConfig.load().resolved_store_path()
 
 
+def _streamlit(cmd: list[str], env: dict) -> int:
+    """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    got: list[int] = []
+
+    def stop(signum, _frame):
+        got.append(signum)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if got:
+            try:  # anything the dashboard left behind in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return 128 + got[0]
+        return rc
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     env = dict(os.environ, WARMSCOPE_STORE=str(_store_path(args)))
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.headless", "true",
@@ -50,7 +84,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
            "--browser.gatherUsageStats", "false"]
     print(f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
           file=sys.stderr)
-    return subprocess.call(cmd, env=env)
+    return _streamlit(cmd, env)
 
 
 def _remove_store(path: Path) -> None:
@@ -71,6 +105,26 @@ def _say_if_upgrading(path: Path) -> None:
             print(f"upgrading {path} to this warmscope's schema (its data is kept)…", file=sys.stderr)
 
 
+def demo_world(hours: float, now: float | None = None):
+    """The demo's simulated span and traps, placed so the dashboard's default range (the last 6 hours of data)
+    shows a warm-up run, both injected traps and the alerts they raise: the span ends at the current minute;
+    a scheduled warm-up 5.5 h before the end, a response-cache bypass for globex 5 h to 3.5 h before it and a
+    cross-tenant read (a security finding) 2.5 h to 1.5 h before it (scaled down for spans under 6 h)."""
+    import math
+    import time
+
+    from warmscope.simulator import SimConfig, parse_fault
+
+    w = min(hours, 6.0)
+    at = lambda before: round(max(hours - before * w / 6.0, 0.0), 4)  # noqa: E731 - hours from the start
+    now = time.time() if now is None else now
+    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk",
+                         peak_warmup_at_h=at(5.5), start=math.floor(now / 60) * 60 - hours * 3600)
+    faults = [parse_fault(f"bypass:tenant=globex,layer=response@{at(5.0)}-{at(3.5)}"),
+              parse_fault(f"tenant_isolation:layer=response@{at(2.5)}-{at(1.5)}")]
+    return cfg, faults
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from warmscope.collectors.store import EmbeddedStore
 
@@ -82,14 +136,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     empty = store.counts()["lookups"] == 0
     store.close()
     if empty:
-        from warmscope.simulator import SimConfig, parse_fault, simulate
+        from warmscope.simulator import simulate
 
-        # A day with two injected traps, so every page has something to show.
-        cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk")
-        faults = [parse_fault("bypass:tenant=globex,layer=response@10:00-11:30"),
-                  parse_fault("tenant_isolation:layer=response@14:00-15:00")]
+        cfg, faults = demo_world(args.hours)
         print(f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)", file=sys.stderr)
-        s = simulate(cfg, path, faults, progress=_progress("simulating"))
+        try:
+            s = simulate(cfg, path, faults, progress=_progress("simulating"))
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {path} holds part of the simulated day; `warmscope demo --fresh` starts over",
+                  file=sys.stderr)
+            raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
     if args.no_dashboard:
         return 0
@@ -158,20 +214,43 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+AB_PRIMARY_METRICS = ("latency per request (s)", "GPU-s per request", "conversions per request",
+                      "P95 latency (s)", "hit rate (prefix_kv)", "hit rate (response)")
+
+
 def cmd_report_ab(args: argparse.Namespace) -> int:
     from warmscope.analysis.ab_report import render_html, render_markdown, report_for
     from warmscope.analysis.sources import EmbeddedSource, SourceError
 
+    def fail(msg: str) -> int:
+        print(f"warmscope report ab: {msg}", file=sys.stderr)
+        return 2
+
+    path = _store_path(args)
+    if not path.exists():
+        return fail(f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)")
     try:
-        src = EmbeddedSource(_store_path(args))
+        src = EmbeddedSource(path)
         experiment = args.experiment
+        known = _experiments(path)
+        if experiment not in known:
+            return fail(f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
+                        "(pass one with --experiment)")
+        variants = _variants(path, experiment)
+        for flag, v in (("--control", args.control), ("--treatment", args.treatment)):
+            if variants and v not in variants:
+                return fail(f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}")
+        if args.control == args.treatment:
+            return fail("--control and --treatment name the same variant; pick two different ones")
         rep = report_for(src, experiment, args.control, args.treatment, primary=args.primary)
     except SourceError as e:
-        print(f"warmscope report ab: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     if rep.error:
-        print(f"warmscope report ab: {rep.error}", file=sys.stderr)
-        return 2
+        return fail(rep.error)
+    metrics = [r.metric for r in rep.results]
+    if args.primary not in metrics:
+        return fail(f"--primary {args.primary!r} is not a metric of this report; metrics: "
+                    + ", ".join(repr(m) for m in metrics))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(rep))
@@ -180,6 +259,38 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
     print(rep.verdict)
     print(f"wrote {out} and {md}", file=sys.stderr)
     return 0
+
+
+def _experiments(path: Path) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' ORDER BY 1").fetchall()
+        if not rows:
+            rows = con.execute("SELECT DISTINCT experiment FROM ab_units WHERE experiment != '' ORDER BY 1").fetchall()
+        return [r[0] for r in rows]
+    except sqlite3.Error:
+        return []
+    finally:
+        con.close()
+
+
+def _variants(path: Path, experiment: str) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for table in ("ab_moments", "ab_units"):
+            rows = con.execute(f"SELECT DISTINCT variant FROM {table} WHERE experiment = ? ORDER BY 1",
+                               (experiment,)).fetchall()
+            if rows:
+                return [r[0] for r in rows]
+        return []
+    except sqlite3.Error:
+        return []
+    finally:
+        con.close()
 
 
 def cmd_rca(args: argparse.Namespace) -> int:
@@ -209,6 +320,16 @@ def cmd_rca(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
     ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
@@ -216,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, helptext in (("demo", cmd_demo, "simulate a day into the embedded store if empty, open the "
                                 "dashboard"), ("dashboard", cmd_dashboard, "open the dashboard")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--port", type=int, default=8501)
-        p.add_argument("--address", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+        p.add_argument("--address", default="127.0.0.1",
+                       help="address the dashboard listens on (default 127.0.0.1, this machine only)")
         p.set_defaults(fn=fn)
         if name == "demo":
             p.add_argument("--fresh", action="store_true", help="delete the store first")
@@ -231,16 +353,19 @@ def main(argv: list[str] | None = None) -> int:
                        "prefix-KV and response caches; pools A and B run different warm-up strategies.",
                        epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
                        + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
-    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
     p.add_argument("--rps", type=float, help="mean requests per second (default 12)")
-    p.add_argument("--tenants", type=int, default=8)
+    p.add_argument("--tenants", type=int, default=8, help="number of tenants (default 8)")
     p.add_argument("--replicas", type=int, default=2, help="replicas per variant pool")
-    p.add_argument("--strategy-a", choices=STRATEGIES, default="none")
-    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
+    p.add_argument("--strategy-a", choices=STRATEGIES, default="none",
+                   help="warm-up strategy of pool A, the control (default none)")
+    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk",
+                   help="warm-up strategy of pool B, the treatment (default static_topk)")
     p.add_argument("--b-response-ttl", type=float, help="pool B's response-cache TTL in s (A/B of TTLs)")
     p.add_argument("--b-kv-capacity", type=int, help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="random seed; the same seed gives the same store "
+                   "(default 1)")
     p.add_argument("--tick", type=float, help="flush interval in virtual seconds (default 60)")
     p.add_argument("--out", help="store path (default: the configured embedded store)")
     p.add_argument("--faults-out", help="also write the ground truth as JSON here")
@@ -249,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="processes (default: 2 on a multi-core machine)")
     p.add_argument("--realtime", action="store_true", help="pace virtual time to the wall clock")
     p.add_argument("--speed", type=float, default=1.0, help="with --realtime: virtual seconds per wall second")
-    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded")
-    p.add_argument("--prometheus-port", type=int, default=9464)
+    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded",
+                   help="where metric points go (default embedded: the store)")
+    p.add_argument("--prometheus-port", type=int, default=9464,
+                   help="with --exporter prometheus: scrape endpoint port (default 9464)")
     p.add_argument("--redis-url", help="response cache, hot keys and A/B units in Redis")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_simulate)
@@ -260,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                        description="One CSV row per combination of dimension values; prints the root-cause set "
                        "as [{\"element\": {dim: value}, \"score\": s, \"explanatory_power\": ep}], most "
                        "important first.")
-    p.add_argument("csv")
+    p.add_argument("csv", help="leaf table: one row per combination of dimension values")
     p.add_argument("--dims", nargs="+", required=True, help="dimension columns")
     p.add_argument("--v", help="observed column (additive measure)")
     p.add_argument("--f", help="expected column (additive measure)")
@@ -268,20 +395,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--v-den", help="observed denominator (ratio measure)")
     p.add_argument("--f-num", help="expected numerator (ratio measure)")
     p.add_argument("--f-den", help="expected denominator (ratio measure)")
-    p.add_argument("--max-depth", type=int, default=3)
-    p.add_argument("--max-causes", type=int, default=5)
+    p.add_argument("--max-depth", type=int, default=3,
+                   help="most dimensions combined in one cause, e.g. 2 for tenant × layer (default 3)")
+    p.add_argument("--max-causes", type=int, default=5, help="most causes reported (default 5)")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(fn=cmd_rca)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
-    p.add_argument("--experiment", default="warmup-strategy")
-    p.add_argument("--control", default="A")
-    p.add_argument("--treatment", default="B")
-    p.add_argument("--primary", default="latency per request (s)", help="primary metric name (as in the table)")
-    p.add_argument("--out", default="ab-report.html")
+    p.add_argument("--experiment", default="warmup-strategy",
+                   help="experiment name (default warmup-strategy); an unknown name lists the known ones")
+    p.add_argument("--control", default="A", help="control variant (default A)")
+    p.add_argument("--treatment", default="B", help="treatment variant (default B)")
+    p.add_argument("--primary", default="latency per request (s)",
+                   help="primary metric, tested without multiple-testing adjustment; one of: "
+                   + "; ".join(AB_PRIMARY_METRICS) + " (default latency per request (s))")
+    p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
     args = ap.parse_args(argv)
+    import signal
+
+    old = None
+    if threading_main():
+        # SIGTERM stops like Ctrl-C: simulator workers and the dashboard are stopped, nothing left running.
+        old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.fn(args)
     except ConfigError as e:
@@ -289,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

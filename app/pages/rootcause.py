@@ -1,9 +1,12 @@
-"""Root cause: pick a regression window, get ranked explanations and trap verdicts."""
+"""Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the chart), get
+ranked explanations and trap verdicts. The chosen window lives in the URL."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pandas as pd
-import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from warmscope.analysis.drilldown import change_point, drill_down
@@ -16,53 +19,108 @@ start, end = ui.time_range()
 fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end)
 lk = fr["lookups"]
 ui.resolution_note(start, end)
-mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode")
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None)
+
+
+def _ts(d) -> float:
+    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=timezone.utc).timestamp()
+
+
+lo, hi = _dt(start), _dt(end)
+# The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
+if "rc-win" not in st.session_state:
+    w = ui.url_get("window", "")
+    try:
+        a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
+        if lo <= a0 < a1 <= hi:
+            st.session_state["rc-win"] = (a0, a1)
+            st.session_state["rc-mode"] = "choose"
+    except ValueError:
+        pass
+if st.session_state.get("rc-win") and not (lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi):
+    st.session_state.pop("rc-win")
+mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode",
+                help="'choose': set the window with the slider, or drag a box on the chart.")
 if mode == "choose":
-    a0, a1 = st.slider("Anomaly window (hours before the end)", 0.0, max((end - start) / 3600, 0.1),
-                       (0.0, min(0.5, (end - start) / 3600)), step=0.05, key="rc-win")
-    anomaly = (end - a1 * 3600, end - a0 * 3600)
+    default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
+    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi, value=st.session_state.get("rc-win", default),
+                       step=pd.Timedelta(minutes=5).to_pytimedelta(), format="MM-DD HH:mm")
+    st.session_state["rc-win"] = (a0, a1)
+    anomaly = (_ts(a0), _ts(a1))
+    ui.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
 else:
+    ui.url_set(window=None)
     cp = change_point(lk)
     if cp is None:
         st.info("Too little data to find a change point; choose the window, or widen the time range.")
         st.stop()
     anomaly = (cp, end)
 length = anomaly[1] - anomaly[0]
-baseline = (anomaly[0] - length, anomaly[0])
-t = hit_table(lk, freq=max(300, ui.step(start, end) or 0))
+baseline = (max(start, anomaly[0] - length), anomaly[0])
+freq = max(300, ui.step(start, end) or 0)
+t = hit_table(lk, freq=freq)
 t["time"] = t.bucket.astype("datetime64[s]")
-fig = px.line(t, x="time", y="hit_rate", range_y=[0, 1], title="Effective hit rate "
-              f"({'hourly' if ui.step(start, end) else '5-minute'} buckets)")
-fig.add_vrect(x0=pd.Timestamp(anomaly[0], unit="s"), x1=pd.Timestamp(anomaly[1], unit="s"), fillcolor="red",
-              opacity=0.12, line_width=0, annotation_text="anomaly")
+fig = go.Figure(go.Scatter(x=t.time, y=t.hit_rate, mode="lines+markers", marker_size=3, name="hit rate",
+                           hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>"))
+fig.add_vrect(x0=pd.Timestamp(anomaly[0], unit="s"), x1=pd.Timestamp(anomaly[1], unit="s"), fillcolor="#b35900",
+              opacity=0.15, line_width=0, annotation_text="anomaly", annotation_position="bottom left")
 fig.add_vrect(x0=pd.Timestamp(baseline[0], unit="s"), x1=pd.Timestamp(baseline[1], unit="s"), fillcolor="grey",
-              opacity=0.12, line_width=0, annotation_text="baseline")
-st.plotly_chart(fig, width="stretch")
+              opacity=0.15, line_width=0, annotation_text="baseline", annotation_position="bottom left")
+ui.annotate(fig, start, end)
+fig.update_layout(title=f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
+                  "window", yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+                  xaxis_title="time (UTC)", dragmode="select", height=380, showlegend=False)
+ev = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush")
+box = ev.selection.get("box", []) if ev and ev.selection else []
+if box and box[0].get("x"):
+    x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
+    x0, x1 = max(lo, x0), min(hi, x1)
+    if x1 > x0 and (x0, x1) != st.session_state.get("rc-win"):
+        st.session_state["rc-win"] = (x0, x1)
+        st.session_state["rc-mode"] = "choose"
+        st.rerun()
 st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
-           f"{ui.when(baseline[1])}")
+           f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer.")
 fr.update(ui.load(["hot_keys"], max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end))  # what the isolation check reads
 dd = drill_down(lk, anomaly=anomaly, baseline=baseline)
 loc = dd.localization
+verdicts = detect_all(fr, anomaly, baseline)
+
+# Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
+for v in verdicts:
+    if v.detected and v.trap == "tenant_isolation":
+        st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {v.evidence}")
+
 st.subheader("Ranked explanations")
 if loc.error:
-    st.warning(loc.error)
+    st.info(loc.error)
 elif not loc.causes:
-    st.info("; ".join(loc.notes) or "Nothing stands out: the change is spread thinly or within noise.")
+    st.info("; ".join(loc.notes) or "No significant regression in this window: nothing stands out.")
 else:
-    st.metric("Effective hit rate", f"{loc.observed:.1%}", f"{loc.observed - loc.expected:+.1%} vs expected")
-    rows = [{"cause": " · ".join(f"{k}={v}" for k, v in c.element.items()), "explains": c.explanatory_power,
-             "score": c.score, "leaves": c.leaves} for c in loc.causes]
-    df = pd.DataFrame(rows)
-    st.dataframe(df.style.format({"explains": "{:.0%}", "score": "{:.2f}"}), hide_index=True,
-                 width="stretch")
-    st.plotly_chart(px.bar(df, x="explains", y="cause", orientation="h", title="Share of the change explained"),
-                    width="stretch")
+    st.metric("Effective hit rate in the window", ui.pct(loc.observed),
+              f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected")
+    df = pd.DataFrame([{"Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                        "Explains": c.explanatory_power, "Score": c.score, "Leaves": c.leaves}
+                       for c in loc.causes])
+    st.dataframe(df, hide_index=True, width="stretch", column_config={
+        "Explains": st.column_config.NumberColumn("Share of the change explained", format="percent"),
+        "Score": st.column_config.NumberColumn(format="%.2f"),
+        "Leaves": st.column_config.NumberColumn(format="localized")})
+    bar = go.Figure(go.Bar(x=df.Explains, y=df.Cause, orientation="h",
+                           hovertemplate="%{y}: %{x:.0%}<extra></extra>"))
+    bar.update_layout(title="Share of the change explained", xaxis=dict(tickformat=".0%"),
+                      yaxis=dict(autorange="reversed"), height=80 + 40 * len(df))
+    st.plotly_chart(bar, width="stretch")
 st.subheader("Cold-start traps")
-for v in detect_all(fr, anomaly, baseline):
-    if v.detected:
-        st.warning(f"{'🔒 ' if v.trap == 'tenant_isolation' else ''}**{v.trap}** "
-                   f"(confidence {v.confidence:.0%}): {v.evidence}")
+seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
+if not seen and not any(v.detected for v in verdicts):
+    st.success("No cold-start trap detected in this window.")
+for v in seen:
+    st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
 with st.expander("Traps not seen"):
-    for v in detect_all(fr, anomaly, baseline):
+    for v in verdicts:
         if not v.detected:
-            st.write(f"**{v.trap}** — {v.evidence}")
+            st.write(f"**{v.trap.replace('_', ' ')}** — {v.evidence}")

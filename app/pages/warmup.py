@@ -1,4 +1,5 @@
-"""Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay."""
+"""Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The chosen run
+lives in the URL."""
 
 from __future__ import annotations
 
@@ -19,31 +20,57 @@ cfg = AnalysisConfig.load()
 fr = ui.load(["warmup_runs", "warmed_keys", "early_keys"], start, end)
 runs = fr["warmup_runs"]
 if runs.empty:
-    st.info("No warm-up runs in this range. Wrap warm-up jobs in `Telemetry.warmup(...)` (or run the simulator "
-            "with a strategy other than `none`).")
+    st.info("No warm-up runs in this range: pick 'since the last warm-up run' or a longer range in the sidebar. "
+            "Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools record theirs unless their "
+            "strategy is `none`).")
     st.stop()
+
+
+def label(r) -> str:
+    return f"{ui.when(r.started)} · {r.replica} · {r.layer} · {r.strategy} · trigger {r.trigger}"
+
+
+ordered = runs.sort_values("started", ascending=False)
+labels = {r.run_id: label(r) for r in ordered.itertuples()}
+
 tl = runs.assign(start=pd.to_datetime(runs.started, unit="s"),
                  finish=pd.to_datetime(runs.ended.fillna(end), unit="s") + pd.Timedelta(seconds=5))
-st.plotly_chart(px.timeline(tl, x_start="start", x_end="finish", y="replica", color="strategy",
-                            hover_data=["layer", "trigger", "keys", "gpu_s", "status"],
-                            title="Runs per replica and strategy"), width="stretch")
+fig = px.timeline(tl, x_start="start", x_end="finish", y="replica", color="strategy",
+                  hover_data={"layer": True, "trigger": True, "keys": ":,", "gpu_s": ":.1f", "status": True},
+                  title="Runs per replica and strategy")
+fig.update_layout(xaxis_title="time (UTC)", height=300)
+ui.annotate(fig, start, end)
+st.plotly_chart(fig, width="stretch")
 
 cov = warm_set_coverage(runs, fr["warmed_keys"], fr["early_keys"], cfg.recall_window_s)
 st.subheader("Warm-set coverage")
 st.caption("Precision: warmed keys whose warmed entry was read (hit before its TTL ran out and before the key "
            f"was first missed). Recall: of the keys requested in the first {cfg.recall_window_s / 60:.0f} min "
            "after the run, the share it had warmed. Wasted: the warm-up GPU-seconds of keys never read.")
-show = cov.assign(started=cov.started.map(ui.when))
-st.dataframe(show[["run_id", "started", "replica", "layer", "strategy", "trigger", "keys_warmed", "precision",
-                   "recall", "gpu_s", "wasted_gpu_s"]].style.format(
-    {"precision": "{:.1%}", "recall": "{:.1%}", "gpu_s": "{:.2f}", "wasted_gpu_s": "{:.2f}"}),
-    hide_index=True, width="stretch")
+show = cov.sort_values("started", ascending=False)
+st.dataframe(pd.DataFrame({
+    "Started (UTC)": show.started.map(ui.when), "Replica": show.replica, "Layer": show.layer,
+    "Strategy": show.strategy, "Trigger": show.trigger, "Keys warmed": show.keys_warmed,
+    "Precision": show.precision, "Recall": show.recall, "GPU-s": show.gpu_s, "Wasted GPU-s": show.wasted_gpu_s}),
+    hide_index=True, width="stretch", column_config={
+        "Keys warmed": st.column_config.NumberColumn(format="localized"),
+        "Precision": st.column_config.NumberColumn(format="percent"),
+        "Recall": st.column_config.NumberColumn(format="percent"),
+        "GPU-s": st.column_config.NumberColumn(format="%.2f"),
+        "Wasted GPU-s": st.column_config.NumberColumn(format="%.2f")})
 by = cov.groupby("strategy")[["keys_warmed", "keys_read", "gpu_s", "wasted_gpu_s"]].sum()
-by["precision"] = by.keys_read / by.keys_warmed.replace(0, np.nan)
-st.plotly_chart(px.bar(by.reset_index(), x="strategy", y=["gpu_s", "wasted_gpu_s"], barmode="group",
-                       title="Warm-up GPU-seconds spent and wasted, by strategy"), width="stretch")
+bar = px.bar(by.reset_index().rename(columns={"gpu_s": "spent", "wasted_gpu_s": "wasted"}), x="strategy",
+             y=["spent", "wasted"], barmode="group", title="Warm-up GPU-seconds spent and wasted, by strategy")
+bar.update_layout(yaxis_title="GPU-seconds", legend_title_text="", height=320)
+st.plotly_chart(bar, width="stretch")
 
-run_id = st.selectbox("Run", list(runs.sort_values("started", ascending=False).run_id), key="run")
+st.subheader("One run")
+ids = list(labels)
+want = ui.url_get("run")
+if "run" not in st.session_state or st.session_state["run"] not in labels:
+    st.session_state["run"] = want if want in labels else ids[0]
+run_id = st.selectbox("Run (newest first)", ids, key="run", format_func=labels.get)
+ui.url_set(run=run_id)
 run = runs.set_index("run_id").loc[run_id]
 run = pd.Series({**run.to_dict(), "run_id": run_id})
 # A run's before/after, ROI and decay need per-minute data around it only, at any range.
@@ -52,18 +79,38 @@ span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
 fr.update(ui.load(["lookups", "histograms"], run.started - cfg.effect_window_s - 60, ended + cfg.effect_window_s + 60,
                   fine=True))
 fr.update(ui.load(["requests"], run.started - span - 60, ended + span + 60, fine=True))
+NAMES = {"hit_rate": ("Hit rate", "{:.1%}"), "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
+         "ttft_p95_s": ("TTFT P95", "{:.3f} s"), "gpu_s_per_request": ("GPU-s per request", "{:.4f}")}
 a, b = st.columns(2)
 with a:
-    st.subheader("Before / after")
+    st.markdown(f"**Before / after** ({cfg.effect_window_s / 60:g} min either side)")
     eff = run_effect(run, fr["lookups"], fr["histograms"], fr["requests"], cfg.effect_window_s)
-    st.dataframe(eff.style.format("{:.3g}"), width="stretch")
+
+    def fmt(metric, v, signed=False):
+        if v is None or v != v:
+            return "–"
+        if metric == "hit_rate":
+            return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
+        s = NAMES.get(metric, (metric, "{:.3g}"))[1].format(v)
+        return "+" + s if signed and v >= 0 else s
+
+    st.dataframe(pd.DataFrame({"Metric": [NAMES.get(m, (m,))[0] for m in eff.index],
+                               "Before": [fmt(m, v) for m, v in eff.before.items()],
+                               "After": [fmt(m, v) for m, v in eff.after.items()],
+                               "Change": [fmt(m, v, True) for m, v in eff.change.items()]}),
+                 hide_index=True, width="stretch")
 with b:
-    st.subheader("ROI")
+    st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
     roi = roi_windows(run, fr["requests"], cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
     roi["window"] = roi.window_s.map(lambda s: f"T+{s / 3600:g} h" if s >= 3600 else f"T+{s / 60:g} min")
-    st.dataframe(roi[["window", "requests", "gpu_s_saved", "cost", "roi_compute", "roi_business", "baseline"]]
-                 .style.format({"gpu_s_saved": "{:.2f}", "cost": "{:.4f}", "roi_compute": "{:.2f}",
-                                "roi_business": "{:.2f}"}), hide_index=True, width="stretch")
+    cols = {"window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved", "cost": "Cost",
+            "roi_compute": "Compute ROI", "roi_business": "Business ROI", "baseline": "Compared with"}
+    st.dataframe(roi[[c for c in cols if c in roi]].rename(columns=cols), hide_index=True, width="stretch",
+                 column_config={"Requests": st.column_config.NumberColumn(format="localized"),
+                                "GPU-s saved": st.column_config.NumberColumn(format="%.2f"),
+                                "Cost": st.column_config.NumberColumn(format="%.4f"),
+                                "Compute ROI": st.column_config.NumberColumn(format="%.2f"),
+                                "Business ROI": st.column_config.NumberColumn(format="%.2f")})
 series = benefit_series(run, fr["requests"], cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s)
 decay = fit_decay(series)
 fig = go.Figure()
@@ -73,7 +120,7 @@ if len(series):
         t = np.linspace(0, series.t_s.max(), 100)
         fig.add_trace(go.Scatter(x=t / 60, y=decay.b0 * np.exp(-decay.k_per_hour * t / 3600), name="fit"))
 fig.update_layout(title="Benefit after the run and its exponential decay", xaxis_title="minutes after the run",
-                  yaxis_title="currency / minute", height=380)
+                  yaxis_title="currency units / minute", height=360)
 st.plotly_chart(fig, width="stretch")
 if decay.error:
     st.info(f"Decay not fitted: {decay.error}.")
