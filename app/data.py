@@ -26,6 +26,7 @@ __all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "ab_r
            "experiments", "TTL"]
 
 TTL = 30
+STORE_TTL = 3600
 
 
 class SourceError(RuntimeError):
@@ -90,7 +91,9 @@ def _store(path: str) -> EmbeddedStore:
         raise SourceError(str(e)) from None
 
 
-@st.cache_data(ttl=TTL, show_spinner=False)
+# The store's modification time is part of the key (a store that changed is re-read), so entries can live long:
+# a range switch back and forth, or another viewer of the same range, reads nothing.
+@st.cache_data(ttl=STORE_TTL, max_entries=96, show_spinner=False)
 def _frame(path: str, name: str, start: float | None, end: float | None, mtime: float,
            step: float | None = None) -> pd.DataFrame:
     try:
@@ -230,3 +233,9 @@ def experiment_list() -> pd.DataFrame:
     if not Path(path).exists():
         return pd.DataFrame(columns=["experiment", "variant", "first", "last", "units"])
     return _experiment_list(path, _mtime(path))
+
+
+def version() -> tuple:
+    """What cached results depend on: the sources and the store's modification time."""
+    path = store_path()
+    return (path, _mtime(path), prometheus_url(), redis_url())

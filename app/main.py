@@ -39,6 +39,7 @@ def _watch() -> None:
     st.session_state["_last_ts"] = last
 
 
+ui.prewarm()
 if live:
     with st.sidebar:
         _watch()

@@ -71,7 +71,10 @@ def sidebar_range() -> None:
     st.selectbox("Time range", list(RANGES), key="range",
                  help="Relative ranges end at the newest data. 'custom' picks absolute times; dragging a box "
                       "on the overview's hit-rate chart zooms to that span.")
-    if st.session_state["range"] == "custom":
+    if st.session_state["range"] != "custom":
+        url_set(range=st.session_state["range"], **{"from": None, "to": None})
+    else:
+        url_set(range="custom")
         try:
             b = data.time_bounds()
         except data.SourceError:
@@ -120,17 +123,22 @@ def time_range() -> tuple[float, float]:
         st.stop()
     name = st.session_state.get("range", DEFAULT_RANGE)
     span = RANGES.get(name, RANGES[DEFAULT_RANGE])
-    end = b[1] + 1e-6  # the store's end is exclusive: keep the newest tick
-    if span == -2 and "custom-win" in st.session_state:
-        f, t = (_ts(x) for x in st.session_state["custom-win"])
-        start, end = max(b[0] - 1, f), min(end, max(t, f + 60))
-    elif span == -1:
-        last = data.last_run_start()
-        start = b[0] - 1 if last is None else max(b[0] - 1, last - 60)
-    else:
-        start = b[0] - 1 if span is None or span < 0 else max(b[0] - 1, b[1] - span)
+    start, end = range_bounds(name, b, st.session_state.get("custom-win"))
     url_set(range=name, **({"from": _iso(start), "to": _iso(end)} if span == -2 else {"from": None, "to": None}))
     return start, end
+
+
+def range_bounds(name: str, b: tuple[float, float], custom=None) -> tuple[float, float]:
+    """[start, end) of a named range over data spanning ``b`` (the same floats everywhere: cache keys)."""
+    span = RANGES.get(name, RANGES[DEFAULT_RANGE])
+    end = b[1] + 1e-6  # the store's end is exclusive: keep the newest tick
+    if span == -2 and custom:
+        f, t = (_ts(x) for x in custom)
+        return max(b[0] - 1, f), min(end, max(t, f + 60))
+    if span == -1:
+        last = data.last_run_start()
+        return (b[0] - 1 if last is None else max(b[0] - 1, last - 60)), end
+    return (b[0] - 1 if span is None or span < 0 else max(b[0] - 1, b[1] - span)), end
 
 
 def when(ts: float) -> str:
@@ -204,6 +212,8 @@ def alert_row(severity: str, alert: str, summary: str, since: float | None = Non
     extra = f" · since {when(since)}" if since is not None and since == since else ""
     box = st.error if kind in ("security", "critical") else st.warning if kind == "warning" else st.info
     tag = "SECURITY · " if kind == "security" else ""
+    if tag and summary.upper().startswith("SECURITY:"):
+        summary = summary[len("SECURITY:"):].strip()
     box(f"**{tag}{severity.upper()} · {alert}** — {summary}{extra}")
 
 
@@ -255,3 +265,125 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
     if alerts is not None and len(alerts):
         for t in sorted({x for x in alerts.since if x == x and start <= x < end}):
             fig.add_vline(x=pd.Timestamp(t, unit="s"), line_width=1, line_color="#b35900")
+
+
+# ---------------------------------------------------------------- cached analysis (shared by every viewer)
+
+OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
+                   "early_keys"]
+
+
+def overview_frames(start: float, end: float) -> dict:
+    from warmscope.analysis.alerts import hot_keys_since
+
+    fr = data.frames(OVERVIEW_FRAMES, start, end, step(start, end))
+    fr["hot_keys"] = data.frame("hot_keys", max(start, hot_keys_since(start, end)), end)
+    return fr
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _alerts(version: tuple, start: float, end: float):
+    from warmscope.analysis.alerts import evaluate
+
+    return evaluate(overview_frames(start, end), start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _card(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.scores import score_card
+
+    return score_card(overview_frames(start, end), AnalysisConfig.load())
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_layers_only: bool):
+    from warmscope.analysis.drilldown import drill_down
+
+    lk = data.frame("lookups", start, end, step(start, end))
+    if cached_layers_only and len(lk):
+        lk = lk[lk.layer != "weights"]
+    return drill_down(lk, anomaly=anomaly, baseline=baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _traps(version: tuple, start: float, end: float, anomaly, baseline):
+    from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
+
+    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end, step(start, end))
+    fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
+    return detect_all(fr, anomaly, baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _change_point(version: tuple, start: float, end: float):
+    from warmscope.analysis.drilldown import change_point
+
+    return change_point(data.frame("lookups", start, end, step(start, end)))
+
+
+def traps(start: float, end: float, anomaly, baseline):
+    """The cold-start trap verdicts for a window (cached)."""
+    return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
+
+
+def change_point(start: float, end: float):
+    return guarded(_change_point, start, end)
+
+
+def guarded(fn, *args):
+    try:
+        return fn(data.version(), *args)
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+
+
+def alerts(start: float, end: float):
+    """The alert conditions over the range (cached per store version and range)."""
+    return guarded(_alerts, start, end)
+
+
+def card(start: float, end: float):
+    return guarded(_card, start, end)
+
+
+def drill(start: float, end: float, anomaly=None, baseline=None, cached_layers_only: bool = False):
+    return guarded(_drill, start, end, anomaly, baseline, cached_layers_only)
+
+
+@st.cache_resource(show_spinner=False)
+def _prewarmer(version: tuple):
+    """Once per store version: read the default and the 24-hour range's frames and analysis in the background,
+    so the first viewer and a switch to 24 h find them cached."""
+    import threading
+
+    def work():
+        try:
+            b = data.time_bounds()
+            if b is None:
+                return
+            for name in (DEFAULT_RANGE, "last 24 hours"):
+                start, end = range_bounds(name, b)
+                _alerts(version, start, end)
+                _card(version, start, end)
+                _drill(version, start, end, None, None, True)
+                cp = _change_point(version, start, end)
+                if cp is not None:  # the root-cause page's default window
+                    an = (cp, end)
+                    base = (max(start, cp - (end - cp)), cp)
+                    _drill(version, start, end, an, base, False)
+                    _traps(version, start, end, an, base)
+        except Exception:  # a warm-up of caches: a failure only means the first viewer waits
+            pass
+
+    t = threading.Thread(target=work, name="warmscope-prewarm", daemon=True)
+    t.start()
+    return t
+
+
+def prewarm() -> None:
+    try:
+        _prewarmer(data.version())
+    except Exception:
+        pass

@@ -111,8 +111,7 @@ is_guard = [any(k in r.metric for k in GUARDRAILS) and not r.primary for r in re
 main_res = [r for r, gd in zip(rep.results, is_guard) if not gd]
 guard_res = [r for r, gd in zip(rep.results, is_guard) if gd]
 st.subheader("Metrics")
-st.dataframe(styled(table(main_res, [row for row, gd in zip(all_rows, is_guard) if not gd])), hide_index=True,
-             width="stretch")
+st.table(styled(table(main_res, [row for row, gd in zip(all_rows, is_guard) if not gd])).hide(axis="index"))
 st.caption("★ primary metric, tested as is; the others carry Holm and BH adjusted p-values. Green: treatment "
            "significantly better (adjusted p < 0.05), red: significantly worse, no colour: no significant "
            "difference. Always-valid p (mixture SPRT) is safe to watch continuously.")
@@ -124,7 +123,7 @@ if guard_res:
         st.error("Guardrail breached: " + ", ".join(bad.metric) + " significantly worse in the treatment.")
     else:
         st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in the treatment.")
-    st.dataframe(styled(gt), hide_index=True, width="stretch")
+    st.table(styled(gt).hide(axis="index"))
 else:
     st.info("No guardrail metric in this report.")
 st.plotly_chart(effect_figure(rep), width="stretch")

@@ -8,7 +8,6 @@ import urllib.request
 
 import streamlit as st
 
-from warmscope.analysis.alerts import evaluate, hot_keys_since
 from warmscope.app import ui
 
 st.title("Alerts")
@@ -26,11 +25,9 @@ if am:
     except (OSError, ValueError) as e:
         st.warning(f"Alertmanager at {am} could not be read ({e}); showing the conditions evaluated here instead.")
 start, end = ui.time_range()
-fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys", "early_keys"], start, end)
-fr.update(ui.load(["hot_keys"], max(start, hot_keys_since(start, end)), end))  # only what the checks read
 st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "
            "(the latest third against the third before it).")
-alerts = evaluate(fr, start, end)
+alerts = ui.alerts(start, end)
 if alerts.empty:
     st.success("No alert conditions hold in this range.")
     st.stop()

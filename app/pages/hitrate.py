@@ -121,13 +121,11 @@ if "tenant" in free and "layer" in free:
 
 st.subheader(f"By {LABEL.get(by, by)}")
 top = top.assign(share=top.lookups / top.lookups.sum())
-st.dataframe(top.rename(columns={by: LABEL.get(by, by)}), hide_index=True, width="stretch", column_config={
-    "hits": st.column_config.NumberColumn("Hits", format="localized"),
-    "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
-    "hit_rate": st.column_config.NumberColumn("Hit rate", format="percent"),
-    "ci_low": st.column_config.NumberColumn("95% CI low", format="percent"),
-    "ci_high": st.column_config.NumberColumn("95% CI high", format="percent"),
-    "share": st.column_config.NumberColumn("Share of lookups", format="percent")})
+st.dataframe(top.rename(columns={by: LABEL.get(by, by)}).style.format(
+    {"hits": "{:,.0f}", "lookups": "{:,.0f}", "hit_rate": "{:.1%}", "ci_low": "{:.1%}", "ci_high": "{:.1%}",
+     "share": "{:.1%}"}), hide_index=True, width="stretch", column_config={
+    "hits": "Hits", "lookups": "Lookups", "hit_rate": "Hit rate", "ci_low": "95% CI low", "ci_high": "95% CI high",
+    "share": "Share of lookups"})
 choice = st.selectbox(f"Drill into a {LABEL.get(by, by)}", ["—"] + list(top[by].astype(str)), key="drill-pick")
 if choice != "—":
     path.append((by, choice))

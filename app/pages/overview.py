@@ -8,33 +8,28 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from warmscope.analysis.alerts import evaluate, hot_keys_since
 from warmscope.analysis.config import AnalysisConfig
-from warmscope.analysis.drilldown import drill_down
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.roi import roi_windows
-from warmscope.analysis.scores import score_card
 from warmscope.app import ui
 
 HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
 
 st.title("Cache warm-up overview")
 start, end = ui.time_range()
-fr = ui.load(["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes", "early_keys"],
-             start, end)
-fr.update(ui.load(["hot_keys"], max(start, hot_keys_since(start, end)), end))  # only what the alert checks read
+fr = ui.load(["lookups", "requests", "warmup_runs"], start, end)
 st.caption(f"{ui.when(start)} → {ui.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
 ui.resolution_note(start, end)
 cfg = AnalysisConfig.load()
 lk = fr["lookups"]
 cached = lk[lk.layer != "weights"] if len(lk) else lk
-alerts = evaluate(fr, start, end)
+alerts = ui.alerts(start, end)
 runs = fr["warmup_runs"]
 
 # ---------------------------------------------------------------- what happened
 st.subheader("What happened")
 lines: list[str] = []
-dd = drill_down(cached)
+dd = ui.drill(start, end, cached_layers_only=True)
 loc = dd.localization
 if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
     top = loc.causes[0]
@@ -69,7 +64,7 @@ for r in sec.itertuples():
     ui.alert_row(r.severity, r.alert, r.summary, r.since)
 
 # ---------------------------------------------------------------- headline numbers
-card = score_card(fr, cfg)
+card = ui.card(start, end)
 overall = hit_table(cached)
 c = st.columns(4)
 c[0].metric("Warm-up score", f"{card.composite:.2f}" if card.composite is not None else "no data",
@@ -104,59 +99,61 @@ if len(hr):
 
 # ---------------------------------------------------------------- the score card
 st.subheader("Warm-up score")
-left, right = st.columns([2, 3])
 dims = card.as_frame()
-with left:
-    have = dims[dims.score.notna()]
-    fig = go.Figure(go.Scatterpolar(r=list(have.score) + list(have.score[:1]),
-                                    theta=list(have.label) + list(have.label[:1]), fill="toself", name="score",
-                                    hovertemplate="%{theta}: %{r:.2f}<extra></extra>"))
-    fig.update_layout(polar=dict(radialaxis=dict(range=[0, 1], tickfont_size=9), angularaxis=dict(tickfont_size=10)),
-                      height=430, margin=dict(l=110, r=110, t=30, b=30), showlegend=False)
-    st.plotly_chart(fig, width="stretch")
-with right:
-    def _value(v, u):
-        if v is None or v != v:
-            return "no data"
-        if u in ("ratio", "share", "fraction"):
-            return ui.pct(v)
-        return f"{v:.3g} {u}".strip()
 
-    table = pd.DataFrame({
-        "Status": dims.score.map(ui.light),
-        "Dimension": dims.label,
-        "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit)],
-        "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit)],
-        "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
-        "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
-        "Note": dims.note,
-    })
-    st.dataframe(table.style.map(ui.status_style, subset=["Status"]), hide_index=True, width="stretch",
-                 height=460, column_config={"Note": st.column_config.TextColumn(width="large")})
+
+def _value(v, u):
+    if v is None or v != v:
+        return "no data"
+    if u in ("ratio", "share", "fraction"):
+        return ui.pct(v)
+    return f"{v:.3g} {u}".strip()
+
+
+table = pd.DataFrame({
+    "Status": dims.score.map(ui.light),
+    "Dimension": dims.label,
+    "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit)],
+    "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit)],
+    "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
+    "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
+    "Note": dims.note,
+})
+st.dataframe(table.style.map(ui.status_style, subset=["Status"]), hide_index=True, width="stretch",
+             height=38 + 35 * len(table), column_config={"Status": st.column_config.TextColumn(width="small"),
+                                                          "Note": st.column_config.TextColumn(width="large")})
 if card.note:
     note = card.note
     for d in card.dimensions:  # people read labels, not field names
         note = note.replace(d.name, d.label)
     st.caption(note)
 
-# ---------------------------------------------------------------- alerts and runs
-a, b = st.columns(2)
-with a:
+# ---------------------------------------------------------------- radar, alerts and runs
+left, right = st.columns(2)
+with left:
+    have = dims[dims.score.notna()]
+    fig = go.Figure(go.Scatterpolar(r=list(have.score) + list(have.score[:1]),
+                                    theta=list(have.label) + list(have.label[:1]), fill="toself", name="score",
+                                    hovertemplate="%{theta}: %{r:.2f}<extra></extra>"))
+    fig.update_layout(polar=dict(radialaxis=dict(range=[0, 1], tickfont_size=9), angularaxis=dict(tickfont_size=10)),
+                      height=440, margin=dict(l=150, r=150, t=40, b=40), showlegend=False,
+                      title="Dimension scores (0–1)")
+    st.plotly_chart(fig, width="stretch")
+with right:
     st.subheader("Active alerts")
     if alerts.empty:
         st.success("No alert conditions hold in this range.")
     else:
-        for r in alerts.head(8).itertuples():
+        for r in alerts.head(6).itertuples():
             ui.alert_row(r.severity, r.alert, r.summary, r.since)
-        if len(alerts) > 8:
-            st.caption(f"{len(alerts) - 8} more on the Alerts page.")
-with b:
-    st.subheader("Latest warm-up runs")
-    if runs.empty:
-        st.info("No warm-up runs in this range; pick a longer range or 'since the last warm-up run'.")
-    else:
-        r = runs.sort_values("started", ascending=False).head(8)
-        st.dataframe(pd.DataFrame({"Started (UTC)": r.started.map(ui.when), "Replica": r.replica, "Layer": r.layer,
-                                   "Strategy": r.strategy, "Trigger": r.trigger, "Status": r.status,
-                                   "Keys": r["keys"].map(ui.integer), "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}")}),
-                     hide_index=True, width="stretch")
+        if len(alerts) > 6:
+            st.caption(f"{len(alerts) - 6} more on the Alerts page.")
+st.subheader("Latest warm-up runs")
+if runs.empty:
+    st.info("No warm-up runs in this range; pick a longer range or 'since the last warm-up run'.")
+else:
+    r = runs.sort_values("started", ascending=False).head(8)
+    st.dataframe(pd.DataFrame({"Started (UTC)": r.started.map(ui.when), "Replica": r.replica, "Layer": r.layer,
+                               "Strategy": r.strategy, "Trigger": r.trigger, "Status": r.status,
+                               "Keys": r["keys"].map(ui.integer), "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}")}),
+                 hide_index=True, width="stretch")

@@ -9,15 +9,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from warmscope.analysis.drilldown import change_point, drill_down
 from warmscope.analysis.hitrate import hit_table
-from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
 from warmscope.app import ui
 
 st.title("Root cause")
 start, end = ui.time_range()
-fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end)
-lk = fr["lookups"]
+lk = ui.load(["lookups"], start, end)["lookups"]
 ui.resolution_note(start, end)
 
 
@@ -53,7 +50,7 @@ if mode == "choose":
     ui.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
 else:
     ui.url_set(window=None)
-    cp = change_point(lk)
+    cp = ui.change_point(start, end)
     if cp is None:
         st.info("Too little data to find a change point; choose the window, or widen the time range.")
         st.stop()
@@ -84,10 +81,9 @@ if box and box[0].get("x"):
         st.rerun()
 st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
            f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer.")
-fr.update(ui.load(["hot_keys"], max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end))  # what the isolation check reads
-dd = drill_down(lk, anomaly=anomaly, baseline=baseline)
+dd = ui.drill(start, end, anomaly, baseline)
 loc = dd.localization
-verdicts = detect_all(fr, anomaly, baseline)
+verdicts = ui.traps(start, end, anomaly, baseline)
 
 # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
 for v in verdicts:

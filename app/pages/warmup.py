@@ -38,7 +38,8 @@ tl = runs.assign(start=pd.to_datetime(runs.started, unit="s"),
 fig = px.timeline(tl, x_start="start", x_end="finish", y="replica", color="strategy",
                   hover_data={"layer": True, "trigger": True, "keys": ":,", "gpu_s": ":.1f", "status": True},
                   title="Runs per replica and strategy")
-fig.update_layout(xaxis_title="time (UTC)", height=300)
+fig.update_layout(xaxis_title="time (UTC)", height=300,
+                  xaxis_range=[pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s")])
 ui.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
 
@@ -51,13 +52,9 @@ show = cov.sort_values("started", ascending=False)
 st.dataframe(pd.DataFrame({
     "Started (UTC)": show.started.map(ui.when), "Replica": show.replica, "Layer": show.layer,
     "Strategy": show.strategy, "Trigger": show.trigger, "Keys warmed": show.keys_warmed,
-    "Precision": show.precision, "Recall": show.recall, "GPU-s": show.gpu_s, "Wasted GPU-s": show.wasted_gpu_s}),
-    hide_index=True, width="stretch", column_config={
-        "Keys warmed": st.column_config.NumberColumn(format="localized"),
-        "Precision": st.column_config.NumberColumn(format="percent"),
-        "Recall": st.column_config.NumberColumn(format="percent"),
-        "GPU-s": st.column_config.NumberColumn(format="%.2f"),
-        "Wasted GPU-s": st.column_config.NumberColumn(format="%.2f")})
+    "Precision": show.precision, "Recall": show.recall, "GPU-s": show.gpu_s, "Wasted GPU-s": show.wasted_gpu_s})
+    .style.format({"Keys warmed": "{:,.0f}", "Precision": "{:.1%}", "Recall": "{:.1%}", "GPU-s": "{:,.2f}",
+                   "Wasted GPU-s": "{:,.2f}"}, na_rep="–"), hide_index=True, width="stretch")
 by = cov.groupby("strategy")[["keys_warmed", "keys_read", "gpu_s", "wasted_gpu_s"]].sum()
 bar = px.bar(by.reset_index().rename(columns={"gpu_s": "spent", "wasted_gpu_s": "wasted"}), x="strategy",
              y=["spent", "wasted"], barmode="group", title="Warm-up GPU-seconds spent and wasted, by strategy")
@@ -91,6 +88,8 @@ with a:
             return "–"
         if metric == "hit_rate":
             return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
+        if signed and abs(v) < 5e-4:
+            return "±0"
         s = NAMES.get(metric, (metric, "{:.3g}"))[1].format(v)
         return "+" + s if signed and v >= 0 else s
 
