@@ -104,10 +104,20 @@ def _ts(d: datetime) -> float:
     return d.replace(tzinfo=timezone.utc).timestamp()
 
 
+def defer(**state) -> None:
+    """Set widget state on the next run, before the widgets exist (Streamlit refuses it after)."""
+    st.session_state.setdefault("_deferred", {}).update(state)
+
+
+def apply_deferred() -> None:
+    """Called first thing in every run."""
+    for k, v in st.session_state.pop("_deferred", {}).items():
+        st.session_state[k] = v
+
+
 def zoom_to(start: float, end: float) -> None:
-    """Switch the range to an absolute window (drag-to-zoom, links from summaries)."""
-    st.session_state["range"] = "custom"
-    st.session_state["custom-win"] = (_dt(_minute(start)), _dt(_minute(end) + 60))
+    """Switch the range to an absolute window on the next run (drag-to-zoom)."""
+    defer(**{"range": "custom", "custom-win": (_dt(_minute(start)), _dt(_minute(end) + 60))})
 
 
 def time_range() -> tuple[float, float]:

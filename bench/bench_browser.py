@@ -121,7 +121,7 @@ def main() -> None:
                 cold = _visit(browser, f"{u_app}/{path}")
                 warm = [_visit(browser, f"{u_app}/{path}") for _ in range(args.loads)]
                 wp, wd = statistics.median(x[0] for x in warm), statistics.median(x[1] for x in warm)
-                print(f"{name:16s} {cold[0]:10.2f} {cold[1]:10.2f} {wp:7.2f} {wd:7.2f} {wp / bp:8.1f} {wd / bd:7.1f}")
+                print(f"{name:16s} {cold[0]:10.2f} {cold[1]:10.2f} {wp:7.2f} {wd:7.2f} {wp / bp:8.1f} {wd / bd:7.1f}", flush=True)
             cold = _switch(browser, u_app)
             warm = [_switch(browser, u_app) for _ in range(max(args.loads // 2, 2))]
             wm = statistics.median(warm)

@@ -39,23 +39,33 @@ if len(el):
     rows = []
     for name, g in el.groupby("experiment", sort=True):
         last = g["last"].max()
-        rows.append({"Experiment": name, "Arms": " / ".join(g.variant.astype(str)),
+        arms_ = list(g.variant.astype(str))
+        try:  # the first arm as control, the second as treatment, default primary metric
+            verdict = data.ab_report(name, arms_[0], arms_[1], DEFAULT_PRIMARY).verdict if len(arms_) > 1 else \
+                "one arm only"
+        except data.SourceError as e:
+            verdict = str(e)
+        rows.append({"Experiment": name, "Arms": " / ".join(arms_),
                      "Started (UTC)": ui.when(g["first"].min()), "Last unit (UTC)": ui.when(last),
                      "Units": int(g.units.sum()),
-                     "Status": "running" if newest and newest - last < 3600 else "stopped"})
+                     "Status": "running" if newest and newest - last < 3600 else "stopped", "Verdict": verdict})
     st.subheader("Experiments")
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={"Units": st.column_config.NumberColumn(format="localized")})
+                 column_config={"Units": st.column_config.NumberColumn(format="localized"),
+                                "Verdict": st.column_config.TextColumn(width="large")})
 
 ui.init_from_url("ab-exp", "experiment")
 if st.session_state.get("ab-exp") not in exps:
     st.session_state["ab-exp"] = exps[0]
 arms = list(el[el.experiment == st.session_state["ab-exp"]].variant.astype(str)) if len(el) else ["A", "B"]
 arms = arms or ["A", "B"]
+for k, i in (("ab-control", 0), ("ab-treatment", min(1, len(arms) - 1))):
+    if st.session_state.get(k) not in arms:  # another experiment's arm
+        st.session_state[k] = arms[i]
 c1, c2, c3, c4 = st.columns([2, 1, 1, 2])
 exp = c1.selectbox("Experiment", exps, key="ab-exp")
-control = c2.selectbox("Control", arms, index=0, key="ab-control")
-treatment = c3.selectbox("Treatment", arms, index=min(1, len(arms) - 1), key="ab-treatment")
+control = c2.selectbox("Control", arms, key="ab-control")
+treatment = c3.selectbox("Treatment", arms, key="ab-treatment")
 ui.init_from_url("ab-primary", "primary", cast=lambda v: v if v in PRIMARIES else DEFAULT_PRIMARY)
 primary = c4.selectbox("Primary metric", PRIMARIES, key="ab-primary")
 ui.url_set(experiment=exp, primary=primary)

@@ -28,8 +28,8 @@ def _decode(s: str):
 
 def _reset_pickers() -> None:
     # Dependent pickers start over whenever the path changes: no stale value from another level.
-    for k in ("drill-pick", "groupby"):
-        st.session_state.pop(k, None)
+    for k in [k for k in st.session_state if k in ("drill-pick", "groupby") or str(k).startswith("heat-")]:
+        st.session_state.pop(k, None)  # a heatmap's old click must not drill again
 
 
 st.title("Hit rate explorer")

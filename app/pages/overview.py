@@ -92,9 +92,10 @@ if len(hr):
     box = ev.selection.get("box", []) if ev and ev.selection else []
     if box and box[0].get("x"):
         x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
-        if x1 - x0 >= 300:
+        st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
+        if abs(x1 - x0) >= 300:
             ui.zoom_to(min(x0, x1), max(x0, x1))
-            st.rerun()
+        st.rerun()
     st.caption("Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: alert onsets.")
 
 # ---------------------------------------------------------------- the score card

@@ -75,10 +75,11 @@ box = ev.selection.get("box", []) if ev and ev.selection else []
 if box and box[0].get("x"):
     x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
     x0, x1 = max(lo, x0), min(hi, x1)
-    if x1 > x0 and (x0, x1) != st.session_state.get("rc-win"):
+    st.session_state.pop("rc-brush", None)  # applied once: picking "detected" later must stay detected
+    if x1 > x0:
         st.session_state["rc-win"] = (x0, x1)
-        st.session_state["rc-mode"] = "choose"
-        st.rerun()
+        ui.defer(**{"rc-mode": "choose"})
+    st.rerun()
 st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
            f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer.")
 dd = ui.drill(start, end, anomaly, baseline)
