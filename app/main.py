@@ -11,7 +11,7 @@ from warmscope.app import data, ui
 # Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.
 st.set_page_config(page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide")
 ui.apply_deferred()
-PAGES = Path(__file__).with_name("pages")
+PAGES = Path(__file__).with_name("views")  # not "pages/": that name turns on Streamlit's folder navigation
 nav = st.navigation([
     st.Page(str(PAGES / "overview.py"), title="Overview", icon=":material/dashboard:", default=True),
     st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon=":material/target:"),

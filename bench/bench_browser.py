@@ -98,8 +98,11 @@ def main() -> None:
     ap.add_argument("--loads", type=int, default=5, help="warm visits per page (default 5)")
     ap.add_argument("--chromium", default="/usr/bin/chromium", help="Chromium binary (default /usr/bin/chromium)")
     args = ap.parse_args()
+    import signal
+
     from playwright.sync_api import sync_playwright
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers below on a kill too
     empty = Path(tempfile.mkdtemp()) / "empty.py"
     empty.write_text("import streamlit as st\nst.title('empty')\n")
     procs = []
@@ -121,7 +124,8 @@ def main() -> None:
                 cold = _visit(browser, f"{u_app}/{path}")
                 warm = [_visit(browser, f"{u_app}/{path}") for _ in range(args.loads)]
                 wp, wd = statistics.median(x[0] for x in warm), statistics.median(x[1] for x in warm)
-                print(f"{name:16s} {cold[0]:10.2f} {cold[1]:10.2f} {wp:7.2f} {wd:7.2f} {wp / bp:8.1f} {wd / bd:7.1f}", flush=True)
+                print(f"{name:16s} {cold[0]:10.2f} {cold[1]:10.2f} {wp:7.2f} {wd:7.2f} {wp / bp:8.1f} "
+                      f"{wd / bd:7.1f}", flush=True)
             cold = _switch(browser, u_app)
             warm = [_switch(browser, u_app) for _ in range(max(args.loads // 2, 2))]
             wm = statistics.median(warm)
