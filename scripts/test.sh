@@ -9,5 +9,7 @@ ensure_venv dev
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
 ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for the integration test
+log "vLLM (CPU build) for the real-engine tests: installed once into ~/.cache/warmscope"
+.venv/bin/python -m warmscope.simulator.real_engine install
 log "running tests"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -126,3 +126,41 @@ def make_tel(tmp_path):
     yield make
     for t in made:
         t.close()
+
+
+# --- a real vLLM engine on the CPU (warmscope.simulator.real_engine) ---------
+
+@pytest.fixture(scope="session")
+def vllm_engines():
+    """Factory: ``vllm_engines(n)`` starts n vLLM engines (concurrently) with the
+    tiny model on free loopback ports and returns them; every engine started is
+    stopped, with its process group and run folder, at the end of the session.
+    A vLLM that cannot be installed or started skips the test, and fails it
+    under CI=true."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from warmscope.simulator import real_engine as re_
+
+    started: list = []
+
+    def start(n: int = 1, **kw):
+        try:
+            re_.ensure_installed()
+            re_.model_dir()
+        except re_.EngineError as e:
+            msg = f"vLLM is not available: {e}; run scripts/test.sh (it installs it)"
+            if CI:
+                pytest.fail(msg + " — required under CI=true", pytrace=False)
+            pytest.skip(msg)
+        engines = [re_.VLLMEngine(**kw) for _ in range(n)]
+        started.extend(engines)
+        with ThreadPoolExecutor(n) as ex:
+            errors = [f.exception() for f in [ex.submit(e.start) for e in engines]]
+        bad = [e for e in errors if e is not None]
+        if bad:
+            pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
+        return engines
+
+    yield start
+    for e in started:
+        e.stop()
