@@ -101,14 +101,48 @@ def _store_path(args: argparse.Namespace) -> Path:
     return Path(args.store) if args.store else CollectorConfig.load().resolved_store_path()
 
 
+def _streamlit(cmd: list[str], env: dict) -> int:
+    """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    got: list[int] = []
+
+    def stop(signum, _frame):
+        got.append(signum)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if got:
+            try:  # anything the dashboard left behind in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return 128 + got[0]
+        return rc
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     env = dict(os.environ, WARMSCOPE_STORE=str(_store_path(args)))
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.headless", "true",
            "--server.port", str(args.port), "--server.address", args.address,
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
     print(f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
           file=sys.stderr)
-    return subprocess.call(cmd, env=env)
+    return _streamlit(cmd, env)
 
 
 def _remove_store(path: Path) -> None:
@@ -152,6 +186,30 @@ def _check_store(path: Path) -> None:
                          "move the file away or pass another --store") from None
 
 
+def demo_world(hours: float, now: float | None = None):
+    """The demo's simulated span and traps, placed so the dashboard's default range (the last 6 hours of data)
+    shows a warm-up run, both injected traps and the alerts they raise: the span ends at the current minute;
+    a scheduled warm-up 5.5 h before the end, a response-cache bypass for globex 5 h to 3.5 h before it and a
+    cross-tenant read (a security finding) 2.5 h to 1.5 h before it (scaled down for spans under 6 h)."""
+    import math
+    import time
+    from dataclasses import replace
+
+    from warmscope.simulator import SimConfig, parse_fault
+
+    w = min(hours, 6.0)
+    at = lambda before: round(max(hours - before * w / 6.0, 0.0), 4)  # noqa: E731 - hours from the start
+    now = time.time() if now is None else now
+    # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes hourly,
+    # so warm-up has cold starts to prevent and a moving target to follow.
+    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", restart_every_h=1.0,
+                         content_drift_h=1.0, peak_warmup_at_h=at(5.5),
+                         start=math.floor(now / 60) * 60 - hours * 3600)
+    faults = [replace(parse_fault("bypass:tenant=globex,layer=response"), start=at(5.0) * 3600, end=at(3.5) * 3600),
+              replace(parse_fault("tenant_isolation:layer=response"), start=at(2.5) * 3600, end=at(1.5) * 3600)]
+    return cfg, faults
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from warmscope.collectors.store import EmbeddedStore, StoreError
 
@@ -171,17 +229,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     empty = store.counts()["lookups"] == 0
     store.close()
     if empty:
-        from warmscope.simulator import SimConfig, parse_fault, simulate
+        from warmscope.simulator import simulate
 
-        # A day with two injected traps, so every page has something to show; replicas restart every
-        # hour (rolling, behind a readiness gate) and popular content changes hourly, so warm-up has
-        # cold starts to prevent and a moving target to follow.
-        cfg = SimConfig.load(hours=args.hours, strategy_a="none", strategy_b="static_topk", restart_every_h=1.0,
-                             content_drift_h=1.0)
-        faults = [parse_fault("bypass:tenant=globex,layer=response@10:00-11:30"),
-                  parse_fault("tenant_isolation:layer=response@14:00-15:00")]
+        cfg, faults = demo_world(args.hours)
         print(f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)", file=sys.stderr)
-        s = simulate(cfg, path, faults, progress=_progress("simulating"))
+        try:
+            s = simulate(cfg, path, faults, progress=_progress("simulating"))
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {path} holds part of the simulated day; `warmscope demo --fresh` starts over",
+                  file=sys.stderr)
+            raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
     if args.no_dashboard:
         return 0
@@ -265,20 +322,43 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+AB_PRIMARY_METRICS = ("latency per request (s)", "GPU-s per request", "conversions per request",
+                      "P95 latency (s)", "hit rate (prefix_kv)", "hit rate (response)")
+
+
 def cmd_report_ab(args: argparse.Namespace) -> int:
     from warmscope.analysis.ab_report import render_html, render_markdown, report_for
     from warmscope.analysis.sources import EmbeddedSource, SourceError
 
+    def fail(msg: str) -> int:
+        print(f"warmscope report ab: {msg}", file=sys.stderr)
+        return 2
+
+    path = _store_path(args)
+    if not path.exists():
+        return fail(f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)")
     try:
-        src = EmbeddedSource(_store_path(args))
+        src = EmbeddedSource(path)
         experiment = args.experiment
+        known = _experiments(path)
+        if experiment not in known:
+            return fail(f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
+                        "(pass one with --experiment)")
+        variants = _variants(path, experiment)
+        for flag, v in (("--control", args.control), ("--treatment", args.treatment)):
+            if variants and v not in variants:
+                return fail(f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}")
+        if args.control == args.treatment:
+            return fail("--control and --treatment name the same variant; pick two different ones")
         rep = report_for(src, experiment, args.control, args.treatment, primary=args.primary)
     except SourceError as e:
-        print(f"warmscope report ab: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     if rep.error:
-        print(f"warmscope report ab: {rep.error}", file=sys.stderr)
-        return 2
+        return fail(rep.error)
+    metrics = [r.metric for r in rep.results]
+    if args.primary not in metrics:
+        return fail(f"--primary {args.primary!r} is not a metric of this report; metrics: "
+                    + ", ".join(repr(m) for m in metrics))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(rep))
@@ -287,6 +367,48 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
     print(rep.verdict)
     print(f"wrote {out} and {md}", file=sys.stderr)
     return 0
+
+
+def _experiments(path: Path) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' ORDER BY 1").fetchall()
+        if not rows:
+            rows = con.execute("SELECT DISTINCT experiment FROM ab_units WHERE experiment != '' ORDER BY 1").fetchall()
+        return [r[0] for r in rows]
+    except sqlite3.Error:
+        return []
+    finally:
+        con.close()
+
+
+def _variants(path: Path, experiment: str) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for table in ("ab_moments", "ab_units"):
+            rows = con.execute(f"SELECT DISTINCT variant FROM {table} WHERE experiment = ? ORDER BY 1",
+                               (experiment,)).fetchall()
+            if rows:
+                return [r[0] for r in rows]
+        return []
+    except sqlite3.Error:
+        return []
+    finally:
+        con.close()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,11 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     add_rca_parser(sub).set_defaults(fn=cmd_rca)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
-    p.add_argument("--experiment", default="warmup-strategy")
-    p.add_argument("--control", default="A")
-    p.add_argument("--treatment", default="B")
-    p.add_argument("--primary", default="latency per request (s)", help="primary metric name (as in the table)")
-    p.add_argument("--out", default="ab-report.html")
+    p.add_argument("--experiment", default="warmup-strategy",
+                   help="experiment name (default warmup-strategy); an unknown name lists the known ones")
+    p.add_argument("--control", default="A", help="control variant (default A)")
+    p.add_argument("--treatment", default="B", help="treatment variant (default B)")
+    p.add_argument("--primary", default="latency per request (s)",
+                   help="primary metric, tested without multiple-testing adjustment; one of: "
+                   + "; ".join(AB_PRIMARY_METRICS) + " (default latency per request (s))")
+    p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
     from . import cli_gateway, cli_warmup
@@ -380,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from warmscope.collectors.store import StoreError
 
+    import signal
+
+    old = None
+    if threading_main():
+        # SIGTERM stops like Ctrl-C: simulator workers and the dashboard are stopped, nothing left running.
+        old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.fn(args)
     except ConfigError as e:
@@ -396,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"warmscope {args.cmd}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
         return 1
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.store import EmbeddedStore, StoreError
 
 __all__ = ["SourceError", "store_path", "source_label", "frame", "frames", "ab_report", "time_bounds",
+           "last_run_start", "annotations", "experiment_list",
            "experiments", "TTL"]
 
 TTL = 30
+STORE_TTL = 3600
 
 
 class SourceError(RuntimeError):
@@ -120,7 +122,9 @@ def _store(path: str) -> EmbeddedStore:
         raise SourceError(str(e)) from None
 
 
-@st.cache_data(ttl=TTL, show_spinner=False)
+# The store's modification time is part of the key (a store that changed is re-read), so entries can live long:
+# a range switch back and forth, or another viewer of the same range, reads nothing.
+@st.cache_data(ttl=STORE_TTL, max_entries=96, show_spinner=False)
 def _frame(path: str, name: str, start: float | None, end: float | None, mtime: float,
            step: float | None = None) -> pd.DataFrame:
     try:
@@ -214,3 +218,55 @@ def experiments() -> list[str]:
             raise SourceError(f"Redis at {redis_url()} cannot list experiments: {e}") from None
     path = store_path()
     return _experiments(path, _mtime(path))
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _last_run(path: str, mtime: float) -> float | None:
+    row = _store(path)._con().execute("SELECT max(started) FROM warmup_runs").fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def last_run_start() -> float | None:
+    """Start of the newest warm-up run (for the "since the last warm-up run" range)."""
+    if redis_url():
+        runs = frame("warmup_runs")
+        return float(runs.started.max()) if len(runs) else None
+    path = store_path()
+    if not Path(path).exists():
+        return None
+    return _last_run(path, _mtime(path))
+
+
+def annotations(start: float, end: float) -> dict[str, pd.DataFrame]:
+    """Warm-up runs starting in [start, end) and known fault windows overlapping it (the simulator's ground
+    truth, or faults recorded in the store) — drawn on every time series."""
+    runs = frame("warmup_runs", start, end)
+    path = store_path()
+    faults = _frame(path, "faults", None, None, _mtime(path)) if Path(path).exists() else pd.DataFrame()
+    if len(faults):
+        faults = faults[(faults.start < end) & (faults.end > start)]
+    return {"runs": runs, "faults": faults}
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _experiment_list(path: str, mtime: float) -> pd.DataFrame:
+    con = _store(path)._con()
+    rows = con.execute("SELECT experiment, variant, min(min_first), max(max_last), sum(n) FROM ab_moments "
+                       "WHERE experiment != '' GROUP BY experiment, variant ORDER BY experiment, variant").fetchall()
+    return pd.DataFrame(rows, columns=["experiment", "variant", "first", "last", "units"])
+
+
+def experiment_list() -> pd.DataFrame:
+    """One row per experiment × variant: first and last unit activity, units (embedded store; empty elsewhere)."""
+    if redis_url():
+        return pd.DataFrame(columns=["experiment", "variant", "first", "last", "units"])
+    path = store_path()
+    if not Path(path).exists():
+        return pd.DataFrame(columns=["experiment", "variant", "first", "last", "units"])
+    return _experiment_list(path, _mtime(path))
+
+
+def version() -> tuple:
+    """What cached results depend on: the sources and the store's modification time."""
+    path = store_path()
+    return (path, _mtime(path), prometheus_url(), redis_url())

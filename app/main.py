@@ -8,16 +8,18 @@ import streamlit as st
 
 from warmscope.app import data, ui
 
-st.set_page_config(page_title="warmscope", page_icon="🔥", layout="wide")
-PAGES = Path(__file__).with_name("pages")
+# Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.
+st.set_page_config(page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide")
+ui.apply_deferred()
+PAGES = Path(__file__).with_name("views")  # not "pages/": that name turns on Streamlit's folder navigation
 nav = st.navigation([
-    st.Page(str(PAGES / "overview.py"), title="Overview", icon="🏠", default=True),
-    st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon="🎯"),
-    st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon="🔥"),
-    st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon="🔑"),
-    st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon="🔍"),
-    st.Page(str(PAGES / "ab.py"), title="A/B", icon="🧪"),
-    st.Page(str(PAGES / "alerts.py"), title="Alerts", icon="🚨"),
+    st.Page(str(PAGES / "overview.py"), title="Overview", icon=":material/dashboard:", default=True),
+    st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon=":material/target:"),
+    st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon=":material/whatshot:"),
+    st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon=":material/key:"),
+    st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon=":material/troubleshoot:"),
+    st.Page(str(PAGES / "ab.py"), title="A/B", icon=":material/science:"),
+    st.Page(str(PAGES / "alerts.py"), title="Alerts", icon=":material/notifications_active:"),
 ])
 _problem = data.config_problem()
 if _problem:  # one clear message instead of a traceback on every page
@@ -25,7 +27,7 @@ if _problem:  # one clear message instead of a traceback on every page
     st.stop()
 with st.sidebar:
     st.caption(f"Source: {data.source_label()}")
-    st.selectbox("Time range", list(ui.RANGES), index=1, key="range")
+    ui.sidebar_range()
     live = st.toggle("Live (refresh when new data lands)", key="live")
 
 
@@ -42,6 +44,7 @@ def _watch() -> None:
     st.session_state["_last_ts"] = last
 
 
+ui.prewarm()
 if live:
     with st.sidebar:
         _watch()

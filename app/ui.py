@@ -1,6 +1,10 @@
-"""Shared page furniture: the time range, guards for empty data, formatting."""
+"""Shared page furniture: the time range (relative or absolute, kept in the URL), guards for empty data,
+status badges, number formatting and the annotations every time series carries."""
 
 from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
 
 import pandas as pd
 import streamlit as st
@@ -8,11 +12,116 @@ import streamlit as st
 from warmscope.app import data
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
-          "everything": None}
+          "everything": None, "since the last warm-up run": -1, "custom": -2}
+DEFAULT_RANGE = "last 6 hours"
+# Query-parameter names shared by every page: a link reproduces the view.
+URL_KEYS = ("range", "from", "to")
+
+# Text-and-colour status (no emoji font needed): label, colour.
+STATUS = {"good": ("OK", "#1a7f37"), "fair": ("FAIR", "#b58100"), "poor": ("POOR", "#cf222e"),
+          "none": ("NO DATA", "#6e7781"), "critical": ("CRITICAL", "#cf222e"), "warning": ("WARNING", "#b35900"),
+          "info": ("INFO", "#0969da"), "security": ("SECURITY", "#cf222e")}
+
+
+# ---------------------------------------------------------------- URL state
+
+def url_get(key: str, default: str | None = None) -> str | None:
+    v = st.query_params.get(key)
+    return v if v not in (None, "") else default
+
+
+def url_set(**kw) -> None:
+    """Write view state to the URL; ``None`` removes a key."""
+    for k, v in kw.items():
+        if v is None or v == "":
+            if k in st.query_params:
+                del st.query_params[k]
+        elif st.query_params.get(k) != str(v):
+            st.query_params[k] = str(v)
+
+
+def init_from_url(key: str, param: str | None = None, cast=str, default=None):
+    """Seed a widget's session state from the URL on the first run of a session (widget keys survive reruns)."""
+    param = param or key
+    seeded = st.session_state.setdefault("_url_seeded", set())
+    if key not in seeded:
+        seeded.add(key)
+        v = url_get(param)
+        if v is not None:
+            try:
+                st.session_state[key] = cast(v)
+            except (TypeError, ValueError):
+                pass
+    return st.session_state.get(key, default)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M")
+
+
+def _parse_iso(s: str) -> float:
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M").replace(tzinfo=timezone.utc).timestamp()
+
+
+def sidebar_range() -> None:
+    """The sidebar's range picker (called once per run by the app's entry point)."""
+    init_from_url("range", cast=lambda v: v if v in RANGES else DEFAULT_RANGE)
+    if st.session_state.get("range") not in RANGES:
+        st.session_state["range"] = DEFAULT_RANGE
+    st.selectbox("Time range", list(RANGES), key="range",
+                 help="Relative ranges end at the newest data. 'custom' picks absolute times; dragging a box "
+                      "on the overview's hit-rate chart zooms to that span.")
+    if st.session_state["range"] != "custom":
+        url_set(range=st.session_state["range"], **{"from": None, "to": None})
+    else:
+        url_set(range="custom")
+        try:
+            b = data.time_bounds()
+        except data.SourceError:
+            b = None
+        if b is None:
+            return
+        lo, hi = _minute(b[0]), _minute(b[1]) + 60
+        if "custom-win" not in st.session_state:
+            try:
+                f, t = _parse_iso(url_get("from", "")), _parse_iso(url_get("to", ""))
+            except ValueError:
+                f, t = hi - 6 * 3600, hi
+            st.session_state["custom-win"] = (_dt(max(lo, min(f, hi))), _dt(max(lo, min(t, hi))))
+        st.slider("From – to (UTC)", min_value=_dt(lo), max_value=_dt(hi), step=pd.Timedelta(minutes=5).to_pytimedelta(),
+                  format="MM-DD HH:mm", key="custom-win")
+
+
+def _minute(ts: float) -> float:
+    return math.floor(ts / 60) * 60
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None)
+
+
+def _ts(d: datetime) -> float:
+    return d.replace(tzinfo=timezone.utc).timestamp()
+
+
+def defer(**state) -> None:
+    """Set widget state on the next run, before the widgets exist (Streamlit refuses it after)."""
+    st.session_state.setdefault("_deferred", {}).update(state)
+
+
+def apply_deferred() -> None:
+    """Called first thing in every run."""
+    for k, v in st.session_state.pop("_deferred", {}).items():
+        st.session_state[k] = v
+
+
+def zoom_to(start: float, end: float) -> None:
+    """Switch the range to an absolute window on the next run (drag-to-zoom)."""
+    defer(**{"range": "custom", "custom-win": (_dt(_minute(start)), _dt(_minute(end) + 60))})
 
 
 def time_range() -> tuple[float, float]:
-    """The sidebar's range, relative to the newest data; stops the page when there is none."""
+    """The sidebar's range; relative ranges end at the newest data. Stops the page when there is none."""
     try:
         b = data.time_bounds()
     except data.SourceError as e:
@@ -22,13 +131,32 @@ def time_range() -> tuple[float, float]:
         st.info("The store has no lookups yet. Run `warmscope demo` (or `warmscope simulate`) for demo data, or "
                 "instrument a cache with `collectors.InstrumentedCache` and let it flush.")
         st.stop()
-    span = RANGES[st.session_state.get("range", "last 6 hours")]
-    start = b[0] - 1 if span is None else max(b[0] - 1, b[1] - span)
-    return start, b[1] + 1e-6  # the store's end is exclusive: keep the newest tick
+    name = st.session_state.get("range", DEFAULT_RANGE)
+    span = RANGES.get(name, RANGES[DEFAULT_RANGE])
+    start, end = range_bounds(name, b, st.session_state.get("custom-win"))
+    url_set(range=name, **({"from": _iso(start), "to": _iso(end)} if span == -2 else {"from": None, "to": None}))
+    return start, end
+
+
+def range_bounds(name: str, b: tuple[float, float], custom=None) -> tuple[float, float]:
+    """[start, end) of a named range over data spanning ``b`` (the same floats everywhere: cache keys)."""
+    span = RANGES.get(name, RANGES[DEFAULT_RANGE])
+    end = b[1] + 1e-6  # the store's end is exclusive: keep the newest tick
+    if span == -2 and custom:
+        f, t = (_ts(x) for x in custom)
+        return max(b[0] - 1, f), min(end, max(t, f + 60))
+    if span == -1:
+        last = data.last_run_start()
+        return (b[0] - 1 if last is None else max(b[0] - 1, last - 60)), end
+    return (b[0] - 1 if span is None or span < 0 else max(b[0] - 1, b[1] - span)), end
 
 
 def when(ts: float) -> str:
     return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d %H:%M")
+
+
+def hhmm(ts: float) -> str:
+    return pd.Timestamp(ts, unit="s").strftime("%H:%M")
 
 
 HOURLY_ABOVE_S = 86400 + 60  # ranges longer than a day read hourly rollups
@@ -56,7 +184,216 @@ def load(names, start=None, end=None, fine: bool = False) -> dict:
         st.stop()
 
 
+# ---------------------------------------------------------------- status and formatting
+
+def grade(score: float | None) -> str:
+    if score is None or score != score:
+        return "none"
+    return "good" if score >= 0.8 else ("fair" if score >= 0.5 else "poor")
+
+
 def light(score: float | None) -> str:
-    if score is None:
-        return "⚪"
-    return "🟢" if score >= 0.8 else ("🟡" if score >= 0.5 else "🔴")
+    """Status text for a 0–1 score (colour it with :func:`status_style`)."""
+    return STATUS[grade(score)][0]
+
+
+def status_style(v: str) -> str:
+    """pandas Styler cell style for a status label."""
+    for label, colour in STATUS.values():
+        if v == label:
+            return f"color: white; background-color: {colour}; font-weight: 600"
+    return ""
+
+
+def badge(kind: str, text: str = "") -> str:
+    """Inline HTML badge: text on a coloured background (for st.markdown(..., unsafe_allow_html=True))."""
+    label, colour = STATUS[kind]
+    return (f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
+            f'font-size:0.8em;font-weight:600">{text or label}</span>')
+
+
+def is_security(alert: str) -> bool:
+    return alert in ("CrossTenantCacheRead",) or "tenant_isolation" in alert
+
+
+def alert_row(severity: str, alert: str, summary: str, since: float | None = None) -> None:
+    """One alert line; security findings in red whatever their severity."""
+    kind = "security" if is_security(alert) else severity if severity in STATUS else "info"
+    extra = f" · since {when(since)}" if since is not None and since == since else ""
+    box = st.error if kind in ("security", "critical") else st.warning if kind == "warning" else st.info
+    tag = "SECURITY · " if kind == "security" else ""
+    if tag and summary.upper().startswith("SECURITY:"):
+        summary = summary[len("SECURITY:"):].strip()
+    box(f"**{tag}{severity.upper()} · {alert}** — {summary}{extra}")
+
+
+def pct(x, digits: int = 1) -> str:
+    return "–" if x is None or x != x else f"{x:.{digits}%}"
+
+
+def integer(x) -> str:
+    return "–" if x is None or x != x else f"{int(round(x)):,}"
+
+
+def human(col: str) -> str:
+    """Column name for people: ``wasted_gpu_s`` → ``Wasted GPU-s``."""
+    words = {"gpu": "GPU", "s": "(s)", "id": "ID", "ci": "CI", "p": "p", "roi": "ROI", "ttft": "TTFT", "kv": "KV"}
+    parts = [words.get(w, w) for w in col.split("_")]
+    out = " ".join(parts).replace("GPU (s)", "GPU-s")
+    return out[:1].upper() + out[1:]
+
+
+# ---------------------------------------------------------------- annotations on time series
+
+def annotations(start: float, end: float) -> dict:
+    """Warm-up runs, injected fault windows and alert onsets in [start, end) to draw on time series."""
+    try:
+        return data.annotations(start, end)
+    except data.SourceError:
+        return {"runs": pd.DataFrame(), "faults": pd.DataFrame()}
+
+
+def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
+    """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time axis."""
+    a = annotations(start, end)
+    f = a["faults"]
+    for r in f.itertuples():
+        x0, x1 = max(r.start, start), min(r.end, end)
+        if x1 > x0:
+            fig.add_vrect(x0=pd.Timestamp(x0, unit="s"), x1=pd.Timestamp(x1, unit="s"), fillcolor="#cf222e",
+                          opacity=0.08, line_width=0, annotation_text=f"fault: {r.trap}",
+                          annotation_position="top left", annotation_font_size=10,
+                          annotation_font_color="#cf222e")
+    runs = a["runs"]
+    if len(runs):
+        # One mark per minute is enough: runs of several layers on one replica start together.
+        starts = sorted({math.floor(t / 60) * 60 for t in runs.started})
+        for t in starts:
+            fig.add_vline(x=pd.Timestamp(t, unit="s"), line_width=1, line_dash="dot", line_color="#1a7f37")
+        fig.add_annotation(x=pd.Timestamp(starts[-1], unit="s"), y=1.0, yref="paper", text="warm-up run",
+                           showarrow=False, font=dict(size=10, color="#1a7f37"), xanchor="left", yanchor="bottom")
+    if alerts is not None and len(alerts):
+        for t in sorted({x for x in alerts.since if x == x and start <= x < end}):
+            fig.add_vline(x=pd.Timestamp(t, unit="s"), line_width=1, line_color="#b35900")
+
+
+# ---------------------------------------------------------------- cached analysis (shared by every viewer)
+
+OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
+                   "early_keys"]
+
+
+def overview_frames(start: float, end: float) -> dict:
+    from warmscope.analysis.alerts import hot_keys_since
+
+    fr = data.frames(OVERVIEW_FRAMES, start, end, step(start, end))
+    fr["hot_keys"] = data.frame("hot_keys", max(start, hot_keys_since(start, end)), end)
+    return fr
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _alerts(version: tuple, start: float, end: float):
+    from warmscope.analysis.alerts import evaluate
+
+    return evaluate(overview_frames(start, end), start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _card(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.scores import score_card
+
+    return score_card(overview_frames(start, end), AnalysisConfig.load())
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_layers_only: bool):
+    from warmscope.analysis.drilldown import drill_down
+
+    lk = data.frame("lookups", start, end, step(start, end))
+    if cached_layers_only and len(lk):
+        lk = lk[lk.layer != "weights"]
+    return drill_down(lk, anomaly=anomaly, baseline=baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _traps(version: tuple, start: float, end: float, anomaly, baseline):
+    from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
+
+    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end, step(start, end))
+    fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
+    return detect_all(fr, anomaly, baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _change_point(version: tuple, start: float, end: float):
+    from warmscope.analysis.drilldown import change_point
+
+    return change_point(data.frame("lookups", start, end, step(start, end)))
+
+
+def traps(start: float, end: float, anomaly, baseline):
+    """The cold-start trap verdicts for a window (cached)."""
+    return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
+
+
+def change_point(start: float, end: float):
+    return guarded(_change_point, start, end)
+
+
+def guarded(fn, *args):
+    try:
+        return fn(data.version(), *args)
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+
+
+def alerts(start: float, end: float):
+    """The alert conditions over the range (cached per store version and range)."""
+    return guarded(_alerts, start, end)
+
+
+def card(start: float, end: float):
+    return guarded(_card, start, end)
+
+
+def drill(start: float, end: float, anomaly=None, baseline=None, cached_layers_only: bool = False):
+    return guarded(_drill, start, end, anomaly, baseline, cached_layers_only)
+
+
+@st.cache_resource(show_spinner=False)
+def _prewarmer(version: tuple):
+    """Once per store version: read the default and the 24-hour range's frames and analysis in the background,
+    so the first viewer and a switch to 24 h find them cached."""
+    import threading
+
+    def work():
+        try:
+            b = data.time_bounds()
+            if b is None:
+                return
+            for name in (DEFAULT_RANGE, "last 24 hours"):
+                start, end = range_bounds(name, b)
+                _alerts(version, start, end)
+                _card(version, start, end)
+                _drill(version, start, end, None, None, True)
+                cp = _change_point(version, start, end)
+                if cp is not None:  # the root-cause page's default window
+                    an = (cp, end)
+                    base = (max(start, cp - (end - cp)), cp)
+                    _drill(version, start, end, an, base, False)
+                    _traps(version, start, end, an, base)
+        except Exception:  # a warm-up of caches: a failure only means the first viewer waits
+            pass
+
+    t = threading.Thread(target=work, name="warmscope-prewarm", daemon=True)
+    t.start()
+    return t
+
+
+def prewarm() -> None:
+    try:
+        _prewarmer(data.version())
+    except Exception:
+        pass

@@ -1,29 +1,41 @@
-"""Every page in a real browser: Playwright driving Debian's chromium against
-`streamlit run` on a free loopback port. Screenshots go to test-output/."""
+"""Every page and interaction in a real browser: Playwright driving Debian's chromium against
+`streamlit run` on a free loopback port, over the demo world (runs, traps and alerts in the default range).
+Screenshots go to test-output/screenshots/."""
 
+import dataclasses
 import os
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from warmscope.simulator import SimConfig, parse_fault, simulate
+from warmscope.app.cli import demo_world
+from warmscope.collectors import EmbeddedStore
+from warmscope.simulator import simulate
 from tests.conftest import free_port, need_binary, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
 PAGES = {"overview": "", "hitrate": "hitrate", "warmup": "warmup", "hotkeys": "hotkeys", "rootcause": "rootcause",
          "ab": "ab", "alerts": "alerts"}
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("browser") / "demo.sqlite"
+    cfg, faults = demo_world(6.0)
+    simulate(dataclasses.replace(cfg, rps=3.0, tenants=4, seed=5), path, faults, workers=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(store):
     chromium = need_binary("chromium")
-    store = tmp_path_factory.mktemp("browser") / "demo.sqlite"
-    simulate(SimConfig.load(hours=1.0, rps=4.0, tenants=4, seed=5), store,
-             [parse_fault("bypass:tenant=acme,layer=prefix_kv@00:40-01:00")], workers=1)
     port = free_port()
     env = dict(os.environ, WARMSCOPE_STORE=str(store))
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
@@ -40,26 +52,172 @@ def server(tmp_path_factory):
         proc.wait(10)
 
 
-def test_every_page_loads_in_chromium_without_errors(server):
+@pytest.fixture(scope="module")
+def browser(server):
     from playwright.sync_api import sync_playwright
 
-    url, chromium = server
-    OUT.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        for name, path in PAGES.items():
-            page.goto(f"{url}/{path}", wait_until="networkidle")
-            page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=60_000)
-            # Wait for the script run to finish (the status widget disappears).
-            page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')",
-                                   timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
-            assert page.locator('[data-testid="stException"]').count() == 0, name
-            assert page.locator('[data-testid="stAlertContentError"]').count() == 0, name
-            assert page.locator("h1").first.inner_text().strip(), name
-        browser.close()
+        b = p.chromium.launch(executable_path=server[1], args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    yield pg
+    pg.close()
+
+
+def settle(page) -> None:
+    """Wait until the script run has finished (the running indicator is gone) and charts are drawn."""
+    page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=90_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+    page.wait_for_timeout(800)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+
+
+def query(page) -> dict:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlparse(page.url).query))
+
+
+def no_errors(page, name: str) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, name
+
+
+def selected(page, label: str) -> str:
+    """The value a selectbox shows (its text is an input's value, not inner text)."""
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+    return box.locator("input").first.input_value() or box.inner_text()
+
+
+def drag(page, chart, fx0: float, fx1: float) -> None:
+    """Drag a box across a plotly chart's plot area, from fraction fx0 to fx1 of its width."""
+    area = chart.locator(".nsewdrag").first
+    b = area.bounding_box()
+    y = b["y"] + b["height"] * 0.5
+    page.mouse.move(b["x"] + b["width"] * fx0, b["y"] + 5)
+    page.mouse.down()
+    page.mouse.move(b["x"] + b["width"] * (fx0 + fx1) / 2, y, steps=5)
+    page.mouse.move(b["x"] + b["width"] * fx1, b["y"] + b["height"] - 5, steps=5)
+    page.mouse.up()
+
+
+def test_every_page_at_the_default_range(server, page):
+    url, _ = server
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, path in PAGES.items():
+        page.goto(f"{url}/{path}", wait_until="networkidle")
+        settle(page)
+        page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+        no_errors(page, name)
+        assert page.locator("h1").first.inner_text().strip(), name
+        assert query(page).get("range") == "last 6 hours", (name, page.url)  # the range is in every link
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        for glyph in ("🟢", "🟡", "🔴", "⚪", "🔒"):  # no emoji dependency
+            assert glyph not in body, (name, glyph)
     assert len(list(OUT.glob("*.png"))) >= len(PAGES)
+
+
+def test_first_screen_tells_the_story(server, page):
+    url, _ = server
+    page.goto(url, wait_until="networkidle")
+    settle(page)
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert "What happened" in body
+    assert "Latest warm-up run" in body  # the demo's runs are in the default range
+    assert "No warm-up runs in this range" not in body
+    # The cross-tenant read (a security finding) is shown in red: an error-styled alert naming it.
+    red = page.locator('[data-testid="stAlertContentError"]')
+    assert red.count() >= 1
+    assert "SECURITY" in red.first.inner_text() and "CrossTenantCacheRead" in red.first.inner_text()
+
+
+def test_security_finding_is_red_on_alerts_and_root_cause(server, page):
+    url, _ = server
+    page.goto(f"{url}/alerts", wait_until="networkidle")
+    settle(page)
+    assert "CrossTenantCacheRead" in page.locator('[data-testid="stAlertContentError"]').first.inner_text()
+    # Root cause at the default range: the detected window holds the cross-tenant read, shown in red.
+    page.goto(f"{url}/rootcause?range=last+6+hours", wait_until="networkidle")
+    settle(page)
+    errs = page.locator('[data-testid="stAlertContentError"]')
+    assert errs.count() >= 1 and "SECURITY" in errs.first.inner_text()
+    page.screenshot(path=str(OUT / "rootcause-security.png"), full_page=True)
+
+
+def test_heatmap_click_drills_down_and_breadcrumbs_reset(server, page):
+    url, _ = server
+    page.goto(f"{url}/hitrate", wait_until="networkidle")
+    settle(page)
+    charts = page.locator('[data-testid="stPlotlyChart"]')
+    heat = charts.nth(1)
+    heat.scroll_into_view_if_needed()
+    b = heat.locator(".scatterlayer .points path").first.bounding_box()
+    page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)  # plotly hit-tests the mouse position
+    settle(page)
+    crumbs = page.locator('[data-testid="stMain"] button').all_inner_texts()
+    assert any("tenant =" in c for c in crumbs), crumbs
+    assert any("layer =" in c for c in crumbs), crumbs
+    q = query(page)
+    assert q.get("drill", "").startswith("tenant:") and ",layer:" in q["drill"], page.url
+    page.screenshot(path=str(OUT / "hitrate-drilled.png"), full_page=True)
+    # Back to all traffic: the path and the URL's drill go, the pickers start over.
+    page.get_by_role("button", name="All traffic").click()
+    settle(page)
+    assert "drill" not in query(page)
+    assert not any("tenant =" in c for c in page.locator('[data-testid="stMain"] button').all_inner_texts())
+    no_errors(page, "hitrate")
+
+
+def test_a_link_reproduces_the_view(server, page):
+    url, _ = server
+    page.goto(f"{url}/hitrate?range=last+hour&drill=tenant:acme&groupby=layer", wait_until="networkidle")
+    settle(page)
+    buttons = page.locator('[data-testid="stMain"] button').all_inner_texts()
+    assert any("tenant = acme" in b for b in buttons), buttons
+    assert selected(page, "Time range") == "last hour"
+    assert "Hit rate by layer" in page.locator('[data-testid="stMain"]').inner_text()
+    page.reload(wait_until="networkidle")  # a reload keeps the view
+    settle(page)
+    assert query(page).get("range") == "last hour"
+    assert any("tenant = acme" in b for b in page.locator('[data-testid="stMain"] button').all_inner_texts())
+
+
+def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(server, store, page):
+    url, _ = server
+    runs = EmbeddedStore(store, readonly=True).frame("warmup_runs").sort_values("started")
+    first = runs.iloc[0]
+    page.goto(f"{url}/warmup?range=everything&run={first.run_id}", wait_until="networkidle")
+    settle(page)
+    assert selected(page, "Run (newest first)").endswith(
+        f"{first.replica} · {first.layer} · {first.strategy} · trigger {first.trigger}")
+    assert query(page).get("run") == first.run_id
+    no_errors(page, "warmup")
+
+
+def test_overview_drag_zooms_to_an_absolute_range(server, page):
+    url, _ = server
+    page.goto(url, wait_until="networkidle")
+    settle(page)
+    drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.4, 0.7)
+    settle(page)
+    q = query(page)
+    assert q.get("range") == "custom" and q.get("from") and q.get("to"), page.url
+    assert selected(page, "Time range") == "custom"
+    assert "From – to (UTC)" in page.locator('[data-testid="stSidebar"]').inner_text()
+    no_errors(page, "overview zoomed")
+    page.screenshot(path=str(OUT / "overview-zoomed.png"), full_page=True)
+
+
+def test_root_cause_window_by_brushing(server, page):
+    url, _ = server
+    page.goto(f"{url}/rootcause", wait_until="networkidle")
+    settle(page)
+    drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.55, 0.8)
+    settle(page)
+    q = query(page)
+    assert "~" in q.get("window", ""), page.url
+    assert page.get_by_label("choose").is_checked()
+    no_errors(page, "rootcause brushed")
+    page.screenshot(path=str(OUT / "rootcause-brushed.png"), full_page=True)

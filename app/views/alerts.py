@@ -8,7 +8,6 @@ import urllib.request
 
 import streamlit as st
 
-from warmscope.analysis.alerts import evaluate, hot_keys_since
 from warmscope.app import engine_view, ui
 
 st.title("Alerts")
@@ -22,23 +21,24 @@ if am:
             st.success("Alertmanager has no active alerts.")
         for a in active:
             lab, ann = a.get("labels", {}), a.get("annotations", {})
-            st.warning(f"**{lab.get('alertname', '?')}** ({lab.get('severity', '')}) · {ann.get('summary', '')}")
+            ui.alert_row(lab.get("severity", "warning"), lab.get("alertname", "?"), ann.get("summary", ""))
     except (OSError, ValueError) as e:
         st.warning(f"Alertmanager at {am} could not be read ({e}); showing the conditions evaluated here instead.")
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.alerts()
-fr = ui.load(["lookups", "writes", "warmup_runs", "warmed_keys", "early_keys"], start, end)
-fr.update(ui.load(["hot_keys"], max(start, hot_keys_since(start, end)), end))  # only what the checks read
 st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "
            "(the latest third against the third before it).")
-alerts = evaluate(fr, start, end)
+alerts = ui.alerts(start, end)
 if alerts.empty:
     st.success("No alert conditions hold in this range.")
     st.stop()
-c = st.columns(3)
+c = st.columns(4)
 for i, sev in enumerate(("critical", "warning", "info")):
     c[i].metric(sev.capitalize(), int((alerts.severity == sev).sum()))
+c[3].metric("Security findings", int(alerts.alert.map(ui.is_security).sum()),
+            help="Cross-tenant cache reads: one tenant's request served another tenant's entry (a data leak).")
+# Security findings first, then by severity; each in its colour (red for security and critical).
+alerts = alerts.assign(_sec=~alerts.alert.map(ui.is_security)).sort_values("_sec", kind="stable")
 for r in alerts.itertuples():
-    icon = "🔴" if r.severity == "critical" else "🟠"
-    st.warning(f"{icon} **{r.alert}** ({r.severity}) · {r.summary} · since {ui.when(r.since)}")
+    ui.alert_row(r.severity, r.alert, r.summary, r.since)

@@ -19,8 +19,17 @@ if hk.empty:
 st.caption("Keys are shown as keyed hashes: the raw key never leaves the serving process. Counts come from a "
            "Space-Saving sketch: true count between hits + misses and hits + misses + err.")
 c1, c2 = st.columns(2)
-tenant = c1.selectbox("Tenant", sorted(hk.tenant.unique()), key="hk-tenant")
-layer = c2.selectbox("Layer", sorted(hk[hk.tenant == tenant].layer.unique()), key="hk-layer")
+tenants = sorted(hk.tenant.unique())
+ui.init_from_url("hk-tenant", "tenant")
+if st.session_state.get("hk-tenant") not in tenants:
+    st.session_state["hk-tenant"] = tenants[0]
+tenant = c1.selectbox("Tenant", tenants, key="hk-tenant")
+layers = sorted(hk[hk.tenant == tenant].layer.unique())
+ui.init_from_url("hk-layer", "layer")
+if st.session_state.get("hk-layer") not in layers:
+    st.session_state["hk-layer"] = layers[0]
+layer = c2.selectbox("Layer", layers, key="hk-layer")
+ui.url_set(tenant=tenant, layer=layer)
 sel = hk[(hk.tenant == tenant) & (hk.layer == layer)]
 agg = sel.groupby(["key_hash", "family"], as_index=False)[["hits", "misses", "err"]].sum()
 agg["lookups"] = agg.hits + agg.misses
@@ -28,8 +37,17 @@ agg["hit_rate"] = agg.hits / agg.lookups
 warmed = set(fr["warmed_keys"].key_hash) if len(fr["warmed_keys"]) else set()
 agg["warmed"] = agg.key_hash.isin(warmed)
 st.subheader(f"Top keys · {tenant} · {layer}")
-st.dataframe(agg.sort_values("lookups", ascending=False).head(50).style.format({"hit_rate": "{:.1%}"}),
-             hide_index=True, width="stretch")
+top = agg.sort_values("lookups", ascending=False).head(50)
+st.dataframe(top[["key_hash", "family", "lookups", "hits", "misses", "err", "hit_rate", "warmed"]], hide_index=True,
+             width="stretch", column_config={
+                 "key_hash": st.column_config.TextColumn("Key (keyed hash)"),
+                 "family": st.column_config.TextColumn("Key family"),
+                 "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
+                 "hits": st.column_config.NumberColumn("Hits", format="localized"),
+                 "misses": st.column_config.NumberColumn("Misses", format="localized"),
+                 "err": st.column_config.NumberColumn("Count error ±", format="localized"),
+                 "hit_rate": st.column_config.NumberColumn("Hit rate", format="percent"),
+                 "warmed": st.column_config.CheckboxColumn("Warmed in range")})
 wk = fr["warmed_keys"]
 st.subheader("Warmed but never read")
 if wk.empty:
@@ -40,4 +58,7 @@ else:
                f"warm: {unread.gpu_s.sum():.2f} GPU-seconds of warm-up spent for nothing.")
     st.dataframe(unread.groupby(["layer", "family"], as_index=False).agg(keys=("key_hash", "size"),
                                                                           gpu_s=("gpu_s", "sum"))
-                 .sort_values("keys", ascending=False), hide_index=True, width="stretch")
+                 .sort_values("keys", ascending=False), hide_index=True, width="stretch", column_config={
+                     "layer": "Layer", "family": "Key family",
+                     "keys": st.column_config.NumberColumn("Keys never read", format="localized"),
+                     "gpu_s": st.column_config.NumberColumn("GPU-s wasted", format="%.2f")})

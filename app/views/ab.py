@@ -1,0 +1,173 @@
+"""A/B: the experiment list, then the report product teams read — SRM first, the verdict, metrics coloured
+win / lose / neutral, guardrails, a breakdown by tenant and model, effect over time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from warmscope.analysis.ab import adjust
+from warmscope.analysis.ab_report import (DEFAULT_PRIMARY, HEADERS, _better, _rows, build_from_series, effect_figure,
+                                          render_html)
+from warmscope.app import data, engine_view, ui
+
+PRIMARIES = [DEFAULT_PRIMARY, "GPU-s per request", "conversions per request", "P95 latency (s)",
+             "hit rate (prefix_kv)", "hit rate (response)"]
+# Metrics that must not get worse whatever the primary says.
+GUARDRAILS = ("P95", "P99", "GPU-s", "SLA", "TTFT")
+COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
+
+st.title("A/B report")
+if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
+    engine_view.ab_advice()
+try:
+    exps = data.experiments()
+except data.SourceError as e:
+    st.error(str(e))
+    st.stop()
+if not exps:
+    st.info("No experiment has unit records yet. Set `experiment`, `variant` and `unit` in "
+            "`collectors.request_context(...)` (the simulator does this for its A and B pools).")
+    st.stop()
+
+# ---------------------------------------------------------------- experiment list
+el = data.experiment_list()
+try:
+    newest = (data.time_bounds() or (0, 0))[1]
+except data.SourceError:
+    newest = 0
+if len(el):
+    rows = []
+    for name, g in el.groupby("experiment", sort=True):
+        last = g["last"].max()
+        arms_ = list(g.variant.astype(str))
+        try:  # the first arm as control, the second as treatment, default primary metric
+            verdict = data.ab_report(name, arms_[0], arms_[1], DEFAULT_PRIMARY).verdict if len(arms_) > 1 else \
+                "one arm only"
+        except data.SourceError as e:
+            verdict = str(e)
+        rows.append({"Experiment": name, "Arms": " / ".join(arms_),
+                     "Started (UTC)": ui.when(g["first"].min()), "Last unit (UTC)": ui.when(last),
+                     "Units": int(g.units.sum()),
+                     "Status": "running" if newest and newest - last < 3600 else "stopped", "Verdict": verdict})
+    st.subheader("Experiments")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={"Units": st.column_config.NumberColumn(format="localized"),
+                                "Verdict": st.column_config.TextColumn(width="large")})
+
+ui.init_from_url("ab-exp", "experiment")
+if st.session_state.get("ab-exp") not in exps:
+    st.session_state["ab-exp"] = exps[0]
+arms = list(el[el.experiment == st.session_state["ab-exp"]].variant.astype(str)) if len(el) else ["A", "B"]
+arms = arms or ["A", "B"]
+for k, i in (("ab-control", 0), ("ab-treatment", min(1, len(arms) - 1))):
+    if st.session_state.get(k) not in arms:  # another experiment's arm
+        st.session_state[k] = arms[i]
+c1, c2, c3, c4 = st.columns([2, 1, 1, 2])
+exp = c1.selectbox("Experiment", exps, key="ab-exp")
+control = c2.selectbox("Control", arms, key="ab-control")
+treatment = c3.selectbox("Treatment", arms, key="ab-treatment")
+ui.init_from_url("ab-primary", "primary", cast=lambda v: v if v in PRIMARIES else DEFAULT_PRIMARY)
+primary = c4.selectbox("Primary metric", PRIMARIES, key="ab-primary")
+ui.url_set(experiment=exp, primary=primary)
+if control == treatment:
+    st.warning("Control and treatment are the same arm: pick two different ones.")
+    st.stop()
+try:
+    with st.spinner("Computing the report…"):
+        rep = data.ab_report(exp, control, treatment, primary)
+except data.SourceError as e:
+    st.error(str(e))
+    st.stop()
+if rep.error:
+    st.error(rep.error)
+    st.stop()
+g = el[el.experiment == exp] if len(el) else el
+span = f"{ui.when(g['first'].min())} → {ui.when(g['last'].max())} UTC" if len(g) else "its whole run"
+st.caption(f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is read over "
+           "every unit it enrolled.")
+
+for s in (rep.srm_units, rep.srm_requests):
+    if s is not None:
+        msg = (f"Sample-ratio check on {s.what}: observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a "
+               f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = {s.p_value:.3g})")
+        (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
+st.markdown(f"### {rep.verdict}")
+for w in rep.warnings:
+    st.warning(w)
+if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
+    st.caption(rep.power.note)
+
+
+def outcome(r) -> str:
+    p = r.p_value if r.primary else r.p_holm
+    if not np.isfinite(p) or p >= 0.05:
+        return "neutral"
+    good = _better(r)
+    return "neutral" if good is None else ("win" if good else "lose")
+
+
+def table(results, rows) -> pd.DataFrame:
+    t = pd.DataFrame(rows, columns=HEADERS)
+    t.insert(0, "outcome", [outcome(r) for r in results])
+    return t
+
+
+def styled(t: pd.DataFrame):
+    return t.style.apply(lambda row: [f"background-color: {COLOURS[row['outcome']]}"] * len(row), axis=1)
+
+
+all_rows = _rows(rep)
+is_guard = [any(k in r.metric for k in GUARDRAILS) and not r.primary for r in rep.results]
+main_res = [r for r, gd in zip(rep.results, is_guard) if not gd]
+guard_res = [r for r, gd in zip(rep.results, is_guard) if gd]
+st.subheader("Metrics")
+st.table(styled(table(main_res, [row for row, gd in zip(all_rows, is_guard) if not gd])).hide(axis="index"))
+st.caption("★ primary metric, tested as is; the others carry Holm and BH adjusted p-values. Green: treatment "
+           "significantly better (adjusted p < 0.05), red: significantly worse, no colour: no significant "
+           "difference. Always-valid p (mixture SPRT) is safe to watch continuously.")
+st.subheader("Guardrails")
+if guard_res:
+    gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard) if gd])
+    bad = gt[gt.outcome == "lose"]
+    if len(bad):
+        st.error("Guardrail breached: " + ", ".join(bad.metric) + " significantly worse in the treatment.")
+    else:
+        st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in the treatment.")
+    st.table(styled(gt).hide(axis="index"))
+else:
+    st.info("No guardrail metric in this report.")
+st.plotly_chart(effect_figure(rep), width="stretch")
+st.download_button("Download the HTML report", render_html(rep), file_name=f"ab-{exp}.html", mime="text/html",
+                   help="The same report as this page (metrics, SRM, verdict, effect over time) as one HTML file.")
+
+# ---------------------------------------------------------------- breakdown
+st.subheader("Breakdown by tenant and model")
+if st.toggle("Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"):
+    dim = st.radio("By", ["tenant", "model"], horizontal=True, key="ab-dim")
+    lo, hi = (g["first"].min(), g["last"].max() + 60) if len(g) else (None, None)
+    fr = ui.load(["lookups", "requests"], lo, hi)
+    lk, rq = fr["lookups"], fr["requests"]
+    lk = lk[lk.experiment == exp] if len(lk) else lk
+    out = []
+    for val in sorted(lk[dim].astype(str).unique()) if len(lk) else []:
+        sub = build_from_series(lk[lk[dim].astype(str) == val], rq[rq[dim].astype(str) == val] if len(rq) else rq,
+                                exp, control, treatment)
+        for r in sub.results:
+            out.append({dim: val, "metric": r.metric, "control": r.control, "treatment": r.treatment,
+                        "relative": r.rel_effect, "p": r.p_value, "_r": r})
+    if out:
+        bd = pd.DataFrame(out)
+        bd["p (Holm)"], bd["p (BH)"] = adjust(bd.p.to_numpy())
+        bd["outcome"] = ["neutral" if not (q < 0.05) or _better(r) is None else ("win" if _better(r) else "lose")
+                         for q, r in zip(bd["p (Holm)"], bd._r)]
+        bd = bd.drop(columns="_r")
+        st.dataframe(bd.style.apply(lambda row: [f"background-color: {COLOURS[row['outcome']]}"] * len(row), axis=1)
+                     .format({"control": "{:.4g}", "treatment": "{:.4g}", "relative": "{:+.1%}", "p": "{:.3g}",
+                              "p (Holm)": "{:.3g}", "p (BH)": "{:.3g}"}, na_rep="–"), hide_index=True, width="stretch")
+        st.caption(f"Per {dim}: per-variant means of 10-minute buckets (batch means, Welch's t-test); p-values "
+                   f"Holm- and BH-adjusted across every {dim} × metric row. Unit records carry no {dim}, so this "
+                   "is coarser than the report above.")
+    else:
+        st.info(f"No metric series for {exp} to break down.")
