@@ -6,6 +6,7 @@
     warmscope report ab [options]            write the A/B report (HTML and Markdown)
     warmscope rca CSV --dims ...             root causes of a change in a leaf table (JSON)
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
+    warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli_advise.py)
 """
 
 from __future__ import annotations
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-causes", type=int, default=5)
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(fn=cmd_rca)
+    from warmscope.app.cli_advise import register as register_advise
+
+    register_advise(sub, _progress, _store_path)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy")

@@ -14,6 +14,7 @@ nav = st.navigation([
     st.Page(str(PAGES / "overview.py"), title="Overview", icon="🏠", default=True),
     st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon="🎯"),
     st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon="🔥"),
+    st.Page(str(PAGES / "advisor.py"), title="Advisor", icon="🧭", url_path="advisor"),
     st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon="🔑"),
     st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon="🔍"),
     st.Page(str(PAGES / "ab.py"), title="A/B", icon="🧪"),

@@ -14,6 +14,7 @@ from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
 from warmscope.app import ui
 
 st.title("Warm-up runs")
+st.page_link("pages/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor", icon="🧭")
 start, end = ui.time_range()
 cfg = AnalysisConfig.load()
 fr = ui.load(["warmup_runs", "warmed_keys", "early_keys"], start, end)
