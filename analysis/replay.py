@@ -145,7 +145,7 @@ def recorded_params(frames: dict, default: Params = Params()) -> Params:
     wk = frames.get("warmed_keys", pd.DataFrame())
     k, ttl = default.warm_keys, default.response_ttl_s
     if len(runs):
-        k = int(runs.groupby("layer")["keys"].median().max())
+        k = int(runs["keys"].max())  # the per-layer budget: the largest run
     if len(wk) and "response" in set(wk["layer"]):
         t = wk.loc[wk["layer"] == "response", "ttl_s"].dropna()
         if len(t):
@@ -301,7 +301,7 @@ def calibrate(frames: dict, variant: str | None = None, base: Params | None = No
         m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
     for layer in rates:
         lo, hi = 0.3, 2.5
-        for _ in range(22):
+        for _ in range(14):
             s = (lo + hi) / 2
             hb, nb = _layer_hits(m, layer, s, m.base)
             e, _ = _warm_extra(m, layer, s, m.base, np.random.default_rng(0))
