@@ -13,7 +13,7 @@ objective; the next point maximises expected improvement
     EI(x) = (μ(x) − f* − ξ)·Φ(z) + σ(x)·φ(z),   z = (μ(x) − f* − ξ) / σ(x)
 
 over random candidates, after a scrambled Sobol start. The recommendation is
-the best evaluated point; its expected gain is the replay's net GPU-s with the
+the best evaluated point within the budget; its expected gain is the replay's net GPU-s with the
 GP's standard deviation there as its uncertainty.
 
 Example::
@@ -164,7 +164,8 @@ def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None 
         return v
 
     X, y, gp = optimise(f, len(NAMES), n_init, n_iter, seed, progress, x0=[to_unit(m.base)])
-    best = int(np.argmax(y))
+    ok = np.array([budget_gpu_s is None or h["warm_gpu_s"] / days <= budget_gpu_s for h in history])
+    best = int(np.argmax(np.where(ok, y, -np.inf))) if ok.any() else int(np.argmax(y))
     p = to_params(X[best])
     out = replay(m, p)
     _, sd = gp.predict(X[best][None, :], return_std=True)

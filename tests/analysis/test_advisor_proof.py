@@ -51,7 +51,8 @@ def test_recommendation_beats_the_defaults_in_a_simulator_ab_on_a_fresh_seed(rec
     json.dumps(rec.as_dict(), default=str)  # the CLI's JSON
     proof = prove(rec.params, str(tmp_path / "proof.sqlite"), hours=HOURS, rps=RPS, seed=4,
                   peak_at=rec.model.peak_at)
-    print(json.dumps(proof.as_dict(), indent=1, default=str))
+    print(json.dumps({"recommended": rec.params.as_dict(), "gain_gpu_s": rec.gain, "gain_sd": rec.gain_sd,
+                      "proof": proof.as_dict()}, indent=1, default=str))
     assert proof.wins, proof.results
     lo, hi = proof.net_gpu_s[1], proof.net_gpu_s[2]
     kv = proof.results["hit rate (prefix_kv)"]
