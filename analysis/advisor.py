@@ -90,15 +90,15 @@ def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter
             progress(i + 1, total)
     kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern([0.3] * dim, (1e-2, 10.0), nu=2.5) + \
         WhiteKernel(1e-3, (1e-8, 1e-1))
-    gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=1, random_state=seed)
+    gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=0, random_state=seed)
     for it in range(n_iter):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp.fit(np.array(X), np.array(y))
-        cand = rng.random((2048, dim))
+        cand = rng.random((1024, dim))
         # also search near the best point so far
         best_x = X[int(np.argmax(y))]
-        cand[:256] = np.clip(best_x + rng.normal(0, 0.05, (256, dim)), 0, 1)
+        cand[:128] = np.clip(best_x + rng.normal(0, 0.05, (128, dim)), 0, 1)
         mu, sd = gp.predict(cand, return_std=True)
         x = cand[int(np.argmax(expected_improvement(mu, sd, max(y))))]
         X.append(x)

@@ -130,7 +130,7 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
     """T_C per bucket (rows of r: buckets × keys) solving Σ w·occ(r, T) = cap (bisection in log T)."""
     lo, hi = np.full(r.shape[0], 1.0), np.full(r.shape[0], 1e7)
     full = (w * _hit(layer, r, hi[:, None])).sum(1) <= cap
-    for _ in range(40):
+    for _ in range(26):
         mid = np.sqrt(lo * hi)
         occ = (w * _hit(layer, r, mid[:, None])).sum(1)
         big = occ > cap
@@ -301,7 +301,7 @@ def calibrate(frames: dict, variant: str | None = None, base: Params | None = No
         m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
     for layer in rates:
         lo, hi = 0.3, 2.5
-        for _ in range(14):
+        for _ in range(11):
             s = (lo + hi) / 2
             hb, nb = _layer_hits(m, layer, s, m.base)
             e, _ = _warm_extra(m, layer, s, m.base, np.random.default_rng(0))

@@ -56,9 +56,9 @@ for c, (_, r) in zip(cols, kept.iterrows()):
     c.metric(f"MAPE {label} ({r.model})", f"{r.mape:.1%}",
              delta=None if r.model != "regression" else f"{r.mape - best_base:+.1%} vs best baseline",
              delta_color="inverse", help=f"90 % interval coverage {r.coverage_90:.0%}. {r.note}")
-h = st.radio("Horizon", sorted(fc.horizon_s.unique()) if len(fc) else [3600.0], index=None, horizontal=True,
-             format_func=lambda s: f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s"),
-             key="adv_h") or (sorted(fc.horizon_s.unique())[-1] if len(fc) else 3600.0)
+hs = sorted(fc.horizon_s.unique()) if len(fc) else [3600.0]
+h = st.radio("Horizon", hs, index=len(hs) - 1, horizontal=True, key="adv_h",
+             format_func=lambda s: f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s"))
 layer = st.selectbox("Layer", sorted(fc.group.unique()) if len(fc) else [], key="adv_layer")
 f = fc[(fc.horizon_s == h) & (fc.group == layer)].copy()
 f["when"] = pd.to_datetime(f.ts, unit="s")

@@ -64,8 +64,13 @@ def test_advisor_page_shows_forecast_peak_and_recommendation(server):
         assert link.count() == 1
         link.click()
         page.wait_for_url("**/advisor", timeout=60_000)
+        # forecasting, then tuning: wait for the last section's figures, then for the run to end
+        page.get_by_text("Trigger the warm-up at").wait_for(timeout=600_000)
         _settle(page)
         page.screenshot(path=str(OUT / "advisor.png"), full_page=True)
+        page.get_by_text("Replayed hit rate per 15 min").scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(OUT / "advisor-recommendation.png"))
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
         body = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
