@@ -10,6 +10,7 @@
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
     warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
     warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
+    warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli_advise.py)
 """
 
 from __future__ import annotations
@@ -484,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_rca import add_parser as add_rca_parser, cmd_rca
 
     add_rca_parser(sub).set_defaults(fn=cmd_rca)
+    from warmscope.app.cli_advise import register as register_advise
+
+    register_advise(sub, _progress, _store_path)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy",

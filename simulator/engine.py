@@ -379,7 +379,9 @@ class Simulation:
     def _start_layer(self, rep: Replica, layer: str, picks: list, end: float, trigger: str, strategy: str,
                      ttl: float | None) -> None:
         self._run_seq += 1
-        run = rep.tel.warmup(strategy, layer=layer, trigger=trigger, run_id=f"run-{self.cfg.seed}-{self._run_seq:05d}")
+        # run ids carry the pool: each pool's worker process numbers its own runs
+        run = rep.tel.warmup(strategy, layer=layer, trigger=trigger,
+                             run_id=f"run-{self.cfg.seed}-{rep.pool.variant.lower()}{self._run_seq:05d}")
         run.__enter__()
         self.summary.warmups += 1
         self.schedule(end, lambda: self._finish_warmup(rep, {layer: run}, picks, ttl))

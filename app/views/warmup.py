@@ -15,6 +15,8 @@ from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
 from warmscope.app import engine_view, ui
 
 st.title("Warm-up runs")
+st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",
+             icon=":material/explore:")
 start, end = ui.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")

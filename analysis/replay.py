@@ -1,0 +1,344 @@
+"""What-if replay: the recorded family-level request stream through a cache
+model, for candidate warm-up parameters.
+
+The store keeps requests per key family and flush bucket, not per key. The
+replay therefore gives each family a Zipf popularity law over its keys
+(``catalog`` keys, exponent ``s``) and plays the recorded per-bucket family
+rates through an analytic cache model per cache instance (the response cache
+is shared by a pool's replicas; embedding caches are per replica):
+
+* response (TTL from insertion, LRU capacity): a key requested at rate ``r``
+  hits with probability ``rT / (1 + rT)`` with ``T = min(TTL, T_C)``;
+* embedding (LRU): ``1 − exp(−r·T_C)`` (Che's approximation);
+* ``T_C``, the characteristic time, solves ``Σ occupancy(r_i, T_C) = capacity``
+  per bucket; a cache that started empty ``u`` seconds ago uses ``min(T, u)``.
+
+Warm-ups happen at each replica start (after the weights load) and at the
+pre-peak trigger ``peak − lead``. A warm-up writes the ``warm_keys`` keys with
+the highest heat per layer; heat is a decayed count, so the ranking sees about
+``rate / λ`` requests per key: the replay draws those counts (Poisson, fixed
+seed), ranks, and credits each warmed key that was not cached yet with one
+extra hit if it is requested before its entry expires
+(``1 − exp(−r·min(TTL, T_C))``).
+
+Cost and value: a warmed key costs the GPU-seconds the recorded warm-ups spent
+per key of that layer (and their bytes); an extra hit saves what a miss costs,
+taken as the same GPU-seconds (a warm-up does the miss's work ahead of time).
+``net_gpu_s`` = GPU-s saved against the recorded parameters − the extra
+warm-up GPU-s (the objective the advisor maximises; × a price gives money) and
+``roi = (GPU-s the warm-ups' hits saved − warm-up GPU-s) / warm-up GPU-s``.
+
+Calibration: with the parameters the recorded run used (read from its warm-up
+runs and warmed keys), the Zipf exponent of each layer is set by bisection so
+that the replayed hit rate equals the recorded one. Validation
+(``tests/analysis/test_replay.py``): calibrated on one pool, the replay
+predicts the other pool's simulated hit rate under that pool's TTL within
+``TOLERANCE``.
+
+The prefix-KV layer is not replayed: its system-prompt blocks hit after their
+first request whatever the warm-up does, and its misses come from session
+history evicted by new queries, which no warm-up parameter changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "TOLERANCE", "LAYERS",
+           "SLO_LAMBDA"]
+
+LAYERS = ("response", "embedding")
+TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
+SLO_LAMBDA = 1.0 / 6000.0  # the SLO-aware rate for a 1 s TTFT SLO (λ = 1 / (slo_ms × 0.1) per minute)
+BUCKET_S = 900.0
+HEAD = 256  # ranks kept individually; the tail is binned
+
+
+@dataclass(frozen=True)
+class Params:
+    """Candidate warm-up parameters (what ``[simulator]`` / a warm-up runner can set)."""
+
+    warm_keys: int = 400  # keys per layer a warm-up writes
+    response_ttl_s: float = 3600.0
+    lambda_per_s: float = SLO_LAMBDA  # heat decay rate
+    lead_s: float = 6.5 * 3600  # pre-peak trigger: this long before the forecast peak
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Model:
+    """The cache model fitted to a recorded run."""
+
+    rates: dict[str, pd.DataFrame]  # layer -> (bucket × (instance, family)) requests/s
+    instances: dict[str, list[str]]
+    s: dict[str, float]
+    catalog: dict[str, int]
+    capacity: dict[str, float]
+    cost_per_key: dict[str, float]  # GPU-s
+    bytes_per_key: dict[str, float]
+    recorded_hit_rate: dict[str, float]
+    starts: dict[str, list[float]]  # instance -> start times (Unix s)
+    peak_at: float  # a time of day (s) of the forecast peak
+    weights_load_s: float
+    t0: float
+    t1: float
+    base: Params
+    base_hits: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    params: Params
+    hit_rate: dict[str, float]
+    extra_hits: float
+    warm_gpu_s: float
+    warm_bytes: float
+    gpu_s_saved: float  # vs the recorded parameters (steady state and warm-ups)
+    net_gpu_s: float  # gpu_s_saved minus the extra warm-up GPU-s: the objective
+    roi: float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
+    trigger_at: float  # time of day (s) of the pre-peak warm-up
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["params"] = self.params.as_dict()
+        return d
+
+
+def _zipf(s: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key probability and multiplicity: ranks 1..HEAD alone, then log-spaced bins."""
+    head = np.arange(1, min(HEAD, n) + 1, dtype=float)
+    edges = np.unique(np.geomspace(HEAD + 1, n + 1, 48).astype(int)) if n > HEAD else np.array([], int)
+    mids = np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1])) if len(edges) > 1 else np.array([])
+    w = np.concatenate([np.ones(len(head)), np.diff(edges)]) if len(edges) > 1 else np.ones(len(head))
+    ranks = np.concatenate([head, mids])
+    p = ranks ** -s
+    z = np.sum(w * p)
+    return p / z, w
+
+
+def _hit(layer: str, r: np.ndarray, T: np.ndarray) -> np.ndarray:
+    x = r * T
+    return x / (1 + x) if layer == "response" else -np.expm1(-x)
+
+
+def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarray:
+    """T_C per bucket (rows of r: buckets × keys) solving Σ w·occ(r, T) = cap (bisection in log T)."""
+    lo, hi = np.full(r.shape[0], 1.0), np.full(r.shape[0], 1e7)
+    full = (w * _hit(layer, r, hi[:, None])).sum(1) <= cap
+    for _ in range(26):
+        mid = np.sqrt(lo * hi)
+        occ = (w * _hit(layer, r, mid[:, None])).sum(1)
+        big = occ > cap
+        hi = np.where(big, mid, hi)
+        lo = np.where(big, lo, mid)
+    return np.where(full, np.inf, np.sqrt(lo * hi))
+
+
+def recorded_params(frames: dict, default: Params = Params()) -> Params:
+    """The parameters a recorded run used, read from its warm-up runs and warmed keys."""
+    runs = frames.get("warmup_runs", pd.DataFrame())
+    wk = frames.get("warmed_keys", pd.DataFrame())
+    k, ttl = default.warm_keys, default.response_ttl_s
+    if len(runs):
+        k = int(runs["keys"].max())  # the per-layer budget: the largest run
+    if len(wk) and "response" in set(wk["layer"]):
+        t = wk.loc[wk["layer"] == "response", "ttl_s"].dropna()
+        if len(t):
+            ttl = float(t.median())
+    return replace(default, warm_keys=k, response_ttl_s=ttl)
+
+
+def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
+    lk = lookups[(lookups["layer"] == layer) & lookups["result"].isin(["hit", "miss"])]
+    inst = lk["variant"].astype(str) if layer == "response" else lk["variant"].astype(str) + "/" + lk["replica"]
+    b = (lk["ts"].to_numpy(float) // step) * step
+    g = pd.DataFrame({"b": b, "i": inst.to_numpy(), "f": lk["family"].astype(str).to_numpy(),
+                      "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
+    wide = g.unstack(["i", "f"], fill_value=0.0)
+    full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
+    return wide.reindex(full, fill_value=0.0) / step
+
+
+def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """Replayed steady-state hits and requests of a layer per bucket (summed over its cache instances)."""
+    R = m.rates[layer]
+    prob, w = _zipf(s, m.catalog[layer])
+    hits = np.zeros(len(R))
+    req = np.zeros(len(R))
+    mid = R.index.to_numpy(float) + BUCKET_S / 2
+    for inst in m.instances[layer]:
+        sub = R[inst].to_numpy(float)  # buckets × families
+        r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
+        ww = np.tile(w, sub.shape[1])
+        Tc = _char_time(layer, r, ww, m.capacity[layer])
+        T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
+        starts = np.array(sorted(m.starts.get(inst, [m.t0])))
+        last = starts[np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(starts) - 1)]
+        Te = np.minimum(T, np.maximum(mid - last, 1.0))
+        hits += (ww * r * _hit(layer, r, Te[:, None])).sum(1) * BUCKET_S
+        req += sub.sum(1) * BUCKET_S
+    return hits, req
+
+
+def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Generator,
+                events_out: list | None = None) -> tuple[float, int]:
+    """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra) appended to
+    ``events_out``)."""
+    R = m.rates[layer]
+    prob, w = _zipf(s, m.catalog[layer])
+    keys_p = np.repeat(prob, w.astype(int))  # key-level for ranking
+    idx = R.index.to_numpy(float)
+    extra, runs = 0.0, 0
+    for inst in m.instances[layer]:
+        sub = R[inst].to_numpy(float)
+        starts = m.starts.get(inst, [m.t0])
+        events = [t + m.weights_load_s for t in starts]
+        day = (m.t0 // 86400) * 86400
+        while day < m.t1:
+            te = day + (m.peak_at - p.lead_s) % 86400
+            if m.t0 <= te < m.t1:
+                events.append(te)
+            day += 86400
+        for te in events:
+            b = int(np.clip(np.searchsorted(idx, te, side="right") - 1, 0, len(idx) - 1))
+            rate_now = sub[b]  # families' rates when the warm-up runs
+            ttl = p.response_ttl_s if layer == "response" else np.inf
+            span = min(ttl, 4 * 3600.0)
+            b1 = int(np.clip(np.searchsorted(idx, te + span), b + 1, len(idx)))
+            rate_after = sub[b:b1].mean(0)
+            r_heat = np.outer(rate_now, keys_p).ravel()
+            r_next = np.outer(rate_after, keys_p).ravel()
+            heat = rng.poisson(r_heat / max(p.lambda_per_s, 1e-9))
+            k = min(p.warm_keys, heat.size)
+            top = np.argpartition(-(heat + 1e-9 * r_heat), k - 1)[:k] if k > 0 else np.array([], int)
+            age = te - max([s0 for s0 in starts if s0 <= te], default=m.t0)
+            held = _hit(layer, r_next[top], np.full(k, max(min(age, ttl), 0.0)))  # already cached
+            e = float(np.sum((1 - held) * -np.expm1(-r_next[top] * span)))
+            extra += e
+            runs += 1
+            if events_out is not None:
+                events_out.append((te, e))
+    return extra, runs
+
+
+def replay(m: Model, p: Params, seed: int = 0) -> Outcome:
+    rng = np.random.default_rng(seed)
+    hr, extra, gpu, nbytes, saved, warm_saved = {}, 0.0, 0.0, 0.0, 0.0, 0.0
+    for layer in m.rates:
+        hb, nb = _layer_hits(m, layer, m.s[layer], p)
+        h, n = float(hb.sum()), float(nb.sum())
+        e, runs = _warm_extra(m, layer, m.s[layer], p, rng)
+        hr[layer] = (h + e) / n if n else float("nan")
+        extra += e
+        gpu += runs * p.warm_keys * m.cost_per_key[layer]
+        nbytes += runs * p.warm_keys * m.bytes_per_key[layer]
+        saved += (h + e - m.base_hits[layer]) * m.cost_per_key[layer]
+        warm_saved += e * m.cost_per_key[layer]
+    base_cost = sum(m.base_hits.get(f"_cost_{layer}", 0.0) for layer in m.rates)
+    net = saved - (gpu - base_cost)
+    roi = (warm_saved - gpu) / gpu if gpu > 0 else float("nan")
+    return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400)
+
+
+def calibrate(frames: dict, variant: str | None = None, base: Params | None = None,
+              catalog: dict[str, int] | None = None, capacity: dict[str, float] | None = None,
+              peak_at: float | None = None, weights_load_s: float = 120.0) -> Model:
+    """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups)."""
+    lk = frames["lookups"]
+    if variant is not None:
+        lk = lk[lk["variant"] == variant]
+    runs = frames.get("warmup_runs", pd.DataFrame())
+    wk = frames.get("warmed_keys", pd.DataFrame())
+    if variant is not None and len(runs):
+        reps = set(lk["replica"])
+        runs = runs[runs["replica"].isin(reps)]
+        wk = wk[wk["run_id"].isin(set(runs["run_id"]))] if len(wk) else wk
+    base = base or recorded_params({"warmup_runs": runs, "warmed_keys": wk})
+    catalog = {"response": 4000, "embedding": 15000, **(catalog or {})}
+    capacity = {"response": 20000.0, "embedding": 20000.0, **(capacity or {})}
+    rates, instances, rec, cost, nbytes = {}, {}, {}, {}, {}
+    defaults_cost = {"response": 0.17, "embedding": 0.015}
+    for layer in LAYERS:
+        sub = lk[(lk["layer"] == layer) & lk["result"].isin(["hit", "miss"])]
+        if sub.empty:
+            continue
+        rates[layer] = _rates(lk, layer, BUCKET_S)
+        instances[layer] = sorted({c[0] for c in rates[layer].columns})
+        rec[layer] = float(sub.loc[sub["result"] == "hit", "count"].sum() / sub["count"].sum())
+        w = wk[wk["layer"] == layer] if len(wk) else wk
+        cost[layer] = float(w["gpu_s"].mean()) if len(w) else defaults_cost[layer]
+        r = runs[runs["layer"] == layer] if len(runs) else runs
+        nbytes[layer] = float(r["bytes"].sum() / max(r["keys"].sum(), 1)) if len(r) else 0.0
+    if not rates:
+        raise ValueError("no response or embedding lookups to replay")
+    starts: dict[str, list[float]] = {}
+    t0 = float(lk["ts"].min()) - 60.0
+    t1 = float(lk["ts"].max())
+    restarts = runs[runs["trigger"].isin(["replica_start", "replica_restart"])] if len(runs) else runs
+    for layer in rates:
+        for inst in instances[layer]:
+            if layer == "response":
+                st = [t0]
+            else:
+                rep = inst.split("/", 1)[1]
+                st = sorted({t0, *(restarts.loc[restarts["replica"] == rep, "started"] - weights_load_s).tolist()})
+            starts[inst] = st
+    if peak_at is None:
+        from .forecast import next_peak
+
+        pk = next_peak(frames["lookups"])
+        peak_at = (pk.at % 86400) if pk else 15 * 3600.0
+    m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
+              weights_load_s, t0, t1, base)
+    # recorded warm-up trigger: keep the recorded pre-peak time as the base lead
+    pre = runs[runs["trigger"] == "forecast_peak"] if len(runs) else runs
+    if len(pre):
+        m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
+    for layer in rates:
+        lo, hi = 0.3, 2.5
+        for _ in range(11):
+            s = (lo + hi) / 2
+            hb, nb = _layer_hits(m, layer, s, m.base)
+            e, _ = _warm_extra(m, layer, s, m.base, np.random.default_rng(0))
+            if (hb.sum() + e) / nb.sum() < rec[layer]:
+                lo = s
+            else:
+                hi = s
+        m.s[layer] = (lo + hi) / 2
+    base_out = {layer: _layer_hits(m, layer, m.s[layer], m.base)[0].sum() +
+                _warm_extra(m, layer, m.s[layer], m.base, np.random.default_rng(0))[0] for layer in rates}
+    m.base_hits = dict(base_out)
+    gpu0 = replay_cost(m, m.base)
+    m.base_hits.update({f"_cost_{layer}": v for layer, v in gpu0.items()})
+    return m
+
+
+def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
+    """Replayed hit rate per layer and bucket (warm-up hits in the bucket each warm-up ran): ts, layer,
+    hit_rate, requests."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for layer in m.rates:
+        hb, nb = _layer_hits(m, layer, m.s[layer], p)
+        ev: list = []
+        _warm_extra(m, layer, m.s[layer], p, rng, ev)
+        idx = m.rates[layer].index.to_numpy(float)
+        for t, e in ev:
+            b = int(np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1))
+            hb[b] += e
+        rows.append(pd.DataFrame({"ts": idx + BUCKET_S, "layer": layer, "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0),
+                                  "requests": nb}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def replay_cost(m: Model, p: Params) -> dict[str, float]:
+    out = {}
+    for layer in m.rates:
+        _, runs = _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(0))
+        out[layer] = runs * p.warm_keys * m.cost_per_key[layer]
+    return out
