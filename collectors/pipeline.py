@@ -42,7 +42,8 @@ __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_togethe
 
 log = logging.getLogger("warmscope.collectors")
 
-_CHUNK_ROWS = 2_000  # rows per retry chunk (one Redis script call, bounded work per attempt)
+_CHUNK_ROWS = 500  # rows per retry chunk (one short Redis script call, bounded work per attempt)
+_STORE_TXN_ROWS = 100_000  # backlog rows carried by the flush's own store transaction
 _STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
 
 
@@ -331,10 +332,11 @@ class Telemetry:
         points_done = False
         try:
             first: dict[str, list] = defaultdict(list, {k: list(v) for k, v in points.items()})
-            taken = 0
+            taken = rows_in = 0
             for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
-                if taken and taken + n > 50 * _CHUNK_ROWS:
+                if rows_in and rows_in + n > _STORE_TXN_ROWS:
                     break
+                rows_in += n
                 for k, v in rows.items():
                     first[k].extend(v)
                 taken += 1
@@ -399,6 +401,16 @@ class Telemetry:
 
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
+        if self.redis_sink is None and self.store is None and self._store_path is None:
+            # No sink for hot keys, unit records or runs (exporter "none", or an
+            # unusable configuration): nothing to hash; what was buffered is counted.
+            if side_now:
+                self._last_side = now
+                hot, units = agg.take_buffers(settle or self._final)
+                n = len(units) + sum(len(sk) for sk in hot.values()) + len(agg.events)
+                agg.events.clear()
+                agg.count_dropped("unsent", n)
+            return store_b, redis_b, new_last
         if not self._secret_ready():  # nothing hashed leaves without the secret: buffered, retried
             if self._final:  # last chance: what cannot be hashed is dropped, and counted
                 hot, units = agg.take_buffers(True)
