@@ -494,7 +494,7 @@ def deploy_checks() -> dict:
     open_ports = [p for p in ports if not p.startswith("127.0.0.1:")]
     prom_src = "".join(p.read_text() for p in (ROOT / "analysis").glob("*.py"))
     return {
-        "dockerfile binds 0.0.0.0": "0.0.0.0" in df,
+        "dockerfile binds 0.0.0.0": "0.0.0.0" in df.split("CMD", 1)[-1] if "CMD [" in df else "0.0.0.0" in df,
         "compose ports on all interfaces": len(open_ports),
         "compose default secret": "change-me" in comp,
         "PrometheusConnect disable_ssl=True": "disable_ssl=True" in prom_src,

@@ -278,8 +278,17 @@ class Telemetry:
 
     # ------------------------------------------------------------- flushing
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.flush_interval_s):
-            self.flush(side=False)
+        interval = self.config.flush_interval_s
+        last = time.monotonic()
+        while not self._stop.wait(min(interval, 1.0)):
+            # Also flush early when unit records fill half their bound, so a
+            # high request rate is written rather than dropped at the bound.
+            if time.monotonic() - last >= interval or self._units_filling():
+                last = time.monotonic()
+                self.flush(side=False)
+
+    def _units_filling(self) -> bool:
+        return self.aggregator._units_n >= self.config.max_buffered_units // 2 > 0
 
     def flush(self, now: float | None = None, settle: bool | None = None, side: bool = True) -> dict[str, int]:
         """Move what the aggregator holds to the sinks. Never raises.
@@ -346,8 +355,20 @@ class Telemetry:
             for _ in range(taken):
                 bl.pop()
             while bl.chunks and time.monotonic() < self._deadline:
-                self.store.write(bl.chunks[0][1])
-                bl.pop()
+                # the rest in transactions of up to _STORE_TXN_ROWS rows (a
+                # transaction's fixed cost is large: A/B staging, rollups)
+                batch: dict[str, list] = defaultdict(list)
+                taken = rows_in = 0
+                for _, rows, n in bl.chunks:
+                    if rows_in and rows_in + n > _STORE_TXN_ROWS:
+                        break
+                    rows_in += n
+                    taken += 1
+                    for k, v in rows.items():
+                        batch[k].extend(v)
+                self.store.write(batch)
+                for _ in range(taken):
+                    bl.pop()
         except Exception as e:
             self._failed("store", e)
             return points_done
@@ -400,7 +421,8 @@ class Telemetry:
                 store_b["gauges"].append((now, name, agg.replica, v))
 
         hot, units = {}, {}
-        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
+        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
+            self._units_filling()
         if self.redis_sink is None and self.store is None and self._store_path is None:
             # No sink for hot keys, unit records or runs (exporter "none", or an
             # unusable configuration): nothing to hash; what was buffered is counted.
