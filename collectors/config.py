@@ -67,7 +67,7 @@ class CollectorConfig:
     early_window_s: float = 900.0  # recall: keys seen this long after a run
     early_key_limit: int = 50_000  # per run
     max_pending_rows: int = 100_000  # per sink: rows kept for retry while it is down; beyond: dropped, counted
-    max_buffered_units: int = 200_000  # A/B unit records between two flushes; beyond: dropped, counted
+    max_buffered_units: int = 100_000  # A/B unit records between flushes (flushed early at half); beyond: dropped
     max_label_values: int = 64  # per label (model, experiment, variant, trigger, strategy); beyond: "other"
     max_layers: int = 256  # cache layers per process; beyond: "other"
     prometheus_port_span: int = 16  # taken scrape port: try the next ones (several worker processes)

@@ -92,7 +92,9 @@ def request_context(
         token = _current.set(ctx)
     except Exception as e:
         try:
-            (telemetry or current_telemetry()).aggregator.count_error("record", "request context", e)
+            tel = telemetry or current_telemetry()
+            tel.aggregator.count_error("record", "request context", e)
+            ctx = tel.default_context  # unlabelled, but the block runs
         except Exception:  # pragma: no cover
             pass
     try:

@@ -42,7 +42,8 @@ __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_togethe
 
 log = logging.getLogger("warmscope.collectors")
 
-_CHUNK_ROWS = 2_000  # rows per retry chunk (one Redis script call, bounded work per attempt)
+_CHUNK_ROWS = 500  # rows per retry chunk (one short Redis script call, bounded work per attempt)
+_STORE_TXN_ROWS = 100_000  # backlog rows carried by the flush's own store transaction
 _STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
 
 
@@ -277,8 +278,17 @@ class Telemetry:
 
     # ------------------------------------------------------------- flushing
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.flush_interval_s):
-            self.flush(side=False)
+        interval = self.config.flush_interval_s
+        last = time.monotonic()
+        while not self._stop.wait(min(interval, 1.0)):
+            # Also flush early when unit records fill half their bound, so a
+            # high request rate is written rather than dropped at the bound.
+            if time.monotonic() - last >= interval or self._units_filling():
+                last = time.monotonic()
+                self.flush(side=False)
+
+    def _units_filling(self) -> bool:
+        return self.aggregator._units_n >= self.config.max_buffered_units // 2 > 0
 
     def flush(self, now: float | None = None, settle: bool | None = None, side: bool = True) -> dict[str, int]:
         """Move what the aggregator holds to the sinks. Never raises.
@@ -331,10 +341,11 @@ class Telemetry:
         points_done = False
         try:
             first: dict[str, list] = defaultdict(list, {k: list(v) for k, v in points.items()})
-            taken = 0
+            taken = rows_in = 0
             for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
-                if taken and taken + n > 50 * _CHUNK_ROWS:
+                if rows_in and rows_in + n > _STORE_TXN_ROWS:
                     break
+                rows_in += n
                 for k, v in rows.items():
                     first[k].extend(v)
                 taken += 1
@@ -344,8 +355,20 @@ class Telemetry:
             for _ in range(taken):
                 bl.pop()
             while bl.chunks and time.monotonic() < self._deadline:
-                self.store.write(bl.chunks[0][1])
-                bl.pop()
+                # the rest in transactions of up to _STORE_TXN_ROWS rows (a
+                # transaction's fixed cost is large: A/B staging, rollups)
+                batch: dict[str, list] = defaultdict(list)
+                taken = rows_in = 0
+                for _, rows, n in bl.chunks:
+                    if rows_in and rows_in + n > _STORE_TXN_ROWS:
+                        break
+                    rows_in += n
+                    taken += 1
+                    for k, v in rows.items():
+                        batch[k].extend(v)
+                self.store.write(batch)
+                for _ in range(taken):
+                    bl.pop()
         except Exception as e:
             self._failed("store", e)
             return points_done
@@ -398,7 +421,18 @@ class Telemetry:
                 store_b["gauges"].append((now, name, agg.replica, v))
 
         hot, units = {}, {}
-        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s
+        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
+            self._units_filling()
+        if self.redis_sink is None and self.store is None and self._store_path is None:
+            # No sink for hot keys, unit records or runs (exporter "none", or an
+            # unusable configuration): nothing to hash; what was buffered is counted.
+            if side_now:
+                self._last_side = now
+                hot, units = agg.take_buffers(settle or self._final)
+                n = len(units) + sum(len(sk) for sk in hot.values()) + len(agg.events)
+                agg.events.clear()
+                agg.count_dropped("unsent", n)
+            return store_b, redis_b, new_last
         if not self._secret_ready():  # nothing hashed leaves without the secret: buffered, retried
             if self._final:  # last chance: what cannot be hashed is dropped, and counted
                 hot, units = agg.take_buffers(True)

@@ -85,7 +85,7 @@ def _time(s: str) -> float:
     """``HH:MM`` (00:00-24:00) as seconds from midnight."""
     m = re.fullmatch(r"(\d{1,2}):(\d{2})", s.strip())
     if not m:
-        raise ValueError(f"{s.strip()!r} is not HH:MM")
+        raise ValueError(f"{s.strip()!r} is not HH:MM (write 10:00, not 10 or 10.0)")
     h, mi = int(m[1]), int(m[2])
     if mi > 59:
         raise ValueError(f"minute {mi} in {s.strip()!r} is not 00-59")

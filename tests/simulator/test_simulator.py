@@ -180,8 +180,12 @@ def test_fault_specs_are_validated_with_clear_messages():
         parse_fault("bypass:tennant=a")
     with pytest.raises(ValueError, match="ends before it starts"):
         parse_fault("bypass@10:00-09:00")
-    f = parse_fault("kv_fixed_len:replica=a-0@1.5-2;min_tokens=4096")
+    f = parse_fault("kv_fixed_len:replica=a-0@01:30-02:00;min_tokens=4096")
     assert (f.start, f.end, f.params) == (5400, 7200, {"min_tokens": 4096.0})
+    for bad, why in (("@1.5-2", "not HH:MM"), ("@25:00-26:00", "time of day"), ("@9:99-10:00", "minute 99"),
+                     (";min_tokens=abc", "positive integer")):
+        with pytest.raises(ValueError, match=why):
+            parse_fault("kv_fixed_len:replica=a-0" + (bad if bad.startswith("@") else "@01:00-02:00" + bad))
 
 
 def test_config_errors_name_the_setting():
