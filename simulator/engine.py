@@ -282,7 +282,7 @@ class Simulation:
             for layer in sorted({p[0] for p in picks}):
                 self._run_seq += 1
                 run = rep.tel.warmup(strategy, layer=layer, trigger=trigger,
-                                     run_id=f"run-{self.cfg.seed}-{pool.variant.lower()}{self._run_seq:05d}")
+                                     run_id=f"run-{self.cfg.seed}-{self._run_seq:05d}")
                 run.__enter__()
                 runs[layer] = run
             self.schedule(end, lambda r=rep, rs=runs: self._finish_warmup(r, rs, picks, ttl))
