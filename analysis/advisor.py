@@ -217,7 +217,9 @@ def prove(params: Params, store: str, hours: float = 3.0, seed: int = 2, peak_at
     st = EmbeddedStore(store, durable=False)
     for i, (cfg, v) in enumerate(((cfg_a, "A"), (cfg_b, "B"))):
         prog = (lambda d, t, i=i: progress(i * t + d, 2 * t)) if progress else None
-        Simulation(cfg, st, variants=(v,), progress=prog).run(finish=False)
+        sim = Simulation(cfg, st, variants=(v,), progress=prog)
+        sim._run_seq += 100_000 * i  # each pool's own warm-up run ids (the store keys runs by id)
+        sim.run(finish=False)
     write_run_info(st, cfg_a, cfg_a.start, [])
     st.close()
     src = EmbeddedSource(store)

@@ -19,7 +19,7 @@ def recorded(tmp_path_factory):
     """Three simulated hours, both pools on the predictive strategy; pool B keeps responses 4 h instead of 1 h."""
     path = tmp_path_factory.mktemp("advisor") / "recorded.sqlite"
     simulate(SimConfig.load(None, hours=HOURS, rps=RPS, seed=3, strategy_a="predictive", strategy_b="predictive",
-                            b_response_ttl_s=14400), path)
+                            b_response_ttl_s=14400), path, workers=1)  # one process: one run-id sequence
     return path, EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys"])
 
 
