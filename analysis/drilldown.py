@@ -11,8 +11,10 @@ same length just before, or around an automatically found change point):
 * its expected hits are its baseline rate × its lookups in the anomaly window;
   a leaf with fewer than ``min_baseline`` baseline lookups — or a key family
   that did not exist before — is shrunk toward its parent's rate (its key
-  family's, else tenant × layer's, else layer's) by ``min_baseline``
-  pseudo-lookups;
+  family's at the same prompt-length bucket, else its key family's, else
+  tenant × layer's, else layer's) by ``min_baseline`` pseudo-lookups;
+* without a forecast, :func:`regression_test` first checks that the window's
+  hit rate differs from the baseline's beyond its minute-to-minute variation;
 * :func:`analysis.rootcause.localize` ranks the causes.
 
 Example::
@@ -60,10 +62,11 @@ def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tu
     # has no hits to lose, but its expected traffic belongs to its parents.
     t = cur.merge(base, left_index=True, right_index=True, how="outer", suffixes=("", "_base"))
     t = t.fillna(0.0).reset_index()
-    # Parent rate for leaves without baseline: the key family (across tenants
-    # and replicas), then tenant × layer, then layer, then overall.
+    # Parent rate for leaves without baseline: the key family at the same prompt
+    # length (short prompts share less prefix), then the key family (across
+    # tenants and replicas), then tenant × layer, then layer, then overall.
     prior = np.full(len(t), np.nan)
-    for parent in (["family"], ["tenant", "layer"], ["layer"], []):
+    for parent in (["family", "length_bucket"], ["family"], ["tenant", "layer"], ["layer"], []):
         parent = [p for p in parent if p in dims]
         if parent:
             pb = _leaf_counts(base_lk, parent)

@@ -194,10 +194,10 @@ def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: boo
             i = int(np.flatnonzero(bad)[0])
             raise LeafTableError(f"column {c!r}, row {i + row_offset}: value is empty, NaN or infinite; "
                                  "give a finite number (0 for no traffic)")
-        if (arr < 0).any():
+        if ratio and (arr < 0).any():
             i = int(np.flatnonzero(arr < 0)[0])
-            raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative value {arr[i]:g}; counts and "
-                                 "additive measures must be ≥ 0")
+            raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative count {arr[i]:g}; numerators and "
+                                 "denominators of a ratio measure must be ≥ 0")
         out[c] = arr
     if ratio:
         for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
@@ -337,10 +337,15 @@ def localize(
     else:
         # Multiplicative noise: log ratios, with a floor (the 5th percentile of
         # the positive expected values) so that small leaves prove little.
-        ok = (ev > 0) | (ov > 0)
-        pos = ev[ev > 0]
+        neg = int(((ov < 0) | (ev < 0)).sum())
+        if neg:
+            loc.notes.append(f"{neg} leaves with negative values: counted as 0 when judging noise, "
+                             "with their own values in the change")
+        ovp, evp = np.maximum(ov, 0.0), np.maximum(ev, 0.0)
+        ok = (evp > 0) | (ovp > 0)
+        pos = evp[evp > 0]
         floor = float(np.quantile(pos, 0.05)) if len(pos) else 1.0
-        lr = np.log((ov + floor) / (ev + floor))
+        lr = np.log((ovp + floor) / (evp + floor))
         sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
         scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
         # Too few leaves on a side to estimate it: the median of all of them.

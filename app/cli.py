@@ -5,7 +5,7 @@
     warmscope dashboard [--port 8501]        open the dashboard on the configured source
     warmscope simulate [options]             run the emulated inference stack (see --help)
     warmscope report ab [options]            write the A/B report (HTML and Markdown)
-    warmscope rca CSV --dims ...             root causes of a change in a leaf table (JSON)
+    warmscope rca CSV --dims ... | --window S..E   root causes of a change: a leaf table or a store window (JSON)
     warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
     warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine

@@ -152,7 +152,11 @@ def _print(loc, args) -> int:
     for note in loc.notes:
         print(f"{PROG}: {note}", file=sys.stderr)
     out = [c.as_json() for c in loc.causes]
-    print(json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False))
+    try:
+        print(json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False))
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into head: the reader has what it wanted
+        sys.stdout = None
     return 0
 
 

@@ -32,7 +32,6 @@ def run(capsys, *argv):
     (HEADER + "x,y,1,2\nx,z,1,2,9\n", "row 3: 5 fields"),
     (HEADER + "x,y,nan,2\n", "column 'v', row 2: value is empty, NaN or infinite"),
     (HEADER + "x,y,1,inf\n", "column 'f', row 2: value is empty, NaN or infinite"),
-    (HEADER + "x,y,1,2\nx,z,-4,2\n", "column 'v', row 3: negative value -4"),
     ("a,v\nx,1\n", "no column(s) b, f"),
 ])
 def test_bad_additive_tables_name_the_row_or_column(tmp_path, capsys, body, needle):
@@ -49,6 +48,10 @@ def test_numerator_above_denominator_and_missing_file(tmp_path, capsys):
     code, out, err = run(capsys, str(p), "--dims", "a", "--v-num", "n", "--v-den", "d", "--f-num", "fn",
                          "--f-den", "fd")
     assert code == 2 and "row 3: numerator n=12 is above denominator d=10" in err
+    p.write_text("a,n,d,fn,fd\nx,1,10,1,10\ny,-2,10,1,10\n")
+    code, out, err = run(capsys, str(p), "--dims", "a", "--v-num", "n", "--v-den", "d", "--f-num", "fn",
+                         "--f-den", "fd")
+    assert code == 2 and "column 'n', row 3: negative count -2" in err
     code, _, err = run(capsys, str(tmp_path / "none.csv"), "--dims", "a", "--v", "v", "--f", "f")
     assert code == 2 and "no such file" in err
     code, _, err = run(capsys, str(p), "--dims", "a", "--v-num", "n")
@@ -133,3 +136,12 @@ def test_cli_entry_point_does_not_load_pandas_or_the_collectors(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["element"] == {"a": "x", "b": "z"}
     assert r.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_negative_additive_values_are_kept_and_noted(tmp_path, capsys):
+    rows = "".join(f"x{i},y{j},{0 if (i, j) == (1, 2) else 100},100\n" for i in range(5) for j in range(5))
+    p = tmp_path / "neg.csv"
+    p.write_text(HEADER + rows + "x9,y9,-0.5,0.2\n")
+    code, out, err = run(capsys, str(p), "--dims", "a", "b", "--v", "v", "--f", "f", "--compact")
+    assert code == 0 and json.loads(out)[0]["element"] == {"a": "x1", "b": "y2"}
+    assert "1 leaves with negative values" in err
