@@ -35,8 +35,9 @@ def test_overview_headline_equals_the_analysis(app, demo_store):
     at = app.run()
     assert not at.exception
     st = EmbeddedStore(demo_store, readonly=True)
-    fr = {n: st.frame(n) for n in ("lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges",
-                                   "writes", "hot_keys", "early_keys")}
+    start = float(st.frame("lookups").ts.min()) - 1  # the page's range starts at the first lookup
+    fr = {n: st.frame(n, start) for n in ("lookups", "requests", "histograms", "warmup_runs", "warmed_keys",
+                                          "gauges", "writes", "hot_keys", "early_keys")}
     # One hit-rate definition on the page, the score card's: every layer except model weights.
     overall = hit_table(fr["lookups"][fr["lookups"].layer != "weights"])
     metrics = {m.label: m.value for m in at.metric}
