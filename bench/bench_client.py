@@ -27,7 +27,6 @@ from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.openai_client import InstrumentedTransport
 from warmscope.collectors.pipeline import Telemetry
 
-from .common import best_ns
 
 SYSTEM = "You are the support bot of a parts shop. Answer in one line. " * 8
 BODY = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "system", "content": SYSTEM},
@@ -58,21 +57,29 @@ def telemetry() -> Telemetry:
     return Telemetry(cfg, background=False)
 
 
-def client_overhead(n: int) -> dict[str, float]:
+def client_overhead(n: int, rounds: int = 40) -> dict[str, float]:
+    """Median µs per request of each case over ``rounds`` alternating batches
+    (plain, instrumented, plain, ...), and the median of the paired differences:
+    load changes on a busy machine hit both cases alike."""
     tel = telemetry()
     plain = httpx.Client(base_url="http://engine", transport=httpx.MockTransport(canned))
     inst = httpx.Client(base_url="http://engine",
                         transport=InstrumentedTransport(httpx.MockTransport(canned), telemetry=tel))
+    batch = max(n // rounds, 10)
     out = {}
     for name, body in (("non-streamed", BODY), ("streamed", {**BODY, "stream": True})):
-        for label, c in (("plain", plain), ("instrumented", inst)):
-            def run(c=c, body=body):
-                for _ in range(n):
-                    with c.stream("POST", "/v1/chat/completions", json=body) as r:
-                        for _ in r.iter_bytes():
-                            pass
-            run()  # warm
-            out[f"{name} {label}"] = best_ns(run, n) / 1000.0
+        def run(c, body=body):
+            t = time.perf_counter_ns()
+            for _ in range(batch):
+                with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    for _ in r.iter_bytes():
+                        pass
+            return (time.perf_counter_ns() - t) / batch / 1000.0
+        run(plain), run(inst)  # warm
+        pairs = [(run(plain), run(inst)) for _ in range(rounds)]
+        out[f"{name} plain"] = statistics.median(p for p, _ in pairs)
+        out[f"{name} instrumented"] = statistics.median(i for _, i in pairs)
+        out[f"{name} added"] = statistics.median(i - p for p, i in pairs)
     st = inst._transport.recorder.stats
     assert st["recorded"] > 0 and st["no_usage"] == 0, st
     tel.close()
@@ -172,13 +179,13 @@ def main() -> None:
         return serve_canned(args.serve_canned)
 
     r = client_overhead(args.n)
-    print("client instrumentation, in-process canned engine reply (best of 5):")
+    print("client instrumentation, in-process canned engine reply (medians over alternating batches):")
     added = {}
     for name in ("non-streamed", "streamed"):
-        p, i = r[f"{name} plain"], r[f"{name} instrumented"]
-        added[name] = i - p
+        p, i, a = r[f"{name} plain"], r[f"{name} instrumented"], r[f"{name} added"]
+        added[name] = a
         print(f"  {name:<13} plain {p:7.1f} µs/request  instrumented {i:7.1f} µs/request  "
-              f"added {i - p:6.1f} µs  ratio {i / p:5.2f}x")
+              f"added {a:6.1f} µs  ratio {i / p:5.2f}x")
 
     port = _free_port()
     up = f"http://127.0.0.1:{port}"
