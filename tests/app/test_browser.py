@@ -71,10 +71,10 @@ def page(browser):
 
 def settle(page) -> None:
     """Wait until the script run has finished (the running indicator is gone) and charts are drawn."""
-    page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=90_000)
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+    page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=300_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
     page.wait_for_timeout(800)
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
 
 
 def query(page) -> dict:
@@ -173,7 +173,7 @@ def test_heatmap_click_drills_down_and_breadcrumbs_reset(server, page):
     page.mouse.move(x, y)  # plotly hit-tests the hovered point
     page.wait_for_timeout(300)
     page.mouse.click(x, y)
-    page.wait_for_function("location.search.includes('drill=')", timeout=90_000)  # two reruns: poll
+    page.wait_for_function("location.search.includes('drill=')", timeout=300_000)  # two reruns: poll
     settle(page)
     crumbs = page.locator('[data-testid="stMain"] button').all_inner_texts()
     assert any("tenant =" in c for c in crumbs), crumbs
@@ -206,7 +206,7 @@ def test_overview_drag_zooms_to_an_absolute_range(server, page):
     page.goto(url, wait_until="networkidle")
     settle(page)
     drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.4, 0.7)
-    page.wait_for_function("location.search.includes('range=custom')", timeout=90_000)  # two reruns: poll
+    page.wait_for_function("location.search.includes('range=custom')", timeout=300_000)  # two reruns: poll
     settle(page)
     q = query(page)
     assert q.get("range") == "custom" and q.get("from") and q.get("to"), page.url
@@ -221,7 +221,7 @@ def test_root_cause_window_by_brushing(server, page):
     page.goto(f"{url}/rootcause", wait_until="networkidle")
     settle(page)
     drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.55, 0.8)
-    page.wait_for_function("location.search.includes('window=')", timeout=90_000)
+    page.wait_for_function("location.search.includes('window=')", timeout=300_000)
     settle(page)
     q = query(page)
     assert "~" in q.get("window", ""), page.url
