@@ -111,7 +111,8 @@ def test_a_link_reproduces_the_view(server, page):
     buttons = page.locator('[data-testid="stMain"] button').all_inner_texts()
     assert any("tenant = acme" in b for b in buttons), buttons
     assert selected(page, "Time range") == "last hour"
-    assert "Hit rate by layer" in page.locator('[data-testid="stMain"]').inner_text()
+    assert selected(page, "Group by") == "layer"
+    assert "By layer" in page.locator('[data-testid="stMain"]').inner_text()
     page.reload(wait_until="networkidle")  # a reload keeps the view
     settle(page)
     assert query(page).get("range") == "last hour"
