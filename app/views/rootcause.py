@@ -43,7 +43,8 @@ mode = st.radio("Regression window", ["detected change point", "choose"], horizo
                 help="'choose': set the window with the slider, or drag a box on the chart.")
 if mode == "choose":
     default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
-    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi, value=st.session_state.get("rc-win", default),
+    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi,
+                       value=st.session_state.get("rc-win", default),
                        step=pd.Timedelta(minutes=5).to_pytimedelta(), format="MM-DD HH:mm")
     st.session_state["rc-win"] = (a0, a1)
     anomaly = (_ts(a0), _ts(a1))
