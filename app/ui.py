@@ -88,7 +88,8 @@ def sidebar_range() -> None:
             except ValueError:
                 f, t = hi - 6 * 3600, hi
             st.session_state["custom-win"] = (_dt(max(lo, min(f, hi))), _dt(max(lo, min(t, hi))))
-        st.slider("From – to (UTC)", min_value=_dt(lo), max_value=_dt(hi), step=pd.Timedelta(minutes=5).to_pytimedelta(),
+        st.slider("From – to (UTC)", min_value=_dt(lo), max_value=_dt(hi),
+                  step=pd.Timedelta(minutes=5).to_pytimedelta(),
                   format="MM-DD HH:mm", key="custom-win")
 
 

@@ -165,7 +165,8 @@ if st.toggle("Compute the breakdown (reads the experiment's metric series)", key
         bd = bd.drop(columns="_r")
         st.dataframe(bd.style.apply(lambda row: [f"background-color: {COLOURS[row['outcome']]}"] * len(row), axis=1)
                      .format({"control": "{:.4g}", "treatment": "{:.4g}", "relative": "{:+.1%}", "p": "{:.3g}",
-                              "p (Holm)": "{:.3g}", "p (BH)": "{:.3g}"}, na_rep="–"), hide_index=True, width="stretch")
+                              "p (Holm)": "{:.3g}", "p (BH)": "{:.3g}"}, na_rep="–"), hide_index=True,
+                     width="stretch")
         st.caption(f"Per {dim}: per-variant means of 10-minute buckets (batch means, Welch's t-test); p-values "
                    f"Holm- and BH-adjusted across every {dim} × metric row. Unit records carry no {dim}, so this "
                    "is coarser than the report above.")

@@ -28,8 +28,10 @@ def _decode(s: str):
 
 def _reset_pickers() -> None:
     # Dependent pickers start over whenever the path changes: no stale value from another level.
-    for k in [k for k in st.session_state if k in ("drill-pick", "groupby") or str(k).startswith("heat-")]:
-        st.session_state.pop(k, None)  # a heatmap's old click must not drill again
+    for k in ("drill-pick", "groupby"):
+        st.session_state.pop(k, None)
+    # A new heatmap key: the browser keeps an old chart's click and would drill again with it.
+    st.session_state["heat-gen"] = st.session_state.get("heat-gen", 0) + 1
 
 
 st.title("Hit rate explorer")
@@ -114,7 +116,7 @@ if "tenant" in free and "layer" in free:
                            yaxis=dict(categoryorder="array", categoryarray=tenants, title="tenant"),
                            margin=dict(t=60, b=20), clickmode="event+select", dragmode=False)
         ev = st.plotly_chart(heat, width="stretch", on_select="rerun", selection_mode="points",
-                             key=f"heat-{_encode(path)}")
+                             key=f"heat-{st.session_state.get('heat-gen', 0)}")
         pts = ev.selection.get("points", []) if ev and ev.selection else []
         if pts:
             p = pts[0]

@@ -46,7 +46,8 @@ mode = st.radio("Regression window", ["detected change point", "choose"], horizo
                 help="'choose': set the window with the slider, or drag a box on the chart.")
 if mode == "choose":
     default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
-    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi, value=st.session_state.get("rc-win", default),
+    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi,
+                       value=st.session_state.get("rc-win", default),
                        step=pd.Timedelta(minutes=5).to_pytimedelta(), format="MM-DD HH:mm")
     st.session_state["rc-win"] = (a0, a1)
     anomaly = (_ts(a0), _ts(a1))
@@ -92,7 +93,8 @@ verdicts = ui.traps(start, end, anomaly, baseline)
 # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
 for v in verdicts:
     if v.detected and v.trap == "tenant_isolation":
-        st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {v.evidence}")
+        ev = v.evidence[len("SECURITY:"):].strip() if v.evidence.upper().startswith("SECURITY:") else v.evidence
+        st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}")
 
 st.subheader("Ranked explanations")
 if loc.error:
@@ -105,10 +107,8 @@ else:
     df = pd.DataFrame([{"Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
                         "Explains": c.explanatory_power, "Score": c.score, "Leaves": c.leaves}
                        for c in loc.causes])
-    st.dataframe(df, hide_index=True, width="stretch", column_config={
-        "Explains": st.column_config.NumberColumn("Share of the change explained", format="percent"),
-        "Score": st.column_config.NumberColumn(format="%.2f"),
-        "Leaves": st.column_config.NumberColumn(format="localized")})
+    st.dataframe(df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}), hide_index=True,
+                 width="stretch", column_config={"Explains": "Share of the change explained"})
     bar = go.Figure(go.Bar(x=df.Explains, y=df.Cause, orientation="h",
                            hovertemplate="%{y}: %{x:.0%}<extra></extra>"))
     bar.update_layout(title="Share of the change explained", xaxis=dict(tickformat=".0%"),
@@ -118,6 +118,8 @@ st.subheader("Cold-start traps")
 seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
 if not seen and not any(v.detected for v in verdicts):
     st.success("No cold-start trap detected in this window.")
+elif not seen:
+    st.caption("Only the cross-tenant read above was detected.")
 for v in seen:
     st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
 with st.expander("Traps not seen"):

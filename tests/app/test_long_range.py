@@ -31,12 +31,13 @@ def test_overview_over_days_is_hourly_and_totals_match_the_minute_data(two_days,
     at = _app(two_days, monkeypatch).run()
     assert not at.exception
     assert any("Hourly resolution" in c.value for c in at.caption)
-    raw = hit_table(EmbeddedStore(two_days, readonly=True).frame("lookups"))
+    lk = EmbeddedStore(two_days, readonly=True).frame("lookups")
+    raw = hit_table(lk[lk.layer != "weights"])  # the page's one hit-rate definition: layers except weights
     shown = {m.label: m.value for m in at.metric}
     assert shown["Lookups"] == f"{int(raw.lookups.iloc[0]):,}"
     assert shown["Hit rate"] == f"{raw.hit_rate.iloc[0]:.1%}"
     table = at.dataframe[0].value
-    cold = table[table["label"].astype(str) == "Cold-start time"]
+    cold = table[table["Dimension"].astype(str) == "Cold-start time"]
     assert len(cold) == 1 and "24 h or less" in " ".join(map(str, cold.iloc[0].tolist()))
 
 

@@ -123,3 +123,14 @@ def test_prometheus_down_is_a_clear_message(tmp_path, monkeypatch, page):
         at.switch_page(f"views/{page}.py").run()
     assert not at.exception
     assert "is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL" in at.error[0].value
+
+
+def test_ab_breakdown_by_tenant_and_model(app):
+    at = app.run()
+    at.switch_page("views/ab.py").run()
+    at.toggle(key="ab-breakdown").set_value(True).run()
+    assert not at.exception, at.exception
+    assert any("Holm- and BH-adjusted across every tenant" in c.value for c in at.caption)
+    at.radio(key="ab-dim").set_value("model").run()
+    assert not at.exception, at.exception
+    assert any("across every model" in c.value for c in at.caption)
