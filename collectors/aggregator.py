@@ -317,12 +317,18 @@ class Aggregator:
         lst.append(key)
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
-        if ctx.ukey is not None:
-            u = st.units.get(ctx.ukey)
+        if ctx.ukey is not None:  # packed as in record(): lookups + hits << 32, here in tokens
+            units = st.units
+            inc = hits + misses + (hits << 32)
+            u = units.get(ctx.ukey)
             if u is None:
-                u = st.units[ctx.ukey] = [0, 0]
-            u[0] += hits + misses
-            u[1] += hits
+                if self._units_n >= self.max_buffered_units:
+                    st.dropped += 1
+                else:
+                    self._units_n += 1
+                    units[ctx.ukey] = inc
+            else:
+                units[ctx.ukey] = u + inc
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
