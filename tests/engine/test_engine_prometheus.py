@@ -295,7 +295,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)
-    hours = math.ceil((time.time() - TIMES["unique_start"] + 5) / 36) * 0.01
+    hours = round(math.ceil((time.time() - TIMES["unique_start"] + 5) / 36) * 0.01, 2)   # slider step 0.01 h
     at.slider(key="engine-rc-win").set_value((0.0, hours)).run()
     assert not at.exception
     leaves = at.dataframe[0].value
