@@ -189,6 +189,7 @@ class VLLMEngine:
                 "--enable-prefix-caching", "--enable-prompt-tokens-details",
                 "--dtype", "float32", "--max-model-len", str(self.max_model_len),
                 "--block-size", str(BLOCK_SIZE), "--max-num-seqs", "16",
+                "--optimization-level", "0",  # no torch.compile: starts in seconds, not minutes
                 "--uvicorn-log-level", "warning"]
 
     def start(self) -> "VLLMEngine":
