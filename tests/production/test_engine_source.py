@@ -20,14 +20,14 @@ STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 
 
 
 class _Engine(BaseHTTPRequestHandler):
-    scrapes = 0
-    frozen = False
+    scrapes: dict = {}   # port -> scrapes served
+    frozen = False       # counters stop moving (the test reads a settled state)
 
     def do_GET(self):  # noqa: N802
-        if not _Engine.frozen:
-            _Engine.scrapes += 1
-        n = _Engine.scrapes
         port = self.server.server_port
+        if not _Engine.frozen:
+            _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
+        n = _Engine.scrapes.get(port, 0)
         lines = []
         if port == _Engine.ports[0]:   # vLLM A, escaped names, plus the colon twin of one series
             lines += [f'vllm_prefix_cache_hits_total{{engine="0",model_name="tiny"}} {STEP["hits_a"] * n}',
@@ -94,6 +94,8 @@ def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     from warmscope.app.engine_view import hit_table
 
     url, t0, servers = engines_prom
+    _Engine.frozen = True
+    time.sleep(3)        # the last scrapes are in: every later scrape repeats the same values
     src = PrometheusSource(url, scrape_interval=1)
     end = time.time()
     pre = src.engine_frame("engine_prefix", t0 - 60, end)
