@@ -450,8 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rps", type=_POS_FLOAT, help="mean requests per second (default 12)")
     p.add_argument("--tenants", type=_POS_INT, default=8, help="tenants (default 8)")
     p.add_argument("--replicas", type=_POS_INT, default=2, help="replicas per variant pool")
-    p.add_argument("--strategy-a", choices=STRATEGIES, default="none")
-    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk")
+    p.add_argument("--strategy-a", choices=STRATEGIES, default="none",
+                   help="warm-up strategy of pool A, the control (default none)")
+    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk",
+                   help="warm-up strategy of pool B, the treatment (default static_topk)")
     p.add_argument("--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)")
     p.add_argument("--b-kv-capacity", type=_POS_INT,
                    help="pool B's prefix-KV capacity in tokens (A/B of capacities)")

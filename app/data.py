@@ -187,11 +187,16 @@ def ab_report(experiment: str, control: str, treatment: str, primary: str):
 def _bounds(path: str, mtime: float) -> tuple[float, float] | None:
     con = _store(path)._con()
     row = con.execute("SELECT min(ts), max(ts) FROM lookups").fetchone()
-    return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
+    if row is None or row[0] is None:
+        return None
+    # Replicas warm up before they take traffic: "everything" starts at the first warm-up run.
+    run = con.execute("SELECT min(started) FROM warmup_runs").fetchone()
+    first = min(float(row[0]), float(run[0])) if run and run[0] is not None else float(row[0])
+    return first, float(row[1])
 
 
 def time_bounds() -> tuple[float, float] | None:
-    """(first, last) lookup timestamp, or None when there is no data. With
+    """(first lookup or warm-up run, last lookup) timestamps, or None when there is no data. With
     Prometheus: the last week up to now (its retention decides what is there)."""
     if prometheus_url():
         import time
