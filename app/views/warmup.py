@@ -8,6 +8,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.coverage import run_effect, warm_set_coverage
@@ -15,8 +16,11 @@ from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
 from warmscope.app import engine_view, ui
 
 st.title("Warm-up runs")
-st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",
-             icon=":material/explore:")
+try:
+    st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",
+                 icon=":material/explore:")
+except StreamlitAPIException:  # the page run on its own, outside the app's navigation
+    st.markdown("[What to warm and when: forecasts and tuned parameters in the Advisor](/advisor)")
 start, end = ui.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")

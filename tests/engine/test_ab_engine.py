@@ -29,7 +29,7 @@ pytestmark = pytest.mark.engine
 
 EXPERIMENT = "warmup-engine"
 TENANTS = ("acme", "globex", "initech", "umbrella")
-PER_TENANT = 24            # templates (system prompts) per tenant; one session each
+PER_TENANT = 48            # templates (system prompts) per tenant; one session each (>= 50 effective units an arm)
 WORDS = ("ledger invoice refund parcel courier warranty voucher module sensor turbine valve gasket "
          "nozzle piston bracket hinge rotor spindle").split()
 SECRET_WORD = "zqxmarker"  # in every system prompt: must appear in no exported byte

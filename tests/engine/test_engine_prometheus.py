@@ -238,7 +238,7 @@ def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, tmp_path,
 
     for k, v in _page_env(prom, tmp_path).items():
         monkeypatch.setenv(k, v)
-    at = AppTest.from_file(str(ROOT / "app" / "pages" / "alerts.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "alerts.py"), default_timeout=120).run()
     assert not at.exception and not at.error
     shown = " ".join(w.value for w in at.warning)
     assert "WarmscopeEngineHitRateRegressionShortTerm** (firing, warning)" in shown and "[runbook](https://" in shown
@@ -264,7 +264,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
         monkeypatch.setenv(k, v)
     texts = {}
     for name in PAGES:
-        at = AppTest.from_file(str(ROOT / "app" / "pages" / f"{name}.py"), default_timeout=120)
+        at = AppTest.from_file(str(ROOT / "app" / "views" / f"{name}.py"), default_timeout=120)
         at.session_state["range"] = "last hour"
         at.run()
         assert not at.exception, (name, [e.value for e in at.exception])
@@ -291,7 +291,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert "per-unit records" in ab and "WARMSCOPE_REDIS_URL" in ab
     assert "Prometheus evaluates from its rules" in texts["alerts"][1]
     # root cause: the unique-prefix window against the shared-prompt one, over model x instance x engine
-    at = AppTest.from_file(str(ROOT / "app" / "pages" / "rootcause.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "rootcause.py"), default_timeout=120)
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)
