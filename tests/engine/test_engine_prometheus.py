@@ -260,6 +260,14 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     from streamlit.testing.v1 import AppTest
 
     engines, prom = stack
+
+    def scraped_up() -> bool:  # Prometheus has scraped every request the earlier tests sent
+        got = {r["metric"].get("instance"): float(r["value"][1])
+               for r in _prom_query(prom, "vllm:prefix_cache_queries_total")}
+        return all(got.get(f"127.0.0.1:{e.port}") == e.counters()["vllm:prefix_cache_queries_total"]
+                   for e in engines)
+
+    wait_until(scraped_up, 60, "the last scrape of the engines' counters")
     for k, v in _page_env(prom, tmp_path).items():
         monkeypatch.setenv(k, v)
     texts = {}
