@@ -1,4 +1,4 @@
-"""Detectors for the seven cold-start traps (DESIGN.md), over canonical frames.
+"""Detectors for the seven cold-start traps (see simulator/faults.py), over canonical frames.
 
 Each detector compares an anomaly window with a baseline window and returns a
 :class:`TrapVerdict`: detected or not, a confidence in [0, 1], the evidence as

@@ -1,6 +1,6 @@
 """Injectable cold-start traps, with ground truth.
 
-A fault is one of the seven traps of DESIGN.md, switched on for a window and a
+A fault is one of the seven cold-start traps (listed below), switched on for a window and a
 scope. Spec syntax (``warmscope simulate --fault``)::
 
     TRAP[:DIM=VALUE[,DIM=VALUE...]][@START-END][;PARAM=VALUE...]
