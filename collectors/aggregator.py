@@ -18,29 +18,31 @@ Label sets are interned to small ints when a request context is set or a
 wrapper is bound, so the per-lookup key is ``(ctx_id, layer_id, family,
 result)`` and all label work is paid at export.
 
-Hot keys use a batched Space-Saving sketch per (tenant, layer) and thread: a
-dict of up to K + max(K, 1024) entries; when full, it keeps the top K by
-estimated count, and new keys enter with the largest evicted estimate as both
-their starting estimate and error bound, so ``hits + misses <= true count <=
-hits + misses + err`` for every key reported.
+The aggregator is split along its steps: this module holds the counters
+(lookups, writes, requests, histograms, A/B unit records) and the hand-off of
+per-thread buffers; :mod:`collectors.hotkeys` the hot-key sketch;
+:mod:`collectors.warm_tracking` warm-up precision and recall. Record layouts
+(label order, unit record fields) come from :mod:`collectors.records`.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import logging
-import operator
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from . import schema
+from . import hotkeys, records, schema
+from .hotkeys import BATCH as _BATCH
+from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
+from .hotkeys import HotKeySketch
 from .keys import FamilyNormaliser, LabelCap, TenantBucketer
+from .records import L_HITS, L_LOOKUPS, U_CONVERSIONS, U_GPU_S, U_HIST, U_LATENCY_SQ, U_LATENCY_SUM, U_REQUESTS
+from .records import R_CONVERSIONS, R_GPU_S, R_REQUESTS, R_VALUE, U_SLA_MET, U_TTFT_SUM, U_VALUE
+from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
-__all__ = ["Aggregator", "LayerBinding", "HIT", "MISS", "BYPASS", "ERROR"]
+__all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -57,14 +59,12 @@ HISTOGRAMS = (
 )
 LOAD_HIST = 4
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
-UNIT_BUCKETS = schema.DURATION_BUCKETS
-# A/B unit record fields, in list order (the histogram follows them). Lookups
-# and hits are kept per layer; the request-level record has them at zero.
-UNIT_FIELDS = (
-    "lookups", "hits", "requests", "latency_sum", "latency_sq", "ttft_sum",
-    "conversions", "value", "gpu_s", "sla_met",
-)
-_NU = len(UNIT_FIELDS)
+UNIT_BUCKETS = records.UNIT_BUCKETS
+# The request-level A/B unit record is records.UNIT_SUMS then the histogram
+# (indices records.U_*); per layer, a unit keeps (lookups, hits) packed in
+# one int. UNIT_FIELDS: the per-layer fields then the request-level ones.
+UNIT_FIELDS = records.UNIT_FIELDS
+_NU = U_HIST
 
 
 class _ThreadState:
@@ -103,37 +103,7 @@ class LayerBinding:
         self.tls = threading.local()
 
 
-@dataclass(slots=True)
-class WarmedKey:
-    run_id: str
-    key_hash_src: object  # the raw key; hashed only when exported
-    family: str
-    tenant: str
-    layer: str
-    warmed_at: float
-    ttl_s: float | None
-    gpu_s: float = 0.0  # what warming this key cost
-    labels: tuple = ()  # the run's WARMUP_LABELS values
-    first_hit_at: float | None = None
-    first_miss_at: float | None = None
-    hits: int = 0
-    exported: tuple | None = None  # state at the last export
-
-
-@dataclass(slots=True)
-class EarlyWindow:
-    """Keys requested right after a warm-up run (for warm-set recall)."""
-
-    run_id: str
-    layer: str
-    tenant: str | None  # None: all tenants
-    until: float
-    limit: int
-    seen: dict = field(default_factory=dict)  # raw key -> [first_seen, lookups, family]
-    overflow: int = 0
-
-
-class Aggregator:
+class Aggregator(HotKeySketch, WarmupTracking):
     def __init__(
         self,
         replica: str = "replica-0",
@@ -180,15 +150,9 @@ class Aggregator:
         self._tenant_ids: dict[str, int] = {}
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}
-        # Warm-up bookkeeping (touched on the hot path only by dict.get).
-        self.warmed: dict[object, WarmedKey] = {}
-        self.early: list[EarlyWindow] = []
-        self.events: deque = deque()  # warm-up run records for the sinks
-        self.warmup_counts: dict[tuple, list] = {}  # WARMUP_LABELS(+status) -> sums
-        self.warmup_active: dict[tuple, int] = {}
+        self._init_tracking()  # warm-up precision and recall (warm_tracking)
         self.errors: dict[str, int] = {s: 0 for s in schema.TELEMETRY_STAGES}
         self.gauges: dict[str, float] = {}  # last value per gauge name
-        self.warm_read: dict[tuple, int] = {}  # WARMUP_LABELS -> warmed keys read
         self.cross_tenant: dict[str, int] = {}  # layer -> (key, extra tenant) pairs seen
         self._logged: set[str] = set()
 
@@ -219,7 +183,7 @@ class Aggregator:
         """Ids for a request's label set: (with length bucket, without, tenant id)."""
         out = []
         for lb in (length_bucket, ""):
-            labels = (tenant, experiment, variant, model, lb)
+            labels = (tenant, experiment, variant, model, lb)  # _CTX order
             cid = self._ctx_ids.get(labels)
             if cid is None:
                 with self._lock:
@@ -272,18 +236,7 @@ class Aggregator:
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:
-            # This layer's lookups and hits for the unit, packed in one int
-            # (lookups + hits << 32): no per-unit container for the GC to walk.
-            units = st.units
-            u = units.get(ctx.ukey)
-            if u is None:
-                if self._units_n >= self.max_buffered_units:
-                    st.dropped += 1
-                else:
-                    self._units_n += 1
-                    units[ctx.ukey] = _HIT_INC if result == HIT else 1
-            else:
-                units[ctx.ukey] = u + (_HIT_INC if result == HIT else 1)
+            self._add_unit(st, ctx.ukey, _HIT_INC if result == HIT else 1)
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
@@ -317,24 +270,27 @@ class Aggregator:
         lst.append(key)
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
-        if ctx.ukey is not None:  # packed as in record(): lookups + hits << 32, here in tokens
-            units = st.units
-            inc = hits + misses + (hits << 32)
-            u = units.get(ctx.ukey)
-            if u is None:
-                if self._units_n >= self.max_buffered_units:
-                    st.dropped += 1
-                else:
-                    self._units_n += 1
-                    units[ctx.ukey] = inc
-            else:
-                units[ctx.ukey] = u + inc
+        if ctx.ukey is not None:  # here in tokens
+            self._add_unit(st, ctx.ukey, pack_layer_unit(hits + misses, hits))
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
                 self._warmed_read(w, result)
         if self.early:
             self._early_read(b, key, fam, ctx)
+
+    def _add_unit(self, st: _ThreadState, ukey: tuple, inc: int) -> None:
+        """Add ``inc`` (see :func:`pack_layer_unit`) to a unit's lookups and
+        hits in this layer: one int per unit, no container for the GC to walk."""
+        u = st.units.get(ukey)
+        if u is None:
+            if self._units_n >= self.max_buffered_units:
+                st.dropped += 1
+            else:
+                self._units_n += 1
+                st.units[ukey] = inc
+        else:
+            st.units[ukey] = u + inc
 
     def record_write(self, b: LayerBinding, key: object, ctx: Any, n: int = 1) -> None:
         try:
@@ -355,30 +311,6 @@ class Aggregator:
             st.hot, st.units = {}, {}
             st.swap = False
 
-    def _sketch(self, layer_id: int, hot: dict, hbuf: dict) -> None:
-        """Fold buffered keys into the Space-Saving sketches (owner thread, or
-        the flusher once no thread can touch these dicts)."""
-        fams = self._bindings[layer_id].families
-        for tid, pair in list(hbuf.items()):
-            sk = hot.get(tid)
-            if sk is None:
-                sk = hot[tid] = {}
-            for r, lst in enumerate(pair):
-                if not lst:
-                    continue
-                counted = Counter(lst)
-                lst.clear()
-                hk = (tid << 12) | layer_id
-                for key, n in counted.items():
-                    e = sk.get(key)
-                    if e is None:
-                        if len(sk) >= self._hot_cap:
-                            self._compact(hk, sk)
-                        floor = self._hot_floor.get(hk, 0)
-                        e = sk[key] = [floor, 0, 0, floor, fams.family(key), key]
-                    e[0] += n
-                    e[r + 1] += n
-
     def record_load(self, b: LayerBinding, seconds: float, ctx: Any) -> None:
         """Time to load a value after a miss, per layer (feature load latency)."""
         try:
@@ -395,40 +327,6 @@ class Aggregator:
 
     def set_gauge(self, name: str, value: float) -> None:
         self.gauges[name] = float(value)
-
-    def _compact(self, hk: int, sk: dict) -> None:
-        # Entries are [estimate, hits, misses, err, family, key]; keep the top K.
-        top = heapq.nlargest(self.hot_k + 1, sk.values(), key=_est)
-        if len(top) > self.hot_k:
-            self._hot_floor[hk] = max(self._hot_floor.get(hk, 0), top[-1][0])
-            top.pop()
-        sk.clear()
-        sk.update((e[5], e) for e in top)
-
-    def _warmed_read(self, w: WarmedKey, result: int) -> None:
-        if result == HIT:
-            w.hits += 1
-            if w.first_hit_at is None:
-                w.first_hit_at = self.clock()
-                if w.first_miss_at is None:  # read while still the warmed entry
-                    self.warm_read[w.labels] = self.warm_read.get(w.labels, 0) + 1
-        elif w.first_miss_at is None:
-            w.first_miss_at = self.clock()
-
-    def _early_read(self, b: LayerBinding, key: object, fam: str, ctx: Any) -> None:
-        # Windows are closed by the flusher; the clock is read only for new keys.
-        for win in self.early:
-            if win.layer != b.layer or (win.tenant is not None and win.tenant != ctx.tenant):
-                continue
-            e = win.seen.get(key)
-            if e is not None:
-                e[1] += 1
-            elif len(win.seen) < win.limit:
-                now = self.clock()
-                if now <= win.until:
-                    win.seen[key] = [now, 1, fam]
-            else:
-                win.overflow += 1
 
     # ------------------------------------------------------- request records
     def record_request(
@@ -453,11 +351,11 @@ class Aggregator:
         r = st.req.get(rk)
         if r is None:
             r = st.req[rk] = [0, 0.0, 0, 0.0]
-        r[0] += 1
-        r[1] += gpu_s
+        r[R_REQUESTS] += 1
+        r[R_GPU_S] += gpu_s
         if conversion:
-            r[2] += 1
-            r[3] += value
+            r[R_CONVERSIONS] += 1
+            r[R_VALUE] += value
         for i, v in enumerate((ttft_s, latency_s, prompt_tokens, cached_tokens)):
             if v is None:
                 continue
@@ -479,48 +377,19 @@ class Aggregator:
                 ub = st.units[ctx.ukey] = _new_unit()  # a bytearray: not tracked by the GC
             u = memoryview(ub).cast("d")
             lat = latency_s if latency_s is not None else 0.0
-            u[2] += 1
-            u[3] += lat
-            u[4] += lat * lat
-            u[5] += ttft_s or 0.0
+            u[U_REQUESTS] += 1
+            u[U_LATENCY_SUM] += lat
+            u[U_LATENCY_SQ] += lat * lat
+            u[U_TTFT_SUM] += ttft_s or 0.0
             if conversion:
-                u[6] += 1
-                u[7] += value
-            u[8] += gpu_s
+                u[U_CONVERSIONS] += 1
+                u[U_VALUE] += value
+            u[U_GPU_S] += gpu_s
             if sla_met:
-                u[9] += 1
+                u[U_SLA_MET] += 1
             if latency_s is not None:
-                u[_NU + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
+                u[U_HIST + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
             u.release()
-
-    # ------------------------------------------------------------- warm-up
-    def warmup_event(self, kind: str, labels: tuple, record: dict, status: str = "") -> None:
-        """Book a warm-up start/end (called by WarmupRun; not on the lookup path)."""
-        with self._lock:
-            if kind == "start":
-                self.warmup_active[labels] = self.warmup_active.get(labels, 0) + 1
-            else:
-                self.warmup_active[labels] = self.warmup_active.get(labels, 1) - 1
-                sums = self.warmup_counts.setdefault(labels + (status,), [0, 0, 0, 0.0])
-                sums[0] += 1
-                sums[1] += record.get("keys", 0)
-                sums[2] += record.get("bytes", 0)
-                sums[3] += record.get("gpu_s", 0.0)
-            self.events.append(("run", dict(record)))
-
-    def add_warmed(self, w: WarmedKey) -> bool:
-        if len(self.warmed) >= self.warmed_key_limit:
-            self.count_error("record", "warmed-key limit reached; key not tracked for precision")
-            return False
-        self.warmed[w.key_hash_src] = w
-        return True
-
-    def open_early_window(self, run_id: str, layer: str, tenant: str | None, seconds: float) -> None:
-        if seconds <= 0 or self.early_key_limit <= 0:
-            return
-        win = EarlyWindow(run_id, layer, tenant, self.clock() + seconds, self.early_key_limit)
-        with self._lock:
-            self.early = self.early + [win]  # copy-on-write: the hot path iterates it
 
     def cap_label(self, kind: str, value: str) -> str:
         """``value``, or ``other`` once ``max_label_values`` distinct values of
@@ -578,33 +447,60 @@ class Aggregator:
         with self._lock:
             return list(self._states)
 
-    def layer_name(self, layer_id: int) -> str:
-        return self._layer_names[layer_id]
+    def _labels(self, cid: int, **more: str) -> dict[str, str]:
+        """A series' label values by column name: the interned request labels plus ``more``."""
+        v = dict(zip(_CTX, self._ctx_labels[cid]))
+        v["replica"] = self.replica
+        v.update(more)
+        return v
 
-    def ctx_labels(self, cid: int) -> tuple:
-        return self._ctx_labels[cid]
+    def _lookup_label(self, layer_id: int, k: tuple) -> tuple:
+        cid, fam, res = k
+        v = self._labels(cid, layer=self._layer_names[layer_id], family=fam, result=RESULT_NAMES[res])
+        return tuple(v[c] for c in records.LOOKUP_LABELS)
 
-    def lookup_totals(self) -> dict[tuple, int]:
-        """Cumulative lookups keyed by the full LOOKUP_LABELS value tuple."""
+    def _write_label(self, layer_id: int, k: tuple) -> tuple:
+        cid, fam = k
+        v = self._labels(cid, layer=self._layer_names[layer_id], family=fam)
+        return tuple(v[c] for c in records.WRITE_LABELS)
+
+    def _label(self, kind: str, layer_id: int, k: tuple) -> tuple:
+        """The full label tuple of a raw series key, built once per series."""
+        ck = (kind, layer_id, k)
+        lab = self._label_cache.get(ck)
+        if lab is None:
+            build = {"counts": self._lookup_label, "writes": self._write_label, "req": self._request_label,
+                     "hist": self._histogram_label}[kind]
+            lab = self._label_cache[ck] = build(layer_id, k)
+        return lab
+
+    def _request_label(self, layer_id: int, k: tuple) -> tuple:
+        cid, sla = k
+        v = self._labels(cid, sla_met=sla)
+        return tuple(v[c] for c in records.REQUEST_LABELS)
+
+    def _histogram_label(self, layer_id: int, k: tuple) -> tuple:
+        _, cid = k
+        v = self._labels(cid, layer=self._layer_names[layer_id] if layer_id >= 0 else "")
+        return tuple(v[c] for c in HISTOGRAM_LABELS)
+
+    def _totals(self, kind: str) -> dict[tuple, int]:
         out: dict[tuple, int] = {}
         for st in self._all_states():
             if st.layer_id < 0:
                 continue
-            layer = self._layer_names[st.layer_id]
-            for (cid, fam, res), n in st.counts.copy().items():
-                t, exp, var, model, lb = self._ctx_labels[cid]
-                k = (t, layer, fam, RESULT_NAMES[res], exp, var, model, self.replica, lb)
-                out[k] = out.get(k, 0) + n
+            for k, n in getattr(st, kind).copy().items():
+                lab = self._label(kind, st.layer_id, k)
+                out[lab] = out.get(lab, 0) + n
         return out
 
-    def _lookup_label(self, layer_id: int, k: tuple) -> tuple:
-        cid, fam, res = k
-        t, exp, var, model, lb = self._ctx_labels[cid]
-        return (t, self._layer_names[layer_id], fam, RESULT_NAMES[res], exp, var, model, self.replica, lb)
+    def lookup_totals(self) -> dict[tuple, int]:
+        """Cumulative lookups keyed by the full label tuple (``records.LOOKUP_LABELS`` order)."""
+        return self._totals("counts")
 
-    def _write_label(self, layer_id: int, k: tuple) -> tuple:
-        cid, fam = k
-        return (self._ctx_labels[cid][0], self._layer_names[layer_id], fam, self.replica)
+    def write_totals(self) -> dict[tuple, int]:
+        """Cumulative writes keyed by the full label tuple (``records.WRITE_LABELS`` order)."""
+        return self._totals("writes")
 
     def deltas(self, kind: str, last: dict) -> tuple[dict[tuple, int], dict]:
         """Lookups (``kind="counts"``) or writes (``"writes"``) since ``last``.
@@ -614,8 +510,6 @@ class Aggregator:
         costs a dict comparison per series, not a label build. Returns
         (deltas by full label tuple, the new snapshot).
         """
-        label = self._lookup_label if kind == "counts" else self._write_label
-        cache = self._label_cache
         out: dict[tuple, int] = {}
         snap: dict[int, dict] = {}
         for st in self._all_states():
@@ -626,47 +520,31 @@ class Aggregator:
             for k, n in cur.items():
                 p = prev.get(k, 0)
                 if n != p:
-                    ck = (kind, st.layer_id, k)
-                    lab = cache.get(ck)
-                    if lab is None:
-                        lab = cache[ck] = label(st.layer_id, k)
+                    lab = self._label(kind, st.layer_id, k)
                     out[lab] = out.get(lab, 0) + n - p
             snap[id(st)] = cur
         return out, snap
 
-    def write_totals(self) -> dict[tuple, int]:
-        out: dict[tuple, int] = {}
-        for st in self._all_states():
-            if st.layer_id < 0:
-                continue
-            for (cid, fam), n in st.writes.copy().items():
-                t = self._ctx_labels[cid][0]
-                k = (t, self._layer_names[st.layer_id], fam, self.replica)
-                out[k] = out.get(k, 0) + n
-        return out
-
     def request_totals(self) -> dict[tuple, list]:
-        """(tenant, exp, variant, model, replica, sla) -> [requests, gpu_s, conversions, value]."""
+        """``records.REQUEST_LABELS`` values (sla_met last) -> the request sums
+        (``records.REQUESTS.measures``: requests, gpu_s, conversions, value)."""
         out: dict[tuple, list] = {}
+        nm = len(records.REQUESTS.measures)
         for st in self._all_states():
-            for (cid, sla), r in st.req.copy().items():
-                t, exp, var, model, _ = self._ctx_labels[cid]
-                k = (t, exp, var, model, self.replica, sla)
-                acc = out.setdefault(k, [0, 0.0, 0, 0.0])
-                for i in range(4):
+            for k, r in st.req.copy().items():
+                acc = out.setdefault(self._label("req", -1, k), [0, 0.0, 0, 0.0])
+                for i in range(nm):
                     acc[i] += r[i]
         return out
 
     def histogram_totals(self) -> dict[tuple[int, tuple], list]:
-        """(histogram index, REQUEST_LABELS values + (layer,)) -> [bucket counts..., +Inf, sum, count].
+        """(histogram index, ``HISTOGRAM_LABELS`` values) -> [bucket counts..., +Inf, sum, count].
 
         The layer is "" for request histograms and the cache layer for load durations."""
         out: dict[tuple, list] = {}
         for st in self._all_states():
-            layer = self._layer_names[st.layer_id] if st.layer_id >= 0 else ""
-            for (i, cid), h in st.hist.copy().items():
-                t, exp, var, model, _ = self._ctx_labels[cid]
-                k = (i, (t, exp, var, model, self.replica, layer))
+            for hk, h in st.hist.copy().items():
+                k = (hk[0], self._label("hist", st.layer_id, hk))
                 acc = out.get(k)
                 if acc is None:
                     out[k] = list(h)
@@ -678,9 +556,11 @@ class Aggregator:
     def take_buffers(self, settle: bool) -> tuple[dict[int, dict], dict[tuple, list]]:
         """Swap out hot-key sketches and unit records, merged across threads.
 
-        Unit records come keyed ``(experiment, variant, unit, layer)``: per
-        layer ``[lookups, hits]``, and with layer ``""`` the request-level
-        record (``UNIT_FIELDS`` order, then the latency histogram).
+        Hot keys come keyed by sketch scope (:meth:`hot_scope`). Unit records
+        come keyed ``(experiment, variant, unit, layer)``: per layer
+        ``[lookups, hits]`` (``records.AB_LOOKUPS`` measures), and with layer
+        ``""`` the request-level record (``records.UNIT_SUMS``, then the
+        latency histogram).
 
         With ``settle=False`` (other threads may be recording) each thread is
         asked to hand its buffers over at its next record, so no increment is
@@ -688,6 +568,20 @@ class Aggregator:
         ``_IDLE_S`` has its buffers taken, and they are read ``_IDLE_S`` later.
         ``settle=True`` takes everything now (single-threaded callers, shutdown).
         """
+        ready = self._ready_buffers(settle)
+        hot_out: dict[int, dict] = {}
+        units_out: dict[tuple, list] = {}
+        for layer_id, hot, units in ready:
+            hotkeys.merge(hot_out, layer_id, hot)
+            self._merge_units(units_out, layer_id, units)
+        for layer, n in hotkeys.cross_tenant_reads(hot_out, self._layer_names.__getitem__).items():
+            self.cross_tenant[layer] = self.cross_tenant.get(layer, 0) + n
+        hotkeys.top_k(hot_out, self.hot_k)
+        return hot_out, units_out
+
+    def _ready_buffers(self, settle: bool) -> list[tuple[int, dict, dict]]:
+        """(layer id, hot-key sketches, unit records) handed over by the threads,
+        or taken from idle ones (read ``_IDLE_S`` after they were taken)."""
         now = time.monotonic()
         self._units_n = 0
         ready: list[tuple[int, dict, dict]] = []
@@ -696,19 +590,16 @@ class Aggregator:
             while st.outbox:
                 ready.append((st.layer_id, *st.outbox.pop()))
             if settle:
-                forced.append((now, st.layer_id, st.hot, st.units, st.hbuf))
-                st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
+                forced.append(self._take(st, now))
             elif st.swap:
                 if now - st.unanswered > _IDLE_S:  # the thread is idle: take its buffers ourselves
                     with st.lock:
                         if st.swap:
-                            forced.append((now, st.layer_id, st.hot, st.units, st.hbuf))
-                            st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
+                            forced.append(self._take(st, now))
             else:
                 st.unanswered = now
                 st.swap = True
         with self._lock:
-            # Buffers taken from under an idle thread are read _IDLE_S later.
             pool = self._retired + forced
             if settle:
                 taken, self._retired = pool, []
@@ -719,82 +610,74 @@ class Aggregator:
             if layer_id >= 0 and hbuf:
                 self._sketch(layer_id, hot, hbuf)
             ready.append((layer_id, hot, units))
-        hot_out: dict[int, dict] = {}
-        units_out: dict[tuple, list] = {}
-        for layer_id, hot, units in ready:
-            for tid, sk in hot.items():
-                hk = (tid << 12) | layer_id
-                acc = hot_out.setdefault(hk, {})
-                for key, e in sk.items():
-                    a = acc.get(key)
-                    if a is None:
-                        acc[key] = list(e)
-                    else:  # the same key seen by two threads
-                        a[1] += e[1]
-                        a[2] += e[2]
-                        a[3] = max(a[3], e[3])
-                        a[0] = a[1] + a[2] + a[3]
-            layer = self._layer_names[layer_id] if layer_id >= 0 else ""
-            packed = layer_id >= 0
-            for uk, u in units.items():
-                k = uk + (layer,)
-                if packed:
-                    u = (u & _LOW, u >> 32)
-                else:
-                    u = memoryview(u).cast("d").tolist()
-                a = units_out.get(k)
-                if a is None:
-                    units_out[k] = list(u)
-                else:
-                    for j, v in enumerate(u):
-                        a[j] += v
-        # Cross-tenant reads: one key in several tenants' sketches of a layer.
-        owners: dict[tuple, int] = {}
-        for hk, acc in hot_out.items():
-            layer = self._layer_names[hk & 0xFFF]
-            if layer in schema.SHARED_LAYERS:
-                continue
-            for key in acc:
-                owners[(layer, key)] = owners.get((layer, key), 0) + 1
-        for (layer, _), n in owners.items():
-            if n > 1:
-                self.cross_tenant[layer] = self.cross_tenant.get(layer, 0) + n - 1
-        # Keep the top K per sketch.
-        for hk, acc in hot_out.items():
-            if len(acc) > self.hot_k:
-                hot_out[hk] = {e[5]: e for e in heapq.nlargest(self.hot_k, acc.values(), key=_est)}
-        for k, u in units_out.items():
-            if not k[3]:  # request-level record: counts back to ints
-                for j in _INT_FIELDS:
-                    u[j] = int(u[j])
-                for j in range(_NU, len(u)):
-                    u[j] = int(u[j])
-        return hot_out, units_out
+        return ready
+
+    @staticmethod
+    def _take(st: _ThreadState, now: float) -> tuple[float, int, dict, dict, dict]:
+        out = (now, st.layer_id, st.hot, st.units, st.hbuf)
+        st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
+        return out
+
+    def _merge_units(self, out: dict[tuple, list], layer_id: int, units: dict) -> None:
+        """Add one thread's unit records to ``out``: per layer unpacked to
+        [lookups, hits]; request-level records to numbers (counts as ints)."""
+        layer = self._layer_names[layer_id] if layer_id >= 0 else ""
+        for uk, u in units.items():
+            k = uk + (layer,)
+            if layer_id >= 0:
+                vals = list(unpack_layer_unit(u))
+            else:
+                vals = memoryview(u).cast("d").tolist()
+                for j in _UNIT_INT:
+                    vals[j] = int(vals[j])
+            a = out.get(k)
+            if a is None:
+                out[k] = vals
+            else:
+                for j, v in enumerate(vals):
+                    a[j] += v
 
     def hot_scope(self, hk: int) -> tuple[str, str]:
-        return self._tenant_names[hk >> 12], self._layer_names[hk & 0xFFF]
+        """(tenant, layer) of a hot-key sketch scope."""
+        tid, lid = hotkeys.scope_ids(hk)
+        return self._tenant_names[tid], self._layer_names[lid]
 
 
-_est = operator.itemgetter(0)
-_MAX_LAYER_ID = 4000  # hot-key scope ids pack the layer id in 12 bits
+# The interned request label set, in this order (intern_context).
+_CTX = ("tenant", "experiment", "variant", "model", "length_bucket")
+# Histogram series labels: the ``histograms`` record's labels between metric and bounds.
+HISTOGRAM_LABELS = tuple(c for c in records.HISTOGRAMS.labels if c not in ("metric", "bounds"))
 _CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
-_HIT_INC = 1 + (1 << 32)  # one lookup that hit, in a packed per-layer unit count
-_LOW = (1 << 32) - 1
-_INT_FIELDS = (0, 1, 2, 6, 9)  # lookups, hits, requests, conversions, sla_met
-_BATCH = 2048  # buffered hot-key reads per (thread, layer, tenant, result)
+# A unit's lookups and hits in one layer, packed in one int: lookups + hits << 32.
+_SHIFT = 32
+_LOW = (1 << _SHIFT) - 1
+_HIT_INC = 1 + (1 << _SHIFT)  # one lookup that hit
+
+
+def pack_layer_unit(lookups: int, hits: int) -> int:
+    return lookups + (hits << _SHIFT)
+
+
+def unpack_layer_unit(packed: int) -> tuple[int, int]:
+    """(lookups, hits) in ``records.AB_LOOKUPS`` measure order."""
+    out = [0, 0]
+    out[L_LOOKUPS], out[L_HITS] = packed & _LOW, packed >> _SHIFT
+    return out[0], out[1]
+
+
+# Integer fields of the request-level unit record (counts, histogram buckets).
+_UNIT_INT = tuple(i for i, c in enumerate(records.UNIT_SUMS + records.UNIT_HIST)
+                  if records.AB_UNITS.columns[records.AB_UNITS.index(c)].type == records.INTEGER)
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.
 _IDLE_S = 2.0
-
-
-
 
 
 _UNIT_BYTES = 8 * (_NU + len(UNIT_BUCKETS) + 1)
 
 
 def _new_unit() -> bytearray:
-    """A request-level unit record: UNIT_FIELDS then the latency histogram,
+    """A request-level unit record: records.UNIT_SUMS then the latency histogram,
     as doubles in a bytearray (not tracked by the GC, so a million buffered
     units add nothing to a collection's pause; counts become ints at take)."""
     return bytearray(_UNIT_BYTES)

@@ -62,6 +62,25 @@ class RequestContext:
         self.ukey = (self.experiment, self.variant, self.unit) if (self.unit and self.experiment) else None
 
 
+# The installed pipeline, as collectors.pipeline provides it (set when that
+# module loads; importing any collectors module loads it first). Kept as a
+# hook so this module needs no import of the pipeline.
+_installed: Callable[[], Any] | None = None
+
+
+def set_installed_telemetry(provider: Callable[[], Any]) -> None:
+    global _installed
+    _installed = provider
+
+
+def _telemetry(given: Any) -> Any:
+    if given is not None:
+        return given
+    if _installed is None:  # pragma: no cover - the package __init__ loads the pipeline
+        raise RuntimeError("no warmscope pipeline: import warmscope.collectors")
+    return _installed()
+
+
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
     "warmscope_request_context", default=None
 )
@@ -82,17 +101,15 @@ def request_context(
     telemetry: Any = None,
 ) -> Iterator[RequestContext]:
     """Label every lookup and request record inside the block."""
-    from .pipeline import current_telemetry
-
     token = None
     ctx = None
     try:  # labelling must never break the request it labels
-        tel = telemetry or current_telemetry()
+        tel = _telemetry(telemetry)
         ctx = RequestContext(tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens)
         token = _current.set(ctx)
     except Exception as e:
         try:
-            tel = telemetry or current_telemetry()
+            tel = _telemetry(telemetry)
             tel.aggregator.count_error("record", "request context", e)
             ctx = tel.default_context  # unlabelled, but the block runs
         except Exception:  # pragma: no cover

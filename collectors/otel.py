@@ -51,7 +51,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import schema
-from .aggregator import HISTOGRAMS, Aggregator
+from .aggregator import HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
+from .records import COLUMN_ATTRS
 
 __all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE", "build_provider",
            "stop_server"]
@@ -118,9 +119,8 @@ def _histogram_metrics(agg: Aggregator, start_ns: int) -> list[Metric]:
     now = time.time_ns()
     per: dict[int, list[HistogramDataPoint]] = {}
     for (i, labels), h in agg.histogram_totals().items():
-        attrs = dict(zip(schema.REQUEST_LABELS, labels[:5]))
-        if labels[5]:
-            attrs[schema.ATTR.LAYER] = labels[5]
+        # The layer only on per-layer histograms (load durations).
+        attrs = {COLUMN_ATTRS[c]: v for c, v in zip(HISTOGRAM_LABELS, labels) if v or c != "layer"}
         if HISTOGRAMS[i][0] is schema.TOKEN_USAGE:
             attrs[schema.ATTR.TOKEN_TYPE] = "input"
         per.setdefault(i, []).append(HistogramDataPoint(

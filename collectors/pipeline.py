@@ -31,11 +31,13 @@ import uuid
 from collections import defaultdict, deque
 from typing import Any, Callable
 
-from . import schema
+from . import records, schema
 from .aggregator import HISTOGRAMS, Aggregator
+from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .config import CollectorConfig, ConfigError
-from .context import RequestContext, _current
+from .context import RequestContext, _current, set_installed_telemetry
 from .keys import KeyHasher, TenantBucketer
+from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row
 
 __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_together"]
@@ -402,8 +404,8 @@ class Telemetry:
             last = self._last["requests"]
             for k, v in cur.items():
                 p = last.get(k, (0, 0.0, 0, 0.0))
-                if v[0] != p[0]:
-                    store_b["requests"].append((now, *k, v[0] - p[0], v[1] - p[1], v[2] - p[2], v[3] - p[3]))
+                if v[R_REQUESTS] != p[R_REQUESTS]:
+                    store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
             new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
             cur = agg.histogram_totals()
             last = self._last["hist"]
@@ -441,7 +443,7 @@ class Telemetry:
                 agg.count_dropped("redis" if self.redis_sink is not None else "store", n)
             while agg.events:
                 kind, rec = agg.events.popleft()
-                side["warmup_runs"].append(tuple(rec.get(c) for c in _RUN_COLS))
+                side["warmup_runs"].append(tuple(rec.get(c) for c in RUN_COLUMNS))
             return store_b, redis_b, new_last
         if side_now:
             self._last_side = now
@@ -452,16 +454,17 @@ class Telemetry:
             for hk, sk in hot.items():
                 tenant, layer = agg.hot_scope(hk)
                 for key, e in sk.items():
-                    if e[1] + e[2] >= 2:  # a key read once in a flush window is not hot
-                        side["hot_keys"].append((win, tenant, layer, h(key), e[4], e[1], e[2], e[3]))
+                    if e[E_HITS] + e[E_MISSES] >= 2:  # a key read once in a flush window is not hot
+                        side["hot_keys"].append(
+                            (win, tenant, layer, h(key), e[E_FAMILY], e[E_HITS], e[E_MISSES], e[E_ERR]))
         for (exp, var, unit, layer), u in units.items():
-            if layer:
-                side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, u[0], u[1]))
-            else:
-                side["ab_units"].append((exp, var, self.hasher.hash(unit), now, now, *u[2:]))
+            if layer:  # records.AB_LOOKUPS: keys, layer, lookups, hits
+                side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, *u))
+            else:  # records.AB_UNITS: keys, first_ts, last_ts, sums, histogram
+                side["ab_units"].append((exp, var, self.hasher.hash(unit), now, now, *u))
         while agg.events:
             kind, rec = agg.events.popleft()
-            side["warmup_runs"].append(tuple(rec.get(c) for c in _RUN_COLS))
+            side["warmup_runs"].append(tuple(rec.get(c) for c in RUN_COLUMNS))
         if side_now:
             self._export_warmed(now, side)
         self._export_early(now, side)
@@ -545,8 +548,6 @@ class Telemetry:
 
 
 _POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges")
-_RUN_COLS = ("run_id", "replica", "tenant", "layer", "strategy", "trigger", "started", "ended",
-             "status", "keys", "bytes", "gpu_s", "memory_bytes", "error")
 
 def flush_together(telemetries: list[Telemetry], now: float | None = None) -> None:
     """Flush pipelines that share one store in one transaction each store.
@@ -667,6 +668,9 @@ def current_telemetry() -> Telemetry:
             if _installed is None:
                 _installed = _build(None, {})
     return _installed
+
+
+set_installed_telemetry(current_telemetry)
 
 
 def shutdown() -> None:

@@ -30,8 +30,9 @@ import json
 import uuid
 from typing import Any
 
-from .aggregator import UNIT_FIELDS
-from .store import _H
+from .records import RUN_COLUMNS as _RUN_COLS
+from .records import UNIT_FIELDS
+from .records import UNIT_HIST as _H
 
 __all__ = ["RedisSink", "PREFIX", "RUN_TTL_S"]
 
@@ -160,8 +161,6 @@ class RedisSink:
         for exp in {t[0] for t in touched}:
             p.expire(f"{PREFIX}:ab:{exp}:units", RUN_TTL_S)
             p.sadd(f"{PREFIX}:ab:experiments", exp)
-        from .pipeline import _RUN_COLS
-
         for row in batches.get("warmup_runs", ()):
             rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row)}
             key = f"{PREFIX}:run:{rec['run_id']}"

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import records
+from .records import ATTR, DURATION_BUCKETS, prom_label
+
 __all__ = [
     "Instrument",
     "ATTR",
     "RESULTS",
-    "CONVENTIONAL_LAYERS",
     "WARMUP_STATUSES",
     "TELEMETRY_STAGES",
     "OTHER",
@@ -58,6 +60,7 @@ __all__ = [
     "INSTRUMENTS",
     "LOOKUP_LABELS",
     "REQUEST_LABELS",
+    "WRITE_LABELS",
     "WARMUP_LABELS",
     "TTFT_BUCKETS",
     "DURATION_BUCKETS",
@@ -77,29 +80,7 @@ class Instrument:
     attributes: tuple[str, ...]
 
 
-class ATTR:
-    """Attribute keys (OTel style). Prometheus labels: dots -> underscores."""
-
-    TENANT = "warmscope.tenant"
-    LAYER = "warmscope.cache.layer"
-    RESULT = "warmscope.cache.result"
-    FAMILY = "warmscope.key.family"
-    EXPERIMENT = "warmscope.experiment"
-    VARIANT = "warmscope.variant"
-    MODEL = "gen_ai.request.model"
-    REPLICA = "warmscope.replica"
-    LENGTH_BUCKET = "warmscope.prompt.length_bucket"
-    TOKEN_TYPE = "gen_ai.token.type"
-    SLA_MET = "warmscope.sla.met"
-    STRATEGY = "warmscope.warmup.strategy"
-    TRIGGER = "warmscope.warmup.trigger"
-    STATUS = "warmscope.warmup.status"
-    STAGE = "warmscope.telemetry.stage"
-    LABEL = "warmscope.telemetry.label"
-
-
 RESULTS = ("hit", "miss", "bypass", "error")
-CONVENTIONAL_LAYERS = ("weights", "lora", "prefix_kv", "embedding", "response", "tokenizer")
 WARMUP_STATUSES = ("running", "ok", "error", "cancelled")
 # Where an instrumentation failure happened (self-metric attribute values).
 TELEMETRY_STAGES = ("record", "hook", "flush", "store", "redis", "export", "config")
@@ -107,24 +88,14 @@ OTHER = "other"  # tenant / family overflow bucket
 UNKNOWN = "unknown"  # a dimension the caller did not set
 NONE = ""  # experiment/variant when not in an experiment
 
-# The dimensions root-cause analysis drills into, in label-tuple order.
-LOOKUP_LABELS = (
-    ATTR.TENANT,
-    ATTR.LAYER,
-    ATTR.FAMILY,
-    ATTR.RESULT,
-    ATTR.EXPERIMENT,
-    ATTR.VARIANT,
-    ATTR.MODEL,
-    ATTR.REPLICA,
-    ATTR.LENGTH_BUCKET,
-)
-REQUEST_LABELS = (ATTR.TENANT, ATTR.EXPERIMENT, ATTR.VARIANT, ATTR.MODEL, ATTR.REPLICA)
+# Attribute keys of each series, in the label order of its record (collectors.records).
+LOOKUP_LABELS = records.LOOKUPS.attrs
+REQUEST_LABELS = tuple(a for a in records.REQUESTS.attrs if a != ATTR.SLA_MET)
+WRITE_LABELS = records.WRITES.attrs
 WARMUP_LABELS = (ATTR.TENANT, ATTR.LAYER, ATTR.STRATEGY, ATTR.TRIGGER, ATTR.REPLICA)
 
 # Fixed histogram buckets: the GenAI semantic conventions' advice.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 
 CACHE_LOOKUPS = Instrument(
@@ -133,7 +104,7 @@ CACHE_LOOKUPS = Instrument(
 )
 CACHE_WRITES = Instrument(
     "warmscope.cache.writes", "counter", "{write}",
-    "Cache writes (set, insert, warm-up fill).", (ATTR.TENANT, ATTR.LAYER, ATTR.FAMILY, ATTR.REPLICA),
+    "Cache writes (set, insert, warm-up fill).", WRITE_LABELS,
 )
 TTFT = Instrument(
     "gen_ai.server.time_to_first_token", "histogram", "s",
@@ -240,10 +211,6 @@ def length_bucket(tokens: int | None) -> str:
         if tokens <= b:
             return str(b)
     return "inf"
-
-
-def prom_label(attr: str) -> str:
-    return attr.replace(".", "_")
 
 
 def prom_name(inst: Instrument) -> str:

@@ -30,7 +30,7 @@ import uuid
 from typing import Any
 
 from . import schema
-from .aggregator import WarmedKey
+from .warm_tracking import WarmedKey
 
 __all__ = ["WarmupRun"]
 

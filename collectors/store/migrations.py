@@ -1,0 +1,47 @@
+"""Upgrades of older embedded stores, one step per schema version.
+
+``MIGRATIONS[v](con)`` brings a store from version ``v`` to ``v + 1`` inside
+the caller's transaction. Adding a field to a record in
+:mod:`collectors.records` needs a step here (e.g. ``ALTER TABLE t ADD COLUMN
+c ... DEFAULT ...``) and ``layout.SCHEMA_VERSION`` raised by one."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+from .. import ab_moments as _m
+from .. import records
+from .layout import DDL, q, rollup_ddl
+from .writer import backfill_rollups
+
+__all__ = ["MIGRATIONS"]
+
+
+def _migrate_2_to_3(con: sqlite3.Connection) -> None:
+    """Schema 2 kept one A/B row per unit per flush window; 3 keeps one per
+    unit: fold the old rows into the new tables (nothing is lost)."""
+    sums = ", ".join(f"sum({q(c)})" for c in records.AB_UNITS.measures)
+    keys = ", ".join(records.UNIT_KEYS)
+    con.execute("ALTER TABLE ab_units RENAME TO ab_units_v2")
+    con.execute("ALTER TABLE ab_lookups RENAME TO ab_lookups_v2")
+    for stmt in DDL.split(";"):
+        if "TABLE IF NOT EXISTS ab_" in stmt:
+            con.execute(stmt)
+    con.execute(f"INSERT INTO ab_units SELECT {keys}, min(first_ts), max(last_ts), {sums} "
+                f"FROM ab_units_v2 GROUP BY {keys}")
+    con.execute(f"INSERT INTO ab_lookups SELECT {keys}, layer, sum(lookups), sum(hits) "
+                f"FROM ab_lookups_v2 GROUP BY {keys}, layer")
+    con.execute("DROP TABLE ab_units_v2")
+    con.execute("DROP TABLE ab_lookups_v2")
+    for stmt in _m.ddl().split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    _m.rebuild_sql(con)
+    for stmt in rollup_ddl().split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    backfill_rollups(con)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3}

@@ -1,0 +1,356 @@
+"""The embedded store's write path: one transaction per batch of rows.
+
+Appends, upserts and replaces as each record declares (see
+:mod:`collectors.records`), the hourly rollups, and the A/B unit rows with
+their moments (:mod:`collectors.ab_moments`). Everything that needs no store
+access (folding a batch, staging A/B rows in temp tables) runs before the
+write lock."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any, Iterable, Sequence
+
+from .. import ab_moments as _m
+from .. import records
+from .layout import MEASURES, REPLACE, ROLLUP_S, TABLES, UPSERT, q
+
+__all__ = ["StoreWriter", "histogram_row", "backfill_rollups"]
+
+_AB_KEYS = records.UNIT_KEYS
+_AB_UNIT_COLS = records.AB_UNITS.cols
+_AB_LOOKUP_COLS = records.AB_LOOKUPS.cols
+_AB_SUMS = records.AB_UNITS.measures
+_NK = len(_AB_KEYS)  # key columns lead a unit row, then first_ts, last_ts, then the sums
+_FIRST, _LAST = records.AB_UNITS.index("first_ts"), records.AB_UNITS.index("last_ts")
+_LOOKUPS, _HITS = records.AB_LOOKUPS.index("lookups"), records.AB_LOOKUPS.index("hits")
+_AB_SELECT = 400  # keys per IN (...) lookup of existing rows
+
+
+class StoreWriter:
+    """Write methods of :class:`collectors.store.EmbeddedStore` (needs ``_con()``)."""
+
+    def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
+        raise NotImplementedError
+
+    def write(self, batches: dict[str, Sequence[Sequence[Any]]]) -> int:
+        """Write all batches in one transaction; returns rows written.
+
+        ``hot_keys``, ``ab_units`` and ``ab_lookups`` rows add to existing rows
+        (upsert); ``warmup_runs``, ``warmed_keys`` and ``early_keys`` rows
+        replace them; the rest append. ``lookups``, ``writes``, ``requests``
+        and ``histograms`` rows also add to their hourly rollups. The
+        transaction takes the write lock first (read-modify-write of A/B units
+        and rollups stays correct with several writer processes).
+        Raises sqlite3.Error on failure (the caller keeps the batch and retries).
+        """
+        con = self._con()
+        # Everything that needs no store access happens before the write lock.
+        ab = bool(batches.get("ab_units") or batches.get("ab_lookups"))
+        if ab:
+            staged = _stage_ab(con, batches.get("ab_units") or (), batches.get("ab_lookups") or ())
+        rollups = {t: fold_rollup(t, rows) for t, rows in batches.items() if rows and t in MEASURES}
+        n = 0
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            if ab:
+                _write_ab(con, *staged)
+                n += len(batches.get("ab_units") or ()) + len(batches.get("ab_lookups") or ())
+            for table, rows in batches.items():
+                if not rows or table in ("ab_units", "ab_lookups"):
+                    continue
+                con.executemany(_insert_sql(table), rows)
+                n += len(rows)
+            for table, acc in rollups.items():
+                write_rollup(con, table, acc)
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        return n
+
+    def write_faults(self, faults: Iterable[dict]) -> None:
+        rows = [
+            (f["trap"], json.dumps(f["scope"], sort_keys=True), f["start"], f["end"],
+             json.dumps(f.get("params", {}), sort_keys=True))
+            for f in faults
+        ]
+        self.write({"faults": rows})
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._con() as con:
+            con.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, value))
+
+
+_INSERT: dict[str, str] = {}
+
+
+def _insert_sql(table: str) -> str:
+    sql = _INSERT.get(table)
+    if sql is None:
+        cols = TABLES[table]
+        verb = "INSERT OR REPLACE INTO" if table in REPLACE else "INSERT INTO"
+        sql = _INSERT[table] = (f"{verb} {table}({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))})"
+                                + UPSERT.get(table, ""))
+    return sql
+
+
+# ------------------------------------------------------------------ A/B units
+def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: list[tuple]) -> dict[tuple, tuple]:
+    """Current rows of ``table`` for ``keys`` (experiment, variant, unit_hash[, layer]), by key."""
+    out: dict[tuple, tuple] = {}
+    by_ev: dict[tuple, list] = {}
+    for k in keys:
+        by_ev.setdefault(k[:2], []).append(k[2:])
+    nk = len(keys[0]) if keys else 3
+    sel = ", ".join(map(q, ("unit_hash", "layer")[:nk - 2] + tuple(cols)))
+    for (exp, var), rest in by_ev.items():
+        hashes = sorted({r[0] for r in rest})
+        for i in range(0, len(hashes), _AB_SELECT):
+            chunk = hashes[i:i + _AB_SELECT]
+            sql = (f"SELECT {sel} FROM {table} WHERE experiment = ? AND variant = ? "
+                   f"AND unit_hash IN ({', '.join('?' * len(chunk))})")
+            for row in con.execute(sql, (exp, var, *chunk)):
+                out[(exp, var) + tuple(row[:nk - 2])] = tuple(row[nk - 2:])
+    return out
+
+
+def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta, min_max: bool = False) -> None:
+    """Sum per-unit moment deltas by group and add them to ``table``."""
+    import numpy as np
+
+    index: dict[tuple, int] = {}
+    gid = np.array([index.setdefault(g, len(index)) for g in groups])
+    sums = np.zeros((len(index), delta.shape[1]))
+    np.add.at(sums, gid, delta)
+    if min_max:  # min_first / max_last are extrema, not sums
+        sums[:, 2] = np.inf
+        sums[:, 3] = -np.inf
+        np.minimum.at(sums[:, 2], gid, delta[:, 2])
+        np.maximum.at(sums[:, 3], gid, delta[:, 3])
+    width = len(next(iter(index))) + delta.shape[1]
+    con.executemany(_m.upsert_sql(table, f"VALUES({', '.join('?' * width)})"),
+                    [g + tuple(row) for g, row in zip(index, sums.tolist())])
+
+
+def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
+    """A batch's unit rows summed per unit and lookup rows per unit × layer
+    (a retried batch can repeat a unit)."""
+    ukeys = {r[:_NK] for r in unit_rows}
+    lkeys = {r[:_NK + 1] for r in lookup_rows}
+    if len(ukeys) == len(unit_rows) and len(lkeys) == len(lookup_rows):  # the usual case: nothing to fold
+        return [tuple(r) for r in unit_rows], [tuple(r) for r in lookup_rows]
+    nf = len(_AB_SUMS)
+    s0 = _LAST + 1  # first sum
+    add: dict[tuple, list] = {}
+    for r in unit_rows:
+        k = tuple(r[:_NK])
+        a = add.get(k)
+        if a is None:
+            add[k] = list(r[_NK:])
+        else:
+            a[0], a[1] = min(a[0], r[_FIRST]), max(a[1], r[_LAST])
+            for i in range(nf):
+                a[2 + i] += r[s0 + i]
+    ladd: dict[tuple, list] = {}
+    for r in lookup_rows:
+        k = tuple(r[:_NK + 1])
+        a = ladd.get(k)
+        if a is None:
+            ladd[k] = [r[_LOOKUPS], r[_HITS]]
+        else:
+            a[0] += r[_LOOKUPS]
+            a[1] += r[_HITS]
+    return [k + tuple(v) for k, v in add.items()], [k + tuple(v) for k, v in ladd.items()]
+
+
+def _stage_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> tuple[list, list]:
+    """Fold a batch's A/B rows and copy them into connection-private temp
+    tables; touches no shared table, so it runs before the write lock.
+    Returns the folded unit and lookup rows."""
+    units, lookups = _fold_ab(unit_rows, lookup_rows)
+    con.executescript(
+        "DROP TABLE IF EXISTS temp._ab_t; DROP TABLE IF EXISTS temp._ab_lt;\n"
+        f"CREATE TEMP TABLE _ab_t({', '.join(map(q, _AB_UNIT_COLS))}, PRIMARY KEY({', '.join(_AB_KEYS)}));\n"
+        f"CREATE TEMP TABLE _ab_lt({', '.join(map(q, _AB_LOOKUP_COLS))});\n")
+    con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", units)
+    con.executemany(f"INSERT INTO _ab_lt VALUES({', '.join('?' * len(_AB_LOOKUP_COLS))})", lookups)
+    con.commit()
+    return units, lookups
+
+
+def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
+    """Add the staged unit records (``units`` / ``lookups``: the folded rows
+    also staged in ``_ab_t`` / ``_ab_lt``) to their units' rows, and to the A/B moments
+    ``f(new totals) − f(old totals)`` (see :mod:`collectors.ab_moments`):
+    one row per unit and per unit × layer. A unit with lookups but no
+    request record gets an all-zero unit row, so every unit is counted once.
+    Runs under the write lock (it reads the rows it adds to)."""
+    keys = ", ".join(_AB_KEYS)
+    on = " AND ".join(f"u.{k} = t.{k}" for k in _AB_KEYS)
+    now = max((r[_LAST] for r in units), default=None)
+    if now is None:
+        now = time.time()
+    zero = con.execute(f"SELECT DISTINCT {keys} FROM _ab_lt t WHERE NOT EXISTS (SELECT 1 FROM _ab_t u WHERE {on}) "
+                       f"AND NOT EXISTS (SELECT 1 FROM main.ab_units u WHERE {on})").fetchall()
+    if zero:
+        zrows = [k + (now, now) + (0,) * len(_AB_SUMS) for k in zero]
+        con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", zrows)
+        units = units + zrows
+    bucket_by = _unit_moments(con, units, on) if units else {}
+    sets = ", ".join(["first_ts = min(first_ts, excluded.first_ts)", "last_ts = max(last_ts, excluded.last_ts)"]
+                     + [f"{q(c)} = {q(c)} + excluded.{q(c)}" for c in _AB_SUMS])
+    cols = ", ".join(map(q, _AB_UNIT_COLS))
+    con.execute(f"INSERT INTO main.ab_units({cols}) SELECT {cols} FROM _ab_t WHERE true "
+                f"ON CONFLICT({keys}) DO UPDATE SET {sets}")
+    if lookups:
+        _layer_moments(con, lookups, on, bucket_by)
+    lcols = ", ".join(map(q, _AB_LOOKUP_COLS))
+    con.execute(f"INSERT INTO main.ab_lookups({lcols}) "
+                f"SELECT * FROM _ab_lt WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
+                "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
+    con.execute("DROP TABLE temp._ab_t")
+    con.execute("DROP TABLE temp._ab_lt")
+
+
+def _unit_moments(con: sqlite3.Connection, units: list, on: str) -> dict[tuple, float]:
+    """Add f(new) − f(old) of each staged unit to ``ab_moments``; returns each unit's bucket."""
+    import numpy as np
+
+    # Old totals of the units that exist already (most units are new), f(new) − f(old) in numpy.
+    cols_o = ", ".join(f"u.{q(c)}" for c in _AB_UNIT_COLS)
+    old_rows = {tuple(r[:_NK]): r[_NK:] for r in con.execute(
+        f"SELECT {cols_o} FROM _ab_t t JOIN main.ab_units u ON {on}")}
+    nv = len(_AB_UNIT_COLS) - _NK
+    d = np.array([r[_NK:] for r in units], dtype=float)
+    o = np.zeros_like(d)
+    present = np.zeros(len(units))
+    if old_rows:
+        idx = [i for i, r in enumerate(units) if r[:_NK] in old_rows]
+        o[idx] = np.array([old_rows[units[i][:_NK]] for i in idx], dtype=float).reshape(-1, nv)
+        present[idx] = 1
+    new = o + d
+    new[:, 0] = np.where(present > 0, np.minimum(o[:, 0], d[:, 0]), d[:, 0])
+    new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
+    delta = _m.contributions(new, np.ones(len(units))) - _m.contributions(o, present)
+    delta[:, 2], delta[:, 3] = new[:, 0], new[:, 1]  # extrema: combined with min / max
+    buckets = _m.bucket_of(np.where(present > 0, o[:, 0], d[:, 0])).tolist()
+    _add_moments(con, "ab_moments", [r[:2] + (b,) for r, b in zip(units, buckets)], delta, min_max=True)
+    return {r[:_NK]: b for r, b in zip(units, buckets)}
+
+
+def _layer_moments(con: sqlite3.Connection, lookups: list, on: str, bucket_by: dict) -> None:
+    """Layer moments the same way: old per-layer totals of existing unit × layer rows only."""
+    import numpy as np
+
+    lold = {tuple(r[:_NK + 1]): r[_NK + 1:] for r in con.execute(
+        f"SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits FROM _ab_lt t "
+        f"JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} AND o.layer = t.layer")}
+    missing = list({r[:_NK] for r in lookups if r[:_NK] not in bucket_by})
+    if missing:  # units whose unit row came in an earlier batch
+        for k, (first,) in _existing(con, "ab_units", ("first_ts",), missing).items():
+            bucket_by[k] = float(_m.bucket_of(np.array([first]))[0])
+    t = np.array([(r[_LOOKUPS], r[_HITS]) for r in lookups], dtype=float)
+    if lold:
+        o = np.array([lold.get(r[:_NK + 1], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
+        present = np.array([r[:_NK + 1] in lold for r in lookups], dtype=float)
+    else:  # all new unit × layer rows
+        o, present = np.zeros((len(lookups), 2)), np.zeros(len(lookups))
+    delta = (_m.layer_contributions(o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups)))
+             - _m.layer_contributions(o[:, 0], o[:, 1], present))
+    _add_moments(con, "ab_layer_moments", [r[:2] + (bucket_by[r[:_NK]], r[_NK]) for r in lookups], delta)
+
+
+# -------------------------------------------------------------------- rollups
+def _hour(ts: float) -> float:
+    return float(-(-ts // ROLLUP_S) * ROLLUP_S)  # the end of the hour holding ts (a flush's ts ends its interval)
+
+
+_HC = records.HISTOGRAMS.index("counts")  # histogram rows: ts, metric, labels, bounds, counts, sum, total
+_HS, _HT = records.HISTOGRAMS.index("sum"), records.HISTOGRAMS.index("total")
+
+
+def fold_rollup(table: str, rows) -> dict[tuple, list]:
+    """Rows summed by (hour, labels); no store access (runs before the lock)."""
+    acc: dict[tuple, list] = {}
+    if table == "histograms":
+        for r in rows:
+            k = (_hour(r[0]), *r[1:_HC])
+            c = json.loads(r[_HC])
+            a = acc.get(k)
+            if a is None:
+                acc[k] = [c, r[_HS], r[_HT]]
+            else:
+                a[0] = [x + y for x, y in zip(a[0], c)]
+                a[1] += r[_HS]
+                a[2] += r[_HT]
+        return acc
+    nm = len(MEASURES[table])
+    nd = len(TABLES[table]) - nm  # the time column and labels come first, measures last
+    for r in rows:
+        k = (_hour(r[0]), *r[1:nd])
+        a = acc.get(k)
+        if a is None:
+            acc[k] = list(r[nd:])
+        else:
+            for i in range(nm):
+                a[i] += r[nd + i]
+    return acc
+
+
+def write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple, list]) -> None:
+    cols = TABLES[table]
+    if table == "histograms":
+        hours = sorted({k[0] for k in acc})
+        for row in con.execute(f"SELECT {', '.join(map(q, cols))} FROM histograms_1h "
+                               f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
+            a = acc.get(tuple(row[:_HC]))
+            if a is not None:
+                a[0] = [x + y for x, y in zip(a[0], json.loads(row[_HC]))]
+                a[1] += row[_HS]
+                a[2] += row[_HT]
+        con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(q, cols))}) "
+                        f"VALUES({', '.join('?' * len(cols))})",
+                        [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()])
+        return
+    meas = MEASURES[table]
+    nd = len(cols) - len(meas)
+    sets = ", ".join(f"{q(m)} = {q(m)} + excluded.{q(m)}" for m in meas)
+    con.executemany(f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))}) "
+                    f"ON CONFLICT({', '.join(map(q, cols[:nd]))}) DO UPDATE SET {sets}",
+                    [k + tuple(v) for k, v in acc.items()])
+
+
+def backfill_rollups(con: sqlite3.Connection) -> None:
+    """Rebuild the hourly rollups from the per-flush rows (upgrades)."""
+    for table, meas in MEASURES.items():
+        con.execute(f"DELETE FROM {table}_1h")
+        if table == "histograms":
+            cur = con.execute(f"SELECT {', '.join(map(q, TABLES[table]))} FROM histograms ORDER BY ts")
+            while True:
+                chunk = cur.fetchmany(50_000)
+                if not chunk:
+                    break
+                write_rollup(con, "histograms", fold_rollup("histograms", chunk))
+            continue
+        cols = TABLES[table]
+        dims = [c for c in cols if c not in meas]
+        x = f"(ts / {ROLLUP_S})"
+        hour = f"(CAST({x} AS INTEGER) + ({x} > CAST({x} AS INTEGER))) * {ROLLUP_S}"  # ceil, for ts > 0
+        con.execute(f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) SELECT {hour}, "
+                    f"{', '.join(map(q, dims[1:]))}, {', '.join(f'sum({q(m)})' for m in meas)} FROM {table} "
+                    f"GROUP BY {hour}, {', '.join(map(q, dims[1:]))}")
+
+
+_BOUNDS_JSON: dict[tuple, str] = {}
+
+
+def histogram_row(ts: float, metric: str, labels: tuple, bounds: Sequence[float],
+                  counts: Sequence[int], total_sum: float, total: int) -> tuple:
+    """A ``histograms`` row (its columns in :data:`collectors.records.HISTOGRAMS` order)."""
+    bj = _BOUNDS_JSON.get(tuple(bounds))
+    if bj is None:
+        bj = _BOUNDS_JSON[tuple(bounds)] = json.dumps(list(bounds))
+    return (ts, metric, *labels, bj, ",".join(map(str, counts)).join("[]"), total_sum, total)
