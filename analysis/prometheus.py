@@ -31,26 +31,19 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from warmscope.collectors import records
+
 from .sources import SourceError
 
 __all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABELS", "ENGINE_FRAMES",
            "engine_kind"]
 
 # Canonical frame column -> Prometheus label (OTel attribute with dots -> underscores).
-LABELS = {
-    "tenant": "warmscope_tenant",
-    "layer": "warmscope_cache_layer",
-    "family": "warmscope_key_family",
-    "result": "warmscope_cache_result",
-    "experiment": "warmscope_experiment",
-    "variant": "warmscope_variant",
-    "model": "gen_ai_request_model",
-    "replica": "warmscope_replica",
-    "length_bucket": "warmscope_prompt_length_bucket",
-    "sla_met": "warmscope_sla_met",
-}
-_LOOKUP_COLS = ["tenant", "layer", "family", "result", "experiment", "variant", "model", "replica", "length_bucket"]
-_REQUEST_COLS = ["tenant", "experiment", "variant", "model", "replica", "sla_met"]
+# Canonical column -> Prometheus label, and the label columns of the lookup
+# and request series: derived from the record declarations.
+LABELS = dict(records.PROM_LABELS)
+_LOOKUP_COLS = list(records.LOOKUP_LABELS)
+_REQUEST_COLS = list(records.REQUEST_LABELS)
 _ESC = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

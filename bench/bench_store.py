@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from warmscope.collectors.store import _DDL, EmbeddedStore
+from warmscope.collectors.store import EmbeddedStore
+from warmscope.collectors.store.layout import DDL as _DDL
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ Example (tests)::
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
@@ -50,9 +50,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import schema
+from . import records, schema
 from .aggregator import HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
 from .records import COLUMN_ATTRS
+from .warm_tracking import S_BYTES, S_GPU_S, S_KEYS, S_RUNS
 
 __all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE", "build_provider",
            "stop_server"]
@@ -62,7 +63,15 @@ _CARDINALITY = 100_000  # our own caps bound series; the SDK default (2000) woul
 
 
 class _HistogramInjection:
-    """Mixin: appends the aggregator's histograms to each collection."""
+    """Mixin: appends the aggregator's histograms to each collection.
+
+    It overrides ``MetricReader._receive_metrics``, the method through which
+    the SDK hands every reader its collection. The name is private: the OTel
+    API has no observable histogram, and the Prometheus reader offers no
+    public hook into the data it translates, so no public route yields the
+    same series. ``pyproject.toml`` therefore pins the SDK and the Prometheus
+    exporter to the tested range, and ``tests/collectors/test_otel_sdk_contract.py``
+    fails when the method moves or changes shape."""
 
     _ws_aggs: list[tuple[Aggregator, int]] | None = None
 
@@ -270,62 +279,46 @@ class OTelBridge:
         return cb
 
     def _register(self, meter: Any) -> None:
+        """One observable instrument per schema instrument that the aggregator counts."""
+        for inst, fn in (*self._cache_series(), *self._request_series(), *self._warmup_series(),
+                         *self._self_series()):
+            create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
+                      "updown": meter.create_observable_up_down_counter}[inst.kind]
+            create(inst.name, [self._safe(fn)], unit=inst.unit, description=inst.description)
+
+    def _cache_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
-        L = schema.LOOKUP_LABELS
 
-        def lookups():
-            for k, n in agg.lookup_totals().items():
-                yield Observation(n, dict(zip(L, k)))
-
-        def writes():
-            for k, n in agg.write_totals().items():
-                yield Observation(n, dict(zip(schema.CACHE_WRITES.attributes, k)))
-
-        def req(idx: int, with_sla: bool):
+        def totals(read: Callable[[], dict], attrs: tuple[str, ...]):
             def gen():
-                acc: dict[tuple, float] = {}
-                for (*labels, sla), r in agg.request_totals().items():
-                    key = tuple(labels) + ((sla,) if with_sla else ())
-                    acc[key] = acc.get(key, 0) + r[idx]
-                attrs = schema.REQUEST_LABELS + ((schema.ATTR.SLA_MET,) if with_sla else ())
-                for key, v in acc.items():
-                    yield Observation(v, dict(zip(attrs, key)))
+                for k, n in read().items():
+                    yield Observation(n, dict(zip(attrs, k)))
             return gen
-
-        def warm(idx: int):
-            def gen():
-                acc: dict[tuple, float] = {}
-                for labels, sums in list(agg.warmup_counts.items()):
-                    k = labels if idx == 0 else labels[:-1]  # status only on the runs counter
-                    acc[k] = acc.get(k, 0) + sums[idx]
-                attrs = schema.WARMUP_LABELS + ((schema.ATTR.STATUS,) if idx == 0 else ())
-                for k, v in acc.items():
-                    yield Observation(v, dict(zip(attrs, k)))
-            return gen
-
-        def warm_read():
-            for labels, n in list(agg.warm_read.items()):
-                yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
 
         def cross():
             for layer, n in list(agg.cross_tenant.items()):
                 yield Observation(n, {schema.ATTR.LAYER: layer, schema.ATTR.REPLICA: agg.replica})
 
-        def active():
-            for labels, n in list(agg.warmup_active.items()):
-                yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
+        return [(schema.CACHE_LOOKUPS, totals(agg.lookup_totals, schema.LOOKUP_LABELS)),
+                (schema.CACHE_WRITES, totals(agg.write_totals, schema.WRITE_LABELS)),
+                (schema.CROSS_TENANT_KEYS, cross)]
 
-        def errors():
-            for stage, n in list(agg.errors.items()):
-                yield Observation(n, {schema.ATTR.STAGE: stage})
+    def _request_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
+        agg = self.agg
+        attrs_sla = schema.REQUESTS.attributes  # REQUEST_LABELS + sla_met: the request series' label order
 
-        def dropped():
-            for stage, n in agg.dropped_counts().items():
-                yield Observation(n, {schema.ATTR.STAGE: stage})
+        def req(measure: str, with_sla: bool):
+            idx = records.REQUESTS.measures.index(measure)
+            n = len(attrs_sla) if with_sla else len(attrs_sla) - 1
 
-        def overflow():
-            for label, n in agg.label_overflow().items():
-                yield Observation(n, {schema.ATTR.LABEL: label})
+            def gen():
+                acc: dict[tuple, float] = {}
+                for labels, r in agg.request_totals().items():
+                    key = labels[:n]
+                    acc[key] = acc.get(key, 0) + r[idx]
+                for key, v in acc.items():
+                    yield Observation(v, dict(zip(attrs_sla, key)))
+            return gen
 
         def gauge(name: str):
             def gen():
@@ -333,33 +326,47 @@ class OTelBridge:
                     yield Observation(agg.gauges[name], {schema.ATTR.REPLICA: agg.replica})
             return gen
 
-        def counter(inst: schema.Instrument, fn) -> None:
-            meter.create_observable_counter(inst.name, [self._safe(fn)], unit=inst.unit,
-                                            description=inst.description)
+        return [(schema.REQUESTS, req("requests", True)), (schema.GPU_TIME, req("gpu_s", False)),
+                (schema.CONVERSIONS, req("conversions", False)), (schema.CONVERSION_VALUE, req("value", False)),
+                (schema.GPU_MEMORY, gauge(schema.GPU_MEMORY.name))]
 
-        counter(schema.CACHE_LOOKUPS, lookups)
-        counter(schema.CACHE_WRITES, writes)
-        counter(schema.REQUESTS, req(0, True))
-        counter(schema.GPU_TIME, req(1, False))
-        counter(schema.CONVERSIONS, req(2, False))
-        counter(schema.CONVERSION_VALUE, req(3, False))
-        counter(schema.WARMUP_RUNS, warm(0))
-        counter(schema.WARMUP_KEYS, warm(1))
-        counter(schema.WARMUP_BYTES, warm(2))
-        counter(schema.WARMUP_GPU_TIME, warm(3))
-        counter(schema.TELEMETRY_ERRORS, errors)
-        counter(schema.TELEMETRY_DROPPED, dropped)
-        counter(schema.LABEL_OVERFLOW, overflow)
-        counter(schema.WARMUP_KEYS_READ, warm_read)
-        counter(schema.CROSS_TENANT_KEYS, cross)
-        meter.create_observable_gauge(
-            schema.GPU_MEMORY.name, [self._safe(gauge(schema.GPU_MEMORY.name))], unit=schema.GPU_MEMORY.unit,
-            description=schema.GPU_MEMORY.description,
-        )
-        meter.create_observable_up_down_counter(
-            schema.WARMUP_ACTIVE.name, [self._safe(active)], unit=schema.WARMUP_ACTIVE.unit,
-            description=schema.WARMUP_ACTIVE.description,
-        )
+    def _warmup_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
+        agg = self.agg
+
+        def warm(idx: int):
+            def gen():
+                acc: dict[tuple, float] = {}
+                for labels, sums in list(agg.warmup_counts.items()):
+                    k = labels if idx == S_RUNS else labels[:-1]  # status only on the runs counter
+                    acc[k] = acc.get(k, 0) + sums[idx]
+                attrs = schema.WARMUP_LABELS + ((schema.ATTR.STATUS,) if idx == S_RUNS else ())
+                for k, v in acc.items():
+                    yield Observation(v, dict(zip(attrs, k)))
+            return gen
+
+        def per_run(read: Callable[[], dict]):
+            def gen():
+                for labels, n in list(read().items()):
+                    yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
+            return gen
+
+        return [(schema.WARMUP_RUNS, warm(S_RUNS)), (schema.WARMUP_KEYS, warm(S_KEYS)),
+                (schema.WARMUP_BYTES, warm(S_BYTES)), (schema.WARMUP_GPU_TIME, warm(S_GPU_S)),
+                (schema.WARMUP_KEYS_READ, per_run(lambda: agg.warm_read)),
+                (schema.WARMUP_ACTIVE, per_run(lambda: agg.warmup_active))]
+
+    def _self_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
+        agg = self.agg
+
+        def by(read: Callable[[], dict], attr: str):
+            def gen():
+                for k, n in list(read().items()):
+                    yield Observation(n, {attr: k})
+            return gen
+
+        return [(schema.TELEMETRY_ERRORS, by(lambda: agg.errors, schema.ATTR.STAGE)),
+                (schema.TELEMETRY_DROPPED, by(agg.dropped_counts, schema.ATTR.STAGE)),
+                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL))]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop exporting; returns within about ``timeout_s`` even when the

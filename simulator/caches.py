@@ -15,7 +15,7 @@ __all__ = ["LRU"]
 
 
 class LRU:
-    __slots__ = ("cap", "ttl", "clock", "weigh", "used", "_d", "evictions")
+    __slots__ = ("cap", "ttl", "clock", "weigh", "used", "_d")
 
     def __init__(self, capacity: float, clock: Callable[[], float], ttl: float | None = None,
                  weigh: Callable[[Any], float] | None = None) -> None:
@@ -25,7 +25,6 @@ class LRU:
         self.weigh = weigh
         self.used = 0.0
         self._d: OrderedDict[Hashable, tuple[Any, float, float]] = OrderedDict()
-        self.evictions = 0
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         e = self._d.get(key)
@@ -49,7 +48,6 @@ class LRU:
         while self.used > self.cap and self._d:
             _, (_, _, ow) = self._d.popitem(last=False)
             self.used -= ow
-            self.evictions += 1
 
     __setitem__ = set
 
