@@ -166,7 +166,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
                 b = self._layers.get(layer)
             if b is None:
                 if length_buckets is None:
-                    length_buckets = layer == "prefix_kv"
+                    length_buckets = records.layer(layer).length_buckets
                 b = LayerBinding(
                     layer, len(self._layer_names),
                     FamilyNormaliser(self._family_rules, self._max_families, vocabulary=self._family_vocab),

@@ -19,7 +19,7 @@ import operator
 from collections import Counter
 from typing import Any, Callable
 
-from . import schema
+from . import records
 
 __all__ = ["HotKeySketch", "ENTRY", "E_EST", "E_HITS", "E_MISSES", "E_ERR", "E_FAMILY", "E_KEY", "BATCH",
            "scope", "merge", "cross_tenant_reads", "top_k"]
@@ -104,12 +104,12 @@ def merge(into: dict[int, dict], layer_id: int, hot: dict[int, dict]) -> None:
 
 
 def cross_tenant_reads(hot: dict[int, dict], layer_name: Callable[[int], str]) -> dict[str, int]:
-    """Per layer (outside ``schema.SHARED_LAYERS``): keys found in more than one
+    """Per layer (except layers declared shared in ``records.LAYERS``): keys found in more than one
     tenant's sketch, counted once per extra tenant."""
     owners: dict[tuple, int] = {}
     for sc, acc in hot.items():
         layer = layer_name(scope_ids(sc)[1])
-        if layer in schema.SHARED_LAYERS:
+        if records.layer(layer).shared:
             continue
         for key in acc:
             owners[(layer, key)] = owners.get((layer, key), 0) + 1

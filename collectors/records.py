@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ATTR", "DURATION_BUCKETS", "prom_label",
-    "Column", "Record", "RECORDS", "FRAMES",
+    "Column", "Record", "RECORDS", "FRAMES", "Layer", "LAYERS", "layer",
     "LOOKUPS", "WRITES", "REQUESTS", "HISTOGRAMS", "GAUGES", "WARMUP_RUNS", "WARMED_KEYS", "EARLY_KEYS",
     "HOT_KEYS", "AB_UNITS", "AB_LOOKUPS", "FAULTS",
     "LOOKUP_LABELS", "WRITE_LABELS", "REQUEST_LABELS", "COLUMN_ATTRS", "PROM_LABELS", "UNIT_BUCKETS", "UNIT_SUMS",
@@ -249,6 +249,30 @@ RECORDS: dict[str, Record] = {r.name: r for r in (
     AB_UNITS, AB_LOOKUPS, FAULTS)}
 FRAMES = tuple(RECORDS)
 ROLLUP_S = 3600.0  # hourly rollups of the records with rollup=True
+
+# ------------------------------------------------------------------ layers
+@dataclass(frozen=True)
+class Layer:
+    """What warmscope needs to know about a cache layer beyond its name.
+
+    Any name works as a layer (``InstrumentedCache(..., layer="rerank")``);
+    declare one here only when it differs from the default."""
+
+    shared: bool = False  # shared across tenants by design: cross-tenant reads are not findings
+    length_buckets: bool = False  # its lookups carry the prompt-length bucket label
+
+
+LAYERS: dict[str, Layer] = {
+    "weights": Layer(shared=True),
+    "prefix_kv": Layer(length_buckets=True),
+}
+_DEFAULT_LAYER = Layer()
+
+
+def layer(name: str) -> Layer:
+    """The declaration of layer ``name`` (the default for undeclared layers)."""
+    return LAYERS.get(name, _DEFAULT_LAYER)
+
 
 # ------------------------------------------------------------ derived names
 LOOKUP_LABELS = LOOKUPS.labels  # the aggregator's lookup label tuple, in this order

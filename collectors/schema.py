@@ -198,7 +198,7 @@ INSTRUMENTS = (
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
     TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW,
 )
-SHARED_LAYERS = ("weights",)  # layers shared by design across tenants
+SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 
