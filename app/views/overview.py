@@ -71,7 +71,7 @@ card = ui.card(start, end)
 overall = hit_table(cached)
 c = st.columns(4)
 c[0].metric("Warm-up score", f"{card.composite:.2f}" if card.composite is not None else "no data",
-            help="Weighted mean of the 12 dimensions' 0–1 scores (table below).")
+            help=f"Weighted mean of the {len(card.dimensions)} dimensions' 0–1 scores (table below).")
 c[1].metric("Hit rate", ui.pct(overall.hit_rate.iloc[0]) if len(overall) and overall.lookups.iloc[0] else "no data",
             help=HIT_RATE_DEF)
 c[2].metric("Lookups", ui.integer(overall.lookups.iloc[0]) if len(overall) else "0", help="Hits + misses, "
