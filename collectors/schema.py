@@ -1,7 +1,9 @@
 """Every instrument, unit, attribute key and allowed value set warmscope emits.
 
 One place names the telemetry so that collectors, exporters, the embedded
-store, Prometheus rules and the analysis agree. Names follow OpenTelemetry
+store, Prometheus rules and the analysis agree. The layouts of stored records
+(columns, label order) are declared in :mod:`collectors.records`; the label
+tuples here are derived from them. Names follow OpenTelemetry
 conventions (dotted lower-case, base units such as ``s`` and ``By``); GenAI
 quantities use the GenAI semantic-convention names. After translation to
 Prometheus, dots become underscores and counters gain ``_total``, e.g.
@@ -10,7 +12,7 @@ Prometheus, dots become underscores and counters gain ``_total``, e.g.
 
 Example::
 
-    >>> from collectors import schema
+    >>> from warmscope.collectors import schema
     >>> schema.CACHE_LOOKUPS.name
     'warmscope.cache.lookups'
     >>> schema.prom_name(schema.CACHE_LOOKUPS)
