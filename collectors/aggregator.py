@@ -58,6 +58,8 @@ HISTOGRAMS = (
     (schema.LOAD_DURATION, schema.DURATION_BUCKETS),  # per layer: kept in the layer's state
 )
 LOAD_HIST = 4
+# An in-memory histogram is [bucket counts..., +Inf count, sum, count]: its last two slots.
+H_SUM, H_COUNT = -2, -1
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
 UNIT_BUCKETS = records.UNIT_BUCKETS
 # The request-level A/B unit record is records.UNIT_SUMS then the histogram
@@ -322,8 +324,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
         if h is None:
             h = st.hist[hk] = [0] * (len(UNIT_BUCKETS) + 3)
         h[bisect.bisect_left(UNIT_BUCKETS, seconds)] += 1
-        h[-2] += seconds
-        h[-1] += 1
+        h[H_SUM] += seconds
+        h[H_COUNT] += 1
 
     def set_gauge(self, name: str, value: float) -> None:
         self.gauges[name] = float(value)
@@ -350,7 +352,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         rk = (ctx.cid0, "" if sla_met is None else ("true" if sla_met else "false"))
         r = st.req.get(rk)
         if r is None:
-            r = st.req[rk] = [0, 0.0, 0, 0.0]
+            r = st.req[rk] = list(records.REQUEST_ZERO)
         r[R_REQUESTS] += 1
         r[R_GPU_S] += gpu_s
         if conversion:
@@ -365,8 +367,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
             if h is None:
                 h = st.hist[hk] = [0] * (len(bounds) + 3)  # buckets, +Inf, sum, count
             h[bisect.bisect_left(bounds, v)] += 1
-            h[-2] += v
-            h[-1] += 1
+            h[H_SUM] += v
+            h[H_COUNT] += 1
         if ctx.ukey is not None:
             ub = st.units.get(ctx.ukey)
             if ub is None:
@@ -529,10 +531,10 @@ class Aggregator(HotKeySketch, WarmupTracking):
         """``records.REQUEST_LABELS`` values (sla_met last) -> the request sums
         (``records.REQUESTS.measures``: requests, gpu_s, conversions, value)."""
         out: dict[tuple, list] = {}
-        nm = len(records.REQUESTS.measures)
+        nm = len(records.REQUEST_ZERO)
         for st in self._all_states():
             for k, r in st.req.copy().items():
-                acc = out.setdefault(self._label("req", -1, k), [0, 0.0, 0, 0.0])
+                acc = out.setdefault(self._label("req", -1, k), list(records.REQUEST_ZERO))
                 for i in range(nm):
                     acc[i] += r[i]
         return out

@@ -51,7 +51,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import records, schema
-from .aggregator import HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
+from .aggregator import H_COUNT, H_SUM, HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
 from .records import COLUMN_ATTRS
 from .warm_tracking import S_BYTES, S_GPU_S, S_KEYS, S_RUNS
 
@@ -134,7 +134,7 @@ def _histogram_metrics(agg: Aggregator, start_ns: int) -> list[Metric]:
             attrs[schema.ATTR.TOKEN_TYPE] = "input"
         per.setdefault(i, []).append(HistogramDataPoint(
             attributes=attrs, start_time_unix_nano=start_ns, time_unix_nano=now,
-            count=int(h[-1]), sum=float(h[-2]), bucket_counts=list(h[:-2]),
+            count=int(h[H_COUNT]), sum=float(h[H_SUM]), bucket_counts=list(h[:H_SUM]),
             explicit_bounds=list(HISTOGRAMS[i][1]), min=None, max=None,  # type: ignore[arg-type]
         ))
     return [

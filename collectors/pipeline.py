@@ -32,7 +32,7 @@ from collections import defaultdict, deque
 from typing import Any, Callable
 
 from . import records, schema
-from .aggregator import HISTOGRAMS, Aggregator
+from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
 from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .config import CollectorConfig, ConfigError
 from .context import RequestContext, _current, set_installed_telemetry
@@ -403,7 +403,7 @@ class Telemetry:
             cur = agg.request_totals()
             last = self._last["requests"]
             for k, v in cur.items():
-                p = last.get(k, (0, 0.0, 0, 0.0))
+                p = last.get(k, records.REQUEST_ZERO)
                 if v[R_REQUESTS] != p[R_REQUESTS]:
                     store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
             new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
@@ -411,12 +411,12 @@ class Telemetry:
             last = self._last["hist"]
             for (i, labels), h in cur.items():
                 p = last.get((i, labels))
-                if p is not None and p[-1] == h[-1]:
+                if p is not None and p[H_COUNT] == h[H_COUNT]:
                     continue
                 dh = h if p is None else [a - b for a, b in zip(h, p)]
                 inst, bounds = HISTOGRAMS[i]
                 store_b["histograms"].append(
-                    histogram_row(now, inst.name, labels, bounds, dh[:-2], dh[-2], dh[-1])
+                    histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])
                 )
             new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
             for name, v in list(agg.gauges.items()):

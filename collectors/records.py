@@ -298,6 +298,7 @@ U_HIST = len(UNIT_SUMS)  # the histogram's first bucket
 UNIT_FIELDS = AB_LOOKUPS.measures + UNIT_SUMS
 # The per-layer unit record: AB_LOOKUPS' measures.
 L_LOOKUPS, L_HITS = (AB_LOOKUPS.measures.index(c) for c in ("lookups", "hits"))
-# The request counter record (per series): REQUESTS' measures.
+# The request counter record (per series): REQUESTS' measures, starting at zero.
+REQUEST_ZERO = tuple(0 if c.type == INTEGER else 0.0 for c in REQUESTS.columns if c.role == "measure")
 R_REQUESTS, R_GPU_S, R_CONVERSIONS, R_VALUE = (REQUESTS.measures.index(c)
                                                  for c in ("requests", "gpu_s", "conversions", "value"))
