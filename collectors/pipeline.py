@@ -388,6 +388,34 @@ class Telemetry:
         except Exception as e:
             self._failed("redis", e)
 
+    def _point_rows(self, now: float, store_b: dict[str, list], new_last: dict[str, dict]) -> None:
+        """Metric points since the last written snapshot (deltas of cumulative totals)."""
+        agg = self.aggregator
+        for name, kind in (("lookups", "counts"), ("writes", "writes")):
+            deltas, new_last[name] = agg.deltas(kind, self._last[name])
+            store_b[name].extend((now, *k, d) for k, d in deltas.items() if d)
+        cur = agg.request_totals()
+        last = self._last["requests"]
+        for k, v in cur.items():
+            p = last.get(k, records.REQUEST_ZERO)
+            if v[R_REQUESTS] != p[R_REQUESTS]:
+                store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
+        new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
+        cur = agg.histogram_totals()
+        last = self._last["hist"]
+        for (i, labels), h in cur.items():
+            p = last.get((i, labels))
+            if p is not None and p[H_COUNT] == h[H_COUNT]:
+                continue
+            dh = h if p is None else [a - b for a, b in zip(h, p)]
+            inst, bounds = HISTOGRAMS[i]
+            store_b["histograms"].append(
+                histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])
+            )
+        new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
+        for name, v in list(agg.gauges.items()):
+            store_b["gauges"].append((now, name, agg.replica, v))
+
     def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict, dict, dict]:
         """Rows for the store and Redis since the last flush, and the new
         cumulative snapshot to remember once the store write succeeded."""
@@ -397,30 +425,7 @@ class Telemetry:
         side = redis_b if self.redis_sink is not None else store_b
         new_last: dict[str, dict] = {}
         if self.points_to_store and self.store is not None:
-            for name, kind in (("lookups", "counts"), ("writes", "writes")):
-                deltas, new_last[name] = agg.deltas(kind, self._last[name])
-                store_b[name].extend((now, *k, d) for k, d in deltas.items() if d)
-            cur = agg.request_totals()
-            last = self._last["requests"]
-            for k, v in cur.items():
-                p = last.get(k, records.REQUEST_ZERO)
-                if v[R_REQUESTS] != p[R_REQUESTS]:
-                    store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
-            new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
-            cur = agg.histogram_totals()
-            last = self._last["hist"]
-            for (i, labels), h in cur.items():
-                p = last.get((i, labels))
-                if p is not None and p[H_COUNT] == h[H_COUNT]:
-                    continue
-                dh = h if p is None else [a - b for a, b in zip(h, p)]
-                inst, bounds = HISTOGRAMS[i]
-                store_b["histograms"].append(
-                    histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])
-                )
-            new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
-            for name, v in list(agg.gauges.items()):
-                store_b["gauges"].append((now, name, agg.replica, v))
+            self._point_rows(now, store_b, new_last)
 
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
