@@ -73,6 +73,8 @@ STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", 
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
 _USAGE = b'"usage"'
+_FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
+_FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 _NULL_USAGE = (b', "usage": null', b',"usage":null', b'"usage": null, ', b'"usage":null,')
 
@@ -120,7 +122,7 @@ class Exchange:
     extra usage chunk is then taken out of what the caller reads (``strip``)."""
 
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
-                 "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank")
+                 "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
     def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple, kind: str | None, pre: Any) -> None:
         self.rec = rec
@@ -141,6 +143,7 @@ class Exchange:
         self.body: bytes | None = None
         self.strip = False
         self.drop_blank = False
+        self.held: list[bytes] = []
 
     def response(self, status: int, content_type: str | None) -> None:
         try:
@@ -188,7 +191,10 @@ class Exchange:
     def _filter(self, chunk: bytes) -> bytes:
         """Streams whose usage the recorder asked for: whole lines are passed on
         as they complete, without the usage-only chunk and its ``"usage": null``
-        fields; the caller reads what the engine would have sent it."""
+        fields, so the caller reads what the engine would have sent it. An
+        engine that moves ``system_fingerprint`` from the last choice chunk to
+        the usage chunk (vLLM) gets it moved back: the last choice chunk is
+        held until the next event shows whether it is the usage chunk."""
         if self.ttft is None and chunk:
             self.ttft = time.perf_counter() - self.t0
         data = self.tail + chunk
@@ -197,25 +203,34 @@ class Exchange:
             if i < 0:
                 self.tail = data
                 if len(data) > _BODY_CAP:  # no line in sight: stop filtering, pass everything on
-                    self.strip, self.tail = False, b""
-                    return data
+                    return self._give_up(b"")
                 return b""
             self.tail = data[i + 1:]
             done = data[:i + 1]
-            if _USAGE not in done and not self.drop_blank:
+            if _USAGE not in done and _FINISH not in done and not self.drop_blank and not self.held:
                 return done
-            out = []
+            out: list[bytes] = []
             for line in done.split(b"\n")[:-1]:
                 if self.drop_blank:
                     self.drop_blank = False
                     if not line.strip():
                         continue
-                if _USAGE in line and line.startswith(b"data:"):
+                if not line.startswith(b"data:"):
+                    (self.held if self.held else out).append(line)
+                    continue
+                if _USAGE in line:
                     obj = json.loads(line[5:])
                     u = obj.get("usage")
                     if isinstance(u, dict):
                         self.usage = u
                         if obj.get("choices") == []:  # the usage-only chunk: not the caller's
+                            fp = obj.get("system_fingerprint")
+                            if fp is not None and self.held and _FINGERPRINT not in self.held[0]:
+                                h = self.held[0]
+                                k = h.rfind(b"}")
+                                self.held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
+                            out += self.held
+                            self.held = []
                             self.drop_blank = True
                             continue
                     elif u is None and "usage" in obj:
@@ -223,19 +238,29 @@ class Exchange:
                             if pat in line:
                                 line = line.replace(pat, b"", 1)
                                 break
-                out.append(line)
+                if self.held:
+                    out += self.held
+                    self.held = []
+                if _FINISH in line:
+                    self.held = [line]
+                else:
+                    out.append(line)
             return b"\n".join(out) + b"\n" if out else b""
         except Exception as e:  # pass on what is left unchanged, stop filtering
-            self.strip, self.tail = False, b""
             self.rec.agg.count_error("record", "llm stream filter", e)
-            return data
+            return self._give_up(data)
+
+    def _give_up(self, data: bytes) -> bytes:
+        held = b"\n".join(self.held) + b"\n" if self.held else b""
+        self.strip, self.tail, self.held = False, b"", []
+        return held + data
 
     def flush(self) -> bytes:
         """The end of the body: bytes still held back (a last line without a newline)."""
         if not self.strip:
             return b""
-        rest, self.tail = self.tail, b""
-        return rest
+        rest = self.tail
+        return self._give_up(rest)
 
     def finish(self, error: BaseException | None = None) -> None:
         """The response ended (``error``: how it failed). Records once; never raises."""
