@@ -91,6 +91,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
     async def lifespan(app: Starlette):
         yield
         await client.aclose()
+        recorder.close()
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
     app = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
