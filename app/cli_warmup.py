@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--library", metavar="PATH",
                    help="with --from hot: the prompt library file the serving process writes "
                    "(LLMRecorder(prompt_library=...) or 'warmscope gateway --prompt-library PATH')")
-    p.add_argument("--since", type=float, default=24.0,
+    p.add_argument("--since", type=float, default=24.0, metavar="HOURS",
                    help="with --from hot: hot keys recorded in the last this many hours (default 24)")
     p.add_argument("--top-k", type=int, default=50, help="warm at most this many prefixes (default 50)")
     p.add_argument("--tenant", help="only this tenant's prompts; the run is labelled with it")

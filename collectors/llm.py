@@ -73,6 +73,7 @@ STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", 
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
 _USAGE = b'"usage"'
+_PROMPT_TOKENS = b'"prompt_tokens"'
 _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
 _FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
@@ -166,7 +167,7 @@ class Exchange:
             if self.stream:
                 if self.ttft is None:
                     self.ttft = time.perf_counter() - self.t0
-                if not self.tail and _USAGE not in chunk:
+                if not self.tail and _PROMPT_TOKENS not in chunk:
                     i = chunk.rfind(b"\n")
                     self.tail = chunk[i + 1:] if len(chunk) - i <= _BODY_CAP else b""
                     return chunk
@@ -176,7 +177,7 @@ class Exchange:
                 if len(self.tail) > _BODY_CAP:
                     self.tail = b""
                 for line in lines:
-                    if _USAGE in line and line.startswith(b"data:"):
+                    if _PROMPT_TOKENS in line and line.startswith(b"data:"):
                         u = json.loads(line[5:]).get("usage")
                         if isinstance(u, dict):
                             self.usage = u
@@ -218,7 +219,7 @@ class Exchange:
                 if not line.startswith(b"data:"):
                     (self.held if self.held else out).append(line)
                     continue
-                if _USAGE in line:
+                if _PROMPT_TOKENS in line:  # a usage object: parsed
                     obj = json.loads(line[5:])
                     u = obj.get("usage")
                     if isinstance(u, dict):
@@ -233,11 +234,11 @@ class Exchange:
                             self.held = []
                             self.drop_blank = True
                             continue
-                    elif u is None and "usage" in obj:
-                        for pat in _NULL_USAGE:
-                            if pat in line:
-                                line = line.replace(pat, b"", 1)
-                                break
+                elif _USAGE in line:  # "usage": null, added because usage was asked for (quotes in text are escaped)
+                    for pat in _NULL_USAGE:
+                        if pat in line:
+                            line = line.replace(pat, b"", 1)
+                            break
                 if self.held:
                     out += self.held
                     self.held = []

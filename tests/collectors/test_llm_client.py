@@ -269,8 +269,9 @@ def test_usage_chunk_is_taken_out_at_any_chunk_boundary(make_tel, upstream):
     # a line that is not JSON: passed on unchanged from there on, counted, never raised
     ex = rec.begin("POST", "/v1/chat/completions", {}, raw)
     ex.response(200, "text/event-stream")
-    odd = b'data: {"usage": oops\n\n' + ref
+    odd = b'data: {"usage": {"prompt_tokens": oops\n\n' + ref
     assert b"".join([ex.feed(odd), ex.flush()]) == odd
+    assert not ex.strip
 
 
 def test_gateway_streams_ask_for_usage_too(make_tel, upstream):
