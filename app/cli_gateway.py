@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from urllib.parse import urlparse
+
+from .cli_http import bad_url, load, telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,31 +25,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-header", default="x-warmscope-session",
                    help="request header naming the session, the A/B unit")
     p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default 600)")
+    p.add_argument("--prompt-library", metavar="PATH",
+                   help="append each newly seen prompt prefix (its text) to this local JSON-lines file, so that "
+                   "'warmscope warmup --from hot --library PATH' can warm the hot ones; never exported")
     p.set_defaults(fn=cmd_gateway)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    u = urlparse(args.upstream)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        print(f"warmscope gateway: --upstream {args.upstream!r} is not an http(s) URL; "
-              "pass e.g. --upstream http://127.0.0.1:8000", file=sys.stderr)
+    if bad_url("gateway", "--upstream", args.upstream):
         return 2
     if not 0 < args.port < 65536:
         print(f"warmscope gateway: --port {args.port} is out of range (1-65535)", file=sys.stderr)
         return 2
-    try:
-        import uvicorn
-
-        from warmscope.collectors.gateway import make_app
-    except ImportError as e:
-        print(f"warmscope gateway: {e.name} is not installed; pip install \"warmscope[gateway]\"", file=sys.stderr)
+    uvicorn = load("gateway", "gateway", "uvicorn")
+    gateway = uvicorn and load("gateway", "gateway", "warmscope.collectors.gateway")
+    if not gateway:
         return 2
-    from warmscope import collectors
-
-    overrides = {"store_path": args.store} if getattr(args, "store", None) else {}
-    tel = collectors.setup(**overrides)
-    app = make_app(args.upstream, telemetry=tel, timeout_s=args.timeout, experiment=args.experiment,
-                   variant=args.variant, tenant_header=args.tenant_header, session_header=args.session_header)
+    tel = telemetry(args)
+    app = gateway.make_app(args.upstream, telemetry=tel, timeout_s=args.timeout, experiment=args.experiment,
+                           variant=args.variant, tenant_header=args.tenant_header,
+                           session_header=args.session_header, prompt_library=args.prompt_library)
     print(f"warmscope gateway on http://{args.host}:{args.port} -> {app.state.upstream}", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -57,6 +53,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return 1
     finally:
         tel.close()
+        app.state.recorder.close()
         st = app.state.recorder.stats
         print("warmscope gateway stopped: " + ", ".join(f"{k} {v}" for k, v in st.items() if v), file=sys.stderr)
     return 0

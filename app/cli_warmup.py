@@ -6,18 +6,27 @@ import argparse
 import signal
 import sys
 import threading
-from urllib.parse import urlparse
+
+from .cli_http import bad_url, load, telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("warmup", help="send a warm set to an OpenAI-compatible engine (max_tokens=1) and record "
                        "the warm-up run", description="Warm an engine's prefix cache: each prompt of the warm set "
                        "is sent with max_tokens=1, rate-limited; Ctrl-C cancels. The run (prefix keys, tokens, "
-                       "duration, status) is recorded where the collectors' configuration says.")
+                       "duration, status) is recorded where the collectors' configuration says. The warm set is a "
+                       "JSON-lines file (--from FILE) or the hot prefixes recorded in the store (--from hot), "
+                       "turned back into prompts by the prompt library the serving process keeps on its host "
+                       "(--library; the store itself holds no prompt text).")
     p.add_argument("--engine", required=True, metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--from", dest="source", default=None, metavar="FILE",
+    p.add_argument("--from", dest="source", required=True, metavar="FILE|hot",
                    help="JSON-lines warm set: one {\"messages\": [...]} or {\"prompt\": \"...\"} per line, optional "
-                   "\"tenant\"; 'hot' (the recorded hot prefixes) is available from Python in the serving process")
+                   "\"tenant\"; or 'hot': the most requested prefixes in the store's hot keys (needs --library)")
+    p.add_argument("--library", metavar="PATH",
+                   help="with --from hot: the prompt library file the serving process writes "
+                   "(LLMRecorder(prompt_library=...) or 'warmscope gateway --prompt-library PATH')")
+    p.add_argument("--since", type=float, default=24.0, metavar="HOURS",
+                   help="with --from hot: hot keys recorded in the last this many hours (default 24)")
     p.add_argument("--top-k", type=int, default=50, help="warm at most this many prefixes (default 50)")
     p.add_argument("--tenant", help="only this tenant's prompts; the run is labelled with it")
     p.add_argument("--model", help="model name (default: the engine's first model)")
@@ -29,43 +38,48 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_warmup)
 
 
-def cmd_warmup(args: argparse.Namespace) -> int:
-    u = urlparse(args.engine)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        print(f"warmscope warmup: --engine {args.engine!r} is not an http(s) URL; "
-              "pass e.g. --engine http://127.0.0.1:8000", file=sys.stderr)
-        return 2
-    if args.source in (None, "hot"):
-        print("warmscope warmup: the recorded hot prefixes live only in the serving process (prompt text never "
-              "leaves it): call warmscope.collectors.warmup_runner.run_warmup(engine, 'hot', recorder=...) there, "
-              "or pass --from FILE with a JSON-lines warm set", file=sys.stderr)
-        return 2
-    if args.top_k < 1:
-        print(f"warmscope warmup: --top-k {args.top_k} must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        from warmscope.collectors.warmup_runner import WarmupInputError, load_prompts, run_warmup
-    except ImportError as e:
-        print(f"warmscope warmup: {e.name} is not installed; pip install \"warmscope[client]\"", file=sys.stderr)
-        return 2
-    from warmscope import collectors
+def _warm_set(args: argparse.Namespace, runner) -> list[dict]:
+    """The prompts to send (raises the runner's WarmupInputError on bad input)."""
+    if args.source != "hot":
+        return runner.load_prompts(args.source)
+    from warmscope.collectors.config import CollectorConfig
 
+    cfg = CollectorConfig.load(**({"store_path": args.store} if args.store else {}))
+    store = cfg.resolved_store_path()
+    return runner.hot_from_store(args.library, store, cfg.resolved_secret(), top_k=args.top_k,
+                                 tenant=args.tenant, since_s=args.since * 3600)
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    if bad_url("warmup", "--engine", args.engine):
+        return 2
+    if args.source == "hot" and not args.library:
+        print("warmscope warmup: --from hot needs --library PATH, the prompt library the serving process keeps "
+              "on its host (LLMRecorder(prompt_library=PATH) or 'warmscope gateway --prompt-library PATH'): the "
+              "store holds only hashed prefix keys, never prompt text", file=sys.stderr)
+        return 2
+    for flag, v in (("--top-k", args.top_k), ("--since", args.since)):
+        if not v > 0:
+            print(f"warmscope warmup: {flag} {v} must be positive", file=sys.stderr)
+            return 2
+    runner = load("warmup", "client", "warmscope.collectors.warmup_runner")
+    if runner is None:
+        return 2
     from .cli import _progress
 
     try:
-        prompts = load_prompts(args.source)
-    except WarmupInputError as e:
+        prompts = _warm_set(args, runner)
+    except runner.WarmupInputError as e:
         print(f"warmscope warmup: {e}", file=sys.stderr)
         return 2
-    overrides = {"store_path": args.store} if getattr(args, "store", None) else {}
-    tel = collectors.setup(**overrides)
+    tel = telemetry(args)
     cancel = threading.Event()
     old = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
-        res = run_warmup(args.engine, prompts, telemetry=tel, top_k=args.top_k, tenant=args.tenant,
-                         model=args.model, rate=args.rate, strategy=args.strategy, trigger=args.trigger,
-                         timeout_s=args.timeout, cancel=cancel,
-                         progress=None if args.quiet else _progress("warming"))
+        res = runner.run_warmup(args.engine, prompts, telemetry=tel, top_k=args.top_k, tenant=args.tenant,
+                                model=args.model, rate=args.rate, strategy=args.strategy, trigger=args.trigger,
+                                timeout_s=args.timeout, cancel=cancel,
+                                progress=None if args.quiet else _progress("warming"))
     finally:
         signal.signal(signal.SIGINT, old)
         tel.close()

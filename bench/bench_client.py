@@ -3,7 +3,9 @@
 1. Client: the same chat completion (non-streamed and streamed) through a
    plain ``httpx.Client`` and through one with :class:`InstrumentedTransport`,
    both over an in-process transport that returns a canned vLLM reply, so
-   the difference is the instrumentation alone (µs per request, and the ratio).
+   the difference is the instrumentation alone (µs per request, and the ratio),
+   in interleaved random-order rounds, by CPU time (robust to other processes
+   on a loaded machine) and by the wall clock; and the recorder by itself.
 2. The median request to the tiny model on a real vLLM engine (``--engine URL``,
    or one started here when vLLM is installed; ``--no-engine`` skips it): the
    added µs as a share of it (target: at most 50 µs and under 1 %).
@@ -57,33 +59,71 @@ def telemetry() -> Telemetry:
     return Telemetry(cfg, background=False)
 
 
-def client_overhead(n: int, rounds: int = 40) -> dict[str, float]:
-    """Median µs per request of each case over ``rounds`` alternating batches
-    (plain, instrumented, plain, ...), and the median of the paired differences:
-    load changes on a busy machine hit both cases alike."""
+def client_overhead(n: int, rounds: int = 150) -> dict[str, float]:
+    """µs per request of each case, from ``rounds`` short batches with the
+    plain and the instrumented client in random order within each round. Each
+    batch is timed twice: by this thread's CPU time (what the instrumentation
+    costs; time spent waiting while other processes run is not counted) and by
+    the wall clock. The added time is the median of the per-round differences
+    (load changes hit both cases of a round alike), with their quartiles."""
+    import random
+
     tel = telemetry()
     plain = httpx.Client(base_url="http://engine", transport=httpx.MockTransport(canned))
     inst = httpx.Client(base_url="http://engine",
                         transport=InstrumentedTransport(httpx.MockTransport(canned), telemetry=tel))
-    batch = max(n // rounds, 10)
+    batch = max(n // rounds, 5)
+    rng = random.Random(7)
     out = {}
     for name, body in (("non-streamed", BODY), ("streamed", {**BODY, "stream": True})):
         def run(c, body=body):
-            t = time.perf_counter_ns()
+            w, t = time.perf_counter_ns(), time.thread_time_ns()
             for _ in range(batch):
                 with c.stream("POST", "/v1/chat/completions", json=body) as r:
                     for _ in r.iter_bytes():
                         pass
-            return (time.perf_counter_ns() - t) / batch / 1000.0
+            return ((time.thread_time_ns() - t) / batch / 1000.0, (time.perf_counter_ns() - w) / batch / 1000.0)
         run(plain), run(inst)  # warm
-        pairs = [(run(plain), run(inst)) for _ in range(rounds)]
-        out[f"{name} plain"] = statistics.median(p for p, _ in pairs)
-        out[f"{name} instrumented"] = statistics.median(i for _, i in pairs)
-        out[f"{name} added"] = statistics.median(i - p for p, i in pairs)
+        pairs = []
+        for _ in range(rounds):
+            if rng.random() < 0.5:
+                p, i = run(plain), run(inst)
+            else:
+                i, p = run(inst), run(plain)
+            pairs.append((p, i))
+        for j, clock in ((0, "cpu"), (1, "wall")):
+            d = sorted(i[j] - p[j] for p, i in pairs)
+            out[f"{name} {clock} plain"] = statistics.median(p[j] for p, _ in pairs)
+            out[f"{name} {clock} instrumented"] = statistics.median(i[j] for _, i in pairs)
+            out[f"{name} {clock} added"] = statistics.median(d)
+            out[f"{name} {clock} q1"], out[f"{name} {clock} q3"] = d[len(d) // 4], d[3 * len(d) // 4]
     st = inst._transport.recorder.stats
     assert st["recorded"] > 0 and st["no_usage"] == 0, st
+    out["recorder"] = recorder_alone(tel, rounds)
     tel.close()
     return out
+
+
+def recorder_alone(tel: Telemetry, rounds: int, batch: int = 50) -> float:
+    """µs per request of the recorder by itself (parse the request, key, read
+    the usage, count), on the same canned exchange, median over rounds."""
+    from warmscope.collectors.llm import LLMRecorder
+
+    rec = LLMRecorder(tel)
+    req = httpx.Request("POST", "http://engine/v1/chat/completions", json=BODY)
+    raw, hdrs = req.content, req.headers
+
+    def one() -> float:
+        t = time.thread_time_ns()
+        for _ in range(batch):
+            ex = rec.begin("POST", "/v1/chat/completions", hdrs, raw)
+            ex.response(200, "application/json")
+            ex.feed(REPLY)
+            ex.finish()
+        return (time.thread_time_ns() - t) / batch / 1000.0
+
+    one()
+    return statistics.median(one() for _ in range(rounds))
 
 
 def engine_median(url: str, n: int = 40) -> float:
@@ -169,7 +209,7 @@ def q(xs: list[float], p: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=3000, help="requests per client case (default 3000)")
+    ap.add_argument("--n", type=int, default=5000, help="requests per client case (default 5000, in 100 rounds)")
     ap.add_argument("--gateway-n", type=int, default=400, help="requests per gateway case (default 400)")
     ap.add_argument("--engine", help="a running vLLM engine's URL (default: start one if vLLM is installed)")
     ap.add_argument("--no-engine", action="store_true", help="skip the real-engine figures")
@@ -178,14 +218,25 @@ def main() -> None:
     if args.serve_canned:
         return serve_canned(args.serve_canned)
 
+    import os
+
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core machine figures scale with it)")
     r = client_overhead(args.n)
-    print("client instrumentation, in-process canned engine reply (medians over alternating batches):")
+    print("client instrumentation, in-process canned engine reply (random-order rounds; medians; added = median "
+          "of the per-round differences [quartiles]):")
     added = {}
     for name in ("non-streamed", "streamed"):
-        p, i, a = r[f"{name} plain"], r[f"{name} instrumented"], r[f"{name} added"]
-        added[name] = a
-        print(f"  {name:<13} plain {p:7.1f} µs/request  instrumented {i:7.1f} µs/request  "
-              f"added {a:6.1f} µs  ratio {i / p:5.2f}x")
+        for clock, what in (("cpu", "CPU time "), ("wall", "wall clock")):
+            p, i, a = r[f"{name} {clock} plain"], r[f"{name} {clock} instrumented"], r[f"{name} {clock} added"]
+            if clock == "cpu":
+                added[name] = a
+            print(f"  {name:<13} {what} plain {p:7.1f} µs/request  instrumented {i:7.1f} µs/request  "
+                  f"added {a:6.1f} µs [{r[f'{name} {clock} q1']:.1f}, {r[f'{name} {clock} q3']:.1f}]  "
+                  f"ratio {i / p:5.3f}x")
+    print(f"  the recorder by itself (no HTTP, CPU time): {r['recorder']:.1f} µs/request "
+          f"({100 * r['recorder'] / r['non-streamed cpu plain']:.1f} % of a plain request's CPU time)")
+    worst = max(added.values())
+    print(f"  target at most 50 µs added (CPU time): {'met' if worst <= 50 else 'NOT met'} ({worst:.1f} µs)")
 
     port = _free_port()
     up = f"http://127.0.0.1:{port}"
@@ -200,8 +251,12 @@ def main() -> None:
         print(f"  P{p}: direct {q(d, p) / 1000:6.2f} ms  via gateway {q(v, p) / 1000:6.2f} ms  "
               f"added {(q(v, p) - q(d, p)) / 1000:6.2f} ms")
 
-    if args.no_engine:
-        return
+    if not args.no_engine:
+        real_engine_figures(args, max(added.values()))
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+def real_engine_figures(args: argparse.Namespace, worst: float) -> None:
     eng = None
     url = args.engine
     if url is None:
@@ -214,7 +269,6 @@ def main() -> None:
         url = eng.url
     try:
         med = engine_median(url)
-        worst = max(added.values())
         print(f"real engine (tiny model): median request {med / 1000:.1f} ms; instrumentation adds "
               f"{worst:.1f} µs = {100 * worst / med:.3f} % of it")
         d, v = gateway_latency(url, min(args.gateway_n, 100))

@@ -51,8 +51,10 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         path = request.url.path
         ex = recorder.begin(request.method, path, request.headers, body)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        if ex is not None and ex.body is not None:  # a plain body, so that the usage chunk can be taken out
+            headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"] + [("accept-encoding", "identity")]
         req = client.build_request(request.method, path, params=request.url.query or None,
-                                   headers=headers, content=body)
+                                   headers=headers, content=body if ex is None or ex.body is None else ex.body)
         try:
             resp = await client.send(req, stream=True)
         except Exception as e:
@@ -66,14 +68,12 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         if ex is not None:
             ex.response(resp.status_code, resp.headers.get("content-type"))
             if encoded:
-                ex.skip = True  # compressed bytes are forwarded, not parsed
+                ex.skip, ex.strip = True, False  # compressed bytes are forwarded, not parsed
 
         async def body_iter():
             try:
                 async for chunk in resp.aiter_raw():
-                    if ex is not None:
-                        ex.feed(chunk)
-                    yield chunk
+                    yield chunk if ex is None else ex.feed(chunk)
             except BaseException as e:  # upstream cut, or the client went away
                 if ex is not None:
                     ex.finish(e)
@@ -81,6 +81,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
             finally:
                 await resp.aclose()
             if ex is not None:
+                yield ex.flush()
                 ex.finish()
 
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}}
@@ -90,6 +91,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
     async def lifespan(app: Starlette):
         yield
         await client.aclose()
+        recorder.close()
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
     app = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)

@@ -40,9 +40,11 @@ module uses the standard library alone, so the gateway and the client share it.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any, Mapping
@@ -52,7 +54,7 @@ from .aggregator import ERROR
 from .context import RequestContext, _current
 from .pipeline import Telemetry, current_telemetry
 
-__all__ = ["LLMRecorder", "Exchange", "prefix_of", "TENANT_HEADER", "SESSION_HEADER"]
+__all__ = ["LLMRecorder", "Exchange", "prefix_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -65,8 +67,21 @@ _BODY_CAP = 8 << 20  # non-streamed response bodies read for usage up to 8 MiB
 _LIB_CAP = 1024  # prefixes kept in process for the warm-up runner
 _DIGITS = str.maketrans("0123456789", "0000000000")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_MEMO_CAP = _LIB_CAP * 4  # prefix keys memoised per recorder
+_FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
-         "no_usage", "bad_body", "not_recorded")
+         "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
+_JSON = json.JSONDecoder()
+_USAGE = b'"usage"'
+_PROMPT_TOKENS = b'"prompt_tokens"'
+_FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
+_FINGERPRINT = b'"system_fingerprint"'
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+_NULL_USAGE = (b', "usage": null', b',"usage":null', b'"usage": null, ', b'"usage":null,')
+
+
+def _pairs(pre: list) -> list:
+    return [[m.get("role"), m.get("content")] if isinstance(m, dict) else m for m in pre]
 
 
 def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple[str, str, Any] | None:
@@ -77,7 +92,7 @@ def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple
         pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
         first = pre[0] if isinstance(pre[0], dict) else {}
         role = first.get("role") if first.get("role") in _ROLES else "other"
-        return "chat", str(role), [[m.get("role"), m.get("content")] if isinstance(m, dict) else m for m in pre]
+        return "chat", str(role), _pairs(pre)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]
@@ -86,13 +101,31 @@ def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple
     return None
 
 
+def read_library(path: str | os.PathLike) -> dict[str, tuple[str, str | None, Any]]:
+    """A prompt library file (see :class:`LLMRecorder`): prefix key -> (kind,
+    tenant, prefix). Lines that do not parse (a write cut by a crash) are skipped."""
+    out: dict[str, tuple[str, str | None, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+                out[e["key"]] = (e["kind"], e.get("tenant"), e["prefix"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
 class Exchange:
-    """One request in flight: fed the response bytes, recorded once at the end."""
+    """One request in flight: fed the response bytes, recorded once at the end.
+
+    ``body``: the request body to send instead of the caller's (``None``: send
+    the caller's), set when the recorder asked a stream for its usage; the
+    extra usage chunk is then taken out of what the caller reads (``strip``)."""
 
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
-                 "prompt", "done", "tail", "skip")
+                 "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
-    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple, prompt: Any) -> None:
+    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple, kind: str | None, pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
@@ -103,33 +136,48 @@ class Exchange:
         self.usage: dict | None = None
         self.key = key
         self.labels = labels
-        self.prompt = prompt
+        self.kind = kind
+        self.pre = pre
         self.done = False
         self.tail = b""
         self.skip = key is None
+        self.body: bytes | None = None
+        self.strip = False
+        self.drop_blank = False
+        self.held: list[bytes] = []
 
     def response(self, status: int, content_type: str | None) -> None:
         try:
             self.status = int(status)
             self.stream = bool(content_type) and "text/event-stream" in content_type
+            if not self.stream or self.status >= 400:
+                self.strip = False
         except Exception as e:
             self.rec.agg.count_error("record", "llm response", e)
 
-    def feed(self, chunk: bytes) -> None:
-        """A piece of the response body, as it arrives."""
+    def feed(self, chunk: bytes) -> bytes:
+        """A piece of the response body, as it arrives; returns the bytes to
+        pass on to the caller (the same bytes, unless a usage chunk the caller
+        did not ask for is being taken out)."""
+        if self.strip:
+            return self._filter(chunk)
         if self.skip or not chunk:
-            return
+            return chunk
         try:
             if self.stream:
                 if self.ttft is None:
                     self.ttft = time.perf_counter() - self.t0
+                if not self.tail and _PROMPT_TOKENS not in chunk:
+                    i = chunk.rfind(b"\n")
+                    self.tail = chunk[i + 1:] if len(chunk) - i <= _BODY_CAP else b""
+                    return chunk
                 data = self.tail + chunk
                 lines = data.split(b"\n")
                 self.tail = lines.pop()
                 if len(self.tail) > _BODY_CAP:
                     self.tail = b""
                 for line in lines:
-                    if b'"prompt_tokens"' in line and line.startswith(b"data:"):
+                    if _PROMPT_TOKENS in line and line.startswith(b"data:"):
                         u = json.loads(line[5:]).get("usage")
                         if isinstance(u, dict):
                             self.usage = u
@@ -139,6 +187,81 @@ class Exchange:
                     self.buf.append(chunk)
         except Exception as e:
             self.rec.agg.count_error("record", "llm response chunk", e)
+        return chunk
+
+    def _filter(self, chunk: bytes) -> bytes:
+        """Streams whose usage the recorder asked for: whole lines are passed on
+        as they complete, without the usage-only chunk and its ``"usage": null``
+        fields, so the caller reads what the engine would have sent it. An
+        engine that moves ``system_fingerprint`` from the last choice chunk to
+        the usage chunk (vLLM) gets it moved back: the last choice chunk is
+        held until the next event shows whether it is the usage chunk."""
+        if self.ttft is None and chunk:
+            self.ttft = time.perf_counter() - self.t0
+        data = self.tail + chunk
+        try:
+            i = data.rfind(b"\n")
+            if i < 0:
+                self.tail = data
+                if len(data) > _BODY_CAP:  # no line in sight: stop filtering, pass everything on
+                    return self._give_up(b"")
+                return b""
+            self.tail = data[i + 1:]
+            done = data[:i + 1]
+            if _USAGE not in done and _FINISH not in done and not self.drop_blank and not self.held:
+                return done
+            out: list[bytes] = []
+            for line in done.split(b"\n")[:-1]:
+                if self.drop_blank:
+                    self.drop_blank = False
+                    if not line.strip():
+                        continue
+                if not line.startswith(b"data:"):
+                    (self.held if self.held else out).append(line)
+                    continue
+                if _PROMPT_TOKENS in line:  # a usage object: parsed
+                    obj = json.loads(line[5:])
+                    u = obj.get("usage")
+                    if isinstance(u, dict):
+                        self.usage = u
+                        if obj.get("choices") == []:  # the usage-only chunk: not the caller's
+                            fp = obj.get("system_fingerprint")
+                            if fp is not None and self.held and _FINGERPRINT not in self.held[0]:
+                                h = self.held[0]
+                                k = h.rfind(b"}")
+                                self.held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
+                            out += self.held
+                            self.held = []
+                            self.drop_blank = True
+                            continue
+                elif _USAGE in line:  # "usage": null, added because usage was asked for (quotes in text are escaped)
+                    for pat in _NULL_USAGE:
+                        if pat in line:
+                            line = line.replace(pat, b"", 1)
+                            break
+                if self.held:
+                    out += self.held
+                    self.held = []
+                if _FINISH in line:
+                    self.held = [line]
+                else:
+                    out.append(line)
+            return b"\n".join(out) + b"\n" if out else b""
+        except Exception as e:  # pass on what is left unchanged, stop filtering
+            self.rec.agg.count_error("record", "llm stream filter", e)
+            return self._give_up(data)
+
+    def _give_up(self, data: bytes) -> bytes:
+        held = b"\n".join(self.held) + b"\n" if self.held else b""
+        self.strip, self.tail, self.held = False, b"", []
+        return held + data
+
+    def flush(self) -> bytes:
+        """The end of the body: bytes still held back (a last line without a newline)."""
+        if not self.strip:
+            return b""
+        rest = self.tail
+        return self._give_up(rest)
 
     def finish(self, error: BaseException | None = None) -> None:
         """The response ended (``error``: how it failed). Records once; never raises."""
@@ -151,15 +274,47 @@ class Exchange:
             self.rec.agg.count_error("record", "llm request", e)
 
 
+def _usage_of(body: bytes) -> dict | None:
+    """The ``usage`` object of a completion body: found by its key from the end
+    (engines write it last) and only that object parsed; the whole body when
+    that fails. Raises ValueError for a body that is not JSON."""
+    i = body.rfind(_USAGE)
+    if i >= 0:
+        j = body.find(b":", i + 7)
+        if j >= 0:
+            try:
+                u = _JSON.raw_decode(body[j + 1:j + 4097].decode("utf-8", "replace").lstrip())[0]
+                if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int):
+                    return u
+            except ValueError:
+                pass
+    u = json.loads(body).get("usage")
+    return u if isinstance(u, dict) else None
+
+
 class LLMRecorder:
     """Parses OpenAI-compatible requests and responses into warmscope records.
 
     ``experiment``/``variant``: labels for requests made outside a request
-    context with those set (e.g. a client bound to one arm's engine)."""
+    context with those set (e.g. a client bound to one arm's engine).
+    ``request_usage``: a streamed request that does not say whether it wants
+    usage gets ``stream_options.include_usage`` (so the engine reports cached
+    tokens) and the extra usage chunk is taken out of what the caller reads.
+    ``prompt_library``: a local JSON-lines file to which each newly seen prompt
+    prefix is appended (key, kind, tenant, prefix text; mode 0600; at most
+    20,000 per process), so that ``warmscope warmup --from hot`` can turn the
+    hot keys recorded in the store back into prompts on this host. It holds
+    prompt text: keep it where the prompts may be kept; it is never exported.
+
+    Per request the recorder parses the request body once, finds the prefix
+    key in a memo keyed by the prefix's in-process hash (the memo holds no
+    prompt text), reads only the ``usage`` object of a response, and adds to
+    the calling thread's counters (the aggregator's, read at export time)."""
 
     def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
                  variant: str | None = None, tenant_header: str = TENANT_HEADER,
-                 session_header: str = SESSION_HEADER, layer: str = LAYER) -> None:
+                 session_header: str = SESSION_HEADER, layer: str = LAYER, request_usage: bool = True,
+                 prompt_library: str | os.PathLike | None = None) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
@@ -167,13 +322,20 @@ class LLMRecorder:
         self.variant = variant
         self.tenant_header = tenant_header.lower()
         self.session_header = session_header.lower()
+        self._th, self._sh = self.tenant_header.encode("latin-1"), self.session_header.encode("latin-1")
+        self._hlens = frozenset((len(self._th), len(self._sh)))
+        self.request_usage = request_usage
         self.stats: dict[str, int] = {s: 0 for s in STATS}
         self._secret: bytes | None = None
         self._library: dict[str, list] = {}  # key -> [requests, tenant, kind, prefix]
-        self._keys: dict[tuple, dict] = {}  # (kind, role) -> prefix text -> key (bounded, in process)
+        self._keys: dict[tuple, tuple] = {}  # (kind, hash of the prefix) -> (key, role); bounded
         self._contexts: dict[tuple, RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
         self._warned_usage = False
+        self.prompt_library = os.fspath(prompt_library) if prompt_library is not None else None
+        self._lib_file: Any = None
+        self._lib_written = 0
+        self._lib_flushed = 0.0
 
     # ------------------------------------------------------------- parsing
     def _digest(self, text: str, n: int) -> bytes:
@@ -182,61 +344,113 @@ class LLMRecorder:
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=n).digest()
 
     def prefix_key(self, kind: str, role: str, prefix: Any) -> str:
-        """The lookup key of a prompt prefix: no prompt text, only keyed hashes."""
+        """The lookup key of a prompt prefix (a list of [role, content] pairs or
+        a prompt's first 512 characters): no prompt text, only keyed hashes."""
         text = prefix if isinstance(prefix, str) else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
-        memo = self._keys.get((kind, role))
-        if memo is None:
-            memo = self._keys[(kind, role)] = {}
-        key = memo.get(text)
-        if key is None:
-            tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
-            key = f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
-            if len(memo) >= _LIB_CAP * 4:
-                memo.clear()
-            memo[text] = key
-        return key
+        tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
+        return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
+
+    def _key_of(self, req: dict) -> tuple[str | None, str | None, Any]:
+        """(key, kind, prefix) of a parsed request body; the key memoised by
+        the prefix's hash (no text kept)."""
+        msgs = req.get("messages")
+        if isinstance(msgs, list) and msgs:
+            kind = "chat"
+            pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
+            try:
+                fp = hash(tuple([(m["role"], m["content"]) for m in pre]))
+            except (TypeError, KeyError):  # content parts (lists), odd messages: no memo
+                fp = None
+        else:
+            prompt = req.get("prompt")
+            if isinstance(prompt, list) and prompt:
+                prompt = prompt[0]
+            if not isinstance(prompt, str):
+                return None, None, None
+            kind, pre = "completion", prompt[:512]
+            fp = hash(pre)
+        if fp is not None:
+            hit = self._keys.get((kind, fp))
+            if hit is not None:
+                return hit, kind, pre
+        _, role, prefix = prefix_of(req)  # type: ignore[misc]
+        key = self.prefix_key(kind, role, prefix)
+        if fp is not None:
+            if len(self._keys) >= _MEMO_CAP:
+                self._keys.clear()
+            self._keys[(kind, fp)] = key
+        return key, kind, pre
+
+    def _headers(self, headers: Any) -> tuple[str | None, str | None]:
+        """(tenant, session) from the request headers, in one pass."""
+        raw = getattr(headers, "raw", None)
+        if raw is None:
+            return headers.get(self.tenant_header), headers.get(self.session_header)
+        t = s = None
+        for k, v in raw:
+            if len(k) in self._hlens:
+                k = k.lower()
+                if k == self._th:
+                    t = v.decode("utf-8", "replace")
+                elif k == self._sh:
+                    s = v.decode("utf-8", "replace")
+        return t, s
 
     def begin(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> Exchange | None:
-        """A request is about to be sent; None when it is not one to record."""
+        """A request is about to be sent; None when it is not one to record.
+        When the returned exchange has a ``body``, send that instead."""
         try:
-            if method.upper() != "POST" or not path.endswith(_PATHS):
+            if method != "POST" and method.upper() != "POST" or not path.endswith(_PATHS):
                 return None
             self.stats["requests"] += 1
-            key, prompt, model, user = None, None, None, None
+            key = kind = pre = model = user = None
             try:
-                req = json.loads(body) if body else None
+                req = _JSON.decode(body.decode("utf-8")) if isinstance(body, bytes) else \
+                    (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):
                 self.stats["bad_body"] += 1
                 self.agg.count_error("record", "request body is not a JSON object; forwarded, not recorded")
             else:
-                pre = prefix_of(req, path)
+                key, kind, pre = self._key_of(req)
                 model, user = req.get("model"), req.get("user")
-                if pre is not None:
-                    kind, role, prefix = pre
-                    key = self.prefix_key(kind, role, prefix)
-                    prompt = (kind, prefix)
             ctx = _current.get()
             tenant = unit = exp = var = None
             if ctx is not None:
                 tenant = ctx.tenant if ctx.tenant != schema.UNKNOWN else None
                 unit, exp, var = ctx.unit, ctx.experiment or None, ctx.variant or None
                 model = model or (ctx.model if ctx.model != schema.UNKNOWN else None)
-            # httpx and Starlette headers are case-insensitive mappings
-            tenant = tenant or (headers.get(self.tenant_header) if headers else None) or \
-                (user if isinstance(user, str) else None)
-            unit = unit or (headers.get(self.session_header) if headers else None)
+            if (tenant is None or unit is None) and headers:
+                ht, hs = self._headers(headers)
+                tenant, unit = tenant or ht, unit or hs
+            if tenant is None and isinstance(user, str):
+                tenant = user
             labels = (tenant, unit, exp or self.experiment, var or self.variant,
                       model if isinstance(model, str) else None)
-            return Exchange(self, key, labels, prompt)
+            ex = Exchange(self, key, labels, kind, pre)
+            if key is not None and self.request_usage and req.get("stream") is True:  # type: ignore[union-attr]
+                self._ask_usage(ex, req, body)  # type: ignore[arg-type]
+            return ex
         except Exception as e:
             self.agg.count_error("record", "llm request", e)
             return None
 
+    def _ask_usage(self, ex: Exchange, req: dict, body: bytes) -> None:
+        so = req.get("stream_options")
+        if so is None and "stream_options" not in req:
+            i = body.find(b"{")
+            ex.body = bytes(body[:i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1:])
+        elif isinstance(so, dict) and "include_usage" not in so:
+            ex.body = json.dumps({**req, "stream_options": {**so, "include_usage": True}}).encode()
+        else:
+            return  # the caller decided
+        ex.strip = True
+        self.stats["usage_requested"] += 1
+
     # ------------------------------------------------------------ recording
     def _context(self, ex: Exchange, prompt_tokens: int | None) -> RequestContext:
-        k = ex.labels + (prompt_tokens,)
+        k = ex.labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
         ctx = self._contexts.get(k)
         if ctx is None:
             tenant, unit, exp, var, model = ex.labels
@@ -263,8 +477,7 @@ class LLMRecorder:
         usage = ex.usage
         if usage is None and not ex.stream and ex.buf:
             try:
-                u = json.loads(b"".join(ex.buf)).get("usage")
-                usage = u if isinstance(u, dict) else None
+                usage = _usage_of(ex.buf[0] if len(ex.buf) == 1 else b"".join(ex.buf))
             except (ValueError, AttributeError):
                 self.stats["bad_body"] += 1
                 self.agg.count_error("record", "response body is not JSON; forwarded, not recorded")
@@ -289,20 +502,53 @@ class LLMRecorder:
         self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,
                                 0.0, None, None, 0.0)
         self.stats["recorded"] += 1
-        self._remember(ex.key, ctx.tenant, ex.prompt)
-
-    def _remember(self, key: str, tenant: str, prompt: Any) -> None:
-        lib = self._library
-        e = lib.get(key)
+        e = self._library.get(ex.key)  # type: ignore[arg-type]
         if e is not None:
             e[0] += 1
-            return
+        else:
+            self._remember(ex.key, ctx.tenant, ex.kind, ex.pre)  # type: ignore[arg-type]
+
+    def _remember(self, key: str, tenant: str, kind: str, pre: Any) -> None:
+        prefix = _pairs(pre) if kind == "chat" else pre
+        lib = self._library
         with self._lock:
             if len(lib) >= _LIB_CAP:  # keep the more requested half
                 keep = sorted(lib.items(), key=lambda kv: -kv[1][0])[: _LIB_CAP // 2]
                 lib.clear()
                 lib.update(keep)
-            lib[key] = [1, tenant, prompt[0], prompt[1]]
+            lib[key] = [1, tenant, kind, prefix]
+            if self.prompt_library is not None:
+                self._append_library(key, tenant, kind, prefix)
+
+    def _append_library(self, key: str, tenant: str, kind: str, prefix: Any) -> None:
+        """Append a newly seen prefix to the local prompt library (under the lock)."""
+        try:
+            if self._lib_written >= _FILE_CAP:
+                self.stats["library_full"] += 1
+                return
+            if self._lib_file is None:
+                fd = os.open(self.prompt_library, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._lib_file = os.fdopen(fd, "a", encoding="utf-8")
+                atexit.register(self.close)
+            self._lib_file.write(json.dumps({"key": key, "kind": kind, "tenant": tenant, "prefix": prefix},
+                                            ensure_ascii=False) + "\n")
+            self._lib_written += 1
+            now = time.monotonic()
+            if now - self._lib_flushed >= 1.0:
+                self._lib_file.flush()
+                self._lib_flushed = now
+        except Exception as e:
+            self.agg.count_error("record", f"prompt library {self.prompt_library}", e)
+
+    def close(self) -> None:
+        """Flush and close the prompt library file (also done at exit)."""
+        with self._lock:
+            f, self._lib_file = self._lib_file, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception as e:
+                self.agg.count_error("record", f"prompt library {self.prompt_library}", e)
 
     def hot_prefixes(self, top_k: int, tenant: str | None = None) -> list[tuple[str, str, Any]]:
         """The ``top_k`` most requested prefixes seen here (in process only):

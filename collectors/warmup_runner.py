@@ -33,7 +33,7 @@ import httpx
 from .llm import LLMRecorder
 from .pipeline import Telemetry, current_telemetry
 
-__all__ = ["WarmupResult", "WarmupInputError", "load_prompts", "run_warmup"]
+__all__ = ["WarmupResult", "WarmupInputError", "load_prompts", "hot_from_store", "run_warmup"]
 
 
 class WarmupInputError(ValueError):
@@ -78,6 +78,53 @@ def load_prompts(path: str | Path) -> list[dict]:
     return out
 
 
+def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, top_k: int = 50,
+                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict]:
+    """The warm set from another process's records: the ``prefix_kv`` hot keys
+    of the last ``since_s`` seconds in the embedded store (keyed hashes only),
+    matched against a prompt library file kept on this host (written by
+    ``LLMRecorder(prompt_library=...)`` or ``warmscope gateway --prompt-library``),
+    most requested first. ``secret``: the key secret the serving process hashed
+    with. Each item is ``{"messages": ...}`` or ``{"prompt": ...}`` with its
+    ``"key"`` and ``"tenant"``. Raises :class:`WarmupInputError` when nothing matches."""
+    from .keys import KeyHasher
+    from .llm import read_library
+    from .store import EmbeddedStore
+
+    try:
+        lib = read_library(library)
+    except OSError as e:
+        raise WarmupInputError(f"cannot read the prompt library {library} ({e.strerror}); it is written on "
+                               "the serving host by LLMRecorder(prompt_library=...) or "
+                               "'warmscope gateway --prompt-library PATH'") from None
+    if not Path(store_path).is_file():
+        raise WarmupInputError(f"store {store_path} does not exist; pass --store with the serving process's store")
+    store = EmbeddedStore(store_path, readonly=True)
+    try:
+        hk = store.frame("hot_keys", start=time.time() - since_s)
+    finally:
+        store.close()
+    hk = hk[hk["layer"] == "prefix_kv"]
+    if tenant is not None:
+        hk = hk[hk["tenant"] == tenant]
+    counts = (hk["hits"] + hk["misses"]).groupby(hk["key_hash"]).sum().to_dict()
+    h = KeyHasher(secret).hash
+    ranked = sorted(((counts[hh], key) for key in lib if (hh := h(key)) in counts), key=lambda t: -t[0])
+    if not ranked:
+        raise WarmupInputError(
+            f"none of the {len(lib)} prefixes in {library} is among the {len(counts)} hot prefix keys recorded in "
+            f"{store_path} over the last {since_s / 3600:g} h" + (f" for tenant {tenant!r}" if tenant else "")
+            + "; check that the serving process writes to this store with the same key secret "
+            "(WARMSCOPE_KEY_SECRET or the same data directory)")
+    out = []
+    for _, key in ranked[:top_k]:
+        kind, t, prefix = lib[key]
+        item: dict = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
+            else {"prompt": prefix}
+        out.append({**item, "key": key, "tenant": t})
+    return out
+
+
 def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple]:
     """(key, tenant, request body part) per prefix to warm."""
     if isinstance(source, str) and source == "hot":
@@ -93,7 +140,9 @@ def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None
         t = item.get("tenant", tenant)
         if tenant is not None and t != tenant:
             continue
-        if "messages" in item:
+        if "key" in item:  # a hot prefix whose key was recorded with it
+            key, body = item["key"], {k: item[k] for k in ("messages", "prompt") if k in item}
+        elif "messages" in item:
             msgs = item["messages"]
             role = msgs[0].get("role") if msgs[0].get("role") in ("system", "developer", "user", "assistant",
                                                                    "tool") else "other"

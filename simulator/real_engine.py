@@ -14,7 +14,10 @@ free 127.0.0.1 port with prefix caching and per-request cached-token counts::
         print(eng.base_url)            # http://127.0.0.1:PORT/v1, model "tiny"
 
 Everything the harness writes stays in its own folder: the venv, the model,
-and one run folder per engine (its log), removed when the engine stops.
+and one run folder per engine (its log and pid file), removed when the engine
+stops. An engine whose starting process was killed before it could stop it is
+stopped, and its folder removed, the next time an engine starts
+(:func:`reap_stale`).
 
 From the shell: ``python -m warmscope.simulator.real_engine install`` (what
 scripts/test.sh runs) and ``... serve [--port N]``.
@@ -155,12 +158,84 @@ def _reap_group(pgid: int, timeout_s: float = 15.0) -> None:
         time.sleep(0.1)
 
 
+PIDFILE = "engine.pid"
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot; with the pid it names
+    one process even after the pid is reused), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _group_members(pgid: int, run_dir: Path) -> list[int]:
+    """Processes of group ``pgid`` running in ``run_dir`` (an engine this
+    harness started runs there): never anything else on the machine."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            if Path(os.readlink(d / "cwd")).resolve() == run_dir.resolve():
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def runs_dir() -> Path:
+    return home() / "runs"
+
+
+def reap_stale(log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), runs: Path | None = None) -> int:
+    """Stop engines left behind by a process that was killed before it could
+    stop them, and remove their run folders; returns how many were found.
+
+    An engine's run folder holds a pid file: the engine's process group and
+    the process that started it (pid and start time). A folder is stale when
+    that process is gone; then only processes of that group whose working
+    directory is that folder are killed. Folders without a pid file (being
+    set up, or not this harness's) and engines whose owner still runs (e.g.
+    another test session) are left alone. ``runs``: the folder of run folders
+    (default :func:`runs_dir`)."""
+    runs = runs or runs_dir()
+    found = 0
+    if not runs.is_dir():
+        return 0
+    for run_dir in runs.iterdir():
+        try:
+            info = json.loads((run_dir / PIDFILE).read_text())
+            owner, owner_start, pgid = int(info["owner"]), info["owner_start"], int(info["pgid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _start_time(owner) == owner_start:
+            continue  # its owner still runs and will stop it
+        found += 1
+        members = _group_members(pgid, run_dir)
+        if members:
+            log(f"stopping a stale vLLM engine (process group {pgid}, {len(members)} processes) left in {run_dir}")
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while _group_members(pgid, run_dir) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return found
+
+
 class VLLMEngine:
     """One vLLM server process group on 127.0.0.1, started and stopped by us."""
 
     def __init__(self, port: int | None = None, kv_cache_gib: int = 1, max_model_len: int = 2048,
                  startup_timeout_s: float = 420.0,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> None:
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                 runs: Path | None = None) -> None:
         self.port = port or free_port()
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
@@ -169,6 +244,7 @@ class VLLMEngine:
         self.proc: subprocess.Popen[bytes] | None = None
         self.run_dir: Path | None = None
         self.startup_s: float | None = None
+        self.runs = runs  # folder of the run folders (default runs_dir())
 
     @property
     def url(self) -> str:
@@ -194,7 +270,8 @@ class VLLMEngine:
 
     def start(self) -> "VLLMEngine":
         model = model_dir(self.log)
-        runs = home() / "runs"
+        runs = self.runs or runs_dir()
+        reap_stale(self.log, runs)
         runs.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(tempfile.mkdtemp(dir=runs, prefix=f"vllm-{self.port}-"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "CUDA_"))}
@@ -209,6 +286,9 @@ class VLLMEngine:
                                      stdin=subprocess.DEVNULL, cwd=self.run_dir, env=env,
                                      start_new_session=True)
         logf.close()
+        me = os.getpid()
+        (self.run_dir / PIDFILE).write_text(json.dumps({"pgid": self.proc.pid, "owner": me,
+                                                        "owner_start": _start_time(me)}))
         try:
             self._wait_ready(t0)
         except BaseException:

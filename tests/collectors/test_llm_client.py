@@ -210,6 +210,139 @@ def test_warmup_runner_warms_records_and_fails_cleanly(make_tel, upstream, tmp_p
         load_prompts(tmp_path / "bad.jsonl")
 
 
+def _sse(client, body, **kw):
+    with client.stream("POST", "/v1/chat/completions", json=body, **kw) as r:
+        return b"".join(r.iter_bytes()), r
+
+
+def test_streams_ask_for_usage_and_the_caller_reads_what_it_asked_for(make_tel, upstream):
+    tel = make_tel()
+    plain = httpx.Client(base_url=upstream)
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    rec = inst._transport.recorder
+    body = {"model": "tiny", "messages": msgs(), "stream": True}
+    ref, _ = _sse(plain, body)                       # the engine's stream when usage is not asked for
+    got, resp = _sse(inst, body, headers={"x-warmscope-tenant": "acme"})
+    assert got == ref                                # byte for byte: no usage chunk, no "usage": null
+    assert b"usage" not in got
+    assert b"stream_options" not in resp.request.content   # the caller's request object as it was
+    # the engine was asked for usage, so the cached tokens of the repeat were recorded
+    assert rec.stats["usage_requested"] == 1 and rec.stats["recorded"] == 1 and rec.stats["no_usage"] == 0
+    # a caller that asks for usage gets the usage chunk, untouched
+    asked = {**body, "stream_options": {"include_usage": True}}
+    ref2, _ = _sse(plain, asked)
+    got2, _ = _sse(inst, asked, headers={"x-warmscope-tenant": "acme"})
+    assert b'"choices": [], "usage": {' in got2 and got2.count(b"data:") == ref2.count(b"data:")
+    # one that said no is left alone (and counted as without usage)
+    _sse(inst, {**body, "stream_options": {"include_usage": False}})
+    # other stream options are kept and usage added beside them
+    _sse(inst, {**body, "stream_options": {"continuous_usage_stats": False}})
+    assert rec.stats["usage_requested"] == 2 and rec.stats["no_usage"] == 1 and rec.stats["recorded"] == 3
+    lk = lookups(tel)
+    hits = lk[(lk["tenant"] == "acme") & (lk["result"] == "hit")]["count"].sum()
+    assert hits > 0                                  # the acme repeat hit its cached prefix
+    # the openai client sees the same chunks as without warmscope: none without choices
+    oc = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel)
+    chunks = list(oc.chat.completions.create(model="tiny", messages=msgs(), stream=True))
+    assert [c.choices[0].delta.content for c in chunks] == ["", "ok", " ok", " ok"]
+    assert recorder_of(oc).stats["recorded"] == 1
+
+
+def test_usage_chunk_is_taken_out_at_any_chunk_boundary(make_tel, upstream):
+    tel = make_tel()
+    plain = httpx.Client(base_url=upstream)
+    body = {"model": "tiny", "messages": msgs(system="boundaries"), "stream": True}
+    ref, _ = _sse(plain, body)
+    engine, _ = _sse(plain, {**body, "stream_options": {"include_usage": True}})   # what the engine sends
+    rec = InstrumentedTransport(telemetry=tel).recorder
+    raw = json.dumps(body).encode()
+    for cut in range(1, len(engine)):                # every split into two network chunks, and byte by byte
+        for parts in ([engine[:cut], engine[cut:]],) + (([engine[i:i + 1] for i in range(len(engine))],)
+                                                        if cut == 1 else ()):
+            ex = rec.begin("POST", "/v1/chat/completions", {}, raw)
+            assert ex.strip and b'"include_usage":true' in ex.body
+            ex.response(200, "text/event-stream; charset=utf-8")
+            out = b"".join(ex.feed(p) for p in parts) + ex.flush()
+            ex.finish()
+            assert out == ref, cut
+            assert ex.usage["prompt_tokens"] > 0
+    # a line that is not JSON: passed on unchanged from there on, counted, never raised
+    ex = rec.begin("POST", "/v1/chat/completions", {}, raw)
+    ex.response(200, "text/event-stream")
+    odd = b'data: {"usage": {"prompt_tokens": oops\n\n' + ref
+    assert b"".join([ex.feed(odd), ex.flush()]) == odd
+    assert not ex.strip
+
+
+def test_gateway_streams_ask_for_usage_too(make_tel, upstream):
+    tel = make_tel()
+    app = make_app(upstream, telemetry=tel)
+    body = {"model": "tiny", "messages": msgs(system="via the gateway"), "stream": True}
+    with serve(app) as gw:
+        ref, _ = _sse(httpx.Client(base_url=upstream), body)
+        got, _ = _sse(httpx.Client(base_url=gw), body)
+        got2, _ = _sse(httpx.Client(base_url=gw), body)
+    assert got == got2 == ref
+    st = app.state.recorder.stats
+    assert st["usage_requested"] == 2 and st["recorded"] == 2 and st["no_usage"] == 0
+
+
+def test_warmup_from_hot_uses_the_store_and_the_local_prompt_library(make_tel, upstream, tmp_path, capsys):
+    import os
+    import stat
+
+    from warmscope.app.cli import main
+
+    store, library = tmp_path / "serving.sqlite", tmp_path / "prompts.jsonl"
+    tel = make_tel(store_path=str(store), key_secret="shared-secret")
+    client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel,
+                               prompt_library=str(library))
+    hot_system, cold_system = f"{SYSTEM} the hot one", f"{SYSTEM} the cold one"
+    for system, n in ((hot_system, 4), (cold_system, 1)):
+        for i in range(n):
+            with request_context(tenant="acme", telemetry=tel):
+                client.chat.completions.create(model="tiny", messages=msgs(system=system, user=f"q{i}"))
+    recorder_of(client).close()
+    tel.close()
+    assert stat.S_IMODE(os.stat(library).st_mode) == 0o600
+    lib = [json.loads(line) for line in library.read_text().splitlines()]
+    assert len(lib) == 2 and SYSTEM in library.read_text()          # the text stays on this host...
+    hot_key = next(e["key"] for e in lib if e["prefix"][0][1] == hot_system)
+    blob = b"".join(p.read_bytes() for p in tmp_path.glob("serving.sqlite*"))
+    assert b"zq7" not in blob and hot_key.encode() not in blob          # ...the store has hashes only
+    env = {"WARMSCOPE_KEY_SECRET": "shared-secret"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        rc = main(["--store", str(store), "warmup", "--engine", upstream, "--from", "hot", "--library",
+                   str(library), "--top-k", "1", "--rate", "0", "--quiet"])
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert "ok, 1 prefixes" in err
+        os.environ["WARMSCOPE_KEY_SECRET"] = "another-secret"          # not the serving process's
+        assert main(["--store", str(store), "warmup", "--engine", upstream, "--from", "hot", "--library",
+                     str(library), "--quiet"]) == 2
+        assert "same key secret" in capsys.readouterr().err
+        assert main(["--store", str(store), "warmup", "--engine", upstream, "--from", "hot", "--library",
+                     str(tmp_path / "none.jsonl"), "--quiet"]) == 2
+        assert "cannot read the prompt library" in capsys.readouterr().err
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    from warmscope.collectors.keys import KeyHasher
+    from warmscope.collectors.store import EmbeddedStore
+
+    st = EmbeddedStore(store, readonly=True)
+    try:
+        wk = st.frame("warmed_keys")
+        runs = st.frame("warmup_runs")
+    finally:
+        st.close()
+    # the hottest prefix was warmed, under the key real requests carry
+    assert list(wk["key_hash"]) == [KeyHasher(b"shared-secret").hash(hot_key)]
+    assert list(runs["status"]) == ["ok"]
+
+
 def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
     from warmscope.app.cli import main
 
@@ -217,8 +350,11 @@ def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
     assert "not an http(s) URL" in capsys.readouterr().err
     assert main(["warmup", "--engine", "http://127.0.0.1:9", "--from", str(tmp_path / "none.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["warmup", "--engine", "http://127.0.0.1:9"]) == 2
-    assert "--from FILE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ex:                       # argparse: "--from is required"
+        main(["warmup", "--engine", "http://127.0.0.1:9"])
+    assert ex.value.code == 2 and "--from" in capsys.readouterr().err
+    assert main(["warmup", "--engine", "http://127.0.0.1:9", "--from", "hot"]) == 2
+    assert "--from hot needs --library" in capsys.readouterr().err
     (tmp_path / "w.jsonl").write_text('{"prompt": "hello"}\n')
     assert main(["--store", str(tmp_path / "s.sqlite"), "warmup", "--engine", "http://127.0.0.1:9",
                  "--from", str(tmp_path / "w.jsonl"), "--quiet"]) == 1

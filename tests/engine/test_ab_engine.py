@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -20,7 +22,7 @@ from warmscope.analysis.ab_report import report_for
 from warmscope.analysis.coverage import warm_set_coverage
 from warmscope.collectors import request_context
 from warmscope.collectors.config import CollectorConfig
-from warmscope.collectors.openai_client import instrument_openai, recorder_of
+from warmscope.collectors.openai_client import InstrumentedTransport, instrument_openai, recorder_of
 from warmscope.collectors.pipeline import Telemetry
 from warmscope.collectors.store import EmbeddedStore
 from warmscope.collectors.warmup_runner import run_warmup
@@ -176,6 +178,42 @@ def test_no_prompt_text_in_the_store(ab_run):
     assert blobs and sum(len(b) for b in blobs) > 10_000
     for blob in blobs:
         assert SECRET_WORD.encode() not in blob and b"turbine" not in blob and b"question 3" not in blob
+
+
+def test_a_stream_that_does_not_ask_for_usage_reads_as_without_warmscope(ab_run, tmp_path):
+    """The client asks the engine for usage on the caller's behalf and takes the
+    usage chunk out again: the caller reads the engine's own stream, and the
+    cached tokens are recorded all the same."""
+    eng = ab_run["engines"]["B"]
+    cfg = CollectorConfig.load(env={}, store_path=str(tmp_path / "s.sqlite"), key_secret="s", exporter="embedded")
+    tel = Telemetry(cfg, background=False)
+    plain = httpx.Client(base_url=eng.url, timeout=120)
+    inst = httpx.Client(base_url=eng.url, timeout=120, transport=InstrumentedTransport(telemetry=tel))
+    body = {"model": "tiny", "max_tokens": 3, "temperature": 0, "stream": True,
+            "messages": [{"role": "system", "content": system_prompt("acme", 1)},
+                         {"role": "user", "content": "a streamed question"}]}
+
+    def sse(client):
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            return b"".join(r.iter_bytes())
+
+    def norm(b):   # request ids and timestamps differ from request to request
+        return re.sub(rb'"(id|created)":("[^"]*"|[0-9]+)', rb'"\1":_', b)
+
+    before = eng.counters()
+    got = sse(inst)
+    after = eng.counters()
+    ref = sse(plain)
+    assert norm(got) == norm(ref)                       # byte for byte but ids: no usage chunk...
+    assert b'"usage"' not in got and b'"system_fingerprint"' in got   # ...and the fingerprint where vLLM puts it
+    st = inst._transport.recorder.stats
+    assert st["usage_requested"] == 1 and st["recorded"] == 1 and st["no_usage"] == 0
+    tel.close()
+    lk = tel.store.frame("lookups")
+    lk = lk[lk.layer == "prefix_kv"]
+    hits, total = lk[lk.result == "hit"]["count"].sum(), lk["count"].sum()
+    assert hits == after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] > 0
+    assert total == after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
 
 
 def test_engine_stopped_mid_run_fails_for_the_caller_as_without_warmscope(ab_run):
