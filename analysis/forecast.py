@@ -68,11 +68,20 @@ def series(lookups: pd.DataFrame, by: Sequence[str] = ("family",), step: float |
     if not np.isfinite(step):
         return pd.DataFrame()
     b = np.ceil(lk["ts"].to_numpy(float) / step - 1e-9) * step
-    key = lk[list(by)].astype(str).agg(" · ".join, axis=1) if len(by) > 1 else lk[by[0]].astype(str)
-    s = pd.DataFrame({"b": b, "k": key.to_numpy(), "c": lk["count"].to_numpy(float)}).groupby(["b", "k"])["c"] \
-        .sum().unstack(fill_value=0.0)
-    full = np.arange(s.index.min(), s.index.max() + step / 2, step)
-    out = s.reindex(full, fill_value=0.0) / step
+    cols = list(by)
+    if len(cols) == 1:
+        codes, uniq = pd.factorize(lk[cols[0]].astype(str), sort=True)
+        labels = [str(u) for u in uniq]
+    else:
+        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(lk[cols].astype(str)), sort=True)
+        labels = [" · ".join(u) for u in uniq]
+    K = len(labels)
+    b0 = float(b.min())
+    bi = np.rint((b - b0) / step).astype(np.int64)
+    T = int(bi.max()) + 1
+    m = np.bincount(bi * K + codes, weights=lk["count"].to_numpy(float), minlength=T * K).reshape(T, K)
+    out = pd.DataFrame(m / step, index=b0 + step * np.arange(T), columns=pd.Index(labels, name="k"))
+    out.index.name = "b"
     out.attrs["step_s"] = step
     return out
 
