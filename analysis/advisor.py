@@ -10,9 +10,9 @@ rather than its ratio:
 * ``"net_gpu_s"`` (default) — the replay's ``net_gpu_s``: GPU-seconds saved
   against the recorded parameters minus the extra warm-up GPU-seconds (× a
   price per GPU-s it is the money a change returns). The ratio
-  ``(saved − cost) / cost`` falls with every key added past the first (each
-  further key is less popular), so maximising it picks the smallest warm set
-  whatever it leaves on the table; the ratio is reported beside the gain.
+  ``(saved − cost) / cost`` rewards spending little rather than saving much:
+  a change that returns less in total can have the higher ratio, so it is
+  reported beside the gain, not maximised, by default.
 * ``"roi"`` — that ratio (the warm-ups' own compute ROI), for a team that
   must justify each GPU-second of warming on its own.
 

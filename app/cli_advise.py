@@ -24,7 +24,8 @@ def register(sub, progress, store_path) -> None:
     p.add_argument("--budget-gpu-s", type=float, help="cap on warm-up GPU-seconds per day (default: no cap)")
     p.add_argument("--objective", choices=("net_gpu_s", "roi"), default="net_gpu_s",
                    help="what the tuning maximises: net_gpu_s (default) = GPU-s saved minus warm-up GPU-s, the "
-                   "return of the compute ROI; roi = the ratio (saved - cost) / cost, which favours small warm sets")
+                   "return of the compute ROI; roi = the ratio (saved - cost) / cost, which can prefer a change that "
+                   "returns less in total")
     p.add_argument("--variant", help="calibrate on this A/B variant's pool only (default: all lookups)")
     p.add_argument("--iterations", type=int, default=16, help="Bayesian-optimisation steps after 8 start points "
                    "(default 16)")

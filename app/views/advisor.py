@@ -103,8 +103,8 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Expected gain", f"{rec.gain:+.0f} GPU-s", help=f"GPU-s saved minus warm-up GPU-s over the range, against "
           f"the recorded parameters (the objective); GP sd {rec.gain_sd:.0f} GPU-s")
 c4.metric("Warm-up ROI (compute)", f"{o.roi:+.2f}", delta=f"{o.roi - bo.roi:+.2f}",
-          help="(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; the ratio is highest for the smallest "
-          "warm set, so the tuning maximises the net GPU-s instead")
+          help="(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; a change that returns less in total "
+          "can have the higher ratio, so the tuning maximises the net GPU-s")
 c2.metric("Warm-up GPU-s", f"{o.warm_gpu_s:.0f}", delta=f"{o.warm_gpu_s - bo.warm_gpu_s:+.0f}", delta_color="inverse")
 c3.metric("Warm-up bytes", f"{o.warm_bytes / 1e6:.0f} MB", delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+.0f} MB",
           delta_color="inverse")

@@ -101,3 +101,26 @@ def test_persistence_from_hot_keys_by_hand():
     assert "ρ(1 h) = 0.30" in note
     lags, rho, note = persistence(hk.iloc[:0], "response")
     assert (rho == 1).all() and "taken as stable" in note
+
+
+def test_the_roi_ratio_and_net_gpu_s_objectives_each_win_on_their_own_terms():
+    from warmscope.analysis.advisor import advise
+    from warmscope.analysis.replay import _layer_hits, replay_cost
+
+    m = _model(capacity=500.0, catalog=20000)
+    m.base_hits = {"response": _layer_hits(m, "response", 1.0, m.base)[0].sum()
+                   + _warm_extra(m, "response", 1.0, m.base, np.random.default_rng(0))[0]}
+    m.base_hits.update({f"_cost_{k}": v for k, v in replay_cost(m, m.base).items()})
+    r = m.rates["response"]
+    lk = pd.DataFrame({"ts": r.index + 900.0, "layer": "response", "family": "f", "result": "hit",
+                       "count": r.iloc[:, 0].to_numpy() * 900.0})
+    net = advise({"lookups": lk}, model=m, n_init=5, n_iter=3, seed=1)
+    roi = advise({"lookups": lk}, model=m, n_init=5, n_iter=3, seed=1, objective="roi")
+    assert net.objective == "net_gpu_s" and roi.objective == "roi"
+    assert roi.gain == pytest.approx(roi.outcome.roi - roi.base_outcome.roi)
+    assert net.gain == pytest.approx(net.outcome.net_gpu_s - net.base_outcome.net_gpu_s)
+    # each wins on its own objective (same seed, same start points)
+    assert roi.outcome.roi >= net.outcome.roi and net.outcome.net_gpu_s >= roi.outcome.net_gpu_s
+    assert (roi.outcome.roi, roi.outcome.net_gpu_s) != (net.outcome.roi, net.outcome.net_gpu_s)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        advise({"lookups": lk}, model=m, objective="hit_rate")
