@@ -109,6 +109,17 @@ class Model:
     base_hits: dict[str, float] = field(default_factory=dict)
     persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
+    _tc: dict = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+
+    def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
+        """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
+        key = (layer, inst, s)
+        if key not in self._tc:
+            prob, w = _zipf(s, self.catalog[layer])
+            sub = self.rates[layer][inst].to_numpy(float)
+            r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
+            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]), self.capacity[layer])
+        return self._tc[key]
 
 
 @dataclass
@@ -248,7 +259,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
         sub = R[inst].to_numpy(float)  # buckets × families
         r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
         ww = np.tile(w, sub.shape[1])
-        Tc = _char_time(layer, r, ww, m.capacity[layer])
+        Tc = m.char_times(layer, inst, s)
         T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
         starts = np.array(sorted(m.starts.get(inst, [m.t0])))
         last = starts[np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(starts) - 1)]
@@ -266,7 +277,6 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
     prob, w = _zipf(s, m.catalog[layer])
     keys_p = np.repeat(prob, w.astype(int))  # key-level for ranking
     n_keys = len(keys_p)
-    ww = np.tile(w, R[m.instances[layer][0]].shape[1])
     idx = R.index.to_numpy(float)
     lags, rho = m.persist.get(layer, STABLE)
     lam = max(p.lambda_per_s, 1e-9)
@@ -274,8 +284,10 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
     B = max(1.0 / lam - A, 0.0)  # the heat's weight on history whose popularity has since moved
     perm = rng.permutation(n_keys)
     extra, runs = 0.0, 0
+    keys_pp = keys_p[perm]
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)
+        tc_all = m.char_times(layer, inst, s)
         starts = m.starts.get(inst, [m.t0])
         events = [t + m.weights_load_s for t in starts]
         day = (m.t0 // 86400) * 86400
@@ -293,16 +305,20 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             ttl = p.response_ttl_s if layer == "response" else np.inf
             b_end = int(np.clip(np.searchsorted(idx, te + min(ttl, SPAN_CAP_S)), b + 1, len(idx)))
             rw = sub[b:b_end]  # buckets × families
-            tcs = _char_time(layer, (rw[:, :, None] * prob[None, None, :]).reshape(len(rw), -1), ww,
-                             m.capacity[layer])
+            tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
             off1 = idx[b:b_end] + BUCKET_S - te
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
-            heat = rng.poisson((A * r_now + B * r_now[:, perm]).ravel())
-            k = min(p.warm_keys, heat.size)
-            top = np.argpartition(-(heat + 1e-9 * r_now.ravel()), k - 1)[:k] if k > 0 else np.array([], int)
+            mu = (A * r_now + B * np.outer(rate_now, keys_pp)).ravel()
+            k = min(p.warm_keys, mu.size)
+            # the heat counts are drawn for the keys with the highest expected heat only (4k + 2,000 of them):
+            # a key further down has next to no chance of a count in the top k
+            cand = np.argpartition(-mu, min(4 * k + 2000, mu.size) - 1)[:4 * k + 2000] \
+                if mu.size > 4 * k + 2000 else np.arange(mu.size)
+            heat = rng.poisson(mu[cand]) + 1e-9 * r_now.ravel()[cand]
+            top = cand[np.argpartition(-heat, k - 1)[:k]] if k > 0 else np.array([], int)
             fam, key = np.divmod(top, n_keys)
             # reads a warmed key gets in its life, bucket by bucket: its own rate while its popularity holds (ρ),
             # a random key's after
@@ -399,7 +415,7 @@ def calibrate(frames: dict, variant: str | None = None, base: Params | None = No
     if len(pre):
         m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
     for layer in rates:
-        lo, hi = 0.3, 2.5
+        lo, hi = 0.0, 2.5
         for _ in range(11):
             s = (lo + hi) / 2
             hb, nb = _layer_hits(m, layer, s, m.base)
