@@ -47,7 +47,8 @@ from scipy.stats import norm, qmc
 from .forecast import Peak, next_peak
 from .replay import SLO_LAMBDA, Model, Outcome, Params, calibrate, replay
 
-__all__ = ["expected_improvement", "Recommendation", "advise", "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS", "Proof", "prove"]
+__all__ = ["expected_improvement", "Recommendation", "advise", "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS",
+           "Proof", "prove"]
 
 BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0, "log"),
           "lambda_per_s": (1e-5, 1e-2, "log"), "lead_s": (0.0, 8 * 3600.0, "lin")}
