@@ -3,10 +3,21 @@ the what-if replay, and say when the next peak comes.
 
 Search space (each mapped to [0, 1]): warm-set size ``warm_keys`` 25–4000
 (log), response TTL 5 min–4 h (log), heat decay λ 1e-5–1e-2 /s (log), trigger
-lead time 0–8 h before the forecast peak. The objective is the replay's
-``net_gpu_s`` (GPU-seconds saved against the recorded parameters minus the
-extra warm-up GPU-seconds); a candidate whose warm-ups cost more than the
-budget (GPU-s per day) is penalised by the excess. A Gaussian process
+lead time 0–8 h before the forecast peak. The objective (``objective``) is
+the return of the compute ROI (``analysis.roi``: GPU-s saved × price − cost)
+rather than its ratio:
+
+* ``"net_gpu_s"`` (default) — the replay's ``net_gpu_s``: GPU-seconds saved
+  against the recorded parameters minus the extra warm-up GPU-seconds (× a
+  price per GPU-s it is the money a change returns). The ratio
+  ``(saved − cost) / cost`` rewards spending little rather than saving much:
+  a change that returns less in total can have the higher ratio, so it is
+  reported beside the gain, not maximised, by default.
+* ``"roi"`` — that ratio (the warm-ups' own compute ROI), for a team that
+  must justify each GPU-second of warming on its own.
+
+A candidate whose warm-ups cost more than the budget (GPU-s per day) is
+penalised by the excess. A Gaussian process
 (scikit-learn, Matérn 5/2 + white noise, normalised targets) models the
 objective; the next point maximises expected improvement
 
@@ -36,7 +47,8 @@ from scipy.stats import norm, qmc
 from .forecast import Peak, next_peak
 from .replay import SLO_LAMBDA, Model, Outcome, Params, calibrate, replay
 
-__all__ = ["expected_improvement", "Recommendation", "advise", "optimise", "sim_overrides", "BOUNDS", "Proof", "prove"]
+__all__ = ["expected_improvement", "Recommendation", "advise", "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS",
+           "Proof", "prove"]
 
 BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0, "log"),
           "lambda_per_s": (1e-5, 1e-2, "log"), "lead_s": (0.0, 8 * 3600.0, "lin")}
@@ -117,7 +129,7 @@ class Recommendation:
     base: Params
     outcome: Outcome
     base_outcome: Outcome
-    gain: float  # net GPU-s per recorded span vs the recorded parameters
+    gain: float  # the objective vs the recorded parameters: net GPU-s over the recorded span (or ROI ratio)
     gain_sd: float
     budget_gpu_s: float | None
     peak: Peak | None
@@ -126,10 +138,13 @@ class Recommendation:
     seconds: float
     history: list[dict] = field(default_factory=list)
     model: Model | None = None
+    objective: str = "net_gpu_s"  # what ``gain`` is in: net GPU-s, or the ROI ratio
 
     def as_dict(self) -> dict:
         d = {"params": self.params.as_dict(), "base": self.base.as_dict(), "outcome": self.outcome.as_dict(),
-             "base_outcome": self.base_outcome.as_dict(), "gain_gpu_s": self.gain, "gain_sd_gpu_s": self.gain_sd,
+             "base_outcome": self.base_outcome.as_dict(), "objective": self.objective,
+             "gain": self.gain, "gain_sd": self.gain_sd,
+             "gain_gpu_s": self.outcome.net_gpu_s - self.base_outcome.net_gpu_s,
              "budget_gpu_s_per_day": self.budget_gpu_s, "evaluations": self.evaluations,
              "seconds": round(self.seconds, 2), "simulator": sim_overrides(self.params),
              "next_peak": asdict(self.peak) if self.peak else None, "trigger_at": self.trigger_at}
@@ -144,10 +159,15 @@ def sim_overrides(p: Params) -> dict:
             "lead_s": float(p.lead_s)}
 
 
+OBJECTIVES = ("net_gpu_s", "roi")
+
+
 def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None = None, n_init: int = 8,
            n_iter: int = 16, seed: int = 0, progress: Callable[[int, int], None] | None = None,
-           model: Model | None = None) -> Recommendation:
+           model: Model | None = None, objective: str = "net_gpu_s") -> Recommendation:
     """Calibrate the replay on ``frames``, tune, and return the recommendation."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     t0 = time.perf_counter()
     m = model or calibrate(frames, variant=variant)
     days = max((m.t1 - m.t0) / 86400.0, 1e-9)
@@ -156,9 +176,14 @@ def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None 
 
     def f(u: np.ndarray) -> float:
         o = replay(m, to_params(u))
-        v = o.net_gpu_s
-        if budget_gpu_s is not None and o.warm_gpu_s / days > budget_gpu_s:
-            v -= 10 * (o.warm_gpu_s / days - budget_gpu_s) * days
+        if objective == "roi":
+            v = o.roi if np.isfinite(o.roi) else -1.0
+            if budget_gpu_s is not None and o.warm_gpu_s / days > budget_gpu_s:
+                v -= 10 * (o.warm_gpu_s / days - budget_gpu_s) / budget_gpu_s
+        else:
+            v = o.net_gpu_s
+            if budget_gpu_s is not None and o.warm_gpu_s / days > budget_gpu_s:
+                v -= 10 * (o.warm_gpu_s / days - budget_gpu_s) * days
         history.append({**o.params.as_dict(), "net_gpu_s": o.net_gpu_s, "warm_gpu_s": o.warm_gpu_s,
                         "objective": v})
         return v
@@ -171,8 +196,9 @@ def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None 
     _, sd = gp.predict(X[best][None, :], return_std=True)
     peak = next_peak(frames["lookups"])
     trig = peak.at - p.lead_s if peak else None
-    return Recommendation(p, m.base, out, base_out, out.net_gpu_s - base_out.net_gpu_s, float(sd[0]),
-                          budget_gpu_s, peak, trig, len(y), time.perf_counter() - t0, history, m)
+    gain = out.net_gpu_s - base_out.net_gpu_s if objective == "net_gpu_s" else out.roi - base_out.roi
+    return Recommendation(p, m.base, out, base_out, gain, float(sd[0]), budget_gpu_s, peak, trig, len(y),
+                          time.perf_counter() - t0, history, m, objective)
 
 
 @dataclass

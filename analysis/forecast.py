@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["HORIZONS", "series", "Evaluation", "evaluate", "forecast_table", "forecast_now", "next_peak",
-           "prediction_error", "Peak"]
+           "prediction_error", "PredictionError", "Peak"]
 
 HORIZONS = (5.0, 180.0, 3600.0)
 LEVELS = (0.05, 0.95)
@@ -68,11 +68,20 @@ def series(lookups: pd.DataFrame, by: Sequence[str] = ("family",), step: float |
     if not np.isfinite(step):
         return pd.DataFrame()
     b = np.ceil(lk["ts"].to_numpy(float) / step - 1e-9) * step
-    key = lk[list(by)].astype(str).agg(" · ".join, axis=1) if len(by) > 1 else lk[by[0]].astype(str)
-    s = pd.DataFrame({"b": b, "k": key.to_numpy(), "c": lk["count"].to_numpy(float)}).groupby(["b", "k"])["c"] \
-        .sum().unstack(fill_value=0.0)
-    full = np.arange(s.index.min(), s.index.max() + step / 2, step)
-    out = s.reindex(full, fill_value=0.0) / step
+    cols = list(by)
+    if len(cols) == 1:
+        codes, uniq = pd.factorize(lk[cols[0]].astype(str), sort=True)
+        labels = [str(u) for u in uniq]
+    else:
+        codes, uniq = pd.factorize(pd.MultiIndex.from_frame(lk[cols].astype(str)), sort=True)
+        labels = [" · ".join(u) for u in uniq]
+    K = len(labels)
+    b0 = float(b.min())
+    bi = np.rint((b - b0) / step).astype(np.int64)
+    T = int(bi.max()) + 1
+    m = np.bincount(bi * K + codes, weights=lk["count"].to_numpy(float), minlength=T * K).reshape(T, K)
+    out = pd.DataFrame(m / step, index=b0 + step * np.arange(T), columns=pd.Index(labels, name="k"))
+    out.index.name = "b"
     out.attrs["step_s"] = step
     return out
 
@@ -88,12 +97,12 @@ def _targets(y: np.ndarray, m: int) -> np.ndarray:
 
 
 def _ses_levels(y: np.ndarray, alpha: float) -> np.ndarray:
-    lvl = np.empty_like(y)
-    cur = y[0].copy()
-    for t in range(len(y)):
-        cur = alpha * y[t] + (1 - alpha) * cur
-        lvl[t] = cur
-    return lvl
+    """Level after each row: ``l_t = α·y_t + (1 − α)·l_{t−1}``, ``l_{−1} = y_0`` (a first-order filter)."""
+    from scipy.signal import lfilter
+
+    if len(y) == 0:
+        return y.astype(float)
+    return lfilter([alpha], [1.0, -(1.0 - alpha)], y, axis=0, zi=((1.0 - alpha) * y[:1]).astype(float))[0]
 
 
 def _mape(a: np.ndarray, p: np.ndarray) -> float:
@@ -176,41 +185,41 @@ def _split(T: int) -> tuple[int, int]:
     return int(T * 0.6), int(T * 0.8)
 
 
+def _evaluate_one(y: np.ndarray, ts: np.ndarray, step: float, h: float) -> tuple[Evaluation, _Fitted | None]:
+    T = len(y)
+    train_end, sel_end = _split(T)
+    m = max(1, int(round(h / step)))
+    if sel_end - train_end < 2 or T - sel_end <= m:
+        return Evaluation(h, step, h < step, {}, {}, "", note="too little history for this horizon"), None
+    f = _Fitted(y, ts, step, m, train_end)
+    a_sel, a_test = f.target[train_end:sel_end], f.target[sel_end:]
+    mape, cov, sel, bands = {}, {}, {}, {}
+    for name, p in f.pred.items():
+        sel[name] = _mape(a_sel, p[train_end:sel_end])
+        err = np.log1p(a_sel) - np.log1p(p[train_end:sel_end])
+        err = err[np.isfinite(err)]
+        lo, hi = (np.quantile(err, LEVELS).tolist() if len(err) else (np.nan, np.nan))
+        bands[name] = (lo, hi)
+        pt = p[sel_end:]
+        mape[name] = _mape(a_test, pt)
+        ok = np.isfinite(a_test) & np.isfinite(pt)
+        la, lp = np.log1p(a_test[ok]), np.log1p(pt[ok])
+        cov[name] = float(np.mean((la >= lp + lo) & (la <= lp + hi))) if ok.any() else float("nan")
+    base = min(("seasonal_naive", "ses"), key=lambda n: sel[n] if np.isfinite(sel[n]) else np.inf)
+    chosen = "regression" if np.isfinite(sel["regression"]) and sel["regression"] < sel[base] else base
+    note = f.sn_label
+    if h < step:
+        note += f"; {h:g} s horizon scored as the next {step:g}-s bucket (flush interval)"
+    return Evaluation(h, step, h < step, mape, cov, chosen, note, sel, bands, f.alpha, f.coef), f
+
+
 def evaluate(s: pd.DataFrame, horizons: Iterable[float] = HORIZONS) -> list[Evaluation]:
     """Held-back MAPE and 90 % interval coverage per horizon and model (see the module doc)."""
     if s.empty:
         return []
     step = float(s.attrs.get("step_s") or _step(s.index.to_numpy(float)))
     y, ts = s.to_numpy(float), s.index.to_numpy(float)
-    T = len(y)
-    train_end, sel_end = _split(T)
-    out = []
-    for h in horizons:
-        m = max(1, int(round(h / step)))
-        if sel_end - train_end < 2 or T - sel_end <= m:
-            out.append(Evaluation(h, step, h < step, {}, {}, "", note="too little history for this horizon"))
-            continue
-        f = _Fitted(y, ts, step, m, train_end)
-        a_sel, a_test = f.target[train_end:sel_end], f.target[sel_end:]
-        mape, cov, sel, bands = {}, {}, {}, {}
-        for name, p in f.pred.items():
-            sel[name] = _mape(a_sel, p[train_end:sel_end])
-            err = np.log1p(a_sel) - np.log1p(p[train_end:sel_end])
-            err = err[np.isfinite(err)]
-            lo, hi = (np.quantile(err, LEVELS).tolist() if len(err) else (np.nan, np.nan))
-            bands[name] = (lo, hi)
-            pt = p[sel_end:]
-            mape[name] = _mape(a_test, pt)
-            ok = np.isfinite(a_test) & np.isfinite(pt)
-            la, lp = np.log1p(a_test[ok]), np.log1p(pt[ok])
-            cov[name] = float(np.mean((la >= lp + lo) & (la <= lp + hi))) if ok.any() else float("nan")
-        base = min(("seasonal_naive", "ses"), key=lambda n: sel[n] if np.isfinite(sel[n]) else np.inf)
-        chosen = "regression" if np.isfinite(sel["regression"]) and sel["regression"] < sel[base] else base
-        note = f.sn_label
-        if h < step:
-            note += f"; {h:g} s horizon scored as the next {step:g}-s bucket (flush interval)"
-        out.append(Evaluation(h, step, h < step, mape, cov, chosen, note, sel, bands, f.alpha, f.coef))
-    return out
+    return [_evaluate_one(y, ts, step, h)[0] for h in horizons]
 
 
 def forecast_table(lookups: pd.DataFrame, by: Sequence[str] = ("family",),
@@ -291,19 +300,61 @@ def next_peak(lookups: pd.DataFrame, after: float | None = None, smooth_s: float
     return Peak(at, float(prof.max()), float(lo), float(hi), basis)
 
 
-def prediction_error(lookups: pd.DataFrame, horizon_s: float = 15.0, by: Sequence[str] = ("family",)
-                     ) -> tuple[float, str]:
-    """The kept model's held-back MAPE at ``horizon_s`` (the score card's request-prediction dimension),
-    with a description; NaN and the reason when the lookups are coarser than the horizon or too short."""
+@dataclass
+class PredictionError:
+    """The request-prediction error at one horizon: the kept model's held-back MAPE with a 95 % CI."""
+
+    value: float  # NaN when it cannot be computed (``note`` says why)
+    note: str
+    ci: tuple[float, float] = (float("nan"), float("nan"))
+    horizon_s: float = 15.0
+    step_s: float = float("nan")
+    resolution_limited: bool = False
+    model: str = ""
+    baselines: dict[str, float] = field(default_factory=dict)
+
+    def __iter__(self):  # ``value, note = prediction_error(...)``
+        return iter((self.value, self.note))
+
+
+def _block_ci(a: np.ndarray, p: np.ndarray, blocks: int = 10) -> tuple[float, float]:
+    """95 % CI of the MAPE by batch means: the held-back rows cut into contiguous time blocks (errors of
+    neighbouring buckets are correlated), a t interval over the blocks' MAPEs."""
+    from scipy import stats
+
+    cuts = np.array_split(np.arange(len(a)), min(blocks, len(a)))
+    v = np.array([_mape(a[c], p[c]) for c in cuts if len(c)])
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+    return float(v.mean() - half), float(v.mean() + half)
+
+
+def prediction_error(lookups: pd.DataFrame, horizon_s: float = 15.0, by: Sequence[str] = ("family",),
+                     max_step_s: float = 60.0) -> PredictionError:
+    """The kept model's held-back MAPE at ``horizon_s`` (the score card's request-prediction dimension).
+
+    Lookups flushed more coarsely than ``horizon_s`` (but at most every ``max_step_s``) are scored one bucket
+    ahead and flagged ``resolution_limited``, as :func:`evaluate` does; coarser lookups (hourly rollups) or
+    too short a history give NaN and the reason. Unpacks as ``value, note``."""
     s = series(lookups, by)
     if s.empty:
-        return float("nan"), "no hit/miss lookups"
-    step = s.attrs["step_s"]
-    if step > horizon_s:
-        return float("nan"), f"needs lookups per {horizon_s:g} s or finer; these are per {step:g} s"
-    ev = evaluate(s, (horizon_s,))[0]
-    if not ev.chosen:
-        return float("nan"), ev.note
-    return ev.mape[ev.chosen], (f"{ev.chosen} forecast per family, {horizon_s:g} s ahead, held-back last 20 % "
-                                f"(baselines: seasonal-naive {ev.mape['seasonal_naive']:.3f}, "
-                                f"SES {ev.mape['ses']:.3f})")
+        return PredictionError(float("nan"), "no hit/miss lookups", horizon_s=horizon_s)
+    step = float(s.attrs["step_s"])
+    if step > max_step_s:
+        return PredictionError(float("nan"), f"needs lookups per {max_step_s:g} s or finer; these are per "
+                               f"{step:g} s", horizon_s=horizon_s, step_s=step)
+    y = s.to_numpy(float)
+    ev, f = _evaluate_one(y, s.index.to_numpy(float), step, horizon_s)
+    if f is None or not ev.chosen:
+        return PredictionError(float("nan"), ev.note, horizon_s=horizon_s, step_s=step)
+    sel_end = _split(len(y))[1]
+    ci = _block_ci(f.target[sel_end:], f.pred[ev.chosen][sel_end:])
+    width = (f"{horizon_s:g} s ahead" if not ev.resolution_limited else
+             f"{horizon_s:g} s ahead, scored as the next {step:g}-s bucket (the flush interval; flush every "
+             f"{horizon_s:g} s or faster to score it at its own width)")
+    note = (f"{ev.chosen} forecast per {' × '.join(by)}, {width}; held-back last 20 % "
+            f"(baselines: seasonal-naive {ev.mape['seasonal_naive']:.3f}, SES {ev.mape['ses']:.3f})")
+    return PredictionError(ev.mape[ev.chosen], note, ci, horizon_s, step, ev.resolution_limited, ev.chosen,
+                           {k: ev.mape[k] for k in ("seasonal_naive", "ses")})

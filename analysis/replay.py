@@ -18,8 +18,21 @@ pre-peak trigger ``peak − lead``. A warm-up writes the ``warm_keys`` keys with
 the highest heat per layer; heat is a decayed count, so the ranking sees about
 ``rate / λ`` requests per key: the replay draws those counts (Poisson, fixed
 seed), ranks, and credits each warmed key that was not cached yet with one
-extra hit if it is requested before its entry expires
-(``1 − exp(−r·min(TTL, T_C))``).
+extra hit if it is read before it goes stale
+(``1 − exp(−∫ r(t) dt)`` over its life). Staleness — a key warmed too early
+is worth less:
+
+* **expiry** — a response entry lives its TTL;
+* **eviction** — an LRU evicts an unread entry once its idle age passes the
+  characteristic time ``T_C`` of the bucket it is in (a busy peak flushes
+  entries warmed hours before it; reads racing that bucket's new entries get
+  ``T_C`` of it), so the life ends at the first such bucket;
+* **moving popularity** — ``ρ(Δ)`` (:func:`persistence`, measured from the
+  recorded hot keys) is the share of a warm set's value left ``Δ`` after it
+  was chosen: a warmed key is read at its own rate with weight ``ρ`` and at a
+  random key's rate otherwise, and the heat (history weighted by ``e^{−λa}``)
+  ranks on popularity that has since moved with weight
+  ``1/λ − ∫ e^{−λa} ρ(a) da`` — so a small λ ranks on stale history.
 
 Cost and value: a warmed key costs the GPU-seconds the recorded warm-ups spent
 per key of that layer (and their bytes); an extra hit saves what a miss costs,
@@ -31,9 +44,10 @@ warm-up GPU-s (the objective the advisor maximises; × a price gives money) and
 Calibration: with the parameters the recorded run used (read from its warm-up
 runs and warmed keys), the Zipf exponent of each layer is set by bisection so
 that the replayed hit rate equals the recorded one. Validation
-(``tests/analysis/test_replay.py``): calibrated on one pool, the replay
+(``tests/analysis/test_advisor_proof.py``): calibrated on one pool, the replay
 predicts the other pool's simulated hit rate under that pool's TTL within
-``TOLERANCE``.
+``TOLERANCE``; ``tests/analysis/test_advisor_staleness.py`` checks the
+staleness terms on synthetic traffic.
 
 The prefix-KV layer is not replayed: its system-prompt blocks hit after their
 first request whatever the warm-up does, and its misses come from session
@@ -44,16 +58,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+import math
+
 import numpy as np
 import pandas as pd
 
-__all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "TOLERANCE", "LAYERS",
-           "SLO_LAMBDA"]
+__all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "persistence",
+           "TOLERANCE", "LAYERS", "SLO_LAMBDA"]
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
 SLO_LAMBDA = 1.0 / 6000.0  # the SLO-aware rate for a 1 s TTFT SLO (λ = 1 / (slo_ms × 0.1) per minute)
 BUCKET_S = 900.0
+SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
+STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
 HEAD = 256  # ranks kept individually; the tail is binned
 
 
@@ -89,6 +107,19 @@ class Model:
     t1: float
     base: Params
     base_hits: dict[str, float] = field(default_factory=dict)
+    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
+    persist_note: dict[str, str] = field(default_factory=dict)
+    _tc: dict = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+
+    def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
+        """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
+        key = (layer, inst, s)
+        if key not in self._tc:
+            prob, w = _zipf(s, self.catalog[layer])
+            sub = self.rates[layer][inst].to_numpy(float)
+            r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
+            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]), self.capacity[layer])
+        return self._tc[key]
 
 
 @dataclass
@@ -139,6 +170,59 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
     return np.where(full, np.inf, np.sqrt(lo * hi))
 
 
+def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int = 6
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+    """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from one
+    hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
+
+    For every tenant and window ``w`` of the layer's hot keys (Space-Saving counts), the ``top`` keys of ``w``
+    are compared with window ``w + k``: ``ρ(k·W) = Σ count_{w+k}(keys of w's top) / Σ count_{w+k}(keys of
+    (w+k)'s top)``, pooled over tenants and windows, for k = 1 … ``max_lag``; ``ρ(0) = 1``. Returns lags (s),
+    ρ and a description; no hot keys: ρ ≡ 1 (popularity taken as stable) and the description says so."""
+    none = np.array([0.0, 1.0]), np.array([1.0, 1.0])
+    if hot_keys is None or len(hot_keys) == 0:
+        return *none, "no hot keys recorded: popularity taken as stable"
+    hk = hot_keys[hot_keys["layer"] == layer]
+    wins = np.unique(hk["window"].to_numpy(float)) if len(hk) else np.array([])
+    if len(wins) < 2:
+        return *none, f"fewer than two hot-key windows of {layer}: popularity taken as stable"
+    W = float(np.min(np.diff(wins)))
+    c = hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float)) \
+        .groupby(["tenant", "window", "key_hash"])["n"].sum()
+    counts: dict[tuple, pd.Series] = {k: g.droplevel([0, 1]) for k, g in c.groupby(level=[0, 1])}
+    tops = {k: set(v.nlargest(top).index) for k, v in counts.items()}
+    lags, rho = [0.0], [1.0]
+    for k in range(1, max_lag + 1):
+        num = den = 0.0
+        for (tenant, w), keys in tops.items():
+            later = counts.get((tenant, w + k * W))
+            if later is None:
+                continue
+            num += float(later[later.index.isin(keys)].sum())
+            den += float(later[later.index.isin(tops[(tenant, w + k * W)])].sum())
+        if den <= 0:
+            break
+        lags.append(k * W)
+        rho.append(min(num / den, 1.0))
+    if len(lags) < 2:
+        return *none, f"no two {layer} hot-key windows {W:g} s apart: popularity taken as stable"
+    return np.array(lags), np.array(rho), (f"{layer} hot keys, top {top} per tenant and {W / 60:g}-min window: "
+                                           + ", ".join(f"ρ({lag / 3600:g} h) = {r:.2f}"
+                                                       for lag, r in zip(lags[1:4], rho[1:4])))
+
+
+def _persist_integrals(lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndarray) -> tuple[float, np.ndarray]:
+    """``A = ∫_0^∞ e^{−λa} ρ(a) da`` (the heat's weight on still-valid history) and ``G(L) = ∫_0^L ρ``
+    (ρ linear between lags, flat beyond the last)."""
+    grid = np.linspace(0.0, lags[-1], 241)
+    r = np.interp(grid, lags, rho)
+    A = float(np.trapezoid(np.exp(-lam * grid) * r, grid)) + rho[-1] * math.exp(-lam * lags[-1]) / lam
+    cum = np.concatenate([[0.0], np.cumsum((r[1:] + r[:-1]) / 2 * np.diff(grid))])
+    Lc = np.minimum(L, lags[-1])
+    G = np.interp(Lc, grid, cum) + rho[-1] * np.maximum(L - lags[-1], 0.0)
+    return A, G
+
+
 def recorded_params(frames: dict, default: Params = Params()) -> Params:
     """The parameters a recorded run used, read from its warm-up runs and warmed keys."""
     runs = frames.get("warmup_runs", pd.DataFrame())
@@ -175,7 +259,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
         sub = R[inst].to_numpy(float)  # buckets × families
         r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
         ww = np.tile(w, sub.shape[1])
-        Tc = _char_time(layer, r, ww, m.capacity[layer])
+        Tc = m.char_times(layer, inst, s)
         T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
         starts = np.array(sorted(m.starts.get(inst, [m.t0])))
         last = starts[np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(starts) - 1)]
@@ -192,10 +276,18 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
     R = m.rates[layer]
     prob, w = _zipf(s, m.catalog[layer])
     keys_p = np.repeat(prob, w.astype(int))  # key-level for ranking
+    n_keys = len(keys_p)
     idx = R.index.to_numpy(float)
+    lags, rho = m.persist.get(layer, STABLE)
+    lam = max(p.lambda_per_s, 1e-9)
+    A = _persist_integrals(lags, rho, lam, np.zeros(1))[0]
+    B = max(1.0 / lam - A, 0.0)  # the heat's weight on history whose popularity has since moved
+    perm = rng.permutation(n_keys)
     extra, runs = 0.0, 0
+    keys_pp = keys_p[perm]
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)
+        tc_all = m.char_times(layer, inst, s)
         starts = m.starts.get(inst, [m.t0])
         events = [t + m.weights_load_s for t in starts]
         day = (m.t0 // 86400) * 86400
@@ -207,18 +299,38 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
         for te in events:
             b = int(np.clip(np.searchsorted(idx, te, side="right") - 1, 0, len(idx) - 1))
             rate_now = sub[b]  # families' rates when the warm-up runs
+            # a warmed entry lives until its TTL, or until the LRU evicts it unread: in the first bucket whose
+            # characteristic time T_C is shorter than the entry's idle age (reads racing that bucket's new
+            # entries get T_C of it)
             ttl = p.response_ttl_s if layer == "response" else np.inf
-            span = min(ttl, 4 * 3600.0)
-            b1 = int(np.clip(np.searchsorted(idx, te + span), b + 1, len(idx)))
-            rate_after = sub[b:b1].mean(0)
-            r_heat = np.outer(rate_now, keys_p).ravel()
-            r_next = np.outer(rate_after, keys_p).ravel()
-            heat = rng.poisson(r_heat / max(p.lambda_per_s, 1e-9))
-            k = min(p.warm_keys, heat.size)
-            top = np.argpartition(-(heat + 1e-9 * r_heat), k - 1)[:k] if k > 0 else np.array([], int)
+            b_end = int(np.clip(np.searchsorted(idx, te + min(ttl, SPAN_CAP_S)), b + 1, len(idx)))
+            rw = sub[b:b_end]  # buckets × families
+            tcs = tc_all[b:b_end]
+            off0 = np.maximum(idx[b:b_end] - te, 0.0)
+            off1 = idx[b:b_end] + BUCKET_S - te
+            death = np.where(tcs < off0, off0 + tcs, tcs)
+            life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
+            r_now = np.outer(rate_now, keys_p)  # families × keys
+            mu = (A * r_now + B * np.outer(rate_now, keys_pp)).ravel()
+            k = min(p.warm_keys, mu.size)
+            # the heat counts are drawn for the keys with the highest expected heat only (4k + 2,000 of them):
+            # a key further down has next to no chance of a count in the top k
+            cand = np.argpartition(-mu, min(4 * k + 2000, mu.size) - 1)[:4 * k + 2000] \
+                if mu.size > 4 * k + 2000 else np.arange(mu.size)
+            heat = rng.poisson(mu[cand]) + 1e-9 * r_now.ravel()[cand]
+            top = cand[np.argpartition(-heat, k - 1)[:k]] if k > 0 else np.array([], int)
+            fam, key = np.divmod(top, n_keys)
+            # reads a warmed key gets in its life, bucket by bucket: its own rate while its popularity holds (ρ),
+            # a random key's after
+            seg0, seg1 = np.minimum(off0, life), np.clip(off1, 0.0, life)
+            g0 = _persist_integrals(lags, rho, lam, seg0)[1]
+            g1 = _persist_integrals(lags, rho, lam, seg1)[1]
+            dG, dT = g1 - g0, seg1 - seg0
+            expect = keys_p[key] * (rw[:, fam].T @ dG) + (rw[:, fam].T @ (dT - dG)) / n_keys
+            tc = float(tcs[0])
             age = te - max([s0 for s0 in starts if s0 <= te], default=m.t0)
-            held = _hit(layer, r_next[top], np.full(k, max(min(age, ttl), 0.0)))  # already cached
-            e = float(np.sum((1 - held) * -np.expm1(-r_next[top] * span)))
+            held = _hit(layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0)))  # already cached
+            e = float(np.sum((1 - held) * -np.expm1(-expect)))
             extra += e
             runs += 1
             if events_out is not None:
@@ -295,12 +407,15 @@ def calibrate(frames: dict, variant: str | None = None, base: Params | None = No
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
     m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
               weights_load_s, t0, t1, base)
+    for layer in rates:
+        lags, rho, note = persistence(frames.get("hot_keys"), layer)
+        m.persist[layer], m.persist_note[layer] = (lags, rho), note
     # recorded warm-up trigger: keep the recorded pre-peak time as the base lead
     pre = runs[runs["trigger"] == "forecast_peak"] if len(runs) else runs
     if len(pre):
         m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
     for layer in rates:
-        lo, hi = 0.3, 2.5
+        lo, hi = 0.0, 2.5
         for _ in range(11):
             s = (lo + hi) / 2
             hb, nb = _layer_hits(m, layer, s, m.base)

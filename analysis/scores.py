@@ -19,9 +19,12 @@ Definitions (95% CI in brackets where the value is an estimate):
 ==========================  ====================================================
 request_latency             P95 TTFT (histograms) [outer CI, requests as draws]
 cache_hit_rate              hits / (hits + misses), all layers but ``weights`` [Wilson]
-prediction_mape             MAPE of a one-bucket-ahead EWMA forecast of requests per key
-                            family, at ``prediction_freq_s`` (15 s) or the data's step if
-                            coarser [t over the forecast cells]
+prediction_mape             held-back MAPE of the request forecast per key family
+                            ``prediction_freq_s`` (15 s) ahead — the model
+                            ``analysis.forecast`` keeps against its seasonal-naive and
+                            exponential-smoothing baselines; per-minute lookups are
+                            scored one bucket ahead and say so; hourly rollups: no data
+                            [batch means over 10 time blocks of the held-back part]
 warmup_qps_gain             GPU-s per request, control ÷ treatment − 1 [hourly batch means]
 cold_start_time             mean seconds from each replica start in the range (a
                             ``replica_start``/``replica_restart`` warm-up) until the
@@ -66,7 +69,7 @@ from scipy import stats
 
 from .buckets import bucket_start
 from .config import AnalysisConfig, DimensionSpec
-from .heat import ewma_forecast, family_series
+from .forecast import prediction_error
 from .hitrate import Z95, hit_table, wilson
 from .latency import TTFT, all_bounds, quantile_from_buckets
 from .roi import benefit_series, fit_decay, replica_runs, roi_windows
@@ -167,24 +170,10 @@ def _mape(fr: Frames, cfg: AnalysisConfig):
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
-    step = _step(lk)
-    if step > 3600:
-        return None, "lookups", f"needs lookups per hour or finer; these are per {step:g} s"
-    freq = max(cfg.prediction_freq_s, step)
-    s = family_series(lk, freq)
-    if s.empty or len(s) < 3:
-        return None, "lookups", "too little history to forecast"
-    a = s.iloc[1:].to_numpy(float).ravel()
-    f = ewma_forecast(s, cfg.prediction_alpha).iloc[1:].to_numpy(float).ravel()
-    m = np.isfinite(a) & np.isfinite(f) & (a != 0)
-    if m.sum() < 2:
-        return None, "lookups", "too little history to forecast"
-    e = np.abs((a[m] - f[m]) / a[m])
-    v = float(e.mean())
-    half = float(stats.t.ppf(0.975, m.sum() - 1) * e.std(ddof=1) / np.sqrt(m.sum()))
-    why = "" if freq == cfg.prediction_freq_s else f" (the data's step; {cfg.prediction_freq_s:g} s needs finer data)"
-    return v, f"lookups: EWMA(alpha={cfg.prediction_alpha:g}) per family, {freq:g}-s buckets{why}", "", \
-        (v - half, v + half)
+    pe = prediction_error(lk, horizon_s=cfg.prediction_freq_s)
+    if not np.isfinite(pe.value):
+        return None, "lookups", pe.note
+    return pe.value, f"lookups: {pe.note}", "", pe.ci
 
 
 def _arms(fr: Frames, cfg: AnalysisConfig):

@@ -22,6 +22,10 @@ def register(sub, progress, store_path) -> None:
                        "traffic through a cache model and tunes warm-set size, response TTL, heat decay λ and the "
                        "pre-peak trigger lead time by Bayesian optimisation.")
     p.add_argument("--budget-gpu-s", type=float, help="cap on warm-up GPU-seconds per day (default: no cap)")
+    p.add_argument("--objective", choices=("net_gpu_s", "roi"), default="net_gpu_s",
+                   help="what the tuning maximises: net_gpu_s (default) = GPU-s saved minus warm-up GPU-s, the "
+                   "return of the compute ROI; roi = the ratio (saved - cost) / cost, which can prefer a change that "
+                   "returns less in total")
     p.add_argument("--variant", help="calibrate on this A/B variant's pool only (default: all lookups)")
     p.add_argument("--iterations", type=int, default=16, help="Bayesian-optimisation steps after 8 start points "
                    "(default 16)")
@@ -54,7 +58,7 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
               "--no-dashboard` or `warmscope simulate`)", file=sys.stderr)
         return 2
     try:
-        fr = EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys"])
+        fr = EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
     except SourceError as e:
         print(f"warmscope advise: {e}", file=sys.stderr)
         return 2
@@ -75,7 +79,7 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     ft = forecast_table(lk[lk["variant"] == args.variant] if args.variant else lk)
     try:
         rec = advise(fr, budget_gpu_s=args.budget_gpu_s, variant=args.variant, n_iter=args.iterations,
-                     progress=bar)
+                     progress=bar, objective=args.objective)
     except ValueError as e:
         print(f"warmscope advise: {e}", file=sys.stderr)
         return 2
@@ -111,7 +115,14 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"  hit rate {layer:<10} {bo.hit_rate[layer]:.1%} -> {o.hit_rate[layer]:.1%}")
     print(f"  warm-up GPU-s            {bo.warm_gpu_s:.1f} -> {o.warm_gpu_s:.1f} "
           f"(bytes {bo.warm_bytes / 1e6:.0f} MB -> {o.warm_bytes / 1e6:.0f} MB)")
-    print(f"  expected gain            {rec.gain:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
+    print(f"  warm-up ROI (compute)    {bo.roi:+.2f} -> {o.roi:+.2f}")
+    net = o.net_gpu_s - bo.net_gpu_s
+    if rec.objective == "net_gpu_s":
+        print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
+    else:
+        print(f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net")
+    for layer, note in (rec.model.persist_note.items() if rec.model else ()):
+        print(f"  staleness                {note}")
     if rec.peak:
         when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
         print(f"\nNext peak: {when(rec.peak.at)} UTC, {rec.peak.rate:.1f} req/s "

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simulating {args.hours:g} h into {store} …")
         simulate(SimConfig.load(None, hours=args.hours, strategy_a="none", strategy_b="static_topk"), store)
     t = time.perf_counter()
-    fr = EmbeddedSource(store).frames(["lookups", "warmup_runs", "warmed_keys"])
+    fr = EmbeddedSource(store).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
     t_read = time.perf_counter() - t
     lk = fr["lookups"]
     t = time.perf_counter()
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  Bayesian optimisation ({n} replays): {rec.outcome.net_gpu_s - rec.base_outcome.net_gpu_s:+.1f}")
     print(f"  random search        ({n} replays): {rnd - rec.base_outcome.net_gpu_s:+.1f}")
     print(f"  recommended: {rec.params}")
+    print(f"  warm-up ROI (compute): recorded {rec.base_outcome.roi:+.2f}, recommended {rec.outcome.roi:+.2f}")
+    for note in m.persist_note.values():
+        print(f"  staleness: {note}")
     rows = [("groupby-sum (baseline)", t_groupby), ("read frames", t_read), ("forecasts", t_fc),
             ("calibration", t_cal), ("tuning (BO)", t_bo), ("random search, same replays", t_rnd),
             ("forecasts + tuning", total)]
@@ -77,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, v in rows:
         print(f"{name:<30} {v:>8.2f} {v / max(t_groupby, 1e-9):>10.1f}")
     print(f"\nforecasts + tuning: {total:.1f} s (target < 60 s): {'OK' if total < 60 else 'OVER'}")
+    from warmscope.analysis.forecast import prediction_error
+
+    t = time.perf_counter()
+    pe = prediction_error(lk, horizon_s=15.0)
+    print(f"score card's prediction error (15 s): {pe.value:.3f} [{pe.ci[0]:.3f}, {pe.ci[1]:.3f}] in "
+          f"{time.perf_counter() - t:.2f} s; {pe.note}")
     return 0
 
 

@@ -21,7 +21,7 @@ start, end = ui.time_range()
 if ui.step(start, end):
     st.info("The advisor needs per-minute lookups: pick a range of 24 hours or less.")
     st.stop()
-fr = ui.load(["lookups", "warmup_runs", "warmed_keys"], start, end)
+fr = ui.load(["lookups", "warmup_runs", "warmed_keys", "hot_keys"], start, end)
 lk = fr["lookups"]
 if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
     st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
@@ -99,9 +99,12 @@ st.dataframe(pd.DataFrame({
     index=["warm-set size (keys per layer)", "response TTL", "heat decay λ (per s)", "trigger lead before peak"]),
     width="stretch")
 o, bo = rec.outcome, rec.base_outcome
-c1, c2, c3 = st.columns(3)
-c1.metric("Expected gain", f"{rec.gain:+.0f} GPU-s", help=f"net of warm-up cost over the range; GP sd "
-          f"{rec.gain_sd:.0f} GPU-s")
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("Expected gain", f"{rec.gain:+.0f} GPU-s", help=f"GPU-s saved minus warm-up GPU-s over the range, against "
+          f"the recorded parameters (the objective); GP sd {rec.gain_sd:.0f} GPU-s")
+c4.metric("Warm-up ROI (compute)", f"{o.roi:+.2f}", delta=f"{o.roi - bo.roi:+.2f}",
+          help="(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; a change that returns less in total "
+          "can have the higher ratio, so the tuning maximises the net GPU-s")
 c2.metric("Warm-up GPU-s", f"{o.warm_gpu_s:.0f}", delta=f"{o.warm_gpu_s - bo.warm_gpu_s:+.0f}", delta_color="inverse")
 c3.metric("Warm-up bytes", f"{o.warm_bytes / 1e6:.0f} MB", delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+.0f} MB",
           delta_color="inverse")
@@ -115,4 +118,6 @@ fig.update_layout(title="Replayed hit rate per 15 min: recorded parameters vs re
 st.plotly_chart(fig, width="stretch")
 st.caption(f"{rec.evaluations} replays in {rec.seconds:.1f} s. The replay is validated against the simulator "
            "(replayed and simulated hit rates within 3 points); prove a recommendation with a simulator A/B "
-           "(pool B on the recommended parameters).")
+           "(pool B on the recommended parameters). Staleness: warmed entries expire at the TTL, are evicted unread "
+           "when the cache turns over, and lose popularity as the hot keys did — "
+           + "; ".join(rec.model.persist_note.values()) + ".")

@@ -20,7 +20,7 @@ def recorded(tmp_path_factory):
     path = tmp_path_factory.mktemp("advisor") / "recorded.sqlite"
     simulate(SimConfig.load(None, hours=HOURS, rps=RPS, seed=3, strategy_a="predictive", strategy_b="predictive",
                             b_response_ttl_s=14400), path, workers=1)  # one process: one run-id sequence
-    return path, EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys"])
+    return path, EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
 
 
 def _hit_rate(lk, variant, layer):

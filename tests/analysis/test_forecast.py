@@ -72,11 +72,42 @@ def test_short_horizon_on_coarse_flushes_is_flagged_and_prediction_error_says_wh
     lk = _lookups(np.random.default_rng(0).poisson(10, 600))
     tab = forecast_table(lk, horizons=(5.0,))
     assert tab.resolution_limited.all()
-    v, why = prediction_error(lk, 15.0)
-    assert np.isnan(v) and "per 60 s" in why
+    pe = prediction_error(lk, 15.0)  # per-minute flushes: one bucket ahead, flagged
+    assert pe.resolution_limited and "scored as the next 60-s bucket" in pe.note and 0 < pe.value < 1
+    hourly = _lookups(np.random.default_rng(0).poisson(600, 200), step=3600.0)
+    v, why = prediction_error(hourly, 15.0)
+    assert np.isnan(v) and "per 3600 s" in why
     fine = _lookups(np.random.default_rng(0).poisson(10, 2000), step=5.0)
-    v, why = prediction_error(fine, 15.0)
-    assert 0 < v < 1 and "15 s ahead" in why
+    pe = prediction_error(fine, 15.0)
+    assert 0 < pe.value < 1 and "15 s ahead" in pe.note and not pe.resolution_limited
+    assert pe.ci[0] < pe.value < pe.ci[1]
+
+
+def test_block_ci_by_hand():
+    from warmscope.analysis.forecast import _block_ci
+
+    # four blocks of two rows; actual 1 everywhere, forecasts give block MAPEs 0.1, 0.2, 0.3, 0.4
+    a = np.ones((8, 1))
+    p = np.array([[1.1], [0.9], [1.2], [0.8], [1.3], [0.7], [1.4], [0.6]])
+    lo, hi = _block_ci(a, p, blocks=4)
+    # mean 0.25, sd 0.129099, t(0.975, 3) = 3.182446: half-width 3.182446 × 0.129099 / 2 = 0.205426
+    assert lo == pytest.approx(0.25 - 0.205426, abs=1e-6) and hi == pytest.approx(0.25 + 0.205426, abs=1e-6)
+
+
+def test_block_ci_covers_the_true_mape_about_95_percent_of_the_time_on_autocorrelated_errors():
+    from warmscope.analysis.forecast import _block_ci
+
+    # forecast = actual × (1 + e), e an AR(1) (phi 0.8) with sd 0.1: true MAPE = E|e| = 0.1·√(2/π) = 0.0797885
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(400):
+        e = np.empty(600)
+        e[0] = rng.normal(0, 0.1)
+        for t in range(1, 600):
+            e[t] = 0.8 * e[t - 1] + rng.normal(0, 0.1 * np.sqrt(1 - 0.64))
+        lo, hi = _block_ci(np.ones((600, 1)), (1 + e)[:, None])
+        hits += lo <= 0.0797885 <= hi
+    assert 0.90 <= hits / 400 <= 0.99
 
 
 def test_next_peak_finds_the_time_of_day_of_the_highest_rate():

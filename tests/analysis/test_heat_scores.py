@@ -148,14 +148,27 @@ def test_cold_start_needs_a_replica_start_in_the_range():
     assert v == 660.0
 
 
-def test_mape_runs_at_15_s_or_the_data_step():
-    # per-minute data: 15-s buckets are impossible, so the data's 60-s step is used and said
+def test_mape_dimension_is_the_forecast_modules_15_s_prediction_error():
+    from warmscope.analysis.forecast import prediction_error
+
+    # per-minute data: a 15-s horizon is scored one 60-s bucket ahead, and the source says so
     lkp = lk([(60.0 * m, "t", "kv", "f:*", "hit", 10) for m in range(1, 30)])
-    v, src, _, ci = S._mape({"lookups": lkp}, AnalysisConfig())
-    assert v == 0.0 and "60-s buckets (the data's step; 15 s needs finer data)" in src and ci == (0.0, 0.0)
-    lkp15 = lk([(15.0 * m, "t", "kv", "f:*", "hit", 10 if m % 2 else 30) for m in range(1, 40)])
-    v, src = S._mape({"lookups": lkp15}, AnalysisConfig())[:2]
-    assert "15-s buckets" in src and "data's step" not in src and v > 0
+    v, src, note, ci = S._mape({"lookups": lkp}, AnalysisConfig())
+    assert v == pytest.approx(0.0, abs=1e-9)  # a flat series is forecast exactly by every model
+    assert "15 s ahead, scored as the next 60-s bucket" in src and note == ""
+    # 15-s data, two families with noise: the same number as analysis.forecast gives, with its CI
+    rng = np.random.default_rng(5)
+    lkp15 = lk([(15.0 * m, "t", "kv", f, "hit", int(rng.poisson(20))) for m in range(1, 400) for f in ("f:*", "g:*")])
+    v, src, _, ci = S._mape({"lookups": lkp15}, AnalysisConfig())
+    pe = prediction_error(lkp15, horizon_s=15.0)
+    assert v == pe.value and ci == pe.ci and "scored as" not in src
+    assert 0 < ci[0] < v < ci[1]
+    # Poisson(20) counts against a smoothed level: MAPE about E|X − 20| / X ≈ 0.18; nowhere near 0 or 1
+    assert 0.1 < v < 0.3
+    # hourly rollups: no data, and why
+    hourly = lk([(3600.0 * h, "t", "kv", "f:*", "hit", 10) for h in range(1, 30)])
+    v, _, note = S._mape({"lookups": hourly}, AnalysisConfig())[:3]
+    assert v is None and "per 3600 s" in note
 
 
 def test_warmup_roi_dimension_by_hand():

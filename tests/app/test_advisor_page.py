@@ -75,7 +75,8 @@ def test_advisor_page_shows_forecast_peak_and_recommendation(server):
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
         body = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
-        for text in ("Advisor", "Forecast", "Next peak", "Trigger the warm-up at", "Recommendation", "recommended"):
+        for text in ("Advisor", "Forecast", "Next peak", "Trigger the warm-up at", "Recommendation", "recommended",
+                     "Warm-up ROI (compute)", "Staleness", "hot keys"):
             assert text in body, text
         assert page.locator(".js-plotly-plot").count() >= 2  # forecast with intervals, before/after
         browser.close()
@@ -88,11 +89,15 @@ def test_advise_cli_prints_table_and_json_and_rejects_bad_input(store, tmp_path)
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "MAPE" in r.stdout and "recommended" in r.stdout and "Next peak" in r.stdout
+    assert "warm-up ROI (compute)" in r.stdout and "staleness" in r.stdout and "hot keys" in r.stdout
     d = json.loads(out.read_text())
     assert d["budget_gpu_s_per_day"] == 500 and d["evaluations"] == 1 + 8 + 4
+    assert d["objective"] == "net_gpu_s" and d["gain"] == d["gain_gpu_s"]
     span_days = 3.0 * 3600 / 86400
     assert d["outcome"]["warm_gpu_s"] / span_days <= 500  # the recommendation stays within the budget
     assert {row["horizon_s"] for row in d["forecast"]} == {5.0, 180.0, 3600.0}
+    r = subprocess.run(exe + ["--objective", "hit_rate"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "invalid choice: 'hit_rate'" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(exe + ["--budget-gpu-s", "-3"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--budget-gpu-s must be a positive" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(tmp_path / "nope.sqlite"),
