@@ -752,6 +752,13 @@ class EmbeddedStore:
         con = self._con()
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _TABLES}
 
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not give)."""
+        try:
+            return self._con().execute(sql, tuple(params)).fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot read {self.path}: {e}") from None
+
 
 def _explode_histograms(df):
     """One row per non-empty bucket (vectorised: one parse per bounds layout)."""
