@@ -286,7 +286,8 @@ class RedisRecords(SourceBase):
         try:
             self.inner = RedisSource(url, client)
         except Exception as e:  # a URL redis-py cannot parse
-            raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB")
+            raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
+                              "unset it to read the embedded store") from None
         self.r = self.inner.r
 
     def describe(self) -> str:

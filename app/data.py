@@ -68,29 +68,25 @@ def config_problem() -> str | None:
         AnalysisConfig.load()
     except ValueError as e:
         return f"Configuration error in [analysis]: {e}"
-    url = redis_url()
-    if url:
-        try:
-            import redis
-
-            redis.ConnectionPool.from_url(url)
-        except Exception as e:
-            return (f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or unset it "
-                    "to read the embedded store")
+    try:
+        source()  # builds every configured source: a URL a client cannot use is named here
+    except SourceError as e:
+        return str(e)
     return None
 
 
-def _config() -> tuple[str, bool, str, str, str]:
-    """What the composite depends on (part of every cache key)."""
+def _config() -> tuple:
+    """What the composite depends on (part of every cache key): the store, whether it exists, and every
+    ``WARMSCOPE_*_URL`` variable (the remote sources)."""
     path = store_path()
-    return path, os.path.exists(path), prometheus_url(), redis_url(), alertmanager_url()
+    urls = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("WARMSCOPE_") and k.endswith("_URL")))
+    return path, os.path.exists(path), urls
 
 
 @st.cache_resource(show_spinner=False)
-def _source(cfg: tuple[str, bool, str, str, str]) -> CompositeSource:
-    path, _, prom, red, am = cfg
-    return from_env({"WARMSCOPE_PROMETHEUS_URL": prom, "WARMSCOPE_REDIS_URL": red,
-                     "WARMSCOPE_ALERTMANAGER_URL": am}, store_path=path)
+def _source(cfg: tuple) -> CompositeSource:
+    path, _, urls = cfg
+    return from_env(dict(urls), store_path=path)
 
 
 def source() -> CompositeSource:
