@@ -104,7 +104,7 @@ def source_label() -> str:
 # One cached call per question. Keys: the configuration, the method, its arguments and the answering
 # backend's version (a store's modification time: entries can live long — a range switch back and forth,
 # or another viewer of the same range, reads nothing).
-@st.cache_data(ttl=STORE_TTL, max_entries=96, show_spinner=False)
+@st.cache_data(ttl=STORE_TTL, max_entries=128, show_spinner=False)
 def _stored(cfg: tuple, method: str, args: tuple, version: float) -> Any:
     return getattr(_source(cfg), method)(*args)
 
