@@ -210,3 +210,25 @@ def test_a_down_backend_is_reported_by_health_not_raised(tmp_path):
     comp = from_env({"WARMSCOPE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, store_path=tmp_path / "no.sqlite")
     problem = comp.health()
     assert problem is not None and "Redis at redis://127.0.0.1:" in problem and "is unreachable" in problem
+
+
+def test_a_long_lived_composite_sees_a_store_written_or_replaced_after_it_was_built(tmp_path):
+    from warmscope.collectors.store import EmbeddedStore, _TABLES
+
+    path = tmp_path / "late.sqlite"
+    comp = from_env({}, store_path=path)  # built before the store exists (a dashboard started first)
+    with pytest.raises(SourceError, match="does not exist"):
+        comp.time_bounds()
+
+    def fill(ts: float) -> None:
+        st = EmbeddedStore(path)
+        row = {c: "x" for c in _TABLES["lookups"]} | {"ts": ts, "count": 3}
+        st.write({"lookups": [tuple(row[c] for c in _TABLES["lookups"])]})
+        st.close()
+
+    fill(100.0)
+    assert comp.time_bounds() == (100.0, 100.0)
+    for p in tmp_path.glob("late.sqlite*"):  # a fresh store in the same place (`demo --fresh`)
+        p.unlink()
+    fill(500.0)
+    assert comp.time_bounds() == (500.0, 500.0)  # the new file, not the deleted one still open
