@@ -34,6 +34,10 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
         for _ in range(5):
             c.get("k:1")
         c.get("k:2")
+    for u in range(8):  # A/B unit records: to Redis as well
+        with request_context(tenant="acme", unit=f"u{u}", experiment="exp", variant="AB"[u % 2], telemetry=tel):
+            c.get("k:1" if u % 2 else f"k:{u + 10}")
+            tel.record_request(latency_s=0.2, ttft_s=0.05, gpu_s=0.1, sla_met=True)
     tel.flush()
     assert tel.store.frame("hot_keys").empty  # the store has no hot keys: they went to Redis
     from warmscope.analysis.sources import RedisRecords
@@ -51,7 +55,12 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
     shown = at.dataframe[0].value
     assert sorted(shown.key_hash) == sorted(in_redis.key_hash)
     assert dict(zip(shown.key_hash, shown.hits)) == dict(zip(in_redis.key_hash, in_redis.hits))
-    assert shown.hits.max() == 5  # k:1 hit five times
+    assert shown.hits.max() == 9  # k:1: five hits, then four by the B units
+    at.switch_page("views/ab.py").run()  # experiments and the report from Redis unit rows
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="ab-exp").value == "exp"
+    assert any(m.value.startswith("### ") for m in at.markdown)  # the verdict
+    assert len(at.table) >= 1  # the metrics table of the report
 
 
 def test_alerts_of_alertmanager_and_prometheus_become_the_same_rows():
