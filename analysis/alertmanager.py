@@ -30,6 +30,13 @@ def _ts(text: str | None) -> float:
         return float("nan")
 
 
+def _reason(e: Exception) -> str:
+    """``Connection refused`` rather than ``<urlopen error [Errno 111] Connection refused>``."""
+    reason = getattr(e, "reason", None)
+    reason = getattr(reason, "strerror", None) or reason or getattr(e, "strerror", None) or e
+    return str(reason)
+
+
 def alert_rows(origin: str, alerts: list[dict[str, Any]]) -> pd.DataFrame:
     """Alerts as Alertmanager (v2) or Prometheus (``/api/v1/alerts``) lists them, as one frame."""
     rows = []
@@ -60,7 +67,7 @@ class AlertmanagerSource(SourceBase):
             with urllib.request.urlopen(f"{self.url}/api/v2/alerts?active=true", timeout=self.timeout) as r:
                 got = json.loads(r.read())
         except (OSError, ValueError) as e:
-            raise SourceError(f"Alertmanager at {self.url} could not be read ({e}); start it or set "
+            raise SourceError(f"Alertmanager at {self.url} could not be read ({_reason(e)}); start it or set "
                               "WARMSCOPE_ALERTMANAGER_URL to the right address") from None
         if not isinstance(got, list):
             raise SourceError(f"Alertmanager at {self.url} answered with something that is not its API; check "

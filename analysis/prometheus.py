@@ -336,8 +336,10 @@ class PrometheusSource(SourceBase):
             with urllib.request.urlopen(f"{self.url}{path}", timeout=self.timeout) as r:
                 body = json.loads(r.read())
         except (OSError, ValueError) as e:
-            raise SourceError(f"Prometheus at {self.url} could not be read ({e}); check WARMSCOPE_PROMETHEUS_URL")\
-                from None
+            from .alertmanager import _reason
+
+            raise SourceError(f"Prometheus at {self.url} could not be read ({_reason(e)}); check "
+                              "WARMSCOPE_PROMETHEUS_URL") from None
         if not isinstance(body, dict) or body.get("status") != "success":
             raise SourceError(f"Prometheus at {self.url} answered with something that is not the Prometheus "
                               "API; check the URL points at Prometheus itself")
