@@ -114,8 +114,8 @@ def _live(cfg: tuple, method: str, args: tuple) -> Any:
     return getattr(_source(cfg), method)(*args)
 
 
-def _ask(what: str, method: str, *args: Any) -> Any:
-    cfg = _config()
+def _ask(what: str, method: str, *args: Any, cfg: tuple | None = None) -> Any:
+    cfg = cfg or _config()
     owner = _source(cfg).owner(what)
     version = None if owner is None else owner.version()
     if version is None:
@@ -126,9 +126,10 @@ def _ask(what: str, method: str, *args: Any) -> Any:
 def frame(name: str, start: float | None = None, end: float | None = None, step: float | None = None) -> pd.DataFrame:
     """``step=3600``: hourly rollups where the embedded store keeps them (long ranges). A frame no
     configured source holds comes back empty, with its canonical columns."""
-    if _source(_config()).owner(name) is None:
+    cfg = _config()
+    if _source(cfg).owner(name) is None:
         return empty_frame(name)
-    return _ask(name, "frame", name, start, end, step)
+    return _ask(name, "frame", name, start, end, step, cfg=cfg)
 
 
 def frames(names, start: float | None = None, end: float | None = None,
@@ -154,10 +155,11 @@ def ab_report(experiment: str, control: str, treatment: str, primary: str):
 def time_bounds() -> tuple[float, float] | None:
     """(first lookup or warm-up run, last lookup) timestamps, or None when there is no data. With
     Prometheus: the last week up to now (its retention decides what is there)."""
-    owner = _source(_config()).owner("time_bounds")
+    cfg = _config()
+    owner = _source(cfg).owner("time_bounds")
     if owner.version() is None:  # a remote source: its bounds move with the clock, read them every time
         return owner.time_bounds()
-    return _ask("time_bounds", "time_bounds")
+    return _ask("time_bounds", "time_bounds", cfg=cfg)
 
 
 def experiments() -> list[str]:
@@ -171,9 +173,10 @@ def experiment_list() -> pd.DataFrame:
 
 def last_run_start() -> float | None:
     """Start of the newest warm-up run (for the "since the last warm-up run" range)."""
-    if _source(_config()).owner("last_run_start") is None:
+    cfg = _config()
+    if _source(cfg).owner("last_run_start") is None:
         return None
-    return _ask("last_run_start", "last_run_start")
+    return _ask("last_run_start", "last_run_start", cfg=cfg)
 
 
 def annotations(start: float, end: float) -> dict[str, pd.DataFrame]:
@@ -190,8 +193,8 @@ def external_alerts(origin: str) -> pd.DataFrame:
     """Alerts another system evaluates — ``"alertmanager"`` (active alerts) or ``"prometheus"`` (its rules'
     pending and firing alerts) — as :data:`~warmscope.analysis.sources.ALERT_COLUMNS` rows; empty when that
     system is not configured. Raises :class:`SourceError` when it cannot be read."""
-    src = _source(_config()).origin(origin)
-    return pd.DataFrame() if src is None else _live(_config(), "alerts_of", (origin,))
+    cfg = _config()
+    return pd.DataFrame() if _source(cfg).origin(origin) is None else _live(cfg, "alerts_of", (origin,))
 
 
 def version() -> tuple:
