@@ -126,6 +126,7 @@ class SourceBase:
     """Defaults for a backend that holds only some of the data: empty results of the right shape."""
 
     label = "source"
+    kind = ""  # "embedded", "prometheus", "redis", "alertmanager", ...: CompositeSource.origin(kind) finds it
     FRAMES_HELD: frozenset[str] = frozenset()
 
     def describe(self) -> str:
@@ -176,6 +177,7 @@ class SourceBase:
 # ---------------------------------------------------------------- embedded store
 class EmbeddedSource(SourceBase):
     label = "embedded store"
+    kind = "embedded"
     FRAMES_HELD = frozenset(FRAMES)
 
     def __init__(self, path: str | Path, lazy: bool = False) -> None:
@@ -277,6 +279,7 @@ class RedisRecords(SourceBase):
     sink, read through :class:`~warmscope.analysis.redis_source.RedisSource`."""
 
     label = "Redis"
+    kind = "redis"
     FRAMES_HELD = frozenset({"hot_keys", "warmup_runs", "warmed_keys", "early_keys"})
 
     def __init__(self, url: str, client: Any = None) -> None:
@@ -417,10 +420,6 @@ class CompositeSource(SourceBase):
 
     def version(self) -> float | None:
         return None if self.store is None else self.store.version()
-
-
-EmbeddedSource.kind = "embedded"  # type: ignore[attr-defined]
-RedisRecords.kind = "redis"  # type: ignore[attr-defined]
 
 
 def from_env(env: Mapping[str, str] | None = None, store_path: str | Path | None = None) -> CompositeSource:
