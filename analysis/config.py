@@ -19,16 +19,12 @@ weight = 0.06
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from warmscope.collectors.config import ConfigError, load_section, setting
+
 __all__ = ["AnalysisConfig", "DimensionSpec", "DEFAULT_DIMENSIONS", "ConfigError"]
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -61,75 +57,39 @@ DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = (
 )
 
 
+def _roi_windows(key: str, v: Any) -> tuple[float, ...]:
+    try:
+        ws = tuple(float(x) for x in v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a list of seconds, got {v!r}") from None
+    if not ws or any(not w > 0 or w == float("inf") for w in ws):
+        raise ConfigError(f"{key} must be positive seconds, got {v!r}")
+    return ws
+
+
 @dataclass(frozen=True)
 class AnalysisConfig:
-    price_per_gpu_s: float = 0.0008
-    value_per_conversion: float = 4.0
-    roi_windows_s: tuple[float, ...] = (300.0, 3600.0, 86400.0)
-    recall_window_s: float = 900.0
-    effect_window_s: float = 900.0
-    slo_ttft_s: float = 1.0
-    heat_recent_s: float = 3600.0
-    prediction_freq_s: float = 15.0  # the forecast cadence; coarser data use their own step
-    prediction_alpha: float = 0.3
-    decay_horizon_s: float = 6 * 3600.0
+    price_per_gpu_s: float = setting(0.0008, ge=0.0, le=1e3)
+    value_per_conversion: float = setting(4.0, ge=0.0, le=1e9)
+    roi_windows_s: tuple[float, ...] = setting((300.0, 3600.0, 86400.0), parse=_roi_windows)
+    recall_window_s: float = setting(900.0, ge=1.0, le=7 * 86400)
+    effect_window_s: float = setting(900.0, ge=1.0, le=7 * 86400)
+    slo_ttft_s: float = setting(1.0, ge=0.001, le=600.0)
+    heat_recent_s: float = setting(3600.0, ge=1.0, le=7 * 86400)
+    # the forecast cadence; coarser data use their own step
+    prediction_freq_s: float = setting(15.0, ge=1.0, le=86400.0)
+    prediction_alpha: float = setting(0.3, ge=0.001, le=1.0)
+    decay_horizon_s: float = setting(6 * 3600.0, ge=60.0, le=30 * 86400)
     treatment_variant: str = "B"
-    roi_window_s: float = 300.0  # the score's ROI window after each warm-up (T+5 min)
-    dynamic_boost: float = 1.0  # how much a breached dimension's weight grows (see scores)
-    breach_below: float = 0.5  # a dimension scoring below this is breached
-    dimensions: tuple[DimensionSpec, ...] = field(default_factory=lambda: DEFAULT_DIMENSIONS)
-
-    _RANGES = {
-        "price_per_gpu_s": (0.0, 1e3), "value_per_conversion": (0.0, 1e9), "recall_window_s": (1.0, 7 * 86400),
-        "effect_window_s": (1.0, 7 * 86400), "slo_ttft_s": (0.001, 600.0), "heat_recent_s": (1.0, 7 * 86400),
-        "prediction_freq_s": (1.0, 86400.0), "prediction_alpha": (0.001, 1.0), "decay_horizon_s": (60.0, 30 * 86400),
-        "dynamic_boost": (0.0, 10.0), "breach_below": (0.0, 1.0), "roi_window_s": (60.0, 86400.0),
-    }
+    roi_window_s: float = setting(300.0, ge=60.0, le=86400.0)  # the score's ROI window after each warm-up (T+5 min)
+    dynamic_boost: float = setting(1.0, ge=0.0, le=10.0)  # how much a breached dimension's weight grows (see scores)
+    breach_below: float = setting(0.5, ge=0.0, le=1.0)  # a dimension scoring below this is breached
+    dimensions: tuple[DimensionSpec, ...] = setting(default_factory=lambda: DEFAULT_DIMENSIONS,
+                                                    parse=lambda key, v: _dimensions(v))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "AnalysisConfig":
-        raw: dict[str, Any] = {}
-        path = path or os.environ.get("WARMSCOPE_CONFIG")
-        if path:
-            p = Path(path)
-            try:
-                raw = dict(tomllib.loads(p.read_text()).get("analysis", {}))
-            except FileNotFoundError:
-                raise ConfigError(f"config file {p} does not exist") from None
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
-        raw.update(overrides)
-        return cls.from_mapping(raw)
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> "AnalysisConfig":
-        known = {f.name for f in fields(cls) if not f.name.startswith("_")}
-        kw: dict[str, Any] = {}
-        for k, v in raw.items():
-            if k not in known:
-                raise ConfigError(f"analysis.{k} is not a known setting; known: {', '.join(sorted(known))}")
-            if k == "dimensions":
-                kw[k] = _dimensions(v)
-            elif k == "roi_windows_s":
-                try:
-                    ws = tuple(float(x) for x in v)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"analysis.roi_windows_s must be a list of seconds, got {v!r}") from None
-                if not ws or any(w <= 0 for w in ws):
-                    raise ConfigError(f"analysis.roi_windows_s must be positive seconds, got {v!r}")
-                kw[k] = ws
-            elif k == "treatment_variant":
-                kw[k] = str(v)
-            else:
-                try:
-                    x = float(v)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"analysis.{k} must be a number, got {v!r}") from None
-                lo, hi = cls._RANGES[k]
-                if not lo <= x <= hi:
-                    raise ConfigError(f"analysis.{k} must be in [{lo}, {hi}], got {v!r}")
-                kw[k] = x
-        return replace(cls(), **kw)
+        return load_section(cls, "analysis", path, None, overrides)
 
     def dimension(self, name: str) -> DimensionSpec:
         for d in self.dimensions:

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,9 @@ from .buckets import bucket_start
 
 from .hitrate import time_slice
 from .rootcause import Localization, localize
+
+if TYPE_CHECKING:
+    from .sources import Source
 
 __all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "drill_down_source", "regression_test",
            "DrillDown"]
@@ -211,13 +214,13 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
     return DrillDown(loc, anomaly, baseline, leaves, test)
 
 
-def drill_down_source(source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
+def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
                       dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None, alpha: float = 0.01
                       ) -> DrillDown:
-    """:func:`drill_down` over any source with ``frame("lookups", start, end)``
-    returning the canonical lookups frame (ts, result, count and the dimension
-    columns): the embedded store, or any other backend that maps its counters
-    onto that frame. Only the two windows are read."""
+    """:func:`drill_down` over any :class:`~warmscope.analysis.sources.Source`
+    that holds ``lookups`` (ts, result, count and the dimension columns): the
+    embedded store, Prometheus, or the composite the app builds. Only the two
+    windows are read."""
     if baseline is None:
         baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
     lo, hi = min(anomaly[0], baseline[0]), max(anomaly[1], baseline[1])

@@ -27,13 +27,13 @@ import os
 import math
 import re
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from warmscope.collectors import records
 
-from .sources import SourceError
+from .sources import ENGINE_FRAMES, SourceBase, SourceError
 
 __all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABELS", "ENGINE_FRAMES",
            "engine_kind"]
@@ -75,7 +75,6 @@ def selector(metric: str, filters: Mapping[str, str | Sequence[str]] | None = No
 # the classic text format) and with the colons escaped to underscores (what a
 # current prometheus_client answers Prometheus 2.x asking for OpenMetrics).
 # Where both forms exist for one label set, the colon form is kept.
-ENGINE_FRAMES = ("engine_prefix", "engine_cached_by_source", "engine_ttft", "engine_kv_usage")
 _HIT_NAMES = r"vllm[:_]prefix_cache_hits_total|sglang[:_]cached_tokens_total|lmcache[:_]num_hit_tokens(_total)?"
 _QUERY_NAMES = (r"vllm[:_]prefix_cache_queries_total|sglang[:_]prompt_tokens_total"
                 r"|lmcache[:_]num_requested_tokens(_total)?")
@@ -117,8 +116,13 @@ def choose_step(start: float, end: float, points: int = 300, minimum: float = 15
     return int(math.ceil(raw / 86400) * 86400)
 
 
-class PrometheusSource:
+class PrometheusSource(SourceBase):
+    """A :class:`~warmscope.analysis.sources.Source` for ``lookups``, ``requests`` and the engine frames,
+    and the alerts Prometheus evaluates."""
+
     label = "Prometheus"
+    kind = "prometheus"
+    FRAMES_HELD = frozenset({"lookups", "requests", *ENGINE_FRAMES})
 
     def __init__(self, url: str, timeout: float = 10.0, scrape_interval: float = 15.0) -> None:
         from prometheus_api_client import PrometheusConnect
@@ -197,11 +201,14 @@ class PrometheusSource:
             df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()
         return df
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
+    def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None,
               filters: Mapping[str, str | Sequence[str]] | None = None) -> pd.DataFrame:
-        """``lookups`` or ``requests`` (canonical columns; counts are increments per step)."""
+        """``lookups`` or ``requests`` (canonical columns; counts are increments per step), or an engine frame
+        (:meth:`engine_frame`). ``step`` is ignored: the step follows the range (:func:`choose_step`)."""
         if start is None or end is None:
             raise SourceError("give a time range: Prometheus frames are always windowed")
+        if name in ENGINE_FRAMES:
+            return self.engine_frame(name, start, end)
         if name == "lookups":
             df = self._increase_frame("warmscope_cache_lookups_total", _LOOKUP_COLS, start, end, filters, "count")
             return df[["ts", *_LOOKUP_COLS, "count"]]
@@ -306,5 +313,41 @@ class PrometheusSource:
             return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()
         raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
 
-    def frames(self, names: Iterable[str], start: float | None = None, end: float | None = None) -> dict:
-        return {n: self.frame(n, start, end) for n in names}
+    # ------------------------------------------------------------ the rest of the Source interface
+    def time_bounds(self) -> tuple[float, float] | None:
+        """The last week up to now: Prometheus' retention decides what is there."""
+        import time
+
+        now = time.time()
+        return now - 7 * 86400, now
+
+    def _get(self, path: str) -> Any:
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=self.timeout) as r:
+                body = json.loads(r.read())
+        except (OSError, ValueError) as e:
+            from .alertmanager import _reason
+
+            raise SourceError(f"Prometheus at {self.url} could not be read ({_reason(e)}); check "
+                              "WARMSCOPE_PROMETHEUS_URL") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise SourceError(f"Prometheus at {self.url} answered with something that is not the Prometheus "
+                              "API; check the URL points at Prometheus itself")
+        return body.get("data")
+
+    def alerts(self) -> pd.DataFrame:
+        """Pending and firing alerts of the rules Prometheus evaluates (``/api/v1/alerts``)."""
+        from .alertmanager import alert_rows
+
+        data = self._get("/api/v1/alerts")
+        return alert_rows("prometheus", (data or {}).get("alerts", []) if isinstance(data, dict) else [])
+
+    def health(self) -> str | None:
+        try:
+            self._get("/api/v1/status/buildinfo")
+        except SourceError as e:
+            return str(e)
+        return None

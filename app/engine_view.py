@@ -29,20 +29,10 @@ COLLECTORS_NOTE = ("Engine metrics only: Prometheus holds the engines' own count
                    "`WARMSCOPE_EXPORTER=prometheus` or `otlp`; see the README).")
 
 
-@st.cache_data(ttl=data.TTL, show_spinner=False)
-def _engine_frame(url: str, name: str, start: float, end: float) -> pd.DataFrame:
-    from warmscope.analysis.sources import SourceError as AnalysisSourceError
-
-    try:
-        return data._prom(url).engine_frame(name, start, end)
-    except AnalysisSourceError as e:
-        raise data.SourceError(str(e)) from None
-
-
 def frame(name: str, start: float, end: float) -> pd.DataFrame:
     """An engine frame for the range (stops the page with the message on a source error)."""
     try:
-        return _engine_frame(data.prometheus_url(), name, start, end)
+        return data.frame(name, start, end)
     except data.SourceError as e:
         st.error(str(e))
         st.stop()
@@ -245,29 +235,23 @@ def rootcause(start: float, end: float) -> None:
 
 def alerts() -> None:
     """Alerts Prometheus itself evaluates (rules/engines.alerts.yml among them)."""
-    import json
-    import urllib.request
-
-    url = data.prometheus_url().rstrip("/")
     st.caption("Engine metrics only: the alert conditions below are the ones Prometheus evaluates from its rules "
                "(`rules/engines.alerts.yml` covers the engines). The conditions warmscope evaluates itself read "
                "collector records (tenants, warm-up runs, hot keys).")
     try:
-        with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as r:
-            got = json.loads(r.read()).get("data", {}).get("alerts", [])
-    except (OSError, ValueError) as e:
-        st.error(f"Prometheus at {url} could not list its alerts ({e}); check WARMSCOPE_PROMETHEUS_URL.")
+        got = data.external_alerts("prometheus")
+    except data.SourceError as e:
+        st.error(f"{e}.")
         st.stop()
-    if not got:
+    if got.empty:
         st.success("Prometheus has no pending or firing alerts. (If it should, check that the rule files in "
                    "`rules/` are loaded: Status → Rules in Prometheus.)")
         st.stop()
-    for a in sorted(got, key=lambda a: (a.get("state") != "firing", a.get("labels", {}).get("alertname", ""))):
-        lab, ann = a.get("labels", {}), a.get("annotations", {})
-        icon = "🔴" if a.get("state") == "firing" else "🟡"
-        link = f" · [runbook]({ann['runbook_url']})" if ann.get("runbook_url", "").startswith("http") else ""
-        st.warning(f"{icon} **{lab.get('alertname', '?')}** ({a.get('state')}, {lab.get('severity', '')}) · "
-                   f"{ann.get('summary', '')}{link}")
+    got = got.assign(_later=got.state != "firing").sort_values(["_later", "alertname"], kind="stable")
+    for a in got.itertuples():
+        icon = "🔴" if a.state == "firing" else "🟡"
+        link = f" · [runbook]({a.runbook_url})" if str(a.runbook_url).startswith("http") else ""
+        st.warning(f"{icon} **{a.alertname}** ({a.state}, {a.severity}) · {a.summary}{link}")
     st.stop()
 
 

@@ -1,10 +1,17 @@
-"""Typed collector configuration, read once from TOML and the environment.
+"""Typed configuration, read once from TOML and the environment.
 
-Precedence: keyword overrides > environment variables > ``[collectors]`` in the
-TOML file named by ``WARMSCOPE_CONFIG`` (or passed in) > defaults. Every value
-is validated at load; errors name the key, the allowed range and what was given.
+One loader serves every section (``[collectors]`` here, ``[analysis]`` in
+:mod:`warmscope.analysis.config`, ``[simulator]`` in
+:mod:`warmscope.simulator.config`): a section is a frozen dataclass whose
+fields are declared with :func:`setting` — the default, the allowed range or
+choices, an environment variable, or a parser for structured values — and
+:func:`load_section` reads, converts and checks them. Every error is one
+:class:`ConfigError` naming the key, what is allowed and what was given.
 
-Environment variables: ``WARMSCOPE_EXPORTER`` (embedded|otlp|prometheus|none),
+Precedence: keyword overrides > environment variables > the section in the
+TOML file named by ``WARMSCOPE_CONFIG`` (or passed in) > defaults.
+
+Collector environment variables: ``WARMSCOPE_EXPORTER`` (embedded|otlp|prometheus|none),
 ``WARMSCOPE_STORE`` (SQLite path), ``WARMSCOPE_REDIS_URL``,
 ``WARMSCOPE_KEY_SECRET``, ``WARMSCOPE_TENANTS`` (comma-separated allow-list),
 ``WARMSCOPE_REPLICA``, ``WARMSCOPE_PROMETHEUS_PORT``, ``WARMSCOPE_FLUSH_INTERVAL``.
@@ -19,22 +26,158 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import socket
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
-__all__ = ["CollectorConfig", "ConfigError", "EXPORTERS", "default_data_dir"]
+__all__ = ["CollectorConfig", "ConfigError", "EXPORTERS", "default_data_dir", "setting", "load_section"]
 
 EXPORTERS = ("embedded", "otlp", "prometheus", "none")
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A configuration value is malformed; the message names key and fix."""
 
 
+# ---------------------------------------------------------------- the loader
+@dataclass(frozen=True)
+class _Spec:
+    ge: float | None = None  # allowed range: value >= ge, > gt, <= le
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] = ()
+    env: str = ""  # environment variable that sets it
+    parse: Callable[[str, Any], Any] | None = None  # (key, raw value) -> value, raising ConfigError
+
+    def allowed(self) -> str:
+        if self.ge is not None and self.le is not None:
+            return f"in [{self.ge:g}, {self.le:g}]"
+        parts = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
+                 f"<= {self.le:g}" if self.le is not None else ""]
+        return " and ".join(p for p in parts if p)
+
+    def holds(self, x: float) -> bool:
+        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
+                and (self.le is None or x <= self.le))
+
+
+def setting(default: Any = MISSING, *, default_factory: Any = MISSING, ge: float | None = None,
+            gt: float | None = None, le: float | None = None, choices: tuple[str, ...] = (), env: str = "",
+            parse: Callable[[str, Any], Any] | None = None) -> Any:
+    """A configuration field: its default and what values are allowed.
+
+    The type comes from the default (bool, int, float, str or tuple; a tuple
+    also takes a comma-separated string). ``ge``/``gt``/``le`` bound numbers,
+    ``choices`` lists the allowed strings, ``env`` names an environment
+    variable, ``parse(key, value)`` converts structured values itself."""
+    spec = _Spec(ge=ge, gt=gt, le=le, choices=tuple(choices), env=env, parse=parse)
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata={"warmscope": spec})
+    return field(default=default, metadata={"warmscope": spec})
+
+
+def _convert(key: str, val: Any, default: Any) -> Any:
+    kind = type(default).__name__
+    try:
+        if isinstance(default, bool):
+            if isinstance(val, bool):
+                return val
+            s = str(val).strip().lower()
+            if s not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError
+            return s in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            if isinstance(val, bool) or (isinstance(val, float) and not val.is_integer()):
+                raise ValueError
+            return int(val)
+        if isinstance(default, float):
+            if isinstance(val, bool):
+                raise ValueError
+            out = float(val)
+            if not math.isfinite(out):
+                raise ConfigError(f"{key} must be a finite number, got {val!r}")
+            return out
+        if isinstance(default, tuple):
+            if isinstance(val, str):
+                return tuple(s.strip() for s in val.split(",") if s.strip())
+            if isinstance(val, Mapping):
+                raise ValueError
+            return tuple(tuple(v) if isinstance(v, list) else v for v in val)
+        if isinstance(val, (Mapping, list, tuple)):
+            raise ValueError
+        return str(val)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        kind = {"int": "whole number", "float": "number", "bool": "boolean (true or false)", "tuple": "list",
+                "str": "string"}.get(kind, kind)
+        raise ConfigError(f"{key} must be a {kind}, got {val!r}") from None
+
+
+def read_section(section: str, path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The ``[section]`` table of a TOML file (empty without a file)."""
+    if not path:
+        return {}
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist; create it or unset WARMSCOPE_CONFIG") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} cannot be read ({e}); fix its permissions or unset "
+                          "WARMSCOPE_CONFIG") from None
+    sec = doc.get(section, {})
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{p}: [{section}] must be a table")
+    return dict(sec)
+
+
+def load_section(cls: type[T], section: str, path: str | os.PathLike[str] | None = None,
+                 env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> T:
+    """Read ``[section]`` of the TOML file (``path`` or ``$WARMSCOPE_CONFIG``), then the fields' environment
+    variables, then ``overrides`` (``None`` values are skipped), into ``cls``: every value converted and
+    checked. Raises :class:`ConfigError` naming ``section.key``."""
+    env = os.environ if env is None else env
+    raw = read_section(section, path or env.get("WARMSCOPE_CONFIG"))
+    known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}  # type: ignore[arg-type]
+    for f in known.values():
+        spec = f.metadata.get("warmscope")
+        if spec is not None and spec.env and env.get(spec.env):
+            raw[f.name] = env[spec.env]
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return build(cls, section, raw)
+
+
+def build(cls: type[T], section: str, raw: Mapping[str, Any]) -> T:
+    """``cls`` from already-read values (same conversion and checks as :func:`load_section`)."""
+    known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}  # type: ignore[arg-type]
+    kw: dict[str, Any] = {}
+    for key, val in raw.items():
+        name = f"{section}.{key}"
+        if key not in known:
+            raise ConfigError(f"{name} is not a known setting; known: {', '.join(sorted(known))}")
+        f = known[key]
+        spec: _Spec = f.metadata.get("warmscope") or _Spec()
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        out = spec.parse(name, val) if spec.parse else _convert(name, val, default)
+        if spec.choices and out not in spec.choices:
+            raise ConfigError(f"{name} must be one of {', '.join(spec.choices)}; got {val!r}")
+        if isinstance(out, (int, float)) and not isinstance(out, bool) and not spec.holds(out):
+            raise ConfigError(f"{name} must be {spec.allowed()}, got {val!r}")
+        kw[key] = out
+    return cls(**kw)
+
+
+# ---------------------------------------------------------------- [collectors]
 def default_data_dir() -> Path:
     return Path(os.environ.get("WARMSCOPE_DATA_DIR", "var"))
 
@@ -43,68 +186,59 @@ def _default_replica() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _family_rules(key: str, val: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(val, (str, Mapping)):
+        raise ConfigError(f"{key} must be a list of [regex, replacement] pairs, got {val!r}")
+    out = []
+    for rule in val:
+        rule = tuple(rule) if isinstance(rule, (list, tuple)) else rule
+        if not (isinstance(rule, tuple) and len(rule) == 2 and all(isinstance(s, str) for s in rule)):
+            raise ConfigError(f"{key} entries must be [regex, replacement] pairs, got {rule!r}")
+        try:
+            re.compile(rule[0])
+        except re.error as e:
+            raise ConfigError(f"{key}: pattern {rule[0]!r} is not a valid regex: {e}") from None
+        out.append(rule)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class CollectorConfig:
-    exporter: str = "embedded"
-    store_path: str = ""  # "" -> <data dir>/warmscope.sqlite
-    redis_url: str = ""  # set -> hot keys and A/B unit records go to Redis
-    key_secret: str = ""  # "" -> a secret file in the data dir, made once
-    tenants: tuple[str, ...] = ()  # allow-list; empty -> first max_tenants seen
-    max_tenants: int = 64
-    max_families: int = 256  # per layer; beyond -> "other"
-    family_rules: tuple[tuple[str, str], ...] = ()  # (regex, replacement) tried first
+    exporter: str = setting("embedded", choices=EXPORTERS, env="WARMSCOPE_EXPORTER")
+    store_path: str = setting("", env="WARMSCOPE_STORE")  # "" -> <data dir>/warmscope.sqlite
+    redis_url: str = setting("", env="WARMSCOPE_REDIS_URL")  # set -> hot keys and A/B unit records go to Redis
+    key_secret: str = setting("", env="WARMSCOPE_KEY_SECRET")  # "" -> a secret file in the data dir, made once
+    tenants: tuple[str, ...] = setting((), env="WARMSCOPE_TENANTS")  # allow-list; empty -> first max_tenants seen
+    max_tenants: int = setting(64, ge=1, le=10_000)
+    max_families: int = setting(256, ge=1, le=100_000)  # per layer; beyond -> "other"
+    family_rules: tuple[tuple[str, str], ...] = setting((), parse=_family_rules)  # (regex, replacement) tried first
     family_vocabulary: tuple[str, ...] = ()  # extra words a default family may keep verbatim
-    replica: str = field(default_factory=_default_replica)
-    otlp_endpoint: str = ""  # "" -> OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318
-    prometheus_port: int = 9464
+    replica: str = setting(default_factory=_default_replica, env="WARMSCOPE_REPLICA")
+    # "" -> OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318
+    otlp_endpoint: str = setting("", env="OTEL_EXPORTER_OTLP_ENDPOINT")
+    prometheus_port: int = setting(9464, ge=0, le=65535, env="WARMSCOPE_PROMETHEUS_PORT")
     prometheus_addr: str = "127.0.0.1"
-    flush_interval_s: float = 10.0
-    hot_keys_k: int = 100
-    side_flush_s: float = 300.0  # hot keys and A/B unit records: flushed this often (metric points every flush)
-    hot_key_window_s: int = 3600
-    hot_key_ttl_s: int = 2 * 86400
-    warmed_key_limit: int = 200_000  # per process, across open warm-up runs
-    early_window_s: float = 900.0  # recall: keys seen this long after a run
-    early_key_limit: int = 50_000  # per run
-    max_pending_rows: int = 100_000  # per sink: rows kept for retry while it is down; beyond: dropped, counted
-    max_buffered_units: int = 100_000  # A/B unit records between flushes (flushed early at half); beyond: dropped
-    max_label_values: int = 64  # per label (model, experiment, variant, trigger, strategy); beyond: "other"
-    max_layers: int = 256  # cache layers per process; beyond: "other"
-    prometheus_port_span: int = 16  # taken scrape port: try the next ones (several worker processes)
-    close_timeout_s: float = 15.0  # close() returns within about this long, whatever the sinks do
-    export_timeout_s: float = 3.0  # one OTLP export attempt
-
-    _RANGES = {
-        "max_tenants": (1, 10_000),
-        "max_families": (1, 100_000),
-        "prometheus_port": (0, 65535),
-        "flush_interval_s": (0.05, 3600),
-        "hot_keys_k": (1, 100_000),
-        "side_flush_s": (0, 86400),
-        "hot_key_window_s": (60, 7 * 86400),
-        "hot_key_ttl_s": (60, 90 * 86400),
-        "warmed_key_limit": (0, 50_000_000),
-        "early_window_s": (0, 7 * 86400),
-        "early_key_limit": (0, 10_000_000),
-        "max_pending_rows": (0, 50_000_000),
-        "max_buffered_units": (0, 50_000_000),
-        "max_label_values": (1, 100_000),
-        "max_layers": (1, 4000),
-        "prometheus_port_span": (1, 1000),
-        "close_timeout_s": (0.1, 3600),
-        "export_timeout_s": (0.1, 600),
-    }
-    _ENV = {
-        "exporter": "WARMSCOPE_EXPORTER",
-        "store_path": "WARMSCOPE_STORE",
-        "redis_url": "WARMSCOPE_REDIS_URL",
-        "key_secret": "WARMSCOPE_KEY_SECRET",
-        "tenants": "WARMSCOPE_TENANTS",
-        "replica": "WARMSCOPE_REPLICA",
-        "prometheus_port": "WARMSCOPE_PROMETHEUS_PORT",
-        "flush_interval_s": "WARMSCOPE_FLUSH_INTERVAL",
-        "otlp_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
-    }
+    flush_interval_s: float = setting(10.0, ge=0.05, le=3600, env="WARMSCOPE_FLUSH_INTERVAL")
+    hot_keys_k: int = setting(100, ge=1, le=100_000)
+    # hot keys and A/B unit records: flushed this often (metric points every flush)
+    side_flush_s: float = setting(300.0, ge=0, le=86400)
+    hot_key_window_s: int = setting(3600, ge=60, le=7 * 86400)
+    hot_key_ttl_s: int = setting(2 * 86400, ge=60, le=90 * 86400)
+    warmed_key_limit: int = setting(200_000, ge=0, le=50_000_000)  # per process, across open warm-up runs
+    early_window_s: float = setting(900.0, ge=0, le=7 * 86400)  # recall: keys seen this long after a run
+    early_key_limit: int = setting(50_000, ge=0, le=10_000_000)  # per run
+    # per sink: rows kept for retry while it is down; beyond: dropped, counted
+    max_pending_rows: int = setting(100_000, ge=0, le=50_000_000)
+    # A/B unit records between flushes (flushed early at half); beyond: dropped
+    max_buffered_units: int = setting(100_000, ge=0, le=50_000_000)
+    # per label (model, experiment, variant, trigger, strategy); beyond: "other"
+    max_label_values: int = setting(64, ge=1, le=100_000)
+    max_layers: int = setting(256, ge=1, le=4000)  # cache layers per process; beyond: "other"
+    # taken scrape port: try the next ones (several worker processes)
+    prometheus_port_span: int = setting(16, ge=1, le=1000)
+    # close() returns within about this long, whatever the sinks do
+    close_timeout_s: float = setting(15.0, ge=0.1, le=3600)
+    export_timeout_s: float = setting(3.0, ge=0.1, le=600)  # one OTLP export attempt
 
     @classmethod
     def load(
@@ -113,48 +247,12 @@ class CollectorConfig:
         env: Mapping[str, str] | None = None,
         **overrides: Any,
     ) -> "CollectorConfig":
-        env = os.environ if env is None else env
-        raw: dict[str, Any] = {}
-        path = path or env.get("WARMSCOPE_CONFIG")
-        if path:
-            p = Path(path)
-            try:
-                doc = tomllib.loads(p.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"config file {p} does not exist; create it or unset WARMSCOPE_CONFIG") from None
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
-            sec = doc.get("collectors", {})
-            if not isinstance(sec, dict):
-                raise ConfigError(f"{p}: [collectors] must be a table")
-            raw.update(sec)
-        for name, var in cls._ENV.items():
-            if env.get(var):
-                raw[name] = env[var]
-        raw.update(overrides)
-        return cls._from_raw(raw)
+        return load_section(cls, "collectors", path, env, overrides)
 
     @classmethod
     def _from_raw(cls, raw: Mapping[str, Any]) -> "CollectorConfig":
-        known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}
-        kw: dict[str, Any] = {}
-        for key, val in raw.items():
-            if key not in known:
-                raise ConfigError(
-                    f"collectors.{key} is not a known setting; known: {', '.join(sorted(known))}"
-                )
-            kw[key] = _coerce(key, val, known[key].default, cls._RANGES.get(key))
-        cfg = replace(cls(), **kw)
-        if cfg.exporter not in EXPORTERS:
-            raise ConfigError(f"collectors.exporter must be one of {EXPORTERS}, got {cfg.exporter!r}")
-        for pat, _ in cfg.family_rules:
-            import re
-
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise ConfigError(f"collectors.family_rules: pattern {pat!r} is not a valid regex: {e}") from None
-        return cfg
+        """From values already read (e.g. ``{**cfg.as_dict(), "replica": r}``), checked like :meth:`load`."""
+        return build(cls, "collectors", raw)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -218,35 +316,3 @@ class CollectorConfig:
                 f"cannot make the key secret {p}: {e.strerror or e}; set WARMSCOPE_KEY_SECRET or "
                 "WARMSCOPE_DATA_DIR to a writable directory (rows are kept and retried)"
             ) from None
-
-
-def _coerce(key: str, val: Any, default: Any, rng: tuple[float, float] | None) -> Any:
-    try:
-        if isinstance(default, bool):
-            out: Any = val if isinstance(val, bool) else str(val).lower() in ("1", "true", "yes")
-        elif isinstance(default, int):
-            if isinstance(val, float) and not val.is_integer():
-                raise ValueError
-            out = int(val)
-        elif isinstance(default, float):
-            out = float(val)
-        elif isinstance(default, tuple):
-            if isinstance(val, str):
-                out = tuple(s.strip() for s in val.split(",") if s.strip())
-            else:
-                out = tuple(tuple(v) if isinstance(v, list) else v for v in val)
-        else:
-            out = str(val)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"collectors.{key} must be a {type(default).__name__}, got {val!r}"
-        ) from None
-    if rng is not None and not (rng[0] <= out <= rng[1]):
-        raise ConfigError(f"collectors.{key} must be in [{rng[0]}, {rng[1]}], got {val!r}")
-    if key == "family_rules":
-        for rule in out:
-            if not (isinstance(rule, tuple) and len(rule) == 2 and all(isinstance(s, str) for s in rule)):
-                raise ConfigError(
-                    f"collectors.family_rules entries must be [regex, replacement] pairs, got {rule!r}"
-                )
-    return out

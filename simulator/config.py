@@ -55,10 +55,10 @@ b_kv_capacity_tokens                   of TTLs and capacities
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+from warmscope.collectors.config import load_section, setting
 
 __all__ = ["SimConfig", "STRATEGIES"]
 
@@ -67,92 +67,55 @@ STRATEGIES = ("none", "static_topk", "semantic", "predictive")
 
 @dataclass(frozen=True)
 class SimConfig:
-    hours: float = 24.0
-    rps: float = 12.0
-    diurnal_amplitude: float = 0.5
-    bursts_per_day: float = 4.0
-    burst_minutes: float = 10.0
-    burst_factor: float = 2.5
-    tenants: int = 8
-    models: int = 2
-    replicas: int = 2
-    tick_s: float = 60.0
-    block_tokens: int = 512
-    kv_capacity_tokens: int = 400_000
-    lora_slots: int = 4
-    embedding_capacity: int = 20_000
-    response_capacity: int = 20_000
-    response_ttl_s: float = 3600.0
-    weights_load_s: float = 120.0
-    slots: int = 16
-    prefill_s_per_token: float = 0.00004
-    decode_s_per_token: float = 0.012
-    lora_load_s: float = 0.4
-    embed_s: float = 0.015
-    base_ttft_s: float = 0.03
-    slo_ttft_s: float = 1.0
-    conv_base: float = 0.12
-    conv_tau_s: float = 6.0
-    value_per_conversion: float = 4.0
-    warm_keys: int = 400
-    warm_s_per_key: float = 0.05
-    peak_warmup_at_h: float = 8.5
-    lambda_mode: str = "slo"
-    lambda_fixed: float = 0.0005
-    restart_every_h: float = 0.0
-    content_drift_h: float = 0.0
-    strategy_a: str = "none"
-    strategy_b: str = "static_topk"
+    hours: float = setting(24.0, gt=0)
+    rps: float = setting(12.0, gt=0)
+    diurnal_amplitude: float = setting(0.5, ge=0, le=1)
+    bursts_per_day: float = setting(4.0, ge=0)
+    burst_minutes: float = setting(10.0, ge=0)
+    burst_factor: float = setting(2.5, ge=0)
+    tenants: int = setting(8, gt=0, le=26 * 26)  # names are one or two letters
+    models: int = setting(2, gt=0)
+    replicas: int = setting(2, gt=0)
+    tick_s: float = setting(60.0, gt=0)
+    block_tokens: int = setting(512, gt=0)
+    kv_capacity_tokens: int = setting(400_000, gt=0)
+    lora_slots: int = setting(4, gt=0)
+    embedding_capacity: int = setting(20_000, gt=0)
+    response_capacity: int = setting(20_000, gt=0)
+    response_ttl_s: float = setting(3600.0, ge=0)
+    weights_load_s: float = setting(120.0, ge=0)
+    slots: int = setting(16, gt=0)
+    prefill_s_per_token: float = setting(0.00004, ge=0)
+    decode_s_per_token: float = setting(0.012, ge=0)
+    lora_load_s: float = setting(0.4, ge=0)
+    embed_s: float = setting(0.015, ge=0)
+    base_ttft_s: float = setting(0.03, ge=0)
+    slo_ttft_s: float = setting(1.0, gt=0)
+    conv_base: float = setting(0.12, ge=0, le=1)
+    conv_tau_s: float = setting(6.0, gt=0)
+    value_per_conversion: float = setting(4.0, ge=0)
+    warm_keys: int = setting(400, ge=0)
+    warm_s_per_key: float = setting(0.05, ge=0)
+    peak_warmup_at_h: float = 8.5  # < 0 disables
+    lambda_mode: str = setting("slo", choices=("slo", "fixed"))
+    lambda_fixed: float = setting(0.0005, ge=0)
+    restart_every_h: float = setting(0.0, ge=0)
+    content_drift_h: float = setting(0.0, ge=0)
+    strategy_a: str = setting("none", choices=STRATEGIES)
+    strategy_b: str = setting("static_topk", choices=STRATEGIES)
     # Pool B may also differ in cache settings (0 = same as pool A).
-    b_response_ttl_s: float = 0.0
-    b_response_capacity: int = 0
-    b_kv_capacity_tokens: int = 0
-    seed: int = 1
+    b_response_ttl_s: float = setting(0.0, ge=0)
+    b_response_capacity: int = setting(0, ge=0)
+    b_kv_capacity_tokens: int = setting(0, ge=0)
+    seed: int = setting(1, ge=0)
     start: float = 1_795_824_000.0  # 2026-11-28 00:00 UTC: fixed so runs are reproducible
     experiment: str = "warmup-strategy"
 
-    _POSITIVE = ("hours", "rps", "tick_s", "block_tokens", "kv_capacity_tokens", "lora_slots",
-                 "embedding_capacity", "response_capacity", "slots", "tenants", "models", "replicas")
-
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "SimConfig":
-        raw: dict[str, Any] = {}
-        path = path or os.environ.get("WARMSCOPE_CONFIG")
-        if path and Path(path).exists():
-            try:
-                raw.update(tomllib.loads(Path(path).read_text()).get("simulator", {}))
-            except tomllib.TOMLDecodeError as e:
-                raise ValueError(f"config file {path} is not valid TOML: {e}") from None
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}
-        kw: dict[str, Any] = {}
-        for k, v in raw.items():
-            if k not in known:
-                raise ValueError(f"simulator.{k} is not a known setting; known: {', '.join(sorted(known))}")
-            typ = type(known[k].default)
-            try:
-                kw[k] = typ(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"simulator.{k} must be a {typ.__name__}, got {v!r}") from None
-        cfg = replace(cls(), **kw)
-        import math
-
-        for k, v in kw.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"simulator.{k} must be a finite number, got {v!r}")
-            if (k.startswith("b_") or k == "seed") and isinstance(v, (int, float)) and v < 0:
-                raise ValueError(f"simulator.{k} must be >= 0, got {v!r}")
-        for k in cls._POSITIVE:
-            if getattr(cfg, k) <= 0:
-                raise ValueError(f"simulator.{k} must be > 0, got {getattr(cfg, k)!r}")
-        if cfg.tenants > 26 * 26:
-            raise ValueError(f"simulator.tenants must be <= {26 * 26}, got {cfg.tenants}")
-        for arm in ("strategy_a", "strategy_b"):
-            if getattr(cfg, arm) not in STRATEGIES:
-                raise ValueError(f"simulator.{arm} must be one of {STRATEGIES}, got {getattr(cfg, arm)!r}")
-        if cfg.lambda_mode not in ("slo", "fixed"):
-            raise ValueError(f"simulator.lambda_mode must be 'slo' or 'fixed', got {cfg.lambda_mode!r}")
-        return cfg
+        """``[simulator]`` of the TOML file (``path`` or ``WARMSCOPE_CONFIG``) under ``overrides`` (``None``
+        values are skipped, so unset command-line options keep the file's value)."""
+        return load_section(cls, "simulator", path, None, overrides)
 
     def for_variant(self, variant: str, name: str) -> float:
         """A cache setting as pool ``variant`` sees it."""

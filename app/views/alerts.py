@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import os
-import urllib.request
-
 import streamlit as st
 
-from warmscope.app import engine_view, ui
+from warmscope.app import data, engine_view, ui
 
 st.title("Alerts")
-am = os.environ.get("WARMSCOPE_ALERTMANAGER_URL", "")
-if am:
+if data.alertmanager_url():
     try:
-        with urllib.request.urlopen(f"{am.rstrip('/')}/api/v2/alerts?active=true", timeout=5) as r:
-            active = json.loads(r.read())
-        st.subheader(f"Firing in Alertmanager ({am})")
-        if not active:
+        active = data.external_alerts("alertmanager")
+        st.subheader(f"Firing in Alertmanager ({data.alertmanager_url()})")
+        if active.empty:
             st.success("Alertmanager has no active alerts.")
-        for a in active:
-            lab, ann = a.get("labels", {}), a.get("annotations", {})
-            ui.alert_row(lab.get("severity", "warning"), lab.get("alertname", "?"), ann.get("summary", ""))
-    except (OSError, ValueError) as e:
-        st.warning(f"Alertmanager at {am} could not be read ({e}); showing the conditions evaluated here instead.")
+        for a in active.itertuples():
+            ui.alert_row(a.severity or "warning", a.alertname, a.summary)
+    except data.SourceError as e:
+        st.warning(f"{e}; showing the conditions evaluated here instead.")
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.alerts()

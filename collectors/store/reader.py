@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
 from .. import ab_moments as _m
 from .. import records
@@ -129,6 +131,13 @@ class StoreReader:
     def counts(self) -> dict[str, int]:
         con = self._con()
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not give)."""
+        try:
+            return self._con().execute(sql, tuple(params)).fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot read {self.path}: {e}") from None
 
 
 def _explode_histograms(df):
