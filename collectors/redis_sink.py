@@ -63,6 +63,7 @@ their moments, hot keys, runs), exactly once per unit, and deletes the old keys.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -91,6 +92,7 @@ _FIELDS = UNIT_FIELDS[2:] + tuple(_H)  # unit totals after first_ts, last_ts
 _NV = 2 + len(_FIELDS)
 
 
+@functools.lru_cache(maxsize=4096)
 def enc(s: Any) -> str:
     """A label value as it appears inside keys and index members."""
     return quote(str(s), safe="!#$&'()*+,-./;<=>?@[]^_`|~")
@@ -125,43 +127,42 @@ def _bucket_s(b: float) -> str:
 
 
 # KEYS[1]: the part's marker; KEYS[2..]: every key the part touches.
-# ARGV[1]: marker ttl; ARGV[2]: n checks, then n pairs (key index, expected _v);
-# then ops, keys by index: "zi" k incr member | "hs" k field value | "hi"/"hf"
-# k field incr | "mn"/"mx" k field value (keep the min / max) | "za" k score
-# member | "sa" k member | "ex" k ttl.
+# ARGV[1]: marker ttl; ARGV[2]: JSON [checks, ops] (one argument: cheap to send).
+# checks: [key index, expected _v]; ops, keys by index, values as strings:
+# ["zi", k, incr, member] | ["hs", k, field, value] | ["hi"/"hf", k, field, incr]
+# | ["hv", k, [field, incr, field, incr, ...]] (HINCRBYFLOAT each) |
+# ["mn"/"mx", k, field, value] (keep the min / max) | ["za", k, score, member]
+# | ["sa", k, member] | ["ex", k, ttl].
 # Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
 # _v changed since they were read (nothing applied).
 _APPLY = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local a = ARGV
-local nc = tonumber(a[2])
-local i = 3
+local d = cjson.decode(ARGV[2])
 local bad = {}
-for c = 1, nc do
-  local v = redis.call('HGET', KEYS[tonumber(a[i])], '_v') or '0'
-  if v ~= a[i + 1] then bad[#bad + 1] = a[i] end
-  i = i + 2
+for _, c in ipairs(d[1]) do
+  local v = redis.call('HGET', KEYS[c[1]], '_v') or '0'
+  if v ~= c[2] then bad[#bad + 1] = c[1] end
 end
 if #bad > 0 then return bad end
-redis.call('SET', KEYS[1], 'applied', 'EX', a[1])
-local n = #a
-while i <= n do
-  local op = a[i]
-  local k = KEYS[tonumber(a[i + 1])]
-  if op == 'hf' then redis.call('HINCRBYFLOAT', k, a[i + 2], a[i + 3]); i = i + 4
-  elseif op == 'hi' then redis.call('HINCRBY', k, a[i + 2], a[i + 3]); i = i + 4
-  elseif op == 'hs' then redis.call('HSET', k, a[i + 2], a[i + 3]); i = i + 4
-  elseif op == 'zi' then redis.call('ZINCRBY', k, a[i + 2], a[i + 3]); i = i + 4
+redis.call('SET', KEYS[1], 'applied', 'EX', ARGV[1])
+for _, o in ipairs(d[2]) do
+  local op, k = o[1], KEYS[o[2]]
+  if op == 'hv' then
+    local fv = o[3]
+    for j = 1, #fv, 2 do redis.call('HINCRBYFLOAT', k, fv[j], fv[j + 1]) end
+  elseif op == 'hf' then redis.call('HINCRBYFLOAT', k, o[3], o[4])
+  elseif op == 'hi' then redis.call('HINCRBY', k, o[3], o[4])
+  elseif op == 'hs' then redis.call('HSET', k, o[3], o[4])
+  elseif op == 'zi' then redis.call('ZINCRBY', k, o[3], o[4])
   elseif op == 'mn' or op == 'mx' then
-    local cur = redis.call('HGET', k, a[i + 2])
-    if (not cur) or (op == 'mn' and tonumber(a[i + 3]) < tonumber(cur))
-        or (op == 'mx' and tonumber(a[i + 3]) > tonumber(cur)) then
-      redis.call('HSET', k, a[i + 2], a[i + 3])
+    local cur = redis.call('HGET', k, o[3])
+    if (not cur) or (op == 'mn' and tonumber(o[4]) < tonumber(cur))
+        or (op == 'mx' and tonumber(o[4]) > tonumber(cur)) then
+      redis.call('HSET', k, o[3], o[4])
     end
-    i = i + 4
-  elseif op == 'za' then redis.call('ZADD', k, a[i + 2], a[i + 3]); i = i + 4
-  elseif op == 'sa' then redis.call('SADD', k, a[i + 2]); i = i + 3
-  elseif op == 'ex' then redis.call('EXPIRE', k, a[i + 2]); i = i + 3
+  elseif op == 'za' then redis.call('ZADD', k, o[3], o[4])
+  elseif op == 'sa' then redis.call('SADD', k, o[3])
+  elseif op == 'ex' then redis.call('EXPIRE', k, o[3])
   else return redis.error_reply('unknown op ' .. tostring(op)) end
 end
 return 1
@@ -216,7 +217,13 @@ class _Part:
         return i
 
     def op(self, op: str, name: str, *args: Any) -> None:
-        self.ops += (op, self.k(name), *args)
+        self.ops.append([op, self.k(name), *(a if isinstance(a, list) else str(a) for a in args)])
+
+    def check(self, name: str, version: str) -> None:
+        self.checks.append([self.k(name), version])
+
+    def payload(self) -> str:
+        return json.dumps([self.checks, self.ops], separators=(",", ":"))
 
 
 class RedisSink:
@@ -275,8 +282,7 @@ class RedisSink:
                 for i in idx:
                     part = parts[i]
                     keys = [key(part.tag, "batch", bid)] + list(part.keys)
-                    p.evalsha(self._sha, len(keys), *keys, BATCH_TTL_S, len(part.checks) // 2, *part.checks,
-                              *part.ops)
+                    p.evalsha(self._sha, len(keys), *keys, BATCH_TTL_S, part.payload())
                 if wait:
                     p.execute_command("WAIT", 1, self.wait_timeout_ms)
                 try:
@@ -445,9 +451,9 @@ class RedisSink:
                 o[i, 0], o[i, 1] = float(g["first_ts"]), float(g.get("last_ts", g["first_ts"]))
                 o[i, 2:] = [float(g.get(f, 0) or 0) for f in _FIELDS]
                 v = g.get("_v", b"0")
-                p.checks += (p.k(name), v.decode() if isinstance(v, bytes) else str(v))
+                p.check(name, v.decode() if isinstance(v, bytes) else str(v))
             else:
-                p.checks += (p.k(name), "0")
+                p.check(name, "0")
             row = ukeys.get(u)
             if row is not None:
                 has_row[i] = True
@@ -486,25 +492,29 @@ class RedisSink:
                         p.op("hi", name, f, int(v))
             p.op("mn", name, "first_ts", repr(float(d[i, 0])))
             p.op("mx", name, "last_ts", repr(float(d[i, 1])))
-        # Layer totals and layer moments.
-        lacc: dict[tuple, np.ndarray] = {}
+        # Layer totals and layer moments (all unit × layer pairs at once).
+        pairs, ol, lp, tl = [], [], [], []
         for i, u in enumerate(us):
             layers = lk.get(u)
             if not layers:
                 continue
-            name = names[i]
-            h = olds.get(name) or {}
+            h = olds.get(names[i]) or {}
             g = {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
-            ls = sorted(layers)
-            ol = np.array([[float(g.get(f"{ly}:lookups", 0) or 0), float(g.get(f"{ly}:hits", 0) or 0)] for ly in ls])
-            lp = np.array([float(f"{ly}:lookups" in g) for ly in ls])
-            t = np.array([layers[ly] for ly in ls], dtype=float)
-            delta = (_m.layer_contributions(ol[:, 0] + t[:, 0], ol[:, 1] + t[:, 1], np.ones(len(ls)))
-                     - _m.layer_contributions(ol[:, 0], ol[:, 1], lp))
-            for ly, row, (a, b) in zip(ls, delta, t.astype(int).tolist()):
-                p.op("hi", name, f"{ly}:lookups", int(a))
-                p.op("hi", name, f"{ly}:hits", int(b))
-                gk = (u[1], float(bucket[i]), ly)
+            for ly, (a, b) in layers.items():
+                pairs.append((i, ly))
+                lf = f"{ly}:lookups"
+                ol.append((float(g.get(lf, 0) or 0), float(g.get(f"{ly}:hits", 0) or 0)))
+                lp.append(float(lf in g))
+                tl.append((a, b))
+                p.op("hi", names[i], lf, int(a))
+                p.op("hi", names[i], f"{ly}:hits", int(b))
+        lacc: dict[tuple, np.ndarray] = {}
+        if pairs:
+            o_l, t = np.array(ol, dtype=float), np.array(tl, dtype=float)
+            delta = (_m.layer_contributions(o_l[:, 0] + t[:, 0], o_l[:, 1] + t[:, 1], np.ones(len(pairs)))
+                     - _m.layer_contributions(o_l[:, 0], o_l[:, 1], np.array(lp)))
+            for (i, ly), row in zip(pairs, delta):
+                gk = (us[i][1], float(bucket[i]), ly)
                 if gk in lacc:
                     lacc[gk] += row
                 else:
@@ -519,20 +529,22 @@ class RedisSink:
         for (var, b), acc in macc.items():
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
+            fv = []
             for c, v in zip(_m.COLUMNS, acc.tolist()):
-                if c in ("min_first", "max_last"):
-                    continue
-                if v:
-                    p.op("hf", mk, c, repr(v))
+                if v and c not in ("min_first", "max_last"):
+                    fv += (c, repr(v))
+            p.op("hv", mk, fv)
             e = ext[(var, b)]
             p.op("mn", mk, "min_first", repr(float(e[0])))
             p.op("mx", mk, "max_last", repr(float(e[1])))
         for (var, b, ly), acc in lacc.items():
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
+            fv = []
             for c, v in zip(_m.LAYER_COLUMNS, acc.tolist()):
                 if v:
-                    p.op("hf", mk, f"L:{enc(ly)}:{c}", repr(v))
+                    fv += (f"L:{enc(ly)}:{c}", repr(v))
+            p.op("hv", mk, fv)
         for mk, member in mkeys:
             p.op("sa", key(tag, "mi"), member)
             p.op("ex", mk, RUN_TTL_S)
