@@ -595,8 +595,8 @@ def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
             sink.write({"ab_units": units, "ab_lookups": lookups}, batch_id=f"migrate-{exp}")
             moved["units"] += len({u[2] for u in units} | {x[2] for x in lookups})
         c.delete(*dead)
-    for member in list(c.zrange(f"{PREFIX}:hot:windows", 0, -1, withscores=True)):
-        m, w = (member[0].decode() if isinstance(member[0], bytes) else member[0]), member[1]
+    for member in list(c.zrange(f"{PREFIX}:hot:windows", 0, -1)):
+        m = member.decode() if isinstance(member, bytes) else member
         window, tenant, layer = m.split(":", 2)
         base = f"{PREFIX}:hot:{m}"
         if not c.exists(base + ":fam"):
