@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from warmscope.collectors import ab_moments as _m
@@ -161,46 +162,69 @@ class RedisSource:
         df[lk] = df[lk].fillna(0)
         return df
 
-    def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(``ab_moments``, ``ab_layer_moments``) of one experiment, summed over
-        the shards, sorted by bucket — the frames of
-        :meth:`collectors.store.EmbeddedStore.moments`."""
+    def _moment_names(self, experiment: str) -> list[tuple[str, float, str]]:
         tags = [ab_tag(experiment, s) for s in range(AB_SHARDS)]
         names = []
         for tag, members in zip(tags, self._smembers([key(tag, "mi") for tag in tags])):
             for m in members:
                 var, b = m.split(":", 1)
                 names.append((dec(var), float(b), key(tag, "m", var, b)))
-        acc: dict[tuple, dict] = {}
-        lacc: dict[tuple, dict] = {}
+        return names
+
+    def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(``ab_moments``, ``ab_layer_moments``) of one experiment, summed over
+        the shards, sorted by bucket — the frames of
+        :meth:`collectors.store.EmbeddedStore.moments`."""
+        names = self._moment_names(experiment)
+        cols = list(_m.COLUMNS)
+        idx = {c: j for j, c in enumerate(cols)}
+        rows, keys, lrows = [], [], []
         for (var, b, _), h in zip(names, self._hgetall([n for _, _, n in names])):
-            a = acc.setdefault((var, b), {})
-            for f, v in h.items():
-                if f.startswith("L:"):
+            if not h:
+                continue
+            v = np.zeros(len(cols))
+            v[idx["min_first"]], v[idx["max_last"]] = np.inf, -np.inf
+            for f, x in h.items():
+                j = idx.get(f)
+                if j is not None:
+                    v[j] = float(x)
+                elif f.startswith("L:"):
                     _, ly, c = f.split(":", 2)
-                    la = lacc.setdefault((var, b, dec(ly)), {})
-                    la[c] = la.get(c, 0.0) + float(v)
-                elif f == "min_first":
-                    a[f] = min(a.get(f, float("inf")), float(v))
-                elif f == "max_last":
-                    a[f] = max(a.get(f, float("-inf")), float(v))
-                else:
-                    a[f] = a.get(f, 0.0) + float(v)
-        cols = ["variant", "bucket"] + list(_m.COLUMNS)
-        m = pd.DataFrame([(v, b, *(a.get(c, 0.0) for c in _m.COLUMNS)) for (v, b), a in acc.items() if a.get("n")],
-                         columns=cols)
+                    lrows.append((var, b, dec(ly), c, float(x)))
+            rows.append(v)
+            keys.append((var, b))
+        m = pd.concat([pd.DataFrame(keys, columns=["variant", "bucket"]),
+                       pd.DataFrame(np.array(rows).reshape(-1, len(cols)), columns=cols)], axis=1)
+        if len(m):  # the shards' hashes of one (variant, bucket) add up; the extrema combine
+            g = m.groupby(["variant", "bucket"])
+            s = g[cols].sum()
+            s["min_first"], s["max_last"] = g["min_first"].min(), g["max_last"].max()
+            m = s.reset_index()
+        m = m[m["n"] > 0] if len(m) else m
         lcols = ["variant", "bucket", "layer"] + list(_m.LAYER_COLUMNS)
-        lm = pd.DataFrame([(v, b, ly, *(a.get(c, 0.0) for c in _m.LAYER_COLUMNS)) for (v, b, ly), a in lacc.items()],
-                          columns=lcols)
+        if lrows:
+            lm = (pd.DataFrame(lrows, columns=["variant", "bucket", "layer", "col", "v"])
+                  .pivot_table(index=["variant", "bucket", "layer"], columns="col", values="v", aggfunc="sum",
+                               fill_value=0.0)
+                  .reindex(columns=list(_m.LAYER_COLUMNS), fill_value=0.0).reset_index())
+            lm.columns.name = None
+        else:
+            lm = pd.DataFrame(columns=lcols)
         return (m.sort_values(["bucket", "variant"]).reset_index(drop=True),
-                lm.sort_values(["bucket", "variant", "layer"]).reset_index(drop=True))
+                lm[lcols].sort_values(["bucket", "variant", "layer"]).reset_index(drop=True))
 
     def request_totals(self, experiment: str) -> dict[str, float]:
         """Requests per variant. Redis holds no request metrics: these are the
         requests in the experiment's unit records (pass the metric source's
         totals to the report where it has them)."""
-        m, _ = self.moments(experiment)
-        return {v: float(x) for v, x in m.groupby("variant")["s_requests"].sum().items()} if len(m) else {}
+        names = self._moment_names(experiment)
+        p = self.r.pipeline(transaction=False)
+        for _, _, n in names:
+            p.hget(n, "s_requests")
+        out: dict[str, float] = {}
+        for (var, _, _), x in zip(names, self._call(p.execute) if names else []):
+            out[var] = out.get(var, 0.0) + float(x or 0)
+        return out
 
 
 def _s(x: Any) -> str:

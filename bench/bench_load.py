@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -143,6 +144,45 @@ def check(url: str) -> dict:
                 primary=rep.primary)
 
 
+def week_report(url: str, units: int = 40_000) -> str:
+    """The A/B report's cost at any number of units: a week-long experiment has 16 shards x 2 variants x
+    672 fifteen-minute buckets of moment hashes whether it holds 40k units or 10M. ``units`` units, first
+    seen uniformly over 7 days, are written straight through the sink (batches of 2,000), so every
+    moment hash exists; then the report from moments is timed."""
+    from warmscope.analysis.ab_report import report_for
+    from warmscope.analysis.redis_source import RedisSource
+    from warmscope.collectors import ab_moments as M
+    from warmscope.collectors.redis_sink import RedisSink
+
+    rng = np.random.default_rng(7)
+    sink = RedisSink(None, url, 3600, None)
+    t0 = 1_700_000_000.0
+    nh = len(M._H)
+    t = time.perf_counter()
+    for b in range(0, units, 2000):
+        rows, lk = [], []
+        for j in range(b, min(b + 2000, units)):
+            ts = t0 + float(rng.uniform(0, 7 * 86400))
+            req = int(rng.integers(1, 6))
+            h = [0] * nh
+            h[int(rng.integers(0, nh))] = req
+            var = "AB"[j % 2]
+            rows.append(("week", var, f"u{j:08x}", ts, ts + 60, req, req * 0.8, req * 0.7, req * 0.1,
+                         int(rng.random() < 0.1), 1.0, req * 0.2, req, *h))
+            lk.append(("week", var, f"u{j:08x}", "prefix_kv", 4 * req, int(rng.integers(0, 4 * req + 1))))
+        sink.write({"ab_units": rows, "ab_lookups": lk}, batch_id=f"week-{b}")
+    write_s = time.perf_counter() - t
+    src = RedisSource(url)
+    t = time.perf_counter()
+    rep = report_for(src, "week")
+    report_s = time.perf_counter() - t
+    m, _ = src.moments("week")
+    return (f"week-long experiment: {units:,} units written straight through the sink in {write_s:.1f} s "
+            f"({units / write_s:,.0f} units/s); report from {len(m):,} moment rows (summed over 16 shards; "
+            f"the same count at 10M units) in {report_s:.2f} s; units counted {int(m['n'].sum()):,}; "
+            f"verdict: {rep.verdict[:60]}")
+
+
 def single_redis(tmp: Path):
     port = free_port()
     p = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -193,62 +233,76 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=6000, help="sessions (A/B units) per writer")
     ap.add_argument("--flush-every", type=int, default=250, help="sessions between a writer's flushes")
     ap.add_argument("--max-s", type=float, default=60.0, help="time bound per writer and scenario, seconds")
+    ap.add_argument("--week-units", type=int, default=40_000,
+                    help="units spread over a week for the report-time check (0: skip)")
+    ap.add_argument("--only", choices=["single", "cluster", "failover"], nargs="*",
+                    help="run only these scenarios (default: all)")
     args = ap.parse_args()
     os.environ.pop("WARMSCOPE_REDIS_URL", None)
     tmp = Path(tempfile.mkdtemp(prefix="ws-load-"))
     print(f"{args.writers} writers x {args.sessions:,} sessions, flush every {args.flush_every}; "
           f"load before: {os.getloadavg()[0]:.1f}")
     kw = dict(n=args.writers, sessions=args.sessions, flush_every=args.flush_every, max_s=args.max_s)
-    out = []
     base = run_writers(None, **kw)
     base["ur"] = base["unit_records"] / base["wall"]
-    out.append(line("baseline: no sink", base, None, None, None))
-    print(out[-1], flush=True)
+    print(line("baseline: no sink", base, None, None, None), flush=True)
 
+    want = args.only or ("single", "cluster", "failover")
+    for name in ("single", "cluster", "failover"):
+        if name in want:
+            SCENARIOS[name](base, kw, args.week_units, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"load after: {os.getloadavg()[0]:.1f}")
+
+
+def scenario_single(base: dict, kw: dict, week_units: int, tmp: Path) -> None:
     proc, url, r = single_redis(tmp)
     try:
         m0 = used_memory_single(r)
         res = run_writers(url, **kw)
         mem = (used_memory_single(r) - m0) / res["units"] * 1e6
-        out.append(line("one Redis", res, check(url), base, mem))
-        print(out[-1], flush=True)
+        print(line("one Redis", res, check(url), base, mem), flush=True)
+        if week_units:
+            print(f"{'':<26} {week_report(url, week_units)}", flush=True)
     finally:
         proc.terminate()
         proc.wait(5)
 
+
+def scenario_cluster(base: dict, kw: dict, week_units: int, tmp: Path) -> None:
     with LocalCluster(masters=3, replicas=1) as c:
         m0 = c.memory_used()
         res = run_writers(c.url, **kw)
         mem = (c.memory_used() - m0) / res["units"] * 1e6
-        out.append(line("cluster 3 masters + 3 rep", res, check(c.url), base, mem))
-        print(out[-1], flush=True)
+        print(line("cluster 3 masters + 3 rep", res, check(c.url), base, mem), flush=True)
+        if week_units:
+            print(f"{'':<26} {week_report(c.url, week_units)}", flush=True)
 
+
+def scenario_failover(base: dict, kw: dict, week_units: int, tmp: Path) -> None:
     with LocalCluster(masters=3, replicas=1) as c:
-        def kill_later(t0):
-            import threading
+        info: dict = {}
 
-            info = {}
-
-            def go():
+        def kill_later(t0: float) -> dict:
+            def go() -> None:
                 time.sleep(max(2.0, base["wall"] * 0.3))
                 info["killed"] = c.kill_master_of("ws:{ab:load:0}")
                 t = time.perf_counter()
                 c.wait_failover()
                 info["failover_s"] = time.perf_counter() - t
-            th = threading.Thread(target=go, daemon=True)
-            th.start()
-            info["thread"] = th
+
+            info["thread"] = threading.Thread(target=go, daemon=True)
+            info["thread"].start()
             return info
 
         res = run_writers(c.url, during=kill_later, **kw)
-        res["event"]["thread"].join(60)
-        out.append(line("cluster, a master killed", res, check(c.url), base, None))
-        ev = res["event"]
-        out[-1] += (f"\n{'':<26} master :{ev.get('killed')} SIGKILLed mid-run; cluster ok again after "
-                    f"{ev.get('failover_s', float('nan')):.1f} s")
-        print(out[-1], flush=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"load after: {os.getloadavg()[0]:.1f}")
+        info["thread"].join(60)
+        print(line("cluster, a master killed", res, check(c.url), base, None)
+              + f"\n{'':<26} master :{info.get('killed')} SIGKILLed mid-run; cluster ok again after "
+              f"{info.get('failover_s', float('nan')):.1f} s", flush=True)
+
+
+SCENARIOS = {"single": scenario_single, "cluster": scenario_cluster, "failover": scenario_failover}
 
 
 if __name__ == "__main__":
