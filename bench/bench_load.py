@@ -144,9 +144,9 @@ def check(url: str) -> dict:
                 primary=rep.primary)
 
 
-def week_report(url: str, units: int = 40_000) -> str:
+def week_report(url: str, units: int = 20_000) -> str:
     """The A/B report's cost at any number of units: a week-long experiment has 16 shards x 2 variants x
-    672 fifteen-minute buckets of moment hashes whether it holds 40k units or 10M. ``units`` units, first
+    672 fifteen-minute buckets of moment hashes whether it holds 20k units or 10M. ``units`` units, first
     seen uniformly over 7 days, are written straight through the sink (batches of 2,000), so every
     moment hash exists; then the report from moments is timed."""
     from warmscope.analysis.ab_report import report_for
@@ -233,7 +233,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=6000, help="sessions (A/B units) per writer")
     ap.add_argument("--flush-every", type=int, default=250, help="sessions between a writer's flushes")
     ap.add_argument("--max-s", type=float, default=60.0, help="time bound per writer and scenario, seconds")
-    ap.add_argument("--week-units", type=int, default=40_000,
+    ap.add_argument("--week-units", type=int, default=20_000,
                     help="units spread over a week for the report-time check (0: skip)")
     ap.add_argument("--only", choices=["single", "cluster", "failover"], nargs="*",
                     help="run only these scenarios (default: all)")
