@@ -288,7 +288,7 @@ def scenario_failover(base: dict, kw: dict, week_units: int, tmp: Path) -> None:
                 time.sleep(max(2.0, base["wall"] * 0.3))
                 info["killed"] = c.kill_master_of("ws:{ab:load:0}")
                 t = time.perf_counter()
-                c.wait_failover()
+                info["new_master"] = c.wait_failover("ws:{ab:load:0}", timeout=120)
                 info["failover_s"] = time.perf_counter() - t
 
             info["thread"] = threading.Thread(target=go, daemon=True)
@@ -297,9 +297,9 @@ def scenario_failover(base: dict, kw: dict, week_units: int, tmp: Path) -> None:
 
         res = run_writers(c.url, during=kill_later, **kw)
         info["thread"].join(60)
-        print(line("cluster, a master killed", res, check(c.url), base, None)
-              + f"\n{'':<26} master :{info.get('killed')} SIGKILLed mid-run; cluster ok again after "
-              f"{info.get('failover_s', float('nan')):.1f} s", flush=True)
+        print(line("cluster, a master killed", res, check(c.live_url), base, None)
+              + f"\n{'':<26} master :{info.get('killed')} SIGKILLed mid-run; its replica :{info.get('new_master')} "
+              f"took over its slots after {info.get('failover_s', float('nan')):.1f} s", flush=True)
 
 
 SCENARIOS = {"single": scenario_single, "cluster": scenario_cluster, "failover": scenario_failover}

@@ -5,7 +5,8 @@ folders removed, by :meth:`LocalCluster.stop`.
 
     with LocalCluster(masters=3, replicas=1) as c:
         c.url                       # redis://127.0.0.1:PORT/0 of one master
-        c.kill_master_of("ws:{ab:exp:3}:mi")   # SIGKILL; a replica takes over
+        c.kill_master_of("ws:{ab:exp:3}:mi")   # SIGKILL
+        c.wait_failover("ws:{ab:exp:3}:mi")    # until a replica has taken over
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class LocalCluster:
                 d.mkdir()
                 args = [server, "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                         "--cluster-config-file", str(d / "nodes.conf"), "--cluster-node-timeout",
-                        str(node_timeout_ms), "--save", "", "--appendonly", "no", "--dir", str(d)]
+                        str(node_timeout_ms), "--save", "", "--appendonly", "no", "--dir", str(d),
+                        "--repl-diskless-sync-delay", "0"]
                 if maxmemory:
                     args += ["--maxmemory", maxmemory]
                 self.procs[p] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
@@ -76,7 +78,8 @@ class LocalCluster:
                                  capture_output=True, text=True, timeout=60)
             if out.returncode:
                 raise ClusterUnavailable(f"redis-cli --cluster create failed: {out.stdout[-500:]} {out.stderr[-500:]}")
-            self._wait(self._ready, "cluster state ok on every node", timeout=30)
+            # A replica that never finished its first sync cannot take over: wait for every link.
+            self._wait(lambda: self._ready() and self._synced(), "cluster state ok and replicas in sync", timeout=60)
         except BaseException:
             self.stop()
             raise
@@ -90,6 +93,13 @@ class LocalCluster:
     def _ready(self) -> bool:
         alive = [p for p, pr in self.procs.items() if pr.poll() is None]
         return all("cluster_state:ok" in self._cli(p, "cluster", "info") for p in alive)
+
+    def _synced(self) -> bool:
+        for p, pr in self.procs.items():
+            info = self._cli(p, "info", "replication")
+            if pr.poll() is None and "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
 
     @staticmethod
     def _wait(check, what: str, timeout: float = 15.0) -> None:
@@ -109,6 +119,11 @@ class LocalCluster:
             if pr.poll() is None and "role:master" in self._cli(p, "info", "replication"):
                 out.append(p)
         return out
+
+    @property
+    def live_url(self) -> str:
+        """The URL of a node still running (after a kill, ``url`` may name the dead one)."""
+        return f"redis://127.0.0.1:{self.masters()[0]}/0"
 
     def master_of(self, key: str) -> int:
         slot = int(self._cli(self.masters()[0], "cluster", "keyslot", key))
@@ -132,8 +147,15 @@ class LocalCluster:
         self.kill(port)
         return port
 
-    def wait_failover(self, timeout: float = 30.0) -> None:
-        self._wait(self._ready, "failover (cluster state ok again)", timeout)
+    def wait_failover(self, key: str, timeout: float = 30.0) -> int:
+        """Wait until a live master serves ``key``'s slot and every live node says the cluster is ok;
+        returns that master's port."""
+        def done() -> bool:
+            p = self.master_of(key)
+            return self.procs[p].poll() is None and self._ready()
+
+        self._wait(done, f"a replica to take over {key}'s slot", timeout)
+        return self.master_of(key)
 
     def memory_used(self) -> int:
         total = 0

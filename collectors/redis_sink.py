@@ -78,12 +78,11 @@ from . import ab_moments as _m
 from .aggregator import UNIT_FIELDS
 from .store import _H
 
-__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S", "AB_SHARDS", "LAYOUT", "connect", "is_cluster", "ab_tag", "ab_shard",
+__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S", "AB_SHARDS", "connect", "is_cluster", "ab_tag", "ab_shard",
            "hot_tag", "run_tag", "key",
            "enc", "dec", "migrate_layout1"]
 
 PREFIX = "ws"
-LAYOUT = "2"
 RUN_TTL_S = 30 * 86400
 BATCH_TTL_S = 86400  # applied batch ids are remembered this long
 AB_SHARDS = 16
@@ -242,7 +241,6 @@ class RedisSink:
         self.wait_timeout_ms = int(wait_timeout_ms)
         self.conflicts = 0  # parts re-read because another writer changed one of their units meanwhile
         self._sha: str | None = None
-        self._loaded: set = set()
 
     # ---------------------------------------------------------------- connection
     def _client(self) -> Any:
@@ -292,13 +290,6 @@ class RedisSink:
                         raise
                     conn.script_load(_APPLY)
                     continue
-                except Exception:
-                    if is_cluster(c):  # a moved slot or a dead master: learn the new map; retried at the next flush
-                        try:
-                            c.nodes_manager.initialize()
-                        except Exception:
-                            pass
-                    raise
                 if wait and int(res[-1]) < 1:
                     raise NotReplicated(f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms")
                 for i, r in zip(idx, res):
@@ -331,7 +322,19 @@ class RedisSink:
     def write(self, batches: dict[str, list], batch_id: str | None = None) -> int:
         """Apply one batch, each hash tag's part atomically and at most once per
         ``batch_id`` (a retry after a timeout passes the same id). Returns the
-        rows in it."""
+        rows in it; raises redis-py's errors (the caller keeps the batch)."""
+        try:
+            return self._write(batches, batch_id)
+        except Exception:
+            c = self.client
+            if c is not None and is_cluster(c):  # a moved slot or a dead master: learn the map for the retry
+                try:
+                    c.nodes_manager.initialize()
+                except Exception:
+                    pass
+            raise
+
+    def _write(self, batches: dict[str, list], batch_id: str | None) -> int:
         bid = batch_id or uuid.uuid4().hex
         parts: dict[str, _Part] = {}
         zidx: dict[str, dict] = defaultdict(dict)

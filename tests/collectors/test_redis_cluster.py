@@ -147,3 +147,45 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
     assert lm[list(M.LAYER_COLUMNS)].sum().to_numpy() == pytest.approx(lw, rel=1e-9)
     # v*: each unit got (w+1) lookups from each of 4 writers × 10 batches: 10 × (1+2+3+4) = 100 per unit
     assert (uu.loc[uu.variant == "B", "lookups_kv"] == 100).all()
+
+
+def test_a_master_killed_mid_run_loses_nothing(make_tel):
+    """3 masters with a replica each; the master of one A/B shard is SIGKILLed between flushes: the flush
+    fails and is counted, the rows wait, and after the failover every request is there exactly once."""
+    from bench.redis_cluster import ClusterUnavailable, LocalCluster
+
+    try:
+        c = LocalCluster(masters=3, replicas=1)
+    except ClusterUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        tel = make_tel(redis_url=c.url, side_flush_s=0, exporter="none")
+        rng = np.random.default_rng(5)
+        _traffic(tel, rng, 80)
+        tel.flush(now=1000.0)
+        assert tel.pending_rows("redis") == 0 and isinstance(tel.redis_sink.client.get_nodes(), list)
+        killed = c.kill_master_of(key(ab_tag("exp", 0)))
+        _traffic(tel, rng, 80, start=40)
+        tel.flush(now=1100.0)  # the dead master's shard fails: counted, kept
+        assert tel.aggregator.errors["redis"] >= 1 and tel.pending_rows("redis") > 0
+        # node timeout 1 s; the election is slower on a loaded machine
+        assert c.wait_failover(key(ab_tag("exp", 0)), timeout=90) != killed
+        for t in (1200.0, 1300.0, 1400.0):  # the client learns the new map, then the retry lands
+            tel.flush(now=t)
+            if not tel.pending_rows("redis"):
+                break
+        assert tel.pending_rows("redis") == 0
+        units = RedisSource(c.live_url).units("exp")
+        # 120 sessions + lookups-only units s0, s7, ..., s119 (u % 7 == 0 for u < 120: 18)
+        assert len(units) == 120 + 18
+        via = make_tel(store_path=str(tel.config.store_path) + ".b", side_flush_s=0)
+        rng = np.random.default_rng(5)
+        _traffic(via, rng, 80)
+        via.flush(now=1000.0)
+        _traffic(via, rng, 80, start=40)
+        via.flush(now=1100.0)
+        want = via.store.units("exp")
+        assert units["requests"].sum() == want["requests"].sum() > 0
+        assert units["lookups_prefix_kv"].sum() == want["lookups_prefix_kv"].sum()
+    finally:
+        c.stop()
