@@ -103,17 +103,21 @@ class _Interpreter:
                         k = _str(k)
                         self.rec(k).write(k)
         except Exception as e:
-            tel = self._tel
-            if tel is None:
-                from .pipeline import current_telemetry
+            self.failed("redis response interpretation", e)
 
-                tel = current_telemetry()
-            tel.aggregator.count_error("hook", "redis response interpretation", e)
+    def failed(self, what: str, e: BaseException) -> None:
+        tel = self._tel
+        if tel is None:
+            from .pipeline import current_telemetry
+
+            tel = current_telemetry()
+        tel.aggregator.count_error("hook", what, e)
 
 
 def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
                telemetry: Telemetry | None = None) -> Any:
-    """Instrument a ``redis.Redis`` client in place (idempotent); returns it."""
+    """Instrument a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client in place
+    (idempotent); returns it."""
     if getattr(client, _MARK, False):
         return client
     interp = _Interpreter(layer, telemetry)
@@ -146,7 +150,11 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
     orig_execute = pipe.execute
 
     def execute(raise_on_error: bool = True) -> Any:
-        stack = [args for args, _ in list(pipe.command_stack)]
+        try:
+            stack = _queued(pipe)
+        except Exception as e:  # an unknown pipeline shape: serve the host, count the failure
+            interp.failed("redis pipeline inspection", e)
+            stack = []
         try:
             results = orig_execute(raise_on_error)
         except Exception as e:
@@ -159,6 +167,15 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
 
     pipe.execute = execute
     setattr(pipe, _MARK, True)
+
+
+def _queued(pipe: Any) -> list:
+    """The queued commands' arguments, in order: a ``Pipeline``'s command stack, or the
+    command queue of redis-py's cluster pipeline (results come back in queue order)."""
+    strategy = getattr(pipe, "_execution_strategy", None)
+    if strategy is not None and hasattr(strategy, "command_queue"):
+        return [tuple(c.args) for c in strategy.command_queue]
+    return [args for args, _ in list(pipe.command_stack)]
 
 
 def uninstrument(client: Any) -> Any:

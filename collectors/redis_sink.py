@@ -1,190 +1,631 @@
-"""Redis sink: hot keys, A/B unit records and warm-up runs for production.
+"""Redis sink: hot keys, A/B unit records, A/B moments and warm-up runs, on one
+Redis or a Redis Cluster.
 
-Layout (every key under ``ws:``; only keyed hashes of cache keys and units):
+Layout (layout version 2; only keyed hashes of cache keys and units). Every
+key a script touches is ``ws:{TAG}:...``: its hash tag ``{TAG}`` decides the
+cluster slot, so all keys one script reads and writes live on one node, and
+different tags spread over the cluster's masters. Label values inside keys are
+percent-encoded (``%``, ``{``, ``}``, ``:`` and anything not printable).
 
-* ``ws:hot:{window}:{tenant}:{layer}:hits`` / ``:misses`` — sorted sets,
-  member = key hash, score = count in the window (ZINCRBY); ``:fam`` — hash
-  key hash -> family; ``:err`` — hash key hash -> Space-Saving error bound;
-  ``ws:hot:windows`` — sorted set of ``{window}:{tenant}:{layer}`` by window.
-* ``ws:ab:{experiment}:{variant}:{unit hash}`` — hash of the unit's sums
-  (HINCRBY / HINCRBYFLOAT): request-level fields as ``store.ab_units``, and per
-  layer ``{layer}:lookups`` / ``{layer}:hits``; plus ``first_ts`` / ``last_ts``; ``ws:ab:{experiment}:units`` — set of ``{variant}:{unit hash}``;
-  ``ws:ab:experiments`` — set of experiment names.
-* ``ws:run:{run_id}`` — hash of the warm-up run record; ``ws:runs`` — sorted set
-  of run ids by start; ``ws:run:{run_id}:warmed`` / ``:early`` — hashes key hash
-  -> JSON row (as ``store.warmed_keys`` / ``store.early_keys`` minus ids).
+* A/B units and moments, tag ``{ab:<experiment>:<shard>}`` with shard =
+  crc32(unit hash) mod ``AB_SHARDS`` (16): a unit and the moments it feeds
+  share a slot, so a unit's totals and the sums of ``f(totals)`` change in one
+  atomic step; 16 shards per experiment spread one experiment's write load over
+  the masters.
 
-Everything gets a TTL (``hot_key_ttl_s``; runs and units 30 days).
+  - ``...:u:<variant>:<unit hash>`` — hash of the unit's totals: the request
+    fields and ``h<k>`` of ``store.ab_units``, per layer ``<layer>:lookups`` /
+    ``<layer>:hits``, ``first_ts`` / ``last_ts``, and ``_v`` (a version
+    bumped by every write, for the compare-and-apply below);
+  - ``...:m:<variant>:<bucket>`` — hash of the A/B moments of the shard's units
+    that arrived in the 15-minute ``bucket`` (the ``ab_moments`` columns of
+    :mod:`collectors.ab_moments`, plus ``L:<layer>:<column>`` for the
+    ``ab_layer_moments`` columns);
+  - ``...:mi`` — set of ``<variant>:<bucket>`` moment hashes; ``...:units`` —
+    set of ``<variant>:<unit hash>``.
 
-Exactly once: each batch (at most a few thousand rows) is applied by one Lua
-script that first sets ``ws:batch:{batch id}`` (NX, kept 1 day) and skips the
-whole batch if that id was applied before. A batch that timed out after Redis
-received it (a stalled server) is retried with the same id, so its increments
-count once. The analysis Redis source reads this layout back into the
-canonical frames.
+  A report sums the moment hashes of the 16 shards: a few thousand small
+  hashes for a week, whatever the number of units.
+* Hot keys, tag ``{hot:<window>:<tenant>}``: ``...:<layer>:hits`` /
+  ``:misses`` — sorted sets, member = key hash, score = count in the window;
+  ``:fam`` — key hash -> family; ``:err`` — key hash -> Space-Saving error bound.
+* Warm-up runs, tag ``{run:<run id>}``: ``ws:{run:<id>}`` — hash of the run
+  record; ``...:warmed`` / ``:early`` — key hash -> JSON row (as
+  ``store.warmed_keys`` / ``store.early_keys`` minus ids).
+* Indexes, plain keys written after the scripts (idempotent: a retry rewrites
+  the same members): ``ws:hot:windows`` (sorted set of
+  ``<window>:<tenant>:<layer>`` by window), ``ws:runs`` (run ids by start),
+  ``ws:ab:experiments`` (set of experiment names).
+
+Everything gets a TTL (``hot_key_ttl_s``; runs, units and moments 30 days).
+
+Exactly once. A batch is split by hash tag; each part is applied by one Lua
+script that declares every key it touches, and that first checks the marker
+``ws:{TAG}:batch:<batch id>``: if present the part was applied before and is
+skipped. A batch that timed out after Redis received it (a stalled server,
+a master that died) is retried with the same id, so each part counts once.
+The moments need a unit's old totals: the writer reads them, computes
+``f(new) − f(old)`` in numpy, and the script applies the part only if every
+unit's ``_v`` is still the one read (else it applies nothing and the writer
+re-reads those units) — concurrent writers of one unit stay exact.
+
+On a cluster whose masters have replicas, each script is followed by ``WAIT 1``
+on the same connection; a part no replica acknowledged is retried (skipped by
+its marker if the master kept it, re-applied if a promoted replica never saw
+it), so a master failing over loses no acknowledged row.
+
+Compatibility: layout 1 (keys ``ws:ab:<exp>:<variant>:<unit>``,
+``ws:hot:<window>:<tenant>:<layer>:*``, ``ws:run:<id>``, no hash tags, no
+moments) is neither read nor deleted; its keys expire within 30 days.
+:func:`migrate_layout1` rewrites a layout-1 database into layout 2 (units and
+their moments, hot keys, runs), exactly once per unit, and deletes the old keys.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 import uuid
+import zlib
+from collections import defaultdict
 from typing import Any
+from urllib.parse import quote, unquote
 
+import numpy as np
+
+from . import ab_moments as _m
 from .records import RUN_COLUMNS as _RUN_COLS
 from .records import UNIT_FIELDS
 from .records import UNIT_HIST as _H
 
-__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S"]
+__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S", "AB_SHARDS", "connect", "is_cluster", "ab_tag", "ab_shard",
+           "hot_tag", "run_tag", "key",
+           "enc", "dec", "migrate_layout1"]
 
 PREFIX = "ws"
 RUN_TTL_S = 30 * 86400
 BATCH_TTL_S = 86400  # applied batch ids are remembered this long
+AB_SHARDS = 16
+MAX_CONFLICT_ROUNDS = 20
+_FIELDS = UNIT_FIELDS[2:] + tuple(_H)  # unit totals after first_ts, last_ts
+_NV = 2 + len(_FIELDS)
 
-# ARGV: marker ttl, then ops: "zi" key incr member | "hs" key field value |
-# "hn" key field value (HSETNX) | "hi"/"hf" key field incr | "ex" key ttl |
-# "za" key score member | "sa" key member. KEYS[1]: the batch marker.
+
+@functools.lru_cache(maxsize=4096)
+def enc(s: Any) -> str:
+    """A label value as it appears inside keys and index members."""
+    return quote(str(s), safe="!#$&'()*+,-./;<=>?@[]^_`|~")
+
+
+def dec(s: str) -> str:
+    return unquote(s)
+
+
+def key(tag: str, *rest: str) -> str:
+    return ":".join((f"{PREFIX}:{{{tag}}}",) + rest) if rest else f"{PREFIX}:{{{tag}}}"
+
+
+def ab_shard(unit_hash: str) -> int:
+    return zlib.crc32(unit_hash.encode()) % AB_SHARDS
+
+
+def ab_tag(experiment: str, shard: int) -> str:
+    return f"ab:{enc(experiment)}:{shard}"
+
+
+def hot_tag(window: float, tenant: str) -> str:
+    return f"hot:{int(window)}:{enc(tenant)}"
+
+
+def run_tag(run_id: str) -> str:
+    return f"run:{enc(run_id)}"
+
+
+def _bucket_s(b: float) -> str:
+    return repr(float(b)) if b != int(b) else str(int(b))
+
+
+# KEYS[1]: the part's marker; KEYS[2..]: every key the part touches.
+# ARGV[1]: marker ttl; ARGV[2]: JSON [checks, ops] (one argument: cheap to send).
+# checks: [key index, expected _v]; ops, keys by index, values as strings:
+# ["zi", k, incr, member] | ["hs", k, field, value] | ["hi"/"hf", k, field, incr]
+# | ["hv", k, [field, incr, field, incr, ...]] (HINCRBYFLOAT each) |
+# ["mn"/"mx", k, field, value] (keep the min / max) | ["za", k, score, member]
+# | ["sa", k, member] | ["ex", k, ttl].
+# Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
+# _v changed since they were read (nothing applied).
 _APPLY = """
-if not redis.call('SET', KEYS[1], 'applied', 'NX', 'EX', ARGV[1]) then return 0 end
-local a = ARGV
-local i = 2
-local n = #a
-while i <= n do
-  local op = a[i]
-  if op == 'zi' then redis.call('ZINCRBY', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'hs' then redis.call('HSET', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'hn' then redis.call('HSETNX', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'hi' then redis.call('HINCRBY', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'hf' then redis.call('HINCRBYFLOAT', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'za' then redis.call('ZADD', a[i+1], a[i+2], a[i+3]); i = i + 4
-  elseif op == 'ex' then redis.call('EXPIRE', a[i+1], a[i+2]); i = i + 3
-  elseif op == 'sa' then redis.call('SADD', a[i+1], a[i+2]); i = i + 3
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local d = cjson.decode(ARGV[2])
+local bad = {}
+for _, c in ipairs(d[1]) do
+  local v = redis.call('HGET', KEYS[c[1]], '_v') or '0'
+  if v ~= c[2] then bad[#bad + 1] = c[1] end
+end
+if #bad > 0 then return bad end
+redis.call('SET', KEYS[1], 'applied', 'EX', ARGV[1])
+for _, o in ipairs(d[2]) do
+  local op, k = o[1], KEYS[o[2]]
+  if op == 'hv' then
+    local fv = o[3]
+    for j = 1, #fv, 2 do redis.call('HINCRBYFLOAT', k, fv[j], fv[j + 1]) end
+  elseif op == 'hf' then redis.call('HINCRBYFLOAT', k, o[3], o[4])
+  elseif op == 'hi' then redis.call('HINCRBY', k, o[3], o[4])
+  elseif op == 'hs' then redis.call('HSET', k, o[3], o[4])
+  elseif op == 'zi' then redis.call('ZINCRBY', k, o[3], o[4])
+  elseif op == 'mn' or op == 'mx' then
+    local cur = redis.call('HGET', k, o[3])
+    if (not cur) or (op == 'mn' and tonumber(o[4]) < tonumber(cur))
+        or (op == 'mx' and tonumber(o[4]) > tonumber(cur)) then
+      redis.call('HSET', k, o[3], o[4])
+    end
+  elseif op == 'za' then redis.call('ZADD', k, o[3], o[4])
+  elseif op == 'sa' then redis.call('SADD', k, o[3])
+  elseif op == 'ex' then redis.call('EXPIRE', k, o[3])
   else return redis.error_reply('unknown op ' .. tostring(op)) end
 end
 return 1
 """
 
 
-class _Ops:
-    """Commands recorded as flat script arguments (the pipeline API the
-    writer used before, kept so the layout code reads the same)."""
+class NotReplicated(Exception):
+    """No replica acknowledged a part within the timeout: it is retried."""
 
-    def __init__(self) -> None:
-        self.args: list = []
 
-    def zincrby(self, key: str, amount: float, member: str) -> None:
-        self.args += ("zi", key, amount, member)
+def is_cluster(client: Any) -> bool:
+    from redis.cluster import RedisCluster
 
-    def hset(self, key: str, field: str | None = None, value: Any = None, mapping: dict | None = None) -> None:
-        if mapping is not None:
-            for f, v in mapping.items():
-                self.args += ("hs", key, f, v)
-        else:
-            self.args += ("hs", key, field, value)
+    return isinstance(client, RedisCluster)
 
-    def hsetnx(self, key: str, field: str, value: Any) -> None:
-        self.args += ("hn", key, field, value)
 
-    def hincrby(self, key: str, field: str, amount: int) -> None:
-        self.args += ("hi", key, field, int(amount))
+def connect(url: str | None, client: Any = None, **kw: Any) -> Any:
+    """A client for ``url`` (or ``client``): a ``RedisCluster`` when the server
+    runs in cluster mode (``cluster_enabled:1``), else the plain client. Talks
+    to the server (to ask); raises redis-py's errors."""
+    import redis
+    from redis.cluster import RedisCluster
 
-    def hincrbyfloat(self, key: str, field: str, amount: float) -> None:
-        self.args += ("hf", key, field, repr(float(amount)))
+    if client is not None and is_cluster(client):
+        return client
+    plain = client if client is not None else redis.Redis.from_url(url, **kw)
+    info = plain.info("cluster")
+    if not int(info.get("cluster_enabled", 0)):
+        return plain
+    ck = plain.connection_pool.connection_kwargs
+    opts = {k: ck[k] for k in ("socket_timeout", "socket_connect_timeout", "password", "username",
+                               "decode_responses") if ck.get(k) is not None}
+    opts.update(kw)
+    if client is None:
+        plain.close()
+    return RedisCluster(host=ck.get("host", "127.0.0.1"), port=int(ck.get("port", 6379)), **opts)
 
-    def expire(self, key: str, ttl: int) -> None:
-        self.args += ("ex", key, int(ttl))
 
-    def zadd(self, key: str, mapping: dict) -> None:
-        for member, score in mapping.items():
-            self.args += ("za", key, score, member)
+class _Part:
+    """One hash tag's share of a batch: keys by index, checks, ops."""
 
-    def sadd(self, key: str, member: str) -> None:
-        self.args += ("sa", key, member)
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.keys: dict[str, int] = {}
+        self.checks: list = []
+        self.ops: list = []
+
+    def k(self, name: str) -> int:
+        i = self.keys.get(name)
+        if i is None:
+            i = self.keys[name] = len(self.keys) + 2  # KEYS[1] is the marker
+        return i
+
+    def op(self, op: str, name: str, *args: Any) -> None:
+        self.ops.append([op, self.k(name), *(a if isinstance(a, list) else str(a) for a in args)])
+
+    def check(self, name: str, version: str) -> None:
+        self.checks.append([self.k(name), version])
+
+    def payload(self) -> str:
+        return json.dumps([self.checks, self.ops], separators=(",", ":"))
 
 
 class RedisSink:
-    def __init__(self, client: Any, url: str, hot_ttl_s: int, agg: Any) -> None:
+    def __init__(self, client: Any, url: str, hot_ttl_s: int, agg: Any, wait_timeout_ms: int = 2000) -> None:
+        self._own = client is None
         if client is None:
             import redis
 
-            # Short timeouts: the flusher must not hang on a dead server.
+            # A bad URL fails here, at setup; short timeouts: the flusher must not hang on a dead server.
             client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self.client = client
-        self._apply = client.register_script(_APPLY)
+        self._given = client
+        self.url = url
+        self.client: Any = None  # connected lazily, at the first write (never in the host's setup)
         self.hot_ttl_s = int(hot_ttl_s)
         self.agg = agg
+        self.wait_timeout_ms = int(wait_timeout_ms)
+        self.conflicts = 0  # parts re-read because another writer changed one of their units meanwhile
+        self._sha: str | None = None
 
+    # ---------------------------------------------------------------- connection
+    def _client(self) -> Any:
+        if self.client is None:
+            self.client = connect(None, self._given)
+            if self._own and self.client is not self._given:  # a cluster: the probe client is done
+                self._given.close()
+            import hashlib
+
+            self._sha = hashlib.sha1(_APPLY.encode()).hexdigest()
+        return self.client
+
+    def _run(self, parts: list[_Part], bid: str) -> list:
+        """Apply parts (one pipeline per node); returns each script's answer."""
+        from redis.exceptions import NoScriptError
+
+        c = self._client()
+        by_conn: dict[Any, list[int]] = {}
+        conns, waits = {}, {}
+        for i, part in enumerate(parts):
+            mk = key(part.tag, "batch", bid)
+            if not is_cluster(c):
+                ident, conn, wait = "one", c, False
+            else:
+                node = c.get_node_from_key(mk)
+                ident = node.name
+                conn = c.get_redis_connection(node)
+                wait = len(c.nodes_manager.slots_cache.get(c.keyslot(mk), ())) > 1
+            conns[ident] = conn
+            waits[ident] = waits.get(ident, False) or wait
+            by_conn.setdefault(ident, []).append(i)
+        out: list = [None] * len(parts)
+        for ident, idx in by_conn.items():
+            conn, wait = conns[ident], waits[ident]
+            for attempt in (0, 1):
+                p = conn.pipeline(transaction=False)
+                for i in idx:
+                    part = parts[i]
+                    keys = [key(part.tag, "batch", bid)] + list(part.keys)
+                    p.evalsha(self._sha, len(keys), *keys, BATCH_TTL_S, part.payload())
+                if wait:
+                    p.execute_command("WAIT", 1, self.wait_timeout_ms)
+                try:
+                    res = p.execute()
+                except NoScriptError:  # a new or restarted node: load the script, run again (nothing applied)
+                    if attempt:
+                        raise
+                    conn.script_load(_APPLY)
+                    continue
+                if wait and int(res[-1]) < 1:
+                    raise NotReplicated(f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms")
+                for i, r in zip(idx, res):
+                    out[i] = r
+                break
+        return out
+
+    def _hgetall_many(self, names: list[str]) -> list[dict]:
+        c = self._client()
+        out: list[dict] = []
+        for i in range(0, len(names), 2000):
+            p = c.pipeline(transaction=False)
+            for n in names[i:i + 2000]:
+                p.hgetall(n)
+            out += p.execute()
+        return [{(k.decode() if isinstance(k, bytes) else k): v for k, v in h.items()} for h in out]
+
+    def _index(self, zadd: dict[str, dict], sadd: dict[str, set]) -> None:
+        if not zadd and not sadd:
+            return
+        c = self._client()
+        p = c.pipeline(transaction=False)
+        for name, mapping in zadd.items():
+            p.zadd(name, mapping)
+        for name, members in sadd.items():
+            p.sadd(name, *members)
+        p.execute()
+
+    # --------------------------------------------------------------------- write
     def write(self, batches: dict[str, list], batch_id: str | None = None) -> int:
-        """Apply one batch atomically and at most once per ``batch_id``
-        (a retry after a timeout passes the same id). Returns rows in it."""
-        p = _Ops()
+        """Apply one batch, each hash tag's part atomically and at most once per
+        ``batch_id`` (a retry after a timeout passes the same id). Returns the
+        rows in it; raises redis-py's errors (the caller keeps the batch)."""
+        try:
+            return self._write(batches, batch_id)
+        except Exception:
+            c = self.client
+            if c is not None and is_cluster(c):  # a moved slot or a dead master: learn the map for the retry
+                try:
+                    c.nodes_manager.initialize()
+                except Exception:
+                    pass
+            raise
+
+    def _write(self, batches: dict[str, list], batch_id: str | None) -> int:
+        bid = batch_id or uuid.uuid4().hex
+        parts: dict[str, _Part] = {}
+        zidx: dict[str, dict] = defaultdict(dict)
+        sidx: dict[str, set] = defaultdict(set)
+
+        def part(tag: str) -> _Part:
+            p = parts.get(tag)
+            if p is None:
+                p = parts[tag] = _Part(tag)
+            return p
+
         n = 0
         ttl = self.hot_ttl_s
         for window, tenant, layer, kh, fam, hits, misses, err in batches.get("hot_keys", ()):
-            base = f"{PREFIX}:hot:{int(window)}:{tenant}:{layer}"
+            tag = hot_tag(window, tenant)
+            p = part(tag)
+            base = key(tag, enc(layer))
             if hits:
-                p.zincrby(base + ":hits", hits, kh)
+                p.op("zi", base + ":hits", hits, kh)
             if misses:
-                p.zincrby(base + ":misses", misses, kh)
-            p.hset(base + ":fam", kh, fam)
+                p.op("zi", base + ":misses", misses, kh)
+            p.op("hs", base + ":fam", kh, fam)
             if err:
-                p.hset(base + ":err", kh, err)
-            for suffix in (":hits", ":misses", ":fam", ":err"):
-                p.expire(base + suffix, ttl)
-            p.zadd(f"{PREFIX}:hot:windows", {f"{int(window)}:{tenant}:{layer}": window})
+                p.op("hs", base + ":err", kh, err)
+            zidx[f"{PREFIX}:hot:windows"][f"{int(window)}:{enc(tenant)}:{enc(layer)}"] = window
             n += 1
-        fields = UNIT_FIELDS[2:] + tuple(_H)
-        touched: set[tuple[str, str, str]] = set()
-        for row in batches.get("ab_units", ()):
-            exp, var, uh, first_ts, last_ts = row[:5]
-            key = f"{PREFIX}:ab:{exp}:{var}:{uh}"
-            for f, v in zip(fields, row[5:]):
-                if v:
-                    if isinstance(v, float):
-                        p.hincrbyfloat(key, f, v)
-                    else:
-                        p.hincrby(key, f, v)
-            p.hsetnx(key, "first_ts", first_ts)
-            p.hset(key, "last_ts", last_ts)
-            touched.add((exp, var, uh))
-            n += 1
-        for exp, var, uh, layer, lookups, hits in batches.get("ab_lookups", ()):
-            key = f"{PREFIX}:ab:{exp}:{var}:{uh}"
-            if lookups:
-                p.hincrby(key, f"{layer}:lookups", lookups)
-            if hits:
-                p.hincrby(key, f"{layer}:hits", hits)
-            touched.add((exp, var, uh))
-            n += 1
-        for exp, var, uh in touched:
-            p.expire(f"{PREFIX}:ab:{exp}:{var}:{uh}", RUN_TTL_S)
-            p.sadd(f"{PREFIX}:ab:{exp}:units", f"{var}:{uh}")
-        for exp in {t[0] for t in touched}:
-            p.expire(f"{PREFIX}:ab:{exp}:units", RUN_TTL_S)
-            p.sadd(f"{PREFIX}:ab:experiments", exp)
+        for p in parts.values():
+            for name in list(p.keys):
+                p.op("ex", name, ttl)
+
         for row in batches.get("warmup_runs", ()):
             rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row)}
-            key = f"{PREFIX}:run:{rec['run_id']}"
-            p.hset(key, mapping=rec)
-            p.expire(key, RUN_TTL_S)
-            p.zadd(f"{PREFIX}:runs", {rec["run_id"]: float(rec["started"] or 0)})
+            tag = run_tag(rec["run_id"])
+            p = part(tag)
+            for f, v in rec.items():
+                p.op("hs", key(tag), f, v)
+            p.op("ex", key(tag), RUN_TTL_S)
+            zidx[f"{PREFIX}:runs"][rec["run_id"]] = float(rec["started"] or 0)
             n += 1
-        for row in batches.get("warmed_keys", ()):
-            key = f"{PREFIX}:run:{row[0]}:warmed"
-            p.hset(key, row[1], json.dumps(list(row[2:])))
-            p.expire(key, RUN_TTL_S)
-            n += 1
-        for row in batches.get("early_keys", ()):
-            key = f"{PREFIX}:run:{row[0]}:early"
-            p.hset(key, row[1], json.dumps(list(row[2:])))
-            p.expire(key, RUN_TTL_S)
-            n += 1
-        if n:
-            bid = batch_id or uuid.uuid4().hex
-            self._apply(keys=[f"{PREFIX}:batch:{bid}"], args=[BATCH_TTL_S, *p.args])
+        for what in ("warmed", "early"):
+            for row in batches.get(f"{what}_keys", ()):
+                tag = run_tag(row[0])
+                p = part(tag)
+                p.op("hs", key(tag, what), row[1], json.dumps(list(row[2:])))
+                p.op("ex", key(tag, what), RUN_TTL_S)
+                n += 1
+        units = batches.get("ab_units", ())
+        lookups = batches.get("ab_lookups", ())
+        n += len(units) + len(lookups)
+        if units or lookups:
+            sidx[f"{PREFIX}:ab:experiments"].update(self._write_ab(units, lookups, bid, list(parts.values())))
+        elif parts:
+            self._run(list(parts.values()), bid)  # 0 for a part applied before (a retry): skipped
+        self._index(zidx, sidx)
         return n
+
+    def _write_ab(self, unit_rows, lookup_rows, bid: str, other: list[_Part]) -> set:
+        """Unit totals and A/B moments, one script per (experiment, shard);
+        ``other`` parts go out with the first round."""
+        ukeys: dict[tuple, list] = {}
+        for r in unit_rows:  # fold: a retried batch can repeat a unit
+            k = tuple(r[:3])
+            a = ukeys.get(k)
+            if a is None:
+                ukeys[k] = [float(r[3]), float(r[4]), *r[5:]]
+            else:
+                a[0], a[1] = min(a[0], r[3]), max(a[1], r[4])
+                for i, v in enumerate(r[5:]):
+                    a[2 + i] += v
+        lk: dict[tuple, list] = {}
+        for exp, var, uh, layer, lookups, hits in lookup_rows:
+            a = lk.setdefault((exp, var, uh), {}).setdefault(layer, [0, 0])
+            a[0] += lookups
+            a[1] += hits
+        now = max((v[1] for v in ukeys.values()), default=None)
+        if now is None:
+            now = time.time()
+        groups: dict[str, list[tuple]] = defaultdict(list)
+        for u in set(ukeys) | set(lk):
+            groups[ab_tag(u[0], ab_shard(u[2]))].append(u)
+        pending = {tag: sorted(us) for tag, us in groups.items()}
+        for _ in range(MAX_CONFLICT_ROUNDS):
+            if not pending:
+                break
+            names = [(tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us]
+            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names])))
+            tags = list(pending)
+            ab_parts = [self._ab_part(tag, pending[tag], olds, ukeys, lk, now) for tag in tags]
+            res = self._run(ab_parts + other, bid)
+            other = []
+            retry: dict[str, list] = {}
+            for tag, r in zip(tags, res):
+                if isinstance(r, list):  # another writer changed these units since the read: read again
+                    self.conflicts += 1
+                    retry[tag] = pending[tag]
+            pending = retry
+        if pending:
+            raise RuntimeError(f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush")
+        return {u[0] for u in list(ukeys) + list(lk)}
+
+    def _ab_part(self, tag: str, us: list[tuple], olds: dict, ukeys: dict, lk: dict, now: float) -> _Part:
+        p = _Part(tag)
+        m = len(us)
+        o = np.zeros((m, _NV))
+        d = np.zeros((m, _NV))
+        present = np.zeros(m)
+        has_row = np.zeros(m, dtype=bool)
+        names = []
+        for i, u in enumerate(us):
+            name = key(tag, "u", enc(u[1]), u[2])
+            names.append(name)
+            h = olds.get(name) or {}
+            if b"first_ts" in h or "first_ts" in h:
+                g = {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
+                present[i] = 1
+                o[i, 0], o[i, 1] = float(g["first_ts"]), float(g.get("last_ts", g["first_ts"]))
+                o[i, 2:] = [float(g.get(f, 0) or 0) for f in _FIELDS]
+                v = g.get("_v", b"0")
+                p.check(name, v.decode() if isinstance(v, bytes) else str(v))
+            else:
+                p.check(name, "0")
+            row = ukeys.get(u)
+            if row is not None:
+                has_row[i] = True
+                d[i] = row
+            elif not present[i]:  # lookups only, a new unit: an all-zero unit row, counted once
+                has_row[i] = True
+                d[i, 0] = d[i, 1] = now
+        # Unit rows: totals and moments (units without a new row keep their totals: nothing to add).
+        sel = np.flatnonzero(has_row)
+        new = o + d
+        new[:, 0] = np.where(present > 0, np.minimum(o[:, 0], d[:, 0]), d[:, 0])
+        new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
+        first = np.where(present > 0, o[:, 0], d[:, 0])
+        bucket = _m.bucket_of(first)
+        macc: dict[tuple, np.ndarray] = {}
+        ext: dict[tuple, list] = {}
+        if len(sel):
+            delta = _m.contributions(new[sel], np.ones(len(sel))) - _m.contributions(o[sel], present[sel])
+            for j, i in enumerate(sel):
+                g = (us[i][1], float(bucket[i]))
+                acc = macc.get(g)
+                if acc is None:
+                    macc[g] = delta[j].copy()
+                    ext[g] = [new[i, 0], new[i, 1]]
+                else:
+                    acc += delta[j]
+                    e = ext[g]
+                    e[0], e[1] = min(e[0], new[i, 0]), max(e[1], new[i, 1])
+        for j, i in enumerate(sel):
+            name = names[i]
+            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else ()):
+                if v:
+                    if isinstance(v, float):
+                        p.op("hf", name, f, repr(v))
+                    else:
+                        p.op("hi", name, f, int(v))
+            p.op("mn", name, "first_ts", repr(float(d[i, 0])))
+            p.op("mx", name, "last_ts", repr(float(d[i, 1])))
+        # Layer totals and layer moments (all unit × layer pairs at once).
+        pairs, ol, lp, tl = [], [], [], []
+        for i, u in enumerate(us):
+            layers = lk.get(u)
+            if not layers:
+                continue
+            h = olds.get(names[i]) or {}
+            g = {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
+            for ly, (a, b) in layers.items():
+                pairs.append((i, ly))
+                lf = f"{ly}:lookups"
+                ol.append((float(g.get(lf, 0) or 0), float(g.get(f"{ly}:hits", 0) or 0)))
+                lp.append(float(lf in g))
+                tl.append((a, b))
+                p.op("hi", names[i], lf, int(a))
+                p.op("hi", names[i], f"{ly}:hits", int(b))
+        lacc: dict[tuple, np.ndarray] = {}
+        if pairs:
+            o_l, t = np.array(ol, dtype=float), np.array(tl, dtype=float)
+            delta = (_m.layer_contributions(o_l[:, 0] + t[:, 0], o_l[:, 1] + t[:, 1], np.ones(len(pairs)))
+                     - _m.layer_contributions(o_l[:, 0], o_l[:, 1], np.array(lp)))
+            for (i, ly), row in zip(pairs, delta):
+                gk = (us[i][1], float(bucket[i]), ly)
+                if gk in lacc:
+                    lacc[gk] += row
+                else:
+                    lacc[gk] = row.copy()
+        for name in names:
+            p.op("hi", name, "_v", 1)
+            p.op("ex", name, RUN_TTL_S)
+            var_uh = name.rsplit(":u:", 1)[1]
+            p.op("sa", key(tag, "units"), var_uh)
+        # Moments: one hash per (variant, bucket).
+        mkeys = set()
+        for (var, b), acc in macc.items():
+            mk = key(tag, "m", enc(var), _bucket_s(b))
+            mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
+            fv = []
+            for c, v in zip(_m.COLUMNS, acc.tolist()):
+                if v and c not in ("min_first", "max_last"):
+                    fv += (c, repr(v))
+            p.op("hv", mk, fv)
+            e = ext[(var, b)]
+            p.op("mn", mk, "min_first", repr(float(e[0])))
+            p.op("mx", mk, "max_last", repr(float(e[1])))
+        for (var, b, ly), acc in lacc.items():
+            mk = key(tag, "m", enc(var), _bucket_s(b))
+            mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
+            fv = []
+            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist()):
+                if v:
+                    fv += (f"L:{enc(ly)}:{c}", repr(v))
+            p.op("hv", mk, fv)
+        for mk, member in mkeys:
+            p.op("sa", key(tag, "mi"), member)
+            p.op("ex", mk, RUN_TTL_S)
+        p.op("ex", key(tag, "mi"), RUN_TTL_S)
+        p.op("ex", key(tag, "units"), RUN_TTL_S)
+        return p
 
     def close(self) -> None:
         try:
-            self.client.close()
+            (self.client if self.client is not None else self._given).close()
         except Exception:
             pass
+
+
+def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
+    """Rewrite a layout-1 database (before hash tags and moments) into layout 2:
+    units with their moments, hot keys, warm-up runs; then delete the old keys.
+    Run once, with the collectors stopped; a repeat finds nothing to move."""
+    c = connect(None, client)
+    sink = RedisSink(c, "", hot_ttl_s, None)
+    moved = {"units": 0, "hot_keys": 0, "runs": 0}
+    legacy = c.smembers(f"{PREFIX}:ab:experiments")
+    for exp in sorted(x.decode() if isinstance(x, bytes) else x for x in legacy):
+        old_set = f"{PREFIX}:ab:{exp}:units"
+        if c.type(old_set) not in (b"set", "set"):
+            continue
+        units, lookups, dead = [], [], [old_set]
+        for m in c.smembers(old_set):
+            m = m.decode() if isinstance(m, bytes) else m
+            var, uh = m.split(":", 1)
+            name = f"{PREFIX}:ab:{exp}:{var}:{uh}"
+            h = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in c.hgetall(name).items()}
+            dead.append(name)
+            if not h:
+                continue
+            vals = []
+            for f in _FIELDS:
+                v = h.get(f, "0")
+                vals.append(float(v) if "." in v or "e" in v else int(v))
+            if "first_ts" in h:
+                units.append((exp, var, uh, float(h["first_ts"]), float(h.get("last_ts", h["first_ts"])), *vals))
+            for f, v in h.items():
+                if f.endswith(":lookups"):
+                    layer = f[:-len(":lookups")]
+                    lookups.append((exp, var, uh, layer, int(v), int(h.get(f"{layer}:hits", 0))))
+        if units or lookups:
+            sink.write({"ab_units": units, "ab_lookups": lookups}, batch_id=f"migrate-{exp}")
+            moved["units"] += len({u[2] for u in units} | {x[2] for x in lookups})
+        c.delete(*dead)
+    for member in list(c.zrange(f"{PREFIX}:hot:windows", 0, -1)):
+        m = member.decode() if isinstance(member, bytes) else member
+        window, tenant, layer = m.split(":", 2)
+        base = f"{PREFIX}:hot:{m}"
+        if not c.exists(base + ":fam"):
+            continue
+        hits = {k.decode(): v for k, v in c.zrange(base + ":hits", 0, -1, withscores=True)}
+        misses = {k.decode(): v for k, v in c.zrange(base + ":misses", 0, -1, withscores=True)}
+        fam = {k.decode(): v.decode() for k, v in c.hgetall(base + ":fam").items()}
+        err = {k.decode(): int(v) for k, v in c.hgetall(base + ":err").items()}
+        rows = [(float(window), tenant, layer, kh, fam.get(kh, ""), int(hits.get(kh, 0)), int(misses.get(kh, 0)),
+                 err.get(kh, 0)) for kh in set(hits) | set(misses)]
+        c.zrem(f"{PREFIX}:hot:windows", m)
+        sink.write({"hot_keys": rows}, batch_id=f"migrate-hot-{m}")
+        c.delete(*(base + s for s in (":hits", ":misses", ":fam", ":err")))
+        moved["hot_keys"] += len(rows)
+
+    for rid in c.zrange(f"{PREFIX}:runs", 0, -1):
+        rid = rid.decode() if isinstance(rid, bytes) else rid
+        name = f"{PREFIX}:run:{rid}"
+        rec = {k.decode(): v.decode() for k, v in c.hgetall(name).items()}
+        if not rec:
+            continue
+        batch = {"warmup_runs": [tuple(rec.get(col) or None for col in _RUN_COLS)]}
+        for what in ("warmed", "early"):
+            batch[f"{what}_keys"] = [(rid, kh.decode(), *json.loads(js)) for kh, js in
+                                     c.hgetall(f"{name}:{what}").items()]
+        sink.write(batch, batch_id=f"migrate-run-{rid}")
+        c.delete(name, f"{name}:warmed", f"{name}:early")
+        moved["runs"] += 1
+    return moved

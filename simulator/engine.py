@@ -193,7 +193,8 @@ class Simulation:
         self.realtime = realtime
         self.speed = speed
         # Simulated data can be regenerated from the seed: no fsync.
-        self.store = store if isinstance(store, EmbeddedStore) else EmbeddedStore(store, durable=False)
+        # (Or anything with the store's write(): a worker's queue to the one writer, see run.simulate.)
+        self.store = EmbeddedStore(store, durable=False) if isinstance(store, (str, Path)) else store
         # Hot keys and unit records every 15 virtual minutes: per-minute points,
         # fewer upserts (a session spans many ticks).
         self.ccfg = collector_config or CollectorConfig.load(env={}, key_secret="warmscope-sim", max_families=1024,
@@ -487,31 +488,13 @@ class Simulation:
 
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
+        """One request: its session, then the caches in serving order — weights,
+        response, LoRA, embeddings, the prefix-KV walk — then the record."""
         cfg = self.cfg
-        look = self.summary.lookups
         ten = self.tenants[int(a.tenant[i])]
         tpl_idx = pick_template(ten, float(a.u_tpl[i]))
         tpl = TEMPLATES[tpl_idx]
-        # Session: continue one of the recent ones, or start a new one.
-        sess_list = self.sessions[(ten.idx, tpl_idx)]
-        p_cont = 0.7 if tpl.dialog else 0.3
-        if sess_list and a.u_session[i] < p_cont:
-            sess = sess_list[int(a.u_pick[i] * len(sess_list))]
-        else:
-            sess = [self._next_session, 0]
-            self._next_session += 1
-            sess_list.append(sess)
-            if len(sess_list) > 200:
-                sess_list.pop(0)
-        sid = sess[0]
-        self._req_id += 1
-        lo, hi = tpl.query_tokens
-        q = lo + int(a.query_tokens_u[i] * (hi - lo))
-        conv = sess[1] if tpl.dialog else 0
-        prompt = tpl.sys_tokens + conv + q
-        out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
-        if tpl.dialog:  # session state advances in every worker, served or not
-            sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
+        sid, conv, q, prompt, out_tokens = self._session(a, i, ten, tpl, tpl_idx)
         variant = variant_of(cfg.experiment, sid)
         pool = self.pools.get(variant)
         if pool is None:  # the other worker's pool
@@ -524,82 +507,123 @@ class Simulation:
             fx = [f for f in faults if f.matches(tenant=ten.name, replica=rep.name, template=tpl.name,
                                                  model=ten.model)]
             bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
-        rname = rep.name
-
         if pool.heat is not None:
             pool.heat.cluster_recent[tpl.cluster] += 1
         with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
                              model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
-            # 1. weights
-            wait = gate_wait  # queued at the load balancer until a replica is ready
-            wkey = f"weights:{ten.model}"
-            if rep.weights.get(wkey) is None:
-                look[(rname, "weights", "miss")] += 1
-                wait = max(rep.weights_ready.get(ten.model, tr) - tr, wait)
-            else:
-                look[(rname, "weights", "hit")] += 1
-            # 2. response cache
+            wait = self._weights(rep, ten, tr, gate_wait)
             rkey = None
             if tpl.cacheable:
-                rkey = self._response_key(ten.name, tpl, int(a.fill[i]), int(a.user[i]), tr, fx)
-                if bypass and ("*" in bypass or "response" in bypass):
-                    rep.resp.bypass(rkey)
-                    look[(rname, "response", "bypass")] += 1
-                    rkey = None
-                elif rep.resp.get(rkey) is not None:
-                    look[(rname, "response", "hit")] += 1
-                    if pool.heat is not None:
-                        pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
+                rkey, served = self._response(rep, pool, ten, tpl, tpl_idx, a, i, tr, fx, bypass)
+                if served:  # answered from the response cache
                     lat = cfg.base_ttft_s + wait + 0.02
                     self._record(rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, float(a.u_conv[i]))
                     return
-                else:
-                    look[(rname, "response", "miss")] += 1
-                    if pool.heat is not None:
-                        pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
-            # 3. LoRA adapter
-            lora_s = 0.0
-            lkey = f"lora:adapter:{ten.name}.v1"
-            if rep.lora.get(lkey) is None:
-                look[(rname, "lora", "miss")] += 1
-                rep.lora.set(lkey, 1)
-                lora_s = cfg.lora_load_s
-                rep.lora.record_load(lora_s)
-            else:
-                look[(rname, "lora", "hit")] += 1
-            # 4. embeddings
-            emb_s = 0.0
-            if tpl.rag:
-                for c in a.chunks[i][:CHUNKS_PER_QUERY]:
-                    ekey = f"emb:{tpl.name}:chunk:{ten.name}.{int(c)}"
-                    if bypass and ("*" in bypass or "embedding" in bypass):
-                        rep.emb.bypass(ekey)
-                        look[(rname, "embedding", "bypass")] += 1
-                        emb_s += cfg.embed_s
-                    elif rep.emb.get(ekey) is None:
-                        look[(rname, "embedding", "miss")] += 1
-                        rep.emb.set(ekey, 1)
-                        emb_s += cfg.embed_s
-                        rep.emb.record_load(cfg.embed_s)
-                    else:
-                        look[(rname, "embedding", "hit")] += 1
-                    if pool.heat is not None:
-                        pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr)
-            # 5. prefix KV walk
+            lora_s = self._lora(rep, ten)
+            emb_s = self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i], tr, bypass) if tpl.rag else 0.0
             cached = self._prefix(rep, pool, ten, tpl, tpl_idx, sid, conv, q, prompt, tr, fx,
-                                  bool(bypass) and ("*" in bypass or "prefix_kv" in bypass))
-            uncached = prompt - cached
-            prefill = uncached * cfg.prefill_s_per_token
-            work = lora_s + emb_s + prefill + cfg.base_ttft_s
-            decode = out_tokens * cfg.decode_s_per_token
-            start = max(tr + wait, rep.slots[0])
-            heapq.heapreplace(rep.slots, start + work + decode)
-            ttft = (start - tr) + work
-            lat = ttft + decode
-            gpu = prefill + emb_s + 0.2 * lora_s + decode / cfg.slots
-            self._record(rep, ten, ttft, lat, prompt, cached, gpu, float(a.u_conv[i]))
+                                  _bypassed(bypass, "prefix_kv"))
+            self._finish_request(rep, ten, tr, wait, lora_s, emb_s, prompt, cached, out_tokens, float(a.u_conv[i]))
             if rkey is not None:
                 rep.resp.set(rkey, b"r")
+
+    def _session(self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int) -> tuple[int, int, int, int, int]:
+        """Continue one of the recent sessions or start a new one; returns (session id,
+        conversation tokens so far, query tokens, prompt tokens, output tokens). Session
+        state advances in every worker, whether its pool serves the session or not."""
+        sess_list = self.sessions[(ten.idx, tpl_idx)]
+        p_cont = 0.7 if tpl.dialog else 0.3
+        if sess_list and a.u_session[i] < p_cont:
+            sess = sess_list[int(a.u_pick[i] * len(sess_list))]
+        else:
+            sess = [self._next_session, 0]
+            self._next_session += 1
+            sess_list.append(sess)
+            if len(sess_list) > 200:
+                sess_list.pop(0)
+        self._req_id += 1
+        lo, hi = tpl.query_tokens
+        q = lo + int(a.query_tokens_u[i] * (hi - lo))
+        conv = sess[1] if tpl.dialog else 0
+        prompt = tpl.sys_tokens + conv + q
+        out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
+        if tpl.dialog:
+            sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
+        return sess[0], conv, q, prompt, out_tokens
+
+    def _weights(self, rep: Replica, ten: Any, tr: float, gate_wait: float) -> float:
+        """The model's weights; returns the wait before serving (the load balancer's gate
+        until a replica is ready, or the weights still loading)."""
+        look = self.summary.lookups
+        if rep.weights.get(f"weights:{ten.model}") is None:
+            look[(rep.name, "weights", "miss")] += 1
+            return max(rep.weights_ready.get(ten.model, tr) - tr, gate_wait)
+        look[(rep.name, "weights", "hit")] += 1
+        return gate_wait
+
+    def _response(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, a: Any, i: int, tr: float,
+                  fx: Any, bypass: tuple) -> tuple[str | None, bool]:
+        """The response cache; returns (key to fill after serving or None, served from cache)."""
+        look = self.summary.lookups
+        rkey = self._response_key(ten.name, tpl, int(a.fill[i]), int(a.user[i]), tr, fx)
+        if _bypassed(bypass, "response"):
+            rep.resp.bypass(rkey)
+            look[(rep.name, "response", "bypass")] += 1
+            return None, False
+        hit = rep.resp.get(rkey) is not None
+        look[(rep.name, "response", "hit" if hit else "miss")] += 1
+        if pool.heat is not None:
+            pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
+        return rkey, hit
+
+    def _lora(self, rep: Replica, ten: Any) -> float:
+        """The tenant's LoRA adapter; returns its load time (0 on a hit)."""
+        look = self.summary.lookups
+        lkey = f"lora:adapter:{ten.name}.v1"
+        if rep.lora.get(lkey) is not None:
+            look[(rep.name, "lora", "hit")] += 1
+            return 0.0
+        look[(rep.name, "lora", "miss")] += 1
+        rep.lora.set(lkey, 1)
+        rep.lora.record_load(self.cfg.lora_load_s)
+        return self.cfg.lora_load_s
+
+    def _embeddings(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, chunks: Any, tr: float,
+                    bypass: tuple) -> float:
+        """The retrieved chunks' embeddings; returns the time spent embedding misses."""
+        cfg = self.cfg
+        look = self.summary.lookups
+        skip = _bypassed(bypass, "embedding")
+        emb_s = 0.0
+        for c in chunks[:CHUNKS_PER_QUERY]:
+            ekey = f"emb:{tpl.name}:chunk:{ten.name}.{int(c)}"
+            if skip:
+                rep.emb.bypass(ekey)
+                look[(rep.name, "embedding", "bypass")] += 1
+                emb_s += cfg.embed_s
+            elif rep.emb.get(ekey) is None:
+                look[(rep.name, "embedding", "miss")] += 1
+                rep.emb.set(ekey, 1)
+                emb_s += cfg.embed_s
+                rep.emb.record_load(cfg.embed_s)
+            else:
+                look[(rep.name, "embedding", "hit")] += 1
+            if pool.heat is not None:
+                pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr)
+        return emb_s
+
+    def _finish_request(self, rep: Replica, ten: Any, tr: float, wait: float, lora_s: float, emb_s: float,
+                        prompt: int, cached: int, out_tokens: int, u_conv: float) -> None:
+        """Prefill the uncached tokens and decode on the replica's earliest free slot; record it."""
+        cfg = self.cfg
+        prefill = (prompt - cached) * cfg.prefill_s_per_token
+        work = lora_s + emb_s + prefill + cfg.base_ttft_s
+        decode = out_tokens * cfg.decode_s_per_token
+        start = max(tr + wait, rep.slots[0])
+        heapq.heapreplace(rep.slots, start + work + decode)
+        ttft = (start - tr) + work
+        gpu = prefill + emb_s + 0.2 * lora_s + decode / cfg.slots
+        self._record(rep, ten, ttft, ttft + decode, prompt, cached, gpu, u_conv)
 
     def _record(self, rep: Replica, ten: Any, ttft: float, lat: float, prompt: int, cached: int, gpu: float,
                 u: float) -> None:
@@ -668,3 +692,8 @@ class Simulation:
             if prompt >= min_len:
                 kv.set(key, tokens)
         return cached
+
+
+def _bypassed(bypass: tuple, layer: str) -> bool:
+    """Whether an active bypass fault covers ``layer`` (``*``: every layer)."""
+    return bool(bypass) and ("*" in bypass or layer in bypass)

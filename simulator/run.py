@@ -3,9 +3,12 @@
 The A and B pools share nothing but the traffic, and the traffic (arrivals,
 sessions) is drawn from the seed identically in every process. So with
 ``workers=2`` each process simulates one pool — drawing all traffic, serving
-its own variant's sessions — and both write to the same embedded store (SQLite
-serialises their short per-tick transactions). The store's contents are the
-same as a single-process run's, up to row order.
+its own variant's sessions. Their flushes go through a queue to one writer
+(this process), which merges what has arrived into one store transaction:
+the workers never wait for the store's write lock, and hourly rollups and
+A/B moments are read once per merged write rather than once per flush. The
+store's contents are the same as a single-process run's, up to row order.
+(``single_writer=False``: each worker writes to the store itself, as before.)
 
 Example::
 
@@ -30,17 +33,44 @@ from .faults import Fault
 __all__ = ["simulate"]
 
 
+class _QueueStore:
+    """The store as a worker sees it: each flush's rows go to the writer."""
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+
+    def write(self, batches: dict) -> int:
+        rows = {k: list(v) for k, v in batches.items() if v}
+        if rows:
+            self.q.put(("rows", rows))
+        return sum(len(v) for v in rows.values())
+
+    def close(self) -> None:
+        pass
+
+
 def _worker(cfg: SimConfig, path: str, faults: list[Fault], variant: str, ticks: Any, out: Any,
-            kw: dict) -> None:
+            kw: dict, single_writer: bool) -> None:
     def progress(done: int, total: int) -> None:
         ticks.value = done
 
     try:
-        sim = Simulation(cfg, EmbeddedStore(path, durable=False), faults=faults, variants=(variant,),
-                         progress=progress, **kw)
-        out.put((variant, sim.run(finish=False), None))
+        store = _QueueStore(out) if single_writer else EmbeddedStore(path, durable=False)
+        sim = Simulation(cfg, store, faults=faults, variants=(variant,), progress=progress, **kw)
+        out.put(("done", variant, sim.run(finish=False), None))
     except BaseException as e:  # report, don't hang the parent
-        out.put((variant, None, f"{type(e).__name__}: {e}"))
+        out.put(("done", variant, None, f"{type(e).__name__}: {e}"))
+
+
+_MERGE_ROWS = 200_000  # rows merged into one store write at most
+
+
+def _write_merged(st: EmbeddedStore, batches: list[dict]) -> None:
+    merged: dict[str, list] = {}
+    for b in batches:
+        for k, v in b.items():
+            merged.setdefault(k, []).extend(v)
+    st.write(merged)
 
 
 def simulate(
@@ -49,6 +79,7 @@ def simulate(
     faults: list[Fault] | tuple[Fault, ...] = (),
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    single_writer: bool = True,
     **kw: Any,
 ) -> Summary:
     """Simulate into ``store``; ``workers`` defaults to 2 when the machine has 2+ cores."""
@@ -57,28 +88,50 @@ def simulate(
         sim = Simulation(cfg, store, faults=list(faults), progress=progress, **kw)
         return sim.run()
     path = str(store)
-    EmbeddedStore(path, durable=False).close()  # schema before the workers race to create it
+    st = EmbeddedStore(path, durable=False)  # schema before the workers race to create it
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     ticks = [ctx.Value("i", 0) for _ in range(2)]
-    results = ctx.Queue()
+    results = ctx.Queue(maxsize=64)  # a writer that falls behind slows the workers down, memory stays bounded
     total = int(-(-cfg.hours * 3600 // cfg.tick_s))
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=_worker, args=(cfg, path, list(faults), v, ticks[i], results, kw), daemon=True)
-             for i, v in enumerate("AB")]
+    procs = [ctx.Process(target=_worker, args=(cfg, path, list(faults), v, ticks[i], results, kw, single_writer),
+                         daemon=True) for i, v in enumerate("AB")]
     for p in procs:
         p.start()
     parts: list[Summary] = []
     errors: list[str] = []
-    while len(parts) + len(errors) < len(procs):
-        if progress:
-            progress(min(t.value for t in ticks), total)
-        try:
-            variant, summ, err = results.get(timeout=0.2)
-        except Exception:  # queue.Empty: still running
-            if not any(p.is_alive() for p in procs) and results.empty():
-                errors.append("a simulation worker died without a result")
-            continue
-        (errors.append(f"pool {variant}: {err}") if err else parts.append(summ))
+    try:
+        while len(parts) + len(errors) < len(procs):
+            if progress:
+                progress(min(t.value for t in ticks), total)
+            try:
+                msg = results.get(timeout=0.2)
+            except Exception:  # queue.Empty: still running
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    errors.append("a simulation worker died without a result")
+                continue
+            # Rows: merge whatever else has arrived (bounded), one transaction.
+            batch, n = [], 0
+            while msg is not None and msg[0] == "rows":
+                batch.append(msg[1])
+                n += sum(len(v) for v in msg[1].values())
+                msg = None
+                if n < _MERGE_ROWS:
+                    try:
+                        msg = results.get_nowait()
+                    except Exception:  # queue.Empty
+                        msg = None
+            if batch:
+                _write_merged(st, batch)
+            if msg is not None:  # ("done", variant, summary, error): that worker's rows came before it
+                _, variant, summ, err = msg
+                (errors.append(f"pool {variant}: {err}") if err else parts.append(summ))
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        st.close()
     for p in procs:
         p.join()
     if errors:

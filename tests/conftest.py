@@ -164,3 +164,33 @@ def vllm_engines():
     yield start
     for e in started:
         e.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A 3-master Redis Cluster on free 127.0.0.1 ports (``bench.redis_cluster``),
+    stopped after the session. Skipped without redis-server / redis-cli; fails
+    under CI=true."""
+    from bench.redis_cluster import ClusterUnavailable, LocalCluster
+
+    need_binary("redis-server")
+    need_binary("redis-cli")
+    try:
+        c = LocalCluster(masters=3)
+    except ClusterUnavailable as e:
+        if CI:
+            pytest.fail(f"Redis Cluster did not start: {e}", pytrace=False)
+        pytest.skip(f"Redis Cluster did not start: {e}")
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def cluster_client(redis_cluster):
+    """A ``RedisCluster`` client on the session's cluster, emptied first."""
+    from redis.cluster import RedisCluster
+
+    c = RedisCluster.from_url(redis_cluster.url)
+    c.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield c
+    c.close()

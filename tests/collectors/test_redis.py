@@ -83,3 +83,18 @@ def test_connection_failure_is_counted_as_error_and_raised(make_tel):
     with pytest.raises(redis.ConnectionError):
         r.pipeline().get("a").get("b").execute()
     assert _counts(tel)["error"] == 3
+
+
+def test_a_cluster_client_is_instrumented_too(make_tel, cluster_client):
+    """A RedisCluster client: single-key reads and a cross-slot pipeline count the same way."""
+    tel = make_tel()
+    r = instrument_redis(cluster_client, layer="response", telemetry=tel)
+    r.set("resp:1", "a")
+    with request_context(tenant="t1", telemetry=tel):
+        assert r.get("resp:1") == b"a"
+        assert r.get("resp:2") is None
+        p = r.pipeline()
+        p.get("resp:1").get("resp:3").get("other:4")  # three keys, three slots
+        assert p.execute() == [b"a", None, None]
+    assert _counts(tel, **{ATTR.TENANT: "t1"}) == {"hit": 2, "miss": 3, "error": 0}
+    assert total(tel.reader, schema.CACHE_WRITES.name) == 1

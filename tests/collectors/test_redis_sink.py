@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from warmscope.analysis.redis_source import RedisSource
 from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.collectors.redis_sink import AB_SHARDS, ab_tag, key, run_tag
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -26,29 +28,32 @@ def test_hot_keys_and_units_land_in_redis(make_tel, redis_client):
     with tel.warmup("static_topk", layer="prefix_kv", tenant="t1") as run:
         run.warmed("k:1")
     tel.flush(now=7300.0)
-    base = "ws:hot:7200:t1:prefix_kv"
+    base = "ws:{hot:7200:t1}:prefix_kv"
     hits = dict(redis_client.zrange(base + ":hits", 0, -1, withscores=True))
     misses = dict(redis_client.zrange(base + ":misses", 0, -1, withscores=True))
     assert sorted(hits.values()) == [40.0] and sorted(misses.values()) == [4.0]
     assert 0 < redis_client.ttl(base + ":hits") <= tel.config.hot_key_ttl_s
     fams = redis_client.hgetall(base + ":fam")
     assert set(fams.values()) == {b"k:*"}
-    members = redis_client.smembers("ws:ab:exp:units")
-    assert len(members) == 4
     tot = {"lookups": 0, "hits": 0, "requests": 0, "conversions": 0}
-    for m in members:
-        var, uh = m.decode().split(":")
-        h = redis_client.hgetall(f"ws:ab:exp:{var}:{uh}")
-        for f in ("requests", "conversions"):
-            tot[f] += int(h.get(f.encode(), 0))
-        for f in ("lookups", "hits"):  # per layer
-            tot[f] += int(h.get(f"prefix_kv:{f}".encode(), 0))
+    n = 0
+    for shard in range(AB_SHARDS):
+        tag = ab_tag("exp", shard)
+        for m in redis_client.smembers(key(tag, "units")):
+            var, uh = m.decode().split(":")
+            h = redis_client.hgetall(key(tag, "u", var, uh))
+            n += 1
+            for f in ("requests", "conversions"):
+                tot[f] += int(h.get(f.encode(), 0))
+            for f in ("lookups", "hits"):  # per layer
+                tot[f] += int(h.get(f"prefix_kv:{f}".encode(), 0))
+    assert n == 4
     assert tot == {"lookups": 44, "hits": 40, "requests": 4, "conversions": 1}
     run_ids = redis_client.zrange("ws:runs", 0, -1)
     assert len(run_ids) == 1
-    rec = redis_client.hgetall(b"ws:run:" + run_ids[0])
+    rec = redis_client.hgetall(key(run_tag(run_ids[0].decode())))
     assert rec[b"status"] == b"ok" and rec[b"keys"] == b"1"
-    warmed = redis_client.hgetall(b"ws:run:" + run_ids[0] + b":warmed")
+    warmed = redis_client.hgetall(key(run_tag(run_ids[0].decode()), "warmed"))
     assert len(warmed) == 1 and json.loads(next(iter(warmed.values())))[0] == "k:*"
 
 
@@ -67,8 +72,8 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
     try:
         tel.flush(now=200.0)
         assert tel.pending_rows("redis") == 0
-        assert len(client.smembers("ws:ab:exp:units")) == 4
-        hits = client.zrange("ws:hot:0:t1:prefix_kv:hits", 0, -1, withscores=True)
+        assert len(RedisSource(srv2.url).units("exp")) == 4
+        hits = client.zrange("ws:{hot:0:t1}:prefix_kv:hits", 0, -1, withscores=True)
         assert [s for _, s in hits] == [40.0]  # written once, not twice
     finally:
         srv2.stop()
@@ -91,3 +96,39 @@ def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
     tel.flush()
     assert total(tel.reader, schema.CROSS_TENANT_KEYS.name, {schema.ATTR.LAYER: "response"}) == 2
     assert total(tel.reader, schema.CROSS_TENANT_KEYS.name, {schema.ATTR.LAYER: "weights"}) == 0
+
+
+def test_a_layout1_database_is_migrated_with_its_moments(redis_client):
+    """Keys as the sink wrote them before hash tags and moments: units, hot keys, a run."""
+    from warmscope.collectors import ab_moments as M
+    from warmscope.collectors.redis_sink import migrate_layout1
+
+    r = redis_client
+    r.sadd("ws:ab:experiments", "exp")
+    for i, var in enumerate("AAB"):
+        r.sadd("ws:ab:exp:units", f"{var}:u{i}")
+        r.hset(f"ws:ab:exp:{var}:u{i}", mapping={"requests": 2 + i, "latency_sum": 0.5 * (i + 1), "h3": 2 + i,
+                                                  "first_ts": 1000.0 + i, "last_ts": 1100.0,
+                                                  "kv:lookups": 10, "kv:hits": 3 * i})
+    r.zadd("ws:hot:windows", {"3600:t1:kv": 3600})
+    r.zadd("ws:hot:3600:t1:kv:hits", {"abcd": 7})
+    r.hset("ws:hot:3600:t1:kv:fam", "abcd", "k:*")
+    r.zadd("ws:runs", {"run-1": 50.0})
+    r.hset("ws:run:run-1", mapping={"run_id": "run-1", "status": "ok", "started": 50.0, "keys": 1, "layer": "kv"})
+    r.hset("ws:run:run-1:warmed", "abcd", json.dumps(["k:*", "t1", "kv", 50.0, 3600, 0.1, 60.0, None, 1]))
+    assert migrate_layout1(r) == {"units": 3, "hot_keys": 1, "runs": 1}
+    assert migrate_layout1(r) == {"units": 0, "hot_keys": 0, "runs": 0}  # nothing left to move
+    assert not r.exists("ws:ab:exp:A:u0", "ws:hot:3600:t1:kv:hits", "ws:run:run-1")
+    src = RedisSource("", client=r)
+    u = src.units("exp").sort_values("unit_hash")
+    assert u["requests"].tolist() == [2, 3, 4] and u["hits_kv"].tolist() == [0, 3, 6]
+    m, lm = src.moments("exp")
+    # A: units u0, u1 — requests 2, 3: Σ = 5, Σ² = 4 + 9 = 13; B: u2 — 4, 16
+    assert m.set_index("variant")[["n", "s_requests", "q_requests"]].to_dict("index") == \
+        {"A": {"n": 2, "s_requests": 5, "q_requests": 13}, "B": {"n": 1, "s_requests": 4, "q_requests": 16}}
+    # layer kv: hits 0, 3 (A) and 6 (B); Σ hits·lookups = 10·(0 + 3) = 30 for A
+    assert lm.set_index("variant")["x_hits"].to_dict() == {"A": 30, "B": 60}
+    assert src.frame("hot_keys")[["tenant", "layer", "key_hash", "hits"]].values.tolist() == [["t1", "kv", "abcd", 7]]
+    assert src.frame("warmup_runs")["run_id"].tolist() == ["run-1"]
+    assert src.frame("warmed_keys")["key_hash"].tolist() == ["abcd"]
+    assert set(M.COLUMNS) <= set(m.columns)

@@ -14,7 +14,8 @@ OTELCOL = yaml.safe_load((ROOT / "otel-collector.yaml").read_text())
 
 def test_stack_has_every_service_pinned_healthchecked_and_limited():
     svc = COMPOSE["services"]
-    assert set(svc) == {"redis", "otel-collector", "prometheus", "alertmanager", "app", "simulator"}
+    assert set(svc) == {"redis", "otel-collector", "prometheus", "victoria-metrics", "alertmanager", "app",
+                        "simulator"}
     for name, s in svc.items():
         image = s.get("image", "")
         assert image and ":" in image and not image.endswith(":latest"), name
@@ -40,6 +41,17 @@ def test_prometheus_receives_otlp_keeps_data_and_loads_the_rules():
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     assert prom["rule_files"] == ["/etc/prometheus/rules/*.yml"]
     assert prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+
+
+def test_prometheus_remote_writes_to_victoria_metrics_which_keeps_a_year():
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    vm = COMPOSE["services"]["victoria-metrics"]
+    port = next(f.split(":")[-1] for f in vm["command"] if f.startswith("-httpListenAddr="))
+    assert [w["url"] for w in prom["remote_write"]] == [f"http://victoria-metrics:{port}/api/v1/write"]
+    assert "-retentionPeriod=12" in vm["command"]  # months: beyond Prometheus' 15 days
+    assert any(v.endswith(":/storage") for v in vm["volumes"]) and "-storageDataPath=/storage" in vm["command"]
+    assert vm["volumes"][0].split(":")[0] in COMPOSE["volumes"]
+    assert f"http://localhost:{port}/health" in vm["healthcheck"]["test"]
 
 
 def test_app_and_simulator_point_at_the_right_hosts():

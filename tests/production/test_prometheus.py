@@ -2,7 +2,6 @@
 while the simulator runs in real time; escaping and failure messages."""
 
 import json
-import subprocess
 import threading
 import time
 import urllib.request
@@ -14,11 +13,8 @@ from hypothesis import strategies as st
 
 from warmscope.analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
 from warmscope.analysis.sources import SourceError
-from warmscope.collectors import EmbeddedStore
-from warmscope.collectors.config import CollectorConfig
-from warmscope.collectors.otel import build_provider, stop_server
-from warmscope.simulator import SimConfig, Simulation
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import free_port
+from tests.production.conftest import live_simulation
 
 
 def _decode_literal(s: str, i: int) -> tuple[str, int]:
@@ -104,33 +100,8 @@ def test_other_frames_say_where_they_live():
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory):
     """Simulator in real time, scraped every second by a real Prometheus."""
-    prom_bin = need_binary("prometheus")
-    tmp = tmp_path_factory.mktemp("prom")
-    exporter_port, prom_port = free_port(), free_port()
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: warmscope\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
-    prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{prom_port}"
-    try:
-        wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
-        provider, server = build_provider(CollectorConfig.load(env={}, exporter="prometheus",
-                                                               prometheus_port=exporter_port))
-        cfg = SimConfig.load(hours=20 / 3600, rps=20.0, tenants=3, replicas=1, tick_s=2.0, peak_warmup_at_h=-1)
-        t0 = time.time()
-        Simulation(cfg, tmp / "live.sqlite", meter_provider=provider, realtime=True, speed=1.0).run()
-        time.sleep(3)  # the last points get scraped
-        t1 = time.time()
-        try:  # keep the target up while the tests query: a down target's series go stale
-            yield url, EmbeddedStore(tmp / "live.sqlite", readonly=True), t0, t1
-        finally:
-            provider.shutdown()
-            stop_server(server)
-    finally:
-        prom.terminate()
-        prom.wait(10)
+    with live_simulation(tmp_path_factory.mktemp("prom")) as run:
+        yield run
 
 
 def _instant(url, q):

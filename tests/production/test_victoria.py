@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -15,11 +14,8 @@ from pathlib import Path
 import pytest
 
 from warmscope.analysis.prometheus import PrometheusSource
-from warmscope.collectors.config import CollectorConfig
-from warmscope.collectors.otel import build_provider, stop_server
-from warmscope.collectors.store import EmbeddedStore
-from warmscope.simulator import SimConfig, Simulation
 from tests.conftest import free_port, need_binary, wait_until
+from tests.production.conftest import live_simulation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,63 +31,43 @@ def _instant(url: str, q: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    prom_bin, vm_bin = need_binary("prometheus"), need_binary("victoria-metrics")
+    vm_bin = need_binary("victoria-metrics")
     tmp = tmp_path_factory.mktemp("vm")
-    exporter_port, prom_port, vm_port = free_port(), free_port(), free_port()
-    vm_url, prom_url = f"http://127.0.0.1:{vm_port}", f"http://127.0.0.1:{prom_port}"
+    vm_port = free_port()
+    vm_url = f"http://127.0.0.1:{vm_port}"
     rules = tmp / "rules"
     rules.mkdir()
     (rules / "warmscope.rules.yml").write_text((ROOT / "rules" / "warmscope.rules.yml").read_text())
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"rule_files: ['{rules}/*.yml']\n"
-        "scrape_configs:\n"
-        f"  - job_name: warmscope\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
-        "remote_write:\n"
-        f"  - url: {vm_url}/api/v1/write\n"
-        "    queue_config: {batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}\n")
     # serve the newest samples within a second (by default range queries hold back the last 30 s)
     vm = subprocess.Popen([vm_bin, f"-storageDataPath={tmp / 'vmdata'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
                            "-retentionPeriod=1", "-search.latencyOffset=1s", "-search.maxStepForPointsAdjustment=1ms",
                            "-search.disableCache"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    provider = server = None
     try:
         wait_until(lambda: urllib.request.urlopen(vm_url + "/health", timeout=2).status == 200, 60, "victoria-metrics")
-        wait_until(lambda: urllib.request.urlopen(prom_url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
-        provider, server = build_provider(CollectorConfig.load(env={}, exporter="prometheus",
-                                                               prometheus_port=exporter_port))
-        cfg = SimConfig.load(hours=20 / 3600, rps=20.0, tenants=3, replicas=1, tick_s=2.0, peak_warmup_at_h=-1)
-        t0 = time.time()
-        Simulation(cfg, tmp / "live.sqlite", meter_provider=provider, realtime=True, speed=1.0).run()
-        time.sleep(3)  # the last points get scraped
-        t1 = time.time()
-        q = "sum(warmscope_cache_lookups_total)"
+        extra = (f"rule_files: ['{rules}/*.yml']\n"
+                 "remote_write:\n"
+                 f"  - url: {vm_url}/api/v1/write\n"
+                 "    queue_config: {batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}\n")
+        with live_simulation(tmp, extra) as (prom_url, store, t0, t1):
+            q = "sum(warmscope_cache_lookups_total)"
 
-        def caught_up() -> bool:  # VictoriaMetrics holds what Prometheus holds
-            a, b = _instant(prom_url, q), _instant(vm_url, q)
-            return bool(a and b) and float(a[0]["value"][1]) == float(b[0]["value"][1])
+            def caught_up() -> bool:  # VictoriaMetrics holds what Prometheus holds
+                a, b = _instant(prom_url, q), _instant(vm_url, q)
+                return bool(a and b) and float(a[0]["value"][1]) == float(b[0]["value"][1])
 
-        wait_until(caught_up, 60, "remote write to catch up")
-        end = t1
+            wait_until(caught_up, 60, "remote write to catch up")
 
-        def range_caught_up() -> bool:  # and serves it in range queries up to t1
-            a = PrometheusSource(prom_url).frame("lookups", t0 - 30, end)["count"].sum()
-            b = PrometheusSource(vm_url).frame("lookups", t0 - 30, end)["count"].sum()
-            return a == b > 0
+            def range_caught_up() -> bool:  # and serves it in range queries up to t1
+                a = PrometheusSource(prom_url).frame("lookups", t0 - 30, t1)["count"].sum()
+                b = PrometheusSource(vm_url).frame("lookups", t0 - 30, t1)["count"].sum()
+                return a == b > 0
 
-        wait_until(range_caught_up, 90, "range queries to see the newest samples")
-        yield prom_url, vm_url, EmbeddedStore(tmp / "live.sqlite", readonly=True), t0, t1
+            wait_until(range_caught_up, 90, "range queries to see the newest samples")
+            yield prom_url, vm_url, store, t0, t1
     finally:
-        if provider is not None:
-            provider.shutdown()
-            stop_server(server)
-        for p in (prom, vm):
-            p.terminate()
-            p.wait(15)
+        vm.terminate()
+        vm.wait(15)
 
 
 def test_victoria_metrics_serves_the_same_frames_as_prometheus(stack):
