@@ -291,7 +291,11 @@ class RedisRecords(SourceBase):
         except Exception as e:  # a URL redis-py cannot parse
             raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
                               "unset it to read the embedded store") from None
-        self.r = self.inner.r
+
+    @property
+    def r(self) -> Any:
+        """The Redis client, connected at first use (a server that is down is reported by ``health``)."""
+        return self.inner.r
 
     def describe(self) -> str:
         return self.inner.describe()
