@@ -146,6 +146,8 @@ def _col(leaves, c: str) -> np.ndarray:
 
 
 def _nrows(leaves) -> int:
+    if hasattr(leaves, "columns"):
+        return len(leaves)
     names = _names(leaves)
     return len(_col(leaves, names[0])) if names else 0
 
@@ -316,8 +318,17 @@ def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
 def _group(codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]) -> tuple[np.ndarray, int]:
     """Each leaf's element index under the dimension subset ``sub``, and the number of elements."""
     key = np.zeros(len(codes[0]), dtype=np.int64)
+    space = 1
     for j in sub:
-        key = key * (sizes[j] + 1) + codes[j]
+        if space * sizes[j] >= 1 << 62:  # renumber the keys seen so far before they would overflow
+            uniq, key = np.unique(key, return_inverse=True)
+            space = len(uniq)
+        key = key * sizes[j] + codes[j]
+        space *= sizes[j]
+    if space <= max(4 * len(key), 1 << 16):
+        # A small key space: number the keys that occur, in key order, without sorting.
+        present = np.bincount(key, minlength=space) > 0
+        return (np.cumsum(present) - 1)[key], int(present.sum())
     order = np.argsort(key, kind="stable")
     sk = key[order]
     flags = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
