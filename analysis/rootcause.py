@@ -42,17 +42,32 @@ with each element's leaves judged against the element's own move:
    in its own direction (an element may move against the total), and (c) a
    single-leaf element also exceeds the largest residual seen on the quieter
    side of zero (an empirical noise ceiling, as RiskLoc's cutoff).
-4. **Greedy cover.** The candidate with the largest absolute deviation
-   (additive: ``|Σ(v − f)|``; ratio: ``|Σ(num − den·rate_expected)|``) wins;
-   a parent only beats its child when it is itself pure, so redundant
-   parent/child pairs and too-coarse elements do not arise; a child only wins
-   when its parent is impure, so an element is never finer than needed. Its
-   leaves are removed and the search repeats on the rest until no candidate
-   remains or ``max_causes`` are found.
+4. **Greedy cover.** The candidate whose move fits best wins (ratio: the
+   log-likelihood gain of its move over "unchanged"; additive: ``n·m²/2`` for
+   its mean standardised log factor ``m``); a parent only beats its child
+   when it is itself pure, so redundant parent/child pairs and too-coarse
+   elements do not arise. For ratio measures the winner then *climbs* to a
+   parent whose other leaves moved the same way, purely and significantly, on
+   their own (of several, the purest, then the best fitting). It is *split*
+   by one more dimension when children holding at least ``unmoved_share`` of
+   it clearly did not move where the element's own move (its better-fitting
+   model) would have shown, and the moved children fit better, each with its
+   own move, after a BIC-like price per extra element. Each cause is named by
+   the fewest dimensions that select the same leaves. Its leaves are removed
+   and the search repeats on the rest until no candidate remains, a ratio
+   cause would hold less than ``min_share`` of the absolute change, or
+   ``max_causes`` are found.
 
-With traffic volumes (``v_vol``/``f_vol``) an element whose traffic grew by
-more than ``max_volume_growth`` is skipped: grown traffic is downstream
-pressure from misses upstream, an effect rather than a cause.
+For ratio measures with traffic volumes (``v_vol``/``f_vol``), downstream
+pressure — misses upstream sending more requests here — is told apart from a
+cause. Added traffic may have any rate, so an element whose numerator lies
+between its old traffic's expected numerator and that plus one event per added
+event is explained by the added traffic alone; and an element whose traffic
+grew by more than ``max_volume_growth`` and moved the way more traffic moves
+the measure (``load_effect``: up for a hit rate, as more traffic reuses more
+keys) is an effect of that traffic. An element whose traffic grew but whose
+rate fell beyond what the added traffic can explain (its own keys changed)
+stays a candidate.
 
 Each cause carries its score (the share of the total absolute deviation its
 leaves hold), its signed ``change`` in the measure's units (ratios: in rate
@@ -343,16 +358,18 @@ class _Search:
 
     def __init__(self, r: _Residuals, codes: list[np.ndarray], sizes: list[int], subsets: list[tuple[int, ...]],
                  vol: np.ndarray | None, fvol: np.ndarray | None, ceiling: float, purity: float, alpha: float,
-                 max_volume_growth: float, unmoved_share: float):
+                 unmoved_share: float, max_volume_growth: float, load_effect: int):
         self.idx = idx = np.flatnonzero(r.ok)
         self.ratio = r.vd is not None
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
         self.vd = r.vd[idx] if self.ratio else None
         self.pe = r.pe[idx] if self.ratio else None
-        self.vol = vol[idx] if vol is not None and fvol is not None else None
+        # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
+        self.vol = vol[idx] if self.ratio and vol is not None and fvol is not None else None
         self.fvol = fvol[idx] if self.vol is not None else None
-        self.ceiling, self.purity, self.growth, self.unmoved_share = ceiling, purity, max_volume_growth, unmoved_share
+        self.ceiling, self.purity, self.unmoved_share = ceiling, purity, unmoved_share
+        self.growth, self.load_effect = max_volume_growth, load_effect
         self.groups = [(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
         n_cand = sum(g[2] for g in self.groups)
         self.z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
@@ -387,17 +404,46 @@ class _Search:
         zz = dz / math.sqrt(max(float(self.var[mask].sum()) * self.phi, 1e-12))
         if self.ratio:
             nn, pp = self.vd[mask], self.pe[mask]
-            kk = hh.sum() / max(ee.sum(), 1e-12)
-            best_fit = None
-            for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6),
-                       np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6)):
-                ll = _binom_llr(hh, nn, rm, pp)
-                if best_fit is None or ll.sum() > best_fit[0]:
-                    ww = nn * _kl(rm, pp)
-                    best_fit = (float(ll.sum()), float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)))
-            return zz, best_fit[1], best_fit[0] / self.phi
+            rm, ll = self.move(mask)
+            ww = nn * _kl(rm, pp)
+            return zz, float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)), float(ll.sum()) / self.phi
         mm = hh.sum() / len(hh)
         return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
+
+    def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ratio measures: the moved rate of each leaf in ``mask`` under the
+        model that fits the leaves better — all scaled by the element's factor,
+        or all converged to its common rate — and each leaf's log-likelihood
+        ratio against "unchanged"."""
+        hh, ee, nn, pp = self.h[mask], self.e[mask], self.vd[mask], self.pe[mask]
+        kk = hh.sum() / max(ee.sum(), 1e-12)
+        best = None
+        for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6),
+                   np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6)):
+            ll = _binom_llr(hh, nn, rm, pp)
+            if best is None or ll.sum() > best[1].sum():
+                best = (rm, ll)
+        return best
+
+    def _added_traffic(self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray,
+                       dev: np.ndarray) -> np.ndarray:
+        """Elements whose move added traffic alone explains (downstream pressure:
+        misses upstream send more requests here). Traffic beyond an element's
+        expected volume may have any rate, so its numerator may lie anywhere
+        between the old traffic's expected numerator and that plus one event per
+        added event; an element within that range (up to noise) needs no cause
+        of its own. And an element whose traffic grew by more than
+        ``max_volume_growth`` and moved the way more traffic moves the measure
+        (``load_effect``: +1 for a hit rate, as more traffic reuses more keys)
+        is an effect of that traffic."""
+        Vv, Vf = st[-2], st[-1]
+        kept = np.where(Vv > 0, np.minimum(Vf, Vv) / np.maximum(Vv, 1e-300), 1.0)
+        lo = Se * kept
+        hi = lo + st[4] * (1 - kept)
+        beyond = np.where(Sh < lo, Sh - lo, np.where(Sh > hi, Sh - hi, 0.0))
+        within = np.abs(beyond) < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
+        grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
+        return within | (grown & (np.sign(dev) == self.load_effect))
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
         """The significant, pure element of the free leaves that fits best:
@@ -411,8 +457,7 @@ class _Search:
             cand = (n > 0) & (np.abs(Z) >= self.z_crit)
             cand &= (n >= 2) | (np.abs(Z) > self.ceiling)
             if self.vol is not None:
-                Vv, Vf = st[-2], st[-1]
-                cand &= ~(Vv > (1 + self.growth) * np.maximum(Vf, 1e-9))
+                cand &= ~self._added_traffic(st, Sh, Se, Sv, dev)
             if not cand.any():
                 continue
             # Robust to one outlier: without its largest leaf the element must still be significant.
@@ -485,8 +530,8 @@ class _Search:
                 zr, _, _ = self.assess(rest)
                 _, pp, fp_ = self.assess(pm)
                 if (np.sign(zr) == direction and abs(zr) >= self.z_rest and pp >= self.purity
-                        and (up_best is None or fp_ > up_best[0])):
-                    up_best = (fp_, psub, pm)
+                        and (up_best is None or (pp, fp_) > up_best[0])):
+                    up_best = ((pp, fp_), psub, pm)
             if up_best is None:
                 break
             _, sub, member = up_best
@@ -502,7 +547,9 @@ class _Search:
         z_crit = self.z_crit
         _, _, fit_e = self.assess(member)
         if self.ratio:
-            k_e = self.h[member].sum() / max(self.e[member].sum(), 1e-12)
+            # The shift each leaf would show under the element's own move (its better-fitting model).
+            shift = np.zeros(len(self.h))
+            shift[member] = self.vd[member] * self.move(member)[0] - self.e[member]
         else:
             m_e = self.h[member].mean()
         best = None
@@ -518,7 +565,7 @@ class _Search:
                 zk, pk, fk = self.assess(km)
                 if self.ratio:
                     wk = float(self.e[km].sum())
-                    z_exp = (k_e - 1) * wk / math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
+                    z_exp = float(shift[km].sum()) / math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
                 else:
                     wk = float(km.sum())
                     z_exp = m_e * math.sqrt(wk)
@@ -606,6 +653,7 @@ def localize(
     v_vol: str | None = None,
     f_vol: str | None = None,
     max_volume_growth: float = 0.25,
+    load_effect: int = 1,
     max_subsets: int = MAX_SUBSETS,
     min_share: float | None = None,
     sigma_floor: float = 0.005,
@@ -658,7 +706,8 @@ def localize(
     factorized = [_factorize(leaves[c]) for c in dims]
     codes = [cd for cd, _ in factorized]
     search = _Search(res, codes, [len(u) for _, u in factorized], subsets, vol, fvol,
-                     _noise_ceiling(contrib, res.z, res.ok), purity, alpha, max_volume_growth, unmoved_share)
+                     _noise_ceiling(contrib, res.z, res.ok), purity, alpha, unmoved_share,
+                     max_volume_growth, load_effect)
     # -- 3./4. test every element by its own move, greedy cover ----------------------------------
     idx = search.idx
     taken_all = np.zeros(nrows, dtype=bool)
