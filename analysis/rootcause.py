@@ -60,14 +60,15 @@ with each element's leaves judged against the element's own move:
 
 For ratio measures with traffic volumes (``v_vol``/``f_vol``), downstream
 pressure — misses upstream sending more requests here — is told apart from a
-cause. Added traffic may have any rate, so an element whose numerator lies
-between its old traffic's expected numerator and that plus one event per added
-event is explained by the added traffic alone; and an element whose traffic
-grew by more than ``max_volume_growth`` and moved the way more traffic moves
-the measure (``load_effect``: up for a hit rate, as more traffic reuses more
-keys) is an effect of that traffic. An element whose traffic grew but whose
-rate fell beyond what the added traffic can explain (its own keys changed)
-stays a candidate.
+cause. More traffic moves a measure one way (``load_effect``: up for a hit
+rate, as more traffic reuses more keys), so an element moving that way is an
+effect when its traffic grew by more than ``max_volume_growth`` or when the
+added traffic alone could have brought the move (every event beyond the
+expected volume counted in the numerator). An element whose traffic grew but
+whose rate moved the other way — its own keys changed — stays a candidate. An
+element without any expected traffic (say, key families that did not exist
+before) has no expected rate of its own and is judged within a parent that
+existed.
 
 Each cause carries its score (the share of the total absolute deviation its
 leaves hold), its signed ``change`` in the measure's units (ratios: in rate
@@ -427,23 +428,25 @@ class _Search:
 
     def _added_traffic(self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray,
                        dev: np.ndarray) -> np.ndarray:
-        """Elements whose move added traffic alone explains (downstream pressure:
-        misses upstream send more requests here). Traffic beyond an element's
-        expected volume may have any rate, so its numerator may lie anywhere
-        between the old traffic's expected numerator and that plus one event per
-        added event; an element within that range (up to noise) needs no cause
-        of its own. And an element whose traffic grew by more than
-        ``max_volume_growth`` and moved the way more traffic moves the measure
-        (``load_effect``: +1 for a hit rate, as more traffic reuses more keys)
-        is an effect of that traffic."""
+        """Elements whose move the traffic volume explains rather than a cause
+        of their own: downstream pressure, when misses upstream send more
+        requests here, moves the measure the way more load does
+        (``load_effect``: +1, up, for a hit rate — more traffic reuses more
+        keys). Such a move is an effect when the element's traffic grew by more
+        than ``max_volume_growth``, or when the added traffic alone could have
+        brought it: beyond the expected volume every added event may count in
+        the numerator (or none may, for ``load_effect`` −1). An element with no
+        expected traffic at all has no expected rate of its own; it is judged
+        within a parent that existed."""
         Vv, Vf = st[-2], st[-1]
         kept = np.where(Vv > 0, np.minimum(Vf, Vv) / np.maximum(Vv, 1e-300), 1.0)
-        lo = Se * kept
-        hi = lo + st[4] * (1 - kept)
-        beyond = np.where(Sh < lo, Sh - lo, np.where(Sh > hi, Sh - hi, 0.0))
-        within = np.abs(beyond) < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
+        if self.load_effect > 0:
+            beyond = Sh - (Se * kept + st[4] * (1 - kept))    # above: every added event a hit
+        else:
+            beyond = Se * kept - Sh                            # below: no added event a hit
+        within = beyond < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
         grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
-        return within | (grown & (np.sign(dev) == self.load_effect))
+        return (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
         """The significant, pure element of the free leaves that fits best:
