@@ -53,7 +53,9 @@ with each element's leaves judged against the element's own move:
    it clearly did not move where the element's own move (its better-fitting
    model) would have shown, and the moved children fit better, each with its
    own move, after a BIC-like price per extra element. Each cause is named by
-   the fewest dimensions that select the same leaves. Its leaves are removed
+   the fewest dimensions that select the same leaves; a cause found later
+   that is a parent of an earlier one moving the same way absorbs it (the
+   siblings moved too, on their own: the parent names both). Its leaves are removed
    and the search repeats on the rest until no candidate remains, a ratio
    cause would hold less than ``min_share`` of the absolute change, or
    ``max_causes`` are found.
@@ -607,6 +609,22 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
     return sub
 
 
+def _absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
+    """Add ``new``; an earlier cause below it that moved the same way is part of
+    it (its siblings moved too, on their own), so the parent names both."""
+    kids = [c for c in causes if c.direction == new.direction and len(c.element) > len(new.element)
+            and new.element.items() <= c.element.items()]
+    if not kids:
+        return [*causes, new]
+    merged = RootCause(new.element, new.score + sum(c.score for c in kids), new.explanatory_power,
+                       new.leaves + sum(c.leaves for c in kids),
+                       new.abnormal_leaves + sum(c.abnormal_leaves for c in kids), new.direction,
+                       new.change + sum(c.change for c in kids))
+    first = min(causes.index(c) for c in kids)
+    rest = [c for c in causes if c not in kids]
+    return [*rest[:first], merged, *rest[first:]]
+
+
 def _explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> None:
     """Explanatory power: each part's signed change over the gross change,
     signed against the total — causes, the other leaves and (rates) the
@@ -732,9 +750,10 @@ def localize(
             full = ~taken_all
             for j in sub:
                 full &= codes[j] == codes[j][row]
-            loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
-                                        float("nan"), int(full.sum()), int(member.sum()), direction,
-                                        float(contrib[full].sum())))
+            cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                              float("nan"), int(full.sum()), int(member.sum()), direction,
+                              float(contrib[full].sum()))
+            loc.causes = _absorb(loc.causes, cause)
             taken_all |= full
             search.take(member)
     loc.abnormal_leaves = int(taken_all.sum())

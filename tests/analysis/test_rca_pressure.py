@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from warmscope.analysis.rootcause import _group, localize
 
@@ -89,3 +90,29 @@ def test_grouping_numbers_each_combination_once_small_or_huge_key_space():
         ref = pd.DataFrame(np.column_stack(codes)).groupby(list(range(len(sizes))), sort=True).ngroup().to_numpy()
         assert ng == ref.max() + 1
         np.testing.assert_array_equal(inv, ref)                  # same groups, numbered in key order
+
+
+def test_a_parent_found_after_its_child_names_both():
+    """A failure rate: one child of the cause jumps far more than its siblings, so it is found
+    first and the siblings then move on their own as the parent: one cause, the parent."""
+    from warmscope.analysis.rootcause import RootCause, _absorb
+
+    child = RootCause({"b": "b1", "d": "d0"}, 0.6, float("nan"), 4, 4, 1, 0.02)
+    parent = RootCause({"b": "b1"}, 0.3, float("nan"), 12, 12, 1, 0.01)
+    other = RootCause({"a": "a2"}, 0.05, float("nan"), 3, 3, 1, 0.002)
+    merged = _absorb([child, other], parent)
+    assert [c.element for c in merged] == [{"b": "b1"}, {"a": "a2"}]        # in the child's place
+    assert merged[0].leaves == 16 and merged[0].change == pytest.approx(0.03) and merged[0].score == pytest.approx(0.9)
+    # A child that moved the other way is a cause of its own.
+    assert len(_absorb([RootCause({"b": "b1", "d": "d0"}, 0.6, 0, 4, 4, -1, -0.02)], parent)) == 2
+
+    # On data: the child has 5x its siblings' traffic and 18x its rate; the siblings 2.5x.
+    rng = np.random.default_rng(7)
+    g = pd.DataFrame(list(itertools.product([f"a{i}" for i in range(6)], [f"b{i}" for i in range(5)],
+                                            [f"d{i}" for i in range(6)])), columns=["a", "b", "d"])
+    den = rng.poisson(np.where(g.d == "d0", 15000, 3000), len(g)) + 1
+    p = rng.uniform(0.01, 0.03, len(g))
+    jump = np.where((g.b == "b1") & (g.d == "d0"), 18.0, np.where(g.b == "b1", 2.5, 1.0))
+    df = g.assign(vn=rng.binomial(den, np.minimum(p * jump, 0.9)), vd=den, fn=p * den, fd=den)
+    loc = localize(df, ["a", "b", "d"], v_num="vn", v_den="vd", f_num="fn", f_den="fd")
+    assert [c.element for c in loc.causes] == [{"b": "b1"}]
