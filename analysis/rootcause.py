@@ -609,6 +609,41 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
     return sub
 
 
+def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names: list[tuple[str, np.ndarray]],
+           ok: np.ndarray, max_causes: int, min_share: float, refine: bool) -> tuple[list[RootCause], np.ndarray]:
+    """Step 4, the greedy cover: the best element, climbed (ratio) and split,
+    named, its leaves taken; until nothing is left to explain. Returns the
+    causes and the leaves they hold (all rows)."""
+    causes: list[RootCause] = []
+    idx = search.idx
+    taken_all = np.zeros(len(contrib), dtype=bool)
+    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
+    while len(causes) < max_causes and search.free.any():
+        found = search.best()
+        if found is None:
+            break
+        sub, member, direction = found
+        if search.ratio:
+            sub, member = search.climb(sub, member, direction)
+        if min_share > 0 and abs(float(contrib[idx[member]].sum())) / total_abs_contrib < min_share:
+            break
+        for sub, member in (search.split(sub, member, direction) if refine else None) or [(sub, member)]:
+            row = idx[np.flatnonzero(member)[0]]
+            sub = _shortest(sub, row, codes, ok)
+            element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}
+            # All leaves of the element (those without traffic included) for its share of the change.
+            full = ~taken_all
+            for j in sub:
+                full &= codes[j] == codes[j][row]
+            cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                              float("nan"), int(full.sum()), int(member.sum()), direction,
+                              float(contrib[full].sum()))
+            causes = _absorb(causes, cause)
+            taken_all |= full
+            search.take(member)
+    return causes, taken_all
+
+
 def _absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
     """Add ``new``; an earlier cause below it that moved the same way is part of
     it (its siblings moved too, on their own), so the parent names both."""
@@ -730,32 +765,8 @@ def localize(
                      _noise_ceiling(contrib, res.z, res.ok), purity, alpha, unmoved_share,
                      max_volume_growth, load_effect)
     # -- 3./4. test every element by its own move, greedy cover ----------------------------------
-    idx = search.idx
-    taken_all = np.zeros(nrows, dtype=bool)
-    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
-    while len(loc.causes) < max_causes and search.free.any():
-        found = search.best()
-        if found is None:
-            break
-        sub, member, direction = found
-        if ratio:
-            sub, member = search.climb(sub, member, direction)
-        if min_share > 0 and abs(float(contrib[idx[member]].sum())) / total_abs_contrib < min_share:
-            break
-        for sub, member in (search.split(sub, member, direction) if refine else None) or [(sub, member)]:
-            row = idx[np.flatnonzero(member)[0]]
-            sub = _shortest(sub, row, codes, res.ok)
-            element = {dims[j]: str(factorized[j][1][codes[j][row]]) for j in sub}
-            # All leaves of the element (those without traffic included) for its share of the change.
-            full = ~taken_all
-            for j in sub:
-                full &= codes[j] == codes[j][row]
-            cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
-                              float("nan"), int(full.sum()), int(member.sum()), direction,
-                              float(contrib[full].sum()))
-            loc.causes = _absorb(loc.causes, cause)
-            taken_all |= full
-            search.take(member)
+    names = [(dims[j], factorized[j][1]) for j in range(len(dims))]
+    loc.causes, taken_all = _cover(search, contrib, codes, names, res.ok, max_causes, min_share, refine)
     loc.abnormal_leaves = int(taken_all.sum())
     _explain(loc, total, mix, float(contrib.sum()))
     if not loc.causes:
