@@ -42,17 +42,35 @@ with each element's leaves judged against the element's own move:
    in its own direction (an element may move against the total), and (c) a
    single-leaf element also exceeds the largest residual seen on the quieter
    side of zero (an empirical noise ceiling, as RiskLoc's cutoff).
-4. **Greedy cover.** The candidate with the largest absolute deviation
-   (additive: ``|Σ(v − f)|``; ratio: ``|Σ(num − den·rate_expected)|``) wins;
-   a parent only beats its child when it is itself pure, so redundant
-   parent/child pairs and too-coarse elements do not arise; a child only wins
-   when its parent is impure, so an element is never finer than needed. Its
-   leaves are removed and the search repeats on the rest until no candidate
-   remains or ``max_causes`` are found.
+4. **Greedy cover.** The candidate whose move fits best wins (ratio: the
+   log-likelihood gain of its move over "unchanged"; additive: ``n·m²/2`` for
+   its mean standardised log factor ``m``); a parent only beats its child
+   when it is itself pure, so redundant parent/child pairs and too-coarse
+   elements do not arise. For ratio measures the winner then *climbs* to a
+   parent whose other leaves moved the same way, purely and significantly, on
+   their own (of several, the purest, then the best fitting). It is *split*
+   by one more dimension when children holding at least ``unmoved_share`` of
+   it clearly did not move where the element's own move (its better-fitting
+   model) would have shown, and the moved children fit better, each with its
+   own move, after a BIC-like price per extra element. Each cause is named by
+   the fewest dimensions that select the same leaves; a cause found later
+   that is a parent of an earlier one moving the same way absorbs it (the
+   siblings moved too, on their own: the parent names both). Its leaves are removed
+   and the search repeats on the rest until no candidate remains, a ratio
+   cause would hold less than ``min_share`` of the absolute change, or
+   ``max_causes`` are found.
 
-With traffic volumes (``v_vol``/``f_vol``) an element whose traffic grew by
-more than ``max_volume_growth`` is skipped: grown traffic is downstream
-pressure from misses upstream, an effect rather than a cause.
+For ratio measures with traffic volumes (``v_vol``/``f_vol``), downstream
+pressure — misses upstream sending more requests here — is told apart from a
+cause. More traffic moves a measure one way (``load_effect``: up for a hit
+rate, as more traffic reuses more keys), so an element moving that way is an
+effect when its traffic grew by more than ``max_volume_growth`` or when the
+added traffic alone could have brought the move (every event beyond the
+expected volume counted in the numerator). An element whose traffic grew but
+whose rate moved the other way — its own keys changed — stays a candidate. An
+element without any expected traffic (say, key families that did not exist
+before) has no expected rate of its own and is judged within a parent that
+existed.
 
 Each cause carries its score (the share of the total absolute deviation its
 leaves hold), its signed ``change`` in the measure's units (ratios: in rate
@@ -146,6 +164,8 @@ def _col(leaves, c: str) -> np.ndarray:
 
 
 def _nrows(leaves) -> int:
+    if hasattr(leaves, "columns"):
+        return len(leaves)
     names = _names(leaves)
     return len(_col(leaves, names[0])) if names else 0
 
@@ -249,6 +269,430 @@ def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[
     return out, depth
 
 
+@dataclass
+class _Residuals:
+    """Step 1's result: each leaf's evidence, in the form the search sums per element."""
+    ok: np.ndarray                 # leaves that carry evidence (observed or expected traffic)
+    h: np.ndarray                  # observed (ratio: numerator; additive: standardised log ratio)
+    e: np.ndarray                  # expected (ratio: numerator at the observed traffic; additive: 0)
+    var: np.ndarray                # variance of h − e before over-dispersion
+    z: np.ndarray                  # standardised residual
+    phi: float                     # over-dispersion (variance factor)
+    vd: np.ndarray | None = None   # ratio: observed denominator
+    pe: np.ndarray | None = None   # ratio: expected rate
+
+
+def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray,
+                     fvol: np.ndarray | None) -> _Residuals:
+    """Binomial residuals of the numerator at the observed denominator, over-dispersion removed."""
+    p0 = fn.sum() / fd.sum()
+    pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
+    pe = np.clip(pe, 1e-6, 1 - 1e-6)
+    ok = vd > 0
+    if fvol is not None:  # leaves that lost their traffic still count in an element's volume
+        ok = ok | (fvol > 0)
+    h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
+    # A floor of one event: tiny counts prove little; no traffic, no evidence.
+    var = np.where(vd > 0, np.maximum(vd * pe * (1 - pe), 1.0), 0.0)
+    z = np.where(var > 0, (h - e) / np.sqrt(np.where(var > 0, var, 1.0)), 0.0)
+    zs = z[ok & (var >= 1.0)]
+    mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
+    phi = max(1.0, mad) ** 2
+    return _Residuals(ok, h, e, var, z / math.sqrt(phi), phi, vd, pe)
+
+
+def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, notes: list[str]
+                        ) -> _Residuals | None:
+    """Log ratios in units of the robust relative noise; None when nothing moved."""
+    # Multiplicative noise: log ratios, with a floor (the 5th percentile of
+    # the positive expected values) so that small leaves prove little.
+    neg = int(((ov < 0) | (ev < 0)).sum())
+    if neg:
+        notes.append(f"{neg} leaves with negative values: counted as 0 when judging noise, "
+                     "with their own values in the change")
+    ovp, evp = np.maximum(ov, 0.0), np.maximum(ev, 0.0)
+    ok = (evp > 0) | (ovp > 0)
+    pos = evp[evp > 0]
+    floor = float(np.quantile(pos, 0.05)) if len(pos) else 1.0
+    lr = np.log((ovp + floor) / (evp + floor))
+    sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
+    scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
+    # Too few leaves on a side to estimate it: the median of all of them.
+    sigma = min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
+    sigma = max(sigma, sigma_floor) if ok.any() and np.abs(lr[ok]).max() > 0 else 0.0
+    if not np.isfinite(sigma) or sigma <= 0:
+        return None
+    z = np.where(ok, lr / sigma, 0.0)
+    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0)
+
+
+def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
+    """The largest residual on the quieter side of zero: a single leaf must exceed it."""
+    up, down = float(contrib[ok & (contrib > 0)].sum()), float(-contrib[ok & (contrib < 0)].sum())
+    quiet = z[ok & (z < 0)] if up >= down else z[ok & (z > 0)]
+    return float(np.abs(quiet).max()) if len(quiet) else 0.0
+
+
+def _group(codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Each leaf's element index under the dimension subset ``sub``, and the number of elements."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    space = 1
+    for j in sub:
+        if space * sizes[j] >= 1 << 62:  # renumber the keys seen so far before they would overflow
+            uniq, key = np.unique(key, return_inverse=True)
+            space = len(uniq)
+        key = key * sizes[j] + codes[j]
+        space *= sizes[j]
+    if space <= max(4 * len(key), 1 << 16):
+        # A small key space: number the keys that occur, in key order, without sorting.
+        present = np.bincount(key, minlength=space) > 0
+        return (np.cumsum(present) - 1)[key], int(present.sum())
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    flags = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
+    inv = np.empty(len(key), dtype=np.int64)
+    inv[order] = np.cumsum(flags) - 1
+    return inv, int(flags.sum())
+
+
+class _Search:
+    """Steps 3 and 4 over the leaves with evidence: per-element sums kept up to
+    date as leaves are taken, each element tested by its own move."""
+
+    def __init__(self, r: _Residuals, codes: list[np.ndarray], sizes: list[int], subsets: list[tuple[int, ...]],
+                 vol: np.ndarray | None, fvol: np.ndarray | None, ceiling: float, purity: float, alpha: float,
+                 unmoved_share: float, max_volume_growth: float, load_effect: int):
+        self.idx = idx = np.flatnonzero(r.ok)
+        self.ratio = r.vd is not None
+        self.codes = [c[idx] for c in codes]
+        self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
+        self.vd = r.vd[idx] if self.ratio else None
+        self.pe = r.pe[idx] if self.ratio else None
+        # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
+        self.vol = vol[idx] if self.ratio and vol is not None and fvol is not None else None
+        self.fvol = fvol[idx] if self.vol is not None else None
+        self.ceiling, self.purity, self.unmoved_share = ceiling, purity, unmoved_share
+        self.growth, self.load_effect = max_volume_growth, load_effect
+        self.groups = [(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
+        n_cand = sum(g[2] for g in self.groups)
+        self.z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
+        self.z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
+        self.free = np.ones(len(idx), dtype=bool)
+        self.ah = np.abs(self.h - self.e)
+        self.stats = [[np.bincount(inv, w, ng) for w in self._weights(slice(None))]
+                      for _, inv, ng in self.groups]
+
+    def _weights(self, rows) -> list[np.ndarray | None]:
+        """The per-leaf quantities summed per element (None: a count of leaves)."""
+        out = [self.h[rows], self.e[rows], self.var[rows], None]
+        if self.ratio:
+            out.append(self.vd[rows])
+        if self.vol is not None:
+            out += [self.vol[rows], self.fvol[rows]]
+        return out
+
+    def take(self, member: np.ndarray) -> None:
+        """Remove an explained element's leaves from every element's sums."""
+        rows = np.flatnonzero(member)
+        for (_, inv, ng), st in zip(self.groups, self.stats):
+            gi = inv[rows]
+            for arr, w in zip(st, self._weights(rows)):
+                arr -= np.bincount(gi, w, ng)
+        self.free &= ~member
+
+    def assess(self, mask: np.ndarray) -> tuple[float, float, float]:
+        """Z, purity and fit of one set of leaves moving together."""
+        hh, ee = self.h[mask], self.e[mask]
+        dz = float(hh.sum() - ee.sum())
+        zz = dz / math.sqrt(max(float(self.var[mask].sum()) * self.phi, 1e-12))
+        if self.ratio:
+            nn, pp = self.vd[mask], self.pe[mask]
+            rm, ll = self.move(mask)
+            ww = nn * _kl(rm, pp)
+            return zz, float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)), float(ll.sum()) / self.phi
+        mm = hh.sum() / len(hh)
+        return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
+
+    def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ratio measures: the moved rate of each leaf in ``mask`` under the
+        model that fits the leaves better — all scaled by the element's factor,
+        or all converged to its common rate — and each leaf's log-likelihood
+        ratio against "unchanged"."""
+        hh, ee, nn, pp = self.h[mask], self.e[mask], self.vd[mask], self.pe[mask]
+        kk = hh.sum() / max(ee.sum(), 1e-12)
+        best = None
+        for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6),
+                   np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6)):
+            ll = _binom_llr(hh, nn, rm, pp)
+            if best is None or ll.sum() > best[1].sum():
+                best = (rm, ll)
+        return best
+
+    def _added_traffic(self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray,
+                       dev: np.ndarray) -> np.ndarray:
+        """Elements whose move the traffic volume explains rather than a cause
+        of their own: downstream pressure, when misses upstream send more
+        requests here, moves the measure the way more load does
+        (``load_effect``: +1, up, for a hit rate — more traffic reuses more
+        keys). Such a move is an effect when the element's traffic grew by more
+        than ``max_volume_growth``, or when the added traffic alone could have
+        brought it: beyond the expected volume every added event may count in
+        the numerator (or none may, for ``load_effect`` −1). An element with no
+        expected traffic at all has no expected rate of its own; it is judged
+        within a parent that existed."""
+        Vv, Vf = st[-2], st[-1]
+        kept = np.where(Vv > 0, np.minimum(Vf, Vv) / np.maximum(Vv, 1e-300), 1.0)
+        if self.load_effect > 0:
+            beyond = Sh - (Se * kept + st[4] * (1 - kept))    # above: every added event a hit
+        else:
+            beyond = Se * kept - Sh                            # below: no added event a hit
+        within = beyond < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
+        grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
+        return (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
+
+    def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
+        """The significant, pure element of the free leaves that fits best:
+        (dimension subset, its free leaves, direction)."""
+        best = None
+        fw = self.free.astype(float)
+        for (sub, inv, ng), st in zip(self.groups, self.stats):
+            Sh, Se, Sv, n = st[:4]
+            dev = Sh - Se
+            Z = dev / np.sqrt(np.maximum(Sv * self.phi, 1e-12))
+            cand = (n > 0) & (np.abs(Z) >= self.z_crit)
+            cand &= (n >= 2) | (np.abs(Z) > self.ceiling)
+            if self.vol is not None:
+                cand &= ~self._added_traffic(st, Sh, Se, Sv, dev)
+            if not cand.any():
+                continue
+            # Robust to one outlier: without its largest leaf the element must still be significant.
+            mx = np.zeros(ng)
+            np.maximum.at(mx, inv, self.ah * fw)
+            z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * self.phi, 1e-12))
+            cand &= (n < 2) | (z_wo >= self.z_crit)
+            if not cand.any():
+                continue
+            # Votes only where they can matter: free leaves of the surviving elements.
+            sel = np.flatnonzero(cand[inv] & self.free)
+            gi = inv[sel]
+            hs = self.h[sel]
+            if self.ratio:
+                Sd = st[4]
+                k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
+                r = Sh / np.maximum(Sd, 1e-12)
+                ns, ps = self.vd[sel], self.pe[sel]
+                rm_scale = np.clip(k[gi] * ps, 1e-6, 1 - 1e-6)
+                rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
+                lls = _binom_llr(hs, ns, rm_scale, ps)
+                llc = _binom_llr(hs, ns, rm_common, ps)
+                use_common = np.bincount(gi, llc, ng) > np.bincount(gi, lls, ng)
+                uc = use_common[gi]
+                rm = np.where(uc, rm_common, rm_scale)
+                llr = np.where(uc, llc, lls)
+                vote = llr > 0
+                w = ns * _kl(rm, ps)
+                fit = np.bincount(gi, llr, ng) / self.phi
+            else:
+                m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
+                vote = np.abs(hs - m[gi]) < np.abs(hs)
+                w = np.ones(len(sel))
+                fit = n * m * m / 2
+            W = np.bincount(gi, w, ng)
+            P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
+            cand &= P >= self.purity
+            if not cand.any():
+                continue
+            gain = np.where(cand, fit, -np.inf)
+            i = int(np.argmax(gain))
+            if best is None or gain[i] > best[0]:
+                best = (gain[i], sub, inv, i, int(np.sign(dev[i])))
+        if best is None:
+            return None
+        _, sub, inv, i, direction = best
+        return sub, self.free & (inv == i), direction
+
+    def _element_of(self, sub: tuple[int, ...], row: int) -> np.ndarray:
+        """The free leaves sharing ``row``'s values of the dimensions in ``sub``."""
+        m = self.free.copy()
+        for j in sub:
+            m &= self.codes[j] == self.codes[j][row]
+        return m
+
+    def climb(self, sub: tuple[int, ...], member: np.ndarray, direction: int
+              ) -> tuple[tuple[int, ...], np.ndarray]:
+        """A cause of a rate seldom moves all its children alike: climb to a
+        parent when the parent's other leaves moved the same way, purely and
+        significantly, on their own (the parent is the succinct answer)."""
+        while len(sub) > 1:
+            up_best = None
+            row = int(np.flatnonzero(member)[0])
+            for drop in sub:
+                psub = tuple(j for j in sub if j != drop)
+                pm = self._element_of(psub, row)
+                rest = pm & ~member
+                if not rest.any():
+                    continue
+                zr, _, _ = self.assess(rest)
+                _, pp, fp_ = self.assess(pm)
+                if (np.sign(zr) == direction and abs(zr) >= self.z_rest and pp >= self.purity
+                        and (up_best is None or (pp, fp_) > up_best[0])):
+                    up_best = ((pp, fp_), psub, pm)
+            if up_best is None:
+                break
+            _, sub, member = up_best
+        return sub, member
+
+    def split(self, sub: tuple[int, ...], member: np.ndarray, direction: int
+              ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
+        """An element one level too coarse: split it by one more dimension when
+        children holding at least ``unmoved_share`` of it clearly did not move
+        (|z| < 2 where the element's move would have shown at the Bonferroni
+        level) and the children that did move fit better, each with its own
+        move, than the whole element. Returns [(subset, leaves)] or None."""
+        z_crit = self.z_crit
+        _, _, fit_e = self.assess(member)
+        if self.ratio:
+            # The shift each leaf would show under the element's own move (its better-fitting model).
+            shift = np.zeros(len(self.h))
+            shift[member] = self.vd[member] * self.move(member)[0] - self.e[member]
+        else:
+            m_e = self.h[member].mean()
+        best = None
+        for j, cd in enumerate(self.codes):
+            if j in sub:
+                continue
+            vals = np.unique(cd[member])
+            if len(vals) < 2:
+                continue
+            moved, unmoved, total_w, fit_split = [], 0.0, 0.0, 0.0
+            for val in vals:
+                km = member & (cd == val)
+                zk, pk, fk = self.assess(km)
+                if self.ratio:
+                    wk = float(self.e[km].sum())
+                    z_exp = float(shift[km].sum()) / math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
+                else:
+                    wk = float(km.sum())
+                    z_exp = m_e * math.sqrt(wk)
+                total_w += wk
+                if abs(zk) < 2 and abs(z_exp) >= z_crit:
+                    unmoved += wk
+                elif np.sign(zk) == direction and abs(zk) >= self.z_rest and pk >= self.purity:
+                    moved.append(km)
+                    fit_split += fk
+            # Each further element is one more parameter picked among many: it must pay
+            # its way (a BIC-like price of z_crit²/2 in log-likelihood).
+            fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
+            if moved and total_w > 0 and unmoved / total_w >= self.unmoved_share and fit_split > fit_e \
+                    and (best is None or fit_split > best[0]):
+                best = (fit_split, j, moved)
+        if best is None:
+            return None
+        _, j, moved = best
+        return [(tuple(sorted((*sub, j))), km) for km in moved]
+
+
+def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.ndarray) -> tuple[int, ...]:
+    """The shortest name for the same leaves: drop a dimension that does not narrow them."""
+    def leaves_of(s):
+        m = ok.copy()
+        for k in s:
+            m &= codes[k] == codes[k][row]
+        return m
+
+    for j in list(sub):
+        if len(sub) < 2:
+            break
+        wider = tuple(k for k in sub if k != j)
+        if np.array_equal(leaves_of(wider), leaves_of(sub)):
+            sub = wider
+    return sub
+
+
+def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names: list[tuple[str, np.ndarray]],
+           ok: np.ndarray, max_causes: int, min_share: float, refine: bool) -> tuple[list[RootCause], np.ndarray]:
+    """Step 4, the greedy cover: the best element, climbed (ratio) and split,
+    named, its leaves taken; until nothing is left to explain. Returns the
+    causes and the leaves they hold (all rows)."""
+    causes: list[RootCause] = []
+    idx = search.idx
+    taken_all = np.zeros(len(contrib), dtype=bool)
+    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
+    while len(causes) < max_causes and search.free.any():
+        found = search.best()
+        if found is None:
+            break
+        sub, member, direction = found
+        if search.ratio:
+            sub, member = search.climb(sub, member, direction)
+        if min_share > 0 and abs(float(contrib[idx[member]].sum())) / total_abs_contrib < min_share:
+            break
+        for sub, member in (search.split(sub, member, direction) if refine else None) or [(sub, member)]:
+            row = idx[np.flatnonzero(member)[0]]
+            sub = _shortest(sub, row, codes, ok)
+            element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}
+            # All leaves of the element (those without traffic included) for its share of the change.
+            full = ~taken_all
+            for j in sub:
+                full &= codes[j] == codes[j][row]
+            cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                              float("nan"), int(full.sum()), int(member.sum()), direction,
+                              float(contrib[full].sum()))
+            causes = _absorb(causes, cause)
+            taken_all |= full
+            search.take(member)
+    return causes, taken_all
+
+
+def _absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
+    """Add ``new``; an earlier cause below it that moved the same way is part of
+    it (its siblings moved too, on their own), so the parent names both."""
+    kids = [c for c in causes if c.direction == new.direction and len(c.element) > len(new.element)
+            and new.element.items() <= c.element.items()]
+    if not kids:
+        return [*causes, new]
+    merged = RootCause(new.element, new.score + sum(c.score for c in kids), new.explanatory_power,
+                       new.leaves + sum(c.leaves for c in kids),
+                       new.abnormal_leaves + sum(c.abnormal_leaves for c in kids), new.direction,
+                       new.change + sum(c.change for c in kids))
+    first = min(causes.index(c) for c in kids)
+    rest = [c for c in causes if c not in kids]
+    return [*rest[:first], merged, *rest[first:]]
+
+
+def _explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> None:
+    """Explanatory power: each part's signed change over the gross change,
+    signed against the total — causes, the other leaves and (rates) the
+    traffic mix add up in points to the total change, and their |shares| to 100%."""
+    loc.change = float(total) if np.isfinite(total) else float("nan")
+    loc.mix = mix
+    loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
+    gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(mix)
+    sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
+    loc.causes = [RootCause(c.element, c.score, sign * c.change / gross if gross > 0 else float("nan"), c.leaves,
+                            c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
+
+
+def _measure_columns(leaves, dims: list[str], cols: list, ratio: bool, validate: bool
+                     ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """The measure columns as floats, or the reason they cannot be used."""
+    if any(c is None for c in cols):
+        return None, "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)"
+    names = _names(leaves)
+    missing = [c for c in dims + cols if c not in names]
+    if missing:
+        return None, (f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
+                      "v_num/v_den/f_num/f_den (ratio)")
+    if _nrows(leaves) == 0:
+        return None, "the leaf table is empty"
+    if not validate:
+        return {c: _col(leaves, c).astype(float) for c in cols}, None
+    try:
+        return validate_leaves(leaves, dims, cols, ratio, row_offset=0), None
+    except LeafTableError as e:
+        return None, str(e)
+
+
 def localize(
     leaves,
     dims: Sequence[str],
@@ -265,6 +709,7 @@ def localize(
     v_vol: str | None = None,
     f_vol: str | None = None,
     max_volume_growth: float = 0.25,
+    load_effect: int = 1,
     max_subsets: int = MAX_SUBSETS,
     min_share: float | None = None,
     sigma_floor: float = 0.005,
@@ -276,42 +721,24 @@ def localize(
     dims = list(dims)
     ratio = v is None and f is None
     cols = [v_num, v_den, f_num, f_den] if ratio else [v, f]
-    if any(c is None for c in cols):
-        return Localization([], "", float("nan"), float("nan"), 0, len(leaves),
-                            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)")
-    names = _names(leaves)
+    L, err = _measure_columns(leaves, dims, cols, ratio, validate)
     nrows = _nrows(leaves)
-    missing = [c for c in dims + cols if c not in names]
-    if missing:
-        return Localization([], "", float("nan"), float("nan"), 0, nrows,
-                            f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
-                            "v_num/v_den/f_num/f_den (ratio)")
-    if nrows == 0:
-        return Localization([], "", float("nan"), float("nan"), 0, 0, "the leaf table is empty")
-    if validate:
-        try:
-            num = validate_leaves(leaves, dims, cols, ratio, row_offset=0)
-        except LeafTableError as e:
-            return Localization([], "", float("nan"), float("nan"), 0, nrows, str(e))
-    else:
-        num = {c: _col(leaves, c).astype(float) for c in cols}
-    L = dict(num)
-    for c in (v_vol, f_vol):
-        if c:
-            L[c] = _col(leaves, c).astype(float)
+    if L is None:
+        return Localization([], "", float("nan"), float("nan"), 0, nrows, err)
+    vol = _col(leaves, v_vol).astype(float) if v_vol and f_vol else None
+    fvol = _col(leaves, f_vol).astype(float) if v_vol and f_vol else None
     if min_share is None:
         # Rates: a cause holds a visible part of the change (real rate data has many
         # tiny leaves with extreme rates that move nothing).
         min_share = 0.05 if ratio else 0.0
-    contrib, _mix = contributions(L, v, f, v_num, v_den, f_num, f_den)
+    contrib, mix = contributions(L, *((None, None, v_num, v_den, f_num, f_den) if ratio else (v, f)))
     if ratio:
         vn, vd, fn, fd = L[v_num], L[v_den], L[f_num], L[f_den]
         obs_t, exp_t = _ratio_total(vn, vd), _ratio_total(fn, fd)
         measure = f"{v_num}/{v_den}"
         total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
     else:
-        ov, ev = L[v], L[f]
-        obs_t, exp_t = float(ov.sum()), float(ev.sum())
+        obs_t, exp_t = float(L[v].sum()), float(L[f].sum())
         measure = v
         total = obs_t - exp_t
     loc = Localization([], measure, obs_t, exp_t, 0, nrows)
@@ -319,52 +746,12 @@ def localize(
         loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
         return loc
     # -- 1. standardised leaf residuals ------------------------------------------------------------
-    if ratio:
-        p0 = fn.sum() / fd.sum()
-        pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
-        pe = np.clip(pe, 1e-6, 1 - 1e-6)
-        ok = vd > 0
-        if v_vol and f_vol:  # leaves that lost their traffic still count in an element's volume
-            ok = ok | (L[f_vol] > 0)
-        h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
-        # A floor of one event: tiny counts prove little; no traffic, no evidence.
-        var = np.where(vd > 0, np.maximum(vd * pe * (1 - pe), 1.0), 0.0)
-        z = np.where(var > 0, (h - e) / np.sqrt(np.where(var > 0, var, 1.0)), 0.0)
-        zs = z[ok & (var >= 1.0)]
-        mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
-        phi = max(1.0, mad) ** 2                          # over-dispersion (variance factor)
-        z = z / math.sqrt(phi)
-    else:
-        # Multiplicative noise: log ratios, with a floor (the 5th percentile of
-        # the positive expected values) so that small leaves prove little.
-        neg = int(((ov < 0) | (ev < 0)).sum())
-        if neg:
-            loc.notes.append(f"{neg} leaves with negative values: counted as 0 when judging noise, "
-                             "with their own values in the change")
-        ovp, evp = np.maximum(ov, 0.0), np.maximum(ev, 0.0)
-        ok = (evp > 0) | (ovp > 0)
-        pos = evp[evp > 0]
-        floor = float(np.quantile(pos, 0.05)) if len(pos) else 1.0
-        lr = np.log((ovp + floor) / (evp + floor))
-        sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
-        scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
-        # Too few leaves on a side to estimate it: the median of all of them.
-        sigma = min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
-        sigma = max(sigma, sigma_floor) if ok.any() and np.abs(lr[ok]).max() > 0 else 0.0
-        if not np.isfinite(sigma) or sigma <= 0:
-            loc.notes.append("observed equals expected: nothing to explain")
-            return loc
-        z = np.where(ok, lr / sigma, 0.0)
-        h, e, var = z, np.zeros_like(z), np.ones_like(z)
-        phi = 1.0
-    dev_total = float(np.abs(h - e)[ok].sum())
-    if not ok.any() or dev_total <= 0 or not np.isfinite(dev_total):
+    res = _ratio_residuals(vn, vd, fn, fd, fvol) if ratio else _additive_residuals(L[v], L[f], sigma_floor,
+                                                                                 loc.notes)
+    dev_total = float(np.abs(res.h - res.e)[res.ok].sum()) if res is not None else 0.0
+    if res is None or not res.ok.any() or dev_total <= 0 or not np.isfinite(dev_total):
         loc.notes.append("observed equals expected: nothing to explain")
         return loc
-    # Empirical noise ceiling for single leaves: the largest residual on the quieter side.
-    up, down = float(contrib[ok & (contrib > 0)].sum()), float(-contrib[ok & (contrib < 0)].sum())
-    quiet = z[ok & (z < 0)] if up >= down else z[ok & (z > 0)]
-    ceiling = float(np.abs(quiet).max()) if len(quiet) else 0.0
     # -- 2. candidates ----------------------------------------------------------------------------
     if len(dims) > 10 and max_depth is None:
         loc.notes.append(f"{len(dims)} dimensions: the search is bounded (at most {max_subsets} dimension "
@@ -372,245 +759,19 @@ def localize(
     subsets, depth = _subsets(dims, max_depth, max_subsets)
     if max_depth is None and depth < len(dims) and len(dims) <= 10:
         loc.notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
-    idx = np.flatnonzero(ok)
-    all_codes, codes = [], []
-    for c in dims:
-        cd, uniq = _factorize(leaves[c])
-        all_codes.append((cd, uniq))
-        codes.append((all_codes[-1][0][idx], uniq))
-    h, e, var, z = h[idx], e[idx], var[idx], z[idx]
-    vol = L[v_vol][idx] if v_vol else None
-    fvol = L[f_vol][idx] if f_vol else None
-    if ratio:
-        vdi, pei = vd[idx], pe[idx]
-    groups = []
-    for sub in subsets:
-        key = np.zeros(len(idx), dtype=np.int64)
-        for j in sub:
-            key = key * (len(codes[j][1]) + 1) + codes[j][0]
-        order = np.argsort(key, kind="stable")
-        sk = key[order]
-        flags = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
-        inv = np.empty(len(key), dtype=np.int64)
-        inv[order] = np.cumsum(flags) - 1
-        starts = np.flatnonzero(flags)
-        groups.append((sub, inv, len(starts), (order, starts)))
-    n_cand = sum(g[2] for g in groups)
-    z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
-    z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
-    free = np.ones(len(idx), dtype=bool)
-    taken_all = np.zeros(nrows, dtype=bool)
-    total_abs_contrib = float(np.abs(contrib).sum()) or 1.0
-    sum_contrib = float(contrib.sum())
+    factorized = [_factorize(leaves[c]) for c in dims]
+    codes = [cd for cd, _ in factorized]
+    search = _Search(res, codes, [len(u) for _, u in factorized], subsets, vol, fvol,
+                     _noise_ceiling(contrib, res.z, res.ok), purity, alpha, unmoved_share,
+                     max_volume_growth, load_effect)
     # -- 3./4. test every element by its own move, greedy cover ----------------------------------
-    def _assess(mask: np.ndarray) -> tuple[float, float, float]:
-        """Z, purity and fit of one set of leaves moving together."""
-        hh, ee = h[mask], e[mask]
-        dz = float(hh.sum() - ee.sum())
-        zz = dz / math.sqrt(max(float(var[mask].sum()) * phi, 1e-12))
-        if ratio:
-            nn, pp = vdi[mask], pei[mask]
-            kk = hh.sum() / max(ee.sum(), 1e-12)
-            best_fit = None
-            for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6), np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)),
-                                                                1e-6, 1 - 1e-6)):
-                ll = _binom_llr(hh, nn, rm, pp)
-                if best_fit is None or ll.sum() > best_fit[0]:
-                    ww = nn * _kl(rm, pp)
-                    best_fit = (float(ll.sum()), float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)))
-            return zz, best_fit[1], best_fit[0] / phi
-        mm = hh.sum() / len(hh)
-        return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
-
-    # Per-element sums, kept up to date as leaves are taken (subtracting the taken ones).
-    ah = np.abs(h - e)
-    stats = []
-    for sub, inv, ng, _ in groups:
-        cols_ = [np.bincount(inv, h, ng), np.bincount(inv, e, ng), np.bincount(inv, var, ng),
-                 np.bincount(inv, minlength=ng).astype(float)]
-        if ratio:
-            cols_.append(np.bincount(inv, vdi, ng))
-        if vol is not None and fvol is not None:
-            cols_ += [np.bincount(inv, vol, ng), np.bincount(inv, fvol, ng)]
-        stats.append(cols_)
-    def _refine(sub, member, direction):
-        """An element one level too coarse: split it by one more dimension when
-        children holding at least ``unmoved_share`` of it clearly did not move
-        (|z| < 2 where the element's move would have shown at the Bonferroni
-        level) and the children that did move fit better, each with its own
-        move, than the whole element. Returns [(subset, leaves)] or None."""
-        z_e, _, fit_e = _assess(member)
-        if ratio:
-            k_e = h[member].sum() / max(e[member].sum(), 1e-12)
-        else:
-            m_e = h[member].mean()
-        best = None
-        for j in range(len(dims)):
-            if j in sub:
-                continue
-            cd = codes[j][0]
-            vals = np.unique(cd[member])
-            if len(vals) < 2:
-                continue
-            moved, unmoved, n_unmoved, total_w, fit_split = [], 0.0, 0, 0.0, 0.0
-            for val in vals:
-                km = member & (cd == val)
-                zk, pk, fk = _assess(km)
-                if ratio:
-                    wk = float(e[km].sum())
-                    z_exp = (k_e - 1) * wk / math.sqrt(max(float(var[km].sum()) * phi, 1e-12))
-                else:
-                    wk = float(km.sum())
-                    z_exp = m_e * math.sqrt(wk)
-                total_w += wk
-                if abs(zk) < 2 and abs(z_exp) >= z_crit:
-                    unmoved += wk
-                    n_unmoved += 1
-                elif np.sign(zk) == direction and abs(zk) >= z_rest and pk >= purity:
-                    moved.append(km)
-                    fit_split += fk
-            # Each further element is one more parameter picked among many: it must pay
-            # its way (a BIC-like price of z_crit²/2 in log-likelihood).
-            fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
-            if moved and total_w > 0 and unmoved / total_w >= unmoved_share and fit_split > fit_e \
-                    and (best is None or fit_split > best[0]):
-                best = (fit_split, j, moved)
-        if best is None:
-            return None
-        _, j, moved = best
-        return [(tuple(sorted((*sub, j))), km) for km in moved]
-
-    while len(loc.causes) < max_causes and free.any():
-        best = None
-        fw = free.astype(float)
-        for (sub, inv, ng, (order, starts)), st in zip(groups, stats):
-            Sh, Se, Sv, n = st[:4]
-            dev = Sh - Se
-            Z = dev / np.sqrt(np.maximum(Sv * phi, 1e-12))
-            cand = (n > 0) & (np.abs(Z) >= z_crit)
-            cand &= (n >= 2) | (np.abs(Z) > ceiling)
-            if vol is not None and fvol is not None:
-                Vv, Vf = st[-2], st[-1]
-                cand &= ~(Vv > (1 + max_volume_growth) * np.maximum(Vf, 1e-9))
-            if not cand.any():
-                continue
-            # Robust to one outlier: without its largest leaf the element must still be significant.
-            mx = np.maximum.reduceat((ah * fw)[order], starts)
-            z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
-            cand &= (n < 2) | (z_wo >= z_crit)
-            if not cand.any():
-                continue
-            # Votes only where they can matter: free leaves of the surviving elements.
-            sel = np.flatnonzero(cand[inv] & free)
-            gi = inv[sel]
-            hs = h[sel]
-            if ratio:
-                Sd = st[4]
-                k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
-                r = Sh / np.maximum(Sd, 1e-12)
-                ns, ps = vdi[sel], pei[sel]
-                rm_scale = np.clip(k[gi] * ps, 1e-6, 1 - 1e-6)
-                rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
-                lls = _binom_llr(hs, ns, rm_scale, ps)
-                llc = _binom_llr(hs, ns, rm_common, ps)
-                use_common = np.bincount(gi, llc, ng) > np.bincount(gi, lls, ng)
-                uc = use_common[gi]
-                rm = np.where(uc, rm_common, rm_scale)
-                llr = np.where(uc, llc, lls)
-                vote = llr > 0
-                w = ns * _kl(rm, ps)
-                fit = np.bincount(gi, llr, ng) / phi
-            else:
-                m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
-                vote = np.abs(hs - m[gi]) < np.abs(hs)
-                w = np.ones(len(sel))
-                fit = n * m * m / 2
-            W = np.bincount(gi, w, ng)
-            P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
-            cand &= P >= purity
-            if not cand.any():
-                continue
-            gain = np.where(cand, fit, -np.inf)
-            i = int(np.argmax(gain))
-            if best is None or gain[i] > best[0]:
-                best = (gain[i], sub, inv, i, int(np.sign(dev[i])), float(P[i]))
-        if best is None:
-            break
-        gain, sub, inv, i, direction, p = best
-        member = free & (inv == i)
-        if ratio:
-            # A cause of a rate seldom moves all its children alike: climb to a
-            # parent when the parent's other leaves moved the same way, purely
-            # and significantly, on their own (the parent is the succinct answer).
-            while len(sub) > 1:
-                up_best = None
-                for drop in sub:
-                    psub = tuple(j for j in sub if j != drop)
-                    pm = free.copy()
-                    for j in psub:
-                        pm &= codes[j][0] == codes[j][0][np.flatnonzero(member)[0]]
-                    rest = pm & ~member
-                    if not rest.any():
-                        continue
-                    zr, pr, fr_ = _assess(rest)
-                    zp, pp, fp_ = _assess(pm)
-                    if (np.sign(zr) == direction and abs(zr) >= z_rest and pp >= purity
-                            and (up_best is None or fp_ > up_best[0])):
-                        up_best = (fp_, psub, pm)
-                if up_best is None:
-                    break
-                _, sub, member = up_best
-        if min_share > 0:
-            share = abs(float(contrib[idx[member]].sum())) / total_abs_contrib
-            if share < min_share:
-                break
-        parts = _refine(sub, member, direction) if refine else None
-        for sub, member in parts or [(sub, member)]:
-            row = idx[np.flatnonzero(member)[0]]
-            # The shortest name for the same leaves: drop a dimension that does not narrow them.
-            for j in list(sub):
-                if len(sub) < 2:
-                    break
-                rest_ = [k for k in sub if k != j]
-                wider = ok.copy()
-                for k in rest_:
-                    wider &= all_codes[k][0] == all_codes[k][0][row]
-                same = ok.copy()
-                for k in sub:
-                    same &= all_codes[k][0] == all_codes[k][0][row]
-                if np.array_equal(wider, same):
-                    sub = tuple(rest_)
-            element = {dims[j]: str(all_codes[j][1][all_codes[j][0][row]]) for j in sub}
-            # All leaves of the element (those without traffic included) for its share of the change.
-            full = ~taken_all
-            for j in sub:
-                full &= all_codes[j][0] == all_codes[j][0][row]
-            ch = float(contrib[full].sum())
-            loc.causes.append(RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
-                                        float("nan"), int(full.sum()), int(member.sum()), direction, ch))
-            taken_all |= full
-            rm_ = np.flatnonzero(member)
-            for (_, inv_, ng_, _), st in zip(groups, stats):
-                gi_ = inv_[rm_]
-                vals = [h[rm_], e[rm_], var[rm_], None] + ([vdi[rm_]] if ratio else []) + \
-                    ([vol[rm_], fvol[rm_]] if vol is not None and fvol is not None else [])
-                for arr, wv in zip(st, vals):
-                    arr -= np.bincount(gi_, wv, ng_)
-            free &= ~member
+    names = [(dims[j], factorized[j][1]) for j in range(len(dims))]
+    loc.causes, taken_all = _cover(search, contrib, codes, names, res.ok, max_causes, min_share, refine)
     loc.abnormal_leaves = int(taken_all.sum())
-    # Explanatory power: each part's signed change over the gross change, signed
-    # against the total — causes, the other leaves and (rates) the traffic mix
-    # add up in points to the total change, and their |shares| to 100%.
-    loc.change = float(total) if np.isfinite(total) else float("nan")
-    loc.mix = _mix
-    loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
-    gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(_mix)
-    sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
-    loc.causes = [RootCause(c.element, c.score, sign * c.change / gross if gross > 0 else float("nan"), c.leaves,
-                            c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
+    _explain(loc, total, mix, float(contrib.sum()))
     if not loc.causes:
         loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
-                         f"(Bonferroni z ≥ {z_crit:.1f}, purity ≥ {purity:.0%})")
+                         f"(Bonferroni z ≥ {search.z_crit:.1f}, purity ≥ {purity:.0%})")
     return loc
 
 
