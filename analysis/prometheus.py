@@ -91,9 +91,9 @@ def engine_kind(metric_name: str) -> str:
     return "other"
 
 
-def _dedupe_name_forms(series: list[dict]) -> list[dict]:
+def _dedupe_name_forms(series: list[dict[Any, Any]]) -> list[dict[Any, Any]]:
     """Drop escaped-name series whose colon twin (same labels) is present."""
-    def key(m: dict) -> tuple:
+    def key(m: dict[Any, Any]) -> tuple[Any, ...]:
         return tuple(sorted((k, v) for k, v in m.items() if k != "__name__"))
 
     colon = {(m.get("__name__", "").replace(":", "_"), key(m))
@@ -142,7 +142,7 @@ class PrometheusSource(SourceBase):
         return f"Prometheus · {self.url}"
 
     # ------------------------------------------------------------ querying
-    def query_range(self, query: str, start: float, end: float, step: int) -> list[dict]:
+    def query_range(self, query: str, start: float, end: float, step: int) -> list[dict[Any, Any]]:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
@@ -168,7 +168,7 @@ class PrometheusSource(SourceBase):
                               f"API ({type(e).__name__}); check the URL points at Prometheus itself") from None
 
     def _increase_frame(self, metric: str, cols: list[str], start: float, end: float,
-                        filters: Mapping | None, value: str) -> pd.DataFrame:
+                        filters: Mapping[Any, Any] | None, value: str) -> pd.DataFrame:
         """Per-step increments of a counter, per label set.
 
         Raw series are read one step before the range and differenced here:
@@ -234,8 +234,8 @@ class PrometheusSource(SourceBase):
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
     # ------------------------------------------------------------ engines
-    def _raw_increments(self, names_rx: str, start: float, end: float, extra: Callable[[dict], tuple],
-                        ncols: int) -> list[tuple]:
+    def _raw_increments(self, names_rx: str, start: float, end: float, extra: Callable[[dict[Any, Any]], tuple[Any, ...]],
+                        ncols: int) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
         (same reset and birth handling as :meth:`_increase_frame`)."""
         step = max(choose_step(start, end), int(self.scrape_interval))

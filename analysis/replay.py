@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ class Params:
     lambda_per_s: float = SLO_LAMBDA  # heat decay rate
     lead_s: float = 6.5 * 3600  # pre-peak trigger: this long before the forecast peak
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         return asdict(self)
 
 
@@ -109,7 +110,7 @@ class Model:
     base_hits: dict[str, float] = field(default_factory=dict)
     persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, Any] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -134,7 +135,7 @@ class Outcome:
     roi: float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
     trigger_at: float  # time of day (s) of the pre-peak warm-up
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         d = asdict(self)
         d["params"] = self.params.as_dict()
         return d
@@ -189,7 +190,7 @@ def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int
     W = float(np.min(np.diff(wins)))
     c = hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float)) \
         .groupby(["tenant", "window", "key_hash"])["n"].sum()
-    counts: dict[tuple, pd.Series] = {k: g.droplevel([0, 1]) for k, g in c.groupby(level=[0, 1])}
+    counts: dict[tuple[Any, ...], pd.Series] = {k: g.droplevel([0, 1]) for k, g in c.groupby(level=[0, 1])}
     tops = {k: set(v.nlargest(top).index) for k, v in counts.items()}
     lags, rho = [0.0], [1.0]
     for k in range(1, max_lag + 1):
@@ -223,7 +224,7 @@ def _persist_integrals(lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndar
     return A, G
 
 
-def recorded_params(frames: dict, default: Params = Params()) -> Params:
+def recorded_params(frames: dict[Any, Any], default: Params = Params()) -> Params:
     """The parameters a recorded run used, read from its warm-up runs and warmed keys."""
     runs = frames.get("warmup_runs", pd.DataFrame())
     wk = frames.get("warmed_keys", pd.DataFrame())
@@ -270,7 +271,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
 
 
 def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Generator,
-                events_out: list | None = None) -> tuple[float, int]:
+                events_out: list[Any] | None = None) -> tuple[float, int]:
     """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra) appended to
     ``events_out``)."""
     R = m.rates[layer]
@@ -357,7 +358,7 @@ def replay(m: Model, p: Params, seed: int = 0) -> Outcome:
     return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400)
 
 
-def calibrate(frames: dict, variant: str | None = None, base: Params | None = None,
+def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params | None = None,
               catalog: dict[str, int] | None = None, capacity: dict[str, float] | None = None,
               peak_at: float | None = None, weights_load_s: float = 120.0) -> Model:
     """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups)."""
@@ -440,7 +441,7 @@ def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
     rows = []
     for layer in m.rates:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
-        ev: list = []
+        ev: list[Any] = []
         _warm_extra(m, layer, m.s[layer], p, rng, ev)
         idx = m.rates[layer].index.to_numpy(float)
         for t, e in ev:

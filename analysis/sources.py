@@ -234,7 +234,7 @@ class EmbeddedSource(SourceBase):
     def request_totals(self, experiment: str) -> dict[str, float]:
         return self._call(self._store.request_totals, experiment)
 
-    def _rows(self, sql: str, params: tuple = ()) -> list[tuple]:
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return self._call(self._store.query, sql, params)
 
     def time_bounds(self) -> tuple[float, float] | None:

@@ -32,7 +32,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -54,8 +54,8 @@ class TrapVerdict:
     detected: bool
     confidence: float
     evidence: str
-    scope: dict = field(default_factory=dict)
-    numbers: dict = field(default_factory=dict)
+    scope: dict[Any, Any] = field(default_factory=dict)
+    numbers: dict[Any, Any] = field(default_factory=dict)
 
 
 def _none(trap: str, why: str) -> TrapVerdict:

@@ -182,7 +182,7 @@ def cached(
     """Memoise a function in a bounded LRU, counting hits and misses."""
 
     def deco(fn: F) -> F:
-        lru: OrderedDict = OrderedDict()
+        lru: OrderedDict[Any, Any] = OrderedDict()
         rec: list[_Recorder] = []
 
         @functools.wraps(fn)

@@ -289,7 +289,7 @@ class OTelBridge:
     def _cache_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def totals(read: Callable[[], dict], attrs: tuple[str, ...]):
+        def totals(read: Callable[[], dict[Any, Any]], attrs: tuple[str, ...]):
             def gen():
                 for k, n in read().items():
                     yield Observation(n, dict(zip(attrs, k)))
@@ -312,7 +312,7 @@ class OTelBridge:
             n = len(attrs_sla) if with_sla else len(attrs_sla) - 1
 
             def gen():
-                acc: dict[tuple, float] = {}
+                acc: dict[tuple[Any, ...], float] = {}
                 for labels, r in agg.request_totals().items():
                     key = labels[:n]
                     acc[key] = acc.get(key, 0) + r[idx]
@@ -335,7 +335,7 @@ class OTelBridge:
 
         def warm(idx: int):
             def gen():
-                acc: dict[tuple, float] = {}
+                acc: dict[tuple[Any, ...], float] = {}
                 for labels, sums in list(agg.warmup_counts.items()):
                     k = labels if idx == S_RUNS else labels[:-1]  # status only on the runs counter
                     acc[k] = acc.get(k, 0) + sums[idx]
@@ -344,7 +344,7 @@ class OTelBridge:
                     yield Observation(v, dict(zip(attrs, k)))
             return gen
 
-        def per_run(read: Callable[[], dict]):
+        def per_run(read: Callable[[], dict[Any, Any]]):
             def gen():
                 for labels, n in list(read().items()):
                     yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
@@ -358,7 +358,7 @@ class OTelBridge:
     def _self_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def by(read: Callable[[], dict], attr: str):
+        def by(read: Callable[[], dict[Any, Any]], attr: str):
             def gen():
                 for k, n in list(read().items()):
                     yield Observation(n, {attr: k})

@@ -61,15 +61,15 @@ class Backlog:
     def __init__(self, limit: int, chunk: int = _CHUNK_ROWS) -> None:
         self.limit = int(limit)
         self.chunk = max(1, int(chunk))
-        self.chunks: deque[list] = deque()  # [batch id, {frame: rows}, n]
+        self.chunks: deque[list[Any]] = deque()  # [batch id, {frame: rows}, n]
         self.n = 0
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._seq = 0
 
-    def add(self, batches: dict[str, list]) -> int:
+    def add(self, batches: dict[str, list[Any]]) -> int:
         room = max(0, self.limit - self.n)
         dropped = 0
-        cur: dict[str, list] = {}
+        cur: dict[str, list[Any]] = {}
         cur_n = 0
         for k, rows in batches.items():
             if not rows:
@@ -91,7 +91,7 @@ class Backlog:
             self._push(cur, cur_n)
         return dropped
 
-    def _push(self, rows: dict, n: int) -> None:
+    def _push(self, rows: dict[Any, Any], n: int) -> None:
         self._seq += 1
         self.chunks.append([f"{self._prefix}-{self._seq}", rows, n])
         self.n += n
@@ -104,8 +104,8 @@ class Backlog:
         self.chunks.clear()
         return n
 
-    def merged(self) -> dict[str, list]:
-        out: dict[str, list] = defaultdict(list)
+    def merged(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = defaultdict(list)
         for _, rows, _ in self.chunks:
             for k, v in rows.items():
                 out[k].extend(v)
@@ -174,7 +174,7 @@ class Telemetry:
             except Exception as e:
                 self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
                                    "kept in memory only")
-        self._last: dict[str, dict] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
+        self._last: dict[str, dict[Any, Any]] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
         self._store_backlog = Backlog(cfg.max_pending_rows)
         self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
@@ -326,7 +326,7 @@ class Telemetry:
             self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
 
-    def _keep(self, stage: str, backlog: Backlog, batches: dict) -> dict[str, list]:
+    def _keep(self, stage: str, backlog: Backlog, batches: dict[Any, Any]) -> dict[str, list[Any]]:
         """Queue this flush's side rows behind the backlog (bounded, drops
         counted per row); return its metric points. Points are recomputed
         from cumulative totals, so they are never queued: an unwritten delta
@@ -337,12 +337,12 @@ class Telemetry:
             self.aggregator.count_dropped(stage, dropped)
         return {k: batches[k] for k in _POINT_FRAMES if batches.get(k)}
 
-    def _drain_store(self, points: dict[str, list]) -> bool:
+    def _drain_store(self, points: dict[str, list[Any]]) -> bool:
         """Points plus queued chunks, oldest first; each transaction all or nothing."""
         bl = self._store_backlog
         points_done = False
         try:
-            first: dict[str, list] = defaultdict(list, {k: list(v) for k, v in points.items()})
+            first: dict[str, list[Any]] = defaultdict(list, {k: list(v) for k, v in points.items()})
             taken = rows_in = 0
             for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
                 if rows_in and rows_in + n > _STORE_TXN_ROWS:
@@ -359,7 +359,7 @@ class Telemetry:
             while bl.chunks and time.monotonic() < self._deadline:
                 # the rest in transactions of up to _STORE_TXN_ROWS rows (a
                 # transaction's fixed cost is large: A/B staging, rollups)
-                batch: dict[str, list] = defaultdict(list)
+                batch: dict[str, list[Any]] = defaultdict(list)
                 taken = rows_in = 0
                 for _, rows, n in bl.chunks:
                     if rows_in and rows_in + n > _STORE_TXN_ROWS:
@@ -388,7 +388,7 @@ class Telemetry:
         except Exception as e:
             self._failed("redis", e)
 
-    def _point_rows(self, now: float, store_b: dict[str, list], new_last: dict[str, dict]) -> None:
+    def _point_rows(self, now: float, store_b: dict[str, list[Any]], new_last: dict[str, dict[Any, Any]]) -> None:
         """Metric points since the last written snapshot (deltas of cumulative totals)."""
         agg = self.aggregator
         for name, kind in (("lookups", "counts"), ("writes", "writes")):
@@ -416,14 +416,14 @@ class Telemetry:
         for name, v in list(agg.gauges.items()):
             store_b["gauges"].append((now, name, agg.replica, v))
 
-    def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict, dict, dict]:
+    def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         """Rows for the store and Redis since the last flush, and the new
         cumulative snapshot to remember once the store write succeeded."""
         agg = self.aggregator
-        store_b: dict[str, list] = defaultdict(list)
-        redis_b: dict[str, list] = defaultdict(list)
+        store_b: dict[str, list[Any]] = defaultdict(list)
+        redis_b: dict[str, list[Any]] = defaultdict(list)
         side = redis_b if self.redis_sink is not None else store_b
-        new_last: dict[str, dict] = {}
+        new_last: dict[str, dict[Any, Any]] = {}
         if self.points_to_store and self.store is not None:
             self._point_rows(now, store_b, new_last)
 
@@ -478,7 +478,7 @@ class Telemetry:
     def _failed(self, stage: str, e: BaseException) -> None:
         self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
 
-    def _export_warmed(self, now: float, side: dict) -> None:
+    def _export_warmed(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
         if not agg.warmed:
             return
@@ -498,7 +498,7 @@ class Telemetry:
         for k in done:
             agg.warmed.pop(k, None)
 
-    def _export_early(self, now: float, side: dict) -> None:
+    def _export_early(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
         closed = [w for w in agg.early if now > w.until]
         if not closed:
@@ -565,8 +565,8 @@ def flush_together(telemetries: list[Telemetry], now: float | None = None) -> No
         groups[id(t.store)].append(t)
     for group in groups.values():
         store = group[0].store
-        merged: dict[str, list] = defaultdict(list)
-        staged: list[tuple[Telemetry, dict]] = []
+        merged: dict[str, list[Any]] = defaultdict(list)
+        staged: list[tuple[Telemetry, dict[Any, Any]]] = []
         for t in group:
             try:
                 with t._flush_lock:

@@ -67,7 +67,7 @@ class WarmupRun:
             self.tenant_scope or schema.UNKNOWN, self.layer, self.strategy, self.trigger, self.agg.replica,
         )
 
-    def _record(self) -> dict:
+    def _record(self) -> dict[Any, Any]:
         return {
             "run_id": self.run_id, "replica": self.agg.replica,
             "tenant": self.tenant_scope or "", "layer": self.layer, "strategy": self.strategy,

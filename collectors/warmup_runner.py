@@ -52,7 +52,7 @@ class WarmupResult:
     key_list: list[str] = field(default_factory=list)
 
 
-def load_prompts(path: str | Path) -> list[dict]:
+def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
     """Read a JSON-lines warm set; one clear error naming the line on bad input."""
     p = Path(path)
     if not p.is_file():
@@ -79,7 +79,7 @@ def load_prompts(path: str | Path) -> list[dict]:
 
 
 def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, top_k: int = 50,
-                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict]:
+                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict[Any, Any]]:
     """The warm set from another process's records: the ``prefix_kv`` hot keys
     of the last ``since_s`` seconds in the embedded store (keyed hashes only),
     matched against a prompt library file kept on this host (written by
@@ -119,13 +119,13 @@ def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, t
     out = []
     for _, key in ranked[:top_k]:
         kind, t, prefix = lib[key]
-        item: dict = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
+        item: dict[Any, Any] = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
             else {"prompt": prefix}
         out.append({**item, "key": key, "tenant": t})
     return out
 
 
-def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple]:
+def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple[Any, ...]]:
     """(key, tenant, request body part) per prefix to warm."""
     if isinstance(source, str) and source == "hot":
         out = []

@@ -132,7 +132,7 @@ class StoreReader:
         con = self._con()
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not give)."""
         try:
             return self._con().execute(sql, tuple(params)).fetchall()
