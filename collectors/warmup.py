@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from . import schema
 from .warm_tracking import WarmedKey
@@ -107,7 +107,7 @@ class WarmupRun:
     def set_memory(self, nbytes: int) -> None:
         self.memory_bytes = int(nbytes)
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         try:
             self.ended = self.tel.clock()
             if et is None:

@@ -98,7 +98,8 @@ def _insert_sql(table: str) -> str:
 
 
 # ------------------------------------------------------------------ A/B units
-def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str],
+              keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """Current rows of ``table`` for ``keys`` (experiment, variant, unit_hash[, layer]), by key."""
     out: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     by_ev: dict[tuple[Any, ...], list[Any]] = {}
@@ -117,7 +118,8 @@ def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: li
     return out
 
 
-def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ...]], delta, min_max: bool = False) -> None:
+def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ...]], delta: Any,
+                 min_max: bool = False) -> None:
     """Sum per-unit moment deltas by group and add them to ``table``."""
     import numpy as np
 
@@ -135,7 +137,7 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ..
                     [g + tuple(row) for g, row in zip(index, sums.tolist())])
 
 
-def _fold_ab(unit_rows, lookup_rows) -> tuple[list[Any], list[Any]]:
+def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
     """A batch's unit rows summed per unit and lookup rows per unit × layer
     (a retried batch can repeat a unit)."""
     ukeys = {r[:_NK] for r in unit_rows}
@@ -166,7 +168,8 @@ def _fold_ab(unit_rows, lookup_rows) -> tuple[list[Any], list[Any]]:
     return [k + tuple(v) for k, v in add.items()], [k + tuple(v) for k, v in ladd.items()]
 
 
-def _stage_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> tuple[list[Any], list[Any]]:
+def _stage_ab(con: sqlite3.Connection, unit_rows: Sequence[Sequence[Any]],
+              lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
     """Fold a batch's A/B rows and copy them into connection-private temp
     tables; touches no shared table, so it runs before the write lock.
     Returns the folded unit and lookup rows."""
@@ -272,7 +275,7 @@ _HC = records.HISTOGRAMS.index("counts")  # histogram rows: ts, metric, labels, 
 _HS, _HT = records.HISTOGRAMS.index("sum"), records.HISTOGRAMS.index("total")
 
 
-def fold_rollup(table: str, rows) -> dict[tuple[Any, ...], list[Any]]:
+def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ...], list[Any]]:
     """Rows summed by (hour, labels); no store access (runs before the lock)."""
     acc: dict[tuple[Any, ...], list[Any]] = {}
     if table == "histograms":
