@@ -85,7 +85,8 @@ class _ThreadState:
         self.writes: dict[tuple[Any, ...], int] = {}  # (ctx id, family) -> n
         self.hot: dict[int, dict[Any, Any]] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
         self.hbuf: dict[int, tuple[list[Any], list[Any]]] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
-        self.units: dict[tuple[Any, ...], list[Any]] = {}
+        # an int per layer unit (pack_layer_unit), a bytearray per request unit
+        self.units: dict[tuple[Any, ...], Any] = {}
         self.req: dict[tuple[Any, ...], list[Any]] = {}
         self.hist: dict[tuple[Any, ...], list[Any]] = {}
         self.dropped = 0  # unit records not kept (max_buffered_units reached)
@@ -141,14 +142,16 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
-        self._retired: list[tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []  # taken from idle threads
+        # taken from idle threads
+        self._retired: list[tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
         # Interned label sets.
         self._ctx_ids: dict[tuple[Any, ...], int] = {}
         self._ctx_labels: list[tuple[Any, ...]] = []
         self._layers: dict[str, LayerBinding] = {}
         self._layer_names: list[str] = []
         self._bindings: list[LayerBinding] = []
-        self._label_cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # raw series key -> label tuple (bounded by series)
+        # raw series key -> label tuple (bounded by series)
+        self._label_cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._tenant_ids: dict[str, int] = {}
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}

@@ -125,7 +125,8 @@ class Exchange:
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
                  "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
-    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple[Any, ...], kind: str | None, pre: Any) -> None:
+    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple[Any, ...], kind: str | None,
+                 pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
@@ -149,7 +150,7 @@ class Exchange:
     def response(self, status: int, content_type: str | None) -> None:
         try:
             self.status = int(status)
-            self.stream = bool(content_type) and "text/event-stream" in content_type
+            self.stream = bool(content_type) and "text/event-stream" in content_type  # type: ignore[operator]
             if not self.stream or self.status >= 400:
                 self.strip = False
         except Exception as e:
@@ -328,7 +329,7 @@ class LLMRecorder:
         self.stats: dict[str, int] = {s: 0 for s in STATS}
         self._secret: bytes | None = None
         self._library: dict[str, list[Any]] = {}  # key -> [requests, tenant, kind, prefix]
-        self._keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (kind, hash of the prefix) -> (key, role); bounded
+        self._keys: dict[tuple[Any, ...], str] = {}  # (kind, hash of the prefix) -> key; bounded
         self._contexts: dict[tuple[Any, ...], RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
         self._warned_usage = False
@@ -353,6 +354,7 @@ class LLMRecorder:
     def _key_of(self, req: dict[Any, Any]) -> tuple[str | None, str | None, Any]:
         """(key, kind, prefix) of a parsed request body; the key memoised by
         the prefix's hash (no text kept)."""
+        pre: Any
         msgs = req.get("messages")
         if isinstance(msgs, list) and msgs:
             kind = "chat"
@@ -527,7 +529,8 @@ class LLMRecorder:
                 self.stats["library_full"] += 1
                 return
             if self._lib_file is None:
-                fd = os.open(self.prompt_library, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                fd = os.open(self.prompt_library,  # type: ignore[arg-type]  # checked by the caller
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 self._lib_file = os.fdopen(fd, "a", encoding="utf-8")
                 atexit.register(self.close)
             self._lib_file.write(json.dumps({"key": key, "kind": kind, "tenant": tenant, "prefix": prefix},

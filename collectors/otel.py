@@ -182,7 +182,8 @@ def _counting_exporter(agg: Aggregator | None, **kw: Any) -> Any:
     from opentelemetry.sdk.metrics.export import MetricExportResult
 
     class CountingOTLPExporter(OTLPMetricExporter):
-        def export(self, metrics_data: Any, timeout_millis: float = 10_000,  # type: ignore[override]  # the SDK's default is None
+        # the SDK declares timeout_millis as float | None
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000,  # type: ignore[override]
                    **k: Any) -> Any:
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **k)

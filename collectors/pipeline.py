@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import records, schema
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
@@ -39,6 +39,9 @@ from .context import RequestContext, _current, set_installed_telemetry
 from .keys import KeyHasher, TenantBucketer
 from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row
+
+if TYPE_CHECKING:
+    from .warmup import WarmupRun
 
 __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_together"]
 
@@ -196,7 +199,8 @@ class Telemetry:
         """Open the embedded store; on failure count it, keep rows in memory
         (bounded) and retry at the next flush. Never raises."""
         try:
-            st = EmbeddedStore(self._store_path, timeout=wait_s if wait_s is not None else 5.0)
+            st = EmbeddedStore(self._store_path,  # type: ignore[arg-type]  # set when a store is configured
+                               timeout=wait_s if wait_s is not None else 5.0)
             st.timeout = 5.0
             self.store = st
             return True
@@ -272,7 +276,7 @@ class Telemetry:
         except Exception as e:
             self.aggregator.count_error("record", "gpu memory", e)
 
-    def warmup(self, strategy: str, layer: str, **kw: Any):
+    def warmup(self, strategy: str, layer: str, **kw: Any) -> WarmupRun:
         """A :class:`collectors.warmup.WarmupRun` context manager bound to this pipeline."""
         from .warmup import WarmupRun
 
@@ -352,7 +356,7 @@ class Telemetry:
                     first[k].extend(v)
                 taken += 1
             if first:
-                self.store.write(first)
+                self.store.write(first)  # type: ignore[union-attr]  # called with a store open
             points_done = True
             for _ in range(taken):
                 bl.pop()
@@ -368,7 +372,7 @@ class Telemetry:
                     taken += 1
                     for k, v in rows.items():
                         batch[k].extend(v)
-                self.store.write(batch)
+                self.store.write(batch)  # type: ignore[union-attr]  # called with a store open
                 for _ in range(taken):
                     bl.pop()
         except Exception as e:
@@ -383,7 +387,7 @@ class Telemetry:
                 if time.monotonic() >= self._deadline:
                     return
                 bid, rows, _ = bl.chunks[0]
-                self.redis_sink.write(rows, batch_id=bid)
+                self.redis_sink.write(rows, batch_id=bid)  # type: ignore[union-attr]  # called with a sink
                 bl.pop()
         except Exception as e:
             self._failed("redis", e)
@@ -401,9 +405,9 @@ class Telemetry:
             if v[R_REQUESTS] != p[R_REQUESTS]:
                 store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
         new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
-        cur = agg.histogram_totals()
+        hcur = agg.histogram_totals()
         last = self._last["hist"]
-        for (i, labels), h in cur.items():
+        for (i, labels), h in hcur.items():
             p = last.get((i, labels))
             if p is not None and p[H_COUNT] == h[H_COUNT]:
                 continue
@@ -412,11 +416,12 @@ class Telemetry:
             store_b["histograms"].append(
                 histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])
             )
-        new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
-        for name, v in list(agg.gauges.items()):
-            store_b["gauges"].append((now, name, agg.replica, v))
+        new_last["hist"] = {k: tuple(v) for k, v in hcur.items()}
+        for name, gv in list(agg.gauges.items()):
+            store_b["gauges"].append((now, name, agg.replica, gv))
 
-    def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
+    def _collect(self, now: float, settle: bool,
+                 take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         """Rows for the store and Redis since the last flush, and the new
         cumulative snapshot to remember once the store write succeeded."""
         agg = self.aggregator
@@ -427,6 +432,8 @@ class Telemetry:
         if self.points_to_store and self.store is not None:
             self._point_rows(now, store_b, new_last)
 
+        hot: dict[int, dict[Any, Any]]
+        units: dict[tuple[Any, ...], list[Any]]
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
             self._units_filling()

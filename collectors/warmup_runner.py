@@ -64,7 +64,7 @@ def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
         try:
             item = json.loads(line)
         except ValueError as e:
-            raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "
+            raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "  # type: ignore[attr-defined]
                                    '{"messages": [...]} or {"prompt": "..."}') from None
         ok_msgs = isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"] and \
             all(isinstance(m, dict) and "role" in m and "content" in m for m in item["messages"])
@@ -158,7 +158,7 @@ def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None
 def _model(http: httpx.Client, base: str) -> str:
     r = http.get(base + "/models")
     r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    return r.json()["data"][0]["id"]  # type: ignore[no-any-return]  # JSON body
 
 
 def run_warmup(engine: str, source: Any = "hot", *, recorder: LLMRecorder | None = None,

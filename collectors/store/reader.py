@@ -30,7 +30,8 @@ class StoreReader:
     def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
         raise NotImplementedError
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None) -> pd.DataFrame:
+    def frame(self, name: str, start: float | None = None, end: float | None = None,
+              step: float | None = None) -> pd.DataFrame:
         """A canonical frame (see module docstring); time filters apply to the
         record's time column.
 

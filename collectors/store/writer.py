@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .. import ab_moments as _m
 from .. import records
@@ -35,7 +35,7 @@ class StoreWriter:
     def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
         raise NotImplementedError
 
-    def write(self, batches: dict[str, Sequence[Sequence[Any]]]) -> int:
+    def write(self, batches: Mapping[str, Sequence[Sequence[Any]]]) -> int:
         """Write all batches in one transaction; returns rows written.
 
         ``hot_keys``, ``ab_units`` and ``ab_lookups`` rows add to existing rows
