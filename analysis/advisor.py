@@ -55,14 +55,14 @@ BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0,
 NAMES = tuple(BOUNDS)
 
 
-def expected_improvement(mu, sd, best: float, xi: float = 0.01):
+def expected_improvement(mu: Any, sd: Any, best: float, xi: float = 0.01) -> np.ndarray:
     """EI for maximisation; 0 where sd is 0 and the mean does not improve."""
     mu, sd = np.asarray(mu, float), np.asarray(sd, float)
     imp = mu - best - xi
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(sd > 0, imp / sd, 0.0)
         ei = np.where(sd > 0, imp * norm.cdf(z) + sd * norm.pdf(z), np.maximum(imp, 0.0))
-    return ei
+    return ei  # type: ignore[no-any-return]  # scipy is untyped
 
 
 def to_params(u: np.ndarray) -> Params:
@@ -84,7 +84,7 @@ def to_unit(p: Params) -> np.ndarray:
 
 def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter: int = 16, seed: int = 0,
              progress: Callable[[int, int], None] | None = None, x0: list[np.ndarray] | None = None
-             ) -> tuple[np.ndarray, np.ndarray, object]:
+             ) -> tuple[np.ndarray, np.ndarray, Any]:
     """Maximise ``f`` on [0, 1]^dim with a GP and expected improvement; returns (X, y, gp)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.gaussian_process import GaussianProcessRegressor

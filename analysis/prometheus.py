@@ -147,7 +147,7 @@ class PrometheusSource(SourceBase):
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         try:
-            return self._prom.custom_query_range(
+            return self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON result list
                 query, start_time=datetime.fromtimestamp(start, timezone.utc),
                 end_time=datetime.fromtimestamp(end, timezone.utc), step=f"{step}s")
         except requests.exceptions.Timeout:
@@ -198,7 +198,7 @@ class PrometheusSource(SourceBase):
                     rows.append((ts, *labels, d))
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
-            df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()
+            df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()  # type: ignore[assignment]
         return df
 
     def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None,
@@ -277,15 +277,15 @@ class PrometheusSource(SourceBase):
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
             out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
-            return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]
+            return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]  # type: ignore[no-any-return]
         if name == "engine_cached_by_source":
-            def lab(m):
+            def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
                 return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
 
             rows = self._raw_increments(_SOURCE_NAMES, start, end, lab, 4)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
-            return df.groupby(cols, as_index=False)["tokens"].sum()
+            return df.groupby(cols, as_index=False)["tokens"].sum()  # type: ignore[return-value]
         step = max(choose_step(start, end), int(self.scrape_interval))
         start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
         if name == "engine_ttft":
@@ -310,7 +310,7 @@ class PrometheusSource(SourceBase):
                 labels = _engine_labels(s.get("metric", {}))
                 rows += [(float(ts), *labels, float(v)) for ts, v in s.get("values", []) if math.isfinite(float(v))]
             df = pd.DataFrame(rows, columns=["ts", *_ENGINE_COLS, "usage"])
-            return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()
+            return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()  # type: ignore[return-value]
         raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
 
     # ------------------------------------------------------------ the rest of the Source interface
