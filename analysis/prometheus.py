@@ -234,8 +234,8 @@ class PrometheusSource(SourceBase):
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
     # ------------------------------------------------------------ engines
-    def _raw_increments(self, names_rx: str, start: float, end: float, extra: Callable[[dict[Any, Any]], tuple[Any, ...]],
-                        ncols: int) -> list[tuple[Any, ...]]:
+    def _raw_increments(self, names_rx: str, start: float, end: float,
+                        extra: Callable[[dict[Any, Any]], tuple[Any, ...]], ncols: int) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
         (same reset and birth handling as :meth:`_increase_frame`)."""
         step = max(choose_step(start, end), int(self.scrape_interval))

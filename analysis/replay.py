@@ -110,7 +110,7 @@ class Model:
     base_hits: dict[str, float] = field(default_factory=dict)
     persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict[Any, Any] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -119,7 +119,8 @@ class Model:
             prob, w = _zipf(s, self.catalog[layer])
             sub = self.rates[layer][inst].to_numpy(float)
             r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
-            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]), self.capacity[layer])
+            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]),  # type: ignore[misc]  # 2-D
+                                       self.capacity[layer])
         return self._tc[key]
 
 
@@ -155,7 +156,7 @@ def _zipf(s: float, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _hit(layer: str, r: np.ndarray, T: np.ndarray) -> np.ndarray:
     x = r * T
-    return x / (1 + x) if layer == "response" else -np.expm1(-x)
+    return x / (1 + x) if layer == "response" else -np.expm1(-x)  # type: ignore[no-any-return]
 
 
 def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarray:
@@ -171,7 +172,7 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
     return np.where(full, np.inf, np.sqrt(lo * hi))
 
 
-def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int = 6
+def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_lag: int = 6
                 ) -> tuple[np.ndarray, np.ndarray, str]:
     """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from one
     hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
@@ -190,7 +191,8 @@ def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int
     W = float(np.min(np.diff(wins)))
     c = hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float)) \
         .groupby(["tenant", "window", "key_hash"])["n"].sum()
-    counts: dict[tuple[Any, ...], pd.Series] = {k: g.droplevel([0, 1]) for k, g in c.groupby(level=[0, 1])}
+    counts: dict[tuple[Any, ...], pd.Series] = {k: g.droplevel([0, 1])  # type: ignore[misc]  # 2-level keys
+                                                for k, g in c.groupby(level=[0, 1])}
     tops = {k: set(v.nlargest(top).index) for k, v in counts.items()}
     lags, rho = [0.0], [1.0]
     for k in range(1, max_lag + 1):
@@ -244,7 +246,7 @@ def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
     b = (lk["ts"].to_numpy(float) // step) * step
     g = pd.DataFrame({"b": b, "i": inst.to_numpy(), "f": lk["family"].astype(str).to_numpy(),
                       "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
-    wide = g.unstack(["i", "f"], fill_value=0.0)
+    wide = g.unstack(["i", "f"], fill_value=0.0)  # type: ignore[arg-type]  # pandas accepts a float
     full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
     return wide.reindex(full, fill_value=0.0) / step
 
@@ -259,7 +261,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)  # buckets × families
         r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
-        ww = np.tile(w, sub.shape[1])
+        ww = np.tile(w, sub.shape[1])  # type: ignore[misc]  # 2-D
         Tc = m.char_times(layer, inst, s)
         T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
         starts = np.array(sorted(m.starts.get(inst, [m.t0])))
