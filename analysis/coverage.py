@@ -87,6 +87,7 @@ def _scope(df: pd.DataFrame, run: Any, layer: bool) -> pd.DataFrame:
     if df.empty:
         return df
     m = pd.Series(True, index=df.index)
+    # mypy infers getattr's default from the bool context
     if "replica" in df.columns and getattr(run, "replica", ""):  # type: ignore[arg-type]
         m &= df["replica"] == run.replica
     if getattr(run, "tenant", "") and "tenant" in df.columns:

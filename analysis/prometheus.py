@@ -198,6 +198,7 @@ class PrometheusSource(SourceBase):
                     rows.append((ts, *labels, d))
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()  # type: ignore[assignment]
         return df
 
@@ -277,6 +278,7 @@ class PrometheusSource(SourceBase):
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
             out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
+            # pandas-stubs type the column selection as Any
             return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]  # type: ignore[no-any-return]
         if name == "engine_cached_by_source":
             def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
@@ -285,6 +287,7 @@ class PrometheusSource(SourceBase):
             rows = self._raw_increments(_SOURCE_NAMES, start, end, lab, 4)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             return df.groupby(cols, as_index=False)["tokens"].sum()  # type: ignore[return-value]
         step = max(choose_step(start, end), int(self.scrape_interval))
         start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
@@ -310,6 +313,7 @@ class PrometheusSource(SourceBase):
                 labels = _engine_labels(s.get("metric", {}))
                 rows += [(float(ts), *labels, float(v)) for ts, v in s.get("values", []) if math.isfinite(float(v))]
             df = pd.DataFrame(rows, columns=["ts", *_ENGINE_COLS, "usage"])
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()  # type: ignore[return-value]
         raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
 

@@ -156,6 +156,7 @@ def _zipf(s: float, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _hit(layer: str, r: np.ndarray, T: np.ndarray) -> np.ndarray:
     x = r * T
+    # numpy ufunc results on arrays are typed Any
     return x / (1 + x) if layer == "response" else -np.expm1(-x)  # type: ignore[no-any-return]
 
 

@@ -308,11 +308,13 @@ class RedisRecords(SourceBase):
     def experiments(self) -> list[str]:
         from warmscope.collectors.redis_sink import PREFIX
 
+        # RedisSource (analysis/redis_source.py) is not yet annotated
         return sorted(self.inner._call(self.r.smembers, f"{PREFIX}:ab:experiments"))  # type: ignore[no-untyped-call]
 
     def _runs_range(self) -> tuple[float, float] | None:
         from warmscope.collectors.redis_sink import PREFIX
 
+        # RedisSource (analysis/redis_source.py) is not yet annotated
         first = self.inner._call(self.r.zrange, f"{PREFIX}:runs", 0, 0, False, True)  # type: ignore[no-untyped-call]
         last = self.inner._call(self.r.zrange, f"{PREFIX}:runs", -1, -1, False, True)  # type: ignore[no-untyped-call]
         return (float(first[0][1]), float(last[0][1])) if first and last else None
@@ -326,6 +328,7 @@ class RedisRecords(SourceBase):
 
     def health(self) -> str | None:
         try:
+            # RedisSource (analysis/redis_source.py) is not yet annotated
             self.inner._call(self.r.ping)  # type: ignore[no-untyped-call]
         except SourceError as e:
             return str(e)
@@ -393,6 +396,7 @@ class CompositeSource(SourceBase):
         return self.ab.experiment_list()
 
     def time_bounds(self) -> tuple[float, float] | None:
+        # owner() returns one of several backends (Any)
         return self.owner("time_bounds").time_bounds()  # type: ignore[no-any-return]
 
     def last_run_start(self) -> float | None:

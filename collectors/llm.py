@@ -150,6 +150,7 @@ class Exchange:
     def response(self, status: int, content_type: str | None) -> None:
         try:
             self.status = int(status)
+            # content_type is a str here: bool(content_type) is checked first
             self.stream = bool(content_type) and "text/event-stream" in content_type  # type: ignore[operator]
             if not self.stream or self.status >= 400:
                 self.strip = False

@@ -64,6 +64,7 @@ def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
         try:
             item = json.loads(line)
         except ValueError as e:
+            # json.loads raises JSONDecodeError, which has .msg
             raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "  # type: ignore[attr-defined]
                                    '{"messages": [...]} or {"prompt": "..."}') from None
         ok_msgs = isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"] and \
