@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import Any
 
 _WHERE = {
     "AnalysisConfig": "config", "ConfigError": "config",
@@ -31,7 +32,7 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, e.g. analysis.hitrate

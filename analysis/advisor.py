@@ -39,7 +39,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from scipy.stats import norm, qmc
@@ -55,14 +55,14 @@ BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0,
 NAMES = tuple(BOUNDS)
 
 
-def expected_improvement(mu, sd, best: float, xi: float = 0.01):
+def expected_improvement(mu: Any, sd: Any, best: float, xi: float = 0.01) -> np.ndarray:
     """EI for maximisation; 0 where sd is 0 and the mean does not improve."""
     mu, sd = np.asarray(mu, float), np.asarray(sd, float)
     imp = mu - best - xi
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(sd > 0, imp / sd, 0.0)
         ei = np.where(sd > 0, imp * norm.cdf(z) + sd * norm.pdf(z), np.maximum(imp, 0.0))
-    return ei
+    return ei  # type: ignore[no-any-return]  # scipy is untyped
 
 
 def to_params(u: np.ndarray) -> Params:
@@ -84,7 +84,7 @@ def to_unit(p: Params) -> np.ndarray:
 
 def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter: int = 16, seed: int = 0,
              progress: Callable[[int, int], None] | None = None, x0: list[np.ndarray] | None = None
-             ) -> tuple[np.ndarray, np.ndarray, object]:
+             ) -> tuple[np.ndarray, np.ndarray, Any]:
     """Maximise ``f`` on [0, 1]^dim with a GP and expected improvement; returns (X, y, gp)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -136,11 +136,11 @@ class Recommendation:
     trigger_at: float | None  # Unix s of the recommended pre-peak warm-up
     evaluations: int
     seconds: float
-    history: list[dict] = field(default_factory=list)
+    history: list[dict[Any, Any]] = field(default_factory=list)
     model: Model | None = None
     objective: str = "net_gpu_s"  # what ``gain`` is in: net GPU-s, or the ROI ratio
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         d = {"params": self.params.as_dict(), "base": self.base.as_dict(), "outcome": self.outcome.as_dict(),
              "base_outcome": self.base_outcome.as_dict(), "objective": self.objective,
              "gain": self.gain, "gain_sd": self.gain_sd,
@@ -151,7 +151,7 @@ class Recommendation:
         return d
 
 
-def sim_overrides(p: Params) -> dict:
+def sim_overrides(p: Params) -> dict[Any, Any]:
     """The ``[simulator]`` settings that apply ``p`` to a pool."""
     slo = abs(p.lambda_per_s / SLO_LAMBDA - 1) < 0.2
     return {"warm_keys": p.warm_keys, "response_ttl_s": float(p.response_ttl_s),
@@ -162,7 +162,7 @@ def sim_overrides(p: Params) -> dict:
 OBJECTIVES = ("net_gpu_s", "roi")
 
 
-def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None = None, n_init: int = 8,
+def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: str | None = None, n_init: int = 8,
            n_iter: int = 16, seed: int = 0, progress: Callable[[int, int], None] | None = None,
            model: Model | None = None, objective: str = "net_gpu_s") -> Recommendation:
     """Calibrate the replay on ``frames``, tune, and return the recommendation."""
@@ -172,7 +172,7 @@ def advise(frames: dict, budget_gpu_s: float | None = None, variant: str | None 
     m = model or calibrate(frames, variant=variant)
     days = max((m.t1 - m.t0) / 86400.0, 1e-9)
     base_out = replay(m, m.base)
-    history: list[dict] = []
+    history: list[dict[Any, Any]] = []
 
     def f(u: np.ndarray) -> float:
         o = replay(m, to_params(u))
@@ -208,14 +208,14 @@ class Proof:
     store: str
     hours: float
     seed: int
-    results: dict[str, dict]  # metric -> control, treatment, abs_effect, abs_low, abs_high, p_value
+    results: dict[str, dict[Any, Any]]  # metric -> control, treatment, abs_effect, abs_low, abs_high, p_value
     requests_b: float
     warm_gpu_s: dict[str, float]  # variant -> warm-up GPU-s
     net_gpu_s: tuple[float, float, float]  # estimate, 95 % low, high: GPU-s saved by B minus its extra warm-up
     wins: list[str]
     seconds: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         return asdict(self)
 
 

@@ -18,6 +18,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -33,7 +35,7 @@ def _freq_us(freq: float) -> int:
     return f
 
 
-def bucket_start(ts, freq: float):
+def bucket_start(ts: Any, freq: float) -> Any:
     """Start of the ``freq``-second bucket ``(start, start + freq]`` holding each
     end-stamped time ``ts`` (scalar, array or Series; a Series keeps its index).
     Buckets are aligned to multiples of ``freq`` from the epoch."""

@@ -118,7 +118,7 @@ def _dimensions(v: Any) -> tuple[DimensionSpec, ...]:
                 raise ConfigError(f"analysis.dimensions.{name}.{k} must be a number, got {x!r}") from None
         if upd.get("weight", 0) < 0:
             raise ConfigError(f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}")
-        d = replace(d, **upd)
+        d = replace(d, **upd)  # type: ignore[arg-type]  # numeric fields only
         if d.better != "target" and d.target == d.worst:
             raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ (both {d.target})")
         by[name] = d

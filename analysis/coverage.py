@@ -22,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -87,7 +87,8 @@ def _scope(df: pd.DataFrame, run: Any, layer: bool) -> pd.DataFrame:
     if df.empty:
         return df
     m = pd.Series(True, index=df.index)
-    if "replica" in df.columns and getattr(run, "replica", ""):
+    # mypy infers getattr's default from the bool context
+    if "replica" in df.columns and getattr(run, "replica", ""):  # type: ignore[arg-type]
         m &= df["replica"] == run.replica
     if getattr(run, "tenant", "") and "tenant" in df.columns:
         m &= df["tenant"] == run.tenant
@@ -108,13 +109,13 @@ def run_effect(run: Any, lookups: pd.DataFrame, histograms: pd.DataFrame, reques
     hist = _scope(time_slice(histograms, b0, a1), run, layer=False)
     req = _scope(time_slice(requests, b0, a1), run, layer=False)
 
-    def hr(s, e):
+    def hr(s: float, e: float) -> float:
         t = hit_table(lk[(lk.ts > s) & (lk.ts <= e)])
         return float(t["hit_rate"].iloc[0]) if len(t) else np.nan
 
     ttft = hist[hist["metric"] == TTFT] if len(hist) else hist
 
-    def q(qs, s, e):  # both quantiles from one bucket sum
+    def q(qs: Sequence[float], s: float, e: float) -> list[float]:  # both quantiles from one bucket sum
         w = time_slice(ttft, s, e)
         if w.empty:
             return [np.nan] * len(qs)
@@ -123,7 +124,7 @@ def run_effect(run: Any, lookups: pd.DataFrame, histograms: pd.DataFrame, reques
         c = c.reindex(les, fill_value=0)
         return [float(quantile_from_buckets(les[np.isfinite(les)], c.to_numpy(), x)[0]) for x in qs]
 
-    def gpu(s, e):
+    def gpu(s: float, e: float) -> float:
         r = req[(req.ts > s) & (req.ts <= e)]
         n = r["requests"].sum()
         return float(r["gpu_s"].sum() / n) if n else np.nan

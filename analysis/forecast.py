@@ -38,7 +38,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -102,7 +102,8 @@ def _ses_levels(y: np.ndarray, alpha: float) -> np.ndarray:
 
     if len(y) == 0:
         return y.astype(float)
-    return lfilter([alpha], [1.0, -(1.0 - alpha)], y, axis=0, zi=((1.0 - alpha) * y[:1]).astype(float))[0]
+    return lfilter([alpha], [1.0, -(1.0 - alpha)], y, axis=0,  # type: ignore[no-any-return]  # scipy is untyped
+                   zi=((1.0 - alpha) * y[:1]).astype(float))[0]
 
 
 def _mape(a: np.ndarray, p: np.ndarray) -> float:
@@ -287,7 +288,7 @@ def next_peak(lookups: pd.DataFrame, after: float | None = None, smooth_s: float
     sm = tot.rolling(k, center=True, min_periods=max(1, k // 2)).mean()
     tod = (sm.index.to_numpy(float) % DAY)
     prof = pd.Series(sm.to_numpy(), index=(tod // step) * step).groupby(level=0).mean()
-    best = float(prof.idxmax())
+    best = float(prof.idxmax())  # type: ignore[arg-type]  # a numeric index
     end = float(after if after is not None else s.index.max())
     at = (end // DAY) * DAY + best
     while at <= end:
@@ -313,7 +314,7 @@ class PredictionError:
     model: str = ""
     baselines: dict[str, float] = field(default_factory=dict)
 
-    def __iter__(self):  # ``value, note = prediction_error(...)``
+    def __iter__(self) -> Iterator[Any]:  # ``value, note = prediction_error(...)``
         return iter((self.value, self.note))
 
 

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,7 @@ Z95 = 1.959963984540054  # norm.ppf(0.975)
 DIMENSIONS = ("tenant", "layer", "family", "experiment", "variant", "model", "replica", "length_bucket")
 
 
-def wilson(hits, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+def wilson(hits: Any, n: Any, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval for hits/n (vectorised); NaN where n == 0."""
     hits = np.asarray(hits, dtype=float)
     n = np.asarray(n, dtype=float)
@@ -85,7 +85,7 @@ def hit_table(lookups: pd.DataFrame, by: Sequence[str] = (), freq: float | None 
     return g[cols]
 
 
-def newcombe_diff(h1, n1, h0, n0, z: float = Z95):
+def newcombe_diff(h1: Any, n1: Any, h0: Any, n0: Any, z: float = Z95) -> tuple[Any, Any, Any]:
     """Difference p1 - p0 with Newcombe's hybrid Wilson interval (method 10)."""
     p1 = np.divide(h1, n1, out=np.full(np.shape(h1), np.nan, dtype=float), where=np.asarray(n1) > 0)
     p0 = np.divide(h0, n0, out=np.full(np.shape(h0), np.nan, dtype=float), where=np.asarray(n0) > 0)

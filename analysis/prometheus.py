@@ -91,9 +91,9 @@ def engine_kind(metric_name: str) -> str:
     return "other"
 
 
-def _dedupe_name_forms(series: list[dict]) -> list[dict]:
+def _dedupe_name_forms(series: list[dict[Any, Any]]) -> list[dict[Any, Any]]:
     """Drop escaped-name series whose colon twin (same labels) is present."""
-    def key(m: dict) -> tuple:
+    def key(m: dict[Any, Any]) -> tuple[Any, ...]:
         return tuple(sorted((k, v) for k, v in m.items() if k != "__name__"))
 
     colon = {(m.get("__name__", "").replace(":", "_"), key(m))
@@ -142,12 +142,12 @@ class PrometheusSource(SourceBase):
         return f"Prometheus · {self.url}"
 
     # ------------------------------------------------------------ querying
-    def query_range(self, query: str, start: float, end: float, step: int) -> list[dict]:
+    def query_range(self, query: str, start: float, end: float, step: int) -> list[dict[Any, Any]]:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         try:
-            return self._prom.custom_query_range(
+            return self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON result list
                 query, start_time=datetime.fromtimestamp(start, timezone.utc),
                 end_time=datetime.fromtimestamp(end, timezone.utc), step=f"{step}s")
         except requests.exceptions.Timeout:
@@ -168,7 +168,7 @@ class PrometheusSource(SourceBase):
                               f"API ({type(e).__name__}); check the URL points at Prometheus itself") from None
 
     def _increase_frame(self, metric: str, cols: list[str], start: float, end: float,
-                        filters: Mapping | None, value: str) -> pd.DataFrame:
+                        filters: Mapping[Any, Any] | None, value: str) -> pd.DataFrame:
         """Per-step increments of a counter, per label set.
 
         Raw series are read one step before the range and differenced here:
@@ -198,7 +198,8 @@ class PrometheusSource(SourceBase):
                     rows.append((ts, *labels, d))
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
-            df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
+            df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()  # type: ignore[assignment]
         return df
 
     def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None,
@@ -234,8 +235,8 @@ class PrometheusSource(SourceBase):
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
     # ------------------------------------------------------------ engines
-    def _raw_increments(self, names_rx: str, start: float, end: float, extra: Callable[[dict], tuple],
-                        ncols: int) -> list[tuple]:
+    def _raw_increments(self, names_rx: str, start: float, end: float,
+                        extra: Callable[[dict[Any, Any]], tuple[Any, ...]], ncols: int) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
         (same reset and birth handling as :meth:`_increase_frame`)."""
         step = max(choose_step(start, end), int(self.scrape_interval))
@@ -277,15 +278,17 @@ class PrometheusSource(SourceBase):
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
             out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
-            return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]
+            # pandas-stubs type the column selection as Any
+            return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]  # type: ignore[no-any-return]
         if name == "engine_cached_by_source":
-            def lab(m):
+            def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
                 return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
 
             rows = self._raw_increments(_SOURCE_NAMES, start, end, lab, 4)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
-            return df.groupby(cols, as_index=False)["tokens"].sum()
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
+            return df.groupby(cols, as_index=False)["tokens"].sum()  # type: ignore[return-value]
         step = max(choose_step(start, end), int(self.scrape_interval))
         start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
         if name == "engine_ttft":
@@ -310,7 +313,8 @@ class PrometheusSource(SourceBase):
                 labels = _engine_labels(s.get("metric", {}))
                 rows += [(float(ts), *labels, float(v)) for ts, v in s.get("values", []) if math.isfinite(float(v))]
             df = pd.DataFrame(rows, columns=["ts", *_ENGINE_COLS, "usage"])
-            return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
+            return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()  # type: ignore[return-value]
         raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
 
     # ------------------------------------------------------------ the rest of the Source interface

@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ class Params:
     lambda_per_s: float = SLO_LAMBDA  # heat decay rate
     lead_s: float = 6.5 * 3600  # pre-peak trigger: this long before the forecast peak
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         return asdict(self)
 
 
@@ -109,7 +110,7 @@ class Model:
     base_hits: dict[str, float] = field(default_factory=dict)
     persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -118,7 +119,8 @@ class Model:
             prob, w = _zipf(s, self.catalog[layer])
             sub = self.rates[layer][inst].to_numpy(float)
             r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
-            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]), self.capacity[layer])
+            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]),  # type: ignore[misc]  # 2-D
+                                       self.capacity[layer])
         return self._tc[key]
 
 
@@ -134,7 +136,7 @@ class Outcome:
     roi: float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
     trigger_at: float  # time of day (s) of the pre-peak warm-up
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Any, Any]:
         d = asdict(self)
         d["params"] = self.params.as_dict()
         return d
@@ -154,7 +156,8 @@ def _zipf(s: float, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _hit(layer: str, r: np.ndarray, T: np.ndarray) -> np.ndarray:
     x = r * T
-    return x / (1 + x) if layer == "response" else -np.expm1(-x)
+    # numpy ufunc results on arrays are typed Any
+    return x / (1 + x) if layer == "response" else -np.expm1(-x)  # type: ignore[no-any-return]
 
 
 def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarray:
@@ -170,7 +173,7 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
     return np.where(full, np.inf, np.sqrt(lo * hi))
 
 
-def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int = 6
+def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_lag: int = 6
                 ) -> tuple[np.ndarray, np.ndarray, str]:
     """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from one
     hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
@@ -189,7 +192,8 @@ def persistence(hot_keys: pd.DataFrame, layer: str, top: int = 200, max_lag: int
     W = float(np.min(np.diff(wins)))
     c = hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float)) \
         .groupby(["tenant", "window", "key_hash"])["n"].sum()
-    counts: dict[tuple, pd.Series] = {k: g.droplevel([0, 1]) for k, g in c.groupby(level=[0, 1])}
+    counts: dict[tuple[Any, ...], pd.Series] = {k: g.droplevel([0, 1])  # type: ignore[misc]  # 2-level keys
+                                                for k, g in c.groupby(level=[0, 1])}
     tops = {k: set(v.nlargest(top).index) for k, v in counts.items()}
     lags, rho = [0.0], [1.0]
     for k in range(1, max_lag + 1):
@@ -223,7 +227,7 @@ def _persist_integrals(lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndar
     return A, G
 
 
-def recorded_params(frames: dict, default: Params = Params()) -> Params:
+def recorded_params(frames: dict[Any, Any], default: Params = Params()) -> Params:
     """The parameters a recorded run used, read from its warm-up runs and warmed keys."""
     runs = frames.get("warmup_runs", pd.DataFrame())
     wk = frames.get("warmed_keys", pd.DataFrame())
@@ -243,7 +247,7 @@ def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
     b = (lk["ts"].to_numpy(float) // step) * step
     g = pd.DataFrame({"b": b, "i": inst.to_numpy(), "f": lk["family"].astype(str).to_numpy(),
                       "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
-    wide = g.unstack(["i", "f"], fill_value=0.0)
+    wide = g.unstack(["i", "f"], fill_value=0.0)  # type: ignore[arg-type]  # pandas accepts a float
     full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
     return wide.reindex(full, fill_value=0.0) / step
 
@@ -258,7 +262,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)  # buckets × families
         r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
-        ww = np.tile(w, sub.shape[1])
+        ww = np.tile(w, sub.shape[1])  # type: ignore[misc]  # 2-D
         Tc = m.char_times(layer, inst, s)
         T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
         starts = np.array(sorted(m.starts.get(inst, [m.t0])))
@@ -270,7 +274,7 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
 
 
 def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Generator,
-                events_out: list | None = None) -> tuple[float, int]:
+                events_out: list[Any] | None = None) -> tuple[float, int]:
     """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra) appended to
     ``events_out``)."""
     R = m.rates[layer]
@@ -357,7 +361,7 @@ def replay(m: Model, p: Params, seed: int = 0) -> Outcome:
     return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400)
 
 
-def calibrate(frames: dict, variant: str | None = None, base: Params | None = None,
+def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params | None = None,
               catalog: dict[str, int] | None = None, capacity: dict[str, float] | None = None,
               peak_at: float | None = None, weights_load_s: float = 120.0) -> Model:
     """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups)."""
@@ -440,7 +444,7 @@ def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
     rows = []
     for layer in m.rates:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
-        ev: list = []
+        ev: list[Any] = []
         _warm_extra(m, layer, m.s[layer], p, rng, ev)
         idx = m.rates[layer].index.to_numpy(float)
         for t, e in ev:

@@ -32,7 +32,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -54,8 +54,8 @@ class TrapVerdict:
     detected: bool
     confidence: float
     evidence: str
-    scope: dict = field(default_factory=dict)
-    numbers: dict = field(default_factory=dict)
+    scope: dict[Any, Any] = field(default_factory=dict)
+    numbers: dict[Any, Any] = field(default_factory=dict)
 
 
 def _none(trap: str, why: str) -> TrapVerdict:
@@ -80,13 +80,14 @@ def out_of_step(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     lk = fr.get("lookups", pd.DataFrame())
     if lk.empty:
         return _none("warmup_out_of_step", "no lookups")
-    a = _rates(time_slice(lk, *an)[lambda d: d["layer"] == "weights"], ["replica"])
-    b = _rates(time_slice(lk, *base)[lambda d: d["layer"] == "weights"], ["replica"])
+    # a boolean row filter: a DataFrame (pandas-stubs type callable indexing as a column read)
+    a = _rates(time_slice(lk, *an)[lambda d: d["layer"] == "weights"], ["replica"])  # type: ignore[arg-type]
+    b = _rates(time_slice(lk, *base)[lambda d: d["layer"] == "weights"], ["replica"])  # type: ignore[arg-type]
     if a.empty:
         return _none("warmup_out_of_step", "no weights lookups in the window")
     miss = 1 - a["rate"].fillna(1)
     bmiss = (1 - b["rate"].fillna(1)).reindex(a.index).fillna(0)
-    worst = (miss - bmiss).idxmax()
+    worst: Any = (miss - bmiss).idxmax()
     m, bm = float(miss[worst]), float(bmiss[worst])
     if m < 0.02 or m < 5 * bm + 0.01:
         return _none("warmup_out_of_step", f"weights miss rate at most {m:.1%} (baseline {bm:.1%})")
@@ -118,6 +119,8 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         return _none("dynamic_tokenisation", "no family lost hits at steady volume with more writes per lookup")
     # Every replica carrying the family must show it (a one-replica drop is a different trap).
     reps_a = _rates(time_slice(lk, *an), ["family", "replica"])
+    best: Any
+    fam: Any
     best, best_drop = None, 0.0
     for fam, row in cand.iterrows():
         per = reps_a.loc[fam] if fam in reps_a.index.get_level_values(0) else None
@@ -204,7 +207,9 @@ def bypass(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     jump = (share - bshare).dropna()
     if jump.empty or jump.max() < 0.05:
         return _none("bypass", "no bypass spike")
-    (tenant, layer) = jump.idxmax()
+    tenant: Any
+    layer: Any
+    (tenant, layer) = jump.idxmax()  # type: ignore[misc]  # a (tenant, layer) index
     s = float(share[(tenant, layer)])
     return TrapVerdict("bypass", True, float(min(1.0, 0.5 + s)),
                        f"tenant {tenant}, layer {layer}: {s:.0%} of lookups bypassed the cache (baseline "
@@ -229,7 +234,9 @@ def explosion(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     c = nn[(nn["share"] > 0.2) & (nn["rate"].fillna(0) < 0.2)]
     if c.empty:
         return _none("key_explosion", "new families are minor or hit normally")
-    (tenant, layer) = c["share"].idxmax()
+    tenant: Any
+    layer: Any
+    (tenant, layer) = c["share"].idxmax()  # type: ignore[misc]  # a (tenant, layer) index
     r = c.loc[(tenant, layer)]
     examples = list(new.loc[(tenant, layer)].index[:3])
     return TrapVerdict("key_explosion", True, float(min(1.0, 0.4 + r["share"])),
@@ -251,7 +258,7 @@ def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     others = prec[~prec.index.isin(inwin)]
     if cand.empty:
         return _none("warmup_timing", "no warm-up run in the window")
-    worst = cand["mean"].idxmin()
+    worst: Any = cand["mean"].idxmin()
     p = float(cand.loc[worst, "mean"])
     ref = float(others["mean"].median()) if len(others) else 1.0
     if p > 0.3 or p > 0.5 * ref:

@@ -79,15 +79,16 @@ class _ThreadState:
         self.layer_id = layer_id
         self.swap = False  # set by the flusher: hand the swappable buffers over
         self.unanswered = 0.0  # monotonic time of the request, for idle threads
-        self.outbox: list[tuple[dict, dict]] = []
+        self.outbox: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
         self.lock = threading.Lock()  # hand-off vs. forced take; never on the lookup path
-        self.counts: dict[tuple, int] = {}  # (ctx id, family, result) -> n
-        self.writes: dict[tuple, int] = {}  # (ctx id, family) -> n
-        self.hot: dict[int, dict] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
-        self.hbuf: dict[int, tuple[list, list]] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
-        self.units: dict[tuple, list] = {}
-        self.req: dict[tuple, list] = {}
-        self.hist: dict[tuple, list] = {}
+        self.counts: dict[tuple[Any, ...], int] = {}  # (ctx id, family, result) -> n
+        self.writes: dict[tuple[Any, ...], int] = {}  # (ctx id, family) -> n
+        self.hot: dict[int, dict[Any, Any]] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
+        self.hbuf: dict[int, tuple[list[Any], list[Any]]] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
+        # an int per layer unit (pack_layer_unit), a bytearray per request unit
+        self.units: dict[tuple[Any, ...], Any] = {}
+        self.req: dict[tuple[Any, ...], list[Any]] = {}
+        self.hist: dict[tuple[Any, ...], list[Any]] = {}
         self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
@@ -141,14 +142,16 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
-        self._retired: list[tuple[float, int, dict, dict, dict]] = []  # taken from idle threads
+        # taken from idle threads
+        self._retired: list[tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
         # Interned label sets.
-        self._ctx_ids: dict[tuple, int] = {}
-        self._ctx_labels: list[tuple] = []
+        self._ctx_ids: dict[tuple[Any, ...], int] = {}
+        self._ctx_labels: list[tuple[Any, ...]] = []
         self._layers: dict[str, LayerBinding] = {}
         self._layer_names: list[str] = []
         self._bindings: list[LayerBinding] = []
-        self._label_cache: dict[tuple, tuple] = {}  # raw series key -> label tuple (bounded by series)
+        # raw series key -> label tuple (bounded by series)
+        self._label_cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._tenant_ids: dict[str, int] = {}
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}
@@ -281,7 +284,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         if self.early:
             self._early_read(b, key, fam, ctx)
 
-    def _add_unit(self, st: _ThreadState, ukey: tuple, inc: int) -> None:
+    def _add_unit(self, st: _ThreadState, ukey: tuple[Any, ...], inc: int) -> None:
         """Add ``inc`` (see :func:`pack_layer_unit`) to a unit's lookups and
         hits in this layer: one int per unit, no container for the GC to walk."""
         u = st.units.get(ukey)
@@ -456,17 +459,17 @@ class Aggregator(HotKeySketch, WarmupTracking):
         v.update(more)
         return v
 
-    def _lookup_label(self, layer_id: int, k: tuple) -> tuple:
+    def _lookup_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         cid, fam, res = k
         v = self._labels(cid, layer=self._layer_names[layer_id], family=fam, result=RESULT_NAMES[res])
         return tuple(v[c] for c in records.LOOKUP_LABELS)
 
-    def _write_label(self, layer_id: int, k: tuple) -> tuple:
+    def _write_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         cid, fam = k
         v = self._labels(cid, layer=self._layer_names[layer_id], family=fam)
         return tuple(v[c] for c in records.WRITE_LABELS)
 
-    def _label(self, kind: str, layer_id: int, k: tuple) -> tuple:
+    def _label(self, kind: str, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         """The full label tuple of a raw series key, built once per series."""
         ck = (kind, layer_id, k)
         lab = self._label_cache.get(ck)
@@ -476,18 +479,18 @@ class Aggregator(HotKeySketch, WarmupTracking):
             lab = self._label_cache[ck] = build(layer_id, k)
         return lab
 
-    def _request_label(self, layer_id: int, k: tuple) -> tuple:
+    def _request_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         cid, sla = k
         v = self._labels(cid, sla_met=sla)
         return tuple(v[c] for c in records.REQUEST_LABELS)
 
-    def _histogram_label(self, layer_id: int, k: tuple) -> tuple:
+    def _histogram_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         _, cid = k
         v = self._labels(cid, layer=self._layer_names[layer_id] if layer_id >= 0 else "")
         return tuple(v[c] for c in HISTOGRAM_LABELS)
 
-    def _totals(self, kind: str) -> dict[tuple, int]:
-        out: dict[tuple, int] = {}
+    def _totals(self, kind: str) -> dict[tuple[Any, ...], int]:
+        out: dict[tuple[Any, ...], int] = {}
         for st in self._all_states():
             if st.layer_id < 0:
                 continue
@@ -496,15 +499,15 @@ class Aggregator(HotKeySketch, WarmupTracking):
                 out[lab] = out.get(lab, 0) + n
         return out
 
-    def lookup_totals(self) -> dict[tuple, int]:
+    def lookup_totals(self) -> dict[tuple[Any, ...], int]:
         """Cumulative lookups keyed by the full label tuple (``records.LOOKUP_LABELS`` order)."""
         return self._totals("counts")
 
-    def write_totals(self) -> dict[tuple, int]:
+    def write_totals(self) -> dict[tuple[Any, ...], int]:
         """Cumulative writes keyed by the full label tuple (``records.WRITE_LABELS`` order)."""
         return self._totals("writes")
 
-    def deltas(self, kind: str, last: dict) -> tuple[dict[tuple, int], dict]:
+    def deltas(self, kind: str, last: dict[Any, Any]) -> tuple[dict[tuple[Any, ...], int], dict[Any, Any]]:
         """Lookups (``kind="counts"``) or writes (``"writes"``) since ``last``.
 
         ``last`` is the snapshot this returned before (per thread state, raw
@@ -512,8 +515,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
         costs a dict comparison per series, not a label build. Returns
         (deltas by full label tuple, the new snapshot).
         """
-        out: dict[tuple, int] = {}
-        snap: dict[int, dict] = {}
+        out: dict[tuple[Any, ...], int] = {}
+        snap: dict[int, dict[Any, Any]] = {}
         for st in self._all_states():
             if st.layer_id < 0:
                 continue
@@ -527,10 +530,10 @@ class Aggregator(HotKeySketch, WarmupTracking):
             snap[id(st)] = cur
         return out, snap
 
-    def request_totals(self) -> dict[tuple, list]:
+    def request_totals(self) -> dict[tuple[Any, ...], list[Any]]:
         """``records.REQUEST_LABELS`` values (sla_met last) -> the request sums
         (``records.REQUESTS.measures``: requests, gpu_s, conversions, value)."""
-        out: dict[tuple, list] = {}
+        out: dict[tuple[Any, ...], list[Any]] = {}
         nm = len(records.REQUEST_ZERO)
         for st in self._all_states():
             for k, r in st.req.copy().items():
@@ -539,11 +542,11 @@ class Aggregator(HotKeySketch, WarmupTracking):
                     acc[i] += r[i]
         return out
 
-    def histogram_totals(self) -> dict[tuple[int, tuple], list]:
+    def histogram_totals(self) -> dict[tuple[int, tuple[Any, ...]], list[Any]]:
         """(histogram index, ``HISTOGRAM_LABELS`` values) -> [bucket counts..., +Inf, sum, count].
 
         The layer is "" for request histograms and the cache layer for load durations."""
-        out: dict[tuple, list] = {}
+        out: dict[tuple[Any, ...], list[Any]] = {}
         for st in self._all_states():
             for hk, h in st.hist.copy().items():
                 k = (hk[0], self._label("hist", st.layer_id, hk))
@@ -555,7 +558,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
                         acc[j] += v
         return out
 
-    def take_buffers(self, settle: bool) -> tuple[dict[int, dict], dict[tuple, list]]:
+    def take_buffers(self, settle: bool) -> tuple[dict[int, dict[Any, Any]], dict[tuple[Any, ...], list[Any]]]:
         """Swap out hot-key sketches and unit records, merged across threads.
 
         Hot keys come keyed by sketch scope (:meth:`hot_scope`). Unit records
@@ -571,8 +574,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
         ``settle=True`` takes everything now (single-threaded callers, shutdown).
         """
         ready = self._ready_buffers(settle)
-        hot_out: dict[int, dict] = {}
-        units_out: dict[tuple, list] = {}
+        hot_out: dict[int, dict[Any, Any]] = {}
+        units_out: dict[tuple[Any, ...], list[Any]] = {}
         for layer_id, hot, units in ready:
             hotkeys.merge(hot_out, layer_id, hot)
             self._merge_units(units_out, layer_id, units)
@@ -581,13 +584,13 @@ class Aggregator(HotKeySketch, WarmupTracking):
         hotkeys.top_k(hot_out, self.hot_k)
         return hot_out, units_out
 
-    def _ready_buffers(self, settle: bool) -> list[tuple[int, dict, dict]]:
+    def _ready_buffers(self, settle: bool) -> list[tuple[int, dict[Any, Any], dict[Any, Any]]]:
         """(layer id, hot-key sketches, unit records) handed over by the threads,
         or taken from idle ones (read ``_IDLE_S`` after they were taken)."""
         now = time.monotonic()
         self._units_n = 0
-        ready: list[tuple[int, dict, dict]] = []
-        forced: list[tuple[float, int, dict, dict, dict]] = []
+        ready: list[tuple[int, dict[Any, Any], dict[Any, Any]]] = []
+        forced: list[tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
         for st in self._all_states():
             while st.outbox:
                 ready.append((st.layer_id, *st.outbox.pop()))
@@ -615,12 +618,12 @@ class Aggregator(HotKeySketch, WarmupTracking):
         return ready
 
     @staticmethod
-    def _take(st: _ThreadState, now: float) -> tuple[float, int, dict, dict, dict]:
+    def _take(st: _ThreadState, now: float) -> tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         out = (now, st.layer_id, st.hot, st.units, st.hbuf)
         st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
         return out
 
-    def _merge_units(self, out: dict[tuple, list], layer_id: int, units: dict) -> None:
+    def _merge_units(self, out: dict[tuple[Any, ...], list[Any]], layer_id: int, units: dict[Any, Any]) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
         [lookups, hits]; request-level records to numbers (counts as ints)."""
         layer = self._layer_names[layer_id] if layer_id >= 0 else ""

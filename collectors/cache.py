@@ -149,7 +149,8 @@ class InstrumentedCache:
         self._rec(key, BYPASS)
 
 
-def observe(layer: str, telemetry: Telemetry | None = None, key: Callable[..., Hashable] | None = None):
+def observe(layer: str, telemetry: Telemetry | None = None,
+            key: Callable[..., Hashable] | None = None) -> Callable[[F], F]:
     """Decorate a lookup function that returns ``None`` on a miss."""
 
     def deco(fn: F) -> F:
@@ -178,11 +179,11 @@ def cached(
     maxsize: int = 1024,
     telemetry: Telemetry | None = None,
     key: Callable[..., Hashable] | None = None,
-):
+) -> Callable[[F], F]:
     """Memoise a function in a bounded LRU, counting hits and misses."""
 
     def deco(fn: F) -> F:
-        lru: OrderedDict = OrderedDict()
+        lru: OrderedDict[Any, Any] = OrderedDict()
         rec: list[_Recorder] = []
 
         @functools.wraps(fn)

@@ -167,7 +167,8 @@ def build(cls: type[T], section: str, raw: Mapping[str, Any]) -> T:
             raise ConfigError(f"{name} is not a known setting; known: {', '.join(sorted(known))}")
         f = known[key]
         spec: _Spec = f.metadata.get("warmscope") or _Spec()
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        # default_factory is callable once default is MISSING
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
         out = spec.parse(name, val) if spec.parse else _convert(name, val, default)
         if spec.choices and out not in spec.choices:
             raise ConfigError(f"{name} must be one of {', '.join(spec.choices)}; got {val!r}")

@@ -20,7 +20,7 @@ or ``warmscope gateway --upstream http://127.0.0.1:8000 --port 8080``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, AsyncIterator, Iterator
 
 import httpx
 from starlette.applications import Starlette
@@ -70,7 +70,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
             if encoded:
                 ex.skip, ex.strip = True, False  # compressed bytes are forwarded, not parsed
 
-        async def body_iter():
+        async def body_iter() -> AsyncIterator[bytes]:
             try:
                 async for chunk in resp.aiter_raw():
                     yield chunk if ex is None else ex.feed(chunk)
@@ -88,7 +88,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await client.aclose()
         recorder.close()
@@ -101,7 +101,7 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
 
 
 @contextlib.contextmanager
-def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> Iterator[str]:
     """Run an ASGI app with uvicorn in a background thread; yields its base URL.
     ``port=0`` picks a free one. Stopped (gracefully) when the block ends."""
     import socket

@@ -52,7 +52,7 @@ class HotKeySketch:
     _hot_floor: dict[int, int]
     _bindings: list[Any]
 
-    def _sketch(self, layer_id: int, hot: dict, hbuf: dict) -> None:
+    def _sketch(self, layer_id: int, hot: dict[Any, Any], hbuf: dict[Any, Any]) -> None:
         """Fold buffered keys into the Space-Saving sketches (owner thread, or
         the flusher once no thread can touch these dicts). ``hbuf`` maps a
         tenant id to (hit keys, miss keys)."""
@@ -78,7 +78,7 @@ class HotKeySketch:
                     e[E_EST] += n
                     e[col] += n
 
-    def _compact(self, hk: int, sk: dict) -> None:
+    def _compact(self, hk: int, sk: dict[Any, Any]) -> None:
         """Keep the top K entries; the largest evicted estimate becomes the floor."""
         top = heapq.nlargest(self.hot_k + 1, sk.values(), key=_est)
         if len(top) > self.hot_k:
@@ -88,7 +88,7 @@ class HotKeySketch:
         sk.update((e[E_KEY], e) for e in top)
 
 
-def merge(into: dict[int, dict], layer_id: int, hot: dict[int, dict]) -> None:
+def merge(into: dict[int, dict[Any, Any]], layer_id: int, hot: dict[int, dict[Any, Any]]) -> None:
     """Add one thread's sketches of a layer (tenant id -> sketch) to ``into`` (scope -> sketch)."""
     for tid, sk in hot.items():
         acc = into.setdefault(scope(tid, layer_id), {})
@@ -103,10 +103,10 @@ def merge(into: dict[int, dict], layer_id: int, hot: dict[int, dict]) -> None:
                 a[E_EST] = a[E_HITS] + a[E_MISSES] + a[E_ERR]
 
 
-def cross_tenant_reads(hot: dict[int, dict], layer_name: Callable[[int], str]) -> dict[str, int]:
+def cross_tenant_reads(hot: dict[int, dict[Any, Any]], layer_name: Callable[[int], str]) -> dict[str, int]:
     """Per layer (except layers declared shared in ``records.LAYERS``): keys found in more than one
     tenant's sketch, counted once per extra tenant."""
-    owners: dict[tuple, int] = {}
+    owners: dict[tuple[Any, ...], int] = {}
     for sc, acc in hot.items():
         layer = layer_name(scope_ids(sc)[1])
         if records.layer(layer).shared:
@@ -120,7 +120,7 @@ def cross_tenant_reads(hot: dict[int, dict], layer_name: Callable[[int], str]) -
     return out
 
 
-def top_k(hot: dict[int, dict], k: int) -> None:
+def top_k(hot: dict[int, dict[Any, Any]], k: int) -> None:
     """Keep the top ``k`` entries of every merged sketch (in place)."""
     for sc, acc in hot.items():
         if len(acc) > k:

@@ -80,7 +80,7 @@ _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 _NULL_USAGE = (b', "usage": null', b',"usage":null', b'"usage": null, ', b'"usage":null,')
 
 
-def _pairs(pre: list) -> list:
+def _pairs(pre: list[Any]) -> list[Any]:
     return [[m.get("role"), m.get("content")] if isinstance(m, dict) else m for m in pre]
 
 
@@ -101,7 +101,7 @@ def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple
     return None
 
 
-def read_library(path: str | os.PathLike) -> dict[str, tuple[str, str | None, Any]]:
+def read_library(path: str | os.PathLike[str]) -> dict[str, tuple[str, str | None, Any]]:
     """A prompt library file (see :class:`LLMRecorder`): prefix key -> (kind,
     tenant, prefix). Lines that do not parse (a write cut by a crash) are skipped."""
     out: dict[str, tuple[str, str | None, Any]] = {}
@@ -125,7 +125,8 @@ class Exchange:
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
                  "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
-    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple, kind: str | None, pre: Any) -> None:
+    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple[Any, ...], kind: str | None,
+                 pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
@@ -133,7 +134,7 @@ class Exchange:
         self.stream = False
         self.buf: list[bytes] = []
         self.size = 0
-        self.usage: dict | None = None
+        self.usage: dict[Any, Any] | None = None
         self.key = key
         self.labels = labels
         self.kind = kind
@@ -149,7 +150,8 @@ class Exchange:
     def response(self, status: int, content_type: str | None) -> None:
         try:
             self.status = int(status)
-            self.stream = bool(content_type) and "text/event-stream" in content_type
+            # content_type is a str here: bool(content_type) is checked first
+            self.stream = bool(content_type) and "text/event-stream" in content_type  # type: ignore[operator]
             if not self.stream or self.status >= 400:
                 self.strip = False
         except Exception as e:
@@ -274,7 +276,7 @@ class Exchange:
             self.rec.agg.count_error("record", "llm request", e)
 
 
-def _usage_of(body: bytes) -> dict | None:
+def _usage_of(body: bytes) -> dict[Any, Any] | None:
     """The ``usage`` object of a completion body: found by its key from the end
     (engines write it last) and only that object parsed; the whole body when
     that fails. Raises ValueError for a body that is not JSON."""
@@ -314,7 +316,7 @@ class LLMRecorder:
     def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
                  variant: str | None = None, tenant_header: str = TENANT_HEADER,
                  session_header: str = SESSION_HEADER, layer: str = LAYER, request_usage: bool = True,
-                 prompt_library: str | os.PathLike | None = None) -> None:
+                 prompt_library: str | os.PathLike[str] | None = None) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
@@ -327,9 +329,9 @@ class LLMRecorder:
         self.request_usage = request_usage
         self.stats: dict[str, int] = {s: 0 for s in STATS}
         self._secret: bytes | None = None
-        self._library: dict[str, list] = {}  # key -> [requests, tenant, kind, prefix]
-        self._keys: dict[tuple, tuple] = {}  # (kind, hash of the prefix) -> (key, role); bounded
-        self._contexts: dict[tuple, RequestContext] = {}  # labels -> context (bounded)
+        self._library: dict[str, list[Any]] = {}  # key -> [requests, tenant, kind, prefix]
+        self._keys: dict[tuple[Any, ...], str] = {}  # (kind, hash of the prefix) -> key; bounded
+        self._contexts: dict[tuple[Any, ...], RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
         self._warned_usage = False
         self.prompt_library = os.fspath(prompt_library) if prompt_library is not None else None
@@ -350,9 +352,10 @@ class LLMRecorder:
         tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
         return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
 
-    def _key_of(self, req: dict) -> tuple[str | None, str | None, Any]:
+    def _key_of(self, req: dict[Any, Any]) -> tuple[str | None, str | None, Any]:
         """(key, kind, prefix) of a parsed request body; the key memoised by
         the prefix's hash (no text kept)."""
+        pre: Any
         msgs = req.get("messages")
         if isinstance(msgs, list) and msgs:
             kind = "chat"
@@ -436,7 +439,7 @@ class LLMRecorder:
             self.agg.count_error("record", "llm request", e)
             return None
 
-    def _ask_usage(self, ex: Exchange, req: dict, body: bytes) -> None:
+    def _ask_usage(self, ex: Exchange, req: dict[Any, Any], body: bytes) -> None:
         so = req.get("stream_options")
         if so is None and "stream_options" not in req:
             i = body.find(b"{")
@@ -527,7 +530,8 @@ class LLMRecorder:
                 self.stats["library_full"] += 1
                 return
             if self._lib_file is None:
-                fd = os.open(self.prompt_library, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                fd = os.open(self.prompt_library,  # type: ignore[arg-type]  # checked by the caller
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 self._lib_file = os.fdopen(fd, "a", encoding="utf-8")
                 atexit.register(self.close)
             self._lib_file.write(json.dumps({"key": key, "kind": kind, "tenant": tenant, "prefix": prefix},

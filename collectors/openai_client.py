@@ -200,4 +200,4 @@ def recorder_of(client: Any) -> LLMRecorder:
     """The recorder behind an instrumented openai or httpx client (for its
     ``stats`` and ``hot_prefixes``)."""
     http = getattr(client, "_client", client)
-    return http._transport.recorder
+    return http._transport.recorder  # type: ignore[no-any-return]  # set by the instrumented transport

@@ -24,7 +24,7 @@ Example (tests)::
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
@@ -109,7 +109,7 @@ class PeriodicReader(_HistogramInjection, PeriodicExportingMetricReader):
         super().__init__(exporter, **kw)
 
 
-def _prometheus_reader_cls():
+def _prometheus_reader_cls() -> type[Any]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
     class PrometheusReader(_HistogramInjection, PrometheusMetricReader):
@@ -120,7 +120,7 @@ def _prometheus_reader_cls():
     return PrometheusReader
 
 
-def PrometheusReader(**kw: Any):  # noqa: N802 - a class factory (lazy import)
+def PrometheusReader(**kw: Any) -> Any:  # noqa: N802 - a class factory (lazy import)
     return _prometheus_reader_cls()(**kw)
 
 
@@ -162,7 +162,9 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
                 old = merged.get(m.name)
                 if old is not None and isinstance(old.data, Histogram):
                     m = Metric(m.name, m.description, m.unit, Histogram(
-                        list(old.data.data_points) + list(m.data.data_points), m.data.aggregation_temporality))
+                        # hist holds Histogram metrics only
+                        list(old.data.data_points) + list(m.data.data_points),  # type: ignore[arg-type]
+                        m.data.aggregation_temporality))  # type: ignore[union-attr]
                 merged[m.name] = m
             scopes[j] = ScopeMetrics(sm.scope, list(merged.values()), sm.schema_url)
             break
@@ -172,7 +174,7 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
     return MetricsData(out)
 
 
-def _counting_exporter(agg: Aggregator | None, **kw: Any):
+def _counting_exporter(agg: Aggregator | None, **kw: Any) -> Any:
     """An OTLP/HTTP exporter whose failed exports (refused, timed out, HTTP
     errors) are counted in ``warmscope.telemetry.errors{stage="export"}``; the
     SDK itself only logs them."""
@@ -180,7 +182,9 @@ def _counting_exporter(agg: Aggregator | None, **kw: Any):
     from opentelemetry.sdk.metrics.export import MetricExportResult
 
     class CountingOTLPExporter(OTLPMetricExporter):
-        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **k: Any) -> Any:
+        # the SDK declares timeout_millis as float | None
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000,  # type: ignore[override]
+                   **k: Any) -> Any:
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **k)
             except Exception as e:  # never let the SDK thread die
@@ -269,7 +273,7 @@ class OTelBridge:
                 r.ws_bind(agg)
         self._register(provider.get_meter(SCOPE, version=agg.replica))
 
-    def _safe(self, fn):
+    def _safe(self, fn: Callable[[], Iterable[Observation]]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
             try:
                 return list(fn())
@@ -289,13 +293,13 @@ class OTelBridge:
     def _cache_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def totals(read: Callable[[], dict], attrs: tuple[str, ...]):
-            def gen():
+        def totals(read: Callable[[], dict[Any, Any]], attrs: tuple[str, ...]) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
                 for k, n in read().items():
                     yield Observation(n, dict(zip(attrs, k)))
             return gen
 
-        def cross():
+        def cross() -> Iterator[Observation]:
             for layer, n in list(agg.cross_tenant.items()):
                 yield Observation(n, {schema.ATTR.LAYER: layer, schema.ATTR.REPLICA: agg.replica})
 
@@ -307,12 +311,12 @@ class OTelBridge:
         agg = self.agg
         attrs_sla = schema.REQUESTS.attributes  # REQUEST_LABELS + sla_met: the request series' label order
 
-        def req(measure: str, with_sla: bool):
+        def req(measure: str, with_sla: bool) -> Callable[[], Iterator[Observation]]:
             idx = records.REQUESTS.measures.index(measure)
             n = len(attrs_sla) if with_sla else len(attrs_sla) - 1
 
-            def gen():
-                acc: dict[tuple, float] = {}
+            def gen() -> Iterator[Observation]:
+                acc: dict[tuple[Any, ...], float] = {}
                 for labels, r in agg.request_totals().items():
                     key = labels[:n]
                     acc[key] = acc.get(key, 0) + r[idx]
@@ -320,8 +324,8 @@ class OTelBridge:
                     yield Observation(v, dict(zip(attrs_sla, key)))
             return gen
 
-        def gauge(name: str):
-            def gen():
+        def gauge(name: str) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
                 if name in agg.gauges:
                     yield Observation(agg.gauges[name], {schema.ATTR.REPLICA: agg.replica})
             return gen
@@ -333,9 +337,9 @@ class OTelBridge:
     def _warmup_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def warm(idx: int):
-            def gen():
-                acc: dict[tuple, float] = {}
+        def warm(idx: int) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
+                acc: dict[tuple[Any, ...], float] = {}
                 for labels, sums in list(agg.warmup_counts.items()):
                     k = labels if idx == S_RUNS else labels[:-1]  # status only on the runs counter
                     acc[k] = acc.get(k, 0) + sums[idx]
@@ -344,8 +348,8 @@ class OTelBridge:
                     yield Observation(v, dict(zip(attrs, k)))
             return gen
 
-        def per_run(read: Callable[[], dict]):
-            def gen():
+        def per_run(read: Callable[[], dict[Any, Any]]) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
                 for labels, n in list(read().items()):
                     yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
             return gen
@@ -358,8 +362,8 @@ class OTelBridge:
     def _self_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def by(read: Callable[[], dict], attr: str):
-            def gen():
+        def by(read: Callable[[], dict[Any, Any]], attr: str) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
                 for k, n in list(read().items()):
                     yield Observation(n, {attr: k})
             return gen

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import records, schema
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
@@ -39,6 +39,9 @@ from .context import RequestContext, _current, set_installed_telemetry
 from .keys import KeyHasher, TenantBucketer
 from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row
+
+if TYPE_CHECKING:
+    from .warmup import WarmupRun
 
 __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_together"]
 
@@ -61,15 +64,15 @@ class Backlog:
     def __init__(self, limit: int, chunk: int = _CHUNK_ROWS) -> None:
         self.limit = int(limit)
         self.chunk = max(1, int(chunk))
-        self.chunks: deque[list] = deque()  # [batch id, {frame: rows}, n]
+        self.chunks: deque[list[Any]] = deque()  # [batch id, {frame: rows}, n]
         self.n = 0
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._seq = 0
 
-    def add(self, batches: dict[str, list]) -> int:
+    def add(self, batches: dict[str, list[Any]]) -> int:
         room = max(0, self.limit - self.n)
         dropped = 0
-        cur: dict[str, list] = {}
+        cur: dict[str, list[Any]] = {}
         cur_n = 0
         for k, rows in batches.items():
             if not rows:
@@ -91,7 +94,7 @@ class Backlog:
             self._push(cur, cur_n)
         return dropped
 
-    def _push(self, rows: dict, n: int) -> None:
+    def _push(self, rows: dict[Any, Any], n: int) -> None:
         self._seq += 1
         self.chunks.append([f"{self._prefix}-{self._seq}", rows, n])
         self.n += n
@@ -104,8 +107,8 @@ class Backlog:
         self.chunks.clear()
         return n
 
-    def merged(self) -> dict[str, list]:
-        out: dict[str, list] = defaultdict(list)
+    def merged(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = defaultdict(list)
         for _, rows, _ in self.chunks:
             for k, v in rows.items():
                 out[k].extend(v)
@@ -174,7 +177,7 @@ class Telemetry:
             except Exception as e:
                 self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
                                    "kept in memory only")
-        self._last: dict[str, dict] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
+        self._last: dict[str, dict[Any, Any]] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
         self._store_backlog = Backlog(cfg.max_pending_rows)
         self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
@@ -196,7 +199,8 @@ class Telemetry:
         """Open the embedded store; on failure count it, keep rows in memory
         (bounded) and retry at the next flush. Never raises."""
         try:
-            st = EmbeddedStore(self._store_path, timeout=wait_s if wait_s is not None else 5.0)
+            st = EmbeddedStore(self._store_path,  # type: ignore[arg-type]  # set when a store is configured
+                               timeout=wait_s if wait_s is not None else 5.0)
             st.timeout = 5.0
             self.store = st
             return True
@@ -272,7 +276,7 @@ class Telemetry:
         except Exception as e:
             self.aggregator.count_error("record", "gpu memory", e)
 
-    def warmup(self, strategy: str, layer: str, **kw: Any):
+    def warmup(self, strategy: str, layer: str, **kw: Any) -> WarmupRun:
         """A :class:`collectors.warmup.WarmupRun` context manager bound to this pipeline."""
         from .warmup import WarmupRun
 
@@ -326,7 +330,7 @@ class Telemetry:
             self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
 
-    def _keep(self, stage: str, backlog: Backlog, batches: dict) -> dict[str, list]:
+    def _keep(self, stage: str, backlog: Backlog, batches: dict[Any, Any]) -> dict[str, list[Any]]:
         """Queue this flush's side rows behind the backlog (bounded, drops
         counted per row); return its metric points. Points are recomputed
         from cumulative totals, so they are never queued: an unwritten delta
@@ -337,12 +341,12 @@ class Telemetry:
             self.aggregator.count_dropped(stage, dropped)
         return {k: batches[k] for k in _POINT_FRAMES if batches.get(k)}
 
-    def _drain_store(self, points: dict[str, list]) -> bool:
+    def _drain_store(self, points: dict[str, list[Any]]) -> bool:
         """Points plus queued chunks, oldest first; each transaction all or nothing."""
         bl = self._store_backlog
         points_done = False
         try:
-            first: dict[str, list] = defaultdict(list, {k: list(v) for k, v in points.items()})
+            first: dict[str, list[Any]] = defaultdict(list, {k: list(v) for k, v in points.items()})
             taken = rows_in = 0
             for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
                 if rows_in and rows_in + n > _STORE_TXN_ROWS:
@@ -352,14 +356,14 @@ class Telemetry:
                     first[k].extend(v)
                 taken += 1
             if first:
-                self.store.write(first)
+                self.store.write(first)  # type: ignore[union-attr]  # called with a store open
             points_done = True
             for _ in range(taken):
                 bl.pop()
             while bl.chunks and time.monotonic() < self._deadline:
                 # the rest in transactions of up to _STORE_TXN_ROWS rows (a
                 # transaction's fixed cost is large: A/B staging, rollups)
-                batch: dict[str, list] = defaultdict(list)
+                batch: dict[str, list[Any]] = defaultdict(list)
                 taken = rows_in = 0
                 for _, rows, n in bl.chunks:
                     if rows_in and rows_in + n > _STORE_TXN_ROWS:
@@ -368,7 +372,7 @@ class Telemetry:
                     taken += 1
                     for k, v in rows.items():
                         batch[k].extend(v)
-                self.store.write(batch)
+                self.store.write(batch)  # type: ignore[union-attr]  # called with a store open
                 for _ in range(taken):
                     bl.pop()
         except Exception as e:
@@ -383,12 +387,12 @@ class Telemetry:
                 if time.monotonic() >= self._deadline:
                     return
                 bid, rows, _ = bl.chunks[0]
-                self.redis_sink.write(rows, batch_id=bid)
+                self.redis_sink.write(rows, batch_id=bid)  # type: ignore[union-attr]  # called with a sink
                 bl.pop()
         except Exception as e:
             self._failed("redis", e)
 
-    def _point_rows(self, now: float, store_b: dict[str, list], new_last: dict[str, dict]) -> None:
+    def _point_rows(self, now: float, store_b: dict[str, list[Any]], new_last: dict[str, dict[Any, Any]]) -> None:
         """Metric points since the last written snapshot (deltas of cumulative totals)."""
         agg = self.aggregator
         for name, kind in (("lookups", "counts"), ("writes", "writes")):
@@ -401,9 +405,9 @@ class Telemetry:
             if v[R_REQUESTS] != p[R_REQUESTS]:
                 store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
         new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
-        cur = agg.histogram_totals()
+        hcur = agg.histogram_totals()
         last = self._last["hist"]
-        for (i, labels), h in cur.items():
+        for (i, labels), h in hcur.items():
             p = last.get((i, labels))
             if p is not None and p[H_COUNT] == h[H_COUNT]:
                 continue
@@ -412,21 +416,24 @@ class Telemetry:
             store_b["histograms"].append(
                 histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])
             )
-        new_last["hist"] = {k: tuple(v) for k, v in cur.items()}
-        for name, v in list(agg.gauges.items()):
-            store_b["gauges"].append((now, name, agg.replica, v))
+        new_last["hist"] = {k: tuple(v) for k, v in hcur.items()}
+        for name, gv in list(agg.gauges.items()):
+            store_b["gauges"].append((now, name, agg.replica, gv))
 
-    def _collect(self, now: float, settle: bool, take_side: bool = False) -> tuple[dict, dict, dict]:
+    def _collect(self, now: float, settle: bool,
+                 take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         """Rows for the store and Redis since the last flush, and the new
         cumulative snapshot to remember once the store write succeeded."""
         agg = self.aggregator
-        store_b: dict[str, list] = defaultdict(list)
-        redis_b: dict[str, list] = defaultdict(list)
+        store_b: dict[str, list[Any]] = defaultdict(list)
+        redis_b: dict[str, list[Any]] = defaultdict(list)
         side = redis_b if self.redis_sink is not None else store_b
-        new_last: dict[str, dict] = {}
+        new_last: dict[str, dict[Any, Any]] = {}
         if self.points_to_store and self.store is not None:
             self._point_rows(now, store_b, new_last)
 
+        hot: dict[int, dict[Any, Any]]
+        units: dict[tuple[Any, ...], list[Any]]
         hot, units = {}, {}
         side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
             self._units_filling()
@@ -478,7 +485,7 @@ class Telemetry:
     def _failed(self, stage: str, e: BaseException) -> None:
         self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
 
-    def _export_warmed(self, now: float, side: dict) -> None:
+    def _export_warmed(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
         if not agg.warmed:
             return
@@ -498,7 +505,7 @@ class Telemetry:
         for k in done:
             agg.warmed.pop(k, None)
 
-    def _export_early(self, now: float, side: dict) -> None:
+    def _export_early(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
         closed = [w for w in agg.early if now > w.until]
         if not closed:
@@ -565,8 +572,8 @@ def flush_together(telemetries: list[Telemetry], now: float | None = None) -> No
         groups[id(t.store)].append(t)
     for group in groups.values():
         store = group[0].store
-        merged: dict[str, list] = defaultdict(list)
-        staged: list[tuple[Telemetry, dict]] = []
+        merged: dict[str, list[Any]] = defaultdict(list)
+        staged: list[tuple[Telemetry, dict[Any, Any]]] = []
         for t in group:
             try:
                 with t._flush_lock:

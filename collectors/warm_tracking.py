@@ -32,11 +32,11 @@ class WarmedKey:
     warmed_at: float
     ttl_s: float | None
     gpu_s: float = 0.0  # what warming this key cost
-    labels: tuple = ()  # the run's WARMUP_LABELS values
+    labels: tuple[Any, ...] = ()  # the run's WARMUP_LABELS values
     first_hit_at: float | None = None
     first_miss_at: float | None = None
     hits: int = 0
-    exported: tuple | None = None  # state at the last export
+    exported: tuple[Any, ...] | None = None  # state at the last export
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class EarlyWindow:
     tenant: str | None  # None: all tenants
     until: float
     limit: int
-    seen: dict = field(default_factory=dict)  # raw key -> [first_seen, lookups, family]
+    seen: dict[Any, Any] = field(default_factory=dict)  # raw key -> [first_seen, lookups, family]
     overflow: int = 0
 
 
@@ -64,15 +64,15 @@ class WarmupTracking:
         # Touched on the hot path only by dict.get / an empty-list check.
         self.warmed: dict[object, WarmedKey] = {}
         self.early: list[EarlyWindow] = []
-        self.events: deque = deque()  # warm-up run records for the sinks
-        self.warmup_counts: dict[tuple, list] = {}  # WARMUP_LABELS + (status,) -> RUN_SUMS
-        self.warmup_active: dict[tuple, int] = {}
-        self.warm_read: dict[tuple, int] = {}  # WARMUP_LABELS -> warmed keys read
+        self.events: deque[Any] = deque()  # warm-up run records for the sinks
+        self.warmup_counts: dict[tuple[Any, ...], list[Any]] = {}  # WARMUP_LABELS + (status,) -> RUN_SUMS
+        self.warmup_active: dict[tuple[Any, ...], int] = {}
+        self.warm_read: dict[tuple[Any, ...], int] = {}  # WARMUP_LABELS -> warmed keys read
 
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         raise NotImplementedError  # pragma: no cover - provided by the aggregator
 
-    def warmup_event(self, kind: str, labels: tuple, record: dict, status: str = "") -> None:
+    def warmup_event(self, kind: str, labels: tuple[Any, ...], record: dict[Any, Any], status: str = "") -> None:
         """Book a warm-up start/end (called by WarmupRun; not on the lookup path)."""
         with self._lock:
             if kind == "start":

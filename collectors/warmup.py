@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from . import schema
 from .warm_tracking import WarmedKey
@@ -67,7 +67,7 @@ class WarmupRun:
             self.tenant_scope or schema.UNKNOWN, self.layer, self.strategy, self.trigger, self.agg.replica,
         )
 
-    def _record(self) -> dict:
+    def _record(self) -> dict[Any, Any]:
         return {
             "run_id": self.run_id, "replica": self.agg.replica,
             "tenant": self.tenant_scope or "", "layer": self.layer, "strategy": self.strategy,
@@ -107,7 +107,7 @@ class WarmupRun:
     def set_memory(self, nbytes: int) -> None:
         self.memory_bytes = int(nbytes)
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         try:
             self.ended = self.tel.clock()
             if et is None:

@@ -52,7 +52,7 @@ class WarmupResult:
     key_list: list[str] = field(default_factory=list)
 
 
-def load_prompts(path: str | Path) -> list[dict]:
+def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
     """Read a JSON-lines warm set; one clear error naming the line on bad input."""
     p = Path(path)
     if not p.is_file():
@@ -64,7 +64,8 @@ def load_prompts(path: str | Path) -> list[dict]:
         try:
             item = json.loads(line)
         except ValueError as e:
-            raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "
+            # json.loads raises JSONDecodeError, which has .msg
+            raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "  # type: ignore[attr-defined]
                                    '{"messages": [...]} or {"prompt": "..."}') from None
         ok_msgs = isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"] and \
             all(isinstance(m, dict) and "role" in m and "content" in m for m in item["messages"])
@@ -79,7 +80,7 @@ def load_prompts(path: str | Path) -> list[dict]:
 
 
 def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, top_k: int = 50,
-                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict]:
+                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict[Any, Any]]:
     """The warm set from another process's records: the ``prefix_kv`` hot keys
     of the last ``since_s`` seconds in the embedded store (keyed hashes only),
     matched against a prompt library file kept on this host (written by
@@ -119,13 +120,13 @@ def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, t
     out = []
     for _, key in ranked[:top_k]:
         kind, t, prefix = lib[key]
-        item: dict = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
+        item: dict[Any, Any] = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
             else {"prompt": prefix}
         out.append({**item, "key": key, "tenant": t})
     return out
 
 
-def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple]:
+def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple[Any, ...]]:
     """(key, tenant, request body part) per prefix to warm."""
     if isinstance(source, str) and source == "hot":
         out = []
@@ -158,7 +159,7 @@ def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None
 def _model(http: httpx.Client, base: str) -> str:
     r = http.get(base + "/models")
     r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    return r.json()["data"][0]["id"]  # type: ignore[no-any-return]  # JSON body
 
 
 def run_warmup(engine: str, source: Any = "hot", *, recorder: LLMRecorder | None = None,

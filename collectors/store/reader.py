@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import ab_moments as _m
 from .. import records
 from .layout import MEASURES, ROLLUP_S, TABLES, StoreError, q
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pandas as pd
 
 __all__ = ["StoreReader"]
 
@@ -20,12 +25,13 @@ _AB_KEYS = list(records.UNIT_KEYS)
 class StoreReader:
     """Read methods of :class:`collectors.store.EmbeddedStore` (needs ``_con()`` and ``path``)."""
 
-    path: object
+    path: Path
 
     def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
         raise NotImplementedError
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None):
+    def frame(self, name: str, start: float | None = None, end: float | None = None,
+              step: float | None = None) -> pd.DataFrame:
         """A canonical frame (see module docstring); time filters apply to the
         record's time column.
 
@@ -71,7 +77,7 @@ class StoreReader:
             df["params"] = df["params"].map(json.loads)
         return df.replace({None: np.nan}) if name in ("warmup_runs", "warmed_keys") else df
 
-    def units(self, experiment: str | None = None):
+    def units(self, experiment: str | None = None) -> pd.DataFrame:
         """One row per A/B unit: ``ab_units`` columns plus one ``lookups_<layer>``
         / ``hits_<layer>`` column pair per cache layer (0 where the unit made
         no lookup in that layer)."""
@@ -95,13 +101,13 @@ class StoreReader:
         if len(lk):
             wide = lk.pivot(index=keys, columns="layer", values=list(records.AB_LOOKUPS.measures))
             wide = wide.fillna(0).astype("int64")
-            wide.columns = [f"{a}_{b}" for a, b in wide.columns]
+            wide.columns = [f"{a}_{b}" for a, b in wide.columns]  # type: ignore[str-unpack]  # MultiIndex pairs
             out = out.merge(wide.reset_index(), on=keys, how="outer")
             num = [c for c in out.columns if c not in keys and c not in ("first_ts", "last_ts")]
             out[num] = out[num].fillna(0)
         return out.reset_index(drop=True)
 
-    def moments(self, experiment: str):
+    def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(``ab_moments``, ``ab_layer_moments``) rows of one experiment, sorted
         by bucket (see :mod:`collectors.ab_moments`): what an A/B report reads
         instead of one row per unit."""
@@ -132,7 +138,7 @@ class StoreReader:
         con = self._con()
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not give)."""
         try:
             return self._con().execute(sql, tuple(params)).fetchall()
@@ -140,7 +146,7 @@ class StoreReader:
             raise StoreError(f"cannot read {self.path}: {e}") from None
 
 
-def _explode_histograms(df):
+def _explode_histograms(df: pd.DataFrame) -> pd.DataFrame:
     """One row per non-empty bucket (vectorised: one parse per bounds layout)."""
     import numpy as np
     import pandas as pd
@@ -151,7 +157,7 @@ def _explode_histograms(df):
     labels = cols[:cols.index("le")]
     parts = []
     for bounds_json, g in df.groupby("bounds", sort=False):
-        les = np.array(json.loads(bounds_json) + [np.inf])
+        les = np.array(json.loads(bounds_json) + [np.inf])  # type: ignore[arg-type]  # group keys are str
         nb = len(les)
         flat = ",".join(c[1:-1] for c in g["counts"])
         counts = np.array(flat.split(","), dtype=np.int64).reshape(len(g), nb)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .. import ab_moments as _m
 from .. import records
@@ -35,7 +35,7 @@ class StoreWriter:
     def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
         raise NotImplementedError
 
-    def write(self, batches: dict[str, Sequence[Sequence[Any]]]) -> int:
+    def write(self, batches: Mapping[str, Sequence[Sequence[Any]]]) -> int:
         """Write all batches in one transaction; returns rows written.
 
         ``hot_keys``, ``ab_units`` and ``ab_lookups`` rows add to existing rows
@@ -71,7 +71,7 @@ class StoreWriter:
             raise
         return n
 
-    def write_faults(self, faults: Iterable[dict]) -> None:
+    def write_faults(self, faults: Iterable[dict[Any, Any]]) -> None:
         rows = [
             (f["trap"], json.dumps(f["scope"], sort_keys=True), f["start"], f["end"],
              json.dumps(f.get("params", {}), sort_keys=True))
@@ -98,10 +98,11 @@ def _insert_sql(table: str) -> str:
 
 
 # ------------------------------------------------------------------ A/B units
-def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: list[tuple]) -> dict[tuple, tuple]:
+def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str],
+              keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """Current rows of ``table`` for ``keys`` (experiment, variant, unit_hash[, layer]), by key."""
-    out: dict[tuple, tuple] = {}
-    by_ev: dict[tuple, list] = {}
+    out: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    by_ev: dict[tuple[Any, ...], list[Any]] = {}
     for k in keys:
         by_ev.setdefault(k[:2], []).append(k[2:])
     nk = len(keys[0]) if keys else 3
@@ -117,11 +118,12 @@ def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str], keys: li
     return out
 
 
-def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta, min_max: bool = False) -> None:
+def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ...]], delta: Any,
+                 min_max: bool = False) -> None:
     """Sum per-unit moment deltas by group and add them to ``table``."""
     import numpy as np
 
-    index: dict[tuple, int] = {}
+    index: dict[tuple[Any, ...], int] = {}
     gid = np.array([index.setdefault(g, len(index)) for g in groups])
     sums = np.zeros((len(index), delta.shape[1]))
     np.add.at(sums, gid, delta)
@@ -135,7 +137,7 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple], delta
                     [g + tuple(row) for g, row in zip(index, sums.tolist())])
 
 
-def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
+def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
     """A batch's unit rows summed per unit and lookup rows per unit × layer
     (a retried batch can repeat a unit)."""
     ukeys = {r[:_NK] for r in unit_rows}
@@ -144,7 +146,7 @@ def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
         return [tuple(r) for r in unit_rows], [tuple(r) for r in lookup_rows]
     nf = len(_AB_SUMS)
     s0 = _LAST + 1  # first sum
-    add: dict[tuple, list] = {}
+    add: dict[tuple[Any, ...], list[Any]] = {}
     for r in unit_rows:
         k = tuple(r[:_NK])
         a = add.get(k)
@@ -154,7 +156,7 @@ def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
             a[0], a[1] = min(a[0], r[_FIRST]), max(a[1], r[_LAST])
             for i in range(nf):
                 a[2 + i] += r[s0 + i]
-    ladd: dict[tuple, list] = {}
+    ladd: dict[tuple[Any, ...], list[Any]] = {}
     for r in lookup_rows:
         k = tuple(r[:_NK + 1])
         a = ladd.get(k)
@@ -166,7 +168,8 @@ def _fold_ab(unit_rows, lookup_rows) -> tuple[list, list]:
     return [k + tuple(v) for k, v in add.items()], [k + tuple(v) for k, v in ladd.items()]
 
 
-def _stage_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> tuple[list, list]:
+def _stage_ab(con: sqlite3.Connection, unit_rows: Sequence[Sequence[Any]],
+              lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
     """Fold a batch's A/B rows and copy them into connection-private temp
     tables; touches no shared table, so it runs before the write lock.
     Returns the folded unit and lookup rows."""
@@ -181,7 +184,7 @@ def _stage_ab(con: sqlite3.Connection, unit_rows, lookup_rows) -> tuple[list, li
     return units, lookups
 
 
-def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
+def _write_ab(con: sqlite3.Connection, units: list[Any], lookups: list[Any]) -> None:
     """Add the staged unit records (``units`` / ``lookups``: the folded rows
     also staged in ``_ab_t`` / ``_ab_lt``) to their units' rows, and to the A/B moments
     ``f(new totals) − f(old totals)`` (see :mod:`collectors.ab_moments`):
@@ -215,7 +218,7 @@ def _write_ab(con: sqlite3.Connection, units: list, lookups: list) -> None:
     con.execute("DROP TABLE temp._ab_lt")
 
 
-def _unit_moments(con: sqlite3.Connection, units: list, on: str) -> dict[tuple, float]:
+def _unit_moments(con: sqlite3.Connection, units: list[Any], on: str) -> dict[tuple[Any, ...], float]:
     """Add f(new) − f(old) of each staged unit to ``ab_moments``; returns each unit's bucket."""
     import numpy as np
 
@@ -241,7 +244,7 @@ def _unit_moments(con: sqlite3.Connection, units: list, on: str) -> dict[tuple, 
     return {r[:_NK]: b for r, b in zip(units, buckets)}
 
 
-def _layer_moments(con: sqlite3.Connection, lookups: list, on: str, bucket_by: dict) -> None:
+def _layer_moments(con: sqlite3.Connection, lookups: list[Any], on: str, bucket_by: dict[Any, Any]) -> None:
     """Layer moments the same way: old per-layer totals of existing unit × layer rows only."""
     import numpy as np
 
@@ -272,9 +275,9 @@ _HC = records.HISTOGRAMS.index("counts")  # histogram rows: ts, metric, labels, 
 _HS, _HT = records.HISTOGRAMS.index("sum"), records.HISTOGRAMS.index("total")
 
 
-def fold_rollup(table: str, rows) -> dict[tuple, list]:
+def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ...], list[Any]]:
     """Rows summed by (hour, labels); no store access (runs before the lock)."""
-    acc: dict[tuple, list] = {}
+    acc: dict[tuple[Any, ...], list[Any]] = {}
     if table == "histograms":
         for r in rows:
             k = (_hour(r[0]), *r[1:_HC])
@@ -300,7 +303,7 @@ def fold_rollup(table: str, rows) -> dict[tuple, list]:
     return acc
 
 
-def write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple, list]) -> None:
+def write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple[Any, ...], list[Any]]) -> None:
     cols = TABLES[table]
     if table == "histograms":
         hours = sorted({k[0] for k in acc})
@@ -344,11 +347,11 @@ def backfill_rollups(con: sqlite3.Connection) -> None:
                     f"GROUP BY {hour}, {', '.join(map(q, dims[1:]))}")
 
 
-_BOUNDS_JSON: dict[tuple, str] = {}
+_BOUNDS_JSON: dict[tuple[Any, ...], str] = {}
 
 
-def histogram_row(ts: float, metric: str, labels: tuple, bounds: Sequence[float],
-                  counts: Sequence[int], total_sum: float, total: int) -> tuple:
+def histogram_row(ts: float, metric: str, labels: tuple[Any, ...], bounds: Sequence[float],
+                  counts: Sequence[int], total_sum: float, total: int) -> tuple[Any, ...]:
     """A ``histograms`` row (its columns in :data:`collectors.records.HISTOGRAMS` order)."""
     bj = _BOUNDS_JSON.get(tuple(bounds))
     if bj is None:
