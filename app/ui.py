@@ -333,6 +333,53 @@ def _change_point(version: tuple, start: float, end: float):
     return change_point(data.frame("lookups", start, end, step(start, end)))
 
 
+# Alert history: the alert conditions re-evaluated every history_every() seconds over the HISTORY_LOOKBACK_S
+# before. Dozens of evaluations take tens of seconds, so they run in the background (one at a time, shared by
+# every viewer) and the page shows the history when it is there.
+HISTORY_LOOKBACK_S = 3600.0
+
+
+def history_every(start: float, end: float) -> float:
+    """Evaluation spacing: 10 minutes, coarser on long ranges (at most 36 evaluations)."""
+    return max(600.0, math.ceil((end - start) / 36 / 600 - 1e-6) * 600)
+
+
+def _compute_history(start: float, end: float):
+    from warmscope.analysis.alert_history import alert_history
+
+    return alert_history(overview_frames(start - HISTORY_LOOKBACK_S, end), start, end,
+                         every=history_every(start, end), lookback=HISTORY_LOOKBACK_S)
+
+
+@st.cache_resource(show_spinner=False)
+def _history_jobs():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="warmscope-alert-history"), {}
+
+
+def alert_history(start: float, end: float):
+    """When each alert fired and resolved over the range, or None while it is being computed (started on the
+    first call; kept per store version and range)."""
+    pool, jobs = _history_jobs()
+    key = (data.version(), start, end)
+    fut = jobs.get(key)
+    if fut is None:
+        if len(jobs) >= 16:  # keep the newest few
+            jobs.pop(next(iter(jobs)))
+        fut = jobs[key] = pool.submit(_compute_history, start, end)
+    if not fut.done():
+        return None
+    try:
+        return fut.result()
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    except Exception as e:  # shown, not raised: the rest of the page stays usable
+        st.error(f"The alert history could not be computed: {type(e).__name__}: {e}")
+        st.stop()
+
+
 def traps(start: float, end: float, anomaly, baseline):
     """The cold-start trap verdicts for a window (cached)."""
     return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
