@@ -46,8 +46,10 @@ def _watch() -> None:
     st.session_state["_last_ts"] = last
 
 
-ui.prewarm()
 if live:
     with st.sidebar:
         _watch()
-nav.run()
+try:
+    nav.run()
+finally:  # after the page: the background warm-up of the caches must not delay its first paint
+    ui.prewarm()

@@ -390,6 +390,50 @@ def alert_history(start: float, end: float):
         st.stop()
 
 
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _rates(version: tuple, start: float, end: float, by: tuple, freq: float | None, path: tuple,
+           no_weights: bool):
+    from warmscope.analysis.hitrate import hit_table
+
+    lk = data.frame("lookups", start, end, step(start, end))
+    for d, v in path:
+        lk = lk[lk[d].astype(str) == v]
+    if no_weights and len(lk):
+        lk = lk[lk.layer != "weights"]
+    return hit_table(lk, by=list(by), freq=freq)
+
+
+def rates(start: float, end: float, by=(), freq: float | None = None, path=(), no_weights: bool = False):
+    """``hit_table`` of the range's lookups (filtered by ``path``, a sequence of (dimension, value); without the
+    model-weights layer when ``no_weights``), cached: a rerun or another viewer reads a few rows, not the range."""
+    return guarded(_rates, start, end, tuple(by), freq, tuple(tuple(x) for x in path), no_weights)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _run_roi(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.roi import roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    run = runs[runs.run_id == run_id].iloc[0]
+    return roi_windows(run, data.frame("requests", start, end, step(start, end)), cfg.price_per_gpu_s,
+                       cfg.value_per_conversion, cfg.roi_windows_s)
+
+
+def run_roi(start: float, end: float, run_id: str):
+    """ROI windows of one run of the range, against the range's requests (cached)."""
+    return guarded(_run_roi, start, end, run_id)
+
+
+OVERVIEW_FREQ_S = 600  # the overview chart's bucket below a day
+EXPLORER_FREQ_S = 600  # the hit-rate explorer's default bucket
+
+
+def overview_freq(start: float, end: float) -> int:
+    return int(max(OVERVIEW_FREQ_S, step(start, end) or 0))
+
+
 def traps(start: float, end: float, anomaly, baseline):
     """The cold-start trap verdicts for a window (cached)."""
     return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
@@ -433,9 +477,16 @@ def _prewarmer(version: tuple):
                 return
             for name in (DEFAULT_RANGE, "last 24 hours"):
                 start, end = range_bounds(name, b)
+                _rates(version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
+                _rates(version, start, end, (), None, (), True)
                 _alerts(version, start, end)
                 _card(version, start, end)
                 _drill(version, start, end, None, None, True)
+                _rates(version, start, end, (), max(300, step(start, end) or 0), (), False)  # root cause
+                for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
+                    _rates(version, start, end, by, None, (), False)
+                _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,
+                       (), False)
                 cp = _change_point(version, start, end)
                 if cp is not None:  # the root-cause page's default window
                     an = (cp, end)

@@ -1,7 +1,12 @@
 """Alerts: the alert conditions holding now, evaluated over the store (embedded mode), and their history —
 when each fired and resolved over the range."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Alerts")  # first: it paints before the imports below load
 
 import json
 import os
@@ -9,11 +14,10 @@ import urllib.request
 
 import pandas as pd
 import plotly.graph_objects as go
-import streamlit as st
 
 from warmscope.app import engine_view, ui
 
-st.title("Alerts")
+
 am = os.environ.get("WARMSCOPE_ALERTMANAGER_URL", "")
 if am:
     try:

@@ -2,15 +2,20 @@
 per tenant, model, variant, replica (and layer for load time), with runs, faults and alerts marked. The choices
 live in the URL."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Latency percentiles")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import streamlit as st
 
 from warmscope.analysis.latency import DURATION, TTFT, all_bounds, quantiles_over_time
 from warmscope.app import engine_view, ui
+
 
 LOAD = "warmscope.cache.load.duration"
 METRICS = {"ttft": ("Time to first token", TTFT), "latency": ("Request latency", DURATION),
@@ -21,7 +26,6 @@ GROUPS = {"ttft": ["none", "tenant", "model", "variant", "replica"],
 QS = {"P50": 0.5, "P95": 0.95, "P99": 0.99}
 LINE = {"P50": "solid", "P95": "dash", "P99": "dot"}
 
-st.title("Latency percentiles")
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only: the overview shows the engines' TTFT quantiles
     engine_view.needs_collectors("Latency percentiles per tenant, model, variant and layer")

@@ -1,13 +1,17 @@
 """Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The chosen run
 lives in the URL."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Warm-up runs")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from warmscope.analysis.config import AnalysisConfig
@@ -15,7 +19,7 @@ from warmscope.analysis.coverage import run_effect, warm_set_coverage
 from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
 from warmscope.app import engine_view, ui
 
-st.title("Warm-up runs")
+
 try:
     st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",
                  icon=":material/explore:")
