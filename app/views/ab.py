@@ -155,11 +155,11 @@ def breakdown(exp: str, control: str, treatment: str, first: float | None, last:
         st.caption("Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the difference "
                    "with its 95% CI, and p-values corrected for the number of segments.")
         return
-    ui.init_from_url("ab-dim", "by", cast=lambda v: v if v in cuts else "tenant")
+    ui.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
     if st.session_state.get("ab-dim") not in cuts:
         st.session_state["ab-dim"] = "tenant"
     dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
-    ui.url_set(by=dim)
+    ui.url_set(segment=dim)
     by = cuts[dim]
     if first is None:
         st.info(f"No metric series for {exp} to break down.")

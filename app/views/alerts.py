@@ -34,6 +34,7 @@ if am:
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.alerts()
+st.subheader("Holding now")
 st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "
            "(the latest third against the third before it).")
 alerts = ui.alerts(start, end)
@@ -111,9 +112,15 @@ for i, sev in enumerate(("critical", "warning", "info")):
     c[i].metric(sev.capitalize(), int((alerts.severity == sev).sum()))
 c[3].metric("Security findings", int(alerts.alert.map(ui.is_security).sum()),
             help="Cross-tenant cache reads: one tenant's request served another tenant's entry (a data leak).")
-# Security findings first, then by severity; each in its colour (red for security and critical).
+# Security findings first, then by severity; each in its colour (red for security and critical). A long list
+# folds after the first few, so the history below stays in reach.
 alerts = alerts.assign(_sec=~alerts.alert.map(ui.is_security)).sort_values("_sec", kind="stable")
-for r in alerts.itertuples():
+SHOWN = 6
+for r in alerts.head(SHOWN).itertuples():
     ui.alert_row(r.severity, r.alert, r.summary, r.since)
+if len(alerts) > SHOWN:
+    with st.expander(f"{len(alerts) - SHOWN} more alert conditions holding now"):
+        for r in alerts.iloc[SHOWN:].itertuples():
+            ui.alert_row(r.severity, r.alert, r.summary, r.since)
 
 history()

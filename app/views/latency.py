@@ -84,7 +84,7 @@ for q, g, name in series:
                              hovertemplate="%{x|%H:%M} · " + q + " %{y:.3f} s %{customdata[1]}<br>"
                                            "%{customdata[0]:,.0f} observations<extra>" + name + "</extra>"))
 title = f"{label}: {'P50, P95 and P99' if not keys else qname + ' by ' + by} ({freq // 60:g}-minute buckets)"
-fig.update_layout(title=title, yaxis=dict(title="seconds", type="log", rangemode="tozero"), xaxis_title="time (UTC)",
+fig.update_layout(title=title, yaxis=dict(title="seconds", rangemode="tozero"), xaxis_title="time (UTC)",
                   height=420, legend_title_text="percentile" if not keys else by, margin=dict(t=50, b=40))
 ui.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
