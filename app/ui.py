@@ -426,6 +426,71 @@ def run_roi(start: float, end: float, run_id: str):
     return guarded(_run_roi, start, end, run_id)
 
 
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _coverage(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import warm_set_coverage
+
+    fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
+    return warm_set_coverage(fr["warmup_runs"], fr["warmed_keys"], fr["early_keys"],
+                             AnalysisConfig.load().recall_window_s)
+
+
+def coverage(start: float, end: float):
+    """Precision, recall and wasted GPU-s of every run in the range (cached)."""
+    return guarded(_coverage, start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _run_detail(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import run_effect
+    from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    row = runs.set_index("run_id").loc[run_id]
+    run = pd.Series({**row.to_dict(), "run_id": run_id})
+    # A run's before/after, ROI and decay need per-minute data around it only, at any range.
+    ended = run.ended if run.ended == run.ended else end
+    span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
+    fr = data.frames(["lookups", "histograms"], run.started - cfg.effect_window_s - 60,
+                     ended + cfg.effect_window_s + 60)
+    rq = data.frame("requests", run.started - span - 60, ended + span + 60)
+    eff = run_effect(run, fr["lookups"], fr["histograms"], rq, cfg.effect_window_s)
+    roi = roi_windows(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
+    series = benefit_series(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s)
+    return eff, roi, series, fit_decay(series)
+
+
+def run_detail(start: float, end: float, run_id: str):
+    """One run's before/after effect, ROI windows, benefit series and its decay fit (cached)."""
+    return guarded(_run_detail, start, end, run_id)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _latency(version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float):
+    from warmscope.analysis.latency import all_bounds, quantiles_over_time
+
+    h = data.frame("histograms", start, end, step(start, end))
+    h = h[h["metric"] == metric] if len(h) else h
+    if h.empty:
+        return None
+    top = float(all_bounds(metric, h["le"].unique())[-2])  # the largest finite bucket edge
+    t = quantiles_over_time(h, metric, qs=qs, freq=freq, by=list(by))
+    if by:  # the 10 busiest groups
+        busiest = h.groupby(list(by))["count"].sum().sort_values(ascending=False).head(10).index.astype(str)
+        t = t[t[by[0]].astype(str).isin(busiest)]
+    whole = quantiles_over_time(h.assign(ts=end), metric, qs=(0.5, 0.95, 0.99), freq=end - start + 1, by=list(by))
+    return t, whole, top
+
+
+def latency(start: float, end: float, metric: str, by=(), qs=(0.5, 0.95, 0.99), freq: float = 600):
+    """Quantiles of ``metric`` per time bucket (the 10 busiest groups of ``by``), over the whole range, and the
+    largest finite bucket edge — or None when the range holds none of it (cached)."""
+    return guarded(_latency, start, end, metric, tuple(by), tuple(qs), freq)
+
+
 OVERVIEW_FREQ_S = 600  # the overview chart's bucket below a day
 EXPLORER_FREQ_S = 600  # the hit-rate explorer's default bucket
 
@@ -483,6 +548,9 @@ def _prewarmer(version: tuple):
                 _card(version, start, end)
                 _drill(version, start, end, None, None, True)
                 _rates(version, start, end, (), max(300, step(start, end) or 0), (), False)  # root cause
+                _latency(version, start, end, "gen_ai.server.time_to_first_token", (), (0.5, 0.95, 0.99),
+                         EXPLORER_FREQ_S if not step(start, end) else 3600)  # the latency page's first view
+                _coverage(version, start, end)  # the warm-up page's
                 for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
                     _rates(version, start, end, by, None, (), False)
                 _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,

@@ -63,7 +63,8 @@ def history() -> None:
         st.success("No alert fired in this range.")
         return
     now = pd.Timestamp(end, unit="s")
-    hist = hist.assign(name=[f"{a} · {s}" if s else a for a, s in zip(hist.alert, hist.subject)])
+    # One row per alert: its subjects (layers, runs) share it, and the hover and the table name them.
+    hist = hist.assign(name=hist.alert)
     order = list(dict.fromkeys(hist.sort_values("fired").name))
     fig = go.Figure()
     for sev in ("critical", "warning", "info"):
@@ -76,12 +77,13 @@ def history() -> None:
             x1 = pd.to_datetime(g.resolved.fillna(end), unit="s")
             fig.add_trace(go.Bar(
                 base=x0, x=(x1 - x0).dt.total_seconds() * 1000, y=g.name, orientation="h",
-                marker_color=ui.STATUS[kind][1], name=ui.STATUS[kind][0].lower(),
+                marker_color=ui.STATUS[kind][1], name=ui.STATUS[kind][0].lower(), opacity=0.8,
                 customdata=list(zip(g.fired.map(ui.when), g.resolved.map(lambda r: "still firing" if r != r else
-                                                                             ui.when(r)), g.summary)),
-                hovertemplate="fired %{customdata[0]} · resolved %{customdata[1]}<br>%{customdata[2]}"
-                              "<extra>%{y}</extra>"))
-    fig.update_layout(barmode="overlay", height=120 + 28 * len(order), xaxis=dict(type="date", title="time (UTC)",
+                                                                             ui.when(r)), g.summary,
+                                    g.subject.replace("", "–"))),
+                hovertemplate="%{customdata[3]}: fired %{customdata[0]} · resolved %{customdata[1]}<br>"
+                              "%{customdata[2]}<extra>%{y}</extra>"))
+    fig.update_layout(barmode="overlay", height=140 + 30 * len(order), xaxis=dict(type="date", title="time (UTC)",
                       range=[pd.Timestamp(start, unit="s"), now]),
                       yaxis=dict(categoryorder="array", categoryarray=order[::-1], title=""),
                       legend_title_text="severity", margin=dict(t=30, b=40), title="When each alert was firing")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from warmscope.analysis.latency import DURATION, TTFT, all_bounds, quantiles_over_time
+from warmscope.analysis.latency import DURATION, TTFT
 from warmscope.app import engine_view, ui
 
 
@@ -29,8 +29,7 @@ LINE = {"P50": "solid", "P95": "dash", "P99": "dot"}
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only: the overview shows the engines' TTFT quantiles
     engine_view.needs_collectors("Latency percentiles per tenant, model, variant and layer")
-hist = ui.load(["histograms"], start, end)["histograms"]
-if hist.empty:
+if all(ui.latency(start, end, m) is None for m in (TTFT, DURATION, LOAD)):  # stops at the first one present
     st.info("No latency histograms in this range: request latency and TTFT come from `tel.record_request(...)`, "
             "cache load times from `InstrumentedCache.get_or_load`. Widen the range in the sidebar.")
     st.stop()
@@ -58,17 +57,13 @@ freq = c4.select_slider("Bucket", options=opts, value=max(600, opts[0]),
 ui.url_set(metric=mkey, by=by, q=qname if by != "none" else None)
 ui.resolution_note(start, end)
 
-h = hist[hist.metric == metric]
-if h.empty:
-    st.info(f"No {label.lower()} recorded in this range.")
-    st.stop()
 keys = [] if by == "none" else [by]
 qs = tuple(QS.values()) if not keys else (QS[qname],)
-t = quantiles_over_time(h, metric, qs=qs, freq=freq, by=keys)
-top = float(all_bounds(metric, h["le"].unique())[-2])  # the largest finite bucket edge
-if keys:  # the 10 busiest groups
-    busiest = h.groupby(by)["count"].sum().sort_values(ascending=False).head(10).index.astype(str)
-    t = t[t[by].astype(str).isin(busiest)]
+view = ui.latency(start, end, metric, keys, qs, freq)  # cached per range and choice: a rerun reads a few rows
+if view is None:
+    st.info(f"No {label.lower()} recorded in this range.")
+    st.stop()
+t, whole, top = view
 t["time"] = t.bucket.astype("datetime64[s]")
 fig = go.Figure()
 series = [(name, t, name) for name in QS] if not keys else \
@@ -93,7 +88,6 @@ st.caption(f"Quantiles from histogram buckets (linear inside a bucket, as Promet
            "known there. Dotted green lines: warm-up runs · red bands: known fault windows.")
 
 st.subheader(f"Over the whole range{' by ' + by if keys else ''}")
-whole = quantiles_over_time(h.assign(ts=end), metric, qs=tuple(QS.values()), freq=end - start + 1, by=keys)
 table = pd.DataFrame({**({by: whole[by].astype(str)} if keys else {}),
                       "Observations": whole["count"].map(ui.integer)})
 for q in QS:
