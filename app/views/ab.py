@@ -167,7 +167,11 @@ def breakdown(exp: str, control: str, treatment: str, first: float | None, last:
     span = last - first
     # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few rows to read.
     freq = 600.0 if span <= 6 * 3600 else 3600.0
-    fr = ui.load(["lookups", "requests", "histograms"], first - 60, last + 60, fine=freq < 3600)
+    try:
+        fr = data.frames(["lookups", "requests", "histograms"], first - 60, last + 60, None if freq < 3600 else 3600.0)
+    except data.SourceError as e:
+        st.error(str(e))
+        return
     with st.spinner("Comparing the arms per segment…"):
         bd = segment_table(fr["lookups"], fr["requests"], fr["histograms"], exp, control, treatment, by, freq=freq)
     if bd.empty:
