@@ -551,6 +551,9 @@ def _prewarmer(version: tuple):
                 _latency(version, start, end, "gen_ai.server.time_to_first_token", (), (0.5, 0.95, 0.99),
                          EXPLORER_FREQ_S if not step(start, end) else 3600)  # the latency page's first view
                 _coverage(version, start, end)  # the warm-up page's
+                runs = data.frame("warmup_runs", start, end)
+                if len(runs):  # the overview's "latest warm-up run" ROI
+                    _run_roi(version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
                 for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
                     _rates(version, start, end, by, None, (), False)
                 _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,
