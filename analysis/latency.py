@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["hist_quantile", "quantile_from_buckets", "all_bounds", "TTFT", "DURATION"]
+__all__ = ["hist_quantile", "quantile_from_buckets", "quantiles_over_time", "all_bounds", "TTFT", "DURATION"]
 
 TTFT = "gen_ai.server.time_to_first_token"
 DURATION = "gen_ai.server.request.duration"
@@ -78,3 +78,38 @@ def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence
     vals = quantile_from_buckets(les[np.isfinite(les)], wide.to_numpy(), q)
     out = pd.DataFrame({"value": vals, "count": wide.to_numpy().sum(axis=1)}, index=wide.index)
     return out.reset_index() if by else out.reset_index(drop=True)
+
+
+def quantiles_over_time(hist: pd.DataFrame, metric: str, qs: Sequence[float] = (0.5, 0.95, 0.99),
+                        freq: float = 600.0, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Quantiles of ``metric`` per ``freq``-second time bucket (and group): what a latency-over-time chart draws.
+
+    Each bucket pools the histogram rows stamped in it (``bucket_start``: a flush closing a bucket belongs to
+    it) and takes the same estimate as :func:`hist_quantile`. Columns: ``bucket`` (start, Unix s), ``by``…,
+    ``count`` and one column per quantile named ``p50``, ``p95``, ``p99`` (``q`` × 100, ``g`` format), plus
+    ``overflow_<name>`` — True where that quantile fell in the overflow bucket (its value is then the largest
+    finite bound, a lower limit rather than an estimate)."""
+    from .buckets import bucket_start
+
+    by = list(by)
+    names = [f"p{q * 100:g}" for q in qs]
+    cols = ["bucket", *by, "count", *names, *(f"overflow_{n}" for n in names)]
+    h = hist[hist["metric"] == metric] if len(hist) else hist
+    if h.empty:
+        return pd.DataFrame(columns=cols)
+    h = h.assign(bucket=bucket_start(h["ts"].to_numpy(dtype=float), freq))
+    wide = h.pivot_table(index=["bucket", *by], columns="le", values="count", aggfunc="sum", fill_value=0)
+    les = all_bounds(metric, wide.columns.astype(float))
+    wide = wide.reindex(columns=les, fill_value=0)
+    counts = wide.to_numpy(dtype=float)
+    finite = les[np.isfinite(les)]
+    out = wide.index.to_frame(index=False)
+    out["count"] = counts.sum(axis=1)
+    cum = np.cumsum(counts, axis=1)
+    for q, n in zip(qs, names):
+        out[n] = quantile_from_buckets(finite, counts, q)
+        # the rank lies beyond the last finite bound: only "at least the largest bound" is known
+        out[f"overflow_{n}"] = (cum[:, len(finite) - 1] < q * out["count"].to_numpy() - 1e-12) if len(finite) \
+            else True
+    out = out[out["count"] > 0]
+    return out[cols].sort_values(["bucket", *by], kind="stable").reset_index(drop=True)

@@ -15,6 +15,7 @@ PAGES = Path(__file__).with_name("views")  # not "pages/": that name turns on St
 nav = st.navigation([
     st.Page(str(PAGES / "overview.py"), title="Overview", icon=":material/dashboard:", default=True),
     st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon=":material/target:"),
+    st.Page(str(PAGES / "latency.py"), title="Latency", icon=":material/speed:"),
     st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon=":material/whatshot:"),
     st.Page(str(PAGES / "advisor.py"), title="Advisor", icon=":material/explore:", url_path="advisor"),
     st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon=":material/key:"),
@@ -45,8 +46,10 @@ def _watch() -> None:
     st.session_state["_last_ts"] = last
 
 
-ui.prewarm()
 if live:
     with st.sidebar:
         _watch()
-nav.run()
+try:
+    nav.run()
+finally:  # after the page: the background warm-up of the caches must not delay its first paint
+    ui.prewarm()

@@ -255,27 +255,37 @@ def annotations(start: float, end: float) -> dict:
 
 
 def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
-    """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time axis."""
+    """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time axis.
+
+    The shapes are added in one layout update: plotly's ``add_vline``/``add_vrect`` re-validate every shape
+    already on the figure, which made a day of runs cost seconds per chart."""
     a = annotations(start, end)
-    f = a["faults"]
-    for r in f.itertuples():
+    shapes, notes = [], []
+
+    def line(t: float, colour: str, dash: str = "solid") -> dict:
+        x = pd.Timestamp(t, unit="s")
+        return dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
+                    line=dict(width=1, dash=dash, color=colour))
+
+    for r in a["faults"].itertuples():
         x0, x1 = max(r.start, start), min(r.end, end)
         if x1 > x0:
-            fig.add_vrect(x0=pd.Timestamp(x0, unit="s"), x1=pd.Timestamp(x1, unit="s"), fillcolor="#cf222e",
-                          opacity=0.08, line_width=0, annotation_text=f"fault: {r.trap}",
-                          annotation_position="top left", annotation_font_size=10,
-                          annotation_font_color="#cf222e")
+            shapes.append(dict(type="rect", xref="x", yref="paper", x0=pd.Timestamp(x0, unit="s"),
+                               x1=pd.Timestamp(x1, unit="s"), y0=0, y1=1, fillcolor="#cf222e", opacity=0.08,
+                               line=dict(width=0), layer="below"))
+            notes.append(dict(x=pd.Timestamp(x0, unit="s"), y=1, xref="x", yref="paper", text=f"fault: {r.trap}",
+                              showarrow=False, xanchor="left", yanchor="top", font=dict(size=10, color="#cf222e")))
     runs = a["runs"]
     if len(runs):
         # One mark per minute is enough: runs of several layers on one replica start together.
         starts = sorted({math.floor(t / 60) * 60 for t in runs.started})
-        for t in starts:
-            fig.add_vline(x=pd.Timestamp(t, unit="s"), line_width=1, line_dash="dot", line_color="#1a7f37")
-        fig.add_annotation(x=pd.Timestamp(starts[-1], unit="s"), y=1.0, yref="paper", text="warm-up run",
-                           showarrow=False, font=dict(size=10, color="#1a7f37"), xanchor="left", yanchor="bottom")
+        shapes += [line(t, "#1a7f37", "dot") for t in starts]
+        notes.append(dict(x=pd.Timestamp(starts[-1], unit="s"), y=1.0, xref="x", yref="paper", text="warm-up run",
+                          showarrow=False, font=dict(size=10, color="#1a7f37"), xanchor="left", yanchor="bottom"))
     if alerts is not None and len(alerts):
-        for t in sorted({x for x in alerts.since if x == x and start <= x < end}):
-            fig.add_vline(x=pd.Timestamp(t, unit="s"), line_width=1, line_color="#b35900")
+        shapes += [line(t, "#b35900") for t in sorted({x for x in alerts.since if x == x and start <= x < end})]
+    if shapes or notes:
+        fig.update_layout(shapes=list(fig.layout.shapes) + shapes, annotations=list(fig.layout.annotations) + notes)
 
 
 # ---------------------------------------------------------------- cached analysis (shared by every viewer)
@@ -333,6 +343,162 @@ def _change_point(version: tuple, start: float, end: float):
     return change_point(data.frame("lookups", start, end, step(start, end)))
 
 
+# Alert history: the alert conditions re-evaluated every history_every() seconds over the HISTORY_LOOKBACK_S
+# before. Dozens of evaluations take tens of seconds, so they run in the background (one at a time, shared by
+# every viewer) and the page shows the history when it is there.
+HISTORY_LOOKBACK_S = 3600.0
+
+
+def history_every(start: float, end: float) -> float:
+    """Evaluation spacing: 10 minutes, coarser on long ranges (at most 36 evaluations)."""
+    return max(600.0, math.ceil((end - start) / 36 / 600 - 1e-6) * 600)
+
+
+def _compute_history(start: float, end: float):
+    from warmscope.analysis.alert_history import alert_history
+
+    return alert_history(overview_frames(start - HISTORY_LOOKBACK_S, end), start, end,
+                         every=history_every(start, end), lookback=HISTORY_LOOKBACK_S)
+
+
+@st.cache_resource(show_spinner=False)
+def _history_jobs():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="warmscope-alert-history"), {}
+
+
+def alert_history(start: float, end: float):
+    """When each alert fired and resolved over the range, or None while it is being computed (started on the
+    first call; kept per store version and range)."""
+    pool, jobs = _history_jobs()
+    key = (data.version(), start, end)
+    fut = jobs.get(key)
+    if fut is None:
+        if len(jobs) >= 16:  # keep the newest few
+            jobs.pop(next(iter(jobs)))
+        fut = jobs[key] = pool.submit(_compute_history, start, end)
+    if not fut.done():
+        return None
+    try:
+        return fut.result()
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    except Exception as e:  # shown, not raised: the rest of the page stays usable
+        st.error(f"The alert history could not be computed: {type(e).__name__}: {e}")
+        st.stop()
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _rates(version: tuple, start: float, end: float, by: tuple, freq: float | None, path: tuple,
+           no_weights: bool):
+    from warmscope.analysis.hitrate import hit_table
+
+    lk = data.frame("lookups", start, end, step(start, end))
+    for d, v in path:
+        lk = lk[lk[d].astype(str) == v]
+    if no_weights and len(lk):
+        lk = lk[lk.layer != "weights"]
+    return hit_table(lk, by=list(by), freq=freq)
+
+
+def rates(start: float, end: float, by=(), freq: float | None = None, path=(), no_weights: bool = False):
+    """``hit_table`` of the range's lookups (filtered by ``path``, a sequence of (dimension, value); without the
+    model-weights layer when ``no_weights``), cached: a rerun or another viewer reads a few rows, not the range."""
+    return guarded(_rates, start, end, tuple(by), freq, tuple(tuple(x) for x in path), no_weights)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _run_roi(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.roi import roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    run = runs[runs.run_id == run_id].iloc[0]
+    return roi_windows(run, data.frame("requests", start, end, step(start, end)), cfg.price_per_gpu_s,
+                       cfg.value_per_conversion, cfg.roi_windows_s)
+
+
+def run_roi(start: float, end: float, run_id: str):
+    """ROI windows of one run of the range, against the range's requests (cached)."""
+    return guarded(_run_roi, start, end, run_id)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _coverage(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import warm_set_coverage
+
+    fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
+    return warm_set_coverage(fr["warmup_runs"], fr["warmed_keys"], fr["early_keys"],
+                             AnalysisConfig.load().recall_window_s)
+
+
+def coverage(start: float, end: float):
+    """Precision, recall and wasted GPU-s of every run in the range (cached)."""
+    return guarded(_coverage, start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _run_detail(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import run_effect
+    from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    row = runs.set_index("run_id").loc[run_id]
+    run = pd.Series({**row.to_dict(), "run_id": run_id})
+    # A run's before/after, ROI and decay need per-minute data around it only, at any range.
+    ended = run.ended if run.ended == run.ended else end
+    span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
+    fr = data.frames(["lookups", "histograms"], run.started - cfg.effect_window_s - 60,
+                     ended + cfg.effect_window_s + 60)
+    rq = data.frame("requests", run.started - span - 60, ended + span + 60)
+    eff = run_effect(run, fr["lookups"], fr["histograms"], rq, cfg.effect_window_s)
+    roi = roi_windows(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
+    series = benefit_series(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s)
+    return eff, roi, series, fit_decay(series)
+
+
+def run_detail(start: float, end: float, run_id: str):
+    """One run's before/after effect, ROI windows, benefit series and its decay fit (cached)."""
+    return guarded(_run_detail, start, end, run_id)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _latency(version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float):
+    from warmscope.analysis.latency import all_bounds, quantiles_over_time
+
+    h = data.frame("histograms", start, end, step(start, end))
+    h = h[h["metric"] == metric] if len(h) else h
+    if h.empty:
+        return None
+    top = float(all_bounds(metric, h["le"].unique())[-2])  # the largest finite bucket edge
+    t = quantiles_over_time(h, metric, qs=qs, freq=freq, by=list(by))
+    if by:  # the 10 busiest groups
+        busiest = h.groupby(list(by))["count"].sum().sort_values(ascending=False).head(10).index.astype(str)
+        t = t[t[by[0]].astype(str).isin(busiest)]
+    whole = quantiles_over_time(h.assign(ts=end), metric, qs=(0.5, 0.95, 0.99), freq=end - start + 1, by=list(by))
+    return t, whole, top
+
+
+def latency(start: float, end: float, metric: str, by=(), qs=(0.5, 0.95, 0.99), freq: float = 600):
+    """Quantiles of ``metric`` per time bucket (the 10 busiest groups of ``by``), over the whole range, and the
+    largest finite bucket edge — or None when the range holds none of it (cached)."""
+    return guarded(_latency, start, end, metric, tuple(by), tuple(qs), freq)
+
+
+OVERVIEW_FREQ_S = 600  # the overview chart's bucket below a day
+EXPLORER_FREQ_S = 600  # the hit-rate explorer's default bucket
+
+
+def overview_freq(start: float, end: float) -> int:
+    return int(max(OVERVIEW_FREQ_S, step(start, end) or 0))
+
+
 def traps(start: float, end: float, anomaly, baseline):
     """The cold-start trap verdicts for a window (cached)."""
     return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
@@ -376,9 +542,22 @@ def _prewarmer(version: tuple):
                 return
             for name in (DEFAULT_RANGE, "last 24 hours"):
                 start, end = range_bounds(name, b)
+                _rates(version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
+                _rates(version, start, end, (), None, (), True)
                 _alerts(version, start, end)
                 _card(version, start, end)
                 _drill(version, start, end, None, None, True)
+                _rates(version, start, end, (), max(300, step(start, end) or 0), (), False)  # root cause
+                _latency(version, start, end, "gen_ai.server.time_to_first_token", (), (0.5, 0.95, 0.99),
+                         EXPLORER_FREQ_S if not step(start, end) else 3600)  # the latency page's first view
+                _coverage(version, start, end)  # the warm-up page's
+                runs = data.frame("warmup_runs", start, end)
+                if len(runs):  # the overview's "latest warm-up run" ROI
+                    _run_roi(version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
+                for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
+                    _rates(version, start, end, by, None, (), False)
+                _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,
+                       (), False)
                 cp = _change_point(version, start, end)
                 if cp is not None:  # the root-cause page's default window
                     an = (cp, end)

@@ -7,6 +7,7 @@ a binary is missing, tests that need it are skipped on a developer machine and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -194,3 +195,41 @@ def cluster_client(redis_cluster):
     c.flushall(target_nodes=RedisCluster.PRIMARIES)
     yield c
     c.close()
+
+
+# --- the dashboard served by `streamlit run` on a free loopback port --------
+
+
+@contextlib.contextmanager
+def streamlit_app(env: dict[str, str], cwd: Path | None = None):
+    """Serve ``app/main.py`` with ``env`` (the whole environment) on a free loopback port; yields its URL and
+    stops the server afterwards."""
+    import sys
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run",
+                             str(Path(__file__).resolve().parents[1] / "app" / "main.py"),
+                             "--server.headless", "true", "--server.port", str(port), "--server.address",
+                             "127.0.0.1", "--browser.gatherUsageStats", "false"], env=env, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,
+                   "streamlit")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def streamlit_server(store):
+    """The dashboard over the requesting module's ``store`` fixture (an embedded store's path), and the
+    chromium binary to drive it: ``(url, chromium)``."""
+    chromium = need_binary("chromium")
+    with streamlit_app(dict(os.environ, WARMSCOPE_STORE=str(store))) as url:
+        yield url, chromium

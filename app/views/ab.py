@@ -7,9 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from warmscope.analysis.ab import adjust
-from warmscope.analysis.ab_report import (DEFAULT_PRIMARY, HEADERS, _better, _rows, build_from_series, effect_figure,
-                                          render_html)
+from warmscope.analysis.ab_report import DEFAULT_PRIMARY, HEADERS, _better, _rows, effect_figure, render_html
 from warmscope.app import data, engine_view, ui
 
 PRIMARIES = [DEFAULT_PRIMARY, "GPU-s per request", "conversions per request", "P95 latency (s)",
@@ -142,33 +140,93 @@ st.plotly_chart(effect_figure(rep), width="stretch")
 st.download_button("Download the HTML report", render_html(rep), file_name=f"ab-{exp}.html", mime="text/html",
                    help="The same report as this page (metrics, SRM, verdict, effect over time) as one HTML file.")
 
-# ---------------------------------------------------------------- breakdown
-st.subheader("Breakdown by tenant and model")
-if st.toggle("Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"):
-    dim = st.radio("By", ["tenant", "model"], horizontal=True, key="ab-dim")
-    lo, hi = (g["first"].min(), g["last"].max() + 60) if len(g) else (None, None)
-    fr = ui.load(["lookups", "requests"], lo, hi)
-    lk, rq = fr["lookups"], fr["requests"]
-    lk = lk[lk.experiment == exp] if len(lk) else lk
-    out = []
-    for val in sorted(lk[dim].astype(str).unique()) if len(lk) else []:
-        sub = build_from_series(lk[lk[dim].astype(str) == val], rq[rq[dim].astype(str) == val] if len(rq) else rq,
-                                exp, control, treatment)
-        for r in sub.results:
-            out.append({dim: val, "metric": r.metric, "control": r.control, "treatment": r.treatment,
-                        "relative": r.rel_effect, "p": r.p_value, "_r": r})
-    if out:
-        bd = pd.DataFrame(out)
-        bd["p (Holm)"], bd["p (BH)"] = adjust(bd.p.to_numpy())
-        bd["outcome"] = ["neutral" if not (q < 0.05) or _better(r) is None else ("win" if _better(r) else "lose")
-                         for q, r in zip(bd["p (Holm)"], bd._r)]
-        bd = bd.drop(columns="_r")
-        st.dataframe(bd.style.apply(lambda row: [f"background-color: {COLOURS[row['outcome']]}"] * len(row), axis=1)
-                     .format({"control": "{:.4g}", "treatment": "{:.4g}", "relative": "{:+.1%}", "p": "{:.3g}",
-                              "p (Holm)": "{:.3g}", "p (BH)": "{:.3g}"}, na_rep="–"), hide_index=True,
-                     width="stretch")
-        st.caption(f"Per {dim}: per-variant means of 10-minute buckets (batch means, Welch's t-test); p-values "
-                   f"Holm- and BH-adjusted across every {dim} × metric row. Unit records carry no {dim}, so this "
-                   "is coarser than the report above.")
-    else:
+# ---------------------------------------------------------------- breakdown by segment
+# Unit records carry no tenant or model: segments are compared on the experiment's labelled metric series
+# (batch means per time bucket), with the difference's CI and Holm / BH across every row of the table.
+def breakdown(exp: str, control: str, treatment: str, first: float | None, last: float | None) -> None:
+    import plotly.graph_objects as go
+
+    from warmscope.analysis.ab_segments import segment_table
+
+    st.subheader("Breakdown by segment")
+    cuts = {"tenant": ["tenant"], "model": ["model"], "layer": ["layer"], "tenant × layer": ["tenant", "layer"],
+            "prompt length": ["length_bucket"]}
+    if not st.toggle("Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"):
+        st.caption("Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the difference "
+                   "with its 95% CI, and p-values corrected for the number of segments.")
+        return
+    ui.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
+    if st.session_state.get("ab-dim") not in cuts:
+        st.session_state["ab-dim"] = "tenant"
+    dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
+    ui.url_set(segment=dim)
+    by = cuts[dim]
+    if first is None:
         st.info(f"No metric series for {exp} to break down.")
+        return
+    span = last - first
+    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few rows to read.
+    freq = 600.0 if span <= 6 * 3600 else 3600.0
+    try:
+        fr = data.frames(["lookups", "requests", "histograms"], first - 60, last + 60, None if freq < 3600 else 3600.0)
+    except data.SourceError as e:
+        st.error(str(e))
+        return
+    with st.spinner("Comparing the arms per segment…"):
+        bd = segment_table(fr["lookups"], fr["requests"], fr["histograms"], exp, control, treatment, by, freq=freq)
+    if bd.empty:
+        st.info(f"No metric series for {exp} to break down.")
+        return
+    seg = bd[by].astype(str).agg(" · ".join, axis=1)
+    pct = bd.metric == "hit rate"
+
+    def num(v, p):
+        return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
+
+    def diff(v, lo, hi, p):
+        if v != v:
+            return "–"
+        f = (lambda x: f"{x * 100:+.1f} pts") if p else (lambda x: f"{x:+.3g}")
+        return f"{f(v)} [{f(lo)}, {f(hi)}]"
+
+    shown = pd.DataFrame({
+        "outcome": bd.outcome, dim.capitalize(): seg, "Metric": bd.metric,
+        "Control": [num(v, p) for v, p in zip(bd.control, pct)],
+        "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct)],
+        "Difference [95% CI]": [diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct)],
+        "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
+        "p": bd.p.map(lambda v: "–" if v != v else f"{v:.3g}"),
+        "p (Holm)": bd.p_holm.map(lambda v: "–" if v != v else f"{v:.3g}"),
+        "p (BH)": bd.p_bh.map(lambda v: "–" if v != v else f"{v:.3g}"),
+        "Buckets (control / treatment)": [f"{a} / {b}" for a, b in zip(bd.buckets_control, bd.buckets_treatment)],
+    })
+    colours = dict(COLOURS, **{"not tested": ""})
+    st.dataframe(shown.style.apply(lambda row: [f"background-color: {colours[row['outcome']]}"] * len(row), axis=1),
+                 hide_index=True, width="stretch")
+    # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
+    marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
+    metrics = [m for m in dict.fromkeys(bd.metric)]
+    cols = st.columns(len(metrics))
+    for col, m in zip(cols, metrics):
+        g, sg = bd[bd.metric == m], seg[bd.metric == m]
+        scale = 100 if m == "hit rate" else 1
+        fig = go.Figure(go.Scatter(
+            x=g.difference * scale, y=sg, mode="markers", marker=dict(size=9, color=[marks[o] for o in g.outcome]),
+            error_x=dict(type="data", symmetric=False, array=(g.ci_high - g.difference) * scale,
+                         arrayminus=(g.difference - g.ci_low) * scale, color="#6e7781"),
+            customdata=g.outcome, hovertemplate="%{y}: %{x:.3g} (%{customdata})<extra></extra>"))
+        fig.add_vline(x=0, line_width=1, line_color="black")
+        fig.update_layout(title=f"{m}: treatment − control", height=120 + 26 * len(g), showlegend=False,
+                          xaxis_title="points" if m == "hit rate" else ("seconds" if "(s)" in m else "GPU-s"),
+                          yaxis=dict(autorange="reversed"), margin=dict(t=40, b=40, l=10, r=10))
+        col.plotly_chart(fig, width="stretch")
+    unit = "10-minute" if freq < 3600 else "hourly"
+    st.caption(f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's t-test); "
+               f"difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- and "
+               f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly better / worse "
+               "at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per request and "
+               "TTFT have no layer or prompt length. Unit records carry no tenant or model, so this is coarser "
+               "than the report above (buckets are not independent units).")
+
+
+breakdown(exp, control, treatment, g["first"].min() if len(g) else None, g["last"].max() if len(g) else None)

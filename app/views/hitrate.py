@@ -1,13 +1,17 @@
 """Hit rate explorer: pick a dimension, filter, drill down one level at a time (click a heatmap cell, or pick a
 value); breadcrumbs go back. The drill path and grouping live in the URL."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from warmscope.analysis.hitrate import hit_table
+st.title("Hit rate explorer")  # first: it paints before the imports below load
+
+import plotly.graph_objects as go
+
 from warmscope.app import engine_view, ui
+
 
 DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
 LABEL = {"length_bucket": "prompt length", "family": "key family"}
@@ -34,12 +38,10 @@ def _reset_pickers() -> None:
     st.session_state["heat-gen"] = st.session_state.get("heat-gen", 0) + 1
 
 
-st.title("Hit rate explorer")
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.explorer(start, end)
     st.stop()
-lk = ui.load(["lookups"], start, end)["lookups"]
 if "drill" not in st.session_state:
     st.session_state["drill"] = _decode(ui.url_get("drill", ""))
 path = st.session_state["drill"]  # [(dim, value), ...]
@@ -56,9 +58,9 @@ for i, (d, v) in enumerate(path):
         _reset_pickers()
         st.rerun()
 
-for d, v in path:
-    lk = lk[lk[d].astype(str) == v]
-if lk.empty:
+# Every table below is cached per range, path, grouping and bucket: a rerun reads a few rows, not the range.
+total = ui.rates(start, end, path=path)
+if total.empty or not total.lookups.iloc[0]:
     st.info("No lookups match this selection in the time range; go back with the breadcrumbs or widen the range.")
     ui.url_set(drill=_encode(path) or None)
     st.stop()
@@ -76,9 +78,9 @@ ui.url_set(drill=_encode(path) or None, groupby=by)
 ui.resolution_note(start, end)
 st.caption("Hit rate = hits / (hits + misses) of the selected lookups; bypassed and failed lookups are not "
            "counted. Bands: 95% Wilson CI.")
-t = hit_table(lk, by=[by], freq=freq)
+t = ui.rates(start, end, (by,), freq, path)
 t = t[t.lookups > 0]
-top = hit_table(lk, by=[by]).sort_values("lookups", ascending=False)
+top = ui.rates(start, end, (by,), path=path).sort_values("lookups", ascending=False)
 keep = list(top[by].astype(str).head(12))
 t = t[t[by].astype(str).isin(keep)]
 t["time"] = t.bucket.astype("datetime64[s]")
@@ -97,7 +99,7 @@ st.plotly_chart(fig, width="stretch")
 
 if "tenant" in free and "layer" in free:
     st.subheader("Tenant × layer · click a cell to drill down")
-    hm = hit_table(lk, by=["tenant", "layer"])
+    hm = ui.rates(start, end, ("tenant", "layer"), path=path)
     hm = hm[hm.lookups > 0]
     if len(hm):
         # Square markers instead of a heatmap trace: Plotly reports clicks on markers (not on heatmap cells).

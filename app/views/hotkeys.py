@@ -1,13 +1,16 @@
 """Hot keys per tenant × layer (hashed), and warmed keys nobody read."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
 
 import streamlit as st
 
+st.title("Hot keys")  # first: it paints before the imports below load
+
 from warmscope.analysis.coverage import read_in_time
 from warmscope.app import engine_view, ui
 
-st.title("Hot keys")
+
 start, end = ui.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Hot keys and warmed-but-unread keys")

@@ -1,31 +1,29 @@
 """Overview: what happened (latest regression and its cause, latest run and its ROI, open alerts), the
 12-dimension score, hit rate by layer with runs, faults and alerts marked, latest warm-up runs."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Cache warm-up overview")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import streamlit as st
 
-from warmscope.analysis.config import AnalysisConfig
-from warmscope.analysis.hitrate import hit_table
-from warmscope.analysis.roi import roi_windows
 from warmscope.app import engine_view, ui
+
 
 HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
 
-st.title("Cache warm-up overview")
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.overview(start, end)
     st.stop()
-fr = ui.load(["lookups", "requests", "warmup_runs"], start, end)
+fr = ui.load(["warmup_runs"], start, end)
 st.caption(f"{ui.when(start)} → {ui.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
 ui.resolution_note(start, end)
-cfg = AnalysisConfig.load()
-lk = fr["lookups"]
-cached = lk[lk.layer != "weights"] if len(lk) else lk
 alerts = ui.alerts(start, end)
 runs = fr["warmup_runs"]
 
@@ -48,7 +46,7 @@ if len(runs):
            f"{last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, {ui.integer(same['keys'].sum())} keys, "
            f"{same.gpu_s.sum():,.1f} GPU-s)")
     try:
-        roi = roi_windows(last, fr["requests"], cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
+        roi = ui.run_roi(start, end, last.run_id)
         r5 = roi.sort_values("window_s").iloc[0]
         v = r5.roi_compute
         msg += (f"; compute ROI at T+{r5.window_s / 60:g} min: **{v:+.2f}**" if np.isfinite(v) else
@@ -68,7 +66,7 @@ for r in sec.itertuples():
 
 # ---------------------------------------------------------------- headline numbers
 card = ui.card(start, end)
-overall = hit_table(cached)
+overall = ui.rates(start, end, no_weights=True)  # cached: reruns read a few rows
 c = st.columns(4)
 c[0].metric("Warm-up score", f"{card.composite:.2f}" if card.composite is not None else "no data",
             help=f"Weighted mean of the {len(card.dimensions)} dimensions' 0–1 scores (table below).")
@@ -79,8 +77,8 @@ c[2].metric("Lookups", ui.integer(overall.lookups.iloc[0]) if len(overall) else 
 c[3].metric("Warm-up runs", f"{len(runs):,}", help="One run per replica and layer")
 
 # ---------------------------------------------------------------- hit rate by layer, with annotations
-freq = max(600, ui.step(start, end) or 0)
-hr = hit_table(lk, by=["layer"], freq=freq)
+freq = ui.overview_freq(start, end)
+hr = ui.rates(start, end, ("layer",), freq)
 if len(hr):
     hr["time"] = hr.bucket.astype("datetime64[s]")
     fig = go.Figure()

@@ -1,23 +1,25 @@
 """Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the chart), get
 ranked explanations and trap verdicts. The chosen window lives in the URL."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Root cause")  # first: it paints before the imports below load
 
 from datetime import datetime, timezone
 
 import pandas as pd
 import plotly.graph_objects as go
-import streamlit as st
 
-from warmscope.analysis.hitrate import hit_table
 from warmscope.app import engine_view, ui
 
-st.title("Root cause")
+
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.rootcause(start, end)
     st.stop()
-lk = ui.load(["lookups"], start, end)["lookups"]
 ui.resolution_note(start, end)
 
 
@@ -62,7 +64,7 @@ else:
 length = anomaly[1] - anomaly[0]
 baseline = (max(start, anomaly[0] - length), anomaly[0])
 freq = max(300, ui.step(start, end) or 0)
-t = hit_table(lk, freq=freq)
+t = ui.rates(start, end, freq=freq)  # cached per range
 t["time"] = t.bucket.astype("datetime64[s]")
 fig = go.Figure(go.Scatter(x=t.time, y=t.hit_rate, mode="lines+markers", marker_size=3, name="hit rate",
                            hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>"))

@@ -1,21 +1,23 @@
 """Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The chosen run
 lives in the URL."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Warm-up runs")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from warmscope.analysis.config import AnalysisConfig
-from warmscope.analysis.coverage import run_effect, warm_set_coverage
-from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
 from warmscope.app import engine_view, ui
 
-st.title("Warm-up runs")
+
 try:
     st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",
                  icon=":material/explore:")
@@ -25,8 +27,7 @@ start, end = ui.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")
 cfg = AnalysisConfig.load()
-fr = ui.load(["warmup_runs", "warmed_keys", "early_keys"], start, end)
-runs = fr["warmup_runs"]
+runs = ui.load(["warmup_runs"], start, end)["warmup_runs"]
 if runs.empty:
     st.info("No warm-up runs in this range: pick 'since the last warm-up run' or a longer range in the sidebar. "
             "Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools record theirs unless their "
@@ -51,7 +52,7 @@ fig.update_layout(xaxis_title="time (UTC)", height=300,
 ui.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
 
-cov = warm_set_coverage(runs, fr["warmed_keys"], fr["early_keys"], cfg.recall_window_s)
+cov = ui.coverage(start, end)  # cached per range
 st.subheader("Warm-set coverage")
 st.caption("Precision: warmed keys whose warmed entry was read (hit before its TTL ran out and before the key "
            f"was first missed). Recall: of the keys requested in the first {cfg.recall_window_s / 60:.0f} min "
@@ -76,20 +77,13 @@ if "run" not in st.session_state or st.session_state["run"] not in labels:
     st.session_state["run"] = want if want in labels else ids[0]
 run_id = st.selectbox("Run (newest first)", ids, key="run", format_func=labels.get)
 ui.url_set(run=run_id)
-run = runs.set_index("run_id").loc[run_id]
-run = pd.Series({**run.to_dict(), "run_id": run_id})
-# A run's before/after, ROI and decay need per-minute data around it only, at any range.
-ended = run.ended if run.ended == run.ended else end
-span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
-fr.update(ui.load(["lookups", "histograms"], run.started - cfg.effect_window_s - 60, ended + cfg.effect_window_s + 60,
-                  fine=True))
-fr.update(ui.load(["requests"], run.started - span - 60, ended + span + 60, fine=True))
+# before/after, ROI and decay from per-minute data around the run, at any range (cached per run)
+eff, roi, series, decay = ui.run_detail(start, end, run_id)
 NAMES = {"hit_rate": ("Hit rate", "{:.1%}"), "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
          "ttft_p95_s": ("TTFT P95", "{:.3f} s"), "gpu_s_per_request": ("GPU-s per request", "{:.4f}")}
 a, b = st.columns(2)
 with a:
     st.markdown(f"**Before / after** ({cfg.effect_window_s / 60:g} min either side)")
-    eff = run_effect(run, fr["lookups"], fr["histograms"], fr["requests"], cfg.effect_window_s)
 
     def fmt(metric, v, signed=False):
         if v is None or v != v:
@@ -108,7 +102,6 @@ with a:
                  hide_index=True, width="stretch")
 with b:
     st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
-    roi = roi_windows(run, fr["requests"], cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
     roi["window"] = roi.window_s.map(lambda s: f"T+{s / 3600:g} h" if s >= 3600 else f"T+{s / 60:g} min")
     cols = {"window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved", "cost": "Cost",
             "roi_compute": "Compute ROI", "roi_business": "Business ROI", "baseline": "Compared with"}
@@ -118,8 +111,6 @@ with b:
                                 "Cost": st.column_config.NumberColumn(format="%.4f"),
                                 "Compute ROI": st.column_config.NumberColumn(format="%.2f"),
                                 "Business ROI": st.column_config.NumberColumn(format="%.2f")})
-series = benefit_series(run, fr["requests"], cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s)
-decay = fit_decay(series)
 fig = go.Figure()
 if len(series):
     fig.add_trace(go.Scatter(x=series.t_s / 60, y=series.benefit, mode="markers", name="benefit per minute"))

@@ -2,16 +2,13 @@
 port; the `warmscope advise` command on the same store. Screenshots go to test-output/."""
 
 import json
-import os
 import subprocess
 import sys
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, need_binary, wait_until
 from warmscope.simulator import SimConfig, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,35 +22,16 @@ def store(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def server(store):
-    chromium = need_binary("chromium")
-    port = free_port()
-    env = dict(os.environ, WARMSCOPE_STORE=str(store))
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
-                             "--server.headless", "true", "--server.port", str(port), "--server.address",
-                             "127.0.0.1", "--browser.gatherUsageStats", "false"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,
-                   "streamlit")
-        yield url, chromium
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def _settle(page):
     page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=180_000)
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
     page.wait_for_timeout(1000)
 
 
-def test_advisor_page_shows_forecast_peak_and_recommendation(server):
+def test_advisor_page_shows_forecast_peak_and_recommendation(streamlit_server):
     from playwright.sync_api import sync_playwright
 
-    url, chromium = server
+    url, chromium = streamlit_server
     OUT.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",

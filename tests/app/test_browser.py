@@ -3,11 +3,7 @@
 Screenshots go to test-output/screenshots/."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,12 +11,11 @@ import pytest
 from warmscope.app.cli import demo_world
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import simulate
-from tests.conftest import free_port, need_binary, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
-PAGES = {"overview": "", "hitrate": "hitrate", "warmup": "warmup", "hotkeys": "hotkeys", "rootcause": "rootcause",
-         "ab": "ab", "alerts": "alerts"}
+PAGES = {"overview": "", "hitrate": "hitrate", "latency": "latency", "warmup": "warmup", "hotkeys": "hotkeys",
+         "rootcause": "rootcause", "ab": "ab", "alerts": "alerts"}
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 
@@ -34,30 +29,11 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(store):
-    chromium = need_binary("chromium")
-    port = free_port()
-    env = dict(os.environ, WARMSCOPE_STORE=str(store))
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
-                             "--server.headless", "true", "--server.port", str(port), "--server.address",
-                             "127.0.0.1", "--browser.gatherUsageStats", "false"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,
-                   "streamlit")
-        yield url, chromium
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def browser(server):
+def browser(streamlit_server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=server[1], args=ARGS)
+        b = p.chromium.launch(executable_path=streamlit_server[1], args=ARGS)
         yield b
         b.close()
 
@@ -75,6 +51,9 @@ def settle(page) -> None:
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
     page.wait_for_timeout(800)
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
+    # the first chart drawn (a screenshot taken earlier shows a grey placeholder on a busy machine)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stPlotlyChart\"]') || "
+                           "!!document.querySelector('[data-testid=\"stPlotlyChart\"] .main-svg')", timeout=300_000)
 
 
 def query(page) -> dict:
@@ -103,9 +82,9 @@ def drag(page, chart, fx0: float, fx1: float) -> None:
     page.mouse.up()
 
 
-def test_a_link_reproduces_the_view(server, page):
+def test_a_link_reproduces_the_view(streamlit_server, page):
     """First in the module: the server's first visitor opens a deep link (no folder-based navigation)."""
-    url, _ = server
+    url, _ = streamlit_server
     page.goto(f"{url}/hitrate?range=last+hour&drill=tenant:acme&groupby=layer", wait_until="networkidle")
     settle(page)
     buttons = page.locator('[data-testid="stMain"] button').all_inner_texts()
@@ -119,8 +98,8 @@ def test_a_link_reproduces_the_view(server, page):
     assert any("tenant = acme" in b for b in page.locator('[data-testid="stMain"] button').all_inner_texts())
 
 
-def test_every_page_at_the_default_range(server, page):
-    url, _ = server
+def test_every_page_at_the_default_range(streamlit_server, page):
+    url, _ = streamlit_server
     OUT.mkdir(parents=True, exist_ok=True)
     for name, path in PAGES.items():
         page.goto(f"{url}/{path}", wait_until="networkidle")
@@ -135,8 +114,8 @@ def test_every_page_at_the_default_range(server, page):
     assert len(list(OUT.glob("*.png"))) >= len(PAGES)
 
 
-def test_first_screen_tells_the_story(server, page):
-    url, _ = server
+def test_first_screen_tells_the_story(streamlit_server, page):
+    url, _ = streamlit_server
     page.goto(url, wait_until="networkidle")
     settle(page)
     body = page.locator('[data-testid="stMain"]').inner_text()
@@ -149,8 +128,8 @@ def test_first_screen_tells_the_story(server, page):
     assert "SECURITY" in red.first.inner_text() and "CrossTenantCacheRead" in red.first.inner_text()
 
 
-def test_security_finding_is_red_on_alerts_and_root_cause(server, page):
-    url, _ = server
+def test_security_finding_is_red_on_alerts_and_root_cause(streamlit_server, page):
+    url, _ = streamlit_server
     page.goto(f"{url}/alerts", wait_until="networkidle")
     settle(page)
     assert "CrossTenantCacheRead" in page.locator('[data-testid="stAlertContentError"]').first.inner_text()
@@ -162,8 +141,8 @@ def test_security_finding_is_red_on_alerts_and_root_cause(server, page):
     page.screenshot(path=str(OUT / "rootcause-security.png"), full_page=True)
 
 
-def test_heatmap_click_drills_down_and_breadcrumbs_reset(server, page):
-    url, _ = server
+def test_heatmap_click_drills_down_and_breadcrumbs_reset(streamlit_server, page):
+    url, _ = streamlit_server
     page.goto(f"{url}/hitrate", wait_until="networkidle")
     settle(page)
     charts = page.locator('[data-testid="stPlotlyChart"]')
@@ -190,8 +169,8 @@ def test_heatmap_click_drills_down_and_breadcrumbs_reset(server, page):
     no_errors(page, "hitrate")
 
 
-def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(server, store, page):
-    url, _ = server
+def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(streamlit_server, store, page):
+    url, _ = streamlit_server
     runs = EmbeddedStore(store, readonly=True).frame("warmup_runs").sort_values("started")
     first = runs.iloc[0]
     page.goto(f"{url}/warmup?range=everything&run={first.run_id}", wait_until="networkidle")
@@ -202,8 +181,8 @@ def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(server, store, pag
     no_errors(page, "warmup")
 
 
-def test_overview_drag_zooms_to_an_absolute_range(server, page):
-    url, _ = server
+def test_overview_drag_zooms_to_an_absolute_range(streamlit_server, page):
+    url, _ = streamlit_server
     page.goto(url, wait_until="networkidle")
     settle(page)
     drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.4, 0.7)
@@ -217,8 +196,8 @@ def test_overview_drag_zooms_to_an_absolute_range(server, page):
     page.screenshot(path=str(OUT / "overview-zoomed.png"), full_page=True)
 
 
-def test_root_cause_window_by_brushing(server, page):
-    url, _ = server
+def test_root_cause_window_by_brushing(streamlit_server, page):
+    url, _ = streamlit_server
     page.goto(f"{url}/rootcause", wait_until="networkidle")
     settle(page)
     drag(page, page.locator('[data-testid="stPlotlyChart"]').first, 0.55, 0.8)
@@ -229,3 +208,46 @@ def test_root_cause_window_by_brushing(server, page):
     assert page.get_by_label("choose").is_checked()
     no_errors(page, "rootcause brushed")
     page.screenshot(path=str(OUT / "rootcause-brushed.png"), full_page=True)
+
+
+def test_alert_history_shows_when_each_alert_fired_and_resolved(streamlit_server, page):
+    """The history is computed in the background: the page shows it when done, without a reload (its values are
+    checked against the analysis in tests/app/test_overview.py)."""
+    url, _ = streamlit_server
+    page.goto(f"{url}/alerts", wait_until="networkidle")
+    page.get_by_text("When each alert was firing").wait_for(timeout=600_000)  # the timeline's title
+    settle(page)
+    page.get_by_text("When each alert was firing").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(OUT / "alerts-history.png"))
+    no_errors(page, "alerts history")
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert "Alert history" in body and "Re-evaluating" not in body
+    assert "CrossTenantCacheRead" in page.locator('[data-testid="stPlotlyChart"]').last.inner_text()
+
+
+def test_latency_page_percentiles_follow_the_url(streamlit_server, page):
+    url, _ = streamlit_server
+    page.goto(f"{url}/latency?metric=load&by=layer&q=P99", wait_until="networkidle")
+    settle(page)
+    no_errors(page, "latency")
+    assert selected(page, "Group by") == "layer" and selected(page, "Percentile") == "P99"
+    assert "Cache load time (per layer): P99 by layer" in page.locator('[data-testid="stPlotlyChart"]').first.inner_text()
+    page.screenshot(path=str(OUT / "latency-load-by-layer.png"), full_page=True)
+    q = query(page)
+    assert (q.get("metric"), q.get("by"), q.get("q")) == ("load", "layer", "P99")
+
+
+def test_ab_breakdown_per_tenant_and_layer_with_intervals(streamlit_server, page):
+    url, _ = streamlit_server
+    page.goto(f"{url}/ab?segment=tenant+%C3%97+layer", wait_until="networkidle")
+    settle(page)
+    page.get_by_text("Compute the breakdown").click()
+    page.get_by_text("treatment − control").first.wait_for(timeout=600_000)  # the forest plots' titles
+    settle(page)
+    no_errors(page, "ab breakdown")
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert "Holm- and BH-adjusted across every tenant × layer" in body
+    assert query(page).get("segment") == "tenant × layer"
+    page.locator('[data-testid="stPlotlyChart"]').last.scroll_into_view_if_needed()
+    page.screenshot(path=str(OUT / "ab-breakdown.png"), full_page=True)

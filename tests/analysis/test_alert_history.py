@@ -1,0 +1,68 @@
+"""Alert history: episodes fire at the first evaluation where a condition holds and resolve at the first
+where it no longer does; times checked by hand."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from warmscope.analysis.alert_history import alert_history, evaluation_times, subject_of
+
+HK = ["window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"]
+LK = ["ts", "tenant", "layer", "family", "result", "experiment", "variant", "model", "replica", "length_bucket",
+      "count"]
+
+
+def test_evaluation_times_and_subjects():
+    assert evaluation_times(0.0, 3000.0, 600.0).tolist() == [600.0, 1200.0, 1800.0, 2400.0, 3000.0]
+    assert evaluation_times(0.0, 2999.0, 600.0).tolist() == [600.0, 1200.0, 1800.0, 2400.0]
+    with pytest.raises(ValueError, match="every must be positive"):
+        evaluation_times(0.0, 10.0, 0.0)
+    assert subject_of("layer prefix_kv: hit rate 40.0% vs 70.0% before") == "layer prefix_kv"
+    assert subject_of("run run-1-00009 (static_topk, response, b-0): precision 12%") == "run run-1-00009"
+    assert subject_of("SECURITY: 3 response keys were read by two tenants") == ""
+
+
+def test_a_cross_tenant_read_fires_then_resolves_when_it_leaves_the_lookback():
+    # One shared response key in the hot-key window stamped 5000 s. With a 3600 s lookback, the evaluator reads
+    # hot-key windows w with lo − 900 < w ≤ t (lo = t − 3600): the read is seen for 5000 ≤ t < 5000 + 4500.
+    hk = pd.DataFrame([(5000.0, "acme", "response", "k1", "resp:*", 3, 0, 0),
+                       (5000.0, "globex", "response", "k1", "resp:*", 1, 0, 0)], columns=HK)
+    h = alert_history({"hot_keys": hk}, 0.0, 14400.0, every=600.0, lookback=3600.0)
+    assert len(h) == 1
+    r = h.iloc[0]
+    assert r.alert == "CrossTenantCacheRead" and r.severity == "critical" and r.subject == ""
+    assert r.fired == 5400.0      # first evaluation (multiples of 600) at or after 5000
+    assert r.resolved == 9600.0   # first evaluation at or after 9500
+    assert r.since == 5000.0 and r.evaluations == 7  # 5400, 6000, …, 9000
+
+
+def _lookups(rates):
+    """One response-layer flush a minute; ``rates``: (from_ts, to_ts, hit share) spans, 1000 lookups a flush."""
+    rows = []
+    for a, b, p in rates:
+        for ts in np.arange(a + 60, b + 1, 60.0):
+            hits = int(round(1000 * p))
+            rows.append((ts, "acme", "response", "resp:*", "hit", "", "", "m", "r0", "short", hits))
+            rows.append((ts, "acme", "response", "resp:*", "miss", "", "", "m", "r0", "short", 1000 - hits))
+    return pd.DataFrame(rows, columns=LK)
+
+
+def test_a_hit_rate_drop_fires_for_its_layer_and_resolves_once_both_thirds_are_low():
+    # 90% hits until 7200 s, 50% after. At an evaluation t (lookback 3600 s, thirds of 1200 s) the regression
+    # holds while the latest third (t − 1200, t] is low and the one before (t − 2400, t − 1200] still mostly high:
+    # t = 7800 (third before all 90%, latest half 50%) … until t = 9600, when both thirds are all 50%.
+    lk = _lookups([(0.0, 7200.0, 0.9), (7200.0, 12000.0, 0.5)])
+    h = alert_history({"lookups": lk}, 3600.0, 12000.0, every=600.0, lookback=3600.0)
+    reg = h[h.alert == "HitRateRegression"]
+    assert len(reg) == 1
+    r = reg.iloc[0]
+    assert r.subject == "layer response" and r.severity == "critical"  # a 40-point drop: past 25 points
+    assert r.fired == 7800.0
+    assert r.resolved == 9600.0
+    assert h.columns.tolist() == ["alert", "subject", "severity", "fired", "resolved", "since", "summary",
+                                  "evaluations"]
+
+
+def test_nothing_fires_on_steady_traffic():
+    lk = _lookups([(0.0, 10800.0, 0.8)])
+    assert alert_history({"lookups": lk}, 3600.0, 10800.0).empty
