@@ -272,7 +272,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig.load(
             hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
-            strategy_a=args.strategy_a, strategy_b=args.strategy_b, seed=args.seed, tick_s=args.tick,
+            strategy_a=args.strategy_a, strategy_b=args.strategy_b, strategy_c=args.strategy_c, seed=args.seed, tick_s=args.tick,
             b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
             restart_every_h=args.restart_every, content_drift_h=args.content_drift,
         )
@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("simulate", help="run the emulated GPU inference stack into a store",
                        description="Simulate replicas serving tenants through weights, LoRA, embedding, "
-                       "prefix-KV and response caches; pools A and B run different warm-up strategies.",
+                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) run different warm-up "
+                       "strategies.",
                        epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
                        + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
     p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
@@ -454,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="warm-up strategy of pool A, the control (default none)")
     p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk",
                    help="warm-up strategy of pool B, the treatment (default static_topk)")
+    p.add_argument("--strategy-c", choices=STRATEGIES,
+                   help="warm-up strategy of a third pool C, a second treatment: sessions split three ways "
+                   "(default: two pools)")
     p.add_argument("--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)")
     p.add_argument("--b-kv-capacity", type=_POS_INT,
                    help="pool B's prefix-KV capacity in tokens (A/B of capacities)")

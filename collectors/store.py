@@ -491,6 +491,7 @@ class EmbeddedStore:
             try:
                 with con:
                     con.executescript(_DDL)
+                    _m.ensure_columns(con)  # sums a newly declared A/B metric needs
                     con.execute(
                         "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
                     )

@@ -1,7 +1,8 @@
 """The discrete-event engine: replicas, pools, the request path, warm-ups, faults.
 
 Two pools of ``replicas`` replicas serve the same traffic: pool A runs
-``strategy_a``, pool B ``strategy_b``; a session (the A/B unit) is routed to
+``strategy_a``, pool B ``strategy_b`` (and a third pool C ``strategy_c`` when
+set: an A/B/n experiment); a session (the A/B unit) is routed to
 its variant's pool by a stable hash, then to a replica by session. Each replica
 is its own :class:`collectors.Telemetry` (replica label = its name) writing to
 one embedded store, exactly as separate serving processes would.
@@ -76,7 +77,7 @@ def write_run_info(store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[
     store.write_faults(truth)
     store.set_meta("simulation", json.dumps({
         "seed": cfg.seed, "hours": cfg.hours, "start": t0, "strategy_a": cfg.strategy_a,
-        "strategy_b": cfg.strategy_b, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
+        "strategy_b": cfg.strategy_b, "strategy_c": cfg.strategy_c, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
     }, sort_keys=True))
 
 
@@ -166,7 +167,7 @@ class Pool:
         if self.sim.redis_url:
             import redis
 
-            db = 1 if self.variant == "A" else 2  # pools never share entries
+            db = "ABC".index(self.variant) + 1  # pools never share entries
             backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl)
         return InstrumentedCache(backend, "response", telemetry=rep.tel)
 
@@ -183,9 +184,10 @@ class Simulation:
         progress: Callable[[int, int], None] | None = None,
         realtime: bool = False,
         speed: float = 1.0,
-        variants: tuple[str, ...] = ("A", "B"),
+        variants: tuple[str, ...] | None = None,
     ) -> None:
         self.cfg = cfg
+        variants = variants or cfg.arms
         self.variants = variants  # a worker process may simulate one pool (see run_parallel)
         self.faults = list(faults)
         self.redis_url = redis_url
@@ -227,7 +229,7 @@ class Simulation:
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
         self.bursts = self._bursts()
-        strategies = {"A": cfg.strategy_a, "B": cfg.strategy_b}
+        strategies = cfg.strategies
         self.pools = {v: Pool(self, v, strategies[v]) for v in variants}
         # Replicas start before the simulated day so that they are ready (weights loaded, start-up
         # warm-up done) when traffic begins: a load balancer sends nothing to a replica that is not.
@@ -273,7 +275,7 @@ class Simulation:
     def _schedule_restarts(self) -> None:
         """Rolling restarts: replica i restarts every ``restart_every_h`` hours,
         offset by i/n of the period so a pool never restarts all at once;
-        replica i of both pools restarts at the same moment (a fair A/B)."""
+        replica i of every pool restarts at the same moment (a fair A/B)."""
         period = self.cfg.restart_every_h * 3600
         n = self.cfg.replicas
         for pool in self.pools.values():
@@ -512,9 +514,9 @@ class Simulation:
         out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
         if tpl.dialog:  # session state advances in every worker, served or not
             sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
-        variant = variant_of(cfg.experiment, sid)
+        variant = variant_of(cfg.experiment, sid, len(cfg.arms))
         pool = self.pools.get(variant)
-        if pool is None:  # the other worker's pool
+        if pool is None:  # another worker's pool
             return
         self._units[variant].add(sid)
         rep, gate_wait = self._route(pool, sid, tr)

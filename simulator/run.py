@@ -1,8 +1,8 @@
 """Run a simulation, in parallel when there are cores to spare.
 
-The A and B pools share nothing but the traffic, and the traffic (arrivals,
-sessions) is drawn from the seed identically in every process. So with
-``workers=2`` each process simulates one pool — drawing all traffic, serving
+The variant pools (A, B and an optional C) share nothing but the traffic, and
+the traffic (arrivals, sessions) is drawn from the seed identically in every
+process. So with ``workers >= 2`` each process simulates one pool — drawing all traffic, serving
 its own variant's sessions — and both write to the same embedded store (SQLite
 serialises their short per-tick transactions). The store's contents are the
 same as a single-process run's, up to row order.
@@ -59,12 +59,12 @@ def simulate(
     path = str(store)
     EmbeddedStore(path, durable=False).close()  # schema before the workers race to create it
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    ticks = [ctx.Value("i", 0) for _ in range(2)]
+    ticks = [ctx.Value("i", 0) for _ in cfg.arms]
     results = ctx.Queue()
     total = int(-(-cfg.hours * 3600 // cfg.tick_s))
     t0 = time.perf_counter()
     procs = [ctx.Process(target=_worker, args=(cfg, path, list(faults), v, ticks[i], results, kw), daemon=True)
-             for i, v in enumerate("AB")]
+             for i, v in enumerate(cfg.arms)]
     for p in procs:
         p.start()
     parts: list[Summary] = []
