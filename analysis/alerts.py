@@ -1,9 +1,12 @@
 """Alert conditions evaluated over canonical frames — the embedded-mode
 counterpart of the Prometheus alerting rules.
 
+Thresholds come from :mod:`analysis.alert_defs`, which also writes the
+Prometheus rules, so both sides raise the same alerts on the same data:
+
 * ``HitRateRegression`` — a layer's hit rate in the latest third of the range
-  is more than 10 points below the third before it (p < 0.01); critical past
-  25 points;
+  is at least 20 % (relative) below the third before it, and the fall is
+  significant (p < 0.01); critical past 50 %;
 * ``WarmSetPrecisionLow`` — a warm-up run whose warmed entries were read less
   than 30% of the time;
 * ``CrossTenantCacheRead`` (critical: a data leak) — any key of a
@@ -25,6 +28,7 @@ import pandas as pd
 
 from warmscope.collectors.schema import SHARED_LAYERS
 
+from .alert_defs import HIT_RATE_CRITICAL_DROP, HIT_RATE_DROP, HIT_RATE_P, WARM_MIN_KEYS, WARM_PRECISION_MIN
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
 from .traps import detect_all
@@ -77,10 +81,11 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
     if len(lk) and third > 0:
         ch = hit_rate_change(lk, ["layer"], (end - third, end), (end - 2 * third, end - third))
         for r in ch.itertuples():
-            if r.delta < -0.10 and r.p_value < 0.01:
-                rows.append(("critical" if r.delta < -0.25 else "warning", "HitRateRegression",
+            fall = 1 - r.rate / r.baseline_rate if r.baseline_rate > 0 else 0.0
+            if fall >= HIT_RATE_DROP and r.p_value < HIT_RATE_P:
+                rows.append(("critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning", "HitRateRegression",
                              f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
-                             f"({r.delta:+.1%}, p = {r.p_value:.1g})", end - third))
+                             f"({-fall:+.0%}, p = {r.p_value:.1g})", end - third))
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
             if v.detected and v.trap != "tenant_isolation":  # checked over the whole range below
                 name, sev = TRAP_ALERTS[v.trap]
@@ -95,7 +100,7 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
     runs = frames.get("warmup_runs", pd.DataFrame())
     if len(runs) and len(frames.get("warmed_keys", pd.DataFrame())):
         cov = warm_set_coverage(runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame()))
-        for r in cov[(cov.precision < 0.3) & (cov.keys_warmed >= 10)].itertuples():
+        for r in cov[(cov.precision < WARM_PRECISION_MIN) & (cov.keys_warmed >= WARM_MIN_KEYS)].itertuples():
             rows.append(("warning", "WarmSetPrecisionLow",
                          f"run {r.run_id} ({r.strategy}, {r.layer}, {r.replica}): precision {r.precision:.0%}, "
                          f"{r.wasted_gpu_s:.1f} GPU-s wasted", r.started))

@@ -323,10 +323,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-AB_PRIMARY_METRICS = ("latency per request (s)", "GPU-s per request", "conversions per request",
-                      "P95 latency (s)", "hit rate (prefix_kv)", "hit rate (response)")
-
-
 def cmd_report_ab(args: argparse.Namespace) -> int:
     from warmscope.analysis.ab_report import render_html, render_markdown, report_for
     from warmscope.analysis.sources import EmbeddedSource, SourceError
@@ -346,12 +342,17 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
             return fail(f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
                         "(pass one with --experiment)")
         variants = _variants(path, experiment)
-        for flag, v in (("--control", args.control), ("--treatment", args.treatment)):
+        treatments = [t.strip() for arg in (args.treatment or []) for t in arg.split(",") if t.strip()]
+        if not treatments:  # every arm besides the control
+            treatments = [v for v in variants if v != args.control]
+        for flag, v in [("--control", args.control)] + [("--treatment", t) for t in treatments]:
             if variants and v not in variants:
                 return fail(f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}")
-        if args.control == args.treatment:
+        if args.control in treatments:
             return fail("--control and --treatment name the same variant; pick two different ones")
-        rep = report_for(src, experiment, args.control, args.treatment, primary=args.primary)
+        if not treatments:
+            return fail(f"{experiment!r} has no variant besides the control {args.control!r}; nothing to compare")
+        rep = report_for(src, experiment, args.control, treatments, primary=args.primary)
     except SourceError as e:
         return fail(str(e))
     if rep.error:
@@ -499,10 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiment", default="warmup-strategy",
                    help="experiment name (default warmup-strategy); an unknown name lists the known ones")
     p.add_argument("--control", default="A", help="control variant (default A)")
-    p.add_argument("--treatment", default="B", help="treatment variant (default B)")
-    p.add_argument("--primary", default="latency per request (s)",
-                   help="primary metric, tested without multiple-testing adjustment; one of: "
-                   + "; ".join(AB_PRIMARY_METRICS) + " (default latency per request (s))")
+    p.add_argument("--treatment", action="append", metavar="ARM",
+                   help="treatment variant, compared with the control; repeat it or separate arms by commas for "
+                   "an A/B/n report (default: every variant besides the control)")
+    from warmscope.analysis.ab_metrics import DEFAULT_PRIMARY, metric_names
+
+    p.add_argument("--primary", default=DEFAULT_PRIMARY,
+                   help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
+                   "else tested as is); one of: " + "; ".join(metric_names(["LAYER"]))
+                   + f" (default {DEFAULT_PRIMARY})")
     p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
