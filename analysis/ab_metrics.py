@@ -102,11 +102,11 @@ class Metric:
                 raise ValueError(f"A/B metric {self.name!r}: a quantile reads the 'latency' histogram and needs "
                                  "0 < q < 1")
             return
+        if (self.kind == "ratio") != (self.denominator is not None):
+            raise ValueError(f"A/B metric {self.name!r}: a ratio needs a denominator, other kinds none")
         for f in (self.numerator, self.denominator) if self.kind == "ratio" else (self.numerator,):
             if f not in FIELDS:
                 raise ValueError(f"A/B metric {self.name!r}: {f!r} is not a unit field; fields: {', '.join(FIELDS)}")
-        if (self.kind == "ratio") != (self.denominator is not None):
-            raise ValueError(f"A/B metric {self.name!r}: a ratio needs a denominator, other kinds none")
 
     def named(self, layer: str) -> str:
         return self.name.replace("{layer}", layer)
