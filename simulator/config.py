@@ -39,10 +39,6 @@ peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak
 content_drift_h            0           trending content: every this many hours the popularity of
                                        fills and RAG chunks beyond the top 20 moves to other items
                                        (yesterday's log is a period earlier); 0 disables
-session_recency            1.0         which recent session a returning request continues (of the last 200
-                                       per tenant × template): the k-th newest, k = 200·u^this (u uniform);
-                                       1 picks uniformly, larger values favour conversations that are
-                                       still going (the next turn comes soon)
 restart_every_h            0           rolling restarts: each replica restarts every this many
                                        hours, staggered across a pool, at the same times in both
                                        pools (deploys, autoscaling); 0 disables
@@ -106,7 +102,6 @@ class SimConfig:
     lambda_mode: str = "slo"
     lambda_fixed: float = 0.0005
     restart_every_h: float = 0.0
-    session_recency: float = 1.0
     content_drift_h: float = 0.0
     strategy_a: str = "none"
     strategy_b: str = "static_topk"
@@ -119,7 +114,7 @@ class SimConfig:
     start: float = 1_795_824_000.0  # 2026-11-28 00:00 UTC: fixed so runs are reproducible
     experiment: str = "warmup-strategy"
 
-    _POSITIVE = ("hours", "rps", "session_recency", "tick_s", "block_tokens", "kv_capacity_tokens", "lora_slots",
+    _POSITIVE = ("hours", "rps", "tick_s", "block_tokens", "kv_capacity_tokens", "lora_slots",
                  "embedding_capacity", "response_capacity", "slots", "tenants", "models", "replicas")
 
     @classmethod

@@ -498,10 +498,7 @@ class Simulation:
         sess_list = self.sessions[(ten.idx, tpl_idx)]
         p_cont = 0.7 if tpl.dialog else 0.3
         if sess_list and a.u_session[i] < p_cont:
-            # The k-th newest of the recent sessions, k = n·u^recency: uniform at 1, the newest more often above.
-            n_s, u = len(sess_list), float(a.u_pick[i])
-            sess = sess_list[int(u * n_s)] if cfg.session_recency == 1.0 else \
-                sess_list[n_s - 1 - min(int(n_s * u ** cfg.session_recency), n_s - 1)]
+            sess = sess_list[int(a.u_pick[i] * len(sess_list))]
         else:
             sess = [self._next_session, 0]
             self._next_session += 1
