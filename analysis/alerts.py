@@ -7,8 +7,9 @@ Prometheus rules, so both sides raise the same alerts on the same data:
 * ``HitRateRegression`` — a layer's hit rate in the latest third of the range
   is at least 20 % (relative) below the third before it, and the fall is
   significant (p < 0.01); critical past 50 %;
-* ``WarmSetPrecisionLow`` — a warm-up run whose warmed entries were read less
-  than 30% of the time;
+* ``WarmSetPrecisionLow`` — a warm-up strategy whose warmed entries in a layer
+  were read less than 30% of the time over the range's runs (one alert per
+  strategy × layer, as the rule);
 * ``CrossTenantCacheRead`` (critical: a data leak) — any key of a
   tenant-scoped layer read by two or more tenants in the same hot-key window,
   anywhere in the range (not only its latest third: a leak does not stop
@@ -100,9 +101,15 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
     runs = frames.get("warmup_runs", pd.DataFrame())
     if len(runs) and len(frames.get("warmed_keys", pd.DataFrame())):
         cov = warm_set_coverage(runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame()))
-        for r in cov[(cov.precision < WARM_PRECISION_MIN) & (cov.keys_warmed >= WARM_MIN_KEYS)].itertuples():
+        # One alert per strategy × layer (the rule's labels), over every run in the range: a strategy that
+        # wastes its warm sets, not each of its runs.
+        g = cov.groupby(["strategy", "layer"]).agg(warmed=("keys_warmed", "sum"), read=("keys_read", "sum"),
+                                                   runs=("run_id", "size"), wasted=("wasted_gpu_s", "sum"),
+                                                   since=("started", "min"))
+        g = g[g.warmed >= WARM_MIN_KEYS]
+        for (strategy, layer), r in g[g.read / g.warmed < WARM_PRECISION_MIN].iterrows():
             rows.append(("warning", "WarmSetPrecisionLow",
-                         f"run {r.run_id} ({r.strategy}, {r.layer}, {r.replica}): precision {r.precision:.0%}, "
-                         f"{r.wasted_gpu_s:.1f} GPU-s wasted", r.started))
+                         f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
+                         f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)", float(r.since)))
     out = pd.DataFrame(rows, columns=["severity", "alert", "summary", "since"])
     return out.sort_values("severity", key=lambda s: s.map(_ORDER), kind="stable").reset_index(drop=True)
