@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["AlertDef", "ALERTS", "HIT_RATE_DROP", "HIT_RATE_CRITICAL_DROP", "HIT_RATE_P", "WARM_PRECISION_MIN",
-           "WARM_MIN_KEYS", "BYPASS_SHARE", "render_rules", "by_rule"]
+           "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule"]
 
 HIT_RATE_DROP = 0.20  # relative fall of a layer's hit rate that raises HitRateRegression
 HIT_RATE_CRITICAL_DROP = 0.50  # ... and makes it critical (evaluator)
@@ -37,6 +37,7 @@ HIT_RATE_P = 0.01  # the evaluator's significance gate (Prometheus holds the con
 WARM_PRECISION_MIN = 0.30  # share of a warm set read before it is called wasted
 WARM_MIN_KEYS = 10  # the evaluator judges runs that warmed at least this many keys
 BYPASS_SHARE = 0.05  # share of a layer's lookups that bypass the cache
+BYPASS_FOR_S = 600.0  # held this long (the rule's `for`)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ ALERTS: tuple[AlertDef, ...] = (
     AlertDef("CacheBypassSpike", "WarmscopeBypassSpike",
              f"warmscope:layer_bypass_ratio:rate5m > {BYPASS_SHARE:g}\n"
              f"unless (warmscope:layer_bypass_ratio:rate5m offset 1h) > {BYPASS_SHARE:g}",
-             "10m", "warning",
+             f"{BYPASS_FOR_S / 60:.0f}m", "warning",
              "{{ $value | humanizePercentage }} of {{ $labels.warmscope_cache_layer }} lookups bypass the cache",
              "A middleware path (cache-control: no-cache, skip flags) started skipping the cache.", "bypass-spike"),
     AlertDef("TelemetryDropping", "WarmscopeTelemetryDropping", "sum(rate(warmscope_telemetry_errors_total[5m])) > 0",

@@ -14,7 +14,11 @@ Prometheus rules, so both sides raise the same alerts on the same data:
   tenant-scoped layer read by two or more tenants in the same hot-key window,
   anywhere in the range (not only its latest third: a leak does not stop
   mattering because it is old);
-* one alert per other detected cold-start trap.
+* ``CacheBypassSpike`` — more than 5 % of a layer's lookups bypass the cache,
+  held 10 minutes, where they did not an hour before, anywhere in the range;
+* one alert per other detected cold-start trap (a warm-up timed against
+  traffic that traffic did not use, counting scheduled and pre-peak runs:
+  a restart's warm-up is timed by the restart).
 
 Example::
 
@@ -29,12 +33,15 @@ import pandas as pd
 
 from warmscope.collectors.schema import SHARED_LAYERS
 
-from .alert_defs import HIT_RATE_CRITICAL_DROP, HIT_RATE_DROP, HIT_RATE_P, WARM_MIN_KEYS, WARM_PRECISION_MIN
+from .alert_defs import (BYPASS_FOR_S, BYPASS_SHARE, HIT_RATE_CRITICAL_DROP, HIT_RATE_DROP, HIT_RATE_P, WARM_MIN_KEYS,
+                         WARM_PRECISION_MIN)
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
-from .traps import detect_all
+from .traps import detect_all, timing
 
-__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since"]
+__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since", "bypass_spikes"]
+
+RESTART_TRIGGERS = ("replica_start", "replica_restart")
 
 TRAP_ALERTS = {
     "warmup_out_of_step": ("TrafficBeforeWarmupComplete", "warning"),
@@ -75,6 +82,41 @@ def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict
             "last": float(sh["window"].max())}
 
 
+def _hhmm(ts: float) -> str:
+    return pd.Timestamp(ts, unit="s").strftime("%H:%M")
+
+
+def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
+    """The bypass-spike rule over the range: per layer and minute, the share of
+    the last 5 minutes' lookups that bypassed the cache; it fires where the
+    share is above ``BYPASS_SHARE`` and was not an hour before, held for
+    ``BYPASS_FOR_S``. Columns: layer, since, until, share (the peak)."""
+    cols = ["layer", "since", "until", "share"]
+    if lookups is None or lookups.empty:
+        return pd.DataFrame(columns=cols)
+    lk = lookups[(lookups["ts"] > start - 3900) & (lookups["ts"] <= end)]
+    if lk.empty:
+        return pd.DataFrame(columns=cols)
+    minute = (lk["ts"].to_numpy(float) // 60).astype("int64")
+    d = pd.DataFrame({"layer": lk["layer"].to_numpy(), "m": minute, "all": lk["count"].to_numpy(float),
+                      "bypass": lk["count"].to_numpy(float) * (lk["result"].to_numpy() == "bypass")})
+    out = []
+    for layer, g in d.groupby("layer"):
+        per = g.groupby("m")[["all", "bypass"]].sum()
+        idx = range(int(per.index.min()), int(per.index.max()) + 1)
+        per = per.reindex(idx, fill_value=0.0)
+        w = per.rolling(5, min_periods=1).sum()
+        share = (w["bypass"] / w["all"].where(w["all"] > 0)).fillna(0.0)
+        before = share.shift(60)
+        cond = (share > BYPASS_SHARE) & ~(before > BYPASS_SHARE)
+        run_id = (cond != cond.shift()).cumsum()
+        for _, seg in share[cond].groupby(run_id[cond]):
+            t0, t1 = seg.index.min() * 60.0, seg.index.max() * 60.0 + 60.0
+            if t1 - t0 >= BYPASS_FOR_S and t1 > start:
+                out.append((layer, max(t0, start), t1, float(seg.max())))
+    return pd.DataFrame(out, columns=cols)
+
+
 def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
     rows = []
     lk = frames.get("lookups", pd.DataFrame())
@@ -87,10 +129,25 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                 rows.append(("critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning", "HitRateRegression",
                              f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
                              f"({-fall:+.0%}, p = {r.p_value:.1g})", end - third))
+        # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules do).
+        runs = frames.get("warmup_runs", pd.DataFrame())
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
-            if v.detected and v.trap != "tenant_isolation":  # checked over the whole range below
-                name, sev = TRAP_ALERTS[v.trap]
-                rows.append((sev, name, v.evidence, end - third))
+            if not v.detected or v.trap in ("tenant_isolation", "bypass"):
+                continue
+            if v.trap == "warmup_timing":
+                # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic did not use; a
+                # restart's warm-up is timed by the restart (its waste is WarmSetPrecisionLow's, per strategy).
+                timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
+                v = timing({**frames, "warmup_runs": timed}, (end - third, end), (end - 2 * third, end - third))
+                if not v.detected:
+                    continue
+            name, sev = TRAP_ALERTS[v.trap]
+            rows.append((sev, name, v.evidence, end - third))
+        for r in bypass_spikes(lk, start, end).itertuples():
+            name, sev = TRAP_ALERTS["bypass"]
+            rows.append((sev, name, f"layer {r.layer}: {r.share:.0%} of lookups bypassed the cache from "
+                                    f"{_hhmm(r.since)} to {_hhmm(r.until)} (at most {BYPASS_SHARE:.0%} an hour "
+                                    "before) — a path started skipping the cache", r.since))
     leak = cross_tenant_reads(frames.get("hot_keys", pd.DataFrame()), start, end)
     if leak is not None:
         name, sev = TRAP_ALERTS["tenant_isolation"]

@@ -103,3 +103,28 @@ def test_cross_tenant_read_fires_on_both_sides_or_on_neither(tmp_path, leak):
         "alert_rule_test": [{"eval_time": "31m", "alertname": "WarmscopeCrossTenantCacheRead", "exp_alerts": exp},
                             {"eval_time": "59m", "alertname": "WarmscopeCrossTenantCacheRead", "exp_alerts": exp}]}])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("share", [0.03, 0.20])
+def test_bypass_spike_fires_on_both_sides_or_on_neither(tmp_path, share):
+    # 100 lookups a minute, 1 % bypassing for 80 minutes, then ``share`` for 20 minutes.
+    rows = []
+    for m in range(100):
+        b = 1 if m < 80 else round(100 * share)
+        rows += [((m + 1) * MIN, "response", "bypass", b), ((m + 1) * MIN, "response", "miss", 100 - b)]
+    lk = pd.DataFrame(rows, columns=["ts", "layer", "result", "count"])
+    py = evaluate({"lookups": lk}, 0.0, 100 * MIN)
+    py_fires = "CacheBypassSpike" in set(py.alert)
+    assert py_fires == (share > alert_defs.BYPASS_SHARE)
+    exp = [{"exp_labels": {"severity": "warning", "warmscope_cache_layer": "response"},
+            "exp_annotations": {"summary": f"{share * 100:.4g}% of response lookups bypass the cache",
+                                "description": "A middleware path (cache-control: no-cache, skip flags) started "
+                                               "skipping the cache.",
+                                "runbook_url": "docs/runbooks.md#bypass-spike"}}] if py_fires else []
+    series = [{"series": f'warmscope_cache_lookups_total{{warmscope_cache_layer="response",'
+                         f'warmscope_cache_result="{res}"}}', "values": _counter_values(lk, res)}
+              for res in ("bypass", "miss")]
+    out = _promtool(tmp_path, [{"name": f"bypass {share}", "interval": "1m", "input_series": series,
+                                "alert_rule_test": [{"eval_time": "100m", "alertname": "WarmscopeBypassSpike",
+                                                     "exp_alerts": exp}]}])
+    assert out.returncode == 0, out.stdout + out.stderr
