@@ -128,3 +128,14 @@ def test_bypass_spike_fires_on_both_sides_or_on_neither(tmp_path, share):
                                 "alert_rule_test": [{"eval_time": "100m", "alertname": "WarmscopeBypassSpike",
                                                      "exp_alerts": exp}]}])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_engine_hit_rate_alerts_use_the_same_threshold():
+    # rules/engines.alerts.yml is written by hand (engine metrics have no evaluator here); its hit-rate
+    # conditions must use the definitions' fall.
+    rules = [r for g in yaml.safe_load((RULES / "engines.alerts.yml").read_text())["groups"] for r in g["rules"]]
+    hit = [r for r in rules if "HitRateRegression" in r["alert"]]
+    assert len(hit) == 2
+    for r in hit:
+        assert f"< {1 - alert_defs.HIT_RATE_DROP:g} * (warmscope:engine_prefix_hit_ratio:rate5m offset" in r["expr"]
+        assert f"{alert_defs.HIT_RATE_DROP:.0%}" in r["annotations"]["summary"]
