@@ -203,7 +203,9 @@ def demo_world(hours: float, now: float | None = None):
     now = time.time() if now is None else now
     # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes hourly,
     # so warm-up has cold starts to prevent and a moving target to follow.
-    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", restart_every_h=1.0,
+    # Three pools on the same traffic: no warm-up (the control), yesterday's top keys, and the predictive heat decay.
+    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", strategy_c="predictive",
+                         restart_every_h=1.0,
                          content_drift_h=1.0, peak_warmup_at_h=at(5.5),
                          start=math.floor(now / 60) * 60 - hours * 3600)
     faults = [replace(parse_fault("bypass:tenant=globex,layer=response"), start=at(5.0) * 3600, end=at(3.5) * 3600),
