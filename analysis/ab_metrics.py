@@ -64,7 +64,7 @@ import numpy as np
 
 from warmscope.collectors.aggregator import UNIT_BUCKETS, UNIT_FIELDS
 
-__all__ = ["Metric", "METRICS", "BUCKET_S", "NB", "FIELDS", "COLUMNS", "LAYER_COLUMNS", "metric_names", "find",
+__all__ = ["Metric", "METRICS", "BUCKET_S", "NB", "FIELDS", "COLUMNS", "LAYER_COLUMNS", "metric_names", "find", "in_list_order",
            "lower_is_better", "pos_column", "cross_column", "columns_for", "contributions", "layer_contributions", "unit_exprs", "layer_exprs",
            "bucket_sql", "bucket_of", "rebuild_sql", "upsert_sql", "ddl", "ensure_columns", "DEFAULT_PRIMARY"]
 
@@ -145,6 +145,17 @@ def find(name: str, metrics: Sequence[Metric] = METRICS) -> Metric | None:
         elif m.name == name:
             return m
     return None
+
+
+def in_list_order(names: Iterable[str], metrics: Sequence[Metric] = METRICS) -> list[str]:
+    """Metric names in the list's order (per-layer ones by layer); undeclared names last."""
+    pos = {id(m): i for i, m in enumerate(metrics)}
+
+    def key(n: str):
+        m = find(n, metrics)
+        return (pos[id(m)] if m is not None else len(metrics), n)
+
+    return sorted(dict.fromkeys(names), key=key)
 
 
 def lower_is_better(name: str, metrics: Sequence[Metric] = METRICS) -> bool:

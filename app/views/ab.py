@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from warmscope.analysis.ab import adjust
-from warmscope.analysis.ab_metrics import find
+from warmscope.analysis.ab_metrics import find, in_list_order
 from warmscope.analysis.ab_report import (DEFAULT_PRIMARY, HEADERS, _better, _rows, build_from_series, effect_figure,
                                           render_html)
 from warmscope.app import data, engine_view, ui
@@ -82,7 +82,7 @@ try:
 except data.SourceError as e:
     st.error(str(e))
     st.stop()
-choices = list(dict.fromkeys(r.metric for r in rep.results)) or [DEFAULT_PRIMARY]
+choices = in_list_order(r.metric for r in rep.results) or [DEFAULT_PRIMARY]
 if wanted not in choices:
     st.session_state["ab-primary"] = DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0]
 primary = c4.selectbox("Primary metric", choices, key="ab-primary",
