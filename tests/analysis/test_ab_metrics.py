@@ -173,3 +173,28 @@ def test_a_store_gains_the_sums_of_a_newly_declared_metric(tmp_path):
     st.close()
     b, a = before.sort_values(["variant", "bucket"]), after.sort_values(["variant", "bucket"])
     assert a["x_gpu_s"].to_numpy() == pytest.approx(b["x_gpu_s"].to_numpy()) and a["x_gpu_s"].sum() > 0
+
+
+def test_report_ab_cli_compares_the_arms_it_is_given(tmp_path, capsys):
+    from warmscope.app import cli
+
+    path = tmp_path / "abc.sqlite"
+    st = EmbeddedStore(path)
+    u = _units(n=900, seed=4)
+    cols = _TABLES["ab_units"]
+    st.write({"ab_units": [tuple(r[c] for c in cols) for _, r in u.iterrows()],
+              "ab_lookups": [("e", r.variant, r.unit_hash, ly, int(r[f"lookups_{ly}"]), int(r[f"hits_{ly}"]))
+                             for _, r in u.iterrows() for ly in ("kv", "resp")]})
+    st.close()
+    out = tmp_path / "r.html"
+    base = ["--store", str(path), "report", "ab", "--experiment", "e", "--out", str(out)]
+    assert cli.main(base) == 0  # default: every arm besides the control
+    md = out.with_suffix(".md").read_text()
+    assert "B, C vs A" in md and "| C vs A |" in md and "Holm over 2 arms" in capsys.readouterr().out
+    assert cli.main(base + ["--treatment", "C", "--primary", "hit rate (kv)"]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "C vs A" in md and "| B vs A |" not in md and "★ hit rate (kv)" in md
+    assert cli.main(base + ["--treatment", "B,C", "--control", "B"]) == 2
+    assert "same variant" in capsys.readouterr().err
+    assert cli.main(base + ["--treatment", "Z"]) == 2
+    assert "--treatment 'Z' is not a variant of 'e'; variants: A, B, C" in capsys.readouterr().err
