@@ -83,8 +83,8 @@ except data.SourceError as e:
     st.error(str(e))
     st.stop()
 choices = in_list_order(r.metric for r in rep.results) or [DEFAULT_PRIMARY]
-if wanted not in choices:
-    st.session_state["ab-primary"] = DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0]
+st.session_state["ab-primary"] = wanted if wanted in choices else \
+    (DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0])
 primary = c4.selectbox("Primary metric", choices, key="ab-primary",
                        help="The metric the verdict is about; which way is better comes from its definition.")
 ui.url_set(experiment=exp, primary=primary)
