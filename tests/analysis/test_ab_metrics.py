@@ -49,7 +49,7 @@ def _moments_of(u: pd.DataFrame, metrics):
                    pd.DataFrame(c, columns=list(cols))], axis=1)
     agg = {k: "sum" for k in cols}
     agg.update(min_first="min", max_last="max")
-    mm = m.groupby(["variant", "bucket"], as_index=False).agg(agg)
+    mm = m.groupby(["variant", "bucket"]).agg(agg).reset_index()
     lrows = []
     for layer in ("kv", "resp"):
         lc = AM.layer_contributions(u[f"lookups_{layer}"], u[f"hits_{layer}"], np.ones(len(u)))
