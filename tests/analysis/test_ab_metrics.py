@@ -47,9 +47,10 @@ def _moments_of(u: pd.DataFrame, metrics):
     cols = AM.columns_for(metrics)
     m = pd.concat([pd.DataFrame({"variant": u["variant"].to_numpy(), "bucket": AM.bucket_of(u["first_ts"])}),
                    pd.DataFrame(c, columns=list(cols))], axis=1)
-    agg = {k: "sum" for k in cols}
-    agg.update(min_first="min", max_last="max")
-    mm = m.groupby(["variant", "bucket"]).agg(agg).reset_index()
+    gb = m.groupby(["variant", "bucket"])
+    mm = gb.sum()
+    mm["min_first"], mm["max_last"] = gb["min_first"].min(), gb["max_last"].max()
+    mm = mm.reset_index()
     lrows = []
     for layer in ("kv", "resp"):
         lc = AM.layer_contributions(u[f"lookups_{layer}"], u[f"hits_{layer}"], np.ones(len(u)))
