@@ -359,7 +359,9 @@ class Simulation:
                 self.schedule(t, lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end),
                               tg=trigger, st=strategy: self._start_layer(r, ly, ps, e, tg, st, ttl))
                 t = end
-            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True):
+            # A (re)start's warm-up holds the readiness gate; a rolling restart's surge instance warms in the
+            # background while the old instance keeps serving (it takes over at cut-over).
+            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True) and not cutover:
                 rep.ready_at = max(rep.ready_at, t)
 
     def _lora_picks(self, strategy: str, pool: Pool) -> list:

@@ -242,6 +242,10 @@ def test_rolling_restarts_cut_over_to_a_warmed_instance(tmp_path):
     assert set(r.replica) == {"b-0", "b-1"}  # pool A (none) restarts too, with nothing to warm
     lk = st.frame("lookups")
     assert lk[(lk.layer == "weights") & (lk.result == "miss")]["count"].sum() == 0  # the old instance served
+    # ... while the surge instance warmed (1020 s to about 1082 s): b-0 is not taken out of rotation then.
+    # (Taken out, it served 56 of pool B's 464 lookups in that minute; in rotation, 244.)
+    minute = lk[lk.replica.str.startswith("b-") & (lk.ts == T0 + 1080)].groupby("replica")["count"].sum()
+    assert minute["b-0"] / minute.sum() > 0.35, minute.to_dict()
 
 
 def test_content_drift_moves_popularity_beyond_the_head_only():
