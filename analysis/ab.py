@@ -341,6 +341,8 @@ class Result:
     rel_p_value: float = float("nan")
     control_above: bool = False  # the control's quantile is only known to exceed the last bucket edge
     treatment_above: bool = False
+    arm: str = ""  # in an A/B/n report: the treatment arm this row compares with the control
+    direction: str = ""  # "higher" or "lower" is better (from the metric's definition); "" unknown
 
     @property
     def significant(self) -> bool:

@@ -1,7 +1,8 @@
 """The A/B report: metrics from per-unit records, SRM first, a verdict, and
 the same content as HTML (self-contained), Markdown, or a dashboard page.
 
-Metrics (treatment vs control, unit = session):
+The metrics, their kinds and which way is better come from one list,
+:data:`analysis.ab_metrics.METRICS` (treatment vs control, unit = session):
 
 ==============================  =========  ==========================================
 metric                          kind       definition
@@ -17,8 +18,11 @@ SLA met per request             ratio      Σ SLA-met requests / Σ requests
 P95 / P99 latency (s)           quantile   from per-unit latency histograms (outer CI)
 ==============================  =========  ==========================================
 
-One metric is primary (tested at α as is); the others get Holm and BH
-adjustments. Without unit records (a Prometheus-only deployment),
+A/B/n: with more than one treatment arm every arm is compared with the
+control (one row per metric and arm) and the sample-ratio check covers all
+arms. The primary metric's p-values are Holm-adjusted over the arms (tested
+as is with one arm); every other metric's over all its rows and arms (Holm
+and BH). Without unit records (a Prometheus-only deployment),
 :func:`build_from_series` compares per-variant time-bucket means instead,
 with a warning.
 
@@ -32,30 +36,31 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from warmscope.collectors.ab_moments import BUCKET_S, NB, bucket_of
 from warmscope.collectors.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
+from .ab_metrics import (BUCKET_S, DEFAULT_PRIMARY, METRICS, NB, Metric, bucket_of, cross_column, find,
+                         pos_column)
 from .buckets import bucket_start
 from .hitrate import hit_table
 
-__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series", "render_markdown", "render_html", "metric_stats",
-           "DEFAULT_PRIMARY"]
+__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series",
+           "render_markdown", "render_html", "metric_stats", "better", "DEFAULT_PRIMARY"]
 
-DEFAULT_PRIMARY = "latency per request (s)"
 _H = [f"h{i}" for i in range(len(DURATION_BUCKETS) + 1)]
+Arms = str | Sequence[str] | None
 
 
 @dataclass
 class ABReport:
     experiment: str
     control: str
-    treatment: str
+    treatment: str  # the first treatment arm (see ``treatments``)
     source: str
     units: dict[str, int]
     srm_units: SRM | None
@@ -68,93 +73,171 @@ class ABReport:
     effect_over_time: pd.DataFrame = field(default_factory=pd.DataFrame)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
+    treatments: list[str] = field(default_factory=list)  # every treatment arm, each compared with the control
+
+    def __post_init__(self) -> None:
+        if not self.treatments:
+            self.treatments = [self.treatment]
+
+    @property
+    def multi_arm(self) -> bool:
+        return len(self.treatments) > 1
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([r.__dict__ for r in self.results])
 
 
-def metric_stats(u: pd.DataFrame, only: str | None = None) -> dict[str, object]:
+# ----------------------------------------------------------------- statistics per arm
+def _names(m: Metric, layers: Sequence[str]) -> list[tuple[str, str | None]]:
+    return [(m.named(ly), ly) for ly in layers] if m.per_layer else [(m.name, None)]
+
+
+def metric_stats(u: pd.DataFrame, only: str | None = None,
+                 metrics: Sequence[Metric] = METRICS) -> dict[str, object]:
     """Sufficient statistics of every metric (or just ``only``) for one arm's unit rows."""
-    req = u["requests"].to_numpy(float)
-    hist = lambda: u[_H].to_numpy(float) if all(h in u.columns for h in _H) else \
-        np.zeros((len(u), len(_H)))  # noqa: E731
-    makers = {
-        "conversion (units)": lambda: Proportion.from_units(u["conversions"].to_numpy(float)),
-        "conversions per request": lambda: Ratio.from_units(u["conversions"], req),
-        "value per unit": lambda: Mean.from_units(u["value"]),
-    }
-    for c in sorted(c for c in u.columns if c.startswith("lookups_")):
-        layer = c[len("lookups_"):]
-        makers[f"hit rate ({layer})"] = lambda layer=layer, c=c: Ratio.from_units(u[f"hits_{layer}"], u[c])
-    makers.update({
-        "GPU-s per request": lambda: Ratio.from_units(u["gpu_s"], req),
-        "latency per request (s)": lambda: Ratio.from_units(u["latency_sum"], req),
-        "TTFT per request (s)": lambda: Ratio.from_units(u["ttft_sum"], req),
-        "SLA met per request": lambda: Ratio.from_units(u["sla_met"], req),
-        "P95 latency (s)": lambda: Quantile.from_units(0.95, DURATION_BUCKETS, hist()),
-        "P99 latency (s)": lambda: Quantile.from_units(0.99, DURATION_BUCKETS, hist()),
-    })
-    return {k: f() for k, f in makers.items() if only is None or k == only}
+    req = u["requests"].to_numpy(float) if "requests" in u.columns else np.zeros(len(u))
+    layers = sorted(c[len("lookups_"):] for c in u.columns if c.startswith("lookups_"))
+
+    def hist() -> np.ndarray:
+        return u[_H].to_numpy(float) if all(h in u.columns for h in _H) else np.zeros((len(u), len(_H)))
+
+    def col(f: str) -> np.ndarray:
+        return req if f == "requests" else u[f].to_numpy(float)
+
+    def make(m: Metric, layer: str | None):
+        if m.per_layer:
+            return Ratio.from_units(u[f"hits_{layer}"], u[f"lookups_{layer}"])
+        if m.kind == "proportion":
+            return Proportion.from_units(col(m.numerator))
+        if m.kind == "mean":
+            return Mean.from_units(col(m.numerator))
+        if m.kind == "ratio":
+            return Ratio.from_units(col(m.numerator), col(m.denominator))
+        return Quantile.from_units(m.q, DURATION_BUCKETS, hist())
+
+    return {name: make(m, ly) for m in metrics for name, ly in _names(m, layers) if only is None or name == only}
 
 
-_LOWER_IS_BETTER = ("latency", "TTFT", "GPU-s", "P95", "P99")
+def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = None,
+                 metrics: Sequence[Metric] = METRICS) -> dict[str, object]:
+    """Sufficient statistics of every metric (or just ``only``) from one arm's
+    summed ``ab_moments`` row and ``ab_layer_moments`` rows by layer; equal to
+    :func:`metric_stats` on that arm's unit rows."""
+    n = int(round(m["n"]))
+
+    def make(d: Metric, layer: str | None):
+        if d.per_layer:
+            lm = layers[layer]
+            return Ratio(n, lm["s_hits"], lm["s_lookups"], lm["q_hits"], lm["q_lookups"], lm["x_hits"])
+        if d.kind == "proportion":
+            return Proportion(n, int(round(m[pos_column(d.numerator)])))
+        if d.kind == "mean":
+            return Mean(n, m[f"s_{d.numerator}"], m[f"q_{d.numerator}"])
+        if d.kind == "ratio":
+            a, b = d.numerator, d.denominator
+            return Ratio(n, m[f"s_{a}"], m[f"s_{b}"], m[f"q_{a}"], m[f"q_{b}"], m[cross_column(a, b)])
+        arr = lambda p: np.array([m[f"{p}{i}"] for i in range(NB)], dtype=float)  # noqa: E731
+        return Quantile(d.q, tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]), arr("cc"),
+                        arr("cd"), arr("dd"), arr("cn"), arr("dn"))
+
+    return {name: make(d, ly) for d in metrics for name, ly in _names(d, sorted(layers))
+            if only is None or name == only}
 
 
-def _better(r: Result) -> bool | None:
-    if not np.isfinite(r.abs_effect) or r.abs_effect == 0:
+# ----------------------------------------------------------------- verdict
+def better(r: Result) -> bool | None:
+    """True when the treatment is better on ``r``'s metric, False when worse, None when there is no
+    difference or the metric's direction is not declared."""
+    if not np.isfinite(r.abs_effect) or r.abs_effect == 0 or r.direction not in ("higher", "lower"):
         return None
-    lower = any(k in r.metric for k in _LOWER_IS_BETTER)
-    return (r.abs_effect < 0) if lower else (r.abs_effect > 0)
+    return (r.abs_effect < 0) if r.direction == "lower" else (r.abs_effect > 0)
 
 
-def _verdict(rep: ABReport, prim: Result | None) -> str:
+_better = better  # the dashboard's name
+
+
+def _p(r: Result, multi: bool) -> float:
+    """The p-value a row is judged by: the primary metric's raw p with one treatment arm, else Holm's."""
+    return r.p_value if r.primary and not multi else r.p_holm
+
+
+def _rel(r: Result) -> str:
+    return f"{r.rel_effect:+.1%} (95% CI {r.rel_low:+.1%} to {r.rel_high:+.1%})" if np.isfinite(r.rel_effect) \
+        else f"{r.abs_effect:+.4g}"
+
+
+def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
     if rep.error:
         return f"No verdict: {rep.error}"
     if rep.srm_units is not None and rep.srm_units.flagged:
         return (f"Do not trust this result: the unit split {rep.srm_units.observed} does not match the plan "
                 f"(sample-ratio mismatch, p = {rep.srm_units.p_value:.2g}). Find the cause before reading metrics.")
-    if prim is None or prim.error:
-        return f"No verdict on {rep.primary}: {prim.error if prim else 'metric not available'}."
-    rel = f"{prim.rel_effect:+.1%} (95% CI {prim.rel_low:+.1%} to {prim.rel_high:+.1%})" \
-        if np.isfinite(prim.rel_effect) else f"{prim.abs_effect:+.4g}"
-    if prim.p_value < 0.05:
-        good = _better(prim)
-        word = "beats" if good else "is worse than"
-        return (f"{rep.treatment} {word} {rep.control} on {prim.metric}: {rel}, p = {prim.p_value:.2g}"
-                f"{' (always-valid p = %.2g)' % prim.seq_p if np.isfinite(prim.seq_p) else ''}.")
-    mde = f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}" \
-        if rep.power and np.isfinite(rep.power.mde_rel) else ""
-    return f"No significant difference on {prim.metric} ({rel}, p = {prim.p_value:.2g}){mde}."
+    if not prims:
+        return f"No verdict on {rep.primary}: metric not available."
+    if not rep.multi_arm:
+        prim = prims[0]
+        if prim.error:
+            return f"No verdict on {rep.primary}: {prim.error}."
+        if prim.p_value < 0.05:
+            word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
+            return (f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, p = {prim.p_value:.2g}"
+                    f"{' (always-valid p = %.2g)' % prim.seq_p if np.isfinite(prim.seq_p) else ''}.")
+        mde = f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}" \
+            if rep.power and np.isfinite(rep.power.mde_rel) else ""
+        return f"No significant difference on {prim.metric} ({_rel(prim)}, p = {prim.p_value:.2g}){mde}."
+    parts = []
+    for r in prims:
+        if r.error:
+            parts.append(f"{r.arm}: not tested ({r.error})")
+        elif r.p_holm < 0.05:
+            word = {True: "beats", False: "is worse than", None: "differs from"}[better(r)]
+            parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p = {r.p_holm:.2g}")
+        else:
+            parts.append(f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p = "
+                         f"{r.p_holm:.2g})")
+    return f"On {rep.primary}, each arm against {rep.control} (Holm over {len(prims)} arms): " + "; ".join(parts) + "."
 
 
-def _finish(rep: ABReport, sa: dict, sb: dict, primary: str, alpha: float, target_rel: float, has_pre: bool,
-            cumulative) -> ABReport:
+# ----------------------------------------------------------------- assembling
+def _finish(rep: ABReport, stats: Mapping[str, dict], primary: str, alpha: float, target_rel: float,
+            has_pre: bool, cumulative: Callable[[str], Iterator[tuple[float, dict]]],
+            metrics: Sequence[Metric]) -> ABReport:
     """Tests, adjustments, power, the over-time curve and the verdict, shared by
-    the unit-row and the moments paths. ``cumulative()`` yields (t, stats_a,
-    stats_b) for units that arrived before t."""
+    the unit-row and the moments paths. ``stats``: arm -> metric -> sufficient
+    statistics; ``cumulative(metric)`` yields (t, arm -> statistics) for units
+    that arrived before t."""
+    sa = stats[rep.control]
     if primary not in sa:
         rep.warnings.append(f"primary metric {primary!r} not found; using {DEFAULT_PRIMARY!r}")
         rep.primary = primary = DEFAULT_PRIMARY
-    results = [compare(m, sa[m], sb[m], alpha, primary=(m == primary)) for m in sa]
-    others = [i for i, r in enumerate(results) if not r.primary]
-    holm, bh = adjust([results[i].p_value for i in others])
-    for j, i in enumerate(others):
-        results[i] = replace(results[i], p_holm=float(holm[j]), p_bh=float(bh[j]))
-    rep.results = sorted(results, key=lambda r: (not r.primary, r.metric))
-    prim = next((r for r in rep.results if r.primary), None)
-    rep.power = power(sa[primary], sb[primary], rep.days_observed, target_rel) if prim else None
+    results = []
+    for name in sa:
+        d = find(name, metrics)
+        for arm in rep.treatments:
+            r = compare(name, sa[name], stats[arm][name], alpha, primary=(name == primary))
+            results.append(replace(r, arm=arm, direction=d.direction if d else ""))
+    for group in ([i for i, r in enumerate(results) if r.primary], [i for i, r in enumerate(results) if not r.primary]):
+        holm, bh = adjust([results[i].p_value for i in group])
+        for j, i in enumerate(group):
+            results[i] = replace(results[i], p_holm=float(holm[j]), p_bh=float(bh[j]))
+    rep.results = [r for r in results if r.primary] + [r for r in results if not r.primary]  # list order otherwise
+    prims = [r for r in rep.results if r.primary]
+    rep.power = power(sa[primary], stats[rep.treatment][primary], rep.days_observed, target_rel) if prims else None
     rows = []
-    for t, a, b in cumulative(primary):
-        if a.n < 2 or b.n < 2:
-            continue
-        r = compare(primary, a, b, alpha)
-        rows.append((t, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect))
-    rep.effect_over_time = pd.DataFrame(rows, columns=["t", "effect", "low", "high", "seq_low", "seq_high",
+    for t, by_arm in cumulative(primary):
+        a = by_arm[rep.control]
+        for arm in rep.treatments:
+            b = by_arm[arm]
+            if a.n < 2 or b.n < 2:
+                continue
+            r = compare(primary, a, b, alpha)
+            rows.append((t, arm, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect))
+    rep.effect_over_time = pd.DataFrame(rows, columns=["t", "arm", "effect", "low", "high", "seq_low", "seq_high",
                                                        "abs_effect"])
     if not has_pre:
         rep.warnings.append("CUPED not applied: the unit records carry no pre-period values (pre_<metric> "
                             "columns); analysis.ab.cuped adjusts a metric when they exist")
-    rep.verdict = _verdict(rep, prim)
+    rep.verdict = _verdict(rep, prims)
     return rep
 
 
@@ -166,20 +249,30 @@ def _points(buckets: np.ndarray, points: int) -> np.ndarray:
     return ends[np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))]
 
 
-def _start(units: dict[str, int], experiment: str, control: str, treatment: str, primary: str,
-           planned: Sequence[float], request_totals: dict[str, float] | None) -> ABReport:
-    rep = ABReport(experiment, control, treatment, "unit records", units, None, None, [], primary, "", None, 0.0)
-    rep.srm_units = srm([units[control], units[treatment]], planned, what="units")
+def _arms(control: str, treatment: Arms, present: Sequence[str]) -> list[str]:
+    """The treatment arms: as given, else every arm present besides the control (in name order)."""
+    if treatment is None or (not isinstance(treatment, str) and len(treatment) == 0):
+        return [v for v in sorted(present) if v != control] or ["B"]
+    return [treatment] if isinstance(treatment, str) else list(dict.fromkeys(treatment))
+
+
+def _start(units: dict[str, int], experiment: str, control: str, arms: list[str], primary: str,
+           planned: Sequence[float] | None, request_totals: dict[str, float] | None) -> ABReport:
+    rep = ABReport(experiment, control, arms[0], "unit records", units, None, None, [], primary, "", None, 0.0,
+                   treatments=arms)
+    order = [control] + arms
+    plan = planned if planned is not None and len(planned) == len(order) else None
+    rep.srm_units = srm([units.get(v, 0) for v in order], plan, what="units")
     if request_totals:
-        rep.srm_requests = srm([request_totals.get(control, 0), request_totals.get(treatment, 0)], planned,
-                               what="requests")
+        rep.srm_requests = srm([request_totals.get(v, 0) for v in order], plan, what="requests")
     return rep
 
 
-def _empty(experiment: str, control: str, treatment: str, primary: str, units: dict) -> ABReport:
-    rep = ABReport(experiment, control, treatment, "unit records", units, None, None, [], primary, "", None, 0.0)
+def _empty(experiment: str, control: str, arms: list[str], primary: str, units: dict) -> ABReport:
+    rep = ABReport(experiment, control, arms[0], "unit records", units, None, None, [], primary, "", None, 0.0,
+                   treatments=arms)
     rep.error = f"no unit records for experiment {experiment!r}; is the experiment name right?"
-    rep.verdict = _verdict(rep, None)
+    rep.verdict = _verdict(rep, [])
     return rep
 
 
@@ -189,82 +282,51 @@ def _request_totals(requests: pd.DataFrame | None, experiment: str) -> dict[str,
     return requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum().to_dict()
 
 
-def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: str = "B",
-                 primary: str = DEFAULT_PRIMARY, planned: Sequence[float] = (0.5, 0.5),
+def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: Arms = "B",
+                 primary: str = DEFAULT_PRIMARY, planned: Sequence[float] | None = None,
                  requests: pd.DataFrame | None = None, alpha: float = 0.05, target_rel: float = 0.02,
-                 over_time_points: int = 12) -> ABReport:
+                 over_time_points: int = 12, metrics: Sequence[Metric] = METRICS) -> ABReport:
     """Everything the report shows, from ``EmbeddedStore.units(experiment)`` rows
-    (one per unit). :func:`build_report_from_moments` gives the same report
-    from the store's A/B moments without reading unit rows."""
+    (one per unit). ``treatment``: one arm, several (A/B/n), or None for every
+    arm besides the control. ``planned``: the planned shares of control and
+    treatments in that order (default equal). :func:`build_report_from_moments`
+    gives the same report from the store's A/B moments without reading unit rows."""
     u = units[units["experiment"] == experiment] if len(units) else units
-    counts = {v: int((u["variant"] == v).sum()) for v in (control, treatment)} if len(u) else {}
+    arms = _arms(control, treatment, u["variant"].unique() if len(u) else [])
+    counts = {v: int((u["variant"] == v).sum()) for v in [control] + arms} if len(u) else {}
     if u.empty:
-        return _empty(experiment, control, treatment, primary, counts)
-    rep = _start(counts, experiment, control, treatment, primary, planned, _request_totals(requests, experiment))
-    a, b = u[u["variant"] == control], u[u["variant"] == treatment]
+        return _empty(experiment, control, arms, primary, counts)
+    rep = _start(counts, experiment, control, arms, primary, planned, _request_totals(requests, experiment))
     rep.days_observed = max((u["last_ts"].max() - u["first_ts"].min()) / 86400.0, 1e-9)
     # Each arm sorted once; a point is a prefix of each (a view, no copy).
-    arms = [x.sort_values("first_ts") for x in (a, b)]
-    ts = [arm["first_ts"].to_numpy() for arm in arms]
+    parts = {v: u[u["variant"] == v].sort_values("first_ts") for v in [control] + arms}
+    ts = {v: x["first_ts"].to_numpy() for v, x in parts.items()}
     pts = _points(bucket_of(u["first_ts"].to_numpy()), over_time_points)
 
     def cumulative(metric):
         for t in pts:
-            pa, pb = (arm.iloc[: int(np.searchsorted(x, t, side="left"))] for arm, x in zip(arms, ts))
-            yield t, metric_stats(pa, only=metric)[metric], metric_stats(pb, only=metric)[metric]
+            yield t, {v: metric_stats(x.iloc[: int(np.searchsorted(ts[v], t, side="left"))], metric, metrics)[metric]
+                      for v, x in parts.items()}
 
-    return _finish(rep, metric_stats(a), metric_stats(b), primary, alpha, target_rel,
-                   any(c.startswith("pre_") for c in u.columns), cumulative)
-
-
-def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = None) -> dict[str, object]:
-    """Sufficient statistics of every metric (or just ``only``) from one arm's
-    summed ``ab_moments`` row and ``ab_layer_moments`` rows by layer; equal to
-    :func:`metric_stats` on that arm's unit rows."""
-    n = int(round(m["n"]))
-
-    def ratio(x: str) -> Ratio:
-        return Ratio(n, m[f"s_{x}"], m["s_requests"], m[f"q_{x}"], m["q_requests"], m[f"x_{x}"])
-
-    def quant(q: float) -> Quantile:
-        k = range(NB)
-        arr = lambda p: np.array([m[f"{p}{i}"] for i in k], dtype=float)  # noqa: E731
-        return Quantile(q, tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]), arr("cc"),
-                        arr("cd"), arr("dd"), arr("cn"), arr("dn"))
-
-    makers = {
-        "conversion (units)": lambda: Proportion(n, int(round(m["pos"]))),
-        "conversions per request": lambda: ratio("conversions"),
-        "value per unit": lambda: Mean(n, m["s_value"], m["q_value"]),
-    }
-    for layer in sorted(layers):
-        lm = layers[layer]
-        makers[f"hit rate ({layer})"] = lambda lm=lm: Ratio(n, lm["s_hits"], lm["s_lookups"], lm["q_hits"],
-                                                            lm["q_lookups"], lm["x_hits"])
-    makers.update({
-        "GPU-s per request": lambda: ratio("gpu_s"),
-        "latency per request (s)": lambda: ratio("latency_sum"),
-        "TTFT per request (s)": lambda: ratio("ttft_sum"),
-        "SLA met per request": lambda: ratio("sla_met"),
-        "P95 latency (s)": lambda: quant(0.95),
-        "P99 latency (s)": lambda: quant(0.99),
-    })
-    return {k: f() for k, f in makers.items() if only is None or k == only}
+    return _finish(rep, {v: metric_stats(x, metrics=metrics) for v, x in parts.items()}, primary, alpha, target_rel,
+                   any(c.startswith("pre_") for c in u.columns), cumulative, metrics)
 
 
 def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame, experiment: str,
-                              control: str = "A", treatment: str = "B", primary: str = DEFAULT_PRIMARY,
-                              planned: Sequence[float] = (0.5, 0.5), request_totals: dict[str, float] | None = None,
-                              alpha: float = 0.05, target_rel: float = 0.02, over_time_points: int = 12) -> ABReport:
+                              control: str = "A", treatment: Arms = "B", primary: str = DEFAULT_PRIMARY,
+                              planned: Sequence[float] | None = None,
+                              request_totals: dict[str, float] | None = None, alpha: float = 0.05,
+                              target_rel: float = 0.02, over_time_points: int = 12,
+                              metrics: Sequence[Metric] = METRICS) -> ABReport:
     """The report from ``EmbeddedStore.moments(experiment)``: milliseconds for
     any number of units. ``request_totals``: requests per variant from the
     request metrics, for the request-level sample-ratio check."""
     mm = moments
-    counts = {v: int(round(mm.loc[mm["variant"] == v, "n"].sum())) for v in (control, treatment)} if len(mm) \
-        else {}
+    arms = _arms(control, treatment, mm["variant"].unique() if len(mm) else [])
+    counts = {v: int(round(mm.loc[mm["variant"] == v, "n"].sum())) for v in [control] + arms} if len(mm) else {}
     if not len(mm) or not sum(counts.values()):
-        return _empty(experiment, control, treatment, primary, counts)
-    rep = _start(counts, experiment, control, treatment, primary, planned, request_totals)
+        return _empty(experiment, control, arms, primary, counts)
+    rep = _start(counts, experiment, control, arms, primary, planned, request_totals)
     rep.days_observed = max((mm["max_last"].max() - mm["min_first"].min()) / 86400.0, 1e-9)
     layers = sorted(layer_moments["layer"].unique()) if len(layer_moments) else []
     sums = [c for c in mm.columns if c not in ("variant", "bucket", "min_first", "max_last")]
@@ -280,17 +342,16 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
 
     def cumulative(metric):
         for t in _points(mm["bucket"].to_numpy(), over_time_points):
-            (ma, la), (mb, lb) = arm(control, t), arm(treatment, t)
-            yield t, moment_stats(ma, la, metric)[metric], moment_stats(mb, lb, metric)[metric]
+            yield t, {v: moment_stats(*arm(v, t), metric, metrics)[metric] for v in [control] + arms}
 
-    (ma, la), (mb, lb) = arm(control), arm(treatment)
-    return _finish(rep, moment_stats(ma, la), moment_stats(mb, lb), primary, alpha, target_rel, False, cumulative)
+    return _finish(rep, {v: moment_stats(*arm(v), metrics=metrics) for v in [control] + arms}, primary, alpha,
+                   target_rel, False, cumulative, metrics)
 
 
-def report_for(source, experiment: str, control: str = "A", treatment: str = "B",
+def report_for(source, experiment: str, control: str = "A", treatment: Arms = "B",
                primary: str = DEFAULT_PRIMARY, **kw) -> ABReport:
     """The report from the best data a source has: the store's A/B moments,
-    else unit rows (e.g. Redis), else metric series (batch means)."""
+    else unit rows (e.g. Redis), else metric series (batch means, two arms)."""
     if hasattr(source, "moments"):
         m, lm = source.moments(experiment)
         if len(m):
@@ -300,7 +361,8 @@ def report_for(source, experiment: str, control: str = "A", treatment: str = "B"
     if len(units):
         return build_report(units, experiment, control, treatment, primary=primary,
                             requests=source.frame("requests"), **kw)
-    return build_from_series(source.frame("lookups"), source.frame("requests"), experiment, control, treatment)
+    first = treatment if isinstance(treatment, str) else (list(treatment or []) or ["B"])[0]
+    return build_from_series(source.frame("lookups"), source.frame("requests"), experiment, control, first)
 
 
 def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment: str, control: str = "A",
@@ -315,7 +377,7 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
         lk = lk[lk["layer"] == layer]
     if lk.empty:
         rep.error = f"no metric series for experiment {experiment!r}"
-        rep.verdict = _verdict(rep, None)
+        rep.verdict = _verdict(rep, [])
         return rep
     t = hit_table(lk, by=["variant"], freq=freq)
     res = [batch_means(t[t.variant == control]["hit_rate"].to_numpy(), t[t.variant == treatment]["hit_rate"]
@@ -330,9 +392,13 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
         res.append(batch_means(ca, cb, "GPU-s per request (batch means)"))
         tot = rq.groupby("variant")["requests"].sum()
         rep.srm_requests = srm([tot.get(control, 0), tot.get(treatment, 0)], what="requests")
+    hit = find("hit rate (any)")
+    gpu = find("GPU-s per request")
+    res = [replace(r, direction=d.direction if d else "", arm=treatment) for r, d in zip(res, (hit, gpu))]
     rep.results = [replace(res[0], primary=True)] + res[1:]
-    rep.verdict = _verdict(rep, rep.results[0])
+    rep.verdict = _verdict(rep, rep.results[:1])
     return rep
+
 
 
 # ---------------------------------------------------------------- render
@@ -343,23 +409,39 @@ def _fmt(x: float, pct: bool = False) -> str:
 
 
 def _rows(rep: ABReport) -> list[list[str]]:
+    """One row per metric and treatment arm (in HEADERS order)."""
     out = []
     for r in rep.results:
-        p_adj = "–" if r.primary else _fmt(r.p_holm)
+        # With one arm the primary metric is tested as is: no adjusted p-value to show.
+        p_adj = "–" if r.primary and not rep.multi_arm else _fmt(r.p_holm)
+        p_bh = "–" if r.primary and not rep.multi_arm else _fmt(r.p_bh)
         ctrl = f"> {_fmt(r.control)}" if r.control_above else _fmt(r.control)
         trt = f"> {_fmt(r.treatment)}" if r.treatment_above else _fmt(r.treatment)
         out.append([
-            ("★ " if r.primary else "") + r.metric, r.kind, ctrl, trt,
+            ("★ " if r.primary else "") + r.metric, f"{r.arm or rep.treatment} vs {rep.control}", r.kind, ctrl, trt,
             f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
             f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
-            _fmt(r.p_value), _fmt(r.rel_p_value), p_adj, _fmt(r.p_bh) if not r.primary else "–", _fmt(r.seq_p),
+            _fmt(r.p_value), _fmt(r.rel_p_value), p_adj, p_bh, _fmt(r.seq_p),
             r.error or r.warning or "",
         ])
     return out
 
 
-HEADERS = ["metric", "kind", "control", "treatment", "difference [95% CI]", "relative [95% CI]", "p",
+HEADERS = ["metric", "arm", "kind", "control", "treatment", "difference [95% CI]", "relative [95% CI]", "p",
            "p (relative)", "p (Holm)", "p (BH)", "always-valid p", "note"]
+
+
+def _title(rep: ABReport) -> str:
+    return f"A/B report: {rep.experiment} — {', '.join(rep.treatments)} vs {rep.control}"
+
+
+def _footnote(rep: ABReport) -> str:
+    if rep.multi_arm:
+        return (f"★ primary metric: p (Holm) adjusts over the {len(rep.treatments)} arms compared with the control; "
+                "every other metric is Holm- and BH-adjusted over all its rows and arms. Always-valid p: mixture "
+                "SPRT, safe to read at any time (sequential).")
+    return ("★ primary metric (tested at α = 0.05 as is); the others are Holm- and BH-adjusted. "
+            "Always-valid p: mixture SPRT, safe to read at any time (sequential).")
 
 
 def _srm_line(s: SRM | None) -> str:
@@ -371,7 +453,7 @@ def _srm_line(s: SRM | None) -> str:
 
 
 def render_markdown(rep: ABReport) -> str:
-    lines = [f"# A/B report: {rep.experiment} — {rep.treatment} vs {rep.control}", "",
+    lines = [f"# {_title(rep)}", "",
              f"**{rep.verdict}**", ""]
     for s in (rep.srm_units, rep.srm_requests):
         if s is not None:
@@ -385,8 +467,7 @@ def render_markdown(rep: ABReport) -> str:
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for row in _rows(rep):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
-    lines += ["", "★ primary metric (tested at α = 0.05 as is); the others are Holm- and BH-adjusted. "
-              "Always-valid p: mixture SPRT, safe to read at any time (sequential).", ""]
+    lines += ["", _footnote(rep), ""]
     return "\n".join(lines)
 
 
@@ -395,15 +476,19 @@ def effect_figure(rep: ABReport):
 
     d = rep.effect_over_time
     fig = go.Figure()
+    palette = ("31,119,180", "255,127,14", "44,160,44", "214,39,40", "148,103,189")
+    for i, arm in enumerate(d["arm"].unique() if len(d) else []):
+        x = d[d["arm"] == arm]
+        c = palette[i % len(palette)]
+        t = pd.to_datetime(x["t"], unit="s")
+        fig.add_trace(go.Scatter(x=t, y=x["high"], line=dict(width=0), showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=t, y=x["low"], fill="tonexty", line=dict(width=0), name=f"{arm}: 95% CI",
+                                 fillcolor=f"rgba({c},0.2)"))
+        fig.add_trace(go.Scatter(x=t, y=x["effect"], name=f"{arm} vs {rep.control}", line=dict(color=f"rgb({c})")))
     if len(d):
-        t = pd.to_datetime(d["t"], unit="s")
-        fig.add_trace(go.Scatter(x=t, y=d["high"], line=dict(width=0), showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=t, y=d["low"], fill="tonexty", line=dict(width=0), name="95% CI",
-                                 fillcolor="rgba(31,119,180,0.2)"))
-        fig.add_trace(go.Scatter(x=t, y=d["effect"], name="relative effect", line=dict(color="#1f77b4")))
         fig.add_hline(y=0, line_dash="dot", line_color="grey")
-    fig.update_layout(title=f"{rep.primary}: cumulative relative effect ({rep.treatment} vs {rep.control})",
-                      yaxis_tickformat="+.1%", height=360, margin=dict(l=40, r=20, t=50, b=40))
+    fig.update_layout(title=f"{rep.primary}: cumulative relative effect ({', '.join(rep.treatments)} vs "
+                      f"{rep.control})", yaxis_tickformat="+.1%", height=360, margin=dict(l=40, r=20, t=50, b=40))
     return fig
 
 
@@ -428,10 +513,9 @@ def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
 font-size:.9rem}}td,th{{border:1px solid #ddd;padding:4px 8px;text-align:right}}td:first-child,th:first-child
 {{text-align:left}}.srm{{padding:.5rem 1rem;margin:.5rem 0;border-radius:4px}}.ok{{background:#e8f5e9}}
 .bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}.warn{{color:#b26a00}}
-</style></head><body><h1>A/B report: {e(rep.experiment)} — {e(rep.treatment)} vs {e(rep.control)}</h1>
+</style></head><body><h1>{e(_title(rep))}</h1>
 {srm_html}<p class="verdict"><b>{e(rep.verdict)}</b></p>{warn}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}
-{table}<p><small>★ primary metric (tested at α = 0.05 as is); others Holm- and BH-adjusted. Always-valid p:
-mixture SPRT, safe to read at any time (sequential). Ratio metrics by the delta method at the unit level;
-quantiles by Deng et al.'s outer CI.</small></p>{fig}</body></html>"""
+{table}<p><small>{e(_footnote(rep))} Ratio metrics by the delta method at the unit level; quantiles by Deng et
+al.'s outer CI.</small></p>{fig}</body></html>"""
 

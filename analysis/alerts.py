@@ -1,16 +1,24 @@
 """Alert conditions evaluated over canonical frames — the embedded-mode
 counterpart of the Prometheus alerting rules.
 
+Thresholds come from :mod:`analysis.alert_defs`, which also writes the
+Prometheus rules, so both sides raise the same alerts on the same data:
+
 * ``HitRateRegression`` — a layer's hit rate in the latest third of the range
-  is more than 10 points below the third before it (p < 0.01); critical past
-  25 points;
-* ``WarmSetPrecisionLow`` — a warm-up run whose warmed entries were read less
-  than 30% of the time;
+  is at least 20 % (relative) below the third before it, and the fall is
+  significant (p < 0.01); critical past 50 %;
+* ``WarmSetPrecisionLow`` — a warm-up strategy whose warmed entries in a layer
+  were read less than 30% of the time over the range's runs (one alert per
+  strategy × layer, as the rule);
 * ``CrossTenantCacheRead`` (critical: a data leak) — any key of a
   tenant-scoped layer read by two or more tenants in the same hot-key window,
   anywhere in the range (not only its latest third: a leak does not stop
   mattering because it is old);
-* one alert per other detected cold-start trap.
+* ``CacheBypassSpike`` — more than 5 % of a layer's lookups bypass the cache,
+  held 10 minutes, where they did not an hour before, anywhere in the range;
+* one alert per other detected cold-start trap (a warm-up timed against
+  traffic that traffic did not use, counting scheduled and pre-peak runs:
+  a restart's warm-up is timed by the restart).
 
 Example::
 
@@ -25,11 +33,15 @@ import pandas as pd
 
 from warmscope.collectors.schema import SHARED_LAYERS
 
+from .alert_defs import (BYPASS_FOR_S, BYPASS_SHARE, HIT_RATE_CRITICAL_DROP, HIT_RATE_DROP, HIT_RATE_P, WARM_MIN_KEYS,
+                         WARM_PRECISION_MIN)
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
-from .traps import detect_all
+from .traps import detect_all, timing
 
-__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since"]
+__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since", "bypass_spikes"]
+
+RESTART_TRIGGERS = ("replica_start", "replica_restart")
 
 TRAP_ALERTS = {
     "warmup_out_of_step": ("TrafficBeforeWarmupComplete", "warning"),
@@ -70,6 +82,41 @@ def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict
             "last": float(sh["window"].max())}
 
 
+def _hhmm(ts: float) -> str:
+    return pd.Timestamp(ts, unit="s").strftime("%H:%M")
+
+
+def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
+    """The bypass-spike rule over the range: per layer and minute, the share of
+    the last 5 minutes' lookups that bypassed the cache; it fires where the
+    share is above ``BYPASS_SHARE`` and was not an hour before, held for
+    ``BYPASS_FOR_S``. Columns: layer, since, until, share (the peak)."""
+    cols = ["layer", "since", "until", "share"]
+    if lookups is None or lookups.empty:
+        return pd.DataFrame(columns=cols)
+    lk = lookups[(lookups["ts"] > start - 3900) & (lookups["ts"] <= end)]
+    if lk.empty:
+        return pd.DataFrame(columns=cols)
+    minute = (lk["ts"].to_numpy(float) // 60).astype("int64")
+    d = pd.DataFrame({"layer": lk["layer"].to_numpy(), "m": minute, "all": lk["count"].to_numpy(float),
+                      "bypass": lk["count"].to_numpy(float) * (lk["result"].to_numpy() == "bypass")})
+    out = []
+    for layer, g in d.groupby("layer"):
+        per = g.groupby("m")[["all", "bypass"]].sum()
+        idx = range(int(per.index.min()), int(per.index.max()) + 1)
+        per = per.reindex(idx, fill_value=0.0)
+        w = per.rolling(5, min_periods=1).sum()
+        share = (w["bypass"] / w["all"].where(w["all"] > 0)).fillna(0.0)
+        before = share.shift(60)
+        cond = (share > BYPASS_SHARE) & ~(before > BYPASS_SHARE)
+        run_id = (cond != cond.shift()).cumsum()
+        for _, seg in share[cond].groupby(run_id[cond]):
+            t0, t1 = seg.index.min() * 60.0, seg.index.max() * 60.0 + 60.0
+            if t1 - t0 >= BYPASS_FOR_S and t1 > start:
+                out.append((layer, max(t0, start), t1, float(seg.max())))
+    return pd.DataFrame(out, columns=cols)
+
+
 def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
     rows = []
     lk = frames.get("lookups", pd.DataFrame())
@@ -77,14 +124,30 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
     if len(lk) and third > 0:
         ch = hit_rate_change(lk, ["layer"], (end - third, end), (end - 2 * third, end - third))
         for r in ch.itertuples():
-            if r.delta < -0.10 and r.p_value < 0.01:
-                rows.append(("critical" if r.delta < -0.25 else "warning", "HitRateRegression",
+            fall = 1 - r.rate / r.baseline_rate if r.baseline_rate > 0 else 0.0
+            if fall >= HIT_RATE_DROP and r.p_value < HIT_RATE_P:
+                rows.append(("critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning", "HitRateRegression",
                              f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
-                             f"({r.delta:+.1%}, p = {r.p_value:.1g})", end - third))
+                             f"({-fall:+.0%}, p = {r.p_value:.1g})", end - third))
+        # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules do).
+        runs = frames.get("warmup_runs", pd.DataFrame())
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
-            if v.detected and v.trap != "tenant_isolation":  # checked over the whole range below
-                name, sev = TRAP_ALERTS[v.trap]
-                rows.append((sev, name, v.evidence, end - third))
+            if not v.detected or v.trap in ("tenant_isolation", "bypass"):
+                continue
+            if v.trap == "warmup_timing":
+                # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic did not use; a
+                # restart's warm-up is timed by the restart (its waste is WarmSetPrecisionLow's, per strategy).
+                timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
+                v = timing({**frames, "warmup_runs": timed}, (end - third, end), (end - 2 * third, end - third))
+                if not v.detected:
+                    continue
+            name, sev = TRAP_ALERTS[v.trap]
+            rows.append((sev, name, v.evidence, end - third))
+        for r in bypass_spikes(lk, start, end).itertuples():
+            name, sev = TRAP_ALERTS["bypass"]
+            rows.append((sev, name, f"layer {r.layer}: {r.share:.0%} of lookups bypassed the cache from "
+                                    f"{_hhmm(r.since)} to {_hhmm(r.until)} (at most {BYPASS_SHARE:.0%} an hour "
+                                    "before) — a path started skipping the cache", r.since))
     leak = cross_tenant_reads(frames.get("hot_keys", pd.DataFrame()), start, end)
     if leak is not None:
         name, sev = TRAP_ALERTS["tenant_isolation"]
@@ -95,9 +158,15 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
     runs = frames.get("warmup_runs", pd.DataFrame())
     if len(runs) and len(frames.get("warmed_keys", pd.DataFrame())):
         cov = warm_set_coverage(runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame()))
-        for r in cov[(cov.precision < 0.3) & (cov.keys_warmed >= 10)].itertuples():
+        # One alert per strategy × layer (the rule's labels), over every run in the range: a strategy that
+        # wastes its warm sets, not each of its runs.
+        g = cov.groupby(["strategy", "layer"]).agg(warmed=("keys_warmed", "sum"), read=("keys_read", "sum"),
+                                                   runs=("run_id", "size"), wasted=("wasted_gpu_s", "sum"),
+                                                   since=("started", "min"))
+        g = g[g.warmed >= WARM_MIN_KEYS]
+        for (strategy, layer), r in g[g.read / g.warmed < WARM_PRECISION_MIN].iterrows():
             rows.append(("warning", "WarmSetPrecisionLow",
-                         f"run {r.run_id} ({r.strategy}, {r.layer}, {r.replica}): precision {r.precision:.0%}, "
-                         f"{r.wasted_gpu_s:.1f} GPU-s wasted", r.started))
+                         f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
+                         f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)", float(r.since)))
     out = pd.DataFrame(rows, columns=["severity", "alert", "summary", "since"])
     return out.sort_values("severity", key=lambda s: s.map(_ORDER), kind="stable").reset_index(drop=True)

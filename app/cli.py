@@ -203,7 +203,9 @@ def demo_world(hours: float, now: float | None = None):
     now = time.time() if now is None else now
     # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes hourly,
     # so warm-up has cold starts to prevent and a moving target to follow.
-    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", restart_every_h=1.0,
+    # Three pools on the same traffic: no warm-up (the control), yesterday's top keys, and the predictive heat decay.
+    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", strategy_c="predictive",
+                         restart_every_h=1.0,
                          content_drift_h=1.0, peak_warmup_at_h=at(5.5),
                          start=math.floor(now / 60) * 60 - hours * 3600)
     faults = [replace(parse_fault("bypass:tenant=globex,layer=response"), start=at(5.0) * 3600, end=at(3.5) * 3600),
@@ -272,7 +274,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig.load(
             hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
-            strategy_a=args.strategy_a, strategy_b=args.strategy_b, seed=args.seed, tick_s=args.tick,
+            strategy_a=args.strategy_a, strategy_b=args.strategy_b, strategy_c=args.strategy_c, seed=args.seed, tick_s=args.tick,
             b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
             restart_every_h=args.restart_every, content_drift_h=args.content_drift,
         )
@@ -323,10 +325,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-AB_PRIMARY_METRICS = ("latency per request (s)", "GPU-s per request", "conversions per request",
-                      "P95 latency (s)", "hit rate (prefix_kv)", "hit rate (response)")
-
-
 def cmd_report_ab(args: argparse.Namespace) -> int:
     from warmscope.analysis.ab_report import render_html, render_markdown, report_for
     from warmscope.analysis.sources import EmbeddedSource, SourceError
@@ -346,12 +344,17 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
             return fail(f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
                         "(pass one with --experiment)")
         variants = _variants(path, experiment)
-        for flag, v in (("--control", args.control), ("--treatment", args.treatment)):
+        treatments = [t.strip() for arg in (args.treatment or []) for t in arg.split(",") if t.strip()]
+        if not treatments:  # every arm besides the control
+            treatments = [v for v in variants if v != args.control]
+        for flag, v in [("--control", args.control)] + [("--treatment", t) for t in treatments]:
             if variants and v not in variants:
                 return fail(f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}")
-        if args.control == args.treatment:
+        if args.control in treatments:
             return fail("--control and --treatment name the same variant; pick two different ones")
-        rep = report_for(src, experiment, args.control, args.treatment, primary=args.primary)
+        if not treatments:
+            return fail(f"{experiment!r} has no variant besides the control {args.control!r}; nothing to compare")
+        rep = report_for(src, experiment, args.control, treatments, primary=args.primary)
     except SourceError as e:
         return fail(str(e))
     if rep.error:
@@ -443,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("simulate", help="run the emulated GPU inference stack into a store",
                        description="Simulate replicas serving tenants through weights, LoRA, embedding, "
-                       "prefix-KV and response caches; pools A and B run different warm-up strategies.",
+                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) run different warm-up "
+                       "strategies.",
                        epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
                        + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
     p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
@@ -454,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="warm-up strategy of pool A, the control (default none)")
     p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk",
                    help="warm-up strategy of pool B, the treatment (default static_topk)")
+    p.add_argument("--strategy-c", choices=STRATEGIES,
+                   help="warm-up strategy of a third pool C, a second treatment: sessions split three ways "
+                   "(default: two pools)")
     p.add_argument("--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)")
     p.add_argument("--b-kv-capacity", type=_POS_INT,
                    help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
@@ -495,10 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiment", default="warmup-strategy",
                    help="experiment name (default warmup-strategy); an unknown name lists the known ones")
     p.add_argument("--control", default="A", help="control variant (default A)")
-    p.add_argument("--treatment", default="B", help="treatment variant (default B)")
-    p.add_argument("--primary", default="latency per request (s)",
-                   help="primary metric, tested without multiple-testing adjustment; one of: "
-                   + "; ".join(AB_PRIMARY_METRICS) + " (default latency per request (s))")
+    p.add_argument("--treatment", action="append", metavar="ARM",
+                   help="treatment variant, compared with the control; repeat it or separate arms by commas for "
+                   "an A/B/n report (default: every variant besides the control)")
+    from warmscope.analysis.ab_metrics import DEFAULT_PRIMARY, metric_names
+
+    p.add_argument("--primary", default=DEFAULT_PRIMARY,
+                   help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
+                   "else tested as is); one of: " + "; ".join(metric_names(["LAYER"]))
+                   + f" (default {DEFAULT_PRIMARY})")
     p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)

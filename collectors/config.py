@@ -171,7 +171,8 @@ def build(cls: type[T], section: str, raw: Mapping[str, Any]) -> T:
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
         out = spec.parse(name, val) if spec.parse else _convert(name, val, default)
         if spec.choices and out not in spec.choices:
-            raise ConfigError(f"{name} must be one of {', '.join(spec.choices)}; got {val!r}")
+            shown = ", ".join(c if c else '"" (empty)' for c in spec.choices)
+            raise ConfigError(f"{name} must be one of {shown}; got {val!r}")
         if isinstance(out, (int, float)) and not isinstance(out, bool) and not spec.holds(out):
             raise ConfigError(f"{name} must be {spec.allowed()}, got {val!r}")
         kw[key] = out

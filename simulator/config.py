@@ -44,8 +44,10 @@ restart_every_h            0           rolling restarts: each replica restarts e
                                        pools (deploys, autoscaling); 0 disables
 lambda_mode                slo         predictive heat decay: "slo" (λ = 1/max(slo_ms·0.1, 10) per s) or "fixed"
 lambda_fixed               0.0005      λ per second when lambda_mode = "fixed"
-strategy_a / strategy_b    none /      warm-up strategy of pool A / pool B
+strategy_a / strategy_b    none /      warm-up strategy of pool A (the control) / pool B
                            static_topk
+strategy_c                 ""          warm-up strategy of a third pool C (a second treatment; the
+                                       sessions split three ways); "" runs two pools
 b_response_ttl_s,          0           pool B's response TTL / response capacity /
 b_response_capacity,                   prefix-KV capacity (0 = as pool A): A/B tests
 b_kv_capacity_tokens                   of TTLs and capacities
@@ -103,6 +105,7 @@ class SimConfig:
     content_drift_h: float = setting(0.0, ge=0)
     strategy_a: str = setting("none", choices=STRATEGIES)
     strategy_b: str = setting("static_topk", choices=STRATEGIES)
+    strategy_c: str = setting("", choices=STRATEGIES + ("",))  # "" runs two pools
     # Pool B may also differ in cache settings (0 = same as pool A).
     b_response_ttl_s: float = setting(0.0, ge=0)
     b_response_capacity: int = setting(0, ge=0)
@@ -116,6 +119,16 @@ class SimConfig:
         """``[simulator]`` of the TOML file (``path`` or ``WARMSCOPE_CONFIG``) under ``overrides`` (``None``
         values are skipped, so unset command-line options keep the file's value)."""
         return load_section(cls, "simulator", path, None, overrides)
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """The variant pools: ("A", "B"), or ("A", "B", "C") with a third strategy."""
+        return ("A", "B", "C") if self.strategy_c else ("A", "B")
+
+    @property
+    def strategies(self) -> dict[str, str]:
+        """Warm-up strategy by variant."""
+        return dict(zip(self.arms, (self.strategy_a, self.strategy_b, self.strategy_c)))
 
     def for_variant(self, variant: str, name: str) -> float:
         """A cache setting as pool ``variant`` sees it."""

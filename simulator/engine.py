@@ -1,7 +1,8 @@
 """The discrete-event engine: replicas, pools, the request path, warm-ups, faults.
 
 Two pools of ``replicas`` replicas serve the same traffic: pool A runs
-``strategy_a``, pool B ``strategy_b``; a session (the A/B unit) is routed to
+``strategy_a``, pool B ``strategy_b`` (and a third pool C ``strategy_c`` when
+set: an A/B/n experiment); a session (the A/B unit) is routed to
 its variant's pool by a stable hash, then to a replica by session. Each replica
 is its own :class:`collectors.Telemetry` (replica label = its name) writing to
 one embedded store, exactly as separate serving processes would.
@@ -76,7 +77,7 @@ def write_run_info(store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[
     store.write_faults(truth)
     store.set_meta("simulation", json.dumps({
         "seed": cfg.seed, "hours": cfg.hours, "start": t0, "strategy_a": cfg.strategy_a,
-        "strategy_b": cfg.strategy_b, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
+        "strategy_b": cfg.strategy_b, "strategy_c": cfg.strategy_c, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
     }, sort_keys=True))
 
 
@@ -166,7 +167,7 @@ class Pool:
         if self.sim.redis_url:
             import redis
 
-            db = 1 if self.variant == "A" else 2  # pools never share entries
+            db = "ABC".index(self.variant) + 1  # pools never share entries
             backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl)
         return InstrumentedCache(backend, "response", telemetry=rep.tel)
 
@@ -183,9 +184,10 @@ class Simulation:
         progress: Callable[[int, int], None] | None = None,
         realtime: bool = False,
         speed: float = 1.0,
-        variants: tuple[str, ...] = ("A", "B"),
+        variants: tuple[str, ...] | None = None,
     ) -> None:
         self.cfg = cfg
+        variants = variants or cfg.arms
         self.variants = variants  # a worker process may simulate one pool (see run_parallel)
         self.faults = list(faults)
         self.redis_url = redis_url
@@ -228,7 +230,7 @@ class Simulation:
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
         self.bursts = self._bursts()
-        strategies = {"A": cfg.strategy_a, "B": cfg.strategy_b}
+        strategies = cfg.strategies
         self.pools = {v: Pool(self, v, strategies[v]) for v in variants}
         # Replicas start before the simulated day so that they are ready (weights loaded, start-up
         # warm-up done) when traffic begins: a load balancer sends nothing to a replica that is not.
@@ -274,7 +276,7 @@ class Simulation:
     def _schedule_restarts(self) -> None:
         """Rolling restarts: replica i restarts every ``restart_every_h`` hours,
         offset by i/n of the period so a pool never restarts all at once;
-        replica i of both pools restarts at the same moment (a fair A/B)."""
+        replica i of every pool restarts at the same moment (a fair A/B)."""
         period = self.cfg.restart_every_h * 3600
         n = self.cfg.replicas
         for pool in self.pools.values():
@@ -358,7 +360,9 @@ class Simulation:
                 self.schedule(t, lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end),
                               tg=trigger, st=strategy: self._start_layer(r, ly, ps, e, tg, st, ttl))
                 t = end
-            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True):
+            # A (re)start's warm-up holds the readiness gate; a rolling restart's surge instance warms in the
+            # background while the old instance keeps serving (it takes over at cut-over).
+            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True) and not cutover:
                 rep.ready_at = max(rep.ready_at, t)
 
     def _lora_picks(self, strategy: str, pool: Pool) -> list:
@@ -495,9 +499,9 @@ class Simulation:
         tpl_idx = pick_template(ten, float(a.u_tpl[i]))
         tpl = TEMPLATES[tpl_idx]
         sid, conv, q, prompt, out_tokens = self._session(a, i, ten, tpl, tpl_idx)
-        variant = variant_of(cfg.experiment, sid)
+        variant = variant_of(cfg.experiment, sid, len(cfg.arms))
         pool = self.pools.get(variant)
-        if pool is None:  # the other worker's pool
+        if pool is None:  # another worker's pool
             return
         self._units[variant].add(sid)
         rep, gate_wait = self._route(pool, sid, tr)

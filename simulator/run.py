@@ -1,14 +1,14 @@
 """Run a simulation, in parallel when there are cores to spare.
 
-The A and B pools share nothing but the traffic, and the traffic (arrivals,
-sessions) is drawn from the seed identically in every process. So with
-``workers=2`` each process simulates one pool — drawing all traffic, serving
-its own variant's sessions. Their flushes go through a queue to one writer
-(this process), which merges what has arrived into one store transaction:
-the workers never wait for the store's write lock, and hourly rollups and
-A/B moments are read once per merged write rather than once per flush. The
-store's contents are the same as a single-process run's, up to row order.
-(``single_writer=False``: each worker writes to the store itself, as before.)
+The variant pools (A, B and an optional C) share nothing but the traffic, and
+the traffic (arrivals, sessions) is drawn from the seed identically in every
+process. So with ``workers >= 2`` each process simulates one pool — drawing all
+traffic, serving its own variant's sessions. Their flushes go through a queue
+to one writer (this process), which merges what has arrived into one store
+transaction: the workers never wait for the store's write lock, and hourly
+rollups and A/B moments are read once per merged write rather than once per
+flush. The store's contents are the same as a single-process run's, up to row
+order. (``single_writer=False``: each worker writes to the store itself, as before.)
 
 Example::
 
@@ -90,12 +90,12 @@ def simulate(
     path = str(store)
     st = EmbeddedStore(path, durable=False)  # schema before the workers race to create it
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    ticks = [ctx.Value("i", 0) for _ in range(2)]
+    ticks = [ctx.Value("i", 0) for _ in cfg.arms]
     results = ctx.Queue(maxsize=64)  # a writer that falls behind slows the workers down, memory stays bounded
     total = int(-(-cfg.hours * 3600 // cfg.tick_s))
     t0 = time.perf_counter()
     procs = [ctx.Process(target=_worker, args=(cfg, path, list(faults), v, ticks[i], results, kw, single_writer),
-                         daemon=True) for i, v in enumerate("AB")]
+                         daemon=True) for i, v in enumerate(cfg.arms)]
     for p in procs:
         p.start()
     parts: list[Summary] = []

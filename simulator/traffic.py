@@ -95,9 +95,10 @@ def tenant_weights(n: int) -> np.ndarray:
     return w / w.sum()
 
 
-def variant_of(experiment: str, session: int) -> str:
-    """Stable A/B assignment by hash of the unit (not Python's salted hash)."""
-    return "AB"[zlib.crc32(f"{experiment}:{session}".encode()) & 1]
+def variant_of(experiment: str, session: int, arms: int = 2) -> str:
+    """Stable assignment to one of ``arms`` variants (A, B, C, ...) by hash of
+    the unit (not Python's salted hash); equal shares."""
+    return "ABCDEFGH"[zlib.crc32(f"{experiment}:{session}".encode()) % arms]
 
 
 def rate_at(cfg: SimConfig, t_rel: float, bursts: list[tuple[float, float]]) -> float:

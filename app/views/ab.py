@@ -7,13 +7,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from warmscope.analysis.ab_metrics import find, in_list_order
 from warmscope.analysis.ab_report import DEFAULT_PRIMARY, HEADERS, _better, _rows, effect_figure, render_html
 from warmscope.app import data, engine_view, ui
 
-PRIMARIES = [DEFAULT_PRIMARY, "GPU-s per request", "conversions per request", "P95 latency (s)",
-             "hit rate (prefix_kv)", "hit rate (response)"]
-# Metrics that must not get worse whatever the primary says.
-GUARDRAILS = ("P95", "P99", "GPU-s", "SLA", "TTFT")
 COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
 
 st.title("A/B report")
@@ -40,9 +37,9 @@ if len(el):
     for name, g in el.groupby("experiment", sort=True):
         last = g["last"].max()
         arms_ = list(g.variant.astype(str))
-        try:  # the first arm as control, the second as treatment, default primary metric
-            verdict = data.ab_report(name, arms_[0], arms_[1], DEFAULT_PRIMARY).verdict if len(arms_) > 1 else \
-                "one arm only"
+        try:  # the first arm as control, every other arm as a treatment, default primary metric
+            verdict = data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY).verdict \
+                if len(arms_) > 1 else "one arm only"
         except data.SourceError as e:
             verdict = str(e)
         rows.append({"Experiment": name, "Arms": " / ".join(arms_),
@@ -59,25 +56,38 @@ if st.session_state.get("ab-exp") not in exps:
     st.session_state["ab-exp"] = exps[0]
 arms = list(el[el.experiment == st.session_state["ab-exp"]].variant.astype(str)) if len(el) else ["A", "B"]
 arms = arms or ["A", "B"]
-for k, i in (("ab-control", 0), ("ab-treatment", min(1, len(arms) - 1))):
-    if st.session_state.get(k) not in arms:  # another experiment's arm
-        st.session_state[k] = arms[i]
-c1, c2, c3, c4 = st.columns([2, 1, 1, 2])
+if st.session_state.get("ab-control") not in arms:  # another experiment's arm
+    st.session_state["ab-control"] = arms[0]
+c1, c2, c3, c4 = st.columns([2, 1, 2, 2])
 exp = c1.selectbox("Experiment", exps, key="ab-exp")
 control = c2.selectbox("Control", arms, key="ab-control")
-treatment = c3.selectbox("Treatment", arms, key="ab-treatment")
-ui.init_from_url("ab-primary", "primary", cast=lambda v: v if v in PRIMARIES else DEFAULT_PRIMARY)
-primary = c4.selectbox("Primary metric", PRIMARIES, key="ab-primary")
-ui.url_set(experiment=exp, primary=primary)
-if control == treatment:
-    st.warning("Control and treatment are the same arm: pick two different ones.")
+others = [a for a in arms if a != control]
+if [a for a in st.session_state.get("ab-arms", []) if a not in others] or "ab-arms" not in st.session_state:
+    st.session_state["ab-arms"] = others  # every other arm, compared with the control
+treatments = c3.multiselect("Treatment arms", others, key="ab-arms",
+                            help="Each arm is compared with the control; with two or more, the primary metric's "
+                            "p-values are Holm-adjusted over the arms.")
+if not treatments:
+    st.warning("Pick at least one treatment arm to compare with the control.")
     st.stop()
+# The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for this experiment's
+# layers: read from the report itself, which holds every declared metric.
+ui.init_from_url("ab-primary", "primary")
+wanted = st.session_state.get("ab-primary") or DEFAULT_PRIMARY
 try:
     with st.spinner("Computing the report…"):
-        rep = data.ab_report(exp, control, treatment, primary)
+        rep = data.ab_report(exp, control, tuple(treatments), wanted)
 except data.SourceError as e:
     st.error(str(e))
     st.stop()
+choices = in_list_order(r.metric for r in rep.results) or [DEFAULT_PRIMARY]
+st.session_state["ab-primary"] = wanted if wanted in choices else \
+    (DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0])
+primary = c4.selectbox("Primary metric", choices, key="ab-primary",
+                       help="The metric the verdict is about; which way is better comes from its definition.")
+ui.url_set(experiment=exp, primary=primary)
+if primary != wanted:
+    rep = data.ab_report(exp, control, tuple(treatments), primary)
 if rep.error:
     st.error(rep.error)
     st.stop()
@@ -99,7 +109,7 @@ if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
 
 
 def outcome(r) -> str:
-    p = r.p_value if r.primary else r.p_holm
+    p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
     if not np.isfinite(p) or p >= 0.05:
         return "neutral"
     good = _better(r)
@@ -117,22 +127,24 @@ def styled(t: pd.DataFrame):
 
 
 all_rows = _rows(rep)
-is_guard = [any(k in r.metric for k in GUARDRAILS) and not r.primary for r in rep.results]
+is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
 main_res = [r for r, gd in zip(rep.results, is_guard) if not gd]
 guard_res = [r for r, gd in zip(rep.results, is_guard) if gd]
 st.subheader("Metrics")
 st.table(styled(table(main_res, [row for row, gd in zip(all_rows, is_guard) if not gd])).hide(axis="index"))
-st.caption("★ primary metric, tested as is; the others carry Holm and BH adjusted p-values. Green: treatment "
-           "significantly better (adjusted p < 0.05), red: significantly worse, no colour: no significant "
-           "difference. Always-valid p (mixture SPRT) is safe to watch continuously.")
+st.caption(("★ primary metric, Holm-adjusted over the arms; " if rep.multi_arm else "★ primary metric, tested as is; ")
+           + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. Green: the arm "
+           "is significantly better than the control (adjusted p < 0.05), red: significantly worse, no colour: no "
+           "significant difference. Always-valid p (mixture SPRT) is safe to watch continuously.")
 st.subheader("Guardrails")
 if guard_res:
     gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard) if gd])
     bad = gt[gt.outcome == "lose"]
     if len(bad):
-        st.error("Guardrail breached: " + ", ".join(bad.metric) + " significantly worse in the treatment.")
+        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad.metric, bad.arm))
+                 + " significantly worse than the control.")
     else:
-        st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in the treatment.")
+        st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm.")
     st.table(styled(gt).hide(axis="index"))
 else:
     st.info("No guardrail metric in this report.")
@@ -143,7 +155,7 @@ st.download_button("Download the HTML report", render_html(rep), file_name=f"ab-
 # ---------------------------------------------------------------- breakdown by segment
 # Unit records carry no tenant or model: segments are compared on the experiment's labelled metric series
 # (batch means per time bucket), with the difference's CI and Holm / BH across every row of the table.
-def breakdown(exp: str, control: str, treatment: str, first: float | None, last: float | None) -> None:
+def breakdown(exp: str, control: str, treatments: list[str], first: float | None, last: float | None) -> None:
     import plotly.graph_objects as go
 
     from warmscope.analysis.ab_segments import segment_table
@@ -155,6 +167,8 @@ def breakdown(exp: str, control: str, treatment: str, first: float | None, last:
         st.caption("Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the difference "
                    "with its 95% CI, and p-values corrected for the number of segments.")
         return
+    treatment = treatments[0] if len(treatments) == 1 else st.selectbox(
+        "Treatment arm", treatments, key="ab-bd-arm", help="The breakdown compares one treatment arm with the control.")
     ui.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
     if st.session_state.get("ab-dim") not in cuts:
         st.session_state["ab-dim"] = "tenant"
@@ -229,4 +243,4 @@ def breakdown(exp: str, control: str, treatment: str, first: float | None, last:
                "than the report above (buckets are not independent units).")
 
 
-breakdown(exp, control, treatment, g["first"].min() if len(g) else None, g["last"].max() if len(g) else None)
+breakdown(exp, control, list(treatments), g["first"].min() if len(g) else None, g["last"].max() if len(g) else None)

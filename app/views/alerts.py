@@ -28,8 +28,9 @@ start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.alerts()
 st.subheader("Holding now")
-st.caption("The conditions of the Prometheus alerting rules, evaluated by the analysis over the selected range "
-           "(the latest third against the third before it).")
+st.caption("The conditions of the Prometheus alerting rules (same thresholds), evaluated by the analysis over the "
+           "selected range: hit-rate regressions and trap checks compare its latest third with the third before it; "
+           "cross-tenant reads, bypass spikes and warm-set precision cover the whole range.")
 alerts = ui.alerts(start, end)
 
 

@@ -85,6 +85,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from .. import ab_moments as _m
 from .. import records
 from .layout import DDL, MEASURES, ROLLUP_S, SCHEMA_VERSION, TABLES, StoreError
 from .migrations import MIGRATIONS
@@ -150,6 +151,7 @@ class EmbeddedStore(StoreReader, StoreWriter):
             try:
                 with con:
                     con.executescript(DDL)
+                    _m.ensure_columns(con)  # sums a newly declared A/B metric needs
                     con.execute(
                         "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
                     )

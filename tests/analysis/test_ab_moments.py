@@ -26,7 +26,7 @@ def sim_store(tmp_path_factory):
 
 
 def _same(r1, r2):
-    t1, t2 = r1.table().set_index("metric"), r2.table().set_index("metric")
+    t1, t2 = r1.table().set_index(["metric", "arm"]), r2.table().set_index(["metric", "arm"])
     assert list(t1.index) == list(t2.index)
     for c in ("control", "treatment", "abs_effect", "abs_low", "abs_high", "rel_effect", "p_value", "p_holm",
               "seq_p", "n_control", "n_treatment"):
@@ -35,7 +35,8 @@ def _same(r1, r2):
     assert r1.days_observed == pytest.approx(r2.days_observed)
     e1, e2 = r1.effect_over_time, r2.effect_over_time
     assert len(e1) == len(e2) and len(e1) >= 4
-    for c in e1.columns:
+    assert list(e1["arm"]) == list(e2["arm"])
+    for c in e1.columns.drop("arm"):
         assert e1[c].to_numpy(float) == pytest.approx(e2[c].to_numpy(float), rel=1e-9, abs=1e-12, nan_ok=True)
 
 

@@ -37,3 +37,24 @@ def test_no_shared_key_no_alert_and_windows_outside_the_range_do_not_count():
     assert cross_tenant_reads(hk, 0.0, 4000.0) is None
     assert evaluate({"hot_keys": hk}, 0.0, 4000.0).empty
     assert cross_tenant_reads(hk, 0.0, 6000.0)["layers"] == ["embedding"]
+
+
+def test_a_restarts_warm_up_is_not_a_timing_alert_and_precision_is_judged_per_strategy():
+    # Two restart warm-ups of one strategy and layer: 5 % and 45 % of 20 keys read → 25 % over both runs: one
+    # WarmSetPrecisionLow for the strategy × layer, no per-run alert, no "out of step with traffic".
+    runs = pd.DataFrame([("r1", "static_topk", "embedding", "", "b-0", "replica_restart", 100.0, 110.0, 1.0),
+                         ("r2", "static_topk", "embedding", "", "b-1", "replica_restart", 200.0, 210.0, 1.0)],
+                        columns=["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended",
+                                 "gpu_s"])
+    wk = []
+    for run, read in (("r1", 1), ("r2", 9)):
+        for i in range(20):
+            wk.append((run, f"{run}k{i}", 0.05, 110.0, 150.0 if i < read else float("nan"), float("nan"),
+                       float("nan")))
+    warmed = pd.DataFrame(wk, columns=["run_id", "key_hash", "gpu_s", "warmed_at", "first_hit_at", "first_miss_at",
+                                       "ttl_s"])
+    a = evaluate({"warmup_runs": runs, "warmed_keys": warmed,
+                  "lookups": pd.DataFrame(columns=["ts", "layer", "result", "count"])}, 0.0, 3600.0)
+    prec = a[a.alert == "WarmSetPrecisionLow"]
+    assert len(prec) == 1 and "static_topk on embedding: 25% of 40" in prec.summary.iloc[0]  # (1 + 9) / 40
+    assert "WarmupOutOfStepWithTraffic" not in set(a.alert)

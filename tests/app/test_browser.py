@@ -251,3 +251,26 @@ def test_ab_breakdown_per_tenant_and_layer_with_intervals(streamlit_server, page
     assert query(page).get("segment") == "tenant × layer"
     page.locator('[data-testid="stPlotlyChart"]').last.scroll_into_view_if_needed()
     page.screenshot(path=str(OUT / "ab-breakdown.png"), full_page=True)
+
+
+def test_ab_page_compares_every_arm_and_offers_every_declared_metric(streamlit_server, page):
+    from warmscope.analysis.ab_metrics import metric_names
+
+    url, _ = streamlit_server
+    page.goto(f"{url}/ab", wait_until="networkidle")
+    settle(page)
+    no_errors(page, "ab")
+    main = page.locator('[data-testid="stMain"]')
+    # The demo runs three pools: none (A, the control), static_topk (B) and predictive (C).
+    arms = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Treatment arms").first.inner_text()
+    assert "B" in arms and "C" in arms
+    body = main.inner_text()
+    assert "B vs A" in body and "C vs A" in body
+    assert "each arm against A (Holm over 2 arms)" in body  # the verdict covers both arms
+    # The primary-metric picker lists every declared metric (per-layer ones for the demo's layers).
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Primary metric").first.click()
+    options = page.locator('[role="option"]').all_inner_texts()
+    page.keyboard.press("Escape")
+    layers = ["embedding", "lora", "prefix_kv", "response", "weights"]
+    assert [o.strip() for o in options] == metric_names(layers), options
+    page.screenshot(path=str(OUT / "ab-three-arms.png"), full_page=True)

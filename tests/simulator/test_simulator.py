@@ -242,6 +242,10 @@ def test_rolling_restarts_cut_over_to_a_warmed_instance(tmp_path):
     assert set(r.replica) == {"b-0", "b-1"}  # pool A (none) restarts too, with nothing to warm
     lk = st.frame("lookups")
     assert lk[(lk.layer == "weights") & (lk.result == "miss")]["count"].sum() == 0  # the old instance served
+    # ... while the surge instance warmed (1020 s to about 1082 s): b-0 is not taken out of rotation then.
+    # (Taken out, it served 56 of pool B's 464 lookups in that minute; in rotation, 244.)
+    minute = lk[lk.replica.str.startswith("b-") & (lk.ts == T0 + 1080)].groupby("replica")["count"].sum()
+    assert minute["b-0"] / minute.sum() > 0.35, minute.to_dict()
 
 
 def test_content_drift_moves_popularity_beyond_the_head_only():
@@ -253,3 +257,19 @@ def test_content_drift_moves_popularity_beyond_the_head_only():
     moved = drift(ranks, 4000, cfg, 3600.0 * 2, 977)  # third hour: shift 2 × 977 = 1954
     assert (moved[:EVERGREEN] == ranks[:EVERGREEN]).all() and (moved[EVERGREEN:] == ranks[EVERGREEN:] + 1954).all()
     assert (drift(ranks, 4000, SimConfig.load(), 7200.0, 977) == ranks).all()  # off by default
+
+
+def test_a_third_pool_splits_sessions_three_ways(tmp_path):
+    summary, st = _run(tmp_path, "abc", hours=0.25, strategy_b="static_topk", strategy_c="predictive")
+    n = st.units("warmup-strategy").groupby("variant").size()
+    assert set(n.index) == {"A", "B", "C"} and n.to_dict() == summary.units
+    assert stats.chisquare(n.to_numpy()).pvalue > 0.01, n.to_dict()
+    runs = st.frame("warmup_runs")
+    # Pool C's replicas (c-0, c-1) run the third strategy; pool A (none) warms nothing.
+    assert set(runs[runs.replica.str.startswith("c-")].strategy) == {"predictive"}
+    assert set(runs[runs.replica.str.startswith("b-")].strategy) == {"static_topk"}
+    assert not runs.replica.str.startswith("a-").any()
+    with pytest.raises(ValueError, match="simulator.strategy_c must be one of"):
+        SimConfig.load(strategy_c="magic")
+    assert SimConfig.load().arms == ("A", "B")
+

@@ -1,0 +1,139 @@
+"""Alert conditions, defined once: the thresholds that :mod:`analysis.alerts`
+evaluates over the store's frames and the Prometheus alerting rules in
+``rules/warmscope.alerts.yml``, which :func:`render_rules` writes from the
+same definitions (a test checks the shipped file equals it, and runs both on
+the same data through promtool to compare what fires).
+
+=============================  ==========================================================  ==========
+alert (rule name)              condition                                                    severity
+=============================  ==========================================================  ==========
+HitRateRegression              a layer's hit rate at least ``HIT_RATE_DROP`` (20 %)         warning;
+(…ShortTerm, …Daily)           below the baseline: in Prometheus the last 5 min vs an       critical
+                               hour ago / a day ago, held ``for`` 10 / 15 min; in the       past 50 %
+                               evaluator the latest third of the range vs the third
+                               before it, gated by a two-proportion test at p < 0.01
+                               (the evaluator's ``for``)
+WarmupROINegative              warm-up spent more GPU-s in the last hour than it saved      warning
+WarmSetPrecisionLow            under ``WARM_PRECISION_MIN`` (30 %) of a warm set is read    warning
+TrafficBeforeWarmupComplete    a replica serves while its warm-up runs                      warning
+CrossTenantCacheRead           any key of a tenant-scoped layer read by two or more         critical
+                               tenants: fires at once (``for: 0s``) and holds an hour
+BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's lookups        warning
+                               bypass the cache, and it did not an hour before
+TelemetryDropping              the collectors swallow errors                                warning
+=============================  ==========================================================  ==========
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AlertDef", "ALERTS", "HIT_RATE_DROP", "HIT_RATE_CRITICAL_DROP", "HIT_RATE_P", "WARM_PRECISION_MIN",
+           "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule"]
+
+HIT_RATE_DROP = 0.20  # relative fall of a layer's hit rate that raises HitRateRegression
+HIT_RATE_CRITICAL_DROP = 0.50  # ... and makes it critical (evaluator)
+HIT_RATE_P = 0.01  # the evaluator's significance gate (Prometheus holds the condition `for` instead)
+WARM_PRECISION_MIN = 0.30  # share of a warm set read before it is called wasted
+WARM_MIN_KEYS = 10  # the evaluator judges runs that warmed at least this many keys
+BYPASS_SHARE = 0.05  # share of a layer's lookups that bypass the cache
+BYPASS_FOR_S = 600.0  # held this long (the rule's `for`)
+
+
+@dataclass(frozen=True)
+class AlertDef:
+    name: str  # the evaluator's alert name (and the runbook's heading)
+    rule: str  # the Prometheus alert
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str  # anchor in docs/runbooks.md
+    comment: str = ""
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+ALERTS: tuple[AlertDef, ...] = (
+    AlertDef("HitRateRegression", "WarmscopeHitRateRegressionDaily",
+             f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * (warmscope:layer_hit_ratio:rate5m offset 1d)",
+             "15m", "warning",
+             f"Hit rate of layer {{{{ $labels.warmscope_cache_layer }}}} is {_pct(HIT_RATE_DROP)} below the same "
+             "time yesterday",
+             "Now {{ $value | humanizePercentage }}. Open the Root cause page for the window.",
+             "hit-rate-regression"),
+    AlertDef("HitRateRegression", "WarmscopeHitRateRegressionShortTerm",
+             f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * (warmscope:layer_hit_ratio:rate5m offset 1h)",
+             "10m", "warning",
+             f"Hit rate of layer {{{{ $labels.warmscope_cache_layer }}}} fell {_pct(HIT_RATE_DROP)} within the hour",
+             "Now {{ $value | humanizePercentage }}.", "hit-rate-regression"),
+    AlertDef("WarmupROINegative", "WarmscopeWarmupROINegative",
+             "sum(warmscope:warmup_gpu_seconds:increase1h) > sum(warmscope:gpu_seconds_saved:increase1h)",
+             "30m", "warning", "Warm-up spent more GPU-seconds in the last hour than it saved",
+             "Spent {{ $value | humanize }} GPU-s; the treatment saved less (compute ROI < 0).",
+             "warm-up-roi-negative"),
+    AlertDef("WarmSetPrecisionLow", "WarmscopeWarmSetPrecisionLow",
+             f"warmscope:warmset_precision:ratio1h < {WARM_PRECISION_MIN:g}", "30m", "warning",
+             "Warm-up strategy {{ $labels.warmscope_warmup_strategy }} on {{ $labels.warmscope_cache_layer }}: "
+             f"under {_pct(WARM_PRECISION_MIN)} of warmed keys are read",
+             "Precision {{ $value | humanizePercentage }}: most warm-up work is wasted.", "warm-set-precision-low"),
+    AlertDef("TrafficBeforeWarmupComplete", "WarmscopeTrafficBeforeWarmupComplete",
+             "sum by (warmscope_replica) (warmscope_warmup_active) > 0\nand on (warmscope_replica)\n"
+             "sum by (warmscope_replica) (rate(warmscope_cache_lookups_total[2m])) > 0",
+             "5m", "warning",
+             "Replica {{ $labels.warmscope_replica }} serves traffic while its warm-up is still running",
+             "Gate traffic on warm-up completion (readiness probe) or warm before the replica joins.",
+             "traffic-before-warm-up-completes"),
+    AlertDef("CrossTenantCacheRead", "WarmscopeCrossTenantCacheRead",
+             "sum by (warmscope_cache_layer) (increase(warmscope_cache_cross_tenant_keys_total[1h])) > 0",
+             "0s", "critical",
+             "SECURITY: cache keys in {{ $labels.warmscope_cache_layer }} are read by more than one tenant",
+             "Keys read by two or more tenants appeared in the last hour: keys lack a tenant scope (data leak).",
+             "cross-tenant-cache-read",
+             comment="A data leak: fire at the first evaluation (`for: 0s`), and keep firing for an hour after the\n"
+                     "last shared key so that one short leak is not missed between two looks at the page."),
+    AlertDef("CacheBypassSpike", "WarmscopeBypassSpike",
+             f"warmscope:layer_bypass_ratio:rate5m > {BYPASS_SHARE:g}\n"
+             f"unless (warmscope:layer_bypass_ratio:rate5m offset 1h) > {BYPASS_SHARE:g}",
+             f"{BYPASS_FOR_S / 60:.0f}m", "warning",
+             "{{ $value | humanizePercentage }} of {{ $labels.warmscope_cache_layer }} lookups bypass the cache",
+             "A middleware path (cache-control: no-cache, skip flags) started skipping the cache.", "bypass-spike"),
+    AlertDef("TelemetryDropping", "WarmscopeTelemetryDropping", "sum(rate(warmscope_telemetry_errors_total[5m])) > 0",
+             "5m", "warning", "warmscope collectors are swallowing errors",
+             "Telemetry is incomplete: check the store, Redis and the exporter (stage label).", "telemetry-dropping"),
+)
+
+
+def by_rule(rule: str) -> AlertDef:
+    return next(a for a in ALERTS if a.rule == rule)
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_rules() -> str:
+    """``rules/warmscope.alerts.yml`` from :data:`ALERTS` (runbook links relative;
+    ``warmscope rules --runbook-base`` makes them absolute)."""
+    out = ["# Generated from analysis/alert_defs.py (the evaluator reads the same thresholds); edit it there and",
+           "# write this file with `python -m warmscope.analysis.alert_defs > rules/warmscope.alerts.yml`.",
+           "groups:", "  - name: warmscope-alerts", "    interval: 30s", "    rules:"]
+    for a in ALERTS:
+        out.append(f"      - alert: {a.rule}")
+        out += [f"        # {line}" for line in a.comment.splitlines()]
+        if "\n" in a.expr:
+            out.append("        expr: >")
+            out += [f"          {line}" for line in a.expr.splitlines()]
+        else:
+            out.append(f"        expr: {a.expr}")
+        out += [f"        for: {a.for_}", f"        labels: {{severity: {a.severity}}}", "        annotations:",
+                f"          summary: {_q(a.summary)}", f"          description: {_q(a.description)}",
+                f"          runbook_url: {_q('docs/runbooks.md#' + a.runbook)}"]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_rules(), end="")
