@@ -149,6 +149,7 @@ class _Fitted:
             self.sn_label = "seasonal_naive (last bucket; under a day of history)"
         self.pred: dict[str, np.ndarray] = {"seasonal_naive": sn}
         best, self.alpha = np.inf, SES_GRID[0]
+        keep = _ses_levels(y, SES_GRID[0])  # kept when no error is finite (e.g. an all-zero training target)
         for a in SES_GRID:
             lv = _ses_levels(y, a)
             e = _mape(self.target[:train_end], lv[:train_end])

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from warmscope.analysis import scores as S
@@ -85,6 +85,7 @@ def test_composite_and_dynamic_weighting(monkeypatch):
 @given(st.lists(st.tuples(st.integers(0, 3600), st.sampled_from(["t", "u"]), st.sampled_from(["kv", "weights"]),
                           st.sampled_from(["f:*", "g:*"]), st.sampled_from(["hit", "miss", "bypass"]),
                           st.integers(0, 20)), max_size=30))
+@example(rows=[(60 * i, "t", "kv", "f:*", "hit", 0) for i in range(30)])  # all-zero traffic: no finite forecast error
 def test_score_card_never_crashes_and_stays_in_range(rows):
     frames = {"lookups": lk(rows).assign(replica="r", experiment="", variant="", model="m", length_bucket="")}
     card = score_card(frames)
