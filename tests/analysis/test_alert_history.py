@@ -56,7 +56,8 @@ def test_a_hit_rate_drop_fires_for_its_layer_and_resolves_once_both_thirds_are_l
     reg = h[h.alert == "HitRateRegression"]
     assert len(reg) == 1
     r = reg.iloc[0]
-    assert r.subject == "layer response" and r.severity == "critical"  # a 40-point drop: past 25 points
+    # 0.9 -> 0.5 at most: a 44 % relative fall, past the 20 % that fires, short of the 50 % that makes it critical
+    assert r.subject == "layer response" and r.severity == "warning"
     assert r.fired == 7800.0
     assert r.resolved == 9600.0
     assert h.columns.tolist() == ["alert", "subject", "severity", "fired", "resolved", "since", "summary",
@@ -66,3 +67,11 @@ def test_a_hit_rate_drop_fires_for_its_layer_and_resolves_once_both_thirds_are_l
 def test_nothing_fires_on_steady_traffic():
     lk = _lookups([(0.0, 10800.0, 0.8)])
     assert alert_history({"lookups": lk}, 3600.0, 10800.0).empty
+
+
+def test_a_fall_past_half_the_baseline_is_critical():
+    # 0.9 -> 0.3: a 67 % relative fall once the latest third is all low, past the 50 % that makes it critical
+    lk = _lookups([(0.0, 7200.0, 0.9), (7200.0, 12000.0, 0.3)])
+    reg = alert_history({"lookups": lk}, 3600.0, 12000.0, every=600.0, lookback=3600.0)
+    reg = reg[reg.alert == "HitRateRegression"]
+    assert len(reg) == 1 and reg.iloc[0].severity == "critical"
