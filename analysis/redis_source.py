@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,8 +51,8 @@ class RedisSource:
         """Experiment names with A/B records."""
         return sorted(_s(x) for x in self._call(self.r.smembers, f"{PREFIX}:ab:experiments"))
 
-    def _hgetall(self, names: list[str]) -> list[dict]:
-        out: list[dict] = []
+    def _hgetall(self, names: list[str]) -> list[dict[str, Any]]:
+        out: list[dict[Any, Any]] = []
         for i in range(0, len(names), 5000):
             p = self.r.pipeline(transaction=False)
             for n in names[i:i + 5000]:
@@ -59,7 +60,7 @@ class RedisSource:
             out += self._call(p.execute)
         return [{_s(k): _s(v) for k, v in h.items()} for h in out]
 
-    def _smembers(self, names: list[str]) -> list[set]:
+    def _smembers(self, names: list[str]) -> list[set[str]]:
         p = self.r.pipeline(transaction=False)
         for n in names:
             p.smembers(n)
@@ -68,7 +69,7 @@ class RedisSource:
     def describe(self) -> str:
         return f"Redis · {self.url}"
 
-    def _call(self, fn, *a, **kw):
+    def _call(self, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         import redis
 
         try:
@@ -147,7 +148,7 @@ class RedisSource:
         sums = [c for c in _TABLES["ab_units"] if c not in keys]
         rows = []
         for (var, uh, _), h in zip(names, hashes):
-            row = {"experiment": experiment, "variant": var, "unit_hash": uh}
+            row: dict[str, Any] = {"experiment": experiment, "variant": var, "unit_hash": uh}
             for c in sums:
                 row[c] = float(h.get(c, 0) or 0)
             for f, v in h.items():

@@ -313,14 +313,14 @@ class RedisRecords(SourceBase):
         from warmscope.collectors.redis_sink import PREFIX
 
         # RedisSource (analysis/redis_source.py) is not yet annotated
-        return sorted(self.inner._call(self.r.smembers, f"{PREFIX}:ab:experiments"))  # type: ignore[no-untyped-call]
+        return sorted(self.inner._call(self.r.smembers, f"{PREFIX}:ab:experiments"))
 
     def _runs_range(self) -> tuple[float, float] | None:
         from warmscope.collectors.redis_sink import PREFIX
 
         # RedisSource (analysis/redis_source.py) is not yet annotated
-        first = self.inner._call(self.r.zrange, f"{PREFIX}:runs", 0, 0, False, True)  # type: ignore[no-untyped-call]
-        last = self.inner._call(self.r.zrange, f"{PREFIX}:runs", -1, -1, False, True)  # type: ignore[no-untyped-call]
+        first = self.inner._call(self.r.zrange, f"{PREFIX}:runs", 0, 0, False, True)
+        last = self.inner._call(self.r.zrange, f"{PREFIX}:runs", -1, -1, False, True)
         return (float(first[0][1]), float(last[0][1])) if first and last else None
 
     def time_bounds(self) -> tuple[float, float] | None:
@@ -333,7 +333,7 @@ class RedisRecords(SourceBase):
     def health(self) -> str | None:
         try:
             # RedisSource (analysis/redis_source.py) is not yet annotated
-            self.inner._call(self.r.ping)  # type: ignore[no-untyped-call]
+            self.inner._call(self.r.ping)
         except SourceError as e:
             return str(e)
         return None

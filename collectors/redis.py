@@ -41,7 +41,7 @@ _WRITES_1 = {"SET", "SETEX", "PSETEX", "SETNX", "GETSET", "HSET", "HMSET", "HSET
 _WRITES_PAIRS = {"MSET", "MSETNX"}
 
 
-def _name(args: tuple) -> str:
+def _name(args: tuple[Any, ...]) -> str:
     c = args[0]
     return (c.decode() if isinstance(c, bytes) else str(c)).upper()
 
@@ -64,7 +64,7 @@ class _Interpreter:
             r = self._recs[layer] = _Recorder(layer, self._tel, None)
         return r
 
-    def reads(self, args: tuple) -> list[Any] | None:
+    def reads(self, args: tuple[Any, ...]) -> list[Any] | None:
         name = _name(args)
         if name in _SINGLE_READS or name == "HMGET":
             return [_str(args[1])] if name != "HMGET" else [_str(args[1])] * max(len(args) - 2, 1)
@@ -74,7 +74,7 @@ class _Interpreter:
             return [_str(k) for k in args[1:-1]]
         return None
 
-    def outcome(self, args: tuple, response: Any) -> None:
+    def outcome(self, args: tuple[Any, ...], response: Any) -> None:
         """Record what one command did, given its response (or exception)."""
         try:
             name = _name(args)
@@ -169,7 +169,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
     setattr(pipe, _MARK, True)
 
 
-def _queued(pipe: Any) -> list:
+def _queued(pipe: Any) -> list[tuple[Any, ...]]:
     """The queued commands' arguments, in order: a ``Pipeline``'s command stack, or the
     command queue of redis-py's cluster pipeline (results come back in queue order)."""
     strategy = getattr(pipe, "_execution_strategy", None)
