@@ -25,14 +25,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from .buckets import bucket_start
-
 from .hitrate import time_slice
 from .rootcause import Localization, localize
 

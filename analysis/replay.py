@@ -56,9 +56,8 @@ history evicted by new queries, which no warm-up parameter changes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-
 import math
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np

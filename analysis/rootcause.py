@@ -99,9 +99,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

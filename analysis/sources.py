@@ -34,11 +34,11 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pandas as pd
-
 from warmscope.collectors.store import _TABLES, FRAMES, EmbeddedStore, StoreError
 
 __all__ = ["Source", "SourceError", "SourceBase", "EmbeddedSource", "RedisRecords", "CompositeSource", "from_env",

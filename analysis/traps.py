@@ -31,12 +31,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from warmscope.collectors.schema import SHARED_LAYERS  # shared by design across tenants
 
 from .coverage import read_in_time

@@ -24,11 +24,9 @@ import statistics
 import time
 
 import httpx
-
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.openai_client import InstrumentedTransport
 from warmscope.collectors.pipeline import Telemetry
-
 
 SYSTEM = "You are the support bot of a parts shop. Answer in one line. " * 8
 BODY = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "system", "content": SYSTEM},

@@ -27,11 +27,11 @@ import time
 import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-from bench.common import best_ns, table
 from warmscope.collectors import InstrumentedCache, request_context, schema
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
+
+from bench.common import best_ns, table
 
 
 def tail_latency(tmp: str, flushing: bool, threads: int, per_thread: int) -> dict[str, float]:

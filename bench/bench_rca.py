@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.rootcause import localize
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.rootcause import localize
 
 REPO = Path(__file__).resolve().parents[1]

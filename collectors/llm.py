@@ -47,7 +47,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import schema
 from .aggregator import ERROR
@@ -125,7 +126,7 @@ class Exchange:
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
                  "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
-    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple[Any, ...], kind: str | None,
+    def __init__(self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None,
                  pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()

@@ -24,17 +24,20 @@ Example (tests)::
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
     Counter,
-    Histogram as HistogramInstrument,
     MeterProvider,
     ObservableCounter,
     ObservableGauge,
     ObservableUpDownCounter,
     UpDownCounter,
+)
+from opentelemetry.sdk.metrics import (
+    Histogram as HistogramInstrument,
 )
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,

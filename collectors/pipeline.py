@@ -29,13 +29,14 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import records, schema
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
-from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .config import CollectorConfig, ConfigError
 from .context import RequestContext, _current, set_installed_telemetry
+from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .keys import KeyHasher, TenantBucketer
 from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row

@@ -27,7 +27,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .aggregator import ERROR, HIT, MISS
 from .cache import _Recorder

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .. import ab_moments as _m
 from .. import records

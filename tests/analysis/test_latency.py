@@ -3,7 +3,6 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from warmscope.analysis.latency import TTFT, hist_quantile, quantile_from_buckets
 
 

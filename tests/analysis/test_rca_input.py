@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.rootcause import contributions, localize
 from warmscope.app import cli_rca
 

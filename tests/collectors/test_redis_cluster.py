@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.ab_report import report_for
 from warmscope.analysis.redis_source import RedisSource
 from warmscope.analysis.sources import EmbeddedSource
-from warmscope.collectors import InstrumentedCache, ab_moments as M, request_context
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.collectors import ab_moments as M
 from warmscope.collectors.redis_sink import AB_SHARDS, RedisSink, ab_tag, is_cluster, key
 
 pytestmark = pytest.mark.redis

@@ -12,8 +12,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-
 from warmscope.analysis.prometheus import PrometheusSource, engine_kind
+
 from tests.conftest import free_port, need_binary, wait_until
 
 STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 15, "sg_prompt": 100}
