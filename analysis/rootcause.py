@@ -398,9 +398,9 @@ class _Search:
     def take(self, member: np.ndarray) -> None:
         """Remove an explained element's leaves from every element's sums."""
         rows = np.flatnonzero(member)
-        for (_, inv, ng), st in zip(self.groups, self.stats):
+        for (_, inv, ng), st in zip(self.groups, self.stats, strict=True):
             gi = inv[rows]
-            for arr, w in zip(st, self._weights(rows)):
+            for arr, w in zip(st, self._weights(rows), strict=True):
                 arr -= np.bincount(gi, w, ng)
         self.free &= ~member
 
@@ -460,7 +460,7 @@ class _Search:
         (dimension subset, its free leaves, direction)."""
         best = None
         fw = self.free.astype(float)
-        for (sub, inv, ng), st in zip(self.groups, self.stats):
+        for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
             Sh, Se, Sv, n = st[:4]
             dev = Sh - Se
             Z = dev / np.sqrt(np.maximum(Sv * self.phi, 1e-12))
@@ -627,12 +627,13 @@ def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names:
         found = search.best()
         if found is None:
             break
-        sub, member, direction = found
+        top_sub, top_member, direction = found
         if search.ratio:
-            sub, member = search.climb(sub, member, direction)
-        if min_share > 0 and abs(float(contrib[idx[member]].sum())) / total_abs_contrib < min_share:
+            top_sub, top_member = search.climb(top_sub, top_member, direction)
+        if min_share > 0 and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share:
             break
-        for sub, member in (search.split(sub, member, direction) if refine else None) or [(sub, member)]:
+        parts = (search.split(top_sub, top_member, direction) if refine else None) or [(top_sub, top_member)]
+        for sub, member in parts:
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
             element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}

@@ -127,7 +127,7 @@ def recorder_alone(tel: Telemetry, rounds: int, batch: int = 50) -> float:
 def engine_median(url: str, n: int = 40) -> float:
     with httpx.Client(base_url=url, timeout=60) as c:
         times = []
-        for i in range(n):
+        for _ in range(n):
             t = time.perf_counter()
             c.post("/v1/chat/completions", json=BODY).raise_for_status()
             times.append(time.perf_counter() - t)

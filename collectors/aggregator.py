@@ -444,8 +444,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
                 key = "dropped:" + stage
                 if key not in self._logged:
                     self._logged.add(key)
-                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; counted in "
-                                "warmscope.telemetry.dropped)", stage, rows)
+                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; "
+                                "counted in warmscope.telemetry.dropped)", stage, rows)
         except Exception:  # pragma: no cover
             pass
 
@@ -470,7 +470,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
 
     def _labels(self, cid: int, **more: str) -> dict[str, str]:
         """A series' label values by column name: the interned request labels plus ``more``."""
-        v = dict(zip(_CTX, self._ctx_labels[cid]))
+        v = dict(zip(_CTX, self._ctx_labels[cid], strict=True))
         v["replica"] = self.replica
         v.update(more)
         return v

@@ -11,8 +11,8 @@ the first token. :class:`LLMRecorder` turns each request into:
   before the last one, else the first message, else the prompt's first
   characters);
 * a request record (TTFT from the first streamed chunk — none for a request
-  that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request context or a
-  session header.
+  that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request
+  context or a session header.
 
 The prefix key is ``KIND:ROLE:TEMPLATE:DIGEST`` where ``TEMPLATE`` is a keyed
 hash of the prefix with its digits blanked, written in letters, and

@@ -90,7 +90,7 @@ class _Interpreter:
                         self.rec(k)(k, HIT if i < n else MISS)
                 elif len(keys) > 1 or name in ("MGET", "JSON.MGET", "HMGET"):
                     vals = list(response or [])
-                    for k, v in zip(keys, vals):
+                    for k, v in zip(keys, vals, strict=False):
                         self.rec(k)(k, MISS if v is None else HIT)
                 else:
                     k = keys[0]
@@ -162,7 +162,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
             for args in stack:
                 interp.outcome(args, e)
             raise
-        for args, r in zip(stack, results):
+        for args, r in zip(stack, results, strict=False):
             interp.outcome(args, r)
         return results
 

@@ -296,7 +296,7 @@ class RedisSink:
                     continue
                 if wait and int(res[-1]) < 1:
                     raise NotReplicated(f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms")
-                for i, r in zip(idx, res):
+                for i, r in zip(idx, res, strict=False):
                     out[i] = r
                 break
         return out
@@ -370,7 +370,7 @@ class RedisSink:
                 p.op("ex", name, ttl)
 
         for row in batches.get("warmup_runs", ()):
-            rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row)}
+            rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row, strict=True)}
             tag = run_tag(rec["run_id"])
             p = part(tag)
             for f, v in rec.items():
@@ -425,13 +425,13 @@ class RedisSink:
             if not pending:
                 break
             names = [(tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us]
-            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names])))
+            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names]), strict=True))
             tags = list(pending)
             ab_parts = [self._ab_part(tag, pending[tag], olds, ukeys, lk, now) for tag in tags]
             res = self._run(ab_parts + other, bid)
             other = []
             retry: dict[str, list[tuple[Any, ...]]] = {}
-            for tag, r in zip(tags, res):
+            for tag, r in zip(tags, res, strict=False):
                 if isinstance(r, list):  # another writer changed these units since the read: read again
                     self.conflicts += 1
                     retry[tag] = pending[tag]
@@ -492,9 +492,9 @@ class RedisSink:
                     acc += delta[j]
                     e = ext[mg]
                     e[0], e[1] = min(e[0], new[i, 0]), max(e[1], new[i, 1])
-        for j, i in enumerate(sel):
+        for i in sel:
             name = names[i]
-            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else ()):
+            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else (), strict=False):
                 if v:
                     if isinstance(v, float):
                         p.op("hf", name, f, repr(v))
@@ -523,7 +523,7 @@ class RedisSink:
             o_l, t = np.array(ol, dtype=float), np.array(tl, dtype=float)
             delta = (_m.layer_contributions(o_l[:, 0] + t[:, 0], o_l[:, 1] + t[:, 1], np.ones(len(pairs)))
                      - _m.layer_contributions(o_l[:, 0], o_l[:, 1], np.array(lp)))
-            for (i, ly), row in zip(pairs, delta):
+            for (i, ly), row in zip(pairs, delta, strict=True):
                 gk = (us[i][1], float(bucket[i]), ly)
                 if gk in lacc:
                     lacc[gk] += row
@@ -540,7 +540,7 @@ class RedisSink:
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
             fv: list[str] = []
-            for c, v in zip(_m.COLUMNS, acc.tolist()):
+            for c, v in zip(_m.COLUMNS, acc.tolist(), strict=True):
                 if v and c not in ("min_first", "max_last"):
                     fv += (c, repr(v))
             p.op("hv", mk, fv)
@@ -551,7 +551,7 @@ class RedisSink:
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
             fv = []
-            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist()):
+            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist(), strict=True):
                 if v:
                     fv += (f"L:{enc(ly)}:{c}", repr(v))
             p.op("hv", mk, fv)

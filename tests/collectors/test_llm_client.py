@@ -422,9 +422,9 @@ def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
     for k in keys:
         _clean(k, "a Redis key name")
         t = redis_client.type(k)
-        blob = {b"hash": lambda: repr(redis_client.hgetall(k)),
-                b"zset": lambda: repr(redis_client.zrange(k, 0, -1, withscores=True)),
-                b"set": lambda: repr(redis_client.smembers(k))}.get(t, lambda: redis_client.get(k) or b"")()
+        blob = {b"hash": lambda k=k: repr(redis_client.hgetall(k)),
+                b"zset": lambda k=k: repr(redis_client.zrange(k, 0, -1, withscores=True)),
+                b"set": lambda k=k: repr(redis_client.smembers(k))}.get(t, lambda k=k: redis_client.get(k) or b"")()
         _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
 
 

@@ -140,7 +140,7 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
     vals = uu[["first_ts", "last_ts", *M.FIELDS, *M._H]].to_numpy(float)
     want = M.contributions(vals, np.ones(len(uu)))
     got = m[[c for c in M.COLUMNS]].sum().to_numpy()
-    for c, w_, g in zip(M.COLUMNS, want.sum(axis=0), got):
+    for c, w_, g in zip(M.COLUMNS, want.sum(axis=0), got, strict=True):
         if c not in ("min_first", "max_last"):
             assert g == pytest.approx(w_, rel=1e-9), c
     lw = M.layer_contributions(uu["lookups_kv"].to_numpy(), uu["hits_kv"].to_numpy(), np.ones(len(uu))).sum(axis=0)

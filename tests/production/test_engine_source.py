@@ -70,7 +70,8 @@ def engines_prom(tmp_path_factory):
         f"scrape_configs:\n  - job_name: engines\n    static_configs: [{{targets: [{targets}]}}]\n")
     prom = __import__("subprocess").Popen(
         [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=__import__("subprocess").DEVNULL, stderr=__import__("subprocess").DEVNULL)
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=__import__("subprocess").DEVNULL, stderr=__import__("subprocess").DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
