@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy.stats import norm, qmc
@@ -67,7 +68,7 @@ def expected_improvement(mu: Any, sd: Any, best: float, xi: float = 0.01) -> np.
 
 def to_params(u: np.ndarray) -> Params:
     v = {}
-    for x, (name, (lo, hi, kind)) in zip(u, BOUNDS.items()):
+    for x, (name, (lo, hi, kind)) in zip(u, BOUNDS.items(), strict=True):
         v[name] = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))) if kind == "log" else lo + x * (hi - lo)
     return Params(warm_keys=int(round(v["warm_keys"])), response_ttl_s=round(v["response_ttl_s"]),
                   lambda_per_s=v["lambda_per_s"], lead_s=round(v["lead_s"] / 60) * 60)
@@ -103,7 +104,7 @@ def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter
     kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern([0.3] * dim, (1e-2, 10.0), nu=2.5) + \
         WhiteKernel(1e-3, (1e-8, 1e-1))
     gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=0, random_state=seed)
-    for it in range(n_iter):
+    for _ in range(n_iter):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp.fit(np.array(X), np.array(y))

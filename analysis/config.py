@@ -19,8 +19,9 @@ weight = 0.06
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from warmscope.collectors.config import ConfigError, load_section, setting
 
@@ -88,7 +89,7 @@ class AnalysisConfig:
                                                     parse=lambda key, v: _dimensions(v))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "AnalysisConfig":
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> AnalysisConfig:
         return load_section(cls, "analysis", path, None, overrides)
 
     def dimension(self, name: str) -> DimensionSpec:

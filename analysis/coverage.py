@@ -22,7 +22,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,8 +70,8 @@ def warm_set_coverage(runs: pd.DataFrame, warmed: pd.DataFrame, early: pd.DataFr
     if len(early):
         e = early.merge(runs[["run_id", "ended"]], on="run_id")
         e = e[e["first_seen"] <= e["ended"] + recall_window_s]
-        warmed_pairs = set(zip(w["run_id"], w["key_hash"])) if len(w) else set()
-        e = e.assign(was_warmed=[(r, k) in warmed_pairs for r, k in zip(e["run_id"], e["key_hash"])])
+        warmed_pairs = set(zip(w["run_id"], w["key_hash"], strict=True)) if len(w) else set()
+        e = e.assign(was_warmed=[(r, k) in warmed_pairs for r, k in zip(e["run_id"], e["key_hash"], strict=True)])
         rc = e.groupby("run_id").agg(early_keys=("key_hash", "size"), early_warmed=("was_warmed", "sum"))
         out = out.merge(rc, left_on="run_id", right_index=True, how="left")
     else:

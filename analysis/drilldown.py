@@ -25,14 +25,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from .buckets import bucket_start
-
 from .hitrate import time_slice
 from .rootcause import Localization, localize
 
@@ -116,7 +116,7 @@ def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 1
 
 
 def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
-                    freq: float = 60.0) -> dict:
+                    freq: float = 60.0) -> dict[str, Any]:
     """Is the anomaly window's effective hit rate different from the baseline's,
     given the baseline's own variability? Welch's t on the per-bucket rates of
     the two windows (each ``freq`` seconds: bucket-to-bucket variation, not
@@ -125,7 +125,7 @@ def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baselin
     p-value; p is NaN when a window has fewer than two buckets."""
     from scipy import stats
 
-    def rates(w):
+    def rates(w: tuple[float, float]) -> tuple[np.ndarray, float, float]:
         sl = time_slice(lookups, *w)
         if sl.empty:
             return np.zeros(0), 0.0, 0.0
@@ -138,7 +138,7 @@ def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baselin
 
     ra, ha, na = rates(anomaly)
     rb, hb, nb = rates(baseline)
-    out = {"observed": ha / na if na else float("nan"), "expected": hb / nb if nb else float("nan"),
+    out: dict[str, Any] = {"observed": ha / na if na else float("nan"), "expected": hb / nb if nb else float("nan"),
            "t": float("nan"), "df": float("nan"), "p": float("nan"), "buckets": (len(ra), len(rb))}
     out["change"] = out["observed"] - out["expected"]
     if len(ra) < 2 or len(rb) < 2:
@@ -161,7 +161,7 @@ class DrillDown:
     anomaly: tuple[float, float]
     baseline: tuple[float, float]
     leaves: pd.DataFrame
-    test: dict | None = None          # regression_test() of the two windows (None with a forecast)
+    test: dict[str, Any] | None = None          # regression_test() of the two windows (None with a forecast)
     significant: bool = True          # False: "no significant regression in this range", no causes
 
 
@@ -176,7 +176,8 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
     :func:`regression_test` finds the windows' hit rates different at
     ``alpha``; otherwise the result says "no significant regression in this
     range" and lists no cause."""
-    def empty(msg: str, anomaly=(np.nan, np.nan), baseline=(np.nan, np.nan)) -> DrillDown:
+    def empty(msg: str, anomaly: tuple[float, float] = (np.nan, np.nan),
+              baseline: tuple[float, float] = (np.nan, np.nan)) -> DrillDown:
         return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, msg), anomaly, baseline, pd.DataFrame())
 
     if lookups.empty:

@@ -12,7 +12,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,8 @@ from scipy import stats
 
 from .buckets import bucket_start
 
-__all__ = ["Z95", "time_slice", "wilson", "hit_table", "hit_rate_change", "result_shares", "DIMENSIONS", "newcombe_diff"]
+__all__ = ["Z95", "time_slice", "wilson", "hit_table", "hit_rate_change", "result_shares", "DIMENSIONS",
+           "newcombe_diff"]
 
 Z95 = 1.959963984540054  # norm.ppf(0.975)
 DIMENSIONS = ("tenant", "layer", "family", "experiment", "variant", "model", "replica", "length_bucket")
@@ -145,7 +147,8 @@ def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[floa
     d, lo, hi = newcombe_diff(m["hits"].to_numpy(float), m["lookups"].to_numpy(float),
                               m["hits_base"].to_numpy(float), m["lookups_base"].to_numpy(float), z)
     pooled = (m["hits"] + m["hits_base"]) / (m["lookups"] + m["lookups_base"]).replace(0, np.nan)
-    se = np.sqrt(pooled * (1 - pooled) * (1 / m["lookups"].replace(0, np.nan) + 1 / m["lookups_base"].replace(0, np.nan)))
+    se = np.sqrt(pooled * (1 - pooled)
+                 * (1 / m["lookups"].replace(0, np.nan) + 1 / m["lookups_base"].replace(0, np.nan)))
     with np.errstate(invalid="ignore", divide="ignore"):
         zstat = d / se.to_numpy()
     out = pd.DataFrame({

@@ -22,15 +22,14 @@ Example::
 
 from __future__ import annotations
 
-import os
-
 import math
+import os
 import re
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import pandas as pd
-
 from warmscope.collectors import records
 
 from .sources import ENGINE_FRAMES, SourceBase, SourceError
@@ -148,8 +147,8 @@ class PrometheusSource(SourceBase):
 
         try:
             return self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON result list
-                query, start_time=datetime.fromtimestamp(start, timezone.utc),
-                end_time=datetime.fromtimestamp(end, timezone.utc), step=f"{step}s")
+                query, start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC), step=f"{step}s")
         except requests.exceptions.Timeout:
             raise SourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
                               "overloaded — narrow the time range or raise the timeout") from None

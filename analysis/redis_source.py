@@ -14,11 +14,11 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from warmscope.collectors import ab_moments as _m
 from warmscope.collectors import redis_sink as _rs
 from warmscope.collectors.redis_sink import AB_SHARDS, PREFIX, ab_tag, dec, hot_tag, key, run_tag
@@ -50,8 +50,8 @@ class RedisSource:
         """Experiment names with A/B records."""
         return sorted(_s(x) for x in self._call(self.r.smembers, f"{PREFIX}:ab:experiments"))
 
-    def _hgetall(self, names: list[str]) -> list[dict]:
-        out: list[dict] = []
+    def _hgetall(self, names: list[str]) -> list[dict[str, Any]]:
+        out: list[dict[Any, Any]] = []
         for i in range(0, len(names), 5000):
             p = self.r.pipeline(transaction=False)
             for n in names[i:i + 5000]:
@@ -59,7 +59,7 @@ class RedisSource:
             out += self._call(p.execute)
         return [{_s(k): _s(v) for k, v in h.items()} for h in out]
 
-    def _smembers(self, names: list[str]) -> list[set]:
+    def _smembers(self, names: list[str]) -> list[set[str]]:
         p = self.r.pipeline(transaction=False)
         for n in names:
             p.smembers(n)
@@ -68,7 +68,7 @@ class RedisSource:
     def describe(self) -> str:
         return f"Redis · {self.url}"
 
-    def _call(self, fn, *a, **kw):
+    def _call(self, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         import redis
 
         try:
@@ -123,7 +123,7 @@ class RedisSource:
             suffix = "warmed" if name == "warmed_keys" else "early"
             rows = []
             ids = list(runs["run_id"])
-            for rid, h in zip(ids, self._hgetall([key(run_tag(rid), suffix) for rid in ids])):
+            for rid, h in zip(ids, self._hgetall([key(run_tag(rid), suffix) for rid in ids]), strict=True):
                 for kh, js in h.items():
                     rows.append((rid, kh, *json.loads(js)))
             return pd.DataFrame(rows, columns=cols).astype({c: float for c in cols[5:] if c != "hits"}, errors="ignore")
@@ -133,7 +133,7 @@ class RedisSource:
     def _unit_names(self, experiment: str) -> list[tuple[str, str, str]]:
         tags = [ab_tag(experiment, s) for s in range(AB_SHARDS)]
         out = []
-        for tag, members in zip(tags, self._smembers([key(tag, "units") for tag in tags])):
+        for tag, members in zip(tags, self._smembers([key(tag, "units") for tag in tags]), strict=True):
             for m in sorted(members):
                 var, uh = m.split(":", 1)
                 out.append((dec(var), uh, key(tag, "u", var, uh)))
@@ -146,8 +146,8 @@ class RedisSource:
         keys = ["experiment", "variant", "unit_hash"]
         sums = [c for c in _TABLES["ab_units"] if c not in keys]
         rows = []
-        for (var, uh, _), h in zip(names, hashes):
-            row = {"experiment": experiment, "variant": var, "unit_hash": uh}
+        for (var, uh, _), h in zip(names, hashes, strict=True):
+            row: dict[str, Any] = {"experiment": experiment, "variant": var, "unit_hash": uh}
             for c in sums:
                 row[c] = float(h.get(c, 0) or 0)
             for f, v in h.items():
@@ -165,7 +165,7 @@ class RedisSource:
     def _moment_names(self, experiment: str) -> list[tuple[str, float, str]]:
         tags = [ab_tag(experiment, s) for s in range(AB_SHARDS)]
         names = []
-        for tag, members in zip(tags, self._smembers([key(tag, "mi") for tag in tags])):
+        for tag, members in zip(tags, self._smembers([key(tag, "mi") for tag in tags]), strict=True):
             for m in members:
                 var, b = m.split(":", 1)
                 names.append((dec(var), float(b), key(tag, "m", var, b)))
@@ -179,7 +179,7 @@ class RedisSource:
         cols = list(_m.COLUMNS)
         idx = {c: j for j, c in enumerate(cols)}
         rows, keys, lrows = [], [], []
-        for (var, b, _), h in zip(names, self._hgetall([n for _, _, n in names])):
+        for (var, b, _), h in zip(names, self._hgetall([n for _, _, n in names]), strict=True):
             if not h:
                 continue
             v = np.zeros(len(cols))
@@ -222,7 +222,7 @@ class RedisSource:
         for _, _, n in names:
             p.hget(n, "s_requests")
         out: dict[str, float] = {}
-        for (var, _, _), x in zip(names, self._call(p.execute) if names else []):
+        for (var, _, _), x in zip(names, self._call(p.execute) if names else [], strict=True):
             out[var] = out.get(var, 0.0) + float(x or 0)
         return out
 

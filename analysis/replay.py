@@ -56,9 +56,8 @@ history evicted by new queries, which no warm-up parameter changes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-
 import math
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -212,7 +211,7 @@ def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_l
         return *none, f"no two {layer} hot-key windows {W:g} s apart: popularity taken as stable"
     return np.array(lags), np.array(rho), (f"{layer} hot keys, top {top} per tenant and {W / 60:g}-min window: "
                                            + ", ".join(f"ρ({lag / 3600:g} h) = {r:.2f}"
-                                                       for lag, r in zip(lags[1:4], rho[1:4])))
+                                                       for lag, r in zip(lags[1:4], rho[1:4], strict=True)))
 
 
 def _persist_integrals(lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndarray) -> tuple[float, np.ndarray]:
@@ -450,8 +449,8 @@ def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
         for t, e in ev:
             b = int(np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1))
             hb[b] += e
-        rows.append(pd.DataFrame({"ts": idx + BUCKET_S, "layer": layer, "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0),
-                                  "requests": nb}))
+        rows.append(pd.DataFrame({"ts": idx + BUCKET_S, "layer": layer,
+                                  "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0), "requests": nb}))
     return pd.concat(rows, ignore_index=True)
 
 

@@ -99,9 +99,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class RootCause:
     direction: int = 0           # +1 the element moved up, -1 down
     change: float = 0.0          # its leaves' signed change (measure units; ratio: rate points)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {"element": self.element, "score": _finite(self.score),
                 "explanatory_power": _finite(self.explanatory_power),
                 "direction": "up" if self.direction > 0 else "down"}
@@ -154,28 +155,28 @@ def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
-def _names(leaves) -> list[str]:
+def _names(leaves: Any) -> list[str]:
     return [str(c) for c in (leaves.columns if hasattr(leaves, "columns") else leaves.keys())]
 
 
-def _col(leaves, c: str) -> np.ndarray:
+def _col(leaves: Any, c: str) -> np.ndarray:
     x = leaves[c]
     return x.to_numpy() if hasattr(x, "to_numpy") else np.asarray(x)
 
 
-def _nrows(leaves) -> int:
+def _nrows(leaves: Any) -> int:
     if hasattr(leaves, "columns"):
         return len(leaves)
     names = _names(leaves)
     return len(_col(leaves, names[0])) if names else 0
 
 
-def _factorize(x) -> tuple[np.ndarray, np.ndarray]:
+def _factorize(x: Any) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes and the distinct values (as strings) of a dimension column."""
     if hasattr(x, "factorize"):  # a pandas Series: its own hash table
         cd, uniq = x.factorize(use_na_sentinel=False)
         return np.asarray(cd, dtype=np.int64), np.asarray([str(u) for u in uniq], dtype=object)
-    seen: dict = {}
+    seen: dict[str, int] = {}
     cd = np.fromiter((seen.setdefault(str(v), len(seen)) for v in x), dtype=np.int64, count=len(x))
     return cd, np.asarray(list(seen), dtype=object)
 
@@ -192,7 +193,7 @@ def _numeric(x: np.ndarray, c: str, row_offset: int) -> np.ndarray:
         raise
 
 
-def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: bool,
+def validate_leaves(leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio: bool,
                     row_offset: int = 2) -> dict[str, np.ndarray]:
     """Check a leaf table (a DataFrame or a mapping of column → array) and
     return its measure columns as floats; raise :class:`LeafTableError` naming
@@ -230,7 +231,7 @@ def validate_leaves(leaves, dims: Sequence[str], cols: Sequence[str], ratio: boo
     return out
 
 
-def contributions(leaves, v: str | None = None, f: str | None = None, v_num: str | None = None,
+def contributions(leaves: Any, v: str | None = None, f: str | None = None, v_num: str | None = None,
                   v_den: str | None = None, f_num: str | None = None, f_den: str | None = None
                   ) -> tuple[np.ndarray, float]:
     """Each leaf's signed contribution to the change, and the part of the
@@ -238,10 +239,11 @@ def contributions(leaves, v: str | None = None, f: str | None = None, v_num: str
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
+    # The caller gives v and f, or the four ratio columns (unchecked here: a None column fails in _col).
     if v is not None:
-        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0
-    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)
-    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)
+        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0  # type: ignore[arg-type]
+    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)  # type: ignore[arg-type]
+    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)  # type: ignore[arg-type]
     tot_v, tot_f = vd.sum(), fd.sum()
     if tot_v <= 0 or tot_f <= 0:
         return np.zeros(len(vn)), 0.0
@@ -366,11 +368,13 @@ class _Search:
         self.ratio = r.vd is not None
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
-        self.vd = r.vd[idx] if self.ratio else None
-        self.pe = r.pe[idx] if self.ratio else None
+        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
+        # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
+        self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
+        self.pe: Any = r.pe[idx] if self.ratio else None  # type: ignore[index]
         # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
         self.vol = vol[idx] if self.ratio and vol is not None and fvol is not None else None
-        self.fvol = fvol[idx] if self.vol is not None else None
+        self.fvol: Any = fvol[idx] if self.vol is not None else None  # type: ignore[index]  # set with vol
         self.ceiling, self.purity, self.unmoved_share = ceiling, purity, unmoved_share
         self.growth, self.load_effect = max_volume_growth, load_effect
         self.groups = [(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
@@ -382,7 +386,7 @@ class _Search:
         self.stats = [[np.bincount(inv, w, ng) for w in self._weights(slice(None))]
                       for _, inv, ng in self.groups]
 
-    def _weights(self, rows) -> list[np.ndarray | None]:
+    def _weights(self, rows: slice | np.ndarray) -> list[np.ndarray | None]:
         """The per-leaf quantities summed per element (None: a count of leaves)."""
         out = [self.h[rows], self.e[rows], self.var[rows], None]
         if self.ratio:
@@ -394,9 +398,9 @@ class _Search:
     def take(self, member: np.ndarray) -> None:
         """Remove an explained element's leaves from every element's sums."""
         rows = np.flatnonzero(member)
-        for (_, inv, ng), st in zip(self.groups, self.stats):
+        for (_, inv, ng), st in zip(self.groups, self.stats, strict=True):
             gi = inv[rows]
-            for arr, w in zip(st, self._weights(rows)):
+            for arr, w in zip(st, self._weights(rows), strict=True):
                 arr -= np.bincount(gi, w, ng)
         self.free &= ~member
 
@@ -426,7 +430,7 @@ class _Search:
             ll = _binom_llr(hh, nn, rm, pp)
             if best is None or ll.sum() > best[1].sum():
                 best = (rm, ll)
-        return best
+        return best  # type: ignore[return-value]  # the loop above runs twice: best is set
 
     def _added_traffic(self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray,
                        dev: np.ndarray) -> np.ndarray:
@@ -448,14 +452,15 @@ class _Search:
             beyond = Se * kept - Sh                            # below: no added event a hit
         within = beyond < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
         grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
-        return (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
+        added: np.ndarray = (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
+        return added
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
         """The significant, pure element of the free leaves that fits best:
         (dimension subset, its free leaves, direction)."""
         best = None
         fw = self.free.astype(float)
-        for (sub, inv, ng), st in zip(self.groups, self.stats):
+        for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
             Sh, Se, Sv, n = st[:4]
             dev = Sh - Se
             Z = dev / np.sqrt(np.maximum(Sv * self.phi, 1e-12))
@@ -594,7 +599,7 @@ class _Search:
 
 def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.ndarray) -> tuple[int, ...]:
     """The shortest name for the same leaves: drop a dimension that does not narrow them."""
-    def leaves_of(s):
+    def leaves_of(s: tuple[int, ...]) -> np.ndarray:
         m = ok.copy()
         for k in s:
             m &= codes[k] == codes[k][row]
@@ -622,12 +627,13 @@ def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names:
         found = search.best()
         if found is None:
             break
-        sub, member, direction = found
+        top_sub, top_member, direction = found
         if search.ratio:
-            sub, member = search.climb(sub, member, direction)
-        if min_share > 0 and abs(float(contrib[idx[member]].sum())) / total_abs_contrib < min_share:
+            top_sub, top_member = search.climb(top_sub, top_member, direction)
+        if min_share > 0 and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share:
             break
-        for sub, member in (search.split(sub, member, direction) if refine else None) or [(sub, member)]:
+        parts = (search.split(top_sub, top_member, direction) if refine else None) or [(top_sub, top_member)]
+        for sub, member in parts:
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
             element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}
@@ -673,8 +679,8 @@ def _explain(loc: Localization, total: float, mix: float, sum_contrib: float) ->
                             c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
 
 
-def _measure_columns(leaves, dims: list[str], cols: list, ratio: bool, validate: bool
-                     ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+def _measure_columns(leaves: Any, dims: list[str], cols: list[Any], ratio: bool, validate: bool
+                     ) -> tuple[dict[Any, np.ndarray] | None, str | None]:
     """The measure columns as floats, or the reason they cannot be used."""
     if any(c is None for c in cols):
         return None, "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)"
@@ -694,7 +700,7 @@ def _measure_columns(leaves, dims: list[str], cols: list, ratio: bool, validate:
 
 
 def localize(
-    leaves,
+    leaves: Any,
     dims: Sequence[str],
     v: str | None = None,
     f: str | None = None,
@@ -739,7 +745,7 @@ def localize(
         total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
     else:
         obs_t, exp_t = float(L[v].sum()), float(L[f].sum())
-        measure = v
+        measure = v  # type: ignore[assignment]  # v is a column of L: _measure_columns checked it
         total = obs_t - exp_t
     loc = Localization([], measure, obs_t, exp_t, 0, nrows)
     if ratio and (fd.sum() <= 0 or vd.sum() <= 0):
@@ -777,8 +783,10 @@ def localize(
 
 def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
     """log L(p1) − log L(p0) for k events in n trials."""
-    return k * np.log(p1 / p0) + (n - k) * np.log((1 - p1) / (1 - p0))
+    llr: np.ndarray = k * np.log(p1 / p0) + (n - k) * np.log((1 - p1) / (1 - p0))
+    return llr
 
 
 def _kl(p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
-    return p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))
+    kl: np.ndarray = p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))
+    return kl

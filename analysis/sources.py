@@ -34,11 +34,11 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pandas as pd
-
 from warmscope.collectors.store import _TABLES, FRAMES, EmbeddedStore, StoreError
 
 __all__ = ["Source", "SourceError", "SourceBase", "EmbeddedSource", "RedisRecords", "CompositeSource", "from_env",
@@ -314,14 +314,14 @@ class RedisRecords(SourceBase):
         from warmscope.collectors.redis_sink import PREFIX
 
         # RedisSource (analysis/redis_source.py) is not yet annotated
-        return sorted(self.inner._call(self.r.smembers, f"{PREFIX}:ab:experiments"))  # type: ignore[no-untyped-call]
+        return sorted(self.inner._call(self.r.smembers, f"{PREFIX}:ab:experiments"))
 
     def _runs_range(self) -> tuple[float, float] | None:
         from warmscope.collectors.redis_sink import PREFIX
 
         # RedisSource (analysis/redis_source.py) is not yet annotated
-        first = self.inner._call(self.r.zrange, f"{PREFIX}:runs", 0, 0, False, True)  # type: ignore[no-untyped-call]
-        last = self.inner._call(self.r.zrange, f"{PREFIX}:runs", -1, -1, False, True)  # type: ignore[no-untyped-call]
+        first = self.inner._call(self.r.zrange, f"{PREFIX}:runs", 0, 0, False, True)
+        last = self.inner._call(self.r.zrange, f"{PREFIX}:runs", -1, -1, False, True)
         return (float(first[0][1]), float(last[0][1])) if first and last else None
 
     def time_bounds(self) -> tuple[float, float] | None:
@@ -334,7 +334,7 @@ class RedisRecords(SourceBase):
     def health(self) -> str | None:
         try:
             # RedisSource (analysis/redis_source.py) is not yet annotated
-            self.inner._call(self.r.ping)  # type: ignore[no-untyped-call]
+            self.inner._call(self.r.ping)
         except SourceError as e:
             return str(e)
         return None

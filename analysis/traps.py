@@ -31,12 +31,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from warmscope.collectors.schema import SHARED_LAYERS  # shared by design across tenants
 
 from .coverage import read_in_time
@@ -112,7 +112,8 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     if t.empty:
         return _none("dynamic_tokenisation", "no family with a baseline to compare")
     t["vol"] = (t["hm"] / span_a) / (t["hm_b"] / span_b)
-    t["wpl"] = (wa.reindex(t.index).fillna(0) / t["hm"]) / (wb.reindex(t.index).fillna(0) / t["hm_b"]).replace(0, np.nan)
+    t["wpl"] = ((wa.reindex(t.index).fillna(0) / t["hm"])
+                / (wb.reindex(t.index).fillna(0) / t["hm_b"]).replace(0, np.nan))
     t["drop"] = 1 - t["rate"] / t["rate_b"]
     cand = t[(t["drop"] > 0.3) & t["vol"].between(0.5, 2.0) & (t["wpl"].fillna(np.inf) > 2.0)]
     if cand.empty:
@@ -253,7 +254,8 @@ def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     prec = w.groupby("run_id")["read"].agg(["mean", "size"])
     prec = prec[prec["size"] >= 10]
     # Runs triggered by a hit-rate drop react to a regression; they are not its cause.
-    inwin = runs[(runs["started"] >= an[0]) & (runs["started"] < an[1]) & (runs["trigger"] != "hit_rate_drop")]["run_id"]
+    inwin = runs[(runs["started"] >= an[0]) & (runs["started"] < an[1])
+                 & (runs["trigger"] != "hit_rate_drop")]["run_id"]
     cand = prec[prec.index.isin(inwin)]
     others = prec[~prec.index.isin(inwin)]
     if cand.empty:

@@ -15,9 +15,18 @@ import time
 
 import numpy as np
 import pandas as pd
-
-from warmscope.analysis import (AnalysisConfig, heat_scores, hit_rate_change, hit_table, prediction_mape, roi_windows,
-                      run_effect, score_card, slo_lambda, warm_set_coverage)
+from warmscope.analysis import (
+    AnalysisConfig,
+    heat_scores,
+    hit_rate_change,
+    hit_table,
+    prediction_mape,
+    roi_windows,
+    run_effect,
+    score_card,
+    slo_lambda,
+    warm_set_coverage,
+)
 
 T0 = 1_795_824_000.0
 

@@ -24,11 +24,9 @@ import statistics
 import time
 
 import httpx
-
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.openai_client import InstrumentedTransport
 from warmscope.collectors.pipeline import Telemetry
-
 
 SYSTEM = "You are the support bot of a parts shop. Answer in one line. " * 8
 BODY = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "system", "content": SYSTEM},
@@ -129,7 +127,7 @@ def recorder_alone(tel: Telemetry, rounds: int, batch: int = 50) -> float:
 def engine_median(url: str, n: int = 40) -> float:
     with httpx.Client(base_url=url, timeout=60) as c:
         times = []
-        for i in range(n):
+        for _ in range(n):
             t = time.perf_counter()
             c.post("/v1/chat/completions", json=BODY).raise_for_status()
             times.append(time.perf_counter() - t)

@@ -447,7 +447,8 @@ def cli_cases(tmp: str) -> list[tuple[str, list[str], str | None]]:
         ("simulate: negative TTL", sim + ["--b-response-ttl", "-5", "--out", g()], None),
         ("dashboard: --port 99999", ["--store", str(d / "x.sqlite"), "dashboard", "--port", "99999"], None),
         ("demo --fresh keeps prod.sqlite.backup-2026", ["--store", str(d / "prod.sqlite"), "demo", "--no-dashboard",
-                                                        "--fresh", "--hours", "0.02"], str(d / "prod.sqlite.backup-2026")),
+                                                        "--fresh", "--hours", "0.02"],
+         str(d / "prod.sqlite.backup-2026")),
     ]
 
 

@@ -209,7 +209,8 @@ def line(name: str, res: dict, chk: dict | None, base: dict | None, mem: float |
     lr = res["lookups"] / res["wall"]
     f = res["flushes"]
     s = (f"{name:<26} {res['unit_records']:>8,} unit records {ur:>8,.0f}/s ({ur / base['ur']:.2f}x)  "
-         f"lookups {lr:>9,.0f}/s  flush P50 {np.percentile(f, 50) * 1e3:7.1f} ms P99 {np.percentile(f, 99) * 1e3:7.1f} ms"
+         f"lookups {lr:>9,.0f}/s  flush P50 {np.percentile(f, 50) * 1e3:7.1f} ms "
+         f"P99 {np.percentile(f, 99) * 1e3:7.1f} ms"
          if base else f"{name:<26} {res['unit_records']:>8,} unit records {ur:>8,.0f}/s (1.00)  lookups {lr:>9,.0f}/s")
     if mem is not None:
         s += f"  memory {mem / 2**20:7.1f} MiB per 1M units"

@@ -23,15 +23,17 @@ import argparse
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-from bench.common import best_ns, table
 from warmscope.collectors import InstrumentedCache, request_context, schema
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
+
+from bench.common import best_ns, table
 
 
 def tail_latency(tmp: str, flushing: bool, threads: int, per_thread: int) -> dict[str, float]:
@@ -63,6 +65,27 @@ def tail_latency(tmp: str, flushing: bool, threads: int, per_thread: int) -> dic
     return {"p99": q(0.99), "p99.9": q(0.999), "max": lat[-1] / 1000}
 
 
+def _get_loop(keys: list[str], get: Callable[[str], Any]) -> Callable[[], None]:
+    """The timed loop: ``get`` each key once."""
+    def run() -> None:
+        for k in keys:
+            get(k)
+
+    return run
+
+
+def _otel_loop(keys: list[str], raw_get: Callable[[str], Any], attrs: dict[str, str],
+               counter: Any) -> Callable[[], None]:
+    """The same loop counting each lookup with an OpenTelemetry counter, as hand-written instrumentation would."""
+    def run() -> None:
+        for k in keys:
+            v = raw_get(k)
+            attrs[schema.ATTR.RESULT] = "hit" if v is not None else "miss"
+            counter.add(1, attrs)
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300_000)
@@ -84,24 +107,11 @@ def main() -> None:
         inst = InstrumentedCache(backend, layer="prefix_kv", telemetry=tel)
         attrs = {a: "x" for a in schema.LOOKUP_LABELS}
 
-        def raw():
-            for k in keys:
-                raw_get(k)
-
-        def otel():
-            for k in keys:
-                v = raw_get(k)
-                attrs[schema.ATTR.RESULT] = "hit" if v is not None else "miss"
-                counter.add(1, attrs)
-
+        raw = _get_loop(keys, raw_get)
+        otel = _otel_loop(keys, raw_get, attrs, counter)
         with request_context(tenant="t1", unit="u1", experiment="e", variant="A", model="m",
                              prompt_tokens=900, telemetry=tel):
-            get = inst.get
-
-            def ws():
-                for k in keys:
-                    get(k)
-
+            ws = _get_loop(keys, inst.get)
             rows = [("raw dict.get", best_ns(raw, len(keys))),
                     ("warmscope", best_ns(ws, len(keys))),
                     ("otel sync counter.add", best_ns(otel, len(keys), repeat=2))]

@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.rootcause import localize
 
 
@@ -53,7 +52,7 @@ def main() -> None:
     print(f"one pandas groupby  : {base * 1000:7.1f} ms wall {base_cpu * 1000:7.1f} ms CPU  (1.00)")
     for label, kw, df in (("ratio", dict(v_num="vn", v_den="vd", f_num="fn", f_den="fd"), leaves),
                           ("additive", dict(v="v", f="f"), additive)):
-        took, cpu, loc = best_of(lambda: localize(df, list(sizes), **kw), args.repeat)
+        took, cpu, loc = best_of(lambda df=df, kw=kw: localize(df, list(sizes), **kw), args.repeat)
         print(f"localize, {label:<9} : {took * 1000:7.1f} ms wall {cpu * 1000:7.1f} ms CPU  "
               f"({took / base:.1f} x groupby wall, {cpu / max(base_cpu, 1e-9):.1f} x CPU; target < 300 ms) "
               f"found {[c.element for c in loc.causes]}")

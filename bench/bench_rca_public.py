@@ -3,8 +3,8 @@
     python -m bench.bench_rca_public [--data DIR] [--cli N] [--show]
 
 Reads the public RCA development cases (``--data``, else
-``$WARMSCOPE_RCA_CASES``, else ``shared/rca-dev`` beside the checkout): 87 real-world ratio cases (a failure rate, RobustSpot
-data) and 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``).
+``$WARMSCOPE_RCA_CASES``, else ``shared/rca-dev`` beside the checkout): 87 real-world ratio cases (a failure
+rate, RobustSpot data) and 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``).
 Scores every case with the exact-element rule of the RiskLoc and Squeeze
 evaluations (TP/FP/FN summed over cases, F1 = 2TP / (2TP + FP + FN)) and prints
 warmscope's F1 next to the published reference implementations' figures on the
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.rootcause import localize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +100,7 @@ def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
     """Wall and CPU seconds (the child's user + system time) per `warmscope rca` call."""
     exe = shutil.which("warmscope", path=str(Path(sys.executable).parent)) or shutil.which("warmscope")
     out, cpu = [], []
-    for i, (case, dims, path, _) in enumerate(cases(data, name)):
+    for i, (_case, dims, path, _) in enumerate(cases(data, name)):
         if i >= n:
             break
         cmd = [exe, "rca", str(path), "--dims", *dims, "--compact"]
@@ -127,12 +126,13 @@ def main() -> int:
         print(f"no development cases at {args.data}; give --data", file=sys.stderr)
         return 2
     pub = anchors(args.data)
-    rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"), ("additive L (40)", "additive", "L_", "L", "RiskLoc"),
+    rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"),
+            ("additive L (40)", "additive", "L_", "L", "RiskLoc"),
             ("ratio (87)", "ratio", "", "ratio", "RobustSpot")]
     res = {}
     print(f"{'set':<18}{'warmscope F1':>13}{'TP/FP/FN':>14}{'median s':>10}{'cpu s':>7}{'max s':>8}"
           "   published F1 on the same cases")
-    for label, name, match, key, best in rows:
+    for label, name, match, key, _best in rows:
         r = res[label] = score(args.data, name, match, args.show)
         others = ", ".join(f"{a} {f}" for a, f in pub[key].items() if f not in ("", "–"))
         print(f"{label:<18}{r['f1']:>13.3f}{r['tp']:>6}/{r['fp']}/{r['fn']:<5}{r['median_s']:>10.3f}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def best_ns(fn: Callable[[], None], n_ops: int, repeat: int = 5) -> float:

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.drilldown import drill_down
 from warmscope.analysis.traps import detect_all
 from warmscope.collectors import EmbeddedStore

@@ -177,7 +177,7 @@ class LocalCluster:
                 pr.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -31,15 +31,31 @@ import bisect
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import hotkeys, records, schema
 from .hotkeys import BATCH as _BATCH
 from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
 from .hotkeys import HotKeySketch
 from .keys import FamilyNormaliser, LabelCap, TenantBucketer
-from .records import L_HITS, L_LOOKUPS, U_CONVERSIONS, U_GPU_S, U_HIST, U_LATENCY_SQ, U_LATENCY_SUM, U_REQUESTS
-from .records import R_CONVERSIONS, R_GPU_S, R_REQUESTS, R_VALUE, U_SLA_MET, U_TTFT_SUM, U_VALUE
+from .records import (
+    L_HITS,
+    L_LOOKUPS,
+    R_CONVERSIONS,
+    R_GPU_S,
+    R_REQUESTS,
+    R_VALUE,
+    U_CONVERSIONS,
+    U_GPU_S,
+    U_HIST,
+    U_LATENCY_SQ,
+    U_LATENCY_SUM,
+    U_REQUESTS,
+    U_SLA_MET,
+    U_TTFT_SUM,
+    U_VALUE,
+)
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
 __all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
@@ -428,8 +444,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
                 key = "dropped:" + stage
                 if key not in self._logged:
                     self._logged.add(key)
-                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; counted in "
-                                "warmscope.telemetry.dropped)", stage, rows)
+                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; "
+                                "counted in warmscope.telemetry.dropped)", stage, rows)
         except Exception:  # pragma: no cover
             pass
 
@@ -454,7 +470,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
 
     def _labels(self, cid: int, **more: str) -> dict[str, str]:
         """A series' label values by column name: the interned request labels plus ``more``."""
-        v = dict(zip(_CTX, self._ctx_labels[cid]))
+        v = dict(zip(_CTX, self._ctx_labels[cid], strict=True))
         v["replica"] = self.replica
         v.update(more)
         return v

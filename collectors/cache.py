@@ -28,7 +28,8 @@ from __future__ import annotations
 import functools
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 from .aggregator import BYPASS, ERROR, HIT, MISS
 from .context import _current

@@ -31,9 +31,10 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["CollectorConfig", "ConfigError", "EXPORTERS", "default_data_dir", "setting", "load_section"]
 
@@ -248,11 +249,11 @@ class CollectorConfig:
         path: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         **overrides: Any,
-    ) -> "CollectorConfig":
+    ) -> CollectorConfig:
         return load_section(cls, "collectors", path, env, overrides)
 
     @classmethod
-    def _from_raw(cls, raw: Mapping[str, Any]) -> "CollectorConfig":
+    def _from_raw(cls, raw: Mapping[str, Any]) -> CollectorConfig:
         """From values already read (e.g. ``{**cfg.as_dict(), "replica": r}``), checked like :meth:`load`."""
         return build(cls, "collectors", raw)
 

@@ -20,7 +20,8 @@ or ``warmscope gateway --upstream http://127.0.0.1:8000 --port 8080``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette

@@ -17,7 +17,8 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import records
 

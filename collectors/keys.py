@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from . import schema
 

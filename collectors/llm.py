@@ -11,8 +11,8 @@ the first token. :class:`LLMRecorder` turns each request into:
   before the last one, else the first message, else the prompt's first
   characters);
 * a request record (TTFT from the first streamed chunk — none for a request
-  that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request context or a
-  session header.
+  that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request
+  context or a session header.
 
 The prefix key is ``KIND:ROLE:TEMPLATE:DIGEST`` where ``TEMPLATE`` is a keyed
 hash of the prefix with its digits blanked, written in letters, and
@@ -47,7 +47,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import schema
 from .aggregator import ERROR
@@ -125,7 +126,7 @@ class Exchange:
     __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
                  "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
 
-    def __init__(self, rec: "LLMRecorder", key: str | None, labels: tuple[Any, ...], kind: str | None,
+    def __init__(self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None,
                  pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()

@@ -22,7 +22,8 @@ the caller sees exactly the responses and exceptions it would see without it.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 
@@ -76,7 +77,7 @@ class _Stream:
     def __init__(self, inner: Any, ex: Exchange) -> None:
         self._inner, self._ex = inner, ex
 
-    def __enter__(self) -> "_Stream":
+    def __enter__(self) -> _Stream:
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:

@@ -24,17 +24,20 @@ Example (tests)::
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import (
     Counter,
-    Histogram as HistogramInstrument,
     MeterProvider,
     ObservableCounter,
     ObservableGauge,
     ObservableUpDownCounter,
     UpDownCounter,
+)
+from opentelemetry.sdk.metrics import (
+    Histogram as HistogramInstrument,
 )
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -129,7 +132,7 @@ def _histogram_metrics(agg: Aggregator, start_ns: int) -> list[Metric]:
     per: dict[int, list[HistogramDataPoint]] = {}
     for (i, labels), h in agg.histogram_totals().items():
         # The layer only on per-layer histograms (load durations).
-        attrs = {COLUMN_ATTRS[c]: v for c, v in zip(HISTOGRAM_LABELS, labels) if v or c != "layer"}
+        attrs = {COLUMN_ATTRS[c]: v for c, v in zip(HISTOGRAM_LABELS, labels, strict=True) if v or c != "layer"}
         if HISTOGRAMS[i][0] is schema.TOKEN_USAGE:
             attrs[schema.ATTR.TOKEN_TYPE] = "input"
         per.setdefault(i, []).append(HistogramDataPoint(
@@ -296,7 +299,7 @@ class OTelBridge:
         def totals(read: Callable[[], dict[Any, Any]], attrs: tuple[str, ...]) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 for k, n in read().items():
-                    yield Observation(n, dict(zip(attrs, k)))
+                    yield Observation(n, dict(zip(attrs, k, strict=True)))
             return gen
 
         def cross() -> Iterator[Observation]:
@@ -321,7 +324,7 @@ class OTelBridge:
                     key = labels[:n]
                     acc[key] = acc.get(key, 0) + r[idx]
                 for key, v in acc.items():
-                    yield Observation(v, dict(zip(attrs_sla, key)))
+                    yield Observation(v, dict(zip(attrs_sla, key, strict=False)))
             return gen
 
         def gauge(name: str) -> Callable[[], Iterator[Observation]]:
@@ -345,13 +348,13 @@ class OTelBridge:
                     acc[k] = acc.get(k, 0) + sums[idx]
                 attrs = schema.WARMUP_LABELS + ((schema.ATTR.STATUS,) if idx == S_RUNS else ())
                 for k, v in acc.items():
-                    yield Observation(v, dict(zip(attrs, k)))
+                    yield Observation(v, dict(zip(attrs, k, strict=True)))
             return gen
 
         def per_run(read: Callable[[], dict[Any, Any]]) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 for labels, n in list(read().items()):
-                    yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels)))
+                    yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels, strict=True)))
             return gen
 
         return [(schema.WARMUP_RUNS, warm(S_RUNS)), (schema.WARMUP_KEYS, warm(S_KEYS)),

@@ -29,13 +29,14 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import records, schema
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
-from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .config import CollectorConfig, ConfigError
 from .context import RequestContext, _current, set_installed_telemetry
+from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .keys import KeyHasher, TenantBucketer
 from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row
@@ -229,7 +230,7 @@ class Telemetry:
         if self._hasher is not None:
             return True
         try:
-            self.hasher
+            _ = self.hasher  # the property builds the hasher, or raises ConfigError
             return True
         except ConfigError as e:
             self.aggregator.bump_error("config")
@@ -403,7 +404,7 @@ class Telemetry:
         for k, v in cur.items():
             p = last.get(k, records.REQUEST_ZERO)
             if v[R_REQUESTS] != p[R_REQUESTS]:
-                store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p))))
+                store_b["requests"].append((now, *k, *(a - b for a, b in zip(v, p, strict=True))))
         new_last["requests"] = {k: tuple(v) for k, v in cur.items()}
         hcur = agg.histogram_totals()
         last = self._last["hist"]
@@ -411,7 +412,7 @@ class Telemetry:
             p = last.get((i, labels))
             if p is not None and p[H_COUNT] == h[H_COUNT]:
                 continue
-            dh = h if p is None else [a - b for a, b in zip(h, p)]
+            dh = h if p is None else [a - b for a, b in zip(h, p, strict=True)]
             inst, bounds = HISTOGRAMS[i]
             store_b["histograms"].append(
                 histogram_row(now, inst.name, labels, bounds, dh[:H_SUM], dh[H_SUM], dh[H_COUNT])

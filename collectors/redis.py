@@ -27,7 +27,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .aggregator import ERROR, HIT, MISS
 from .cache import _Recorder
@@ -41,7 +42,7 @@ _WRITES_1 = {"SET", "SETEX", "PSETEX", "SETNX", "GETSET", "HSET", "HMSET", "HSET
 _WRITES_PAIRS = {"MSET", "MSETNX"}
 
 
-def _name(args: tuple) -> str:
+def _name(args: tuple[Any, ...]) -> str:
     c = args[0]
     return (c.decode() if isinstance(c, bytes) else str(c)).upper()
 
@@ -64,7 +65,7 @@ class _Interpreter:
             r = self._recs[layer] = _Recorder(layer, self._tel, None)
         return r
 
-    def reads(self, args: tuple) -> list[Any] | None:
+    def reads(self, args: tuple[Any, ...]) -> list[Any] | None:
         name = _name(args)
         if name in _SINGLE_READS or name == "HMGET":
             return [_str(args[1])] if name != "HMGET" else [_str(args[1])] * max(len(args) - 2, 1)
@@ -74,7 +75,7 @@ class _Interpreter:
             return [_str(k) for k in args[1:-1]]
         return None
 
-    def outcome(self, args: tuple, response: Any) -> None:
+    def outcome(self, args: tuple[Any, ...], response: Any) -> None:
         """Record what one command did, given its response (or exception)."""
         try:
             name = _name(args)
@@ -89,7 +90,7 @@ class _Interpreter:
                         self.rec(k)(k, HIT if i < n else MISS)
                 elif len(keys) > 1 or name in ("MGET", "JSON.MGET", "HMGET"):
                     vals = list(response or [])
-                    for k, v in zip(keys, vals):
+                    for k, v in zip(keys, vals, strict=False):
                         self.rec(k)(k, MISS if v is None else HIT)
                 else:
                     k = keys[0]
@@ -161,7 +162,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
             for args in stack:
                 interp.outcome(args, e)
             raise
-        for args, r in zip(stack, results):
+        for args, r in zip(stack, results, strict=False):
             interp.outcome(args, r)
         return results
 
@@ -169,7 +170,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
     setattr(pipe, _MARK, True)
 
 
-def _queued(pipe: Any) -> list:
+def _queued(pipe: Any) -> list[tuple[Any, ...]]:
     """The queued commands' arguments, in order: a ``Pipeline``'s command stack, or the
     command queue of redis-py's cluster pipeline (results come back in queue order)."""
     strategy = getattr(pipe, "_execution_strategy", None)

@@ -69,6 +69,7 @@ import time
 import uuid
 import zlib
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -188,7 +189,8 @@ def connect(url: str | None, client: Any = None, **kw: Any) -> Any:
 
     if client is not None and is_cluster(client):
         return client
-    plain = client if client is not None else redis.Redis.from_url(url, **kw)
+    # url is a str whenever client is None (the callers pass one or the other)
+    plain = client if client is not None else redis.Redis.from_url(url, **kw)  # type: ignore[arg-type]
     info = plain.info("cluster")
     if not int(info.get("cluster_enabled", 0)):
         return plain
@@ -207,8 +209,8 @@ class _Part:
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.keys: dict[str, int] = {}
-        self.checks: list = []
-        self.ops: list = []
+        self.checks: list[list[Any]] = []
+        self.ops: list[list[Any]] = []
 
     def k(self, name: str) -> int:
         i = self.keys.get(name)
@@ -254,13 +256,14 @@ class RedisSink:
             self._sha = hashlib.sha1(_APPLY.encode()).hexdigest()
         return self.client
 
-    def _run(self, parts: list[_Part], bid: str) -> list:
+    def _run(self, parts: list[_Part], bid: str) -> list[Any]:
         """Apply parts (one pipeline per node); returns each script's answer."""
         from redis.exceptions import NoScriptError
 
         c = self._client()
         by_conn: dict[Any, list[int]] = {}
-        conns, waits = {}, {}
+        conns: dict[str, Any] = {}
+        waits: dict[str, bool] = {}
         for i, part in enumerate(parts):
             mk = key(part.tag, "batch", bid)
             if not is_cluster(c):
@@ -273,7 +276,7 @@ class RedisSink:
             conns[ident] = conn
             waits[ident] = waits.get(ident, False) or wait
             by_conn.setdefault(ident, []).append(i)
-        out: list = [None] * len(parts)
+        out: list[Any] = [None] * len(parts)
         for ident, idx in by_conn.items():
             conn, wait = conns[ident], waits[ident]
             for attempt in (0, 1):
@@ -293,14 +296,14 @@ class RedisSink:
                     continue
                 if wait and int(res[-1]) < 1:
                     raise NotReplicated(f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms")
-                for i, r in zip(idx, res):
+                for i, r in zip(idx, res, strict=False):
                     out[i] = r
                 break
         return out
 
-    def _hgetall_many(self, names: list[str]) -> list[dict]:
+    def _hgetall_many(self, names: list[str]) -> list[dict[str, Any]]:
         c = self._client()
-        out: list[dict] = []
+        out: list[dict[Any, Any]] = []
         for i in range(0, len(names), 2000):
             p = c.pipeline(transaction=False)
             for n in names[i:i + 2000]:
@@ -308,7 +311,7 @@ class RedisSink:
             out += p.execute()
         return [{(k.decode() if isinstance(k, bytes) else k): v for k, v in h.items()} for h in out]
 
-    def _index(self, zadd: dict[str, dict], sadd: dict[str, set]) -> None:
+    def _index(self, zadd: dict[str, dict[str, float]], sadd: dict[str, set[str]]) -> None:
         if not zadd and not sadd:
             return
         c = self._client()
@@ -320,7 +323,7 @@ class RedisSink:
         p.execute()
 
     # --------------------------------------------------------------------- write
-    def write(self, batches: dict[str, list], batch_id: str | None = None) -> int:
+    def write(self, batches: dict[str, list[Any]], batch_id: str | None = None) -> int:
         """Apply one batch, each hash tag's part atomically and at most once per
         ``batch_id`` (a retry after a timeout passes the same id). Returns the
         rows in it; raises redis-py's errors (the caller keeps the batch)."""
@@ -335,11 +338,11 @@ class RedisSink:
                     pass
             raise
 
-    def _write(self, batches: dict[str, list], batch_id: str | None) -> int:
+    def _write(self, batches: dict[str, list[Any]], batch_id: str | None) -> int:
         bid = batch_id or uuid.uuid4().hex
         parts: dict[str, _Part] = {}
-        zidx: dict[str, dict] = defaultdict(dict)
-        sidx: dict[str, set] = defaultdict(set)
+        zidx: dict[str, dict[str, float]] = defaultdict(dict)
+        sidx: dict[str, set[str]] = defaultdict(set)
 
         def part(tag: str) -> _Part:
             p = parts.get(tag)
@@ -367,7 +370,7 @@ class RedisSink:
                 p.op("ex", name, ttl)
 
         for row in batches.get("warmup_runs", ()):
-            rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row)}
+            rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row, strict=True)}
             tag = run_tag(rec["run_id"])
             p = part(tag)
             for f, v in rec.items():
@@ -392,10 +395,11 @@ class RedisSink:
         self._index(zidx, sidx)
         return n
 
-    def _write_ab(self, unit_rows, lookup_rows, bid: str, other: list[_Part]) -> set:
+    def _write_ab(self, unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]], bid: str,
+                  other: list[_Part]) -> set[str]:
         """Unit totals and A/B moments, one script per (experiment, shard);
         ``other`` parts go out with the first round."""
-        ukeys: dict[tuple, list] = {}
+        ukeys: dict[tuple[Any, ...], list[Any]] = {}
         for r in unit_rows:  # fold: a retried batch can repeat a unit
             k = tuple(r[:3])
             a = ukeys.get(k)
@@ -405,7 +409,7 @@ class RedisSink:
                 a[0], a[1] = min(a[0], r[3]), max(a[1], r[4])
                 for i, v in enumerate(r[5:]):
                     a[2 + i] += v
-        lk: dict[tuple, list] = {}
+        lk: dict[tuple[Any, ...], dict[str, list[Any]]] = {}
         for exp, var, uh, layer, lookups, hits in lookup_rows:
             a = lk.setdefault((exp, var, uh), {}).setdefault(layer, [0, 0])
             a[0] += lookups
@@ -413,7 +417,7 @@ class RedisSink:
         now = max((v[1] for v in ukeys.values()), default=None)
         if now is None:
             now = time.time()
-        groups: dict[str, list[tuple]] = defaultdict(list)
+        groups: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         for u in set(ukeys) | set(lk):
             groups[ab_tag(u[0], ab_shard(u[2]))].append(u)
         pending = {tag: sorted(us) for tag, us in groups.items()}
@@ -421,13 +425,13 @@ class RedisSink:
             if not pending:
                 break
             names = [(tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us]
-            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names])))
+            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names]), strict=True))
             tags = list(pending)
             ab_parts = [self._ab_part(tag, pending[tag], olds, ukeys, lk, now) for tag in tags]
             res = self._run(ab_parts + other, bid)
             other = []
-            retry: dict[str, list] = {}
-            for tag, r in zip(tags, res):
+            retry: dict[str, list[tuple[Any, ...]]] = {}
+            for tag, r in zip(tags, res, strict=False):
                 if isinstance(r, list):  # another writer changed these units since the read: read again
                     self.conflicts += 1
                     retry[tag] = pending[tag]
@@ -436,7 +440,9 @@ class RedisSink:
             raise RuntimeError(f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush")
         return {u[0] for u in list(ukeys) + list(lk)}
 
-    def _ab_part(self, tag: str, us: list[tuple], olds: dict, ukeys: dict, lk: dict, now: float) -> _Part:
+    def _ab_part(self, tag: str, us: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
+                 ukeys: dict[tuple[Any, ...], list[Any]], lk: dict[tuple[Any, ...], dict[str, list[Any]]],
+                 now: float) -> _Part:
         p = _Part(tag)
         m = len(us)
         o = np.zeros((m, _NV))
@@ -444,6 +450,7 @@ class RedisSink:
         present = np.zeros(m)
         has_row = np.zeros(m, dtype=bool)
         names = []
+        i: Any  # a position from enumerate() here, a numpy index from np.flatnonzero() below
         for i, u in enumerate(us):
             name = key(tag, "u", enc(u[1]), u[2])
             names.append(name)
@@ -471,23 +478,23 @@ class RedisSink:
         new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
         first = np.where(present > 0, o[:, 0], d[:, 0])
         bucket = _m.bucket_of(first)
-        macc: dict[tuple, np.ndarray] = {}
-        ext: dict[tuple, list] = {}
+        macc: dict[tuple[Any, ...], np.ndarray] = {}
+        ext: dict[tuple[Any, ...], list[Any]] = {}
         if len(sel):
             delta = _m.contributions(new[sel], np.ones(len(sel))) - _m.contributions(o[sel], present[sel])
             for j, i in enumerate(sel):
-                g = (us[i][1], float(bucket[i]))
-                acc = macc.get(g)
+                mg = (us[i][1], float(bucket[i]))
+                acc = macc.get(mg)
                 if acc is None:
-                    macc[g] = delta[j].copy()
-                    ext[g] = [new[i, 0], new[i, 1]]
+                    macc[mg] = delta[j].copy()
+                    ext[mg] = [new[i, 0], new[i, 1]]
                 else:
                     acc += delta[j]
-                    e = ext[g]
+                    e = ext[mg]
                     e[0], e[1] = min(e[0], new[i, 0]), max(e[1], new[i, 1])
-        for j, i in enumerate(sel):
+        for i in sel:
             name = names[i]
-            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else ()):
+            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else (), strict=False):
                 if v:
                     if isinstance(v, float):
                         p.op("hf", name, f, repr(v))
@@ -511,12 +518,12 @@ class RedisSink:
                 tl.append((a, b))
                 p.op("hi", names[i], lf, int(a))
                 p.op("hi", names[i], f"{ly}:hits", int(b))
-        lacc: dict[tuple, np.ndarray] = {}
+        lacc: dict[tuple[Any, ...], np.ndarray] = {}
         if pairs:
             o_l, t = np.array(ol, dtype=float), np.array(tl, dtype=float)
             delta = (_m.layer_contributions(o_l[:, 0] + t[:, 0], o_l[:, 1] + t[:, 1], np.ones(len(pairs)))
                      - _m.layer_contributions(o_l[:, 0], o_l[:, 1], np.array(lp)))
-            for (i, ly), row in zip(pairs, delta):
+            for (i, ly), row in zip(pairs, delta, strict=True):
                 gk = (us[i][1], float(bucket[i]), ly)
                 if gk in lacc:
                     lacc[gk] += row
@@ -532,8 +539,8 @@ class RedisSink:
         for (var, b), acc in macc.items():
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
-            fv = []
-            for c, v in zip(_m.COLUMNS, acc.tolist()):
+            fv: list[str] = []
+            for c, v in zip(_m.COLUMNS, acc.tolist(), strict=True):
                 if v and c not in ("min_first", "max_last"):
                     fv += (c, repr(v))
             p.op("hv", mk, fv)
@@ -544,7 +551,7 @@ class RedisSink:
             mk = key(tag, "m", enc(var), _bucket_s(b))
             mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
             fv = []
-            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist()):
+            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist(), strict=True):
                 if v:
                     fv += (f"L:{enc(ly)}:{c}", repr(v))
             p.op("hv", mk, fv)

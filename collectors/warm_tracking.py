@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["WarmedKey", "EarlyWindow", "WarmupTracking", "RUN_SUMS"]
 

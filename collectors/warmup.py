@@ -76,7 +76,7 @@ class WarmupRun:
             "memory_bytes": self.memory_bytes, "error": self.error,
         }
 
-    def __enter__(self) -> "WarmupRun":
+    def __enter__(self) -> WarmupRun:
         try:
             self._binding = self.agg.bind_layer(self.layer)
             self.started = self.tel.clock()

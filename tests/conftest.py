@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
 
@@ -106,7 +105,6 @@ def make_tel(tmp_path):
 
     def make(with_reader: bool = True, **overrides):
         from opentelemetry.sdk.metrics import MeterProvider
-
         from warmscope.collectors.otel import InMemoryReader
 
         overrides.setdefault("store_path", str(tmp_path / "store.sqlite"))

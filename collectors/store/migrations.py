@@ -8,7 +8,7 @@ c ... DEFAULT ...``) and ``layout.SCHEMA_VERSION`` raised by one."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Callable
+from collections.abc import Callable
 
 from .. import ab_moments as _m
 from .. import records

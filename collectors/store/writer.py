@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .. import ab_moments as _m
 from .. import records
@@ -134,7 +135,7 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ..
         np.maximum.at(sums[:, 3], gid, delta[:, 3])
     width = len(next(iter(index))) + delta.shape[1]
     con.executemany(_m.upsert_sql(table, f"VALUES({', '.join('?' * width)})"),
-                    [g + tuple(row) for g, row in zip(index, sums.tolist())])
+                    [g + tuple(row) for g, row in zip(index, sums.tolist(), strict=True)])
 
 
 def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
@@ -240,8 +241,8 @@ def _unit_moments(con: sqlite3.Connection, units: list[Any], on: str) -> dict[tu
     delta = _m.contributions(new, np.ones(len(units))) - _m.contributions(o, present)
     delta[:, 2], delta[:, 3] = new[:, 0], new[:, 1]  # extrema: combined with min / max
     buckets = _m.bucket_of(np.where(present > 0, o[:, 0], d[:, 0])).tolist()
-    _add_moments(con, "ab_moments", [r[:2] + (b,) for r, b in zip(units, buckets)], delta, min_max=True)
-    return {r[:_NK]: b for r, b in zip(units, buckets)}
+    _add_moments(con, "ab_moments", [r[:2] + (b,) for r, b in zip(units, buckets, strict=True)], delta, min_max=True)
+    return {r[:_NK]: b for r, b in zip(units, buckets, strict=True)}
 
 
 def _layer_moments(con: sqlite3.Connection, lookups: list[Any], on: str, bucket_by: dict[Any, Any]) -> None:
@@ -286,7 +287,7 @@ def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ..
             if a is None:
                 acc[k] = [c, r[_HS], r[_HT]]
             else:
-                a[0] = [x + y for x, y in zip(a[0], c)]
+                a[0] = [x + y for x, y in zip(a[0], c, strict=True)]
                 a[1] += r[_HS]
                 a[2] += r[_HT]
         return acc
@@ -311,7 +312,7 @@ def write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple[Any, ...],
                                f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
             a = acc.get(tuple(row[:_HC]))
             if a is not None:
-                a[0] = [x + y for x, y in zip(a[0], json.loads(row[_HC]))]
+                a[0] = [x + y for x, y in zip(a[0], json.loads(row[_HC]), strict=True)]
                 a[1] += row[_HS]
                 a[2] += row[_HT]
         con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(q, cols))}) "

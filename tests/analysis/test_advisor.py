@@ -3,8 +3,6 @@ parameter mapping."""
 
 import numpy as np
 import pytest
-from scipy.stats import norm
-
 from warmscope.analysis.advisor import expected_improvement, optimise, sim_overrides, to_params, to_unit
 from warmscope.analysis.replay import SLO_LAMBDA, Params
 

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from warmscope.analysis.advisor import advise, prove
 from warmscope.analysis.replay import TOLERANCE, calibrate, replay
 from warmscope.analysis.sources import EmbeddedSource

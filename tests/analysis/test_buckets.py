@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from warmscope.analysis.buckets import bucket_start
 from warmscope.analysis.heat import family_series, prediction_mape
 from warmscope.analysis.hitrate import hit_table

@@ -3,9 +3,15 @@
 import numpy as np
 import pandas as pd
 import pytest
-
-from warmscope.analysis.forecast import (_ses_levels, _targets, evaluate, forecast_table, next_peak,
-                                         prediction_error, series)
+from warmscope.analysis.forecast import (
+    _ses_levels,
+    _targets,
+    evaluate,
+    forecast_table,
+    next_peak,
+    prediction_error,
+    series,
+)
 
 
 def _lookups(counts: np.ndarray, step: float = 60.0, t0: float = 1_795_824_000.0, family: str = "resp:a:*"):

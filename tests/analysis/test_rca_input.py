@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.rootcause import contributions, localize
 from warmscope.app import cli_rca
 
@@ -129,9 +128,9 @@ def test_many_dimensions_warn_and_stay_bounded(tmp_path, capsys):
 def test_cli_entry_point_does_not_load_pandas_or_the_collectors(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text(HEADER + "x,y,10,10\nx,z,0,10\nw,y,10,10\nw,z,11,10\n")
-    code = ("import sys; from warmscope.app.cli import main; rc = main(['rca', %r, '--dims', 'a', 'b', '--v', 'v',"
-            " '--f', 'f', '--compact']); print(sorted(m for m in ('pandas', 'scipy', 'warmscope.collectors',"
-            " 'warmscope.simulator') if m in sys.modules), file=sys.stderr); sys.exit(rc)" % str(p))
+    code = (f"import sys; from warmscope.app.cli import main; rc = main(['rca', {str(p)!r}, '--dims', 'a', 'b', "
+            "'--v', 'v', '--f', 'f', '--compact']); print(sorted(m for m in ('pandas', 'scipy', 'warmscope.collectors',"
+            " 'warmscope.simulator') if m in sys.modules), file=sys.stderr); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["element"] == {"a": "x", "b": "z"}

@@ -11,7 +11,6 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.rootcause import _group, localize
 
 DIMS = ["tenant", "layer", "family", "replica"]

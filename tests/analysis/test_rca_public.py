@@ -4,7 +4,6 @@ on each set. The cases live outside the repository; without them the test skips
 (and fails under CI, where they are provided)."""
 
 import os
-from pathlib import Path
 
 import pytest
 

@@ -2,13 +2,12 @@
 `warmscope rca --store --window` and `--export`."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-
 from warmscope.analysis.drilldown import drill_down, regression_test
 from warmscope.app import cli_rca
 from warmscope.collectors.store import EmbeddedStore
@@ -91,7 +90,7 @@ def store(tmp_path):
 
 
 def iso(t):
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def test_cli_localises_a_store_window_and_exports_the_leaves(store, tmp_path, capsys):

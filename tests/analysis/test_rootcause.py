@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.drilldown import change_point, drill_down
 from warmscope.analysis.rootcause import localize
 

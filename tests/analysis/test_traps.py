@@ -2,11 +2,11 @@
 single-trap scenarios), and the detectors' silence on a clean run."""
 
 import pytest
-
 from warmscope.analysis.traps import detect_all
-from bench.eval_rca import BASE, HOURS, WIN, run, scenarios
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate
+
+from bench.eval_rca import BASE, HOURS, WIN, run, scenarios
 
 SINGLE = [s for s in scenarios(9) if len(s.faults) == 1]
 

@@ -1,7 +1,7 @@
 import pytest
-
 from warmscope.collectors import InstrumentedCache, cached, observe, request_context, schema
 from warmscope.collectors.schema import ATTR
+
 from tests.helpers import points, total
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

@@ -1,4 +1,5 @@
 from warmscope.collectors import InstrumentedCache, request_context, schema
+
 from tests.helpers import points
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

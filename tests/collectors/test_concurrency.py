@@ -2,6 +2,7 @@ import threading
 
 from warmscope.collectors import InstrumentedCache, request_context, schema
 from warmscope.collectors.schema import ATTR
+
 from tests.helpers import total
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

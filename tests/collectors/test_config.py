@@ -1,7 +1,6 @@
 import re
 
 import pytest
-
 from warmscope.collectors.config import CollectorConfig, ConfigError
 
 

@@ -3,6 +3,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from warmscope.collectors import InstrumentedCache, propagate, request_context, schema
 from warmscope.collectors.schema import ATTR
+
 from tests.helpers import total
 
 LOOKUPS = schema.CACHE_LOOKUPS.name

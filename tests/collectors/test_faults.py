@@ -21,14 +21,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import RedisServer, free_port, wait_until
-from warmscope.analysis.redis_source import RedisSource
 from warmscope import collectors
+from warmscope.analysis.redis_source import RedisSource
 from warmscope.collectors import pipeline, request_context, schema
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
 from warmscope.collectors.store import EmbeddedStore
+
+from tests.conftest import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

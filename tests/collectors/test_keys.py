@@ -68,7 +68,6 @@ def _pii():
 def test_property_no_personal_data_reaches_a_family():
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
     from warmscope.collectors.keys import DEFAULT_VOCABULARY
 
     struct = st.sampled_from(["user", "session", "resp", "chat", "emb", "prompt", "profile", "kv", "email"])

@@ -12,11 +12,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from warmscope.collectors import request_context
 from warmscope.collectors.gateway import make_app, serve
-from warmscope.collectors.openai_client import (AsyncInstrumentedTransport, InstrumentedTransport,
-                                                instrument_openai, recorder_of)
+from warmscope.collectors.openai_client import (
+    InstrumentedTransport,
+    instrument_openai,
+    recorder_of,
+)
 from warmscope.collectors.warmup_runner import WarmupInputError, load_prompts, run_warmup
 
 from .llm_upstream import make_upstream
@@ -387,7 +389,6 @@ def test_no_prompt_text_in_store_otlp_or_prometheus(make_tel, upstream, tmp_path
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import CollectorRegistry, generate_latest
-
     from warmscope.collectors.otel import PrometheusReader
     from warmscope.collectors.pipeline import Telemetry
 
@@ -421,9 +422,9 @@ def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
     for k in keys:
         _clean(k, "a Redis key name")
         t = redis_client.type(k)
-        blob = {b"hash": lambda: repr(redis_client.hgetall(k)),
-                b"zset": lambda: repr(redis_client.zrange(k, 0, -1, withscores=True)),
-                b"set": lambda: repr(redis_client.smembers(k))}.get(t, lambda: redis_client.get(k) or b"")()
+        blob = {b"hash": lambda k=k: repr(redis_client.hgetall(k)),
+                b"zset": lambda k=k: repr(redis_client.zrange(k, 0, -1, withscores=True)),
+                b"set": lambda k=k: repr(redis_client.smembers(k))}.get(t, lambda k=k: redis_client.get(k) or b"")()
         _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
 
 
@@ -434,8 +435,9 @@ def test_gateway_command_forwards_records_and_stops_cleanly(upstream, tmp_path):
     import sys
     import time
 
-    from tests.conftest import free_port
     from warmscope.collectors.store import EmbeddedStore
+
+    from tests.conftest import free_port
 
     port = free_port()
     store = tmp_path / "gw.sqlite"

@@ -20,7 +20,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-
 from warmscope.collectors import request_context, schema
 from warmscope.collectors.otel import InMemoryReader, PeriodicReader, PrometheusReader
 
@@ -74,7 +73,6 @@ def _hist_names(md) -> set[str]:
 @pytest.mark.parametrize("kind", ["memory", "periodic", "prometheus"])
 def test_every_warmscope_reader_receives_the_request_histograms(kind, make_tel, tmp_path):
     from prometheus_client import CollectorRegistry, generate_latest
-
     from warmscope.collectors.config import CollectorConfig
     from warmscope.collectors.pipeline import Telemetry
 

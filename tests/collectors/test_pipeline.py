@@ -6,11 +6,11 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
 from warmscope import collectors
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
+
 from tests.conftest import free_port, wait_until
 
 

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-
 from warmscope.collectors import InstrumentedCache, instrument_redis, request_context
 
 SECRETS = [b"zq7SECRET", b"What is my balance", b"sess-9Q"]
@@ -45,9 +44,8 @@ def test_no_key_text_in_otlp_payload_or_store_file(make_tel, tmp_path):
 
 
 def test_no_key_text_in_prometheus_exposition(make_tel):
-    from prometheus_client import CollectorRegistry, generate_latest
     from opentelemetry.sdk.metrics import MeterProvider
-
+    from prometheus_client import CollectorRegistry, generate_latest
     from warmscope.collectors.otel import PrometheusReader
     from warmscope.collectors.pipeline import Telemetry
 

@@ -46,10 +46,10 @@ def test_the_aggregator_labels_series_by_column_name_not_position(make_tel):
     want = {"tenant": "ten", "layer": "response", "family": "resp:*", "result": "hit", "experiment": "exp",
             "variant": "B", "model": "mod", "replica": "rep-9", "length_bucket": ""}
     (key,) = tel.aggregator.lookup_totals()
-    assert dict(zip(records.LOOKUP_LABELS, key)) == want
+    assert dict(zip(records.LOOKUP_LABELS, key, strict=True)) == want
     (rkey, sums), = tel.aggregator.request_totals().items()
-    assert dict(zip(records.REQUEST_LABELS, rkey))["sla_met"] == "true"
-    assert dict(zip(records.REQUESTS.measures, sums)) == {"requests": 1, "gpu_s": 0.25, "conversions": 0,
+    assert dict(zip(records.REQUEST_LABELS, rkey, strict=True))["sla_met"] == "true"
+    assert dict(zip(records.REQUESTS.measures, sums, strict=True)) == {"requests": 1, "gpu_s": 0.25, "conversions": 0,
                                                           "value": 0.0}
     tel.flush(now=60.0)
     lk = tel.store.frame("lookups")

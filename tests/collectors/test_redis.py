@@ -2,9 +2,9 @@
 
 import pytest
 import redis
-
 from warmscope.collectors import instrument_redis, request_context, schema, uninstrument_redis
 from warmscope.collectors.schema import ATTR
+
 from tests.conftest import free_port
 from tests.helpers import total
 

@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.ab_report import report_for
 from warmscope.analysis.redis_source import RedisSource
 from warmscope.analysis.sources import EmbeddedSource
-from warmscope.collectors import InstrumentedCache, ab_moments as M, request_context
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.collectors import ab_moments as M
 from warmscope.collectors.redis_sink import AB_SHARDS, RedisSink, ab_tag, is_cluster, key
 
 pytestmark = pytest.mark.redis
@@ -140,7 +140,7 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
     vals = uu[["first_ts", "last_ts", *M.FIELDS, *M._H]].to_numpy(float)
     want = M.contributions(vals, np.ones(len(uu)))
     got = m[[c for c in M.COLUMNS]].sum().to_numpy()
-    for c, w_, g in zip(M.COLUMNS, want.sum(axis=0), got):
+    for c, w_, g in zip(M.COLUMNS, want.sum(axis=0), got, strict=True):
         if c not in ("min_first", "max_last"):
             assert g == pytest.approx(w_, rel=1e-9), c
     lw = M.layer_contributions(uu["lookups_kv"].to_numpy(), uu["hits_kv"].to_numpy(), np.ones(len(uu))).sum(axis=0)

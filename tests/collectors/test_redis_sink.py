@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
 from warmscope.analysis.redis_source import RedisSource
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.redis_sink import AB_SHARDS, ab_tag, key, run_tag
+
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -81,6 +81,7 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
 
 def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
     from warmscope.collectors import schema
+
     from tests.helpers import total
 
     tel = make_tel()

@@ -1,7 +1,6 @@
 import re
 
 from opentelemetry.sdk.metrics import MeterProvider
-
 from warmscope.collectors import schema
 from warmscope.collectors.otel import PrometheusReader
 

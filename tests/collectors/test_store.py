@@ -4,9 +4,8 @@ import sys
 import textwrap
 
 import pytest
-
 from warmscope.collectors import EmbeddedStore, InstrumentedCache, StoreError
-from warmscope.collectors.store import FRAMES, _TABLES
+from warmscope.collectors.store import _TABLES, FRAMES
 
 
 def test_every_frame_has_its_documented_columns_even_when_empty(tmp_path):
@@ -121,7 +120,6 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     import random
 
     import pandas as pd
-
     from warmscope.collectors.store import _H
 
     rnd = random.Random(3)
@@ -177,7 +175,6 @@ def test_hourly_rollups_equal_the_per_flush_rows_summed_by_hour(tmp_path):
 
     import numpy as np
     import pandas as pd
-
     from warmscope.collectors.store import ROLLUP_S, _backfill_rollups, histogram_row
 
     rnd = random.Random(5)

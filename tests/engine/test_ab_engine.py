@@ -17,7 +17,6 @@ import httpx
 import numpy as np
 import openai
 import pytest
-
 from warmscope.analysis.ab_report import report_for
 from warmscope.analysis.coverage import warm_set_coverage
 from warmscope.collectors import request_context
@@ -137,7 +136,7 @@ def test_ab_report_shows_b_better_in_hit_rate_and_ttft(ab_run):
     hr, tt = res["hit rate (prefix_kv)"], res["TTFT per request (s)"]
     recs = ab_run["records"]
     ttft = {arm: [r["ttft"] for r in recs if r["arm"] == arm] for arm in "AB"}
-    rows = [f"| arm | units | token hit rate | TTFT P50 (s) | TTFT P95 (s) |", "|---|---|---|---|---|"]
+    rows = ["| arm | units | token hit rate | TTFT P50 (s) | TTFT P95 (s) |", "|---|---|---|---|---|"]
     for arm, v in (("A", hr.control), ("B", hr.treatment)):
         rows.append(f"| {arm} | {rep.units.get(arm)} | {v:.3f} | {pct(ttft[arm], 50):.3f} | "
                     f"{pct(ttft[arm], 95):.3f} |")

@@ -185,7 +185,7 @@ def phases(stack):
     frame = PrometheusSource(prom, scrape_interval=1).engine_frame("engine_prefix", start1 - 3, end1 + 3)
     app = hit_table(frame, by=["instance"]).set_index("instance").hit_rate.to_dict()
     rows = []
-    for e, a, b in zip(engines, c0, c1):
+    for e, a, b in zip(engines, c0, c1, strict=True):
         inst = f"127.0.0.1:{e.port}"
         hits = b["vllm:prefix_cache_hits_total"] - a.get("vllm:prefix_cache_hits_total", 0)
         queries = b["vllm:prefix_cache_queries_total"] - a.get("vllm:prefix_cache_queries_total", 0)
@@ -288,8 +288,8 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     for e in engines:
         c = e.counters()
         row = table.loc[f"127.0.0.1:{e.port}"]
-        assert row["hit_rate"] == pytest.approx(c["vllm:prefix_cache_hits_total"] / c["vllm:prefix_cache_queries_total"],
-                                                rel=0.01)
+        assert row["hit_rate"] == pytest.approx(
+            c["vllm:prefix_cache_hits_total"] / c["vllm:prefix_cache_queries_total"], rel=0.01)
     assert [s.value for s in at.subheader] == ["Hit rate by model, instance and engine", "Time to first token"]
     assert len(at.get("plotly_chart")) >= 4          # hit rate over time, cached by source, KV usage, TTFT
     FIGURES["overview table (whole run)"] = table[["hits", "queries", "hit_rate"]].reset_index().to_dict("records")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from warmscope.simulator import real_engine
 
 pytestmark = pytest.mark.engine

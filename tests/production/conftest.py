@@ -14,6 +14,7 @@ from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.otel import build_provider, stop_server
 from warmscope.collectors.store import EmbeddedStore
 from warmscope.simulator import SimConfig, Simulation
+
 from tests.conftest import free_port, need_binary, wait_until
 
 

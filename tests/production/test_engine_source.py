@@ -12,8 +12,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-
 from warmscope.analysis.prometheus import PrometheusSource, engine_kind
+
 from tests.conftest import free_port, need_binary, wait_until
 
 STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 15, "sg_prompt": 100}
@@ -70,7 +70,8 @@ def engines_prom(tmp_path_factory):
         f"scrape_configs:\n  - job_name: engines\n    static_configs: [{{targets: [{targets}]}}]\n")
     prom = __import__("subprocess").Popen(
         [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=__import__("subprocess").DEVNULL, stderr=__import__("subprocess").DEVNULL)
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=__import__("subprocess").DEVNULL, stderr=__import__("subprocess").DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")

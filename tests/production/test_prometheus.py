@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from warmscope.analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
 from warmscope.analysis.sources import SourceError
+
 from tests.conftest import free_port
 from tests.production.conftest import live_simulation
 

@@ -19,15 +19,22 @@ import urllib.request
 
 import pandas as pd
 import pytest
-
 from warmscope.analysis.alertmanager import AlertmanagerSource
 from warmscope.analysis.prometheus import PrometheusSource
-from warmscope.analysis.sources import (CompositeSource, EmbeddedSource, RedisRecords, Source, SourceError,
-                                        columns, from_env)
+from warmscope.analysis.sources import (
+    CompositeSource,
+    EmbeddedSource,
+    RedisRecords,
+    Source,
+    SourceError,
+    columns,
+    from_env,
+)
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.otel import build_provider, stop_server
 from warmscope.collectors.pipeline import Telemetry
+
 from tests.conftest import free_port, need_binary, wait_until
 
 pytestmark = pytest.mark.redis
@@ -213,7 +220,7 @@ def test_a_down_backend_is_reported_by_health_not_raised(tmp_path):
 
 
 def test_a_long_lived_composite_sees_a_store_written_or_replaced_after_it_was_built(tmp_path):
-    from warmscope.collectors.store import EmbeddedStore, _TABLES
+    from warmscope.collectors.store import _TABLES, EmbeddedStore
 
     path = tmp_path / "late.sqlite"
     comp = from_env({}, store_path=path)  # built before the store exists (a dashboard started first)

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from warmscope.analysis.prometheus import PrometheusSource
+
 from tests.conftest import free_port, need_binary, wait_until
 from tests.production.conftest import live_simulation
 
