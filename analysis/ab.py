@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 from .hitrate import Z95
@@ -502,7 +503,7 @@ def srm(counts: Sequence[float], planned: Sequence[float] | None = None, thresho
 
 
 # ------------------------------------------------------------ multiplicity
-def adjust(p_values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def adjust(p_values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Holm and Benjamini–Hochberg adjusted p-values (NaN stays NaN; a value
     outside [0, 1] raises ``ValueError``)."""
     p = np.asarray(p_values, dtype=float).ravel()
@@ -682,7 +683,7 @@ def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
 
 
 # ------------------------------------------------------------ batch means
-def batch_means(control: Sequence[float], treatment: Sequence[float], metric: str) -> Result:
+def batch_means(control: Sequence[float] | np.ndarray, treatment: Sequence[float] | np.ndarray, metric: str) -> Result:
     """Prometheus-only fallback: each arm's per-time-bucket values as the
     samples (batch means), Welch t between arms. Buckets are not independent
     units, so this is a rougher answer than unit-level data."""
