@@ -60,7 +60,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union, cast
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 import pandas as pd
@@ -78,7 +78,7 @@ __all__ = ["DimensionScore", "ScoreCard", "score_card", "normalise"]
 
 Frames = Mapping[str, pd.DataFrame]
 # A dimension's measurement: (value or None, source, note[, (ci_low, ci_high) or None]).
-Measure = Union[tuple[float | None, str, str], tuple[float | None, str, str, tuple[float, float] | None]]
+Measure = tuple[float | None, str, str] | tuple[float | None, str, str, tuple[float, float] | None]
 
 
 @dataclass(frozen=True)
