@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 from .hitrate import Z95
@@ -63,13 +64,13 @@ class InvalidStatistics(ValueError):
     """Sufficient statistics that no set of units could have produced."""
 
 
-def _finite(name: str, **vals) -> None:
+def _finite(name: str, **vals: npt.ArrayLike) -> None:
     for k, v in vals.items():
         if not np.all(np.isfinite(np.asarray(v, dtype=float))):
             raise InvalidStatistics(f"{name}: {k} must be finite, got {v!r}")
 
 
-def _nonneg(name: str, **vals) -> None:
+def _nonneg(name: str, **vals: npt.ArrayLike) -> None:
     _finite(name, **vals)
     for k, v in vals.items():
         if np.any(np.asarray(v, dtype=float) < 0):
@@ -100,7 +101,7 @@ class Proportion:
         return Proportion(self.n + o.n, self.successes + o.successes)
 
     @classmethod
-    def from_units(cls, converted) -> "Proportion":
+    def from_units(cls, converted: npt.ArrayLike) -> "Proportion":
         c = np.asarray(converted, dtype=float)
         return cls(int(len(c)), int((c > 0).sum()))
 
@@ -132,7 +133,7 @@ class Mean:
         return Mean(self.n + o.n, self.sum + o.sum, self.sum_sq + o.sum_sq)
 
     @classmethod
-    def from_units(cls, x) -> "Mean":
+    def from_units(cls, x: npt.ArrayLike) -> "Mean":
         x = np.asarray(x, dtype=float)
         return cls(int(len(x)), float(x.sum()), float((x * x).sum()))
 
@@ -178,7 +179,7 @@ class Ratio:
                      self.sum_y2 + o.sum_y2, self.sum_xy + o.sum_xy)
 
     @classmethod
-    def from_units(cls, x, y) -> "Ratio":
+    def from_units(cls, x: npt.ArrayLike, y: npt.ArrayLike) -> "Ratio":
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         return cls(int(len(x)), float(x.sum()), float(y.sum()), float((x * x).sum()), float((y * y).sum()),
@@ -255,7 +256,7 @@ class Quantile:
         return total > 0 and float(self.pooled[:-1].sum()) < self.q * total - 1e-12 * total
 
     @classmethod
-    def from_units(cls, q: float, bounds: Sequence[float], counts) -> "Quantile":
+    def from_units(cls, q: float, bounds: Sequence[float], counts: npt.ArrayLike) -> "Quantile":
         c = np.asarray(counts, dtype=float).reshape(-1, len(bounds) + 1)
         tot = c.sum(axis=1)
         cum = np.cumsum(c, axis=1) - c  # C_uk: the unit's observations in buckets below k
@@ -271,7 +272,7 @@ class Quantile:
     def estimate(self) -> float:
         return float(quantile_from_buckets(np.array(self.bounds), self.pooled, self.q)[0])
 
-    def _share_below(self):
+    def _share_below(self) -> tuple[float, float, float]:
         """(q̂, clustered SE of the share of observations <= q̂, density at q̂)."""
         if self.n < 2:
             return float("nan"), float("nan"), float("nan")
@@ -374,26 +375,27 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
     if type(control) is not type(treatment):
         return _nan_result(metric, kind, control, treatment, "control and treatment are different metric types")
     if isinstance(control, Quantile):
-        control._same_kind(treatment)
+        control._same_kind(cast(Quantile, treatment))
     na, nb = control.n, treatment.n
     if na < 2 or nb < 2:
         return _nan_result(metric, kind, control, treatment,
                            f"not enough units: {na} in control, {nb} in treatment (need at least 2 each)")
-    if isinstance(control, Ratio) and (control.sum_y == 0 or treatment.sum_y == 0):
+    # Below, treatment has control's type (checked above): the casts say so to the type checker.
+    if isinstance(control, Ratio) and (control.sum_y == 0 or cast(Ratio, treatment).sum_y == 0):
         return _nan_result(metric, kind, control, treatment, "no denominator (e.g. zero lookups) in an arm")
     ea, eb = control.estimate, treatment.estimate
     if not (np.isfinite(ea) and np.isfinite(eb)):
         return _nan_result(metric, kind, control, treatment, "no estimate in an arm (no data)")
-    if isinstance(control, Quantile) and (control.above_last_edge or treatment.above_last_edge):
-        arms = [n for n, x in (("control", control), ("treatment", treatment)) if x.above_last_edge]
+    if isinstance(control, Quantile) and (control.above_last_edge or cast(Quantile, treatment).above_last_edge):
+        arms = [n for n, x in (("control", control), ("treatment", cast(Quantile, treatment))) if x.above_last_edge]
         return replace(_nan_result(
             metric, kind, control, treatment,
             f"P{control.q * 100:g} is beyond the last bucket edge ({control.last_edge:g}) in the {' and '.join(arms)}"
             " arm: only '> edge' is known, so it is not tested (add buckets above the edge)"),
             control=ea, treatment=eb, control_above=control.above_last_edge,
-            treatment_above=treatment.above_last_edge)
+            treatment_above=cast(Quantile, treatment).above_last_edge)
     if isinstance(control, Ratio):
-        small = min(control.effective_units, treatment.effective_units)
+        small = min(control.effective_units, cast(Ratio, treatment).effective_units)
         if small < MIN_EFFECTIVE_UNITS:
             return replace(_nan_result(
                 metric, kind, control, treatment,
@@ -423,7 +425,7 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
         p = 2 * stats.t.sf(abs(d) / se, df)
         lo, hi, test = d - tcrit * se, d + tcrit * se, "Welch t"
     elif isinstance(control, Proportion):
-        pooled = (control.successes + treatment.successes) / (na + nb)
+        pooled = (control.successes + cast(Proportion, treatment).successes) / (na + nb)
         sp = math.sqrt(pooled * (1 - pooled) * (1 / na + 1 / nb))
         p = 2 * stats.norm.sf(abs(d) / sp) if sp > 0 else (0.0 if d else 1.0)
         lo, hi, test = d - z * se, d + z * se, "two-proportion z"
@@ -502,7 +504,7 @@ def srm(counts: Sequence[float], planned: Sequence[float] | None = None, thresho
 
 
 # ------------------------------------------------------------ multiplicity
-def adjust(p_values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def adjust(p_values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Holm and Benjamini–Hochberg adjusted p-values (NaN stays NaN; a value
     outside [0, 1] raises ``ValueError``)."""
     p = np.asarray(p_values, dtype=float).ravel()
@@ -528,7 +530,7 @@ def adjust(p_values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------- CUPED
-def cuped(y, x, arm) -> tuple[np.ndarray, float, float]:
+def cuped(y: npt.ArrayLike, x: npt.ArrayLike, arm: npt.ArrayLike) -> tuple[np.ndarray, float, float]:
     """CUPED-adjust per-unit ``y`` with pre-period covariate ``x``; θ pooled over
     arms (``arm`` labels each unit). Returns (adjusted y, θ, variance reduction)."""
     y = np.asarray(y, dtype=float)
@@ -568,17 +570,19 @@ def msprt(diff: float, var: float, tau: float, alpha: float = 0.05) -> tuple[flo
 
 
 # ---------------------------------------------------- group-sequential
-def spending(t, alpha: float = 0.05, kind: str = "obrien_fleming") -> np.ndarray:
+def spending(t: npt.ArrayLike, alpha: float = 0.05, kind: str = "obrien_fleming") -> np.ndarray:
     """Lan–DeMets alpha spent by information fraction ``t``, two-sided (α/2 per
     side, each side spending by the one-sided function): O'Brien–Fleming type
     ``4 − 4Φ(z_{α/4}/√t)``, Pocock type ``α·ln(1 + (e − 1)t)``."""
     _check_alpha(alpha)
-    t = np.clip(np.asarray(t, dtype=float), 0.0, 1.0)
+    frac: np.ndarray = np.clip(np.asarray(t, dtype=float), 0.0, 1.0)
     if kind == "obrien_fleming":
         with np.errstate(divide="ignore"):
-            return np.where(t > 0, 4 - 4 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 4) / np.sqrt(t)), 0.0)
+            spent: np.ndarray = np.where(
+                frac > 0, 4 - 4 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 4) / np.sqrt(frac)), 0.0)
+            return spent
     if kind == "pocock":
-        return alpha * np.log(1 + (math.e - 1) * t)
+        return alpha * np.log(1 + (math.e - 1) * frac)
     raise ValueError(f"spending must be 'obrien_fleming' or 'pocock', got {kind!r}")
 
 
@@ -600,7 +604,8 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
     inc = np.diff(np.concatenate([[0.0], spent]))
     bounds = np.empty(len(t))
     # Density of the score S_k = Z_k·√t_k on a grid inside the continuation region.
-    s_grid, dens = None, None
+    s_grid: np.ndarray  # both set at the first look
+    dens: np.ndarray
     for k, tk in enumerate(t):
         if k == 0:
             c = stats.norm.isf(inc[0] / 2)
@@ -682,7 +687,7 @@ def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
 
 
 # ------------------------------------------------------------ batch means
-def batch_means(control: Sequence[float], treatment: Sequence[float], metric: str) -> Result:
+def batch_means(control: Sequence[float] | np.ndarray, treatment: Sequence[float] | np.ndarray, metric: str) -> Result:
     """Prometheus-only fallback: each arm's per-time-bucket values as the
     samples (batch means), Welch t between arms. Buckets are not independent
     units, so this is a rougher answer than unit-level data."""

@@ -57,10 +57,12 @@ This module needs numpy only: the collectors' store imports it.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from warmscope.collectors.records import UNIT_BUCKETS, UNIT_FIELDS
 
@@ -151,7 +153,7 @@ def in_list_order(names: Iterable[str], metrics: Sequence[Metric] = METRICS) -> 
     """Metric names in the list's order (per-layer ones by layer); undeclared names last."""
     pos = {id(m): i for i, m in enumerate(metrics)}
 
-    def key(n: str):
+    def key(n: str) -> tuple[int, str]:
         m = find(n, metrics)
         return (pos[id(m)] if m is not None else len(metrics), n)
 
@@ -177,9 +179,11 @@ def cross_column(num: str, den: str) -> str:
     return f"x_{num}" if den == "requests" else f"x_{num}__{den}"
 
 
-def _plan(metrics: Sequence[Metric]):
+def _plan(metrics: Sequence[Metric]) -> tuple[list[str], list[str], list[tuple[str, str]], bool]:
     """(proportion fields, fields with Σ and Σ², (numerator, denominator) pairs, histogram?) in a fixed order."""
-    props, sq, pairs = [], [], []
+    props: list[str] = []
+    sq: list[str] = []
+    pairs: list[tuple[str, str]] = []
     hist = False
     for m in metrics:
         if m.per_layer:
@@ -189,13 +193,15 @@ def _plan(metrics: Sequence[Metric]):
         elif m.kind == "mean":
             sq.append(m.numerator)
         elif m.kind == "ratio":
-            sq += [m.numerator, m.denominator]
-            pairs.append((m.numerator, m.denominator))
+            den = cast(str, m.denominator)  # a ratio always declares its denominator
+            sq += [m.numerator, den]
+            pairs.append((m.numerator, den))
         else:
             hist = True
     order = {f: i for i, f in enumerate(FIELDS)}
-    props = sorted(set(props) - {"conversions"}, key=order.get)
-    sq = sorted(set(sq), key=order.get)
+    by_order = cast(Callable[[str], int], order.get)  # every field is in FIELDS
+    props = sorted(set(props) - {"conversions"}, key=by_order)
+    sq = sorted(set(sq), key=by_order)
     pairs = sorted(set(pairs), key=lambda p: (order[p[0]], order[p[1]]))
     return props, sq, pairs, hist
 
@@ -283,7 +289,7 @@ def bucket_sql(first_ts: str) -> str:
     return f"(CAST(({first_ts}) / {BUCKET_S} AS INTEGER) * {BUCKET_S})"  # ts > 0: truncation is floor
 
 
-def bucket_of(first_ts) -> np.ndarray:
+def bucket_of(first_ts: npt.ArrayLike) -> np.ndarray:
     return np.floor(np.asarray(first_ts, dtype=float) / BUCKET_S) * BUCKET_S
 
 
@@ -291,7 +297,7 @@ def _q(c: str) -> str:
     return f'"{c}"'
 
 
-def rebuild_sql(con, experiment: str | None = None) -> None:
+def rebuild_sql(con: sqlite3.Connection, experiment: str | None = None) -> None:
     """Recompute ``ab_moments`` and ``ab_layer_moments`` (for one experiment or
     all) from ``ab_units`` / ``ab_lookups`` in SQL; runs in the caller's
     transaction."""
@@ -339,7 +345,7 @@ def ddl() -> str:
             f"{lcols}, PRIMARY KEY(experiment, variant, bucket, layer)) WITHOUT ROWID;\n")
 
 
-def ensure_columns(con) -> list[str]:
+def ensure_columns(con: sqlite3.Connection) -> list[str]:
     """Add the sums a newly declared metric needs to an existing store's
     ``ab_moments`` and recompute the table from the unit rows (in the caller's
     transaction). Returns the columns added (none: nothing done)."""

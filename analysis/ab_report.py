@@ -36,18 +36,21 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
 
 from warmscope.collectors.schema import DURATION_BUCKETS
 
-from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, adjust, batch_means, compare, power, srm
+from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, Stat, adjust, batch_means, compare, power, srm
 from .ab_metrics import (BUCKET_S, DEFAULT_PRIMARY, METRICS, NB, Metric, bucket_of, cross_column, find,
                          pos_column)
 from .buckets import bucket_start
 from .hitrate import hit_table
+
+if TYPE_CHECKING:
+    from .sources import Source
 
 __all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series",
            "render_markdown", "render_html", "metric_stats", "better", "DEFAULT_PRIMARY"]
@@ -93,7 +96,7 @@ def _names(m: Metric, layers: Sequence[str]) -> list[tuple[str, str | None]]:
 
 
 def metric_stats(u: pd.DataFrame, only: str | None = None,
-                 metrics: Sequence[Metric] = METRICS) -> dict[str, object]:
+                 metrics: Sequence[Metric] = METRICS) -> dict[str, Stat]:
     """Sufficient statistics of every metric (or just ``only``) for one arm's unit rows."""
     req = u["requests"].to_numpy(float) if "requests" in u.columns else np.zeros(len(u))
     layers = sorted(c[len("lookups_"):] for c in u.columns if c.startswith("lookups_"))
@@ -104,7 +107,7 @@ def metric_stats(u: pd.DataFrame, only: str | None = None,
     def col(f: str) -> np.ndarray:
         return req if f == "requests" else u[f].to_numpy(float)
 
-    def make(m: Metric, layer: str | None):
+    def make(m: Metric, layer: str | None) -> Stat:
         if m.per_layer:
             return Ratio.from_units(u[f"hits_{layer}"], u[f"lookups_{layer}"])
         if m.kind == "proportion":
@@ -112,33 +115,34 @@ def metric_stats(u: pd.DataFrame, only: str | None = None,
         if m.kind == "mean":
             return Mean.from_units(col(m.numerator))
         if m.kind == "ratio":
-            return Ratio.from_units(col(m.numerator), col(m.denominator))
-        return Quantile.from_units(m.q, DURATION_BUCKETS, hist())
+            return Ratio.from_units(col(m.numerator), col(cast(str, m.denominator)))  # a ratio declares one
+        return Quantile.from_units(cast(float, m.q), DURATION_BUCKETS, hist())  # a quantile declares its q
 
     return {name: make(m, ly) for m in metrics for name, ly in _names(m, layers) if only is None or name == only}
 
 
 def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = None,
-                 metrics: Sequence[Metric] = METRICS) -> dict[str, object]:
+                 metrics: Sequence[Metric] = METRICS) -> dict[str, Stat]:
     """Sufficient statistics of every metric (or just ``only``) from one arm's
     summed ``ab_moments`` row and ``ab_layer_moments`` rows by layer; equal to
     :func:`metric_stats` on that arm's unit rows."""
     n = int(round(m["n"]))
 
-    def make(d: Metric, layer: str | None):
+    def make(d: Metric, layer: str | None) -> Stat:
         if d.per_layer:
-            lm = layers[layer]
+            lm = layers[cast(str, layer)]  # a per-layer metric is named with its layer
             return Ratio(n, lm["s_hits"], lm["s_lookups"], lm["q_hits"], lm["q_lookups"], lm["x_hits"])
         if d.kind == "proportion":
             return Proportion(n, int(round(m[pos_column(d.numerator)])))
         if d.kind == "mean":
             return Mean(n, m[f"s_{d.numerator}"], m[f"q_{d.numerator}"])
         if d.kind == "ratio":
-            a, b = d.numerator, d.denominator
+            a, b = d.numerator, cast(str, d.denominator)  # a ratio declares its denominator
             return Ratio(n, m[f"s_{a}"], m[f"s_{b}"], m[f"q_{a}"], m[f"q_{b}"], m[cross_column(a, b)])
-        arr = lambda p: np.array([m[f"{p}{i}"] for i in range(NB)], dtype=float)  # noqa: E731
-        return Quantile(d.q, tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]), arr("cc"),
-                        arr("cd"), arr("dd"), arr("cn"), arr("dn"))
+        arr: Callable[[str], np.ndarray] = lambda p: (  # noqa: E731
+            np.array([m[f"{p}{i}"] for i in range(NB)], dtype=float))
+        return Quantile(cast(float, d.q), tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]),
+                        arr("cc"), arr("cd"), arr("dd"), arr("cn"), arr("dn"))
 
     return {name: make(d, ly) for d in metrics for name, ly in _names(d, sorted(layers))
             if only is None or name == only}
@@ -199,8 +203,8 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
 
 
 # ----------------------------------------------------------------- assembling
-def _finish(rep: ABReport, stats: Mapping[str, dict], primary: str, alpha: float, target_rel: float,
-            has_pre: bool, cumulative: Callable[[str], Iterator[tuple[float, dict]]],
+def _finish(rep: ABReport, stats: Mapping[str, dict[str, Stat]], primary: str, alpha: float, target_rel: float,
+            has_pre: bool, cumulative: Callable[[str], Iterator[tuple[float, dict[str, Stat]]]],
             metrics: Sequence[Metric]) -> ABReport:
     """Tests, adjustments, power, the over-time curve and the verdict, shared by
     the unit-row and the moments paths. ``stats``: arm -> metric -> sufficient
@@ -246,10 +250,11 @@ def _points(buckets: np.ndarray, points: int) -> np.ndarray:
     ends = np.unique(buckets) + BUCKET_S
     if len(ends) == 0:
         return ends
-    return ends[np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))]
+    picked: np.ndarray = ends[np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))]
+    return picked
 
 
-def _arms(control: str, treatment: Arms, present: Sequence[str]) -> list[str]:
+def _arms(control: str, treatment: Arms, present: Iterable[str]) -> list[str]:
     """The treatment arms: as given, else every arm present besides the control (in name order)."""
     if treatment is None or (not isinstance(treatment, str) and len(treatment) == 0):
         return [v for v in sorted(present) if v != control] or ["B"]
@@ -268,7 +273,7 @@ def _start(units: dict[str, int], experiment: str, control: str, arms: list[str]
     return rep
 
 
-def _empty(experiment: str, control: str, arms: list[str], primary: str, units: dict) -> ABReport:
+def _empty(experiment: str, control: str, arms: list[str], primary: str, units: dict[str, int]) -> ABReport:
     rep = ABReport(experiment, control, arms[0], "unit records", units, None, None, [], primary, "", None, 0.0,
                    treatments=arms)
     rep.error = f"no unit records for experiment {experiment!r}; is the experiment name right?"
@@ -279,7 +284,8 @@ def _empty(experiment: str, control: str, arms: list[str], primary: str, units: 
 def _request_totals(requests: pd.DataFrame | None, experiment: str) -> dict[str, float] | None:
     if requests is None or not len(requests):
         return None
-    return requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum().to_dict()
+    return cast(dict[str, float], requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum()
+                .to_dict())
 
 
 def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: Arms = "B",
@@ -303,7 +309,7 @@ def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treat
     ts = {v: x["first_ts"].to_numpy() for v, x in parts.items()}
     pts = _points(bucket_of(u["first_ts"].to_numpy()), over_time_points)
 
-    def cumulative(metric):
+    def cumulative(metric: str) -> Iterator[tuple[float, dict[str, Stat]]]:
         for t in pts:
             yield t, {v: metric_stats(x.iloc[: int(np.searchsorted(ts[v], t, side="left"))], metric, metrics)[metric]
                       for v, x in parts.items()}
@@ -332,7 +338,7 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
     sums = [c for c in mm.columns if c not in ("variant", "bucket", "min_first", "max_last")]
     lsums = [c for c in layer_moments.columns if c not in ("variant", "bucket", "layer")]
 
-    def arm(v: str, before: float = np.inf):
+    def arm(v: str, before: float = np.inf) -> tuple[pd.Series, dict[str, pd.Series]]:
         a = mm[(mm["variant"] == v) & (mm["bucket"] < before)][sums].sum()
         lm = layer_moments[(layer_moments["variant"] == v) & (layer_moments["bucket"] < before)] \
             if len(layer_moments) else layer_moments
@@ -340,7 +346,7 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
         by = lm.groupby("layer")[lsums].sum() if len(lm) else None
         return a, {ly: (by.loc[ly] if by is not None and ly in by.index else zero) for ly in layers}
 
-    def cumulative(metric):
+    def cumulative(metric: str) -> Iterator[tuple[float, dict[str, Stat]]]:
         for t in _points(mm["bucket"].to_numpy(), over_time_points):
             yield t, {v: moment_stats(*arm(v, t), metric, metrics)[metric] for v in [control] + arms}
 
@@ -348,8 +354,8 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
                    target_rel, False, cumulative, metrics)
 
 
-def report_for(source, experiment: str, control: str = "A", treatment: Arms = "B",
-               primary: str = DEFAULT_PRIMARY, **kw) -> ABReport:
+def report_for(source: Source, experiment: str, control: str = "A", treatment: Arms = "B",
+               primary: str = DEFAULT_PRIMARY, **kw: Any) -> ABReport:
     """The report from the best data a source has: the store's A/B moments,
     else unit rows (e.g. Redis), else metric series (batch means, two arms)."""
     if hasattr(source, "moments"):
@@ -387,8 +393,10 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
         b = bucket_start(rq["ts"], freq)
         g = rq.assign(bucket=b).groupby(["variant", "bucket"])[["requests", "gpu_s"]].sum()
         g["v"] = g["gpu_s"] / g["requests"]
-        ca = g.loc[control, "v"].to_numpy() if control in g.index.get_level_values(0) else []
-        cb = g.loc[treatment, "v"].to_numpy() if treatment in g.index.get_level_values(0) else []
+        ca: np.ndarray | list[float] = (cast(pd.Series, g.loc[control, "v"]).to_numpy()
+                                        if control in g.index.get_level_values(0) else [])
+        cb: np.ndarray | list[float] = (cast(pd.Series, g.loc[treatment, "v"]).to_numpy()
+                                        if treatment in g.index.get_level_values(0) else [])
         res.append(batch_means(ca, cb, "GPU-s per request (batch means)"))
         tot = rq.groupby("variant")["requests"].sum()
         rep.srm_requests = srm([tot.get(control, 0), tot.get(treatment, 0)], what="requests")
@@ -471,7 +479,7 @@ def render_markdown(rep: ABReport) -> str:
     return "\n".join(lines)
 
 
-def effect_figure(rep: ABReport):
+def effect_figure(rep: ABReport) -> Any:  # a plotly Figure (plotly ships no type information)
     import plotly.graph_objects as go
 
     d = rep.effect_over_time

@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -42,7 +42,7 @@ def _arm(df: pd.DataFrame, experiment: str, arms: Sequence[str]) -> pd.DataFrame
     return df[(df["experiment"] == experiment) & df["variant"].isin(arms)]
 
 
-def _samples(values: pd.DataFrame, by: list[str], control: str, treatment: str, metric: str, rows: list,
+def _samples(values: pd.DataFrame, by: list[str], control: str, treatment: str, metric: str, rows: list[dict[str, Any]],
              min_buckets: int) -> None:
     """values: by + [variant, bucket, v] → one row per segment."""
     values = values[np.isfinite(values["v"].to_numpy(dtype=float))]
@@ -74,7 +74,7 @@ def segment_table(lookups: pd.DataFrame, requests: pd.DataFrame, histograms: pd.
     if bad or not by:
         raise ValueError(f"segments are cut by one or two of {', '.join(DIMENSIONS)}; got {by!r}")
     arms = [control, treatment]
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     lk = _arm(lookups, experiment, arms)
     if len(lk):
         lk = lk[lk["layer"] != "weights"]  # model weights: loaded once per replica, not a warm-up cache
@@ -104,7 +104,7 @@ def segment_table(lookups: pd.DataFrame, requests: pd.DataFrame, histograms: pd.
         holm, bh = adjust(out.loc[tested, "p"].to_numpy(dtype=float))
         out.loc[tested, "p_holm"], out.loc[tested, "p_bh"] = holm, bh
 
-    def outcome(r) -> str:
+    def outcome(r: Any) -> str:
         if not np.isfinite(r.p):
             return "not tested"
         if not r.p_holm < 0.05 or r.difference == 0:

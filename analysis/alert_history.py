@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -85,12 +85,13 @@ def alert_history(frames: Mapping[str, pd.DataFrame], start: float, end: float, 
     if lookback <= 0:
         raise ValueError(f"lookback must be positive, got {lookback!r}")
     times = evaluation_times(start, end, every)
-    open_: dict[tuple[str, str], dict] = {}
-    done: list[dict] = []
+    open_: dict[tuple[str, str], dict[str, Any]] = {}
+    done: list[dict[str, Any]] = []
+    r: Any  # an itertuples row: pandas types its fields as any scalar
     for t in times:
         lo = t - lookback
         now = evaluate(_window(frames, lo, t), lo, t)
-        seen = set()
+        seen: set[tuple[str, str]] = set()
         for r in now.itertuples():
             key = (r.alert, subject_of(r.summary))
             if key in seen:  # one row per alert and subject per evaluation

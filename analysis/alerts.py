@@ -27,7 +27,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping, cast
 
 import pandas as pd
 
@@ -64,7 +64,7 @@ def hot_keys_since(start: float, end: float) -> float:
     return start - HOT_KEY_WINDOW_S
 
 
-def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict | None:
+def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict[str, Any] | None:
     """Keys of tenant-scoped layers read by two or more tenants in one hot-key
     window overlapping (start, end]: {shared_keys, layers, tenants, first,
     last} (window starts), or None when there are none."""
@@ -118,7 +118,8 @@ def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFra
 
 
 def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
-    rows = []
+    rows: list[tuple[str, str, str, float]] = []
+    r: Any  # a row of itertuples / iterrows: pandas types its fields as any scalar
     lk = frames.get("lookups", pd.DataFrame())
     third = (end - start) / 3
     if len(lk) and third > 0:
@@ -164,7 +165,8 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                                                    runs=("run_id", "size"), wasted=("wasted_gpu_s", "sum"),
                                                    since=("started", "min"))
         g = g[g.warmed >= WARM_MIN_KEYS]
-        for (strategy, layer), r in g[g.read / g.warmed < WARM_PRECISION_MIN].iterrows():
+        for key, r in g[g.read / g.warmed < WARM_PRECISION_MIN].iterrows():
+            strategy, layer = cast(tuple[str, str], key)
             rows.append(("warning", "WarmSetPrecisionLow",
                          f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
                          f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)", float(r.since)))

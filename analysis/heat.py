@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from .buckets import bucket_start
@@ -92,7 +93,7 @@ def ewma_forecast(series: pd.DataFrame, alpha: float = 0.3) -> pd.DataFrame:
     return series.ewm(alpha=alpha, adjust=False).mean().shift(1)
 
 
-def mape(actual, predicted) -> float:
+def mape(actual: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
     a = np.asarray(actual, dtype=float).ravel()
     p = np.asarray(predicted, dtype=float).ravel()
     m = np.isfinite(a) & np.isfinite(p) & (a != 0)

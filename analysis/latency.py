@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ TTFT = "gen_ai.server.time_to_first_token"
 DURATION = "gen_ai.server.request.duration"
 
 
-def all_bounds(metric: str, present) -> np.ndarray:
+def all_bounds(metric: str, present: Iterable[float]) -> np.ndarray:
     """Every bucket bound of ``metric``: the schema's (the store keeps only
     non-empty buckets, but interpolation needs each bucket's lower edge) plus
     any others present, and +Inf last."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -75,14 +75,15 @@ def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
     for k in keys:
         if k not in r.columns:
             r[k] = ""
-    agg = {c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns}
+    agg: dict[str, Any] = {c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns}
     agg.update({"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"})
     for c in r.columns:
         if c not in agg and c not in keys:
             agg[c] = "first"
     out = r.sort_values("run_id", kind="stable").groupby(keys, dropna=False, sort=False).agg(agg)
     out["runs"] = r.groupby(keys, dropna=False, sort=False).size()
-    return out.reset_index()[list(runs.columns) + ["runs"]]
+    merged: pd.DataFrame = out.reset_index()[list(runs.columns) + ["runs"]]
+    return merged
 
 
 def business_roi(warmed_conv: float, baseline_conv: float, value_per_conversion: float, cost: float) -> float:
@@ -101,15 +102,15 @@ def compute_roi(gpu_s_saved: float, price_per_gpu_s: float, cost: float) -> floa
 def _scope(req: pd.DataFrame, run: Any) -> pd.DataFrame:
     if req.empty:
         return req
-    m = req["replica"] == run.replica
+    m: pd.Series = req["replica"] == run.replica
     if getattr(run, "tenant", ""):
         m &= req["tenant"] == run.tenant
     return req[m.to_numpy(dtype=bool)]
 
 
 def _control(req: pd.DataFrame, treated: pd.DataFrame, run: Any) -> pd.DataFrame | None:
-    exp = treated["experiment"].dropna().unique() if len(treated) else []
-    var = treated["variant"].dropna().unique() if len(treated) else []
+    exp: Any = treated["experiment"].dropna().unique() if len(treated) else []
+    var: Any = treated["variant"].dropna().unique() if len(treated) else []
     if len(exp) == 1 and exp[0] and len(var) == 1:
         c = req[(req["experiment"] == exp[0]) & (req["variant"] != var[0])]
         if getattr(run, "tenant", ""):
@@ -231,7 +232,7 @@ def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, val
     if after.empty:
         return pd.DataFrame(columns=["t_s", "benefit"])
     ctrl = _control(requests, after, run)
-    bucket = lambda df: bucket_start(df.ts - run.ended, freq)  # noqa: E731
+    bucket: Callable[[pd.DataFrame], pd.Series] = lambda df: bucket_start(df.ts - run.ended, freq)  # noqa: E731
     t = after.assign(t_s=bucket(after)).groupby("t_s")[["requests", "gpu_s", "conversions"]].sum()
     if ctrl is not None:
         c = ctrl[(ctrl.ts > run.ended) & (ctrl.ts <= run.ended + horizon_s)]
@@ -249,7 +250,8 @@ def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, val
         conv_gain = (t["conversions"].to_numpy() / n - c_conv) * n
     benefit = gpu_saved * price_per_gpu_s + conv_gain * value_per_conversion
     out = pd.DataFrame({"t_s": t.index.to_numpy(dtype=float), "benefit": benefit})
-    return out[np.isfinite(out["benefit"])].reset_index(drop=True)
+    finite: pd.DataFrame = out[np.isfinite(out["benefit"])].reset_index(drop=True)
+    return finite
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def fit_decay(series: pd.DataFrame) -> Decay:
     if not np.isfinite(b0_guess) or b0_guess == 0:
         b0_guess = float(np.max(np.abs(y))) or 1.0
 
-    def f(tt, b0, k):
+    def f(tt: np.ndarray, b0: float, k: float) -> np.ndarray:
         # exp's argument clipped: a trial k far from the answer must not overflow (inf·0 = NaN)
         return b0 * np.exp(np.clip(-k * tt, -700.0, 700.0))
 

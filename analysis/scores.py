@@ -60,7 +60,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 import pandas as pd
@@ -77,6 +77,8 @@ from .roi import benefit_series, fit_decay, replica_runs, roi_windows
 __all__ = ["DimensionScore", "ScoreCard", "score_card", "normalise"]
 
 Frames = Mapping[str, pd.DataFrame]
+# A dimension's measurement: (value or None, source, note[, (ci_low, ci_high) or None]).
+Measure = tuple[float | None, str, str] | tuple[float | None, str, str, tuple[float, float] | None]
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def _f(frames: Frames, name: str) -> pd.DataFrame:
 
 # Each returns (value or None, source, note[, (ci_low, ci_high)]). No CI means
 # the value is an exact count (an accounting quantity), not an estimate.
-def _latency(fr: Frames, cfg: AnalysisConfig):
+def _latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     h = h[h["metric"] == TTFT] if len(h) else h
     if h.empty:
@@ -145,7 +147,7 @@ def _latency(fr: Frames, cfg: AnalysisConfig):
     return v, f"histograms: {TTFT} P95", "", (lo, hi)
 
 
-def _hit_rate(fr: Frames, cfg: AnalysisConfig):
+def _hit_rate(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
@@ -166,7 +168,7 @@ def _step(lk: pd.DataFrame) -> float:
     return float(d[d > 0].min()) if len(d) and (d > 0).any() else 0.0
 
 
-def _mape(fr: Frames, cfg: AnalysisConfig):
+def _mape(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
@@ -176,7 +178,7 @@ def _mape(fr: Frames, cfg: AnalysisConfig):
     return pe.value, f"lookups: {pe.note}", "", pe.ci
 
 
-def _arms(fr: Frames, cfg: AnalysisConfig):
+def _arms(fr: Frames, cfg: AnalysisConfig) -> tuple[pd.Series, pd.Series] | None:
     req = _f(fr, "requests")
     if req.empty:
         return None
@@ -184,12 +186,12 @@ def _arms(fr: Frames, cfg: AnalysisConfig):
     g = e.groupby("variant")[["requests", "gpu_s", "conversions"]].sum()
     if cfg.treatment_variant not in g.index or len(g) < 2:
         return None
-    t = g.loc[cfg.treatment_variant]
+    t = cast(pd.Series, g.loc[cfg.treatment_variant])  # one row: the index is the unique variants
     c = g.drop(index=cfg.treatment_variant).sum()
     return t, c
 
 
-def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Series], float]):
+def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Series], float]) -> float | None:
     """95% CI of a treatment-vs-control statistic from hourly batch means
     (Student t over the hours); None with fewer than 3 hours."""
     req = _f(fr, "requests")
@@ -210,7 +212,7 @@ def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Se
     return half
 
 
-def _qps_gain(fr: Frames, cfg: AnalysisConfig):
+def _qps_gain(fr: Frames, cfg: AnalysisConfig) -> Measure:
     arms = _arms(fr, cfg)
     if arms is None:
         return None, "requests", f"no experiment with treatment variant {cfg.treatment_variant!r}"
@@ -218,8 +220,8 @@ def _qps_gain(fr: Frames, cfg: AnalysisConfig):
     if t["gpu_s"] <= 0 or c["requests"] <= 0 or t["requests"] <= 0:
         return None, "requests", "no GPU time recorded"
 
-    def gain(t, c):
-        return (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1
+    def gain(t: pd.Series, c: pd.Series) -> float:
+        return cast(float, (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1)  # a numpy float
 
     v = float(gain(t, c))
     half = _hourly_ci(fr, cfg, gain)
@@ -230,7 +232,7 @@ def _qps_gain(fr: Frames, cfg: AnalysisConfig):
 _STARTS = ("replica_start", "replica_restart")
 
 
-def _cold_start(fr: Frames, cfg: AnalysisConfig):
+def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk, runs = _f(fr, "lookups"), _f(fr, "warmup_runs")
     if lk.empty:
         return None, "lookups", "no lookups"
@@ -245,6 +247,7 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig):
     t = t[t["lookups"] > 0]
     t_end = float(lk["ts"].max())
     times = []
+    r: Any  # an itertuples row: pandas types its fields as any scalar
     for r in starts.itertuples():
         g = t[(t["replica"] == r.replica) & (t["bucket"] >= r.started - 60)]
         nxt = starts[(starts["replica"] == r.replica) & (starts["started"] > r.started)]["started"]
@@ -267,7 +270,7 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig):
                "rate"), "", ci
 
 
-def _gpu_mem(fr: Frames, cfg: AnalysisConfig):
+def _gpu_mem(fr: Frames, cfg: AnalysisConfig) -> Measure:
     g = _f(fr, "gauges")
     if g.empty or "metric" not in g or not (g["metric"] == "warmscope.gpu.memory.usage_ratio").any():
         return None, "gauges", "no GPU memory gauge recorded (Telemetry.record_gpu_memory)"
@@ -282,7 +285,7 @@ def _gpu_mem(fr: Frames, cfg: AnalysisConfig):
     return float(cv.mean()), "gauges: CV of warmscope.gpu.memory.usage_ratio per replica", ""
 
 
-def _load_latency(fr: Frames, cfg: AnalysisConfig):
+def _load_latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     if h.empty:
         return None, "histograms", "no load durations recorded"
@@ -303,7 +306,7 @@ def _load_latency(fr: Frames, cfg: AnalysisConfig):
     return v, f"histograms: mean warmscope.cache.load.duration ({src})", ""
 
 
-def _sla(fr: Frames, cfg: AnalysisConfig):
+def _sla(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     if r.empty:
         return None, "requests", "no requests"
@@ -316,7 +319,7 @@ def _sla(fr: Frames, cfg: AnalysisConfig):
     return missed / n, "requests: sla_met = false share", "", (float(lo), float(hi))
 
 
-def _conv(fr: Frames, cfg: AnalysisConfig):
+def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
     arms = _arms(fr, cfg)
     if arms is None:
         return None, "requests", f"no experiment with treatment variant {cfg.treatment_variant!r}"
@@ -324,8 +327,8 @@ def _conv(fr: Frames, cfg: AnalysisConfig):
     if c["conversions"] <= 0 or t["requests"] <= 0:
         return None, "requests", "no conversions in the control arm"
 
-    def lift(t, c):
-        return (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1
+    def lift(t: pd.Series, c: pd.Series) -> float:
+        return cast(float, (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1)  # a numpy float
 
     v = float(lift(t, c))
     half = _hourly_ci(fr, cfg, lift)
@@ -333,7 +336,7 @@ def _conv(fr: Frames, cfg: AnalysisConfig):
         (v - half, v + half) if half is not None else None
 
 
-def _penetration(fr: Frames, cfg: AnalysisConfig):
+def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     e = r[r["experiment"].astype(bool)] if len(r) else r
     n = e["requests"].sum() if len(e) else 0
@@ -351,7 +354,7 @@ def _penetration(fr: Frames, cfg: AnalysisConfig):
     return float(last[True] / last.sum()), f"requests: share on variant {cfg.treatment_variant} in the last hour", ""
 
 
-def _cost_share(fr: Frames, cfg: AnalysisConfig):
+def _cost_share(fr: Frames, cfg: AnalysisConfig) -> Measure:
     runs, r = _f(fr, "warmup_runs"), _f(fr, "requests")
     serve = r["gpu_s"].sum() if len(r) else 0.0
     warm = runs["gpu_s"].fillna(0).sum() if len(runs) else 0.0
@@ -360,7 +363,7 @@ def _cost_share(fr: Frames, cfg: AnalysisConfig):
     return float(warm / (serve + warm)), "warmup_runs.gpu_s ÷ (warm-up + serving GPU-s)", ""
 
 
-def _roi(fr: Frames, cfg: AnalysisConfig):
+def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
     """Compute ROI over (end, end + T] after each warm-up, runs merged per
     replica (one benefit per warm-up, not one per layer), pooled over warm-ups:
     (Σ GPU-s saved × price − Σ cost) / Σ cost; CI from the windows' summed
@@ -374,6 +377,7 @@ def _roi(fr: Frames, cfg: AnalysisConfig):
     saved = cost = var = 0.0
     used = unfinished = 0
     ks = []
+    run: Any  # an itertuples row: pandas types its fields as any scalar
     for run in done.itertuples():
         if run.ended + T > end:
             unfinished += 1
@@ -407,7 +411,7 @@ def _roi(fr: Frames, cfg: AnalysisConfig):
                       "(GPU-s saved × price − cost) / cost"), note, (float(v - Z95 * se), float(v + Z95 * se))
 
 
-_COMPUTE: dict[str, Callable] = {
+_COMPUTE: dict[str, Callable[[Frames, AnalysisConfig], Measure]] = {
     "request_latency": _latency, "cache_hit_rate": _hit_rate, "prediction_mape": _mape,
     "warmup_qps_gain": _qps_gain, "cold_start_time": _cold_start, "gpu_memory_fluctuation": _gpu_mem,
     "feature_load_latency": _load_latency, "sla_deviation": _sla, "ab_conversion_attribution": _conv,
