@@ -44,8 +44,9 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence, cast
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -97,11 +98,11 @@ class Proportion:
             raise InvalidStatistics(f"Proportion: {self.successes} successes out of {self.n} units; successes "
                                     "count units with at least one success, so they cannot exceed n")
 
-    def __add__(self, o: "Proportion") -> "Proportion":
+    def __add__(self, o: Proportion) -> Proportion:
         return Proportion(self.n + o.n, self.successes + o.successes)
 
     @classmethod
-    def from_units(cls, converted: npt.ArrayLike) -> "Proportion":
+    def from_units(cls, converted: npt.ArrayLike) -> Proportion:
         c = np.asarray(converted, dtype=float)
         return cls(int(len(c)), int((c > 0).sum()))
 
@@ -129,11 +130,11 @@ class Mean:
             raise InvalidStatistics(f"Mean: sum of squares {self.sum_sq:g} is below sum²/n = "
                                     f"{self.sum * self.sum / self.n:g}; no units give that (check the columns)")
 
-    def __add__(self, o: "Mean") -> "Mean":
+    def __add__(self, o: Mean) -> Mean:
         return Mean(self.n + o.n, self.sum + o.sum, self.sum_sq + o.sum_sq)
 
     @classmethod
-    def from_units(cls, x: npt.ArrayLike) -> "Mean":
+    def from_units(cls, x: npt.ArrayLike) -> Mean:
         x = np.asarray(x, dtype=float)
         return cls(int(len(x)), float(x.sum()), float((x * x).sum()))
 
@@ -174,12 +175,12 @@ class Ratio:
         ``n`` when every unit has the same y, about 1 when one unit holds it all."""
         return self.sum_y * self.sum_y / self.sum_y2 if self.sum_y2 > 0 else 0.0
 
-    def __add__(self, o: "Ratio") -> "Ratio":
+    def __add__(self, o: Ratio) -> Ratio:
         return Ratio(self.n + o.n, self.sum_x + o.sum_x, self.sum_y + o.sum_y, self.sum_x2 + o.sum_x2,
                      self.sum_y2 + o.sum_y2, self.sum_xy + o.sum_xy)
 
     @classmethod
-    def from_units(cls, x: npt.ArrayLike, y: npt.ArrayLike) -> "Ratio":
+    def from_units(cls, x: npt.ArrayLike, y: npt.ArrayLike) -> Ratio:
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         return cls(int(len(x)), float(x.sum()), float(y.sum()), float((x * x).sum()), float((y * y).sum()),
@@ -239,7 +240,7 @@ class Quantile:
                                         f"plus overflow), got shape {v.shape}")
         _nonneg("Quantile", n=self.n, pooled=self.pooled, nn=self.nn, cc=self.cc, dd=self.dd)
 
-    def _same_kind(self, o: "Quantile") -> None:
+    def _same_kind(self, o: Quantile) -> None:
         if self.q != o.q or tuple(self.bounds) != tuple(o.bounds):
             raise ValueError(f"cannot combine or compare quantiles with different q or bucket bounds: "
                              f"q={self.q:g} vs q={o.q:g}, {len(self.bounds)} vs {len(o.bounds)} bounds"
@@ -256,14 +257,14 @@ class Quantile:
         return total > 0 and float(self.pooled[:-1].sum()) < self.q * total - 1e-12 * total
 
     @classmethod
-    def from_units(cls, q: float, bounds: Sequence[float], counts: npt.ArrayLike) -> "Quantile":
+    def from_units(cls, q: float, bounds: Sequence[float], counts: npt.ArrayLike) -> Quantile:
         c = np.asarray(counts, dtype=float).reshape(-1, len(bounds) + 1)
         tot = c.sum(axis=1)
         cum = np.cumsum(c, axis=1) - c  # C_uk: the unit's observations in buckets below k
         return cls(float(q), tuple(bounds), int((tot > 0).sum()), c.sum(axis=0), float(tot @ tot),
                    (cum * cum).sum(axis=0), (cum * c).sum(axis=0), (c * c).sum(axis=0), tot @ cum, tot @ c)
 
-    def __add__(self, o: "Quantile") -> "Quantile":
+    def __add__(self, o: Quantile) -> Quantile:
         self._same_kind(o)
         return Quantile(self.q, self.bounds, self.n + o.n, self.pooled + o.pooled, self.nn + o.nn,
                         self.cc + o.cc, self.cd + o.cd, self.dd + o.dd, self.cn + o.cn, self.dn + o.dn)
@@ -459,7 +460,7 @@ def compare_arms(metric: str, arms: Mapping[str, Stat], control: str, alpha: flo
         raise ValueError("need at least one arm besides the control")
     res = [compare(f"{metric} ({a} vs {control})", arms[control], arms[a], alpha, primary=primary) for a in others]
     holm, bh = adjust([r.p_value for r in res])
-    return [replace(r, p_holm=float(h), p_bh=float(b)) for r, h, b in zip(res, holm, bh)]
+    return [replace(r, p_holm=float(h), p_bh=float(b)) for r, h, b in zip(res, holm, bh, strict=True)]
 
 
 def _default_tau(baseline: float) -> float:
@@ -618,7 +619,7 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
         w[[0, -1]] /= 2  # trapezoid weights
         mass = dens * w
 
-        def cross(c: float) -> float:
+        def cross(c: float, tk: float = tk, mass: Any = mass, s_grid: Any = s_grid, sd: float = sd) -> float:
             b = c * math.sqrt(tk)
             return float(mass @ (stats.norm.sf((b - s_grid) / sd) + stats.norm.cdf((-b - s_grid) / sd)))
 
@@ -627,7 +628,7 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
         else:
             from scipy.optimize import brentq
 
-            c = brentq(lambda c: cross(c) - inc[k], 0.01, 40.0, xtol=1e-10)
+            c = brentq(lambda c, goal=float(inc[k]): cross(c) - goal, 0.01, 40.0, xtol=1e-10)
         bounds[k] = c
         if k < len(t) - 1:
             new = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
@@ -682,7 +683,8 @@ def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
     if not np.isfinite(days):
         return f"{now}; the time to reach {target_rel:.0%} is unknown (no traffic rate)."
     if days < 1:
-        return f"{now}; reaching {target_rel:.0%} takes about {max(days * 24, 0.1):.1f} more hours at the current traffic."
+        hours = max(days * 24, 0.1)
+        return f"{now}; reaching {target_rel:.0%} takes about {hours:.1f} more hours at the current traffic."
     return f"{now}; reaching {target_rel:.0%} takes about {days:.1f} more days at the current traffic."
 
 

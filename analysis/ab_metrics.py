@@ -58,16 +58,17 @@ This module needs numpy only: the collectors' store imports it.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, cast
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
-
 from warmscope.collectors.records import UNIT_BUCKETS, UNIT_FIELDS
 
-__all__ = ["Metric", "METRICS", "BUCKET_S", "NB", "FIELDS", "COLUMNS", "LAYER_COLUMNS", "metric_names", "find", "in_list_order",
-           "lower_is_better", "pos_column", "cross_column", "columns_for", "contributions", "layer_contributions", "unit_exprs", "layer_exprs",
+__all__ = ["Metric", "METRICS", "BUCKET_S", "NB", "FIELDS", "COLUMNS", "LAYER_COLUMNS", "metric_names", "find",
+           "in_list_order", "lower_is_better", "pos_column", "cross_column", "columns_for", "contributions",
+           "layer_contributions", "unit_exprs", "layer_exprs",
            "bucket_sql", "bucket_of", "rebuild_sql", "upsert_sql", "ddl", "ensure_columns", "DEFAULT_PRIMARY"]
 
 BUCKET_S = 900.0  # arrival bucket of the stored sums (the effect-over-time resolution)

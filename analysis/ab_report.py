@@ -35,17 +35,16 @@ Example::
 from __future__ import annotations
 
 import html
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-
 from warmscope.collectors.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, Stat, adjust, batch_means, compare, power, srm
-from .ab_metrics import (BUCKET_S, DEFAULT_PRIMARY, METRICS, NB, Metric, bucket_of, cross_column, find,
-                         pos_column)
+from .ab_metrics import BUCKET_S, DEFAULT_PRIMARY, METRICS, NB, Metric, bucket_of, cross_column, find, pos_column
 from .buckets import bucket_start
 from .hitrate import hit_table
 
@@ -185,7 +184,7 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
         if prim.p_value < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
             return (f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, p = {prim.p_value:.2g}"
-                    f"{' (always-valid p = %.2g)' % prim.seq_p if np.isfinite(prim.seq_p) else ''}.")
+                    f"{f' (always-valid p = {prim.seq_p:.2g})' if np.isfinite(prim.seq_p) else ''}.")
         mde = f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}" \
             if rep.power and np.isfinite(rep.power.mde_rel) else ""
         return f"No significant difference on {prim.metric} ({_rel(prim)}, p = {prim.p_value:.2g}){mde}."
@@ -402,7 +401,7 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
         rep.srm_requests = srm([tot.get(control, 0), tot.get(treatment, 0)], what="requests")
     hit = find("hit rate (any)")
     gpu = find("GPU-s per request")
-    res = [replace(r, direction=d.direction if d else "", arm=treatment) for r, d in zip(res, (hit, gpu))]
+    res = [replace(r, direction=d.direction if d else "", arm=treatment) for r, d in zip(res, (hit, gpu), strict=False)]
     rep.results = [replace(res[0], primary=True)] + res[1:]
     rep.verdict = _verdict(rep, rep.results[:1])
     return rep

@@ -18,7 +18,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,7 +51,8 @@ def _samples(values: pd.DataFrame, by: list[str], control: str, treatment: str, 
         seg = seg if isinstance(seg, tuple) else (seg,)
         a = g.loc[g["variant"] == control, "v"].to_numpy(dtype=float)
         b = g.loc[g["variant"] == treatment, "v"].to_numpy(dtype=float)
-        row = dict(zip(by, map(str, seg)), metric=metric, buckets_control=len(a), buckets_treatment=len(b))
+        row = dict(zip(by, map(str, seg), strict=False), metric=metric, buckets_control=len(a),
+                   buckets_treatment=len(b))
         if min(len(a), len(b)) < min_buckets:
             row.update(control=a.mean() if len(a) else np.nan, treatment=b.mean() if len(b) else np.nan,
                        difference=np.nan, ci_low=np.nan, ci_high=np.nan, relative=np.nan, p=np.nan)

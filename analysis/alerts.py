@@ -27,14 +27,21 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Mapping, cast
+from collections.abc import Mapping
+from typing import Any, cast
 
 import pandas as pd
-
 from warmscope.collectors.schema import SHARED_LAYERS
 
-from .alert_defs import (BYPASS_FOR_S, BYPASS_SHARE, HIT_RATE_CRITICAL_DROP, HIT_RATE_DROP, HIT_RATE_P, WARM_MIN_KEYS,
-                         WARM_PRECISION_MIN)
+from .alert_defs import (
+    BYPASS_FOR_S,
+    BYPASS_SHARE,
+    HIT_RATE_CRITICAL_DROP,
+    HIT_RATE_DROP,
+    HIT_RATE_P,
+    WARM_MIN_KEYS,
+    WARM_PRECISION_MIN,
+)
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
 from .traps import detect_all, timing

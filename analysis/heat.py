@@ -23,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt

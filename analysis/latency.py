@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -106,7 +106,7 @@ def quantiles_over_time(hist: pd.DataFrame, metric: str, qs: Sequence[float] = (
     out = wide.index.to_frame(index=False)
     out["count"] = counts.sum(axis=1)
     cum = np.cumsum(counts, axis=1)
-    for q, n in zip(qs, names):
+    for q, n in zip(qs, names, strict=False):
         out[n] = quantile_from_buckets(finite, counts, q)
         # the rank lies beyond the last finite bound: only "at least the largest bound" is known
         out[f"overflow_{n}"] = (cum[:, len(finite) - 1] < q * out["count"].to_numpy() - 1e-12) if len(finite) \

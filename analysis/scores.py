@@ -59,12 +59,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
-
 from scipy import stats
 
 from .buckets import bucket_start
@@ -402,7 +402,8 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
     if ks:
         k = float(np.median([d.k_per_hour for d in ks]))
         lo, hi = float(np.median([d.ci_low for d in ks])), float(np.median([d.ci_high for d in ks]))
-        note = f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), not scored"
+        note = (f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), "
+                "not scored")
     if unfinished:
         note += ("; " if note else "") + f"{unfinished} warm-up(s) still inside their {T:g}-s window left out"
     if se * 1.96 > 20:
@@ -450,7 +451,7 @@ def score_card(frames: Frames, cfg: AnalysisConfig | None = None) -> ScoreCard:
         raw.append((spec, value, source, note, score, ci))
     weights = {}
     breached = {}
-    for spec, value, _, _, score, ci in raw:
+    for spec, _value, _, _, score, ci in raw:
         if score is None:
             continue
         w = spec.weight

@@ -39,7 +39,7 @@ def _number(kind: type, lo: float | None = None, lo_open: bool = False, hi: floa
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
         if isinstance(v, float) and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if lo is not None and (v <= lo if lo_open else v < lo):
@@ -274,7 +274,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig.load(
             hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
-            strategy_a=args.strategy_a, strategy_b=args.strategy_b, strategy_c=args.strategy_c, seed=args.seed, tick_s=args.tick,
+            strategy_a=args.strategy_a, strategy_b=args.strategy_b, strategy_c=args.strategy_c, seed=args.seed,
+            tick_s=args.tick,
             b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
             restart_every_h=args.restart_every, content_drift_h=args.content_drift,
         )
@@ -491,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     add_rules_parser(sub)
     p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
     p.set_defaults(fn=cmd_upgrade_store)
-    from .cli_rca import add_parser as add_rca_parser, cmd_rca
+    from .cli_rca import add_parser as add_rca_parser
+    from .cli_rca import cmd_rca
 
     add_rca_parser(sub).set_defaults(fn=cmd_rca)
     from warmscope.app.cli_advise import register as register_advise
@@ -519,11 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     cli_gateway.add_parser(sub)
     cli_warmup.add_parser(sub)
     args = ap.parse_args(argv)
+    import signal
     import sqlite3
 
     from warmscope.collectors.store import StoreError
-
-    import signal
 
     old = None
     if threading_main():

@@ -40,7 +40,6 @@ def _fmt_h(s: float) -> str:
 
 def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     import pandas as pd
-
     from warmscope.analysis.advisor import advise
     from warmscope.analysis.forecast import forecast_table
     from warmscope.analysis.sources import EmbeddedSource, SourceError
@@ -121,7 +120,7 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
     else:
         print(f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net")
-    for layer, note in (rec.model.persist_note.items() if rec.model else ()):
+    for _layer, note in (rec.model.persist_note.items() if rec.model else ()):
         print(f"  staleness                {note}")
     if rec.peak:
         when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731

@@ -107,7 +107,8 @@ def _counters(url: str) -> dict[str, float]:
 
 def _chat(base_url: str, model: str, messages: list[dict[str, str]]) -> dict:
     body = json.dumps({"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}).encode()
-    req = urllib.request.Request(base_url + "/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(base_url + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
 

@@ -23,6 +23,7 @@ import csv
 import gzip
 import json
 import sys
+from datetime import UTC
 from pathlib import Path
 
 PROG = "warmscope rca"
@@ -115,7 +116,7 @@ def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict:
     missing = [c for c in dims + measures if c not in header]
     if missing:
         raise InputError(f"{path}: no column(s) {', '.join(missing)}; the header has {', '.join(header)}")
-    cols = list(zip(*body))
+    cols = list(zip(*body, strict=False))
     out = {}
     for c in dims:
         out[c] = np.array(cols[header.index(c)], dtype=object)
@@ -194,7 +195,7 @@ def run_csv(args) -> int:
 
 def parse_window(text: str, what: str) -> tuple[float, float]:
     """``START..END``: ISO 8601 (UTC unless an offset is given) or Unix seconds."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     if not text or ".." not in text:
         raise InputError(f"{what} {text!r}: write START..END, e.g. 2026-11-30T10:00..2026-11-30T11:00")
@@ -214,7 +215,7 @@ def parse_window(text: str, what: str) -> tuple[float, float]:
             raise InputError(f"{what}: {s!r} is neither an ISO 8601 time (2026-11-30T10:00) nor Unix "
                              "seconds") from None
         if d.tzinfo is None:
-            d = d.replace(tzinfo=timezone.utc)
+            d = d.replace(tzinfo=UTC)
         return d.timestamp()
 
     a, b = one(parts[0]), one(parts[1])

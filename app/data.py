@@ -22,7 +22,6 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-
 from warmscope.analysis.sources import CompositeSource, SourceError, empty_frame, from_env
 from warmscope.collectors.config import CollectorConfig
 

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import streamlit as st
-
 from warmscope.app import data, ui
 
 __all__ = ["active", "frame", "hit_table", "overview", "explorer", "rootcause", "needs_collectors", "ab_advice",

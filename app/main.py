@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import streamlit as st
-
 from warmscope.app import data, ui
 
 # Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.

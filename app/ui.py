@@ -4,11 +4,10 @@ status badges, number formatting and the annotations every time series carries."
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
-
 from warmscope.app import data
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
@@ -56,11 +55,11 @@ def init_from_url(key: str, param: str | None = None, cast=str, default=None):
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M")
 
 
 def _parse_iso(s: str) -> float:
-    return datetime.strptime(s, "%Y-%m-%dT%H:%M").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M").replace(tzinfo=UTC).timestamp()
 
 
 def sidebar_range() -> None:
@@ -98,11 +97,11 @@ def _minute(ts: float) -> float:
 
 
 def _dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
 
 def _ts(d: datetime) -> float:
-    return d.replace(tzinfo=timezone.utc).timestamp()
+    return d.replace(tzinfo=UTC).timestamp()
 
 
 def defer(**state) -> None:

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import pandas as pd
-
 from warmscope.analysis.ab_report import build_report
 from warmscope.collectors.schema import DURATION_BUCKETS
 

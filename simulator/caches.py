@@ -9,7 +9,8 @@ and are dropped on read.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 __all__ = ["LRU"]
 

@@ -115,7 +115,7 @@ class SimConfig:
     experiment: str = "warmup-strategy"
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> "SimConfig":
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> SimConfig:
         """``[simulator]`` of the TOML file (``path`` or ``WARMSCOPE_CONFIG``) under ``overrides`` (``None``
         values are skipped, so unset command-line options keep the file's value)."""
         return load_section(cls, "simulator", path, None, overrides)
@@ -128,7 +128,7 @@ class SimConfig:
     @property
     def strategies(self) -> dict[str, str]:
         """Warm-up strategy by variant."""
-        return dict(zip(self.arms, (self.strategy_a, self.strategy_b, self.strategy_c)))
+        return dict(zip(self.arms, (self.strategy_a, self.strategy_b, self.strategy_c), strict=False))
 
     def for_variant(self, variant: str, name: str) -> float:
         """A cache setting as pool ``variant`` sees it."""

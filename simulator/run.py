@@ -21,8 +21,9 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from warmscope.collectors.store import EmbeddedStore
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

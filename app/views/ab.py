@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import streamlit as st
-
 from warmscope.analysis.ab_metrics import find, in_list_order
 from warmscope.analysis.ab_report import DEFAULT_PRIMARY, HEADERS, _better, _rows, effect_figure, render_html
 from warmscope.app import data, engine_view, ui
@@ -128,20 +127,21 @@ def styled(t: pd.DataFrame):
 
 all_rows = _rows(rep)
 is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
-main_res = [r for r, gd in zip(rep.results, is_guard) if not gd]
-guard_res = [r for r, gd in zip(rep.results, is_guard) if gd]
+main_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if not gd]
+guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
 st.subheader("Metrics")
-st.table(styled(table(main_res, [row for row, gd in zip(all_rows, is_guard) if not gd])).hide(axis="index"))
+main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
+st.table(styled(table(main_res, main_rows)).hide(axis="index"))
 st.caption(("★ primary metric, Holm-adjusted over the arms; " if rep.multi_arm else "★ primary metric, tested as is; ")
            + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. Green: the arm "
            "is significantly better than the control (adjusted p < 0.05), red: significantly worse, no colour: no "
            "significant difference. Always-valid p (mixture SPRT) is safe to watch continuously.")
 st.subheader("Guardrails")
 if guard_res:
-    gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard) if gd])
+    gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
     bad = gt[gt.outcome == "lose"]
     if len(bad):
-        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad.metric, bad.arm))
+        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad.metric, bad.arm, strict=True))
                  + " significantly worse than the control.")
     else:
         st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm.")
@@ -157,7 +157,6 @@ st.download_button("Download the HTML report", render_html(rep), file_name=f"ab-
 # (batch means per time bucket), with the difference's CI and Holm / BH across every row of the table.
 def breakdown(exp: str, control: str, treatments: list[str], first: float | None, last: float | None) -> None:
     import plotly.graph_objects as go
-
     from warmscope.analysis.ab_segments import segment_table
 
     st.subheader("Breakdown by segment")
@@ -205,14 +204,15 @@ def breakdown(exp: str, control: str, treatments: list[str], first: float | None
 
     shown = pd.DataFrame({
         "outcome": bd.outcome, dim.capitalize(): seg, "Metric": bd.metric,
-        "Control": [num(v, p) for v, p in zip(bd.control, pct)],
-        "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct)],
-        "Difference [95% CI]": [diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct)],
+        "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
+        "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
+        "Difference [95% CI]": [diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)],
         "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
         "p": bd.p.map(lambda v: "–" if v != v else f"{v:.3g}"),
         "p (Holm)": bd.p_holm.map(lambda v: "–" if v != v else f"{v:.3g}"),
         "p (BH)": bd.p_bh.map(lambda v: "–" if v != v else f"{v:.3g}"),
-        "Buckets (control / treatment)": [f"{a} / {b}" for a, b in zip(bd.buckets_control, bd.buckets_treatment)],
+        "Buckets (control / treatment)": [f"{a} / {b}" for a, b in
+                                          zip(bd.buckets_control, bd.buckets_treatment, strict=True)],
     })
     colours = dict(COLOURS, **{"not tested": ""})
     st.dataframe(shown.style.apply(lambda row: [f"background-color: {colours[row['outcome']]}"] * len(row), axis=1),
@@ -221,7 +221,7 @@ def breakdown(exp: str, control: str, treatments: list[str], first: float | None
     marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
     metrics = [m for m in dict.fromkeys(bd.metric)]
     cols = st.columns(len(metrics))
-    for col, m in zip(cols, metrics):
+    for col, m in zip(cols, metrics, strict=True):
         g, sg = bd[bd.metric == m], seg[bd.metric == m]
         scale = 100 if m == "hit rate" else 1
         fig = go.Figure(go.Scatter(

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-
 from warmscope.analysis.advisor import advise
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import curves
@@ -48,7 +47,7 @@ with st.spinner("Forecasting…"):
 st.subheader("Forecast")
 kept = tab[tab.kept]
 cols = st.columns(len(kept) or 1)
-for c, (_, r) in zip(cols, kept.iterrows()):
+for c, (_, r) in zip(cols, kept.iterrows(), strict=False):
     base = tab[(tab.horizon_s == r.horizon_s) & (tab.model != r.model)]
     best_base = base.mape.min() if len(base) else np.nan
     label = f"{r.horizon_s / 3600:g} h" if r.horizon_s >= 3600 else (
@@ -93,7 +92,8 @@ if rec.peak:
              help=f"{rec.params.lead_s / 60:.0f} min before the peak (recommended lead time)")
 p, q = rec.base, rec.params
 st.dataframe(pd.DataFrame({
-    "recorded": [str(p.warm_keys), f"{p.response_ttl_s / 60:.0f} min", f"{p.lambda_per_s:.2e}", f"{p.lead_s / 60:.0f} min"],
+    "recorded": [str(p.warm_keys), f"{p.response_ttl_s / 60:.0f} min", f"{p.lambda_per_s:.2e}",
+                 f"{p.lead_s / 60:.0f} min"],
     "recommended": [str(q.warm_keys), f"{q.response_ttl_s / 60:.0f} min", f"{q.lambda_per_s:.2e}",
                     f"{q.lead_s / 60:.0f} min"]},
     index=["warm-set size (keys per layer)", "response TTL", "heat decay λ (per s)", "trigger lead before peak"]),

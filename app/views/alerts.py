@@ -10,9 +10,7 @@ st.title("Alerts")  # first: it paints before the imports below load
 
 import pandas as pd
 import plotly.graph_objects as go
-
 from warmscope.app import data, engine_view, ui
-
 
 if data.alertmanager_url():
     try:
@@ -74,7 +72,7 @@ def history() -> None:
                 marker_color=ui.STATUS[kind][1], name=ui.STATUS[kind][0].lower(), opacity=0.8,
                 customdata=list(zip(g.fired.map(ui.when), g.resolved.map(lambda r: "still firing" if r != r else
                                                                              ui.when(r)), g.summary,
-                                    g.subject.replace("", "–"))),
+                                    g.subject.replace("", "–"), strict=True)),
                 hovertemplate="%{customdata[3]}: fired %{customdata[0]} · resolved %{customdata[1]}<br>"
                               "%{customdata[2]}<extra>%{y}</extra>"))
     fig.update_layout(barmode="overlay", height=140 + 30 * len(order), xaxis=dict(type="date", title="time (UTC)",

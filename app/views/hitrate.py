@@ -9,9 +9,7 @@ import streamlit as st
 st.title("Hit rate explorer")  # first: it paints before the imports below load
 
 import plotly.graph_objects as go
-
 from warmscope.app import engine_view, ui
-
 
 DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
 LABEL = {"length_bucket": "prompt length", "family": "key family"}

@@ -10,7 +10,6 @@ st.title("Hot keys")  # first: it paints before the imports below load
 from warmscope.analysis.coverage import read_in_time
 from warmscope.app import engine_view, ui
 
-
 start, end = ui.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Hot keys and warmed-but-unread keys")

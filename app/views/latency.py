@@ -12,10 +12,8 @@ st.title("Latency percentiles")  # first: it paints before the imports below loa
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-
 from warmscope.analysis.latency import DURATION, TTFT
 from warmscope.app import engine_view, ui
-
 
 LOAD = "warmscope.cache.load.duration"
 METRICS = {"ttft": ("Time to first token", TTFT), "latency": ("Request latency", DURATION),
@@ -92,6 +90,7 @@ table = pd.DataFrame({**({by: whole[by].astype(str)} if keys else {}),
                       "Observations": whole["count"].map(ui.integer)})
 for q in QS:
     col = f"p{QS[q] * 100:g}"
-    table[q] = [f"> {top:g} s" if o else f"{v:.3f} s" for v, o in zip(whole[col], whole[f"overflow_{col}"])]
+    table[q] = [f"> {top:g} s" if o else f"{v:.3f} s"
+                for v, o in zip(whole[col], whole[f"overflow_{col}"], strict=True)]
 st.dataframe(table.sort_values("Observations", key=lambda s: s.str.replace(",", "").astype(float),
                                ascending=False), hide_index=True, width="stretch")

@@ -11,9 +11,7 @@ st.title("Cache warm-up overview")  # first: it paints before the imports below 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-
 from warmscope.app import engine_view, ui
-
 
 HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
 
@@ -115,8 +113,8 @@ def _value(v, u):
 table = pd.DataFrame({
     "Status": dims.score.map(ui.light),
     "Dimension": dims.label,
-    "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit)],
-    "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit)],
+    "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit, strict=True)],
+    "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit, strict=True)],
     "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
     "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
     "Note": dims.note,

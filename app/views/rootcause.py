@@ -8,13 +8,11 @@ import streamlit as st
 
 st.title("Root cause")  # first: it paints before the imports below load
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import plotly.graph_objects as go
-
 from warmscope.app import engine_view, ui
-
 
 start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
@@ -24,11 +22,11 @@ ui.resolution_note(start, end)
 
 
 def _dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
 
 def _ts(d) -> float:
-    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=timezone.utc).timestamp()
+    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
 
 
 lo, hi = _dt(start), _dt(end)

@@ -13,10 +13,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 from streamlit.errors import StreamlitAPIException
-
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.app import engine_view, ui
-
 
 try:
     st.page_link("views/advisor.py", label="What to warm and when: forecasts and tuned parameters in the Advisor",

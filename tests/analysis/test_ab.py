@@ -3,14 +3,26 @@
 import math
 
 import numpy as np
-
 import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportions_ztest
-
-from warmscope.analysis.ab import (Mean, Proportion, Quantile, Ratio, adjust, batch_means, compare, compare_arms, cuped,
-                                   group_sequential_bounds, mde_sentence, msprt, power, srm)
+from warmscope.analysis.ab import (
+    Mean,
+    Proportion,
+    Quantile,
+    Ratio,
+    adjust,
+    batch_means,
+    compare,
+    compare_arms,
+    cuped,
+    group_sequential_bounds,
+    mde_sentence,
+    msprt,
+    power,
+    srm,
+)
 
 RNG = np.random.default_rng(20261129)
 

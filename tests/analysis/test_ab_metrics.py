@@ -7,12 +7,17 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis import ab_metrics as AM
 from warmscope.analysis.ab import Result, adjust, compare
 from warmscope.analysis.ab_metrics import METRICS, Metric
-from warmscope.analysis.ab_report import (better, build_report, build_report_from_moments, metric_stats,
-                                          moment_stats, render_markdown)
+from warmscope.analysis.ab_report import (
+    better,
+    build_report,
+    build_report_from_moments,
+    metric_stats,
+    moment_stats,
+    render_markdown,
+)
 from warmscope.collectors import EmbeddedStore
 from warmscope.collectors.store import _TABLES
 
@@ -69,7 +74,8 @@ def test_a_metric_added_to_the_list_appears_in_the_stored_sums_the_report_and_th
     u = _units()
     rep = build_report(u, "e", "A", None, metrics=metrics)
     names = [r.metric for r in rep.results]
-    assert "value per request" in names and "value per request" not in [r.metric for r in build_report(u, "e", "A", None).results]
+    reported = [r.metric for r in build_report(u, "e", "A", None).results]
+    assert "value per request" in names and "value per request" not in reported
     # The dashboard's primary-metric picker lists the report's metric names.
     assert set(names) == set(AM.metric_names(["kv", "resp"], metrics))
     assert "| value per request | B vs A |" in render_markdown(rep)
@@ -81,7 +87,7 @@ def test_a_metric_added_to_the_list_appears_in_the_stored_sums_the_report_and_th
     # The same report from the stored sums.
     mm, lm = _moments_of(u, metrics)
     rm = build_report_from_moments(mm, lm, "e", "A", None, metrics=metrics)
-    for r1, r2 in zip(rep.results, rm.results):
+    for r1, r2 in zip(rep.results, rm.results, strict=True):
         assert (r1.metric, r1.arm) == (r2.metric, r2.arm)
         assert r1.treatment == pytest.approx(r2.treatment, nan_ok=True)
         assert r1.p_value == pytest.approx(r2.p_value, rel=1e-9, nan_ok=True)

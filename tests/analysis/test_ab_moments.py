@@ -7,7 +7,6 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.ab_report import build_report, build_report_from_moments
 from warmscope.collectors import EmbeddedStore
 from warmscope.collectors import ab_moments as M
@@ -62,7 +61,7 @@ def test_incremental_moments_equal_a_rebuild_from_unit_rows(sim_store, tmp_path)
         M.rebuild_sql(dst)
     dst.close()
     after = EmbeddedStore(copy).moments(EXP)
-    for b, a in zip(before, after):
+    for b, a in zip(before, after, strict=True):
         assert len(b) == len(a) > 0
         keys = [c for c in ("variant", "bucket", "layer") if c in b.columns]
         b, a = b.sort_values(keys).reset_index(drop=True), a.sort_values(keys).reset_index(drop=True)

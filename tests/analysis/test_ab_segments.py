@@ -6,7 +6,6 @@ import pandas as pd
 import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
-
 from warmscope.analysis.ab_segments import segment_table
 
 LK = ["ts", "tenant", "layer", "family", "result", "experiment", "variant", "model", "replica", "length_bucket",
@@ -68,7 +67,7 @@ def test_layer_segments_have_hit_rate_only_and_leave_weights_out():
     t = segment_table(lk, rq, pd.DataFrame(), "exp", "A", "B", by=["layer"])
     assert set(t.metric) == {"hit rate"} and set(t.layer) == {"response"}  # requests carry no layer
     t2 = segment_table(lk, rq, pd.DataFrame(), "exp", "A", "B", by=["tenant", "layer"])
-    assert list(zip(t2.tenant, t2.layer)) == [("acme", "response"), ("globex", "response")]
+    assert list(zip(t2.tenant, t2.layer, strict=True)) == [("acme", "response"), ("globex", "response")]
 
 
 def test_too_few_buckets_are_not_tested_and_bad_dimensions_are_refused():

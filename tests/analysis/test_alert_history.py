@@ -4,7 +4,6 @@ where it no longer does; times checked by hand."""
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.alert_history import alert_history, evaluation_times, subject_of
 
 HK = ["window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"]

@@ -1,7 +1,6 @@
 """The alert evaluator: cross-tenant reads are a critical alert anywhere in the range."""
 
 import pandas as pd
-
 from warmscope.analysis.alerts import cross_tenant_reads, evaluate, hot_keys_since
 
 COLS = ["window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"]

@@ -5,7 +5,6 @@ import pandas as pd
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
 from warmscope.analysis import scores as S
 from warmscope.analysis.config import AnalysisConfig, DimensionSpec
 from warmscope.analysis.heat import ewma_forecast, heat_scores, mape, prediction_mape, rank_to_warm, slo_lambda
@@ -29,7 +28,8 @@ def test_slo_lambda_is_seed_one():
 
 
 def test_heat_score_by_hand():
-    df = lk([(400, "t", "kv", "a:*", "hit", 10), (1000, "t", "kv", "b:*", "miss", 5), (900, "u", "kv", "c:*", "hit", 10)])
+    df = lk([(400, "t", "kv", "a:*", "hit", 10), (1000, "t", "kv", "b:*", "miss", 5),
+             (900, "u", "kv", "c:*", "hit", 10)])
     lam = 1 / 6000  # per second: a 100-minute time constant
     s = heat_scores(df, now=1000, lam_per_s=lam, recent_s=700, priority={"t": 8}).set_index("family")
     # a: similarity 10/10 (recent >= 300), dt 600 s, priority 8

@@ -4,7 +4,6 @@ hist_quantile on each bucket alone."""
 import numpy as np
 import pandas as pd
 import pytest
-
 from warmscope.analysis.latency import hist_quantile, quantiles_over_time
 
 M = "test.latency"  # not a schema metric: only the bounds present are known (1, 2, 4 and +Inf)
@@ -21,7 +20,7 @@ def test_quantiles_per_bucket_and_group_by_hand():
     ], columns=COLS)
     q = quantiles_over_time(h, M, qs=(0.5, 0.95), freq=600, by=["tenant"])
     assert list(q.columns) == ["bucket", "tenant", "count", "p50", "p95", "overflow_p50", "overflow_p95"]
-    assert list(zip(q.bucket, q.tenant)) == [(0.0, "acme"), (600.0, "acme"), (600.0, "globex")]
+    assert list(zip(q.bucket, q.tenant, strict=True)) == [(0.0, "acme"), (600.0, "acme"), (600.0, "globex")]
     a0 = q.iloc[0]
     # P50: rank 5 of 10; 2 below 1 → 3 of the 6 in (1, 2] → 1 + 3/6 = 1.5.  P95: rank 9.5; 8 below 2 → 2 + 1.5/2 × 2
     assert a0["count"] == 10 and a0.p50 == pytest.approx(1.5) and a0.p95 == pytest.approx(3.5)

@@ -2,13 +2,12 @@
 port; the `warmscope advise` command on the same store. Screenshots go to test-output/."""
 
 import json
+import re
 import subprocess
 import sys
-import re
 from pathlib import Path
 
 import pytest
-
 from warmscope.simulator import SimConfig, simulate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,6 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-
 from warmscope.app.cli import demo_world
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import simulate
@@ -232,7 +231,8 @@ def test_latency_page_percentiles_follow_the_url(streamlit_server, page):
     settle(page)
     no_errors(page, "latency")
     assert selected(page, "Group by") == "layer" and selected(page, "Percentile") == "P99"
-    assert "Cache load time (per layer): P99 by layer" in page.locator('[data-testid="stPlotlyChart"]').first.inner_text()
+    chart = page.locator('[data-testid="stPlotlyChart"]').first.inner_text()
+    assert "Cache load time (per layer): P99 by layer" in chart
     page.screenshot(path=str(OUT / "latency-load-by-layer.png"), full_page=True)
     q = query(page)
     assert (q.get("metric"), q.get("by"), q.get("q")) == ("load", "layer", "P99")

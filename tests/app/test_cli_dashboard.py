@@ -11,9 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from warmscope.app import cli
 from warmscope.simulator import SimConfig, simulate
+
 from tests.conftest import free_port, wait_until
 
 

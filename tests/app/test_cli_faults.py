@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from warmscope.collectors.store import EmbeddedStore
 
 pytestmark = pytest.mark.timeout(300)

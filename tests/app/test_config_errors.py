@@ -12,9 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from warmscope.collectors.store import EmbeddedStore
 
 from tests.conftest import free_port, need_binary, wait_until
-from warmscope.collectors.store import EmbeddedStore
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from warmscope.analysis.alertmanager import alert_rows
 from warmscope.collectors import InstrumentedCache, request_context
 
@@ -54,7 +53,8 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
     assert f"Redis · {redis_server.url}" in at.sidebar.caption[0].value and str(store) in at.sidebar.caption[0].value
     shown = at.dataframe[0].value
     assert sorted(shown.key_hash) == sorted(in_redis.key_hash)
-    assert dict(zip(shown.key_hash, shown.hits)) == dict(zip(in_redis.key_hash, in_redis.hits))
+    assert dict(zip(shown.key_hash, shown.hits, strict=True)) == \
+        dict(zip(in_redis.key_hash, in_redis.hits, strict=True))
     assert shown.hits.max() == 9  # k:1: five hits, then four by the B units
     at.switch_page("views/ab.py").run()  # experiments and the report from Redis unit rows
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -81,8 +81,9 @@ def test_alerts_of_alertmanager_and_prometheus_become_the_same_rows():
 
 
 def test_alertmanager_down_is_a_warning_and_the_page_goes_on(tmp_path, monkeypatch):
-    from tests.conftest import free_port
     from warmscope.collectors.store import EmbeddedStore
+
+    from tests.conftest import free_port
 
     EmbeddedStore(tmp_path / "s.sqlite").close()
     monkeypatch.setenv("WARMSCOPE_STORE", str(tmp_path / "s.sqlite"))

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from warmscope.analysis.hitrate import hit_table
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.scores import score_card
@@ -165,6 +164,7 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
     shown = at.dataframe[-1].value
     assert len(ref) >= 1  # the demo's bypass fault fires at least one alert
     assert len(shown) == len(ref)
-    assert sorted(zip(shown["Alert"], shown["Fired (UTC)"])) == sorted(zip(ref.alert, ref.fired.map(when)))
+    assert sorted(zip(shown["Alert"], shown["Fired (UTC)"], strict=True)) == \
+        sorted(zip(ref.alert, ref.fired.map(when), strict=True))
     resolved = ["still firing" if r != r else when(r) for r in ref.resolved]
     assert sorted(shown["Resolved (UTC)"]) == sorted(resolved)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from warmscope.analysis import alert_defs
 from warmscope.analysis.alerts import evaluate
+
 from tests.conftest import need_binary
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
@@ -24,7 +24,8 @@ def test_shipped_alert_rules_are_generated_from_the_definitions():
     assert rules["WarmscopeCrossTenantCacheRead"]["for"] == "0s"
     assert rules["WarmscopeCrossTenantCacheRead"]["labels"]["severity"] == "critical"
     # The hit-rate threshold is the evaluator's: a 20 % relative fall.
-    assert "< 0.8 * (warmscope:layer_hit_ratio:rate5m offset 1h)" in rules["WarmscopeHitRateRegressionShortTerm"]["expr"]
+    expr = rules["WarmscopeHitRateRegressionShortTerm"]["expr"]
+    assert "< 0.8 * (warmscope:layer_hit_ratio:rate5m offset 1h)" in expr
 
 
 def _promtool(tmp_path: Path, tests: list[dict]) -> subprocess.CompletedProcess:

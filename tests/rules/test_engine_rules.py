@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from warmscope.app.cli import main
 from warmscope.app.cli_rules import DEFAULT_RUNBOOK_BASE, render
+
 from tests.conftest import need_binary
 
 ROOT = Path(__file__).resolve().parents[2]

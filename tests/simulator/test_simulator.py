@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-
 from warmscope.collectors import EmbeddedStore
 from warmscope.collectors.config import CollectorConfig
 from warmscope.simulator import SimConfig, Simulation, parse_fault, simulate
