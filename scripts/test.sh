@@ -13,5 +13,6 @@ ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for t
 ensure_cmd victoria-metrics victoria-metrics   # the long-term PromQL store behind Prometheus
 log "vLLM (CPU build) for the real-engine tests: installed once into ~/.cache/warmscope"
 .venv/bin/python -m warmscope.simulator.real_engine install
+bash "$ROOT/scripts/lint.sh"  # ruff and mypy --strict first: a finding fails the run
 log "running tests"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
