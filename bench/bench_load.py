@@ -123,6 +123,7 @@ def check(url: str) -> dict:
     from warmscope.analysis.ab_report import build_report, report_for
     from warmscope.analysis.redis_source import RedisSource
     from warmscope.collectors import ab_moments as M
+    from warmscope.collectors.records import UNIT_HIST
 
     src = RedisSource(url)
     t = time.perf_counter()
@@ -133,7 +134,7 @@ def check(url: str) -> dict:
     u = src.units(EXP)
     rep_u = build_report(u, EXP)
     units_s = time.perf_counter() - t
-    vals = u[["first_ts", "last_ts", *M.FIELDS, *M._H]].to_numpy(float)
+    vals = u[["first_ts", "last_ts", *M.FIELDS, *UNIT_HIST]].to_numpy(float)
     want = M.contributions(vals, np.ones(len(u))).sum(axis=0)
     got = m[list(M.COLUMNS)].sum().to_numpy()
     sel = [j for j, c in enumerate(M.COLUMNS) if c not in ("min_first", "max_last")]
@@ -151,13 +152,13 @@ def week_report(url: str, units: int = 20_000) -> str:
     moment hash exists; then the report from moments is timed."""
     from warmscope.analysis.ab_report import report_for
     from warmscope.analysis.redis_source import RedisSource
-    from warmscope.collectors import ab_moments as M
+    from warmscope.collectors.records import UNIT_HIST
     from warmscope.collectors.redis_sink import RedisSink
 
     rng = np.random.default_rng(7)
     sink = RedisSink(None, url, 3600, None)
     t0 = 1_700_000_000.0
-    nh = len(M._H)
+    nh = len(UNIT_HIST)
     t = time.perf_counter()
     for b in range(0, units, 2000):
         rows, lk = [], []

@@ -12,6 +12,7 @@ from warmscope.analysis.redis_source import RedisSource
 from warmscope.analysis.sources import EmbeddedSource
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors import ab_moments as M
+from warmscope.collectors.records import UNIT_HIST
 from warmscope.collectors.redis_sink import AB_SHARDS, RedisSink, ab_tag, is_cluster, key
 
 pytestmark = pytest.mark.redis
@@ -97,7 +98,7 @@ def test_every_key_carries_a_hash_tag_and_each_part_one_slot(make_tel, tmp_path,
 
 def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_cluster, cluster_client):
     sink = RedisSink(None, redis_cluster.url, 3600, None)
-    row = ("e", "A", "u1", 100.0, 100.0, 1, 0.5, 0.25, 0.1, 0, 0.0, 0.2, 1) + (0,) * (len(M._H) - 1) + (1,)
+    row = ("e", "A", "u1", 100.0, 100.0, 1, 0.5, 0.25, 0.1, 0, 0.0, 0.2, 1) + (0,) * (len(UNIT_HIST) - 1) + (1,)
     assert sink.write({"ab_units": [row], "ab_lookups": [("e", "A", "u1", "kv", 4, 3)]}, batch_id="b1") == 2
     sink.write({"ab_units": [row], "ab_lookups": [("e", "A", "u1", "kv", 4, 3)]}, batch_id="b1")  # a retry
     src = RedisSource(redis_cluster.url)
@@ -124,7 +125,7 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
         s = RedisSink(None, redis_cluster.url, 3600, None)
         for b in range(10):
             s.write({"ab_units": [(("e", "B", f"v{i}", 200.0 + b, 200.0 + b, 1, 0.1 * w, 0.01, 0.1, 0, 0.0, 0.1, 1)
-                                   + (1,) + (0,) * (len(M._H) - 1)) for i in range(30)],
+                                   + (1,) + (0,) * (len(UNIT_HIST) - 1)) for i in range(30)],
                      "ab_lookups": [("e", "B", f"v{i}", "kv", w + 1, w) for i in range(30)]}, batch_id=f"w{w}b{b}")
 
     ts = [threading.Thread(target=work, args=(w,)) for w in range(4)]
@@ -137,7 +138,7 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
     m, lm = src.moments("e")
     # The moments equal f(totals) summed over units, from the unit rows just read.
     uu = u.sort_values("unit_hash")
-    vals = uu[["first_ts", "last_ts", *M.FIELDS, *M._H]].to_numpy(float)
+    vals = uu[["first_ts", "last_ts", *M.FIELDS, *UNIT_HIST]].to_numpy(float)
     want = M.contributions(vals, np.ones(len(uu)))
     got = m[[c for c in M.COLUMNS]].sum().to_numpy()
     for c, w_, g in zip(M.COLUMNS, want.sum(axis=0), got, strict=True):
