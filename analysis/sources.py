@@ -290,6 +290,10 @@ class RedisRecords(SourceBase):
 
         self.url = url
         try:
+            if client is None:  # the connection is lazy: check the URL now, so a bad one is one clear error
+                from redis.connection import parse_url
+
+                parse_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             self.inner = RedisSource(url, client)
         except Exception as e:  # a URL redis-py cannot parse
             raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
