@@ -6,15 +6,12 @@ by Chromium; screenshots in test-output/screenshots/config-*.png."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 from warmscope.collectors.store import EmbeddedStore
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import need_binary, streamlit_app
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
@@ -42,15 +39,7 @@ def test_bad_configuration_shows_one_error_not_a_traceback(tmp_path, case):
             (tmp_path / "warmscope.toml").write_text(toml)
             v = str(tmp_path / "warmscope.toml")
         env[k] = v
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
-                             "--server.headless", "true", "--server.port", str(port), "--server.address",
-                             "127.0.0.1", "--browser.gatherUsageStats", "false"], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,
-                   "streamlit")
+    with streamlit_app(env, cwd=tmp_path) as url:
         OUT.mkdir(parents=True, exist_ok=True)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
@@ -66,6 +55,3 @@ def test_bad_configuration_shows_one_error_not_a_traceback(tmp_path, case):
                 assert errors.count() == 1
                 assert words in errors.first.inner_text()
             browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
