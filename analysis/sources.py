@@ -278,8 +278,8 @@ class EmbeddedSource(SourceBase):
 
 # ---------------------------------------------------------------- Redis records
 class RedisRecords(SourceBase):
-    """Hot keys, warm-up runs (with their warmed and early keys) and A/B unit rows from the collectors' Redis
-    sink, read through :class:`~warmscope.analysis.redis_source.RedisSource`."""
+    """Hot keys, warm-up runs (with their warmed and early keys), A/B moments and unit rows from the
+    collectors' Redis sink, read through :class:`~warmscope.analysis.redis_source.RedisSource`."""
 
     label = "Redis"
     kind = "redis"
@@ -313,6 +313,14 @@ class RedisRecords(SourceBase):
 
     def units(self, experiment: str) -> pd.DataFrame:
         return self.inner.units(experiment)
+
+    def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The experiment's A/B moments, kept by the sink as units arrive: a report reads these
+        (a few thousand small hashes), not the unit rows."""
+        return self.inner._call(self.inner.moments, experiment)
+
+    def request_totals(self, experiment: str) -> dict[str, float]:
+        return self.inner._call(self.inner.request_totals, experiment)
 
     def experiments(self) -> list[str]:
         from warmscope.collectors.redis_sink import PREFIX

@@ -144,8 +144,8 @@ def _ab_report(cfg: tuple, experiment: str, control: str, treatment: str, primar
 
 
 def ab_report(experiment: str, control: str, treatment: str, primary: str):
-    """The A/B report (:class:`analysis.ab_report.ABReport`): from the store's
-    A/B moments (milliseconds at any number of units), or from Redis unit rows."""
+    """The A/B report (:class:`analysis.ab_report.ABReport`): from the A/B moments the embedded
+    store or Redis keeps (independent of the number of units), else from unit rows."""
     cfg = _config()
     owner = _source(cfg).owner("ab")
     return _ab_report(cfg, experiment, control, treatment, primary, None if owner is None else owner.version())
