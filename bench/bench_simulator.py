@@ -1,14 +1,23 @@
-"""Simulator throughput: requests per second, and time for a simulated day.
+"""Simulator throughput: seconds per million requests, with and without the store.
 
-    python -m bench.bench_simulator [--hours 24] [--tenants 8]
+    python -m bench.bench_simulator [--hours 24] [--tenants 8] [--per-worker-writes]
 
-Runs the default day (12 rps mean, 8 tenants: ~1.07M requests) with two
-worker processes (the default on a 2-core machine) twice, in one run: as
-before (each worker writes its flushes to the store itself, so the two
-serialise on its write lock) and with one writer (the workers queue their
-flushes; the parent merges and writes them). The baseline is the same traffic
-for the first ``--baseline-hours`` in one process. Target: 1M simulated
-requests in <= 45 s with A/B moments on.
+Runs the default traffic (12 rps mean, 8 tenants: ~1.07M requests a day) with
+the default parallel layout (one worker process per pool; the workers queue
+their flushes and this process merges and writes them, A/B moments included)
+twice in one run:
+
+* **baseline, no store**: the same workers, the same rows queued, but the
+  writer drops them — what simulating and recording cost without the store;
+* **with the store**: the same, written.
+
+For each: wall seconds and CPU seconds per million requests, split into the
+workers' (simulation, instrumentation, flush collection) and the writer's
+(merge, ``EmbeddedStore.write``). On a shared machine the wall time swings with
+the neighbours (the load average is printed); the CPU a run needs does not,
+and on an idle machine wall ≈ max(total CPU / cores, the busiest process's CPU).
+``--per-worker-writes`` adds the older layout (each worker writes to the store
+itself). Target: 1M simulated requests in <= 45 s with A/B moments on.
 """
 
 from __future__ import annotations
@@ -18,40 +27,57 @@ import os
 import resource
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import run as sim_run
 
 
-def _cpu() -> float:
-    """CPU seconds of this process and its finished children (the workers): on a shared, loaded
-    machine the wall time swings with the neighbours; the CPU time a run needs does not."""
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(cfg: SimConfig, path: Path, **kw: Any) -> tuple[Any, float, float]:
+    """(summary, this process's CPU s, the finished workers' CPU s)."""
+    s0, c0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    out = simulate(cfg, path, workers=2, **kw)
+    return out, _cpu(resource.RUSAGE_SELF) - s0, _cpu(resource.RUSAGE_CHILDREN) - c0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Simulator throughput: requests per second, and time for a day.")
-    ap.add_argument("--hours", type=float, default=24.0, help="simulated hours of the timed runs")
-    ap.add_argument("--baseline-hours", type=float, default=2.0, help="simulated hours of the 1-worker baseline")
+    ap = argparse.ArgumentParser(description="Simulator throughput: seconds per million requests, "
+                                             "with and without the store.")
+    ap.add_argument("--hours", type=float, default=24.0, help="simulated hours of each run")
     ap.add_argument("--tenants", type=int, default=8, help="tenants in the simulated traffic")
+    ap.add_argument("--per-worker-writes", action="store_true",
+                    help="also time the older layout: each worker writes to the store itself")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
-    c = _cpu()
-    base = simulate(SimConfig.load(hours=args.baseline_hours, tenants=args.tenants), tmp / "base.sqlite", workers=1)
-    base_cpu = (_cpu() - c) / base.requests * 1e6
-    print(f"baseline   1 worker  {args.baseline_hours:>5.1f} h: {base.requests:>9,} requests in {base.wall_s:6.1f} s"
-          f" = {base.rps:>8,.0f} req/s  (1.00); CPU {base_cpu:.1f} s per 1M requests", flush=True)
-    for label, single in (("before", False), ("after", True)):
-        c = _cpu()
-        day = simulate(SimConfig.load(hours=args.hours, tenants=args.tenants), tmp / f"{label}.sqlite", workers=2,
-                       single_writer=single)
-        cpu = (_cpu() - c) / day.requests * 1e6
-        how = "one writer fed by a queue" if single else "each worker writes to the store"
-        print(f"{label:<6}  2 workers {args.hours:>5.1f} h: {day.requests:>9,} requests in {day.wall_s:6.1f} s"
-              f" = {day.rps:>8,.0f} req/s  ({day.rps / base.rps:.2f} x baseline; {how}); "
-              f"1M requests: {1e6 / day.rps:.1f} s (target <= 45 s); CPU {cpu:.1f} s per 1M requests "
-              f"({cpu / base_cpu:.2f} x baseline's)", flush=True)
+    cores = os.cpu_count() or 1
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {cores} cores", flush=True)
+    cfg = SimConfig.load(hours=args.hours, tenants=args.tenants)
+    write = sim_run._write_merged
+    runs: list[tuple[str, dict[str, Any]]] = [("baseline, no store", {"drop": True}), ("with the store", {})]
+    if args.per_worker_writes:
+        runs.append(("each worker writes", {"single_writer": False}))
+    base_wall = None
+    for label, kw in runs:
+        drop = kw.pop("drop", False)
+        sim_run._write_merged = (lambda st, batches: None) if drop else write  # type: ignore[assignment]
+        try:
+            day, parent, workers = _timed(cfg, tmp / f"{len(label)}.sqlite", **kw)
+        finally:
+            sim_run._write_merged = write  # type: ignore[assignment]
+        per = 1e6 / day.requests
+        wall = day.wall_s * per
+        base_wall = base_wall or wall
+        total = (parent + workers) * per
+        floor = max(total / cores, workers * per / len(cfg.arms), parent * per)
+        print(f"{label:<20} {args.hours:>4.0f} h: {day.requests:>9,} requests; per 1M requests: wall {wall:6.1f} s "
+              f"({wall / base_wall:.2f} x baseline), CPU {total:6.1f} s = workers {workers * per:6.1f} + writer "
+              f"{parent * per:5.1f}; on an idle {cores}-core machine >= {floor:.0f} s "
+              f"(target <= 45 s); load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
