@@ -97,6 +97,7 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     provider = server = None
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
+    t_start = time.time()
     try:
         if vm_bin:
             procs.append(subprocess.Popen([vm_bin, f"-storageDataPath={tmp / 'vmdata'}",
@@ -122,9 +123,10 @@ def main() -> None:
         summary = sim.run()
         time.sleep(3 * args.scrape_s)  # the last values get scraped
         t_end = time.time()
-        labelsets = _series(prom_url, t_end - args.seconds - 120, t_end)
+        labelsets = _series(prom_url, t_start - 60, t_end)
         series = len(labelsets)
-        samples = _samples(prom_url, args.seconds + 120)
+        window = time.time() - t_start + 60  # everything since the servers started
+        samples = _samples(prom_url, window)
         wal = _du(tmp / "tsdb" / "wal")
         snap = _get(f"{prom_url}/api/v1/admin/tsdb/snapshot", method="POST")["data"]["name"]
         block = _du(tmp / "tsdb" / "snapshots" / snap)
@@ -144,7 +146,7 @@ def main() -> None:
         report("Prometheus", series, samples, block, f" (TSDB block written by a snapshot; WAL {wal / 2**20:.2f} MiB)")
         if vm_bin:
             def caught_up() -> bool:
-                return len(_series(vm_url, t_end - args.seconds - 120, t_end)) >= series
+                return len(_series(vm_url, t_start - 60, t_end)) >= series
             _wait(caught_up, "remote write to VictoriaMetrics", 60)
             time.sleep(2)
             _get(f"{vm_url}/internal/force_flush")
@@ -153,8 +155,8 @@ def main() -> None:
             inserted = sum(float(line.rsplit(" ", 1)[1]) for line in vm_text.splitlines()
                            if line.startswith('vm_rows_inserted_total{type="promremotewrite"}'))
             print(f"  VictoriaMetrics received {inserted:,.0f} rows by remote write (all of Prometheus's series)")
-            vm_series = len(_series(vm_url, t_end - args.seconds - 120, t_end))
-            report("VictoriaMetrics", vm_series, _samples(vm_url, args.seconds + 120), _du(tmp / "vmdata" / "data"),
+            vm_series = len(_series(vm_url, t_start - 60, t_end))
+            report("VictoriaMetrics", vm_series, _samples(vm_url, window), _du(tmp / "vmdata" / "data"),
                    " (storage parts after a forced flush; indexes apart: "
                    f"{_du(tmp / 'vmdata' / 'indexdb') / 2**20:.2f} MiB)")
         else:
