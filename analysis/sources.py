@@ -293,7 +293,7 @@ class RedisRecords(SourceBase):
             if client is None:  # the connection is lazy: check the URL now, so a bad one is one clear error
                 from redis.connection import parse_url
 
-                parse_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                parse_url(url)  # type: ignore[no-untyped-call,unused-ignore]  # unannotated in older redis-py
             self.inner = RedisSource(url, client)
         except Exception as e:  # a URL redis-py cannot parse
             raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
@@ -317,10 +317,12 @@ class RedisRecords(SourceBase):
     def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The experiment's A/B moments, kept by the sink as units arrive: a report reads these
         (a few thousand small hashes), not the unit rows."""
-        return self.inner._call(self.inner.moments, experiment)
+        out: tuple[pd.DataFrame, pd.DataFrame] = self.inner._call(self.inner.moments, experiment)
+        return out
 
     def request_totals(self, experiment: str) -> dict[str, float]:
-        return self.inner._call(self.inner.request_totals, experiment)
+        out: dict[str, float] = self.inner._call(self.inner.request_totals, experiment)
+        return out
 
     def experiments(self) -> list[str]:
         from warmscope.collectors.redis_sink import PREFIX
