@@ -74,7 +74,7 @@ def main() -> None:
         base_wall = base_wall or wall
         total = (parent + workers) * per
         floor = max(total / cores, workers * per / len(cfg.arms), parent * per)
-        print(f"{label:<20} {args.hours:>4.0f} h: {day.requests:>9,} requests; per 1M requests: wall {wall:6.1f} s "
+        print(f"{label:<20} {args.hours:>4g} h: {day.requests:>9,} requests; per 1M requests: wall {wall:6.1f} s "
               f"({wall / base_wall:.2f} x baseline), CPU {total:6.1f} s = workers {workers * per:6.1f} + writer "
               f"{parent * per:5.1f}; on an idle {cores}-core machine >= {floor:.0f} s "
               f"(target <= 45 s); load {os.getloadavg()[0]:.1f}", flush=True)
