@@ -14,14 +14,20 @@ the first token. :class:`LLMRecorder` turns each request into:
   that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request
   context or a session header.
 
-The prefix key is ``KIND:ROLE:TEMPLATE:DIGEST`` where ``TEMPLATE`` is a keyed
-hash of the prefix with its digits blanked, written in letters, and
-``DIGEST`` a keyed hash of the prefix itself: the key family (with the
-default rules, ``chat:system:TEMPLATE:*``) names a template without carrying
-any of its text, and the key, like every key, leaves the process only as its
-keyed hash. The prefix texts stay in process, in a bounded library that the
-warm-up runner (:mod:`warmscope.collectors.warmup_runner`) reads for its
-``hot`` warm set.
+The prefix key is ``KIND:ROLE:TEMPLATE:0DIGEST``. ``DIGEST`` is a keyed hash
+of the whole prefix, so hits, misses and warm-set precision are counted per
+prefix. ``TEMPLATE`` is a keyed hash, written in letters, of the request's
+*template* with its digits blanked: for a chat, the first system (or
+developer) message, or the first message when there is none; for a
+completion, the prompt's first block, up to the first blank line
+(:func:`template_of`). The key family is ``KIND:ROLE:TEMPLATE:*`` (e.g.
+``chat:system:qkzvmwab:*``): every conversation that starts from one system
+prompt is one family, whatever its history, and no family carries any prompt
+text. The recorder registers this rule on its layer (before any
+``family_rules``), so a warm-up run's keys get the same family. Like every
+key, a prefix key leaves the process only as its keyed hash. The prefix texts
+stay in process, in a bounded library that the warm-up runner
+(:mod:`warmscope.collectors.warmup_runner`) reads for its ``hot`` warm set.
 
 Labels: tenant from the request context, else the tenant header
 (``x-warmscope-tenant``), else the body's ``user`` field; the A/B unit from the
@@ -55,7 +61,7 @@ from .aggregator import ERROR
 from .context import RequestContext, _current
 from .pipeline import Telemetry, current_telemetry
 
-__all__ = ["LLMRecorder", "Exchange", "prefix_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
+__all__ = ["LLMRecorder", "Exchange", "prefix_of", "template_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -64,6 +70,10 @@ SESSION_HEADER = "x-warmscope-session"
 LAYER = "prefix_kv"
 _PATHS = ("/chat/completions", "/completions")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_SYSTEM_ROLES = ("system", "developer")
+# The family of a prefix key (KIND:ROLE:TEMPLATE:DIGEST) is KIND:ROLE:TEMPLATE:*.
+FAMILY_RULE = (r"(chat|completion):(system|developer|user|assistant|tool|other|prompt):([a-z]{8}):0[0-9a-f]{16}",
+               r"\1:\2:\3:*")
 _BODY_CAP = 8 << 20  # non-streamed response bodies read for usage up to 8 MiB
 _LIB_CAP = 1024  # prefixes kept in process for the warm-up runner
 _DIGITS = str.maketrans("0123456789", "0000000000")
@@ -85,21 +95,41 @@ def _pairs(pre: list[Any]) -> list[Any]:
     return [[m.get("role"), m.get("content")] if isinstance(m, dict) else m for m in pre]
 
 
-def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple[str, str, Any] | None:
-    """(kind, role, prefix) of a request body: the messages before the last one
-    (or the first message), or the first 512 characters of a completion prompt."""
+def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple[str, Any] | None:
+    """(kind, prefix) of a request body: the messages before the last one (or
+    the first message) as [role, content] pairs, or the first 512 characters
+    of a completion prompt."""
     msgs = body.get("messages")
     if isinstance(msgs, list) and msgs:
-        pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
-        first = pre[0] if isinstance(pre[0], dict) else {}
-        role = first.get("role") if first.get("role") in _ROLES else "other"
-        return "chat", str(role), _pairs(pre)
+        return "chat", _pairs(msgs[:-1] if len(msgs) > 1 else msgs[:1])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return "completion", "prompt", prompt[:512]
+        return "completion", prompt[:512]
     return None
+
+
+def template_of(kind: str, prefix: Any) -> tuple[str, str]:
+    """(role, text) of the part of a prompt prefix its key family is made of:
+    for a chat, the first system (or developer) message, else the first
+    message; for a completion, the prompt's first block (up to the first blank
+    line). Conversations that share a system prompt share a family whatever
+    their history."""
+    if kind != "chat":
+        return "prompt", str(prefix).split("\n\n", 1)[0]
+    first = None
+    for m in prefix:
+        if isinstance(m, (list, tuple)) and len(m) == 2 and m[0] in _SYSTEM_ROLES:
+            first = m
+            break
+    if first is None:
+        first = prefix[0] if prefix else None
+    if not (isinstance(first, (list, tuple)) and len(first) == 2):
+        return "other", json.dumps(first, sort_keys=True, ensure_ascii=False)
+    role, content = first
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+    return (role if role in _ROLES else "other"), text
 
 
 def read_library(path: str | os.PathLike[str]) -> dict[str, tuple[str, str | None, Any]]:
@@ -198,10 +228,15 @@ class Exchange:
         fields, so the caller reads what the engine would have sent it. An
         engine that moves ``system_fingerprint`` from the last choice chunk to
         the usage chunk (vLLM) gets it moved back: the last choice chunk is
-        held until the next event shows whether it is the usage chunk."""
+        held until the next event shows whether it is the usage chunk.
+
+        Most chunks take the fast way: a few byte scans over the complete
+        lines (and a ``bytes.replace`` of ``"usage": null``, which cannot occur
+        inside a JSON string, whose quotes are escaped); only the lines around
+        the last choice and the usage chunk are looked at one by one."""
         if self.ttft is None and chunk:
             self.ttft = time.perf_counter() - self.t0
-        data = self.tail + chunk
+        data = self.tail + chunk if self.tail else chunk
         try:
             i = data.rfind(b"\n")
             if i < 0:
@@ -209,50 +244,63 @@ class Exchange:
                 if len(data) > _BODY_CAP:  # no line in sight: stop filtering, pass everything on
                     return self._give_up(b"")
                 return b""
-            self.tail = data[i + 1:]
-            done = data[:i + 1]
-            if _USAGE not in done and _FINISH not in done and not self.drop_blank and not self.held:
-                return done
-            out: list[bytes] = []
-            for line in done.split(b"\n")[:-1]:
-                if self.drop_blank:
-                    self.drop_blank = False
-                    if not line.strip():
-                        continue
-                if not line.startswith(b"data:"):
-                    (self.held if self.held else out).append(line)
-                    continue
-                if _PROMPT_TOKENS in line:  # a usage object: parsed
-                    obj = json.loads(line[5:])
-                    u = obj.get("usage")
-                    if isinstance(u, dict):
-                        self.usage = u
-                        if obj.get("choices") == []:  # the usage-only chunk: not the caller's
-                            fp = obj.get("system_fingerprint")
-                            if fp is not None and self.held and _FINGERPRINT not in self.held[0]:
-                                h = self.held[0]
-                                k = h.rfind(b"}")
-                                self.held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
-                            out += self.held
-                            self.held = []
-                            self.drop_blank = True
-                            continue
-                elif _USAGE in line:  # "usage": null, added because usage was asked for (quotes in text are escaped)
-                    for pat in _NULL_USAGE:
-                        if pat in line:
-                            line = line.replace(pat, b"", 1)
-                            break
-                if self.held:
-                    out += self.held
-                    self.held = []
-                if _FINISH in line:
-                    self.held = [line]
-                else:
-                    out.append(line)
-            return b"\n".join(out) + b"\n" if out else b""
+            if i + 1 < len(data):
+                self.tail, done = data[i + 1:], data[:i + 1]
+            else:
+                self.tail, done = b"", data
+            if self.held or self.drop_blank or _PROMPT_TOKENS in done or _FINISH in done:
+                return self._lines(done)
+            if _USAGE in done:  # "usage": null, added because usage was asked for
+                for pat in _NULL_USAGE:
+                    if pat in done:
+                        done = done.replace(pat, b"")
+            return done
         except Exception as e:  # pass on what is left unchanged, stop filtering
             self.rec.agg.count_error("record", "llm stream filter", e)
             return self._give_up(data)
+
+    def _lines(self, done: bytes) -> bytes:
+        """Complete lines around the last choice chunk and the usage chunk, one
+        by one (see :meth:`_filter`)."""
+        out: list[bytes] = []
+        held = list(self.held)  # self.held stays as it was if a line does not parse
+        for line in done.split(b"\n")[:-1]:
+            if self.drop_blank:
+                self.drop_blank = False
+                if not line.strip():
+                    continue
+            if not line.startswith(b"data:"):
+                (held if held else out).append(line)
+                continue
+            if _PROMPT_TOKENS in line:  # a usage object: parsed
+                obj = json.loads(line[5:])
+                u = obj.get("usage")
+                if isinstance(u, dict):
+                    self.usage = u
+                    if obj.get("choices") == []:  # the usage-only chunk: not the caller's
+                        fp = obj.get("system_fingerprint")
+                        if fp is not None and held and _FINGERPRINT not in held[0]:
+                            h = held[0]
+                            k = h.rfind(b"}")
+                            held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
+                        out += held
+                        held = []
+                        self.drop_blank = True
+                        continue
+            elif _USAGE in line:  # "usage": null, added because usage was asked for
+                for pat in _NULL_USAGE:
+                    if pat in line:
+                        line = line.replace(pat, b"", 1)
+                        break
+            if held:
+                out += held
+                held = []
+            if _FINISH in line:
+                held = [line]
+            else:
+                out.append(line)
+        self.held = held
+        return b"\n".join(out) + b"\n" if out else b""
 
     def _give_up(self, data: bytes) -> bytes:
         held = b"\n".join(self.held) + b"\n" if self.held else b""
@@ -321,6 +369,7 @@ class LLMRecorder:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
+        self.binding.families.add_key_rule(*FAMILY_RULE)
         self.experiment = experiment
         self.variant = variant
         self.tenant_header = tenant_header.lower()
@@ -346,11 +395,16 @@ class LLMRecorder:
             self._secret = self.tel.config.resolved_secret()[:64]
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=n).digest()
 
-    def prefix_key(self, kind: str, role: str, prefix: Any) -> str:
+    def prefix_key(self, kind: str, prefix: Any) -> str:
         """The lookup key of a prompt prefix (a list of [role, content] pairs or
-        a prompt's first 512 characters): no prompt text, only keyed hashes."""
+        a prompt's first 512 characters): ``KIND:ROLE:TEMPLATE:0DIGEST``, where
+        ``TEMPLATE`` is a keyed hash, in letters, of :func:`template_of`'s text
+        with its digits blanked and ``DIGEST`` a keyed hash of the whole
+        prefix. No prompt text, only keyed hashes; the key's family
+        (:data:`FAMILY_RULE`) is ``KIND:ROLE:TEMPLATE:*``."""
+        role, tpl_text = template_of(kind, prefix)
         text = prefix if isinstance(prefix, str) else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
-        tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
+        tpl = "".join(_LETTERS[b % 26] for b in self._digest(tpl_text.translate(_DIGITS), 8))
         return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
 
     def _key_of(self, req: dict[Any, Any]) -> tuple[str | None, str | None, Any]:
@@ -377,8 +431,7 @@ class LLMRecorder:
             hit = self._keys.get((kind, fp))
             if hit is not None:
                 return hit, kind, pre
-        _, role, prefix = prefix_of(req)  # type: ignore[misc]
-        key = self.prefix_key(kind, role, prefix)
+        key = self.prefix_key(kind, _pairs(pre) if kind == "chat" else pre)
         if fp is not None:
             if len(self._keys) >= _MEMO_CAP:
                 self._keys.clear()
@@ -387,10 +440,18 @@ class LLMRecorder:
 
     def _headers(self, headers: Any) -> tuple[str | None, str | None]:
         """(tenant, session) from the request headers, in one pass."""
+        t = s = None
+        rows = getattr(headers, "_list", None)
+        if isinstance(rows, list) and (not rows or len(rows[0]) == 3):  # httpx: (name, lower-case name, value)
+            for _, k, v in rows:
+                if k == self._th:
+                    t = v.decode("utf-8", "replace")
+                elif k == self._sh:
+                    s = v.decode("utf-8", "replace")
+            return t, s
         raw = getattr(headers, "raw", None)
         if raw is None:
             return headers.get(self.tenant_header), headers.get(self.session_header)
-        t = s = None
         for k, v in raw:
             if len(k) in self._hlens:
                 k = k.lower()

@@ -58,15 +58,42 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
     """A copy of ``request`` with another body, asking for a plain (not
     compressed) response so that the usage chunk can be taken out of it. The
     caller's request object is left as it was. Copied attribute by attribute:
-    building a new ``httpx.Request`` parses the URL again (~100 µs)."""
+    building a new ``httpx.Request`` parses the URL again (~100 µs), and the
+    headers are rebuilt from their parsed list in one pass when httpx keeps
+    one (``Headers.copy`` and ``__setitem__`` re-encode every header)."""
     new = httpx.Request.__new__(httpx.Request)
     new.__dict__.update(request.__dict__)
-    headers = request.headers.copy()
-    headers["content-length"] = str(len(body))
-    headers["accept-encoding"] = "identity"
-    new.headers = headers
+    new.headers = _headers_with(request.headers, (b"content-length", str(len(body)).encode("ascii")),
+                                (b"accept-encoding", b"identity"))
     new.stream = httpx.ByteStream(body)
     new._content = body
+    return new
+
+
+def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
+    """A copy of ``headers`` with each (lower-case name, value) of ``items`` set
+    in the place of the first header of that name (or appended), the others
+    of that name dropped, as ``Headers.__setitem__`` does."""
+    lst = getattr(headers, "_list", None)
+    if not isinstance(lst, list):  # another httpx: the public way
+        out = headers.copy()
+        for k, v in items:
+            out[k.decode("ascii")] = v.decode("latin-1")
+        return out
+    want = dict(items)
+    done: set[bytes] = set()
+    rows: list[tuple[bytes, bytes, bytes]] = []
+    for row in lst:
+        v = want.get(row[1])
+        if v is None:
+            rows.append(row)
+        elif row[1] not in done:
+            rows.append((row[1], row[1], v))
+            done.add(row[1])
+    rows.extend((k, k, v) for k, v in want.items() if k not in done)
+    new = httpx.Headers.__new__(httpx.Headers)
+    new._list = rows
+    new._encoding = headers._encoding
     return new
 
 
@@ -93,9 +120,14 @@ class _Stream:
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         with self:
+            feed = self._ex.feed
             for chunk in self._inner:
-                yield self._ex.feed(chunk)
-        yield self._end()
+                out = feed(chunk)
+                if out:  # bytes held back (a line not yet complete) come with a later chunk
+                    yield out
+        rest = self._end()
+        if rest:
+            yield rest
 
     def close(self) -> None:
         try:
@@ -107,9 +139,14 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
 class _AsyncStream(_Stream, httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with self:
+            feed = self._ex.feed
             async for chunk in self._inner:
-                yield self._ex.feed(chunk)
-        yield self._end()
+                out = feed(chunk)
+                if out:
+                    yield out
+        rest = self._end()
+        if rest:
+            yield rest
 
     async def aclose(self) -> None:
         try:
@@ -120,13 +157,13 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
 
 def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
     ctype = enc = b""
-    for k, v in resp.headers.raw:  # one pass (Headers.get costs microseconds each)
-        if len(k) in (12, 16):
-            k = k.lower()
-            if k == b"content-type":
-                ctype = v
-            elif k == b"content-encoding":
-                enc = v.lower()
+    lst = getattr(resp.headers, "_list", None)  # (raw name, lower-case name, value): one pass, no copies
+    rows = lst if isinstance(lst, list) else [(k, k.lower(), v) for k, v in resp.headers.raw]
+    for _, k, v in rows:
+        if k == b"content-type":
+            ctype = v
+        elif k == b"content-encoding":
+            enc = v.lower()
     ex.response(resp.status_code, ctype.decode("latin-1"))
     if enc not in (b"", b"identity"):
         ex.skip, ex.strip = True, False  # compressed bytes are passed on, not parsed

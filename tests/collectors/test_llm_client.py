@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 
 import httpx
@@ -368,7 +369,7 @@ def _client_workload(tel, upstream):
     client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel,
                                experiment="exp", variant="A")
     with tel.warmup("engine_prefix", layer="prefix_kv", tenant="acme") as run:
-        run.warmed(recorder_of(client).prefix_key("chat", "system", [["system", SYSTEM]]))
+        run.warmed(recorder_of(client).prefix_key("chat", [["system", SYSTEM]]))
     for j in range(3):
         with request_context(tenant="acme", unit=f"sess-zq7{j}", telemetry=tel):
             list(client.chat.completions.create(model="tiny", messages=msgs(), stream=True,
@@ -484,3 +485,73 @@ def test_client_and_gateway_libraries_stay_out_of_the_base_install():
     code = ("import sys; sys.modules.update(httpx=None, openai=None, starlette=None, uvicorn=None); "
             "from warmscope import collectors; import warmscope.collectors.llm")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_template_of_is_the_system_prompt_or_the_first_block():
+    from warmscope.collectors.llm import template_of
+
+    chat = [["system", "S"], ["user", "u1"], ["assistant", "a1"]]
+    assert template_of("chat", chat) == ("system", "S")
+    # a developer message counts as the system prompt, wherever it is
+    assert template_of("chat", [["user", "u0"], ["developer", "D"]]) == ("developer", "D")
+    assert template_of("chat", [["user", "u0"], ["assistant", "a0"]]) == ("user", "u0")  # no system: the first
+    parts = [{"type": "text", "text": "T"}]
+    assert template_of("chat", [["system", parts]]) == ("system", json.dumps(parts, sort_keys=True))
+    assert template_of("chat", [["robot", "R"]]) == ("other", "R")
+    assert template_of("completion", "Summarise.\nBe brief.\n\nDoc 1\n\nmore") == ("prompt", "Summarise.\nBe brief.")
+    assert template_of("completion", "one block") == ("prompt", "one block")
+
+
+def test_family_is_the_system_prompt_template_whatever_the_history(make_tel, upstream, tmp_path):
+    """Multi-turn chats that share a system prompt share one key family (their
+    prefix keys differ); another system prompt is another family; a chat with
+    no system prompt is keyed by its first message and a completion by its
+    first block (digits blanked); no family, key hash or stored byte holds
+    prompt text."""
+    tel = make_tel(store_path=str(tmp_path / "f.sqlite"))
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    other_system = "You are the zq7 billing desk of Initech. Reply in French."
+    chats = {   # tenant -> the conversation so far (the last message is the new question)
+        "t1": msgs(SYSTEM, "first") + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}],
+        "t2": msgs(SYSTEM, "another history") + [{"role": "assistant", "content": "sure"},
+                                                  {"role": "user", "content": "and then"}],
+        "t3": msgs(SYSTEM, "single turn"),
+        "t4": msgs(other_system, "first") + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "x"}],
+        "t5": [{"role": "user", "content": "Ticket 4471: printer zq7 jammed"}, {"role": "assistant", "content": "a"},
+               {"role": "user", "content": "b"}],
+        "t6": [{"role": "user", "content": "Ticket 9902: printer zq7 jammed"}, {"role": "assistant", "content": "c"},
+               {"role": "user", "content": "d"}],
+    }
+    rec = inst._transport.recorder
+    keys = {}
+    for tenant, m in chats.items():
+        r = inst.post("/v1/chat/completions", json={"model": "tiny", "messages": m, "max_tokens": 1},
+                      headers={"x-warmscope-tenant": tenant})
+        assert r.status_code == 200
+        keys[tenant] = rec._key_of({"messages": m})[0]
+    prompts = {"c1": "Summarise for Initech support.\n\nDoc zq7 1", "c2": "Summarise for Initech support.\n\nDoc 2",
+               "c3": "Translate for Initech support.\n\nDoc zq7 1"}
+    for tenant, p in prompts.items():
+        r = inst.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 1},
+                      headers={"x-warmscope-tenant": tenant})
+        assert r.status_code == 200
+    lk = lookups(tel)
+    fam = lk.groupby("tenant")["family"].agg(lambda s: set(s)).to_dict()
+    assert all(len(f) == 1 for f in fam.values())
+    fam = {t: next(iter(f)) for t, f in fam.items()}
+    assert fam["t1"] == fam["t2"] == fam["t3"]                 # one system prompt, three histories: one family
+    assert len({keys["t1"], keys["t2"], keys["t3"]}) == 3       # ... and three prefix keys
+    assert fam["t4"] != fam["t1"]                               # another system prompt, another family
+    assert fam["t5"] == fam["t6"] != fam["t1"]                  # no system prompt: the first message, digits blanked
+    assert fam["c1"] == fam["c2"] != fam["c3"]                  # completions: the first block
+    assert re.fullmatch(r"chat:system:[a-z]{8}:\*", fam["t1"]) and re.fullmatch(r"chat:user:[a-z]{8}:\*", fam["t5"])
+    assert re.fullmatch(r"completion:prompt:[a-z]{8}:\*", fam["c1"])
+    tel.close()
+    hk = tel.store.frame("hot_keys")
+    exported = " ".join(list(lk["family"]) + list(hk["family"]) + list(hk["key_hash"]))
+    for word in ("zq7", "Initech", "Ticket", "printer", "Summarise", "support"):
+        assert word not in exported
+    for f in tmp_path.glob("f.sqlite*"):
+        blob = f.read_bytes()
+        for word in (b"zq7", b"Initech", b"Ticket", b"printer", b"Summarise", b"billing", b"another history"):
+            assert word not in blob, (word, f.name)

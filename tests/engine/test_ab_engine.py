@@ -88,7 +88,7 @@ def ab_run(vllm_engines, tmp_path_factory):
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                     usage = chunk.usage or usage
-            key = recorder_of(clients[arm]).prefix_key("chat", "system", [["system", msgs[0]["content"]]])
+            key = recorder_of(clients[arm]).prefix_key("chat", [["system", msgs[0]["content"]]])
             records.append(dict(arm=arm, tenant=tenant, key=key, ttft=ttft, prompt=usage.prompt_tokens,
                                 cached=usage.prompt_tokens_details.cached_tokens))
     after = {"A": eng_a.counters(), "B": eng_b.counters()}
