@@ -74,6 +74,7 @@ HISTOGRAMS = (
     (schema.LOAD_DURATION, schema.DURATION_BUCKETS),  # per layer: kept in the layer's state
 )
 LOAD_HIST = 4
+_TTFT_BOUNDS, _DURATION_BOUNDS, _TOKEN_BOUNDS, _CACHED_BOUNDS = (b for _, b in HISTOGRAMS[:4])
 # An in-memory histogram is [bucket counts..., +Inf count, sum, count]: its last two slots.
 H_SUM, H_COUNT = -2, -1
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
@@ -88,8 +89,8 @@ _NU = U_HIST
 class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
-    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "swap", "unanswered",
-                 "outbox", "lock", "dropped")
+    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "hrow", "swap",
+                 "unanswered", "outbox", "lock", "dropped")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -105,6 +106,7 @@ class _ThreadState:
         self.units: dict[tuple[Any, ...], Any] = {}
         self.req: dict[tuple[Any, ...], list[Any]] = {}
         self.hist: dict[tuple[Any, ...], list[Any]] = {}
+        self.hrow: dict[int, list[Any]] = {}  # ctx id -> its request histograms of hist (record_request)
         self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
@@ -377,16 +379,30 @@ class Aggregator(HotKeySketch, WarmupTracking):
         if conversion:
             r[R_CONVERSIONS] += 1
             r[R_VALUE] += value
-        for i, v in enumerate((ttft_s, latency_s, prompt_tokens, cached_tokens)):
-            if v is None:
-                continue
-            hk = (i, ctx.cid0)
-            h = st.hist.get(hk)
-            bounds = HISTOGRAMS[i][1]
-            if h is None:
-                h = st.hist[hk] = [0] * (len(bounds) + 3)  # buckets, +Inf, sum, count
-            h[bisect.bisect_left(bounds, v)] += 1
-            h[H_SUM] += v
+        # The four request histograms of this label set, found with one dict
+        # probe (the lists are st.hist's own; a slot is None until first used).
+        hs = st.hrow.get(ctx.cid0)
+        if hs is None:
+            hs = st.hrow[ctx.cid0] = [None] * 4
+        if ttft_s is not None:
+            h = hs[0] or self._request_hist(st, hs, 0, ctx.cid0)
+            h[bisect.bisect_left(_TTFT_BOUNDS, ttft_s)] += 1
+            h[H_SUM] += ttft_s
+            h[H_COUNT] += 1
+        if latency_s is not None:
+            h = hs[1] or self._request_hist(st, hs, 1, ctx.cid0)
+            h[bisect.bisect_left(_DURATION_BOUNDS, latency_s)] += 1
+            h[H_SUM] += latency_s
+            h[H_COUNT] += 1
+        if prompt_tokens is not None:
+            h = hs[2] or self._request_hist(st, hs, 2, ctx.cid0)
+            h[bisect.bisect_left(_TOKEN_BOUNDS, prompt_tokens)] += 1
+            h[H_SUM] += prompt_tokens
+            h[H_COUNT] += 1
+        if cached_tokens is not None:
+            h = hs[3] or self._request_hist(st, hs, 3, ctx.cid0)
+            h[bisect.bisect_left(_CACHED_BOUNDS, cached_tokens)] += 1
+            h[H_SUM] += cached_tokens
             h[H_COUNT] += 1
         if ctx.ukey is not None:
             ub = st.units.get(ctx.ukey)
@@ -411,6 +427,15 @@ class Aggregator(HotKeySketch, WarmupTracking):
             if latency_s is not None:
                 u[U_HIST + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
             u.release()
+
+    @staticmethod
+    def _request_hist(st: _ThreadState, hs: list[Any], i: int, cid0: int) -> list[Any]:
+        """Request histogram ``i`` (``HISTOGRAMS`` order) of a label set, made on first use."""
+        h = st.hist.get((i, cid0))
+        if h is None:
+            h = st.hist[(i, cid0)] = [0] * (len(HISTOGRAMS[i][1]) + 3)  # buckets, +Inf, sum, count
+        hs[i] = h
+        return h
 
     def cap_label(self, kind: str, value: str) -> str:
         """``value``, or ``other`` once ``max_label_values`` distinct values of

@@ -50,6 +50,7 @@ import atexit
 import hashlib
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -83,6 +84,7 @@ _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
+_SECOND = operator.itemgetter(1)
 _USAGE = b'"usage"'
 _PROMPT_TOKENS = b'"prompt_tokens"'
 _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
@@ -153,30 +155,30 @@ class Exchange:
     the caller's), set when the recorder asked a stream for its usage; the
     extra usage chunk is then taken out of what the caller reads (``strip``)."""
 
-    __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
-                 "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
+    # Defaults at class level: a new exchange sets only what differs per request.
+    ttft: float | None = None
+    status = 0
+    stream = False
+    buf: list[bytes] | None = None
+    size = 0
+    usage: dict[Any, Any] | None = None
+    done = False
+    tail = b""
+    body: bytes | None = None
+    strip = False
+    drop_blank = False
+    _fingerprint: bytes | None = None
+    held = b""  # lines held back (each ending with a newline): the last choice chunk and what follows it
 
     def __init__(self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None,
                  pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
-        self.ttft: float | None = None
-        self.status = 0
-        self.stream = False
-        self.buf: list[bytes] = []
-        self.size = 0
-        self.usage: dict[Any, Any] | None = None
         self.key = key
         self.labels = labels
         self.kind = kind
         self.pre = pre
-        self.done = False
-        self.tail = b""
         self.skip = key is None
-        self.body: bytes | None = None
-        self.strip = False
-        self.drop_blank = False
-        self.held: list[bytes] = []
 
     def response(self, status: int, content_type: str | None) -> None:
         try:
@@ -217,7 +219,10 @@ class Exchange:
             elif self.status < 400:
                 self.size += len(chunk)
                 if self.size <= _BODY_CAP:
-                    self.buf.append(chunk)
+                    if self.buf is None:
+                        self.buf = [chunk]
+                    else:
+                        self.buf.append(chunk)
         except Exception as e:
             self.rec.agg.count_error("record", "llm response chunk", e)
         return chunk
@@ -248,63 +253,98 @@ class Exchange:
                 self.tail, done = data[i + 1:], data[:i + 1]
             else:
                 self.tail, done = b"", data
-            if self.held or self.drop_blank or _PROMPT_TOKENS in done or _FINISH in done:
+            if self.held or self.drop_blank or _FINISH in done or _PROMPT_TOKENS in done:
                 return self._lines(done)
-            if _USAGE in done:  # "usage": null, added because usage was asked for
-                for pat in _NULL_USAGE:
-                    if pat in done:
-                        done = done.replace(pat, b"")
-            return done
+            return _without_null_usage(done) if _USAGE in done else done
         except Exception as e:  # pass on what is left unchanged, stop filtering
             self.rec.agg.count_error("record", "llm stream filter", e)
             return self._give_up(data)
 
     def _lines(self, done: bytes) -> bytes:
-        """Complete lines around the last choice chunk and the usage chunk, one
-        by one (see :meth:`_filter`)."""
+        """Complete lines (``done`` ends with a newline) when a choice's last
+        chunk or a usage object is among them, or lines are held: the lines up
+        to the next one that needs a look pass on in one piece (see
+        :meth:`_filter`). State is stored only at the end, so a line that does
+        not parse leaves it as it was."""
         out: list[bytes] = []
-        held = list(self.held)  # self.held stays as it was if a line does not parse
-        for line in done.split(b"\n")[:-1]:
-            if self.drop_blank:
-                self.drop_blank = False
-                if not line.strip():
+        held, drop_blank = self.held, self.drop_blank
+        pos, n = 0, len(done)
+        while pos < n:
+            if drop_blank:  # the blank line that ended the usage chunk's event
+                drop_blank = False
+                e = done.index(b"\n", pos)
+                if not done[pos:e].strip():
+                    pos = e + 1
                     continue
-            if not line.startswith(b"data:"):
-                (held if held else out).append(line)
-                continue
-            if _PROMPT_TOKENS in line:  # a usage object: parsed
-                obj = json.loads(line[5:])
-                u = obj.get("usage")
-                if isinstance(u, dict):
-                    self.usage = u
-                    if obj.get("choices") == []:  # the usage-only chunk: not the caller's
-                        fp = obj.get("system_fingerprint")
-                        if fp is not None and held and _FINGERPRINT not in held[0]:
-                            h = held[0]
-                            k = h.rfind(b"}")
-                            held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
-                        out += held
-                        held = []
-                        self.drop_blank = True
-                        continue
-            elif _USAGE in line:  # "usage": null, added because usage was asked for
-                for pat in _NULL_USAGE:
-                    if pat in line:
-                        line = line.replace(pat, b"", 1)
+            if held:  # the next data line shows whether the held chunk was the last before the usage chunk
+                if done.startswith(b"data:", pos):
+                    d = pos
+                else:
+                    d = done.find(b"\ndata:", pos)
+                    if d < 0:
+                        held += done[pos:]
                         break
-            if held:
-                out += held
-                held = []
-            if _FINISH in line:
-                held = [line]
-            else:
-                out.append(line)
-        self.held = held
-        return b"\n".join(out) + b"\n" if out else b""
+                    d += 1
+                held += done[pos:d]
+                pos = d
+                e = done.index(b"\n", d)
+                line = done[d:e]
+                if _PROMPT_TOKENS in line and self._usage_line(line):  # the usage-only chunk: not the caller's
+                    fp = self._fingerprint
+                    k = held.index(b"\n")
+                    if fp is not None and _FINGERPRINT not in held[:k]:
+                        j = held.rfind(b"}", 0, k)
+                        held = held[:j] + b',"system_fingerprint":' + fp + held[j:]
+                    out.append(held)
+                    held, drop_blank, pos = b"", True, e + 1
+                    continue
+                out.append(held)
+                held = b""
+            f, p = done.find(_FINISH, pos), done.find(_PROMPT_TOKENS, pos)
+            if f < 0 and p < 0:
+                rest = done[pos:]
+                out.append(_without_null_usage(rest) if _USAGE in rest else rest)
+                break
+            m = p if f < 0 else f if p < 0 else min(f, p)
+            start = max(done.rfind(b"\n", pos, m) + 1, pos)
+            if start > pos:
+                seg = done[pos:start]
+                out.append(_without_null_usage(seg) if _USAGE in seg else seg)
+            e = done.index(b"\n", m)
+            line = done[start:e]
+            pos = e + 1
+            if line.startswith(b"data:"):
+                if _PROMPT_TOKENS in line:
+                    if self._usage_line(line):
+                        drop_blank = True
+                        continue
+                elif _USAGE in line:  # "usage": null, added because usage was asked for
+                    line = _without_null_usage(line)
+                if _FINISH in line:
+                    held = line + b"\n"
+                    continue
+            out.append(line + b"\n")
+        self.held, self.drop_blank = held, drop_blank
+        return b"".join(out)
+
+    def _usage_line(self, line: bytes) -> bool:
+        """Note the usage object of a ``data:`` line; True when the line is the
+        usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
+        kept in ``_fingerprint``."""
+        obj = _JSON.decode(line[5:].decode("utf-8"))
+        u = obj.get("usage")
+        if not isinstance(u, dict):
+            return False
+        self.usage = u
+        if obj.get("choices") != []:
+            return False
+        fp = obj.get("system_fingerprint")
+        self._fingerprint = None if fp is None else json.dumps(fp).encode()
+        return True
 
     def _give_up(self, data: bytes) -> bytes:
-        held = b"\n".join(self.held) + b"\n" if self.held else b""
-        self.strip, self.tail, self.held = False, b"", []
+        held = self.held
+        self.strip, self.tail, self.held = False, b"", b""
         return held + data
 
     def flush(self) -> bytes:
@@ -323,6 +363,16 @@ class Exchange:
             self.rec._finish(self, error)
         except Exception as e:
             self.rec.agg.count_error("record", "llm request", e)
+
+
+def _without_null_usage(lines: bytes) -> bytes:
+    """``lines`` without the ``"usage": null`` fields a server adds to each chunk
+    when usage is asked for (the pattern cannot occur inside a JSON string:
+    its quotes would be escaped)."""
+    for pat in _NULL_USAGE:
+        if pat in lines:
+            lines = lines.replace(pat, b"")
+    return lines
 
 
 def _usage_of(body: bytes) -> dict[Any, Any] | None:
@@ -439,19 +489,17 @@ class LLMRecorder:
         return key, kind, pre
 
     def _headers(self, headers: Any) -> tuple[str | None, str | None]:
-        """(tenant, session) from the request headers, in one pass."""
-        t = s = None
+        """(tenant, session) from the request headers, without a loop in Python."""
         rows = getattr(headers, "_list", None)
         if isinstance(rows, list) and (not rows or len(rows[0]) == 3):  # httpx: (name, lower-case name, value)
-            for _, k, v in rows:
-                if k == self._th:
-                    t = v.decode("utf-8", "replace")
-                elif k == self._sh:
-                    s = v.decode("utf-8", "replace")
+            names = list(map(_SECOND, rows))
+            t = rows[names.index(self._th)][2].decode("utf-8", "replace") if self._th in names else None
+            s = rows[names.index(self._sh)][2].decode("utf-8", "replace") if self._sh in names else None
             return t, s
         raw = getattr(headers, "raw", None)
         if raw is None:
             return headers.get(self.tenant_header), headers.get(self.session_header)
+        t = s = None
         for k, v in raw:
             if len(k) in self._hlens:
                 k = k.lower()
@@ -561,7 +609,10 @@ class LLMRecorder:
             ctx = self._context(ex, None)
             self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0)
             return
-        cached = max(0, min(cached, prompt))
+        if cached > prompt:
+            cached = prompt
+        elif cached < 0:
+            cached = 0
         ctx = self._context(ex, prompt)
         self.agg.record_tokens(self.binding, ex.key, cached, prompt - cached, ctx)
         self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,

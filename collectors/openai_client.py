@@ -22,6 +22,7 @@ the caller sees exactly the responses and exceptions it would see without it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -29,6 +30,8 @@ import httpx
 
 from .llm import Exchange, LLMRecorder
 from .pipeline import Telemetry
+
+_SECOND = operator.itemgetter(1)
 
 __all__ = ["InstrumentedTransport", "AsyncInstrumentedTransport", "instrument_openai", "recorder_of"]
 
@@ -72,25 +75,20 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
 
 def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
     """A copy of ``headers`` with each (lower-case name, value) of ``items`` set
-    in the place of the first header of that name (or appended), the others
-    of that name dropped, as ``Headers.__setitem__`` does."""
+    (replacing any header of that name), as ``Headers.__setitem__`` does."""
     lst = getattr(headers, "_list", None)
     if not isinstance(lst, list):  # another httpx: the public way
         out = headers.copy()
         for k, v in items:
             out[k.decode("ascii")] = v.decode("latin-1")
         return out
-    want = dict(items)
-    done: set[bytes] = set()
-    rows: list[tuple[bytes, bytes, bytes]] = []
-    for row in lst:
-        v = want.get(row[1])
-        if v is None:
-            rows.append(row)
-        elif row[1] not in done:
-            rows.append((row[1], row[1], v))
-            done.add(row[1])
-    rows.extend((k, k, v) for k, v in want.items() if k not in done)
+    rows = list(lst)
+    names = list(map(_SECOND, rows))  # lower-case names, listed in C
+    for k, v in items:
+        while k in names:
+            i = names.index(k)
+            del rows[i], names[i]
+        rows.append((k, k, v))
     new = httpx.Headers.__new__(httpx.Headers)
     new._list = rows
     new._encoding = headers._encoding
@@ -98,18 +96,11 @@ def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.
 
 
 class _Stream:
-    """The response body read through the recorder (sync and async below);
-    ``with self:`` records how the body ended if it failed."""
+    """The response body read through the recorder (sync and async below); a
+    body that fails records how it ended, and the error reaches the caller."""
 
     def __init__(self, inner: Any, ex: Exchange) -> None:
         self._inner, self._ex = inner, ex
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        if error is not None:
-            self._ex.finish(error)
 
     def _end(self) -> bytes:
         rest = self._ex.flush()
@@ -119,12 +110,15 @@ class _Stream:
 
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
-        with self:
-            feed = self._ex.feed
+        feed = self._ex.feed
+        try:
             for chunk in self._inner:
                 out = feed(chunk)
                 if out:  # bytes held back (a line not yet complete) come with a later chunk
                     yield out
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
         rest = self._end()
         if rest:
             yield rest
@@ -138,12 +132,15 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
 
 class _AsyncStream(_Stream, httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with self:
-            feed = self._ex.feed
+        feed = self._ex.feed
+        try:
             async for chunk in self._inner:
                 out = feed(chunk)
                 if out:
                     yield out
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
         rest = self._end()
         if rest:
             yield rest
@@ -157,13 +154,13 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
 
 def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
     ctype = enc = b""
-    lst = getattr(resp.headers, "_list", None)  # (raw name, lower-case name, value): one pass, no copies
+    lst = getattr(resp.headers, "_list", None)  # (raw name, lower-case name, value)
     rows = lst if isinstance(lst, list) else [(k, k.lower(), v) for k, v in resp.headers.raw]
-    for _, k, v in rows:
-        if k == b"content-type":
-            ctype = v
-        elif k == b"content-encoding":
-            enc = v.lower()
+    names = list(map(_SECOND, rows))  # lower-case names, listed in C
+    if b"content-type" in names:
+        ctype = rows[names.index(b"content-type")][2]
+    if b"content-encoding" in names:
+        enc = rows[names.index(b"content-encoding")][2].lower()
     ex.response(resp.status_code, ctype.decode("latin-1"))
     if enc not in (b"", b"identity"):
         ex.skip, ex.strip = True, False  # compressed bytes are passed on, not parsed

@@ -555,3 +555,38 @@ def test_family_is_the_system_prompt_template_whatever_the_history(make_tel, ups
         blob = f.read_bytes()
         for word in (b"zq7", b"Initech", b"Ticket", b"printer", b"Summarise", b"billing", b"another history"):
             assert word not in blob, (word, f.name)
+
+
+def test_vllm_shaped_stream_gets_its_fingerprint_back_at_any_chunk_boundary(make_tel):
+    """vLLM writes compact JSON and, when usage is on, moves system_fingerprint
+    from the last choice chunk to the usage chunk: the caller reads the stream
+    it would have read without usage, at every split into network chunks."""
+    def ev(obj):
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(delta, finish=None, **more):
+        return {"id": "c", "object": "chat.completion.chunk", "model": "tiny",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **more}
+
+    usage = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+             "prompt_tokens_details": {"cached_tokens": 32}}
+    plain = b"".join([ev(chunk({"role": "assistant", "content": ""})), ev(chunk({"content": "ok"})),
+                      ev(chunk({"content": "!"}, "length", system_fingerprint="fp_7")), b"data: [DONE]\n\n"])
+    engine = b"".join([ev(chunk({"role": "assistant", "content": ""}, usage=None)),
+                       ev(chunk({"content": "ok"}, usage=None)), ev(chunk({"content": "!"}, "length", usage=None)),
+                       ev({"id": "c", "object": "chat.completion.chunk", "model": "tiny", "choices": [],
+                           "usage": usage, "system_fingerprint": "fp_7"}), b"data: [DONE]\n\n"])
+    rec = InstrumentedTransport(telemetry=make_tel()).recorder
+    raw = json.dumps({"model": "tiny", "messages": msgs(), "stream": True}).encode()
+    splits = [[engine[:c], engine[c:]] for c in range(1, len(engine))]
+    splits.append([engine[i:i + 1] for i in range(len(engine))])                 # byte by byte
+    splits.append([engine[:c] for c in (len(engine),)])                         # the whole stream at once
+    splits.append([e + b"\n\n" for e in engine.split(b"\n\n")[:-1]])              # one event per chunk
+    for parts in splits:
+        ex = rec.begin("POST", "/v1/chat/completions", {}, raw)
+        ex.response(200, "text/event-stream")
+        out = b"".join(ex.feed(p) for p in parts) + ex.flush()
+        ex.finish()
+        assert out == plain, parts
+        assert ex.usage == usage
+    assert rec.stats["recorded"] == len(splits)
