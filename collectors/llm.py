@@ -406,6 +406,10 @@ class LLMRecorder:
     20,000 per process), so that ``warmscope warmup --from hot`` can turn the
     hot keys recorded in the store back into prompts on this host. It holds
     prompt text: keep it where the prompts may be kept; it is never exported.
+    ``follow_runs``: follow the warm-up runs another process (``warmscope
+    warmup``) recorded for this replica in the shared store, so that their
+    precision and recall come from the requests made here
+    (:mod:`warmscope.collectors.run_follow`; read at each flush).
 
     Per request the recorder parses the request body once, finds the prefix
     key in a memo keyed by the prefix's in-process hash (the memo holds no
@@ -415,11 +419,15 @@ class LLMRecorder:
     def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
                  variant: str | None = None, tenant_header: str = TENANT_HEADER,
                  session_header: str = SESSION_HEADER, layer: str = LAYER, request_usage: bool = True,
-                 prompt_library: str | os.PathLike[str] | None = None) -> None:
+                 prompt_library: str | os.PathLike[str] | None = None, follow_runs: bool = True) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
         self.binding.families.add_key_rule(*FAMILY_RULE)
+        if follow_runs:
+            from .run_follow import follow_runs as follow
+
+            follow(self.tel, self.binding.layer)
         self.experiment = experiment
         self.variant = variant
         self.tenant_header = tenant_header.lower()
@@ -614,6 +622,8 @@ class LLMRecorder:
         elif cached < 0:
             cached = 0
         ctx = self._context(ex, prompt)
+        if self.agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
+            self._adopt(ex.key)  # type: ignore[arg-type]
         self.agg.record_tokens(self.binding, ex.key, cached, prompt - cached, ctx)
         self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,
                                 0.0, None, None, 0.0)
@@ -623,6 +633,12 @@ class LLMRecorder:
             e[0] += 1
         else:
             self._remember(ex.key, ctx.tenant, ex.kind, ex.pre)  # type: ignore[arg-type]
+
+    def _adopt(self, key: str) -> None:
+        try:
+            self.agg.adopt_warmed(key, self.tel.hasher.hash(key))
+        except Exception as e:  # no key secret: nothing can be matched by hash
+            self.agg.count_error("record", "matching a warm-up run recorded elsewhere", e)
 
     def _remember(self, key: str, tenant: str, kind: str, pre: Any) -> None:
         prefix = _pairs(pre) if kind == "chat" else pre

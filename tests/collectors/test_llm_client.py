@@ -590,3 +590,52 @@ def test_vllm_shaped_stream_gets_its_fingerprint_back_at_any_chunk_boundary(make
         assert out == plain, parts
         assert ex.usage == usage
     assert rec.stats["recorded"] == len(splits)
+
+
+def test_a_run_started_by_the_cli_is_matched_to_the_serving_processs_requests(make_tel, upstream, tmp_path):
+    """`warmscope warmup` in its own process warms three system prompts for
+    replica srv-1; the serving process (replica srv-1, same store and key
+    secret) follows the run at its next flush and counts the requests that
+    follow against it: precision and recall of the CLI's run come out of the
+    store like those of a run made in process. A run recorded for another
+    replica is not followed."""
+    import os
+    import subprocess
+    import sys
+
+    from warmscope.analysis.coverage import warm_set_coverage
+
+    store = tmp_path / "shared.sqlite"
+    tel = make_tel(store_path=str(store), key_secret="shared-secret", replica="srv-1", early_window_s=600)
+    client = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    systems = [f"{SYSTEM} desk {d}" for d in "ABC"]
+    warm_set = tmp_path / "warm.jsonl"
+    warm_set.write_text("".join(json.dumps({"messages": [{"role": "system", "content": s}], "tenant": "acme"}) + "\n"
+                                for s in systems))
+    env = {**os.environ, "WARMSCOPE_KEY_SECRET": "shared-secret"}
+    for replica in ("srv-1", "srv-2"):
+        done = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "warmup",
+                               "--engine", upstream, "--from", str(warm_set), "--replica", replica, "--rate", "0",
+                               "--trigger", "replica_start", "--quiet"], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "ok, 3 prefixes" in done.stderr
+    tel.flush()                                         # the serving process's flush follows srv-1's run
+    rec = client._transport.recorder
+    asked = [systems[0], systems[0], systems[1], f"{SYSTEM} desk D"]   # A twice, B once, D was never warmed
+    for i, system in enumerate(asked):
+        r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system, f"q{i}")},
+                        headers={"x-warmscope-tenant": "acme"})
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 or i == 3
+    assert rec.stats["recorded"] == 4
+    tel.close()                                         # closes the recall window
+    runs = tel.store.frame("warmup_runs")
+    assert sorted(runs["replica"]) == ["srv-1", "srv-2"] and set(runs["status"]) == {"ok"}
+    cov = warm_set_coverage(runs, tel.store.frame("warmed_keys"), tel.store.frame("early_keys"),
+                            recall_window_s=600).set_index("replica")
+    # srv-1: 3 warmed, 2 read (A, B): precision 2/3; requested A, B, D of which A, B warmed: recall 2/3
+    assert cov.loc["srv-1", "keys_warmed"] == 3 and cov.loc["srv-1", "keys_read"] == 2
+    assert cov.loc["srv-1", "precision"] == pytest.approx(2 / 3)
+    assert cov.loc["srv-1", "early_keys"] == 3 and cov.loc["srv-1", "recall"] == pytest.approx(2 / 3)
+    # srv-2's run warmed the same prompts, but nothing here serves replica srv-2
+    assert cov.loc["srv-2", "keys_read"] == 0 and cov.loc["srv-2", "early_keys"] == 0
