@@ -84,6 +84,7 @@ _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
+_SCAN = _JSON.scan_once
 _SECOND = operator.itemgetter(1)
 _USAGE = b'"usage"'
 _PROMPT_TOKENS = b'"prompt_tokens"'
@@ -331,7 +332,7 @@ class Exchange:
         """Note the usage object of a ``data:`` line; True when the line is the
         usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
         kept in ``_fingerprint``."""
-        obj = _JSON.decode(line[5:].decode("utf-8"))
+        obj = _loads(line[5:].decode("utf-8"))
         u = obj.get("usage")
         if not isinstance(u, dict):
             return False
@@ -363,6 +364,18 @@ class Exchange:
             self.rec._finish(self, error)
         except Exception as e:
             self.rec.agg.count_error("record", "llm request", e)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` of a str, through the C scanner directly (no Python
+    frames in the way for the usual text that starts with its value)."""
+    try:
+        obj, end = _SCAN(text, 0)
+    except StopIteration:  # leading whitespace, or not JSON: the full decoder says which
+        return _JSON.decode(text)
+    if end != len(text) and not text[end:].isspace():
+        return _JSON.decode(text)  # raises: extra data
+    return obj
 
 
 def _without_null_usage(lines: bytes) -> bytes:
@@ -474,7 +487,11 @@ class LLMRecorder:
             kind = "chat"
             pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
             try:
-                fp = hash(tuple([(m["role"], m["content"]) for m in pre]))
+                if len(pre) == 1:  # the common case (a system prompt): no list built
+                    m = pre[0]
+                    fp = hash(((m["role"], m["content"]),))
+                else:
+                    fp = hash(tuple([(m["role"], m["content"]) for m in pre]))
             except (TypeError, KeyError):  # content parts (lists), odd messages: no memo
                 fp = None
         else:
@@ -526,8 +543,7 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                req = _JSON.decode(body.decode("utf-8")) if isinstance(body, bytes) else \
-                    (json.loads(body) if body else None)
+                req = _loads(body.decode("utf-8")) if isinstance(body, bytes) else (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):
@@ -624,9 +640,7 @@ class LLMRecorder:
         ctx = self._context(ex, prompt)
         if self.agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
             self._adopt(ex.key)  # type: ignore[arg-type]
-        self.agg.record_tokens(self.binding, ex.key, cached, prompt - cached, ctx)
-        self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,
-                                0.0, None, None, 0.0)
+        self.agg.record_llm(self.binding, ex.key, cached, prompt - cached, ctx, ex.ttft, duration)
         self.stats["recorded"] += 1
         e = self._library.get(ex.key)  # type: ignore[arg-type]
         if e is not None:

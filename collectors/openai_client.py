@@ -36,17 +36,14 @@ _SECOND = operator.itemgetter(1)
 __all__ = ["InstrumentedTransport", "AsyncInstrumentedTransport", "instrument_openai", "recorder_of"]
 
 
-def _body(request: httpx.Request) -> bytes | None:
-    try:
-        return request.content
-    except httpx.RequestNotRead:  # a streamed upload: not parsed
-        return None
-
-
 def _begin(recorder: LLMRecorder, request: httpx.Request) -> tuple[Exchange | None, httpx.Request]:
     """The exchange to record (None: pass through) and the request to send:
     the caller's, or a copy whose body asks a stream for its usage."""
-    ex = recorder.begin(request.method, request.url.path, request.headers, _body(request))
+    try:
+        body: bytes | None = request.content
+    except httpx.RequestNotRead:  # a streamed upload: not parsed
+        body = None
+    ex = recorder.begin(request.method, request.url.path, request.headers, body)
     if ex is None or ex.body is None:
         return ex, request
     try:
@@ -75,7 +72,8 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
 
 def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
     """A copy of ``headers`` with each (lower-case name, value) of ``items`` set
-    (replacing any header of that name), as ``Headers.__setitem__`` does."""
+    in the place of the first header of that name (or appended), the others of
+    that name dropped, as ``Headers.__setitem__`` does."""
     lst = getattr(headers, "_list", None)
     if not isinstance(lst, list):  # another httpx: the public way
         out = headers.copy()
@@ -85,10 +83,14 @@ def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.
     rows = list(lst)
     names = list(map(_SECOND, rows))  # lower-case names, listed in C
     for k, v in items:
-        while k in names:
-            i = names.index(k)
-            del rows[i], names[i]
-        rows.append((k, k, v))
+        if k not in names:
+            rows.append((k, k, v))
+            continue
+        i = names.index(k)
+        rows[i] = (k, k, v)  # in the first one's place
+        if names.count(k) > 1:  # and no other of that name
+            rows[i + 1:] = [r for r in rows[i + 1:] if r[1] != k]
+            names = list(map(_SECOND, rows))
     new = httpx.Headers.__new__(httpx.Headers)
     new._list = rows
     new._encoding = headers._encoding
@@ -102,11 +104,6 @@ class _Stream:
     def __init__(self, inner: Any, ex: Exchange) -> None:
         self._inner, self._ex = inner, ex
 
-    def _end(self) -> bytes:
-        rest = self._ex.flush()
-        self._ex.finish()
-        return rest
-
 
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
@@ -119,7 +116,9 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
         except BaseException as e:
             self._ex.finish(e)
             raise
-        rest = self._end()
+        ex = self._ex
+        rest = ex.flush()
+        ex.finish()
         if rest:
             yield rest
 
@@ -141,7 +140,9 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
         except BaseException as e:
             self._ex.finish(e)
             raise
-        rest = self._end()
+        ex = self._ex
+        rest = ex.flush()
+        ex.finish()
         if rest:
             yield rest
 
