@@ -281,11 +281,15 @@ class Aggregator(HotKeySketch, WarmupTracking):
         fam = b.memo.get(key) or b.families.family(key)
         cid = ctx.cid if b.length_buckets else ctx.cid0
         c = st.counts
-        for result, n in ((HIT, hits), (MISS, misses)):
-            if n > 0:
-                k = (cid, fam, result)
-                c[k] = c.get(k, 0) + n
-        result = HIT if hits > 0 else MISS
+        if hits > 0:
+            k = (cid, fam, HIT)
+            c[k] = c.get(k, 0) + hits
+            result = HIT
+        else:
+            result = MISS
+        if misses > 0:
+            k = (cid, fam, MISS)
+            c[k] = c.get(k, 0) + misses
         hb = st.hbuf.get(ctx.tid)
         if hb is None:
             hb = st.hbuf[ctx.tid] = ([], [])

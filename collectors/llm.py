@@ -297,7 +297,11 @@ class Exchange:
                         j = held.rfind(b"}", 0, k)
                         held = held[:j] + b',"system_fingerprint":' + fp + held[j:]
                     out.append(held)
-                    held, drop_blank, pos = b"", True, e + 1
+                    held, pos = b"", e + 1
+                    if done.startswith(b"\n", pos):  # the blank line that ends its event
+                        pos += 1
+                    else:
+                        drop_blank = True
                     continue
                 out.append(held)
                 held = b""
@@ -317,7 +321,10 @@ class Exchange:
             if line.startswith(b"data:"):
                 if _PROMPT_TOKENS in line:
                     if self._usage_line(line):
-                        drop_blank = True
+                        if done.startswith(b"\n", pos):  # the blank line that ends its event
+                            pos += 1
+                        else:
+                            drop_blank = True
                         continue
                 elif _USAGE in line:  # "usage": null, added because usage was asked for
                     line = _without_null_usage(line)

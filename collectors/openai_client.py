@@ -162,7 +162,10 @@ def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
         ctype = rows[names.index(b"content-type")][2]
     if b"content-encoding" in names:
         enc = rows[names.index(b"content-encoding")][2].lower()
-    ex.response(resp.status_code, ctype.decode("latin-1"))
+    ex.status = status = resp.status_code  # as Exchange.response, without decoding the content type
+    ex.stream = b"text/event-stream" in ctype
+    if not ex.stream or status >= 400:
+        ex.strip = False
     if enc not in (b"", b"identity"):
         ex.skip, ex.strip = True, False  # compressed bytes are passed on, not parsed
     resp.stream = stream  # the same response, its body read through the recorder

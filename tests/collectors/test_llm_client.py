@@ -639,3 +639,20 @@ def test_a_run_started_by_the_cli_is_matched_to_the_serving_processs_requests(ma
     assert cov.loc["srv-1", "early_keys"] == 3 and cov.loc["srv-1", "recall"] == pytest.approx(2 / 3)
     # srv-2's run warmed the same prompts, but nothing here serves replica srv-2
     assert cov.loc["srv-2", "keys_read"] == 0 and cov.loc["srv-2", "early_keys"] == 0
+
+
+def test_header_copy_equals_httpx_setitem():
+    """The stream's request copy sets content-length and accept-encoding as
+    httpx's own Headers.__setitem__ does: in the first one's place, duplicates
+    dropped, appended when absent; the caller's headers are left as they were."""
+    from warmscope.collectors.openai_client import _headers_with
+
+    items = ((b"content-length", b"9"), (b"accept-encoding", b"identity"))
+    for raw in ([("Host", "x"), ("Accept-Encoding", "gzip"), ("content-length", "5"), ("X", "1"),
+                 ("accept-encoding", "br")], [("Host", "x")], []):
+        h = httpx.Headers(raw)
+        before = h.multi_items()
+        ref = h.copy()
+        ref["content-length"], ref["accept-encoding"] = "9", "identity"
+        assert _headers_with(h, *items).multi_items() == ref.multi_items()
+        assert h.multi_items() == before
