@@ -84,7 +84,7 @@ _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
-_SCAN = _JSON.scan_once
+_SCAN = _JSON.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__ (the C scanner)
 _SECOND = operator.itemgetter(1)
 _USAGE = b'"usage"'
 _PROMPT_TOKENS = b'"prompt_tokens"'
