@@ -656,3 +656,34 @@ def test_header_copy_equals_httpx_setitem():
         ref["content-length"], ref["accept-encoding"] = "9", "identity"
         assert _headers_with(h, *items).multi_items() == ref.multi_items()
         assert h.multi_items() == before
+
+
+@pytest.mark.redis
+def test_a_run_recorded_in_redis_by_another_pipeline_is_followed(make_tel, upstream, redis_client):
+    """The same with Redis as the shared store: a warm-up run recorded by another
+    pipeline (another process's, here in the same process) for replica srv-1 is
+    followed by the serving pipeline of srv-1 at its flush."""
+    from warmscope.analysis.coverage import warm_set_coverage
+    from warmscope.analysis.redis_source import RedisSource
+
+    systems = [f"{SYSTEM} redis desk {d}" for d in "AB"]
+    runner_tel = make_tel(redis_client=redis_client, key_secret="shared-secret", replica="srv-1")
+    res = run_warmup(upstream, [{"messages": [{"role": "system", "content": s}]} for s in systems],
+                     telemetry=runner_tel, rate=0, trigger="replica_start")
+    assert res.status == "ok" and res.keys == 2
+    runner_tel.close()
+    tel = make_tel(redis_client=redis_client, key_secret="shared-secret", replica="srv-1", early_window_s=600)
+    client = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    tel.flush()
+    for i, system in enumerate([systems[0], f"{SYSTEM} redis desk C"]):   # A was warmed, C was not
+        client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system, f"q{i}")},
+                    headers={"x-warmscope-tenant": "acme"})
+    tel.close()
+    src = RedisSource("redis://unused", client=redis_client)
+    runs = src.frame("warmup_runs", 0, 4e9)
+    cov = warm_set_coverage(runs, src.frame("warmed_keys", 0, 4e9), src.frame("early_keys", 0, 4e9),
+                            recall_window_s=600)
+    row = cov.set_index("run_id").loc[res.run_id]
+    # 2 warmed, 1 read (A): precision 1/2; requested A and C, A warmed: recall 1/2
+    assert row["keys_warmed"] == 2 and row["precision"] == pytest.approx(0.5)
+    assert row["early_keys"] == 2 and row["recall"] == pytest.approx(0.5)
