@@ -179,6 +179,7 @@ def test_warm_set_precision_and_recall_come_from_real_cached_tokens(ab_run):
     runs = st.frame("warmup_runs")
     runs = runs[runs.replica == "b-0"]
     assert list(runs["status"]) == ["ok"] and ab_run["warm"].keys == len(ab_run["warm_set"])
+    assert list(runs["run_id"]) == [ab_run["warm"].run_id]      # the run `warmscope warmup` made, followed by B
     cov = warm_set_coverage(runs, st.frame("warmed_keys"), st.frame("early_keys"), recall_window_s=3600)
     row = cov.iloc[0]
     b = [r for r in ab_run["records"] if r["arm"] == "B"]
