@@ -214,7 +214,7 @@ class Exchange:
                     self.tail = b""
                 for line in lines:
                     if _PROMPT_TOKENS in line and line.startswith(b"data:"):
-                        u = json.loads(line[5:]).get("usage")
+                        u = _loads(line[5:].decode("utf-8")).get("usage")
                         if isinstance(u, dict):
                             self.usage = u
             elif self.status < 400:
