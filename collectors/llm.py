@@ -376,9 +376,10 @@ class Exchange:
 def _loads(text: str) -> Any:
     """``json.loads`` of a str, through the C scanner directly (no Python
     frames in the way for the usual text that starts with its value)."""
+    start = 1 if text.startswith(" ") else 0  # "data: {...}"
     try:
-        obj, end = _SCAN(text, 0)
-    except StopIteration:  # leading whitespace, or not JSON: the full decoder says which
+        obj, end = _SCAN(text, start)
+    except StopIteration:  # more leading whitespace, or not JSON: the full decoder says which
         return _JSON.decode(text)
     if end != len(text) and not text[end:].isspace():
         return _JSON.decode(text)  # raises: extra data
