@@ -687,3 +687,22 @@ def test_a_run_recorded_in_redis_by_another_pipeline_is_followed(make_tel, upstr
     # 2 warmed, 1 read (A): precision 1/2; requested A and C, A warmed: recall 1/2
     assert row["keys_warmed"] == 2 and row["precision"] == pytest.approx(0.5)
     assert row["early_keys"] == 2 and row["recall"] == pytest.approx(0.5)
+
+
+def test_the_recorders_family_rule_comes_before_family_rules(make_tel):
+    """A user's family_rules still map other keys of the layer, but the
+    recorder's prefix keys keep their template family, also for keys
+    memoised before the recorder was made."""
+    from warmscope.collectors.llm import LLMRecorder
+
+    tel = make_tel(family_rules=[["^(chat|summarize):", "\\1:*"]])
+    fams = tel.aggregator.bind_layer("prefix_kv").families
+    early = "chat:system:abcdefgh:0" + "0123456789abcdef"
+    assert fams.family(early) == "chat:*"                      # before any recorder: the user's rule
+    rec = LLMRecorder(tel)
+    key = rec.prefix_key("chat", [["system", "You are terse."]])
+    assert re.fullmatch(r"chat:system:[a-z]{8}:\*", fams.family(key))
+    assert fams.family(early) == "chat:system:abcdefgh:*"       # the memo was cleared when the rule came
+    assert fams.family("chat:session:42") == "chat:*"           # other keys: the user's rule as before
+    LLMRecorder(tel)                                            # a second recorder adds no second rule
+    assert len(fams._key_rules) == 1
