@@ -57,6 +57,7 @@ class RunFollower:
         self.layer = layer
         self.lookback_s = float(lookback_s)
         self.followed: set[str] = set()
+        self._other: set[str] = set()  # runs (in Redis) of another replica or layer: not read again
 
     def __call__(self, now: float) -> None:
         self.refresh(now)
@@ -105,11 +106,13 @@ class RunFollower:
         out = []
         for raw in c.zrangebyscore(f"{PREFIX}:runs", since, "+inf"):
             run_id = raw.decode() if isinstance(raw, bytes) else raw
-            if run_id in self.followed or run_id in self.agg.local_runs:
+            if run_id in self.followed or run_id in self.agg.local_runs or run_id in self._other:
                 continue
             rec = {_s(k): _s(v) for k, v in c.hgetall(key(run_tag(run_id))).items()}
-            if (rec.get("replica") != self.agg.replica or rec.get("layer") != self.layer or not rec.get("ended")
-                    or rec.get("status") in ("", "running")):
+            if rec and (rec.get("replica") != self.agg.replica or rec.get("layer") != self.layer):
+                self._other.add(run_id)
+                continue
+            if not rec.get("ended") or rec.get("status") in (None, "", "running"):  # not finished yet
                 continue
             keys = []
             for kh, js in c.hgetall(key(run_tag(run_id), "warmed")).items():
