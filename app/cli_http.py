@@ -30,7 +30,11 @@ def load(cmd: str, extra: str, module: str) -> Any:
 
 
 def telemetry(args: argparse.Namespace) -> Any:
-    """The collectors, writing to ``--store`` when given (else where the configuration says)."""
+    """The collectors, writing to ``--store`` when given (else where the configuration says),
+    labelled with ``--replica`` when given."""
     from warmscope import collectors
 
-    return collectors.setup(**({"store_path": args.store} if getattr(args, "store", None) else {}))
+    kw = {"store_path": args.store} if getattr(args, "store", None) else {}
+    if getattr(args, "replica", None):
+        kw["replica"] = args.replica
+    return collectors.setup(**kw)

@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=20.0, help="requests per second (default 20; 0 = no limit)")
     p.add_argument("--trigger", default="manual", help="trigger label of the run (default manual)")
     p.add_argument("--strategy", default="engine_prefix", help="strategy label of the run (default engine_prefix)")
+    p.add_argument("--replica", help="replica label of the run: give the serving process's replica "
+                   "(its WARMSCOPE_REPLICA) and that process matches the requests that follow to this run for "
+                   "warm-set precision and recall (default: this process's replica label)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_warmup)

@@ -74,6 +74,7 @@ HISTOGRAMS = (
     (schema.LOAD_DURATION, schema.DURATION_BUCKETS),  # per layer: kept in the layer's state
 )
 LOAD_HIST = 4
+_TTFT_BOUNDS, _DURATION_BOUNDS, _TOKEN_BOUNDS, _CACHED_BOUNDS = (b for _, b in HISTOGRAMS[:4])
 # An in-memory histogram is [bucket counts..., +Inf count, sum, count]: its last two slots.
 H_SUM, H_COUNT = -2, -1
 # Per-unit latency histogram (A/B quantiles) uses the request-duration buckets.
@@ -88,8 +89,8 @@ _NU = U_HIST
 class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
-    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "swap", "unanswered",
-                 "outbox", "lock", "dropped")
+    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "hrow", "swap",
+                 "unanswered", "outbox", "lock", "dropped")
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -105,6 +106,7 @@ class _ThreadState:
         self.units: dict[tuple[Any, ...], Any] = {}
         self.req: dict[tuple[Any, ...], list[Any]] = {}
         self.hist: dict[tuple[Any, ...], list[Any]] = {}
+        self.hrow: dict[int, list[Any]] = {}  # ctx id -> its request histograms of hist (record_request)
         self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
@@ -279,11 +281,15 @@ class Aggregator(HotKeySketch, WarmupTracking):
         fam = b.memo.get(key) or b.families.family(key)
         cid = ctx.cid if b.length_buckets else ctx.cid0
         c = st.counts
-        for result, n in ((HIT, hits), (MISS, misses)):
-            if n > 0:
-                k = (cid, fam, result)
-                c[k] = c.get(k, 0) + n
-        result = HIT if hits > 0 else MISS
+        if hits > 0:
+            k = (cid, fam, HIT)
+            c[k] = c.get(k, 0) + hits
+            result = HIT
+        else:
+            result = MISS
+        if misses > 0:
+            k = (cid, fam, MISS)
+            c[k] = c.get(k, 0) + misses
         hb = st.hbuf.get(ctx.tid)
         if hb is None:
             hb = st.hbuf[ctx.tid] = ([], [])
@@ -377,40 +383,109 @@ class Aggregator(HotKeySketch, WarmupTracking):
         if conversion:
             r[R_CONVERSIONS] += 1
             r[R_VALUE] += value
-        for i, v in enumerate((ttft_s, latency_s, prompt_tokens, cached_tokens)):
-            if v is None:
-                continue
-            hk = (i, ctx.cid0)
-            h = st.hist.get(hk)
-            bounds = HISTOGRAMS[i][1]
-            if h is None:
-                h = st.hist[hk] = [0] * (len(bounds) + 3)  # buckets, +Inf, sum, count
-            h[bisect.bisect_left(bounds, v)] += 1
-            h[H_SUM] += v
+        # The four request histograms of this label set, found with one dict
+        # probe (the lists are st.hist's own; a slot is None until first used).
+        hs = st.hrow.get(ctx.cid0)
+        if hs is None:
+            hs = st.hrow[ctx.cid0] = [None] * 4
+        if ttft_s is not None:
+            h = hs[0] or self._request_hist(st, hs, 0, ctx.cid0)
+            h[bisect.bisect_left(_TTFT_BOUNDS, ttft_s)] += 1
+            h[H_SUM] += ttft_s
+            h[H_COUNT] += 1
+        if latency_s is not None:
+            h = hs[1] or self._request_hist(st, hs, 1, ctx.cid0)
+            h[bisect.bisect_left(_DURATION_BOUNDS, latency_s)] += 1
+            h[H_SUM] += latency_s
+            h[H_COUNT] += 1
+        if prompt_tokens is not None:
+            h = hs[2] or self._request_hist(st, hs, 2, ctx.cid0)
+            h[bisect.bisect_left(_TOKEN_BOUNDS, prompt_tokens)] += 1
+            h[H_SUM] += prompt_tokens
+            h[H_COUNT] += 1
+        if cached_tokens is not None:
+            h = hs[3] or self._request_hist(st, hs, 3, ctx.cid0)
+            h[bisect.bisect_left(_CACHED_BOUNDS, cached_tokens)] += 1
+            h[H_SUM] += cached_tokens
             h[H_COUNT] += 1
         if ctx.ukey is not None:
-            ub = st.units.get(ctx.ukey)
-            if ub is None:
-                if self._units_n >= self.max_buffered_units:
-                    st.dropped += 1
-                    return  # counted as dropped, not kept
-                self._units_n += 1
-                ub = st.units[ctx.ukey] = _new_unit()  # a bytearray: not tracked by the GC
-            u = memoryview(ub).cast("d")
-            lat = latency_s if latency_s is not None else 0.0
-            u[U_REQUESTS] += 1
-            u[U_LATENCY_SUM] += lat
-            u[U_LATENCY_SQ] += lat * lat
-            u[U_TTFT_SUM] += ttft_s or 0.0
-            if conversion:
-                u[U_CONVERSIONS] += 1
-                u[U_VALUE] += value
-            u[U_GPU_S] += gpu_s
-            if sla_met:
-                u[U_SLA_MET] += 1
-            if latency_s is not None:
-                u[U_HIST + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
-            u.release()
+            self._unit_request(st, ctx.ukey, ttft_s, latency_s, gpu_s, sla_met, conversion, value)
+
+    def record_llm(self, b: LayerBinding, key: object, hits: int, misses: int, ctx: Any, ttft_s: float | None,
+                   latency_s: float) -> None:
+        """One OpenAI-compatible request, in one call: ``record_tokens(b, key,
+        hits, misses, ctx)`` and ``record_request(ctx, ttft_s, latency_s,
+        hits + misses, hits, 0.0, None, None, 0.0)``, the same counts."""
+        self.record_tokens(b, key, hits, misses, ctx)
+        try:
+            st = self._req_tls.s
+        except AttributeError:
+            st = self._state(self._req_tls, -1)
+        if st.swap:
+            self._hand_off(st)
+        cid0 = ctx.cid0
+        r = st.req.get((cid0, ""))
+        if r is None:
+            r = st.req[(cid0, "")] = list(records.REQUEST_ZERO)
+        r[R_REQUESTS] += 1
+        hs = st.hrow.get(cid0)
+        if hs is None:
+            hs = st.hrow[cid0] = [None] * 4
+        if ttft_s is not None:
+            h = hs[0] or self._request_hist(st, hs, 0, cid0)
+            h[bisect.bisect_left(_TTFT_BOUNDS, ttft_s)] += 1
+            h[H_SUM] += ttft_s
+            h[H_COUNT] += 1
+        h = hs[1] or self._request_hist(st, hs, 1, cid0)
+        h[bisect.bisect_left(_DURATION_BOUNDS, latency_s)] += 1
+        h[H_SUM] += latency_s
+        h[H_COUNT] += 1
+        prompt = hits + misses
+        h = hs[2] or self._request_hist(st, hs, 2, cid0)
+        h[bisect.bisect_left(_TOKEN_BOUNDS, prompt)] += 1
+        h[H_SUM] += prompt
+        h[H_COUNT] += 1
+        h = hs[3] or self._request_hist(st, hs, 3, cid0)
+        h[bisect.bisect_left(_CACHED_BOUNDS, hits)] += 1
+        h[H_SUM] += hits
+        h[H_COUNT] += 1
+        if ctx.ukey is not None:
+            self._unit_request(st, ctx.ukey, ttft_s, latency_s, 0.0, None, None, 0.0)
+
+    def _unit_request(self, st: _ThreadState, ukey: tuple[Any, ...], ttft_s: float | None, latency_s: float | None,
+                      gpu_s: float, sla_met: bool | None, conversion: bool | None, value: float) -> None:
+        """Add one request to its A/B unit's request-level record."""
+        ub = st.units.get(ukey)
+        if ub is None:
+            if self._units_n >= self.max_buffered_units:
+                st.dropped += 1
+                return  # counted as dropped, not kept
+            self._units_n += 1
+            ub = st.units[ukey] = _new_unit()  # a bytearray: not tracked by the GC
+        u = memoryview(ub).cast("d")
+        lat = latency_s if latency_s is not None else 0.0
+        u[U_REQUESTS] += 1
+        u[U_LATENCY_SUM] += lat
+        u[U_LATENCY_SQ] += lat * lat
+        u[U_TTFT_SUM] += ttft_s or 0.0
+        if conversion:
+            u[U_CONVERSIONS] += 1
+            u[U_VALUE] += value
+        u[U_GPU_S] += gpu_s
+        if sla_met:
+            u[U_SLA_MET] += 1
+        if latency_s is not None:
+            u[U_HIST + bisect.bisect_left(UNIT_BUCKETS, latency_s)] += 1
+        u.release()
+
+    @staticmethod
+    def _request_hist(st: _ThreadState, hs: list[Any], i: int, cid0: int) -> list[Any]:
+        """Request histogram ``i`` (``HISTOGRAMS`` order) of a label set, made on first use."""
+        h = st.hist.get((i, cid0))
+        if h is None:
+            h = st.hist[(i, cid0)] = [0] * (len(HISTOGRAMS[i][1]) + 3)  # buckets, +Inf, sum, count
+        hs[i] = h
+        return h
 
     def cap_label(self, kind: str, value: str) -> str:
         """``value``, or ``other`` once ``max_label_values`` distinct values of

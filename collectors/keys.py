@@ -121,6 +121,7 @@ class FamilyNormaliser:
         vocabulary: Iterable[str] = (),
     ) -> None:
         self._rules = [(re.compile(p), r) for p, r in rules]
+        self._key_rules: list[tuple[re.Pattern[str], str]] = []  # see add_key_rule
         self._vocab = DEFAULT_VOCABULARY | frozenset(vocabulary)
         self._max = max_families
         self._memo: dict[object, str] = {}
@@ -134,6 +135,16 @@ class FamilyNormaliser:
         # translate and a dict probe instead of a full normalisation.
         self._shapes: dict[str, str] | None = None if self._rules else {}
 
+    def add_key_rule(self, pattern: str, template: str) -> None:
+        """A rule for keys of a fixed shape that a producer makes itself (the
+        OpenAI-compatible recorder's prefix keys): a key that matches
+        ``pattern`` entirely gets ``match.expand(template)`` as its family,
+        before ``family_rules`` and the default. Added once per pattern."""
+        with self._lock:
+            if all(p.pattern != pattern for p, _ in self._key_rules):
+                self._key_rules = self._key_rules + [(re.compile(pattern), template)]
+                self._memo.clear()  # keys memoised before the rule get it too
+
     def family(self, key: object) -> str:
         fam = self._memo.get(key)
         if fam is not None:
@@ -143,7 +154,13 @@ class FamilyNormaliser:
     def _slow(self, key: object) -> str:
         text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
         fam = None
-        shapes = self._shapes
+        for pat, repl in self._key_rules:
+            m = pat.fullmatch(text)
+            if m:
+                fam = m.expand(repl)
+                break
+        keyed = fam is not None
+        shapes = None if keyed else self._shapes
         if shapes is not None:
             shape = text.translate(_DIGITS)
             fam = shapes.get(shape)
@@ -152,7 +169,7 @@ class FamilyNormaliser:
                 if len(shapes) >= self._memo_size:
                     shapes.clear()
                 shapes[shape] = fam
-        for pat, repl in self._rules:
+        for pat, repl in () if keyed else self._rules:
             m = pat.search(text)
             if m:
                 # The family is the expanded template alone: the rest of the key

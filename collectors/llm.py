@@ -14,14 +14,20 @@ the first token. :class:`LLMRecorder` turns each request into:
   that is not streamed —, duration, prompt and cached tokens), and the A/B unit (a session) from the request
   context or a session header.
 
-The prefix key is ``KIND:ROLE:TEMPLATE:DIGEST`` where ``TEMPLATE`` is a keyed
-hash of the prefix with its digits blanked, written in letters, and
-``DIGEST`` a keyed hash of the prefix itself: the key family (with the
-default rules, ``chat:system:TEMPLATE:*``) names a template without carrying
-any of its text, and the key, like every key, leaves the process only as its
-keyed hash. The prefix texts stay in process, in a bounded library that the
-warm-up runner (:mod:`warmscope.collectors.warmup_runner`) reads for its
-``hot`` warm set.
+The prefix key is ``KIND:ROLE:TEMPLATE:0DIGEST``. ``DIGEST`` is a keyed hash
+of the whole prefix, so hits, misses and warm-set precision are counted per
+prefix. ``TEMPLATE`` is a keyed hash, written in letters, of the request's
+*template* with its digits blanked: for a chat, the first system (or
+developer) message, or the first message when there is none; for a
+completion, the prompt's first block, up to the first blank line
+(:func:`template_of`). The key family is ``KIND:ROLE:TEMPLATE:*`` (e.g.
+``chat:system:qkzvmwab:*``): every conversation that starts from one system
+prompt is one family, whatever its history, and no family carries any prompt
+text. The recorder registers this rule on its layer (before any
+``family_rules``), so a warm-up run's keys get the same family. Like every
+key, a prefix key leaves the process only as its keyed hash. The prefix texts
+stay in process, in a bounded library that the warm-up runner
+(:mod:`warmscope.collectors.warmup_runner`) reads for its ``hot`` warm set.
 
 Labels: tenant from the request context, else the tenant header
 (``x-warmscope-tenant``), else the body's ``user`` field; the A/B unit from the
@@ -44,6 +50,7 @@ import atexit
 import hashlib
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -55,7 +62,7 @@ from .aggregator import ERROR
 from .context import RequestContext, _current
 from .pipeline import Telemetry, current_telemetry
 
-__all__ = ["LLMRecorder", "Exchange", "prefix_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
+__all__ = ["LLMRecorder", "Exchange", "prefix_of", "template_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -64,6 +71,10 @@ SESSION_HEADER = "x-warmscope-session"
 LAYER = "prefix_kv"
 _PATHS = ("/chat/completions", "/completions")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_SYSTEM_ROLES = ("system", "developer")
+# The family of a prefix key (KIND:ROLE:TEMPLATE:DIGEST) is KIND:ROLE:TEMPLATE:*.
+FAMILY_RULE = (r"(chat|completion):(system|developer|user|assistant|tool|other|prompt):([a-z]{8}):0[0-9a-f]{16}",
+               r"\1:\2:\3:*")
 _BODY_CAP = 8 << 20  # non-streamed response bodies read for usage up to 8 MiB
 _LIB_CAP = 1024  # prefixes kept in process for the warm-up runner
 _DIGITS = str.maketrans("0123456789", "0000000000")
@@ -73,6 +84,8 @@ _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
+_SCAN = _JSON.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__ (the C scanner)
+_SECOND = operator.itemgetter(1)
 _USAGE = b'"usage"'
 _PROMPT_TOKENS = b'"prompt_tokens"'
 _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
@@ -85,21 +98,41 @@ def _pairs(pre: list[Any]) -> list[Any]:
     return [[m.get("role"), m.get("content")] if isinstance(m, dict) else m for m in pre]
 
 
-def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple[str, str, Any] | None:
-    """(kind, role, prefix) of a request body: the messages before the last one
-    (or the first message), or the first 512 characters of a completion prompt."""
+def prefix_of(body: Mapping[str, Any], path: str = "/chat/completions") -> tuple[str, Any] | None:
+    """(kind, prefix) of a request body: the messages before the last one (or
+    the first message) as [role, content] pairs, or the first 512 characters
+    of a completion prompt."""
     msgs = body.get("messages")
     if isinstance(msgs, list) and msgs:
-        pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
-        first = pre[0] if isinstance(pre[0], dict) else {}
-        role = first.get("role") if first.get("role") in _ROLES else "other"
-        return "chat", str(role), _pairs(pre)
+        return "chat", _pairs(msgs[:-1] if len(msgs) > 1 else msgs[:1])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return "completion", "prompt", prompt[:512]
+        return "completion", prompt[:512]
     return None
+
+
+def template_of(kind: str, prefix: Any) -> tuple[str, str]:
+    """(role, text) of the part of a prompt prefix its key family is made of:
+    for a chat, the first system (or developer) message, else the first
+    message; for a completion, the prompt's first block (up to the first blank
+    line). Conversations that share a system prompt share a family whatever
+    their history."""
+    if kind != "chat":
+        return "prompt", str(prefix).split("\n\n", 1)[0]
+    first = None
+    for m in prefix:
+        if isinstance(m, (list, tuple)) and len(m) == 2 and m[0] in _SYSTEM_ROLES:
+            first = m
+            break
+    if first is None:
+        first = prefix[0] if prefix else None
+    if not (isinstance(first, (list, tuple)) and len(first) == 2):
+        return "other", json.dumps(first, sort_keys=True, ensure_ascii=False)
+    role, content = first
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+    return (role if role in _ROLES else "other"), text
 
 
 def read_library(path: str | os.PathLike[str]) -> dict[str, tuple[str, str | None, Any]]:
@@ -123,30 +156,30 @@ class Exchange:
     the caller's), set when the recorder asked a stream for its usage; the
     extra usage chunk is then taken out of what the caller reads (``strip``)."""
 
-    __slots__ = ("rec", "t0", "ttft", "status", "stream", "buf", "size", "usage", "key", "labels",
-                 "kind", "pre", "done", "tail", "skip", "body", "strip", "drop_blank", "held")
+    # Defaults at class level: a new exchange sets only what differs per request.
+    ttft: float | None = None
+    status = 0
+    stream = False
+    buf: list[bytes] | None = None
+    size = 0
+    usage: dict[Any, Any] | None = None
+    done = False
+    tail = b""
+    body: bytes | None = None
+    strip = False
+    drop_blank = False
+    _fingerprint: bytes | None = None
+    held = b""  # lines held back (each ending with a newline): the last choice chunk and what follows it
 
     def __init__(self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None,
                  pre: Any) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
-        self.ttft: float | None = None
-        self.status = 0
-        self.stream = False
-        self.buf: list[bytes] = []
-        self.size = 0
-        self.usage: dict[Any, Any] | None = None
         self.key = key
         self.labels = labels
         self.kind = kind
         self.pre = pre
-        self.done = False
-        self.tail = b""
         self.skip = key is None
-        self.body: bytes | None = None
-        self.strip = False
-        self.drop_blank = False
-        self.held: list[bytes] = []
 
     def response(self, status: int, content_type: str | None) -> None:
         try:
@@ -181,13 +214,16 @@ class Exchange:
                     self.tail = b""
                 for line in lines:
                     if _PROMPT_TOKENS in line and line.startswith(b"data:"):
-                        u = json.loads(line[5:]).get("usage")
+                        u = _loads(line[5:].decode("utf-8")).get("usage")
                         if isinstance(u, dict):
                             self.usage = u
             elif self.status < 400:
                 self.size += len(chunk)
                 if self.size <= _BODY_CAP:
-                    self.buf.append(chunk)
+                    if self.buf is None:
+                        self.buf = [chunk]
+                    else:
+                        self.buf.append(chunk)
         except Exception as e:
             self.rec.agg.count_error("record", "llm response chunk", e)
         return chunk
@@ -198,10 +234,15 @@ class Exchange:
         fields, so the caller reads what the engine would have sent it. An
         engine that moves ``system_fingerprint`` from the last choice chunk to
         the usage chunk (vLLM) gets it moved back: the last choice chunk is
-        held until the next event shows whether it is the usage chunk."""
+        held until the next event shows whether it is the usage chunk.
+
+        Most chunks take the fast way: a few byte scans over the complete
+        lines (and a ``bytes.replace`` of ``"usage": null``, which cannot occur
+        inside a JSON string, whose quotes are escaped); only the lines around
+        the last choice and the usage chunk are looked at one by one."""
         if self.ttft is None and chunk:
             self.ttft = time.perf_counter() - self.t0
-        data = self.tail + chunk
+        data = self.tail + chunk if self.tail else chunk
         try:
             i = data.rfind(b"\n")
             if i < 0:
@@ -209,54 +250,109 @@ class Exchange:
                 if len(data) > _BODY_CAP:  # no line in sight: stop filtering, pass everything on
                     return self._give_up(b"")
                 return b""
-            self.tail = data[i + 1:]
-            done = data[:i + 1]
-            if _USAGE not in done and _FINISH not in done and not self.drop_blank and not self.held:
-                return done
-            out: list[bytes] = []
-            for line in done.split(b"\n")[:-1]:
-                if self.drop_blank:
-                    self.drop_blank = False
-                    if not line.strip():
-                        continue
-                if not line.startswith(b"data:"):
-                    (self.held if self.held else out).append(line)
-                    continue
-                if _PROMPT_TOKENS in line:  # a usage object: parsed
-                    obj = json.loads(line[5:])
-                    u = obj.get("usage")
-                    if isinstance(u, dict):
-                        self.usage = u
-                        if obj.get("choices") == []:  # the usage-only chunk: not the caller's
-                            fp = obj.get("system_fingerprint")
-                            if fp is not None and self.held and _FINGERPRINT not in self.held[0]:
-                                h = self.held[0]
-                                k = h.rfind(b"}")
-                                self.held[0] = h[:k] + b',"system_fingerprint":' + json.dumps(fp).encode() + h[k:]
-                            out += self.held
-                            self.held = []
-                            self.drop_blank = True
-                            continue
-                elif _USAGE in line:  # "usage": null, added because usage was asked for (quotes in text are escaped)
-                    for pat in _NULL_USAGE:
-                        if pat in line:
-                            line = line.replace(pat, b"", 1)
-                            break
-                if self.held:
-                    out += self.held
-                    self.held = []
-                if _FINISH in line:
-                    self.held = [line]
-                else:
-                    out.append(line)
-            return b"\n".join(out) + b"\n" if out else b""
+            if i + 1 < len(data):
+                self.tail, done = data[i + 1:], data[:i + 1]
+            else:
+                self.tail, done = b"", data
+            if self.held or self.drop_blank or _FINISH in done or _PROMPT_TOKENS in done:
+                return self._lines(done)
+            return _without_null_usage(done) if _USAGE in done else done
         except Exception as e:  # pass on what is left unchanged, stop filtering
             self.rec.agg.count_error("record", "llm stream filter", e)
             return self._give_up(data)
 
+    def _lines(self, done: bytes) -> bytes:
+        """Complete lines (``done`` ends with a newline) when a choice's last
+        chunk or a usage object is among them, or lines are held: the lines up
+        to the next one that needs a look pass on in one piece (see
+        :meth:`_filter`). State is stored only at the end, so a line that does
+        not parse leaves it as it was."""
+        out: list[bytes] = []
+        held, drop_blank = self.held, self.drop_blank
+        pos, n = 0, len(done)
+        while pos < n:
+            if drop_blank:  # the blank line that ended the usage chunk's event
+                drop_blank = False
+                e = done.index(b"\n", pos)
+                if not done[pos:e].strip():
+                    pos = e + 1
+                    continue
+            if held:  # the next data line shows whether the held chunk was the last before the usage chunk
+                if done.startswith(b"data:", pos):
+                    d = pos
+                else:
+                    d = done.find(b"\ndata:", pos)
+                    if d < 0:
+                        held += done[pos:]
+                        break
+                    d += 1
+                held += done[pos:d]
+                pos = d
+                e = done.index(b"\n", d)
+                line = done[d:e]
+                if _PROMPT_TOKENS in line and self._usage_line(line):  # the usage-only chunk: not the caller's
+                    fp = self._fingerprint
+                    k = held.index(b"\n")
+                    if fp is not None and _FINGERPRINT not in held[:k]:
+                        j = held.rfind(b"}", 0, k)
+                        held = held[:j] + b',"system_fingerprint":' + fp + held[j:]
+                    out.append(held)
+                    held, pos = b"", e + 1
+                    if done.startswith(b"\n", pos):  # the blank line that ends its event
+                        pos += 1
+                    else:
+                        drop_blank = True
+                    continue
+                out.append(held)
+                held = b""
+            f, p = done.find(_FINISH, pos), done.find(_PROMPT_TOKENS, pos)
+            if f < 0 and p < 0:
+                rest = done[pos:]
+                out.append(_without_null_usage(rest) if _USAGE in rest else rest)
+                break
+            m = p if f < 0 else f if p < 0 else min(f, p)
+            start = max(done.rfind(b"\n", pos, m) + 1, pos)
+            if start > pos:
+                seg = done[pos:start]
+                out.append(_without_null_usage(seg) if _USAGE in seg else seg)
+            e = done.index(b"\n", m)
+            line = done[start:e]
+            pos = e + 1
+            if line.startswith(b"data:"):
+                if _PROMPT_TOKENS in line:
+                    if self._usage_line(line):
+                        if done.startswith(b"\n", pos):  # the blank line that ends its event
+                            pos += 1
+                        else:
+                            drop_blank = True
+                        continue
+                elif _USAGE in line:  # "usage": null, added because usage was asked for
+                    line = _without_null_usage(line)
+                if _FINISH in line:
+                    held = line + b"\n"
+                    continue
+            out.append(line + b"\n")
+        self.held, self.drop_blank = held, drop_blank
+        return b"".join(out)
+
+    def _usage_line(self, line: bytes) -> bool:
+        """Note the usage object of a ``data:`` line; True when the line is the
+        usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
+        kept in ``_fingerprint``."""
+        obj = _loads(line[5:].decode("utf-8"))
+        u = obj.get("usage")
+        if not isinstance(u, dict):
+            return False
+        self.usage = u
+        if obj.get("choices") != []:
+            return False
+        fp = obj.get("system_fingerprint")
+        self._fingerprint = None if fp is None else json.dumps(fp).encode()
+        return True
+
     def _give_up(self, data: bytes) -> bytes:
-        held = b"\n".join(self.held) + b"\n" if self.held else b""
-        self.strip, self.tail, self.held = False, b"", []
+        held = self.held
+        self.strip, self.tail, self.held = False, b"", b""
         return held + data
 
     def flush(self) -> bytes:
@@ -275,6 +371,29 @@ class Exchange:
             self.rec._finish(self, error)
         except Exception as e:
             self.rec.agg.count_error("record", "llm request", e)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` of a str, through the C scanner directly (no Python
+    frames in the way for the usual text that starts with its value)."""
+    start = 1 if text.startswith(" ") else 0  # "data: {...}"
+    try:
+        obj, end = _SCAN(text, start)
+    except StopIteration:  # more leading whitespace, or not JSON: the full decoder says which
+        return _JSON.decode(text)
+    if end != len(text) and not text[end:].isspace():
+        return _JSON.decode(text)  # raises: extra data
+    return obj
+
+
+def _without_null_usage(lines: bytes) -> bytes:
+    """``lines`` without the ``"usage": null`` fields a server adds to each chunk
+    when usage is asked for (the pattern cannot occur inside a JSON string:
+    its quotes would be escaped)."""
+    for pat in _NULL_USAGE:
+        if pat in lines:
+            lines = lines.replace(pat, b"")
+    return lines
 
 
 def _usage_of(body: bytes) -> dict[Any, Any] | None:
@@ -308,6 +427,10 @@ class LLMRecorder:
     20,000 per process), so that ``warmscope warmup --from hot`` can turn the
     hot keys recorded in the store back into prompts on this host. It holds
     prompt text: keep it where the prompts may be kept; it is never exported.
+    ``follow_runs``: follow the warm-up runs another process (``warmscope
+    warmup``) recorded for this replica in the shared store, so that their
+    precision and recall come from the requests made here
+    (:mod:`warmscope.collectors.run_follow`; read at each flush).
 
     Per request the recorder parses the request body once, finds the prefix
     key in a memo keyed by the prefix's in-process hash (the memo holds no
@@ -317,10 +440,15 @@ class LLMRecorder:
     def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
                  variant: str | None = None, tenant_header: str = TENANT_HEADER,
                  session_header: str = SESSION_HEADER, layer: str = LAYER, request_usage: bool = True,
-                 prompt_library: str | os.PathLike[str] | None = None) -> None:
+                 prompt_library: str | os.PathLike[str] | None = None, follow_runs: bool = True) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
+        self.binding.families.add_key_rule(*FAMILY_RULE)
+        if follow_runs:
+            from .run_follow import follow_runs as follow
+
+            follow(self.tel, self.binding.layer)
         self.experiment = experiment
         self.variant = variant
         self.tenant_header = tenant_header.lower()
@@ -346,11 +474,16 @@ class LLMRecorder:
             self._secret = self.tel.config.resolved_secret()[:64]
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=n).digest()
 
-    def prefix_key(self, kind: str, role: str, prefix: Any) -> str:
+    def prefix_key(self, kind: str, prefix: Any) -> str:
         """The lookup key of a prompt prefix (a list of [role, content] pairs or
-        a prompt's first 512 characters): no prompt text, only keyed hashes."""
+        a prompt's first 512 characters): ``KIND:ROLE:TEMPLATE:0DIGEST``, where
+        ``TEMPLATE`` is a keyed hash, in letters, of :func:`template_of`'s text
+        with its digits blanked and ``DIGEST`` a keyed hash of the whole
+        prefix. No prompt text, only keyed hashes; the key's family
+        (:data:`FAMILY_RULE`) is ``KIND:ROLE:TEMPLATE:*``."""
+        role, tpl_text = template_of(kind, prefix)
         text = prefix if isinstance(prefix, str) else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
-        tpl = "".join(_LETTERS[b % 26] for b in self._digest(text.translate(_DIGITS), 8))
+        tpl = "".join(_LETTERS[b % 26] for b in self._digest(tpl_text.translate(_DIGITS), 8))
         return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
 
     def _key_of(self, req: dict[Any, Any]) -> tuple[str | None, str | None, Any]:
@@ -362,7 +495,11 @@ class LLMRecorder:
             kind = "chat"
             pre = msgs[:-1] if len(msgs) > 1 else msgs[:1]
             try:
-                fp = hash(tuple([(m["role"], m["content"]) for m in pre]))
+                if len(pre) == 1:  # the common case (a system prompt): no list built
+                    m = pre[0]
+                    fp = hash(((m["role"], m["content"]),))
+                else:
+                    fp = hash(tuple([(m["role"], m["content"]) for m in pre]))
             except (TypeError, KeyError):  # content parts (lists), odd messages: no memo
                 fp = None
         else:
@@ -377,8 +514,7 @@ class LLMRecorder:
             hit = self._keys.get((kind, fp))
             if hit is not None:
                 return hit, kind, pre
-        _, role, prefix = prefix_of(req)  # type: ignore[misc]
-        key = self.prefix_key(kind, role, prefix)
+        key = self.prefix_key(kind, _pairs(pre) if kind == "chat" else pre)
         if fp is not None:
             if len(self._keys) >= _MEMO_CAP:
                 self._keys.clear()
@@ -386,7 +522,13 @@ class LLMRecorder:
         return key, kind, pre
 
     def _headers(self, headers: Any) -> tuple[str | None, str | None]:
-        """(tenant, session) from the request headers, in one pass."""
+        """(tenant, session) from the request headers, without a loop in Python."""
+        rows = getattr(headers, "_list", None)
+        if isinstance(rows, list) and (not rows or len(rows[0]) == 3):  # httpx: (name, lower-case name, value)
+            names = list(map(_SECOND, rows))
+            t = rows[names.index(self._th)][2].decode("utf-8", "replace") if self._th in names else None
+            s = rows[names.index(self._sh)][2].decode("utf-8", "replace") if self._sh in names else None
+            return t, s
         raw = getattr(headers, "raw", None)
         if raw is None:
             return headers.get(self.tenant_header), headers.get(self.session_header)
@@ -409,8 +551,7 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                req = _JSON.decode(body.decode("utf-8")) if isinstance(body, bytes) else \
-                    (json.loads(body) if body else None)
+                req = _loads(body.decode("utf-8")) if isinstance(body, bytes) else (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):
@@ -500,17 +641,26 @@ class LLMRecorder:
             ctx = self._context(ex, None)
             self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0)
             return
-        cached = max(0, min(cached, prompt))
+        if cached > prompt:
+            cached = prompt
+        elif cached < 0:
+            cached = 0
         ctx = self._context(ex, prompt)
-        self.agg.record_tokens(self.binding, ex.key, cached, prompt - cached, ctx)
-        self.agg.record_request(ctx, ex.ttft, duration, prompt, cached,
-                                0.0, None, None, 0.0)
+        if self.agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
+            self._adopt(ex.key)  # type: ignore[arg-type]
+        self.agg.record_llm(self.binding, ex.key, cached, prompt - cached, ctx, ex.ttft, duration)
         self.stats["recorded"] += 1
         e = self._library.get(ex.key)  # type: ignore[arg-type]
         if e is not None:
             e[0] += 1
         else:
             self._remember(ex.key, ctx.tenant, ex.kind, ex.pre)  # type: ignore[arg-type]
+
+    def _adopt(self, key: str) -> None:
+        try:
+            self.agg.adopt_warmed(key, self.tel.hasher.hash(key))
+        except Exception as e:  # no key secret: nothing can be matched by hash
+            self.agg.count_error("record", "matching a warm-up run recorded elsewhere", e)
 
     def _remember(self, key: str, tenant: str, kind: str, pre: Any) -> None:
         prefix = _pairs(pre) if kind == "chat" else pre

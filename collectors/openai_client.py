@@ -22,6 +22,7 @@ the caller sees exactly the responses and exceptions it would see without it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -30,20 +31,19 @@ import httpx
 from .llm import Exchange, LLMRecorder
 from .pipeline import Telemetry
 
+_SECOND = operator.itemgetter(1)
+
 __all__ = ["InstrumentedTransport", "AsyncInstrumentedTransport", "instrument_openai", "recorder_of"]
-
-
-def _body(request: httpx.Request) -> bytes | None:
-    try:
-        return request.content
-    except httpx.RequestNotRead:  # a streamed upload: not parsed
-        return None
 
 
 def _begin(recorder: LLMRecorder, request: httpx.Request) -> tuple[Exchange | None, httpx.Request]:
     """The exchange to record (None: pass through) and the request to send:
     the caller's, or a copy whose body asks a stream for its usage."""
-    ex = recorder.begin(request.method, request.url.path, request.headers, _body(request))
+    try:
+        body: bytes | None = request.content
+    except httpx.RequestNotRead:  # a streamed upload: not parsed
+        body = None
+    ex = recorder.begin(request.method, request.url.path, request.headers, body)
     if ex is None or ex.body is None:
         return ex, request
     try:
@@ -58,44 +58,69 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
     """A copy of ``request`` with another body, asking for a plain (not
     compressed) response so that the usage chunk can be taken out of it. The
     caller's request object is left as it was. Copied attribute by attribute:
-    building a new ``httpx.Request`` parses the URL again (~100 µs)."""
+    building a new ``httpx.Request`` parses the URL again (~100 µs), and the
+    headers are rebuilt from their parsed list in one pass when httpx keeps
+    one (``Headers.copy`` and ``__setitem__`` re-encode every header)."""
     new = httpx.Request.__new__(httpx.Request)
     new.__dict__.update(request.__dict__)
-    headers = request.headers.copy()
-    headers["content-length"] = str(len(body))
-    headers["accept-encoding"] = "identity"
-    new.headers = headers
+    new.headers = _headers_with(request.headers, (b"content-length", str(len(body)).encode("ascii")),
+                                (b"accept-encoding", b"identity"))
     new.stream = httpx.ByteStream(body)
     new._content = body
     return new
 
 
+def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
+    """A copy of ``headers`` with each (lower-case name, value) of ``items`` set
+    in the place of the first header of that name (or appended), the others of
+    that name dropped, as ``Headers.__setitem__`` does."""
+    lst = getattr(headers, "_list", None)
+    if not isinstance(lst, list):  # another httpx: the public way
+        out = headers.copy()
+        for k, v in items:
+            out[k.decode("ascii")] = v.decode("latin-1")
+        return out
+    rows = list(lst)
+    names = list(map(_SECOND, rows))  # lower-case names, listed in C
+    for k, v in items:
+        if k not in names:
+            rows.append((k, k, v))
+            continue
+        i = names.index(k)
+        rows[i] = (k, k, v)  # in the first one's place
+        if names.count(k) > 1:  # and no other of that name
+            rows[i + 1:] = [r for r in rows[i + 1:] if r[1] != k]
+            names = list(map(_SECOND, rows))
+    new = httpx.Headers.__new__(httpx.Headers)
+    new._list = rows
+    new._encoding = headers._encoding
+    return new
+
+
 class _Stream:
-    """The response body read through the recorder (sync and async below);
-    ``with self:`` records how the body ended if it failed."""
+    """The response body read through the recorder (sync and async below); a
+    body that fails records how it ended, and the error reaches the caller."""
 
     def __init__(self, inner: Any, ex: Exchange) -> None:
         self._inner, self._ex = inner, ex
 
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        if error is not None:
-            self._ex.finish(error)
-
-    def _end(self) -> bytes:
-        rest = self._ex.flush()
-        self._ex.finish()
-        return rest
-
 
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
-        with self:
+        feed = self._ex.feed
+        try:
             for chunk in self._inner:
-                yield self._ex.feed(chunk)
-        yield self._end()
+                out = feed(chunk)
+                if out:  # bytes held back (a line not yet complete) come with a later chunk
+                    yield out
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
+        ex = self._ex
+        rest = ex.flush()
+        ex.finish()
+        if rest:
+            yield rest
 
     def close(self) -> None:
         try:
@@ -106,10 +131,20 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
 
 class _AsyncStream(_Stream, httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with self:
+        feed = self._ex.feed
+        try:
             async for chunk in self._inner:
-                yield self._ex.feed(chunk)
-        yield self._end()
+                out = feed(chunk)
+                if out:
+                    yield out
+        except BaseException as e:
+            self._ex.finish(e)
+            raise
+        ex = self._ex
+        rest = ex.flush()
+        ex.finish()
+        if rest:
+            yield rest
 
     async def aclose(self) -> None:
         try:
@@ -120,14 +155,17 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
 
 def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
     ctype = enc = b""
-    for k, v in resp.headers.raw:  # one pass (Headers.get costs microseconds each)
-        if len(k) in (12, 16):
-            k = k.lower()
-            if k == b"content-type":
-                ctype = v
-            elif k == b"content-encoding":
-                enc = v.lower()
-    ex.response(resp.status_code, ctype.decode("latin-1"))
+    lst = getattr(resp.headers, "_list", None)  # (raw name, lower-case name, value)
+    rows = lst if isinstance(lst, list) else [(k, k.lower(), v) for k, v in resp.headers.raw]
+    names = list(map(_SECOND, rows))  # lower-case names, listed in C
+    if b"content-type" in names:
+        ctype = rows[names.index(b"content-type")][2]
+    if b"content-encoding" in names:
+        enc = rows[names.index(b"content-encoding")][2].lower()
+    ex.status = status = resp.status_code  # as Exchange.response, without decoding the content type
+    ex.stream = b"text/event-stream" in ctype
+    if not ex.stream or status >= 400:
+        ex.strip = False
     if enc not in (b"", b"identity"):
         ex.skip, ex.strip = True, False  # compressed bytes are passed on, not parsed
     resp.stream = stream  # the same response, its body read through the recorder

@@ -186,6 +186,9 @@ class Telemetry:
         self._final = False
         self._deadline = float("inf")  # monotonic; set by close()
         self._stop = threading.Event()
+        # Called with the flush time before each flush (on the flusher's thread,
+        # never a request's): e.g. collectors.run_follow's reader of runs recorded elsewhere.
+        self.flush_hooks: list[Callable[[float], Any]] = []
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, name="warmscope-flush", daemon=True)
@@ -313,7 +316,13 @@ class Telemetry:
                 return {}
 
     def _flush(self, now: float | None, settle: bool, side: bool = True) -> dict[str, int]:
-        store_b, redis_b, new_last = self._collect(self.clock() if now is None else now, settle, side)
+        now = self.clock() if now is None else now
+        for hook in [] if self._final else list(self.flush_hooks):
+            try:
+                hook(now)
+            except Exception as e:
+                self.aggregator.count_error("flush", "flush hook", e)
+        store_b, redis_b, new_last = self._collect(now, settle, side)
         written = {k: len(v) for k, v in store_b.items()}
         written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
         if self.points_to_store or self._store_path is not None or self.store is not None:

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from . import records
@@ -203,16 +204,14 @@ INSTRUMENTS = (
 SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
+_LEN_NAMES = tuple(str(b) for b in _LEN_BUCKETS) + ("inf",)
 
 
 def length_bucket(tokens: int | None) -> str:
     """Power-of-two prompt-length bucket (upper bound) as a label value."""
     if tokens is None or tokens < 0:
         return UNKNOWN
-    for b in _LEN_BUCKETS:
-        if tokens <= b:
-            return str(b)
-    return "inf"
+    return _LEN_NAMES[bisect.bisect_left(_LEN_BUCKETS, tokens)]  # the first bound >= tokens
 
 
 def prom_name(inst: Instrument) -> str:

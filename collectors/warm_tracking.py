@@ -69,6 +69,10 @@ class WarmupTracking:
         self.warmup_counts: dict[tuple[Any, ...], list[Any]] = {}  # WARMUP_LABELS + (status,) -> RUN_SUMS
         self.warmup_active: dict[tuple[Any, ...], int] = {}
         self.warm_read: dict[tuple[Any, ...], int] = {}  # WARMUP_LABELS -> warmed keys read
+        # Runs recorded by another process for this replica (collectors.run_follow): their
+        # warmed keys by hash until a request brings the raw key, and the ids made here.
+        self.remote_warmed: dict[str, WarmedKey] = {}
+        self.local_runs: set[str] = set()
 
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         raise NotImplementedError  # pragma: no cover - provided by the aggregator
@@ -77,6 +81,7 @@ class WarmupTracking:
         """Book a warm-up start/end (called by WarmupRun; not on the lookup path)."""
         with self._lock:
             if kind == "start":
+                self.local_runs.add(record.get("run_id", ""))
                 self.warmup_active[labels] = self.warmup_active.get(labels, 0) + 1
             else:
                 self.warmup_active[labels] = self.warmup_active.get(labels, 1) - 1
@@ -93,6 +98,38 @@ class WarmupTracking:
             return False
         self.warmed[w.key_hash_src] = w
         return True
+
+    def follow_run(self, run_id: str, layer: str, tenant: str | None, labels: tuple[Any, ...], ended: float,
+                   early_window_s: float, keys: list[tuple[str, WarmedKey]], now: float) -> None:
+        """A run recorded by another process (not on the lookup path): its
+        warmed keys wait by hash for :meth:`adopt_warmed`, and its recall
+        window is opened for what is left of it."""
+        for key_hash, w in keys:
+            if len(self.remote_warmed) + len(self.warmed) >= self.warmed_key_limit:
+                self.count_error("record", "warmed-key limit reached; key not tracked for precision")
+                break
+            w.labels = labels
+            self.remote_warmed[key_hash] = w
+        until = ended + early_window_s
+        if until > now and self.early_key_limit > 0:
+            win = EarlyWindow(run_id, layer, tenant, until, self.early_key_limit)
+            with self._lock:
+                self.early = self.early + [win]
+
+    def adopt_warmed(self, key: object, key_hash: str) -> None:
+        """The first request for a key warmed by a followed run: from now on
+        it is tracked like a key warmed here (called before its lookup is recorded)."""
+        w = self.remote_warmed.pop(key_hash, None)
+        if w is not None:
+            w.key_hash_src = key
+            self.warmed[key] = w
+
+    def forget_remote(self, now: float) -> None:
+        """Drop followed keys never requested whose entry has expired (as the
+        exporter drops warmed keys past their horizon)."""
+        for kh, w in list(self.remote_warmed.items()):
+            if now > w.warmed_at + (w.ttl_s if w.ttl_s else 86400.0):
+                self.remote_warmed.pop(kh, None)
 
     def open_early_window(self, run_id: str, layer: str, tenant: str | None, seconds: float) -> None:
         if seconds <= 0 or self.early_key_limit <= 0:

@@ -146,12 +146,10 @@ def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None
             key, body = item["key"], {k: item[k] for k in ("messages", "prompt") if k in item}
         elif "messages" in item:
             msgs = item["messages"]
-            role = msgs[0].get("role") if msgs[0].get("role") in ("system", "developer", "user", "assistant",
-                                                                   "tool") else "other"
-            key = recorder.prefix_key("chat", str(role), [[m.get("role"), m.get("content")] for m in msgs])
+            key = recorder.prefix_key("chat", [[m.get("role"), m.get("content")] for m in msgs])
             body = {"messages": msgs}
         else:
-            key = recorder.prefix_key("completion", "prompt", item["prompt"][:512])
+            key = recorder.prefix_key("completion", item["prompt"][:512])
             body = {"prompt": item["prompt"]}
         out.append((key, t, body))
     return out[:top_k]

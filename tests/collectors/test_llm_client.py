@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 
 import httpx
@@ -368,7 +369,7 @@ def _client_workload(tel, upstream):
     client = instrument_openai(openai.OpenAI(base_url=upstream + "/v1", api_key="-"), telemetry=tel,
                                experiment="exp", variant="A")
     with tel.warmup("engine_prefix", layer="prefix_kv", tenant="acme") as run:
-        run.warmed(recorder_of(client).prefix_key("chat", "system", [["system", SYSTEM]]))
+        run.warmed(recorder_of(client).prefix_key("chat", [["system", SYSTEM]]))
     for j in range(3):
         with request_context(tenant="acme", unit=f"sess-zq7{j}", telemetry=tel):
             list(client.chat.completions.create(model="tiny", messages=msgs(), stream=True,
@@ -484,3 +485,224 @@ def test_client_and_gateway_libraries_stay_out_of_the_base_install():
     code = ("import sys; sys.modules.update(httpx=None, openai=None, starlette=None, uvicorn=None); "
             "from warmscope import collectors; import warmscope.collectors.llm")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_template_of_is_the_system_prompt_or_the_first_block():
+    from warmscope.collectors.llm import template_of
+
+    chat = [["system", "S"], ["user", "u1"], ["assistant", "a1"]]
+    assert template_of("chat", chat) == ("system", "S")
+    # a developer message counts as the system prompt, wherever it is
+    assert template_of("chat", [["user", "u0"], ["developer", "D"]]) == ("developer", "D")
+    assert template_of("chat", [["user", "u0"], ["assistant", "a0"]]) == ("user", "u0")  # no system: the first
+    parts = [{"type": "text", "text": "T"}]
+    assert template_of("chat", [["system", parts]]) == ("system", json.dumps(parts, sort_keys=True))
+    assert template_of("chat", [["robot", "R"]]) == ("other", "R")
+    assert template_of("completion", "Summarise.\nBe brief.\n\nDoc 1\n\nmore") == ("prompt", "Summarise.\nBe brief.")
+    assert template_of("completion", "one block") == ("prompt", "one block")
+
+
+def test_family_is_the_system_prompt_template_whatever_the_history(make_tel, upstream, tmp_path):
+    """Multi-turn chats that share a system prompt share one key family (their
+    prefix keys differ); another system prompt is another family; a chat with
+    no system prompt is keyed by its first message and a completion by its
+    first block (digits blanked); no family, key hash or stored byte holds
+    prompt text."""
+    tel = make_tel(store_path=str(tmp_path / "f.sqlite"))
+    inst = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    other_system = "You are the zq7 billing desk of Initech. Reply in French."
+    chats = {   # tenant -> the conversation so far (the last message is the new question)
+        "t1": msgs(SYSTEM, "first") + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}],
+        "t2": msgs(SYSTEM, "another history") + [{"role": "assistant", "content": "sure"},
+                                                  {"role": "user", "content": "and then"}],
+        "t3": msgs(SYSTEM, "single turn"),
+        "t4": msgs(other_system, "first") + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "x"}],
+        "t5": [{"role": "user", "content": "Ticket 4471: printer zq7 jammed"}, {"role": "assistant", "content": "a"},
+               {"role": "user", "content": "b"}],
+        "t6": [{"role": "user", "content": "Ticket 9902: printer zq7 jammed"}, {"role": "assistant", "content": "c"},
+               {"role": "user", "content": "d"}],
+    }
+    rec = inst._transport.recorder
+    keys = {}
+    for tenant, m in chats.items():
+        r = inst.post("/v1/chat/completions", json={"model": "tiny", "messages": m, "max_tokens": 1},
+                      headers={"x-warmscope-tenant": tenant})
+        assert r.status_code == 200
+        keys[tenant] = rec._key_of({"messages": m})[0]
+    prompts = {"c1": "Summarise for Initech support.\n\nDoc zq7 1", "c2": "Summarise for Initech support.\n\nDoc 2",
+               "c3": "Translate for Initech support.\n\nDoc zq7 1"}
+    for tenant, p in prompts.items():
+        r = inst.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 1},
+                      headers={"x-warmscope-tenant": tenant})
+        assert r.status_code == 200
+    lk = lookups(tel)
+    fam = lk.groupby("tenant")["family"].agg(lambda s: set(s)).to_dict()
+    assert all(len(f) == 1 for f in fam.values())
+    fam = {t: next(iter(f)) for t, f in fam.items()}
+    assert fam["t1"] == fam["t2"] == fam["t3"]                 # one system prompt, three histories: one family
+    assert len({keys["t1"], keys["t2"], keys["t3"]}) == 3       # ... and three prefix keys
+    assert fam["t4"] != fam["t1"]                               # another system prompt, another family
+    assert fam["t5"] == fam["t6"] != fam["t1"]                  # no system prompt: the first message, digits blanked
+    assert fam["c1"] == fam["c2"] != fam["c3"]                  # completions: the first block
+    assert re.fullmatch(r"chat:system:[a-z]{8}:\*", fam["t1"]) and re.fullmatch(r"chat:user:[a-z]{8}:\*", fam["t5"])
+    assert re.fullmatch(r"completion:prompt:[a-z]{8}:\*", fam["c1"])
+    tel.close()
+    hk = tel.store.frame("hot_keys")
+    exported = " ".join(list(lk["family"]) + list(hk["family"]) + list(hk["key_hash"]))
+    for word in ("zq7", "Initech", "Ticket", "printer", "Summarise", "support"):
+        assert word not in exported
+    for f in tmp_path.glob("f.sqlite*"):
+        blob = f.read_bytes()
+        for word in (b"zq7", b"Initech", b"Ticket", b"printer", b"Summarise", b"billing", b"another history"):
+            assert word not in blob, (word, f.name)
+
+
+def test_vllm_shaped_stream_gets_its_fingerprint_back_at_any_chunk_boundary(make_tel):
+    """vLLM writes compact JSON and, when usage is on, moves system_fingerprint
+    from the last choice chunk to the usage chunk: the caller reads the stream
+    it would have read without usage, at every split into network chunks."""
+    def ev(obj):
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(delta, finish=None, **more):
+        return {"id": "c", "object": "chat.completion.chunk", "model": "tiny",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **more}
+
+    usage = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+             "prompt_tokens_details": {"cached_tokens": 32}}
+    plain = b"".join([ev(chunk({"role": "assistant", "content": ""})), ev(chunk({"content": "ok"})),
+                      ev(chunk({"content": "!"}, "length", system_fingerprint="fp_7")), b"data: [DONE]\n\n"])
+    engine = b"".join([ev(chunk({"role": "assistant", "content": ""}, usage=None)),
+                       ev(chunk({"content": "ok"}, usage=None)), ev(chunk({"content": "!"}, "length", usage=None)),
+                       ev({"id": "c", "object": "chat.completion.chunk", "model": "tiny", "choices": [],
+                           "usage": usage, "system_fingerprint": "fp_7"}), b"data: [DONE]\n\n"])
+    rec = InstrumentedTransport(telemetry=make_tel()).recorder
+    raw = json.dumps({"model": "tiny", "messages": msgs(), "stream": True}).encode()
+    splits = [[engine[:c], engine[c:]] for c in range(1, len(engine))]
+    splits.append([engine[i:i + 1] for i in range(len(engine))])                 # byte by byte
+    splits.append([engine[:c] for c in (len(engine),)])                         # the whole stream at once
+    splits.append([e + b"\n\n" for e in engine.split(b"\n\n")[:-1]])              # one event per chunk
+    for parts in splits:
+        ex = rec.begin("POST", "/v1/chat/completions", {}, raw)
+        ex.response(200, "text/event-stream")
+        out = b"".join(ex.feed(p) for p in parts) + ex.flush()
+        ex.finish()
+        assert out == plain, parts
+        assert ex.usage == usage
+    assert rec.stats["recorded"] == len(splits)
+
+
+def test_a_run_started_by_the_cli_is_matched_to_the_serving_processs_requests(make_tel, upstream, tmp_path):
+    """`warmscope warmup` in its own process warms three system prompts for
+    replica srv-1; the serving process (replica srv-1, same store and key
+    secret) follows the run at its next flush and counts the requests that
+    follow against it: precision and recall of the CLI's run come out of the
+    store like those of a run made in process. A run recorded for another
+    replica is not followed."""
+    import os
+    import subprocess
+    import sys
+
+    from warmscope.analysis.coverage import warm_set_coverage
+
+    store = tmp_path / "shared.sqlite"
+    tel = make_tel(store_path=str(store), key_secret="shared-secret", replica="srv-1", early_window_s=600)
+    client = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    systems = [f"{SYSTEM} desk {d}" for d in "ABC"]
+    warm_set = tmp_path / "warm.jsonl"
+    warm_set.write_text("".join(json.dumps({"messages": [{"role": "system", "content": s}], "tenant": "acme"}) + "\n"
+                                for s in systems))
+    env = {**os.environ, "WARMSCOPE_KEY_SECRET": "shared-secret"}
+    for replica in ("srv-1", "srv-2"):
+        done = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "warmup",
+                               "--engine", upstream, "--from", str(warm_set), "--replica", replica, "--rate", "0",
+                               "--trigger", "replica_start", "--quiet"], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "ok, 3 prefixes" in done.stderr
+    tel.flush()                                         # the serving process's flush follows srv-1's run
+    rec = client._transport.recorder
+    asked = [systems[0], systems[0], systems[1], f"{SYSTEM} desk D"]   # A twice, B once, D was never warmed
+    for i, system in enumerate(asked):
+        r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system, f"q{i}")},
+                        headers={"x-warmscope-tenant": "acme"})
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 or i == 3
+    assert rec.stats["recorded"] == 4
+    tel.close()                                         # closes the recall window
+    runs = tel.store.frame("warmup_runs")
+    assert sorted(runs["replica"]) == ["srv-1", "srv-2"] and set(runs["status"]) == {"ok"}
+    cov = warm_set_coverage(runs, tel.store.frame("warmed_keys"), tel.store.frame("early_keys"),
+                            recall_window_s=600).set_index("replica")
+    # srv-1: 3 warmed, 2 read (A, B): precision 2/3; requested A, B, D of which A, B warmed: recall 2/3
+    assert cov.loc["srv-1", "keys_warmed"] == 3 and cov.loc["srv-1", "keys_read"] == 2
+    assert cov.loc["srv-1", "precision"] == pytest.approx(2 / 3)
+    assert cov.loc["srv-1", "early_keys"] == 3 and cov.loc["srv-1", "recall"] == pytest.approx(2 / 3)
+    # srv-2's run warmed the same prompts, but nothing here serves replica srv-2
+    assert cov.loc["srv-2", "keys_read"] == 0 and cov.loc["srv-2", "early_keys"] == 0
+
+
+def test_header_copy_equals_httpx_setitem():
+    """The stream's request copy sets content-length and accept-encoding as
+    httpx's own Headers.__setitem__ does: in the first one's place, duplicates
+    dropped, appended when absent; the caller's headers are left as they were."""
+    from warmscope.collectors.openai_client import _headers_with
+
+    items = ((b"content-length", b"9"), (b"accept-encoding", b"identity"))
+    for raw in ([("Host", "x"), ("Accept-Encoding", "gzip"), ("content-length", "5"), ("X", "1"),
+                 ("accept-encoding", "br")], [("Host", "x")], []):
+        h = httpx.Headers(raw)
+        before = h.multi_items()
+        ref = h.copy()
+        ref["content-length"], ref["accept-encoding"] = "9", "identity"
+        assert _headers_with(h, *items).multi_items() == ref.multi_items()
+        assert h.multi_items() == before
+
+
+@pytest.mark.redis
+def test_a_run_recorded_in_redis_by_another_pipeline_is_followed(make_tel, upstream, redis_client):
+    """The same with Redis as the shared store: a warm-up run recorded by another
+    pipeline (another process's, here in the same process) for replica srv-1 is
+    followed by the serving pipeline of srv-1 at its flush."""
+    from warmscope.analysis.coverage import warm_set_coverage
+    from warmscope.analysis.redis_source import RedisSource
+
+    systems = [f"{SYSTEM} redis desk {d}" for d in "AB"]
+    runner_tel = make_tel(redis_client=redis_client, key_secret="shared-secret", replica="srv-1")
+    res = run_warmup(upstream, [{"messages": [{"role": "system", "content": s}]} for s in systems],
+                     telemetry=runner_tel, rate=0, trigger="replica_start")
+    assert res.status == "ok" and res.keys == 2
+    runner_tel.close()
+    tel = make_tel(redis_client=redis_client, key_secret="shared-secret", replica="srv-1", early_window_s=600)
+    client = httpx.Client(base_url=upstream, transport=InstrumentedTransport(telemetry=tel))
+    tel.flush()
+    for i, system in enumerate([systems[0], f"{SYSTEM} redis desk C"]):   # A was warmed, C was not
+        client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs(system, f"q{i}")},
+                    headers={"x-warmscope-tenant": "acme"})
+    tel.close()
+    src = RedisSource("redis://unused", client=redis_client)
+    runs = src.frame("warmup_runs", 0, 4e9)
+    cov = warm_set_coverage(runs, src.frame("warmed_keys", 0, 4e9), src.frame("early_keys", 0, 4e9),
+                            recall_window_s=600)
+    row = cov.set_index("run_id").loc[res.run_id]
+    # 2 warmed, 1 read (A): precision 1/2; requested A and C, A warmed: recall 1/2
+    assert row["keys_warmed"] == 2 and row["precision"] == pytest.approx(0.5)
+    assert row["early_keys"] == 2 and row["recall"] == pytest.approx(0.5)
+
+
+def test_the_recorders_family_rule_comes_before_family_rules(make_tel):
+    """A user's family_rules still map other keys of the layer, but the
+    recorder's prefix keys keep their template family, also for keys
+    memoised before the recorder was made."""
+    from warmscope.collectors.llm import LLMRecorder
+
+    tel = make_tel(family_rules=[["^(chat|summarize):", "\\1:*"]])
+    fams = tel.aggregator.bind_layer("prefix_kv").families
+    early = "chat:system:abcdefgh:0" + "0123456789abcdef"
+    assert fams.family(early) == "chat:*"                      # before any recorder: the user's rule
+    rec = LLMRecorder(tel)
+    key = rec.prefix_key("chat", [["system", "You are terse."]])
+    assert re.fullmatch(r"chat:system:[a-z]{8}:\*", fams.family(key))
+    assert fams.family(early) == "chat:system:abcdefgh:*"       # the memo was cleared when the rule came
+    assert fams.family("chat:session:42") == "chat:*"           # other keys: the user's rule as before
+    LLMRecorder(tel)                                            # a second recorder adds no second rule
+    assert len(fams._key_rules) == 1

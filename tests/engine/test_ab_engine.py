@@ -1,17 +1,23 @@
 """A/B of cache warm-up on two real vLLM engines, measured through the
-instrumented OpenAI client: arm A starts cold, arm B is warmed by the warm-up
-runner at start; one multi-tenant workload is split between them by session
-hash. What warmscope reports is checked against the engines' own counters and
+instrumented OpenAI client: arm A starts cold, arm B is warmed at start by
+`warmscope warmup` in another process, whose run B's serving side follows;
+one multi-tenant workload is split between them by session hash. What
+warmscope reports is checked against the engines' own counters and
 the cached tokens they returned; then an engine is stopped mid-run."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -68,8 +74,23 @@ def ab_run(vllm_engines, tmp_path_factory):
     warm_set = [{"messages": [{"role": "system", "content": system_prompt(t, i)}], "tenant": t}
                 for t, i in templates if i % 4 != 3]
     warm_set += [{"messages": [{"role": "system", "content": system_prompt("nobody", i)}]} for i in range(4)]
-    warm = run_warmup(eng_b.url, warm_set, recorder=recorder_of(clients["B"]), top_k=len(warm_set), rate=0,
-                      trigger="replica_start")
+    # B is warmed at start by `warmscope warmup` in its own process, recorded for replica b-0 in the shared
+    # store; B's serving side follows that run at its next flush and matches its own requests to it.
+    warm_file = tmp / "warm-set.jsonl"
+    warm_file.write_text("".join(json.dumps(item) + "\n" for item in warm_set))
+    done = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(tmp / "ab.sqlite"), "warmup",
+                           "--engine", eng_b.url, "--from", str(warm_file), "--top-k", str(len(warm_set)),
+                           "--rate", "0", "--trigger", "replica_start", "--replica", "b-0", "--quiet"],
+                          env={**os.environ, "WARMSCOPE_KEY_SECRET": "ab-secret"}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr
+    m = re.search(r"warm-up run (\w+): ok, (\d+) prefixes", done.stderr)
+    assert m, done.stderr
+    rec_b = recorder_of(clients["B"])
+    warm = SimpleNamespace(run_id=m.group(1), keys=int(m.group(2)),
+                           key_list=[rec_b.prefix_key("chat", [[x["role"], x["content"]] for x in item["messages"]])
+                                     for item in warm_set])
+    tels["B"].flush()
     before = {"A": eng_a.counters(), "B": eng_b.counters()}
     sessions = [(f"sess-{t}-{i}", t, i) for t, i in templates]
     random.Random(7).shuffle(sessions)
@@ -88,7 +109,7 @@ def ab_run(vllm_engines, tmp_path_factory):
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                     usage = chunk.usage or usage
-            key = recorder_of(clients[arm]).prefix_key("chat", "system", [["system", msgs[0]["content"]]])
+            key = recorder_of(clients[arm]).prefix_key("chat", [["system", msgs[0]["content"]]])
             records.append(dict(arm=arm, tenant=tenant, key=key, ttft=ttft, prompt=usage.prompt_tokens,
                                 cached=usage.prompt_tokens_details.cached_tokens))
     after = {"A": eng_a.counters(), "B": eng_b.counters()}
@@ -158,6 +179,7 @@ def test_warm_set_precision_and_recall_come_from_real_cached_tokens(ab_run):
     runs = st.frame("warmup_runs")
     runs = runs[runs.replica == "b-0"]
     assert list(runs["status"]) == ["ok"] and ab_run["warm"].keys == len(ab_run["warm_set"])
+    assert list(runs["run_id"]) == [ab_run["warm"].run_id]      # the run `warmscope warmup` made, followed by B
     cov = warm_set_coverage(runs, st.frame("warmed_keys"), st.frame("early_keys"), recall_window_s=3600)
     row = cov.iloc[0]
     b = [r for r in ab_run["records"] if r["arm"] == "B"]
