@@ -514,6 +514,7 @@ class Simulation:
                     self.warmup(pool, pool.replicas, "hit_rate_drop")
             if pool.heat is not None:
                 pool.heat.cluster_recent = Counter({k: c * 0.95 for k, c in pool.heat.cluster_recent.items()})
+                pool.heat.tenant_recent = Counter({k: c * 0.95 for k, c in pool.heat.tenant_recent.items()})
 
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
@@ -538,6 +539,7 @@ class Simulation:
             bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
         if pool.heat is not None:
             pool.heat.cluster_recent[tpl.cluster] += 1
+            pool.heat.tenant_recent[ten.name] += 1
         with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
                              model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
             wait = self._weights(rep, ten, tr, gate_wait)

@@ -15,7 +15,10 @@
   (``warm_horizon_s``) is 1 − exp(−r̂·(H − L)), where L is how long the entry
   already in the cache stays valid (a response still fresh for H needs no
   warming). Keys under ``warm_min_prob`` are not warmed (forecast
-  confidence), the rest are ranked by that chance — ties by the heat score
+  confidence), the rest are ranked by that chance (responses: by that chance
+  times the time to first token a miss costs, the tenant's likely LoRA
+  adapter load included — Che's approximation of the adapter LRU under the
+  tenants' recent request shares) — ties by the heat score
   of the source document, ``heat × similarity × exp(−λ·Δt) × priority/10``
   (heat: the decayed count; Δt: time since the last request; similarity:
   the template cluster's share of recent traffic relative to the busiest;
@@ -120,6 +123,7 @@ class HeatTracker:
         self.limit = limit
         self.heat: dict[str, list] = {}  # key -> [heat, last_t, layer, tenant, tpl, replica]
         self.cluster_recent: Counter = Counter()
+        self.tenant_recent: Counter = Counter()  # requests per tenant, decayed like cluster_recent
         self.since: float | None = None  # the first request seen
 
     def touch(self, layer: str, key: str, tenant: str, tpl: int, t: float, replica: str = "*") -> None:
@@ -199,7 +203,9 @@ def _forecast(cfg: SimConfig, layer: str, now: float, yesterday: KeyStats, heat:
     seed = _predictive_scores(cfg, layer, now, heat, tenants_by_name)
     own = layer in PER_REPLICA
     horizon = cfg.warm_horizon_s
+    adapter_miss = _adapter_miss(cfg, heat.tenant_recent) if layer == "response" else {}
     chance: dict[str, float] = {}
+    saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
     for k in set(prior) | set(seed):
         e = heat.heat.get(k)
         if tenant_scope is not None and (e[3] if e is not None else yesterday.meta[k][0]) != tenant_scope:
@@ -213,7 +219,38 @@ def _forecast(cfg: SimConfig, layer: str, now: float, yesterday: KeyStats, heat:
         p = -math.expm1(-rate * max(horizon - left, 0.0))
         if p >= cfg.warm_min_prob and p > 0:
             chance[k] = p
-    return sorted(chance, key=lambda k: (-chance[k], -seed.get(k, 0.0), k))[: cfg.warm_keys]
+            if layer == "response":  # the time to first token a hit saves, the tenant's likely adapter load included
+                tenant, tpl = (e[3], e[4]) if e is not None else yesterday.meta[k]
+                saved[k] = p * _response_miss_ttft(cfg, tpl, adapter_miss.get(tenant, 1.0))
+    rank = saved or chance
+    return sorted(chance, key=lambda k: (-rank[k], -seed.get(k, 0.0), k))[: cfg.warm_keys]
+
+
+def _response_miss_ttft(cfg: SimConfig, tpl_idx: int, adapter_miss: float) -> float:
+    """Seconds to the first token a response-cache miss costs beyond a hit, in the cost model: the
+    adapter load (with the chance it is not resident), the chunks' embeddings, the query's prefill
+    (the system prompt's blocks are usually cached) and the fixed overhead."""
+    tpl = TEMPLATES[tpl_idx]
+    emb = CHUNKS_PER_QUERY * cfg.embed_s if tpl.rag else 0.0
+    return (adapter_miss * cfg.lora_load_s + emb + sum(tpl.query_tokens) / 2 * cfg.prefill_s_per_token
+            + cfg.base_ttft_s)
+
+
+def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
+    """Each tenant's chance that its LoRA adapter is not resident, for an LRU of ``lora_slots``
+    under the tenants' recent request shares (Che's approximation: the characteristic time T
+    solves Σ 1 − exp(−qᵢ·T) = slots; a tenant misses with exp(−qᵢ·T))."""
+    total = sum(tenant_requests.values())
+    if not total or len(tenant_requests) <= cfg.lora_slots:
+        return {t: 0.0 for t in tenant_requests}
+    q = {t: n / total for t, n in tenant_requests.items()}
+    lo, hi = 0.0, 1.0
+    while sum(-math.expm1(-x * hi) for x in q.values()) < cfg.lora_slots:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(-math.expm1(-x * mid) for x in q.values()) < cfg.lora_slots else (lo, mid)
+    return {t: math.exp(-x * hi) for t, x in q.items()}
 
 
 def _predictive_scores(cfg: SimConfig, layer: str, now: float, heat: HeatTracker,
