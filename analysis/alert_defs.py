@@ -22,6 +22,26 @@ BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's loo
                                bypass the cache, and it did not an hour before
 TelemetryDropping              the collectors swallow errors                                warning
 =============================  ==========================================================  ==========
+
+The engine alerts (``rules/engines.alerts.yml``, :func:`render_engine_rules`) are
+defined here too, in :data:`ENGINE_ALERTS`: they read the engine series that
+``rules/engines.rules.yml`` maps from vLLM, SGLang and LMCache and have no
+evaluator of their own (the dashboard's engine mode shows what Prometheus
+fires). Their runbook links are absolute (:data:`RUNBOOK_BASE`):
+
+=====================================  ============================================  ========
+rule                                   condition                                     severity
+=====================================  ============================================  ========
+WarmscopeEngineHitRateRegression…      token-weighted prefix hit rate                warning
+(…ShortTerm, …Daily)                   ``HIT_RATE_DROP`` (20 %) below an hour / a
+                                       day ago while prompts arrive; 10 / 15 min
+WarmscopeEngineKVCacheSaturated        KV-cache usage over ``ENGINE_KV_SATURATED``   warning
+                                       (95 %) for 10 min
+WarmscopeEngineTTFTSLOBurn             the TTFT SLO (``ENGINE_TTFT_SLO_TARGET`` =    critical
+                                       99 % within ``ENGINE_TTFT_SLO_S`` = 1 s)
+                                       burns ``ENGINE_BURN_RATE`` (14.4×) too fast
+                                       on both the 5 min and the 1 h window
+=====================================  ============================================  ========
 """
 
 from __future__ import annotations
@@ -29,7 +49,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["AlertDef", "ALERTS", "HIT_RATE_DROP", "HIT_RATE_CRITICAL_DROP", "HIT_RATE_P", "WARM_PRECISION_MIN",
-           "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule"]
+           "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule", "ENGINE_ALERTS",
+           "ENGINE_KV_SATURATED", "ENGINE_TTFT_SLO_S", "ENGINE_TTFT_SLO_TARGET", "ENGINE_BURN_RATE",
+           "render_engine_rules", "RUNBOOK_BASE"]
 
 HIT_RATE_DROP = 0.20  # relative fall of a layer's hit rate that raises HitRateRegression
 HIT_RATE_CRITICAL_DROP = 0.50  # ... and makes it critical (evaluator)
@@ -38,6 +60,11 @@ WARM_PRECISION_MIN = 0.30  # share of a warm set read before it is called wasted
 WARM_MIN_KEYS = 10  # the evaluator judges runs that warmed at least this many keys
 BYPASS_SHARE = 0.05  # share of a layer's lookups that bypass the cache
 BYPASS_FOR_S = 600.0  # held this long (the rule's `for`)
+ENGINE_KV_SATURATED = 0.95  # KV-cache usage share past which prefix blocks are evicted before reuse
+ENGINE_TTFT_SLO_S = 1.0  # the TTFT SLO's bound (the `le` bucket engines.rules.yml counts misses above)
+ENGINE_TTFT_SLO_TARGET = 0.99  # share of requests that must see their first token within the bound
+ENGINE_BURN_RATE = 14.4  # error-budget burn rate that pages: 2 % of a 30-day budget in one hour
+RUNBOOK_BASE = "https://github.com/warmscope/warmscope/blob/main/docs/runbooks.md"  # the engine rules' links
 
 
 @dataclass(frozen=True)
@@ -107,6 +134,44 @@ ALERTS: tuple[AlertDef, ...] = (
 )
 
 
+_ENGINE_WHO = "{{ $labels.warmscope_engine }} model {{ $labels.gen_ai_request_model }} on {{ $labels.instance }}"
+_ENGINE_HIT = "warmscope:engine_prefix_hit_ratio:rate5m"
+_BUDGET = 1 - ENGINE_TTFT_SLO_TARGET
+
+ENGINE_ALERTS: tuple[AlertDef, ...] = (
+    AlertDef("EngineHitRateRegression", "WarmscopeEngineHitRateRegressionShortTerm",
+             f"{_ENGINE_HIT} < {1 - HIT_RATE_DROP:g} * ({_ENGINE_HIT} offset 1h)\n"
+             "and warmscope:engine_prefix_query_tokens:rate5m > 0",
+             "10m", "warning", f"Prefix-cache hit rate of {_ENGINE_WHO} fell {_pct(HIT_RATE_DROP)} within the hour",
+             "Token-weighted hit rate now {{ $value | humanizePercentage }}.", "engine-hit-rate-regression"),
+    AlertDef("EngineHitRateRegression", "WarmscopeEngineHitRateRegressionDaily",
+             f"{_ENGINE_HIT} < {1 - HIT_RATE_DROP:g} * ({_ENGINE_HIT} offset 1d)\n"
+             "and warmscope:engine_prefix_query_tokens:rate5m > 0",
+             "15m", "warning",
+             f"Prefix-cache hit rate of {_ENGINE_WHO} is {_pct(HIT_RATE_DROP)} below the same time yesterday",
+             "Token-weighted hit rate now {{ $value | humanizePercentage }}.", "engine-hit-rate-regression"),
+    AlertDef("EngineKVCacheSaturated", "WarmscopeEngineKVCacheSaturated",
+             f"warmscope:engine_kv_cache_usage:ratio > {ENGINE_KV_SATURATED:g}", "10m", "warning",
+             "KV cache of {{ $labels.warmscope_engine }} on {{ $labels.instance }} is over "
+             f"{_pct(ENGINE_KV_SATURATED)} full",
+             "Usage {{ $value | humanizePercentage }}: prefix blocks are evicted before they are reused.",
+             "engine-kv-cache-saturated"),
+    AlertDef("EngineTTFTSLOBurn", "WarmscopeEngineTTFTSLOBurn",
+             f"warmscope:engine_ttft_slo_miss:ratio_rate5m > {ENGINE_BURN_RATE:g} * {_BUDGET:g}\n"
+             f"and warmscope:engine_ttft_slo_miss:ratio_rate1h > {ENGINE_BURN_RATE:g} * {_BUDGET:g}",
+             "2m", "critical",
+             "Time to first token on {{ $labels.instance }} burns its SLO budget "
+             f"{ENGINE_BURN_RATE:.0f}× too fast",
+             "{{ $value | humanizePercentage }} of requests took over "
+             f"{ENGINE_TTFT_SLO_S:g} s to their first token (SLO: {_pct(_BUDGET)}).",
+             "engine-ttft-slo-burn",
+             comment=f"SLO: {_pct(ENGINE_TTFT_SLO_TARGET)} of requests see their first token within "
+                     f"{ENGINE_TTFT_SLO_S:g} s. Burn rate {ENGINE_BURN_RATE:g}\n"
+                     "on both the 5-minute and the 1-hour window "
+                     f"({_pct(ENGINE_BURN_RATE / (30 * 24))} of a 30-day budget per hour)."),
+)
+
+
 def by_rule(rule: str) -> AlertDef:
     return next(a for a in ALERTS if a.rule == rule)
 
@@ -118,10 +183,25 @@ def _q(s: str) -> str:
 def render_rules() -> str:
     """``rules/warmscope.alerts.yml`` from :data:`ALERTS` (runbook links relative;
     ``warmscope rules --runbook-base`` makes them absolute)."""
-    out = ["# Generated from analysis/alert_defs.py (the evaluator reads the same thresholds); edit it there and",
-           "# write this file with `python -m warmscope.analysis.alert_defs > rules/warmscope.alerts.yml`.",
-           "groups:", "  - name: warmscope-alerts", "    interval: 30s", "    rules:"]
-    for a in ALERTS:
+    head = ["# Generated from analysis/alert_defs.py (the evaluator reads the same thresholds); edit it there and",
+            "# write this file with `python -m warmscope.analysis.alert_defs > rules/warmscope.alerts.yml`."]
+    return _render(head, "warmscope-alerts", ALERTS, "docs/runbooks.md")
+
+
+def render_engine_rules() -> str:
+    """``rules/engines.alerts.yml`` from :data:`ENGINE_ALERTS` (runbook links on :data:`RUNBOOK_BASE`)."""
+    head = ["# Generated from analysis/alert_defs.py; edit it there and write this file with",
+            "# `python -m warmscope.analysis.alert_defs --engines > rules/engines.alerts.yml`.",
+            "# Alerts on the engine series of engines.rules.yml (vLLM, SGLang, LMCache):",
+            "# they work with no warmscope instrumentation at all. runbook_url is absolute;",
+            "# `warmscope rules --runbook-base URL --out DIR` writes these files with your",
+            "# own copy of docs/runbooks.md as the base."]
+    return _render(head, "warmscope-engine-alerts", ENGINE_ALERTS, RUNBOOK_BASE)
+
+
+def _render(head: list[str], group: str, alerts: tuple[AlertDef, ...], base: str) -> str:
+    out = head + ["groups:", f"  - name: {group}", "    interval: 30s", "    rules:"]
+    for a in alerts:
         out.append(f"      - alert: {a.rule}")
         out += [f"        # {line}" for line in a.comment.splitlines()]
         if "\n" in a.expr:
@@ -131,9 +211,11 @@ def render_rules() -> str:
             out.append(f"        expr: {a.expr}")
         out += [f"        for: {a.for_}", f"        labels: {{severity: {a.severity}}}", "        annotations:",
                 f"          summary: {_q(a.summary)}", f"          description: {_q(a.description)}",
-                f"          runbook_url: {_q('docs/runbooks.md#' + a.runbook)}"]
+                f"          runbook_url: {_q(base + '#' + a.runbook)}"]
     return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
-    print(render_rules(), end="")
+    import sys
+
+    print(render_engine_rules() if sys.argv[1:] == ["--engines"] else render_rules(), end="")

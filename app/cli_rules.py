@@ -14,9 +14,10 @@ import re
 import sys
 from pathlib import Path
 
+from warmscope.analysis.alert_defs import RUNBOOK_BASE as DEFAULT_RUNBOOK_BASE
+
 __all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "add_parser"]
 
-DEFAULT_RUNBOOK_BASE = "https://github.com/warmscope/warmscope/blob/main/docs/runbooks.md"
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 _URL = re.compile(r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")")
 

@@ -1,6 +1,7 @@
 """The simulated caches: an LRU with optional TTL and weighted capacity.
 
-``get(key, default)`` / ``set(key, value)`` like any cache the collectors wrap.
+``get(key, default)`` / ``set(key, value)`` like any cache the collectors wrap;
+``valid_for(key)`` is what a warm-up runner asks a cache with TTLs (Redis ``PTTL``).
 Capacity is in weight units (entries by default; tokens for the prefix-KV cache,
 where ``weigh`` returns a block's token count). Expired entries count as misses
 and are dropped on read.
@@ -51,6 +52,13 @@ class LRU:
             self.used -= ow
 
     __setitem__ = set
+
+    def valid_for(self, key: Hashable) -> float:
+        """Seconds the entry for ``key`` stays valid: 0 when absent or expired, ``inf`` without a TTL."""
+        e = self._d.get(key)
+        if e is None:
+            return 0.0
+        return max(e[1] - self.clock(), 0.0) if e[1] else float("inf")
 
     def __contains__(self, key: Hashable) -> bool:
         return self.get(key, None) is not None

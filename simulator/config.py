@@ -35,6 +35,10 @@ conv_tau_s                 6.0         conversion probability *= exp(-latency / 
 value_per_conversion       4.0         currency units (tenant i gets value*(1+i/10))
 warm_keys                  400         keys per layer a warm-up run may warm
 warm_s_per_key             0.05        wall time a warm-up spends per key
+warm_horizon_s             1800        predictive: the horizon its forecast looks ahead (s): a key is
+                                       warmed for the misses it prevents within it
+warm_min_prob              0.25        predictive: warm a key only when the forecast gives at least
+                                       this chance that it prevents a miss within the horizon
 peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak); <0 disables
 content_drift_h            0           trending content: every this many hours the popularity of
                                        fills and RAG chunks beyond the top 20 moves to other items
@@ -98,6 +102,8 @@ class SimConfig:
     value_per_conversion: float = setting(4.0, ge=0)
     warm_keys: int = setting(400, ge=0)
     warm_s_per_key: float = setting(0.05, ge=0)
+    warm_horizon_s: float = setting(1800.0, gt=0)
+    warm_min_prob: float = setting(0.25, ge=0, le=1)
     peak_warmup_at_h: float = 8.5  # < 0 disables
     lambda_mode: str = setting("slo", choices=("slo", "fixed"))
     lambda_fixed: float = setting(0.0005, ge=0)

@@ -102,6 +102,10 @@ class _RedisResponseCache:
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         self.r.set(key, value, ex=int(ttl or self.ttl))
 
+    def valid_for(self, key: str) -> float:
+        ms = self.r.pttl(key)  # -2: absent, -1: no expiry
+        return 0.0 if ms == -2 else float("inf") if ms == -1 else ms / 1000.0
+
 
 class Replica:
     def __init__(self, sim: Simulation, name: str, pool: Pool, start_rel: float) -> None:
@@ -168,6 +172,12 @@ class Pool:
         self.resp_lru = LRU(cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl)
         self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
         self.last_drop_trigger = -1e18
+        self._resp_backend: Any = self.resp_lru
+
+    def valid_for(self, layer: str, key: str) -> float:
+        """Seconds the pool's response cache keeps ``key`` valid (a warm-up runner's ``PTTL``); the
+        replicas' own caches are asked nothing (a warm-up that lands at cut-over finds them empty)."""
+        return float(self._resp_backend.valid_for(key)) if layer == "response" else 0.0
 
     def response_view(self, rep: Replica) -> Any:
         backend: Any = self.resp_lru
@@ -176,6 +186,7 @@ class Pool:
 
             db = "ABC".index(self.variant) + 1  # pools never share entries
             backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl)
+            self._resp_backend = backend
         return InstrumentedCache(backend, "response", telemetry=rep.tel)
 
 
@@ -340,26 +351,32 @@ class Simulation:
         is done, on caches emptied at that moment (:meth:`Replica.roll`)."""
         strategy = strategy or pool.strategy
         t_rel = self.now - self.t0
-        picks = [] if strategy == "none" else choose(strategy, self.cfg, t_rel, self.yesterday, pool.heat,
-                                                     self.by_name)
-        if strategy != "none":
-            picks = self._lora_picks(strategy, pool) + picks
-        if layers:
-            picks = [p for p in picks if p[0] in layers]
-        if not picks:
-            if cutover:
-                for rep in replicas:
-                    rep.cut_over()
-            return
-        by_layer = {ly: [p for p in picks if p[0] == ly] for ly in self.LAYER_ORDER}
-        by_layer = {ly: ps for ly, ps in by_layer.items() if ps}
         cfg = self.cfg
-        durations = {ly: len(ps) * (cfg.lora_load_s if ly == "lora" else cfg.warm_s_per_key)
-                     for ly, ps in by_layer.items()}
-        total = sum(durations.values())
-        # A forced finish (warm-up out of step) stretches the layers to end there.
-        stretch = max((finish_at - t_rel) / total, 1.0) if finish_at is not None and total > 0 else 1.0
+        lora = self._lora_picks(strategy, pool) if strategy != "none" else []
+        shared: list | None = None
         for rep in replicas:
+            if strategy == "none":
+                picks: list = []
+            elif strategy == "predictive":  # a forecast per replica (its own sessions' history)
+                picks = lora + choose(strategy, cfg, t_rel, self.yesterday, pool.heat, self.by_name,
+                                      replica=rep.name, valid_for=pool.valid_for)
+            else:
+                if shared is None:
+                    shared = lora + choose(strategy, cfg, t_rel, self.yesterday, pool.heat, self.by_name)
+                picks = shared
+            if layers:
+                picks = [p for p in picks if p[0] in layers]
+            if not picks:
+                if cutover:
+                    rep.cut_over()
+                continue
+            by_layer = {ly: [p for p in picks if p[0] == ly] for ly in self.LAYER_ORDER}
+            by_layer = {ly: ps for ly, ps in by_layer.items() if ps}
+            durations = {ly: len(ps) * (cfg.lora_load_s if ly == "lora" else cfg.warm_s_per_key)
+                         for ly, ps in by_layer.items()}
+            total = sum(durations.values())
+            # A forced finish (warm-up out of step) stretches the layers to end there.
+            stretch = max((finish_at - t_rel) / total, 1.0) if finish_at is not None and total > 0 else 1.0
             t = t_rel
             if cutover:
                 self.schedule(t_rel + total, rep.cut_over)  # before any layer lands (events keep their order)
@@ -381,7 +398,7 @@ class Simulation:
         if strategy == "predictive" and pool.heat is not None and pool.heat.heat:
             now = self.now - self.t0
             lam = pool.heat.lam
-            for h, last, _, tenant, _ in pool.heat.heat.values():
+            for h, last, _, tenant, _, _ in pool.heat.heat.values():
                 score[tenant] += h * math.exp(-lam * max(now - last, 0.0)) * self.by_name[tenant].priority / 10
         else:
             for key, c in self.yesterday.counts["prefix_kv"].items():
@@ -497,6 +514,7 @@ class Simulation:
                     self.warmup(pool, pool.replicas, "hit_rate_drop")
             if pool.heat is not None:
                 pool.heat.cluster_recent = Counter({k: c * 0.95 for k, c in pool.heat.cluster_recent.items()})
+                pool.heat.tenant_recent = Counter({k: c * 0.95 for k, c in pool.heat.tenant_recent.items()})
 
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
@@ -521,6 +539,7 @@ class Simulation:
             bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
         if pool.heat is not None:
             pool.heat.cluster_recent[tpl.cluster] += 1
+            pool.heat.tenant_recent[ten.name] += 1
         with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
                              model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
             wait = self._weights(rep, ten, tr, gate_wait)
@@ -621,7 +640,7 @@ class Simulation:
             else:
                 look[(rep.name, "embedding", "hit")] += 1
             if pool.heat is not None:
-                pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr)
+                pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr, rep.name)
         return emb_s
 
     def _finish_request(self, rep: Replica, ten: Any, tr: float, wait: float, lora_s: float, emb_s: float,
@@ -687,7 +706,7 @@ class Simulation:
         heat = pool.heat
         for j, (key, tokens, reusable) in enumerate(blocks):
             if heat is not None and (j < n_sys or reusable):  # system prompts and conversation history
-                heat.touch("prefix_kv", key, ten.name, tpl_idx, tr)
+                heat.touch("prefix_kv", key, ten.name, tpl_idx, tr, rname)
             if bypass:
                 kv.bypass(key)
                 look[(rname, "prefix_kv", "bypass")] += 1

@@ -7,16 +7,30 @@
   (docs, dialog, retrieval, short); the budget is split evenly across the
   clusters seen and the top keys of each cluster are warmed, so no task type
   starts cold.
-* ``predictive`` — heat decay (seed formula): ``score = heat × similarity ×
-  exp(−λ·Δt) × priority/10`` where heat is the key's decayed request count,
-  Δt the time since it was last requested, similarity its template cluster's
-  share of recent traffic relative to the busiest cluster, and priority the
-  tenant's 1–10 priority.
-  λ is fixed or SLO-aware (see ``SimConfig.heat_lambda``). Heat comes from the
-  pool's own observed traffic — system-prompt blocks and the reusable history
-  blocks of active conversations, which a replacement instance can restore
-  (a KV offload tier) and yesterday's log cannot know; with no traffic yet
-  (replica start) yesterday's log seeds it.
+* ``predictive`` — a demand forecast per key, warmed where it is likely to
+  prevent a miss. Each key's request rate is yesterday's rate (the prior,
+  weighted as ``PRIOR_WEIGHT_S`` seconds of observation) updated with the
+  pool's own decayed request count (an hour's memory): for a rate r̂ the
+  chance that warming prevents a miss within the horizon H
+  (``warm_horizon_s``) is 1 − exp(−r̂·(H − L)), where L is how long the entry
+  already in the cache stays valid (a response still fresh for H needs no
+  warming). Keys under ``warm_min_prob`` are not warmed (forecast
+  confidence), the rest are ranked by that chance (responses: by that chance
+  times the time to first token a miss costs, the tenant's likely LoRA
+  adapter load included — Che's approximation of the adapter LRU under the
+  tenants' recent request shares) — ties by the heat score
+  of the source document, ``heat × similarity × exp(−λ·Δt) × priority/10``
+  (heat: the decayed count; Δt: time since the last request; similarity:
+  the template cluster's share of recent traffic relative to the busiest;
+  priority: the tenant's 1–10; λ fixed or SLO-aware, ``SimConfig.heat_lambda``)
+  — up to ``warm_keys`` per layer. The forecast is per replica for the
+  replica's own caches: a conversation's history blocks are read only on
+  the replica its session is routed to, a system prompt on every replica.
+  Heat comes from the pool's own traffic — system-prompt blocks and the
+  reusable history blocks of active conversations, which a replacement
+  instance can restore (a KV offload tier) and yesterday's log cannot know;
+  with no traffic yet (replica start) yesterday's log, priority-weighted,
+  is the warm set.
 
 Each choice is ``(layer, key, tenant, template, gpu_s)``; ``gpu_s`` is what
 warming that key costs in the cost model.
@@ -26,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -36,6 +50,9 @@ from .traffic import CHUNKS_PER_QUERY, TEMPLATES, Tenant, draw_arrivals, pick_te
 __all__ = ["KeyStats", "yesterday_log", "choose", "HeatTracker", "warm_cost"]
 
 WARM_LAYERS = ("prefix_kv", "embedding", "response")
+PER_REPLICA = ("prefix_kv", "embedding")  # each replica's own cache (the response cache is the pool's)
+PRIOR_WEIGHT_S = 3600.0  # yesterday's rate counts as this many seconds of the pool's own observation
+YESTERDAY_REQUESTS = 40_000  # requests in yesterday's log
 Choice = tuple[str, str, str, int, float]
 
 
@@ -45,6 +62,7 @@ class KeyStats:
     def __init__(self) -> None:
         self.counts: dict[str, Counter] = {layer: Counter() for layer in WARM_LAYERS}
         self.meta: dict[str, tuple[str, int]] = {}
+        self.span_s = 0.0  # seconds of (all pools') traffic the counts cover
 
     def add(self, layer: str, key: str, tenant: str, tpl: int, n: float = 1.0) -> None:
         self.counts[layer][key] += n
@@ -64,12 +82,13 @@ def request_keys(tenant: Tenant, tpl_idx: int, fill: int, chunks: Iterable[int],
         yield "prefix_kv", f"kv:{tpl.name}:sys:{n}.{b}"
 
 
-def yesterday_log(cfg: SimConfig, tenants: list[Tenant], n: int = 40_000) -> KeyStats:
+def yesterday_log(cfg: SimConfig, tenants: list[Tenant], n: int = YESTERDAY_REQUESTS) -> KeyStats:
     rng = np.random.default_rng(cfg.seed + 10_007)
     # Yesterday's popular content: under content drift, a period before today's first.
     a = draw_arrivals(rng, cfg, 0.0, n / max(cfg.rps, 1e-9), cfg.rps, tenant_weights(len(tenants)),
                       drift_at=-cfg.content_drift_h * 3600)
     ks = KeyStats()
+    ks.span_s = n / max(cfg.rps, 1e-9)
     for i in range(len(a.t)):
         ten = tenants[int(a.tenant[i])]
         tpl = pick_template(ten, float(a.u_tpl[i]))
@@ -93,25 +112,39 @@ COUNT_TAU_S = 3600.0  # memory of the request count (heat); recency is the score
 
 class HeatTracker:
     """Request counts per key with an hour's memory: heat ← heat·exp(−Δt/τ) + 1
-    on each request (τ = ``COUNT_TAU_S``). The score's recency factor
-    exp(−λ·Δt) uses the strategy's λ (SLO-aware by default)."""
+    on each request (τ = ``COUNT_TAU_S``), and the replica that served the key
+    (``"*"`` once several have). The score's recency factor exp(−λ·Δt) uses
+    the strategy's λ (SLO-aware by default)."""
 
     def __init__(self, lam: float, limit: int = 60_000, count_tau_s: float = COUNT_TAU_S) -> None:
         self.lam = lam
+        self.tau = count_tau_s
         self.decay = 1.0 / count_tau_s
         self.limit = limit
-        self.heat: dict[str, list] = {}  # key -> [heat, last_t, layer, tenant, tpl]
+        self.heat: dict[str, list] = {}  # key -> [heat, last_t, layer, tenant, tpl, replica]
         self.cluster_recent: Counter = Counter()
+        self.tenant_recent: Counter = Counter()  # requests per tenant, decayed like cluster_recent
+        self.since: float | None = None  # the first request seen
 
-    def touch(self, layer: str, key: str, tenant: str, tpl: int, t: float) -> None:
+    def touch(self, layer: str, key: str, tenant: str, tpl: int, t: float, replica: str = "*") -> None:
+        if self.since is None:
+            self.since = t
         e = self.heat.get(key)
         if e is None:
             if len(self.heat) >= self.limit:
                 self._prune(t)
-            self.heat[key] = [1.0, t, layer, tenant, tpl]
+            self.heat[key] = [1.0, t, layer, tenant, tpl, replica]
         else:
             e[0] = e[0] * math.exp(-self.decay * (t - e[1])) + 1.0
             e[1] = t
+            if e[5] != replica:
+                e[5] = "*"
+
+    def observed_s(self, now: float) -> float:
+        """The count a steady rate of one request per second leaves by ``now``:
+        τ·(1 − exp(−T/τ)) after T seconds of traffic (a rate is heat / this)."""
+        span = max(now - (self.since if self.since is not None else now), 1.0)
+        return self.tau * -math.expm1(-span / self.tau)
 
     def _prune(self, t: float) -> None:
         items = sorted(self.heat.items(), key=lambda kv: kv[1][0] * math.exp(-self.decay * (t - kv[1][1])))
@@ -124,19 +157,25 @@ def _top(cands: dict[str, float], k: int) -> list[str]:
 
 
 def choose(strategy: str, cfg: SimConfig, now_rel: float, yesterday: KeyStats, heat: HeatTracker | None,
-           tenants_by_name: dict[str, Tenant], tenant_scope: str | None = None) -> list[Choice]:
+           tenants_by_name: dict[str, Tenant], tenant_scope: str | None = None, replica: str | None = None,
+           valid_for: Callable[[str, str], float] | None = None) -> list[Choice]:
+    """The warm set. ``replica``: the replica being warmed (predictive: its own caches' forecast);
+    ``valid_for(layer, key)``: seconds the cache's current entry stays valid (0: absent)."""
     if strategy == "none":
         return []
     out: list[Choice] = []
     for layer in WARM_LAYERS:
         if strategy == "predictive" and heat is not None and heat.heat:
-            cands = _predictive_scores(cfg, layer, now_rel, heat, tenants_by_name)
-            meta = {k: (e[3], e[4]) for k, e in heat.heat.items()}
-        else:
-            cands = dict(yesterday.counts[layer])
-            meta = yesterday.meta
-            if strategy == "predictive":  # no history yet: priority-weighted yesterday
-                cands = {k: v * tenants_by_name[meta[k][0]].priority / 10 for k, v in cands.items()}
+            keys = _forecast(cfg, layer, now_rel, yesterday, heat, tenants_by_name, replica, valid_for,
+                             tenant_scope)
+            for k in keys:
+                tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
+                out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
+            continue
+        cands = dict(yesterday.counts[layer])
+        meta = yesterday.meta
+        if strategy == "predictive":  # no history yet: priority-weighted yesterday
+            cands = {k: v * tenants_by_name[meta[k][0]].priority / 10 for k, v in cands.items()}
         if tenant_scope is not None:
             cands = {k: v for k, v in cands.items() if meta[k][0] == tenant_scope}
         if strategy == "semantic":
@@ -153,12 +192,73 @@ def choose(strategy: str, cfg: SimConfig, now_rel: float, yesterday: KeyStats, h
     return out
 
 
+def _forecast(cfg: SimConfig, layer: str, now: float, yesterday: KeyStats, heat: HeatTracker,
+              tenants_by_name: dict[str, Tenant], replica: str | None,
+              valid_for: Callable[[str, str], float] | None, tenant_scope: str | None) -> list[str]:
+    """Predictive keys of one layer: the chance each prevents a miss within the horizon, at least
+    ``warm_min_prob``, highest first (ties: the heat score), at most ``warm_keys``."""
+    prior = yesterday.counts[layer]
+    per_s = 1.0 / (yesterday.span_s * len(cfg.arms)) if yesterday.span_s else 0.0  # one pool's share
+    obs = heat.observed_s(now)
+    seed = _predictive_scores(cfg, layer, now, heat, tenants_by_name)
+    own = layer in PER_REPLICA
+    horizon = cfg.warm_horizon_s
+    adapter_miss = _adapter_miss(cfg, heat.tenant_recent) if layer == "response" else {}
+    chance: dict[str, float] = {}
+    saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
+    for k in set(prior) | set(seed):
+        e = heat.heat.get(k)
+        if tenant_scope is not None and (e[3] if e is not None else yesterday.meta[k][0]) != tenant_scope:
+            continue
+        seen = e[0] * math.exp(-heat.decay * max(now - e[1], 0.0)) if e is not None else 0.0
+        rate = (prior.get(k, 0.0) * per_s * PRIOR_WEIGHT_S + seen) / (PRIOR_WEIGHT_S + obs)
+        if own:  # a replica reads its share: all of a session's history where it is served, none elsewhere
+            where = e[5] if e is not None else "*"
+            rate *= 1.0 / cfg.replicas if where == "*" or replica is None else float(where == replica)
+        left = valid_for(layer, k) if valid_for is not None else 0.0
+        p = -math.expm1(-rate * max(horizon - left, 0.0))
+        if p >= cfg.warm_min_prob and p > 0:
+            chance[k] = p
+            if layer == "response":  # the time to first token a hit saves, the tenant's likely adapter load included
+                tenant, tpl = (e[3], e[4]) if e is not None else yesterday.meta[k]
+                saved[k] = p * _response_miss_ttft(cfg, tpl, adapter_miss.get(tenant, 1.0))
+    rank = saved or chance
+    return sorted(chance, key=lambda k: (-rank[k], -seed.get(k, 0.0), k))[: cfg.warm_keys]
+
+
+def _response_miss_ttft(cfg: SimConfig, tpl_idx: int, adapter_miss: float) -> float:
+    """Seconds to the first token a response-cache miss costs beyond a hit, in the cost model: the
+    adapter load (with the chance it is not resident), the chunks' embeddings, the query's prefill
+    (the system prompt's blocks are usually cached) and the fixed overhead."""
+    tpl = TEMPLATES[tpl_idx]
+    emb = CHUNKS_PER_QUERY * cfg.embed_s if tpl.rag else 0.0
+    return (adapter_miss * cfg.lora_load_s + emb + sum(tpl.query_tokens) / 2 * cfg.prefill_s_per_token
+            + cfg.base_ttft_s)
+
+
+def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
+    """Each tenant's chance that its LoRA adapter is not resident, for an LRU of ``lora_slots``
+    under the tenants' recent request shares (Che's approximation: the characteristic time T
+    solves Σ 1 − exp(−qᵢ·T) = slots; a tenant misses with exp(−qᵢ·T))."""
+    total = sum(tenant_requests.values())
+    if not total or len(tenant_requests) <= cfg.lora_slots:
+        return {t: 0.0 for t in tenant_requests}
+    q = {t: n / total for t, n in tenant_requests.items()}
+    lo, hi = 0.0, 1.0
+    while sum(-math.expm1(-x * hi) for x in q.values()) < cfg.lora_slots:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(-math.expm1(-x * mid) for x in q.values()) < cfg.lora_slots else (lo, mid)
+    return {t: math.exp(-x * hi) for t, x in q.items()}
+
+
 def _predictive_scores(cfg: SimConfig, layer: str, now: float, heat: HeatTracker,
                        tenants_by_name: dict[str, Tenant]) -> dict[str, float]:
     recent = heat.cluster_recent
     top = max(recent.values()) if recent else 0
     out = {}
-    for k, (h, last, lay, tenant, tpl) in heat.heat.items():
+    for k, (h, last, lay, tenant, tpl, _rep) in heat.heat.items():
         if lay != layer:
             continue
         sim = recent.get(TEMPLATES[tpl].cluster, 0) / top if top else 1.0

@@ -131,12 +131,23 @@ def test_bypass_spike_fires_on_both_sides_or_on_neither(tmp_path, share):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_engine_hit_rate_alerts_use_the_same_threshold():
-    # rules/engines.alerts.yml is written by hand (engine metrics have no evaluator here); its hit-rate
-    # conditions must use the definitions' fall.
-    rules = [r for g in yaml.safe_load((RULES / "engines.alerts.yml").read_text())["groups"] for r in g["rules"]]
-    hit = [r for r in rules if "HitRateRegression" in r["alert"]]
+def test_engine_alert_rules_are_generated_from_the_definitions():
+    # rules/engines.alerts.yml is written from ENGINE_ALERTS (engine metrics have no evaluator here); its
+    # hit-rate conditions use the definitions' fall, its SLO the bucket engines.rules.yml counts misses above.
+    assert (RULES / "engines.alerts.yml").read_text() == alert_defs.render_engine_rules()
+    rules = {r["alert"]: r for g in yaml.safe_load((RULES / "engines.alerts.yml").read_text())["groups"]
+             for r in g["rules"]}
+    assert set(rules) == {a.rule for a in alert_defs.ENGINE_ALERTS}
+    hit = [r for r in rules.values() if "HitRateRegression" in r["alert"]]
     assert len(hit) == 2
     for r in hit:
         assert f"< {1 - alert_defs.HIT_RATE_DROP:g} * (warmscope:engine_prefix_hit_ratio:rate5m offset" in r["expr"]
         assert f"{alert_defs.HIT_RATE_DROP:.0%}" in r["annotations"]["summary"]
+    assert "> 0.95" in rules["WarmscopeEngineKVCacheSaturated"]["expr"]  # ENGINE_KV_SATURATED
+    burn = rules["WarmscopeEngineTTFTSLOBurn"]
+    # 14.4 × (1 − 0.99) = 0.144 of requests over the bound, on both windows
+    assert burn["expr"].count("> 14.4 * 0.01") == 2 and burn["labels"]["severity"] == "critical"
+    assert "over 1 s" in burn["annotations"]["description"]
+    recording = (RULES / "engines.rules.yml").read_text()
+    bound = f"{alert_defs.ENGINE_TTFT_SLO_S:g}"  # "1": the miss ratio counts requests above le="1" / le="1.0"
+    assert f'le=~"{bound}(\\\\.0)?"' in recording
