@@ -81,6 +81,7 @@ _DIGITS = str.maketrans("0123456789", "0000000000")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _MEMO_CAP = _LIB_CAP * 4  # prefix keys memoised per recorder
 _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
+_PENDING = 64  # requests a thread buffers before it counts them
 STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
          "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
 _JSON = json.JSONDecoder()
@@ -91,7 +92,7 @@ _PROMPT_TOKENS = b'"prompt_tokens"'
 _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
 _FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
-_NULL_USAGE = (b', "usage": null', b',"usage":null', b'"usage": null, ', b'"usage":null,')
+_NULL_COMPACT, _NULL_SPACED = b'"usage":null', b'"usage": null'
 
 
 def _pairs(pre: list[Any]) -> list[Any]:
@@ -390,9 +391,14 @@ def _without_null_usage(lines: bytes) -> bytes:
     """``lines`` without the ``"usage": null`` fields a server adds to each chunk
     when usage is asked for (the pattern cannot occur inside a JSON string:
     its quotes would be escaped)."""
-    for pat in _NULL_USAGE:
-        if pat in lines:
-            lines = lines.replace(pat, b"")
+    if _NULL_COMPACT in lines:  # the form engines write (compact JSON): one scan when it is the only one
+        lines = lines.replace(b',"usage":null', b"")
+        if _NULL_COMPACT in lines:
+            lines = lines.replace(b'"usage":null,', b"")
+    if _NULL_SPACED in lines:
+        lines = lines.replace(b', "usage": null', b"")
+        if _NULL_SPACED in lines:
+            lines = lines.replace(b'"usage": null, ', b"")
     return lines
 
 
@@ -462,6 +468,13 @@ class LLMRecorder:
         self._keys: dict[tuple[Any, ...], str] = {}  # (kind, hash of the prefix) -> key; bounded
         self._contexts: dict[tuple[Any, ...], RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
+        # Recorded requests wait in a per-thread list (one append per request)
+        # and are counted in batches: when a list fills, and before the
+        # aggregator reads its counters (drain, run by every read).
+        self._tls = threading.local()
+        self._pending: list[list[tuple[Any, ...]]] = []
+        self._drain_lock = threading.Lock()
+        self.agg.drains.append(self.drain)
         self._warned_usage = False
         self.prompt_library = os.fspath(prompt_library) if prompt_library is not None else None
         self._lib_file: Any = None
@@ -584,8 +597,11 @@ class LLMRecorder:
     def _ask_usage(self, ex: Exchange, req: dict[Any, Any], body: bytes) -> None:
         so = req.get("stream_options")
         if so is None and "stream_options" not in req:
-            i = body.find(b"{")
-            ex.body = bytes(body[:i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1:])
+            if body[:1] == b"{":  # as json.dumps and httpx write it: spliced in after the brace
+                ex.body = b"{" + _INCLUDE_USAGE + body[1:]
+            else:
+                i = body.find(b"{")
+                ex.body = bytes(body[:i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1:])
         elif isinstance(so, dict) and "include_usage" not in so:
             ex.body = json.dumps({**req, "stream_options": {**so, "include_usage": True}}).encode()
         else:
@@ -595,10 +611,13 @@ class LLMRecorder:
 
     # ------------------------------------------------------------ recording
     def _context(self, ex: Exchange, prompt_tokens: int | None) -> RequestContext:
-        k = ex.labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
+        return self._context_of(ex.labels, prompt_tokens)
+
+    def _context_of(self, labels: tuple[Any, ...], prompt_tokens: int | None) -> RequestContext:
+        k = labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
         ctx = self._contexts.get(k)
         if ctx is None:
-            tenant, unit, exp, var, model = ex.labels
+            tenant, unit, exp, var, model = labels
             ctx = RequestContext(self.agg, tenant, unit, exp, var, model, prompt_tokens)
             if len(self._contexts) >= 4096:
                 self._contexts.clear()
@@ -645,16 +664,54 @@ class LLMRecorder:
             cached = prompt
         elif cached < 0:
             cached = 0
-        ctx = self._context(ex, prompt)
-        if self.agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
-            self._adopt(ex.key)  # type: ignore[arg-type]
-        self.agg.record_llm(self.binding, ex.key, cached, prompt - cached, ctx, ex.ttft, duration)
         self.stats["recorded"] += 1
+        agg = self.agg
         e = self._library.get(ex.key)  # type: ignore[arg-type]
+        if e is not None and not (agg.warmed or agg.early or agg.remote_warmed):
+            # The usual request: counted later, in a batch (warm-up reads, timed
+            # when they happen, and new prefixes are counted at once).
+            e[0] += 1
+            try:
+                p = self._tls.p
+            except AttributeError:
+                p = self._new_pending()
+            p.append((ex.key, cached, prompt - cached, ex.labels, prompt, ex.ttft, duration))
+            if len(p) >= _PENDING:
+                self._count(p)
+            return
+        ctx = self._context(ex, prompt)
+        if agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
+            self._adopt(ex.key)  # type: ignore[arg-type]
+        agg.record_llm(self.binding, ex.key, cached, prompt - cached, ctx, ex.ttft, duration)
         if e is not None:
             e[0] += 1
         else:
             self._remember(ex.key, ctx.tenant, ex.kind, ex.pre)  # type: ignore[arg-type]
+
+    def _new_pending(self) -> list[tuple[Any, ...]]:
+        p: list[tuple[Any, ...]] = []
+        with self._drain_lock:
+            self._pending.append(p)
+        self._tls.p = p
+        return p
+
+    def _count(self, p: list[tuple[Any, ...]]) -> None:
+        """Count the requests waiting in ``p`` (in the calling thread's
+        counters). Taken under a lock, so each is counted once; the owning
+        thread only appends, at the end, meanwhile."""
+        with self._drain_lock:
+            items = p[:]
+            del p[:len(items)]
+        record, b, context = self.agg.record_llm, self.binding, self._context_of
+        for key, hits, misses, labels, prompt, ttft, duration in items:
+            record(b, key, hits, misses, context(labels, prompt), ttft, duration)
+
+    def drain(self) -> None:
+        """Count every request still waiting (run by the aggregator before it
+        reads its counters)."""
+        for p in list(self._pending):
+            if p:
+                self._count(p)
 
     def _adopt(self, key: str) -> None:
         try:
