@@ -706,3 +706,43 @@ def test_the_recorders_family_rule_comes_before_family_rules(make_tel):
     assert fams.family("chat:session:42") == "chat:*"           # other keys: the user's rule as before
     LLMRecorder(tel)                                            # a second recorder adds no second rule
     assert len(fams._key_rules) == 1
+
+
+def test_requests_counted_in_batches_are_all_read_from_another_thread(make_tel):
+    """Recorded requests wait in their thread's list and are counted in
+    batches; every read of the counters counts what waits first. 150 requests
+    from a worker thread (two full batches and 21 still waiting), read from
+    this thread: every token, request and unit is there."""
+    import threading
+
+    tel = make_tel()
+    usage = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101,
+             "prompt_tokens_details": {"cached_tokens": 60}}
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = json.dumps({"id": "c", "choices": [], "usage": usage}).encode()  # a body still to be read
+        return httpx.Response(200, stream=httpx.ByteStream(body), headers={"content-type": "application/json"})
+
+    inst = httpx.Client(base_url="http://engine",
+                        transport=InstrumentedTransport(httpx.MockTransport(reply), telemetry=tel))
+    body = {"model": "tiny", "messages": msgs(), "max_tokens": 1}
+
+    def work() -> None:
+        with request_context(tenant="acme", unit="sess-1", experiment="exp", variant="A", telemetry=tel):
+            for _ in range(150):
+                inst.post("/v1/chat/completions", json=body).raise_for_status()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    rec = recorder_of(inst)
+    assert rec.stats["recorded"] == 150, rec.stats
+    # the first request (a new prefix) was counted at once, 2 * 64 in batches: 150 - 1 - 128 = 21 wait
+    assert sum(map(len, rec._pending)) == 21
+    lk = lookups(tel)
+    assert lk.groupby("result")["count"].sum().to_dict() == {"hit": 9000, "miss": 6000}  # 150*60, 150*40
+    assert sum(map(len, rec._pending)) == 0
+    h = tel.store.frame("histograms")
+    assert h[h["metric"] == "gen_ai.server.request.duration"]["count"].sum() == 150
+    units = tel.store.units("exp")
+    assert units["requests"].tolist() == [150]
