@@ -62,6 +62,12 @@ from .aggregator import ERROR
 from .context import RequestContext, _current
 from .pipeline import Telemetry, current_telemetry
 
+try:  # the client extra's JSON parser (about 2.5x as fast as the standard library's on request bodies)
+    import orjson
+except ImportError:  # pragma: no cover - the standard library's scanner alone
+    orjson = None  # type: ignore[assignment]
+_orjson_loads = orjson.loads if orjson is not None else None
+
 __all__ = ["LLMRecorder", "Exchange", "prefix_of", "template_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
 
 log = logging.getLogger("warmscope.collectors")
@@ -215,7 +221,7 @@ class Exchange:
                     self.tail = b""
                 for line in lines:
                     if _PROMPT_TOKENS in line and line.startswith(b"data:"):
-                        u = _loads(line[5:].decode("utf-8")).get("usage")
+                        u = _loadb(line[5:]).get("usage")
                         if isinstance(u, dict):
                             self.usage = u
             elif self.status < 400:
@@ -340,7 +346,7 @@ class Exchange:
         """Note the usage object of a ``data:`` line; True when the line is the
         usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
         kept in ``_fingerprint``."""
-        obj = _loads(line[5:].decode("utf-8"))
+        obj = _loadb(line[5:])
         u = obj.get("usage")
         if not isinstance(u, dict):
             return False
@@ -372,6 +378,20 @@ class Exchange:
             self.rec._finish(self, error)
         except Exception as e:
             self.rec.agg.count_error("record", "llm request", e)
+
+
+def _loadb(data: bytes) -> Any:
+    """``json.loads`` of UTF-8 bytes: through orjson when it is installed;
+    what orjson refuses (NaN, Infinity, lone surrogates) goes the standard
+    library's way, so either parses what ``json.loads`` does, except an
+    integer past 64 bits, which orjson reads as a float (no token count is
+    that large; such a count is then not an int, and counted as no usage)."""
+    if _orjson_loads is not None:
+        try:
+            return _orjson_loads(data)
+        except ValueError:
+            pass
+    return _loads(data.decode("utf-8"))
 
 
 def _loads(text: str) -> Any:
@@ -564,7 +584,7 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                req = _loads(body.decode("utf-8")) if isinstance(body, bytes) else (json.loads(body) if body else None)
+                req = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):

@@ -746,3 +746,29 @@ def test_requests_counted_in_batches_are_all_read_from_another_thread(make_tel):
     assert h[h["metric"] == "gen_ai.server.request.duration"]["count"].sum() == 150
     units = tel.store.units("exp")
     assert units["requests"].tolist() == [150]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_json_bodies_parse_as_the_standard_library_parses_them(fast, monkeypatch):
+    """Request bodies and usage chunks go through orjson when it is installed;
+    what orjson refuses (NaN, Infinity, lone surrogates) takes the standard
+    library's way, so the result is json.loads's either way, except an
+    integer past 64 bits, which orjson reads as a float."""
+    import math
+
+    from warmscope.collectors import llm
+
+    if not fast:
+        monkeypatch.setattr(llm, "_orjson_loads", None)
+    odd = [b'{"model": "m", "messages": [{"role": "system", "content": "caf\\u00e9 4471"}]}',
+           b' {"a": NaN, "b": -Infinity}', b'{"n": 18446744073709551615, "m": -9223372036854775808}',
+           b'{"s": "\\ud800 lone"}', b'{"u": "\xc3\xa9t\xc3\xa9", "k": [1, 2.5, true, null]}']
+    for raw in odd:
+        got, want = llm._loadb(raw), json.loads(raw)
+        assert json.dumps(got) == json.dumps(want)
+    assert math.isnan(llm._loadb(b'{"a": NaN}')["a"])
+    big = llm._loadb(b'{"n": 123456789012345678901234567890}')["n"]
+    assert big == (1.2345678901234568e29 if fast else 123456789012345678901234567890)
+    for bad in (b'{"a": 1', b'{"a": 1} x', b"\xff{}", b""):
+        with pytest.raises(ValueError):
+            llm._loadb(bad)
