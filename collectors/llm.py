@@ -440,6 +440,81 @@ def _usage_of(body: bytes) -> dict[Any, Any] | None:
     return u if isinstance(u, dict) else None
 
 
+def _context_of(agg: Any, memo: dict[tuple[Any, ...], RequestContext], labels: tuple[Any, ...],
+                prompt_tokens: int | None) -> RequestContext:
+    """The request context of (tenant, unit, experiment, variant, model) and a
+    prompt length, memoised in ``memo`` (bounded)."""
+    k = labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
+    ctx = memo.get(k)
+    if ctx is None:
+        tenant, unit, exp, var, model = labels
+        ctx = RequestContext(agg, tenant, unit, exp, var, model, prompt_tokens)
+        if len(memo) >= 4096:
+            memo.clear()
+        memo[k] = ctx
+    return ctx
+
+
+class _Pending:
+    """Recorded requests of one layer waiting to be counted: each thread
+    appends to its own list (one append per request); a list is counted when
+    it fills, and every list before the aggregator reads its counters
+    (:meth:`drain`, run by each read), in the counting thread's counters.
+    One per aggregator and layer (kept in its ``drains``), shared by the
+    layer's recorders, so that recorders made and dropped leave nothing
+    behind; a finished thread's list is dropped once counted."""
+
+    _made = threading.Lock()
+
+    def __init__(self, agg: Any, binding: Any) -> None:
+        self.agg, self.binding = agg, binding
+        self.tls = threading.local()
+        self.lists: list[tuple[threading.Thread, list[tuple[Any, ...]]]] = []
+        self.lock = threading.Lock()
+        self.contexts: dict[tuple[Any, ...], RequestContext] = {}
+        agg.drains.append(self.drain)
+
+    @classmethod
+    def of(cls, agg: Any, binding: Any) -> _Pending:
+        with cls._made:
+            for drain in agg.drains:  # the one made for this layer already
+                p = getattr(drain, "__self__", None)
+                if isinstance(p, _Pending) and p.binding is binding:
+                    return p
+            return cls(agg, binding)
+
+    def new_list(self) -> list[tuple[Any, ...]]:
+        p: list[tuple[Any, ...]] = []
+        with self.lock:
+            self.lists.append((threading.current_thread(), p))
+        self.tls.p = p
+        return p
+
+    def count(self, p: list[tuple[Any, ...]]) -> None:
+        """Count the requests waiting in ``p`` (in the calling thread's
+        counters). Taken under the lock, so each is counted once; the owning
+        thread only appends, at the end, meanwhile."""
+        with self.lock:
+            items = p[:]
+            del p[:len(items)]
+        record, b, agg, memo = self.agg.record_llm, self.binding, self.agg, self.contexts
+        for key, hits, misses, labels, prompt, ttft, duration in items:
+            record(b, key, hits, misses, _context_of(agg, memo, labels, prompt), ttft, duration)
+
+    def drain(self) -> None:
+        """Count every request still waiting; drop the lists of finished threads."""
+        gone = False
+        for t, p in list(self.lists):
+            if p:
+                self.count(p)
+            if not t.is_alive():
+                gone = True
+        if gone:
+            with self.lock:
+                keep = [(t, p) for t, p in self.lists if t.is_alive() or p]
+                self.lists[:] = keep
+
+
 class LLMRecorder:
     """Parses OpenAI-compatible requests and responses into warmscope records.
 
@@ -488,13 +563,7 @@ class LLMRecorder:
         self._keys: dict[tuple[Any, ...], str] = {}  # (kind, hash of the prefix) -> key; bounded
         self._contexts: dict[tuple[Any, ...], RequestContext] = {}  # labels -> context (bounded)
         self._lock = threading.Lock()
-        # Recorded requests wait in a per-thread list (one append per request)
-        # and are counted in batches: when a list fills, and before the
-        # aggregator reads its counters (drain, run by every read).
-        self._tls = threading.local()
-        self._pending: list[list[tuple[Any, ...]]] = []
-        self._drain_lock = threading.Lock()
-        self.agg.drains.append(self.drain)
+        self._batch = _Pending.of(self.agg, self.binding)
         self._warned_usage = False
         self.prompt_library = os.fspath(prompt_library) if prompt_library is not None else None
         self._lib_file: Any = None
@@ -631,18 +700,7 @@ class LLMRecorder:
 
     # ------------------------------------------------------------ recording
     def _context(self, ex: Exchange, prompt_tokens: int | None) -> RequestContext:
-        return self._context_of(ex.labels, prompt_tokens)
-
-    def _context_of(self, labels: tuple[Any, ...], prompt_tokens: int | None) -> RequestContext:
-        k = labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
-        ctx = self._contexts.get(k)
-        if ctx is None:
-            tenant, unit, exp, var, model = labels
-            ctx = RequestContext(self.agg, tenant, unit, exp, var, model, prompt_tokens)
-            if len(self._contexts) >= 4096:
-                self._contexts.clear()
-            self._contexts[k] = ctx
-        return ctx
+        return _context_of(self.agg, self._contexts, ex.labels, prompt_tokens)
 
     def _finish(self, ex: Exchange, error: BaseException | None) -> None:
         duration = time.perf_counter() - ex.t0
@@ -691,13 +749,14 @@ class LLMRecorder:
             # The usual request: counted later, in a batch (warm-up reads, timed
             # when they happen, and new prefixes are counted at once).
             e[0] += 1
+            batch = self._batch
             try:
-                p = self._tls.p
+                p = batch.tls.p
             except AttributeError:
-                p = self._new_pending()
+                p = batch.new_list()
             p.append((ex.key, cached, prompt - cached, ex.labels, prompt, ex.ttft, duration))
             if len(p) >= _PENDING:
-                self._count(p)
+                batch.count(p)
             return
         ctx = self._context(ex, prompt)
         if agg.remote_warmed:  # a run recorded elsewhere may have warmed this key
@@ -707,31 +766,6 @@ class LLMRecorder:
             e[0] += 1
         else:
             self._remember(ex.key, ctx.tenant, ex.kind, ex.pre)  # type: ignore[arg-type]
-
-    def _new_pending(self) -> list[tuple[Any, ...]]:
-        p: list[tuple[Any, ...]] = []
-        with self._drain_lock:
-            self._pending.append(p)
-        self._tls.p = p
-        return p
-
-    def _count(self, p: list[tuple[Any, ...]]) -> None:
-        """Count the requests waiting in ``p`` (in the calling thread's
-        counters). Taken under a lock, so each is counted once; the owning
-        thread only appends, at the end, meanwhile."""
-        with self._drain_lock:
-            items = p[:]
-            del p[:len(items)]
-        record, b, context = self.agg.record_llm, self.binding, self._context_of
-        for key, hits, misses, labels, prompt, ttft, duration in items:
-            record(b, key, hits, misses, context(labels, prompt), ttft, duration)
-
-    def drain(self) -> None:
-        """Count every request still waiting (run by the aggregator before it
-        reads its counters)."""
-        for p in list(self._pending):
-            if p:
-                self._count(p)
 
     def _adopt(self, key: str) -> None:
         try:

@@ -738,14 +738,19 @@ def test_requests_counted_in_batches_are_all_read_from_another_thread(make_tel):
     rec = recorder_of(inst)
     assert rec.stats["recorded"] == 150, rec.stats
     # the first request (a new prefix) was counted at once, 2 * 64 in batches: 150 - 1 - 128 = 21 wait
-    assert sum(map(len, rec._pending)) == 21
+    assert sum(len(p) for _, p in rec._batch.lists) == 21
     lk = lookups(tel)
     assert lk.groupby("result")["count"].sum().to_dict() == {"hit": 9000, "miss": 6000}  # 150*60, 150*40
-    assert sum(map(len, rec._pending)) == 0
+    assert rec._batch.lists == []                                     # counted; the finished thread's list dropped
     h = tel.store.frame("histograms")
     assert h[h["metric"] == "gen_ai.server.request.duration"]["count"].sum() == 150
     units = tel.store.units("exp")
     assert units["requests"].tolist() == [150]
+    # recorders made later share the layer's waiting lists: nothing piles up per recorder
+    from warmscope.collectors.llm import LLMRecorder
+
+    n = len(tel.aggregator.drains)
+    assert all(LLMRecorder(tel)._batch is rec._batch for _ in range(3)) and len(tel.aggregator.drains) == n
 
 
 @pytest.mark.parametrize("fast", [True, False])
