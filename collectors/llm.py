@@ -499,7 +499,10 @@ class _Pending:
             del p[:len(items)]
         record, b, agg, memo = self.agg.record_llm, self.binding, self.agg, self.contexts
         for key, hits, misses, labels, prompt, ttft, duration in items:
-            record(b, key, hits, misses, _context_of(agg, memo, labels, prompt), ttft, duration)
+            try:  # one request that fails to count costs only itself
+                record(b, key, hits, misses, _context_of(agg, memo, labels, prompt), ttft, duration)
+            except Exception as e:
+                agg.count_error("record", "llm request", e)
 
     def drain(self) -> None:
         """Count every request still waiting; drop the lists of finished threads."""

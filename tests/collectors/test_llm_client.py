@@ -777,3 +777,31 @@ def test_json_bodies_parse_as_the_standard_library_parses_them(fast, monkeypatch
     for bad in (b'{"a": 1', b'{"a": 1} x', b"\xff{}", b""):
         with pytest.raises(ValueError):
             llm._loadb(bad)
+
+
+def test_a_waiting_request_that_fails_to_count_costs_only_itself(make_tel, monkeypatch):
+    """A fault while counting a batch (made here: no real input makes the
+    aggregator raise) is counted, not raised, and the batch's other requests
+    are still counted."""
+    from warmscope.collectors.llm import LLMRecorder, _context_of
+
+    tel = make_tel()
+    rec = LLMRecorder(tel)
+    key = rec.prefix_key("chat", [["system", "You are terse."]])
+    labels = ("acme", None, None, None, "tiny")
+    p = [(key, 6, 4, labels, 10, None, 0.01) for _ in range(5)]
+    agg, real, calls = tel.aggregator, tel.aggregator.record_llm, []
+
+    def flaky(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("made fault")
+        real(*args)
+
+    monkeypatch.setattr(agg, "record_llm", flaky)
+    before = agg.errors.get("record", 0)
+    rec._batch.count(p)
+    assert p == [] and len(calls) == 5 and agg.errors.get("record", 0) == before + 1
+    assert _context_of(agg, rec._batch.contexts, labels, 10).tenant == "acme"
+    lk = lookups(tel)
+    assert lk.groupby("result")["count"].sum().to_dict() == {"hit": 24, "miss": 16}  # 4 counted: 4*6, 4*4
