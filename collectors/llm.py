@@ -538,8 +538,12 @@ class LLMRecorder:
 
     Per request the recorder parses the request body once, finds the prefix
     key in a memo keyed by the prefix's in-process hash (the memo holds no
-    prompt text), reads only the ``usage`` object of a response, and adds to
-    the calling thread's counters (the aggregator's, read at export time)."""
+    prompt text), reads only the ``usage`` object of a response, and appends
+    the request to the calling thread's waiting list, counted in batches in
+    the aggregator's counters (when the list fills, and before any read of
+    them: a flush, or OpenTelemetry at export time). A request that warm-up
+    tracking may time (a warm-up run's keys or recall window are open) and a
+    newly seen prefix are counted at once."""
 
     def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
                  variant: str | None = None, tenant_header: str = TENANT_HEADER,
