@@ -160,6 +160,9 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
+        # Recorders that buffer observations (each adds them here when called):
+        # run before any per-thread state is read, so every read sees them.
+        self.drains: list[Callable[[], None]] = []
         # taken from idle threads
         self._retired: list[tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
         # Interned label sets.
@@ -540,6 +543,11 @@ class Aggregator(HotKeySketch, WarmupTracking):
 
     # -------------------------------------------------------------- readers
     def _all_states(self) -> list[_ThreadState]:
+        for drain in list(self.drains):  # buffered observations first (recorded in this thread's state)
+            try:
+                drain()
+            except Exception as e:
+                self.count_error("record", "buffered observations", e)
         with self._lock:
             return list(self._states)
 

@@ -706,3 +706,102 @@ def test_the_recorders_family_rule_comes_before_family_rules(make_tel):
     assert fams.family("chat:session:42") == "chat:*"           # other keys: the user's rule as before
     LLMRecorder(tel)                                            # a second recorder adds no second rule
     assert len(fams._key_rules) == 1
+
+
+def test_requests_counted_in_batches_are_all_read_from_another_thread(make_tel):
+    """Recorded requests wait in their thread's list and are counted in
+    batches; every read of the counters counts what waits first. 150 requests
+    from a worker thread (two full batches and 21 still waiting), read from
+    this thread: every token, request and unit is there."""
+    import threading
+
+    tel = make_tel()
+    usage = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101,
+             "prompt_tokens_details": {"cached_tokens": 60}}
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = json.dumps({"id": "c", "choices": [], "usage": usage}).encode()  # a body still to be read
+        return httpx.Response(200, stream=httpx.ByteStream(body), headers={"content-type": "application/json"})
+
+    inst = httpx.Client(base_url="http://engine",
+                        transport=InstrumentedTransport(httpx.MockTransport(reply), telemetry=tel))
+    body = {"model": "tiny", "messages": msgs(), "max_tokens": 1}
+
+    def work() -> None:
+        with request_context(tenant="acme", unit="sess-1", experiment="exp", variant="A", telemetry=tel):
+            for _ in range(150):
+                inst.post("/v1/chat/completions", json=body).raise_for_status()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    rec = recorder_of(inst)
+    assert rec.stats["recorded"] == 150, rec.stats
+    # the first request (a new prefix) was counted at once, 2 * 64 in batches: 150 - 1 - 128 = 21 wait
+    assert sum(len(p) for _, p in rec._batch.lists) == 21
+    lk = lookups(tel)
+    assert lk.groupby("result")["count"].sum().to_dict() == {"hit": 9000, "miss": 6000}  # 150*60, 150*40
+    assert rec._batch.lists == []                                     # counted; the finished thread's list dropped
+    h = tel.store.frame("histograms")
+    assert h[h["metric"] == "gen_ai.server.request.duration"]["count"].sum() == 150
+    units = tel.store.units("exp")
+    assert units["requests"].tolist() == [150]
+    # recorders made later share the layer's waiting lists: nothing piles up per recorder
+    from warmscope.collectors.llm import LLMRecorder
+
+    n = len(tel.aggregator.drains)
+    assert all(LLMRecorder(tel)._batch is rec._batch for _ in range(3)) and len(tel.aggregator.drains) == n
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_json_bodies_parse_as_the_standard_library_parses_them(fast, monkeypatch):
+    """Request bodies and usage chunks go through orjson when it is installed;
+    what orjson refuses (NaN, Infinity, lone surrogates) takes the standard
+    library's way, so the result is json.loads's either way, except an
+    integer past 64 bits, which orjson reads as a float."""
+    import math
+
+    from warmscope.collectors import llm
+
+    if not fast:
+        monkeypatch.setattr(llm, "_orjson_loads", None)
+    odd = [b'{"model": "m", "messages": [{"role": "system", "content": "caf\\u00e9 4471"}]}',
+           b' {"a": NaN, "b": -Infinity}', b'{"n": 18446744073709551615, "m": -9223372036854775808}',
+           b'{"s": "\\ud800 lone"}', b'{"u": "\xc3\xa9t\xc3\xa9", "k": [1, 2.5, true, null]}']
+    for raw in odd:
+        got, want = llm._loadb(raw), json.loads(raw)
+        assert json.dumps(got) == json.dumps(want)
+    assert math.isnan(llm._loadb(b'{"a": NaN}')["a"])
+    big = llm._loadb(b'{"n": 123456789012345678901234567890}')["n"]
+    assert big == (1.2345678901234568e29 if fast else 123456789012345678901234567890)
+    for bad in (b'{"a": 1', b'{"a": 1} x', b"\xff{}", b""):
+        with pytest.raises(ValueError):
+            llm._loadb(bad)
+
+
+def test_a_waiting_request_that_fails_to_count_costs_only_itself(make_tel, monkeypatch):
+    """A fault while counting a batch (made here: no real input makes the
+    aggregator raise) is counted, not raised, and the batch's other requests
+    are still counted."""
+    from warmscope.collectors.llm import LLMRecorder, _context_of
+
+    tel = make_tel()
+    rec = LLMRecorder(tel)
+    key = rec.prefix_key("chat", [["system", "You are terse."]])
+    labels = ("acme", None, None, None, "tiny")
+    p = [(key, 6, 4, labels, 10, None, 0.01) for _ in range(5)]
+    agg, real, calls = tel.aggregator, tel.aggregator.record_llm, []
+
+    def flaky(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("made fault")
+        real(*args)
+
+    monkeypatch.setattr(agg, "record_llm", flaky)
+    before = agg.errors.get("record", 0)
+    rec._batch.count(p)
+    assert p == [] and len(calls) == 5 and agg.errors.get("record", 0) == before + 1
+    assert _context_of(agg, rec._batch.contexts, labels, 10).tenant == "acme"
+    lk = lookups(tel)
+    assert lk.groupby("result")["count"].sum().to_dict() == {"hit": 24, "miss": 16}  # 4 counted: 4*6, 4*4
