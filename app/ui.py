@@ -3,7 +3,11 @@ status badges, number formatting and the annotations every time series carries."
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -528,41 +532,73 @@ def drill(start: float, end: float, anomaly=None, baseline=None, cached_layers_o
     return guarded(_drill, start, end, anomaly, baseline, cached_layers_only)
 
 
+# Page runs in progress in this server process. The background warm-up below waits while there is one: it shares
+# the interpreter (and its lock) with the page runs, and a viewer's page comes first.
+_running = [0]
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def foreground():
+    """Mark a page run (the app's entry point wraps every run in it)."""
+    with _running_lock:
+        _running[0] += 1
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running[0] -= 1
+
+
+def _quiet(max_wait_s: float = 30.0) -> None:
+    """Until no page is running (at most ``max_wait_s``: a page that waits on the warm-up must not stall it)."""
+    deadline = time.monotonic() + max_wait_s
+    while _running[0] > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _warm_steps(version: tuple) -> Iterator[tuple[Callable[..., object], tuple]]:
+    """The cached calls (function, arguments) a first view of each page makes: default range first, then the
+    24-hour range."""
+    b = data.time_bounds()
+    if b is None:
+        return
+    ttft = "gen_ai.server.time_to_first_token"
+    for name in (DEFAULT_RANGE, "last 24 hours"):
+        start, end = range_bounds(name, b)
+        fine = step(start, end)
+        yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
+        yield _rates, (version, start, end, (), None, (), True)
+        yield data.annotations, (start, end)
+        yield _alerts, (version, start, end)
+        yield _card, (version, start, end)
+        yield _drill, (version, start, end, None, None, True)
+        runs = data.frame("warmup_runs", start, end)
+        if len(runs):  # the overview's "latest warm-up run" ROI
+            yield _run_roi, (version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
+        for by in ((), ("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
+            yield _rates, (version, start, end, by, None, (), False)
+        yield _rates, (version, start, end, ("tenant",), EXPLORER_FREQ_S if not fine else 3600, (), False)
+        yield _latency, (version, start, end, ttft, (), (0.5, 0.95, 0.99), EXPLORER_FREQ_S if not fine else 3600)
+        yield _coverage, (version, start, end)  # the warm-up page's
+        yield _rates, (version, start, end, (), max(300, fine or 0), (), False)  # root cause
+        cp = _change_point(version, start, end)
+        if cp is not None:  # the root-cause page's default window
+            an, base = (cp, end), (max(start, cp - (end - cp)), cp)
+            yield _drill, (version, start, end, an, base, False)
+            yield _traps, (version, start, end, an, base)
+
+
 @st.cache_resource(show_spinner=False)
 def _prewarmer(version: tuple):
     """Once per store version: read the default and the 24-hour range's frames and analysis in the background,
-    so the first viewer and a switch to 24 h find them cached."""
-    import threading
+    so the first viewer and a switch to 24 h find them cached. Each step waits until no page is running."""
 
     def work():
         try:
-            b = data.time_bounds()
-            if b is None:
-                return
-            for name in (DEFAULT_RANGE, "last 24 hours"):
-                start, end = range_bounds(name, b)
-                _rates(version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
-                _rates(version, start, end, (), None, (), True)
-                _alerts(version, start, end)
-                _card(version, start, end)
-                _drill(version, start, end, None, None, True)
-                _rates(version, start, end, (), max(300, step(start, end) or 0), (), False)  # root cause
-                _latency(version, start, end, "gen_ai.server.time_to_first_token", (), (0.5, 0.95, 0.99),
-                         EXPLORER_FREQ_S if not step(start, end) else 3600)  # the latency page's first view
-                _coverage(version, start, end)  # the warm-up page's
-                runs = data.frame("warmup_runs", start, end)
-                if len(runs):  # the overview's "latest warm-up run" ROI
-                    _run_roi(version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
-                for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
-                    _rates(version, start, end, by, None, (), False)
-                _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,
-                       (), False)
-                cp = _change_point(version, start, end)
-                if cp is not None:  # the root-cause page's default window
-                    an = (cp, end)
-                    base = (max(start, cp - (end - cp)), cp)
-                    _drill(version, start, end, an, base, False)
-                    _traps(version, start, end, an, base)
+            for fn, args in _warm_steps(version):
+                _quiet()
+                fn(*args)
         except Exception:  # a warm-up of caches: a failure only means the first viewer waits
             pass
 
