@@ -574,14 +574,17 @@ def _warm_steps(version: tuple) -> Iterator[tuple[Callable[..., object], tuple]]
         yield _card, (version, start, end)
         yield _drill, (version, start, end, None, None, True)
         runs = data.frame("warmup_runs", start, end)
-        if len(runs):  # the overview's "latest warm-up run" ROI
+        if len(runs):  # the overview's "latest warm-up run" ROI; the warm-up page's newest run
             yield _run_roi, (version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
+            yield _run_detail, (version, start, end, str(runs.sort_values("started", ascending=False).iloc[0].run_id))
         for by in ((), ("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
             yield _rates, (version, start, end, by, None, (), False)
         yield _rates, (version, start, end, ("tenant",), EXPLORER_FREQ_S if not fine else 3600, (), False)
         yield _latency, (version, start, end, ttft, (), (0.5, 0.95, 0.99), EXPLORER_FREQ_S if not fine else 3600)
         yield _coverage, (version, start, end)  # the warm-up page's
         yield _rates, (version, start, end, (), max(300, fine or 0), (), False)  # root cause
+        yield data.frames, (["hot_keys", "warmed_keys"], start - 3600, end, step(start - 3600, end))  # hot keys
+        _quiet()
         cp = _change_point(version, start, end)
         if cp is not None:  # the root-cause page's default window
             an, base = (cp, end), (max(start, cp - (end - cp)), cp)

@@ -172,12 +172,12 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
 
 def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
     """What the server computes when it starts (``ui._warm_steps``, run by ``warmscope.app.serve``) is what each
-    page's first view asks for: after it, opening the pages analyses nothing again. A cache key that differed
+    page's first view asks for: after it, opening the pages reads and analyses nothing again. A cache key that differed
     (another bucket, another argument order) would recompute and be counted here."""
     import threading
 
     import streamlit
-    from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, traps
+    from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, sources, traps
     from warmscope.app import data, ui
 
     monkeypatch.setenv("WARMSCOPE_STORE", str(demo_store))
@@ -201,11 +201,11 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
 
     for module, name in [(alerts, "evaluate"), (scores, "score_card"), (drilldown, "drill_down"),
                          (drilldown, "change_point"), (hitrate, "hit_table"), (latency, "quantiles_over_time"),
-                         (coverage, "warm_set_coverage"), (traps, "detect_all")]:
+                         (coverage, "warm_set_coverage"), (traps, "detect_all"), (sources.CompositeSource, "frame")]:
         count(module, name)
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     assert not at.exception, at.exception
-    for page in ("hitrate", "latency", "warmup", "rootcause"):
+    for page in ("hitrate", "latency", "warmup", "hotkeys", "rootcause"):
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
     assert calls == []
