@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pandas as pd
 import streamlit as st
 from warmscope.app import data
+from warmscope.app.background import OVERVIEW_FRAMES  # the frames the alert conditions and the score card read
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
           "everything": None, "since the last warm-up run": -1, "custom": -2}
@@ -293,8 +294,6 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
 
 # ---------------------------------------------------------------- cached analysis (shared by every viewer)
 
-OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
-                   "early_keys"]
 
 
 def overview_frames(start: float, end: float) -> dict:
@@ -347,8 +346,8 @@ def _change_point(version: tuple, start: float, end: float):
 
 
 # Alert history: the alert conditions re-evaluated every history_every() seconds over the HISTORY_LOOKBACK_S
-# before. Dozens of evaluations take tens of seconds, so they run in the background (one at a time, shared by
-# every viewer) and the page shows the history when it is there.
+# before. Dozens of evaluations take tens of seconds, so they run in the background, in a child process (one at a
+# time, shared by every viewer), and the page shows the history when it is there.
 HISTORY_LOOKBACK_S = 3600.0
 
 
@@ -357,30 +356,33 @@ def history_every(start: float, end: float) -> float:
     return max(600.0, math.ceil((end - start) / 36 / 600 - 1e-6) * 600)
 
 
-def _compute_history(start: float, end: float):
-    from warmscope.analysis.alert_history import alert_history
-
-    return alert_history(overview_frames(start - HISTORY_LOOKBACK_S, end), start, end,
-                         every=history_every(start, end), lookback=HISTORY_LOOKBACK_S)
-
-
 @st.cache_resource(show_spinner=False)
 def _history_jobs():
-    from concurrent.futures import ThreadPoolExecutor
+    """One child process (its own interpreter, lower CPU priority), so that the history's dozens of evaluations
+    do not slow the page runs; and the jobs by (version, start, end)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    return ThreadPoolExecutor(1, thread_name_prefix="warmscope-alert-history"), {}
+    from warmscope.app import background
+
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=background.lower_priority), {}
 
 
 def alert_history(start: float, end: float):
     """When each alert fired and resolved over the range, or None while it is being computed (started on the
     first call; kept per store version and range)."""
+    from warmscope.app import background
+
     pool, jobs = _history_jobs()
     key = (data.version(), start, end)
     fut = jobs.get(key)
     if fut is None:
         if len(jobs) >= 16:  # keep the newest few
             jobs.pop(next(iter(jobs)))
-        fut = jobs[key] = pool.submit(_compute_history, start, end)
+        s0 = start - HISTORY_LOOKBACK_S
+        fut = jobs[key] = pool.submit(background.alert_history, data.config(), start, end, step(s0, end),
+                                      history_every(start, end), HISTORY_LOOKBACK_S)
     if not fut.done():
         return None
     try:

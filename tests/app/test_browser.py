@@ -1,5 +1,5 @@
 """Every page and interaction in a real browser: Playwright driving Debian's chromium against
-`streamlit run` on a free loopback port, over the demo world (runs, traps and alerts in the default range).
+the dashboard server on a free loopback port, over the demo world (runs, traps and alerts in the default range).
 Screenshots go to test-output/screenshots/."""
 
 import dataclasses
