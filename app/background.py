@@ -5,6 +5,9 @@ sources and the analysis it needs."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pandas as pd
@@ -13,12 +16,56 @@ OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_k
                    "early_keys"]
 
 
-def lower_priority() -> None:
-    """Child initialiser: page runs in the server come first when the machine is busy."""
-    try:
+_one_at_a_time = threading.Semaphore(1)
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` in a fresh child process (spawned, daemonic: it ends with the server, mid-work or not), one
+    such process at a time; the future holds its result or its exception."""
+    fut: Future[Any] = Future()
+
+    def watch() -> None:
+        import multiprocessing
+
+        with _one_at_a_time:
+            ctx = multiprocessing.get_context("spawn")
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, fn, args), daemon=True, name="warmscope-background")
+            try:
+                proc.start()
+                send.close()
+                ok, value = recv.recv()
+            except EOFError:
+                proc.join()
+                fut.set_exception(RuntimeError(f"the background process ended early (exit code {proc.exitcode})"))
+                return
+            except Exception as e:
+                fut.set_exception(e)
+                return
+            proc.join()
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    threading.Thread(target=watch, name="warmscope-background-watch", daemon=True).start()
+    return fut
+
+
+def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:  # page runs in the server come first when the machine is busy
         os.nice(10)
     except OSError:
         pass
+    try:
+        result = (True, fn(*args))
+    except Exception as e:
+        result = (False, e)
+    try:
+        conn.send(result)
+    except Exception as e:  # an exception (or result) that does not pickle: its text
+        conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+    conn.close()
 
 
 def overview_frames(src: Any, start: float, end: float, step: float | None) -> dict[str, pd.DataFrame]:

@@ -357,16 +357,10 @@ def history_every(start: float, end: float) -> float:
 
 
 @st.cache_resource(show_spinner=False)
-def _history_jobs():
-    """One child process (its own interpreter, lower CPU priority), so that the history's dozens of evaluations
-    do not slow the page runs; and the jobs by (version, start, end)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from warmscope.app import background
-
-    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=background.lower_priority), {}
+def _history_jobs() -> dict:
+    """The alert-history jobs by (version, start, end): futures of computations in a child process (its own
+    interpreter, at a lower CPU priority), so that the history's dozens of evaluations do not slow page runs."""
+    return {}
 
 
 def alert_history(start: float, end: float):
@@ -374,15 +368,15 @@ def alert_history(start: float, end: float):
     first call; kept per store version and range)."""
     from warmscope.app import background
 
-    pool, jobs = _history_jobs()
+    jobs = _history_jobs()
     key = (data.version(), start, end)
     fut = jobs.get(key)
     if fut is None:
         if len(jobs) >= 16:  # keep the newest few
             jobs.pop(next(iter(jobs)))
         s0 = start - HISTORY_LOOKBACK_S
-        fut = jobs[key] = pool.submit(background.alert_history, data.config(), start, end, step(s0, end),
-                                      history_every(start, end), HISTORY_LOOKBACK_S)
+        fut = jobs[key] = background.submit(background.alert_history, data.config(), start, end, step(s0, end),
+                                            history_every(start, end), HISTORY_LOOKBACK_S)
     if not fut.done():
         return None
     try:
