@@ -10,9 +10,9 @@ one-line page as the baseline, on free loopback ports; then measures in fresh br
 * first paint — navigation start until the page's title is on screen (cold: the server's first visit of the
   page; warm: later visits, taken after ``--settle`` seconds in which the server pre-computes the default and
   the 24-hour views in the background, as it does after its first visit);
-* complete ("done") — until the script run has finished and the browser has drawn it: every chart rendered
-  and the page's main thread idle (a fresh browser session compiles plotly.js on its first chart, which can
-  keep the page busy for seconds after the server is done);
+* complete ("done") — until the script run has finished and the browser has drawn it: no element placeholder
+  left, every chart rendered and the page's main thread idle (a fresh browser session fetches and compiles
+  plotly.js for its first chart, which can keep the page busy for seconds after the server is done);
 * page switch — from a drawn, idle overview, a click on the page's sidebar link until its title shows (paint)
   and it is complete;
 * overview after start — a first visit to a second server ``--warm-up`` seconds after it started (its warm-up
@@ -87,9 +87,10 @@ def _serve(script: Path | None, store: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("streamlit did not start")
 
 
-# Every plotly chart on the page rendered (plotly draws its SVG once plotly.js is loaded and compiled).
-DRAWN = ("[...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
-         ".every(c => c.querySelector('.main-svg'))")
+# Every element drawn: no placeholder left (Streamlit shows a skeleton while an element's code loads — plotly.js,
+# the data grid — which a fresh browser session fetches and compiles on first use), every plotly chart rendered.
+DRAWN = ("!document.querySelector('[data-testid=\"stSkeleton\"]') && "
+         "[...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].every(c => c.querySelector('.main-svg'))")
 # One frame and a task later, in ms: small when the page's main thread is free.
 FRAME = ("() => new Promise(r => { const t = performance.now(); "
          "requestAnimationFrame(() => setTimeout(() => r(performance.now() - t), 0)); })")
