@@ -138,9 +138,9 @@ def _streamlit(cmd: list[str], env: dict) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     env = dict(os.environ, WARMSCOPE_STORE=str(_store_path(args)))
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.headless", "true",
-           "--server.port", str(args.port), "--server.address", args.address,
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+    from .serve import command  # Streamlit, and a warm-up of the caches as soon as it is up
+
+    cmd = command("--server.port", str(args.port), "--server.address", args.address)
     print(f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
           file=sys.stderr)
     return _streamlit(cmd, env)

@@ -25,8 +25,8 @@ import streamlit as st
 from warmscope.analysis.sources import CompositeSource, SourceError, empty_frame, from_env
 from warmscope.collectors.config import CollectorConfig
 
-__all__ = ["SourceError", "source", "store_path", "source_label", "frame", "frames", "ab_report", "time_bounds",
-           "last_run_start", "annotations", "experiment_list", "experiments", "external_alerts", "TTL",
+__all__ = ["SourceError", "source", "config", "store_path", "source_label", "frame", "frames", "ab_report",
+           "time_bounds", "last_run_start", "annotations", "experiment_list", "experiments", "external_alerts", "TTL",
            "STORE_TTL"]
 
 TTL = 30
@@ -72,6 +72,12 @@ def config_problem() -> str | None:
     except SourceError as e:
         return str(e)
     return None
+
+
+def config() -> tuple:
+    """What the sources are built from (store path, whether it exists, the remote sources' URLs): a child process
+    given it builds the same sources."""
+    return _config()
 
 
 def _config() -> tuple:

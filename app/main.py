@@ -22,14 +22,6 @@ nav = st.navigation([
     st.Page(str(PAGES / "ab.py"), title="A/B", icon=":material/science:"),
     st.Page(str(PAGES / "alerts.py"), title="Alerts", icon=":material/notifications_active:"),
 ])
-_problem = data.config_problem()
-if _problem:  # one clear message instead of a traceback on every page
-    st.error(_problem)
-    st.stop()
-with st.sidebar:
-    st.caption(f"Source: {data.source_label()}")
-    ui.sidebar_range()
-    live = st.toggle("Live (refresh when new data lands)", key="live")
 
 
 @st.fragment(run_every=5)
@@ -45,10 +37,19 @@ def _watch() -> None:
     st.session_state["_last_ts"] = last
 
 
+_problem = data.config_problem()
+if _problem:  # one clear message instead of a traceback on every page
+    st.error(_problem)
+    st.stop()
+with st.sidebar:
+    st.caption(f"Source: {data.source_label()}")
+    ui.sidebar_range()
+    live = st.toggle("Live (refresh when new data lands)", key="live")
 if live:
     with st.sidebar:
         _watch()
 try:
-    nav.run()
-finally:  # after the page: the background warm-up of the caches must not delay its first paint
+    with ui.foreground():  # the background warm-up of the caches waits while a page runs: it would slow it
+        nav.run()
+finally:  # after the page, so that it does not delay the page's first paint
     ui.prewarm()

@@ -3,12 +3,17 @@ status badges, number formatting and the annotations every time series carries."
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
 from warmscope.app import data
+from warmscope.app.background import OVERVIEW_FRAMES  # the frames the alert conditions and the score card read
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
           "everything": None, "since the last warm-up run": -1, "custom": -2}
@@ -289,8 +294,6 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
 
 # ---------------------------------------------------------------- cached analysis (shared by every viewer)
 
-OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
-                   "early_keys"]
 
 
 def overview_frames(start: float, end: float) -> dict:
@@ -343,8 +346,8 @@ def _change_point(version: tuple, start: float, end: float):
 
 
 # Alert history: the alert conditions re-evaluated every history_every() seconds over the HISTORY_LOOKBACK_S
-# before. Dozens of evaluations take tens of seconds, so they run in the background (one at a time, shared by
-# every viewer) and the page shows the history when it is there.
+# before. Dozens of evaluations take tens of seconds, so they run in the background, in a child process (one at a
+# time, shared by every viewer), and the page shows the history when it is there.
 HISTORY_LOOKBACK_S = 3600.0
 
 
@@ -353,30 +356,27 @@ def history_every(start: float, end: float) -> float:
     return max(600.0, math.ceil((end - start) / 36 / 600 - 1e-6) * 600)
 
 
-def _compute_history(start: float, end: float):
-    from warmscope.analysis.alert_history import alert_history
-
-    return alert_history(overview_frames(start - HISTORY_LOOKBACK_S, end), start, end,
-                         every=history_every(start, end), lookback=HISTORY_LOOKBACK_S)
-
-
 @st.cache_resource(show_spinner=False)
-def _history_jobs():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(1, thread_name_prefix="warmscope-alert-history"), {}
+def _history_jobs() -> dict:
+    """The alert-history jobs by (version, start, end): futures of computations in a child process (its own
+    interpreter, at a lower CPU priority), so that the history's dozens of evaluations do not slow page runs."""
+    return {}
 
 
 def alert_history(start: float, end: float):
     """When each alert fired and resolved over the range, or None while it is being computed (started on the
     first call; kept per store version and range)."""
-    pool, jobs = _history_jobs()
+    from warmscope.app import background
+
+    jobs = _history_jobs()
     key = (data.version(), start, end)
     fut = jobs.get(key)
     if fut is None:
         if len(jobs) >= 16:  # keep the newest few
             jobs.pop(next(iter(jobs)))
-        fut = jobs[key] = pool.submit(_compute_history, start, end)
+        s0 = start - HISTORY_LOOKBACK_S
+        fut = jobs[key] = background.submit(background.alert_history, data.config(), start, end, step(s0, end),
+                                            history_every(start, end), HISTORY_LOOKBACK_S)
     if not fut.done():
         return None
     try:
@@ -528,41 +528,76 @@ def drill(start: float, end: float, anomaly=None, baseline=None, cached_layers_o
     return guarded(_drill, start, end, anomaly, baseline, cached_layers_only)
 
 
+# Page runs in progress in this server process. The background warm-up below waits while there is one: it shares
+# the interpreter (and its lock) with the page runs, and a viewer's page comes first.
+_running = [0]
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def foreground():
+    """Mark a page run (the app's entry point wraps every run in it)."""
+    with _running_lock:
+        _running[0] += 1
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running[0] -= 1
+
+
+def _quiet(max_wait_s: float = 30.0) -> None:
+    """Until no page is running (at most ``max_wait_s``: a page that waits on the warm-up must not stall it)."""
+    deadline = time.monotonic() + max_wait_s
+    while _running[0] > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _warm_steps(version: tuple) -> Iterator[tuple[Callable[..., object], tuple]]:
+    """The cached calls (function, arguments) a first view of each page makes: default range first, then the
+    24-hour range."""
+    b = data.time_bounds()
+    if b is None:
+        return
+    ttft = "gen_ai.server.time_to_first_token"
+    for name in (DEFAULT_RANGE, "last 24 hours"):
+        start, end = range_bounds(name, b)
+        fine = step(start, end)
+        yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
+        yield _rates, (version, start, end, (), None, (), True)
+        yield data.annotations, (start, end)
+        yield _alerts, (version, start, end)
+        yield _card, (version, start, end)
+        yield _drill, (version, start, end, None, None, True)
+        runs = data.frame("warmup_runs", start, end)
+        if len(runs):  # the overview's "latest warm-up run" ROI; the warm-up page's newest run
+            yield _run_roi, (version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
+            yield _run_detail, (version, start, end, str(runs.sort_values("started", ascending=False).iloc[0].run_id))
+        for by in ((), ("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
+            yield _rates, (version, start, end, by, None, (), False)
+        yield _rates, (version, start, end, ("tenant",), EXPLORER_FREQ_S if not fine else 3600, (), False)
+        yield _latency, (version, start, end, ttft, (), (0.5, 0.95, 0.99), EXPLORER_FREQ_S if not fine else 3600)
+        yield _coverage, (version, start, end)  # the warm-up page's
+        yield _rates, (version, start, end, (), max(300, fine or 0), (), False)  # root cause
+        yield data.frames, (["hot_keys", "warmed_keys"], start - 3600, end, step(start - 3600, end))  # hot keys
+        _quiet()
+        cp = _change_point(version, start, end)
+        if cp is not None:  # the root-cause page's default window
+            an, base = (cp, end), (max(start, cp - (end - cp)), cp)
+            yield _drill, (version, start, end, an, base, False)
+            yield _traps, (version, start, end, an, base)
+
+
 @st.cache_resource(show_spinner=False)
 def _prewarmer(version: tuple):
     """Once per store version: read the default and the 24-hour range's frames and analysis in the background,
-    so the first viewer and a switch to 24 h find them cached."""
-    import threading
+    so the first viewer and a switch to 24 h find them cached. Each step waits until no page is running."""
 
     def work():
         try:
-            b = data.time_bounds()
-            if b is None:
-                return
-            for name in (DEFAULT_RANGE, "last 24 hours"):
-                start, end = range_bounds(name, b)
-                _rates(version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
-                _rates(version, start, end, (), None, (), True)
-                _alerts(version, start, end)
-                _card(version, start, end)
-                _drill(version, start, end, None, None, True)
-                _rates(version, start, end, (), max(300, step(start, end) or 0), (), False)  # root cause
-                _latency(version, start, end, "gen_ai.server.time_to_first_token", (), (0.5, 0.95, 0.99),
-                         EXPLORER_FREQ_S if not step(start, end) else 3600)  # the latency page's first view
-                _coverage(version, start, end)  # the warm-up page's
-                runs = data.frame("warmup_runs", start, end)
-                if len(runs):  # the overview's "latest warm-up run" ROI
-                    _run_roi(version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
-                for by in (("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
-                    _rates(version, start, end, by, None, (), False)
-                _rates(version, start, end, ("tenant",), EXPLORER_FREQ_S if not step(start, end) else 3600,
-                       (), False)
-                cp = _change_point(version, start, end)
-                if cp is not None:  # the root-cause page's default window
-                    an = (cp, end)
-                    base = (max(start, cp - (end - cp)), cp)
-                    _drill(version, start, end, an, base, False)
-                    _traps(version, start, end, an, base)
+            for fn, args in _warm_steps(version):
+                _quiet()
+                fn(*args)
         except Exception:  # a warm-up of caches: a failure only means the first viewer waits
             pass
 

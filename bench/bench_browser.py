@@ -2,19 +2,24 @@
 
     python -m bench.bench_browser --store var/warmscope.sqlite [--loads 5]
 
-Starts `streamlit run` on free loopback ports (the dashboard over ``--store``, and a one-line page as the
-baseline), then measures in fresh browser sessions (medians of ``--loads`` repeats; "cold" is the first visit
-after the server started, when loaders read the store):
+Starts the dashboard the way ``warmscope dashboard`` does (``python -m warmscope.app.serve``: Streamlit with the
+dashboard's server settings and a warm-up of the caches at start) over ``--store``, and ``streamlit run`` of a
+one-line page as the baseline, on free loopback ports; then measures in fresh browser sessions (medians of
+``--loads`` repeats; "cold" is the first visit after the server started, when loaders read the store):
 
 * first paint — navigation start until the page's title is on screen (cold: the server's first visit of the
   page; warm: later visits, taken after ``--settle`` seconds in which the server pre-computes the default and
   the 24-hour views in the background, as it does after its first visit);
-* complete — until the script run has finished (every chart and table drawn);
-* page switch — from a settled overview, a click on the page's sidebar link until its title shows (paint) and
-  its run has finished (complete);
+* complete ("done") — until the script run has finished and the browser has drawn it: no element placeholder
+  left, every chart rendered and the page's main thread idle (a fresh browser session fetches and compiles
+  plotly.js for its first chart, which can keep the page busy for seconds after the server is done);
+* page switch — from a drawn, idle overview, a click on the page's sidebar link until its title shows (paint)
+  and it is complete;
+* overview after start — a first visit to a second server ``--warm-up`` seconds after it started (its warm-up
+  of the caches has had that long), beside the first visit right after start;
 * range switch — on the overview and the hit-rate explorer, picking "last 24 hours" in the sidebar until the
-  rerun has finished;
-* drill-down — on the hit-rate explorer, a click on a tenant × layer cell until the drilled view has finished.
+  rerun is complete;
+* drill-down — on the hit-rate explorer, a click on a tenant × layer cell until the drilled view is complete.
 
 Targets (the dashboard's): first paint < 2 s on every page, a range switch to 24 h < 3 s; a page switch and a
 drill-down are held to the first-paint target. Every time is also printed as a ratio to the empty page's.
@@ -58,12 +63,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(script: Path, store: str) -> tuple[subprocess.Popen, str]:
+def _serve(script: Path | None, store: str) -> tuple[subprocess.Popen, str]:
+    """``script`` under ``streamlit run``, or (None) the dashboard as ``warmscope dashboard`` serves it."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false"], env=dict(os.environ, WARMSCOPE_STORE=store),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    where = ["--server.port", str(port), "--server.address", "127.0.0.1"]
+    if script is None:
+        from warmscope.app.serve import command
+
+        cmd = command(*where)
+    else:
+        cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true", *where,
+               "--browser.gatherUsageStats", "false"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, WARMSCOPE_STORE=store), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -75,11 +87,26 @@ def _serve(script: Path, store: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("streamlit did not start")
 
 
+# Every element drawn: no placeholder left (Streamlit shows a skeleton while an element's code loads — plotly.js,
+# the data grid — which a fresh browser session fetches and compiles on first use), every plotly chart rendered.
+DRAWN = ("!document.querySelector('[data-testid=\"stSkeleton\"]') && "
+         "[...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].every(c => c.querySelector('.main-svg'))")
+# One frame and a task later, in ms: small when the page's main thread is free.
+FRAME = ("() => new Promise(r => { const t = performance.now(); "
+         "requestAnimationFrame(() => setTimeout(() => r(performance.now() - t), 0)); })")
+
+
 def _settle(page) -> None:
-    """Until the run has finished: no running indicator, twice across a short pause (a rerun may follow)."""
+    """Until the run has finished and is drawn: no running indicator, twice across a short pause (a rerun may
+    follow); every chart rendered; then the main thread free (a frame within 50 ms, twice running)."""
     page.wait_for_function(IDLE, timeout=T_OUT)
     page.wait_for_timeout(150)
     page.wait_for_function(IDLE, timeout=T_OUT)
+    page.wait_for_function(DRAWN, timeout=T_OUT)
+    free = 0
+    deadline = time.perf_counter() + T_OUT / 1000
+    while free < 2 and time.perf_counter() < deadline:
+        free = free + 1 if page.evaluate(FRAME) < 50 else 0
 
 
 def _open(browser, url: str, title: str | None = None):
@@ -104,7 +131,7 @@ def _visit(browser, url: str, title: str | None = None) -> tuple[float, float]:
 
 
 def _page_switch(browser, base: str, link: str, title: str) -> tuple[float, float]:
-    ctx, page, _, _ = _open(browser, base, PAGES["overview"][2])
+    ctx, page, _, _ = _open(browser, base, PAGES["overview"][2])  # drawn and idle
     page.wait_for_timeout(300)
     t0 = time.perf_counter()
     page.locator('[data-testid="stSidebarNav"] a').filter(has_text=link).first.click()
@@ -157,6 +184,8 @@ def main() -> None:
     ap.add_argument("--store", required=True, help="embedded store to serve (e.g. one `warmscope demo` filled)")
     ap.add_argument("--loads", type=int, default=5, help="repeats per measurement, median taken (default 5)")
     ap.add_argument("--chromium", default="/usr/bin/chromium", help="Chromium binary (default /usr/bin/chromium)")
+    ap.add_argument("--warm-up", type=float, default=30.0,
+                    help="seconds after a server's start before the 'overview after start' visit (default 30)")
     ap.add_argument("--settle", type=float, default=60.0,
                     help="seconds to wait after the server's first visit, while it pre-computes the default and "
                          "24-hour views in the background, before the warm figures (default 60)")
@@ -174,8 +203,11 @@ def main() -> None:
     try:
         p_empty, u_empty = _serve(empty, args.store)
         procs.append(p_empty)
-        p_app, u_app = _serve(ROOT / "app" / "main.py", args.store)
+        # the dashboard as `warmscope dashboard` serves it (plain `streamlit run` for a tree without app/serve.py)
+        app_script = None if (ROOT / "app" / "serve.py").exists() else ROOT / "app" / "main.py"
+        p_app, u_app = _serve(app_script, args.store)
         procs.append(p_app)
+        started = time.perf_counter()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
             _visit(browser, u_empty)  # the empty page's own first visit
@@ -183,13 +215,17 @@ def main() -> None:
             bp, bd = med(x[0] for x in base), med(x[1] for x in base)
             print(f"store {args.store}; medians of {n}; times in s, x = ratio to the empty page's time; "
                   f"load average {os.getloadavg()[0]:.1f} at the start on {os.cpu_count()} cores; warm figures "
-                  f"after a {args.settle:g} s settle")
+                  f"after a {args.settle:g} s settle; dashboard served by "
+                  f"{'streamlit run app/main.py' if app_script else 'warmscope.app.serve'}")
             print(f"\nfirst visit (target: paint < {PAINT_TARGET:g} s)")
             print(f"{'page':12s} {'cold paint':>10s} {'cold done':>10s} {'paint':>7s} {'done':>7s} {'x paint':>8s} "
                   f"{'x done':>7s}  target")
             print(f"{'(empty)':12s} {'':>10s} {'':>10s} {bp:7.2f} {bd:7.2f} {1:8.1f} {1:7.1f}")
+            cold_at = time.perf_counter() - started
             for name, (path, _, title) in PAGES.items():
                 cold = _visit(browser, f"{u_app}/{path}", title)
+                if name == "overview":
+                    first = cold
                 if name == "overview" and args.settle > 0:
                     time.sleep(args.settle)  # the server's background pre-computation after its first visit
                 warm = [_visit(browser, f"{u_app}/{path}", title) for _ in range(n)]
@@ -217,6 +253,15 @@ def main() -> None:
             dr = [_drill(browser, u_app) for _ in range(n)]
             print(f"{'drill-down (heatmap click)':28s} {dr[0]:7.2f} {med(dr[1:] or dr):7.2f} "
                   f"{med(dr[1:] or dr) / bd:7.1f}  {_ok(med(dr), PAINT_TARGET)}")
+            # A second server, left alone for --warm-up seconds, then its first visit.
+            p_new, u_new = _serve(app_script, args.store)
+            procs.append(p_new)
+            time.sleep(args.warm_up)
+            load = os.getloadavg()[0]
+            after = _visit(browser, u_new, PAGES["overview"][2])
+            print(f"\noverview, the server's first visit: {cold_at:.0f} s after start paint {first[0]:.2f} done "
+                  f"{first[1]:.2f}; {args.warm_up:g} s after start paint {after[0]:.2f} done {after[1]:.2f} "
+                  f"(load {load:.1f}); load average at the end {os.getloadavg()[0]:.1f}")
             browser.close()
     finally:
         for pr in procs:

@@ -195,22 +195,21 @@ def cluster_client(redis_cluster):
     c.close()
 
 
-# --- the dashboard served by `streamlit run` on a free loopback port --------
+# --- the dashboard served (Streamlit) on a free loopback port --------
 
 
 @contextlib.contextmanager
 def streamlit_app(env: dict[str, str], cwd: Path | None = None):
-    """Serve ``app/main.py`` with ``env`` (the whole environment) on a free loopback port; yields its URL and
-    stops the server afterwards."""
-    import sys
+    """Serve the dashboard (``app/main.py``) with ``env`` (the whole environment) on a free loopback port; yields
+    its URL and stops the server afterwards."""
     import urllib.request
 
+    from warmscope.app.serve import command
+
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run",
-                             str(Path(__file__).resolve().parents[1] / "app" / "main.py"),
-                             "--server.headless", "true", "--server.port", str(port), "--server.address",
-                             "127.0.0.1", "--browser.gatherUsageStats", "false"], env=env, cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    # served as `warmscope dashboard` serves it: Streamlit, its settings, the caches warmed at start
+    proc = subprocess.Popen(command("--server.port", str(port), "--server.address", "127.0.0.1"), env=env,
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,

@@ -1,18 +1,21 @@
 """A/B: the experiment list, then the report product teams read — SRM first, the verdict, metrics coloured
 win / lose / neutral, guardrails, a breakdown by tenant and model, effect over time."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("A/B report")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
-import streamlit as st
 from warmscope.analysis.ab_metrics import find, in_list_order
 from warmscope.analysis.ab_report import DEFAULT_PRIMARY, HEADERS, _better, _rows, effect_figure, render_html
 from warmscope.app import data, engine_view, ui
 
 COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
 
-st.title("A/B report")
 if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
     engine_view.ab_advice()
 try:

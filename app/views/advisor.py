@@ -1,17 +1,20 @@
 """Advisor: request forecasts with intervals and the next peak; tuned warm-up parameters with before/after."""
 
+# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
+
+import streamlit as st
+
+st.title("Advisor")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import streamlit as st
 from warmscope.analysis.advisor import advise
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import curves
 from warmscope.app import data, ui
 
-st.title("Advisor")
 st.caption("What to warm and when: request forecasts per key family at 5 s, 3 min and 1 h, checked against "
            "seasonal-naive and exponential-smoothing baselines on the held-back last 20 % of the range; warm-up "
            "parameters tuned by Bayesian optimisation over a replay of the recorded traffic "

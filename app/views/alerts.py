@@ -113,7 +113,8 @@ SHOWN = 6
 for r in alerts.head(SHOWN).itertuples():
     ui.alert_row(r.severity, r.alert, r.summary, r.since)
 if len(alerts) > SHOWN:
-    with st.expander(f"{len(alerts) - SHOWN} more alert conditions holding now"):
+    more = len(alerts) - SHOWN
+    with st.expander(f"{more} more alert condition{'s' if more != 1 else ''} holding now"):
         for r in alerts.iloc[SHOWN:].itertuples():
             ui.alert_row(r.severity, r.alert, r.summary, r.since)
 

@@ -35,7 +35,7 @@ ui.url_set(tenant=tenant, layer=layer)
 sel = hk[(hk.tenant == tenant) & (hk.layer == layer)]
 agg = sel.groupby(["key_hash", "family"], as_index=False)[["hits", "misses", "err"]].sum()
 agg["lookups"] = agg.hits + agg.misses
-agg["hit_rate"] = agg.hits / agg.lookups
+agg["hit_rate"] = 100 * agg.hits / agg.lookups  # shown in percent, one decimal
 warmed = set(fr["warmed_keys"].key_hash) if len(fr["warmed_keys"]) else set()
 agg["warmed"] = agg.key_hash.isin(warmed)
 st.subheader(f"Top keys · {tenant} · {layer}")
@@ -48,7 +48,7 @@ st.dataframe(top[["key_hash", "family", "lookups", "hits", "misses", "err", "hit
                  "hits": st.column_config.NumberColumn("Hits", format="localized"),
                  "misses": st.column_config.NumberColumn("Misses", format="localized"),
                  "err": st.column_config.NumberColumn("Count error ±", format="localized"),
-                 "hit_rate": st.column_config.NumberColumn("Hit rate", format="percent"),
+                 "hit_rate": st.column_config.NumberColumn("Hit rate", format="%.1f%%"),
                  "warmed": st.column_config.CheckboxColumn("Warmed in range")})
 wk = fr["warmed_keys"]
 st.subheader("Warmed but never read")
@@ -57,7 +57,7 @@ if wk.empty:
 else:
     unread = wk[~read_in_time(wk)]
     st.caption(f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were never read while "
-               f"warm: {unread.gpu_s.sum():.2f} GPU-seconds of warm-up spent for nothing.")
+               f"warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing.")
     st.dataframe(unread.groupby(["layer", "family"], as_index=False).agg(keys=("key_hash", "size"),
                                                                           gpu_s=("gpu_s", "sum"))
                  .sort_values("keys", ascending=False), hide_index=True, width="stretch", column_config={

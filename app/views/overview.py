@@ -22,13 +22,17 @@ if engine_view.active(start, end):  # engine metrics only
 fr = ui.load(["warmup_runs"], start, end)
 st.caption(f"{ui.when(start)} → {ui.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
 ui.resolution_note(start, end)
-alerts = ui.alerts(start, end)
 runs = fr["warmup_runs"]
+# Cached per store version and range (filled in the background when the server starts); the spinner shows only
+# when a figure is still being computed — the first view of a range nobody has opened yet.
+with st.spinner("Analysing the range: alerts, the latest regression and the warm-up score…"):
+    alerts = ui.alerts(start, end)
+    dd = ui.drill(start, end, cached_layers_only=True)
+    card = ui.card(start, end)
 
 # ---------------------------------------------------------------- what happened
 st.subheader("What happened")
 lines: list[str] = []
-dd = ui.drill(start, end, cached_layers_only=True)
 loc = dd.localization
 if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
     top = loc.causes[0]
@@ -63,7 +67,6 @@ for r in sec.itertuples():
     ui.alert_row(r.severity, r.alert, r.summary, r.since)
 
 # ---------------------------------------------------------------- headline numbers
-card = ui.card(start, end)
 overall = ui.rates(start, end, no_weights=True)  # cached: reruns read a few rows
 c = st.columns(4)
 c[0].metric("Warm-up score", f"{card.composite:.2f}" if card.composite is not None else "no data",

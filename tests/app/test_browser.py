@@ -1,5 +1,5 @@
 """Every page and interaction in a real browser: Playwright driving Debian's chromium against
-`streamlit run` on a free loopback port, over the demo world (runs, traps and alerts in the default range).
+the dashboard server on a free loopback port, over the demo world (runs, traps and alerts in the default range).
 Screenshots go to test-output/screenshots/."""
 
 import dataclasses
@@ -50,9 +50,10 @@ def settle(page) -> None:
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
     page.wait_for_timeout(800)
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=300_000)
-    # the first chart drawn (a screenshot taken earlier shows a grey placeholder on a busy machine)
-    page.wait_for_function("!document.querySelector('[data-testid=\"stPlotlyChart\"]') || "
-                           "!!document.querySelector('[data-testid=\"stPlotlyChart\"] .main-svg')", timeout=300_000)
+    # every chart drawn, no element placeholder left (a screenshot taken earlier shows grey placeholders)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stSkeleton\"]') && "
+                           "[...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+                           ".every(c => c.querySelector('.main-svg'))", timeout=300_000)
 
 
 def query(page) -> dict:

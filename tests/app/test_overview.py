@@ -168,3 +168,58 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
         sorted(zip(ref.alert, ref.fired.map(when), strict=True))
     resolved = ["still firing" if r != r else when(r) for r in ref.resolved]
     assert sorted(shown["Resolved (UTC)"]) == sorted(resolved)
+
+
+def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
+    """What the server computes when it starts (``ui._warm_steps``, run by ``warmscope.app.serve``) is what each
+    page's first view asks for: after it, opening the pages reads and analyses nothing again. A cache key that differed
+    (another bucket, another argument order) would recompute and be counted here."""
+    import threading
+
+    import streamlit
+    from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, sources, traps
+    from warmscope.app import data, ui
+
+    monkeypatch.setenv("WARMSCOPE_STORE", str(demo_store))
+    streamlit.cache_data.clear()
+    streamlit.cache_resource.clear()
+    steps = list(ui._warm_steps(data.version()))
+    assert len(steps) >= 2 * 14  # the default range's and the 24-hour range's first views
+    for fn, args in steps:
+        fn(*args)
+    calls: list[str] = []
+
+    def count(module, name):
+        real = getattr(module, name)
+
+        def counted(*a, **k):
+            if not threading.current_thread().name.startswith("warmscope-"):  # not the page-side warm-up
+                calls.append(name)
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, counted)
+
+    for module, name in [(alerts, "evaluate"), (scores, "score_card"), (drilldown, "drill_down"),
+                         (drilldown, "change_point"), (hitrate, "hit_table"), (latency, "quantiles_over_time"),
+                         (coverage, "warm_set_coverage"), (traps, "detect_all"), (sources.CompositeSource, "frame")]:
+        count(module, name)
+    at = AppTest.from_file(MAIN, default_timeout=120).run()
+    assert not at.exception, at.exception
+    for page in ("hitrate", "latency", "warmup", "hotkeys", "rootcause"):
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+    assert calls == []
+
+
+def test_serve_command_carries_the_dashboard_settings_and_lets_options_override_them():
+    import sys
+
+    from warmscope.app.serve import SETTINGS, command
+
+    cmd = command("--server.port", "8600", "--client.toolbarMode", "minimal")
+    assert cmd[:3] == [sys.executable, "-m", "warmscope.app.serve"]
+    opts = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert opts["--server.port"] == "8600"
+    assert opts["--server.fileWatcherType"] == "none" == SETTINGS["server.fileWatcherType"]
+    assert opts["--client.toolbarMode"] == "minimal"  # the caller's, given once
+    assert cmd.count("--client.toolbarMode") == 1
