@@ -434,8 +434,8 @@ def _rows(rep: ABReport) -> list[list[str]]:
     return out
 
 
-HEADERS = ["metric", "arm", "kind", "control", "treatment", "difference [95% CI]", "relative [95% CI]", "p",
-           "p (relative)", "p (Holm)", "p (BH)", "always-valid p", "note"]
+HEADERS = ["Metric", "Arm", "Kind", "Control", "Treatment", "Difference [95% CI]", "Relative [95% CI]", "p",
+           "p (relative)", "p (Holm)", "p (BH)", "Always-valid p", "Note"]
 
 
 def _title(rep: ABReport) -> str:

@@ -120,12 +120,12 @@ def outcome(r) -> str:
 
 def table(results, rows) -> pd.DataFrame:
     t = pd.DataFrame(rows, columns=HEADERS)
-    t.insert(0, "outcome", [outcome(r) for r in results])
+    t.insert(0, "Outcome", [outcome(r) for r in results])
     return t
 
 
 def styled(t: pd.DataFrame):
-    return t.style.apply(lambda row: [f"background-color: {COLOURS[row['outcome']]}"] * len(row), axis=1)
+    return t.style.apply(lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1)
 
 
 all_rows = _rows(rep)
@@ -142,9 +142,9 @@ st.caption(("★ primary metric, Holm-adjusted over the arms; " if rep.multi_arm
 st.subheader("Guardrails")
 if guard_res:
     gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
-    bad = gt[gt.outcome == "lose"]
+    bad = gt[gt["Outcome"] == "lose"]
     if len(bad):
-        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad.metric, bad.arm, strict=True))
+        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad["Metric"], bad["Arm"], strict=True))
                  + " significantly worse than the control.")
     else:
         st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm.")
@@ -206,7 +206,7 @@ def breakdown(exp: str, control: str, treatments: list[str], first: float | None
         return f"{f(v)} [{f(lo)}, {f(hi)}]"
 
     shown = pd.DataFrame({
-        "outcome": bd.outcome, dim.capitalize(): seg, "Metric": bd.metric,
+        "Outcome": bd.outcome, dim.capitalize(): seg, "Metric": bd.metric,
         "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
         "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
         "Difference [95% CI]": [diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)],
@@ -218,7 +218,7 @@ def breakdown(exp: str, control: str, treatments: list[str], first: float | None
                                           zip(bd.buckets_control, bd.buckets_treatment, strict=True)],
     })
     colours = dict(COLOURS, **{"not tested": ""})
-    st.dataframe(shown.style.apply(lambda row: [f"background-color: {colours[row['outcome']]}"] * len(row), axis=1),
+    st.dataframe(shown.style.apply(lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1),
                  hide_index=True, width="stretch")
     # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
     marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}

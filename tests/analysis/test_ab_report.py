@@ -52,7 +52,7 @@ def test_srm_mismatch_puts_a_warning_before_everything(store):
     rep = build_report(skewed, "warmup-strategy")
     assert rep.srm_units.flagged and rep.verdict.startswith("Do not trust")
     md = render_markdown(rep)
-    assert md.index("MISMATCH") < md.index("| metric")
+    assert md.index("MISMATCH") < md.index("| Metric")
 
 
 def test_unknown_experiment_is_a_clear_error(store):
