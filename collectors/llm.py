@@ -261,19 +261,25 @@ class Exchange:
                 self.tail, done = data[i + 1:], data[:i + 1]
             else:
                 self.tail, done = b"", data
-            if self.held or self.drop_blank or _FINISH in done or _PROMPT_TOKENS in done:
+            if self.held or self.drop_blank:
                 return self._lines(done)
+            f = done.find(_FINISH)
+            p = done.find(_PROMPT_TOKENS)
+            if f >= 0 or p >= 0:
+                return self._lines(done, (f, p))  # the lines looked at from where these were found
             return _without_null_usage(done) if _USAGE in done else done
         except Exception as e:  # pass on what is left unchanged, stop filtering
             self.rec.agg.count_error("record", "llm stream filter", e)
             return self._give_up(data)
 
-    def _lines(self, done: bytes) -> bytes:
+    def _lines(self, done: bytes, found: tuple[int, int] | None = None) -> bytes:
         """Complete lines (``done`` ends with a newline) when a choice's last
         chunk or a usage object is among them, or lines are held: the lines up
         to the next one that needs a look pass on in one piece (see
         :meth:`_filter`). State is stored only at the end, so a line that does
-        not parse leaves it as it was."""
+        not parse leaves it as it was. ``found``: where the first
+        ``finish_reason`` and ``prompt_tokens`` are in ``done`` (-1: nowhere),
+        when the caller searched already (nothing held, no blank line to drop)."""
         out: list[bytes] = []
         held, drop_blank = self.held, self.drop_blank
         pos, n = 0, len(done)
@@ -312,7 +318,10 @@ class Exchange:
                     continue
                 out.append(held)
                 held = b""
-            f, p = done.find(_FINISH, pos), done.find(_PROMPT_TOKENS, pos)
+            if found is not None:  # pos is 0 here: nothing was held or dropped before
+                (f, p), found = found, None
+            else:
+                f, p = done.find(_FINISH, pos), done.find(_PROMPT_TOKENS, pos)
             if f < 0 and p < 0:
                 rest = done[pos:]
                 out.append(_without_null_usage(rest) if _USAGE in rest else rest)
