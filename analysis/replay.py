@@ -63,12 +63,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .heat import slo_lambda
+
 __all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "persistence",
            "TOLERANCE", "LAYERS", "SLO_LAMBDA"]
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
-SLO_LAMBDA = 1.0 / 6000.0  # the SLO-aware rate for a 1 s TTFT SLO (λ = 1 / (slo_ms × 0.1) per minute)
+SLO_LAMBDA = slo_lambda(1000.0)  # the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
 BUCKET_S = 900.0
 SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
 STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
