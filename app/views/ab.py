@@ -144,8 +144,8 @@ if guard_res:
     gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
     bad = gt[gt["Outcome"] == "lose"]
     if len(bad):
-        st.error("Guardrail breached: " + ", ".join(f"{m} ({a})" for m, a in zip(bad["Metric"], bad["Arm"], strict=True))
-                 + " significantly worse than the control.")
+        named = ", ".join(f"{m} ({a})" for m, a in zip(bad["Metric"], bad["Arm"], strict=True))
+        st.error(f"Guardrail breached: {named} significantly worse than the control.")
     else:
         st.success("No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm.")
     st.table(styled(gt).hide(axis="index"))
