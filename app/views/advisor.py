@@ -47,6 +47,7 @@ def _advise(store: str, start: float, end: float, budget: float | None, _fr: dic
 with st.spinner("Forecasting…"):
     tab, fc = _forecast(data.store_path(), start, end, lk)
 
+MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
 st.subheader("Forecast")
 kept = tab[tab.kept]
 cols = st.columns(len(kept) or 1)
@@ -55,7 +56,7 @@ for c, (_, r) in zip(cols, kept.iterrows(), strict=False):
     best_base = base.mape.min() if len(base) else np.nan
     label = f"{r.horizon_s / 3600:g} h" if r.horizon_s >= 3600 else (
         f"{r.horizon_s / 60:g} min" if r.horizon_s >= 60 else f"{r.horizon_s:g} s")
-    c.metric(f"MAPE {label} ({r.model})", f"{r.mape:.1%}",
+    c.metric(f"MAPE {label} ({MODEL_NAMES.get(r.model, r.model)})", f"{r.mape:.1%}",
              delta=None if r.model != "regression" else f"{r.mape - best_base:+.1%} vs best baseline",
              delta_color="inverse", help=f"90 % interval coverage {r.coverage_90:.0%}. {r.note}")
 hs = sorted(fc.horizon_s.unique()) if len(fc) else [3600.0]
