@@ -23,3 +23,18 @@ def total(reader, name: str, attrs: dict | None = None) -> float:
         p.value for p in points(reader, name)
         if all(p.attributes.get(k) == v for k, v in attrs.items())
     )
+
+
+def assert_same_report(ra, rb) -> None:
+    """Two A/B reports (``analysis.ab_report.report_for``) on the same traffic
+    agree: units, verdict, every table row, the effect over time and the
+    request-level sample-ratio check."""
+    import pandas as pd
+    import pytest
+
+    assert ra.units == rb.units and ra.verdict == rb.verdict and ra.error is None
+    ta, tb = ra.table(), rb.table()
+    assert len(ta) >= 6
+    pd.testing.assert_frame_equal(ta, tb, check_exact=False, rtol=1e-9, atol=1e-12)
+    pd.testing.assert_frame_equal(ra.effect_over_time, rb.effect_over_time, check_exact=False, rtol=1e-9)
+    assert ra.srm_requests.p_value == pytest.approx(rb.srm_requests.p_value, rel=1e-9)

@@ -9,6 +9,7 @@ from warmscope.analysis.redis_source import RedisSource
 from warmscope.analysis.sources import EmbeddedSource, from_env
 
 from tests.collectors.test_redis_cluster import _both
+from tests.helpers import assert_same_report
 
 pytestmark = pytest.mark.redis
 
@@ -33,9 +34,4 @@ def test_app_report_on_redis_reads_moments_and_equals_the_embedded_one(make_tel,
     monkeypatch.setattr(RedisSource, "units", no_unit_rows)  # a spy: the moments path must not need them
     ra = report_for(app, "exp")
     rb = report_for(emb, "exp")
-    assert ra.units == rb.units and ra.verdict == rb.verdict and ra.error is None
-    ta, tb = ra.table(), rb.table()
-    assert len(ta) >= 6
-    pd.testing.assert_frame_equal(ta, tb, check_exact=False, rtol=1e-9, atol=1e-12)
-    pd.testing.assert_frame_equal(ra.effect_over_time, rb.effect_over_time, check_exact=False, rtol=1e-9)
-    assert ra.srm_requests.p_value == pytest.approx(rb.srm_requests.p_value, rel=1e-9)
+    assert_same_report(ra, rb)
