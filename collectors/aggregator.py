@@ -420,40 +420,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         hits, misses, ctx)`` and ``record_request(ctx, ttft_s, latency_s,
         hits + misses, hits, 0.0, None, None, 0.0)``, the same counts."""
         self.record_tokens(b, key, hits, misses, ctx)
-        try:
-            st = self._req_tls.s
-        except AttributeError:
-            st = self._state(self._req_tls, -1)
-        if st.swap:
-            self._hand_off(st)
-        cid0 = ctx.cid0
-        r = st.req.get((cid0, ""))
-        if r is None:
-            r = st.req[(cid0, "")] = list(records.REQUEST_ZERO)
-        r[R_REQUESTS] += 1
-        hs = st.hrow.get(cid0)
-        if hs is None:
-            hs = st.hrow[cid0] = [None] * 4
-        if ttft_s is not None:
-            h = hs[0] or self._request_hist(st, hs, 0, cid0)
-            h[bisect.bisect_left(_TTFT_BOUNDS, ttft_s)] += 1
-            h[H_SUM] += ttft_s
-            h[H_COUNT] += 1
-        h = hs[1] or self._request_hist(st, hs, 1, cid0)
-        h[bisect.bisect_left(_DURATION_BOUNDS, latency_s)] += 1
-        h[H_SUM] += latency_s
-        h[H_COUNT] += 1
-        prompt = hits + misses
-        h = hs[2] or self._request_hist(st, hs, 2, cid0)
-        h[bisect.bisect_left(_TOKEN_BOUNDS, prompt)] += 1
-        h[H_SUM] += prompt
-        h[H_COUNT] += 1
-        h = hs[3] or self._request_hist(st, hs, 3, cid0)
-        h[bisect.bisect_left(_CACHED_BOUNDS, hits)] += 1
-        h[H_SUM] += hits
-        h[H_COUNT] += 1
-        if ctx.ukey is not None:
-            self._unit_request(st, ctx.ukey, ttft_s, latency_s, 0.0, None, None, 0.0)
+        self.record_request(ctx, ttft_s, latency_s, hits + misses, hits, 0.0, None, None, 0.0)
 
     def _unit_request(self, st: _ThreadState, ukey: tuple[Any, ...], ttft_s: float | None, latency_s: float | None,
                       gpu_s: float, sla_met: bool | None, conversion: bool | None, value: float) -> None:
