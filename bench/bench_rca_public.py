@@ -2,8 +2,8 @@
 
     python -m bench.bench_rca_public [--data DIR] [--cli N] [--show]
 
-Reads a folder of public RCA benchmark cases, not shipped with the project (``--data`` or
-``$WARMSCOPE_RCA_CASES``): 87 real-world ratio cases (a failure
+Reads the public RCA development cases (``--data``, else
+``$WARMSCOPE_RCA_CASES``, else ``shared/rca-dev`` beside the checkout): 87 real-world ratio cases (a failure
 rate, RobustSpot data) and 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``).
 Scores every case with the exact-element rule of the RiskLoc and Squeeze
 evaluations (TP/FP/FN summed over cases, F1 = 2TP / (2TP + FP + FN)) and prints
@@ -30,9 +30,8 @@ import numpy as np
 import pandas as pd
 from warmscope.analysis.rootcause import localize
 
-DEFAULT = os.environ.get("WARMSCOPE_RCA_CASES")
-LAYOUT = ("a folder holding ANCHORS.md (the published methods' F1 per case set) and additive/ and ratio/, each "
-          "with truth.json (the ground-truth root causes) beside the cases' CSV files")
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = Path(os.environ.get("WARMSCOPE_RCA_CASES") or REPO.parent / "shared" / "rca-dev")
 
 
 def norm(element: dict) -> str:
@@ -119,14 +118,12 @@ def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=Path(DEFAULT) if DEFAULT else None,
-                    help=f"case folder: {LAYOUT} (default $WARMSCOPE_RCA_CASES)")
+    ap.add_argument("--data", type=Path, default=DEFAULT, help=f"case folder (default {DEFAULT})")
     ap.add_argument("--cli", type=int, default=0, metavar="N", help="also time `warmscope rca` on N cases per set")
     ap.add_argument("--show", action="store_true", help="print the cases that are not exactly right")
     args = ap.parse_args()
-    if args.data is None or not (args.data / "ANCHORS.md").exists():
-        where = "no case folder given" if args.data is None else f"no benchmark cases at {args.data}"
-        print(f"{where}: pass --data DIR (or set WARMSCOPE_RCA_CASES) pointing at {LAYOUT}", file=sys.stderr)
+    if not (args.data / "ANCHORS.md").exists():
+        print(f"no development cases at {args.data}; give --data", file=sys.stderr)
         return 2
     pub = anchors(args.data)
     rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"),
