@@ -99,6 +99,8 @@ _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_r
 _FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 _NULL_COMPACT, _NULL_SPACED = b'"usage":null', b'"usage": null'
+_NULL_FIELD = b',"usage":null'  # the form engines write: taken out first, in one scan
+_CHOICES_NONE = b'"choices":[]'  # a usage-only chunk (compact JSON)
 
 
 def _pairs(pre: list[Any]) -> list[Any]:
@@ -265,9 +267,14 @@ class Exchange:
                 return self._lines(done)
             f = done.find(_FINISH)
             p = done.find(_PROMPT_TOKENS)
-            if f >= 0 or p >= 0:
-                return self._lines(done, (f, p))  # the lines looked at from where these were found
-            return _without_null_usage(done) if _USAGE in done else done
+            if f < 0:
+                if p < 0:  # the usual chunk: its "usage": null taken out
+                    done = done.replace(_NULL_FIELD, b"")  # (a no-op without one: the same object back)
+                    return _without_other_null_usage(done) if _USAGE in done else done
+                out = self._usage_only(done, p)
+                if out is not None:
+                    return out
+            return self._lines(done, (f, p))  # the lines looked at from where these were found
         except Exception as e:  # pass on what is left unchanged, stop filtering
             self.rec.agg.count_error("record", "llm stream filter", e)
             return self._give_up(data)
@@ -351,6 +358,34 @@ class Exchange:
         self.held, self.drop_blank = held, drop_blank
         return b"".join(out)
 
+    def _usage_only(self, done: bytes, p: int) -> bytes | None:
+        """Complete lines with a usage object at ``p`` and no choice's last
+        chunk, nothing held: when that line is the usage-only chunk, followed
+        by the blank line that ends its event (or by the end of ``done``) and
+        nothing after it needs a look, the lines without it, as :meth:`_lines`
+        returns them; else None (and :meth:`_lines` looks at them one by one)."""
+        s = done.rfind(b"\n", 0, p) + 1
+        e = done.index(b"\n", p)
+        if not done.startswith(b"data:", s) or _CHOICES_NONE not in done[s:e]:
+            return None
+        pos = e + 1
+        if pos < len(done):
+            if done[pos] != 10:  # no blank line right after it
+                return None
+            pos += 1
+            rest = done[pos:]
+            if _PROMPT_TOKENS in rest:
+                return None
+        else:
+            rest = b""
+        if not self._usage_line(done[s:e]):
+            return None
+        if pos == e + 1:  # its event's blank line comes with the next chunk
+            self.drop_blank = True
+        out = done[:s] + rest if rest else done[:s]
+        out = out.replace(_NULL_FIELD, b"")  # as _lines does for each part: no pattern spans a line end
+        return _without_other_null_usage(out) if _USAGE in out else out
+
     def _usage_line(self, line: bytes) -> bool:
         """Note the usage object of a ``data:`` line; True when the line is the
         usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
@@ -377,6 +412,20 @@ class Exchange:
             return b""
         rest = self.tail
         return self._give_up(rest)
+
+    def end(self) -> bytes:
+        """The body ended without error: :meth:`flush` and :meth:`finish` in one call."""
+        rest = b""
+        if self.strip:
+            rest = self.held + self.tail
+            self.strip, self.tail, self.held = False, b"", b""
+        if not self.done:
+            self.done = True
+            try:
+                self.rec._finish(self, None)
+            except Exception as e:
+                self.rec.agg.count_error("record", "llm request", e)
+        return rest
 
     def finish(self, error: BaseException | None = None) -> None:
         """The response ended (``error``: how it failed). Records once; never raises."""
@@ -421,9 +470,15 @@ def _without_null_usage(lines: bytes) -> bytes:
     when usage is asked for (the pattern cannot occur inside a JSON string:
     its quotes would be escaped)."""
     if _NULL_COMPACT in lines:  # the form engines write (compact JSON): one scan when it is the only one
-        lines = lines.replace(b',"usage":null', b"")
-        if _NULL_COMPACT in lines:
-            lines = lines.replace(b'"usage":null,', b"")
+        lines = lines.replace(_NULL_FIELD, b"")
+    return _without_other_null_usage(lines)
+
+
+def _without_other_null_usage(lines: bytes) -> bytes:
+    """The rest of :func:`_without_null_usage`, once ``,"usage":null`` is out
+    (the callers that took it out already skip this when no ``"usage"`` is left)."""
+    if _NULL_COMPACT in lines:
+        lines = lines.replace(b'"usage":null,', b"")
     if _NULL_SPACED in lines:
         lines = lines.replace(b', "usage": null', b"")
         if _NULL_SPACED in lines:

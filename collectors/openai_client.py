@@ -63,11 +63,14 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
     one (``Headers.copy`` and ``__setitem__`` re-encode every header)."""
     new = httpx.Request.__new__(httpx.Request)
     new.__dict__.update(request.__dict__)
-    new.headers = _headers_with(request.headers, (b"content-length", str(len(body)).encode("ascii")),
-                                (b"accept-encoding", b"identity"))
+    new.headers = _headers_with(request.headers, (_LENGTH, b"%d" % len(body)), _IDENTITY)
     new.stream = httpx.ByteStream(body)
     new._content = body
     return new
+
+
+_LENGTH, _ENCODING = b"content-length", b"accept-encoding"
+_IDENTITY = (_ENCODING, b"identity")
 
 
 def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
@@ -80,15 +83,18 @@ def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.
         for k, v in items:
             out[k.decode("ascii")] = v.decode("latin-1")
         return out
-    rows = list(lst)
+    rows = lst[:]
     names = list(map(_SECOND, rows))  # lower-case names, listed in C
     for k, v in items:
-        if k not in names:
+        n = names.count(k)
+        if n == 1:  # the usual case: set in its place
+            rows[names.index(k)] = (k, k, v)
+        elif n == 0:
             rows.append((k, k, v))
-            continue
-        i = names.index(k)
-        rows[i] = (k, k, v)  # in the first one's place
-        if names.count(k) > 1:  # and no other of that name
+            names.append(k)
+        else:  # in the first one's place, and no other of that name
+            i = names.index(k)
+            rows[i] = (k, k, v)
             rows[i + 1:] = [r for r in rows[i + 1:] if r[1] != k]
             names = list(map(_SECOND, rows))
     new = httpx.Headers.__new__(httpx.Headers)
@@ -116,9 +122,7 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
         except BaseException as e:
             self._ex.finish(e)
             raise
-        ex = self._ex
-        rest = ex.flush()
-        ex.finish()
+        rest = self._ex.end()
         if rest:
             yield rest
 
@@ -140,9 +144,7 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
         except BaseException as e:
             self._ex.finish(e)
             raise
-        ex = self._ex
-        rest = ex.flush()
-        ex.finish()
+        rest = self._ex.end()
         if rest:
             yield rest
 
