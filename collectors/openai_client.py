@@ -105,24 +105,36 @@ def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.
 
 class _Stream:
     """The response body read through the recorder (sync and async below); a
-    body that fails records how it ended, and the error reaches the caller."""
+    body that fails records how it ended, and the error reaches the caller.
+    Once the exchange is recorded the stream lets go of it: httpx's response
+    and its stream refer to each other, so what they hold is freed only by a
+    garbage collection, and the exchange (the parsed prefix and usage) is
+    then freed at once instead."""
 
     def __init__(self, inner: Any, ex: Exchange) -> None:
-        self._inner, self._ex = inner, ex
+        self._inner = inner
+        self._ex: Exchange | None = ex
 
 
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._ex.feed
+        ex = self._ex
+        if ex is None:  # read again after its end: passed through
+            yield from self._inner
+            return
+        feed = ex.feed
         try:
             for chunk in self._inner:
                 out = feed(chunk)
                 if out:  # bytes held back (a line not yet complete) come with a later chunk
                     yield out
         except BaseException as e:
-            self._ex.finish(e)
+            ex.finish(e)
+            self._ex = None
             raise
-        rest = self._ex.end()
+        self._ex = None
+        rest = ex.end()
+        del ex, feed
         if rest:
             yield rest
 
@@ -130,21 +142,32 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
         try:
             self._inner.close()
         finally:
-            self._ex.finish()
+            ex = self._ex
+            if ex is not None:
+                self._ex = None
+                ex.finish()
 
 
 class _AsyncStream(_Stream, httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._ex.feed
+        ex = self._ex
+        if ex is None:  # read again after its end: passed through
+            async for chunk in self._inner:
+                yield chunk
+            return
+        feed = ex.feed
         try:
             async for chunk in self._inner:
                 out = feed(chunk)
                 if out:
                     yield out
         except BaseException as e:
-            self._ex.finish(e)
+            ex.finish(e)
+            self._ex = None
             raise
-        rest = self._ex.end()
+        self._ex = None
+        rest = ex.end()
+        del ex, feed
         if rest:
             yield rest
 
@@ -152,7 +175,10 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
         try:
             await self._inner.aclose()
         finally:
-            self._ex.finish()
+            ex = self._ex
+            if ex is not None:
+                self._ex = None
+                ex.finish()
 
 
 def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
