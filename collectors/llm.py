@@ -98,6 +98,7 @@ _PROMPT_TOKENS = b'"prompt_tokens"'
 _FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
 _FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+_BRACE_USAGE = b"{" + _INCLUDE_USAGE
 _NULL_COMPACT, _NULL_SPACED = b'"usage":null', b'"usage": null'
 _NULL_FIELD = b',"usage":null'  # the form engines write: taken out first, in one scan
 _CHOICES_NONE = b'"choices":[]'  # a usage-only chunk (compact JSON)
@@ -366,7 +367,7 @@ class Exchange:
         returns them; else None (and :meth:`_lines` looks at them one by one)."""
         s = done.rfind(b"\n", 0, p) + 1
         e = done.index(b"\n", p)
-        if not done.startswith(b"data:", s) or _CHOICES_NONE not in done[s:e]:
+        if not done.startswith(b"data:", s) or done.find(_CHOICES_NONE, s, e) < 0:
             return None
         pos = e + 1
         if pos < len(done):
@@ -390,7 +391,13 @@ class Exchange:
         """Note the usage object of a ``data:`` line; True when the line is the
         usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
         kept in ``_fingerprint``."""
-        obj = _loadb(line[5:])
+        if _orjson_loads is not None:  # as _loadb, without its frame
+            try:
+                obj = _orjson_loads(line[5:])
+            except ValueError:
+                obj = _loadb(line[5:])
+        else:
+            obj = _loadb(line[5:])
         u = obj.get("usage")
         if not isinstance(u, dict):
             return False
@@ -758,7 +765,9 @@ class LLMRecorder:
         so = req.get("stream_options")
         if so is None and "stream_options" not in req:
             if body[:1] == b"{":  # as json.dumps and httpx write it: spliced in after the brace
-                ex.body = b"{" + _INCLUDE_USAGE + body[1:]
+                # (bytes.replace of the first brace: the new body built in one copy)
+                ex.body = body.replace(b"{", _BRACE_USAGE, 1) if type(body) is bytes \
+                    else b"{" + _INCLUDE_USAGE + body[1:]
             else:
                 i = body.find(b"{")
                 ex.body = bytes(body[:i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1:])

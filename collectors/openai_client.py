@@ -63,7 +63,18 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
     one (``Headers.copy`` and ``__setitem__`` re-encode every header)."""
     new = httpx.Request.__new__(httpx.Request)
     new.__dict__.update(request.__dict__)
-    new.headers = _headers_with(request.headers, (_LENGTH, b"%d" % len(body)), _IDENTITY)
+    headers = request.headers
+    lst = getattr(headers, "_list", None)
+    names = list(map(_SECOND, lst)) if isinstance(lst, list) else []
+    if names.count(_LENGTH) == 1 and names.count(_ENCODING) == 1:
+        rows = list(lst)  # type: ignore[arg-type]  # a list when names were found in it
+        rows[names.index(_LENGTH)] = (_LENGTH, _LENGTH, b"%d" % len(body))  # the usual case: set in place
+        rows[names.index(_ENCODING)] = _IDENTITY_ROW
+        new.headers = h = httpx.Headers.__new__(httpx.Headers)
+        h._list = rows
+        h._encoding = headers._encoding
+    else:
+        new.headers = _headers_with(headers, (_LENGTH, b"%d" % len(body)), _IDENTITY)
     new.stream = httpx.ByteStream(body)
     new._content = body
     return new
@@ -71,6 +82,7 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
 
 _LENGTH, _ENCODING = b"content-length", b"accept-encoding"
 _IDENTITY = (_ENCODING, b"identity")
+_IDENTITY_ROW = (_ENCODING, _ENCODING, b"identity")
 
 
 def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
@@ -122,10 +134,10 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
         if ex is None:  # read again after its end: passed through
             yield from self._inner
             return
-        feed = ex.feed
+        feed, filt = ex.feed, ex._filter
         try:
             for chunk in self._inner:
-                out = feed(chunk)
+                out = filt(chunk) if ex.strip else feed(chunk)  # (as feed does, without its frame)
                 if out:  # bytes held back (a line not yet complete) come with a later chunk
                     yield out
         except BaseException as e:
@@ -134,7 +146,7 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
             raise
         self._ex = None
         rest = ex.end()
-        del ex, feed
+        del ex, feed, filt
         if rest:
             yield rest
 
@@ -155,10 +167,10 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
             async for chunk in self._inner:
                 yield chunk
             return
-        feed = ex.feed
+        feed, filt = ex.feed, ex._filter
         try:
             async for chunk in self._inner:
-                out = feed(chunk)
+                out = filt(chunk) if ex.strip else feed(chunk)
                 if out:
                     yield out
         except BaseException as e:
@@ -167,7 +179,7 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
             raise
         self._ex = None
         rest = ex.end()
-        del ex, feed
+        del ex, feed, filt
         if rest:
             yield rest
 

@@ -658,6 +658,25 @@ def test_header_copy_equals_httpx_setitem():
         assert h.multi_items() == before
 
 
+def test_request_copy_sets_length_and_encoding_as_httpx_setitem():
+    """The same for the whole request copy (whose usual case, one header of each
+    name, takes its own way): body, headers and URL as httpx would make them;
+    the caller's request is left as it was."""
+    from warmscope.collectors.openai_client import _with_body
+
+    body = b'{"stream_options":{"include_usage":true},"stream":true}'
+    for raw in ([], [("Accept-Encoding", "gzip")], [("accept-encoding", "gzip"), ("Accept-Encoding", "br")],
+                [("Content-Length", "3"), ("X", "1")]):
+        req = httpx.Request("POST", "http://engine/v1/chat/completions", headers=raw, content=b'{"stream":true}')
+        before = req.headers.multi_items()
+        ref = req.headers.copy()
+        ref["content-length"], ref["accept-encoding"] = str(len(body)), "identity"
+        new = _with_body(req, body)
+        assert new.headers.multi_items() == ref.multi_items()
+        assert new.content == body and b"".join(new.stream) == body and new.url == req.url
+        assert req.headers.multi_items() == before and req.content == b'{"stream":true}'
+
+
 @pytest.mark.redis
 def test_a_run_recorded_in_redis_by_another_pipeline_is_followed(make_tel, upstream, redis_client):
     """The same with Redis as the shared store: a warm-up run recorded by another
