@@ -248,8 +248,10 @@ class Exchange:
 
         Most chunks take the fast way: a few byte scans over the complete
         lines (and a ``bytes.replace`` of ``"usage": null``, which cannot occur
-        inside a JSON string, whose quotes are escaped); only the lines around
-        the last choice and the usage chunk are looked at one by one."""
+        inside a JSON string, whose quotes are escaped); the usage-only chunk
+        is cut out where it is found (:meth:`_usage_only`), and only the lines
+        around the last choice (or an unusual usage line) are looked at one
+        by one (:meth:`_lines`)."""
         if self.ttft is None and chunk:
             self.ttft = time.perf_counter() - self.t0
         data = self.tail + chunk if self.tail else chunk
