@@ -545,6 +545,8 @@ class _Pending:
         self.lists: list[tuple[threading.Thread, list[tuple[Any, ...]]]] = []
         self.lock = threading.Lock()
         self.contexts: dict[tuple[Any, ...], RequestContext] = {}
+        # (labels, prompt tokens) -> the context _context_of gives them (no bucket computed per request)
+        self.near: dict[tuple[Any, ...], RequestContext] = {}
         agg.drains.append(self.drain)
 
     @classmethod
@@ -570,10 +572,15 @@ class _Pending:
         with self.lock:
             items = p[:]
             del p[:len(items)]
-        record, b, agg, memo = self.agg.record_llm, self.binding, self.agg, self.contexts
+        record, b, agg, memo, near = self.agg.record_llm, self.binding, self.agg, self.contexts, self.near
         for key, hits, misses, labels, prompt, ttft, duration in items:
             try:  # one request that fails to count costs only itself
-                record(b, key, hits, misses, _context_of(agg, memo, labels, prompt), ttft, duration)
+                ctx = near.get((labels, prompt))
+                if ctx is None:
+                    if len(near) >= 4096 or len(memo) >= 4096:  # (kept in step with the memo)
+                        near.clear()
+                    ctx = near[(labels, prompt)] = _context_of(agg, memo, labels, prompt)
+                record(b, key, hits, misses, ctx, ttft, duration)
             except Exception as e:
                 agg.count_error("record", "llm request", e)
 
@@ -733,7 +740,13 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                req = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
+                if type(body) is bytes and _orjson_loads is not None:  # as _loadb, without its frame
+                    try:
+                        req = _orjson_loads(body)
+                    except ValueError:
+                        req = _loads(body.decode("utf-8"))
+                else:
+                    req = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):
@@ -756,7 +769,7 @@ class LLMRecorder:
             labels = (tenant, unit, exp or self.experiment, var or self.variant,
                       model if isinstance(model, str) else None)
             ex = Exchange(self, key, labels, kind, pre)
-            if key is not None and self.request_usage and req.get("stream") is True:  # type: ignore[union-attr]
+            if key is not None and self.request_usage and req.get("stream") is True:
                 self._ask_usage(ex, req, body)  # type: ignore[arg-type]
             return ex
         except Exception as e:
