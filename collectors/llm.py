@@ -761,7 +761,7 @@ class LLMRecorder:
                 tenant = ctx.tenant if ctx.tenant != schema.UNKNOWN else None
                 unit, exp, var = ctx.unit, ctx.experiment or None, ctx.variant or None
                 model = model or (ctx.model if ctx.model != schema.UNKNOWN else None)
-            if (tenant is None or unit is None) and headers:
+            if (tenant is None or unit is None) and headers is not None:  # (empty headers give none)
                 ht, hs = self._headers(headers)
                 tenant, unit = tenant or ht, unit or hs
             if tenant is None and isinstance(user, str):
