@@ -247,7 +247,8 @@ def main() -> None:
               f"(plain {r['non-streamed cpu plain']:6.1f})  streamed added {r['streamed cpu added']:5.1f} µs "
               f"(plain {r['streamed cpu plain']:6.1f})  load {os.getloadavg()[0]:.1f}")
     r = {k: statistics.median(x[k] for x in reps) for k in reps[0]}
-    print(f"median of the {args.repeat} repeats (of each figure; [quartiles of the per-round differences]):")
+    print(f"median of the {args.repeat} repeats (each figure's median over the repeats; [quartiles of the "
+          "per-round differences, likewise]):")
     added = {}
     for name in ("non-streamed", "streamed"):
         for clock, what in (("cpu", "CPU time "), ("wall", "wall clock")):
