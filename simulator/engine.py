@@ -246,6 +246,7 @@ class Simulation:
         self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)  # (tenant, tpl) -> [sid, conv, variant]
         self._next_session = 0
         self._req_id = 0
+        self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
         self.bursts = self._bursts()
@@ -692,10 +693,14 @@ class Simulation:
                 min_len = int(f.params.get("min_tokens", 2048))
             elif f.trap == "dynamic_tokenisation":
                 variant = f"~{self._req_id % TOKENISATION_VARIANTS}"
-        blocks: list[tuple[str, int, bool]] = []  # key, tokens, reusable
-        n_sys = math.ceil(tpl.sys_tokens / B)
-        for b in range(n_sys):
-            blocks.append((f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True))
+        sys_key = (tpl_idx, ten.idx, variant)
+        sys_blocks = self._sys_blocks.get(sys_key)
+        if sys_blocks is None:  # the system prompt's blocks: the same keys for every request of the pair
+            sys_blocks = self._sys_blocks[sys_key] = [
+                (f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True)
+                for b in range(math.ceil(tpl.sys_tokens / B))]
+        blocks: list[tuple[str, int, bool]] = list(sys_blocks)  # key, tokens, reusable
+        n_sys = len(sys_blocks)
         if tpl.dialog:
             total = conv + q
             full = conv // B
