@@ -243,7 +243,8 @@ class Simulation:
         self._run_seq = 0
         self.telemetries: list[Telemetry] = []
         self.summary = Summary()
-        self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)  # (tenant, tpl) -> [sid, conv, variant]
+        # (tenant, template) -> recent sessions, each [session id, conversation tokens, variant]
+        self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)
         self._next_session = 0
         self._req_id = 0
         self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
