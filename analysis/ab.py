@@ -477,6 +477,7 @@ class SRM:
     p_value: float
     flagged: bool
     what: str
+    threshold: float = 0.001  # flagged at p below this
 
 
 def srm(counts: Sequence[float], planned: Sequence[float] | None = None, threshold: float = 0.001,
@@ -497,11 +498,11 @@ def srm(counts: Sequence[float], planned: Sequence[float] | None = None, thresho
         raise ValueError(f"sample-ratio threshold must be between 0 and 1, got {threshold!r}")
     share = share / share.sum()
     if obs.sum() <= 0 or len(obs) < 2:
-        return SRM(tuple(obs), tuple(share), float("nan"), float("nan"), False, what)
+        return SRM(tuple(obs), tuple(share), float("nan"), float("nan"), False, what, threshold)
     exp = share * obs.sum()
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     p = float(stats.chi2.sf(chi2, len(obs) - 1))
-    return SRM(tuple(obs.tolist()), tuple(share.tolist()), chi2, p, p < threshold, what)
+    return SRM(tuple(obs.tolist()), tuple(share.tolist()), chi2, p, p < threshold, what, threshold)
 
 
 # ------------------------------------------------------------ multiplicity

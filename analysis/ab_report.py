@@ -456,7 +456,8 @@ def _srm_line(s: SRM | None) -> str:
         return ""
     state = "MISMATCH" if s.flagged else "ok"
     return (f"SRM on {s.what}: {state} — observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a planned "
-            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, p = {s.p_value:.3g}")
+            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, p = {s.p_value:.3g} "
+            f"(a mismatch is p < {s.threshold:g})")
 
 
 def render_markdown(rep: ABReport) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -18,6 +19,9 @@ from warmscope.app.background import OVERVIEW_FRAMES  # the frames the alert con
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
           "everything": None, "since the last warm-up run": -1, "custom": -2}
 DEFAULT_RANGE = "last 6 hours"
+# Timestamps are float seconds, so pandas gives them sub-microsecond digits that plotly (microseconds)
+# drops with a warning per chart in the server's log; a chart cannot show that difference.
+warnings.filterwarnings("ignore", message="Discarding nonzero nanoseconds in conversion", category=UserWarning)
 # Query-parameter names shared by every page: a link reproduces the view.
 URL_KEYS = ("range", "from", "to")
 

@@ -101,7 +101,8 @@ st.caption(f"The report covers the whole experiment ({span}), not the sidebar ra
 for s in (rep.srm_units, rep.srm_requests):
     if s is not None:
         msg = (f"Sample-ratio check on {s.what}: observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a "
-               f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = {s.p_value:.3g})")
+               f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = {s.p_value:.3g}; "
+               f"a mismatch is p < {s.threshold:g})")
         (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
 st.markdown(f"### {rep.verdict}")
 for w in rep.warnings:

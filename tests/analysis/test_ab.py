@@ -296,6 +296,8 @@ def test_k_arm_srm_matches_scipy():
     # expected 1050 each: χ² = (50² + 50² + 100²) / 1050 = 15000 / 1050 = 14.2857
     assert s.chi2 == pytest.approx(15000 / 1050) and s.p_value == pytest.approx(ref.pvalue)
     assert s.flagged  # p = exp(−14.2857/2) = 7.9e-4 < 0.001
+    looser = srm([1000, 1000, 1150], threshold=1e-4)   # the report states the threshold it used
+    assert not looser.flagged and looser.threshold == 1e-4 and s.threshold == 0.001
 
 
 def test_relative_lift_p_value_and_ci_by_hand():

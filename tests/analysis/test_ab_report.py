@@ -42,6 +42,7 @@ def test_html_is_self_contained_and_markdown_has_the_same_content(store):
     assert rep.verdict.split(":")[0] in page or rep.verdict[:30] in page
     md = render_markdown(rep)
     assert rep.verdict in md and "SRM on units: ok" in md and "★ latency per request (s)" in md
+    assert "(a mismatch is p < 0.001)" in md
 
 
 def test_srm_mismatch_puts_a_warning_before_everything(store):

@@ -199,11 +199,11 @@ def test_realtime_mode_paces_to_the_wall_clock(tmp_path):
 
     cfg = SimConfig.load(hours=20 / 3600, rps=5.0, tenants=2, replicas=1, tick_s=5.0, peak_warmup_at_h=-1)
     t = time.time()
-    s = Simulation(cfg, tmp_path / "rt.sqlite", realtime=True, speed=40.0).run()
-    wall = time.time() - t
-    assert 0.4 <= wall < 5.0
+    s = Simulation(cfg, tmp_path / "rt.sqlite", realtime=True, speed=10.0).run()
+    # 20 virtual s at 10x take at least 2 s (one 5 s tick of slack: 1.5 s); flat out it is ~0.4 s
+    assert time.time() - t >= 1.5
     ts = EmbeddedStore(tmp_path / "rt.sqlite").frame("lookups").ts
-    assert ts.min() >= t - 1 and ts.max() <= t + 25  # wall-clock timestamps, virtual pacing
+    assert ts.min() >= t - 1 and ts.max() <= t + 25  # wall-clock start, virtual time: 20 s of it (+ a tick)
     assert s.requests > 0
     assert np.isfinite(ts).all()
 
