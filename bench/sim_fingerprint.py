@@ -1,6 +1,6 @@
 """Fingerprint of a simulated store: per table, the row count and a SHA-256 of its sorted rows.
 
-    python -m bench.sim_fingerprint [--hours 2] [--workers 2] [--store PATH]
+    python -m bench.sim_fingerprint [--hours 2] [--workers 2] [--fault SPEC ...] [--store PATH]
 
 Simulates ``--hours`` of the default day (same seed every time) and prints one
 line per table. Two runs of the same code print the same lines; a change to the
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator.faults import parse_fault
 
 
 def _norm(v: Any) -> Any:
@@ -41,10 +42,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Fingerprint the store of a short simulated run.")
     ap.add_argument("--hours", type=float, default=2.0, help="simulated hours")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (1: one process)")
+    ap.add_argument("--fault", action="append", default=[],
+                    help="a fault to inject, as `warmscope simulate --fault` takes it (repeatable)")
     ap.add_argument("--store", help="keep the store at this path (default: a temporary file)")
     args = ap.parse_args()
     path = Path(args.store) if args.store else Path(tempfile.mkdtemp()) / "fp.sqlite"
-    summ = simulate(SimConfig.load(hours=args.hours), path, workers=args.workers)
+    summ = simulate(SimConfig.load(hours=args.hours), path, faults=[parse_fault(f) for f in args.fault],
+                    workers=args.workers)
     print(f"requests {summ.requests}")
     for t, (n, h) in fingerprint(path).items():
         if t != "meta":
