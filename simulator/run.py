@@ -67,7 +67,7 @@ def _worker(cfg: SimConfig, path: str, faults: list[Fault], variant: str, ticks:
 
 # The simulation allocates millions of short-lived tuples and almost no reference cycles: the
 # collector's default young-generation threshold (700) makes it scan them hundreds of thousands
-# of times for nothing. Raised for the workers and, while it merges and writes, the writer.
+# of times for nothing. Raised in the workers, and in the writer until the run ends (then restored).
 _GC_THRESHOLD = (100_000, 50, 1000)
 _MERGE_ROWS = 250_000  # rows gathered into one store write (bounds the writer's memory)
 
