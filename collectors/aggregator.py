@@ -692,15 +692,25 @@ class Aggregator(HotKeySketch, WarmupTracking):
     def _merge_units(self, out: dict[tuple[Any, ...], list[Any]], layer_id: int, units: dict[Any, Any]) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
         [lookups, hits]; request-level records to numbers (counts as ints)."""
-        layer = self._layer_names[layer_id] if layer_id >= 0 else ""
+        if layer_id >= 0:  # packed ints: lookups + hits << 32
+            layer = self._layer_names[layer_id]
+            lo, hi = (0, 1) if L_LOOKUPS == 0 else (1, 0)
+            for uk, u in units.items():
+                k = uk + (layer,)
+                n, h = u & _LOW, u >> _SHIFT
+                a = out.get(k)
+                if a is None:
+                    out[k] = [n, h] if lo == 0 else [h, n]
+                else:
+                    a[lo] += n
+                    a[hi] += h
+            return
+        ints = _UNIT_INT
         for uk, u in units.items():
-            k = uk + (layer,)
-            if layer_id >= 0:
-                vals = list(unpack_layer_unit(u))
-            else:
-                vals = memoryview(u).cast("d").tolist()
-                for j in _UNIT_INT:
-                    vals[j] = int(vals[j])
+            k = uk + ("",)
+            vals = memoryview(u).cast("d").tolist()
+            for j in ints:
+                vals[j] = int(vals[j])
             a = out.get(k)
             if a is None:
                 out[k] = vals

@@ -52,6 +52,7 @@ from .strategies import HeatTracker, KeyStats, choose, yesterday_log
 from .traffic import (
     CHUNKS_PER_QUERY,
     TEMPLATES,
+    Arrivals,
     draw_arrivals,
     make_tenants,
     pick_template,
@@ -242,9 +243,11 @@ class Simulation:
         self._run_seq = 0
         self.telemetries: list[Telemetry] = []
         self.summary = Summary()
-        self.sessions: dict[tuple[int, int], list[list[int]]] = defaultdict(list)  # (tenant, tpl) -> [sid, conv]
+        # (tenant, template) -> recent sessions, each [session id, conversation tokens, variant]
+        self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)
         self._next_session = 0
         self._req_id = 0
+        self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
         self.bursts = self._bursts()
@@ -445,12 +448,14 @@ class Simulation:
             t_rel = tick * cfg.tick_s
             dt = min(cfg.tick_s, cfg.hours * 3600 - t_rel)
             rate = rate_at(cfg, t_rel + dt / 2, self.bursts)
-            a = draw_arrivals(self.rng, cfg, t_rel, dt, rate, self.tw)
+            # One conversion per tick: per-request reads of Python lists, not numpy scalars
+            # (the same float64 values, so the same arithmetic).
+            a = _as_lists(draw_arrivals(self.rng, cfg, t_rel, dt, rate, self.tw))
             active = [f for f in self.faults if f.start < t_rel + dt and f.end > t_rel
                       and f.trap not in ("warmup_out_of_step", "warmup_timing")]
             kv_before = self._kv_counts()
             for i in range(len(a.t)):
-                tr = float(a.t[i])
+                tr = a.t[i]
                 if self._events and self._events[0][0] <= tr:
                     self._run_events(tr)
                 self.now = self.t0 + tr
@@ -521,11 +526,10 @@ class Simulation:
         """One request: its session, then the caches in serving order — weights,
         response, LoRA, embeddings, the prefix-KV walk — then the record."""
         cfg = self.cfg
-        ten = self.tenants[int(a.tenant[i])]
-        tpl_idx = pick_template(ten, float(a.u_tpl[i]))
+        ten = self.tenants[a.tenant[i]]
+        tpl_idx = pick_template(ten, a.u_tpl[i])
         tpl = TEMPLATES[tpl_idx]
-        sid, conv, q, prompt, out_tokens = self._session(a, i, ten, tpl, tpl_idx)
-        variant = variant_of(cfg.experiment, sid, len(cfg.arms))
+        sid, variant, conv, q, prompt, out_tokens = self._session(a, i, ten, tpl, tpl_idx)
         pool = self.pools.get(variant)
         if pool is None:  # another worker's pool
             return
@@ -548,26 +552,27 @@ class Simulation:
                 rkey, served = self._response(rep, pool, ten, tpl, tpl_idx, a, i, tr, fx, bypass)
                 if served:  # answered from the response cache
                     lat = cfg.base_ttft_s + wait + 0.02
-                    self._record(rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, float(a.u_conv[i]))
+                    self._record(rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, a.u_conv[i])
                     return
             lora_s = self._lora(rep, ten)
             emb_s = self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i], tr, bypass) if tpl.rag else 0.0
             cached = self._prefix(rep, pool, ten, tpl, tpl_idx, sid, conv, q, prompt, tr, fx,
                                   _bypassed(bypass, "prefix_kv"))
-            self._finish_request(rep, ten, tr, wait, lora_s, emb_s, prompt, cached, out_tokens, float(a.u_conv[i]))
+            self._finish_request(rep, ten, tr, wait, lora_s, emb_s, prompt, cached, out_tokens, a.u_conv[i])
             if rkey is not None:
                 rep.resp.set(rkey, b"r")
 
-    def _session(self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int) -> tuple[int, int, int, int, int]:
+    def _session(self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int) -> tuple[int, str, int, int, int, int]:
         """Continue one of the recent sessions or start a new one; returns (session id,
-        conversation tokens so far, query tokens, prompt tokens, output tokens). Session
-        state advances in every worker, whether its pool serves the session or not."""
+        its variant, conversation tokens so far, query tokens, prompt tokens, output tokens).
+        Session state advances in every worker, whether its pool serves the session or not."""
         sess_list = self.sessions[(ten.idx, tpl_idx)]
         p_cont = 0.7 if tpl.dialog else 0.3
         if sess_list and a.u_session[i] < p_cont:
             sess = sess_list[int(a.u_pick[i] * len(sess_list))]
         else:
-            sess = [self._next_session, 0]
+            sid = self._next_session
+            sess = [sid, 0, variant_of(self.cfg.experiment, sid, len(self.cfg.arms))]  # the variant, hashed once
             self._next_session += 1
             sess_list.append(sess)
             if len(sess_list) > 200:
@@ -580,7 +585,7 @@ class Simulation:
         out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
         if tpl.dialog:
             sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
-        return sess[0], conv, q, prompt, out_tokens
+        return sess[0], sess[2], conv, q, prompt, out_tokens
 
     def _weights(self, rep: Replica, ten: Any, tr: float, gate_wait: float) -> float:
         """The model's weights; returns the wait before serving (the load balancer's gate
@@ -596,7 +601,7 @@ class Simulation:
                   fx: Any, bypass: tuple) -> tuple[str | None, bool]:
         """The response cache; returns (key to fill after serving or None, served from cache)."""
         look = self.summary.lookups
-        rkey = self._response_key(ten.name, tpl, int(a.fill[i]), int(a.user[i]), tr, fx)
+        rkey = self._response_key(ten.name, tpl, a.fill[i], a.user[i], tr, fx)
         if _bypassed(bypass, "response"):
             rep.resp.bypass(rkey)
             look[(rep.name, "response", "bypass")] += 1
@@ -627,7 +632,7 @@ class Simulation:
         skip = _bypassed(bypass, "embedding")
         emb_s = 0.0
         for c in chunks[:CHUNKS_PER_QUERY]:
-            ekey = f"emb:{tpl.name}:chunk:{ten.name}.{int(c)}"
+            ekey = f"emb:{tpl.name}:chunk:{ten.name}.{c}"
             if skip:
                 rep.emb.bypass(ekey)
                 look[(rep.name, "embedding", "bypass")] += 1
@@ -689,10 +694,14 @@ class Simulation:
                 min_len = int(f.params.get("min_tokens", 2048))
             elif f.trap == "dynamic_tokenisation":
                 variant = f"~{self._req_id % TOKENISATION_VARIANTS}"
-        blocks: list[tuple[str, int, bool]] = []  # key, tokens, reusable
-        n_sys = math.ceil(tpl.sys_tokens / B)
-        for b in range(n_sys):
-            blocks.append((f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True))
+        sys_key = (tpl_idx, ten.idx, variant)
+        sys_blocks = self._sys_blocks.get(sys_key)
+        if sys_blocks is None:  # the system prompt's blocks: the same keys for every request of the pair
+            sys_blocks = self._sys_blocks[sys_key] = [
+                (f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True)
+                for b in range(math.ceil(tpl.sys_tokens / B))]
+        blocks: list[tuple[str, int, bool]] = list(sys_blocks)  # key, tokens, reusable
+        n_sys = len(sys_blocks)
         if tpl.dialog:
             total = conv + q
             full = conv // B
@@ -723,6 +732,11 @@ class Simulation:
             if prompt >= min_len:
                 kv.set(key, tokens)
         return cached
+
+
+def _as_lists(a: Arrivals) -> Arrivals:
+    """The tick's arrivals with every array as a Python list (``tolist`` keeps the values)."""
+    return Arrivals(**{k: v.tolist() for k, v in vars(a).items()})
 
 
 def _bypassed(bypass: tuple, layer: str) -> bool:

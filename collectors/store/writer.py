@@ -140,33 +140,37 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ..
 
 def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
     """A batch's unit rows summed per unit and lookup rows per unit × layer
-    (a retried batch can repeat a unit)."""
-    ukeys = {r[:_NK] for r in unit_rows}
-    lkeys = {r[:_NK + 1] for r in lookup_rows}
-    if len(ukeys) == len(unit_rows) and len(lkeys) == len(lookup_rows):  # the usual case: nothing to fold
-        return [tuple(r) for r in unit_rows], [tuple(r) for r in lookup_rows]
+    (a retried batch, or a write that merges several flushes, can repeat a unit).
+    A key seen once keeps its row as it is; a repeated one is summed in order."""
     nf = len(_AB_SUMS)
     s0 = _LAST + 1  # first sum
-    add: dict[tuple[Any, ...], list[Any]] = {}
+    add: dict[tuple[Any, ...], Any] = {}
+    mine: set[tuple[Any, ...]] = set()  # keys whose row is a copy summed here (the caller's rows stay untouched)
     for r in unit_rows:
         k = tuple(r[:_NK])
         a = add.get(k)
         if a is None:
-            add[k] = list(r[_NK:])
-        else:
-            a[0], a[1] = min(a[0], r[_FIRST]), max(a[1], r[_LAST])
-            for i in range(nf):
-                a[2 + i] += r[s0 + i]
-    ladd: dict[tuple[Any, ...], list[Any]] = {}
+            add[k] = r
+            continue
+        if k not in mine:
+            a = add[k] = list(a)
+            mine.add(k)
+        a[_FIRST], a[_LAST] = min(a[_FIRST], r[_FIRST]), max(a[_LAST], r[_LAST])
+        for i in range(s0, s0 + nf):
+            a[i] += r[i]
+    ladd: dict[tuple[Any, ...], Any] = {}
     for r in lookup_rows:
         k = tuple(r[:_NK + 1])
         a = ladd.get(k)
         if a is None:
-            ladd[k] = [r[_LOOKUPS], r[_HITS]]
-        else:
-            a[0] += r[_LOOKUPS]
-            a[1] += r[_HITS]
-    return [k + tuple(v) for k, v in add.items()], [k + tuple(v) for k, v in ladd.items()]
+            ladd[k] = r
+            continue
+        if k not in mine:
+            a = ladd[k] = list(a)
+            mine.add(k)
+        a[_LOOKUPS] += r[_LOOKUPS]
+        a[_HITS] += r[_HITS]
+    return [tuple(v) for v in add.values()], [tuple(v) for v in ladd.values()]
 
 
 def _stage_ab(con: sqlite3.Connection, unit_rows: Sequence[Sequence[Any]],
@@ -197,8 +201,11 @@ def _write_ab(con: sqlite3.Connection, units: list[Any], lookups: list[Any]) -> 
     now = max((r[_LAST] for r in units), default=None)
     if now is None:
         now = time.time()
-    zero = con.execute(f"SELECT DISTINCT {keys} FROM _ab_lt t WHERE NOT EXISTS (SELECT 1 FROM _ab_t u WHERE {on}) "
-                       f"AND NOT EXISTS (SELECT 1 FROM main.ab_units u WHERE {on})").fetchall()
+    # Units with lookups but neither a unit row in this batch nor one stored (first seen, in order).
+    ukeys = {r[:_NK] for r in units}
+    cand = list(dict.fromkeys(k for k in (r[:_NK] for r in lookups) if k not in ukeys))
+    stored = _existing(con, "ab_units", ("first_ts",), cand) if cand else {}
+    zero = [k for k in cand if k not in stored]
     if zero:
         zrows = [k + (now, now) + (0,) * len(_AB_SUMS) for k in zero]
         con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", zrows)
@@ -279,9 +286,13 @@ _HS, _HT = records.HISTOGRAMS.index("sum"), records.HISTOGRAMS.index("total")
 def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ...], list[Any]]:
     """Rows summed by (hour, labels); no store access (runs before the lock)."""
     acc: dict[tuple[Any, ...], list[Any]] = {}
+    hours: dict[float, float] = {}  # a batch's rows share a few flush times
     if table == "histograms":
         for r in rows:
-            k = (_hour(r[0]), *r[1:_HC])
+            h = hours.get(r[0])
+            if h is None:
+                h = hours[r[0]] = _hour(r[0])
+            k = (h, *r[1:_HC])
             c = json.loads(r[_HC])
             a = acc.get(k)
             if a is None:
@@ -294,10 +305,15 @@ def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ..
     nm = len(MEASURES[table])
     nd = len(TABLES[table]) - nm  # the time column and labels come first, measures last
     for r in rows:
-        k = (_hour(r[0]), *r[1:nd])
+        h = hours.get(r[0])
+        if h is None:
+            h = hours[r[0]] = _hour(r[0])
+        k = (h, *r[1:nd])
         a = acc.get(k)
         if a is None:
             acc[k] = list(r[nd:])
+        elif nm == 1:
+            a[0] += r[nd]
         else:
             for i in range(nm):
                 a[i] += r[nd + i]
