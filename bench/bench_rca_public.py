@@ -2,8 +2,8 @@
 
     python -m bench.bench_rca_public [--data DIR] [--cli N] [--show]
 
-Reads the public RCA development cases (``--data``, else
-``$WARMSCOPE_RCA_CASES``, else ``shared/rca-dev`` beside the checkout): 87 real-world ratio cases (a failure
+Reads the public RCA benchmark cases from ``--data`` or ``$WARMSCOPE_RCA_CASES`` (they are not
+part of the repository): 87 real-world ratio cases (a failure
 rate, RobustSpot data) and 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``).
 Scores every case with the exact-element rule of the RiskLoc and Squeeze
 evaluations (TP/FP/FN summed over cases, F1 = 2TP / (2TP + FP + FN)) and prints
@@ -31,7 +31,8 @@ import pandas as pd
 from warmscope.analysis.rootcause import localize
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = Path(os.environ.get("WARMSCOPE_RCA_CASES") or REPO.parent / "shared" / "rca-dev")
+CASES_ENV = "WARMSCOPE_RCA_CASES"
+DEFAULT: Path | None = Path(os.environ[CASES_ENV]) if os.environ.get(CASES_ENV) else None
 
 
 def norm(element: dict) -> str:
@@ -118,12 +119,18 @@ def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT, help=f"case folder (default {DEFAULT})")
+    ap.add_argument("--data", type=Path, default=DEFAULT,
+                    help=f"case folder: ratio/ and additive/ with truth.json, and ANCHORS.md (default ${CASES_ENV})")
     ap.add_argument("--cli", type=int, default=0, metavar="N", help="also time `warmscope rca` on N cases per set")
     ap.add_argument("--show", action="store_true", help="print the cases that are not exactly right")
     args = ap.parse_args()
+    if args.data is None:
+        print(f"no case folder: give --data DIR or set {CASES_ENV} to the folder of the public RCA benchmark "
+              "cases (ratio/ and additive/ with truth.json, and ANCHORS.md)", file=sys.stderr)
+        return 2
     if not (args.data / "ANCHORS.md").exists():
-        print(f"no development cases at {args.data}; give --data", file=sys.stderr)
+        print(f"no RCA benchmark cases at {args.data} (ANCHORS.md missing): give --data DIR or set {CASES_ENV}",
+              file=sys.stderr)
         return 2
     pub = anchors(args.data)
     rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"),
