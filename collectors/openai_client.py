@@ -127,6 +127,17 @@ class _Stream:
         self._inner = inner
         self._ex: Exchange | None = ex
 
+    def _finish(self, error: BaseException | None = None) -> None:
+        """Record how the body ended (``error``: how it failed), once, and let go of the exchange."""
+        ex, self._ex = self._ex, None
+        if ex is not None:
+            ex.finish(error)
+
+    def _end(self, ex: Exchange) -> bytes:
+        """The body ended without error: let go of the exchange; the bytes it still held."""
+        self._ex = None
+        return ex.end()
+
 
 class _SyncStream(_Stream, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
@@ -141,11 +152,9 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
                 if out:  # bytes held back (a line not yet complete) come with a later chunk
                     yield out
         except BaseException as e:
-            ex.finish(e)
-            self._ex = None
+            self._finish(e)
             raise
-        self._ex = None
-        rest = ex.end()
+        rest = self._end(ex)
         del ex, feed, filt
         if rest:
             yield rest
@@ -154,10 +163,7 @@ class _SyncStream(_Stream, httpx.SyncByteStream):
         try:
             self._inner.close()
         finally:
-            ex = self._ex
-            if ex is not None:
-                self._ex = None
-                ex.finish()
+            self._finish()
 
 
 class _AsyncStream(_Stream, httpx.AsyncByteStream):
@@ -174,11 +180,9 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
                 if out:
                     yield out
         except BaseException as e:
-            ex.finish(e)
-            self._ex = None
+            self._finish(e)
             raise
-        self._ex = None
-        rest = ex.end()
+        rest = self._end(ex)
         del ex, feed, filt
         if rest:
             yield rest
@@ -187,10 +191,7 @@ class _AsyncStream(_Stream, httpx.AsyncByteStream):
         try:
             await self._inner.aclose()
         finally:
-            ex = self._ex
-            if ex is not None:
-                self._ex = None
-                ex.finish()
+            self._finish()
 
 
 def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
