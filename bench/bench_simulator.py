@@ -15,7 +15,8 @@ For each: wall seconds and CPU seconds per million requests, split into the
 workers' (simulation, instrumentation, flush collection) and the writer's
 (merge, ``EmbeddedStore.write``). On a shared machine the wall time swings with
 the neighbours (the load average is printed); the CPU a run needs does not,
-and on an idle machine wall ≈ max(total CPU / cores, the busiest process's CPU).
+and on an idle machine wall ≈ max(total CPU / cores, the busiest process's CPU) — the writer's,
+or a worker's taken as the workers' mean (their CPU is read as one sum).
 ``--per-worker-writes`` adds the older layout (each worker writes to the store
 itself). Target: 1M simulated requests in <= 45 s with A/B moments on.
 """
@@ -65,11 +66,11 @@ def main() -> None:
         runs.append(("each worker writes", {"single_writer": False}))
     base_wall = None
     store_run: tuple[float, float, float] | None = None  # (wall, CPU total, idle floor) per 1M, with the store
-    for label, kw in runs:
+    for i, (label, kw) in enumerate(runs):
         drop = kw.pop("drop", False)
         sim_run._write_merged = (lambda st, batches: None) if drop else write  # type: ignore[assignment]
         try:
-            day, parent, workers = _timed(cfg, tmp / f"{len(label)}.sqlite", **kw)
+            day, parent, workers = _timed(cfg, tmp / f"run{i}.sqlite", **kw)
         finally:
             sim_run._write_merged = write  # type: ignore[assignment]
         per = 1e6 / day.requests
