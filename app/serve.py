@@ -41,9 +41,9 @@ def command(*options: str) -> list[str]:
 
 
 def warm_up(wait_s: float = 60.0) -> None:
-    """Once Streamlit's runtime exists (its caches are the ones pages read): import the pages' modules, then
-    fill the caches (:func:`warmscope.app.ui.prewarm`). Never raises: a failure only means the first viewer
-    computes what it needs itself."""
+    """Once Streamlit's runtime exists (its caches are the ones pages read): fill the caches
+    (:func:`warmscope.app.ui.prewarm`), then import the pages' modules. Never raises: a failure only means
+    the first viewer computes what it needs itself."""
     import importlib
 
     try:

@@ -694,7 +694,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         [lookups, hits]; request-level records to numbers (counts as ints)."""
         if layer_id >= 0:  # packed ints: lookups + hits << 32
             layer = self._layer_names[layer_id]
-            lo, hi = (0, 1) if L_LOOKUPS == 0 else (1, 0)
+            lo, hi = L_LOOKUPS, L_HITS  # records.AB_LOOKUPS measure order
             for uk, u in units.items():
                 k = uk + (layer,)
                 n, h = u & _LOW, u >> _SHIFT
@@ -737,13 +737,6 @@ _HIT_INC = 1 + (1 << _SHIFT)  # one lookup that hit
 
 def pack_layer_unit(lookups: int, hits: int) -> int:
     return lookups + (hits << _SHIFT)
-
-
-def unpack_layer_unit(packed: int) -> tuple[int, int]:
-    """(lookups, hits) in ``records.AB_LOOKUPS`` measure order."""
-    out = [0, 0]
-    out[L_LOOKUPS], out[L_HITS] = packed & _LOW, packed >> _SHIFT
-    return out[0], out[1]
 
 
 # Integer fields of the request-level unit record (counts, histogram buckets).

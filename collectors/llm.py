@@ -393,13 +393,7 @@ class Exchange:
         """Note the usage object of a ``data:`` line; True when the line is the
         usage-only chunk (no choices), whose ``system_fingerprint`` (JSON) is
         kept in ``_fingerprint``."""
-        if _orjson_loads is not None:  # as _loadb, without its frame
-            try:
-                obj = _orjson_loads(line[5:])
-            except ValueError:
-                obj = _loadb(line[5:])
-        else:
-            obj = _loadb(line[5:])
+        obj = _loadb(line[5:])
         u = obj.get("usage")
         if not isinstance(u, dict):
             return False
@@ -423,17 +417,9 @@ class Exchange:
         return self._give_up(rest)
 
     def end(self) -> bytes:
-        """The body ended without error: :meth:`flush` and :meth:`finish` in one call."""
-        rest = b""
-        if self.strip:
-            rest = self.held + self.tail
-            self.strip, self.tail, self.held = False, b"", b""
-        if not self.done:
-            self.done = True
-            try:
-                self.rec._finish(self, None)
-            except Exception as e:
-                self.rec.agg.count_error("record", "llm request", e)
+        """The body ended without error: :meth:`flush`, then :meth:`finish`."""
+        rest = self.flush()
+        self.finish()
         return rest
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -740,13 +726,7 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                if type(body) is bytes and _orjson_loads is not None:  # as _loadb, without its frame
-                    try:
-                        req = _orjson_loads(body)
-                    except ValueError:
-                        req = _loads(body.decode("utf-8"))
-                else:
-                    req = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
+                req: Any = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):

@@ -63,18 +63,7 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
     one (``Headers.copy`` and ``__setitem__`` re-encode every header)."""
     new = httpx.Request.__new__(httpx.Request)
     new.__dict__.update(request.__dict__)
-    headers = request.headers
-    lst = getattr(headers, "_list", None)
-    names = list(map(_SECOND, lst)) if isinstance(lst, list) else []
-    if names.count(_LENGTH) == 1 and names.count(_ENCODING) == 1:
-        rows = list(lst)  # type: ignore[arg-type]  # a list when names were found in it
-        rows[names.index(_LENGTH)] = (_LENGTH, _LENGTH, b"%d" % len(body))  # the usual case: set in place
-        rows[names.index(_ENCODING)] = _IDENTITY_ROW
-        new.headers = h = httpx.Headers.__new__(httpx.Headers)
-        h._list = rows
-        h._encoding = headers._encoding
-    else:
-        new.headers = _headers_with(headers, (_LENGTH, b"%d" % len(body)), _IDENTITY)
+    new.headers = _headers_with(request.headers, (_LENGTH, b"%d" % len(body)), _IDENTITY)
     new.stream = httpx.ByteStream(body)
     new._content = body
     return new
@@ -82,7 +71,6 @@ def _with_body(request: httpx.Request, body: bytes) -> httpx.Request:
 
 _LENGTH, _ENCODING = b"content-length", b"accept-encoding"
 _IDENTITY = (_ENCODING, b"identity")
-_IDENTITY_ROW = (_ENCODING, _ENCODING, b"identity")
 
 
 def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.Headers:
@@ -203,10 +191,7 @@ def _wrap(resp: httpx.Response, ex: Exchange, stream: Any) -> httpx.Response:
         ctype = rows[names.index(b"content-type")][2]
     if b"content-encoding" in names:
         enc = rows[names.index(b"content-encoding")][2].lower()
-    ex.status = status = resp.status_code  # as Exchange.response, without decoding the content type
-    ex.stream = b"text/event-stream" in ctype
-    if not ex.stream or status >= 400:
-        ex.strip = False
+    ex.response(resp.status_code, ctype.decode("latin-1"))
     if enc not in (b"", b"identity"):
         ex.skip, ex.strip = True, False  # compressed bytes are passed on, not parsed
     resp.stream = stream  # the same response, its body read through the recorder

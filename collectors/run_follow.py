@@ -68,9 +68,7 @@ class RunFollower:
             now = self.tel.clock() if now is None else now
             agg = self.agg
             new = 0
-            for run_id, tenant, strategy, trigger, ended, keys in self._runs(now - self.lookback_s):
-                if run_id in self.followed or run_id in agg.local_runs:
-                    continue
+            for run_id, tenant, strategy, trigger, ended, keys in self._runs(now - self.lookback_s):  # new runs only
                 self.followed.add(run_id)
                 labels = (tenant or "unknown", self.layer, strategy, trigger, agg.replica)  # WARMUP_LABELS
                 agg.follow_run(run_id, self.layer, tenant or None, labels, float(ended),

@@ -159,15 +159,16 @@ def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[
         for i in range(s0, s0 + nf):
             a[i] += r[i]
     ladd: dict[tuple[Any, ...], Any] = {}
+    lmine: set[tuple[Any, ...]] = set()  # likewise for unit × layer keys
     for r in lookup_rows:
         k = tuple(r[:_NK + 1])
         a = ladd.get(k)
         if a is None:
             ladd[k] = r
             continue
-        if k not in mine:
+        if k not in lmine:
             a = ladd[k] = list(a)
-            mine.add(k)
+            lmine.add(k)
         a[_LOOKUPS] += r[_LOOKUPS]
         a[_HITS] += r[_HITS]
     return [tuple(v) for v in add.values()], [tuple(v) for v in ladd.values()]
