@@ -388,6 +388,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
             r[R_VALUE] += value
         # The four request histograms of this label set, found with one dict
         # probe (the lists are st.hist's own; a slot is None until first used).
+        # Written out rather than looped: a loop over the four measured 0.3-0.4 µs
+        # more per request (2.3 -> 2.7 µs for this method).
         hs = st.hrow.get(ctx.cid0)
         if hs is None:
             hs = st.hrow[ctx.cid0] = [None] * 4
