@@ -9,6 +9,11 @@ twice in one run:
 
 * **baseline, no store**: the same workers, the same rows queued, but the
   writer drops them — what simulating and recording cost without the store;
+* **bare inserts**: the same rows inserted with a bare ``sqlite3`` executemany
+  into key-less, index-less copies of the tables in one transaction per merged
+  write (no upserts, rollups, A/B moments or warmscope code): the least the
+  store could cost with these rows, so baseline + bare inserts is a floor for
+  any write path that keeps them;
 * **with the store**: the same, written.
 
 For each: wall seconds and CPU seconds per million requests, split into the
@@ -26,10 +31,12 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from warmscope.collectors.store.layout import TABLES
 from warmscope.simulator import SimConfig, simulate
 from warmscope.simulator import run as sim_run
 
@@ -48,6 +55,25 @@ def _timed(cfg: SimConfig, path: Path, **kw: Any) -> tuple[Any, float, float]:
     return out, _cpu(resource.RUSAGE_SELF) - s0, _cpu(resource.RUSAGE_CHILDREN) - c0
 
 
+def _bare_writer(path: Path) -> Any:
+    """A stand-in for the run's writer: each merged write's rows, table by table, with a bare
+    executemany into tables of the same columns without keys or indexes, one transaction."""
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=OFF")
+    con.execute("PRAGMA cache_size=-65536")
+    for name, cols in TABLES.items():
+        con.execute(f"CREATE TABLE {name}({', '.join(f'c{i}' for i in range(len(cols)))})")
+    sql = {name: f"INSERT INTO {name} VALUES({', '.join('?' * len(cols))})" for name, cols in TABLES.items()}
+
+    def write(st: Any, batches: list[dict[str, Any]]) -> None:
+        with con:
+            for b in batches:
+                for table, rows in b.items():
+                    con.executemany(sql[table], rows)
+    return write
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Simulator throughput: seconds per million requests, "
                                              "with and without the store.")
@@ -61,18 +87,21 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} on {cores} cores", flush=True)
     cfg = SimConfig.load(hours=args.hours, tenants=args.tenants)
     write = sim_run._write_merged
-    runs: list[tuple[str, dict[str, Any]]] = [("baseline, no store", {"drop": True}), ("with the store", {})]
+    runs: list[tuple[str, dict[str, Any]]] = [("baseline, no store", {"drop": True}),
+                                              ("bare inserts", {"bare": True}), ("with the store", {})]
     if args.per_worker_writes:
         runs.append(("each worker writes", {"single_writer": False}))
     base_wall = None
     store_run: tuple[float, float, float] | None = None  # (wall, CPU total, idle floor) per 1M, with the store
+    cpu: dict[str, tuple[float, float]] = {}  # label -> (workers, writer) CPU s per 1M
     for i, (label, kw) in enumerate(runs):
-        drop = kw.pop("drop", False)
-        sim_run._write_merged = (lambda st, batches: None) if drop else write  # type: ignore[assignment]
+        drop, bare = kw.pop("drop", False), kw.pop("bare", False)
+        sim_run._write_merged = ((lambda st, batches: None) if drop
+                                 else _bare_writer(tmp / f"bare{i}.sqlite") if bare else write)
         try:
             day, parent, workers = _timed(cfg, tmp / f"run{i}.sqlite", **kw)
         finally:
-            sim_run._write_merged = write  # type: ignore[assignment]
+            sim_run._write_merged = write
         per = 1e6 / day.requests
         wall = day.wall_s * per
         base_wall = base_wall or wall
@@ -82,6 +111,7 @@ def main() -> None:
               f"({wall / base_wall:.2f} x baseline), CPU {total:6.1f} s = workers {workers * per:6.1f} + writer "
               f"{parent * per:5.1f}; on an idle {cores}-core machine >= {floor:.0f} s "
               f"(target <= {TARGET_S:.0f} s); load {os.getloadavg()[0]:.1f}", flush=True)
+        cpu[label] = (workers * per, parent * per)
         if label == "with the store":
             store_run = (wall, total, floor)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
@@ -91,6 +121,16 @@ def main() -> None:
         print(f"verdict: with the store, 1M requests take {total:.1f} s of CPU; on an idle {cores}-core machine that "
               f"is >= {floor:.1f} s of wall (measured here: {wall:.1f} s under load). Target <= {TARGET_S:.0f} s "
               f"per 1M requests: {met}" + ("" if floor <= TARGET_S else f" ({floor / TARGET_S:.2f} x the target)."))
+    if "bare inserts" in cpu:
+        # The workers' CPU swings by 10-20 % between runs on a shared machine; the writers' CPU is
+        # compared here, each added to the baseline run's workers.
+        base_w = cpu["baseline, no store"][0]
+        bare_wr, store_wr = cpu["bare inserts"][1], cpu["with the store"][1]
+        bare_floor = (base_w + bare_wr) / cores
+        print(f"writer CPU per 1M requests: bare inserts {bare_wr:.1f} s, the store {store_wr:.1f} s "
+              f"({store_wr / bare_wr:.2f} x bare). The baseline's workers plus bare inserts of the same rows: "
+              f"{base_w + bare_wr:.1f} s of CPU, >= {bare_floor:.1f} s on an idle {cores}-core machine "
+              f"({bare_floor / TARGET_S:.2f} x the target): a floor for any writer that keeps these rows.")
 
 
 if __name__ == "__main__":
