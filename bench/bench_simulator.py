@@ -1,4 +1,4 @@
-"""Simulator throughput: seconds per million requests, with and without the store.
+"""Simulator throughput: seconds per million requests with the store, against two references.
 
     python -m bench.bench_simulator [--hours 24] [--tenants 8] [--per-worker-writes]
 
@@ -75,8 +75,8 @@ def _bare_writer(path: Path) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Simulator throughput: seconds per million requests, "
-                                             "with and without the store.")
+    ap = argparse.ArgumentParser(description="Simulator throughput: seconds per million requests with the "
+                                             "store, against a no-store baseline and bare inserts of the same rows.")
     ap.add_argument("--hours", type=float, default=24.0, help="simulated hours of each run")
     ap.add_argument("--tenants", type=int, default=8, help="tenants in the simulated traffic")
     ap.add_argument("--per-worker-writes", action="store_true",
