@@ -114,8 +114,12 @@ def _bare_writer(path: Path) -> Any:
 
 
 def _child_day(hours: float, tenants: int, path: Path, ref: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(hours), str(tenants), str(path), ref],
-                         capture_output=True, text=True, cwd=ref or None)
+    try:
+        out = subprocess.run([sys.executable, "-c", _CHILD, str(hours), str(tenants), str(path), ref],
+                             capture_output=True, text=True, cwd=ref or None)
+    finally:
+        for f in path.parent.glob(path.name + "*"):  # a day's store is hundreds of MB
+            f.unlink()
     if out.returncode != 0:
         sys.exit(f"bench_simulator: the {'reference' if ref else 'current'} run failed: "
                  f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
@@ -164,7 +168,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    tmp = Path(tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory() as d:
+        run(args, Path(d))
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
     if args.reference is not None:
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores", flush=True)
         versus_reference(args.reference, args.hours, args.tenants, args.repeat, tmp)
@@ -188,6 +196,8 @@ def main() -> None:
             day, parent, workers = _timed(cfg, tmp / f"run{i}.sqlite", **kw)
         finally:
             sim_run._write_merged = write
+            for f in tmp.glob("*.sqlite*"):  # a day's store is hundreds of MB
+                f.unlink()
         per = 1e6 / day.requests
         wall = day.wall_s * per
         base_wall = base_wall or wall
