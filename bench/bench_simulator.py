@@ -94,23 +94,24 @@ def _timed(cfg: SimConfig, path: Path, **kw: Any) -> tuple[Any, float, float]:
     return out, _cpu(resource.RUSAGE_SELF) - s0, _cpu(resource.RUSAGE_CHILDREN) - c0
 
 
-def _bare_writer(path: Path) -> Any:
+class _BareWriter:
     """A stand-in for the run's writer: each merged write's rows, table by table, with a bare
     executemany into tables of the same columns without keys or indexes, one transaction."""
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=OFF")
-    con.execute("PRAGMA cache_size=-65536")
-    for name, cols in TABLES.items():
-        con.execute(f"CREATE TABLE {name}({', '.join(f'c{i}' for i in range(len(cols)))})")
-    sql = {name: f"INSERT INTO {name} VALUES({', '.join('?' * len(cols))})" for name, cols in TABLES.items()}
 
-    def write(st: Any, batches: list[dict[str, Any]]) -> None:
-        with con:
+    def __init__(self, path: Path) -> None:
+        self.con = con = sqlite3.connect(path)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=OFF")
+        con.execute("PRAGMA cache_size=-65536")
+        for name, cols in TABLES.items():
+            con.execute(f"CREATE TABLE {name}({', '.join(f'c{i}' for i in range(len(cols)))})")
+        self.sql = {name: f"INSERT INTO {name} VALUES({', '.join('?' * len(cols))})" for name, cols in TABLES.items()}
+
+    def __call__(self, st: Any, batches: list[dict[str, Any]]) -> None:
+        with self.con:
             for b in batches:
                 for table, rows in b.items():
-                    con.executemany(sql[table], rows)
-    return write
+                    self.con.executemany(self.sql[table], rows)
 
 
 def _child_day(hours: float, tenants: int, path: Path, ref: str) -> dict[str, float]:
@@ -190,12 +191,14 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     cpu: dict[str, tuple[float, float]] = {}  # label -> (workers, writer) CPU s per 1M
     for i, (label, kw) in enumerate(runs):
         drop, bare = kw.pop("drop", False), kw.pop("bare", False)
-        sim_run._write_merged = ((lambda st, batches: None) if drop
-                                 else _bare_writer(tmp / f"bare{i}.sqlite") if bare else write)
+        bare_writer = _BareWriter(tmp / f"bare{i}.sqlite") if bare else None
+        sim_run._write_merged = (lambda st, batches: None) if drop else bare_writer or write
         try:
             day, parent, workers = _timed(cfg, tmp / f"run{i}.sqlite", **kw)
         finally:
             sim_run._write_merged = write
+            if bare_writer is not None:
+                bare_writer.con.close()
             for f in tmp.glob("*.sqlite*"):  # a day's store is hundreds of MB
                 f.unlink()
         per = 1e6 / day.requests
