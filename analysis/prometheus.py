@@ -115,6 +115,25 @@ def choose_step(start: float, end: float, points: int = 300, minimum: float = 15
     return int(math.ceil(raw / 86400) * 86400)
 
 
+LOOKBACK_S = 300  # Prometheus' default lookback: how far back an instant selector finds a sample
+
+
+def counter_window(step: int) -> int:
+    """Seconds of samples behind each point of a counter read (at least the step and the lookback)."""
+    return max(int(step), LOOKBACK_S)
+
+
+def last_counts(sel: str, step: int) -> str:
+    """The newest sample of ``sel`` behind each point, stale markers ignored.
+
+    A plain selector vanishes at a staleness marker — written when a scrape
+    fails or a target goes away — so a target that went down would lose the
+    counts of its scrapes after the last point that still saw it (up to one
+    step: an hour on week-long ranges). A range selector skips the markers.
+    """
+    return f"last_over_time({sel}[{counter_window(step)}s])"
+
+
 class PrometheusSource(SourceBase):
     """A :class:`~warmscope.analysis.sources.Source` for ``lookups``, ``requests`` and the engine frames,
     and the alerts Prometheus evaluates."""
@@ -142,13 +161,24 @@ class PrometheusSource(SourceBase):
 
     # ------------------------------------------------------------ querying
     def query_range(self, query: str, start: float, end: float, step: int) -> list[dict[Any, Any]]:
+        return self._call(lambda: self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON list
+            query, start_time=datetime.fromtimestamp(start, UTC), end_time=datetime.fromtimestamp(end, UTC),
+            step=f"{step}s"))
+
+    def metric_names(self, names_rx: str, start: float, end: float) -> list[str]:
+        """The metric names matching ``names_rx`` (anchored, as PromQL does) with samples in [start, end]."""
+        got = self._call(lambda: self._prom.get_label_values("__name__", params={
+            "match[]": f"{{__name__=~{promql_string(names_rx)}}}", "start": f"{start:.3f}", "end": f"{end:.3f}"}))
+        rx = re.compile(names_rx)
+        return sorted(n for n in got or [] if isinstance(n, str) and rx.fullmatch(n))
+
+    def _call(self, ask: Callable[[], Any]) -> Any:
+        """``ask()`` against the Prometheus API, its failures turned into one-line :class:`SourceError` s."""
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         try:
-            return self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON result list
-                query, start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC), step=f"{step}s")
+            return ask()
         except requests.exceptions.Timeout:
             raise SourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
                               "overloaded — narrow the time range or raise the timeout") from None
@@ -174,13 +204,15 @@ class PrometheusSource(SourceBase):
         a drop is a counter reset (the new value is the increment), and a
         series first seen inside the range is a counter born at 0 — so short
         series are counted whole, which ``increase()`` (it needs two samples
-        and extrapolates) would not do.
+        and extrapolates) would not do. Each point is the newest sample of its
+        :func:`counter_window` (:func:`last_counts`): a target that went down
+        keeps the counts of its last scrapes.
         """
         step = max(choose_step(start, end), int(self.scrape_interval))
         # Points fall on end, end - step, …: the last one sees everything up to end.
         q0 = end - math.ceil((end - start) / step + 1) * step
         rows = []
-        for series in self.query_range(selector(metric, filters), q0, end, step):
+        for series in self.query_range(last_counts(selector(metric, filters), step), q0, end, step):
             m = series.get("metric", {})
             labels = tuple(m.get(LABELS[c], "") for c in cols)
             prev = None
@@ -241,7 +273,13 @@ class PrometheusSource(SourceBase):
         step = max(choose_step(start, end), int(self.scrape_interval))
         q0 = end - math.ceil((end - start) / step + 1) * step
         rows = []
-        series = _dedupe_name_forms(self.query_range(f'{{__name__=~{promql_string(names_rx)}}}', q0, end, step))
+        series = []
+        # One query per name: last_over_time() drops the name, and the two forms of a name share label sets.
+        for name in self.metric_names(names_rx, q0 - counter_window(step), end):
+            for s in self.query_range(last_counts(f"{{__name__={promql_string(name)}}}", step), q0, end, step):
+                s["metric"] = {**s.get("metric", {}), "__name__": name}
+                series.append(s)
+        series = _dedupe_name_forms(series)
         for s in series:
             labels = extra(s.get("metric", {}))
             prev = None

@@ -293,6 +293,11 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert [s.value for s in at.subheader] == ["Hit rate by model, instance and engine", "Time to first token"]
     assert len(at.get("plotly_chart")) >= 4          # hit rate over time, cached by source, KV usage, TTFT
     FIGURES["overview table (whole run)"] = table[["hits", "queries", "hit_rate"]].reset_index().to_dict("records")
+    # failed scrapes (a busy engine answering /metrics after the 1 s scrape timeout) mark its series stale;
+    # the table keeps the counts of the scrapes before each one
+    FIGURES["failed scrapes of each engine"] = {
+        r["metric"].get("instance"): float(r["value"][1])
+        for r in _prom_query(prom, "count_over_time(up[1h]) - sum_over_time(up[1h])")}
     assert "come from the warmscope collectors" in texts["warmup"][1]
     assert "come from the warmscope collectors" in texts["hotkeys"][1]
     ab = texts["ab"][1]

@@ -1,8 +1,9 @@
 """Engine frames from a real Prometheus scraping engine-shaped /metrics: the
 names as Prometheus 2.x stores them when a current prometheus_client escapes
 colons (vllm_…), the colon names (sglang:…), both forms of one series at once,
-and several instances kept apart. The exporter is a small HTTP server whose
-counters advance by fixed amounts per scrape, so every total is known."""
+and several instances kept apart, and a target that goes down keeping the
+counts of its last scrapes. The exporter is a small HTTP server whose counters
+advance by fixed amounts per scrape, so every total is known."""
 
 from __future__ import annotations
 
@@ -19,17 +20,25 @@ from tests.conftest import free_port, need_binary, wait_until
 STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 15, "sg_prompt": 100}
 
 
+_D_DOWN: list = []      # set once the test has taken D down
+
+
 class _Engine(BaseHTTPRequestHandler):
     scrapes: dict = {}   # port -> scrapes served
-    frozen = False       # counters stop moving (the test reads a settled state)
+    frozen = False       # counters stop moving (the test reads a settled state); not D's
+    last_scrape: dict = {}  # port -> time of the last scrape served
 
     def do_GET(self):  # noqa: N802
         port = self.server.server_port
-        if not _Engine.frozen:
+        if not _Engine.frozen or port == _Engine.ports[3]:
             _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
+        _Engine.last_scrape[port] = time.time()
         n = _Engine.scrapes.get(port, 0)
         lines = []
-        if port == _Engine.ports[0]:   # vLLM A, escaped names, plus the colon twin of one series
+        if port == _Engine.ports[3]:   # vLLM D: the one that goes down (its counters never freeze)
+            lines += [f'vllm_prefix_cache_hits_total{{engine="0",model_name="tiny"}} {STEP["hits_a"] * n}',
+                      f'vllm_prefix_cache_queries_total{{engine="0",model_name="tiny"}} {STEP["queries"] * n}']
+        elif port == _Engine.ports[0]:   # vLLM A, escaped names, plus the colon twin of one series
             lines += [f'vllm_prefix_cache_hits_total{{engine="0",model_name="tiny"}} {STEP["hits_a"] * n}',
                       f'vllm_prefix_cache_queries_total{{engine="0",model_name="tiny"}} {STEP["queries"] * n}',
                       f'vllm:prefix_cache_queries_total{{engine="0",model_name="tiny"}} {STEP["queries"] * n}',
@@ -59,7 +68,7 @@ class _Engine(BaseHTTPRequestHandler):
 def engines_prom(tmp_path_factory):
     prom_bin = need_binary("prometheus")
     tmp = tmp_path_factory.mktemp("engine-src")
-    servers = [HTTPServer(("127.0.0.1", free_port()), _Engine) for _ in range(3)]
+    servers = [HTTPServer(("127.0.0.1", free_port()), _Engine) for _ in range(4)]
     _Engine.ports = [s.server_port for s in servers]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -82,7 +91,8 @@ def engines_prom(tmp_path_factory):
         prom.terminate()
         prom.wait(10)
         for s in servers:
-            s.shutdown()
+            if s.server_port != _Engine.ports[3] or not _D_DOWN:
+                s.shutdown()
             s.server_close()
 
 
@@ -100,8 +110,8 @@ def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     src = PrometheusSource(url, scrape_interval=1)
     end = time.time()
     pre = src.engine_frame("engine_prefix", t0 - 60, end)
-    a, b, s = (f"127.0.0.1:{p}" for p in _Engine.ports)
-    assert set(pre.instance) == {a, b, s}
+    a, b, s, d = (f"127.0.0.1:{p}" for p in _Engine.ports)
+    assert set(pre.instance) == {a, b, s, d}
     t = hit_table(pre, by=["instance", "engine_kind", "model"]).set_index("instance")
     # per scrape: 62/100 (A), 35/100 (B), (45+15)/100 (SGLang): every total is a whole number of scrapes
     assert t.loc[a, "hit_rate"] == pytest.approx(0.62) and t.loc[a, "queries"] % 100 == 0
@@ -122,3 +132,35 @@ def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     kv = src.engine_frame("engine_kv_usage", t0 - 60, end)
     assert kv.groupby("instance").usage.max().to_dict() == {a: 0.25, s: 0.5}
     assert src.engine_frame("engine_ttft", t0 - 60, end).empty      # no histogram exported
+
+
+def _instant(url: str, q: str) -> list:
+    import json
+    import urllib.parse
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': q})}", timeout=5) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+def test_a_target_that_went_down_keeps_its_last_counts(engines_prom):
+    """Prometheus marks a target's series stale at its first failed scrape; a plain
+    selector then stops seeing them, and the counts between the last point that
+    saw them and the failure would be lost (up to one step)."""
+    url, t0, servers = engines_prom
+    port = _Engine.ports[3]
+    d = f"127.0.0.1:{port}"
+    server = servers[3]
+    wait_until(lambda: _Engine.scrapes.get(port, 0) >= 12, 30, "a dozen scrapes of D")
+    server.shutdown()               # serves no more scrapes: the next one is refused
+    server.socket.close()
+    _D_DOWN.append(True)
+    served, last = _Engine.scrapes[port], _Engine.last_scrape[port]
+    # the step is 15 s: ending 7.5 s after the last scrape, the point before it
+    # (7.5 s before) misses about seven scrapes' counts unless the tail is kept
+    wait_until(lambda: time.time() > last + 7.5, 20, "a few failed scrapes")
+    assert not _instant(url, f'vllm_prefix_cache_queries_total{{instance="{d}"}}')   # stale now
+    src = PrometheusSource(url, scrape_interval=1)
+    pre = src.engine_frame("engine_prefix", t0 - 60, last + 7.5)
+    got = pre[pre.instance == d][["hits", "queries"]].sum()
+    # every scrape served was 62 hit and 100 queried tokens
+    assert (got.queries, got.hits) == (100 * served, 62 * served)
