@@ -237,7 +237,10 @@ def alert_row(severity: str, alert: str, summary: str, since: float | None = Non
 
 
 def pct(x, digits: int = 1) -> str:
-    return "–" if x is None or x != x else f"{x:.{digits}%}"
+    """``0.123`` → ``12.3%``; a value that rounds to zero reads ``0.0%``, never ``-0.0%``."""
+    if x is None or x != x:
+        return "–"
+    return f"{(0.0 if round(x * 100, digits) == 0 else x):.{digits}%}"
 
 
 def integer(x) -> str:

@@ -223,3 +223,13 @@ def test_serve_command_carries_the_dashboard_settings_and_lets_options_override_
     assert opts["--server.fileWatcherType"] == "none" == SETTINGS["server.fileWatcherType"]
     assert opts["--client.toolbarMode"] == "minimal"  # the caller's, given once
     assert cmd.count("--client.toolbarMode") == 1
+
+
+def test_percentages_read_as_people_write_them():
+    from warmscope.app.ui import pct
+
+    assert pct(0.1234) == "12.3%" and pct(0.1234, 2) == "12.34%"
+    assert pct(-0.0004) == "0.0%"          # -0.04 % rounds to zero at one digit: no "-0.0%"
+    assert pct(-0.0004, 2) == "-0.04%"     # at two digits it does not
+    assert pct(-0.0006) == "-0.1%"         # -0.06 % rounds to -0.1 %
+    assert pct(float("nan")) == "–" and pct(None) == "–"
