@@ -134,6 +134,29 @@ def last_counts(sel: str, step: int) -> str:
     return f"last_over_time({sel}[{counter_window(step)}s])"
 
 
+def _increments(series: list[dict[Any, Any]], labels: Callable[[dict[Any, Any]], tuple[Any, ...]], q0: float,
+                step: int, start: float) -> list[tuple[Any, ...]]:
+    """(ts, *labels, increment) rows of counter series read on the grid from ``q0``: a drop is a
+    reset (the new value is the increment); a series first seen after ``q0`` is born in the range
+    and counts from 0; only points after ``start`` are kept."""
+    rows = []
+    for s in series:
+        lab = labels(s.get("metric", {}))
+        prev = None
+        for ts, v in s.get("values", []):
+            ts, fv = float(ts), float(v)
+            if not math.isfinite(fv):
+                continue
+            if prev is None:
+                d = fv if ts > q0 + step / 2 else None  # born in range: counts from 0
+            else:
+                d = fv - prev if fv >= prev else fv  # a drop is a reset
+            prev = fv
+            if d and ts > start:
+                rows.append((ts, *lab, d))
+    return rows
+
+
 class PrometheusSource(SourceBase):
     """A :class:`~warmscope.analysis.sources.Source` for ``lookups``, ``requests`` and the engine frames,
     and the alerts Prometheus evaluates."""
@@ -196,6 +219,12 @@ class PrometheusSource(SourceBase):
             raise SourceError(f"Prometheus at {self.url} answered with something that is not the Prometheus "
                               f"API ({type(e).__name__}); check the URL points at Prometheus itself") from None
 
+    def _counter_grid(self, start: float, end: float) -> tuple[int, float]:
+        """(step, first point) of a counter read: points fall on end, end - step, …, one step
+        before ``start`` (the last point sees everything up to ``end``)."""
+        step = max(choose_step(start, end), int(self.scrape_interval))
+        return step, end - math.ceil((end - start) / step + 1) * step
+
     def _increase_frame(self, metric: str, cols: list[str], start: float, end: float,
                         filters: Mapping[Any, Any] | None, value: str) -> pd.DataFrame:
         """Per-step increments of a counter, per label set.
@@ -208,25 +237,9 @@ class PrometheusSource(SourceBase):
         :func:`counter_window` (:func:`last_counts`): a target that went down
         keeps the counts of its last scrapes.
         """
-        step = max(choose_step(start, end), int(self.scrape_interval))
-        # Points fall on end, end - step, …: the last one sees everything up to end.
-        q0 = end - math.ceil((end - start) / step + 1) * step
-        rows = []
-        for series in self.query_range(last_counts(selector(metric, filters), step), q0, end, step):
-            m = series.get("metric", {})
-            labels = tuple(m.get(LABELS[c], "") for c in cols)
-            prev = None
-            for ts, v in series.get("values", []):
-                ts, fv = float(ts), float(v)
-                if not math.isfinite(fv):
-                    continue
-                if prev is None:
-                    d = fv if ts > q0 + step / 2 else None  # born in range: counts from 0
-                else:
-                    d = fv - prev if fv >= prev else fv  # a drop is a reset
-                prev = fv
-                if d and ts > start:
-                    rows.append((ts, *labels, d))
+        step, q0 = self._counter_grid(start, end)
+        series = self.query_range(last_counts(selector(metric, filters), step), q0, end, step)
+        rows = _increments(series, lambda m: tuple(m.get(LABELS[c], "") for c in cols), q0, step, start)
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
@@ -267,34 +280,17 @@ class PrometheusSource(SourceBase):
 
     # ------------------------------------------------------------ engines
     def _raw_increments(self, names_rx: str, start: float, end: float,
-                        extra: Callable[[dict[Any, Any]], tuple[Any, ...]], ncols: int) -> list[tuple[Any, ...]]:
+                        labels: Callable[[dict[Any, Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
         (same reset and birth handling as :meth:`_increase_frame`)."""
-        step = max(choose_step(start, end), int(self.scrape_interval))
-        q0 = end - math.ceil((end - start) / step + 1) * step
-        rows = []
+        step, q0 = self._counter_grid(start, end)
         series = []
         # One query per name: last_over_time() drops the name, and the two forms of a name share label sets.
         for name in self.metric_names(names_rx, q0 - counter_window(step), end):
             for s in self.query_range(last_counts(f"{{__name__={promql_string(name)}}}", step), q0, end, step):
                 s["metric"] = {**s.get("metric", {}), "__name__": name}
                 series.append(s)
-        series = _dedupe_name_forms(series)
-        for s in series:
-            labels = extra(s.get("metric", {}))
-            prev = None
-            for ts, v in s.get("values", []):
-                ts, fv = float(ts), float(v)
-                if not math.isfinite(fv):
-                    continue
-                if prev is None:
-                    d = fv if ts > q0 + step / 2 else None
-                else:
-                    d = fv - prev if fv >= prev else fv
-                prev = fv
-                if d and ts > start:
-                    rows.append((ts, *labels, d))
-        return rows
+        return _increments(_dedupe_name_forms(series), labels, q0, step, start)
 
     def engine_frame(self, name: str, start: float, end: float) -> pd.DataFrame:
         """Engine frames (token counts are increments per step):
@@ -311,7 +307,7 @@ class PrometheusSource(SourceBase):
             cols = ["ts", *_ENGINE_COLS]
             parts = []
             for rx, col in ((_HIT_NAMES, "hits"), (_QUERY_NAMES, "queries")):
-                rows = self._raw_increments(rx, start, end, _engine_labels, 4)
+                rows = self._raw_increments(rx, start, end, _engine_labels)
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
             out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
@@ -321,7 +317,7 @@ class PrometheusSource(SourceBase):
             def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
                 return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
 
-            rows = self._raw_increments(_SOURCE_NAMES, start, end, lab, 4)
+            rows = self._raw_increments(_SOURCE_NAMES, start, end, lab)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series

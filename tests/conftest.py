@@ -8,11 +8,14 @@ a binary is missing, tests that need it are skipped on a developer machine and
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,13 @@ def wait_until(check, timeout: float = 15.0, what: str = "service") -> None:
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
     raise RuntimeError(f"{what} did not become ready in {timeout}s: {last}")
+
+
+def prom_query(url: str, expr: str, at: float | None = None) -> list[dict]:
+    """The result of an instant PromQL query (at ``at``, else now) against the Prometheus API at ``url``."""
+    q = {"query": expr} | ({"time": f"{at:.3f}"} if at else {})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode(q)}", timeout=10) as r:
+        return json.loads(r.read())["data"]["result"]
 
 
 class RedisServer:

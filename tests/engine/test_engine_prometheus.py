@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import free_port, need_binary, prom_query, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -71,11 +71,6 @@ def _short_rules(text: str) -> str:
 def _get(url: str, timeout: float = 10) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def _prom_query(prom: str, expr: str, at: float | None = None) -> list[dict]:
-    q = {"query": expr} | ({"time": f"{at:.3f}"} if at else {})
-    return _get(f"{prom}/api/v1/query?{urllib.parse.urlencode(q)}")["data"]["result"]
 
 
 def _firing(prom: str) -> list[dict]:
@@ -148,7 +143,7 @@ def stack(vllm_engines, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
-        wait_until(lambda: len(_prom_query(url, "vllm:prefix_cache_queries_total")) == 2, 30, "first scrapes")
+        wait_until(lambda: len(prom_query(url, "vllm:prefix_cache_queries_total")) == 2, 30, "first scrapes")
         yield engines, url
     finally:
         prom.terminate()
@@ -181,7 +176,7 @@ def phases(stack):
     at = start1 - 3 + WINDOW_S
     wait_until(lambda: time.time() > at + 3, WINDOW_S + 10, "the recording rule's window")
     recorded = {r["metric"]["instance"]: float(r["value"][1])
-                for r in _prom_query(prom, "warmscope:engine_prefix_hit_ratio:rate5m", at=at)}
+                for r in prom_query(prom, "warmscope:engine_prefix_hit_ratio:rate5m", at=at)}
     frame = PrometheusSource(prom, scrape_interval=1).engine_frame("engine_prefix", start1 - 3, end1 + 3)
     app = hit_table(frame, by=["instance"]).set_index("instance").hit_rate.to_dict()
     rows = []
@@ -263,7 +258,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
 
     def scraped_up() -> bool:  # Prometheus has scraped every request the earlier tests sent
         got = {r["metric"].get("instance"): float(r["value"][1])
-               for r in _prom_query(prom, "vllm:prefix_cache_queries_total")}
+               for r in prom_query(prom, "vllm:prefix_cache_queries_total")}
         return all(got.get(f"127.0.0.1:{e.port}") == e.counters()["vllm:prefix_cache_queries_total"]
                    for e in engines)
 
@@ -297,7 +292,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     # the table keeps the counts of the scrapes before each one
     FIGURES["failed scrapes of each engine"] = {
         r["metric"].get("instance"): float(r["value"][1])
-        for r in _prom_query(prom, "count_over_time(up[1h]) - sum_over_time(up[1h])")}
+        for r in prom_query(prom, "count_over_time(up[1h]) - sum_over_time(up[1h])")}
     assert "come from the warmscope collectors" in texts["warmup"][1]
     assert "come from the warmscope collectors" in texts["hotkeys"][1]
     ab = texts["ab"][1]

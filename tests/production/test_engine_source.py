@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from warmscope.analysis.prometheus import PrometheusSource, engine_kind
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import free_port, need_binary, prom_query, wait_until
 
 STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 15, "sg_prompt": 100}
 
@@ -134,14 +134,6 @@ def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     assert src.engine_frame("engine_ttft", t0 - 60, end).empty      # no histogram exported
 
 
-def _instant(url: str, q: str) -> list:
-    import json
-    import urllib.parse
-
-    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': q})}", timeout=5) as r:
-        return json.loads(r.read())["data"]["result"]
-
-
 def test_a_target_that_went_down_keeps_its_last_counts(engines_prom):
     """Prometheus marks a target's series stale at its first failed scrape; a plain
     selector then stops seeing them, and the counts between the last point that
@@ -158,7 +150,7 @@ def test_a_target_that_went_down_keeps_its_last_counts(engines_prom):
     # the step is 15 s: ending 7.5 s after the last scrape, the point before it
     # (7.5 s before) misses about seven scrapes' counts unless the tail is kept
     wait_until(lambda: time.time() > last + 7.5, 20, "a few failed scrapes")
-    assert not _instant(url, f'vllm_prefix_cache_queries_total{{instance="{d}"}}')   # stale now
+    assert not prom_query(url, f'vllm_prefix_cache_queries_total{{instance="{d}"}}')   # stale now
     src = PrometheusSource(url, scrape_interval=1)
     pre = src.engine_frame("engine_prefix", t0 - 60, last + 7.5)
     got = pre[pre.instance == d][["hits", "queries"]].sum()

@@ -1,10 +1,8 @@
 """The Prometheus source against a real Prometheus scraping the collectors
 while the simulator runs in real time; escaping and failure messages."""
 
-import json
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -13,7 +11,7 @@ from hypothesis import strategies as st
 from warmscope.analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
 from warmscope.analysis.sources import SourceError
 
-from tests.conftest import free_port
+from tests.conftest import free_port, prom_query
 from tests.production.conftest import live_simulation
 
 
@@ -104,11 +102,6 @@ def live_run(tmp_path_factory):
         yield run
 
 
-def _instant(url, q):
-    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(q)}", timeout=5) as r:
-        return json.loads(r.read())["data"]["result"]
-
-
 def test_prometheus_counts_agree_with_the_embedded_store(live_run):
     import urllib.parse  # noqa: F401
 
@@ -116,7 +109,7 @@ def test_prometheus_counts_agree_with_the_embedded_store(live_run):
     lk = store.frame("lookups")
     by_layer = lk.groupby("layer")["count"].sum()
     got = {r["metric"]["warmscope_cache_layer"]: float(r["value"][1])
-           for r in _instant(url, "sum by (warmscope_cache_layer) (warmscope_cache_lookups_total)")}
+           for r in prom_query(url, "sum by (warmscope_cache_layer) (warmscope_cache_lookups_total)")}
     assert set(got) == set(by_layer.index)
     # The last scrape can miss at most one scrape interval (1 s) of traffic.
     per_second = lk.groupby("layer")["count"].sum() / max(lk.ts.max() - lk.ts.min(), 1)

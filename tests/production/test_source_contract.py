@@ -11,7 +11,6 @@ bounds, experiments, A/B units and newest warm-up run."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 import urllib.parse
@@ -35,7 +34,7 @@ from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.otel import build_provider, stop_server
 from warmscope.collectors.pipeline import Telemetry
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import free_port, need_binary, prom_query, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -59,11 +58,6 @@ def _traffic(tel: Telemetry) -> None:
     with tel.warmup("static_topk", layer="prefix_kv", tenant="t1") as run:
         run.warmed("k:1", gpu_s=0.5)
         run.warmed("k:99", gpu_s=0.5)
-
-
-def _instant(url: str, q: str) -> list:
-    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(q)}", timeout=5) as r:
-        return json.loads(r.read())["data"]["result"]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +94,7 @@ def world(tmp_path_factory, redis_server):
         want = sum(ref.store.frame("lookups")["count"])
 
         def scraped() -> bool:
-            got = _instant(url, "sum(warmscope_cache_lookups_total)")
+            got = prom_query(url, "sum(warmscope_cache_lookups_total)")
             return bool(got) and float(got[0]["value"][1]) == want
 
         wait_until(scraped, 30, "prometheus to scrape the lookups")

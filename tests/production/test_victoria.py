@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from warmscope.analysis.prometheus import PrometheusSource
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import free_port, need_binary, prom_query, wait_until
 from tests.production.conftest import live_simulation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,10 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
-
-
-def _instant(url: str, q: str) -> list[dict]:
-    return _get(f"{url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +49,7 @@ def stack(tmp_path_factory):
             q = "sum(warmscope_cache_lookups_total)"
 
             def caught_up() -> bool:  # VictoriaMetrics holds what Prometheus holds
-                a, b = _instant(prom_url, q), _instant(vm_url, q)
+                a, b = prom_query(prom_url, q), prom_query(vm_url, q)
                 return bool(a and b) and float(a[0]["value"][1]) == float(b[0]["value"][1])
 
             wait_until(caught_up, 60, "remote write to catch up")
@@ -93,9 +89,9 @@ def test_victoria_metrics_serves_the_same_frames_as_prometheus(stack):
 def test_recorded_rules_reach_the_long_term_store(stack):
     prom_url, vm_url, *_ = stack
     name = "warmscope:layer_hit_ratio:rate5m"
-    wait_until(lambda: bool(_instant(vm_url, name)), 30, f"{name} in VictoriaMetrics")
-    from_prom = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in _instant(prom_url, name)}
-    from_vm = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in _instant(vm_url, name)}
+    wait_until(lambda: bool(prom_query(vm_url, name)), 30, f"{name} in VictoriaMetrics")
+    from_prom = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in prom_query(prom_url, name)}
+    from_vm = {r["metric"].get("warmscope_cache_layer"): float(r["value"][1]) for r in prom_query(vm_url, name)}
     assert set(from_vm) == set(from_prom) and from_vm
     for layer, v in from_vm.items():  # rule evaluations one interval apart at most
         assert 0.0 <= v <= 1.0 and abs(v - from_prom[layer]) < 0.1, (layer, v, from_prom[layer])
