@@ -41,15 +41,25 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
-from warmscope.collectors.schema import DURATION_BUCKETS
+from warmscope.model.ab_metrics import (
+    BUCKET_S,
+    DEFAULT_PRIMARY,
+    METRICS,
+    NB,
+    Metric,
+    bucket_of,
+    cross_column,
+    find,
+    pos_column,
+)
+from warmscope.model.schema import DURATION_BUCKETS
 
 from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, Stat, adjust, batch_means, compare, power, srm
-from .ab_metrics import BUCKET_S, DEFAULT_PRIMARY, METRICS, NB, Metric, bucket_of, cross_column, find, pos_column
 from .buckets import bucket_start
 from .hitrate import hit_table
 
 if TYPE_CHECKING:
-    from .sources import Source
+    from warmscope.sources import Source
 
 __all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series",
            "render_markdown", "render_html", "metric_stats", "better", "DEFAULT_PRIMARY"]

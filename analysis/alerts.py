@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import pandas as pd
-from warmscope.collectors.schema import SHARED_LAYERS
+from warmscope.model.schema import SHARED_LAYERS
 
 from .alert_defs import (
     BYPASS_FOR_S,

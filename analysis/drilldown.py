@@ -37,7 +37,7 @@ from .hitrate import time_slice
 from .rootcause import Localization, localize
 
 if TYPE_CHECKING:
-    from .sources import Source
+    from warmscope.sources import Source
 
 __all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "drill_down_source", "regression_test",
            "DrillDown"]
@@ -218,7 +218,7 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
 def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
                       dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None, alpha: float = 0.01
                       ) -> DrillDown:
-    """:func:`drill_down` over any :class:`~warmscope.analysis.sources.Source`
+    """:func:`drill_down` over any :class:`~warmscope.sources.Source`
     that holds ``lookups`` (ts, result, count and the dimension columns): the
     embedded store, Prometheus, or the composite the app builds. Only the two
     windows are read."""

@@ -26,7 +26,7 @@ def all_bounds(metric: str, present: Iterable[float]) -> np.ndarray:
     """Every bucket bound of ``metric``: the schema's (the store keeps only
     non-empty buckets, but interpolation needs each bucket's lower edge) plus
     any others present, and +Inf last."""
-    from warmscope.collectors.aggregator import HISTOGRAMS
+    from warmscope.model.schema import HISTOGRAMS
 
     known = {inst.name: b for inst, b in HISTOGRAMS}
     les = {float(x) for x in present} | {float(x) for x in known.get(metric, ())}

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from warmscope.collectors.schema import SHARED_LAYERS  # shared by design across tenants
+from warmscope.model.schema import SHARED_LAYERS  # shared by design across tenants
 
 from .coverage import read_in_time
 from .hitrate import time_slice

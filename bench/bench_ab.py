@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pandas as pd
 from warmscope.analysis.ab_report import build_report
-from warmscope.collectors.schema import DURATION_BUCKETS
+from warmscope.model.schema import DURATION_BUCKETS
 
 
 def units(n: int, seed: int = 0) -> pd.DataFrame:

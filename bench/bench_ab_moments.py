@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from warmscope.analysis.ab_report import build_report, build_report_from_moments, report_for
-from warmscope.analysis.redis_source import RedisSource
-from warmscope.analysis.sources import from_env
 from warmscope.collectors import ab_moments as M
 from warmscope.collectors.redis_sink import AB_SHARDS, PREFIX, _bucket_s, ab_tag, connect, enc, key
-from warmscope.collectors.schema import DURATION_BUCKETS
+from warmscope.model.schema import DURATION_BUCKETS
+from warmscope.sources import from_env
+from warmscope.sources.redis_source import RedisSource
 
 EXPERIMENT = "bench-10m"
 VARIANTS = ("A", "B")

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from warmscope.analysis.advisor import advise, to_params
     from warmscope.analysis.forecast import forecast_table
     from warmscope.analysis.replay import calibrate, replay
-    from warmscope.analysis.sources import EmbeddedSource
+    from warmscope.sources import EmbeddedSource
 
     store = args.store
     if store is None:

@@ -2,7 +2,8 @@
 
     python -m bench.bench_browser --store var/warmscope.sqlite [--loads 5]
 
-Starts the dashboard the way ``warmscope dashboard`` does (``python -m warmscope.app.serve``: Streamlit with the
+Starts the dashboard the way ``warmscope dashboard`` does
+(``python -m warmscope.app.dashboard.serve``: Streamlit with the
 dashboard's server settings and a warm-up of the caches at start) over ``--store``, and ``streamlit run`` of a
 one-line page as the baseline, on free loopback ports; then measures in fresh browser sessions (medians of
 ``--loads`` repeats; "cold" is the first visit after the server started, when loaders read the store):
@@ -68,7 +69,7 @@ def _serve(script: Path | None, store: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     where = ["--server.port", str(port), "--server.address", "127.0.0.1"]
     if script is None:
-        from warmscope.app.serve import command
+        from warmscope.app.dashboard.serve import command
 
         cmd = command(*where)
     else:
@@ -203,8 +204,10 @@ def main() -> None:
     try:
         p_empty, u_empty = _serve(empty, args.store)
         procs.append(p_empty)
-        # the dashboard as `warmscope dashboard` serves it (plain `streamlit run` for a tree without app/serve.py)
-        app_script = None if (ROOT / "app" / "serve.py").exists() else ROOT / "app" / "main.py"
+        # the dashboard as `warmscope dashboard` serves it
+        # (plain `streamlit run` for a tree without app/dashboard/serve.py)
+        dash = ROOT / "app" / "dashboard"
+        app_script = None if (dash / "serve.py").exists() else dash / "main.py"
         p_app, u_app = _serve(app_script, args.store)
         procs.append(p_app)
         started = time.perf_counter()
@@ -216,7 +219,7 @@ def main() -> None:
             print(f"store {args.store}; medians of {n}; times in s, x = ratio to the empty page's time; "
                   f"load average {os.getloadavg()[0]:.1f} at the start on {os.cpu_count()} cores; warm figures "
                   f"after a {args.settle:g} s settle; dashboard served by "
-                  f"{'streamlit run app/main.py' if app_script else 'warmscope.app.serve'}")
+                  f"{'streamlit run app/dashboard/main.py' if app_script else 'warmscope.app.dashboard.serve'}")
             print(f"\nfirst visit (target: paint < {PAINT_TARGET:g} s)")
             print(f"{'page':12s} {'cold paint':>10s} {'cold done':>10s} {'paint':>7s} {'done':>7s} {'x paint':>8s} "
                   f"{'x done':>7s}  target")

@@ -182,7 +182,7 @@ t = time.perf_counter()
 tel.close()
 close_s = time.perf_counter() - t
 r = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
-from warmscope.analysis.redis_source import RedisSource
+from warmscope.sources.redis_source import RedisSource
 got = int(RedisSource(os.environ["BENCH_REDIS_URL"]).units("e")["requests"].sum())
 out(host_exceptions=f"{errs}/3", requests_in_redis=got, duplicated=max(0, got - 2000), lost=max(0, 2000 - got),
     stalled_flush_s=round(stalled, 2), close_s=round(close_s, 2))
@@ -241,7 +241,7 @@ try:
 except Exception as e:
     errs += 1
 r = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
-from warmscope.analysis.redis_source import RedisSource
+from warmscope.sources.redis_source import RedisSource
 got = len(RedisSource(os.environ["BENCH_REDIS_URL"]).units("sec"))
 cwd_secret = any(p.name == "key-secret" for p in __import__("pathlib").Path(".").rglob("key-secret"))
 # where does a pipeline with no data directory put its secret?

@@ -121,9 +121,9 @@ def run_writers(url: str | None, n: int, sessions: int, flush_every: int, max_s:
 
 def check(url: str) -> dict:
     from warmscope.analysis.ab_report import build_report, report_for
-    from warmscope.analysis.redis_source import RedisSource
     from warmscope.collectors import ab_moments as M
-    from warmscope.collectors.records import UNIT_HIST
+    from warmscope.model.records import UNIT_HIST
+    from warmscope.sources.redis_source import RedisSource
 
     src = RedisSource(url)
     t = time.perf_counter()
@@ -151,9 +151,9 @@ def week_report(url: str, units: int = 20_000) -> str:
     seen uniformly over 7 days, are written straight through the sink (batches of 2,000), so every
     moment hash exists; then the report from moments is timed."""
     from warmscope.analysis.ab_report import report_for
-    from warmscope.analysis.redis_source import RedisSource
-    from warmscope.collectors.records import UNIT_HIST
     from warmscope.collectors.redis_sink import RedisSink
+    from warmscope.model.records import UNIT_HIST
+    from warmscope.sources.redis_source import RedisSource
 
     rng = np.random.default_rng(7)
     sink = RedisSink(None, url, 3600, None)

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from warmscope.collectors import InstrumentedCache, request_context, schema
+from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
+from warmscope.model import schema
 
 from bench.common import best_ns, table
 

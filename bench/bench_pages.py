@@ -26,7 +26,7 @@ TITLES = {"overview": "Cache warm-up overview", "hitrate": "Hit rate explorer", 
 
 
 def render(page: str, range_: str) -> float:
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600)
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "main.py"), default_timeout=600)
     at.session_state["range"] = range_
     if page != "overview":
         at.switch_page(f"views/{page}.py")  # the first run renders this page only

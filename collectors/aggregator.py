@@ -34,12 +34,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import hotkeys, records, schema
-from .hotkeys import BATCH as _BATCH
-from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
-from .hotkeys import HotKeySketch
-from .keys import FamilyNormaliser, LabelCap, TenantBucketer
-from .records import (
+from warmscope.collectors import hotkeys
+from warmscope.model import records, schema
+from warmscope.model.records import (
     L_HITS,
     L_LOOKUPS,
     R_CONVERSIONS,
@@ -56,6 +53,11 @@ from .records import (
     U_TTFT_SUM,
     U_VALUE,
 )
+
+from .hotkeys import BATCH as _BATCH
+from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
+from .hotkeys import HotKeySketch
+from .keys import FamilyNormaliser, LabelCap, TenantBucketer
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
 __all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
@@ -65,14 +67,7 @@ log = logging.getLogger("warmscope.collectors")
 HIT, MISS, BYPASS, ERROR = 0, 1, 2, 3
 RESULT_NAMES = schema.RESULTS
 
-# Request histograms, in the order of the per-(labels) histogram list.
-HISTOGRAMS = (
-    (schema.TTFT, schema.TTFT_BUCKETS),
-    (schema.REQUEST_DURATION, schema.DURATION_BUCKETS),
-    (schema.TOKEN_USAGE, schema.TOKEN_BUCKETS),
-    (schema.CACHE_READ_TOKENS, schema.TOKEN_BUCKETS),
-    (schema.LOAD_DURATION, schema.DURATION_BUCKETS),  # per layer: kept in the layer's state
-)
+HISTOGRAMS = schema.HISTOGRAMS  # request histograms, in the order of the per-(labels) list
 LOAD_HIST = 4
 _TTFT_BOUNDS, _DURATION_BOUNDS, _TOKEN_BOUNDS, _CACHED_BOUNDS = (b for _, b in HISTOGRAMS[:4])
 # An in-memory histogram is [bucket counts..., +Inf count, sum, count]: its last two slots.

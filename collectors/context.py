@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from . import schema
+from warmscope.model import schema
 
 __all__ = ["RequestContext", "request_context", "current_context", "propagate"]
 

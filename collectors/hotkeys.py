@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import records
+from warmscope.model import records
 
 __all__ = ["HotKeySketch", "ENTRY", "E_EST", "E_HITS", "E_MISSES", "E_ERR", "E_FAMILY", "E_KEY", "BATCH",
            "scope", "merge", "cross_tenant_reads", "top_k"]

@@ -34,7 +34,7 @@ import re
 import threading
 from collections.abc import Iterable
 
-from . import schema
+from warmscope.model import schema
 
 __all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer", "LabelCap"]
 

@@ -57,7 +57,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import schema
+from warmscope.model import schema
+
 from .aggregator import ERROR
 from .context import RequestContext, _current
 from .pipeline import Telemetry, current_telemetry

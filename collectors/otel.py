@@ -52,10 +52,10 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from warmscope.model import records, schema
+from warmscope.model.records import COLUMN_ATTRS
 
-from . import records, schema
 from .aggregator import H_COUNT, H_SUM, HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
-from .records import COLUMN_ATTRS
 from .warm_tracking import S_BYTES, S_GPU_S, S_KEYS, S_RUNS
 
 __all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE", "build_provider",

@@ -32,13 +32,14 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import records, schema
+from warmscope.model import records, schema
+from warmscope.model.records import R_REQUESTS, RUN_COLUMNS
+
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
 from .config import CollectorConfig, ConfigError
 from .context import RequestContext, _current, set_installed_telemetry
 from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .keys import KeyHasher, TenantBucketer
-from .records import R_REQUESTS, RUN_COLUMNS
 from .store import EmbeddedStore, histogram_row
 
 if TYPE_CHECKING:

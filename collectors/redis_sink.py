@@ -74,11 +74,11 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
+from warmscope.model.records import RUN_COLUMNS as _RUN_COLS
+from warmscope.model.records import UNIT_FIELDS
+from warmscope.model.records import UNIT_HIST as _H
 
 from . import ab_moments as _m
-from .records import RUN_COLUMNS as _RUN_COLS
-from .records import UNIT_FIELDS
-from .records import UNIT_HIST as _H
 
 __all__ = ["RedisSink", "PREFIX", "RUN_TTL_S", "AB_SHARDS", "connect", "is_cluster", "ab_tag", "ab_shard",
            "hot_tag", "run_tag", "key",

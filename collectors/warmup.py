@@ -29,7 +29,8 @@ import asyncio
 import uuid
 from typing import Any, Literal
 
-from . import schema
+from warmscope.model import schema
+
 from .warm_tracking import WarmedKey
 
 __all__ = ["WarmupRun"]

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Lint and type-check:  bash scripts/lint.sh
-# ruff over the repository and mypy --strict over collectors/ and analysis/, both
-# configured in pyproject.toml, from the same .venv as scripts/test.sh.
+# ruff over the repository, mypy --strict over model/, collectors/, sources/ and analysis/,
+# and the import contract (lint-imports), all configured in pyproject.toml, from the same
+# .venv as scripts/test.sh.
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
 rc=0
 log "ruff check"
 .venv/bin/ruff check . || rc=1
-log "mypy (strict: collectors/, analysis/)"
+log "mypy (strict: model/, collectors/, sources/, analysis/)"
 .venv/bin/mypy || rc=1
+log "import contract (lint-imports)"
+.venv/bin/lint-imports --no-cache || rc=1
 exit "$rc"

@@ -204,6 +204,7 @@ class Simulation:
         realtime: bool = False,
         speed: float = 1.0,
         variants: tuple[str, ...] | None = None,
+        first_run_seq: int = 0,
     ) -> None:
         self.cfg = cfg
         variants = variants or cfg.arms
@@ -240,7 +241,7 @@ class Simulation:
         self.tw = tenant_weights(len(self.tenants))
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
-        self._run_seq = 0
+        self._run_seq = first_run_seq  # warm-up run ids count on from here (two pools in one store)
         self.telemetries: list[Telemetry] = []
         self.summary = Summary()
         # (tenant, template) -> recent sessions, each [session id, conversation tokens, variant]

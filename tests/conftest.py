@@ -210,11 +210,11 @@ def cluster_client(redis_cluster):
 
 @contextlib.contextmanager
 def streamlit_app(env: dict[str, str], cwd: Path | None = None):
-    """Serve the dashboard (``app/main.py``) with ``env`` (the whole environment) on a free loopback port; yields
-    its URL and stops the server afterwards."""
+    """Serve the dashboard (``app/dashboard/main.py``) with ``env`` (the whole environment) on a free loopback
+    port; yields its URL and stops the server afterwards."""
     import urllib.request
 
-    from warmscope.app.serve import command
+    from warmscope.app.dashboard.serve import command
 
     port = free_port()
     # served as `warmscope dashboard` serves it: Streamlit, its settings, the caches warmed at start

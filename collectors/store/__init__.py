@@ -85,8 +85,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from warmscope.model import records
+
 from .. import ab_moments as _m
-from .. import records
 from .layout import DDL, MEASURES, ROLLUP_S, SCHEMA_VERSION, TABLES, StoreError
 from .migrations import MIGRATIONS
 from .reader import StoreReader

@@ -8,8 +8,9 @@ index on the time column of the per-flush tables, an hourly rollup table
 
 from __future__ import annotations
 
+from warmscope.model import records
+
 from .. import ab_moments as _m
-from .. import records
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "DDL", "ROLLUP_S", "MEASURES", "UPSERT", "StoreError", "q", "ddl",
            "rollup_ddl"]

@@ -8,8 +8,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from warmscope.model import records
+
 from .. import ab_moments as _m
-from .. import records
 from .layout import MEASURES, ROLLUP_S, TABLES, StoreError, q
 
 if TYPE_CHECKING:

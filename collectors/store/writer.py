@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from warmscope.model import records
+
 from .. import ab_moments as _m
-from .. import records
 from .layout import MEASURES, REPLACE, ROLLUP_S, TABLES, UPSERT, q
 
 __all__ = ["StoreWriter", "histogram_row", "backfill_rollups"]

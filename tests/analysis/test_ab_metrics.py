@@ -7,9 +7,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from warmscope.analysis import ab_metrics as AM
 from warmscope.analysis.ab import Result, adjust, compare
-from warmscope.analysis.ab_metrics import METRICS, Metric
 from warmscope.analysis.ab_report import (
     better,
     build_report,
@@ -20,6 +18,8 @@ from warmscope.analysis.ab_report import (
 )
 from warmscope.collectors import EmbeddedStore
 from warmscope.collectors.store import _TABLES
+from warmscope.model import ab_metrics as AM
+from warmscope.model.ab_metrics import METRICS, Metric
 
 EXTRA = Metric("value per request", "ratio", "value", "requests", "higher")
 
@@ -183,7 +183,7 @@ def test_a_store_gains_the_sums_of_a_newly_declared_metric(tmp_path):
 
 
 def test_report_ab_cli_compares_the_arms_it_is_given(tmp_path, capsys):
-    from warmscope.app import cli
+    from warmscope.app.cli.main import main as cli
 
     path = tmp_path / "abc.sqlite"
     st = EmbeddedStore(path)

@@ -52,7 +52,7 @@ def test_quantiles_are_monotone(counts):
 def test_missing_empty_buckets_do_not_move_the_quantile():
     # The store keeps only non-empty buckets; the lower edge must still be the schema's previous bound.
     from warmscope.analysis.latency import all_bounds
-    from warmscope.collectors.schema import TTFT_BUCKETS
+    from warmscope.model.schema import TTFT_BUCKETS
 
     h = _hist([(60, TTFT, "A", 1.0, 10)])  # all ten observations in (0.75, 1.0]
     q = hist_quantile(h, 0.5, TTFT).value.iloc[0]

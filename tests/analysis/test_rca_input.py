@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from warmscope.analysis.rootcause import contributions, localize
-from warmscope.app import cli_rca
+from warmscope.app.cli import rca as cli_rca
 
 HEADER = "a,b,v,f\n"
 
@@ -128,7 +128,7 @@ def test_many_dimensions_warn_and_stay_bounded(tmp_path, capsys):
 def test_cli_entry_point_does_not_load_pandas_or_the_collectors(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text(HEADER + "x,y,10,10\nx,z,0,10\nw,y,10,10\nw,z,11,10\n")
-    code = (f"import sys; from warmscope.app.cli import main; rc = main(['rca', {str(p)!r}, '--dims', 'a', 'b', "
+    code = (f"import sys; from warmscope.app.cli.main import main; rc = main(['rca', {str(p)!r}, '--dims', 'a', 'b', "
             "'--v', 'v', '--f', 'f', '--compact']); print(sorted(m for m in ('pandas', 'scipy', 'warmscope.collectors',"
             " 'warmscope.simulator') if m in sys.modules), file=sys.stderr); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

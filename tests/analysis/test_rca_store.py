@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 from warmscope.analysis.drilldown import drill_down, regression_test
-from warmscope.app import cli_rca
+from warmscope.app.cli import rca as cli_rca
 from warmscope.collectors.store import EmbeddedStore
 
 T0 = 1_800_000_000.0  # a realistic Unix time (2027-01-15)

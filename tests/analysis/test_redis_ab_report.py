@@ -5,8 +5,8 @@ equals the embedded store's report on the same traffic."""
 import pandas as pd
 import pytest
 from warmscope.analysis.ab_report import report_for
-from warmscope.analysis.redis_source import RedisSource
-from warmscope.analysis.sources import EmbeddedSource, from_env
+from warmscope.sources import EmbeddedSource, from_env
+from warmscope.sources.redis_source import RedisSource
 
 from tests.collectors.test_redis_cluster import _both
 from tests.helpers import assert_same_report

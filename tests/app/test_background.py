@@ -1,9 +1,10 @@
-"""The dashboard's child-process runner (app/background.py): results and exceptions come back to the server."""
+"""The dashboard's child-process runner (app/dashboard/background.py): results and exceptions come back
+to the server."""
 
 import os
 
 import pytest
-from warmscope.app import background
+from warmscope.app.dashboard import background
 
 
 def test_result_comes_back_from_a_child_process():

@@ -7,7 +7,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from warmscope.app.cli import demo_world
+from warmscope.app.cli.main import demo_world
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import simulate
 
@@ -255,7 +255,7 @@ def test_ab_breakdown_per_tenant_and_layer_with_intervals(streamlit_server, page
 
 
 def test_ab_page_compares_every_arm_and_offers_every_declared_metric(streamlit_server, page):
-    from warmscope.analysis.ab_metrics import metric_names
+    from warmscope.model.ab_metrics import metric_names
 
     url, _ = streamlit_server
     page.goto(f"{url}/ab", wait_until="networkidle")

@@ -1,6 +1,6 @@
 """The app reads through the composite source: frames are routed by the
 WARMSCOPE_* settings (Redis records beside a store's metric points), alerts of
-other systems come as rows, and app/data.py itself holds no data access."""
+other systems come as rows, and app/dashboard/data.py itself holds no data access."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from warmscope.analysis.alertmanager import alert_rows
 from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.sources.alertmanager import alert_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-MAIN = str(ROOT / "app" / "main.py")
+MAIN = str(ROOT / "app" / "dashboard" / "main.py")
 
 
 def test_app_data_composes_and_caches_only():
-    text = (ROOT / "app" / "data.py").read_text()
+    text = (ROOT / "app" / "dashboard" / "data.py").read_text()
     for needle in ("SELECT", "_con(", "_TABLES", "sqlite3", "urlopen", "EmbeddedStore", ".execute("):
         assert needle not in text, needle
     assert not re.search(r"\bimport (redis|requests|urllib)", text)
@@ -39,7 +39,7 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
             tel.record_request(latency_s=0.2, ttft_s=0.05, gpu_s=0.1, sla_met=True)
     tel.flush()
     assert tel.store.frame("hot_keys").empty  # the store has no hot keys: they went to Redis
-    from warmscope.analysis.sources import RedisRecords
+    from warmscope.sources import RedisRecords
 
     in_redis = RedisRecords(redis_server.url).frame("hot_keys")
     assert sorted(in_redis.key_hash) and set(in_redis.tenant) == {"acme"}

@@ -9,7 +9,7 @@ from warmscope.analysis.hitrate import hit_table
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from warmscope.analysis.scores import score_card
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault, simulate
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 PAGES = ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
 
 
@@ -101,7 +101,7 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
 
 
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
-    from warmscope.app import cli
+    from warmscope.app.cli.main import main as cli
 
     path = tmp_path / "cli.sqlite"
     assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
@@ -142,7 +142,7 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
     import time
 
     from warmscope.analysis.alert_history import alert_history
-    from warmscope.app.ui import HISTORY_LOOKBACK_S, history_every, range_bounds, when
+    from warmscope.app.dashboard.ui import HISTORY_LOOKBACK_S, history_every, range_bounds, when
 
     at = app.run()
     at.switch_page("views/alerts.py").run()
@@ -171,14 +171,16 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
 
 
 def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
-    """What the server computes when it starts (``ui._warm_steps``, run by ``warmscope.app.serve``) is what each
-    page's first view asks for: after it, opening the pages reads and analyses nothing again. A cache key that differed
-    (another bucket, another argument order) would recompute and be counted here."""
+    """What the server computes when it starts (``ui._warm_steps``, run by
+    ``warmscope.app.dashboard.serve``) is what each page's first view asks for: after it, opening
+    the pages reads and analyses nothing again. A cache key that differed (another bucket, another
+    argument order) would recompute and be counted here."""
     import threading
 
     import streamlit
-    from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, sources, traps
-    from warmscope.app import data, ui
+    from warmscope import sources
+    from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, traps
+    from warmscope.app.dashboard import data, ui
 
     monkeypatch.setenv("WARMSCOPE_STORE", str(demo_store))
     streamlit.cache_data.clear()
@@ -214,10 +216,10 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
 def test_serve_command_carries_the_dashboard_settings_and_lets_options_override_them():
     import sys
 
-    from warmscope.app.serve import SETTINGS, command
+    from warmscope.app.dashboard.serve import SETTINGS, command
 
     cmd = command("--server.port", "8600", "--client.toolbarMode", "minimal")
-    assert cmd[:3] == [sys.executable, "-m", "warmscope.app.serve"]
+    assert cmd[:3] == [sys.executable, "-m", "warmscope.app.dashboard.serve"]
     opts = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert opts["--server.port"] == "8600"
     assert opts["--server.fileWatcherType"] == "none" == SETTINGS["server.fileWatcherType"]
@@ -226,7 +228,7 @@ def test_serve_command_carries_the_dashboard_settings_and_lets_options_override_
 
 
 def test_percentages_read_as_people_write_them():
-    from warmscope.app.ui import pct
+    from warmscope.app.dashboard.ui import pct
 
     assert pct(0.1234) == "12.3%" and pct(0.1234, 2) == "12.34%"
     assert pct(-0.0004) == "0.0%"          # -0.04 % rounds to zero at one digit: no "-0.0%"

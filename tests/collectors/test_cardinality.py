@@ -1,4 +1,5 @@
-from warmscope.collectors import InstrumentedCache, request_context, schema
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.model import schema
 
 from tests.helpers import points
 

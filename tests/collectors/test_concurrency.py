@@ -1,7 +1,8 @@
 import threading
 
-from warmscope.collectors import InstrumentedCache, request_context, schema
-from warmscope.collectors.schema import ATTR
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.model import schema
+from warmscope.model.schema import ATTR
 
 from tests.helpers import total
 

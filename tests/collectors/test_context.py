@@ -1,8 +1,9 @@
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from warmscope.collectors import InstrumentedCache, propagate, request_context, schema
-from warmscope.collectors.schema import ATTR
+from warmscope.collectors import InstrumentedCache, propagate, request_context
+from warmscope.model import schema
+from warmscope.model.schema import ATTR
 
 from tests.helpers import total
 

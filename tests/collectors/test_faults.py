@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 from warmscope import collectors
-from warmscope.analysis.redis_source import RedisSource
-from warmscope.collectors import pipeline, request_context, schema
+from warmscope.collectors import pipeline, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
 from warmscope.collectors.store import EmbeddedStore
+from warmscope.model import schema
+from warmscope.sources.redis_source import RedisSource
 
 from tests.conftest import RedisServer, free_port, wait_until
 

@@ -1,5 +1,5 @@
-from warmscope.collectors import schema
 from warmscope.collectors.keys import FamilyNormaliser, KeyHasher, TenantBucketer, default_family
+from warmscope.model import schema
 
 
 def test_default_family_replaces_variable_segments():

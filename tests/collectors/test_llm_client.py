@@ -294,7 +294,7 @@ def test_warmup_from_hot_uses_the_store_and_the_local_prompt_library(make_tel, u
     import os
     import stat
 
-    from warmscope.app.cli import main
+    from warmscope.app.cli.main import main
 
     store, library = tmp_path / "serving.sqlite", tmp_path / "prompts.jsonl"
     tel = make_tel(store_path=str(store), key_secret="shared-secret")
@@ -347,7 +347,7 @@ def test_warmup_from_hot_uses_the_store_and_the_local_prompt_library(make_tel, u
 
 
 def test_cli_bad_input_is_one_clear_message(tmp_path, capsys):
-    from warmscope.app.cli import main
+    from warmscope.app.cli.main import main
 
     assert main(["gateway", "--upstream", "localhost:8000"]) == 2
     assert "not an http(s) URL" in capsys.readouterr().err
@@ -683,7 +683,7 @@ def test_a_run_recorded_in_redis_by_another_pipeline_is_followed(make_tel, upstr
     pipeline (another process's, here in the same process) for replica srv-1 is
     followed by the serving pipeline of srv-1 at its flush."""
     from warmscope.analysis.coverage import warm_set_coverage
-    from warmscope.analysis.redis_source import RedisSource
+    from warmscope.sources.redis_source import RedisSource
 
     systems = [f"{SYSTEM} redis desk {d}" for d in "AB"]
     runner_tel = make_tel(redis_client=redis_client, key_secret="shared-secret", replica="srv-1")

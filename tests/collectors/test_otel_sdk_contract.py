@@ -20,8 +20,9 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from warmscope.collectors import request_context, schema
+from warmscope.collectors import request_context
 from warmscope.collectors.otel import InMemoryReader, PeriodicReader, PrometheusReader
+from warmscope.model import schema
 
 
 def _params(fn) -> list[str]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from statsmodels.stats.proportion import proportion_confint
 from warmscope.analysis.hitrate import hit_table
-from warmscope.collectors import EmbeddedStore, InstrumentedCache, records, request_context
+from warmscope.collectors import EmbeddedStore, InstrumentedCache, request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
+from warmscope.model import records
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from warmscope.collectors import EmbeddedStore, InstrumentedCache, records, request_context, schema
+from warmscope.collectors import EmbeddedStore, InstrumentedCache, request_context
 from warmscope.collectors.aggregator import HISTOGRAM_LABELS
 from warmscope.collectors.store import layout
+from warmscope.model import records, schema
 
 
 def test_every_store_table_has_the_columns_and_types_its_record_declares(tmp_path):

@@ -2,8 +2,9 @@
 
 import pytest
 import redis
-from warmscope.collectors import instrument_redis, request_context, schema, uninstrument_redis
-from warmscope.collectors.schema import ATTR
+from warmscope.collectors import instrument_redis, request_context, uninstrument_redis
+from warmscope.model import schema
+from warmscope.model.schema import ATTR
 
 from tests.conftest import free_port
 from tests.helpers import total

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from warmscope.analysis.ab_report import report_for
-from warmscope.analysis.redis_source import RedisSource
-from warmscope.analysis.sources import EmbeddedSource
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors import ab_moments as M
-from warmscope.collectors.records import UNIT_HIST
 from warmscope.collectors.redis_sink import AB_SHARDS, RedisSink, ab_tag, is_cluster, key
+from warmscope.model.records import UNIT_HIST
+from warmscope.sources import EmbeddedSource
+from warmscope.sources.redis_source import RedisSource
 
 from tests.helpers import assert_same_report
 

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from warmscope.analysis.redis_source import RedisSource
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.collectors.redis_sink import AB_SHARDS, ab_tag, key, run_tag
+from warmscope.sources.redis_source import RedisSource
 
 from tests.conftest import RedisServer
 
@@ -80,7 +80,7 @@ def test_redis_down_counts_and_keeps_rows_until_it_is_back(make_tel, tmp_path):
 
 
 def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
-    from warmscope.collectors import schema
+    from warmscope.model import schema
 
     from tests.helpers import total
 

@@ -1,8 +1,8 @@
 import re
 
 from opentelemetry.sdk.metrics import MeterProvider
-from warmscope.collectors import schema
 from warmscope.collectors.otel import PrometheusReader
+from warmscope.model import schema
 
 
 def test_instrument_names_are_dotted_lower_case_with_base_units():

@@ -95,7 +95,7 @@ def test_safe_defaults_loopback_ports_no_default_secret_tls_verified():
 
 
 def test_prometheus_source_verifies_tls_unless_told_not_to(monkeypatch):
-    from warmscope.analysis.prometheus import PrometheusSource
+    from warmscope.sources.prometheus import PrometheusSource
 
     monkeypatch.delenv("WARMSCOPE_PROMETHEUS_INSECURE", raising=False)
     assert PrometheusSource("https://prometheus.example:9090")._prom._session.verify is not False

@@ -31,7 +31,7 @@ def test_wheel_has_only_the_warmscope_top_level_name(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"warmscope"}, tops
     assert "warmscope/collectors/__init__.py" in names
-    assert "warmscope/app/main.py" in names and "warmscope/app/views/overview.py" in names
+    assert "warmscope/app/dashboard/main.py" in names and "warmscope/app/dashboard/views/overview.py" in names
     assert not any(n.startswith("warmscope/__init__") for n in names)  # a namespace: room for plugins
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()

@@ -155,8 +155,8 @@ def stack(vllm_engines, tmp_path_factory):
 @pytest.fixture(scope="module")
 def phases(stack):
     """Warm-up, then the measured shared-prompt phase; figures per instance."""
-    from warmscope.analysis.prometheus import PrometheusSource
-    from warmscope.app.engine_view import hit_table
+    from warmscope.app.dashboard.engine_view import hit_table
+    from warmscope.sources.prometheus import PrometheusSource
 
     engines, prom = stack
     # instance 0: three tenants, short questions (mostly shared prefix);
@@ -233,7 +233,7 @@ def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, tmp_path,
 
     for k, v in _page_env(prom, tmp_path).items():
         monkeypatch.setenv(k, v)
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "alerts.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / "alerts.py"), default_timeout=120).run()
     assert not at.exception and not at.error
     shown = " ".join(w.value for w in at.warning)
     assert "WarmscopeEngineHitRateRegressionShortTerm** (firing, warning)" in shown and "[runbook](https://" in shown
@@ -267,7 +267,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
         monkeypatch.setenv(k, v)
     texts = {}
     for name in PAGES:
-        at = AppTest.from_file(str(ROOT / "app" / "views" / f"{name}.py"), default_timeout=120)
+        at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / f"{name}.py"), default_timeout=120)
         at.session_state["range"] = "last hour"
         at.run()
         assert not at.exception, (name, [e.value for e in at.exception])
@@ -299,7 +299,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert "per-unit records" in ab and "WARMSCOPE_REDIS_URL" in ab
     assert "Prometheus evaluates from its rules" in texts["alerts"][1]
     # root cause: the unique-prefix window against the shared-prompt one, over model x instance x engine
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "rootcause.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / "rootcause.py"), default_timeout=120)
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)
@@ -311,7 +311,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert [s.value for s in at.subheader] == ["Ranked explanations"]
     assert not [i for i in at.info if "holds no engine traffic" in i.value]   # both windows had traffic
     # the sidebar names only the sources that exist
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "main.py"), default_timeout=120).run()
     assert not at.exception
     assert [c.value for c in at.sidebar.caption] == [f"Source: Prometheus · {prom}"]
 
@@ -322,7 +322,7 @@ def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
     chromium = need_binary("chromium")
     _, prom = stack
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "dashboard" / "main.py"),
                              "--server.headless", "true", "--server.port", str(port), "--server.address",
                              "127.0.0.1", "--browser.gatherUsageStats", "false"], env=_page_env(prom, tmp_path),
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -358,7 +358,7 @@ def test_live_demo_shows_real_prefix_hits(stack, phases):
     import argparse
     import io
 
-    from warmscope.app.cli_engine_demo import run
+    from warmscope.app.cli.engine_demo import run
 
     engines, _ = stack
     eng = engines[0]

@@ -13,7 +13,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from warmscope.analysis.prometheus import PrometheusSource, engine_kind
+from warmscope.sources.prometheus import PrometheusSource, engine_kind
 
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 
@@ -102,7 +102,7 @@ def test_engine_kind_from_either_name_form():
 
 
 def test_engine_frames_from_escaped_and_colon_names(engines_prom):
-    from warmscope.app.engine_view import hit_table
+    from warmscope.app.dashboard.engine_view import hit_table
 
     url, t0, servers = engines_prom
     _Engine.frozen = True

@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from warmscope.analysis.prometheus import PrometheusSource, choose_step, promql_string, selector
-from warmscope.analysis.sources import SourceError
+from warmscope.sources import SourceError
+from warmscope.sources.prometheus import PrometheusSource, choose_step, promql_string, selector
 
 from tests.conftest import free_port, prom_query
 from tests.production.conftest import live_simulation
@@ -143,7 +143,7 @@ def test_dashboard_reads_lookups_from_prometheus(live_run, monkeypatch):
     url, store, t0, t1 = live_run
     monkeypatch.setenv("WARMSCOPE_PROMETHEUS_URL", url)
     monkeypatch.setenv("WARMSCOPE_STORE", str(store.path))
-    main = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+    main = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
     at = AppTest.from_file(main, default_timeout=120).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     shown = int({m.label: m.value for m in at.metric}["Lookups"].replace(",", ""))

@@ -3,9 +3,9 @@ hot keys, warm-up runs and A/B units the embedded store gets from the same data.
 
 import pandas as pd
 import pytest
-from warmscope.analysis.redis_source import RedisSource
-from warmscope.analysis.sources import SourceError
 from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.sources import SourceError
+from warmscope.sources.redis_source import RedisSource
 
 from tests.conftest import free_port
 

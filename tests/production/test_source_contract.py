@@ -18,9 +18,11 @@ import urllib.request
 
 import pandas as pd
 import pytest
-from warmscope.analysis.alertmanager import AlertmanagerSource
-from warmscope.analysis.prometheus import PrometheusSource
-from warmscope.analysis.sources import (
+from warmscope.collectors import InstrumentedCache, request_context
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.otel import build_provider, stop_server
+from warmscope.collectors.pipeline import Telemetry
+from warmscope.sources import (
     CompositeSource,
     EmbeddedSource,
     RedisRecords,
@@ -29,10 +31,8 @@ from warmscope.analysis.sources import (
     columns,
     from_env,
 )
-from warmscope.collectors import InstrumentedCache, request_context
-from warmscope.collectors.config import CollectorConfig
-from warmscope.collectors.otel import build_provider, stop_server
-from warmscope.collectors.pipeline import Telemetry
+from warmscope.sources.alertmanager import AlertmanagerSource
+from warmscope.sources.prometheus import PrometheusSource
 
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from warmscope.analysis.prometheus import PrometheusSource
+from warmscope.sources.prometheus import PrometheusSource
 
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 from tests.production.conftest import live_simulation

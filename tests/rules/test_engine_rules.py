@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from warmscope.app.cli import main
-from warmscope.app.cli_rules import DEFAULT_RUNBOOK_BASE, render
+from warmscope.app.cli.main import main
+from warmscope.app.cli.rules import DEFAULT_RUNBOOK_BASE, render
 
 from tests.conftest import need_binary
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from warmscope.analysis.sources import EmbeddedSource
-from warmscope.app.cli import demo_world
+from warmscope.app.cli.main import demo_world
 from warmscope.simulator import Simulation
+from warmscope.sources import EmbeddedSource
 
 HOURS = 2.0
 

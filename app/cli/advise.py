@@ -1,0 +1,133 @@
+"""`warmscope advise`: request forecasts and tuned warm-up parameters from a recorded store.
+
+Prints a table (forecast error per horizon against the baselines, the recommended parameters next to the
+recorded ones, the next peak and when to trigger the warm-up) and writes the same as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+__all__ = ["register", "cmd_advise"]
+
+
+def register(sub, progress, store_path) -> None:
+    p = sub.add_parser("advise", help="forecast requests and recommend warm-up parameters from a recorded store",
+                       description="Forecasts requests per key family at 5 s, 3 min and 1 h (held-back MAPE and "
+                       "interval coverage against seasonal-naive and exponential smoothing), replays the recorded "
+                       "traffic through a cache model and tunes warm-set size, response TTL, heat decay λ and the "
+                       "pre-peak trigger lead time by Bayesian optimisation.")
+    p.add_argument("--budget-gpu-s", type=float, help="cap on warm-up GPU-seconds per day (default: no cap)")
+    p.add_argument("--objective", choices=("net_gpu_s", "roi"), default="net_gpu_s",
+                   help="what the tuning maximises: net_gpu_s (default) = GPU-s saved minus warm-up GPU-s, the "
+                   "return of the compute ROI; roi = the ratio (saved - cost) / cost, which can prefer a change that "
+                   "returns less in total")
+    p.add_argument("--variant", help="calibrate on this A/B variant's pool only (default: all lookups)")
+    p.add_argument("--iterations", type=int, default=16, help="Bayesian-optimisation steps after 8 start points "
+                   "(default 16)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON here ('-' for stdout only)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=lambda a: cmd_advise(a, progress, store_path))
+
+
+def _fmt_h(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")
+
+
+def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
+    import pandas as pd
+    from warmscope.analysis.advisor import advise
+    from warmscope.analysis.forecast import forecast_table
+    from warmscope.sources import EmbeddedSource, SourceError
+
+    path = Path(store_path(args))
+    if args.budget_gpu_s is not None and not (args.budget_gpu_s > 0 and math.isfinite(args.budget_gpu_s)):
+        print(f"warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per day, got "
+              f"{args.budget_gpu_s:g}", file=sys.stderr)
+        return 2
+    if args.iterations < 0:
+        print("warmscope advise: --iterations must be >= 0", file=sys.stderr)
+        return 2
+    if not path.exists():
+        print(f"warmscope advise: {path} does not exist; pass --store PATH (fill one with `warmscope demo "
+              "--no-dashboard` or `warmscope simulate`)", file=sys.stderr)
+        return 2
+    try:
+        fr = EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
+    except SourceError as e:
+        print(f"warmscope advise: {e}", file=sys.stderr)
+        return 2
+    lk = fr["lookups"]
+    if args.variant is not None:
+        if args.variant not in set(lk["variant"].astype(str)):
+            print(f"warmscope advise: variant {args.variant!r} not in {path}; variants there: "
+                  f"{', '.join(sorted(set(lk['variant'].astype(str)))) or 'none'}", file=sys.stderr)
+            return 2
+    span = (lk["ts"].max() - lk["ts"].min()) if len(lk) else 0.0
+    if span < 2 * 3600:
+        print(f"warmscope advise: {path} holds {span / 3600:.1f} h of lookups; forecasts and tuning need at least "
+              "2 h (simulate more with `warmscope simulate --hours 24`)", file=sys.stderr)
+        return 2
+    bar = None if args.quiet else progress("advising")
+    if bar:
+        bar(0, 1)
+    ft = forecast_table(lk[lk["variant"] == args.variant] if args.variant else lk)
+    try:
+        rec = advise(fr, budget_gpu_s=args.budget_gpu_s, variant=args.variant, n_iter=args.iterations,
+                     progress=bar, objective=args.objective)
+    except ValueError as e:
+        print(f"warmscope advise: {e}", file=sys.stderr)
+        return 2
+    out = rec.as_dict()
+    out["forecast"] = json.loads(ft.to_json(orient="records"))
+    out["store"] = str(path)
+    if args.json == "-":
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    kept = ft[ft.kept].set_index("horizon_s")
+    rows = []
+    for h, g in ft.groupby("horizon_s"):
+        d = g.set_index("model")
+        rows.append({"horizon": _fmt_h(h), "kept": kept.loc[h, "model"] if h in kept.index else "",
+                     **{f"MAPE {m}": d.loc[m, "mape"] for m in d.index},
+                     **{f"cover {m}": d.loc[m, "coverage_90"] for m in d.index}})
+    pd.set_option("display.width", 200)
+    print("Forecast (held-back last 20 %, 90 % intervals):")
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    notes = ft.drop_duplicates("horizon_s")
+    for _, r in notes[notes.resolution_limited].iterrows():
+        print(f"  note: {r.note}")
+    b, p = rec.base, rec.params
+    tab = pd.DataFrame({
+        "recorded": [b.warm_keys, _fmt_h(b.response_ttl_s), f"{b.lambda_per_s:.2e}", _fmt_h(b.lead_s)],
+        "recommended": [p.warm_keys, _fmt_h(p.response_ttl_s), f"{p.lambda_per_s:.2e}", _fmt_h(p.lead_s)]},
+        index=["warm-set size (keys/layer)", "response TTL", "heat decay λ (/s)", "trigger lead before peak"])
+    print("\nParameters:")
+    print(tab.to_string())
+    o, bo = rec.outcome, rec.base_outcome
+    print("\nReplay (recorded span):")
+    for layer in o.hit_rate:
+        print(f"  hit rate {layer:<10} {bo.hit_rate[layer]:.1%} -> {o.hit_rate[layer]:.1%}")
+    print(f"  warm-up GPU-s            {bo.warm_gpu_s:.1f} -> {o.warm_gpu_s:.1f} "
+          f"(bytes {bo.warm_bytes / 1e6:.0f} MB -> {o.warm_bytes / 1e6:.0f} MB)")
+    print(f"  warm-up ROI (compute)    {bo.roi:+.2f} -> {o.roi:+.2f}")
+    net = o.net_gpu_s - bo.net_gpu_s
+    if rec.objective == "net_gpu_s":
+        print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
+    else:
+        print(f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net")
+    for _layer, note in (rec.model.persist_note.items() if rec.model else ()):
+        print(f"  staleness                {note}")
+    if rec.peak:
+        when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
+        print(f"\nNext peak: {when(rec.peak.at)} UTC, {rec.peak.rate:.1f} req/s "
+              f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at {when(rec.trigger_at)} UTC")
+    print(f"\n{rec.evaluations} replays, {rec.seconds:.1f} s", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

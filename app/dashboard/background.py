@@ -1,0 +1,94 @@
+"""Long computations the dashboard runs in a child process, so that they do not share the server's interpreter
+(and its lock) with the page runs, at a lower CPU priority. No Streamlit here: the child imports only the
+sources and the analysis it needs."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import pandas as pd
+
+OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
+                   "early_keys"]
+
+
+_one_at_a_time = threading.Semaphore(1)
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` in a fresh child process (spawned, daemonic: it ends with the server, mid-work or not), one
+    such process at a time; the future holds its result or its exception."""
+    fut: Future[Any] = Future()
+
+    def watch() -> None:
+        import multiprocessing
+
+        with _one_at_a_time:
+            ctx = multiprocessing.get_context("spawn")
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, fn, args), daemon=True, name="warmscope-background")
+            try:
+                proc.start()
+                send.close()
+                ok, value = recv.recv()
+            except EOFError:
+                proc.join()
+                fut.set_exception(RuntimeError(f"the background process ended early (exit code {proc.exitcode})"))
+                return
+            except Exception as e:
+                fut.set_exception(e)
+                return
+            proc.join()
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    threading.Thread(target=watch, name="warmscope-background-watch", daemon=True).start()
+    return fut
+
+
+def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:  # page runs in the server come first when the machine is busy
+        os.nice(10)
+    except OSError:
+        pass
+    try:
+        result = (True, fn(*args))
+    except Exception as e:
+        result = (False, e)
+    try:
+        conn.send(result)
+    except Exception as e:  # an exception (or result) that does not pickle: its text
+        conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+    conn.close()
+
+
+def overview_frames(src: Any, start: float, end: float, step: float | None) -> dict[str, pd.DataFrame]:
+    """The frames the alert conditions read, as the app's ``ui.overview_frames`` reads them."""
+    from warmscope.analysis.alerts import hot_keys_since
+    from warmscope.sources import empty_frame
+
+    def frame(name: str, a: float, b: float, s: float | None = None) -> pd.DataFrame:
+        return empty_frame(name) if src.owner(name) is None else src.frame(name, a, b, s)
+
+    fr = {n: frame(n, start, end, step) for n in OVERVIEW_FRAMES}
+    fr["hot_keys"] = frame("hot_keys", max(start, hot_keys_since(start, end)), end)
+    return fr
+
+
+def alert_history(cfg: tuple, start: float, end: float, step: float | None, every: float,
+                  lookback: float) -> pd.DataFrame:
+    """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback`` (at resolution
+    ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store path, whether it exists, the
+    remote sources' URLs)."""
+    from warmscope.analysis.alert_history import alert_history as history
+    from warmscope.sources import from_env
+
+    path, _, urls = cfg
+    src = from_env(dict(urls), store_path=path)
+    return history(overview_frames(src, start - lookback, end, step), start, end, every=every, lookback=lookback)

@@ -1,0 +1,128 @@
+"""Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the chart), get
+ranked explanations and trap verdicts. The chosen window lives in the URL."""
+
+# ruff: noqa: E402  (imports after the title, on purpose)
+from __future__ import annotations
+
+import streamlit as st
+
+st.title("Root cause")  # first: it paints before the imports below load
+
+from datetime import UTC, datetime
+
+import pandas as pd
+import plotly.graph_objects as go
+from warmscope.app.dashboard import engine_view, ui
+
+start, end = ui.time_range()
+if engine_view.active(start, end):  # engine metrics only
+    engine_view.rootcause(start, end)
+    st.stop()
+ui.resolution_note(start, end)
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
+
+
+def _ts(d) -> float:
+    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
+
+
+lo, hi = _dt(start), _dt(end)
+# The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
+if "rc-win" not in st.session_state:
+    w = ui.url_get("window", "")
+    try:
+        a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
+        if lo <= a0 < a1 <= hi:
+            st.session_state["rc-win"] = (a0, a1)
+            st.session_state["rc-mode"] = "choose"
+    except ValueError:
+        pass
+if st.session_state.get("rc-win") and not (lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi):
+    st.session_state.pop("rc-win")
+mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode",
+                help="'choose': set the window with the slider, or drag a box on the chart.")
+if mode == "choose":
+    default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
+    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi,
+                       value=st.session_state.get("rc-win", default),
+                       step=pd.Timedelta(minutes=5).to_pytimedelta(), format="MM-DD HH:mm")
+    st.session_state["rc-win"] = (a0, a1)
+    anomaly = (_ts(a0), _ts(a1))
+    ui.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
+else:
+    ui.url_set(window=None)
+    cp = ui.change_point(start, end)
+    if cp is None:
+        st.info("Too little data to find a change point; choose the window, or widen the time range.")
+        st.stop()
+    anomaly = (cp, end)
+length = anomaly[1] - anomaly[0]
+baseline = (max(start, anomaly[0] - length), anomaly[0])
+freq = max(300, ui.step(start, end) or 0)
+t = ui.rates(start, end, freq=freq)  # cached per range
+t["time"] = t.bucket.astype("datetime64[s]")
+fig = go.Figure(go.Scatter(x=t.time, y=t.hit_rate, mode="lines+markers", marker_size=3, name="hit rate",
+                           hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>"))
+fig.add_vrect(x0=pd.Timestamp(anomaly[0], unit="s"), x1=pd.Timestamp(anomaly[1], unit="s"), fillcolor="#b35900",
+              opacity=0.15, line_width=0, annotation_text="anomaly", annotation_position="bottom left")
+fig.add_vrect(x0=pd.Timestamp(baseline[0], unit="s"), x1=pd.Timestamp(baseline[1], unit="s"), fillcolor="grey",
+              opacity=0.15, line_width=0, annotation_text="baseline", annotation_position="bottom left")
+ui.annotate(fig, start, end)
+fig.update_layout(title=f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
+                  "window", yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+                  xaxis_title="time (UTC)", dragmode="select", height=380, showlegend=False)
+ev = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush")
+box = ev.selection.get("box", []) if ev and ev.selection else []
+if box and box[0].get("x"):
+    x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
+    x0, x1 = max(lo, x0), min(hi, x1)
+    st.session_state.pop("rc-brush", None)  # applied once: picking "detected" later must stay detected
+    if x1 > x0:
+        st.session_state["rc-win"] = (x0, x1)
+        ui.defer(**{"rc-mode": "choose"})
+    st.rerun()
+st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
+           f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer.")
+dd = ui.drill(start, end, anomaly, baseline)
+loc = dd.localization
+verdicts = ui.traps(start, end, anomaly, baseline)
+
+# Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
+for v in verdicts:
+    if v.detected and v.trap == "tenant_isolation":
+        ev = v.evidence[len("SECURITY:"):].strip() if v.evidence.upper().startswith("SECURITY:") else v.evidence
+        st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}")
+
+st.subheader("Ranked explanations")
+if loc.error:
+    st.info(loc.error)
+elif not loc.causes:
+    st.info("; ".join(loc.notes) or "No significant regression in this window: nothing stands out.")
+else:
+    st.metric("Effective hit rate in the window", ui.pct(loc.observed),
+              f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected")
+    df = pd.DataFrame([{"Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                        "Explains": c.explanatory_power, "Score": c.score, "Leaves": c.leaves}
+                       for c in loc.causes])
+    st.dataframe(df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}), hide_index=True,
+                 width="stretch", column_config={"Explains": "Share of the change explained"})
+    bar = go.Figure(go.Bar(x=df.Explains, y=df.Cause, orientation="h",
+                           hovertemplate="%{y}: %{x:.0%}<extra></extra>"))
+    bar.update_layout(title="Share of the change explained", xaxis=dict(tickformat=".0%"),
+                      yaxis=dict(autorange="reversed"), height=80 + 40 * len(df))
+    st.plotly_chart(bar, width="stretch")
+st.subheader("Cold-start traps")
+seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
+if not seen and not any(v.detected for v in verdicts):
+    st.success("No cold-start trap detected in this window.")
+elif not seen:
+    st.caption("Only the cross-tenant read above was detected.")
+for v in seen:
+    st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
+with st.expander("Traps not seen"):
+    for v in verdicts:
+        if not v.detected:
+            st.write(f"**{v.trap.replace('_', ' ')}** — {v.evidence}")
