@@ -1,7 +1,2 @@
-"""The ``warmscope`` command line: one module per command group, :mod:`.main` ties them."""
-
-from __future__ import annotations
-
-from .main import main
-
-__all__ = ["main"]
+"""The ``warmscope`` command line: :mod:`.main` builds the parser and runs a command; the other
+modules each hold a command group (``python -m warmscope.app.cli`` is the same as ``warmscope``)."""

@@ -183,7 +183,7 @@ def test_a_store_gains_the_sums_of_a_newly_declared_metric(tmp_path):
 
 
 def test_report_ab_cli_compares_the_arms_it_is_given(tmp_path, capsys):
-    from warmscope.app.cli.main import main as cli
+    from warmscope.app.cli import main as cli
 
     path = tmp_path / "abc.sqlite"
     st = EmbeddedStore(path)

@@ -68,7 +68,7 @@ def test_prometheus_only_fallback_warns(store):
 
 
 def test_cli_writes_html_and_markdown(store, tmp_path, capsys):
-    from warmscope.app.cli.main import main as cli
+    from warmscope.app.cli import main as cli
 
     out = tmp_path / "r" / "ab.html"
     assert cli.main(["--store", str(store.path), "report", "ab", "--out", str(out)]) == 0

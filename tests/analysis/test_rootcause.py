@@ -77,7 +77,7 @@ def test_drill_down_on_an_empty_frame_says_so():
 
 
 def test_cli_prints_the_root_cause_set(tmp_path, capsys):
-    from warmscope.app.cli.main import main as cli
+    from warmscope.app.cli import main as cli
 
     g, rng = cube(3)
     f = rng.lognormal(3, 1, len(g))

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from warmscope.app.cli.main import main as cli
+from warmscope.app.cli import main as cli
 from warmscope.simulator import SimConfig, simulate
 
 from tests.conftest import free_port, wait_until
