@@ -1,0 +1,412 @@
+"""A per-engine residency index of KV-cache blocks, built from the engine's events.
+
+What it keeps, per engine, in flat arrays (``array.array``; open addressing with
+linear probing and backward-shift deletion, no Python object per block):
+
+* **resident blocks**: block hash -> parent hash, salt, position in its chain
+  (depth), stored at, last reused, a digest of the block's tokens, a content key
+  (the chain of token digests *without* the salt), and the number of copies.
+  Residency is a count: a fully cached prompt whose length is a multiple of the
+  block size recomputes its last block and stores a second copy under the same
+  hash, and each copy is removed by its own ``BlockRemoved``.
+* **resident content**: content key -> copies under any salt (a block resident
+  under another tenant's salt has the same content key and another hash).
+* **removed blocks**: hash -> removed at, the last ``max_removed`` removals
+  (first in, first out).
+* **seen blocks**: (salt, position, token digest) of every block stored, in a
+  direct-mapped table of ``max_seen`` slots (a colliding entry replaces the
+  older one, so a block can be forgotten, never invented): what drift detection
+  asks ("were these tokens stored at this position before?").
+
+The salt of a chain is in the first block's ``extra_keys`` of a store that
+starts it; later blocks inherit it through their parent. Every table has a hard
+row limit; a row that does not fit is dropped and counted per table
+(``dropped``). Nothing here raises on bad input: an unknown parent or a removal
+of a block never seen stored is counted.
+
+Salts are kept as small ids (:class:`Salts`, shared by the engines of one
+watcher); their names leave the process only as labels chosen by the caller
+(a tenant name the gateway set) or a short digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NO_DEPTH", "ResidencyIndex", "Salts", "StoreBlocks", "bytes_per_block"]
+
+MASK64 = (1 << 64) - 1
+NO_DEPTH = 0xFFFF  # a block whose chain position is unknown (its parent was never seen)
+_LOAD = 0.7
+
+
+class _Table:
+    """u64 keys -> rows of fixed-width columns; at most ``max_rows`` rows."""
+
+    def __init__(self, max_rows: int, columns: Sequence[str]) -> None:
+        self.max_rows = max(1, int(max_rows))
+        cap = max(8, int(self.max_rows / _LOAD) + 1)
+        self.cap = cap
+        self.keys = array("Q", bytes(8 * cap))
+        self.used = bytearray(cap)
+        self.cols: list[array[Any]] = [array(tc, bytes(array(tc).itemsize * cap)) for tc in columns]
+        self.n = 0
+
+    def nbytes(self) -> int:
+        return (self.keys.itemsize * self.cap + self.cap
+                + sum(c.itemsize * self.cap for c in self.cols))
+
+    def find(self, key: int) -> int:
+        cap, used, keys = self.cap, self.used, self.keys
+        i = key % cap
+        while used[i]:
+            if keys[i] == key:
+                return i
+            i += 1
+            if i == cap:
+                i = 0
+        return -1
+
+    def add(self, key: int) -> int:
+        """A new row for ``key`` (not present); -1 when the table is full."""
+        if self.n >= self.max_rows:
+            return -1
+        cap, used = self.cap, self.used
+        i = key % cap
+        while used[i]:
+            i += 1
+            if i == cap:
+                i = 0
+        used[i] = 1
+        self.keys[i] = key
+        self.n += 1
+        return i
+
+    def delete(self, i: int) -> None:
+        cap, used, keys, cols = self.cap, self.used, self.keys, self.cols
+        used[i] = 0
+        self.n -= 1
+        j = i
+        while True:
+            j += 1
+            if j == cap:
+                j = 0
+            if not used[j]:
+                return
+            k = keys[j] % cap
+            # the entry at j stays when its home k lies cyclically in (i, j]
+            if (k > i and k <= j) if i <= j else (k > i or k <= j):
+                continue
+            keys[i] = keys[j]
+            used[i] = 1
+            for c in cols:
+                c[i] = c[j]
+            used[j] = 0
+            i = j
+
+    def clear(self) -> None:
+        self.used = bytearray(self.cap)
+        self.n = 0
+
+    def live(self) -> list[int]:
+        used = self.used
+        return [i for i in range(self.cap) if used[i]]
+
+
+class Salts:
+    """Salt strings as small ids (0: no salt), with labels safe to export."""
+
+    def __init__(self, max_salts: int = 4096) -> None:
+        self.max_salts = max_salts
+        self._ids: dict[str, int] = {}
+        self._labels: list[str] = ["(none)"]
+        self.overflow = 0
+
+    def id(self, salt: str | None) -> int:
+        if not salt:
+            return 0
+        i = self._ids.get(salt)
+        if i is None:
+            if len(self._labels) > self.max_salts:
+                self.overflow += 1
+                return len(self._labels)  # one shared "other" id past the limit
+            i = len(self._labels)
+            self._ids[salt] = i
+            self._labels.append("salt:" + hashlib.sha256(salt.encode()).hexdigest()[:8])
+        return i
+
+    def name(self, label: str, salt: str) -> None:
+        """Export ``salt`` as ``label`` (e.g. the tenant a gateway salted with)."""
+        self._labels[self.id(salt)] = label
+
+    def label(self, i: int) -> str:
+        return self._labels[i] if i < len(self._labels) else "(other)"
+
+
+@dataclass
+class StoreBlocks:
+    """One BlockStored event, read against the index (before it is applied)."""
+
+    hashes: list[int]
+    digests: list[int]
+    contents: list[int]
+    depth0: int  # position of the first block in its chain (NO_DEPTH: unknown)
+    salt: int
+    partial: int  # trailing tokens that do not fill a block (not indexed)
+
+
+@dataclass
+class _Counts:
+    stores: int = 0
+    reuses: int = 0
+    evictions: int = 0
+
+
+# main table columns
+_PARENT, _SALT, _COPIES, _DEPTH, _STORED, _REUSED, _DIGEST, _CONTENT = range(8)
+
+
+class ResidencyIndex:
+    """The blocks one engine holds, from its events; see the module docstring.
+
+    ``max_blocks`` bounds resident blocks (and resident content keys),
+    ``max_removed`` the memory of removed blocks, ``max_seen`` the drift table.
+    Times are the engine's batch timestamps (seconds)."""
+
+    def __init__(self, name: str = "engine", max_blocks: int = 1_000_000,
+                 max_removed: int | None = None, max_seen: int | None = None,
+                 salts: Salts | None = None, reuse_reports: bool = False) -> None:
+        self.name = name
+        self.salts = salts or Salts()
+        # A parent-less store of blocks that are all resident is vLLM's "full" report of
+        # reused blocks when requests ask for it (kv_cache_report_mode); otherwise it is a
+        # second copy (see docs/kv-events.md). Off: every store is a store.
+        self.reuse_reports = reuse_reports
+        self.max_blocks = max_blocks
+        self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q", "Q"])
+        self.content = _Table(max_blocks, ["I"])
+        n_removed = max_removed if max_removed is not None else max(1, max_blocks // 4)
+        self.removed = _Table(n_removed, ["d", "I"])
+        self._ring = array("Q", bytes(8 * self.removed.max_rows))
+        self._head = 0
+        n_seen = max_seen if max_seen is not None else max(8, max_blocks)
+        self._seen = array("Q", bytes(8 * n_seen))
+        self.block_size = 0
+        self.counts: dict[int, _Counts] = {}
+        self.dropped = {"resident": 0, "content": 0, "removed": 0}
+        self.faults = {"unknown_parent": 0, "removed_unknown": 0, "partial_blocks": 0,
+                       "cleared": 0, "reuse_reports": 0, "second_copies": 0}
+        self.first_reuse_ts: float | None = None
+        self.epoch = 0.0  # stored-at times are float32 offsets from the first event
+
+    # ------------------------------------------------------------ lookups
+    def copies(self, h: int) -> int:
+        s = self.main.find(h)
+        return 0 if s < 0 else self.main.cols[_COPIES][s]
+
+    def removed_at(self, h: int) -> float | None:
+        s = self.removed.find(h)
+        return None if s < 0 else self.removed.cols[0][s]
+
+    def content_copies(self, c: int) -> int:
+        s = self.content.find(c)
+        return 0 if s < 0 else self.content.cols[0][s]
+
+    def seen(self, salt: int, depth: int, digest: int) -> bool:
+        k = hash((salt, depth, digest)) & MASK64
+        return self._seen[k % len(self._seen)] == k
+
+    def resident_blocks(self) -> int:
+        return self.main.n
+
+    def resident_copies(self) -> int:
+        cp = self.main.cols[_COPIES]
+        return sum(cp[i] for i in self.main.live())
+
+    def nbytes(self) -> int:
+        return (self.main.nbytes() + self.content.nbytes() + self.removed.nbytes()
+                + self._ring.itemsize * len(self._ring) + self._seen.itemsize * len(self._seen))
+
+    def row(self, h: int) -> dict[str, Any] | None:
+        """One resident block as a dict (for tests and debugging)."""
+        s = self.main.find(h)
+        if s < 0:
+            return None
+        c = self.main.cols
+        return {"parent": c[_PARENT][s], "salt": self.salts.label(c[_SALT][s]),
+                "copies": c[_COPIES][s], "depth": c[_DEPTH][s],
+                "stored_at": self.epoch + c[_STORED][s],
+                "last_reused": (self.epoch + c[_REUSED][s]) if c[_REUSED][s] else None}
+
+    # ------------------------------------------------------------ events
+    def read_store(self, hashes: list[int], parent: int | None, tokens: list[int],
+                   block_size: int, salt: str | None) -> StoreBlocks:
+        """Digests, content keys and position of a store's blocks (nothing changes)."""
+        cols = self.main.cols
+        if parent is None:
+            depth, cparent, sid = 0, 0, self.salts.id(salt)
+        else:
+            ps = self.main.find(parent)
+            if ps < 0:
+                depth, cparent, sid = NO_DEPTH, parent, self.salts.id(salt)
+            else:
+                depth, cparent = cols[_DEPTH][ps], cols[_CONTENT][ps]
+                depth = NO_DEPTH if depth == NO_DEPTH else depth + 1
+                sid = self.salts.id(salt) if salt else cols[_SALT][ps]
+        digests, contents = [], []
+        n_full = min(len(hashes), len(tokens) // block_size) if block_size > 0 else 0
+        for k in range(n_full):
+            d = hash(tuple(tokens[k * block_size:(k + 1) * block_size])) & MASK64
+            cparent = hash((cparent, d)) & MASK64
+            digests.append(d)
+            contents.append(cparent)
+        return StoreBlocks(hashes[:n_full], digests, contents, min(depth, NO_DEPTH), sid,
+                           len(hashes) - n_full)
+
+    def is_reuse_report(self, parent: int | None, hashes: list[int]) -> bool:
+        if not self.reuse_reports or parent is not None or not hashes:
+            return False
+        return all(self.main.find(h) >= 0 for h in hashes)
+
+    def reused(self, hashes: list[int], ts: float) -> None:
+        self.faults["reuse_reports"] += 1
+        cols = self.main.cols
+        for h in hashes:
+            s = self.main.find(h)
+            if s >= 0:
+                cols[_REUSED][s] = ts - self.epoch
+                self._count(cols[_SALT][s]).reuses += 1
+
+    def store(self, sb: StoreBlocks, parent: int | None, block_size: int, ts: float) -> None:
+        if not self.epoch:
+            self.epoch = ts
+        if block_size > 0:
+            self.block_size = block_size
+        if parent is not None and sb.depth0 == NO_DEPTH:
+            self.faults["unknown_parent"] += 1
+        if sb.partial:
+            self.faults["partial_blocks"] += sb.partial
+        main, content = self.main, self.content
+        cols = main.cols
+        par = parent
+        depth = sb.depth0
+        seen, n_seen = self._seen, len(self._seen)
+        sid = sb.salt
+        cnt = self._count(sid)
+        t = ts - self.epoch
+        for h, d, c in zip(sb.hashes, sb.digests, sb.contents, strict=True):
+            s = main.find(h)
+            if s >= 0:
+                if cols[_COPIES][s] < 255:
+                    cols[_COPIES][s] += 1
+                self.faults["second_copies"] += 1
+            else:
+                s = main.add(h)
+                if s < 0:
+                    self.dropped["resident"] += 1
+                else:
+                    cols[_PARENT][s] = 0 if par is None else par
+                    cols[_SALT][s] = sid
+                    cols[_COPIES][s] = 1
+                    cols[_DEPTH][s] = depth
+                    cols[_STORED][s] = t
+                    cols[_REUSED][s] = 0.0
+                    cols[_DIGEST][s] = d
+                    cols[_CONTENT][s] = c
+            if s >= 0:
+                cs = content.find(c)
+                if cs < 0:
+                    cs = content.add(c)
+                    if cs < 0:
+                        self.dropped["content"] += 1
+                    else:
+                        content.cols[0][cs] = 1
+                else:
+                    content.cols[0][cs] += 1
+            if depth != NO_DEPTH:
+                k = hash((sid, depth, d)) & MASK64
+                seen[k % n_seen] = k
+                depth = depth + 1 if depth < NO_DEPTH - 1 else NO_DEPTH
+            cnt.stores += 1
+            par = h
+
+    def remove(self, hashes: list[int], ts: float) -> None:
+        main = self.main
+        cols = main.cols
+        for h in hashes:
+            s = main.find(h)
+            if s < 0:
+                self.faults["removed_unknown"] += 1
+                continue
+            self._count(cols[_SALT][s]).evictions += 1
+            cs = self.content.find(cols[_CONTENT][s])
+            if cs >= 0:
+                if self.content.cols[0][cs] <= 1:
+                    self.content.delete(cs)
+                else:
+                    self.content.cols[0][cs] -= 1
+            if cols[_COPIES][s] > 1:
+                cols[_COPIES][s] -= 1
+                continue
+            main.delete(s)
+            self._remember_removed(h, ts)
+
+    def clear(self, ts: float) -> None:
+        """AllBlocksCleared, or the engine restarted: every resident block is gone."""
+        self.faults["cleared"] += 1
+        keys = self.main.keys
+        for s in self.main.live():
+            self._remember_removed(keys[s], ts)
+        self.main.clear()
+        self.content.clear()
+
+    def _remember_removed(self, h: int, ts: float) -> None:
+        rem = self.removed
+        t_col, pos_col = rem.cols
+        s = rem.find(h)
+        if s < 0:
+            if rem.n >= rem.max_rows:  # forget the oldest removal
+                old = self._ring[self._head]
+                o = rem.find(old)
+                while o < 0 or pos_col[o] != self._head:  # a stale ring entry: skip it
+                    self._head = (self._head + 1) % len(self._ring)
+                    old = self._ring[self._head]
+                    o = rem.find(old)
+                rem.delete(o)
+                self.dropped["removed"] += 1
+            s = rem.add(h)
+        t_col[s] = ts
+        pos_col[s] = self._head
+        self._ring[self._head] = h
+        self._head = (self._head + 1) % len(self._ring)
+
+    def _count(self, sid: int) -> _Counts:
+        c = self.counts.get(sid)
+        if c is None:
+            c = self.counts[sid] = _Counts()
+        return c
+
+    def per_salt(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        resident: dict[int, int] = {}
+        salt_col, cp = self.main.cols[_SALT], self.main.cols[_COPIES]
+        for s in self.main.live():
+            resident[salt_col[s]] = resident.get(salt_col[s], 0) + cp[s]
+        for sid in set(self.counts) | set(resident):
+            c = self.counts.get(sid, _Counts())
+            row = out.setdefault(self.salts.label(sid),
+                                 {"stores": 0, "reuses": 0, "evictions": 0, "resident": 0})
+            row["stores"] += c.stores
+            row["reuses"] += c.reuses
+            row["evictions"] += c.evictions
+            row["resident"] += resident.get(sid, 0)
+        return out
+
+
+def bytes_per_block(max_blocks: int) -> float:
+    """What the index's arrays take per resident block when it is full."""
+    return ResidencyIndex(max_blocks=max_blocks).nbytes() / max_blocks
