@@ -80,8 +80,10 @@ class _Source:
     spec: EngineSpec
     sock: Any
     expected: int | None = None
+    last_ts: float = 0.0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("batches", "gaps", "missed_batches", "repaired", "unrepaired", "restarts"), 0))
+        ("batches", "gaps", "missed_batches", "repaired", "unrepaired", "restarts",
+         "duplicates", "caught_up"), 0))
 
 
 class KVSubscriber:
@@ -90,13 +92,17 @@ class KVSubscriber:
     ``stats()`` gives the counts; faults are logged once per kind."""
 
     def __init__(self, engines: list[EngineSpec], state: KVState | None = None,
-                 replay_timeout_s: float = 1.0, context: Any = None) -> None:
+                 replay_timeout_s: float = 1.0, context: Any = None,
+                 catch_up: bool = True) -> None:
         self.engines = engines
         self.state = state or KVState([e.name for e in engines])
         for e in engines:
             if e.name not in self.state.indexes:
                 raise ValueError(f"engine {e.name!r} is not in the state's engines")
         self.replay_timeout_s = replay_timeout_s
+        # At start, ask each engine's replay socket for all it still has (a subscriber
+        # that starts after its engines, or again after a crash, rebuilds their residency).
+        self.catch_up = catch_up
         self.decode_stats = DecodeStats()
         self._ctx = context or zmq.Context.instance()
         self._sources: list[_Source] = []
@@ -151,6 +157,9 @@ class KVSubscriber:
             self._open()
         finally:
             self._ready.set()
+        if self.catch_up:
+            for src in self._sources:
+                self._catch_up(src)
         poller = zmq.Poller()
         by_sock = {}
         for s in self._sources:
@@ -189,6 +198,9 @@ class KVSubscriber:
             self._fault("unknown_event", f"events of an unknown type from {src.spec.name} "
                         f"were skipped: {sorted(self.decode_stats.unknown_types)}")
         exp = src.expected
+        if exp is not None and batch.seq < exp and batch.ts <= src.last_ts:
+            src.counts["duplicates"] += 1  # already applied (it came through a replay too)
+            return
         if exp is not None and batch.seq < exp:
             src.counts["restarts"] += 1
             self._fault("restart", f"engine {src.spec.name} restarted (batch {batch.seq} after "
@@ -207,6 +219,30 @@ class KVSubscriber:
             self.state.apply(src.spec.name, batch)
         src.counts["batches"] += 1
         src.expected = batch.seq + 1
+        src.last_ts = max(src.last_ts, batch.ts)
+
+    def _catch_up(self, src: _Source) -> None:
+        ep = src.spec.replay_endpoint
+        if not ep or self._stop.is_set():
+            return
+        got = self._replay(src, _replay_address(ep, src.spec.host), 0, 1 << 62, quiet=True)
+        if not got:
+            return
+        first = min(got)
+        if first > 0:  # the engine's buffer no longer starts at 0
+            src.counts["gaps"] += 1
+            src.counts["missed_batches"] += first
+            src.counts["unrepaired"] += first
+            self._fault("gap", f"{first} early event batches of {src.spec.name} are no longer "
+                        "in its replay buffer; residency may be stale until the blocks are "
+                        "stored or removed again")
+        for seq in sorted(got):
+            if src.expected is not None and seq < src.expected:
+                continue
+            if src.expected is not None and seq > src.expected:
+                self._repair(src, src.expected, seq)
+            self._apply(src, got[seq])
+        src.counts["caught_up"] += len(got)
 
     def _repair(self, src: _Source, start: int, upto: int) -> None:
         missing = upto - start
@@ -227,7 +263,8 @@ class KVSubscriber:
                         f"not be replayed ({why}); residency may be stale until the blocks are "
                         "stored or removed again")
 
-    def _replay(self, src: _Source, ep: str, start: int, upto: int) -> dict[int, Batch]:
+    def _replay(self, src: _Source, ep: str, start: int, upto: int,
+                quiet: bool = False) -> dict[int, Batch]:
         got: dict[int, Batch] = {}
         d = self._ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
@@ -238,6 +275,8 @@ class KVSubscriber:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not d.poll(int(left * 1000) + 1):
+                    if quiet and not got:
+                        break  # an engine not (yet) up at start: its first batch repairs
                     self._fault("replay", f"the replay socket {ep} of {src.spec.name} did not "
                                 "finish answering in time")
                     break
