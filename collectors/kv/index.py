@@ -13,10 +13,9 @@ linear probing and backward-shift deletion, no Python object per block):
   under another tenant's salt has the same content key and another hash).
 * **removed blocks**: hash -> removed at, the last ``max_removed`` removals
   (first in, first out).
-* **seen blocks**: (salt, position, token digest) of every block stored, in a
-  direct-mapped table of ``max_seen`` slots (a colliding entry replaces the
-  older one, so a block can be forgotten, never invented): what drift detection
-  asks ("were these tokens stored at this position before?").
+* **seen blocks**: (salt, position, token digest) of the last ``max_seen`` blocks
+  stored (first in, first out): what drift detection asks ("were these tokens
+  stored at this position before?").
 
 The salt of a chain is in the first block's ``extra_keys`` of a store that
 starts it; later blocks inherit it through their parent. Every table has a hard
@@ -117,6 +116,46 @@ class _Table:
         return [i for i in range(self.cap) if used[i]]
 
 
+class _Fifo:
+    """A bounded key -> float map that forgets its oldest entry when full."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.t = _Table(max_rows, ["d", "I"])
+        self._ring = array("Q", bytes(8 * self.t.max_rows))
+        self._head = 0
+        self.forgotten = 0
+
+    def nbytes(self) -> int:
+        return self.t.nbytes() + self._ring.itemsize * len(self._ring)
+
+    def get(self, key: int) -> float | None:
+        s = self.t.find(key)
+        return None if s < 0 else self.t.cols[0][s]
+
+    def put(self, key: int, value: float) -> None:
+        """Set ``key`` as the newest entry; the entry that held the oldest ring slot
+        is forgotten (a key put again leaves its older slot stale)."""
+        t = self.t
+        val_col, pos_col = t.cols
+        ring, h = self._ring, self._head
+        old = ring[h]
+        o = t.find(old) if t.n else -1
+        if o >= 0 and pos_col[o] == h and old != key:
+            t.delete(o)
+            self.forgotten += 1
+        s = t.find(key)
+        if s < 0:
+            s = t.add(key)
+        val_col[s] = value
+        pos_col[s] = h
+        ring[h] = key
+        self._head = (h + 1) % len(ring)
+
+    def clear(self) -> None:
+        self.t.clear()
+        self._head = 0
+
+
 class Salts:
     """Salt strings as small ids (0: no salt), with labels safe to export."""
 
@@ -190,14 +229,11 @@ class ResidencyIndex:
         self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q", "Q"])
         self.content = _Table(max_blocks, ["I"])
         n_removed = max_removed if max_removed is not None else max(1, max_blocks // 4)
-        self.removed = _Table(n_removed, ["d", "I"])
-        self._ring = array("Q", bytes(8 * self.removed.max_rows))
-        self._head = 0
-        n_seen = max_seen if max_seen is not None else max(8, max_blocks)
-        self._seen = array("Q", bytes(8 * n_seen))
+        self.removed = _Fifo(n_removed)
+        self._seen = _Fifo(max_seen if max_seen is not None else max_blocks)
         self.block_size = 0
         self.counts: dict[int, _Counts] = {}
-        self.dropped = {"resident": 0, "content": 0, "removed": 0}
+        self._dropped = {"resident": 0, "content": 0}
         self.faults = {"unknown_parent": 0, "removed_unknown": 0, "partial_blocks": 0,
                        "cleared": 0, "reuse_reports": 0, "second_copies": 0}
         self.first_reuse_ts: float | None = None
@@ -208,17 +244,21 @@ class ResidencyIndex:
         s = self.main.find(h)
         return 0 if s < 0 else self.main.cols[_COPIES][s]
 
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Rows that did not fit, per table (removed and seen: the oldest forgotten)."""
+        return {**self._dropped, "removed": self.removed.forgotten,
+                "seen": self._seen.forgotten}
+
     def removed_at(self, h: int) -> float | None:
-        s = self.removed.find(h)
-        return None if s < 0 else self.removed.cols[0][s]
+        return self.removed.get(h)
 
     def content_copies(self, c: int) -> int:
         s = self.content.find(c)
         return 0 if s < 0 else self.content.cols[0][s]
 
     def seen(self, salt: int, depth: int, digest: int) -> bool:
-        k = hash((salt, depth, digest)) & MASK64
-        return self._seen[k % len(self._seen)] == k
+        return self._seen.t.find(hash((salt, depth, digest)) & MASK64) >= 0
 
     def resident_blocks(self) -> int:
         return self.main.n
@@ -229,7 +269,7 @@ class ResidencyIndex:
 
     def nbytes(self) -> int:
         return (self.main.nbytes() + self.content.nbytes() + self.removed.nbytes()
-                + self._ring.itemsize * len(self._ring) + self._seen.itemsize * len(self._seen))
+                + self._seen.nbytes())
 
     def row(self, h: int) -> dict[str, Any] | None:
         """One resident block as a dict (for tests and debugging)."""
@@ -294,7 +334,7 @@ class ResidencyIndex:
         cols = main.cols
         par = parent
         depth = sb.depth0
-        seen, n_seen = self._seen, len(self._seen)
+        seen = self._seen
         sid = sb.salt
         cnt = self._count(sid)
         t = ts - self.epoch
@@ -307,7 +347,7 @@ class ResidencyIndex:
             else:
                 s = main.add(h)
                 if s < 0:
-                    self.dropped["resident"] += 1
+                    self._dropped["resident"] += 1
                 else:
                     cols[_PARENT][s] = 0 if par is None else par
                     cols[_SALT][s] = sid
@@ -322,14 +362,13 @@ class ResidencyIndex:
                 if cs < 0:
                     cs = content.add(c)
                     if cs < 0:
-                        self.dropped["content"] += 1
+                        self._dropped["content"] += 1
                     else:
                         content.cols[0][cs] = 1
                 else:
                     content.cols[0][cs] += 1
             if depth != NO_DEPTH:
-                k = hash((sid, depth, d)) & MASK64
-                seen[k % n_seen] = k
+                seen.put(hash((sid, depth, d)) & MASK64, t)
                 depth = depth + 1 if depth < NO_DEPTH - 1 else NO_DEPTH
             cnt.stores += 1
             par = h
@@ -353,36 +392,16 @@ class ResidencyIndex:
                 cols[_COPIES][s] -= 1
                 continue
             main.delete(s)
-            self._remember_removed(h, ts)
+            self.removed.put(h, ts)
 
     def clear(self, ts: float) -> None:
         """AllBlocksCleared, or the engine restarted: every resident block is gone."""
         self.faults["cleared"] += 1
         keys = self.main.keys
         for s in self.main.live():
-            self._remember_removed(keys[s], ts)
+            self.removed.put(keys[s], ts)
         self.main.clear()
         self.content.clear()
-
-    def _remember_removed(self, h: int, ts: float) -> None:
-        rem = self.removed
-        t_col, pos_col = rem.cols
-        s = rem.find(h)
-        if s < 0:
-            if rem.n >= rem.max_rows:  # forget the oldest removal
-                old = self._ring[self._head]
-                o = rem.find(old)
-                while o < 0 or pos_col[o] != self._head:  # a stale ring entry: skip it
-                    self._head = (self._head + 1) % len(self._ring)
-                    old = self._ring[self._head]
-                    o = rem.find(old)
-                rem.delete(o)
-                self.dropped["removed"] += 1
-            s = rem.add(h)
-        t_col[s] = ts
-        pos_col[s] = self._head
-        self._ring[self._head] = h
-        self._head = (self._head + 1) % len(self._ring)
 
     def _count(self, sid: int) -> _Counts:
         c = self.counts.get(sid)

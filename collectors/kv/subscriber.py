@@ -315,7 +315,7 @@ class KVSubscriber:
             for k in totals:
                 totals[k] += row[k]
         per_salt: dict[str, dict[str, int]] = {}
-        dropped = {"resident": 0, "content": 0, "removed": 0}
+        dropped: dict[str, int] = {}
         with self.lock:
             for idx in self.state.indexes.values():
                 for salt, c in idx.per_salt().items():
@@ -323,7 +323,7 @@ class KVSubscriber:
                     for k, v in c.items():
                         acc[k] += v
                 for k, v in idx.dropped.items():
-                    dropped[k] += v
+                    dropped[k] = dropped.get(k, 0) + v
         return {**totals, **self.decode_stats.as_dict(), "decode_errors":
                 self.decode_stats.bad_frames + self.decode_stats.bad_payload
                 + self.decode_stats.bad_event, "errors": self.errors, "dropped_rows": dropped,

@@ -65,7 +65,7 @@ def engines():
     engs = [re_.VLLMEngine(kv_events_endpoint=s.endpoint, kv_replay_endpoint=s.replay_endpoint,
                            num_gpu_blocks_override=BLOCKS, kv_cache_metrics=True)
             for s in specs]
-    watcher = KVWatcher(specs, max_blocks=4 * BLOCKS).start()  # binds before the engines connect
+    watcher = KVWatcher(specs, max_blocks=8 * BLOCKS).start()  # binds before the engines connect
     try:
         with ThreadPoolExecutor(2) as ex:
             errors = [f.exception() for f in [ex.submit(e.start) for e in engs]]
@@ -230,7 +230,7 @@ def test_kv_events_attribution(engines):
     # --- the index within its bound: no engine holds more than its 95 usable blocks
     for name, idx in watcher.state.indexes.items():
         assert 0 < idx.resident_blocks() <= BLOCKS - 1, name
-        assert idx.dropped == {"resident": 0, "content": 0, "removed": 0}
+        assert idx.dropped == {"resident": 0, "content": 0, "removed": 0, "seen": 0}
     resident_before = {n: {idx.main.keys[s] for s in idx.main.live()}
                        for n, idx in watcher.state.indexes.items()}
 
@@ -239,7 +239,7 @@ def test_kv_events_attribution(engines):
     lost_rows = len(rows)
     chat("acme", "e1", acme(2), w=_Null())            # published while nobody listens
     chat("dana", "e2", dana[:2], w=_Null())
-    w2 = KVWatcher(specs, max_blocks=4 * BLOCKS).start()
+    w2 = KVWatcher(specs, max_blocks=8 * BLOCKS).start()
     try:
         r = chat("clock", "e1", clock(4), w=w2)       # the new watcher's first batch: a gap
         assert r["got"] == r["want"], r
