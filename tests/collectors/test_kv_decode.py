@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from warmscope.collectors.kv.decode import (CLEARED, REMOVED, STORED, DecodeStats,
-                                            decode_message, hash64)
+from warmscope.collectors.kv.decode import (
+    CLEARED,
+    REMOVED,
+    STORED,
+    DecodeStats,
+    decode_message,
+    hash64,
+)
 
 from tests.collectors.kv_events import ENC, cleared, frames, removed, stored, toks
 
