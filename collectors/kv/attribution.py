@@ -167,13 +167,13 @@ class KVState:
                     rec.ages.append((len(codes), max(0.0, ts - max(removed))))
                 elif any(e.content_copies(c) > e.copies(h) for e in engines):
                     code = _ISOLATED
-                elif depth != NO_DEPTH and 1 <= unseen <= self.drift_blocks \
-                        and any(e.seen(sid, depth, d) for e in engines):
-                    code = _DRIFTED
                 else:
                     code = _COLD
             if depth != NO_DEPTH:
-                if not any(e.seen(sid, depth, d) for e in engines):
+                if any(e.seen(sid, depth, d) for e in engines):
+                    if code == _COLD and 1 <= unseen <= self.drift_blocks:
+                        code = _DRIFTED
+                else:
                     unseen += 1
                 depth += 1
             codes.append(code)
@@ -223,11 +223,12 @@ class KVState:
         have = 0
         ages: list[float] = []
         if rec is not None:
-            codes = rec.codes
-            have = min(need, len(codes))
-            for i in range(have):
-                out[CLASSES[codes[i]]] += bs
-            ages = [a for i, a in rec.ages if i < have]
+            have = min(need, len(rec.codes))
+            codes = bytes(rec.codes[:have])
+            for k in range(_COLD + 1):
+                out[CLASSES[k]] = codes.count(k) * bs
+            if rec.ages:
+                ages = [a for i, a in rec.ages if i < have]
         out["unknown"] = (need - have) * bs
         out["partial"] = missed - need * bs
         if out["partial"] < 0:  # cached tokens not a whole number of blocks (not vLLM)

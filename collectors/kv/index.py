@@ -4,8 +4,8 @@ What it keeps, per engine, in flat arrays (``array.array``; open addressing with
 linear probing and backward-shift deletion, no Python object per block):
 
 * **resident blocks**: block hash -> parent hash, salt, position in its chain
-  (depth), stored at, last reused, a digest of the block's tokens, a content key
-  (the chain of token digests *without* the salt), and the number of copies.
+  (depth), stored at, last reused, a content key (the chain of the blocks' token
+  digests *without* the salt), and the number of copies.
   Residency is a count: a fully cached prompt whose length is a multiple of the
   block size recomputes its last block and stores a second copy under the same
   hash, and each copy is removed by its own ``BlockRemoved``.
@@ -70,6 +70,27 @@ class _Table:
                 i = 0
         return -1
 
+    def probe(self, key: int) -> int:
+        """The slot of ``key`` (>= 0), or ``-1 - slot`` of the empty slot it would take."""
+        cap, used, keys = self.cap, self.used, self.keys
+        i = key % cap
+        while used[i]:
+            if keys[i] == key:
+                return i
+            i += 1
+            if i == cap:
+                i = 0
+        return -1 - i
+
+    def take(self, key: int, i: int) -> int:
+        """Put ``key`` into the empty slot ``i`` found by :meth:`probe`; -1 when full."""
+        if self.n >= self.max_rows:
+            return -1
+        self.used[i] = 1
+        self.keys[i] = key
+        self.n += 1
+        return i
+
     def add(self, key: int) -> int:
         """A new row for ``key`` (not present); -1 when the table is full."""
         if self.n >= self.max_rows:
@@ -123,6 +144,7 @@ class _Fifo:
         self.t = _Table(max_rows, ["d", "I"])
         self._ring = array("Q", bytes(8 * self.t.max_rows))
         self._head = 0
+        self._wrapped = False  # every ring slot has been written once
         self.forgotten = 0
 
     def nbytes(self) -> int:
@@ -133,27 +155,35 @@ class _Fifo:
         return None if s < 0 else self.t.cols[0][s]
 
     def put(self, key: int, value: float) -> None:
-        """Set ``key`` as the newest entry; the entry that held the oldest ring slot
-        is forgotten (a key put again leaves its older slot stale)."""
+        """Set ``key``'s value; a new key takes the oldest ring slot, forgetting the
+        entry that held it (first in, first out by first put)."""
         t = self.t
+        s = t.probe(key)
+        if s >= 0:
+            t.cols[0][s] = value
+            return
         val_col, pos_col = t.cols
         ring, h = self._ring, self._head
-        old = ring[h]
-        o = t.find(old) if t.n else -1
-        if o >= 0 and pos_col[o] == h and old != key:
+        o = t.find(ring[h]) if self._wrapped else -1
+        if o >= 0 and pos_col[o] == h:
             t.delete(o)
             self.forgotten += 1
-        s = t.find(key)
-        if s < 0:
-            s = t.add(key)
+            s = t.add(key)  # the deletion may have moved the empty slot
+        else:
+            s = t.take(key, -1 - s)
         val_col[s] = value
         pos_col[s] = h
         ring[h] = key
-        self._head = (h + 1) % len(ring)
+        h += 1
+        if h == len(ring):
+            h = 0
+            self._wrapped = True
+        self._head = h
 
     def clear(self) -> None:
         self.t.clear()
         self._head = 0
+        self._wrapped = False
 
 
 class Salts:
@@ -206,7 +236,7 @@ class _Counts:
 
 
 # main table columns
-_PARENT, _SALT, _COPIES, _DEPTH, _STORED, _REUSED, _DIGEST, _CONTENT = range(8)
+_PARENT, _SALT, _COPIES, _DEPTH, _STORED, _REUSED, _CONTENT = range(7)
 
 
 class ResidencyIndex:
@@ -226,7 +256,7 @@ class ResidencyIndex:
         # second copy (see docs/kv-events.md). Off: every store is a store.
         self.reuse_reports = reuse_reports
         self.max_blocks = max_blocks
-        self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q", "Q"])
+        self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q"])
         self.content = _Table(max_blocks, ["I"])
         n_removed = max_removed if max_removed is not None else max(1, max_blocks // 4)
         self.removed = _Fifo(n_removed)
@@ -339,13 +369,13 @@ class ResidencyIndex:
         cnt = self._count(sid)
         t = ts - self.epoch
         for h, d, c in zip(sb.hashes, sb.digests, sb.contents, strict=True):
-            s = main.find(h)
+            s = main.probe(h)
             if s >= 0:
                 if cols[_COPIES][s] < 255:
                     cols[_COPIES][s] += 1
                 self.faults["second_copies"] += 1
             else:
-                s = main.add(h)
+                s = main.take(h, -1 - s)
                 if s < 0:
                     self._dropped["resident"] += 1
                 else:
@@ -355,12 +385,11 @@ class ResidencyIndex:
                     cols[_DEPTH][s] = depth
                     cols[_STORED][s] = t
                     cols[_REUSED][s] = 0.0
-                    cols[_DIGEST][s] = d
                     cols[_CONTENT][s] = c
             if s >= 0:
-                cs = content.find(c)
+                cs = content.probe(c)
                 if cs < 0:
-                    cs = content.add(c)
+                    cs = content.take(c, -1 - cs)
                     if cs < 0:
                         self._dropped["content"] += 1
                     else:

@@ -95,3 +95,18 @@ def test_clear_remembers_every_block_as_removed():
 
 def test_bytes_per_block_within_target():
     assert bytes_per_block(100_000) <= 150
+
+
+def test_fifo_memory_forgets_the_first_put():
+    from warmscope.collectors.kv.index import _Fifo
+    f = _Fifo(3)
+    for k in (1, 2, 3):
+        f.put(k, float(k))
+    f.put(4, 4.0)          # full: 1 (the first put) goes
+    f.put(2, 20.0)         # present: its value changes, its age does not
+    f.put(5, 5.0)          # full: 2 goes (put before 3 and 4)
+    assert [f.get(k) for k in (1, 2, 3, 4, 5)] == [None, None, 3.0, 4.0, 5.0]
+    assert f.forgotten == 2 and f.t.n == 3
+    for k in range(100, 130):  # wraps the ring many times, stays at 3
+        f.put(k, 0.0)
+    assert f.t.n == 3 and f.forgotten == 32 and f.get(129) == 0.0 and f.get(126) is None
