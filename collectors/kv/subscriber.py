@@ -308,6 +308,7 @@ class KVSubscriber:
         for src in list(self._sources):
             idx = self.state.indexes[src.spec.name]
             row: dict[str, Any] = dict(src.counts)
+            row["next_seq"] = src.expected or 0
             row["resident_blocks"] = idx.resident_blocks()
             row["dropped_rows"] = dict(idx.dropped)
             row["faults"] = dict(idx.faults)

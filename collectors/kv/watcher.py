@@ -33,7 +33,8 @@ class KVWatcher:
     logged and left out; nothing raises into the host after construction."""
 
     def __init__(self, engines: list[str | EngineSpec], max_blocks: int = 1_000_000,
-                 drift_blocks: int = 2, reuse_reports: bool = False) -> None:
+                 drift_blocks: int = 2, reuse_reports: bool = False,
+                 catch_up: bool = True) -> None:
         specs: list[EngineSpec] = []
         for e in engines:
             if isinstance(e, EngineSpec):
@@ -47,7 +48,7 @@ class KVWatcher:
         self.specs = specs
         self.state = KVState([s.name for s in specs], max_blocks=max_blocks,
                              drift_blocks=drift_blocks, reuse_reports=reuse_reports)
-        self.subscriber = KVSubscriber(specs, self.state)
+        self.subscriber = KVSubscriber(specs, self.state, catch_up=catch_up)
 
     def start(self) -> KVWatcher:
         self.subscriber.start()
