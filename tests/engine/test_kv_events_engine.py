@@ -285,3 +285,49 @@ class _Null:
         p = info["usage"]["prompt_tokens"]
         c = info["usage"]["prompt_tokens_details"]["cached_tokens"]
         return {"cold": p - c}
+
+
+def test_gateway_hook_attributes_and_salts(engines, make_tel):
+    """Chats through the gateway (collectors/gateway.py) with the KV hook: each request gets
+    a session id and its tenant as cache_salt; record_misses gets classes that add up."""
+    import httpx
+    from warmscope.collectors.gateway import make_app, serve
+    from warmscope.collectors.kv.gateway_hook import KVGatewayHook
+
+    specs, engs, _ = engines
+    calls: list[dict] = []
+
+    class Misses:
+        def record_misses(self, **kw) -> None:
+            calls.append(kw)
+
+    w = KVWatcher(specs, max_blocks=8 * BLOCKS).start()
+    hook = KVGatewayHook(w, Misses(), salt_tenants=True)
+    app = make_app(engs[0].url, make_tel(), kv=hook)
+    msgs = [{"role": "system", "content": "You route support tickets by product line. " * 6},
+            {"role": "user", "content": "Ticket 77: the hinge bracket is loose."}]
+    usages = []
+    with serve(app) as gw, httpx.Client(base_url=gw, timeout=120) as c:
+        for i, stream in enumerate((False, True)):
+            body = {"model": "tiny", "messages": msgs, "max_tokens": 1, "temperature": 0,
+                    "stream": stream}
+            r = c.post("/v1/chat/completions", json=body, headers={"x-warmscope-tenant": "gina"})
+            assert r.status_code == 200
+            if not stream:
+                usages.append(r.json()["usage"])
+            deadline = time.monotonic() + 10
+            while len(calls) < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    w.stop()
+    assert hook.stats["tagged"] == 2 and hook.stats["salted"] == 2
+    assert len(calls) == 2 and all(k["tenant"] == "gina" for k in calls)
+    first, second = calls[0]["classes"], calls[1]["classes"]
+    u = usages[0]
+    assert sum(first.values()) == u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]
+    # the same prompt again under the same salt: all but the tail is cached, the rest partial
+    n = u["prompt_tokens"]
+    assert second == dict.fromkeys(CLASSES, 0) | {"partial": n - B * ((n - 1) // B)}
+    # the salt reached the engine: its blocks are counted under the tenant's name
+    per_salt = w.stats()["per_salt"]
+    assert per_salt["gina"]["stores"] >= (n - 1) // B, per_salt
+    print("gateway:", calls[0]["classes"], hook.stats)
