@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .decode import CLEARED, REMOVED, STORED, Batch
-from .index import NO_DEPTH, ResidencyIndex, Salts, StoreBlocks
+from .index import _COPIES, MASK64, NO_DEPTH, ResidencyIndex, Salts, StoreBlocks
 
 __all__ = ["CLASSES", "Attribution", "KVState"]
 
@@ -155,24 +155,44 @@ class KVState:
         unseen = rec.unseen
         depth = sb.depth0
         sid = sb.salt
+        other_main = [e.main for e in others]
+        my_main = me.main
+        removed = [e.removed for e in engines]
+        content = [(e.content, e.main) for e in engines]
+        seen = [e.seen_table for e in engines]
+        drift = self.drift_blocks
         for h, d, c in zip(sb.hashes, sb.digests, sb.contents, strict=True):
             if len(codes) >= _MAX_BLOCKS_PER_SESSION:
                 break
-            if any(e.copies(h) for e in others):
-                code = _ELSEWHERE
-            else:
-                removed = [t for t in (e.removed_at(h) for e in engines) if t is not None]
-                if removed and not me.copies(h):
+            code = _COLD
+            for m in other_main:
+                if m.find(h) >= 0:
+                    code = _ELSEWHERE
+                    break
+            if code == _COLD:
+                latest = None
+                for r in removed:
+                    t = r.get(h)
+                    if t is not None and (latest is None or t > latest):
+                        latest = t
+                if latest is not None and my_main.find(h) < 0:
                     code = _EVICTED
-                    rec.ages.append((len(codes), max(0.0, ts - max(removed))))
-                elif any(e.content_copies(c) > e.copies(h) for e in engines):
-                    code = _ISOLATED
+                    rec.ages.append((len(codes), max(0.0, ts - latest)))
                 else:
-                    code = _COLD
+                    for ct, m in content:
+                        cs = ct.find(c)
+                        if cs >= 0:
+                            ms = m.find(h)
+                            if ct.cols[0][cs] > (m.cols[_COPIES][ms] if ms >= 0 else 0):
+                                code = _ISOLATED
+                                break
             if depth != NO_DEPTH:
-                if any(e.seen(sid, depth, d) for e in engines):
-                    if code == _COLD and 1 <= unseen <= self.drift_blocks:
-                        code = _DRIFTED
+                k = hash((sid, depth, d)) & MASK64
+                for st in seen:
+                    if st.find(k) >= 0:
+                        if code == _COLD and 1 <= unseen <= drift:
+                            code = _DRIFTED
+                        break
                 else:
                     unseen += 1
                 depth += 1

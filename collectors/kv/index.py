@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NO_DEPTH", "ResidencyIndex", "Salts", "StoreBlocks", "bytes_per_block"]
+__all__ = ["MASK64", "NO_DEPTH", "ResidencyIndex", "Salts", "StoreBlocks", "bytes_per_block"]
 
 MASK64 = (1 << 64) - 1
 NO_DEPTH = 0xFFFF  # a block whose chain position is unknown (its parent was never seen)
@@ -286,6 +286,11 @@ class ResidencyIndex:
     def content_copies(self, c: int) -> int:
         s = self.content.find(c)
         return 0 if s < 0 else self.content.cols[0][s]
+
+    @property
+    def seen_table(self) -> _Table:
+        """(salt, position, token digest) keys, as ``hash((salt, depth, digest)) & MASK64``."""
+        return self._seen.t
 
     def seen(self, salt: int, depth: int, digest: int) -> bool:
         return self._seen.t.find(hash((salt, depth, digest)) & MASK64) >= 0

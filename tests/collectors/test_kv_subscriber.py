@@ -25,7 +25,7 @@ class Publisher:
 
     def __init__(self, endpoint: str, replay: str) -> None:
         self.ctx = zmq.Context.instance()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)  # a PUB that also tells when a subscriber is in
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.connect(endpoint)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -50,6 +50,10 @@ class Publisher:
                 if seq >= s0:
                     self.router.send_multipart([client, b"", b"", seq.to_bytes(8, "big"), pl])
             self.router.send_multipart([client, b"", b"", b"\xff" * 8, b""])
+
+    def wait_subscribed(self, timeout_s: float = 10.0) -> None:
+        assert self.pub.poll(int(timeout_s * 1000)), "no subscriber connected"
+        assert self.pub.recv()[:1] == b"\x01"
 
     def publish(self, events, ts: float, live: bool = True, keep: bool = True) -> int:
         seq, self.seq = self.seq, self.seq + 1
@@ -85,7 +89,7 @@ def pair():
     spec = EngineSpec("e1", f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
     sub = KVSubscriber([spec], replay_timeout_s=2.0).start()
     pub = Publisher(spec.endpoint, spec.replay_endpoint)
-    time.sleep(0.3)  # the PUB's connection and the subscription settle
+    pub.wait_subscribed()  # from here on nothing published live is dropped
     yield spec, sub, pub
     sub.stop()
     pub.close()
@@ -140,7 +144,7 @@ def test_late_subscriber_catches_up_and_skips_redelivered_batches():
             wait_for(lambda: w.state.indexes["e1"].resident_blocks() == 5)
             st = w.stats()
             assert st["engines"]["e1"]["caught_up"] == 5 and st["unrepaired"] == 0
-            time.sleep(0.3)
+            pub.wait_subscribed()
             pub.publish([stored([200], 104, toks(7), session="s1")], 9.0)
             wait_for(lambda: w.stats()["batches"] == 6)
             # 25 tokens, 20 cached (5 blocks): cap (25 - 1) // 4 = 6, 1 block judged: cold 4,
@@ -162,3 +166,28 @@ def test_engine_without_events_or_replay_never_raises():
     assert st["batches"] == 0 and st["errors"] == 0
     # an engine URL that does not answer: logged and left out
     assert KVWatcher(["http://127.0.0.1:9"]).specs == []
+
+
+def test_standalone_entry_prints_per_salt_rates(capsys):
+    from warmscope.collectors.kv.__main__ import main
+
+    ep, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    out: list[int] = []
+    th = threading.Thread(target=lambda: out.append(main(
+        ["--endpoint", f"e1={ep},{rep}", "--interval", "0.5", "--duration", "4"])))
+    th.start()
+    time.sleep(0.3)
+    pub = Publisher(ep, rep)
+    try:
+        pub.wait_subscribed()
+        pub.publish([stored([1, 2], None, toks(1, 2), salt="t")], 1.0)
+        pub.publish([removed([2])], 2.0)
+        th.join(10)
+    finally:
+        pub.close()
+    assert out == [0]
+    text = capsys.readouterr().out
+    last = [ln for ln in text.splitlines() if ln.startswith("[")][-1]
+    assert "batches 2 " in last and "resident blocks 1 " in last, text
+    # the salt is shown as a digest, never as given
+    assert "salt:" in text and " t " not in text

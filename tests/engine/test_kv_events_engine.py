@@ -261,7 +261,7 @@ def test_kv_events_attribution(engines):
     w3 = KVWatcher(specs, max_blocks=8 * BLOCKS, catch_up=False).start()
     try:
         time.sleep(0.5)  # the engines' PUB sockets reconnect
-        r1 = chat("acme", "e1", acme(0), w=w3)          # repairs e1 (e2 not yet)
+        r1 = chat("acme", "e1", acme(1), w=w3)          # new blocks on e1: repairs e1
         assert sum(r1["got"].values()) == r1["prompt"] - r1["cached"]
         r2 = chat("clock", "e2", clock(5), w=w3)        # repairs e2; judged on both
         assert r2["got"] == r2["want"], r2
