@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .decode import CLEARED, REMOVED, STORED, Batch
-from .index import _COPIES, MASK64, NO_DEPTH, ResidencyIndex, Salts, StoreBlocks
+from .index import _COPIES, ResidencyIndex, Salts, StoreBlocks
 
 __all__ = ["CLASSES", "Attribution", "KVState"]
 
@@ -153,15 +153,13 @@ class KVState:
                 rec = self._sessions[session] = _Session(me.name, bsize)
         codes = rec.codes
         unseen = rec.unseen
-        depth = sb.depth0
-        sid = sb.salt
         other_main = [e.main for e in others]
         my_main = me.main
         removed = [e.removed for e in engines]
         content = [(e.content, e.main) for e in engines]
         seen = [e.seen_table for e in engines]
         drift = self.drift_blocks
-        for h, d, c in zip(sb.hashes, sb.digests, sb.contents, strict=True):
+        for h, c, k in zip(sb.hashes, sb.contents, sb.seen_keys, strict=True):
             if len(codes) >= _MAX_BLOCKS_PER_SESSION:
                 break
             code = _COLD
@@ -186,8 +184,7 @@ class KVState:
                             if ct.cols[0][cs] > (m.cols[_COPIES][ms] if ms >= 0 else 0):
                                 code = _ISOLATED
                                 break
-            if depth != NO_DEPTH:
-                k = hash((sid, depth, d)) & MASK64
+            if k >= 0:
                 for st in seen:
                     if st.find(k) >= 0:
                         if code == _COLD and 1 <= unseen <= drift:
@@ -195,7 +192,6 @@ class KVState:
                         break
                 else:
                     unseen += 1
-                depth += 1
             codes.append(code)
         rec.unseen = unseen
         with self._cond:

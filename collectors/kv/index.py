@@ -226,6 +226,7 @@ class StoreBlocks:
     depth0: int  # position of the first block in its chain (NO_DEPTH: unknown)
     salt: int
     partial: int  # trailing tokens that do not fill a block (not indexed)
+    seen_keys: list[int]  # drift-table key per block (-1: position unknown)
 
 
 @dataclass
@@ -332,15 +333,22 @@ class ResidencyIndex:
                 depth, cparent = cols[_DEPTH][ps], cols[_CONTENT][ps]
                 depth = NO_DEPTH if depth == NO_DEPTH else depth + 1
                 sid = self.salts.id(salt) if salt else cols[_SALT][ps]
-        digests, contents = [], []
+        digests, contents, seen_keys = [], [], []
         n_full = min(len(hashes), len(tokens) // block_size) if block_size > 0 else 0
+        depth = min(depth, NO_DEPTH)
+        pos = depth
         for k in range(n_full):
             d = hash(tuple(tokens[k * block_size:(k + 1) * block_size])) & MASK64
             cparent = hash((cparent, d)) & MASK64
             digests.append(d)
             contents.append(cparent)
-        return StoreBlocks(hashes[:n_full], digests, contents, min(depth, NO_DEPTH), sid,
-                           len(hashes) - n_full)
+            if pos < NO_DEPTH - 1:
+                seen_keys.append(hash((sid, pos, d)) & MASK64)
+                pos += 1
+            else:
+                seen_keys.append(-1)  # no position: never in the drift table
+        return StoreBlocks(hashes[:n_full], digests, contents, depth, sid,
+                           len(hashes) - n_full, seen_keys)
 
     def is_reuse_report(self, parent: int | None, hashes: list[int]) -> bool:
         if not self.reuse_reports or parent is not None or not hashes:
@@ -366,46 +374,48 @@ class ResidencyIndex:
         if sb.partial:
             self.faults["partial_blocks"] += sb.partial
         main, content = self.main, self.content
-        cols = main.cols
-        par = parent
+        c_par, c_salt, c_cop, c_dep, c_sto, c_reu, c_con = main.cols
+        counts = content.cols[0]
+        probe, take, cprobe, ctake = main.probe, main.take, content.probe, content.take
+        put = self._seen.put
+        par = 0 if parent is None else parent
         depth = sb.depth0
-        seen = self._seen
         sid = sb.salt
-        cnt = self._count(sid)
         t = ts - self.epoch
-        for h, d, c in zip(sb.hashes, sb.digests, sb.contents, strict=True):
-            s = main.probe(h)
+        for h, c, k in zip(sb.hashes, sb.contents, sb.seen_keys, strict=True):
+            s = probe(h)
             if s >= 0:
-                if cols[_COPIES][s] < 255:
-                    cols[_COPIES][s] += 1
+                if c_cop[s] < 255:
+                    c_cop[s] += 1
                 self.faults["second_copies"] += 1
             else:
-                s = main.take(h, -1 - s)
+                s = take(h, -1 - s)
                 if s < 0:
                     self._dropped["resident"] += 1
                 else:
-                    cols[_PARENT][s] = 0 if par is None else par
-                    cols[_SALT][s] = sid
-                    cols[_COPIES][s] = 1
-                    cols[_DEPTH][s] = depth
-                    cols[_STORED][s] = t
-                    cols[_REUSED][s] = 0.0
-                    cols[_CONTENT][s] = c
+                    c_par[s] = par
+                    c_salt[s] = sid
+                    c_cop[s] = 1
+                    c_dep[s] = depth
+                    c_sto[s] = t
+                    c_reu[s] = 0.0
+                    c_con[s] = c
             if s >= 0:
-                cs = content.probe(c)
-                if cs < 0:
-                    cs = content.take(c, -1 - cs)
+                cs = cprobe(c)
+                if cs >= 0:
+                    counts[cs] += 1
+                else:
+                    cs = ctake(c, -1 - cs)
                     if cs < 0:
                         self._dropped["content"] += 1
                     else:
-                        content.cols[0][cs] = 1
-                else:
-                    content.cols[0][cs] += 1
-            if depth != NO_DEPTH:
-                seen.put(hash((sid, depth, d)) & MASK64, t)
-                depth = depth + 1 if depth < NO_DEPTH - 1 else NO_DEPTH
-            cnt.stores += 1
+                        counts[cs] = 1
+            if k >= 0:
+                put(k, t)
+            if depth < NO_DEPTH - 1:
+                depth += 1
             par = h
+        self._count(sid).stores += len(sb.hashes)
 
     def remove(self, hashes: list[int], ts: float) -> None:
         main = self.main

@@ -292,9 +292,14 @@ def test_gateway_hook_attributes_and_salts(engines, make_tel):
     a session id and its tenant as cache_salt; record_misses gets classes that add up."""
     import httpx
     from warmscope.collectors.gateway import make_app, serve
+    from warmscope.collectors.kv import discover
     from warmscope.collectors.kv.gateway_hook import KVGatewayHook
 
     specs, engs, _ = engines
+    # the engine's own GET /kv_event_sources names the endpoints it was given
+    found = discover(engs[0].url, name="e1")
+    assert [(f.name, f.endpoint, f.replay_endpoint) for f in found] == \
+        [("e1", specs[0].endpoint, specs[0].replay_endpoint)]
     calls: list[dict] = []
 
     class Misses:
