@@ -158,10 +158,16 @@ class _Fifo:
         """Set ``key``'s value; a new key takes the oldest ring slot, forgetting the
         entry that held it (first in, first out by first put)."""
         t = self.t
-        s = t.probe(key)
-        if s >= 0:
-            t.cols[0][s] = value
-            return
+        cap, used, keys = t.cap, t.used, t.keys
+        s = key % cap  # t.probe(key), inlined
+        while used[s]:
+            if keys[s] == key:
+                t.cols[0][s] = value
+                return
+            s += 1
+            if s == cap:
+                s = 0
+        s = -1 - s
         val_col, pos_col = t.cols
         ring, h = self._ring, self._head
         o = t.find(ring[h]) if self._wrapped else -1
@@ -376,40 +382,52 @@ class ResidencyIndex:
         main, content = self.main, self.content
         c_par, c_salt, c_cop, c_dep, c_sto, c_reu, c_con = main.cols
         counts = content.cols[0]
-        probe, take, cprobe, ctake = main.probe, main.take, content.probe, content.take
+        m_used, m_keys, m_cap, m_max = main.used, main.keys, main.cap, main.max_rows
+        k_used, k_keys, k_cap, k_max = content.used, content.keys, content.cap, content.max_rows
         put = self._seen.put
         par = 0 if parent is None else parent
         depth = sb.depth0
         sid = sb.salt
         t = ts - self.epoch
         for h, c, k in zip(sb.hashes, sb.contents, sb.seen_keys, strict=True):
-            s = probe(h)
-            if s >= 0:
+            s = h % m_cap  # open addressing, inlined: find h or its empty slot
+            while m_used[s] and m_keys[s] != h:
+                s += 1
+                if s == m_cap:
+                    s = 0
+            if m_used[s]:
                 if c_cop[s] < 255:
                     c_cop[s] += 1
                 self.faults["second_copies"] += 1
+            elif main.n >= m_max:
+                self._dropped["resident"] += 1
+                s = -1
             else:
-                s = take(h, -1 - s)
-                if s < 0:
-                    self._dropped["resident"] += 1
-                else:
-                    c_par[s] = par
-                    c_salt[s] = sid
-                    c_cop[s] = 1
-                    c_dep[s] = depth
-                    c_sto[s] = t
-                    c_reu[s] = 0.0
-                    c_con[s] = c
+                m_used[s] = 1
+                m_keys[s] = h
+                main.n += 1
+                c_par[s] = par
+                c_salt[s] = sid
+                c_cop[s] = 1
+                c_dep[s] = depth
+                c_sto[s] = t
+                c_reu[s] = 0.0
+                c_con[s] = c
             if s >= 0:
-                cs = cprobe(c)
-                if cs >= 0:
+                cs = c % k_cap
+                while k_used[cs] and k_keys[cs] != c:
+                    cs += 1
+                    if cs == k_cap:
+                        cs = 0
+                if k_used[cs]:
                     counts[cs] += 1
+                elif content.n >= k_max:
+                    self._dropped["content"] += 1
                 else:
-                    cs = ctake(c, -1 - cs)
-                    if cs < 0:
-                        self._dropped["content"] += 1
-                    else:
-                        counts[cs] = 1
+                    k_used[cs] = 1
+                    k_keys[cs] = c
+                    content.n += 1
+                    counts[cs] = 1
             if k >= 0:
                 put(k, t)
             if depth < NO_DEPTH - 1:
