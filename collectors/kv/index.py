@@ -436,25 +436,31 @@ class ResidencyIndex:
         self._count(sid).stores += len(sb.hashes)
 
     def remove(self, hashes: list[int], ts: float) -> None:
-        main = self.main
-        cols = main.cols
+        main, content = self.main, self.content
+        find, cfind, put = main.find, content.find, self.removed.put
+        c_salt, c_cop, c_con = main.cols[_SALT], main.cols[_COPIES], main.cols[_CONTENT]
+        counts = content.cols[0]
+        evicted: dict[int, int] = {}
         for h in hashes:
-            s = main.find(h)
+            s = find(h)
             if s < 0:
                 self.faults["removed_unknown"] += 1
                 continue
-            self._count(cols[_SALT][s]).evictions += 1
-            cs = self.content.find(cols[_CONTENT][s])
+            sid = c_salt[s]
+            evicted[sid] = evicted.get(sid, 0) + 1
+            cs = cfind(c_con[s])
             if cs >= 0:
-                if self.content.cols[0][cs] <= 1:
-                    self.content.delete(cs)
+                if counts[cs] <= 1:
+                    content.delete(cs)
                 else:
-                    self.content.cols[0][cs] -= 1
-            if cols[_COPIES][s] > 1:
-                cols[_COPIES][s] -= 1
+                    counts[cs] -= 1
+            if c_cop[s] > 1:
+                c_cop[s] -= 1
                 continue
             main.delete(s)
-            self.removed.put(h, ts)
+            put(h, ts)
+        for sid, n in evicted.items():
+            self._count(sid).evictions += n
 
     def clear(self, ts: float) -> None:
         """AllBlocksCleared, or the engine restarted: every resident block is gone."""
