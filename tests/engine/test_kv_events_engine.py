@@ -276,6 +276,22 @@ def test_kv_events_attribution(engines):
             assert e["batches"] == e["next_seq"], name
     finally:
         w3.stop()
+    # --- a watcher bounded below what the engines hold: rows dropped and counted, never more
+    w4 = KVWatcher(specs, max_blocks=32).start()  # catches up from the replay sockets
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+                e["batches"] == e["next_seq"] > 0 for e in w4.stats()["engines"].values()):
+            time.sleep(0.1)
+        st4 = w4.stats()
+        print("bounded watcher:", {n: (e["resident_blocks"], e["dropped_rows"])
+                                   for n, e in st4["engines"].items()})
+        for name, e in st4["engines"].items():
+            assert e["batches"] == e["next_seq"] > 0, name
+            assert 0 < e["resident_blocks"] <= 32 and e["dropped_rows"]["resident"] > 0, name
+        assert st4["errors"] == 0 and st4["dropped_rows"]["resident"] > 0
+    finally:
+        w4.stop()
 
 
 class _Null:
