@@ -39,7 +39,7 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-autho
 
 
 def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float = 600.0,
-             **recorder_kw: Any) -> Starlette:
+             kv: Any = None, **recorder_kw: Any) -> Starlette:
     """The gateway as a Starlette app; ``app.state.recorder`` holds its
     :class:`~warmscope.collectors.llm.LLMRecorder` (``stats``, ``hot_prefixes``)."""
     base = upstream.rstrip("/")
@@ -54,8 +54,11 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         if ex is not None and ex.body is not None:  # a plain body, so that the usage chunk can be taken out
             headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"] + [("accept-encoding", "identity")]
+        content = body if ex is None or ex.body is None else ex.body
+        if kv is not None:  # a kv.gateway_hook.KVGatewayHook: session id (and salt) for KV events
+            content = kv.before(ex, path, content)
         req = client.build_request(request.method, path, params=request.url.query or None,
-                                   headers=headers, content=body if ex is None or ex.body is None else ex.body)
+                                   headers=headers, content=content)
         try:
             resp = await client.send(req, stream=True)
         except Exception as e:
@@ -84,6 +87,8 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
             if ex is not None:
                 yield ex.flush()
                 ex.finish()
+                if kv is not None:
+                    kv.after(ex)
 
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}}
         return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
@@ -93,6 +98,8 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         yield
         await client.aclose()
         recorder.close()
+        if kv is not None:
+            kv.close()
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
     app = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)

@@ -235,8 +235,17 @@ class VLLMEngine:
     def __init__(self, port: int | None = None, kv_cache_gib: int = 1, max_model_len: int = 2048,
                  startup_timeout_s: float = 420.0,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                 runs: Path | None = None) -> None:
+                 runs: Path | None = None, kv_events_endpoint: str | None = None,
+                 kv_replay_endpoint: str | None = None, num_gpu_blocks_override: int | None = None,
+                 kv_cache_metrics: bool = False) -> None:
         self.port = port or free_port()
+        # KV-cache events (collectors/kv): the engine's PUB socket connects to
+        # ``kv_events_endpoint`` (the subscriber binds it, e.g. tcp://127.0.0.1:PORT);
+        # its ROUTER replay socket binds ``kv_replay_endpoint``. None: no events.
+        self.kv_events_endpoint = kv_events_endpoint
+        self.kv_replay_endpoint = kv_replay_endpoint
+        self.num_gpu_blocks_override = num_gpu_blocks_override  # a small cache forces evictions
+        self.kv_cache_metrics = kv_cache_metrics  # vllm:kv_block_* histograms
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.startup_timeout_s = startup_timeout_s
@@ -266,7 +275,21 @@ class VLLMEngine:
                 "--dtype", "float32", "--max-model-len", str(self.max_model_len),
                 "--block-size", str(BLOCK_SIZE), "--max-num-seqs", "16",
                 "--optimization-level", "0",  # no torch.compile: starts in seconds, not minutes
-                "--uvicorn-log-level", "warning"]
+                "--uvicorn-log-level", "warning", *self._kv_args()]
+
+    def _kv_args(self) -> list[str]:
+        out: list[str] = []
+        if self.kv_events_endpoint is not None:
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+                   "endpoint": self.kv_events_endpoint}
+            if self.kv_replay_endpoint is not None:
+                cfg["replay_endpoint"] = self.kv_replay_endpoint
+            out += ["--kv-events-config", json.dumps(cfg)]
+        if self.num_gpu_blocks_override is not None:
+            out += ["--num-gpu-blocks-override", str(self.num_gpu_blocks_override)]
+        if self.kv_cache_metrics:
+            out.append("--kv-cache-metrics")
+        return out
 
     def start(self) -> VLLMEngine:
         model = model_dir(self.log)
