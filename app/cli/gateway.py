@@ -28,6 +28,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-library", metavar="PATH",
                    help="append each newly seen prompt prefix (its text) to this local JSON-lines file, so that "
                    "'warmscope warmup --from hot --library PATH' can warm the hot ones; never exported")
+    p.add_argument("--kv-events", action="store_true",
+                   help="watch the upstream engine's KV-cache events (found through GET "
+                   "/kv_event_sources) and record why each chat request's missed tokens missed")
+    p.add_argument("--kv-engine", action="append", default=[], metavar="URL",
+                   help="with --kv-events: another engine whose events are watched too, so that a "
+                   "prefix cached there reads as a routing miss (repeat for each engine)")
+    p.add_argument("--kv-salt-tenants", action="store_true",
+                   help="with --kv-events: add cache_salt = tenant to every chat request (tenant "
+                   "isolation at the engine)")
     p.set_defaults(fn=cmd_gateway)
 
 
@@ -41,8 +50,28 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     gateway = uvicorn and load("gateway", "gateway", "warmscope.collectors.gateway")
     if not gateway:
         return 2
+    if (args.kv_engine or args.kv_salt_tenants) and not args.kv_events:
+        print("warmscope gateway: --kv-engine and --kv-salt-tenants go with --kv-events", file=sys.stderr)
+        return 2
+    if any(bad_url("gateway", "--kv-engine", u) for u in args.kv_engine):
+        return 2
+    kvmod = load("gateway", "kv", "warmscope.collectors.kv.gateway_hook") if args.kv_events else None
+    if args.kv_events and not kvmod:
+        return 2
     tel = telemetry(args)
-    app = gateway.make_app(args.upstream, telemetry=tel, timeout_s=args.timeout, experiment=args.experiment,
+    kv = None
+    if kvmod:
+        from warmscope.collectors.kv import KVWatcher
+
+        watcher = KVWatcher([args.upstream, *args.kv_engine])
+        if not watcher.specs:
+            print(f"warmscope gateway: {args.upstream} publishes no KV events (start vLLM with "
+                  "--kv-events-config, see docs/kv-events.md); forwarding without them", file=sys.stderr)
+        else:
+            kv = kvmod.KVGatewayHook(watcher.start(), tel, engine=watcher.specs[0].name,
+                                     salt_tenants=args.kv_salt_tenants)
+    app = gateway.make_app(args.upstream, telemetry=tel, timeout_s=args.timeout, kv=kv,
+                           experiment=args.experiment,
                            variant=args.variant, tenant_header=args.tenant_header,
                            session_header=args.session_header, prompt_library=args.prompt_library)
     print(f"warmscope gateway on http://{args.host}:{args.port} -> {app.state.upstream}", file=sys.stderr)

@@ -9,6 +9,7 @@
     warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
     warmscope upgrade-store                  bring a store written by an older warmscope up to date
     warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
+    warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per salt
     warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
     warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli/advise.py)
 """
@@ -501,9 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
     from warmscope.app.cli import gateway as cli_gateway
+    from warmscope.app.cli import kv as cli_kv
     from warmscope.app.cli import warmup as cli_warmup
 
     cli_gateway.add_parser(sub)
+    cli_kv.add_parser(sub)
     cli_warmup.add_parser(sub)
     args = ap.parse_args(argv)
     import signal

@@ -7,9 +7,43 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .subscriber import EngineSpec
 from .watcher import KVWatcher
+
+
+def report_loop(w: KVWatcher, interval: float, duration: float = 0.0, as_json: bool = False,
+                on_stats: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Every ``interval`` seconds (until ``duration`` is over, or Ctrl-C), print the watcher's
+    counts and per-salt store, reuse and eviction rates, and hand the stats to ``on_stats``."""
+    t0 = time.monotonic()
+    prev: dict[str, dict[str, int]] = {}
+    try:
+        while not duration or time.monotonic() - t0 < duration:
+            left = duration - (time.monotonic() - t0)
+            time.sleep(interval if not duration else min(interval, max(0.0, left)))
+            st = w.stats()
+            if on_stats is not None:
+                on_stats(st)
+            if as_json:
+                print(json.dumps({k: v for k, v in st.items() if k not in ("engines", "engine_salt")}),
+                      flush=True)
+                continue
+            print(f"[{time.strftime('%H:%M:%S')}] batches {st['batches']} events {st['events']} "
+                  f"decode errors {st['decode_errors']} gaps {st['gaps']} repaired "
+                  f"{st['repaired']} unrepaired {st['unrepaired']} resident blocks "
+                  f"{st['resident_blocks']} dropped {sum(st['dropped_rows'].values())}", flush=True)
+            for salt, c in sorted(st["per_salt"].items()):
+                p = prev.get(salt, {})
+                rates = {k: (c[k] - p.get(k, 0)) / interval for k in ("stores", "reuses", "evictions")}
+                print(f"  {salt:<20} store/s {rates['stores']:8.1f}  reuse/s "
+                      f"{rates['reuses']:8.1f}  evict/s {rates['evictions']:8.1f}  "
+                      f"resident {c['resident']}", flush=True)
+            prev = st["per_salt"]
+    except KeyboardInterrupt:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,30 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if not engines:
         ap.error("give at least one --engine or --endpoint")
     w = KVWatcher(engines, max_blocks=args.max_blocks).start()
-    t0 = time.monotonic()
-    prev: dict[str, dict[str, int]] = {}
     try:
-        while not args.duration or time.monotonic() - t0 < args.duration:
-            time.sleep(args.interval if not args.duration
-                       else min(args.interval, max(0.0, args.duration - (time.monotonic() - t0))))
-            st = w.stats()
-            if args.json:
-                print(json.dumps({k: v for k, v in st.items() if k != "engines"}), flush=True)
-                continue
-            print(f"[{time.strftime('%H:%M:%S')}] batches {st['batches']} events {st['events']} "
-                  f"decode errors {st['decode_errors']} gaps {st['gaps']} repaired "
-                  f"{st['repaired']} unrepaired {st['unrepaired']} resident blocks "
-                  f"{st['resident_blocks']} dropped {st['dropped_rows']}", flush=True)
-            for salt, c in sorted(st["per_salt"].items()):
-                p = prev.get(salt, {})
-                rates = {k: (c[k] - p.get(k, 0)) / args.interval
-                         for k in ("stores", "reuses", "evictions")}
-                print(f"  {salt:<20} store/s {rates['stores']:8.1f}  reuse/s "
-                      f"{rates['reuses']:8.1f}  evict/s {rates['evictions']:8.1f}  "
-                      f"resident {c['resident']}", flush=True)
-            prev = st["per_salt"]
-    except KeyboardInterrupt:
-        pass
+        report_loop(w, args.interval, args.duration, args.json)
     finally:
         w.stop()
     return 0

@@ -316,10 +316,12 @@ class KVSubscriber:
             for k in totals:
                 totals[k] += row[k]
         per_salt: dict[str, dict[str, int]] = {}
+        engine_salt: dict[tuple[str, str], dict[str, int]] = {}
         dropped: dict[str, int] = {}
         with self.lock:
-            for idx in self.state.indexes.values():
+            for name, idx in self.state.indexes.items():
                 for salt, c in idx.per_salt().items():
+                    engine_salt[(name, salt)] = dict(c)
                     acc = per_salt.setdefault(salt, dict.fromkeys(c, 0))
                     for k, v in c.items():
                         acc[k] += v
@@ -328,6 +330,6 @@ class KVSubscriber:
         return {**totals, **self.decode_stats.as_dict(), "decode_errors":
                 self.decode_stats.bad_frames + self.decode_stats.bad_payload
                 + self.decode_stats.bad_event, "errors": self.errors, "dropped_rows": dropped,
-                "per_salt": per_salt, "engines": per_engine,
+                "per_salt": per_salt, "engine_salt": engine_salt, "engines": per_engine,
                 "attribution": dict(self.state.counts),
                 "class_tokens": dict(self.state.class_tokens)}
