@@ -57,7 +57,8 @@ from warmscope.model.records import (
 from .hotkeys import BATCH as _BATCH
 from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
 from .hotkeys import HotKeySketch
-from .keys import FamilyNormaliser, LabelCap, TenantBucketer
+from .keys import DEFAULT_VOCABULARY, FamilyNormaliser, LabelCap, TenantBucketer
+from .labels import WARMUP_VOCABULARY
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
 __all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
@@ -151,7 +152,9 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
         self.dropped: dict[str, int] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
         self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
-        self._caps = {k: LabelCap(max_label_values) for k in _CAPPED}
+        words = WARMUP_VOCABULARY | DEFAULT_VOCABULARY | frozenset(self._family_vocab)
+        self._caps = {k: LabelCap(max_label_values, vocabulary=words if k in _VOCAB else None)
+                      for k in _CAPPED}
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
@@ -467,6 +470,14 @@ class Aggregator(HotKeySketch, WarmupTracking):
             out["family"] = fam
         return out
 
+    def label_bounded(self) -> dict[str, int]:
+        """Values a length, character or vocabulary bound changed, per label
+        (tenant, model, experiment, variant, strategy, trigger, layer)."""
+        out = {k: c.bounded for k, c in self._caps.items() if c.bounded}
+        if self.tenants.bounded:
+            out["tenant"] = self.tenants.bounded
+        return out
+
     def dropped_counts(self) -> dict[str, int]:
         """Rows dropped per stage: ``record`` (unit records over
         ``max_buffered_units``, counted by each recording thread), ``store``
@@ -726,6 +737,7 @@ _CTX = ("tenant", "experiment", "variant", "model", "length_bucket")
 # Histogram series labels: the ``histograms`` record's labels between metric and bounds.
 HISTOGRAM_LABELS = tuple(c for c in records.HISTOGRAMS.labels if c not in ("metric", "bounds"))
 _CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
+_VOCAB = ("strategy", "trigger")  # free text naming a mechanism: the family vocabulary rule
 # A unit's lookups and hits in one layer, packed in one int: lookups + hits << 32.
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1

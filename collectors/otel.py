@@ -373,7 +373,8 @@ class OTelBridge:
 
         return [(schema.TELEMETRY_ERRORS, by(lambda: agg.errors, schema.ATTR.STAGE)),
                 (schema.TELEMETRY_DROPPED, by(agg.dropped_counts, schema.ATTR.STAGE)),
-                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL))]
+                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL)),
+                (schema.LABEL_BOUNDED, by(agg.label_bounded, schema.ATTR.LABEL))]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop exporting; returns within about ``timeout_s`` even when the
