@@ -502,6 +502,19 @@ class Aggregator(HotKeySketch, WarmupTracking):
         except Exception:  # pragma: no cover
             pass
 
+    def log_record_drops(self) -> None:
+        """Log once, when it starts, that unit records are dropped at
+        ``max_buffered_units`` (the recording threads only count them)."""
+        if "dropped:record" in self._logged:
+            return
+        n = sum(st.dropped for st in self._all_states())
+        if n:
+            self._logged.add("dropped:record")
+            log.warning("warmscope: record: %d A/B unit records dropped: more than %d new units "
+                        "arrived between two flushes (max_buffered_units); counted in "
+                        "warmscope.telemetry.dropped{stage=record}; raise max_buffered_units or check "
+                        "the sink's write time", n, self.max_buffered_units)
+
     def bump_error(self, stage: str) -> None:
         """Count a failure the caller has already explained (no log line)."""
         self.errors[stage] = self.errors.get(stage, 0) + 1
