@@ -250,7 +250,9 @@ def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvid
                 cfg.prometheus_addr, port)
     else:
         raise ValueError(f"exporter {cfg.exporter!r} has no meter provider")
-    return MeterProvider(metric_readers=[reader], resource=res), server
+    # shutdown_on_exit=False: the pipeline shuts it down (close(), at exit too); the SDK's own
+    # exit hook would shut it down a second time and print "shutdown can only be called once".
+    return MeterProvider(metric_readers=[reader], resource=res, shutdown_on_exit=False), server
 
 
 def stop_server(server: Any) -> None:

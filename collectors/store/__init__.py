@@ -115,6 +115,9 @@ class EmbeddedStore(StoreReader, StoreWriter):
         self.readonly = readonly
         self.timeout = timeout
         self._local = threading.local()
+        if self.path.is_dir():  # (SQLite would say "disk I/O error" or "unable to open")
+            raise StoreError(f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE "
+                             "at a file")
         if readonly:
             if not self.path.exists():
                 raise StoreError(
