@@ -137,6 +137,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         family_vocabulary: Iterable[str] = (),
     ) -> None:
         self.replica = replica
+        self.instance_id = ""  # this process among those writing as replica (set by the pipeline)
         self.tenants = tenants or TenantBucketer()
         self.clock = clock
         self._family_rules = tuple(family_rules)

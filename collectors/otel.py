@@ -154,7 +154,7 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
         return md  # type: ignore[return-value]
     scope = InstrumentationScope(SCOPE)
     if md is None or not md.resource_metrics:
-        res = Resource.create({"service.instance.id": agg.replica})
+        res = Resource.create(resource_attributes(agg.replica, agg))
         return MetricsData([ResourceMetrics(res, [ScopeMetrics(scope, hist, "")], "")])
     rm = md.resource_metrics[0]
     scopes = list(rm.scope_metrics)
@@ -220,12 +220,21 @@ def _start_scrape_server(cfg: Any, registry: Any) -> tuple[Any, int]:
                   "set WARMSCOPE_PROMETHEUS_PORT or prometheus_port_span")
 
 
+def resource_attributes(replica: str, agg: Any = None) -> dict[str, str]:
+    """``service.instance.id``: this process (two processes configured with one
+    replica label stay two series, not one that jumps between their totals),
+    and the replica label as ``warmscope.replica``."""
+    instance = getattr(agg, "instance_id", None) or replica
+    return {"service.instance.id": f"{replica}/{instance}" if instance != replica else replica,
+            "warmscope.replica": replica}
+
+
 def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvider, Any]:
     """A meter provider exporting as ``cfg.exporter`` says (``otlp`` or
     ``prometheus``), and the scrape server it started (or None).
 
     Several pipelines in one process (the simulator's replicas) share one."""
-    res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})
+    res = Resource.create({"service.name": "warmscope-collectors", **resource_attributes(cfg.replica, agg)})
     server = None
     timeout_s = float(getattr(cfg, "export_timeout_s", 10.0))
     if cfg.exporter == "otlp":

@@ -25,6 +25,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import secrets
+import socket
 import threading
 import time
 import uuid
@@ -148,6 +150,12 @@ class Telemetry:
             family_vocabulary=cfg.family_vocabulary,
         )
         self.default_context = RequestContext(self.aggregator)
+        # This process among those that write as cfg.replica: in the OTel resource
+        # (service.instance.id) and in Redis (the replica collision check).
+        self.instance_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.aggregator.instance_id = self.instance_id
+        self.replica_collisions: set[str] = set()
+        self._last_beat = -float("inf")
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
         self.background = background
@@ -339,6 +347,7 @@ class Telemetry:
         if self.redis_sink is not None:
             self._keep("redis", self._redis_backlog, redis_b)
             self._drain_redis()
+            self._check_replica(now)
         elif redis_b:
             self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
@@ -392,6 +401,28 @@ class Telemetry:
             self._failed("store", e)
             return points_done
         return True
+
+    def _check_replica(self, now: float) -> None:
+        """Two live processes with one replica label (a misconfigured deployment, two
+        workers of a pod) would overwrite each other's per-replica records (warm-up
+        attribution): each process notes its instance id under its replica in Redis
+        at each flush, and one that sees another counts it (``config``) and says so."""
+        if self._final or now - self._last_beat < self.config.flush_interval_s * 0.9:
+            return
+        self._last_beat = now
+        agg = self.aggregator
+        try:
+            alive = max(60.0, 3 * self.config.flush_interval_s)
+            others = self.redis_sink.heartbeat(agg.replica, self.instance_id, now, alive)  # type: ignore[union-attr]
+        except Exception as e:
+            self._failed("redis", e)
+            return
+        new = [o for o in others if o not in self.replica_collisions]
+        if new:
+            self.replica_collisions.update(new)
+            agg.count_error("config", f"replica {agg.replica!r} is also written by process(es) {', '.join(new)} "
+                            f"(this one is {self.instance_id}): per-replica warm-up attribution will be "
+                            "wrong; give each process its own WARMSCOPE_REPLICA")
 
     def _drain_redis(self) -> None:
         bl = self._redis_backlog
