@@ -42,6 +42,7 @@ from warmscope.model.records import (
     R_CONVERSIONS,
     R_GPU_S,
     R_REQUESTS,
+    R_UNMEASURED,
     R_VALUE,
     U_CONVERSIONS,
     U_GPU_S,
@@ -369,7 +370,10 @@ class Aggregator(HotKeySketch, WarmupTracking):
         sla_met: bool | None,
         conversion: bool | None,
         value: float,
+        unmeasured: bool = False,
     ) -> None:
+        """One request. ``unmeasured``: an LLM request whose token usage was not
+        reported (counted apart: token hit rates leave it out)."""
         try:
             st = self._req_tls.s
         except AttributeError:
@@ -382,6 +386,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
             r = st.req[rk] = list(records.REQUEST_ZERO)
         r[R_REQUESTS] += 1
         r[R_GPU_S] += gpu_s
+        if unmeasured:
+            r[R_UNMEASURED] += 1
         if conversion:
             r[R_CONVERSIONS] += 1
             r[R_VALUE] += value

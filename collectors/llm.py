@@ -815,7 +815,7 @@ class LLMRecorder:
                             "and, for streamed requests, send stream_options={\"include_usage\": true} "
                             "(counted in warmscope's no_usage statistic; the request is not recorded)")
             ctx = self._context(ex, None)
-            self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0)
+            self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0, unmeasured=True)
             return
         if cached > prompt:
             cached = prompt

@@ -346,6 +346,7 @@ class OTelBridge:
 
         return [(schema.REQUESTS, req("requests", True)), (schema.GPU_TIME, req("gpu_s", False)),
                 (schema.CONVERSIONS, req("conversions", False)), (schema.CONVERSION_VALUE, req("value", False)),
+                (schema.UNMEASURED_REQUESTS, req("unmeasured", False)),
                 (schema.GPU_MEMORY, gauge(schema.GPU_MEMORY.name))]
 
     def _warmup_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:

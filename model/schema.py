@@ -133,6 +133,11 @@ REQUESTS = Instrument(
     "warmscope.requests", "counter", "{request}",
     "Requests served, by whether the latency SLA was met.", REQUEST_LABELS + (ATTR.SLA_MET,),
 )
+UNMEASURED_REQUESTS = Instrument(
+    "warmscope.requests.unmeasured", "counter", "{request}",
+    "LLM requests whose response carried no token usage (a stream with include_usage false, an "
+    "engine without prompt token details): left out of token hit rates.", REQUEST_LABELS,
+)
 CONVERSIONS = Instrument(
     "warmscope.conversions", "counter", "{conversion}",
     "Requests that led to a conversion.", REQUEST_LABELS,
@@ -202,7 +207,7 @@ LABEL_BOUNDED = Instrument(
 
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
-    GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
+    GPU_TIME, REQUESTS, UNMEASURED_REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
     TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED,
 )

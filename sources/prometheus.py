@@ -280,7 +280,8 @@ class PrometheusSource(SourceBase):
             extra = {}
             for metric, col in (("warmscope_gpu_time_seconds_total", "gpu_s"),
                                 ("warmscope_conversions_total", "conversions"),
-                                ("warmscope_conversion_value_total", "value")):
+                                ("warmscope_conversion_value_total", "value"),
+                                ("warmscope_requests_unmeasured_total", "unmeasured")):
                 f = {k: v for k, v in (filters or {}).items() if k != "sla_met"}
                 extra[col] = self._increase_frame(metric, base, start, end, f, col)
             # GPU time and conversions carry no SLA label: spread them over the
@@ -291,7 +292,7 @@ class PrometheusSource(SourceBase):
             for col, df in extra.items():
                 merged = out[["ts", *base]].merge(df, on=["ts", *base], how="left")[col].fillna(0).to_numpy()
                 out[col] = merged * share.to_numpy()
-            return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value"]]
+            return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value", "unmeasured"]]
         raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups and requests); "
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 

@@ -70,4 +70,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         app.state.recorder.close()
         st = {**app.state.recorder.stats, **app.state.stats}
         print("warmscope gateway stopped: " + ", ".join(f"{k} {v}" for k, v in st.items() if v), file=sys.stderr)
+        if st.get("no_usage"):
+            n, total = st["no_usage"], st["recorded"] + st["no_usage"]
+            print(f"warmscope gateway: {n} of {total} answered requests ({n / total:.1%}) carried no token usage "
+                  "and are left out of the token hit rates (warmscope_requests_unmeasured_total)", file=sys.stderr)
     return 0
