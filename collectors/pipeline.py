@@ -342,6 +342,8 @@ class Telemetry:
                 self._open_store()
             if self.store is not None and self._drain_store(points):
                 self._last.update(new_last)
+                if self.redis_sink is None:  # (after a write that worked: a locked store counts once)
+                    self._check_replica(now)
         elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
             self.aggregator.count_dropped("store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES))
         if self.redis_sink is not None:
@@ -406,16 +408,18 @@ class Telemetry:
         """Two live processes with one replica label (a misconfigured deployment, two
         workers of a pod) would overwrite each other's per-replica records (warm-up
         attribution): each process notes its instance id under its replica in Redis
-        at each flush, and one that sees another counts it (``config``) and says so."""
+        (else in the store it writes) at each flush, and one that sees another
+        counts it (``config``) and says so."""
         if self._final or now - self._last_beat < self.config.flush_interval_s * 0.9:
             return
         self._last_beat = now
         agg = self.aggregator
         try:
             alive = max(60.0, 3 * self.config.flush_interval_s)
-            others = self.redis_sink.heartbeat(agg.replica, self.instance_id, now, alive)  # type: ignore[union-attr]
+            sink: Any = self.redis_sink if self.redis_sink is not None else self.store
+            others = sink.heartbeat(agg.replica, self.instance_id, now, alive)
         except Exception as e:
-            self._failed("redis", e)
+            self._failed("redis" if self.redis_sink is not None else "store", e)
             return
         new = [o for o in others if o not in self.replica_collisions]
         if new:

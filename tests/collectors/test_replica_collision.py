@@ -51,3 +51,21 @@ def test_each_process_has_its_own_otel_resource(tmp_path):
     assert attrs[0]["warmscope.replica"] == attrs[1]["warmscope.replica"] == "dup-0"
     assert attrs[0]["service.instance.id"] != attrs[1]["service.instance.id"]
     assert all(a["service.instance.id"].startswith("dup-0/") for a in attrs)
+
+
+def test_two_processes_with_one_replica_label_on_one_store_are_detected(tmp_path):
+    def one(replica: str) -> Telemetry:
+        cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=str(tmp_path / "s.db"),
+                                   key_secret="s", replica=replica, flush_interval_s=0.05)
+        return Telemetry(cfg, background=False)
+
+    a, b, c = one("dup-0"), one("dup-0"), one("solo-0")
+    try:
+        for t in (a, b, c, a, b, c):
+            time.sleep(0.05)
+            t.flush()
+        assert a.replica_collisions == {b.instance_id} and b.replica_collisions == {a.instance_id}
+        assert c.replica_collisions == set() and c.aggregator.errors["config"] == 0
+    finally:
+        for t in (a, b, c):
+            t.close()
