@@ -36,14 +36,15 @@ def record_units(tel, threads: int, rate: float, seconds: float) -> int:
 
 
 def test_new_units_faster_than_the_bound_per_second_are_all_written(redis_server, redis_client):
-    # 800 new units/s against a bound of 400: the old flusher looked at the
-    # buffer once a second and dropped about half of them.
+    # 400 new units/s against a bound of 200: the old flusher looked at the
+    # buffer once a second and dropped about half of them (the rate stays well
+    # under what a redis-server takes on a loaded 2-core box, ~1,000 units/s).
     cfg = CollectorConfig.load(env={}, exporter="none", redis_url=redis_server.url, key_secret="s",
-                               replica="r0", max_buffered_units=400, flush_interval_s=10)
+                               replica="r0", max_buffered_units=200, flush_interval_s=10)
     tel = Telemetry(cfg, background=True)
-    made = record_units(tel, threads=4, rate=800, seconds=4)
+    made = record_units(tel, threads=4, rate=400, seconds=4)
     tel.close()
-    assert made > 2500
+    assert made > 1200
     assert tel.aggregator.dropped_counts() == {}
     stored = sum(1 for _ in redis_client.scan_iter(match="ws:{ab:e:*}:u:A:*", count=1000))
     assert stored == made
