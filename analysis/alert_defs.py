@@ -21,6 +21,8 @@ CrossTenantCacheRead           any key of a tenant-scoped layer read by two or m
 BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's lookups        warning
                                bypass the cache, and it did not an hour before
 TelemetryDropping              the collectors swallow errors                                warning
+TokenUsageUnmeasured           over ``UNMEASURED_SHARE`` (5 %) of a tenant's requests       warning
+                               carry no token usage (left out of token hit rates), 15 min
 =============================  ==========================================================  ==========
 
 The engine alerts (``rules/engines.alerts.yml``, :func:`render_engine_rules`) are
@@ -51,13 +53,14 @@ from dataclasses import dataclass
 __all__ = ["AlertDef", "ALERTS", "HIT_RATE_DROP", "HIT_RATE_CRITICAL_DROP", "HIT_RATE_P", "WARM_PRECISION_MIN",
            "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule", "ENGINE_ALERTS",
            "ENGINE_KV_SATURATED", "ENGINE_TTFT_SLO_S", "ENGINE_TTFT_SLO_TARGET", "ENGINE_BURN_RATE",
-           "render_engine_rules", "RUNBOOK_BASE"]
+           "render_engine_rules", "RUNBOOK_BASE", "UNMEASURED_SHARE"]
 
 HIT_RATE_DROP = 0.20  # relative fall of a layer's hit rate that raises HitRateRegression
 HIT_RATE_CRITICAL_DROP = 0.50  # ... and makes it critical (evaluator)
 HIT_RATE_P = 0.01  # the evaluator's significance gate (Prometheus holds the condition `for` instead)
 WARM_PRECISION_MIN = 0.30  # share of a warm set read before it is called wasted
 WARM_MIN_KEYS = 10  # the evaluator judges runs that warmed at least this many keys
+UNMEASURED_SHARE = 0.05  # share of a tenant's requests without token usage that raises TokenUsageUnmeasured
 BYPASS_SHARE = 0.05  # share of a layer's lookups that bypass the cache
 BYPASS_FOR_S = 600.0  # held this long (the rule's `for`)
 ENGINE_KV_SATURATED = 0.95  # KV-cache usage share past which prefix blocks are evicted before reuse
@@ -131,6 +134,16 @@ ALERTS: tuple[AlertDef, ...] = (
     AlertDef("TelemetryDropping", "WarmscopeTelemetryDropping", "sum(rate(warmscope_telemetry_errors_total[5m])) > 0",
              "5m", "warning", "warmscope collectors are swallowing errors",
              "Telemetry is incomplete: check the store, Redis and the exporter (stage label).", "telemetry-dropping"),
+    AlertDef("TokenUsageUnmeasured", "WarmscopeTokenUsageUnmeasured",
+             "sum by (warmscope_tenant) (rate(warmscope_requests_unmeasured_total[15m]))\n"
+             "/ sum by (warmscope_tenant) (rate(warmscope_requests_total[15m]))\n"
+             f"> {UNMEASURED_SHARE:g}",
+             "15m", "warning",
+             "{{ $value | humanizePercentage }} of tenant {{ $labels.warmscope_tenant }}'s requests carry no "
+             "token usage",
+             "Their tokens are left out of the token hit rates: streams sent with "
+             "stream_options.include_usage false, or an engine without prompt token details.",
+             "token-usage-unmeasured"),
 )
 
 

@@ -22,7 +22,7 @@ from scipy import stats
 from .buckets import bucket_start
 
 __all__ = ["Z95", "time_slice", "wilson", "hit_table", "hit_rate_change", "result_shares", "DIMENSIONS",
-           "newcombe_diff"]
+           "newcombe_diff", "unmeasured_share"]
 
 Z95 = 1.959963984540054  # norm.ppf(0.975)
 DIMENSIONS = ("tenant", "layer", "family", "experiment", "variant", "model", "replica", "length_bucket")
@@ -160,6 +160,19 @@ def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[floa
         "baseline_start": b[0], "baseline_end": b[1],
     })
     return out.sort_values("delta", kind="stable").reset_index(drop=True)
+
+
+def unmeasured_share(requests: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Requests whose token usage was not reported (``unmeasured``: left out of
+    token hit rates) per group: ``requests``, ``unmeasured`` and their ratio
+    ``share`` (NaN without requests)."""
+    by = list(by)
+    cols = ["requests", "unmeasured"]
+    if requests.empty or "unmeasured" not in requests.columns:
+        return pd.DataFrame(columns=[*by, *cols, "share"])
+    g = requests.groupby(by)[cols].sum().reset_index() if by else requests[cols].sum().to_frame().T
+    g["share"] = g["unmeasured"] / g["requests"].where(g["requests"] > 0)
+    return g.reset_index(drop=True)
 
 
 def result_shares(lookups: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:

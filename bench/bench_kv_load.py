@@ -159,7 +159,7 @@ def _publisher(engines: list[tuple[str, str, str, int]], n_batches: int, seed: i
 
 def _subscriber(engines: list[tuple[str, str, str, int]], n_batches: int, ready: Any,
                 out: Any, timeout_s: float) -> None:
-    from warmscope.collectors.kv import EngineSpec, KVSubscriber, KVState
+    from warmscope.collectors.kv import EngineSpec, KVState, KVSubscriber
 
     specs = [EngineSpec(name, ep, rep) for name, ep, rep, _ in engines]
     state = KVState([s.name for s in specs], max_blocks=4096)

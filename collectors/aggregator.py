@@ -42,6 +42,7 @@ from warmscope.model.records import (
     R_CONVERSIONS,
     R_GPU_S,
     R_REQUESTS,
+    R_UNMEASURED,
     R_VALUE,
     U_CONVERSIONS,
     U_GPU_S,
@@ -57,7 +58,8 @@ from warmscope.model.records import (
 from .hotkeys import BATCH as _BATCH
 from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
 from .hotkeys import HotKeySketch
-from .keys import FamilyNormaliser, LabelCap, TenantBucketer
+from .keys import DEFAULT_VOCABULARY, FamilyNormaliser, LabelCap, TenantBucketer
+from .labels import WARMUP_VOCABULARY
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
 __all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
@@ -136,6 +138,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         family_vocabulary: Iterable[str] = (),
     ) -> None:
         self.replica = replica
+        self.instance_id = ""  # this process among those writing as replica (set by the pipeline)
         self.tenants = tenants or TenantBucketer()
         self.clock = clock
         self._family_rules = tuple(family_rules)
@@ -151,7 +154,9 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
         self.dropped: dict[str, int] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
         self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
-        self._caps = {k: LabelCap(max_label_values) for k in _CAPPED}
+        words = WARMUP_VOCABULARY | DEFAULT_VOCABULARY | frozenset(self._family_vocab)
+        self._caps = {k: LabelCap(max_label_values, vocabulary=words if k in _VOCAB else None)
+                      for k in _CAPPED}
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
@@ -365,7 +370,10 @@ class Aggregator(HotKeySketch, WarmupTracking):
         sla_met: bool | None,
         conversion: bool | None,
         value: float,
+        unmeasured: bool = False,
     ) -> None:
+        """One request. ``unmeasured``: an LLM request whose token usage was not
+        reported (counted apart: token hit rates leave it out)."""
         try:
             st = self._req_tls.s
         except AttributeError:
@@ -378,6 +386,8 @@ class Aggregator(HotKeySketch, WarmupTracking):
             r = st.req[rk] = list(records.REQUEST_ZERO)
         r[R_REQUESTS] += 1
         r[R_GPU_S] += gpu_s
+        if unmeasured:
+            r[R_UNMEASURED] += 1
         if conversion:
             r[R_CONVERSIONS] += 1
             r[R_VALUE] += value
@@ -467,6 +477,14 @@ class Aggregator(HotKeySketch, WarmupTracking):
             out["family"] = fam
         return out
 
+    def label_bounded(self) -> dict[str, int]:
+        """Values a length, character or vocabulary bound changed, per label
+        (tenant, model, experiment, variant, strategy, trigger, layer)."""
+        out = {k: c.bounded for k, c in self._caps.items() if c.bounded}
+        if self.tenants.bounded:
+            out["tenant"] = self.tenants.bounded
+        return out
+
     def dropped_counts(self) -> dict[str, int]:
         """Rows dropped per stage: ``record`` (unit records over
         ``max_buffered_units``, counted by each recording thread), ``store``
@@ -490,6 +508,19 @@ class Aggregator(HotKeySketch, WarmupTracking):
                                 "counted in warmscope.telemetry.dropped)", stage, rows)
         except Exception:  # pragma: no cover
             pass
+
+    def log_record_drops(self) -> None:
+        """Log once, when it starts, that unit records are dropped at
+        ``max_buffered_units`` (the recording threads only count them)."""
+        if "dropped:record" in self._logged:
+            return
+        n = sum(st.dropped for st in self._all_states())
+        if n:
+            self._logged.add("dropped:record")
+            log.warning("warmscope: record: %d A/B unit records dropped: more than %d new units "
+                        "arrived between two flushes (max_buffered_units); counted in "
+                        "warmscope.telemetry.dropped{stage=record}; raise max_buffered_units or check "
+                        "the sink's write time", n, self.max_buffered_units)
 
     def bump_error(self, stage: str) -> None:
         """Count a failure the caller has already explained (no log line)."""
@@ -726,6 +757,7 @@ _CTX = ("tenant", "experiment", "variant", "model", "length_bucket")
 # Histogram series labels: the ``histograms`` record's labels between metric and bounds.
 HISTOGRAM_LABELS = tuple(c for c in records.HISTOGRAMS.labels if c not in ("metric", "bounds"))
 _CAPPED = ("model", "experiment", "variant", "strategy", "trigger", "layer")
+_VOCAB = ("strategy", "trigger")  # free text naming a mechanism: the family vocabulary rule
 # A unit's lookups and hits in one layer, packed in one int: lookups + hits << 32.
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1

@@ -198,9 +198,14 @@ def _family_rules(key: str, val: Any) -> tuple[tuple[str, str], ...]:
         if not (isinstance(rule, tuple) and len(rule) == 2 and all(isinstance(s, str) for s in rule)):
             raise ConfigError(f"{key} entries must be [regex, replacement] pairs, got {rule!r}")
         try:
-            re.compile(rule[0])
+            pat = re.compile(rule[0])
         except re.error as e:
             raise ConfigError(f"{key}: pattern {rule[0]!r} is not a valid regex: {e}") from None
+        try:  # the template's group references, checked here rather than at each matching lookup
+            pat.sub(rule[1], "")
+        except (re.error, IndexError) as e:
+            raise ConfigError(f"{key}: template {rule[1]!r} does not fit pattern {rule[0]!r} "
+                              f"({pat.groups} groups): {e}") from None
         out.append(rule)
     return tuple(out)
 

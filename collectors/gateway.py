@@ -7,7 +7,14 @@ back unchanged, streamed chunk by chunk as the engine sends it;
 ``/chat/completions`` and ``/completions`` are recorded as described in
 :mod:`warmscope.collectors.llm`. When the engine cannot be reached the client
 gets ``502`` (``504`` on a timeout), as from any reverse proxy, and the failure
-is counted. Bad input is forwarded as is and counted, never a crash.
+is counted. Bad input is forwarded as is and counted, never a crash: header
+values are forwarded as the bytes that came (UTF-8 or latin-1 tenants
+included). The gateway's own bounds: a body over ``max_body_bytes`` gets
+``413``, a body not read within ``body_timeout_s`` gets ``408``, and request
+headers not complete within ``header_timeout_s`` of the connection (or of the
+previous response) get ``408`` from :func:`bounded_protocol`; a client that
+hangs up before its body is read is counted, not logged. All four are counted
+in ``app.state.stats``.
 
 Needs the ``gateway`` extra (Starlette, uvicorn, httpx)::
 
@@ -19,41 +26,91 @@ or ``warmscope gateway --upstream http://127.0.0.1:8000 --port 8080``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .llm import LLMRecorder
 from .pipeline import Telemetry
 
-__all__ = ["make_app"]
+__all__ = ["make_app", "bounded_protocol", "MAX_BODY_BYTES", "BODY_TIMEOUT_S", "HEADER_TIMEOUT_S"]
+
+MAX_BODY_BYTES = 32 << 20  # 32 MiB: far above any chat request, far below what hurts the process
+BODY_TIMEOUT_S = 30.0  # to read a whole request body
+HEADER_TIMEOUT_S = 10.0  # to read a request's headers
+GATEWAY_STATS = ("too_large", "body_timeouts", "header_timeouts", "client_disconnects")
 
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "transfer-encoding", "upgrade", "host", "content-length"})
 
 
+def _error(status: int, message: str) -> JSONResponse:
+    err = {"message": f"warmscope gateway: {message}", "type": "request_error"}
+    return JSONResponse({"error": err}, status_code=status, headers={"connection": "close"})
+
+
 def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float = 600.0,
+             max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
              kv: Any = None, **recorder_kw: Any) -> Starlette:
     """The gateway as a Starlette app; ``app.state.recorder`` holds its
-    :class:`~warmscope.collectors.llm.LLMRecorder` (``stats``, ``hot_prefixes``)."""
+    :class:`~warmscope.collectors.llm.LLMRecorder` (``stats``, ``hot_prefixes``),
+    ``app.state.stats`` the requests it refused or lost (:data:`GATEWAY_STATS`)."""
     base = upstream.rstrip("/")
     recorder = LLMRecorder(telemetry, **recorder_kw)
+    stats = dict.fromkeys(GATEWAY_STATS, 0)
     client = httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout_s, connect=10.0),
                                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
+    async def read_body(request: Request) -> bytes | Response:
+        """The request body, or the response that refuses it (counted)."""
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > max_body_bytes:
+            stats["too_large"] += 1
+            return _error(413, f"body of {size} bytes is over the limit of {max_body_bytes}")
+        parts: list[bytes] = []
+        n = 0
+
+        async def read() -> bool:
+            nonlocal n
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > max_body_bytes:
+                    return False
+                parts.append(chunk)
+            return True
+
+        try:
+            fits = await asyncio.wait_for(read(), body_timeout_s)
+        except TimeoutError:
+            stats["body_timeouts"] += 1
+            return _error(408, f"request body not received within {body_timeout_s:g} s")
+        if not fits:
+            stats["too_large"] += 1
+            return _error(413, f"request body is over the limit of {max_body_bytes} bytes")
+        return b"".join(parts)
+
     async def proxy(request: Request) -> Response:
-        body = await request.body()
+        try:
+            body = await read_body(request)
+        except ClientDisconnect:  # the client hung up mid-body: nobody to answer
+            stats["client_disconnects"] += 1
+            return Response(status_code=499)
+        if isinstance(body, Response):
+            return body
         path = request.url.path
         ex = recorder.begin(request.method, path, request.headers, body)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        # The header bytes as they came: a UTF-8 or latin-1 value is forwarded, not re-encoded.
+        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in _HOP]
         if ex is not None and ex.body is not None:  # a plain body, so that the usage chunk can be taken out
-            headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"] + [("accept-encoding", "identity")]
+            headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
         content = body if ex is None or ex.body is None else ex.body
         if kv is not None:  # a kv.gateway_hook.KVGatewayHook: session id (and salt) for KV events
             content = kv.before(ex, path, content)
@@ -105,13 +162,76 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
     app = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
     app.state.recorder = recorder
     app.state.upstream = base
+    app.state.stats = stats
     return app
 
 
+def bounded_protocol(app: Any, header_timeout_s: float = HEADER_TIMEOUT_S) -> type[Any]:
+    """uvicorn's h11 protocol with a header read timeout: a connection whose
+    request headers are not complete ``header_timeout_s`` after it opened (or
+    after its previous response) gets ``408`` and is closed, counted in
+    ``app.state.stats["header_timeouts"]`` when the app has one. Pass it as
+    ``uvicorn.Config(http=...)``."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    stats = getattr(getattr(app, "state", None), "stats", None)
+
+    class BoundedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if stats is not None:
+                stats["header_timeouts"] += 1
+            if self.conn.our_state is h11.IDLE:
+                body = b"request headers not received in time\n"
+                head = [(b"content-type", b"text/plain"), (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode())]
+                with contextlib.suppress(h11.LocalProtocolError):
+                    out = self.conn.send(h11.Response(status_code=408, headers=head)) or b""
+                    self.transport.write(out + (self.conn.send(h11.Data(data=body)) or b""))
+            self.transport.close()
+
+    return BoundedH11Protocol
+
+
+
 @contextlib.contextmanager
-def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> Iterator[str]:
+def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+          header_timeout_s: float = HEADER_TIMEOUT_S) -> Iterator[str]:
     """Run an ASGI app with uvicorn in a background thread; yields its base URL.
-    ``port=0`` picks a free one. Stopped (gracefully) when the block ends."""
+    ``port=0`` picks a free one. Stopped (gracefully) when the block ends. A
+    gateway app gets the header read timeout of :func:`bounded_protocol`."""
     import socket
     import threading
     import time
@@ -121,7 +241,9 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "wa
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    cfg = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+    gateway = hasattr(getattr(app, "state", None), "stats")
+    http: Any = bounded_protocol(app, header_timeout_s) if gateway else "auto"
+    cfg = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, http=http)
     server = uvicorn.Server(cfg)
     th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="warmscope-asgi")
     th.start()

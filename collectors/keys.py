@@ -36,6 +36,8 @@ from collections.abc import Iterable
 
 from warmscope.model import schema
 
+from .labels import MAX_LABEL_LEN, bound, vocabulary_label
+
 __all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer", "LabelCap"]
 
 _SPLIT = re.compile(r"([:/|])")
@@ -195,16 +197,32 @@ class FamilyNormaliser:
 
 
 class TenantBucketer:
-    def __init__(self, allow: Iterable[str] = (), max_tenants: int = 64) -> None:
-        self._allow = frozenset(allow)
+    """Tenant labels: bounded (:func:`.labels.bound`), then an allow-list or
+    the first ``max_tenants`` seen; everything else is ``other``. ``bounded``
+    counts the values a bound changed (the allow-list's own entries included)."""
+
+    def __init__(self, allow: Iterable[str] = (), max_tenants: int = 64,
+                 max_len: int = MAX_LABEL_LEN) -> None:
+        self.bounded = 0
+        self._max_len = max_len
+        self._allow = frozenset(self._bound(str(t)) for t in allow)
         self._seen: set[str] = set()
         self._max = max_tenants
         self._lock = threading.Lock()
+
+    def _bound(self, t: str) -> str:
+        b = bound(t, self._max_len)
+        if b != t:
+            self.bounded += 1
+        return b
 
     def label(self, tenant: object) -> str:
         if tenant is None or tenant == "":
             return schema.UNKNOWN
         t = str(tenant)
+        if t in self._seen:
+            return t
+        t = self._bound(t)
         if self._allow:
             return t if t in self._allow else schema.OTHER
         if t in self._seen:
@@ -223,17 +241,31 @@ class LabelCap:
 
     For labels the caller sets freely (model, experiment, variant, warm-up
     strategy and trigger): a bug that puts a request id in one cannot make a
-    series per request. Overflowing values are counted (``overflow``)."""
+    series per request. Overflowing values are counted (``overflow``). Every
+    value is bounded first (:func:`.labels.bound`, counted in ``bounded``);
+    with a ``vocabulary`` (warm-up trigger and strategy), a segment that is
+    not a word of it becomes ``*``, as in key families."""
 
-    def __init__(self, limit: int = 64, keep: Iterable[str] = ()) -> None:
+    def __init__(self, limit: int = 64, keep: Iterable[str] = (),
+                 vocabulary: frozenset[str] | None = None) -> None:
         self._seen: set[str] = set(keep)
         self._max = limit + len(self._seen)
         self._lock = threading.Lock()
+        self._vocab = vocabulary
         self.overflow = 0
+        self.bounded = 0
 
     def label(self, value: str) -> str:
         if value in self._seen:
             return value
+        b = bound(value)
+        if self._vocab is not None:
+            b = vocabulary_label(b, self._vocab)
+        if b != value:
+            self.bounded += 1
+            value = b
+            if value in self._seen:
+                return value
         with self._lock:
             if value in self._seen:
                 return value

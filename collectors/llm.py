@@ -61,6 +61,7 @@ from warmscope.model import schema
 
 from .aggregator import ERROR
 from .context import RequestContext, _current
+from .labels import decode_header
 from .pipeline import Telemetry, current_telemetry
 
 try:  # the client extra's JSON parser (about 2.5x as fast as the standard library's on request bodies)
@@ -698,24 +699,26 @@ class LLMRecorder:
         return key, kind, pre
 
     def _headers(self, headers: Any) -> tuple[str | None, str | None]:
-        """(tenant, session) from the request headers, without a loop in Python."""
+        """(tenant, session) from the request headers, without a loop in Python;
+        decoded by :func:`.labels.decode_header` (UTF-8, else latin-1)."""
         rows = getattr(headers, "_list", None)
         if isinstance(rows, list) and (not rows or len(rows[0]) == 3):  # httpx: (name, lower-case name, value)
             names = list(map(_SECOND, rows))
-            t = rows[names.index(self._th)][2].decode("utf-8", "replace") if self._th in names else None
-            s = rows[names.index(self._sh)][2].decode("utf-8", "replace") if self._sh in names else None
+            t = decode_header(rows[names.index(self._th)][2]) if self._th in names else None
+            s = decode_header(rows[names.index(self._sh)][2]) if self._sh in names else None
             return t, s
         raw = getattr(headers, "raw", None)
         if raw is None:
-            return headers.get(self.tenant_header), headers.get(self.session_header)
+            get = headers.get
+            return decode_header(get(self.tenant_header)), decode_header(get(self.session_header))
         t = s = None
         for k, v in raw:
             if len(k) in self._hlens:
                 k = k.lower()
                 if k == self._th:
-                    t = v.decode("utf-8", "replace")
+                    t = decode_header(v)
                 elif k == self._sh:
-                    s = v.decode("utf-8", "replace")
+                    s = decode_header(v)
         return t, s
 
     def begin(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> Exchange | None:
@@ -812,7 +815,7 @@ class LLMRecorder:
                             "and, for streamed requests, send stream_options={\"include_usage\": true} "
                             "(counted in warmscope's no_usage statistic; the request is not recorded)")
             ctx = self._context(ex, None)
-            self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0)
+            self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0, unmeasured=True)
             return
         if cached > prompt:
             cached = prompt

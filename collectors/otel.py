@@ -154,7 +154,7 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
         return md  # type: ignore[return-value]
     scope = InstrumentationScope(SCOPE)
     if md is None or not md.resource_metrics:
-        res = Resource.create({"service.instance.id": agg.replica})
+        res = Resource.create(resource_attributes(agg.replica, agg))
         return MetricsData([ResourceMetrics(res, [ScopeMetrics(scope, hist, "")], "")])
     rm = md.resource_metrics[0]
     scopes = list(rm.scope_metrics)
@@ -220,12 +220,21 @@ def _start_scrape_server(cfg: Any, registry: Any) -> tuple[Any, int]:
                   "set WARMSCOPE_PROMETHEUS_PORT or prometheus_port_span")
 
 
+def resource_attributes(replica: str, agg: Any = None) -> dict[str, str]:
+    """``service.instance.id``: this process (two processes configured with one
+    replica label stay two series, not one that jumps between their totals),
+    and the replica label as ``warmscope.replica``."""
+    instance = getattr(agg, "instance_id", None) or replica
+    return {"service.instance.id": f"{replica}/{instance}" if instance != replica else replica,
+            "warmscope.replica": replica}
+
+
 def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvider, Any]:
     """A meter provider exporting as ``cfg.exporter`` says (``otlp`` or
     ``prometheus``), and the scrape server it started (or None).
 
     Several pipelines in one process (the simulator's replicas) share one."""
-    res = Resource.create({"service.name": "warmscope-collectors", "service.instance.id": cfg.replica})
+    res = Resource.create({"service.name": "warmscope-collectors", **resource_attributes(cfg.replica, agg)})
     server = None
     timeout_s = float(getattr(cfg, "export_timeout_s", 10.0))
     if cfg.exporter == "otlp":
@@ -250,7 +259,9 @@ def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvid
                 cfg.prometheus_addr, port)
     else:
         raise ValueError(f"exporter {cfg.exporter!r} has no meter provider")
-    return MeterProvider(metric_readers=[reader], resource=res), server
+    # shutdown_on_exit=False: the pipeline shuts it down (close(), at exit too); the SDK's own
+    # exit hook would shut it down a second time and print "shutdown can only be called once".
+    return MeterProvider(metric_readers=[reader], resource=res, shutdown_on_exit=False), server
 
 
 def stop_server(server: Any) -> None:
@@ -335,6 +346,7 @@ class OTelBridge:
 
         return [(schema.REQUESTS, req("requests", True)), (schema.GPU_TIME, req("gpu_s", False)),
                 (schema.CONVERSIONS, req("conversions", False)), (schema.CONVERSION_VALUE, req("value", False)),
+                (schema.UNMEASURED_REQUESTS, req("unmeasured", False)),
                 (schema.GPU_MEMORY, gauge(schema.GPU_MEMORY.name))]
 
     def _warmup_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
@@ -373,7 +385,8 @@ class OTelBridge:
 
         return [(schema.TELEMETRY_ERRORS, by(lambda: agg.errors, schema.ATTR.STAGE)),
                 (schema.TELEMETRY_DROPPED, by(agg.dropped_counts, schema.ATTR.STAGE)),
-                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL))]
+                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL)),
+                (schema.LABEL_BOUNDED, by(agg.label_bounded, schema.ATTR.LABEL))]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop exporting; returns within about ``timeout_s`` even when the

@@ -25,6 +25,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import secrets
+import socket
 import threading
 import time
 import uuid
@@ -148,6 +150,12 @@ class Telemetry:
             family_vocabulary=cfg.family_vocabulary,
         )
         self.default_context = RequestContext(self.aggregator)
+        # This process among those that write as cfg.replica: in the OTel resource
+        # (service.instance.id) and in Redis (the replica collision check).
+        self.instance_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.aggregator.instance_id = self.instance_id
+        self.replica_collisions: set[str] = set()
+        self._last_beat = -float("inf")
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
         self.background = background
@@ -291,15 +299,16 @@ class Telemetry:
     def _loop(self) -> None:
         interval = self.config.flush_interval_s
         last = time.monotonic()
-        while not self._stop.wait(min(interval, 1.0)):
-            # Also flush early when unit records fill half their bound, so a
-            # high request rate is written rather than dropped at the bound.
+        # The buffer's fill is looked at every 0.1 s (an attribute read), so
+        # a high rate of new A/B units is handed to the sink at a quarter of
+        # max_buffered_units, not dropped at the bound between two looks.
+        while not self._stop.wait(min(interval, 0.1)):
             if time.monotonic() - last >= interval or self._units_filling():
                 last = time.monotonic()
                 self.flush(side=False)
 
     def _units_filling(self) -> bool:
-        return self.aggregator._units_n >= self.config.max_buffered_units // 2 > 0
+        return self.aggregator._units_n >= self.config.max_buffered_units // 4 > 0
 
     def flush(self, now: float | None = None, settle: bool | None = None, side: bool = True) -> dict[str, int]:
         """Move what the aggregator holds to the sinks. Never raises.
@@ -323,6 +332,7 @@ class Telemetry:
                 hook(now)
             except Exception as e:
                 self.aggregator.count_error("flush", "flush hook", e)
+        self.aggregator.log_record_drops()
         store_b, redis_b, new_last = self._collect(now, settle, side)
         written = {k: len(v) for k, v in store_b.items()}
         written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
@@ -332,11 +342,14 @@ class Telemetry:
                 self._open_store()
             if self.store is not None and self._drain_store(points):
                 self._last.update(new_last)
+                if self.redis_sink is None:  # (after a write that worked: a locked store counts once)
+                    self._check_replica(now)
         elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
             self.aggregator.count_dropped("store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES))
         if self.redis_sink is not None:
             self._keep("redis", self._redis_backlog, redis_b)
             self._drain_redis()
+            self._check_replica(now)
         elif redis_b:
             self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
@@ -390,6 +403,30 @@ class Telemetry:
             self._failed("store", e)
             return points_done
         return True
+
+    def _check_replica(self, now: float) -> None:
+        """Two live processes with one replica label (a misconfigured deployment, two
+        workers of a pod) would overwrite each other's per-replica records (warm-up
+        attribution): each process notes its instance id under its replica in Redis
+        (else in the store it writes) at each flush, and one that sees another
+        counts it (``config``) and says so."""
+        if self._final or now - self._last_beat < self.config.flush_interval_s * 0.9:
+            return
+        self._last_beat = now
+        agg = self.aggregator
+        try:
+            alive = max(60.0, 3 * self.config.flush_interval_s)
+            sink: Any = self.redis_sink if self.redis_sink is not None else self.store
+            others = sink.heartbeat(agg.replica, self.instance_id, now, alive)
+        except Exception as e:
+            self._failed("redis" if self.redis_sink is not None else "store", e)
+            return
+        new = [o for o in others if o not in self.replica_collisions]
+        if new:
+            self.replica_collisions.update(new)
+            agg.count_error("config", f"replica {agg.replica!r} is also written by process(es) {', '.join(new)} "
+                            f"(this one is {self.instance_id}): per-replica warm-up attribution will be "
+                            "wrong; give each process its own WARMSCOPE_REPLICA")
 
     def _drain_redis(self) -> None:
         bl = self._redis_backlog

@@ -245,6 +245,28 @@ class RedisSink:
         self.conflicts = 0  # parts re-read because another writer changed one of their units meanwhile
         self._sha: str | None = None
 
+    def heartbeat(self, replica: str, instance: str, now: float, alive_s: float) -> list[str]:
+        """Note that process ``instance`` writes as ``replica`` (a hash per replica,
+        instance -> last write); the other instances that wrote as ``replica``
+        within ``alive_s``: two processes with one replica label."""
+        name = f"{PREFIX}:replica:{{{enc(replica)}}}"
+        c = self._client()
+        pipe = c.pipeline(transaction=False)
+        pipe.hset(name, instance, f"{now:.3f}")
+        pipe.expire(name, max(int(alive_s * 4), 60))
+        pipe.hgetall(name)
+        seen = pipe.execute()[-1] or {}
+        others = []
+        for k, v in seen.items():
+            k = k.decode() if isinstance(k, bytes) else str(k)
+            try:
+                last = float(v)
+            except (TypeError, ValueError):
+                continue
+            if k != instance and now - last <= alive_s:
+                others.append(k)
+        return sorted(others)
+
     # ---------------------------------------------------------------- connection
     def _client(self) -> Any:
         if self.client is None:

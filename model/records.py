@@ -171,9 +171,10 @@ WRITES = Record(
 REQUESTS = Record(
     "requests",
     (_t("ts"), _TENANT, _EXPERIMENT, _VARIANT, _MODEL, _REPLICA, _l("sla_met", ATTR.SLA_MET),
-     _m("requests"), _m("gpu_s", REAL), _m("conversions"), _m("value", REAL)),
+     _m("requests"), _m("gpu_s", REAL), _m("conversions"), _m("value", REAL), _m("unmeasured", default="0")),
     time="ts", rollup=True,
-    doc='requests in the flush interval ending at ts; sla_met is "true", "false" or ""',
+    doc='requests in the flush interval ending at ts; sla_met is "true", "false" or ""; unmeasured: '
+        "LLM requests whose response carried no token usage (left out of token hit rates)",
 )
 HISTOGRAMS = Record(
     "histograms",
@@ -300,5 +301,5 @@ UNIT_FIELDS = AB_LOOKUPS.measures + UNIT_SUMS
 L_LOOKUPS, L_HITS = (AB_LOOKUPS.measures.index(c) for c in ("lookups", "hits"))
 # The request counter record (per series): REQUESTS' measures, starting at zero.
 REQUEST_ZERO = tuple(0 if c.type == INTEGER else 0.0 for c in REQUESTS.columns if c.role == "measure")
-R_REQUESTS, R_GPU_S, R_CONVERSIONS, R_VALUE = (REQUESTS.measures.index(c)
-                                                 for c in ("requests", "gpu_s", "conversions", "value"))
+R_REQUESTS, R_GPU_S, R_CONVERSIONS, R_VALUE, R_UNMEASURED = (
+    REQUESTS.measures.index(c) for c in ("requests", "gpu_s", "conversions", "value", "unmeasured"))

@@ -133,6 +133,11 @@ REQUESTS = Instrument(
     "warmscope.requests", "counter", "{request}",
     "Requests served, by whether the latency SLA was met.", REQUEST_LABELS + (ATTR.SLA_MET,),
 )
+UNMEASURED_REQUESTS = Instrument(
+    "warmscope.requests.unmeasured", "counter", "{request}",
+    "LLM requests whose response carried no token usage (a stream with include_usage false, an "
+    "engine without prompt token details): left out of token hit rates.", REQUEST_LABELS,
+)
 CONVERSIONS = Instrument(
     "warmscope.conversions", "counter", "{conversion}",
     "Requests that led to a conversion.", REQUEST_LABELS,
@@ -194,12 +199,17 @@ LABEL_OVERFLOW = Instrument(
     "warmscope.telemetry.label_overflow", "counter", "{value}",
     "Label values mapped to other because the label reached its cap, by label.", (ATTR.LABEL,),
 )
+LABEL_BOUNDED = Instrument(
+    "warmscope.telemetry.label_bounded", "counter", "{value}",
+    "Label values shortened, or with characters or words outside the vocabulary replaced, by label.",
+    (ATTR.LABEL,),
+)
 
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
-    GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
+    GPU_TIME, REQUESTS, UNMEASURED_REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
-    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW,
+    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED,
 )
 SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
 

@@ -6,7 +6,10 @@ fixed map of warmscope dimensions, label *values* (tenant, layer, … picked in
 the UI) are escaped as PromQL string literals, and lists become an anchored,
 regex-escaped ``=~`` alternation — so no input can change a query's meaning.
 Counters are read raw per step and differenced (resets handled: a drop is a
-new counter; a series born inside the range counts from 0); the step grows
+new counter; a collector series first seen inside the range counts from 0; an
+engine series only when its target's ``up`` or ``process_start_time_seconds``
+shows it was born there, else from its first raw sample, as ``increase()``
+would, so a lifetime count is never booked into one step); the step grows
 with the range (about 300 points, at least the scrape interval). Each point is
 stamped at the end of its step, as the embedded store stamps flush intervals.
 
@@ -117,12 +120,12 @@ def choose_step(start: float, end: float, points: int = 300, minimum: float = 15
 LOOKBACK_S = 300  # Prometheus' default lookback: how far back an instant selector finds a sample
 
 
-def counter_window(step: int) -> int:
+def counter_window(step: int, lookback_s: int = LOOKBACK_S) -> int:
     """Seconds of samples behind each point of a counter read (at least the step and the lookback)."""
-    return max(int(step), LOOKBACK_S)
+    return max(int(step), int(lookback_s))
 
 
-def last_counts(sel: str, step: int) -> str:
+def last_counts(sel: str, step: int, lookback_s: int = LOOKBACK_S) -> str:
     """The newest sample of ``sel`` behind each point, stale markers ignored.
 
     A plain selector vanishes at a staleness marker — written when a scrape
@@ -130,24 +133,37 @@ def last_counts(sel: str, step: int) -> str:
     counts of its scrapes after the last point that still saw it (up to one
     step: an hour on week-long ranges). A range selector skips the markers.
     """
-    return f"last_over_time({sel}[{counter_window(step)}s])"
+    return f"last_over_time({sel}[{counter_window(step, lookback_s)}s])"
+
+
+# (series labels, time of the first point that sees it, its value there) -> the value its first
+# increment is counted from: 0 when the counter was born in the range.
+Base = Callable[[dict[Any, Any], float, float], float]
+
+
+def _born_after_q0(q0: float, step: int) -> Base:
+    """The collectors' rule: a series first seen after the grid's first point counts from 0."""
+    return lambda _m, ts, fv: 0.0 if ts > q0 + step / 2 else fv
 
 
 def _increments(series: list[dict[Any, Any]], labels: Callable[[dict[Any, Any]], tuple[Any, ...]], q0: float,
-                step: int, start: float) -> list[tuple[Any, ...]]:
+                step: int, start: float, base: Base | None = None) -> list[tuple[Any, ...]]:
     """(ts, *labels, increment) rows of counter series read on the grid from ``q0``: a drop is a
-    reset (the new value is the increment); a series first seen after ``q0`` is born in the range
-    and counts from 0; only points after ``start`` are kept."""
+    reset (the new value is the increment); a series first seen after ``q0`` counts from
+    ``base(metric, ts, value)`` (default: from 0, a counter born in the range); only points after
+    ``start`` are kept."""
+    base = base or _born_after_q0(q0, step)
     rows = []
     for s in series:
-        lab = labels(s.get("metric", {}))
+        m = s.get("metric", {})
+        lab = labels(m)
         prev = None
         for ts, v in s.get("values", []):
             ts, fv = float(ts), float(v)
             if not math.isfinite(fv):
                 continue
             if prev is None:
-                d = fv if ts > q0 + step / 2 else None  # born in range: counts from 0
+                d = fv - base(m, ts, fv) if ts > q0 + step / 2 else None
             else:
                 d = fv - prev if fv >= prev else fv  # a drop is a reset
             prev = fv
@@ -164,13 +180,15 @@ class PrometheusSource(SourceBase):
     kind = "prometheus"
     FRAMES_HELD = frozenset({"lookups", "requests", *ENGINE_FRAMES})
 
-    def __init__(self, url: str, timeout: float = 10.0, scrape_interval: float = 15.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, scrape_interval: float = 15.0,
+                 lookback_s: int = LOOKBACK_S) -> None:
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.scrape_interval = scrape_interval
+        self.lookback_s = int(lookback_s)  # Prometheus' --query.lookback-delta
         # One connect retry; no read or status retries: a slow or failing
         # Prometheus should be reported now, not after minutes of retrying.
         retry = Retry(total=1, connect=1, read=0, status=0, redirect=0, raise_on_status=False)
@@ -237,7 +255,7 @@ class PrometheusSource(SourceBase):
         keeps the counts of its last scrapes.
         """
         step, q0 = self._counter_grid(start, end)
-        series = self.query_range(last_counts(selector(metric, filters), step), q0, end, step)
+        series = self.query_range(last_counts(selector(metric, filters), step, self.lookback_s), q0, end, step)
         rows = _increments(series, lambda m: tuple(m.get(LABELS[c], "") for c in cols), q0, step, start)
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
@@ -262,7 +280,8 @@ class PrometheusSource(SourceBase):
             extra = {}
             for metric, col in (("warmscope_gpu_time_seconds_total", "gpu_s"),
                                 ("warmscope_conversions_total", "conversions"),
-                                ("warmscope_conversion_value_total", "value")):
+                                ("warmscope_conversion_value_total", "value"),
+                                ("warmscope_requests_unmeasured_total", "unmeasured")):
                 f = {k: v for k, v in (filters or {}).items() if k != "sla_met"}
                 extra[col] = self._increase_frame(metric, base, start, end, f, col)
             # GPU time and conversions carry no SLA label: spread them over the
@@ -273,7 +292,7 @@ class PrometheusSource(SourceBase):
             for col, df in extra.items():
                 merged = out[["ts", *base]].merge(df, on=["ts", *base], how="left")[col].fillna(0).to_numpy()
                 out[col] = merged * share.to_numpy()
-            return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value"]]
+            return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value", "unmeasured"]]
         raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups and requests); "
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
@@ -281,15 +300,66 @@ class PrometheusSource(SourceBase):
     def _raw_increments(self, names_rx: str, start: float, end: float,
                         labels: Callable[[dict[Any, Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
-        (same reset and birth handling as :meth:`_increase_frame`)."""
+        (resets as in :meth:`_increase_frame`; a series first seen inside the
+        range counts from 0 only on the evidence of :meth:`_engine_base`)."""
         step, q0 = self._counter_grid(start, end)
         series = []
         # One query per name: last_over_time() drops the name, and the two forms of a name share label sets.
-        for name in self.metric_names(names_rx, q0 - counter_window(step), end):
-            for s in self.query_range(last_counts(f"{{__name__={promql_string(name)}}}", step), q0, end, step):
+        for name in self.metric_names(names_rx, q0 - counter_window(step, self.lookback_s), end):
+            sel = f"{{__name__={promql_string(name)}}}"
+            for s in self.query_range(last_counts(sel, step, self.lookback_s), q0, end, step):
                 s["metric"] = {**s.get("metric", {}), "__name__": name}
                 series.append(s)
-        return _increments(_dedupe_name_forms(series), labels, q0, step, start)
+        if not series:
+            return []
+        return _increments(_dedupe_name_forms(series), labels, q0, step, start,
+                           self._engine_base(q0, end, step))
+
+    def _engine_base(self, q0: float, end: float, step: int) -> Base:
+        """The value an engine counter first seen at ``ts`` (inside the range) counts from.
+
+        Prometheus' ``increase()`` never counts a series' first sample as an
+        increment: the value may hold the engine's whole lifetime (a new
+        Prometheus, a Prometheus back after a gap, a target re-added). The
+        first sample counts from 0 only on evidence that the counter was 0
+        inside the range:
+
+        * the target answered the previous point's scrapes (``up == 1``) without
+          this series: the series was made since (a new label set, from 0); or
+        * the target's process started inside the range
+          (``process_start_time_seconds`` >= the grid's first point): every
+          count it holds was made in the range.
+
+        Otherwise the counter counts from its first raw sample (as
+        ``increase()`` does, without extrapolation): the increments between
+        the scrapes Prometheus saw."""
+        up: dict[tuple[str, str], dict[float, float]] = {}
+        started: dict[tuple[str, str], dict[float, float]] = {}
+        for expr, into in (("up", up), ("process_start_time_seconds", started)):
+            for s in self.query_range(last_counts(expr, step, self.lookback_s), q0, end, step):
+                m = s.get("metric", {})
+                into[(m.get("job", ""), m.get("instance", ""))] = {
+                    round(float(ts), 3): float(v) for ts, v in s.get("values", [])}
+
+        window = counter_window(step, self.lookback_s)
+
+        def base(m: dict[Any, Any], ts: float, fv: float) -> float:
+            target = (m.get("job", ""), m.get("instance", ""))
+            if up.get(target, {}).get(round(ts - step, 3)) == 1.0:
+                return 0.0
+            t0 = started.get(target, {}).get(round(ts, 3))
+            if t0 is not None and t0 >= q0:
+                return 0.0
+            return self._first_sample(m, ts, window, fv)
+
+        return base
+
+    def _first_sample(self, m: dict[Any, Any], ts: float, window: int, default: float) -> float:
+        """The oldest raw sample of the series ``m`` in the ``window`` seconds up to ``ts``."""
+        sel = "{" + ", ".join(f"{k}={promql_string(v)}" for k, v in sorted(m.items())) + "}"
+        got = self._call(lambda: self._prom.custom_query(f"{sel}[{window}s]", params={"time": f"{ts:.3f}"}))
+        values = [v for s in got or [] for v in s.get("values", [])]
+        return float(min(values, key=lambda v: float(v[0]))[1]) if values else default
 
     def engine_frame(self, name: str, start: float, end: float) -> pd.DataFrame:
         """Engine frames (token counts are increments per step):

@@ -25,6 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-header", default="x-warmscope-session",
                    help="request header naming the session, the A/B unit")
     p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default 600)")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20, metavar="N",
+                   help="largest request body accepted, else 413 (default 33554432, 32 MiB)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a client has to send its request headers, else 408 (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send its request body, else 408 (default 30)")
     p.add_argument("--prompt-library", metavar="PATH",
                    help="append each newly seen prompt prefix (its text) to this local JSON-lines file, so that "
                    "'warmscope warmup --from hot --library PATH' can warm the hot ones; never exported")
@@ -46,6 +52,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         print(f"warmscope gateway: --port {args.port} is out of range (1-65535)", file=sys.stderr)
         return 2
+    for flag, v in (("--max-body-bytes", args.max_body_bytes), ("--timeout", args.timeout),
+                    ("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
+        if not v > 0:
+            print(f"warmscope gateway: {flag} must be > 0, got {v}", file=sys.stderr)
+            return 2
     uvicorn = load("gateway", "gateway", "uvicorn")
     gateway = uvicorn and load("gateway", "gateway", "warmscope.collectors.gateway")
     if not gateway:
@@ -71,18 +82,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             kv = kvmod.KVGatewayHook(watcher.start(), tel, engine=watcher.specs[0].name,
                                      salt_tenants=args.kv_salt_tenants)
     app = gateway.make_app(args.upstream, telemetry=tel, timeout_s=args.timeout, kv=kv,
+                           max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
                            experiment=args.experiment,
                            variant=args.variant, tenant_header=args.tenant_header,
                            session_header=args.session_header, prompt_library=args.prompt_library)
     print(f"warmscope gateway on http://{args.host}:{args.port} -> {app.state.upstream}", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    http=gateway.bounded_protocol(app, args.header_timeout))
     except (OSError, SystemExit) as e:
         print(f"warmscope gateway: could not listen on {args.host}:{args.port} ({e})", file=sys.stderr)
         return 1
     finally:
         tel.close()
         app.state.recorder.close()
-        st = app.state.recorder.stats
+        st = {**app.state.recorder.stats, **app.state.stats}
         print("warmscope gateway stopped: " + ", ".join(f"{k} {v}" for k, v in st.items() if v), file=sys.stderr)
+        if st.get("no_usage"):
+            n, total = st["no_usage"], st["recorded"] + st["no_usage"]
+            print(f"warmscope gateway: {n} of {total} answered requests ({n / total:.1%}) carried no token usage "
+                  "and are left out of the token hit rates (warmscope_requests_unmeasured_total)", file=sys.stderr)
     return 0

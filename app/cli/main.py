@@ -121,7 +121,28 @@ def _streamlit(cmd: list[str], env: dict) -> int:
             signal.signal(s, h)
 
 
+def _cannot_listen(cmd: str, address: str, port: int) -> bool:
+    """True (and one line on stderr) when ``address:port`` cannot be listened on:
+    checked here, before Streamlit starts and prints a traceback instead."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        fam, kind, proto, _, addr = infos[0]
+        with socket.socket(fam, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except (OSError, UnicodeError, IndexError) as e:
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        print(f"warmscope {cmd}: cannot listen on {address}:{port} ({reason}); pass --address with an "
+              "address of this machine (127.0.0.1, 0.0.0.0) and a free --port", file=sys.stderr)
+        return True
+    return False
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    if _cannot_listen("dashboard", args.address, args.port):
+        return 2
     env = dict(os.environ, WARMSCOPE_STORE=str(_store_path(args)))
     from warmscope.app.dashboard.serve import command  # Streamlit, and a warm-up of the caches as soon as it is up
 
@@ -205,6 +226,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from warmscope.app.cli.engine_demo import run
 
         return run(args)
+    if not getattr(args, "no_dashboard", False) and _cannot_listen("demo", args.address, args.port):
+        return 2
 
     path = _store_path(args)
     if path.is_dir():
@@ -436,13 +459,15 @@ def main(argv: list[str] | None = None) -> int:
                        "strategies.",
                        epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
                        + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
-    p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
+    # No flag has a default of its own: an unset flag keeps [simulator] of WARMSCOPE_CONFIG,
+    # else SimConfig's default (the values in the help).
+    p.add_argument("--hours", type=_POS_FLOAT, help="simulated hours (default 24)")
     p.add_argument("--rps", type=_POS_FLOAT, help="mean requests per second (default 12)")
-    p.add_argument("--tenants", type=_POS_INT, default=8, help="tenants (default 8)")
-    p.add_argument("--replicas", type=_POS_INT, default=2, help="replicas per variant pool")
-    p.add_argument("--strategy-a", choices=STRATEGIES, default="none",
+    p.add_argument("--tenants", type=_POS_INT, help="tenants (default 8)")
+    p.add_argument("--replicas", type=_POS_INT, help="replicas per variant pool (default 2)")
+    p.add_argument("--strategy-a", choices=STRATEGIES,
                    help="warm-up strategy of pool A, the control (default none)")
-    p.add_argument("--strategy-b", choices=STRATEGIES, default="static_topk",
+    p.add_argument("--strategy-b", choices=STRATEGIES,
                    help="warm-up strategy of pool B, the treatment (default static_topk)")
     p.add_argument("--strategy-c", choices=STRATEGIES,
                    help="warm-up strategy of a third pool C, a second treatment: sessions split three ways "
@@ -455,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--content-drift", type=_POS_FLOAT, metavar="HOURS",
                    help="trending content: popular fills and RAG chunks change every HOURS (default: never)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
-    p.add_argument("--seed", type=_NONNEG_INT, default=1, help="random seed, >= 0 (default 1)")
+    p.add_argument("--seed", type=_NONNEG_INT, help="random seed, >= 0 (default 1)")
     p.add_argument("--tick", type=_POS_FLOAT, help="flush interval in virtual seconds (default 60)")
     p.add_argument("--out", help="store path (default: the configured embedded store)")
     p.add_argument("--faults-out", type=_writable_file, help="also write the ground truth as JSON here")

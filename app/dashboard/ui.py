@@ -186,6 +186,25 @@ def resolution_note(start: float, end: float) -> None:
                    "error — need a range of 24 hours or less.")
 
 
+def unmeasured_note(start: float, end: float, tenant: str | None = None) -> str | None:
+    """The share of requests whose token usage was not reported, shown next to token hit
+    rates (they leave those requests out); None when every request was measured."""
+    from warmscope.analysis.hitrate import unmeasured_share
+
+    req = load(["requests"], start, end)["requests"]
+    if tenant is not None and "tenant" in req.columns:
+        req = req[req["tenant"] == tenant]
+    t = unmeasured_share(req)
+    if t.empty or not t["unmeasured"].iloc[0]:
+        return None
+    n, total = int(t["unmeasured"].iloc[0]), int(t["requests"].iloc[0])
+    note = (f"Token hit rates (prefix_kv) leave out {n:,} of {total:,} requests ({pct(n / total)}) whose "
+            "responses carried no token usage (stream_options.include_usage false, or an engine without "
+            "prompt token details).")
+    st.warning(note, icon=":material/visibility_off:")
+    return note
+
+
 def load(names, start=None, end=None, fine: bool = False) -> dict:
     """Frames for the range; ``fine=True`` keeps per-flush rows at any range."""
     try:

@@ -115,6 +115,9 @@ class EmbeddedStore(StoreReader, StoreWriter):
         self.readonly = readonly
         self.timeout = timeout
         self._local = threading.local()
+        if self.path.is_dir():  # (SQLite would say "disk I/O error" or "unable to open")
+            raise StoreError(f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE "
+                             "at a file")
         if readonly:
             if not self.path.exists():
                 raise StoreError(
@@ -242,6 +245,27 @@ class EmbeddedStore(StoreReader, StoreWriter):
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
             self._local.con = con
         return con
+
+    def heartbeat(self, replica: str, instance: str, now: float, alive_s: float) -> list[str]:
+        """Note that process ``instance`` writes as ``replica`` (a ``meta`` row);
+        the other instances that wrote as ``replica`` within ``alive_s``."""
+        prefix = f"instance\x1f{replica}\x1f"
+        con = self._con()
+        with con:
+            con.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (prefix + instance, f"{now:.3f}"))
+            con.execute("DELETE FROM meta WHERE substr(key, 1, ?) = ? AND CAST(value AS REAL) < ?",
+                        (len(prefix), prefix, now - 86400))  # processes gone a day ago
+            rows = con.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?",
+                               (len(prefix), prefix)).fetchall()
+        out = []
+        for k, v in rows:
+            other = k[len(prefix):]
+            try:
+                if other != instance and now - float(v) <= alive_s:
+                    out.append(other)
+            except ValueError:
+                continue
+        return sorted(out)
 
     def close(self) -> None:
         con = getattr(self._local, "con", None)

@@ -45,4 +45,12 @@ def _migrate_2_to_3(con: sqlite3.Connection) -> None:
     backfill_rollups(con)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3}
+def _migrate_3_to_4(con: sqlite3.Connection) -> None:
+    """Schema 4 counts LLM requests without token usage (``requests.unmeasured``)."""
+    for table in ("requests", "requests_1h"):
+        cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        if cols and "unmeasured" not in cols:
+            con.execute(f'ALTER TABLE {table} ADD COLUMN "unmeasured" INTEGER DEFAULT 0')
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3, 3: _migrate_3_to_4}

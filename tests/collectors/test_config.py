@@ -31,6 +31,8 @@ def test_env_tenant_list_is_comma_separated():
     ({"flush_interval_s": "soon"}, "collectors.flush_interval_s must be a number, got 'soon'"),
     ({"no_such": 1}, "collectors.no_such is not a known setting"),
     ({"family_rules": [["(unclosed", "x"]]}, "not a valid regex"),
+    ({"family_rules": [[r"^tenant:(\w+)", r"t:\2"]]}, "invalid group reference 2"),
+    ({"family_rules": [[r"^tenant:(\w+)", r"t:\g<name>"]]}, "does not fit pattern"),
 ])
 def test_bad_values_name_the_key(raw, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):

@@ -51,7 +51,7 @@ def test_the_aggregator_labels_series_by_column_name_not_position(make_tel):
     (rkey, sums), = tel.aggregator.request_totals().items()
     assert dict(zip(records.REQUEST_LABELS, rkey, strict=True))["sla_met"] == "true"
     assert dict(zip(records.REQUESTS.measures, sums, strict=True)) == {"requests": 1, "gpu_s": 0.25, "conversions": 0,
-                                                          "value": 0.0}
+                                                          "value": 0.0, "unmeasured": 0}
     tel.flush(now=60.0)
     lk = tel.store.frame("lookups")
     assert lk[list(want)].to_dict("records") == [want]

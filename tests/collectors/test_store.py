@@ -6,6 +6,7 @@ import textwrap
 import pytest
 from warmscope.collectors import EmbeddedStore, InstrumentedCache, StoreError
 from warmscope.collectors.store import _TABLES, FRAMES
+from warmscope.collectors.store.layout import SCHEMA_VERSION
 
 
 def test_every_frame_has_its_documented_columns_even_when_empty(tmp_path):
@@ -142,7 +143,7 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(path), "upgrade-store"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "upgrading" in out.stderr and "schema version 3" in out.stderr
+    assert "upgrading" in out.stderr and f"schema version {SCHEMA_VERSION}" in out.stderr
     got = EmbeddedStore(path, readonly=True).units("e").set_index("unit_hash").sort_index()
 
     # Reference: the same rows folded by hand, independently of SQL.
@@ -184,13 +185,15 @@ def test_hourly_rollups_equal_the_per_flush_rows_summed_by_hour(tmp_path):
         ts = 1_700_000_000.0 - 1_700_000_000.0 % 3600 + 60.0 * tick
         lk = [(ts, t, ly, "f", res, "", "", "m", "r0", "", rnd.randint(1, 9))
               for t in ("a", "b") for ly in ("kv", "resp") for res in ("hit", "miss") if rnd.random() < 0.8]
-        rq = [(ts, "a", "e", v, "m", "r0", "true", rnd.randint(1, 5), rnd.random(), rnd.randint(0, 1), rnd.random())
+        rq = [(ts, "a", "e", v, "m", "r0", "true", rnd.randint(1, 5), rnd.random(), rnd.randint(0, 1), rnd.random(),
+               rnd.randint(0, 2))
               for v in "AB"]
         hs = [histogram_row(ts, "gen_ai.server.time_to_first_token", ("a", "", "", "m", "r0", ""), [0.1, 1.0],
                             [rnd.randint(0, 3), rnd.randint(0, 3), rnd.randint(0, 1)], rnd.random(), 4)]
         hsum += hs[0][10]
         st.write({"lookups": lk, "requests": rq, "histograms": hs})
-    for name, meas in (("lookups", ["count"]), ("requests", ["requests", "gpu_s", "conversions", "value"])):
+    req_meas = ["requests", "gpu_s", "conversions", "value", "unmeasured"]
+    for name, meas in (("lookups", ["count"]), ("requests", req_meas)):
         raw = st.frame(name)
         dims = [c for c in raw.columns if c not in meas and c != "ts"]
         ref = raw.assign(ts=np.ceil(raw.ts / ROLLUP_S) * ROLLUP_S).groupby(["ts"] + dims)[meas].sum()
@@ -211,6 +214,7 @@ def test_hourly_rollups_equal_the_per_flush_rows_summed_by_hour(tmp_path):
         _backfill_rollups(con)  # the upgrade path: rebuilt from the per-flush rows in SQL
     for n, b in before.items():
         a = st.frame(n, step=ROLLUP_S)
-        key = [c for c in a.columns if c not in ("count", "requests", "gpu_s", "conversions", "value", "sum", "total")]
+        key = [c for c in a.columns if c not in ("count", "requests", "gpu_s", "conversions", "value", "unmeasured",
+                                                 "sum", "total")]
         pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True),
                                       b.sort_values(key).reset_index(drop=True), check_dtype=False)

@@ -34,7 +34,9 @@ class _Engine(BaseHTTPRequestHandler):
             _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
         _Engine.last_scrape[port] = time.time()
         n = _Engine.scrapes.get(port, 0)
-        lines = []
+        # as vLLM and SGLang export it (prometheus_client): the engines started inside every range read
+        # here, so their first scrape's counts are the range's (see test_counter_booking.py)
+        lines = [f"process_start_time_seconds {_Engine.started}"]
         if port == _Engine.ports[3]:   # vLLM D: the one that goes down (its counters never freeze)
             lines += [f'vllm_prefix_cache_hits_total{{engine="0",model_name="tiny"}} {STEP["hits_a"] * n}',
                       f'vllm_prefix_cache_queries_total{{engine="0",model_name="tiny"}} {STEP["queries"] * n}']
@@ -68,6 +70,7 @@ class _Engine(BaseHTTPRequestHandler):
 def engines_prom(tmp_path_factory):
     prom_bin = need_binary("prometheus")
     tmp = tmp_path_factory.mktemp("engine-src")
+    _Engine.started = time.time()
     servers = [HTTPServer(("127.0.0.1", free_port()), _Engine) for _ in range(4)]
     _Engine.ports = [s.server_port for s in servers]
     for s in servers:

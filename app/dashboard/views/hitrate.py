@@ -76,6 +76,7 @@ ui.url_set(drill=_encode(path) or None, groupby=by)
 ui.resolution_note(start, end)
 st.caption("Hit rate = hits / (hits + misses) of the selected lookups; bypassed and failed lookups are not "
            "counted. Bands: 95% Wilson CI.")
+ui.unmeasured_note(start, end, tenant=dict(path).get("tenant"))
 t = ui.rates(start, end, (by,), freq, path)
 t = t[t.lookups > 0]
 top = ui.rates(start, end, (by,), path=path).sort_values("lookups", ascending=False)

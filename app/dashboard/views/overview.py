@@ -22,6 +22,7 @@ if engine_view.active(start, end):  # engine metrics only
 fr = ui.load(["warmup_runs"], start, end)
 st.caption(f"{ui.when(start)} → {ui.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
 ui.resolution_note(start, end)
+ui.unmeasured_note(start, end)
 runs = fr["warmup_runs"]
 # Cached per store version and range (filled in the background when the server starts); the spinner shows only
 # when a figure is still being computed — the first view of a range nobody has opened yet.
