@@ -45,4 +45,11 @@ def _migrate_2_to_3(con: sqlite3.Connection) -> None:
     backfill_rollups(con)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3}
+def _migrate_3_to_4(con: sqlite3.Connection) -> None:
+    """Schema 4 adds the ``misses`` and ``kv_blocks`` records (new tables, empty)."""
+    for stmt in DDL.split(";"):
+        if "EXISTS misses" in stmt or "EXISTS kv_blocks" in stmt:
+            con.execute(stmt)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3, 3: _migrate_3_to_4}
