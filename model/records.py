@@ -66,7 +66,6 @@ class ATTR:
     STRATEGY = "warmscope.warmup.strategy"
     TRIGGER = "warmscope.warmup.trigger"
     STATUS = "warmscope.warmup.status"
-    ENGINE = "warmscope.engine"
     MISS_CLASS = "warmscope.kv.miss_class"
     SALT = "warmscope.kv.salt"
     STAGE = "warmscope.telemetry.stage"
@@ -251,11 +250,13 @@ FAULTS = Record(
 # Why a request's missed prompt tokens (prompt - cached) were not in the
 # prefix-KV cache, one class each; the classes of a request add up exactly
 # to its missed tokens. ``unknown``: the engine's events for some missed
-# blocks never arrived (see docs/architecture.md, "Why misses").
+# blocks never arrived (see docs/architecture.md, "Why misses"). ``engine`` is
+# the serving replica: exported as ``warmscope.replica`` (``warmscope_engine``
+# in the engine rules names the engine kind: vllm, sglang, lmcache).
 MISS_CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
 MISSES = Record(
     "misses",
-    (_t("ts"), _TENANT, _l("engine", ATTR.ENGINE), _FAMILY, _l("miss_class", ATTR.MISS_CLASS),
+    (_t("ts"), _TENANT, _l("engine", ATTR.REPLICA), _FAMILY, _l("miss_class", ATTR.MISS_CLASS),
      _m("tokens"), _m("requests")),
     time="ts", key=("ts", "tenant", "engine", "family", "miss_class"), write="add", rollup=True,
     doc="missed prompt tokens by class per time bucket (the flush interval ending at ts); requests: "
@@ -263,7 +264,7 @@ MISSES = Record(
 )
 KV_BLOCKS = Record(
     "kv_blocks",
-    (_t("ts"), _l("engine", ATTR.ENGINE), _l("salt", ATTR.SALT), _m("stored"), _m("reused"), _m("evicted"),
+    (_t("ts"), _l("engine", ATTR.REPLICA), _l("salt", ATTR.SALT), _m("stored"), _m("reused"), _m("evicted"),
      _m("resident")),
     time="ts", key=("ts", "engine", "salt"), write="add", max_measures=("resident",),
     doc="an engine's KV blocks per salt (hashed) in the flush interval ending at ts: stored, reused and "

@@ -205,8 +205,8 @@ LABEL_OVERFLOW = Instrument(
 # Prefix-KV miss classes (records.MISSES). The key family is kept in the store
 # but not exported: up to 256 families per layer times tenants, engines and
 # classes would multiply the series; Prometheus answers per tenant and engine.
-MISS_LABELS = (ATTR.TENANT, ATTR.ENGINE, ATTR.MISS_CLASS)
-KV_BLOCK_LABELS = (ATTR.ENGINE, ATTR.SALT)
+MISS_LABELS = (ATTR.TENANT, ATTR.REPLICA, ATTR.MISS_CLASS)  # engine: the serving replica
+KV_BLOCK_LABELS = (ATTR.REPLICA, ATTR.SALT)
 KV_MISSED_TOKENS = Instrument(
     "warmscope.kv.missed_tokens", "counter", "{token}",
     "Missed prompt tokens (prompt - cached) by why they were not in the prefix-KV cache.", MISS_LABELS,
