@@ -746,6 +746,9 @@ class Simulation:
             return cached
         # Why each block missed, judged against the caches the request met (before its own writes).
         classes = self._miss_classes(rep, pool, ten, tpl, variant, blocks, n_sys, missed, prompt < min_len)
+        groups: dict[int, dict[str, int]] = {}  # 0: system-prompt blocks, 1: the rest (query, conversation)
+        for (g, cls), n in classes.items():
+            groups.setdefault(g, {})[cls] = n
         if prompt >= min_len:
             for j in missed:
                 key = blocks[j][0]
@@ -756,15 +759,18 @@ class Simulation:
                 sess = self._sess
                 sess[3] = max(sess[3], len(blocks) - n_sys)
         self.summary.kv_missed += prompt - cached
-        self.summary.miss_classes.update(classes)
-        rep.tel.record_misses(tenant=ten.name, engine=rname, family=kv._b.families.family(blocks[0][0]),
-                              classes=classes)
+        fam = kv._b.families.family
+        for g, cl in groups.items():  # each with its blocks' key family, as their lookups
+            self.summary.miss_classes.update(cl)
+            rep.tel.record_misses(tenant=ten.name, engine=rname, family=fam(blocks[0 if g == 0 else n_sys][0]),
+                                  classes=cl)
         return cached
 
     def _miss_classes(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, variant: str,
                       blocks: list[tuple[str, int, bool]], n_sys: int, missed: list[int],
-                      refused: bool) -> dict[str, int]:
-        """Ground truth: the missed blocks' tokens by why each missed (they add up to prompt - cached).
+                      refused: bool) -> dict[tuple[int, str], int]:
+        """Ground truth: the missed blocks' tokens by (group, why each missed): they add up to
+        prompt - cached. Group 0 holds the system-prompt blocks, 1 the rest (query, conversation).
 
         In this order, for each missed block: ``partial`` — the prompt's last block when it holds
         fewer than ``block_tokens`` tokens, or every block of a prompt the cache refuses (the
@@ -775,11 +781,13 @@ class Simulation:
         block held only under another tenant's scope; ``drifted`` — a system-prompt block whose key
         the ``dynamic_tokenisation`` trap changed while the unchanged key was stored before;
         ``cold`` otherwise."""
-        out: dict[str, int] = {}
+        out: dict[tuple[int, str], int] = {}
         if not missed:
             return out
         if refused:
-            out["partial"] = sum(blocks[j][1] for j in missed)
+            for j in missed:
+                k = (0 if j < n_sys else 1, "partial")
+                out[k] = out.get(k, 0) + blocks[j][1]
             return out
         B = self.cfg.block_tokens
         last = len(blocks) - 1
@@ -807,7 +815,8 @@ class Simulation:
                 cls = "cold"
             if first is None:
                 first = cls
-            out[cls] = out.get(cls, 0) + tokens
+            k = (0 if j < n_sys else 1, cls)
+            out[k] = out.get(k, 0) + tokens
         return out
 
     def _isolated(self, pool: Pool, ten: Any, tpl: Any, variant: str, b: int) -> bool:

@@ -94,11 +94,13 @@ def test_key_drift_shows_as_drifted_in_its_template_only(tmp_path):
     assert m["tokens"].sum() == summary.kv_missed
     drifted = m[m["miss_class"] == "drifted"]
     # The trap changes the system-prompt keys of chat prompts only: every drifted token is
-    # in chat's family, and there are some (the unchanged keys were stored before the trap's
-    # 50 variants each met their first request).
+    # in chat's families — its system prompt, and its conversation blocks held on the replica
+    # but unusable after the drifted system prompt broke the chain — and there are some (the
+    # unchanged keys were stored before the trap's 50 variants each met their first request).
     assert drifted["tokens"].sum() > 0
-    assert set(drifted["family"]) == {"kv:chat:sys:*"}
-    chat = m[m["family"] == "kv:chat:sys:*"]
+    assert "kv:chat:sys:*" in set(drifted["family"])
+    assert set(drifted["family"]) <= {"kv:chat:sys:*", "kv:chat:hist:*"}
+    chat = m[m["family"].str.startswith("kv:chat:")]
     share = drifted["tokens"].sum() / chat["tokens"].sum()
     print("drifted share of chat's missed tokens", share)
     assert share > 0.05
