@@ -51,15 +51,17 @@ else:
     st.subheader("Missed tokens by class over time")
     freq = max(60.0, float(int((end - start) / 120 // 60 * 60)))
     ot = mz.over_time(m, freq)
+    ot = ot[ot["miss_class"].isin(table.loc[table["tokens"] > 0, "miss_class"])]  # no flat zero band
     ot["time"] = pd.to_datetime(ot["ts"], unit="s")
     fig = px.area(ot, x="time", y="tokens", color="miss_class", color_discrete_map=COLOURS,
                   category_orders={"miss_class": list(COLOURS)},
                   labels={"tokens": f"missed tokens per {freq / 60:.0f} min", "time": "", "miss_class": "class"})
+    fig.update_traces(line=dict(width=0.5))
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=10, b=10), legend_title_text="")
     ui.annotate(fig, start, end)
     st.plotly_chart(fig, width="stretch")
 
-    shown = table.assign(meaning=table["miss_class"].map(MEANING))
+    shown = table.assign(meaning=table["miss_class"].map(MEANING), share=100 * table["share"])
     st.dataframe(shown[["miss_class", "meaning", "tokens", "requests", "share"]], hide_index=True,
                  width="stretch", column_config={
                      "miss_class": st.column_config.TextColumn("Class"),
@@ -67,7 +69,7 @@ else:
                      "tokens": st.column_config.NumberColumn("Missed tokens", format="localized"),
                      "requests": st.column_config.NumberColumn("Requests", format="localized",
                                                                help="requests with tokens in this class"),
-                     "share": st.column_config.NumberColumn("Share", format="percent")})
+                     "share": st.column_config.NumberColumn("Share", format="%.1f%%")})
 
     st.subheader("Warm-up: addressable vs prevented")
     a1, a2, a3 = st.columns(3)
@@ -89,12 +91,13 @@ else:
     tabs = st.tabs(["Tenant", "Engine", "Key family"])
     for tab, dim in zip(tabs, ("tenant", "engine", "family"), strict=True):
         t = mz.by_dimension(m, dim)
+        t[["evicted_share", "addressable_share"]] *= 100  # shown in percent, one decimal
         cfg = {c: st.column_config.NumberColumn(c, format="localized") for c in t.columns
                if c not in (dim, "evicted_share", "addressable_share")}
         cfg[dim] = st.column_config.TextColumn({"family": "Key family"}.get(dim, dim.capitalize()))
         cfg["total"] = st.column_config.NumberColumn("Total", format="localized")
-        cfg["evicted_share"] = st.column_config.NumberColumn("Evicted share", format="percent")
-        cfg["addressable_share"] = st.column_config.NumberColumn("Cold + evicted", format="percent")
+        cfg["evicted_share"] = st.column_config.NumberColumn("Evicted share", format="%.1f%%")
+        cfg["addressable_share"] = st.column_config.NumberColumn("Cold + evicted", format="%.1f%%")
         tab.dataframe(t, hide_index=True, width="stretch", column_config=cfg)
 
 st.subheader("Warmed keys lost before their first reader")
@@ -109,13 +112,14 @@ else:
     def _secs(x: float) -> str:
         return "–" if x != x else f"{x:,.0f} s"
 
-    shown_lost = lost.assign(median=lost["median_s"].map(_secs), latest=lost["max_s"].map(_secs))
+    shown_lost = lost.assign(median=lost["median_s"].map(_secs), latest=lost["max_s"].map(_secs),
+                             lost_share=100 * lost["lost_share"])
     st.dataframe(shown_lost[["run_id", "keys", "lost", "lost_share", "median", "latest"]], hide_index=True,
                  width="stretch", column_config={
                      "run_id": st.column_config.TextColumn("Run"),
                      "keys": st.column_config.NumberColumn("Keys warmed", format="localized"),
                      "lost": st.column_config.NumberColumn("Lost before read", format="localized"),
-                     "lost_share": st.column_config.NumberColumn("Share", format="percent"),
+                     "lost_share": st.column_config.NumberColumn("Share", format="%.1f%%"),
                      "median": st.column_config.TextColumn("Median time to loss"),
                      "latest": st.column_config.TextColumn("Latest loss")})
 
@@ -123,11 +127,13 @@ if len(kvb):
     st.subheader("Engine KV blocks per salt")
     st.caption("From the engines' KV-cache events: blocks stored, reused and evicted per second over the range, "
                "and the blocks resident at its end. Salts are hashed.")
-    st.dataframe(mz.block_rates(kvb), hide_index=True, width="stretch", column_config={
+    rates = mz.block_rates(kvb)
+    rates["reuse_ratio"] *= 100  # shown in percent, one decimal
+    st.dataframe(rates, hide_index=True, width="stretch", column_config={
         "engine": st.column_config.TextColumn("Engine"),
         "salt": st.column_config.TextColumn("Salt (hashed)"),
         "stored_per_s": st.column_config.NumberColumn("Stored / s", format="%.2f"),
         "reused_per_s": st.column_config.NumberColumn("Reused / s", format="%.2f"),
         "evicted_per_s": st.column_config.NumberColumn("Evicted / s", format="%.2f"),
-        "reuse_ratio": st.column_config.NumberColumn("Reuse ratio", format="percent"),
+        "reuse_ratio": st.column_config.NumberColumn("Reuse ratio", format="%.1f%%"),
         "resident": st.column_config.NumberColumn("Resident blocks", format="localized")})
