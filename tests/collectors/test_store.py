@@ -142,7 +142,7 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(path), "upgrade-store"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "upgrading" in out.stderr and "schema version 3" in out.stderr
+    assert "upgrading" in out.stderr and "schema version 4" in out.stderr  # 2 -> 3 -> 4
     got = EmbeddedStore(path, readonly=True).units("e").set_index("unit_hash").sort_index()
 
     # Reference: the same rows folded by hand, independently of SQL.
