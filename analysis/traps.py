@@ -325,6 +325,8 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     idx = shift.set_index("miss_class")
     sa, sb = float(idx["share"].to_numpy(float)[idx.index.get_loc(cls)]), \
         float(idx["share_base"].to_numpy(float)[idx.index.get_loc(cls)])
+    if sa == 0 and not sb > 0:  # the class never occurred: nothing to say
+        return v
     base_txt = f"{sb:.0%}" if np.isfinite(sb) else "no baseline"
     ma = time_slice(m, *an)
     top = ma[ma["miss_class"] == cls].groupby(_MISS_SCOPE[cls])["tokens"].sum()
