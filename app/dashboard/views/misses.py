@@ -112,6 +112,9 @@ else:
     def _secs(x: float) -> str:
         return "–" if x != x else f"{x:,.0f} s"
 
+    if len(lost) > 10:
+        st.caption(f"The 10 of {len(lost)} runs that lost the largest share of their warmed keys:")
+        lost = lost.head(10)
     shown_lost = lost.assign(median=lost["median_s"].map(_secs), latest=lost["max_s"].map(_secs),
                              lost_share=100 * lost["lost_share"])
     st.dataframe(shown_lost[["run_id", "keys", "lost", "lost_share", "median", "latest"]], hide_index=True,
