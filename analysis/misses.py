@@ -8,7 +8,7 @@ Every request's missed prompt tokens (prompt − cached) are split into classes
 * :func:`over_time` — tokens per class per time bucket (the page's stacked area);
 * :func:`addressable` — the *warm-up-addressable* share beside what warm-up prevented;
 * :func:`warmed_lost_before_read` — per warm-up run, the warmed keys gone before their first reader;
-* :func:`block_rates` — an engine's blocks stored, reused and evicted per second, and resident, per salt.
+* :func:`block_rates` — an engine's blocks stored, reused, evicted per second, resident, per salt.
 
 Warm-up-addressable tokens: the ``cold`` and ``evicted`` tokens of the (tenant, key family)
 pairs of which a warm-up run in the range warmed at least one ``prefix_kv`` key. They are the
@@ -34,8 +34,17 @@ import numpy as np
 import pandas as pd
 from warmscope.model.records import MISS_CLASSES
 
-__all__ = ["MISS_CLASSES", "ADDRESSABLE_CLASSES", "class_table", "by_dimension", "over_time", "addressable",
-           "warmed_lost_before_read", "block_rates", "class_shares"]
+__all__ = [
+    "MISS_CLASSES",
+    "ADDRESSABLE_CLASSES",
+    "class_table",
+    "by_dimension",
+    "over_time",
+    "addressable",
+    "warmed_lost_before_read",
+    "block_rates",
+    "class_shares",
+]
 
 ADDRESSABLE_CLASSES = ("cold", "evicted")
 
@@ -47,7 +56,7 @@ def _present(misses: pd.DataFrame) -> list[str]:
 
 
 def class_table(misses: pd.DataFrame) -> pd.DataFrame:
-    """miss_class, tokens, requests, share (of all missed tokens); every class listed, zero included."""
+    """miss_class, tokens, requests, share (of all missed tokens); every class, zero included."""
     classes = _present(misses)
     if misses.empty:
         return pd.DataFrame({"miss_class": classes, "tokens": 0, "requests": 0, "share": np.nan})
@@ -64,7 +73,10 @@ def class_shares(misses: pd.DataFrame) -> dict[str, float]:
     total = float(t["tokens"].sum())
     if not total:
         return {}
-    return {str(c): float(n) / total for c, n in zip(t["miss_class"], t["tokens"].to_numpy(float), strict=True)}
+    return {
+        str(c): float(n) / total
+        for c, n in zip(t["miss_class"], t["tokens"].to_numpy(float), strict=True)
+    }
 
 
 def by_dimension(misses: pd.DataFrame, dim: str) -> pd.DataFrame:
@@ -74,7 +86,9 @@ def by_dimension(misses: pd.DataFrame, dim: str) -> pd.DataFrame:
     cols = [dim, *classes, "total", "evicted_share", "addressable_share"]
     if misses.empty:
         return pd.DataFrame(columns=cols)
-    p = misses.pivot_table(index=dim, columns="miss_class", values="tokens", aggfunc="sum", fill_value=0)
+    p = misses.pivot_table(
+        index=dim, columns="miss_class", values="tokens", aggfunc="sum", fill_value=0
+    )
     p = p.reindex(columns=classes, fill_value=0)
     p["total"] = p[classes].sum(axis=1)
     tot = p["total"].where(p["total"] > 0)
@@ -117,9 +131,15 @@ def addressable(misses: pd.DataFrame, warmed_keys: pd.DataFrame) -> dict[str, An
         addr = float(ce.loc[hit, "tokens"].sum())
     else:
         addr = 0.0
-    return {"tokens": total, "addressable": addr, "share": addr / total if total else float("nan"),
-            "cold_evicted": float(ce["tokens"].sum()) if len(ce) else 0.0, "families": len(pairs),
-            "warmed_keys": len(wk), "warm_hits": float(wk["hits"].sum()) if len(wk) else 0.0}
+    return {
+        "tokens": total,
+        "addressable": addr,
+        "share": addr / total if total else float("nan"),
+        "cold_evicted": float(ce["tokens"].sum()) if len(ce) else 0.0,
+        "families": len(pairs),
+        "warmed_keys": len(wk),
+        "warm_hits": float(wk["hits"].sum()) if len(wk) else 0.0,
+    }
 
 
 def warmed_lost_before_read(warmed_keys: pd.DataFrame) -> pd.DataFrame:
@@ -133,8 +153,16 @@ def warmed_lost_before_read(warmed_keys: pd.DataFrame) -> pd.DataFrame:
     miss, hit = wk["first_miss_at"].to_numpy(float), wk["first_hit_at"].to_numpy(float)
     lost = np.isfinite(miss) & ~(np.isfinite(hit) & (hit <= miss))
     d = wk.assign(lost=lost, gone_s=np.where(lost, miss - wk["warmed_at"].to_numpy(float), np.nan))
-    g = d.groupby("run_id").agg(keys=("lost", "size"), lost=("lost", "sum"), median_s=("gone_s", "median"),
-                                max_s=("gone_s", "max")).reset_index()
+    g = (
+        d.groupby("run_id")
+        .agg(
+            keys=("lost", "size"),
+            lost=("lost", "sum"),
+            median_s=("gone_s", "median"),
+            max_s=("gone_s", "max"),
+        )
+        .reset_index()
+    )
     g["lost_share"] = g["lost"] / g["keys"]
     return g.sort_values(["lost_share", "keys"], ascending=False, ignore_index=True)[cols]
 
@@ -142,7 +170,15 @@ def warmed_lost_before_read(warmed_keys: pd.DataFrame) -> pd.DataFrame:
 def block_rates(kv_blocks: pd.DataFrame) -> pd.DataFrame:
     """Per engine × salt: blocks stored, reused and evicted per second over the frame's span,
     the reuse ratio (reused / (stored + reused)) and the last resident count."""
-    cols = ["engine", "salt", "stored_per_s", "reused_per_s", "evicted_per_s", "reuse_ratio", "resident"]
+    cols = [
+        "engine",
+        "salt",
+        "stored_per_s",
+        "reused_per_s",
+        "evicted_per_s",
+        "reuse_ratio",
+        "resident",
+    ]
     if kv_blocks.empty:
         return pd.DataFrame(columns=cols)
     ts = kv_blocks["ts"].to_numpy(float)

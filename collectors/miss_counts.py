@@ -73,16 +73,25 @@ class MissTracking:
         self.kv_export: dict[tuple[str, str], list[int]] = {}
 
     # ------------------------------------------------------------ hot path
-    def record_misses(self, tenant: str, engine: str, family: str, classes: Mapping[str, int],
-                      ts: float | None) -> None:
+    def record_misses(
+        self, tenant: str, engine: str, family: str, classes: Mapping[str, int], ts: float | None
+    ) -> None:
         q = self._miss_q
         if len(q) >= MISS_QUEUE_LIMIT:
             self._miss_dropped += 1
             return
         q.append((ts, tenant, engine, family, tuple(classes.items())))
 
-    def record_kv_stats(self, engine: str, salt: str, stored: int, reused: int, evicted: int, resident: int,
-                        ts: float | None) -> None:
+    def record_kv_stats(
+        self,
+        engine: str,
+        salt: str,
+        stored: int,
+        reused: int,
+        evicted: int,
+        resident: int,
+        ts: float | None,
+    ) -> None:
         q = self._kv_q
         if len(q) >= MISS_QUEUE_LIMIT:
             self._miss_dropped += 1
@@ -120,7 +129,9 @@ class MissTracking:
                 except Exception as e:
                     self.count_error("record", "record_kv_stats", e)
 
-    def _add_misses(self, ts: Any, tenant: Any, engine: Any, family: Any, classes: tuple[Any, ...]) -> None:
+    def _add_misses(
+        self, ts: Any, tenant: Any, engine: Any, family: Any, classes: tuple[Any, ...]
+    ) -> None:
         bucket = self._bucket(ts) if self.miss_to_store else None
         t = self.tenants.label(tenant)
         e = self._engine_cap.label(str(engine) if engine else "unknown")
@@ -145,8 +156,9 @@ class MissTracking:
             xk = (t, e, c)
             self.miss_export[xk] = self.miss_export.get(xk, 0) + k
 
-    def _add_kv(self, ts: Any, engine: Any, salt: Any, stored: Any, reused: Any, evicted: Any,
-                resident: Any) -> None:
+    def _add_kv(
+        self, ts: Any, engine: Any, salt: Any, stored: Any, reused: Any, evicted: Any, resident: Any
+    ) -> None:
         vals = (int(stored), int(reused), int(evicted), int(resident))
         if min(vals) < 0:
             raise ValueError(f"negative block counts {vals}")
@@ -172,8 +184,9 @@ class MissTracking:
             x[3] = vals[3]
 
     # ---------------------------------------------------------- flush rows
-    def miss_rows(self, now: float, last: dict[Any, Any]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]],
-                                                                    dict[Any, Any]]:
+    def miss_rows(
+        self, now: float, last: dict[Any, Any]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[Any, Any]]:
         """(``misses`` rows, ``kv_blocks`` rows, new snapshot) since the snapshot ``last``.
 
         A row's ts is its bucket, or ``now`` for calls without ``ts``. Buckets
@@ -194,14 +207,24 @@ class MissTracking:
                 snap[("m", key)] = cur
                 p = last.get(("m", key), (0, 0))
                 if cur != p:
-                    mrows.append((now if key[0] is None else key[0], *key[1:], cur[0] - p[0], cur[1] - p[1]))
+                    mrows.append(
+                        (now if key[0] is None else key[0], *key[1:], cur[0] - p[0], cur[1] - p[1])
+                    )
             for key, v in self.kv_cum.items():
                 cur = tuple(v)
                 snap[("k", key)] = cur
                 p = last.get(("k", key), _KV_ZERO)
                 if cur != p:
-                    krows.append((now if key[0] is None else key[0], *key[1:], cur[0] - p[0], cur[1] - p[1],
-                                  cur[2] - p[2], cur[3]))
+                    krows.append(
+                        (
+                            now if key[0] is None else key[0],
+                            *key[1:],
+                            cur[0] - p[0],
+                            cur[1] - p[1],
+                            cur[2] - p[2],
+                            cur[3],
+                        )
+                    )
         return mrows, krows, snap
 
     def miss_totals(self) -> dict[tuple[str, str, str], int]:
@@ -211,7 +234,7 @@ class MissTracking:
             return dict(self.miss_export)
 
     def kv_totals(self) -> dict[tuple[str, str], tuple[int, ...]]:
-        """(engine, salt) -> (stored, reused, evicted, resident): cumulative counts and the last gauge."""
+        """(engine, salt) -> (stored, reused, evicted, resident): cumulative counts, last gauge."""
         self.drain_misses()
         with self._miss_lock:
             return {k: tuple(v) for k, v in self.kv_export.items()}

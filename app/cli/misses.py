@@ -28,13 +28,24 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def register(sub: Any, store_path: Callable[[argparse.Namespace], Path]) -> None:
     """Add `misses` to the main parser's subparsers."""
-    p = sub.add_parser("misses", help="why prefix-KV prompt tokens missed, per class (elsewhere, evicted, "
-                       "isolated, drifted, cold, partial)",
-                       description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
-                       "store: per class, or per tenant, engine or key family with --by.")
-    p.add_argument("--since", default="24h", help="a duration back from the newest data (30m, 6h, 2d) or a time "
-                   "(ISO 8601, UTC unless an offset is given, or Unix seconds); default 24h")
-    p.add_argument("--by", choices=("tenant", "engine", "family"), help="one row per tenant, engine or key family")
+    p = sub.add_parser(
+        "misses",
+        help="why prefix-KV prompt tokens missed, per class (elsewhere, evicted, "
+        "isolated, drifted, cold, partial)",
+        description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
+        "store: per class, or per tenant, engine or key family with --by.",
+    )
+    p.add_argument(
+        "--since",
+        default="24h",
+        help="a duration back from the newest data (30m, 6h, 2d) or a time "
+        "(ISO 8601, UTC unless an offset is given, or Unix seconds); default 24h",
+    )
+    p.add_argument(
+        "--by",
+        choices=("tenant", "engine", "family"),
+        help="one row per tenant, engine or key family",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(fn=lambda a: cmd_misses(a, store_path(a)))
 
@@ -52,8 +63,10 @@ def _since(text: str, newest: float) -> float:
     try:
         d = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValueError(f"--since {text!r} is neither a duration (30m, 6h, 2d) nor a time "
-                         "(2026-12-01T08:00, or Unix seconds)") from None
+        raise ValueError(
+            f"--since {text!r} is neither a duration (30m, 6h, 2d) nor a time "
+            "(2026-12-01T08:00, or Unix seconds)"
+        ) from None
     return (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp()
 
 
@@ -73,7 +86,9 @@ def cmd_misses(args: argparse.Namespace, path: Path) -> int:
         return 2
 
     if not path.exists():
-        return fail(f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)")
+        return fail(
+            f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)"
+        )
     try:
         src = EmbeddedSource(path)
         b = src.time_bounds()
@@ -86,8 +101,10 @@ def cmd_misses(args: argparse.Namespace, path: Path) -> int:
         return fail(str(e))
     m = fr.get("misses")
     if m is None or m.empty or float(m["tokens"].sum()) <= 0:
-        msg = (f"no missed-token classes in {path} since {args.since}: they come from the simulator "
-               "(`warmscope demo`) or an engine's KV-cache events (Telemetry.record_misses)")
+        msg = (
+            f"no missed-token classes in {path} since {args.since}: they come from the simulator "
+            "(`warmscope demo`) or an engine's KV-cache events (Telemetry.record_misses)"
+        )
         if args.json:
             print(json.dumps({"since": start if b else None, "tokens": 0, "rows": []}))
         else:
@@ -99,23 +116,44 @@ def cmd_misses(args: argparse.Namespace, path: Path) -> int:
     else:
         t = mz.class_table(m)
     if args.json:
-        rows = [{k: (_num(v) if isinstance(v, float) else (int(v) if hasattr(v, "item") else v))
-                 for k, v in r.items()} for r in t.to_dict("records")]
-        print(json.dumps({"since": start, "until": newest, "by": args.by or "miss_class", "rows": rows,
-                          "tokens": _num(addr["tokens"]), "addressable_tokens": _num(addr["addressable"]),
-                          "addressable_share": _num(addr["share"]), "warmed_keys": addr["warmed_keys"],
-                          "warm_hits": _num(addr["warm_hits"])}, indent=2))
+        rows = [
+            {
+                k: (_num(v) if isinstance(v, float) else (int(v) if hasattr(v, "item") else v))
+                for k, v in r.items()
+            }
+            for r in t.to_dict("records")
+        ]
+        print(
+            json.dumps(
+                {
+                    "since": start,
+                    "until": newest,
+                    "by": args.by or "miss_class",
+                    "rows": rows,
+                    "tokens": _num(addr["tokens"]),
+                    "addressable_tokens": _num(addr["addressable"]),
+                    "addressable_share": _num(addr["share"]),
+                    "warmed_keys": addr["warmed_keys"],
+                    "warm_hits": _num(addr["warm_hits"]),
+                },
+                indent=2,
+            )
+        )
         return 0
     print(_render(t, args.by))
     share = addr["share"]
-    print(f"\nwarm-up-addressable: {'-' if share != share else f'{share:.1%}'} of {addr['tokens']:,.0f} missed tokens "
-          f"(cold + evicted in {addr['families']} warmed tenant x family pairs); "
-          f"hits on {addr['warmed_keys']:,} warmed prefix_kv keys: {addr['warm_hits']:,.0f}")
+    shown = "-" if share != share else f"{share:.1%}"
+    print(
+        f"\nwarm-up-addressable: {shown} of {addr['tokens']:,.0f} missed tokens "
+        f"(cold + evicted in {addr['families']} warmed tenant x family pairs); "
+        f"hits on {addr['warmed_keys']:,} warmed prefix_kv keys: {addr['warm_hits']:,.0f}"
+    )
     return 0
 
 
 def _render(t: Any, by: str | None) -> str:
-    """A plain text table: integers with thousands separators, shares in percent, '-' for no value."""
+    """A plain text table: integers with thousands separators, shares in percent, '-' if none."""
+
     def cell(c: str, v: Any) -> str:
         if isinstance(v, float) and math.isnan(v):
             return "-"
@@ -128,11 +166,21 @@ def _render(t: Any, by: str | None) -> str:
     cols = list(t.columns)
     body = [[cell(c, r[c]) for c in cols] for r in t.to_dict("records")]
     head = [c.replace("_", " ") for c in cols]
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+    widths = [
+        max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)
+    ]
     first = 0  # the label column is left-aligned, numbers right-aligned
-    lines = ["  ".join(h.ljust(w) if i == first else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths,
-                                                                                                   strict=True)))]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == first else h.rjust(w)
+            for i, (h, w) in enumerate(zip(head, widths, strict=True))
+        )
+    ]
     for row in body:
-        lines.append("  ".join(v.ljust(w) if i == first else v.rjust(w)
-                               for i, (v, w) in enumerate(zip(row, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                v.ljust(w) if i == first else v.rjust(w)
+                for i, (v, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
     return "\n".join(lines)

@@ -31,7 +31,9 @@ def test_the_drill_down_names_tenant_and_class():
     leaves = miss_leaf_table(m, AN, BASE)
     # a flush stamps its interval's end, so the window (3600, 7200] holds minutes 61..120:
     # per engine 60 x 600 = 36,000; the baseline (0, 3600], minutes 1..60: 60 x 50 = 3,000
-    row = leaves[(leaves.tenant == "acme") & (leaves.engine == "a-0") & (leaves.miss_class == "evicted")]
+    row = leaves[
+        (leaves.tenant == "acme") & (leaves.engine == "a-0") & (leaves.miss_class == "evicted")
+    ]
     assert row[["tokens", "tokens_exp"]].iloc[0].tolist() == [36_000, 3_000]
     dd = drill_down_misses(m, AN, BASE)
     top = dd.localization.causes[0]
@@ -42,8 +44,10 @@ def test_the_drill_down_names_tenant_and_class():
 
 def test_a_drifted_rise_detects_key_drift_without_lookups():
     m = _misses({("acme", "drifted"): 0})
-    drift = pd.DataFrame([(60.0 * k, "acme", "a-0", "kv:chat:sys:*", "drifted", 400, 1) for k in range(61, 121)],
-                         columns=COLS)
+    drift = pd.DataFrame(
+        [(60.0 * k, "acme", "a-0", "kv:chat:sys:*", "drifted", 400, 1) for k in range(61, 121)],
+        columns=COLS,
+    )
     fr = {"misses": pd.concat([m, drift], ignore_index=True)}
     shift = miss_class_shift(fr, AN, BASE).set_index("miss_class")
     # window (minutes 61..120): cold 300, evicted 50, partial 200 per cell: 550 x 6 cells x 60

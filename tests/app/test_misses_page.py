@@ -14,7 +14,10 @@ NAN = None
 
 def _lookups():
     # the page's range comes from the lookups' time bounds
-    return [(T + s, "acme", "prefix_kv", "kv:chat:sys:*", "hit", "", "", "m", "a-0", "1024", 5) for s in (60, 120)]
+    return [
+        (T + s, "acme", "prefix_kv", "kv:chat:sys:*", "hit", "", "", "m", "a-0", "1024", 5)
+        for s in (60, 120)
+    ]
 
 
 MISSES = [  # ts, tenant, engine, family, miss_class, tokens, requests
@@ -25,7 +28,9 @@ MISSES = [  # ts, tenant, engine, family, miss_class, tokens, requests
     (T + 120, "globex", "a-1", "kv:chat:sys:*", "partial", 300, 3),
     (T + 120, "acme", "a-1", "kv:chat:sys:*", "elsewhere", 200, 1),
 ]
-WARMED = [  # run_id, key_hash, family, tenant, layer, warmed_at, ttl_s, gpu_s, first_hit_at, first_miss_at, hits
+# run_id, key_hash, family, tenant, layer, warmed_at, ttl_s, gpu_s, first_hit_at, first_miss_at,
+# hits
+WARMED = [
     # warmed inside the page's range (it starts just before the first lookup, T + 60)
     ("r1", "h1", "kv:chat:sys:*", "acme", "prefix_kv", T + 61, NAN, 0.1, T + 70, NAN, 5),
     ("r1", "h2", "kv:chat:sys:*", "acme", "prefix_kv", T + 61, NAN, 0.1, NAN, T + 100, 0),
@@ -42,8 +47,16 @@ def page(tmp_path, monkeypatch):
     def open_page(with_misses: bool = True):
         path = tmp_path / ("full.sqlite" if with_misses else "empty.sqlite")
         st = EmbeddedStore(path)
-        st.write({"lookups": _lookups(), **({"misses": MISSES, "warmed_keys": WARMED, "kv_blocks": KV}
-                                             if with_misses else {})})
+        st.write(
+            {
+                "lookups": _lookups(),
+                **(
+                    {"misses": MISSES, "warmed_keys": WARMED, "kv_blocks": KV}
+                    if with_misses
+                    else {}
+                ),
+            }
+        )
         st.close()
         monkeypatch.setenv("WARMSCOPE_STORE", str(path))
         at = AppTest.from_file(MAIN, default_timeout=120).run()
@@ -51,6 +64,7 @@ def page(tmp_path, monkeypatch):
         assert not at.exception, at.exception
         assert not at.error, [e.value for e in at.error]
         return at
+
     return open_page
 
 
@@ -70,8 +84,14 @@ def test_the_page_shows_the_rows_arithmetic(page):
     assert metrics["Hits on warmed keys"] == "5"  # h1's 5; h3 (response layer, 7) is not prefix_kv
 
     classes = at.dataframe[0].value.set_index("miss_class")
-    assert classes["tokens"].to_dict() == {"elsewhere": 200, "evicted": 1100, "isolated": 0, "drifted": 0,
-                                           "cold": 1400, "partial": 300}
+    assert classes["tokens"].to_dict() == {
+        "elsewhere": 200,
+        "evicted": 1100,
+        "isolated": 0,
+        "drifted": 0,
+        "cold": 1400,
+        "partial": 300,
+    }
     assert classes.loc["evicted", "share"] == pytest.approx(100 * 1100 / 3000)  # shown in percent
     assert classes.loc["partial", "requests"] == 3
 
@@ -83,7 +103,10 @@ def test_the_page_shows_the_rows_arithmetic(page):
     assert tenants.loc["acme", "addressable_share"] == pytest.approx(100 * 2000 / 2200)
     assert list(tenants.index) == ["acme", "globex"]  # largest total first
     engines = at.dataframe[2].value.set_index("engine")
-    assert engines["total"].to_dict() == {"a-0": 1600, "a-1": 1400}  # 1000 + 600; 400 + 500 + 300 + 200
+    assert engines["total"].to_dict() == {
+        "a-0": 1600,
+        "a-1": 1400,
+    }  # 1000 + 600; 400 + 500 + 300 + 200
     families = at.dataframe[3].value.set_index("family")
     assert families.loc["kv:chat:query:*", "cold"] == 400
 
@@ -97,15 +120,20 @@ def test_the_page_shows_the_rows_arithmetic(page):
     blocks = at.dataframe[5].value.iloc[0]
     # two flushes 60 s apart span 120 s: stored 60 / 120 = 0.5 /s, reused 180 / 120 = 1.5 /s,
     # evicted 24 / 120 = 0.2 /s; reuse 180 / (180 + 60) = 75%; resident at the end: 80
-    assert (blocks["stored_per_s"], blocks["reused_per_s"], blocks["evicted_per_s"]) == \
-        pytest.approx((0.5, 1.5, 0.2))
+    assert (
+        blocks["stored_per_s"],
+        blocks["reused_per_s"],
+        blocks["evicted_per_s"],
+    ) == pytest.approx((0.5, 1.5, 0.2))
     assert blocks["reuse_ratio"] == pytest.approx(75.0)
     assert blocks["resident"] == 80
 
 
 def test_no_misses_gives_one_sentence_and_no_table(page):
     at = page(with_misses=False)
-    assert [i.value.split(":")[0] for i in at.info] == ["No missed-token classes in this range",
-                                                        "No warm-up run warmed prefix_kv keys in this range."]
+    assert [i.value.split(":")[0] for i in at.info] == [
+        "No missed-token classes in this range",
+        "No warm-up run warmed prefix_kv keys in this range.",
+    ]
     assert not at.metric and not at.dataframe
     assert not [s for s in at.subheader if s.value == "Engine KV blocks per salt"]

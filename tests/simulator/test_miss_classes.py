@@ -20,14 +20,20 @@ def _prefix(sim, rep, ten, q, fx=()):
     sim._req_id += 1
     sim._sess = [0, 0, "A", 0]
     before = dict(sim.summary.miss_classes)
-    cached = sim._prefix(rep, rep.pool, ten, tpl, tpl_idx, 0, 0, q, tpl.sys_tokens + q, 0.0, list(fx), False)
+    cached = sim._prefix(
+        rep, rep.pool, ten, tpl, tpl_idx, 0, 0, q, tpl.sys_tokens + q, 0.0, list(fx), False
+    )
     after = sim.summary.miss_classes
     return cached, {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
 def test_each_class_fires_for_its_reason(tmp_path):
-    sim = Simulation(SimConfig.load(hours=0.1, tenants=3, replicas=2, seed=5, peak_warmup_at_h=-1,
-                                    block_tokens=512), tmp_path / "m.sqlite")
+    sim = Simulation(
+        SimConfig.load(
+            hours=0.1, tenants=3, replicas=2, seed=5, peak_warmup_at_h=-1, block_tokens=512
+        ),
+        tmp_path / "m.sqlite",
+    )
     a0, a1 = sim.pools["A"].replicas
     for r in (a0, a1):
         r.kv_lru.clear()
@@ -52,7 +58,10 @@ def test_each_class_fires_for_its_reason(tmp_path):
     # 6. The key-drift trap: every system block gets a variant key never stored, while the
     #    unchanged keys were -> drifted 1536.
     drift = parse_fault("dynamic_tokenisation:template=summarize")
-    assert _prefix(sim, a0, acme, 700, [drift]) == (0, {"drifted": 1536, "cold": 512, "partial": 188})
+    assert _prefix(sim, a0, acme, 700, [drift]) == (
+        0,
+        {"drifted": 1536, "cold": 512, "partial": 188},
+    )
     # 7. Chain break: a-0 loses block 0 only (blocks 1 and 2 still held there). Block 0 is
     #    evicted (512); blocks 1-2 are held here, unusable after the break: they take block 0's
     #    class -> evicted 1536 in all.
@@ -65,7 +74,9 @@ def test_each_class_fires_for_its_reason(tmp_path):
 
 def _run(tmp_path, name, faults=(), **over):
     cfg = SimConfig.load(**{**SMALL, **over})
-    summary = simulate(cfg, tmp_path / f"{name}.sqlite", [parse_fault(f) for f in faults], workers=1)
+    summary = simulate(
+        cfg, tmp_path / f"{name}.sqlite", [parse_fault(f) for f in faults], workers=1
+    )
     return summary, EmbeddedStore(tmp_path / f"{name}.sqlite", readonly=True).frame("misses")
 
 
