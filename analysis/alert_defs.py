@@ -67,7 +67,9 @@ ENGINE_KV_SATURATED = 0.95  # KV-cache usage share past which prefix blocks are 
 ENGINE_TTFT_SLO_S = 1.0  # the TTFT SLO's bound (the `le` bucket engines.rules.yml counts misses above)
 ENGINE_TTFT_SLO_TARGET = 0.99  # share of requests that must see their first token within the bound
 ENGINE_BURN_RATE = 14.4  # error-budget burn rate that pages: 2 % of a 30-day budget in one hour
-KV_EVICTED_SHARE = 0.30  # share of a tenant's missed prefix-KV tokens evicted before reuse: the cache is too small
+# Share of a tenant's missed prefix-KV tokens evicted before reuse: above it, the cache is
+# too small.
+KV_EVICTED_SHARE = 0.30
 RUNBOOK_BASE = "https://github.com/warmscope/warmscope/blob/main/docs/runbooks.md"  # the engine rules' links
 
 
@@ -136,15 +138,17 @@ ALERTS: tuple[AlertDef, ...] = (
              "5m", "warning", "warmscope collectors are swallowing errors",
              "Telemetry is incomplete: check the store, Redis and the exporter (stage label).", "telemetry-dropping"),
     AlertDef("KVEvictedShareHigh", "WarmscopeKVEvictedShareHigh",
-             f'warmscope:kv_miss_class_share:rate5m{{warmscope_kv_miss_class="evicted"}} > {KV_EVICTED_SHARE:g}',
+             'warmscope:kv_miss_class_share:rate5m{warmscope_kv_miss_class="evicted"}'
+             f" > {KV_EVICTED_SHARE:g}",
              "30m", "warning",
-             "Tenant {{ $labels.warmscope_tenant }}: {{ $value | humanizePercentage }} of missed prefix-KV tokens "
-             "were evicted before reuse",
-             "Prefixes are stored, then evicted before their next reader: the KV cache is too small for this "
-             "traffic, or warm-up pushes out what traffic needs. Open the Why misses page.",
+             "Tenant {{ $labels.warmscope_tenant }}: {{ $value | humanizePercentage }} of missed "
+             "prefix-KV tokens were evicted before reuse",
+             "Prefixes are stored, then evicted before their next reader: the KV cache is too "
+             "small for this traffic, or warm-up pushes out what traffic needs. Open the Why "
+             "misses page.",
              "kv-evicted-share-high",
-             comment=f"Prefix-KV capacity: more than {_pct(KV_EVICTED_SHARE)} of a tenant's missed tokens were "
-                     "stored before and gone\nwhen requested, for half an hour."),
+             comment=f"Prefix-KV capacity: more than {_pct(KV_EVICTED_SHARE)} of a tenant's missed "
+                     "tokens were stored before and gone\nwhen requested, for half an hour."),
 )
 
 

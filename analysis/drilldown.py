@@ -39,14 +39,15 @@ from .rootcause import Localization, localize
 if TYPE_CHECKING:
     from warmscope.sources import Source
 
-__all__ = ["RCA_DIMS", "MISS_DIMS", "FRAME_DIMS", "leaf_table", "miss_leaf_table", "change_point", "drill_down",
-           "drill_down_misses", "drill_down_source", "regression_test", "DrillDown"]
+__all__ = ["RCA_DIMS", "MISS_DIMS", "FRAME_DIMS", "leaf_table", "miss_leaf_table", "change_point",
+           "drill_down", "drill_down_misses", "drill_down_source", "regression_test", "DrillDown"]
 
 RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
 # The misses frame (prefix-KV missed tokens by why they missed): the class is a dimension, so a
 # regression localises to e.g. {tenant: acme, miss_class: evicted}.
 MISS_DIMS = ("tenant", "engine", "family", "miss_class")
-FRAME_DIMS = {"lookups": RCA_DIMS, "misses": MISS_DIMS}  # the frames the drill-down offers, and their dimensions
+# The frames the drill-down offers, and their dimensions.
+FRAME_DIMS = {"lookups": RCA_DIMS, "misses": MISS_DIMS}
 
 
 def _leaf_counts(lk: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
@@ -219,8 +220,8 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
     return DrillDown(loc, anomaly, baseline, leaves, test)
 
 
-def miss_leaf_table(misses: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
-                    dims: Sequence[str] = MISS_DIMS) -> pd.DataFrame:
+def miss_leaf_table(misses: pd.DataFrame, anomaly: tuple[float, float],
+                    baseline: tuple[float, float], dims: Sequence[str] = MISS_DIMS) -> pd.DataFrame:
     """Leaves of the ``misses`` frame: missed tokens in ``anomaly`` (``tokens``) and the
     baseline's tokens scaled to the anomaly window's length (``tokens_exp``), per
     combination of ``dims`` (miss_class included)."""
@@ -241,8 +242,8 @@ def drill_down_misses(misses: pd.DataFrame, anomaly: tuple[float, float],
     if baseline is None:
         baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
     if misses.empty:
-        return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, "no missed-token classes in the range"),
-                         anomaly, baseline, pd.DataFrame())
+        empty = Localization([], "", np.nan, np.nan, 0, 0, "no missed-token classes in the range")
+        return DrillDown(empty, anomaly, baseline, pd.DataFrame())
     leaves = miss_leaf_table(misses, anomaly, baseline, dims)
     loc = localize(leaves, [d for d in dims if d in leaves.columns], v="tokens", f="tokens_exp",
                    max_depth=max_depth)
@@ -250,8 +251,8 @@ def drill_down_misses(misses: pd.DataFrame, anomaly: tuple[float, float],
 
 
 def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
-                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None, alpha: float = 0.01,
-                      frame: str = "lookups") -> DrillDown:
+                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None,
+                      alpha: float = 0.01, frame: str = "lookups") -> DrillDown:
     """:func:`drill_down` over any :class:`~warmscope.sources.Source`
     that holds ``lookups`` (ts, result, count and the dimension columns): the
     embedded store, Prometheus, or the composite the app builds. Only the two

@@ -50,8 +50,8 @@ from warmscope.model.schema import SHARED_LAYERS  # shared by design across tena
 from .coverage import read_in_time
 from .hitrate import time_slice
 
-__all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS", "MISS_EVIDENCE", "miss_class_shift",
-           "DRIFT_RISE"]
+__all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS", "MISS_EVIDENCE",
+           "miss_class_shift", "DRIFT_RISE"]
 
 Frames = Mapping[str, pd.DataFrame]
 Window = tuple[float, float]
@@ -288,7 +288,8 @@ DETECTORS: dict[str, Callable[[Frames, Window, Window], TrapVerdict]] = {
 }
 
 
-MISS_EVIDENCE = {"dynamic_tokenisation": "drifted", "warmup_timing": "evicted", "tenant_isolation": "isolated"}
+MISS_EVIDENCE = {"dynamic_tokenisation": "drifted", "warmup_timing": "evicted",
+                 "tenant_isolation": "isolated"}
 DRIFT_RISE = 0.05  # a drifted share this much above the baseline's detects key drift on its own
 _MISS_SCOPE = {"drifted": "family", "evicted": "engine", "isolated": "tenant"}
 
@@ -302,8 +303,11 @@ def miss_class_shift(fr: Frames, an: Window, base: Window) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     from warmscope.model.records import MISS_CLASSES
 
-    a = time_slice(m, *an).groupby("miss_class")["tokens"].sum().reindex(MISS_CLASSES, fill_value=0)
-    b = time_slice(m, *base).groupby("miss_class")["tokens"].sum().reindex(MISS_CLASSES, fill_value=0)
+    def per_class(w: Window) -> pd.Series:
+        g = time_slice(m, *w).groupby("miss_class")["tokens"].sum()
+        return g.reindex(MISS_CLASSES, fill_value=0)
+
+    a, b = per_class(an), per_class(base)
     if a.sum() <= 0:
         return pd.DataFrame(columns=cols)
     t = pd.DataFrame({"tokens": a, "share": a / a.sum(), "tokens_base": b,
@@ -339,8 +343,8 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     if cls == "drifted" and rise >= DRIFT_RISE and len(top):
         fam = top.idxmax()
         return TrapVerdict(v.trap, True, float(min(1.0, 0.5 + rise)),
-                           f"{text} — dynamic content changes a template's key (a timestamp in a system "
-                           "prompt?)", {"family": fam}, numbers)
+                           f"{text} — dynamic content changes a template's key (a timestamp in a "
+                           "system prompt?)", {"family": fam}, numbers)
     return TrapVerdict(v.trap, False, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
 
 

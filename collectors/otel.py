@@ -363,7 +363,7 @@ class OTelBridge:
                 (schema.WARMUP_ACTIVE, per_run(lambda: agg.warmup_active))]
 
     def _kv_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
-        """Missed tokens by class (tenant, engine, class: no family) and engine block counts by salt."""
+        """Missed tokens by (tenant, engine, class: no family), engine block counts by salt."""
         agg = self.agg
 
         def missed() -> Iterator[Observation]:

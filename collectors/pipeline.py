@@ -181,8 +181,8 @@ class Telemetry:
             except Exception as e:
                 self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
                                    "kept in memory only")
-        self._last: dict[str, dict[Any, Any]] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {},
-                                                 "misses": {}}
+        self._last: dict[str, dict[Any, Any]] = {
+            "lookups": {}, "writes": {}, "requests": {}, "hist": {}, "misses": {}}
         self._store_backlog = Backlog(cfg.max_pending_rows)
         self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
@@ -293,8 +293,8 @@ class Telemetry:
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_misses", e)
 
-    def record_kv_stats(self, *, engine: str, salt: str, stored: int, reused: int, evicted: int, resident: int,
-                        ts: float | None = None) -> None:
+    def record_kv_stats(self, *, engine: str, salt: str, stored: int, reused: int, evicted: int,
+                        resident: int, ts: float | None = None) -> None:
         """An engine's KV blocks for one (already hashed) cache salt: ``stored``,
         ``reused`` and ``evicted`` blocks since the previous call for this engine
         and salt (increments), ``resident`` blocks now. Same cost and guarantees

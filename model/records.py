@@ -259,16 +259,17 @@ MISSES = Record(
     (_t("ts"), _TENANT, _l("engine", ATTR.REPLICA), _FAMILY, _l("miss_class", ATTR.MISS_CLASS),
      _m("tokens"), _m("requests")),
     time="ts", key=("ts", "tenant", "engine", "family", "miss_class"), write="add", rollup=True,
-    doc="missed prompt tokens by class per time bucket (the flush interval ending at ts); requests: "
-        "requests with tokens in this class",
+    doc="missed prompt tokens by class per time bucket (the flush interval ending at ts); "
+        "requests: requests with tokens in this class",
 )
 KV_BLOCKS = Record(
     "kv_blocks",
-    (_t("ts"), _l("engine", ATTR.REPLICA), _l("salt", ATTR.SALT), _m("stored"), _m("reused"), _m("evicted"),
-     _m("resident")),
+    (_t("ts"), _l("engine", ATTR.REPLICA), _l("salt", ATTR.SALT), _m("stored"), _m("reused"),
+     _m("evicted"), _m("resident")),
     time="ts", key=("ts", "engine", "salt"), write="add", max_measures=("resident",),
-    doc="an engine's KV blocks per salt (hashed) in the flush interval ending at ts: stored, reused and "
-        "evicted blocks; resident: blocks resident at the end of the interval (the larger of two writes)",
+    doc="an engine's KV blocks per salt (hashed) in the flush interval ending at ts: stored, "
+        "reused and evicted blocks; resident: blocks resident at the end of the interval (the "
+        "larger of two writes)",
 )
 
 RECORDS: dict[str, Record] = {r.name: r for r in (

@@ -209,7 +209,8 @@ MISS_LABELS = (ATTR.TENANT, ATTR.REPLICA, ATTR.MISS_CLASS)  # engine: the servin
 KV_BLOCK_LABELS = (ATTR.REPLICA, ATTR.SALT)
 KV_MISSED_TOKENS = Instrument(
     "warmscope.kv.missed_tokens", "counter", "{token}",
-    "Missed prompt tokens (prompt - cached) by why they were not in the prefix-KV cache.", MISS_LABELS,
+    "Missed prompt tokens (prompt - cached) by why they were not in the prefix-KV cache.",
+    MISS_LABELS,
 )
 KV_BLOCKS_STORED = Instrument(
     "warmscope.kv.blocks.stored", "counter", "{block}",
@@ -232,8 +233,8 @@ INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
     GPU_TIME, REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
-    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, KV_MISSED_TOKENS, KV_BLOCKS_STORED, KV_BLOCKS_REUSED,
-    KV_BLOCKS_EVICTED, KV_BLOCKS_RESIDENT,
+    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, KV_MISSED_TOKENS, KV_BLOCKS_STORED,
+    KV_BLOCKS_REUSED, KV_BLOCKS_EVICTED, KV_BLOCKS_RESIDENT,
 )
 SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
 

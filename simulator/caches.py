@@ -56,7 +56,7 @@ class LRU:
     __setitem__ = set
 
     def peek(self, key: Hashable) -> bool:
-        """Whether ``key`` is held and unexpired, without touching its recency (ground truth reads)."""
+        """Whether ``key`` is held and unexpired, without touching its recency (ground truth)."""
         e = self._d.get(key)
         return e is not None and not (e[1] and e[1] < self.clock())
 

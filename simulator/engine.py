@@ -75,8 +75,8 @@ class Summary:
     warmups: int = 0
     units: dict[str, int] = field(default_factory=dict)  # variant -> distinct sessions
     wall_s: float = 0.0
-    kv_missed: int = 0  # prefix-KV missed tokens (prompt - cached) of the requests that walked the cache
-    miss_classes: Counter = field(default_factory=Counter)  # class -> of those tokens (ground truth)
+    kv_missed: int = 0  # prefix-KV missed tokens (prompt - cached) of requests that walked it
+    miss_classes: Counter = field(default_factory=Counter)  # class -> those tokens (ground truth)
 
     @property
     def rps(self) -> float:
@@ -175,8 +175,9 @@ class Pool:
         self.resp_lru = LRU(cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl)
         self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
         # Ground truth of "stored before" for prefix-KV blocks (see Simulation._miss_classes): the
-        # system-prompt and warmed blocks ever stored on a replica of the pool (bounded by templates x
-        # tenants x blocks x variants, and by warm-up picks); conversation blocks are counted per session.
+        # system-prompt and warmed blocks ever stored on a replica of the pool (bounded by
+        # templates x tenants x blocks x variants, and by warm-up picks); conversation blocks
+        # are counted per session.
         self.kv_seen: set[str] = set()
         self.last_drop_trigger = -1e18
         self._resp_backend: Any = self.resp_lru
@@ -254,7 +255,7 @@ class Simulation:
         self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)
         self._next_session = 0
         self._req_id = 0
-        self._sess: list[Any] = [0, 0, "", 0]  # the session of the request being served (see _session)
+        self._sess: list[Any] = [0, 0, "", 0]  # the session being served (see _session)
         self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
@@ -581,7 +582,8 @@ class Simulation:
             sess = sess_list[int(a.u_pick[i] * len(sess_list))]
         else:
             sid = self._next_session
-            # the variant, hashed once; the last slot counts the conversation's blocks stored (ground truth)
+            # the variant, hashed once; the last slot counts the conversation's blocks stored
+            # (ground truth)
             sess = [sid, 0, variant_of(self.cfg.experiment, sid, len(self.cfg.arms)), 0]
             self._next_session += 1
             sess_list.append(sess)
@@ -745,8 +747,9 @@ class Simulation:
         if bypass:  # a skipped cache is not a miss: no classes
             return cached
         # Why each block missed, judged against the caches the request met (before its own writes).
-        classes = self._miss_classes(rep, pool, ten, tpl, variant, blocks, n_sys, missed, prompt < min_len)
-        groups: dict[int, dict[str, int]] = {}  # 0: system-prompt blocks, 1: the rest (query, conversation)
+        classes = self._miss_classes(rep, pool, ten, tpl, variant, blocks, n_sys, missed,
+                                     prompt < min_len)
+        groups: dict[int, dict[str, int]] = {}  # 0: system-prompt blocks, 1: query, conversation
         for (g, cls), n in classes.items():
             groups.setdefault(g, {})[cls] = n
         if prompt >= min_len:
@@ -762,8 +765,8 @@ class Simulation:
         fam = kv._b.families.family
         for g, cl in groups.items():  # each with its blocks' key family, as their lookups
             self.summary.miss_classes.update(cl)
-            rep.tel.record_misses(tenant=ten.name, engine=rname, family=fam(blocks[0 if g == 0 else n_sys][0]),
-                                  classes=cl)
+            first_key = blocks[0 if g == 0 else n_sys][0]
+            rep.tel.record_misses(tenant=ten.name, engine=rname, family=fam(first_key), classes=cl)
         return cached
 
     def _miss_classes(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, variant: str,
@@ -772,15 +775,15 @@ class Simulation:
         """Ground truth: the missed blocks' tokens by (group, why each missed): they add up to
         prompt - cached. Group 0 holds the system-prompt blocks, 1 the rest (query, conversation).
 
-        In this order, for each missed block: ``partial`` — the prompt's last block when it holds
-        fewer than ``block_tokens`` tokens, or every block of a prompt the cache refuses (the
-        ``kv_fixed_len`` trap); ``cold`` — new content (the query, a conversation's newest tokens);
-        a block held by this replica (only after the chain broke at an earlier block) takes the class
-        of that first missed block; ``elsewhere`` — held by another replica of the pool; ``evicted``
-        — stored on a replica of the pool before and held by none now; ``isolated`` — a system-prompt
-        block held only under another tenant's scope; ``drifted`` — a system-prompt block whose key
-        the ``dynamic_tokenisation`` trap changed while the unchanged key was stored before;
-        ``cold`` otherwise."""
+        In this order, for each missed block: ``partial`` — the prompt's last block when it
+        holds fewer than ``block_tokens`` tokens, or every block of a prompt the cache refuses
+        (the ``kv_fixed_len`` trap); ``cold`` — new content (the query, a conversation's newest
+        tokens); a block held by this replica (only after the chain broke at an earlier block)
+        takes the class of that first missed block; ``elsewhere`` — held by another replica of
+        the pool; ``evicted`` — stored on a replica of the pool before and held by none now;
+        ``isolated`` — a system-prompt block held only under another tenant's scope;
+        ``drifted`` — a system-prompt block whose key the ``dynamic_tokenisation`` trap changed
+        while the unchanged key was stored before; ``cold`` otherwise."""
         out: dict[tuple[int, str], int] = {}
         if not missed:
             return out
@@ -820,7 +823,8 @@ class Simulation:
         return out
 
     def _isolated(self, pool: Pool, ten: Any, tpl: Any, variant: str, b: int) -> bool:
-        """Whether system-prompt block ``b`` is held, on a replica of the pool, under another tenant."""
+        """Whether system-prompt block ``b`` is held on a replica of the pool under another
+        tenant."""
         reps = [r.kv_lru for r in pool.replicas]
         for o in self.tenants:
             if o is not ten:

@@ -278,7 +278,8 @@ class PrometheusSource(SourceBase):
             return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value"]]
         if name == "misses":
             # No family label in Prometheus (schema.MISS_LABELS): the family column is "".
-            df = self._increase_frame("warmscope_kv_missed_tokens_total", _MISS_COLS, start, end, filters, "tokens")
+            df = self._increase_frame("warmscope_kv_missed_tokens_total", _MISS_COLS, start, end,
+                                      filters, "tokens")
             df["family"] = ""
             df["requests"] = 0.0  # not exported: the store alone counts requests per class
             return df[list(records.MISSES.cols)]
@@ -286,23 +287,29 @@ class PrometheusSource(SourceBase):
             f = {k: v for k, v in (filters or {}).items() if k in _KV_COLS}
             kv: pd.DataFrame | None = None
             for col in ("stored", "reused", "evicted"):
-                part = self._increase_frame(f"warmscope_kv_blocks_{col}_total", _KV_COLS, start, end, f, col)
+                metric = f"warmscope_kv_blocks_{col}_total"
+                part = self._increase_frame(metric, _KV_COLS, start, end, f, col)
                 kv = part if kv is None else kv.merge(part, on=["ts", *_KV_COLS], how="outer")
             assert kv is not None
             kv = kv.fillna({"stored": 0.0, "reused": 0.0, "evicted": 0.0})
             step, q0 = self._counter_grid(start, end)
-            res = self.query_range(last_counts(selector("warmscope_kv_blocks_resident", f), step), q0, end, step)
-            rrows = [(float(ts), *(s.get("metric", {}).get(LABELS[c], "") for c in _KV_COLS), float(v))
-                     for s in res for ts, v in s.get("values", []) if float(ts) > start and math.isfinite(float(v))]
+            gauge = last_counts(selector("warmscope_kv_blocks_resident", f), step)
+            rrows = []
+            for s in self.query_range(gauge, q0, end, step):
+                lab = tuple(s.get("metric", {}).get(LABELS[c], "") for c in _KV_COLS)
+                rrows += [(float(ts), *lab, float(v)) for ts, v in s.get("values", [])
+                          if float(ts) > start and math.isfinite(float(v))]
             rdf = pd.DataFrame(rrows, columns=["ts", *_KV_COLS, "resident"]).astype({"ts": float})
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
-            rdf = rdf.groupby(["ts", *_KV_COLS], as_index=False)["resident"].sum()  # type: ignore[assignment]
+            rdf = rdf.groupby(["ts", *_KV_COLS],  # type: ignore[assignment]
+                              as_index=False)["resident"].sum()
             kv = kv.merge(rdf, on=["ts", *_KV_COLS], how="outer")
             # a step with a resident gauge and no counter increments has zero of them
             kv = kv.fillna({"stored": 0.0, "reused": 0.0, "evicted": 0.0, "resident": 0.0})
-            return kv.sort_values(["ts", *_KV_COLS], ignore_index=True)[list(records.KV_BLOCKS.cols)]
-        raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups, requests, misses "
-                          "and kv_blocks); "
+            kv = kv.sort_values(["ts", *_KV_COLS], ignore_index=True)
+            return kv[list(records.KV_BLOCKS.cols)]
+        raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups, "
+                          "requests, misses and kv_blocks); "
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
     # ------------------------------------------------------------ engines

@@ -342,7 +342,8 @@ def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_l
 def _traps(version: tuple, start: float, end: float, anomaly, baseline):
     from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
 
-    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end, step(start, end))
+    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end,
+                     step(start, end))
     fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
     return detect_all(fr, anomaly, baseline)
 
@@ -355,7 +356,8 @@ def _miss_shift(version: tuple, start: float, end: float, anomaly, baseline):
     fr = {"misses": data.frame("misses", start, end, step(start, end))}
     if fr["misses"].empty:
         return miss_class_shift(fr, anomaly, baseline), None
-    return miss_class_shift(fr, anomaly, baseline), drill_down_misses(fr["misses"], anomaly, baseline)
+    dd = drill_down_misses(fr["misses"], anomaly, baseline)
+    return miss_class_shift(fr, anomaly, baseline), dd
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)

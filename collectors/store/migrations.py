@@ -52,4 +52,5 @@ def _migrate_3_to_4(con: sqlite3.Connection) -> None:
             con.execute(stmt)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3, 3: _migrate_3_to_4}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    2: _migrate_2_to_3, 3: _migrate_3_to_4}

@@ -141,8 +141,9 @@ def _summary(name: str, df: pd.DataFrame) -> object:
         g = df.groupby(["tenant", "engine", "miss_class"])["tokens"].sum()
         return {k: float(v) for k, v in g.items() if v}
     if name == "kv_blocks":
-        g = df.groupby(["engine", "salt"]).agg(stored=("stored", "sum"), reused=("reused", "sum"),
-                                               evicted=("evicted", "sum"), resident=("resident", "max"))
+        g = df.groupby(["engine", "salt"]).agg(
+            stored=("stored", "sum"), reused=("reused", "sum"), evicted=("evicted", "sum"),
+            resident=("resident", "max"))
         return {k: tuple(float(x) for x in row) for k, row in g.iterrows()}
     raise AssertionError(name)
 

@@ -117,8 +117,9 @@ else:
 shift, mdd = ui.miss_shift(start, end, anomaly, baseline)
 if len(shift):
     st.subheader("Why prefix-KV tokens missed")
-    st.caption("Missed prompt tokens by class in the window and the baseline (see the Why misses page): a key "
-               "drift shows as drifted, a too-small cache as evicted, tenant scoping as isolated.")
+    st.caption("Missed prompt tokens by class in the window and the baseline (see the Why misses "
+               "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
+               "as isolated.")
     sh = shift.assign(share=shift["share"].map(ui.pct), share_base=shift["share_base"].map(ui.pct),
                       change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"))
     st.dataframe(sh, hide_index=True, width="stretch", column_config={
@@ -130,7 +131,8 @@ if len(shift):
         "change": st.column_config.TextColumn("Change (pts)")})
     if mdd is not None and mdd.localization.causes:
         c = mdd.localization.causes[0]
-        st.caption("Largest change in missed tokens: " + " · ".join(f"{k} = {v}" for k, v in c.element.items())
+        where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
+        st.caption(f"Largest change in missed tokens: {where}"
                    + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)")
 st.subheader("Cold-start traps")
 seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
