@@ -63,6 +63,8 @@ class MissTracking:
         self._engine_cap = LabelCap(max_label_values)
         self._family_cap = LabelCap(self._max_families)
         self._salt_cap = LabelCap(max_label_values)
+        # (tenant, engine, family) as called -> their capped labels (drain side only)
+        self._miss_labels: dict[tuple[Any, Any, Any], tuple[str, str, str]] = {}
         # (bucket or None, tenant, engine, family, class) -> [tokens, requests]
         self.miss_cum: dict[tuple[Any, ...], list[int]] = {}
         # (tenant, engine, class) -> tokens, for export
@@ -133,9 +135,16 @@ class MissTracking:
         self, ts: Any, tenant: Any, engine: Any, family: Any, classes: tuple[Any, ...]
     ) -> None:
         bucket = self._bucket(ts) if self.miss_to_store else None
-        t = self.tenants.label(tenant)
-        e = self._engine_cap.label(str(engine) if engine else "unknown")
-        f = self._family_cap.label(str(family) if family else "unknown")
+        lab = self._miss_labels.get((tenant, engine, family))
+        if lab is None:
+            if len(self._miss_labels) >= MISS_QUEUE_LIMIT:
+                self._miss_labels.clear()  # a bound: the caps below decide the same labels again
+            lab = self._miss_labels[(tenant, engine, family)] = (
+                self.tenants.label(tenant),
+                self._engine_cap.label(str(engine) if engine else "unknown"),
+                self._family_cap.label(str(family) if family else "unknown"),
+            )
+        t, e, f = lab
         counts: dict[str, int] = {}
         for name, n in classes:
             k = int(n)
