@@ -125,7 +125,7 @@ def test_the_page_shows_the_rows_arithmetic(page):
         blocks["reused_per_s"],
         blocks["evicted_per_s"],
     ) == pytest.approx((0.5, 1.5, 0.2))
-    assert blocks["reuse_ratio"] == pytest.approx(75.0)
+    assert blocks["reuse_ratio"] == "75.0%"
     assert blocks["resident"] == 80
 
 

@@ -198,7 +198,7 @@ if len(kvb):
         "the range, and the blocks resident at its end. Salts are hashed."
     )
     rates = mz.block_rates(kvb)
-    rates["reuse_ratio"] *= 100  # shown in percent, one decimal
+    rates["reuse_ratio"] = rates["reuse_ratio"].map(ui.pct)  # "–" when nothing was stored or reused
     st.dataframe(
         rates,
         hide_index=True,
@@ -209,7 +209,7 @@ if len(kvb):
             "stored_per_s": st.column_config.NumberColumn("Stored / s", format="%.2f"),
             "reused_per_s": st.column_config.NumberColumn("Reused / s", format="%.2f"),
             "evicted_per_s": st.column_config.NumberColumn("Evicted / s", format="%.2f"),
-            "reuse_ratio": st.column_config.NumberColumn("Reuse ratio", format="%.1f%%"),
+            "reuse_ratio": st.column_config.TextColumn("Reuse ratio"),
             "resident": st.column_config.NumberColumn("Resident blocks", format="localized"),
         },
     )
