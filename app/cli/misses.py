@@ -103,7 +103,7 @@ def cmd_misses(args: argparse.Namespace, path: Path) -> int:
     if m is None or m.empty or float(m["tokens"].sum()) <= 0:
         msg = (
             f"no missed-token classes in {path} since {args.since}: they come from the simulator "
-            "(`warmscope demo`) or an engine's KV-cache events (Telemetry.record_misses)"
+            "(`warmscope demo`) or a classifier that calls Telemetry.record_misses"
         )
         if args.json:
             print(json.dumps({"since": start if b else None, "tokens": 0, "rows": []}))

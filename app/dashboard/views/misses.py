@@ -43,8 +43,8 @@ ui.resolution_note(start, end)
 if m.empty or float(m["tokens"].sum()) <= 0:
     st.info(
         "No missed-token classes in this range: they come from the simulator (`warmscope demo`) "
-        "or from an engine's KV-cache events (`Telemetry.record_misses`); nothing has recorded "
-        "any yet."
+        "or from a classifier that calls `Telemetry.record_misses`; nothing has recorded any "
+        "yet."
     )
 else:
     table = mz.class_table(m)
@@ -194,7 +194,7 @@ else:
 if len(kvb):
     st.subheader("Engine KV blocks per salt")
     st.caption(
-        "From the engines' KV-cache events: blocks stored, reused and evicted per second over "
+        "From `Telemetry.record_kv_stats`: blocks stored, reused and evicted per second over "
         "the range, and the blocks resident at its end. Salts are hashed."
     )
     rates = mz.block_rates(kvb)
