@@ -23,6 +23,9 @@ BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's loo
 TelemetryDropping              the collectors swallow errors                                warning
 TokenUsageUnmeasured           over ``UNMEASURED_SHARE`` (5 %) of a tenant's requests       warning
                                carry no token usage (left out of token hit rates), 15 min
+KVEvictedShareHigh             over ``KV_EVICTED_SHARE`` (30 %) of a tenant's missed        warning
+                               prefix-KV tokens were evicted before reuse, for 30 min
+                               (Prometheus only: the Why misses page shows the share)
 =============================  ==========================================================  ==========
 
 The engine alerts (``rules/engines.alerts.yml``, :func:`render_engine_rules`) are
@@ -53,7 +56,8 @@ from dataclasses import dataclass
 __all__ = ["AlertDef", "ALERTS", "HIT_RATE_DROP", "HIT_RATE_CRITICAL_DROP", "HIT_RATE_P", "WARM_PRECISION_MIN",
            "WARM_MIN_KEYS", "BYPASS_SHARE", "BYPASS_FOR_S", "render_rules", "by_rule", "ENGINE_ALERTS",
            "ENGINE_KV_SATURATED", "ENGINE_TTFT_SLO_S", "ENGINE_TTFT_SLO_TARGET", "ENGINE_BURN_RATE",
-           "render_engine_rules", "RUNBOOK_BASE", "UNMEASURED_SHARE"]
+           "render_engine_rules", "RUNBOOK_BASE", "UNMEASURED_SHARE",
+           "KV_EVICTED_SHARE"]
 
 HIT_RATE_DROP = 0.20  # relative fall of a layer's hit rate that raises HitRateRegression
 HIT_RATE_CRITICAL_DROP = 0.50  # ... and makes it critical (evaluator)
@@ -67,6 +71,9 @@ ENGINE_KV_SATURATED = 0.95  # KV-cache usage share past which prefix blocks are 
 ENGINE_TTFT_SLO_S = 1.0  # the TTFT SLO's bound (the `le` bucket engines.rules.yml counts misses above)
 ENGINE_TTFT_SLO_TARGET = 0.99  # share of requests that must see their first token within the bound
 ENGINE_BURN_RATE = 14.4  # error-budget burn rate that pages: 2 % of a 30-day budget in one hour
+# Share of a tenant's missed prefix-KV tokens evicted before reuse: above it, the cache is
+# too small.
+KV_EVICTED_SHARE = 0.30
 RUNBOOK_BASE = "https://github.com/warmscope/warmscope/blob/main/docs/runbooks.md"  # the engine rules' links
 
 
@@ -144,6 +151,18 @@ ALERTS: tuple[AlertDef, ...] = (
              "Their tokens are left out of the token hit rates: streams sent with "
              "stream_options.include_usage false, or an engine without prompt token details.",
              "token-usage-unmeasured"),
+    AlertDef("KVEvictedShareHigh", "WarmscopeKVEvictedShareHigh",
+             'warmscope:kv_miss_class_share:rate5m{warmscope_kv_miss_class="evicted"}'
+             f" > {KV_EVICTED_SHARE:g}",
+             "30m", "warning",
+             "Tenant {{ $labels.warmscope_tenant }}: {{ $value | humanizePercentage }} of missed "
+             "prefix-KV tokens were evicted before reuse",
+             "Prefixes are stored, then evicted before their next reader: the KV cache is too "
+             "small for this traffic, or warm-up pushes out what traffic needs. Open the Why "
+             "misses page.",
+             "kv-evicted-share-high",
+             comment=f"Prefix-KV capacity: more than {_pct(KV_EVICTED_SHARE)} of a tenant's missed "
+                     "tokens were stored before and gone\nwhen requested, for half an hour."),
 )
 
 

@@ -39,10 +39,15 @@ from .rootcause import Localization, localize
 if TYPE_CHECKING:
     from warmscope.sources import Source
 
-__all__ = ["RCA_DIMS", "leaf_table", "change_point", "drill_down", "drill_down_source", "regression_test",
-           "DrillDown"]
+__all__ = ["RCA_DIMS", "MISS_DIMS", "FRAME_DIMS", "leaf_table", "miss_leaf_table", "change_point",
+           "drill_down", "drill_down_misses", "drill_down_source", "regression_test", "DrillDown"]
 
 RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
+# The misses frame (prefix-KV missed tokens by why they missed): the class is a dimension, so a
+# regression localises to e.g. {tenant: acme, miss_class: evicted}.
+MISS_DIMS = ("tenant", "engine", "family", "miss_class")
+# The frames the drill-down offers, and their dimensions.
+FRAME_DIMS = {"lookups": RCA_DIMS, "misses": MISS_DIMS}
 
 
 def _leaf_counts(lk: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
@@ -215,16 +220,51 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
     return DrillDown(loc, anomaly, baseline, leaves, test)
 
 
+def miss_leaf_table(misses: pd.DataFrame, anomaly: tuple[float, float],
+                    baseline: tuple[float, float], dims: Sequence[str] = MISS_DIMS) -> pd.DataFrame:
+    """Leaves of the ``misses`` frame: missed tokens in ``anomaly`` (``tokens``) and the
+    baseline's tokens scaled to the anomaly window's length (``tokens_exp``), per
+    combination of ``dims`` (miss_class included)."""
+    dims = [d for d in dims if d in misses.columns]
+    cur = time_slice(misses, *anomaly).groupby(dims, observed=True)["tokens"].sum()
+    base = time_slice(misses, *baseline).groupby(dims, observed=True)["tokens"].sum()
+    scale = (anomaly[1] - anomaly[0]) / max(baseline[1] - baseline[0], 1e-9)
+    t = pd.DataFrame({"tokens": cur, "tokens_exp": base * scale}).fillna(0.0).reset_index()
+    return t[[*dims, "tokens", "tokens_exp"]]
+
+
+def drill_down_misses(misses: pd.DataFrame, anomaly: tuple[float, float],
+                      baseline: tuple[float, float] | None = None, dims: Sequence[str] = MISS_DIMS,
+                      max_depth: int | None = None) -> DrillDown:
+    """Root causes of a change in missed prefix-KV tokens (an additive measure) between
+    ``anomaly`` and ``baseline`` (default: the same length just before), localised over
+    ``dims`` — with ``miss_class`` among them, a cause reads e.g. "tenant acme, evicted"."""
+    if baseline is None:
+        baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
+    if misses.empty:
+        empty = Localization([], "", np.nan, np.nan, 0, 0, "no missed-token classes in the range")
+        return DrillDown(empty, anomaly, baseline, pd.DataFrame())
+    leaves = miss_leaf_table(misses, anomaly, baseline, dims)
+    loc = localize(leaves, [d for d in dims if d in leaves.columns], v="tokens", f="tokens_exp",
+                   max_depth=max_depth)
+    return DrillDown(loc, anomaly, baseline, leaves)
+
+
 def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
-                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None, alpha: float = 0.01
-                      ) -> DrillDown:
+                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None,
+                      alpha: float = 0.01, frame: str = "lookups") -> DrillDown:
     """:func:`drill_down` over any :class:`~warmscope.sources.Source`
     that holds ``lookups`` (ts, result, count and the dimension columns): the
     embedded store, Prometheus, or the composite the app builds. Only the two
-    windows are read."""
+    windows are read. ``frame="misses"`` localises missed prefix-KV tokens instead
+    (:func:`drill_down_misses`, dimensions :data:`MISS_DIMS` unless given)."""
     if baseline is None:
         baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
     lo, hi = min(anomaly[0], baseline[0]), max(anomaly[1], baseline[1])
+    if frame == "misses":
+        misses = source.frame("misses", lo - 1.0, hi + 1.0)
+        mdims = MISS_DIMS if dims is RCA_DIMS else dims
+        return drill_down_misses(misses, anomaly, baseline, mdims, max_depth=max_depth)
     lookups = source.frame("lookups", lo - 1.0, hi + 1.0)
     return drill_down(lookups, anomaly, baseline, [d for d in dims if d in lookups.columns] or list(dims),
                       max_depth=max_depth, alpha=alpha)

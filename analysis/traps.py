@@ -23,6 +23,14 @@ warmup_timing           a warm-up run whose entries expired or were evicted befo
                         were read (warm-set precision far below the other runs)
 ======================  =============================================================
 
+Where the frames hold ``misses`` (prefix-KV missed tokens by why they missed) for the
+anomaly window, the classes are evidence too (:data:`MISS_EVIDENCE`): key drift shows as
+the ``drifted`` share — enough by itself to detect ``dynamic_tokenisation`` when it rises
+by ``DRIFT_RISE`` — an expired or evicted warm set as the ``evicted`` share, and tenant
+scoping as the ``isolated`` share (a fall means tenants now reuse each other's prefixes).
+:func:`miss_class_shift` gives every class's share in both windows (the root-cause page
+shows it: a too-small cache is an ``evicted`` share that rises).
+
 Example::
 
     verdicts = detect_all(frames, anomaly=(t1, t2), baseline=(t0, t1))
@@ -42,7 +50,8 @@ from warmscope.model.schema import SHARED_LAYERS  # shared by design across tena
 from .coverage import read_in_time
 from .hitrate import time_slice
 
-__all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS"]
+__all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS", "MISS_EVIDENCE",
+           "miss_class_shift", "DRIFT_RISE"]
 
 Frames = Mapping[str, pd.DataFrame]
 Window = tuple[float, float]
@@ -279,12 +288,72 @@ DETECTORS: dict[str, Callable[[Frames, Window, Window], TrapVerdict]] = {
 }
 
 
+MISS_EVIDENCE = {"dynamic_tokenisation": "drifted", "warmup_timing": "evicted",
+                 "tenant_isolation": "isolated"}
+DRIFT_RISE = 0.05  # a drifted share this much above the baseline's detects key drift on its own
+_MISS_SCOPE = {"drifted": "family", "evicted": "engine", "isolated": "tenant"}
+
+
+def miss_class_shift(fr: Frames, an: Window, base: Window) -> pd.DataFrame:
+    """Per class: missed tokens and their share in the anomaly and the baseline window, and the
+    change of share (empty without ``misses`` in the anomaly window)."""
+    m = fr.get("misses", pd.DataFrame())
+    cols = ["miss_class", "tokens", "share", "tokens_base", "share_base", "change"]
+    if m is None or m.empty:
+        return pd.DataFrame(columns=cols)
+    from warmscope.model.records import MISS_CLASSES
+
+    def per_class(w: Window) -> pd.Series:
+        g = time_slice(m, *w).groupby("miss_class")["tokens"].sum()
+        return g.reindex(MISS_CLASSES, fill_value=0)
+
+    a, b = per_class(an), per_class(base)
+    if a.sum() <= 0:
+        return pd.DataFrame(columns=cols)
+    t = pd.DataFrame({"tokens": a, "share": a / a.sum(), "tokens_base": b,
+                      "share_base": b / b.sum() if b.sum() > 0 else np.nan})
+    t["change"] = t["share"] - t["share_base"]
+    t = t[(t["tokens"] > 0) | (t["tokens_base"] > 0) | (t.index != "unknown")]
+    return t.rename_axis("miss_class").reset_index()[cols]
+
+
+def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapVerdict:
+    """``v`` with its miss class as evidence (see module doc)."""
+    cls = MISS_EVIDENCE.get(v.trap)
+    m = fr.get("misses", pd.DataFrame())
+    if cls is None or m is None or m.empty:
+        return v
+    shift = miss_class_shift(fr, an, base)
+    if shift.empty:
+        return v
+    idx = shift.set_index("miss_class")
+    sa, sb = float(idx["share"].to_numpy(float)[idx.index.get_loc(cls)]), \
+        float(idx["share_base"].to_numpy(float)[idx.index.get_loc(cls)])
+    if sa == 0 and not sb > 0:  # the class never occurred: nothing to say
+        return v
+    base_txt = f"{sb:.0%}" if np.isfinite(sb) else "no baseline"
+    ma = time_slice(m, *an)
+    top = ma[ma["miss_class"] == cls].groupby(_MISS_SCOPE[cls])["tokens"].sum()
+    where = f" (most in {_MISS_SCOPE[cls]} {top.idxmax()})" if len(top) and top.max() > 0 else ""
+    text = f"prefix-KV misses: {cls} {sa:.0%} of missed tokens vs {base_txt} before{where}"
+    numbers = {**v.numbers, f"{cls}_share": sa, f"{cls}_share_base": sb}
+    if v.detected:
+        return TrapVerdict(v.trap, True, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
+    rise = sa - (sb if np.isfinite(sb) else 0.0)
+    if cls == "drifted" and rise >= DRIFT_RISE and len(top):
+        fam = top.idxmax()
+        return TrapVerdict(v.trap, True, float(min(1.0, 0.5 + rise)),
+                           f"{text} — dynamic content changes a template's key (a timestamp in a "
+                           "system prompt?)", {"family": fam}, numbers)
+    return TrapVerdict(v.trap, False, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
+
+
 def detect_all(frames: Frames, anomaly: Window, baseline: Window) -> list[TrapVerdict]:
     """Every detector's verdict, detected ones first by confidence. Never raises."""
     out = []
     for name, fn in DETECTORS.items():
         try:
-            out.append(fn(frames, anomaly, baseline))
+            out.append(_with_classes(fn(frames, anomaly, baseline), frames, anomaly, baseline))
         except (KeyError, ValueError, TypeError) as e:
             out.append(_none(name, f"cannot evaluate: {e}"))
     return sorted(out, key=lambda v: (not v.detected, -v.confidence))

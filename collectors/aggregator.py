@@ -60,6 +60,7 @@ from .hotkeys import MAX_LAYER_ID as _MAX_LAYER_ID
 from .hotkeys import HotKeySketch
 from .keys import DEFAULT_VOCABULARY, FamilyNormaliser, LabelCap, TenantBucketer
 from .labels import WARMUP_VOCABULARY
+from .miss_counts import MissTracking
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
 __all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
@@ -121,7 +122,7 @@ class LayerBinding:
         self.tls = threading.local()
 
 
-class Aggregator(HotKeySketch, WarmupTracking):
+class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
     def __init__(
         self,
         replica: str = "replica-0",
@@ -177,6 +178,7 @@ class Aggregator(HotKeySketch, WarmupTracking):
         self._tenant_names: list[str] = []
         self._hot_floor: dict[int, int] = {}
         self._init_tracking()  # warm-up precision and recall (warm_tracking)
+        self._init_misses(max_label_values)  # prefix-KV miss classes and block counts (miss_counts)
         self.errors: dict[str, int] = {s: 0 for s in schema.TELEMETRY_STAGES}
         self.gauges: dict[str, float] = {}  # last value per gauge name
         self.cross_tenant: dict[str, int] = {}  # layer -> (key, extra tenant) pairs seen

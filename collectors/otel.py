@@ -299,7 +299,7 @@ class OTelBridge:
     def _register(self, meter: Any) -> None:
         """One observable instrument per schema instrument that the aggregator counts."""
         for inst, fn in (*self._cache_series(), *self._request_series(), *self._warmup_series(),
-                         *self._self_series()):
+                         *self._kv_series(), *self._self_series()):
             create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
                       "updown": meter.create_observable_up_down_counter}[inst.kind]
             create(inst.name, [self._safe(fn)], unit=inst.unit, description=inst.description)
@@ -373,6 +373,24 @@ class OTelBridge:
                 (schema.WARMUP_BYTES, warm(S_BYTES)), (schema.WARMUP_GPU_TIME, warm(S_GPU_S)),
                 (schema.WARMUP_KEYS_READ, per_run(lambda: agg.warm_read)),
                 (schema.WARMUP_ACTIVE, per_run(lambda: agg.warmup_active))]
+
+    def _kv_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
+        """Missed tokens by (tenant, engine, class: no family), engine block counts by salt."""
+        agg = self.agg
+
+        def missed() -> Iterator[Observation]:
+            for k, n in agg.miss_totals().items():
+                yield Observation(n, dict(zip(schema.MISS_LABELS, k, strict=True)))
+
+        def blocks(idx: int) -> Callable[[], Iterator[Observation]]:
+            def gen() -> Iterator[Observation]:
+                for k, v in agg.kv_totals().items():
+                    yield Observation(v[idx], dict(zip(schema.KV_BLOCK_LABELS, k, strict=True)))
+            return gen
+
+        return [(schema.KV_MISSED_TOKENS, missed), (schema.KV_BLOCKS_STORED, blocks(0)),
+                (schema.KV_BLOCKS_REUSED, blocks(1)), (schema.KV_BLOCKS_EVICTED, blocks(2)),
+                (schema.KV_BLOCKS_RESIDENT, blocks(3))]
 
     def _self_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from warmscope.model import records, schema
@@ -169,6 +169,8 @@ class Telemetry:
             self._open_store(_STARTUP_LOCK_WAIT_S if background else None)
         self.points_to_store = (self.store is not None or self._store_path is not None) and \
             cfg.exporter in ("embedded", "none")
+        self.aggregator.miss_bucket_s = float(cfg.flush_interval_s)
+        self.aggregator.miss_to_store = self.points_to_store
         self.redis_sink = None
         if has_redis:
             try:
@@ -187,7 +189,8 @@ class Telemetry:
             except Exception as e:
                 self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
                                    "kept in memory only")
-        self._last: dict[str, dict[Any, Any]] = {"lookups": {}, "writes": {}, "requests": {}, "hist": {}}
+        self._last: dict[str, dict[Any, Any]] = {
+            "lookups": {}, "writes": {}, "requests": {}, "hist": {}, "misses": {}}
         self._store_backlog = Backlog(cfg.max_pending_rows)
         self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
@@ -281,6 +284,33 @@ class Telemetry:
             )
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_request", e)
+
+    def record_misses(self, *, tenant: str, engine: str, family: str, classes: Mapping[str, int],
+                      ts: float | None = None) -> None:
+        """One request's missed prompt tokens (prompt - cached) by why they missed.
+
+        ``classes`` maps class names (``records.MISS_CLASSES``: elsewhere, evicted,
+        isolated, drifted, cold, partial, unknown) to tokens; a name outside them
+        counts as ``unknown``. ``engine`` is the replica that served the request,
+        ``family`` the prompt's key family (never raw text). ``ts``: when the
+        request was served (default: the flush that carries it). Cheap (one deque
+        append), never raises; bad values are counted in
+        ``warmscope.telemetry.errors{stage=record}`` when drained."""
+        try:
+            self.aggregator.record_misses(tenant, engine, family, classes, ts)
+        except Exception as e:  # never break the host
+            self.aggregator.count_error("record", "record_misses", e)
+
+    def record_kv_stats(self, *, engine: str, salt: str, stored: int, reused: int, evicted: int,
+                        resident: int, ts: float | None = None) -> None:
+        """An engine's KV blocks for one (already hashed) cache salt: ``stored``,
+        ``reused`` and ``evicted`` blocks since the previous call for this engine
+        and salt (increments), ``resident`` blocks now. Same cost and guarantees
+        as :meth:`record_misses`."""
+        try:
+            self.aggregator.record_kv_stats(engine, salt, stored, reused, evicted, resident, ts)
+        except Exception as e:  # never break the host
+            self.aggregator.count_error("record", "record_kv_stats", e)
 
     def record_gpu_memory(self, used_share: float) -> None:
         """The share (0-1) of GPU cache memory in use on this replica, now."""
@@ -467,6 +497,9 @@ class Telemetry:
         new_last["hist"] = {k: tuple(v) for k, v in hcur.items()}
         for name, gv in list(agg.gauges.items()):
             store_b["gauges"].append((now, name, agg.replica, gv))
+        mrows, krows, new_last["misses"] = agg.miss_rows(now, self._last["misses"])
+        store_b["misses"].extend(mrows)
+        store_b["kv_blocks"].extend(krows)
 
     def _collect(self, now: float, settle: bool,
                  take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
@@ -607,7 +640,7 @@ class Telemetry:
                 pass
 
 
-_POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges")
+_POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges", "misses", "kv_blocks")
 
 def flush_together(telemetries: list[Telemetry], now: float | None = None) -> None:
     """Flush pipelines that share one store in one transaction each store.

@@ -41,7 +41,7 @@ __all__ = [
     "ATTR", "DURATION_BUCKETS", "prom_label",
     "Column", "Record", "RECORDS", "FRAMES", "Layer", "LAYERS", "layer",
     "LOOKUPS", "WRITES", "REQUESTS", "HISTOGRAMS", "GAUGES", "WARMUP_RUNS", "WARMED_KEYS", "EARLY_KEYS",
-    "HOT_KEYS", "AB_UNITS", "AB_LOOKUPS", "FAULTS",
+    "HOT_KEYS", "AB_UNITS", "AB_LOOKUPS", "FAULTS", "MISSES", "KV_BLOCKS", "MISS_CLASSES",
     "LOOKUP_LABELS", "WRITE_LABELS", "REQUEST_LABELS", "COLUMN_ATTRS", "PROM_LABELS", "UNIT_BUCKETS", "UNIT_SUMS",
     "UNIT_HIST", "UNIT_KEYS", "UNIT_FIELDS", "RUN_COLUMNS", "ROLLUP_S",
 ]
@@ -66,6 +66,8 @@ class ATTR:
     STRATEGY = "warmscope.warmup.strategy"
     TRIGGER = "warmscope.warmup.trigger"
     STATUS = "warmscope.warmup.status"
+    MISS_CLASS = "warmscope.kv.miss_class"
+    SALT = "warmscope.kv.salt"
     STAGE = "warmscope.telemetry.stage"
     LABEL = "warmscope.telemetry.label"
 
@@ -245,9 +247,35 @@ FAULTS = Record(
     doc="injected faults (ground truth written by the simulator); scope and params are JSON",
 )
 
+# ------------------------------------------------------- prefix-KV misses
+# Why a request's missed prompt tokens (prompt - cached) were not in the
+# prefix-KV cache, one class each; the classes of a request add up exactly
+# to its missed tokens. ``unknown``: the engine's events for some missed
+# blocks never arrived (see docs/architecture.md, "Why misses"). ``engine`` is
+# the serving replica: exported as ``warmscope.replica`` (``warmscope_engine``
+# in the engine rules names the engine kind: vllm, sglang, lmcache).
+MISS_CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
+MISSES = Record(
+    "misses",
+    (_t("ts"), _TENANT, _l("engine", ATTR.REPLICA), _FAMILY, _l("miss_class", ATTR.MISS_CLASS),
+     _m("tokens"), _m("requests")),
+    time="ts", key=("ts", "tenant", "engine", "family", "miss_class"), write="add", rollup=True,
+    doc="missed prompt tokens by class per time bucket (the flush interval ending at ts); "
+        "requests: requests with tokens in this class",
+)
+KV_BLOCKS = Record(
+    "kv_blocks",
+    (_t("ts"), _l("engine", ATTR.REPLICA), _l("salt", ATTR.SALT), _m("stored"), _m("reused"),
+     _m("evicted"), _m("resident")),
+    time="ts", key=("ts", "engine", "salt"), write="add", max_measures=("resident",),
+    doc="an engine's KV blocks per salt (hashed) in the flush interval ending at ts: stored, "
+        "reused and evicted blocks; resident: blocks resident at the end of the interval (the "
+        "larger of two writes)",
+)
+
 RECORDS: dict[str, Record] = {r.name: r for r in (
     LOOKUPS, WRITES, REQUESTS, HISTOGRAMS, GAUGES, WARMUP_RUNS, WARMED_KEYS, EARLY_KEYS, HOT_KEYS,
-    AB_UNITS, AB_LOOKUPS, FAULTS)}
+    AB_UNITS, AB_LOOKUPS, FAULTS, MISSES, KV_BLOCKS)}
 FRAMES = tuple(RECORDS)
 ROLLUP_S = 3600.0  # hourly rollups of the records with rollup=True
 
@@ -280,7 +308,7 @@ LOOKUP_LABELS = LOOKUPS.labels  # the aggregator's lookup label tuple, in this o
 WRITE_LABELS = WRITES.labels
 REQUEST_LABELS = REQUESTS.labels  # the request counter series (sla_met last)
 COLUMN_ATTRS: dict[str, str] = {}  # canonical column -> OpenTelemetry attribute key
-for _r in (LOOKUPS, WRITES, REQUESTS, HISTOGRAMS):
+for _r in (LOOKUPS, WRITES, REQUESTS, HISTOGRAMS, MISSES, KV_BLOCKS):
     for _c in _r.columns:
         if _c.attr:
             COLUMN_ATTRS.setdefault(_c.name, _c.attr)

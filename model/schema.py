@@ -60,6 +60,13 @@ __all__ = [
     "TELEMETRY_ERRORS",
     "TELEMETRY_DROPPED",
     "LABEL_OVERFLOW",
+    "KV_MISSED_TOKENS",
+    "KV_BLOCKS_STORED",
+    "KV_BLOCKS_REUSED",
+    "KV_BLOCKS_EVICTED",
+    "KV_BLOCKS_RESIDENT",
+    "MISS_LABELS",
+    "KV_BLOCK_LABELS",
     "INSTRUMENTS",
     "LOOKUP_LABELS",
     "REQUEST_LABELS",
@@ -205,11 +212,39 @@ LABEL_BOUNDED = Instrument(
     (ATTR.LABEL,),
 )
 
+# Prefix-KV miss classes (records.MISSES). The key family is kept in the store
+# but not exported: up to 256 families per layer times tenants, engines and
+# classes would multiply the series; Prometheus answers per tenant and engine.
+MISS_LABELS = (ATTR.TENANT, ATTR.REPLICA, ATTR.MISS_CLASS)  # engine: the serving replica
+KV_BLOCK_LABELS = (ATTR.REPLICA, ATTR.SALT)
+KV_MISSED_TOKENS = Instrument(
+    "warmscope.kv.missed_tokens", "counter", "{token}",
+    "Missed prompt tokens (prompt - cached) by why they were not in the prefix-KV cache.",
+    MISS_LABELS,
+)
+KV_BLOCKS_STORED = Instrument(
+    "warmscope.kv.blocks.stored", "counter", "{block}",
+    "KV blocks an engine stored, per (hashed) cache salt.", KV_BLOCK_LABELS,
+)
+KV_BLOCKS_REUSED = Instrument(
+    "warmscope.kv.blocks.reused", "counter", "{block}",
+    "KV blocks an engine reused from its prefix cache, per (hashed) cache salt.", KV_BLOCK_LABELS,
+)
+KV_BLOCKS_EVICTED = Instrument(
+    "warmscope.kv.blocks.evicted", "counter", "{block}",
+    "KV blocks an engine removed from its prefix cache, per (hashed) cache salt.", KV_BLOCK_LABELS,
+)
+KV_BLOCKS_RESIDENT = Instrument(
+    "warmscope.kv.blocks.resident", "gauge", "{block}",
+    "KV blocks resident in an engine's prefix cache now, per (hashed) cache salt.", KV_BLOCK_LABELS,
+)
+
 INSTRUMENTS = (
     CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
     GPU_TIME, REQUESTS, UNMEASURED_REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
-    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED,
+    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED, KV_MISSED_TOKENS,
+    KV_BLOCKS_STORED, KV_BLOCKS_REUSED, KV_BLOCKS_EVICTED, KV_BLOCKS_RESIDENT,
 )
 SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
 

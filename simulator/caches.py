@@ -1,7 +1,9 @@
 """The simulated caches: an LRU with optional TTL and weighted capacity.
 
 ``get(key, default)`` / ``set(key, value)`` like any cache the collectors wrap;
-``valid_for(key)`` is what a warm-up runner asks a cache with TTLs (Redis ``PTTL``).
+``valid_for(key)`` is what a warm-up runner asks a cache with TTLs (Redis ``PTTL``);
+``peek(key)`` says whether an entry is held without touching its recency (the
+simulator's ground truth of why a prefix block missed).
 Capacity is in weight units (entries by default; tokens for the prefix-KV cache,
 where ``weigh`` returns a block's token count). Expired entries count as misses
 and are dropped on read.
@@ -52,6 +54,11 @@ class LRU:
             self.used -= ow
 
     __setitem__ = set
+
+    def peek(self, key: Hashable) -> bool:
+        """Whether ``key`` is held and unexpired, without touching its recency (ground truth)."""
+        e = self._d.get(key)
+        return e is not None and not (e[1] and e[1] < self.clock())
 
     def valid_for(self, key: Hashable) -> float:
         """Seconds the entry for ``key`` stays valid: 0 when absent or expired, ``inf`` without a TTL."""

@@ -75,6 +75,8 @@ class Summary:
     warmups: int = 0
     units: dict[str, int] = field(default_factory=dict)  # variant -> distinct sessions
     wall_s: float = 0.0
+    kv_missed: int = 0  # prefix-KV missed tokens (prompt - cached) of requests that walked it
+    miss_classes: Counter = field(default_factory=Counter)  # class -> those tokens (ground truth)
 
     @property
     def rps(self) -> float:
@@ -172,6 +174,11 @@ class Pool:
         self.resp_ttl = cfg.for_variant(variant, "response_ttl_s")
         self.resp_lru = LRU(cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl)
         self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
+        # Ground truth of "stored before" for prefix-KV blocks (see Simulation._miss_classes): the
+        # system-prompt and warmed blocks ever stored on a replica of the pool (bounded by
+        # templates x tenants x blocks x variants, and by warm-up picks); conversation blocks
+        # are counted per session.
+        self.kv_seen: set[str] = set()
         self.last_drop_trigger = -1e18
         self._resp_backend: Any = self.resp_lru
 
@@ -248,6 +255,7 @@ class Simulation:
         self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)
         self._next_session = 0
         self._req_id = 0
+        self._sess: list[Any] = [0, 0, "", 0]  # the session being served (see _session)
         self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
         self._units: dict[str, set] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
@@ -427,6 +435,7 @@ class Simulation:
                 nbytes = 64 * 1024 * 1024  # a LoRA adapter, order of magnitude
             elif layer == "prefix_kv":
                 rep.kv.set(key, self.cfg.block_tokens)
+                rep.pool.kv_seen.add(key)
                 nbytes = self.cfg.block_tokens * 128 * 1024  # KV bytes per token, order of magnitude
             elif layer == "embedding":
                 rep.emb.set(key, 1)
@@ -573,12 +582,15 @@ class Simulation:
             sess = sess_list[int(a.u_pick[i] * len(sess_list))]
         else:
             sid = self._next_session
-            sess = [sid, 0, variant_of(self.cfg.experiment, sid, len(self.cfg.arms))]  # the variant, hashed once
+            # the variant, hashed once; the last slot counts the conversation's blocks stored
+            # (ground truth)
+            sess = [sid, 0, variant_of(self.cfg.experiment, sid, len(self.cfg.arms)), 0]
             self._next_session += 1
             sess_list.append(sess)
             if len(sess_list) > 200:
                 sess_list.pop(0)
         self._req_id += 1
+        self._sess = sess
         lo, hi = tpl.query_tokens
         q = lo + int(a.query_tokens_u[i] * (hi - lo))
         conv = sess[1] if tpl.dialog else 0
@@ -714,6 +726,7 @@ class Simulation:
         cached = 0
         chain = True
         heat = pool.heat
+        missed: list[int] = []  # indices of the missed blocks, stored after the walk
         for j, (key, tokens, reusable) in enumerate(blocks):
             if heat is not None and (j < n_sys or reusable):  # system prompts and conversation history
                 heat.touch("prefix_kv", key, ten.name, tpl_idx, tr, rname)
@@ -730,9 +743,95 @@ class Simulation:
                 kv.record(key, hit=False)
             look[(rname, "prefix_kv", "miss")] += 1
             chain = False
-            if prompt >= min_len:
-                kv.set(key, tokens)
+            missed.append(j)
+        if bypass:  # a skipped cache is not a miss: no classes
+            return cached
+        # Why each block missed, judged against the caches the request met (before its own writes).
+        classes = self._miss_classes(rep, pool, ten, tpl, variant, blocks, n_sys, missed,
+                                     prompt < min_len)
+        groups: dict[int, dict[str, int]] = {}  # 0: system-prompt blocks, 1: query, conversation
+        for (g, cls), n in classes.items():
+            groups.setdefault(g, {})[cls] = n
+        if prompt >= min_len:
+            for j in missed:
+                key = blocks[j][0]
+                kv.set(key, blocks[j][1])
+                if j < n_sys:
+                    pool.kv_seen.add(key)
+            if tpl.dialog:  # every conversation block of this prompt is now stored (hit or written)
+                sess = self._sess
+                sess[3] = max(sess[3], len(blocks) - n_sys)
+        self.summary.kv_missed += prompt - cached
+        fam = kv._b.families.family
+        for g, cl in groups.items():  # each with its blocks' key family, as their lookups
+            self.summary.miss_classes.update(cl)
+            first_key = blocks[0 if g == 0 else n_sys][0]
+            rep.tel.record_misses(tenant=ten.name, engine=rname, family=fam(first_key), classes=cl)
         return cached
+
+    def _miss_classes(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, variant: str,
+                      blocks: list[tuple[str, int, bool]], n_sys: int, missed: list[int],
+                      refused: bool) -> dict[tuple[int, str], int]:
+        """Ground truth: the missed blocks' tokens by (group, why each missed): they add up to
+        prompt - cached. Group 0 holds the system-prompt blocks, 1 the rest (query, conversation).
+
+        In this order, for each missed block: ``partial`` — the prompt's last block when it
+        holds fewer than ``block_tokens`` tokens, or every block of a prompt the cache refuses
+        (the ``kv_fixed_len`` trap); ``cold`` — new content (the query, a conversation's newest
+        tokens); a block held by this replica (only after the chain broke at an earlier block)
+        takes the class of that first missed block; ``elsewhere`` — held by another replica of
+        the pool; ``evicted`` — stored on a replica of the pool before and held by none now;
+        ``isolated`` — a system-prompt block held only under another tenant's scope;
+        ``drifted`` — a system-prompt block whose key the ``dynamic_tokenisation`` trap changed
+        while the unchanged key was stored before; ``cold`` otherwise."""
+        out: dict[tuple[int, str], int] = {}
+        if not missed:
+            return out
+        if refused:
+            for j in missed:
+                k = (0 if j < n_sys else 1, "partial")
+                out[k] = out.get(k, 0) + blocks[j][1]
+            return out
+        B = self.cfg.block_tokens
+        last = len(blocks) - 1
+        here = rep.kv_lru
+        others = [r.kv_lru for r in pool.replicas if r is not rep]
+        seen = pool.kv_seen
+        first: str | None = None
+        for j in missed:
+            key, tokens, reusable = blocks[j]
+            if j == last and tokens < B:
+                cls = "partial"
+            elif not reusable:
+                cls = "cold"
+            elif here.peek(key):
+                cls = first or "cold"
+            elif any(o.peek(key) for o in others):
+                cls = "elsewhere"
+            elif key in seen or (n_sys <= j < n_sys + self._sess[3]):
+                cls = "evicted"
+            elif j < n_sys and self._isolated(pool, ten, tpl, variant, j):
+                cls = "isolated"
+            elif j < n_sys and variant and f"kv:{tpl.name}:sys:{ten.name}.{j}" in seen:
+                cls = "drifted"
+            else:
+                cls = "cold"
+            if first is None:
+                first = cls
+            k = (0 if j < n_sys else 1, cls)
+            out[k] = out.get(k, 0) + tokens
+        return out
+
+    def _isolated(self, pool: Pool, ten: Any, tpl: Any, variant: str, b: int) -> bool:
+        """Whether system-prompt block ``b`` is held on a replica of the pool under another
+        tenant."""
+        reps = [r.kv_lru for r in pool.replicas]
+        for o in self.tenants:
+            if o is not ten:
+                key = f"kv:{tpl.name}:sys:{o.name}.{b}{variant}"
+                if any(r.peek(key) for r in reps):
+                    return True
+        return False
 
 
 def _as_lists(a: Arrivals) -> Arrivals:

@@ -162,5 +162,7 @@ def simulate(
         out.lookups = out.lookups + p.lookups if out.lookups else Counter(p.lookups)
         out.warmups += p.warmups
         out.units.update(p.units)
+        out.kv_missed += p.kv_missed
+        out.miss_classes.update(p.miss_classes)
     out.wall_s = time.perf_counter() - t0
     return out

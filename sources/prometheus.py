@@ -45,6 +45,8 @@ __all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABE
 LABELS = dict(records.PROM_LABELS)
 _LOOKUP_COLS = list(records.LOOKUP_LABELS)
 _REQUEST_COLS = list(records.REQUEST_LABELS)
+_MISS_COLS = [c for c in records.MISSES.labels if c != "family"]  # tenant, engine, miss_class
+_KV_COLS = list(records.KV_BLOCKS.labels)  # engine, salt
 _ESC = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -178,7 +180,7 @@ class PrometheusSource(SourceBase):
 
     label = "Prometheus"
     kind = "prometheus"
-    FRAMES_HELD = frozenset({"lookups", "requests", *ENGINE_FRAMES})
+    FRAMES_HELD = frozenset({"lookups", "requests", "misses", "kv_blocks", *ENGINE_FRAMES})
 
     def __init__(self, url: str, timeout: float = 10.0, scrape_interval: float = 15.0,
                  lookback_s: int = LOOKBACK_S) -> None:
@@ -293,7 +295,40 @@ class PrometheusSource(SourceBase):
                 merged = out[["ts", *base]].merge(df, on=["ts", *base], how="left")[col].fillna(0).to_numpy()
                 out[col] = merged * share.to_numpy()
             return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value", "unmeasured"]]
-        raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups and requests); "
+        if name == "misses":
+            # No family label in Prometheus (schema.MISS_LABELS): the family column is "".
+            df = self._increase_frame("warmscope_kv_missed_tokens_total", _MISS_COLS, start, end,
+                                      filters, "tokens")
+            df["family"] = ""
+            df["requests"] = 0.0  # not exported: the store alone counts requests per class
+            return df[list(records.MISSES.cols)]
+        if name == "kv_blocks":
+            f = {k: v for k, v in (filters or {}).items() if k in _KV_COLS}
+            kv: pd.DataFrame | None = None
+            for col in ("stored", "reused", "evicted"):
+                metric = f"warmscope_kv_blocks_{col}_total"
+                part = self._increase_frame(metric, _KV_COLS, start, end, f, col)
+                kv = part if kv is None else kv.merge(part, on=["ts", *_KV_COLS], how="outer")
+            assert kv is not None
+            kv = kv.fillna({"stored": 0.0, "reused": 0.0, "evicted": 0.0})
+            step, q0 = self._counter_grid(start, end)
+            gauge = last_counts(selector("warmscope_kv_blocks_resident", f), step)
+            rrows = []
+            for s in self.query_range(gauge, q0, end, step):
+                lab = tuple(s.get("metric", {}).get(LABELS[c], "") for c in _KV_COLS)
+                rrows += [(float(ts), *lab, float(v)) for ts, v in s.get("values", [])
+                          if float(ts) > start and math.isfinite(float(v))]
+            rdf = pd.DataFrame(rrows, columns=["ts", *_KV_COLS, "resident"]).astype({"ts": float})
+            # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
+            rdf = rdf.groupby(["ts", *_KV_COLS],  # type: ignore[assignment]
+                              as_index=False)["resident"].sum()
+            kv = kv.merge(rdf, on=["ts", *_KV_COLS], how="outer")
+            # a step with a resident gauge and no counter increments has zero of them
+            kv = kv.fillna({"stored": 0.0, "reused": 0.0, "evicted": 0.0, "resident": 0.0})
+            kv = kv.sort_values(["ts", *_KV_COLS], ignore_index=True)
+            return kv[list(records.KV_BLOCKS.cols)]
+        raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups, "
+                          "requests, misses and kv_blocks); "
                           "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
 
     # ------------------------------------------------------------ engines

@@ -12,6 +12,7 @@
     warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per salt
     warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
     warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli/advise.py)
+    warmscope misses [--since 6h] [--by tenant|engine|family] [--json]   why prefix-KV tokens missed
 """
 
 from __future__ import annotations
@@ -509,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     from warmscope.app.cli.advise import register as register_advise
 
     register_advise(sub, _progress, _store_path)
+    from warmscope.app.cli.misses import register as register_misses
+
+    register_misses(sub, _store_path)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy",

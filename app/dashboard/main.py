@@ -18,6 +18,7 @@ nav = st.navigation([
     st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon=":material/whatshot:"),
     st.Page(str(PAGES / "advisor.py"), title="Advisor", icon=":material/explore:", url_path="advisor"),
     st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon=":material/key:"),
+    st.Page(str(PAGES / "misses.py"), title="Why misses", icon=":material/help_center:"),
     st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon=":material/troubleshoot:"),
     st.Page(str(PAGES / "ab.py"), title="A/B", icon=":material/science:"),
     st.Page(str(PAGES / "alerts.py"), title="Alerts", icon=":material/notifications_active:"),

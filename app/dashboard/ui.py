@@ -361,9 +361,22 @@ def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_l
 def _traps(version: tuple, start: float, end: float, anomaly, baseline):
     from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
 
-    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys"], start, end, step(start, end))
+    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end,
+                     step(start, end))
     fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
     return detect_all(fr, anomaly, baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _miss_shift(version: tuple, start: float, end: float, anomaly, baseline):
+    from warmscope.analysis.drilldown import drill_down_misses
+    from warmscope.analysis.traps import miss_class_shift
+
+    fr = {"misses": data.frame("misses", start, end, step(start, end))}
+    if fr["misses"].empty:
+        return miss_class_shift(fr, anomaly, baseline), None
+    dd = drill_down_misses(fr["misses"], anomaly, baseline)
+    return miss_class_shift(fr, anomaly, baseline), dd
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
@@ -529,6 +542,11 @@ def overview_freq(start: float, end: float) -> int:
 def traps(start: float, end: float, anomaly, baseline):
     """The cold-start trap verdicts for a window (cached)."""
     return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
+
+
+def miss_shift(start: float, end: float, anomaly, baseline):
+    """(per-class shares in the window and the baseline, the misses drill-down or None)."""
+    return guarded(_miss_shift, start, end, tuple(anomaly), tuple(baseline))
 
 
 def change_point(start: float, end: float):

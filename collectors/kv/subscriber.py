@@ -81,9 +81,10 @@ class _Source:
     sock: Any
     expected: int | None = None
     last_ts: float = 0.0
+    last_heard: float = 0.0  # monotonic time of the last message, or of the last idle probe
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("batches", "gaps", "missed_batches", "repaired", "unrepaired", "restarts",
-         "duplicates", "caught_up"), 0))
+         "duplicates", "caught_up", "tail_repaired"), 0))
 
 
 class KVSubscriber:
@@ -93,8 +94,12 @@ class KVSubscriber:
 
     def __init__(self, engines: list[EngineSpec], state: KVState | None = None,
                  replay_timeout_s: float = 1.0, context: Any = None,
-                 catch_up: bool = True) -> None:
+                 catch_up: bool = True, idle_probe_s: float = 5.0) -> None:
         self.engines = engines
+        # A batch dropped at the end of a burst shows as a gap only when the engine sends
+        # again; an engine quiet for idle_probe_s is asked for what it sent after the last
+        # batch applied (0: never).
+        self.idle_probe_s = idle_probe_s
         self.state = state or KVState([e.name for e in engines])
         for e in engines:
             if e.name not in self.state.indexes:
@@ -178,6 +183,8 @@ class KVSubscriber:
                                 break
                             self._message(src, frames)
                     self.state.resolve_pending()
+                    if self.idle_probe_s > 0:
+                        self._probe_idle(ready)
                 except Exception as e:  # never into the host
                     self.errors += 1
                     self._fault("internal", f"error while reading events: {type(e).__name__}: {e}")
@@ -186,6 +193,32 @@ class KVSubscriber:
             for s in self._sources:
                 s.sock.close(0)
             self._sources = []
+
+    def _probe_idle(self, ready: dict[Any, Any]) -> None:
+        now = time.monotonic()
+        for src in self._sources:
+            if src.sock in ready:
+                src.last_heard = now
+                continue
+            ep = src.spec.replay_endpoint
+            if not ep or src.expected is None or now - src.last_heard < self.idle_probe_s:
+                continue
+            src.last_heard = now
+            got = self._replay(src, _replay_address(ep, src.spec.host), src.expected, 1 << 62,
+                               quiet=True)
+            tail = [seq for seq in sorted(got) if seq >= src.expected]
+            if not tail:
+                continue
+            src.counts["gaps"] += 1
+            for seq in tail:
+                if seq > src.expected:  # the replay buffer no longer holds the ones between
+                    lost = seq - src.expected
+                    src.counts["missed_batches"] += lost
+                    src.counts["unrepaired"] += lost
+                src.counts["missed_batches"] += 1
+                src.counts["repaired"] += 1
+                src.counts["tail_repaired"] += 1
+                self._apply(src, got[seq])
 
     # ------------------------------------------------------------ messages
     def _message(self, src: _Source, frames: list[bytes]) -> None:

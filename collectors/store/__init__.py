@@ -59,6 +59,15 @@ Canonical frames (every backend yields these columns):
 ``faults``
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
     ground truth written by the simulator.
+``misses``
+    ts, tenant, engine (the serving replica), family, miss_class (elsewhere,
+    evicted, isolated, drifted, cold, partial, unknown), tokens, requests —
+    missed prompt tokens (prompt − cached) by why they missed, per time bucket
+    (the flush interval ending at ts); rows for one bucket add up (upsert).
+``kv_blocks``
+    ts, engine, salt (hashed), stored, reused, evicted, resident — an engine's
+    KV blocks per salt in the flush interval ending at ts; resident is the
+    count at its end.
 
 Every frame's columns, types, labels, measures and time column are declared
 in :mod:`collectors.records`; the tables, rollups and upserts here are

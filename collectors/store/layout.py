@@ -15,7 +15,8 @@ from .. import ab_moments as _m
 __all__ = ["SCHEMA_VERSION", "TABLES", "DDL", "ROLLUP_S", "MEASURES", "UPSERT", "StoreError", "q", "ddl",
            "rollup_ddl"]
 
-SCHEMA_VERSION = 4  # 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured
+SCHEMA_VERSION = 5  # 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured;
+# 5: misses, kv_blocks
 ROLLUP_S = records.ROLLUP_S
 
 

@@ -53,4 +53,12 @@ def _migrate_3_to_4(con: sqlite3.Connection) -> None:
             con.execute(f'ALTER TABLE {table} ADD COLUMN "unmeasured" INTEGER DEFAULT 0')
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _migrate_2_to_3, 3: _migrate_3_to_4}
+def _migrate_4_to_5(con: sqlite3.Connection) -> None:
+    """Schema 5 adds the ``misses`` and ``kv_blocks`` records (new tables, empty)."""
+    for stmt in DDL.split(";"):
+        if "EXISTS misses" in stmt or "EXISTS kv_blocks" in stmt:
+            con.execute(stmt)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5}

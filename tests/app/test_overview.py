@@ -13,7 +13,7 @@ from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault, simulate
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
-PAGES = ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
+PAGES = ["hitrate", "warmup", "hotkeys", "misses", "rootcause", "ab", "alerts"]
 
 
 @pytest.fixture(scope="module")

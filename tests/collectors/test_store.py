@@ -143,7 +143,7 @@ def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(path), "upgrade-store"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "upgrading" in out.stderr and f"schema version {SCHEMA_VERSION}" in out.stderr
+    assert "upgrading" in out.stderr and f"schema version {SCHEMA_VERSION}" in out.stderr  # 2 -> 3 -> 4 -> 5
     got = EmbeddedStore(path, readonly=True).units("e").set_index("unit_hash").sort_index()
 
     # Reference: the same rows folded by hand, independently of SQL.

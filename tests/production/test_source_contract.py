@@ -58,6 +58,9 @@ def _traffic(tel: Telemetry) -> None:
     with tel.warmup("static_topk", layer="prefix_kv", tenant="t1") as run:
         run.warmed("k:1", gpu_s=0.5)
         run.warmed("k:99", gpu_s=0.5)
+    tel.record_misses(tenant="t1", engine="r0", family="k:*", classes={"cold": 30, "evicted": 12})
+    tel.record_misses(tenant="t2", engine="r0", family="k:*", classes={"elsewhere": 5})
+    tel.record_kv_stats(engine="r0", salt="s1", stored=4, reused=9, evicted=2, resident=17)
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +137,23 @@ def _summary(name: str, df: pd.DataFrame) -> object:
         return sorted(map(tuple, df[["tenant", "layer", "strategy", "status", "keys", "gpu_s"]].astype(str).values))
     if name in ("warmed_keys", "early_keys"):
         return sorted(df["key_hash"])
+    if name == "misses":  # no family or request counts in Prometheus
+        g = df.groupby(["tenant", "engine", "miss_class"])["tokens"].sum()
+        return {k: float(v) for k, v in g.items() if v}
+    if name == "kv_blocks":
+        g = df.groupby(["engine", "salt"]).agg(
+            stored=("stored", "sum"), reused=("reused", "sum"), evicted=("evicted", "sum"),
+            resident=("resident", "max"))
+        return {k: tuple(float(x) for x in row) for k, row in g.iterrows()}
     raise AssertionError(name)
 
 
-COMPARED = ("lookups", "requests", "hot_keys", "warmup_runs", "warmed_keys")  # early keys: 15 min after a run
+COMPARED = ("lookups", "requests", "hot_keys", "warmup_runs", "warmed_keys", "misses",
+            "kv_blocks")  # early keys: 15 min after a run
 HOLDS = {  # what each backend must hold, at least
     "embedded": set(COMPARED),
     "redis": {"hot_keys", "warmup_runs", "warmed_keys"},
-    "prometheus": {"lookups", "requests"},
+    "prometheus": {"lookups", "requests", "misses", "kv_blocks"},
     "composite": set(COMPARED),
 }
 

@@ -28,7 +28,7 @@ def _sorted(df: pd.DataFrame) -> pd.DataFrame:
 
 
 FRAMES = ("lookups", "requests", "histograms", "hot_keys", "ab_units", "ab_lookups", "warmup_runs", "warmed_keys",
-          "early_keys", "writes")
+          "early_keys", "writes", "misses")
 
 
 def test_same_seed_gives_identical_store_and_two_workers_match_one(tmp_path):

@@ -114,6 +114,26 @@ else:
     bar.update_layout(title="Share of the change explained", xaxis=dict(tickformat=".0%"),
                       yaxis=dict(autorange="reversed"), height=80 + 40 * len(df))
     st.plotly_chart(bar, width="stretch")
+shift, mdd = ui.miss_shift(start, end, anomaly, baseline)
+if len(shift):
+    st.subheader("Why prefix-KV tokens missed")
+    st.caption("Missed prompt tokens by class in the window and the baseline (see the Why misses "
+               "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
+               "as isolated.")
+    sh = shift.assign(share=shift["share"].map(ui.pct), share_base=shift["share_base"].map(ui.pct),
+                      change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"))
+    st.dataframe(sh, hide_index=True, width="stretch", column_config={
+        "miss_class": st.column_config.TextColumn("Class"),
+        "tokens": st.column_config.NumberColumn("Tokens in the window", format="localized"),
+        "share": st.column_config.TextColumn("Share"),
+        "tokens_base": st.column_config.NumberColumn("Tokens in the baseline", format="localized"),
+        "share_base": st.column_config.TextColumn("Baseline share"),
+        "change": st.column_config.TextColumn("Change (pts)")})
+    if mdd is not None and mdd.localization.causes:
+        c = mdd.localization.causes[0]
+        where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
+        st.caption(f"Largest change in missed tokens: {where}"
+                   + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)")
 st.subheader("Cold-start traps")
 seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
 if not seen and not any(v.detected for v in verdicts):
