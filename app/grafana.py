@@ -151,7 +151,7 @@ def overview(n: Names) -> DashboardDef:
               f'sum by ({hit_by}) ({lookups}{{{flt}, {RESULT}=~"hit|miss"}})')
     spent, saved = n.rec("warmscope:warmup_gpu_seconds:increase1h"), n.rec("warmscope:gpu_seconds_saved:increase1h")
     alerts = "|".join(n.alert(a.rule) for a in ad.ALERTS + ad.ENGINE_ALERTS)
-    runs = schema.prom_name(schema.WARMUP_RUNS)
+    runs, by_run = schema.prom_name(schema.WARMUP_RUNS), f"{LAYER}, {STRATEGY}, {REPLICA}"
     load = "load rules/warmscope.rules.yml into this datasource's Prometheus"
     return DashboardDef(
         "warmscope-overview", "warmscope — overview",
@@ -166,9 +166,10 @@ def overview(n: Names) -> DashboardDef:
                      "percentunit", "From the recorded lookup rates, summed over key families and variants.",
                      no_value=f"no warmscope:cache_lookups:rate5m — {load}"),
             PanelDef("Lookups bypassing the cache", "timeseries",
-                     (Query(f'{n.rec("warmscope:layer_bypass_ratio:rate5m")}{{{LAYER}=~"$layer"}}',
+                     (Query(f'{n.rec("warmscope:layer_bypass_ratio:rate5m")}{{{LAYER}=~"$layer"}}\nor '
+                            f'0 * {n.rec("warmscope:layer_hit_ratio:rate5m")}{{{LAYER}=~"$layer"}}',
                             f"{{{{{LAYER}}}}}"),),
-                     "percentunit", "Share of a layer's lookups that skip the cache (alert above "
+                     "percentunit", "Share of a layer's lookups that skip the cache (0 for a layer with lookups and no bypass; alert above "
                      f"{ad.BYPASS_SHARE:.0%}).", _thr([ad.BYPASS_SHARE]), no_value=f"no bypass ratio — {load}"),
             PanelDef("Warm-set precision (1 h)", "timeseries",
                      (Query(f'{n.rec("warmscope:warmset_precision:ratio1h")}{{{LAYER}=~"$layer"}}',
@@ -192,8 +193,9 @@ def overview(n: Names) -> DashboardDef:
                      "runbooks in docs/runbooks.md.", width=18, no_value="no warmscope alert firing or pending"),
         ),
         variables=((("tenant", f"label_values({lookups}, {TENANT})"), ("layer", f"label_values({lookups}, {LAYER})"))),
-        annotations=(("Warm-up runs", f"sum by ({LAYER}, {STRATEGY}, {REPLICA}) (increase({runs}[1m])) > 0",
-                      "green"),
+        # a run ends: its counter grows, or appears (the first run of a label set: increase() misses it)
+        annotations=(("Warm-up runs", f"sum by ({by_run}) (increase({runs}[1m])) > 0\n"
+                      f"or sum by ({by_run}) ({runs} unless {runs} offset 1m)", "green"),
                      ("warmscope alerts", f'ALERTS{{alertname=~"{alerts}", alertstate="firing"}}', "orange")),
     )
 
@@ -295,26 +297,42 @@ _STRIP = (re.compile(r'"[^"]*"'), re.compile(r"\{[^}]*\}"), re.compile(r"\[[^\]]
 _ENGINES = ("vllm", "sglang", "lmcache")
 
 
+def _reads(expr: str) -> set[str]:
+    for rx in _STRIP:  # strings, label matchers, ranges, label lists
+        expr = rx.sub(" ", expr)
+    return {t for t in _TOKEN.findall(expr) if ":" in t or t.startswith(("warmscope_", "ALERTS"))
+            or t.startswith(tuple(f"{x}_" for x in _ENGINES))}
+
+
 def panel_reads(p: PanelDef) -> set[str]:
     """The series names a panel's PromQL reads (recorded series and raw metrics); an engine metric
     read in both name forms is listed once, in its colon form."""
     out: set[str] = set()
     for q in p.queries:
-        e = q.expr
-        for rx in _STRIP:  # strings, label matchers, ranges, label lists
-            e = rx.sub(" ", e)
-        out |= {t for t in _TOKEN.findall(e) if ":" in t or t.startswith(("warmscope_", "ALERTS"))
-                or t.startswith(tuple(f"{x}_" for x in _ENGINES))}
+        out |= _reads(q.expr)
     return {t for t in out if not (t.startswith(tuple(f"{x}_" for x in _ENGINES))
                                    and t.replace("_", ":", 1) in out)}
 
 
 def missing_series(d: DashboardDef, present: Callable[[str], bool]) -> list[str]:
-    """The series ``d``'s panels read that ``present(name)`` says the datasource lacks (an engine
-    metric is missing when neither its colon nor its escaped form is there)."""
-    names = sorted({m for p in d.panels for m in panel_reads(p)} - {"ALERTS"})
-    return [m for m in names if not any(present(f) for f in {m, m.replace(":", "_")}
-                                        if f == m or m.startswith(tuple(f"{x}:" for x in _ENGINES)))]
+    """The series ``d``'s panels read that ``present(name)`` says the datasource lacks. A query's
+    top-level ``or`` branches are alternatives (an engine metric's two name forms, a fallback): it
+    lacks nothing when one branch has all its series; else its first branch's absent series are
+    listed."""
+    seen: dict[str, bool] = {}
+
+    def has(name: str) -> bool:
+        if name not in seen:
+            seen[name] = present(name)
+        return seen[name]
+
+    missing: set[str] = set()
+    for p in d.panels:
+        for q in p.queries:
+            alts = [_reads(b) - {"ALERTS"} for b in re.split(r"\sor\s", q.expr)]
+            if not any(all(has(r) for r in alt) for alt in alts):
+                missing |= {r for r in alts[0] if not has(r)}
+    return sorted(missing)
 
 
 # ---- the builder --------------------------------------------------------------------------------
