@@ -16,7 +16,8 @@ Options, as ``instrument(**kwargs)`` (the environment gives the defaults under
 ``opentelemetry-instrument``):
 
 ``telemetry``       the pipeline (default :func:`warmscope.collectors.setup`, from ``WARMSCOPE_*``)
-``redis_layer``     layer name or ``key -> layer`` function (``WARMSCOPE_REDIS_LAYER``, ``response``)
+``redis_layer``     layer name or ``key -> layer`` function (``WARMSCOPE_REDIS_LAYER``,
+                    else ``response``)
 ``request_hook``    ``hook(span, instance, args, kwargs)`` before a Redis command, or
                     ``hook(span, request)`` (an ``httpx.Request``) before an OpenAI request
 ``response_hook``   ``hook(span, instance, response)`` after a Redis command, or
@@ -71,7 +72,9 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tel: Telemetry = kwargs.get("telemetry") or setup()
         req, resp = kwargs.get("request_hook"), kwargs.get("response_hook")
         if kwargs.get("redis", True):
-            layer = kwargs.get("redis_layer") or os.environ.get("WARMSCOPE_REDIS_LAYER") or "response"
+            layer = (
+                kwargs.get("redis_layer") or os.environ.get("WARMSCOPE_REDIS_LAYER") or "response"
+            )
             self._redis(_Interpreter(layer, tel), tel, req, resp)
         if kwargs.get("openai", True):
             self._openai(tel, req, resp)
@@ -99,6 +102,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
         def command(orig: Any) -> Any:
             if inspect.iscoroutinefunction(orig):
+
                 async def acall(self: Any, *args: Any, **options: Any) -> Any:
                     if is_instrumented(self):  # counted by instrument_redis already
                         return await orig(self, *args, **options)
@@ -111,6 +115,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     interp.outcome(args, r)
                     _call(resp, tel, "redis response_hook", self, r)
                     return r
+
                 return acall
 
             def call(self: Any, *args: Any, **options: Any) -> Any:
@@ -125,6 +130,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 interp.outcome(args, r)
                 _call(resp, tel, "redis response_hook", self, r)
                 return r
+
             return call
 
         def execute(orig: Any) -> Any:
@@ -140,6 +146,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     interp.outcome(args, r)
 
             if inspect.iscoroutinefunction(orig):
+
                 async def aexecute(self: Any, raise_on_error: bool = True) -> Any:
                     if is_instrumented(self):
                         return await orig(self, raise_on_error)
@@ -153,6 +160,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     done(self, stack, results)
                     _call(resp, tel, "redis response_hook", self, results)
                     return results
+
                 return aexecute
 
             def sexecute(self: Any, raise_on_error: bool = True) -> Any:
@@ -168,6 +176,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 done(self, stack, results)
                 _call(resp, tel, "redis response_hook", self, results)
                 return results
+
             return sexecute
 
         self._patch(redis.client.Redis, "execute_command", command)
@@ -217,9 +226,14 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             warmscope's transport; a new httpx client when the caller gave none."""
             if http is None:
                 http = (httpx.AsyncClient if is_async else httpx.Client)(follow_redirects=True)
-            if not isinstance(http, (httpx.AsyncClient, httpx.Client)):  # e.g. an httpx2 client of the caller's
-                tel.aggregator.count_error("hook", "openai http_client not httpx: not instrumented",
-                                           TypeError(type(http).__name__))
+            if not isinstance(
+                http, (httpx.AsyncClient, httpx.Client)
+            ):  # e.g. an httpx2 client of the caller's
+                tel.aggregator.count_error(
+                    "hook",
+                    "openai http_client not httpx: not instrumented",
+                    TypeError(type(http).__name__),
+                )
                 return http
             http._transport = wrap_transport(http._transport, is_async)
             http._mounts = {k: wrap_transport(v, is_async) for k, v in http._mounts.items()}
@@ -232,6 +246,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 except Exception as e:  # an unknown client shape: it works uninstrumented
                     tel.aggregator.count_error("hook", "openai client instrumentation", e)
                 orig(self, *a, **kw)
+
             return __init__
 
         self._patch(openai.OpenAI, "__init__", lambda orig: init(orig, False))

@@ -50,27 +50,42 @@ class _Engine(BaseHTTPRequestHandler):
         n = _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
         v = (lambda s: s.replace(":", "_")) if port == _Engine.escaped_port else (lambda s: s)
         m = '{engine="0",model_name="tiny"}'
-        lines = [f"{v('vllm:prefix_cache_hits_total')}{m} {60 * n}",
-                 f"{v('vllm:prefix_cache_queries_total')}{m} {100 * n}",
-                 f'{v("vllm:prompt_tokens_cached_by_source_total")}{{engine="0",model_name="tiny",source="device"}} '
-                 f"{60 * n}",
-                 f"{v('vllm:kv_cache_usage_perc')}{m} 0.97"]  # over 95 %: the KV-saturation alert goes pending
-        hists = {"vllm:time_to_first_token_seconds": (0.2, 0.9, 1.0, 1.0),
-                 "vllm:kv_block_lifetime_seconds": (0.0, 0.3, 0.8, 1.0),
-                 "vllm:kv_block_idle_before_evict_seconds": (0.1, 0.5, 0.9, 1.0),
-                 "vllm:kv_block_reuse_gap_seconds": (0.4, 0.7, 1.0, 1.0)}
+        lines = [
+            f"{v('vllm:prefix_cache_hits_total')}{m} {60 * n}",
+            f"{v('vllm:prefix_cache_queries_total')}{m} {100 * n}",
+            f"{v('vllm:prompt_tokens_cached_by_source_total')}"
+            '{engine="0",model_name="tiny",source="device"} '
+            f"{60 * n}",
+            f"{v('vllm:kv_cache_usage_perc')}{m} 0.97",
+        ]  # over 95 %: the KV-saturation alert goes pending
+        hists = {
+            "vllm:time_to_first_token_seconds": (0.2, 0.9, 1.0, 1.0),
+            "vllm:kv_block_lifetime_seconds": (0.0, 0.3, 0.8, 1.0),
+            "vllm:kv_block_idle_before_evict_seconds": (0.1, 0.5, 0.9, 1.0),
+            "vllm:kv_block_reuse_gap_seconds": (0.4, 0.7, 1.0, 1.0),
+        }
         for name, shares in hists.items():
             cum = [int(10 * n * s) for s in shares] + [10 * n]
-            lines += [f'{v(name)}_bucket{{engine="0",model_name="tiny",le="{le}"}} {c}' for le, c in zip(BUCKETS, cum)]
+            lines += [
+                f'{v(name)}_bucket{{engine="0",model_name="tiny",le="{le}"}} {c}'
+                for le, c in zip(BUCKETS, cum, strict=True)
+            ]
             lines += [f"{v(name)}_count{m} {10 * n}", f"{v(name)}_sum{m} {5.0 * n}"]
         for i, cls in enumerate(grafana.MISS_CLASSES):  # block-level KV series (synthetic samples)
             for t, tenant in enumerate(("acme", "globex")):
-                lines.append(f'{grafana.KV_MISSED}{{tenant="{tenant}",engine="e{port % 2}",miss_class="{cls}"}} '
-                             f"{(i + 1) * (t + 1) * 16 * n}")
+                lines.append(
+                    f'{grafana.KV_MISSED}{{tenant="{tenant}",engine="e{port % 2}",'
+                    f'miss_class="{cls}"}} '
+                    f"{(i + 1) * (t + 1) * 16 * n}"
+                )
         for salt in ("acme", "globex"):
             lab = f'{{engine="e{port % 2}",salt="{salt}"}}'
-            lines += [f"{grafana.KV_BLOCKS['stored']}{lab} {8 * n}", f"{grafana.KV_BLOCKS['reused']}{lab} {5 * n}",
-                      f"{grafana.KV_BLOCKS['evicted']}{lab} {3 * n}", f"{grafana.KV_RESIDENT}{lab} {40 + n % 7}"]
+            lines += [
+                f"{grafana.KV_BLOCKS['stored']}{lab} {8 * n}",
+                f"{grafana.KV_BLOCKS['reused']}{lab} {5 * n}",
+                f"{grafana.KV_BLOCKS['evicted']}{lab} {3 * n}",
+                f"{grafana.KV_RESIDENT}{lab} {40 + n % 7}",
+            ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -82,14 +97,16 @@ class _Engine(BaseHTTPRequestHandler):
 
 
 def _subst(expr: str, rng: str) -> str:
-    """What Grafana substitutes before sending a panel's query (every variable at its "All" value)."""
+    """What Grafana substitutes before sending a panel's query (each variable at "All")."""
     for var in ("$tenant", "$layer", "$instance", "$engine"):
         expr = expr.replace(var, ".*")
     return expr.replace("$__rate_interval", "1m").replace("$__range", rng)
 
 
 def _range(url: str, expr: str, start: float, end: float) -> list[dict]:
-    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "2"})
+    q = urllib.parse.urlencode(
+        {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "2"}
+    )
     with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
         data = json.loads(r.read())["data"]
     assert data["resultType"] == "matrix"
@@ -107,12 +124,18 @@ def stack(tmp_path_factory):
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     targets = ", ".join(f"'127.0.0.1:{s.server_port}'" for s in servers)
-    extra = (f"  - job_name: engines\n    static_configs: [{{targets: [{targets}]}}]\n"
-             f"rule_files: ['{rules}/*.yml']\n")
+    extra = (
+        f"  - job_name: engines\n    static_configs: [{{targets: [{targets}]}}]\n"
+        f"rule_files: ['{rules}/*.yml']\n"
+    )
     try:
         with live_simulation(tmp, extra) as (url, _store, t0, _t1):
-            wanted = ["warmscope:layer_hit_ratio:rate5m", "warmscope:engine_prefix_hit_ratio:rate5m",
-                      "warmscope:warmset_precision:ratio1h", 'ALERTS{alertstate="pending"}']
+            wanted = [
+                "warmscope:layer_hit_ratio:rate5m",
+                "warmscope:engine_prefix_hit_ratio:rate5m",
+                "warmscope:warmset_precision:ratio1h",
+                'ALERTS{alertstate="pending"}',
+            ]
 
             def ready() -> bool:
                 wanted[:] = [q for q in wanted if not prom_query(url, q)]
@@ -147,7 +170,9 @@ def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_pa
                 else:
                     assert p.kind in ("timeseries", "heatmap"), p.title
                     res = _range(url, expr, t0, end)
-                    if p.kind == "heatmap":  # one series per bucket bound, for Grafana's heatmap format
+                    if (
+                        p.kind == "heatmap"
+                    ):  # one series per bucket bound, for Grafana's heatmap format
                         les = {s["metric"].get("le") for s in res}
                         assert None not in les and len(les) == len(BUCKETS), (p.title, les)
                 count += len(res)
@@ -165,15 +190,25 @@ def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_pa
     assert not empty, f"panels without data: {empty}"
     # generated for this datasource, which holds every series: no "missing series" text panel
     assert main(["grafana", "--out", str(tmp_path), "--prometheus", url]) == 0
-    assert all(json.loads(f.read_text())["panels"][0]["type"] != "text" for f in tmp_path.glob("*.json"))
+    assert all(
+        json.loads(f.read_text())["panels"][0]["type"] != "text" for f in tmp_path.glob("*.json")
+    )
 
 
 def _lost(a, b, path: str = "") -> list[str]:
     """Paths of ``a`` whose value ``b`` does not hold (recursively)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [p for k, v in a.items() for p in (_lost(v, b[k], f"{path}.{k}") if k in b else [f"{path}.{k}"])]
+        return [
+            p
+            for k, v in a.items()
+            for p in (_lost(v, b[k], f"{path}.{k}") if k in b else [f"{path}.{k}"])
+        ]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [p for i, (x, y) in enumerate(zip(a, b)) for p in _lost(x, y, f"{path}[{i}]")]
+        return [
+            p
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for p in _lost(x, y, f"{path}[{i}]")
+        ]
     return [] if a == b and type(a) is type(b) else [path]
 
 
@@ -190,7 +225,7 @@ def test_json_round_trips_through_the_sdk_model(tmp_path):
     for f in files:
         data = json.loads(f.read_text())
         model = dm.Dashboard.from_json(data)
-        # decoded by the model: each target a Prometheus query, each panel's options its plugin's class
+        # decoded by the model: each target a Prometheus query, options the plugin's class
         for p in model.panels or []:
             assert isinstance(p, dm.Panel) and p.datasource and p.datasource.uid == "${datasource}"
             assert p.targets and all(isinstance(t, pm.Dataquery) for t in p.targets), p.title
@@ -207,8 +242,11 @@ def test_renaming_a_rule_breaks_generation(tmp_path, capsys):
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
     f = rules / "warmscope.rules.yml"
-    f.write_text(f.read_text().replace("record: warmscope:layer_hit_ratio:rate5m",
-                                       "record: warmscope:layer_hit_ratio:rate1m"))
+    f.write_text(
+        f.read_text().replace(
+            "record: warmscope:layer_hit_ratio:rate5m", "record: warmscope:layer_hit_ratio:rate1m"
+        )
+    )
     with pytest.raises(grafana.GrafanaError, match="warmscope:layer_hit_ratio:rate5m"):
         grafana.definitions(rules)
     assert main(["grafana", "--out", str(tmp_path / "out"), "--rules", str(rules)]) == 1
@@ -223,20 +261,35 @@ def test_renaming_a_rule_breaks_generation(tmp_path, capsys):
     n = grafana.Names()
     for d in grafana.definitions():
         for p in d.panels:
-            assert {r for r in grafana.panel_reads(p) if ":" in r and not r.startswith("vllm:")} <= set(n.recorded)
+            assert {
+                r for r in grafana.panel_reads(p) if ":" in r and not r.startswith("vllm:")
+            } <= set(n.recorded)
 
 
 def test_a_datasource_without_the_series_gets_a_text_panel(tmp_path, capsys):
     prom_bin = need_binary("prometheus")
     port = free_port()
-    (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1s}\nscrape_configs:\n"
-                                             f"  - job_name: self\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
-    prom = subprocess.Popen([prom_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n"
+        f"  - job_name: self\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        [
+            prom_bin,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60, "prometheus")
+        wait_until(
+            lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200,
+            60,
+            "prometheus",
+        )
         assert main(["grafana", "--out", str(tmp_path / "out"), "--prometheus", url]) == 0
     finally:
         prom.terminate()

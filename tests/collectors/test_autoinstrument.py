@@ -53,13 +53,15 @@ APP = textwrap.dedent("""
         await a.get("resp:1"); await a.get("resp:missing2")     # hit, miss
         async with a.pipeline(transaction=False) as p:
             p.get("resp:2"); p.get("resp:gone")
-            out["async_pipeline"] = [v.decode() if v else v for v in await p.execute()]   # hit, miss
+            res = await p.execute()                              # hit, miss
+            out["async_pipeline"] = [v.decode() if v else v for v in res]
         await a.hset("resp:h", "f", "v")                         # write
         for client, key in ((a, "resp:h"), (aredis.Redis.from_url(dead), "resp:1")):
             try:
-                await client.get(key)                            # WRONGTYPE, connection refused: errors
+                await client.get(key)                  # WRONGTYPE, connection refused: errors
             except Exception as e:
-                out.setdefault("errors", []).append([type(e).__module__ + "." + type(e).__name__, str(e)[:40]])
+                name = type(e).__module__ + "." + type(e).__name__
+                out.setdefault("errors", []).append([name, str(e)[:40]])
         await a.aclose()
 
     asyncio.run(main())
@@ -72,35 +74,57 @@ APP = textwrap.dedent("""
 
 
 def _entry_point_dir(tmp: Path) -> Path:
-    """A dist-info directory holding pyproject.toml's ``opentelemetry_instrumentor`` entry points."""
+    """A dist-info directory with pyproject.toml's ``opentelemetry_instrumentor`` entry points."""
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     group = eps["opentelemetry_instrumentor"]
     d = tmp / "site" / "warmscope_entrypoints-0.0.dist-info"
     d.mkdir(parents=True)
-    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: warmscope-entrypoints\nVersion: 0.0\n")
-    (d / "entry_points.txt").write_text("[opentelemetry_instrumentor]\n"
-                                        + "".join(f"{k} = {v}\n" for k, v in group.items()))
+    (d / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: warmscope-entrypoints\nVersion: 0.0\n"
+    )
+    (d / "entry_points.txt").write_text(
+        "[opentelemetry_instrumentor]\n" + "".join(f"{k} = {v}\n" for k, v in group.items())
+    )
     return d.parent
 
 
-def test_opentelemetry_instrument_command_counts_sync_and_async_clients(tmp_path, redis_server, redis_client):
+def test_opentelemetry_instrument_command_counts_sync_and_async_clients(
+    tmp_path, redis_server, redis_client
+):
     cli = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
     assert cli, "opentelemetry-instrument is not installed (pip install 'warmscope[instrument]')"
     site = _entry_point_dir(tmp_path)
     (tmp_path / "app.py").write_text(APP)
     store = tmp_path / "store.sqlite"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMSCOPE_", "OTEL_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(site), *sys.path[1:]]), APP_REDIS_URL=redis_server.url,
-               APP_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0", WARMSCOPE_STORE=str(store),
-               WARMSCOPE_EXPORTER="embedded", WARMSCOPE_KEY_SECRET="test-secret", WARMSCOPE_REPLICA="app-0",
-               OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
-    p = subprocess.run([cli, sys.executable, "app.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(site), *sys.path[1:]]),
+        APP_REDIS_URL=redis_server.url,
+        APP_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0",
+        WARMSCOPE_STORE=str(store),
+        WARMSCOPE_EXPORTER="embedded",
+        WARMSCOPE_KEY_SECRET="test-secret",
+        WARMSCOPE_REPLICA="app-0",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+    )
+    p = subprocess.run(
+        [cli, sys.executable, "app.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     print(p.stdout, p.stderr[-3000:])
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["instrumented"] is True and out["async_pipeline"] == ["y", None]
-    assert [e[0] for e in out["errors"]] == ["redis.exceptions.ResponseError", "redis.exceptions.ConnectionError"]
+    assert [e[0] for e in out["errors"]] == [
+        "redis.exceptions.ResponseError",
+        "redis.exceptions.ConnectionError",
+    ]
     assert out["errors"][0][1].startswith("WRONGTYPE")
 
     from warmscope.collectors.store import EmbeddedStore
@@ -121,12 +145,15 @@ def instrumentor():
 
 
 def _counts(tel) -> dict[str, float]:
-    return {res: total(tel.reader, LOOKUPS, {ATTR.RESULT: res, ATTR.LAYER: "response"})
-            for res in ("hit", "miss", "error")}
+    return {
+        res: total(tel.reader, LOOKUPS, {ATTR.RESULT: res, ATTR.LAYER: "response"})
+        for res in ("hit", "miss", "error")
+    }
 
 
-def test_hooks_double_instrument_hand_instrumented_and_uninstrument(make_tel, redis_server, redis_client,
-                                                                    instrumentor):
+def test_hooks_double_instrument_hand_instrumented_and_uninstrument(
+    make_tel, redis_server, redis_client, instrumentor
+):
     tel = make_tel()
     seen: list[tuple] = []
 
@@ -134,15 +161,21 @@ def test_hooks_double_instrument_hand_instrumented_and_uninstrument(make_tel, re
         seen.append(("response", response))
         raise RuntimeError("a broken hook")
 
-    instrumentor.instrument(telemetry=tel, request_hook=lambda span, inst, args, kw: seen.append(("request", args)),
-                            response_hook=bad_hook, openai=False)
+    instrumentor.instrument(
+        telemetry=tel,
+        request_hook=lambda span, inst, args, kw: seen.append(("request", args)),
+        response_hook=bad_hook,
+        openai=False,
+    )
     instrumentor.instrument(telemetry=tel)  # a no-op: the first hooks and pipeline stay
     r = redis.Redis.from_url(redis_server.url)
     r.set("resp:a", "1")
     assert r.get("resp:a") == b"1" and r.get("resp:b") is None
     assert ("request", ("GET", "resp:a")) in seen and ("response", b"1") in seen
     assert _counts(tel) == {"hit": 1, "miss": 1, "error": 0}
-    assert total(tel.reader, schema.TELEMETRY_ERRORS.name, {ATTR.STAGE: "hook"}) >= 3  # the broken hook, counted
+    assert (
+        total(tel.reader, schema.TELEMETRY_ERRORS.name, {ATTR.STAGE: "hook"}) >= 3
+    )  # the broken hook, counted
     hand = instrument_redis(redis.Redis.from_url(redis_server.url), layer="response", telemetry=tel)
     hand.get("resp:a")
     hand.pipeline().get("resp:a").execute()
@@ -151,11 +184,13 @@ def test_hooks_double_instrument_hand_instrumented_and_uninstrument(make_tel, re
     r.get("resp:a")
     assert _counts(tel)["hit"] == 3
     assert redis.Redis.execute_command.__name__ == "execute_command" and not hasattr(
-        redis.Redis.execute_command, "__wrapped__")
+        redis.Redis.execute_command, "__wrapped__"
+    )
 
 
-def test_async_errors_reach_the_caller_unchanged_and_are_counted(make_tel, redis_server, redis_client,
-                                                                 instrumentor):
+def test_async_errors_reach_the_caller_unchanged_and_are_counted(
+    make_tel, redis_server, redis_client, instrumentor
+):
     tel = make_tel()
     instrumentor.instrument(telemetry=tel, openai=False)
     dead = f"redis://127.0.0.1:{free_port()}/0"
@@ -179,17 +214,24 @@ def test_async_errors_reach_the_caller_unchanged_and_are_counted(make_tel, redis
         return errors
 
     errors = asyncio.run(run())
-    assert [type(e) for e in errors] == [redis.exceptions.ResponseError, redis.exceptions.ConnectionError,
-                                         redis.exceptions.ResponseError]
-    assert str(errors[0]).startswith("WRONGTYPE") and str(errors[2]).startswith("Command # 1 (GET resp:h)")
+    assert [type(e) for e in errors] == [
+        redis.exceptions.ResponseError,
+        redis.exceptions.ConnectionError,
+        redis.exceptions.ResponseError,
+    ]
+    assert str(errors[0]).startswith("WRONGTYPE") and str(errors[2]).startswith(
+        "Command # 1 (GET resp:h)"
+    )
     assert _counts(tel) == {"hit": 0, "miss": 0, "error": 3}
 
-    # the same with a client instrumented by hand (instrument_redis on an asyncio client), no auto-instrumentation
+    # the same with an asyncio client instrumented by hand (instrument_redis), no instrumentor
     instrumentor.uninstrument()
     tel2 = make_tel()
 
     async def by_hand():
-        a = instrument_redis(aredis.Redis.from_url(redis_server.url), layer="response", telemetry=tel2)
+        a = instrument_redis(
+            aredis.Redis.from_url(redis_server.url), layer="response", telemetry=tel2
+        )
         await a.set("resp:k", "v")
         assert await a.get("resp:k") == b"v" and await a.get("resp:none") is None
         async with a.pipeline(transaction=False) as p:

@@ -127,12 +127,15 @@ def test_grafana_provisions_the_generated_dashboards_with_prometheus_as_default(
 
     g = COMPOSE["services"]["grafana"]
     mounts = dict(v.split(":")[:2] for v in g["volumes"] if v.startswith("."))
-    prov = ROOT / mounts["./deploy/grafana/provisioning"].replace("/etc/grafana/provisioning", "deploy/grafana/provisioning")
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    prov = ROOT / "deploy" / "grafana" / "provisioning"
     (ds,) = yaml.safe_load((prov / "datasources" / "warmscope.yml").read_text())["datasources"]
     assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090" and ds["isDefault"]
     (provider,) = yaml.safe_load((prov / "dashboards" / "warmscope.yml").read_text())["providers"]
-    assert provider["type"] == "file" and provider["options"]["path"] == mounts["./deploy/grafana/dashboards"]
-    shipped = {f.stem: json.loads(f.read_text()) for f in (ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")}
+    assert provider["type"] == "file"
+    assert provider["options"]["path"] == mounts["./deploy/grafana/dashboards"]
+    folder = ROOT / "deploy" / "grafana" / "dashboards"
+    shipped = {f.stem: json.loads(f.read_text()) for f in folder.glob("*.json")}
     generated = {d.uid: grafana.build(d) for d in grafana.definitions()}
     assert shipped == generated, "regenerate: warmscope grafana --out deploy/grafana/dashboards"
     for d in shipped.values():
