@@ -23,6 +23,9 @@ Options, as ``instrument(**kwargs)`` (the environment gives the defaults under
 ``response_hook``   ``hook(span, instance, response)`` after a Redis command, or
                     ``hook(span, request, response)`` after an OpenAI response's headers
 ``redis``/``openai``  ``False`` leaves that library alone
+``genai_spans``     ``False``: do not read GenAI usage attributes of spans back
+                    (:class:`~warmscope.collectors.genai.GenAIUsageSpanProcessor`, added to the
+                    SDK tracer provider, ``tracer_provider`` or the global one)
 
 ``span`` is the current span (a contrib instrumentation's span when one is active), as the
 contrib instrumentations pass theirs, so the same hooks serve both. A hook that raises is counted
@@ -78,8 +81,29 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._redis(_Interpreter(layer, tel), tel, req, resp)
         if kwargs.get("openai", True):
             self._openai(tel, req, resp)
+        if kwargs.get("genai_spans", True):
+            self._genai_spans(tel, kwargs.get("tracer_provider"))
+
+    def _genai_spans(self, tel: Telemetry, provider: Any) -> None:
+        """Read the GenAI usage attributes of every span back into warmscope's counts (an SDK
+        tracer provider only: the API's default provider records no spans)."""
+        from .genai import GenAIUsageSpanProcessor
+
+        provider = provider or trace.get_tracer_provider()
+        if not hasattr(provider, "add_span_processor"):
+            return
+        proc = getattr(self, "_span_processor", None)
+        if proc is None or proc.provider is not provider:
+            proc = GenAIUsageSpanProcessor(tel)
+            proc.provider = provider
+            provider.add_span_processor(proc)
+            self._span_processor = proc
+        proc.active = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        proc = getattr(self, "_span_processor", None)
+        if proc is not None:  # an SDK provider cannot drop a processor: it stops counting
+            proc.active = False
         for owner, name, orig in reversed(getattr(self, "_patched", [])):
             setattr(owner, name, orig)
         self._patched = []
