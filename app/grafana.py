@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from warmscope.analysis import alert_defs as ad
+from warmscope.collectors import genai
 from warmscope.model import schema
 from warmscope.model.records import ATTR, prom_label
 
@@ -374,6 +375,20 @@ def engines(n: Names) -> DashboardDef:
             f"{ad.ENGINE_BURN_RATE:g}.",
             _thr([ad.ENGINE_BURN_RATE]),
             no_value=f"no TTFT SLO series — {load}",
+        ),
+        PanelDef(
+            "Cache-read share of prompt tokens (GenAI conventions)",
+            "timeseries",
+            (
+                Query(
+                    n.rec("warmscope:genai_cache_read_ratio:rate5m"),
+                    "{{gen_ai_provider_name}} {{gen_ai_request_model}}",
+                ),
+            ),
+            "percentunit",
+            f"From any client emitting the GenAI registry's `{genai.METRIC_CACHE_READ_TOKENS}` and "
+            f"`{genai.METRIC_INPUT_TOKENS}` counters.",
+            no_value="no client emits the GenAI registry's token counters",
         ),
     ]
     for name, title in RESIDENCY:

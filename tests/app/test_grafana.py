@@ -86,6 +86,11 @@ class _Engine(BaseHTTPRequestHandler):
                 f"{grafana.KV_BLOCKS['evicted']}{lab} {3 * n}",
                 f"{grafana.KV_RESIDENT}{lab} {40 + n % 7}",
             ]
+        gen = '{gen_ai_provider_name="openai",gen_ai_request_model="gpt-x"}'  # GenAI token counters
+        lines += [
+            f"gen_ai_client_inference_usage_input_tokens_total{gen} {200 * n}",
+            f"gen_ai_client_inference_usage_cache_read_input_tokens_total{gen} {150 * n}",
+        ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -186,7 +191,7 @@ def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_pa
                 empty.append(f"[annotation] {name}")
     print()
     for r in rows:
-        print(f"{r[0]:22} {r[1]:45} {r[2]:10} series={r[3]}")
+        print(f"{r[0]:22} {r[1]:55} {r[2]:10} series={r[3]}")
     assert not empty, f"panels without data: {empty}"
     # generated for this datasource, which holds every series: no "missing series" text panel
     assert main(["grafana", "--out", str(tmp_path), "--prometheus", url]) == 0
