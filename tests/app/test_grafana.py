@@ -157,6 +157,7 @@ def stack(tmp_path_factory):
             s.shutdown()
 
 
+@pytest.mark.slow  # the simulator runs 20 s in real time
 def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_path):
     url, t0 = stack
     end = time.time()
