@@ -7,7 +7,8 @@ a ``BaseInstrumentor`` (``pip install "warmscope[instrument]"``). ``instrument()
 * ``redis.Redis`` / ``redis.asyncio.Redis`` ``execute_command`` and the ``execute`` of their
   pipelines (``redis.client.Pipeline``, ``redis.asyncio.client.Pipeline``): every client, sync or
   async, is counted as :func:`warmscope.collectors.instrument_redis` counts one (a client that
-  is also instrumented by hand is counted once);
+  is also instrumented by hand is counted once; warmscope's own Redis traffic, its sink writing
+  and reading at a flush, is not counted);
 * ``openai.OpenAI`` / ``openai.AsyncOpenAI``: each client built afterwards sends through
   warmscope's instrumented httpx transport (:mod:`warmscope.collectors.openai_client`) unless it
   already does (``instrument_openai``).
@@ -45,6 +46,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from .context import INTERNAL
 from .pipeline import Telemetry, current_telemetry, setup
 from .redis import _Interpreter, _queued, is_instrumented
 
@@ -128,7 +130,9 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if inspect.iscoroutinefunction(orig):
 
                 async def acall(self: Any, *args: Any, **options: Any) -> Any:
-                    if is_instrumented(self):  # counted by instrument_redis already
+                    if (
+                        is_instrumented(self) or INTERNAL.get()
+                    ):  # counted already, or warmscope's own
                         return await orig(self, *args, **options)
                     _call(req, tel, "redis request_hook", self, args, options)
                     try:
@@ -143,7 +147,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 return acall
 
             def call(self: Any, *args: Any, **options: Any) -> Any:
-                if is_instrumented(self):
+                if is_instrumented(self) or INTERNAL.get():
                     return orig(self, *args, **options)
                 _call(req, tel, "redis request_hook", self, args, options)
                 try:
@@ -172,7 +176,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if inspect.iscoroutinefunction(orig):
 
                 async def aexecute(self: Any, raise_on_error: bool = True) -> Any:
-                    if is_instrumented(self):
+                    if is_instrumented(self) or INTERNAL.get():
                         return await orig(self, raise_on_error)
                     stack = stack_of(self)
                     _call(req, tel, "redis request_hook", self, ("PIPELINE",), {"stack": stack})
@@ -188,7 +192,7 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 return aexecute
 
             def sexecute(self: Any, raise_on_error: bool = True) -> Any:
-                if is_instrumented(self):
+                if is_instrumented(self) or INTERNAL.get():
                     return orig(self, raise_on_error)
                 stack = stack_of(self)
                 _call(req, tel, "redis request_hook", self, ("PIPELINE",), {"stack": stack})

@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aredis
 
 pytest.importorskip("opentelemetry.instrumentation")
-from warmscope.collectors import instrument_redis  # noqa: E402
+from warmscope.collectors import instrument_redis, request_context  # noqa: E402
 from warmscope.collectors.autoinstrument import WarmscopeInstrumentor  # noqa: E402
 from warmscope.model import schema  # noqa: E402
 from warmscope.model.schema import ATTR  # noqa: E402
@@ -248,3 +248,29 @@ def test_async_errors_reach_the_caller_unchanged_and_are_counted(
 
     asyncio.run(by_hand())
     assert _counts(tel2) == {"hit": 2, "miss": 2, "error": 1}
+
+
+def test_warmscopes_own_redis_traffic_is_not_counted(
+    make_tel, redis_server, redis_client, instrumentor
+):
+    tel = make_tel(redis_url=redis_server.url)  # hot keys, runs and A/B units go to this Redis
+    seen: list[tuple] = []
+    instrumentor.instrument(
+        telemetry=tel, openai=False, request_hook=lambda span, inst, args, kw: seen.append(args)
+    )
+    r = redis.Redis.from_url(redis_server.url)
+    with request_context(tenant="acme", unit="session-1", experiment="e", variant="A"):
+        r.get("resp:a")
+        with tel.warmup("static_topk", layer="response", trigger="replica_start") as run:
+            r.set("resp:a", "1")
+            run.warmed("resp:a")
+        r.get("resp:a")
+        tel.record_request(
+            ttft_s=0.1, latency_s=0.2, prompt_tokens=10, cached_tokens=5, gpu_s=0.1, sla_met=True
+        )
+    assert len(seen) == 3
+    for _ in range(2):
+        tel.flush()  # the sink: INFO, SCRIPT LOAD, pipelines of scripts, on the same classes
+    assert len(seen) == 3, f"warmscope's own commands went through the hooks: {seen[3:6]}"
+    assert redis_client.dbsize() > 2, "the sink wrote to Redis"
+    assert _counts(tel) == {"hit": 1, "miss": 1, "error": 0}
