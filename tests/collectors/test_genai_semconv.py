@@ -4,7 +4,7 @@ rates, and an openai client built after ``WarmscopeInstrumentor().instrument()``
 
 from __future__ import annotations
 
-import json
+import asyncio
 
 import httpx
 import openai
@@ -144,7 +144,16 @@ def test_openai_clients_built_after_instrument_are_counted(make_tel, upstream):
         assert (
             seen == ["/v1/chat/completions", "200"] * 2
         )  # the hooks (the hand-made client has none)
+
+        async def async_client() -> None:  # AsyncOpenAI the same way
+            aclient = openai.AsyncOpenAI(base_url=upstream + "/v1", api_key="-")
+            with request_context(tenant="globex"):
+                await aclient.chat.completions.create(model="m", messages=msgs, max_tokens=1)
+            await aclient.close()
+
+        asyncio.run(async_client())
+        assert total(tel.reader, schema.REQUESTS.name, {ATTR.TENANT: "globex"}) == 1
+        assert _tokens(tel, **{ATTR.TENANT: "globex"})["hit"] > 0  # the prefix was cached before
     finally:
         inst.uninstrument()
-    assert openai.OpenAI.__init__.__qualname__ == "OpenAI.__init__"
-    json.dumps(got)
+    assert not hasattr(openai.OpenAI.__init__, "__wrapped__")  # restored
