@@ -128,7 +128,33 @@ def stack(tmp_path_factory):
     _Engine.escaped_port = servers[1].server_port
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
-    targets = ", ".join(f"'127.0.0.1:{s.server_port}'" for s in servers)
+    # A service of its own whose warm-ups run while Prometheus scrapes it: the simulator's runs all
+    # finish before the first scrape, and increase() never counts a counter's first sample.
+    from warmscope.collectors.config import CollectorConfig
+    from warmscope.collectors.otel import build_provider, stop_server
+    from warmscope.collectors.pipeline import Telemetry
+
+    warm_port = free_port()
+    cfg = CollectorConfig.load(
+        env={},
+        exporter="prometheus",
+        prometheus_port=warm_port,
+        replica="warm-0",
+        store_path=str(tmp / "warm.sqlite"),
+        key_secret="k",
+    )
+    provider, exporter = build_provider(cfg)
+    tel = Telemetry(cfg, meter_provider=provider, background=False)
+
+    def warm_ups() -> None:
+        for gpu_s in (5.0, 7.0, 9.0):
+            time.sleep(5)
+            with tel.warmup("static_topk", layer="prefix_kv", trigger="replica_start") as run:
+                run.warmed("prefix:doc:1", nbytes=1024)
+                run.add_gpu_seconds(gpu_s)
+
+    threading.Thread(target=warm_ups, daemon=True).start()
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in [s.server_port for s in servers] + [warm_port])
     extra = (
         f"  - job_name: engines\n    static_configs: [{{targets: [{targets}]}}]\n"
         f"rule_files: ['{rules}/*.yml']\n"
@@ -155,6 +181,9 @@ def stack(tmp_path_factory):
     finally:
         for s in servers:
             s.shutdown()
+        tel.close()
+        provider.shutdown()
+        stop_server(exporter)
 
 
 @pytest.mark.slow  # the simulator runs 20 s in real time
@@ -166,33 +195,42 @@ def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_pa
     for d in grafana.definitions():
         for p in d.panels:
             assert p.kind in grafana.KINDS
-            count = 0
+            count, detail = 0, ""
             for q in p.queries:
                 expr = _subst(q.expr, rng)
                 if q.instant:
                     assert p.kind in ("stat", "table", "bargauge"), p.title
                     res = prom_query(url, expr)
                     assert all(len(s["value"]) == 2 for s in res)
+                    if p.kind == "stat":
+                        detail = " ".join(s["value"][1] for s in res)
+                    elif p.kind == "table" and res and "alertname" in res[0]["metric"]:
+                        detail = " ".join(
+                            sorted(
+                                {
+                                    f"{s['metric']['alertname']}/{s['metric']['alertstate']}"
+                                    for s in res
+                                }
+                            )
+                        )
                 else:
                     assert p.kind in ("timeseries", "heatmap"), p.title
                     res = _range(url, expr, t0, end)
-                    if (
-                        p.kind == "heatmap"
-                    ):  # one series per bucket bound, for Grafana's heatmap format
+                    if p.kind == "heatmap":  # a series per bucket bound: Grafana's heatmap format
                         les = {s["metric"].get("le") for s in res}
                         assert None not in les and len(les) == len(BUCKETS), (p.title, les)
                 count += len(res)
-            rows.append((d.uid, p.title, p.kind, count))
+            rows.append((d.uid, p.title, p.kind, count, detail))
             if not count:
                 empty.append(p.title)
         for name, expr, _colour in d.annotations:
             res = _range(url, _subst(expr, rng), t0, end)
-            rows.append((d.uid, f"[annotation] {name}", "annotation", len(res)))
+            rows.append((d.uid, f"[annotation] {name}", "annotation", len(res), ""))
             if name == "Warm-up runs" and not res:
                 empty.append(f"[annotation] {name}")
     print()
     for r in rows:
-        print(f"{r[0]:22} {r[1]:55} {r[2]:10} series={r[3]}")
+        print(f"{r[0]:22} {r[1]:55} {r[2]:10} series={r[3]} {r[4]}".rstrip())
     assert not empty, f"panels without data: {empty}"
     # generated for this datasource, which holds every series: no "missing series" text panel
     assert main(["grafana", "--out", str(tmp_path), "--prometheus", url]) == 0
