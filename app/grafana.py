@@ -264,13 +264,18 @@ def overview(n: Names) -> DashboardDef:
             PanelDef(
                 "Compute ROI (1 h)",
                 "stat",
-                (Query(f"(sum({saved}) - sum({spent})) / (sum({spent}) > 0)", "ROI", instant=True),),
+                (
+                    Query(
+                        f"(sum({saved}) - sum({spent})) / (sum({spent}) > 0)", "ROI", instant=True
+                    ),
+                ),
                 "percentunit",
                 "(GPU-s saved − GPU-s spent warming) / GPU-s spent warming, last hour. "
                 "Negative: WarmscopeWarmupROINegative.",
                 _thr([0.0]),
                 width=6,
-                no_value="no ROI: no warm-up GPU-s spent in the hour, or no A/B experiment with variants A and B",
+                no_value="no ROI: no warm-up GPU-s spent in the hour, or no A/B experiment "
+                "with variants A and B",
             ),
             PanelDef(
                 "Alerts firing or pending",

@@ -44,7 +44,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,
+)
 
 from .context import INTERNAL
 from .pipeline import Telemetry, current_telemetry, setup
