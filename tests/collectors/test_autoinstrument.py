@@ -3,8 +3,9 @@
 * the real ``opentelemetry-instrument`` command runs a small app that never imports warmscope's
   instrumentation; the instrumentor is found through the ``opentelemetry_instrumentor`` entry
   point declared in pyproject.toml (registered for the child as an install registers it: a
-  dist-info directory on its path), and the app's sync and ``redis.asyncio`` clients and pipelines
-  are counted in the embedded store it flushes to at exit;
+  dist-info directory on its path), and the app's sync and ``redis.asyncio`` clients and
+  pipelines, and its ``openai.OpenAI`` client talking to a small OpenAI-compatible engine, are
+  counted in the embedded store it flushes to at exit;
 * in process: hooks, a double ``instrument()``, a client instrumented by hand counted once, async
   errors reaching the caller unchanged and counted, ``uninstrument()``."""
 
@@ -65,6 +66,12 @@ APP = textwrap.dedent("""
         await a.aclose()
 
     asyncio.run(main())
+    import openai                                                # an OpenAI-compatible engine
+    client = openai.OpenAI(base_url=os.environ["APP_ENGINE_URL"] + "/v1", api_key="-")
+    msgs = [{"role": "system", "content": "You are terse. " * 40}, {"role": "user", "content": "q"}]
+    for _ in range(2):                                           # the second finds its prefix cached
+        u = client.chat.completions.create(model="m", messages=msgs, max_tokens=1).usage
+        out.setdefault("usage", []).append([u.prompt_tokens, u.prompt_tokens_details.cached_tokens])
     from warmscope.collectors.autoinstrument import WarmscopeInstrumentor
     out["instrumented"] = WarmscopeInstrumentor().is_instrumented_by_opentelemetry
     WarmscopeInstrumentor().instrument()                         # a no-op
@@ -88,8 +95,19 @@ def _entry_point_dir(tmp: Path) -> Path:
     return d.parent
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """A small OpenAI-compatible engine (tests/collectors/llm_upstream.py) on a loopback port."""
+    from warmscope.collectors.gateway import serve
+
+    from .llm_upstream import make_upstream
+
+    with serve(make_upstream()) as url:
+        yield url
+
+
 def test_opentelemetry_instrument_command_counts_sync_and_async_clients(
-    tmp_path, redis_server, redis_client
+    tmp_path, redis_server, redis_client, engine
 ):
     cli = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
     assert cli, "opentelemetry-instrument is not installed (pip install 'warmscope[instrument]')"
@@ -101,6 +119,7 @@ def test_opentelemetry_instrument_command_counts_sync_and_async_clients(
         PYTHONPATH=os.pathsep.join([str(site), *sys.path[1:]]),
         APP_REDIS_URL=redis_server.url,
         APP_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0",
+        APP_ENGINE_URL=engine,
         WARMSCOPE_STORE=str(store),
         WARMSCOPE_EXPORTER="embedded",
         WARMSCOPE_KEY_SECRET="test-secret",
@@ -135,6 +154,12 @@ def test_opentelemetry_instrument_command_counts_sync_and_async_clients(
     assert got == {"hit": 5, "miss": 4, "error": 2}
     wr = EmbeddedStore(store, readonly=True).frame("writes")
     assert wr[wr.layer == "response"]["count"].sum() == 3  # SET, the pipeline's SET, HSET
+    # the openai client, also without code: prompt tokens as prefix_kv lookups (cached ones hit)
+    (p1, c1), (p2, c2) = out["usage"]
+    assert c1 == 0 < c2
+    kv = lk[lk.layer == "prefix_kv"].groupby("result")["count"].sum().to_dict()
+    print("prefix_kv tokens by result:", kv, "usage:", out["usage"])
+    assert kv == {"hit": c2, "miss": p1 + p2 - c2}
 
 
 @pytest.fixture
