@@ -69,7 +69,7 @@ APP = textwrap.dedent("""
     import openai                                                # an OpenAI-compatible engine
     client = openai.OpenAI(base_url=os.environ["APP_ENGINE_URL"] + "/v1", api_key="-")
     msgs = [{"role": "system", "content": "You are terse. " * 40}, {"role": "user", "content": "q"}]
-    for _ in range(2):                                           # the second finds its prefix cached
+    for _ in range(2):                          # the second finds its prefix cached
         u = client.chat.completions.create(model="m", messages=msgs, max_tokens=1).usage
         out.setdefault("usage", []).append([u.prompt_tokens, u.prompt_tokens_details.cached_tokens])
     from warmscope.collectors.autoinstrument import WarmscopeInstrumentor
