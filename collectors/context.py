@@ -82,6 +82,8 @@ def _telemetry(given: Any) -> Any:
     return _installed()
 
 
+# True while warmscope itself talks to Redis (a flush): the auto-instrumentation does not count it.
+INTERNAL: contextvars.ContextVar[bool] = contextvars.ContextVar("warmscope_internal", default=False)
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
     "warmscope_request_context", default=None
 )

@@ -61,6 +61,7 @@ from warmscope.model import schema
 
 from .aggregator import ERROR
 from .context import RequestContext, _current
+from .genai import annotate_current_span, usage_attributes
 from .labels import decode_header
 from .pipeline import Telemetry, current_telemetry
 
@@ -822,6 +823,8 @@ class LLMRecorder:
         elif cached < 0:
             cached = 0
         self.stats["recorded"] += 1
+        # the GenAI registry's names, on the current span (a contrib client span, or the caller's)
+        annotate_current_span(usage_attributes(prompt, cached, usage))
         agg = self.agg
         e = self._library.get(ex.key)  # type: ignore[arg-type]
         if e is not None and not (agg.warmed or agg.early or agg.remote_warmed):

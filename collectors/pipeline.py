@@ -39,7 +39,7 @@ from warmscope.model.records import R_REQUESTS, RUN_COLUMNS
 
 from .aggregator import H_COUNT, H_SUM, HISTOGRAMS, Aggregator
 from .config import CollectorConfig, ConfigError
-from .context import RequestContext, _current, set_installed_telemetry
+from .context import INTERNAL, RequestContext, _current, set_installed_telemetry
 from .hotkeys import E_ERR, E_FAMILY, E_HITS, E_MISSES
 from .keys import KeyHasher, TenantBucketer
 from .store import EmbeddedStore, histogram_row
@@ -347,7 +347,15 @@ class Telemetry:
         and shutdown); default: True without a background thread. Hot keys and
         A/B unit records go out on every explicit flush, and every
         ``side_flush_s`` from the periodic flusher (``side=False``).
+        Redis commands issued here are warmscope's own: never counted as lookups.
         """
+        token = INTERNAL.set(True)
+        try:
+            return self._flush_locked(now, settle, side)
+        finally:
+            INTERNAL.reset(token)
+
+    def _flush_locked(self, now: float | None, settle: bool | None, side: bool) -> dict[str, int]:
         with self._flush_lock:
             try:
                 return self._flush(now, self.background is False if settle is None else settle, side)

@@ -12,6 +12,10 @@ prevents double wrapping). Commands understood:
 * a command that raises (connection lost, timeout) counts its keys as ``error``
   and the exception propagates unchanged.
 
+``redis.asyncio`` clients and their pipelines are counted the same way (their wrappers are
+coroutines). Without code, :mod:`warmscope.collectors.autoinstrument` instruments every
+client of a process (``opentelemetry-instrument``).
+
 Pipelines are interpreted at ``execute()`` from the queued command stack, so
 ``pipe.get(a).get(b).execute()`` counts two lookups. The layer is fixed per
 client, or a function of the key (``layer=lambda k: "embedding" if
@@ -27,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +39,7 @@ from .aggregator import ERROR, HIT, MISS
 from .cache import _Recorder
 from .pipeline import Telemetry
 
-__all__ = ["instrument", "uninstrument"]
+__all__ = ["instrument", "uninstrument", "is_instrumented"]
 
 _MARK = "_warmscope_instrumented"
 _SINGLE_READS = {"GET", "GETEX", "GETDEL", "HGET", "HGETALL", "JSON.GET"}
@@ -117,22 +122,34 @@ class _Interpreter:
 
 def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
                telemetry: Telemetry | None = None) -> Any:
-    """Instrument a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client in place
-    (idempotent); returns it."""
+    """Instrument a ``redis.Redis``, ``redis.asyncio.Redis`` or ``redis.cluster.RedisCluster``
+    client in place (idempotent); returns it. An asyncio client and its pipelines are counted
+    as the sync ones are."""
     if getattr(client, _MARK, False):
         return client
     interp = _Interpreter(layer, telemetry)
     orig_exec = client.execute_command
     orig_pipeline = client.pipeline
+    execute_command: Callable[..., Any]
 
-    def execute_command(*args: Any, **options: Any) -> Any:
-        try:
-            resp = orig_exec(*args, **options)
-        except Exception as e:
-            interp.outcome(args, e)
-            raise
-        interp.outcome(args, resp)
-        return resp
+    if inspect.iscoroutinefunction(orig_exec):
+        async def execute_command(*args: Any, **options: Any) -> Any:
+            try:
+                resp = await orig_exec(*args, **options)
+            except Exception as e:
+                interp.outcome(args, e)
+                raise
+            interp.outcome(args, resp)
+            return resp
+    else:
+        def execute_command(*args: Any, **options: Any) -> Any:
+            try:
+                resp = orig_exec(*args, **options)
+            except Exception as e:
+                interp.outcome(args, e)
+                raise
+            interp.outcome(args, resp)
+            return resp
 
     def pipeline(*a: Any, **kw: Any) -> Any:
         pipe = orig_pipeline(*a, **kw)
@@ -145,26 +162,45 @@ def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
     return client
 
 
+def _stack(pipe: Any, interp: _Interpreter) -> list[tuple[Any, ...]]:
+    try:
+        return _queued(pipe)
+    except Exception as e:  # an unknown pipeline shape: serve the host, count the failure
+        interp.failed("redis pipeline inspection", e)
+        return []
+
+
+def _results(interp: _Interpreter, stack: list[tuple[Any, ...]], results: Any) -> None:
+    for args, r in zip(stack, results, strict=False):
+        interp.outcome(args, r)
+
+
 def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
     if getattr(pipe, _MARK, False):
         return
     orig_execute = pipe.execute
+    execute: Callable[..., Any]
 
-    def execute(raise_on_error: bool = True) -> Any:
-        try:
-            stack = _queued(pipe)
-        except Exception as e:  # an unknown pipeline shape: serve the host, count the failure
-            interp.failed("redis pipeline inspection", e)
-            stack = []
-        try:
-            results = orig_execute(raise_on_error)
-        except Exception as e:
-            for args in stack:
-                interp.outcome(args, e)
-            raise
-        for args, r in zip(stack, results, strict=False):
-            interp.outcome(args, r)
-        return results
+    if inspect.iscoroutinefunction(orig_execute):
+        async def execute(raise_on_error: bool = True) -> Any:
+            stack = _stack(pipe, interp)
+            try:
+                results = await orig_execute(raise_on_error)
+            except Exception as e:
+                _results(interp, stack, [e] * len(stack))
+                raise
+            _results(interp, stack, results)
+            return results
+    else:
+        def execute(raise_on_error: bool = True) -> Any:
+            stack = _stack(pipe, interp)
+            try:
+                results = orig_execute(raise_on_error)
+            except Exception as e:
+                _results(interp, stack, [e] * len(stack))
+                raise
+            _results(interp, stack, results)
+            return results
 
     pipe.execute = execute
     setattr(pipe, _MARK, True)
@@ -177,6 +213,11 @@ def _queued(pipe: Any) -> list[tuple[Any, ...]]:
     if strategy is not None and hasattr(strategy, "command_queue"):
         return [tuple(c.args) for c in strategy.command_queue]
     return [args for args, _ in list(pipe.command_stack)]
+
+
+def is_instrumented(obj: Any) -> bool:
+    """Whether ``obj`` (a client or pipeline) is instrumented by :func:`instrument`."""
+    return bool(obj.__dict__.get(_MARK, False)) if hasattr(obj, "__dict__") else False
 
 
 def uninstrument(client: Any) -> Any:

@@ -130,7 +130,7 @@ def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | No
     binary = shutil.which("prometheus")
     if not binary:
         return None, ""
-    rules_dir = Path(__file__).resolve().parents[1] / "rules"
+    rules_dir = Path(__file__).resolve().parents[2] / "rules"
     rules = sorted(str(p) for p in rules_dir.glob("*.yml")) if rules_dir.is_dir() else []
     target = engine_url.split("://", 1)[-1].rstrip("/")
     (tmp / "prometheus.yml").write_text(
@@ -147,7 +147,7 @@ def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | No
 def _start_dashboard(prom_url: str, port: int, address: str, tmp: Path) -> subprocess.Popen:
     env = dict(os.environ, WARMSCOPE_PROMETHEUS_URL=prom_url, WARMSCOPE_STORE=str(tmp / "no-store.sqlite"))
     env.pop("WARMSCOPE_REDIS_URL", None)
-    main = Path(__file__).with_name("main.py")
+    main = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"
     return subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(main), "--server.headless", "true",
                              "--server.port", str(port), "--server.address", address,
                              "--browser.gatherUsageStats", "false"], env=env, stdout=subprocess.DEVNULL,

@@ -531,12 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
     p.set_defaults(fn=cmd_report_ab)
     from warmscope.app.cli import gateway as cli_gateway
+    from warmscope.app.cli import grafana as cli_grafana
     from warmscope.app.cli import kv as cli_kv
     from warmscope.app.cli import warmup as cli_warmup
 
     cli_gateway.add_parser(sub)
     cli_kv.add_parser(sub)
     cli_warmup.add_parser(sub)
+    cli_grafana.add_parser(sub)
     args = ap.parse_args(argv)
     import signal
     import sqlite3

@@ -18,7 +18,7 @@ from warmscope.analysis.alert_defs import RUNBOOK_BASE as DEFAULT_RUNBOOK_BASE
 
 __all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "add_parser"]
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 _URL = re.compile(r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")")
 
 

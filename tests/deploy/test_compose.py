@@ -15,7 +15,7 @@ OTELCOL = yaml.safe_load((ROOT / "otel-collector.yaml").read_text())
 def test_stack_has_every_service_pinned_healthchecked_and_limited():
     svc = COMPOSE["services"]
     assert set(svc) == {"redis", "otel-collector", "prometheus", "victoria-metrics", "alertmanager", "app",
-                        "simulator"}
+                        "simulator", "grafana"}
     for name, s in svc.items():
         image = s.get("image", "")
         assert image and ":" in image and not image.endswith(":latest"), name
@@ -91,7 +91,7 @@ def test_safe_defaults_loopback_ports_no_default_secret_tls_verified():
     assert "change-me" not in (ROOT / "docker-compose.yml").read_text()
     cmd = (ROOT / "Dockerfile").read_text().split("CMD", 1)[1]
     assert "0.0.0.0" not in cmd
-    assert "disable_ssl=True" not in (ROOT / "analysis" / "prometheus.py").read_text()
+    assert "disable_ssl=True" not in (ROOT / "sources" / "prometheus.py").read_text()
 
 
 def test_prometheus_source_verifies_tls_unless_told_not_to(monkeypatch):
@@ -113,3 +113,31 @@ def test_store_files_are_owner_only(tmp_path):
     for f in tmp_path.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
     st.close()
+
+
+def test_grafana_provisions_the_generated_dashboards_with_prometheus_as_default():
+    """The shipped dashboards are what `warmscope grafana` writes now (a rule or alert change needs
+    them regenerated), and the provisioning points Grafana at them and at Prometheus."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("grafana_foundation_sdk")
+    from warmscope.app import grafana
+
+    g = COMPOSE["services"]["grafana"]
+    mounts = dict(v.split(":")[:2] for v in g["volumes"] if v.startswith("."))
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    prov = ROOT / "deploy" / "grafana" / "provisioning"
+    (ds,) = yaml.safe_load((prov / "datasources" / "warmscope.yml").read_text())["datasources"]
+    assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090" and ds["isDefault"]
+    (provider,) = yaml.safe_load((prov / "dashboards" / "warmscope.yml").read_text())["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"] == mounts["./deploy/grafana/dashboards"]
+    folder = ROOT / "deploy" / "grafana" / "dashboards"
+    shipped = {f.stem: json.loads(f.read_text()) for f in folder.glob("*.json")}
+    generated = {d.uid: grafana.build(d) for d in grafana.definitions()}
+    assert shipped == generated, "regenerate: warmscope grafana --out deploy/grafana/dashboards"
+    for d in shipped.values():
+        assert any(v["type"] == "datasource" for v in d["templating"]["list"])
+    assert g["ports"] == ["127.0.0.1:3000:3000"]
