@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .terminal import progress as _progress
 
-APP_MAIN = Path(__file__).with_name("main.py")
+APP_MAIN = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"  # the Streamlit script
 
 
 class _Parser(argparse.ArgumentParser):
