@@ -113,7 +113,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _publisher(engines: list[tuple[str, str, str, int]], n_batches: int, seed: int,
-               go: Any, done: Any) -> None:
+               go: Any, done: Any, hwm: int = 1000) -> None:
     """Host ``engines`` (name, endpoint, replay endpoint, index): send every stream flat out,
     round robin, then answer replay requests until ``done`` is set."""
     import zmq
@@ -123,7 +123,7 @@ def _publisher(engines: list[tuple[str, str, str, int]], n_batches: int, seed: i
     for _name, ep, rep, idx in engines:
         streams.append(make_stream(idx, n_batches, seed=seed)[0])
         pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.SNDHWM, 1000)  # a slow subscriber sees drops, as from a real engine
+        pub.setsockopt(zmq.SNDHWM, hwm)  # a slow subscriber sees drops, as from a real engine
         pub.setsockopt(zmq.LINGER, 0)
         pub.connect(ep)
         router = ctx.socket(zmq.ROUTER)
@@ -192,8 +192,9 @@ def _subscriber(engines: list[tuple[str, str, str, int]], n_batches: int, ready:
 
 
 def run(engines: int = 200, shards: int = 4, publishers: int = 2, batches: int = 400,
-        seed: int = 1, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Run the load test; returns per-engine truth and counts and per-shard figures."""
+        seed: int = 1, timeout_s: float = 600.0, hwm: int = 1000) -> dict[str, Any]:
+    """Run the load test; returns per-engine truth and counts and per-shard figures
+    (``hwm``: the publishers' send queue per engine; a small one drops more)."""
     ctx = mp.get_context("spawn")
     ports = _free_ports(2 * engines)
     specs = [(f"engine-{i:04d}", f"tcp://127.0.0.1:{ports[2 * i]}",
@@ -212,7 +213,8 @@ def run(engines: int = 200, shards: int = 4, publishers: int = 2, batches: int =
         if by_shard[k]:
             ev.wait(120)
     go, done = ctx.Event(), ctx.Event()
-    pubs = [ctx.Process(target=_publisher, args=(specs[j::publishers], batches, seed, go, done))
+    pubs = [ctx.Process(target=_publisher,
+                        args=(specs[j::publishers], batches, seed, go, done, hwm))
             for j in range(publishers)]
     for p in pubs:
         p.start()
@@ -256,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--publishers", type=int, default=2)
     ap.add_argument("--batches", type=int, default=400, help="event batches per engine")
+    ap.add_argument("--hwm", type=int, default=1000, help="publisher send queue per engine")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    res = run(a.engines, a.shards, a.publishers, a.batches)
+    res = run(a.engines, a.shards, a.publishers, a.batches, hwm=a.hwm)
     bad = check(res)
     if a.json:
         print(json.dumps({"shards": res["shards"], "elapsed": res["elapsed"], "bad": bad}))

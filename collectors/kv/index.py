@@ -198,7 +198,7 @@ class Salts:
     def __init__(self, max_salts: int = 4096) -> None:
         self.max_salts = max_salts
         self._ids: dict[str, int] = {}
-        self._labels: list[str] = ["(none)"]
+        self._labels: list[str] = ["unsalted"]  # exported as a label: plain characters only
         self.overflow = 0
 
     def id(self, salt: str | None) -> int:

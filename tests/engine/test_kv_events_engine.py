@@ -317,14 +317,18 @@ def test_gateway_hook_attributes_and_salts(engines, make_tel):
     assert [(f.name, f.endpoint, f.replay_endpoint) for f in found] == \
         [("e1", specs[0].endpoint, specs[0].replay_endpoint)]
     calls: list[dict] = []
+    tel = make_tel()
 
     class Misses:
+        """Keeps each call, and hands it to the real pipeline (recorded in its store)."""
+
         def record_misses(self, **kw) -> None:
             calls.append(kw)
+            tel.record_misses(**kw)
 
     w = KVWatcher(specs, max_blocks=8 * BLOCKS).start()
     hook = KVGatewayHook(w, Misses(), salt_tenants=True)
-    app = make_app(engs[0].url, make_tel(), kv=hook)
+    app = make_app(engs[0].url, tel, kv=hook)
     msgs = [{"role": "system", "content": "You route support tickets by product line. " * 6},
             {"role": "user", "content": "Ticket 77: the hinge bracket is loose."}]
     usages = []
@@ -351,4 +355,17 @@ def test_gateway_hook_attributes_and_salts(engines, make_tel):
     # the salt reached the engine: its blocks are counted under the tenant's name
     per_salt = w.stats()["per_salt"]
     assert per_salt["gina"]["stores"] >= (n - 1) // B, per_salt
-    print("gateway:", calls[0]["classes"], hook.stats)
+    # the pipeline stored exactly the classes it was handed, under the tenant
+    tel.flush()
+    from warmscope.sources import EmbeddedSource
+
+    fr = EmbeddedSource(str(tel.config.resolved_store_path())).frame("misses")
+    stored = fr.groupby("miss_class")["tokens"].sum().to_dict()
+    want: dict[str, int] = {}
+    for k in calls:
+        for cls, v in k["classes"].items():
+            if v:
+                want[cls] = want.get(cls, 0) + v
+    assert {k: int(v) for k, v in stored.items() if v} == want
+    assert set(fr["tenant"]) == {"gina"}
+    print("gateway:", calls[0]["classes"], hook.stats, "stored:", want)
