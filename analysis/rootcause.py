@@ -282,6 +282,7 @@ class _Residuals:
     phi: float                     # over-dispersion (variance factor)
     vd: np.ndarray | None = None   # ratio: observed denominator
     pe: np.ndarray | None = None   # ratio: expected rate
+    size: np.ndarray | None = None  # the leaf's expected size in the measure's units
 
 
 def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray,
@@ -325,7 +326,7 @@ def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, note
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0)
+    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor)
 
 
 def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
@@ -368,6 +369,7 @@ class _Search:
         self.ratio = r.vd is not None
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
+        self.size = (r.size if r.size is not None else r.e)[idx]
         # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
         # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
         self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
@@ -577,8 +579,8 @@ class _Search:
                     wk = float(self.e[km].sum())
                     z_exp = float(shift[km].sum()) / math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
                 else:
-                    wk = float(km.sum())
-                    z_exp = m_e * math.sqrt(wk)
+                    wk = float(self.size[km].sum())
+                    z_exp = m_e * math.sqrt(float(km.sum()))
                 total_w += wk
                 if abs(zk) < 2 and abs(z_exp) >= z_crit:
                     unmoved += wk
