@@ -283,6 +283,10 @@ class _Residuals:
     vd: np.ndarray | None = None   # ratio: observed denominator
     pe: np.ndarray | None = None   # ratio: expected rate
     size: np.ndarray | None = None  # the leaf's expected size in the measure's units
+    dv: np.ndarray | None = None    # additive: observed − expected, in the measure's units
+    fe: np.ndarray | None = None    # additive: expected value (≥ 0)
+    floor: float = 0.0              # additive: the floor added to both sides of a log ratio
+    sigma: float = 1.0              # additive: the relative noise
 
 
 def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray,
@@ -326,7 +330,8 @@ def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, note
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor)
+    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor, dv=ov - ev, fe=evp,
+                      floor=floor, sigma=sigma)
 
 
 def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
@@ -370,6 +375,9 @@ class _Search:
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
         self.size = (r.size if r.size is not None else r.e)[idx]
+        self.dv: Any = r.dv[idx] if r.dv is not None else None
+        self.fe: Any = r.fe[idx] if r.fe is not None else None
+        self.floor, self.sigma = r.floor, r.sigma
         # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
         # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
         self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
@@ -393,6 +401,8 @@ class _Search:
         out = [self.h[rows], self.e[rows], self.var[rows], None]
         if self.ratio:
             out.append(self.vd[rows])
+        else:
+            out += [self.dv[rows], self.fe[rows]]
         if self.vol is not None:
             out += [self.vol[rows], self.fvol[rows]]
         return out
@@ -417,6 +427,12 @@ class _Search:
             ww = nn * _kl(rm, pp)
             return zz, float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)), float(ll.sum()) / self.phi
         mm = hh.sum() / len(hh)
+        if True:
+            fe = self.fe[mask]
+            kf = (float((fe + self.dv[mask]).sum()) + len(fe) * self.floor) / (float(fe.sum()) + len(fe) * self.floor)
+            ph = np.log(np.maximum(kf * (fe + self.floor), self.floor) / (fe + self.floor)) / self.sigma
+            ww = ph * ph
+            return zz, float((ww * (np.abs(hh - ph) < np.abs(hh))).sum() / max(ww.sum(), 1e-300)), len(hh) * mm * mm / 2
         return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
 
     def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -501,8 +517,16 @@ class _Search:
                 fit = np.bincount(gi, llr, ng) / self.phi
             else:
                 m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
-                vote = np.abs(hs - m[gi]) < np.abs(hs)
-                w = np.ones(len(sel))
+                if True:
+                    Sf = st[5]
+                    kf = (Sf + st[4] + n * self.floor) / np.maximum(Sf + n * self.floor, 1e-300)
+                    fs = self.fe[sel] + self.floor
+                    ph = np.log(np.maximum(kf[gi] * fs, self.floor) / fs) / self.sigma
+                    vote = np.abs(hs - ph) < np.abs(hs)
+                    w = ph * ph
+                else:
+                    vote = np.abs(hs - m[gi]) < np.abs(hs)
+                    w = np.ones(len(sel))
                 fit = n * m * m / 2
             W = np.bincount(gi, w, ng)
             P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
