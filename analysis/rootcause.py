@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves", "MAX_SUBSETS",
+__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves",
+           "MAX_SUBSETS", "localize_measure",
            "Measure", "Options", "Residuals", "Search", "residuals", "candidates", "significant",
            "additive_move", "climb", "split", "cover", "absorb", "explain"]
 
@@ -309,7 +310,8 @@ def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, note
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor, dv=ov - ev, fe=evp,
+    return Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor, dv=ov - ev,
+                     fe=evp,
                       floor=floor, sigma=sigma)
 
 
@@ -386,8 +388,9 @@ class Search:
     element's sums, kept up to date as leaves are taken, and the tests of one
     element by its own move (:meth:`best`, :meth:`assess`)."""
 
-    def __init__(self, r: Residuals, codes: list[np.ndarray], sizes: list[int], subsets: list[tuple[int, ...]],
-                 vol: np.ndarray | None, fvol: np.ndarray | None, ceiling: float, opts: Options):
+    def __init__(self, r: Residuals, codes: list[np.ndarray], sizes: list[int],
+                 subsets: list[tuple[int, ...]], vol: np.ndarray | None, fvol: np.ndarray | None,
+                 ceiling: float, opts: Options):
         purity, alpha, unmoved_share = opts.purity, opts.alpha, opts.unmoved_share
         max_volume_growth, load_effect = opts.max_volume_growth, opts.load_effect
         self.idx = idx = np.flatnonzero(r.ok)
@@ -532,9 +535,10 @@ class Search:
                 w = ns * _kl(rm, ps)
                 fit = np.bincount(gi, llr, ng) / self.phi
             else:
-                m = Sh / np.maximum(n, 1)                 # the element's mean log ratio (noise units)
+                m = Sh / np.maximum(n, 1)  # the element's mean log ratio (noise units)
                 Sf = st[5]
-                ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor) / self.sigma
+                ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor)
+                ph /= self.sigma
                 vote = np.abs(hs - ph) < np.abs(hs)
                 w = ph * ph                               # the evidence the leaf can hold
                 fit = n * m * m / 2
@@ -651,8 +655,9 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
     return sub
 
 
-def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray], names: list[tuple[str, np.ndarray]],
-           ok: np.ndarray, max_causes: int, min_share: float, refine: bool) -> tuple[list[RootCause], np.ndarray]:
+def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
+          names: list[tuple[str, np.ndarray]], ok: np.ndarray, max_causes: int, min_share: float,
+          refine: bool) -> tuple[list[RootCause], np.ndarray]:
     """Step 4, the greedy cover: the best element, climbed (ratio) and split,
     named, its leaves taken; until nothing is left to explain. Returns the
     causes and the leaves they hold (all rows)."""
@@ -669,7 +674,8 @@ def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray], names: l
             top_sub, top_member = climb(search, top_sub, top_member, direction)
         if min_share > 0 and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share:
             break
-        parts = (split(search, top_sub, top_member, direction) if refine else None) or [(top_sub, top_member)]
+        parts = split(search, top_sub, top_member, direction) if refine else None
+        parts = parts or [(top_sub, top_member)]
         for sub, member in parts:
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
@@ -763,13 +769,13 @@ def localize(
     """Root causes of the difference between observed and expected: the columns
     name a :class:`Measure`, the rest are :class:`Options` (docs/rootcause.md)."""
     measure = Measure(v, f, v_num, v_den, f_num, f_den, v_vol, f_vol)
-    opts = Options(max_depth, max_causes, purity, alpha, max_volume_growth, load_effect, max_subsets,
-                   min_share, sigma_floor, refine, unmoved_share)
+    opts = Options(max_depth, max_causes, purity, alpha, max_volume_growth, load_effect,
+                   max_subsets, min_share, sigma_floor, refine, unmoved_share)
     return localize_measure(leaves, dims, measure, opts, validate)
 
 
-def localize_measure(leaves: Any, dims: Sequence[str], measure: Measure, opts: Options | None = None,
-                     validate: bool = True) -> Localization:
+def localize_measure(leaves: Any, dims: Sequence[str], measure: Measure,
+                     opts: Options | None = None, validate: bool = True) -> Localization:
     """:func:`localize` over a measure object and options: the named steps in order."""
     opts = opts or Options()
     dims = list(dims)

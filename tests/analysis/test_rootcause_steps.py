@@ -37,8 +37,10 @@ def elements(loc):
 
 def grid(**sizes):
     """Every combination of the dimensions' values (a0, a1, ...), one row each."""
-    return pd.DataFrame(list(itertools.product(*[[f"{k}{i}" for i in range(n)] for k, n in sizes.items()])),
-                        columns=list(sizes))
+    return pd.DataFrame(
+        list(itertools.product(*[[f"{k}{i}" for i in range(n)] for k, n in sizes.items()])),
+        columns=list(sizes),
+    )
 
 
 def search_of(g, measure, cols):
@@ -47,20 +49,31 @@ def search_of(g, measure, cols):
     dims = list(g.columns)
     res = residuals(measure, cols, opts, [])
     codes = [g[d].factorize()[0] for d in dims]
-    return Search(res, codes, [int(c.max()) + 1 for c in codes], candidates(dims, opts, []), None, None, 0.0,
-                  opts)
+    return Search(
+        res,
+        codes,
+        [int(c.max()) + 1 for c in codes],
+        candidates(dims, opts, []),
+        None,
+        None,
+        0.0,
+        opts,
+    )
 
 
-# -- 1. residuals -------------------------------------------------------------------------------------
+# -- 1. residuals ----------------------------------------------------------------------------------
+
 
 def test_additive_residuals_are_log_ratios_in_units_of_the_robust_noise():
     f = np.array([10.0, 10.0, 10.0, 10.0, 0.0])
     v = np.array([11.0, 9.0, 10.0, 20.0, 0.0])
     res = residuals(ADDITIVE, {"v": v, "f": f}, Options(), [])
     # floor = 5th percentile of the positive expected values = 10.
-    # log ratios log((v+10)/(f+10)): log(21/20) = 0.048790, log(19/20) = -0.051293, 0, log(30/20) = 0.405465.
+    # log ratios log((v+10)/(f+10)): log(21/20) = 0.048790, log(19/20) = -0.051293, 0,
+    # log(30/20) = 0.405465.
     # Fewer than 10 leaves on either side: σ = 1.4826 · median(0.048790, 0.051293, 0, 0.405465)
-    #   = 1.4826 · (0.048790 + 0.051293) / 2 = 0.074192; the last leaf's z = 0.405465 / 0.074192 = 5.465.
+    # = 1.4826 · (0.048790 + 0.051293) / 2 = 0.074192; the last leaf's z = 0.405465 / 0.074192
+    # = 5.465.
     assert res is not None
     assert res.floor == 10.0
     assert res.sigma == pytest.approx(0.074192, abs=1e-5)
@@ -70,11 +83,16 @@ def test_additive_residuals_are_log_ratios_in_units_of_the_robust_noise():
 
 
 def test_ratio_residuals_are_binomial_at_the_observed_traffic():
-    cols = {"vn": np.array([30.0, 50.0]), "vd": np.array([100.0, 100.0]),
-            "fn": np.array([50.0, 50.0]), "fd": np.array([100.0, 100.0])}
+    cols = {
+        "vn": np.array([30.0, 50.0]),
+        "vd": np.array([100.0, 100.0]),
+        "fn": np.array([50.0, 50.0]),
+        "fd": np.array([100.0, 100.0]),
+    }
     res = residuals(RATIO, cols, Options(), [])
     # Overall rate 0.5; a leaf's rate shrunk by one pseudo-event: (50 + 0.5) / (100 + 1) = 0.5.
-    # Variance 100 · 0.5 · 0.5 = 25; z = (30 − 50) / 5 = −4 and (50 − 50) / 5 = 0; two leaves are too few
+    # Variance 100 · 0.5 · 0.5 = 25; z = (30 − 50) / 5 = −4 and (50 − 50) / 5 = 0; two leaves
+    # are too few
     # to estimate over-dispersion (10 needed), so none is assumed.
     assert res is not None
     assert res.z.tolist() == pytest.approx([-4.0, 0.0])
@@ -85,17 +103,24 @@ def test_no_change_has_no_residuals():
     assert residuals(ADDITIVE, {"v": f.copy(), "f": f}, Options(), []) is None
 
 
-# -- 2. candidates ------------------------------------------------------------------------------------
+# -- 2. candidates ---------------------------------------------------------------------------------
+
 
 def test_candidates_are_all_subsets_within_the_budget_and_always_single_leaves():
     assert len(candidates(["a", "b", "c"], Options(), [])) == 7  # 3 + 3 + 1 subsets
     notes: list[str] = []
     # Budget 4: the 3 one-dimension subsets fit, 3 + C(3, 2) = 6 > 4 does not; the leaves are added.
-    assert candidates(["a", "b", "c"], Options(max_subsets=4), notes) == [(0,), (1,), (2,), (0, 1, 2)]
+    assert candidates(["a", "b", "c"], Options(max_subsets=4), notes) == [
+        (0,),
+        (1,),
+        (2,),
+        (0, 1, 2),
+    ]
     assert notes == ["elements of up to 1 dimensions (and single leaves) were searched"]
 
 
-# -- 3. significance and the votes ---------------------------------------------------------------------
+# -- 3. significance and the votes -----------------------------------------------------------------
+
 
 def test_significance_is_bonferroni_with_a_noise_ceiling_for_single_leaves():
     dev, var, n = np.array([10.0, 3.0, 8.0]), np.array([4.0, 4.0, 1.0]), np.array([5, 5, 1])
@@ -103,16 +128,25 @@ def test_significance_is_bonferroni_with_a_noise_ceiling_for_single_leaves():
     assert significant(dev, var, n, 1.0, 3.0, 9.0).tolist() == [True, False, False]
     assert significant(dev, var, n, 1.0, 3.0, 7.0).tolist() == [True, False, True]
     # Without its largest leaf (7) the first: (10 − 7) / sqrt(4 · 4/5) = 3 / 1.789 = 1.68 < 3.
-    assert significant(dev, var, n, 1.0, 3.0, 7.0, np.array([7.0, 0.0, 8.0])).tolist() == [False, False, True]
+    assert significant(dev, var, n, 1.0, 3.0, 7.0, np.array([7.0, 0.0, 8.0])).tolist() == [
+        False,
+        False,
+        True,
+    ]
     # ... with a largest leaf of 1: 9 / 1.789 = 5.03 ≥ 3.
-    assert significant(dev, var, n, 1.0, 3.0, 7.0, np.array([1.0, 0.0, 8.0])).tolist() == [True, False, True]
+    assert significant(dev, var, n, 1.0, 3.0, 7.0, np.array([1.0, 0.0, 8.0])).tolist() == [
+        True,
+        False,
+        True,
+    ]
 
 
 def test_additive_move_scales_every_leaf_and_stops_at_zero():
     # An element whose three leaves (expected 100, 1 and 0) all went to zero; floor 1.
     # k = (0 + 3·1) / (101 + 3·1) = 3/104 = 0.028846.
     # Leaf 100: max(0.028846 · 101, 1) = 2.913 → log(2.913/101) = log(0.028846) = −3.5458.
-    # Leaf 1: max(0.028846 · 2, 1) = 1 → log(1/2) = −0.6931, exactly its own log ratio log((0+1)/(1+1)):
+    # Leaf 1: max(0.028846 · 2, 1) = 1 → log(1/2) = −0.6931, exactly its own log ratio
+    # log((0+1)/(1+1)):
     # it moved as far as it could and votes for the move. Leaf 0: log(1/1) = 0 (no weight).
     ph = additive_move(np.array([100.0, 1.0, 0.0]), 0.0, 101.0, 3, 1.0)
     assert ph.tolist() == pytest.approx([math.log(3 / 104), math.log(1 / 2), 0.0])
@@ -125,11 +159,13 @@ def test_tiny_leaves_that_went_to_zero_do_not_vote_against_their_element():
     v = np.where(g.a == "a0", 0.0, f * np.where(np.arange(len(g)) % 2 == 0, 1.01, 0.99))
     s = search_of(g, ADDITIVE, {"v": v, "f": f})
     z, purity, _ = s.assess((g.a == "a0").to_numpy())
-    # Every leaf of a0 fell as far as it could (a 1-leaf to the floor exactly): all vote for the move.
+    # Every leaf of a0 fell as far as it could (a 1-leaf to the floor exactly): all vote for
+    # the move.
     assert purity == 1.0 and z < 0
 
 
-# -- 4. climb and split --------------------------------------------------------------------------------
+# -- 4. climb and split ----------------------------------------------------------------------------
+
 
 def test_a_rate_cause_climbs_to_the_parent_whose_other_leaves_moved_too():
     g = grid(a=2, b=2)
@@ -138,8 +174,10 @@ def test_a_rate_cause_climbs_to_the_parent_whose_other_leaves_moved_too():
     s = search_of(g, RATIO, cols)
     child = ((g.a == "a0") & (g.b == "b0")).to_numpy()
     sub, member = climb(s, (0, 1), child, -1)
-    # Parent a0: its other leaf (a0, b1) moved on its own, z = (300 − 500) / sqrt(1000 · 0.25) = −12.6
-    # (beyond −2.33, one test at α = 0.01), and both its leaves vote for the move. Parent b0's other leaf
+    # Parent a0: its other leaf (a0, b1) moved on its own, z = (300 − 500) / sqrt(1000 · 0.25)
+    # = −12.6
+    # (beyond −2.33, one test at α = 0.01), and both its leaves vote for the move. Parent b0's
+    # other leaf
     # (a1, b0) did not move (z = 0).
     assert sub == (0,) and member.tolist() == (g.a == "a0").tolist()
 
@@ -150,17 +188,24 @@ def test_an_element_splits_when_a_large_part_did_not_move_but_not_for_a_tiny_par
     a0, a0b0 = (g.a == "a0").to_numpy(), ((g.a == "a0") & (g.b == "b0")).to_numpy()
     f = np.full(len(g), 100.0)
     s = search_of(g, ADDITIVE, {"v": np.where(a0b0, 50.0, f * noise), "f": f})
-    # (a0, b1) did not move and holds 4 · (100 + 100) = 800 of a0's 1600 of expected size: 50 % ≥ 10 %.
+    # (a0, b1) did not move and holds 4 · (100 + 100) = 800 of a0's 1600 of expected size: 50
+    # % ≥ 10 %.
     parts = split(s, (0,), a0, -1)
-    assert parts is not None and [p[0] for p in parts] == [(0, 1)] and parts[0][1].tolist() == a0b0.tolist()
-    # The same with (a0, b1)'s four leaves expected at 1 (floor 1): 4 · (1 + 1) = 8 of 8 + 4 · 101 = 412,
+    assert (
+        parts is not None
+        and [p[0] for p in parts] == [(0, 1)]
+        and parts[0][1].tolist() == a0b0.tolist()
+    )
+    # The same with (a0, b1)'s four leaves expected at 1 (floor 1): 4 · (1 + 1) = 8 of 8 + 4 ·
+    # 101 = 412,
     # 1.9 % < 10 % — not a reason to split (by leaf count it would be 4 of 8, 50 %).
     f = np.where((g.a == "a0") & (g.b == "b1"), 1.0, 100.0)
     s = search_of(g, ADDITIVE, {"v": np.where(a0b0, 50.0, f * noise), "f": f})
     assert split(s, (0,), a0, -1) is None
 
 
-# -- 5. cover ------------------------------------------------------------------------------------------
+# -- 5. cover --------------------------------------------------------------------------------------
+
 
 def test_cover_names_the_moved_element_and_takes_its_leaves():
     g = grid(a=2, b=2, c=4)
@@ -171,13 +216,15 @@ def test_cover_names_the_moved_element_and_takes_its_leaves():
     names = [(d, np.asarray(g[d].factorize()[1], dtype=object)) for d in g.columns]
     codes = [g[d].factorize()[0] for d in g.columns]
     causes, taken = cover(s, v - f, codes, names, np.ones(len(g), bool), 10, 0.0, True)
-    # One cause, (a0, b0): its 4 leaves each lost 50 → change −200 of a total |change| of 200 + 12 · 1 = 212.
+    # One cause, (a0, b0): its 4 leaves each lost 50 → change −200 of a total |change| of 200
+    # + 12 · 1 = 212.
     assert [c.element for c in causes] == [{"a": "a0", "b": "b0"}]
     assert taken.tolist() == a0b0.tolist()
     assert causes[0].change == -200.0 and causes[0].score == pytest.approx(200 / 212)
 
 
-# -- 6. absorb -----------------------------------------------------------------------------------------
+# -- 6. absorb -------------------------------------------------------------------------------------
+
 
 def test_a_parent_found_later_absorbs_its_child_moving_the_same_way():
     child = RootCause({"a": "a1", "b": "b1"}, 0.3, float("nan"), 4, 4, -1, -10.0)
@@ -185,25 +232,43 @@ def test_a_parent_found_later_absorbs_its_child_moving_the_same_way():
     up = RootCause({"a": "a1", "b": "b2"}, 0.05, float("nan"), 2, 2, +1, 1.0)
     parent = RootCause({"a": "a1"}, 0.2, float("nan"), 6, 5, -1, -5.0)
     out = absorb([child, other, up], parent)
-    # The child (same direction, below a1) merges: score 0.2 + 0.3 = 0.5, leaves 6 + 4 = 10, abnormal 5 + 4 = 9,
+    # The child (same direction, below a1) merges: score 0.2 + 0.3 = 0.5, leaves 6 + 4 = 10,
+    # abnormal 5 + 4 = 9,
     # change −5 − 10 = −15, in the child's place; (a1, b2) moved up and stays.
     assert [c.element for c in out] == [{"a": "a1"}, {"c": "c2"}, {"a": "a1", "b": "b2"}]
-    assert (out[0].score, out[0].leaves, out[0].abnormal_leaves, out[0].change) == (0.5, 10, 9, -15.0)
+    assert (out[0].score, out[0].leaves, out[0].abnormal_leaves, out[0].change) == (
+        0.5,
+        10,
+        9,
+        -15.0,
+    )
 
 
-# -- 7. explain ----------------------------------------------------------------------------------------
+# -- 7. explain ------------------------------------------------------------------------------------
+
 
 def test_explanatory_power_splits_the_change_into_causes_rest_and_mix():
-    loc = Localization([RootCause({"a": "a1"}, 0.5, float("nan"), 4, 4, -1, -15.0),
-                        RootCause({"b": "b2"}, 0.1, float("nan"), 2, 2, +1, 3.0)], "v", 80.0, 100.0, 6, 20)
+    loc = Localization(
+        [
+            RootCause({"a": "a1"}, 0.5, float("nan"), 4, 4, -1, -15.0),
+            RootCause({"b": "b2"}, 0.1, float("nan"), 2, 2, +1, 3.0),
+        ],
+        "v",
+        80.0,
+        100.0,
+        6,
+        20,
+    )
     explain(loc, -20.0, 0.0, -20.0)
-    # rest = −20 − (−15 + 3) = −8; gross = 15 + 3 + 8 = 26; the total fell, so a part falling is positive:
+    # rest = −20 − (−15 + 3) = −8; gross = 15 + 3 + 8 = 26; the total fell, so a part falling
+    # is positive:
     # a1: −1 · −15/26 = 0.5769, b2: −1 · 3/26 = −0.1154.
     assert loc.rest == -8.0 and loc.change == -20.0
     assert [c.explanatory_power for c in loc.causes] == pytest.approx([15 / 26, -3 / 26])
 
 
-# -- properties of the whole method ------------------------------------------------------------------------
+# -- properties of the whole method ----------------------------------------------------------------
+
 
 def _planted(measure: str, seed: int = 7) -> tuple[pd.DataFrame, list[str], dict]:
     """A sparse table (a third of the leaves zero in both columns) with two planted causes."""
@@ -218,16 +283,24 @@ def _planted(measure: str, seed: int = 7) -> tuple[pd.DataFrame, list[str], dict
     den = rng.poisson(200, len(g)) + 1
     p = rng.beta(8, 3, len(g))
     num = rng.binomial(den, np.where(m, p * 0.5, p))
-    return g.assign(vn=num, vd=den, fn=p * den, fd=den), dims, dict(v_num="vn", v_den="vd", f_num="fn", f_den="fd")
+    return (
+        g.assign(vn=num, vd=den, fn=p * den, fd=den),
+        dims,
+        dict(v_num="vn", v_den="vd", f_num="fn", f_den="fd"),
+    )
 
 
 @pytest.mark.parametrize("measure", ["additive", "ratio"])
 def test_permuted_dimensions_and_renamed_values_give_the_same_elements(measure):
     df, dims, cols = _planted(measure)
     plain = localize(df, dims, **cols)
-    assert elements(plain) == {frozenset({("a", "a2"), ("c", "c1")}), frozenset({("b", "b5"), ("d", "d3")})}
+    assert elements(plain) == {
+        frozenset({("a", "a2"), ("c", "c1")}),
+        frozenset({("b", "b5"), ("d", "d3")}),
+    }
     rng = np.random.default_rng(1)
-    # New names for the dimensions (in another order) and their values (opaque tokens), rows shuffled.
+    # New names for the dimensions (in another order) and their values (opaque tokens), rows
+    # shuffled.
     order = [dims[i] for i in rng.permutation(len(dims))]
     rename = {d: f"x{i}" for i, d in enumerate(order)}
     tokens = {d: {v: f"q{rng.integers(10**9)}" for v in df[d].unique()} for d in dims}
@@ -236,7 +309,10 @@ def test_permuted_dimensions_and_renamed_values_give_the_same_elements(measure):
     renamed = localize(other.reset_index(drop=True), [rename[d] for d in order], **cols)
     back = {x: d for d, x in rename.items()}
     untoken = {d: {t: v for v, t in tokens[d].items()} for d in dims}
-    got = {frozenset((back[k], untoken[back[k]][v]) for k, v in c.element.items()) for c in renamed.causes}
+    got = {
+        frozenset((back[k], untoken[back[k]][v]) for k, v in c.element.items())
+        for c in renamed.causes
+    }
     assert got == elements(plain)
     assert [c.score for c in renamed.causes] == pytest.approx([c.score for c in plain.causes])
 
@@ -244,12 +320,22 @@ def test_permuted_dimensions_and_renamed_values_give_the_same_elements(measure):
 def test_a_miss_class_column_is_a_dimension_like_any_other():
     classes = ["cold", "drifted", "isolated", "evicted", "elsewhere", "partial"]
     rng = np.random.default_rng(5)
-    g = pd.DataFrame(list(itertools.product(["acme", "globex", "initech", "hooli"], ["prefix_kv", "response"],
-                                            classes)), columns=["tenant", "layer", "miss_class"])
+    g = pd.DataFrame(
+        list(
+            itertools.product(
+                ["acme", "globex", "initech", "hooli"], ["prefix_kv", "response"], classes
+            )
+        ),
+        columns=["tenant", "layer", "miss_class"],
+    )
     expected = rng.lognormal(4, 0.5, len(g))
     hit = ((g.tenant == "globex") & (g.miss_class == "evicted")).to_numpy()
     misses = np.where(hit, expected * 3.0, expected * (1 + rng.normal(0, 0.02, len(g))))
-    loc = localize(g.assign(misses=misses, misses_exp=expected), ["tenant", "layer", "miss_class"],
-                   v="misses", f="misses_exp")
+    loc = localize(
+        g.assign(misses=misses, misses_exp=expected),
+        ["tenant", "layer", "miss_class"],
+        v="misses",
+        f="misses_exp",
+    )
     assert [c.element for c in loc.causes] == [{"tenant": "globex", "miss_class": "evicted"}]
     assert loc.causes[0].direction == 1
