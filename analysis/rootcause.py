@@ -496,8 +496,14 @@ class Search:
         return added
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
-        """The significant, pure element of the free leaves that fits best:
-        (dimension subset, its free leaves, direction)."""
+        """Step 3, the candidates' test and choice: of the elements of the free
+        leaves that are :func:`significant` (and, with volumes, not downstream
+        pressure) and *pure* — at least ``purity`` of their leaves' weighted
+        votes for the element's own move (additive: :func:`additive_move`;
+        ratio: the better of one factor or one common rate, votes weighted by
+        the expected log-likelihood ratio) — the one whose move fits best
+        (ratio: log-likelihood gain; additive: n·m²/2 for its mean standardised
+        log ratio m). Returns (dimension subset, its free leaves, direction)."""
         best = None
         fw = self.free.astype(float)
         for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
@@ -566,9 +572,11 @@ class Search:
 
 def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
           ) -> tuple[tuple[int, ...], np.ndarray]:
-    """A cause of a rate seldom moves all its children alike: climb to a
-    parent when the parent's other leaves moved the same way, purely and
-    significantly, on their own (the parent is the succinct answer)."""
+    """Step 4a, climb (ratio measures): a cause of a rate seldom moves all its
+    children alike. Rule: go up to a parent (one dimension fewer) when the
+    parent's other leaves moved the same way on their own (|z| ≥ the one-test
+    level at ``alpha``) and the parent is pure; of several, the purest, then the
+    best fitting; repeat. Returns the (subset, free leaves) reached."""
     while len(sub) > 1:
         up_best = None
         row = int(np.flatnonzero(member)[0])
@@ -588,13 +596,16 @@ def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
         _, sub, member = up_best
     return sub, member
 
+
 def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
           ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
-    """An element one level too coarse: split it by one more dimension when
-    children holding at least ``unmoved_share`` of it clearly did not move
-    (|z| < 2 where the element's move would have shown at the Bonferroni
-    level) and the children that did move fit better, each with its own
-    move, than the whole element. Returns [(subset, leaves)] or None."""
+    """Step 4b, split: an element one level too coarse. Rule: split it by one
+    more dimension when children holding at least ``unmoved_share`` of its
+    expected size (measure units, not leaves) clearly did not move (|z| < 2
+    where the element's own move would have shown at the Bonferroni level) and
+    the children that did move fit better, each with its own move, than the
+    whole element, after a price of z_crit²/2 per extra element. Returns
+    [(subset, leaves)] of the moved children, or None."""
     z_crit = search.z_crit
     _, _, fit_e = search.assess(member)
     if search.ratio:
@@ -658,9 +669,12 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
 def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
           names: list[tuple[str, np.ndarray]], ok: np.ndarray, max_causes: int, min_share: float,
           refine: bool) -> tuple[list[RootCause], np.ndarray]:
-    """Step 4, the greedy cover: the best element, climbed (ratio) and split,
-    named, its leaves taken; until nothing is left to explain. Returns the
-    causes and the leaves they hold (all rows)."""
+    """Step 5, cover: greedy. Rule: take the best candidate (:meth:`Search.best`),
+    climb (ratio) and split it, name it by the fewest dimensions that select the
+    same leaves, :func:`absorb` it, remove its leaves from every element's sums,
+    and repeat until no candidate remains, a cause would hold less than
+    ``min_share`` of the absolute change, or ``max_causes`` are found. Returns
+    the causes and the leaves they hold (all rows)."""
     causes: list[RootCause] = []
     idx = search.idx
     taken_all = np.zeros(len(contrib), dtype=bool)
@@ -694,8 +708,10 @@ def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
 
 
 def absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
-    """Add ``new``; an earlier cause below it that moved the same way is part of
-    it (its siblings moved too, on their own), so the parent names both."""
+    """Step 6, absorb: add ``new`` to the causes. Rule: an earlier cause below
+    it (it names a subset of the earlier one's values) that moved the same way
+    is part of it — its siblings moved too, on their own — so the parent names
+    both: scores, leaves and changes add, in the place of the first child."""
     kids = [c for c in causes if c.direction == new.direction and len(c.element) > len(new.element)
             and new.element.items() <= c.element.items()]
     if not kids:
@@ -710,9 +726,11 @@ def absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
 
 
 def explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> None:
-    """Explanatory power: each part's signed change over the gross change,
-    signed against the total — causes, the other leaves and (rates) the
-    traffic mix add up in points to the total change, and their |shares| to 100%."""
+    """Step 7, explain. Rule: the total change splits exactly into the causes'
+    changes, the rest of the leaves (``loc.rest`` = Σ contributions − Σ causes)
+    and the traffic mix; a part's explanatory power is its change over the sum
+    of all parts' absolute changes, signed so that a part moving with the total
+    is positive — the |shares| add up to 100 %."""
     loc.change = float(total) if np.isfinite(total) else float("nan")
     loc.mix = mix
     loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
