@@ -22,7 +22,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -101,12 +100,13 @@ def score(data: Path, name: str, match: str = "", show: bool = False, every: int
 
 def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
     """Wall and CPU seconds (the child's user + system time) per `warmscope rca` call."""
-    exe = shutil.which("warmscope", path=str(Path(sys.executable).parent)) or shutil.which("warmscope")
+    # The package's own entry (the installed console script may belong to another checkout).
+    exe = [sys.executable, "-m", "warmscope.app.cli"]
     out, cpu = [], []
     for i, (_case, dims, path, _) in enumerate(cases(data, name)):
         if i >= n:
             break
-        cmd = [exe, "rca", str(path), "--dims", *dims, "--compact"]
+        cmd = [*exe, "rca", str(path), "--dims", *dims, "--compact"]
         cmd += (["--v-num", "real_num", "--v-den", "real_den", "--f-num", "exp_num", "--f-den", "exp_den"]
                 if name == "ratio" else ["--v", "real", "--f", "predict"])
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
