@@ -262,7 +262,7 @@ class Residuals:
     phi: float                     # over-dispersion (variance factor)
     vd: np.ndarray | None = None   # ratio: observed denominator
     pe: np.ndarray | None = None   # ratio: expected rate
-    size: np.ndarray | None = None  # the leaf's expected size in the measure's units
+    size: np.ndarray | None = None  # additive: expected value + floor (ratio: e is the size)
     dv: np.ndarray | None = None    # additive: observed − expected, in the measure's units
     fe: np.ndarray | None = None    # additive: expected value (≥ 0)
     floor: float = 0.0              # additive: the floor added to both sides of a log ratio
