@@ -416,6 +416,11 @@ class Search:
         self.z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
         self.free = np.ones(len(idx), dtype=bool)
         self.ah = np.abs(self.h - self.e)
+        # Each leaf's saturated gain: its fit at its own value (see ``rank``).
+        self.sat: np.ndarray = self.h * self.h / 2
+        if r.vd is not None and r.pe is not None:
+            vd, pe = r.vd[idx], r.pe[idx]
+            self.sat = _binom_llr(self.h, vd, np.clip(self.h / np.maximum(vd, 1e-12), 1e-6, 1 - 1e-6), pe)
         self.stats = [[np.bincount(inv, w, ng) for w in self._weights(slice(None))]
                       for _, inv, ng in self.groups]
 
@@ -503,7 +508,9 @@ class Search:
         ratio: the better of one factor or one common rate, votes weighted by
         the expected log-likelihood ratio) — the one whose move fits best
         (ratio: log-likelihood gain; additive: n·m²/2 for its mean standardised
-        log ratio m). Returns (dimension subset, its free leaves, direction)."""
+        log ratio m), less the residue that move leaves in the element's own
+        leaves (:func:`rank`). Returns (dimension subset, its free leaves,
+        direction)."""
         best = None
         fw = self.free.astype(float)
         for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
@@ -540,6 +547,7 @@ class Search:
                 vote = llr > 0
                 w = ns * _kl(rm, ps)
                 fit = np.bincount(gi, llr, ng) / self.phi
+                sat: np.ndarray = np.bincount(gi, self.sat[sel], ng) / self.phi
             else:
                 m = Sh / np.maximum(n, 1)  # the element's mean log ratio (noise units)
                 Sf = st[5]
@@ -548,12 +556,13 @@ class Search:
                 vote = np.abs(hs - ph) < np.abs(hs)
                 w = ph * ph                               # the evidence the leaf can hold
                 fit = n * m * m / 2
+                sat = np.bincount(gi, self.sat[sel], ng)
             W = np.bincount(gi, w, ng)
             P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
             cand &= P >= self.purity
             if not cand.any():
                 continue
-            gain = np.where(cand, fit, -np.inf)
+            gain = np.where(cand, rank(fit, sat), -np.inf)
             i = int(np.argmax(gain))
             if best is None or gain[i] > best[0]:
                 best = (gain[i], sub, inv, i, int(np.sign(dev[i])))
@@ -568,6 +577,27 @@ class Search:
         for j in sub:
             m &= self.codes[j] == self.codes[j][row]
         return m
+
+
+def rank(fit: np.ndarray, saturated: np.ndarray) -> np.ndarray:
+    """Step 3, the choice among candidates: an element's fit less the residue
+    its move leaves unexplained in its own leaves.
+
+    ``fit`` is the gain of the element's one move over "unchanged" (ratio:
+    log-likelihood; additive: n·m²/2), ``saturated`` the gain its leaves would
+    have, each at its own value (ratio: each leaf's binomial log-likelihood
+    ratio at its observed rate; additive: Σ z²/2); the residue ``saturated −
+    fit`` is what the one move does not explain. Rule: rank by ``fit −
+    residue``. Reason: ranked by fit alone, a parent that gathers a cause's
+    leaves together with leaves that moved only partly, or not at all, can
+    fit more in total than the cause itself while being pure enough; the
+    cover then names that mix (a replica × layer × model holding the length
+    buckets that went to zero next to a bucket that dropped a little) instead
+    of the element whose leaves moved as one, as the generalised ripple effect
+    has it. A cause whose siblings moved too is still widened afterwards by
+    ``climb`` and ``absorb``."""
+    out: np.ndarray = 2 * fit - saturated
+    return out
 
 
 def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int

@@ -22,6 +22,7 @@ from warmscope.analysis.rootcause import (
     cover,
     explain,
     localize,
+    rank,
     residuals,
     significant,
     split,
@@ -162,6 +163,37 @@ def test_tiny_leaves_that_went_to_zero_do_not_vote_against_their_element():
     # Every leaf of a0 fell as far as it could (a 1-leaf to the floor exactly): all vote for
     # the move.
     assert purity == 1.0 and z < 0
+
+
+def test_rank_is_the_fit_less_the_residue_the_move_leaves():
+    # Two elements of equal fit: the one whose leaves would gain more each at its own value
+    # leaves that much unexplained by its one move and ranks lower.
+    fit, saturated = np.array([100.0, 100.0, 60.0]), np.array([100.0, 160.0, 60.0])
+    assert rank(fit, saturated).tolist() == [100.0, 40.0, 60.0]
+
+
+def test_a_mix_of_a_cause_and_a_partly_moved_bucket_does_not_outrank_the_cause():
+    # Hit rate 0.65 everywhere; the cause: replica r0's short buckets b0 and b1 lose every hit,
+    # on both models. Next to them (r0, m0, b2) drops a little, 0.65 → 0.58, and (r0, m0, b3)
+    # is unchanged. (r0, m0) gathers 3000 zeroed lookups with 800 that hardly moved: its one
+    # move (common rate 471 / 3800 = 0.12) fits by ≈ 2270, more than (r0, b0)'s 1800 zeroed
+    # lookups (≈ 1890), and 79 % of its weighted votes agree, so ranked by fit it was named.
+    # Its residue — its zeroed leaves would gain ≈ 3150 at rate 0 — ranks it ≈ 1390, below
+    # (r0, b0), whose move explains its leaves fully.
+    lookups = {("m0", "b0"): 1500, ("m0", "b1"): 1500, ("m0", "b2"): 700, ("m0", "b3"): 100,
+               ("m1", "b0"): 300, ("m1", "b1"): 300, ("m1", "b2"): 700, ("m1", "b3"): 100}
+    rows = []
+    for r, (m, b), c in itertools.product(["r0", "r1"], lookups, ["c0", "c1"]):
+        n = lookups[m, b] / 2
+        vn = 0.65 * n
+        if r == "r0" and b in ("b0", "b1"):
+            vn = 0.0
+        elif r == "r0" and (m, b) == ("m0", "b2"):
+            vn = 0.58 * n
+        rows.append((r, m, b, c, vn, n, 0.65 * n, n))
+    g = pd.DataFrame(rows, columns=["r", "m", "b", "c", "vn", "vd", "fn", "fd"])
+    loc = localize(g, ["r", "m", "b", "c"], v_num="vn", v_den="vd", f_num="fn", f_den="fd")
+    assert [c.element for c in loc.causes] == [{"r": "r0", "b": "b0"}, {"r": "r0", "b": "b1"}]
 
 
 # -- 4. climb and split ----------------------------------------------------------------------------
