@@ -1,92 +1,17 @@
 """Multi-dimensional root-cause localisation of a change.
 
 Input: a *leaf table* — one row per combination of dimension values — with an
-observed and an expected (baseline or forecast) value, either for an additive
-measure (misses, lookups, latency sum) or for a derived ratio measure (hit
-rate = hits / lookups, given observed and expected numerator and denominator).
-Output: a ranked set of root-cause *elements*, each a combination of
-dimension values such as ``{tenant=t3, layer=prefix_kv}``.
+observed and an expected value of an additive measure (misses, lookups) or of a
+ratio measure (hit rate = hits / lookups). Output: a ranked set of root-cause
+*elements*, each a combination of dimension values such as
+``{tenant=t3, layer=prefix_kv}``. Any categorical columns can be dimensions.
 
-Method: *vote-purity search*. Published localisers either search for the
-elements with the largest explanatory power (Adtributor, iDice, HotSpot) or
-first separate abnormal from normal leaves and then describe the abnormal ones
-by few elements (Squeeze, RiskLoc, RobustSpot). This module does the second,
-with each element's leaves judged against the element's own move:
-
-1. **Standardised leaf residuals.** Additive measures: ``z = (v − f) / (σ·f)``
-   with the relative noise ``σ`` estimated robustly from the data (1.4826 ×
-   the median absolute relative deviation, taken on each side of zero and the
-   smaller kept, so that abnormal leaves — on one side — do not inflate it);
-   expected values have a floor (the 5th percentile of positive ones) so a
-   leaf from nothing is not infinitely abnormal. Ratio measures: binomial
-   residuals of the numerator at the observed denominator, the leaf's
-   expected rate shrunk toward the overall rate by one pseudo-event, divided
-   by the robust over-dispersion of all leaves (real counts are rarely
-   binomial). A leaf without expected and observed traffic carries no
-   evidence and is left out.
-2. **Candidates** are all elements of 1…``max_depth`` dimensions (all depths
-   while the number of dimension subsets stays within ``max_subsets``; beyond
-   that depth is bounded and a note says so), grouped with integer codes.
-3. **Each element is tested by its own move** (the generalised ripple effect
-   of Squeeze, Li et al., ISSRE 2019): its leaves either all moved by its
-   aggregate factor ``k = Σv / Σf`` or, for ratio measures, all converged to
-   one anomalous rate ``r = Σ num / Σ den`` — whichever fits the element's
-   leaves better (binomial log-likelihood). Every leaf *votes*: does it fit
-   the moved model better than "unchanged"? The vote is weighted by how much
-   evidence the leaf can hold (for ratios, the expected log-likelihood ratio
-   under the move, so a leaf with three events hardly counts). An element is
-   a candidate when (a) its *purity* — the weighted share of votes for the
-   move — is at least ``purity`` (RiskLoc's insight that a root cause's leaves
-   are nearly all abnormal, Kalander 2022), (b) its aggregate residual is
-   significant after a Bonferroni correction over all candidates, judged
-   in its own direction (an element may move against the total), and (c) a
-   single-leaf element also exceeds the largest residual seen on the quieter
-   side of zero (an empirical noise ceiling, as RiskLoc's cutoff).
-4. **Greedy cover.** The candidate whose move fits best wins (ratio: the
-   log-likelihood gain of its move over "unchanged"; additive: ``n·m²/2`` for
-   its mean standardised log factor ``m``); a parent only beats its child
-   when it is itself pure, so redundant parent/child pairs and too-coarse
-   elements do not arise. For ratio measures the winner then *climbs* to a
-   parent whose other leaves moved the same way, purely and significantly, on
-   their own (of several, the purest, then the best fitting). It is *split*
-   by one more dimension when children holding at least ``unmoved_share`` of
-   it clearly did not move where the element's own move (its better-fitting
-   model) would have shown, and the moved children fit better, each with its
-   own move, after a BIC-like price per extra element. Each cause is named by
-   the fewest dimensions that select the same leaves; a cause found later
-   that is a parent of an earlier one moving the same way absorbs it (the
-   siblings moved too, on their own: the parent names both). Its leaves are removed
-   and the search repeats on the rest until no candidate remains, a ratio
-   cause would hold less than ``min_share`` of the absolute change, or
-   ``max_causes`` are found.
-
-For ratio measures with traffic volumes (``v_vol``/``f_vol``), downstream
-pressure — misses upstream sending more requests here — is told apart from a
-cause. More traffic moves a measure one way (``load_effect``: up for a hit
-rate, as more traffic reuses more keys), so an element moving that way is an
-effect when its traffic grew by more than ``max_volume_growth`` or when the
-added traffic alone could have brought the move (every event beyond the
-expected volume counted in the numerator). An element whose traffic grew but
-whose rate moved the other way — its own keys changed — stays a candidate. An
-element without any expected traffic (say, key families that did not exist
-before) has no expected rate of its own and is judged within a parent that
-existed.
-
-Each cause carries its score (the share of the total absolute deviation its
-leaves hold), its signed ``change`` in the measure's units (ratios: in rate
-units, 0.031 = 3.1 points) and its *explanatory power*. The total change splits
-exactly into the causes' changes, the change of all other leaves
-(``Localization.rest``) and, for ratios, the traffic-mix term
-(``Localization.mix``; see :func:`contributions`); explanatory power is a
-part's change over the sum of all parts' absolute changes, signed so that a
-part moving with the total is positive. The absolute shares add up to 100%,
-none exceeds it, and when every part moves the same way they are the plain
-shares of the total.
-
-References: Bhagwan et al., "Adtributor", NSDI 2014; Lin et al., "iDice",
-ICSE 2016; Sun et al., "HotSpot", IEEE Access 2018; Li et al., "Squeeze",
-ISSRE 2019; Kalander, "RiskLoc", arXiv:2205.10004; Sun et al.,
-"RobustSpot", IEEE TSC 2022 (doi 10.1109/TSC.2022.3155500).
+:func:`localize` is a short sequence of named steps over a :class:`Measure`
+and :class:`Options`: :func:`residuals`, :func:`candidates`,
+:func:`significant` (with :func:`additive_move` for the leaves' votes),
+:func:`climb` / :func:`split`, :func:`cover`, :func:`absorb` and
+:func:`explain`. The method and the reasoning behind each rule are in
+``docs/rootcause.md``.
 
 Example::
 
@@ -106,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves", "MAX_SUBSETS"]
+__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves",
+           "MAX_SUBSETS", "localize_measure",
+           "Measure", "Options", "Residuals", "Search", "residuals", "candidates", "significant",
+           "additive_move", "climb", "split", "cover", "absorb", "explain"]
 
 MAX_SUBSETS = 400  # dimension subsets searched; beyond it the depth is bounded
 
@@ -148,6 +76,58 @@ class Localization:
     change: float = float("nan")   # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
     mix: float = 0.0               # part of the change due to the traffic mix alone (ratio measures)
     rest: float = 0.0              # part of the change in leaves outside the causes
+
+
+@dataclass(frozen=True)
+class Options:
+    """How :func:`localize` searches; each rule is explained in docs/rootcause.md."""
+    max_depth: int | None = None        # most dimensions per element (None: all, see max_subsets)
+    max_causes: int = 10                # most elements reported
+    purity: float = 0.7                 # weighted share of an element's votes its move needs
+    alpha: float = 0.01                 # family-wise error rate over all candidate elements
+    max_volume_growth: float = 0.25     # ratio with volumes: more growth is downstream pressure
+    load_effect: int = 1                # ratio with volumes: the way more traffic moves the rate
+    max_subsets: int = MAX_SUBSETS      # dimension subsets searched; beyond it depth is bounded
+    min_share: float | None = None      # least share of the change a cause holds (None: see below)
+    sigma_floor: float = 0.005          # additive: least relative noise
+    refine: bool = True                 # split an element one level too coarse
+    unmoved_share: float = 0.10         # split: share of an element that clearly did not move
+
+    def share(self, ratio: bool) -> float:
+        """The least share of the absolute change a cause must hold: as given, or by
+        default 5 % for ratio measures (real rate data has many tiny leaves with extreme
+        rates that move nothing) and none for additive ones."""
+        if self.min_share is not None:
+            return self.min_share
+        return 0.05 if ratio else 0.0
+
+
+@dataclass(frozen=True)
+class Measure:
+    """The measure localised: additive (``v`` observed, ``f`` expected) or a ratio
+    (observed and expected numerator and denominator), with optional traffic volumes
+    (``v_vol``, ``f_vol``) for a ratio."""
+    v: str | None = None
+    f: str | None = None
+    v_num: str | None = None
+    v_den: str | None = None
+    f_num: str | None = None
+    f_den: str | None = None
+    v_vol: str | None = None
+    f_vol: str | None = None
+
+    @property
+    def ratio(self) -> bool:
+        return self.v is None and self.f is None
+
+    @property
+    def columns(self) -> list[str | None]:
+        """The measure's columns: [v, f] or [v_num, v_den, f_num, f_den]."""
+        return [self.v_num, self.v_den, self.f_num, self.f_den] if self.ratio else [self.v, self.f]
+
+    @property
+    def name(self) -> str:
+        return f"{self.v_num}/{self.v_den}" if self.ratio else str(self.v)
 
 
 def _ratio_total(num: np.ndarray, den: np.ndarray) -> float:
@@ -272,7 +252,7 @@ def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[
 
 
 @dataclass
-class _Residuals:
+class Residuals:
     """Step 1's result: each leaf's evidence, in the form the search sums per element."""
     ok: np.ndarray                 # leaves that carry evidence (observed or expected traffic)
     h: np.ndarray                  # observed (ratio: numerator; additive: standardised log ratio)
@@ -282,10 +262,15 @@ class _Residuals:
     phi: float                     # over-dispersion (variance factor)
     vd: np.ndarray | None = None   # ratio: observed denominator
     pe: np.ndarray | None = None   # ratio: expected rate
+    size: np.ndarray | None = None  # additive: expected value + floor (ratio: e is the size)
+    dv: np.ndarray | None = None    # additive: observed − expected, in the measure's units
+    fe: np.ndarray | None = None    # additive: expected value (≥ 0)
+    floor: float = 0.0              # additive: the floor added to both sides of a log ratio
+    sigma: float = 1.0              # additive: the relative noise
 
 
 def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray,
-                     fvol: np.ndarray | None) -> _Residuals:
+                     fvol: np.ndarray | None) -> Residuals:
     """Binomial residuals of the numerator at the observed denominator, over-dispersion removed."""
     p0 = fn.sum() / fd.sum()
     pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
@@ -300,11 +285,11 @@ def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndar
     zs = z[ok & (var >= 1.0)]
     mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
     phi = max(1.0, mad) ** 2
-    return _Residuals(ok, h, e, var, z / math.sqrt(phi), phi, vd, pe)
+    return Residuals(ok, h, e, var, z / math.sqrt(phi), phi, vd, pe)
 
 
 def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, notes: list[str]
-                        ) -> _Residuals | None:
+                        ) -> Residuals | None:
     """Log ratios in units of the robust relative noise; None when nothing moved."""
     # Multiplicative noise: log ratios, with a floor (the 5th percentile of
     # the positive expected values) so that small leaves prove little.
@@ -325,7 +310,9 @@ def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, note
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return _Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0)
+    return Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor, dv=ov - ev,
+                     fe=evp,
+                      floor=floor, sigma=sigma)
 
 
 def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
@@ -357,17 +344,63 @@ def _group(codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]) -> t
     return inv, int(flags.sum())
 
 
-class _Search:
-    """Steps 3 and 4 over the leaves with evidence: per-element sums kept up to
-    date as leaves are taken, each element tested by its own move."""
+def significant(dev: np.ndarray, var: np.ndarray, n: np.ndarray, phi: float, z_crit: float,
+                ceiling: float, largest: np.ndarray | None = None) -> np.ndarray:
+    """Step 3, significance: which elements moved beyond their leaves' noise.
 
-    def __init__(self, r: _Residuals, codes: list[np.ndarray], sizes: list[int], subsets: list[tuple[int, ...]],
-                 vol: np.ndarray | None, fvol: np.ndarray | None, ceiling: float, purity: float, alpha: float,
-                 unmoved_share: float, max_volume_growth: float, load_effect: int):
+    ``dev``, ``var`` and ``n`` are each element's summed residual, summed
+    variance and leaf count; ``phi`` the over-dispersion. Rule: ``|Z| =
+    |dev| / sqrt(var·phi) ≥ z_crit`` (the Bonferroni level over all candidate
+    elements); an element of one leaf must also exceed ``ceiling``, the largest
+    residual seen on the quieter side of zero (noise shows on both sides, a
+    cause on one). With ``largest`` (each element's largest leaf |residual|),
+    an element of several leaves must stay significant without that leaf, so
+    that one outlier does not carry its parent."""
+    z = dev / np.sqrt(np.maximum(var * phi, 1e-12))
+    ok: np.ndarray = (n > 0) & (np.abs(z) >= z_crit) & ((n >= 2) | (np.abs(z) > ceiling))
+    if largest is not None:
+        rest = np.sqrt(np.maximum(var * (n - 1) / np.maximum(n, 1) * phi, 1e-12))
+        ok &= (n < 2) | ((np.abs(dev) - largest) / rest >= z_crit)
+    return ok
+
+
+def additive_move(expected: np.ndarray, observed_sum: Any, expected_sum: Any, n: Any,
+                  floor: float) -> np.ndarray:
+    """Each leaf's log ratio under its element's move, for an additive measure.
+
+    The move is the generalised ripple effect: every leaf of the element scales
+    by one common factor ``k = (Σv + n·floor) / (Σf + n·floor)``, taken on the
+    floored scale on which residuals are measured (``log((v + floor) /
+    (f + floor))``), and no leaf can fall below zero: the moved leaf is
+    ``max(k·(f + floor), floor)``. A leaf votes for the move when its own log
+    ratio is nearer this than zero. A leaf far below the floor that went to
+    zero thus moved as much as it could, and a tiny leaf's vote weighs little
+    (the evidence a leaf can hold is its squared expected shift). Sums may be
+    scalars or per-leaf arrays (each leaf's element's)."""
+    fs = expected + floor
+    k = (observed_sum + n * floor) / np.maximum(expected_sum + n * floor, 1e-300)
+    out: np.ndarray = np.log(np.maximum(k * fs, floor) / fs)
+    return out
+
+
+class Search:
+    """The state of steps 3–6 over the leaves with evidence: each candidate
+    element's sums, kept up to date as leaves are taken, and the tests of one
+    element by its own move (:meth:`best`, :meth:`assess`)."""
+
+    def __init__(self, r: Residuals, codes: list[np.ndarray], sizes: list[int],
+                 subsets: list[tuple[int, ...]], vol: np.ndarray | None, fvol: np.ndarray | None,
+                 ceiling: float, opts: Options):
+        purity, alpha, unmoved_share = opts.purity, opts.alpha, opts.unmoved_share
+        max_volume_growth, load_effect = opts.max_volume_growth, opts.load_effect
         self.idx = idx = np.flatnonzero(r.ok)
         self.ratio = r.vd is not None
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
+        self.size = (r.size if r.size is not None else r.e)[idx]
+        self.dv: Any = r.dv[idx] if r.dv is not None else None
+        self.fe: Any = r.fe[idx] if r.fe is not None else None
+        self.floor, self.sigma = r.floor, r.sigma
         # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
         # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
         self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
@@ -383,6 +416,11 @@ class _Search:
         self.z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
         self.free = np.ones(len(idx), dtype=bool)
         self.ah = np.abs(self.h - self.e)
+        # Each leaf's saturated gain: its fit at its own value (see ``rank``).
+        self.sat: np.ndarray = self.h * self.h / 2
+        if r.vd is not None and r.pe is not None:
+            vd, pe = r.vd[idx], r.pe[idx]
+            self.sat = _binom_llr(self.h, vd, np.clip(self.h / np.maximum(vd, 1e-12), 1e-6, 1 - 1e-6), pe)
         self.stats = [[np.bincount(inv, w, ng) for w in self._weights(slice(None))]
                       for _, inv, ng in self.groups]
 
@@ -391,6 +429,8 @@ class _Search:
         out = [self.h[rows], self.e[rows], self.var[rows], None]
         if self.ratio:
             out.append(self.vd[rows])
+        else:
+            out += [self.dv[rows], self.fe[rows]]
         if self.vol is not None:
             out += [self.vol[rows], self.fvol[rows]]
         return out
@@ -415,7 +455,12 @@ class _Search:
             ww = nn * _kl(rm, pp)
             return zz, float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)), float(ll.sum()) / self.phi
         mm = hh.sum() / len(hh)
-        return zz, float(np.mean(np.abs(hh - mm) < np.abs(hh))), len(hh) * mm * mm / 2
+        fe = self.fe[mask]
+        ph = additive_move(fe, float(fe.sum() + self.dv[mask].sum()), float(fe.sum()), len(fe),
+                           self.floor) / self.sigma
+        ww = ph * ph
+        purity = float((ww * (np.abs(hh - ph) < np.abs(hh))).sum() / max(float(ww.sum()), 1e-300))
+        return zz, purity, len(hh) * mm * mm / 2
 
     def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ratio measures: the moved rate of each leaf in ``mask`` under the
@@ -456,16 +501,22 @@ class _Search:
         return added
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
-        """The significant, pure element of the free leaves that fits best:
-        (dimension subset, its free leaves, direction)."""
+        """Step 3, the candidates' test and choice: of the elements of the free
+        leaves that are :func:`significant` (and, with volumes, not downstream
+        pressure) and *pure* — at least ``purity`` of their leaves' weighted
+        votes for the element's own move (additive: :func:`additive_move`;
+        ratio: the better of one factor or one common rate, votes weighted by
+        the expected log-likelihood ratio) — the one whose move fits best
+        (ratio: log-likelihood gain; additive: n·m²/2 for its mean standardised
+        log ratio m), less the residue that move leaves in the element's own
+        leaves (:func:`rank`). Returns (dimension subset, its free leaves,
+        direction)."""
         best = None
         fw = self.free.astype(float)
         for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
             Sh, Se, Sv, n = st[:4]
             dev = Sh - Se
-            Z = dev / np.sqrt(np.maximum(Sv * self.phi, 1e-12))
-            cand = (n > 0) & (np.abs(Z) >= self.z_crit)
-            cand &= (n >= 2) | (np.abs(Z) > self.ceiling)
+            cand = significant(dev, Sv, n, self.phi, self.z_crit, self.ceiling)
             if self.vol is not None:
                 cand &= ~self._added_traffic(st, Sh, Se, Sv, dev)
             if not cand.any():
@@ -473,8 +524,7 @@ class _Search:
             # Robust to one outlier: without its largest leaf the element must still be significant.
             mx = np.zeros(ng)
             np.maximum.at(mx, inv, self.ah * fw)
-            z_wo = (np.abs(dev) - mx) / np.sqrt(np.maximum(Sv * (n - 1) / np.maximum(n, 1) * self.phi, 1e-12))
-            cand &= (n < 2) | (z_wo >= self.z_crit)
+            cand &= significant(dev, Sv, n, self.phi, self.z_crit, self.ceiling, mx)
             if not cand.any():
                 continue
             # Votes only where they can matter: free leaves of the surviving elements.
@@ -497,17 +547,22 @@ class _Search:
                 vote = llr > 0
                 w = ns * _kl(rm, ps)
                 fit = np.bincount(gi, llr, ng) / self.phi
+                sat: np.ndarray = np.bincount(gi, self.sat[sel], ng) / self.phi
             else:
-                m = Sh / np.maximum(n, 1)                 # the element's common log-factor (in noise units)
-                vote = np.abs(hs - m[gi]) < np.abs(hs)
-                w = np.ones(len(sel))
+                m = Sh / np.maximum(n, 1)  # the element's mean log ratio (noise units)
+                Sf = st[5]
+                ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor)
+                ph /= self.sigma
+                vote = np.abs(hs - ph) < np.abs(hs)
+                w = ph * ph                               # the evidence the leaf can hold
                 fit = n * m * m / 2
+                sat = np.bincount(gi, self.sat[sel], ng)
             W = np.bincount(gi, w, ng)
             P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
             cand &= P >= self.purity
             if not cand.any():
                 continue
-            gain = np.where(cand, fit, -np.inf)
+            gain = np.where(cand, rank(fit, sat), -np.inf)
             i = int(np.argmax(gain))
             if best is None or gain[i] > best[0]:
                 best = (gain[i], sub, inv, i, int(np.sign(dev[i])))
@@ -523,78 +578,105 @@ class _Search:
             m &= self.codes[j] == self.codes[j][row]
         return m
 
-    def climb(self, sub: tuple[int, ...], member: np.ndarray, direction: int
-              ) -> tuple[tuple[int, ...], np.ndarray]:
-        """A cause of a rate seldom moves all its children alike: climb to a
-        parent when the parent's other leaves moved the same way, purely and
-        significantly, on their own (the parent is the succinct answer)."""
-        while len(sub) > 1:
-            up_best = None
-            row = int(np.flatnonzero(member)[0])
-            for drop in sub:
-                psub = tuple(j for j in sub if j != drop)
-                pm = self._element_of(psub, row)
-                rest = pm & ~member
-                if not rest.any():
-                    continue
-                zr, _, _ = self.assess(rest)
-                _, pp, fp_ = self.assess(pm)
-                if (np.sign(zr) == direction and abs(zr) >= self.z_rest and pp >= self.purity
-                        and (up_best is None or (pp, fp_) > up_best[0])):
-                    up_best = ((pp, fp_), psub, pm)
-            if up_best is None:
-                break
-            _, sub, member = up_best
-        return sub, member
 
-    def split(self, sub: tuple[int, ...], member: np.ndarray, direction: int
-              ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
-        """An element one level too coarse: split it by one more dimension when
-        children holding at least ``unmoved_share`` of it clearly did not move
-        (|z| < 2 where the element's move would have shown at the Bonferroni
-        level) and the children that did move fit better, each with its own
-        move, than the whole element. Returns [(subset, leaves)] or None."""
-        z_crit = self.z_crit
-        _, _, fit_e = self.assess(member)
-        if self.ratio:
-            # The shift each leaf would show under the element's own move (its better-fitting model).
-            shift = np.zeros(len(self.h))
-            shift[member] = self.vd[member] * self.move(member)[0] - self.e[member]
-        else:
-            m_e = self.h[member].mean()
-        best = None
-        for j, cd in enumerate(self.codes):
-            if j in sub:
+def rank(fit: np.ndarray, saturated: np.ndarray) -> np.ndarray:
+    """Step 3, the choice among candidates: an element's fit less the residue
+    its move leaves unexplained in its own leaves.
+
+    ``fit`` is the gain of the element's one move over "unchanged" (ratio:
+    log-likelihood; additive: n·m²/2), ``saturated`` the gain its leaves would
+    have, each at its own value (ratio: each leaf's binomial log-likelihood
+    ratio at its observed rate; additive: Σ z²/2); the residue ``saturated −
+    fit`` is what the one move does not explain. Rule: rank by ``fit −
+    residue``. Reason: ranked by fit alone, a parent that gathers a cause's
+    leaves together with leaves that moved only partly, or not at all, can
+    fit more in total than the cause itself while being pure enough; the
+    cover then names that mix (a replica × layer × model holding the length
+    buckets that went to zero next to a bucket that dropped a little) instead
+    of the element whose leaves moved as one, as the generalised ripple effect
+    has it. A cause whose siblings moved too is still widened afterwards by
+    ``climb`` and ``absorb``."""
+    out: np.ndarray = 2 * fit - saturated
+    return out
+
+
+def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
+          ) -> tuple[tuple[int, ...], np.ndarray]:
+    """Step 4a, climb (ratio measures): a cause of a rate seldom moves all its
+    children alike. Rule: go up to a parent (one dimension fewer) when the
+    parent's other leaves moved the same way on their own (|z| ≥ the one-test
+    level at ``alpha``) and the parent is pure; of several, the purest, then the
+    best fitting; repeat. Returns the (subset, free leaves) reached."""
+    while len(sub) > 1:
+        up_best = None
+        row = int(np.flatnonzero(member)[0])
+        for drop in sub:
+            psub = tuple(j for j in sub if j != drop)
+            pm = search._element_of(psub, row)
+            rest = pm & ~member
+            if not rest.any():
                 continue
-            vals = np.unique(cd[member])
-            if len(vals) < 2:
-                continue
-            moved, unmoved, total_w, fit_split = [], 0.0, 0.0, 0.0
-            for val in vals:
-                km = member & (cd == val)
-                zk, pk, fk = self.assess(km)
-                if self.ratio:
-                    wk = float(self.e[km].sum())
-                    z_exp = float(shift[km].sum()) / math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
-                else:
-                    wk = float(km.sum())
-                    z_exp = m_e * math.sqrt(wk)
-                total_w += wk
-                if abs(zk) < 2 and abs(z_exp) >= z_crit:
-                    unmoved += wk
-                elif np.sign(zk) == direction and abs(zk) >= self.z_rest and pk >= self.purity:
-                    moved.append(km)
-                    fit_split += fk
-            # Each further element is one more parameter picked among many: it must pay
-            # its way (a BIC-like price of z_crit²/2 in log-likelihood).
-            fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
-            if moved and total_w > 0 and unmoved / total_w >= self.unmoved_share and fit_split > fit_e \
-                    and (best is None or fit_split > best[0]):
-                best = (fit_split, j, moved)
-        if best is None:
-            return None
-        _, j, moved = best
-        return [(tuple(sorted((*sub, j))), km) for km in moved]
+            zr, _, _ = search.assess(rest)
+            _, pp, fp_ = search.assess(pm)
+            if (np.sign(zr) == direction and abs(zr) >= search.z_rest and pp >= search.purity
+                    and (up_best is None or (pp, fp_) > up_best[0])):
+                up_best = ((pp, fp_), psub, pm)
+        if up_best is None:
+            break
+        _, sub, member = up_best
+    return sub, member
+
+
+def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
+          ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
+    """Step 4b, split: an element one level too coarse. Rule: split it by one
+    more dimension when children holding at least ``unmoved_share`` of its
+    expected size (measure units, not leaves) clearly did not move (|z| < 2
+    where the element's own move would have shown at the Bonferroni level) and
+    the children that did move fit better, each with its own move, than the
+    whole element, after a price of z_crit²/2 per extra element. Returns
+    [(subset, leaves)] of the moved children, or None."""
+    z_crit = search.z_crit
+    _, _, fit_e = search.assess(member)
+    if search.ratio:
+        # The shift each leaf would show under the element's own move (its better-fitting model).
+        shift = np.zeros(len(search.h))
+        shift[member] = search.vd[member] * search.move(member)[0] - search.e[member]
+    else:
+        m_e = search.h[member].mean()
+    best = None
+    for j, cd in enumerate(search.codes):
+        if j in sub:
+            continue
+        vals = np.unique(cd[member])
+        if len(vals) < 2:
+            continue
+        moved, unmoved, total_w, fit_split = [], 0.0, 0.0, 0.0
+        for val in vals:
+            km = member & (cd == val)
+            zk, pk, fk = search.assess(km)
+            if search.ratio:
+                wk = float(search.e[km].sum())
+                z_exp = float(shift[km].sum()) / math.sqrt(max(float(search.var[km].sum()) * search.phi, 1e-12))
+            else:
+                wk = float(search.size[km].sum())
+                z_exp = m_e * math.sqrt(float(km.sum()))
+            total_w += wk
+            if abs(zk) < 2 and abs(z_exp) >= z_crit:
+                unmoved += wk
+            elif np.sign(zk) == direction and abs(zk) >= search.z_rest and pk >= search.purity:
+                moved.append(km)
+                fit_split += fk
+        # Each further element is one more parameter picked among many: it must pay
+        # its way (a BIC-like price of z_crit²/2 in log-likelihood).
+        fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
+        if moved and total_w > 0 and unmoved / total_w >= search.unmoved_share and fit_split > fit_e \
+                and (best is None or fit_split > best[0]):
+            best = (fit_split, j, moved)
+    if best is None:
+        return None
+    _, j, moved = best
+    return [(tuple(sorted((*sub, j))), km) for km in moved]
 
 
 def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.ndarray) -> tuple[int, ...]:
@@ -614,11 +696,15 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
     return sub
 
 
-def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names: list[tuple[str, np.ndarray]],
-           ok: np.ndarray, max_causes: int, min_share: float, refine: bool) -> tuple[list[RootCause], np.ndarray]:
-    """Step 4, the greedy cover: the best element, climbed (ratio) and split,
-    named, its leaves taken; until nothing is left to explain. Returns the
-    causes and the leaves they hold (all rows)."""
+def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
+          names: list[tuple[str, np.ndarray]], ok: np.ndarray, max_causes: int, min_share: float,
+          refine: bool) -> tuple[list[RootCause], np.ndarray]:
+    """Step 5, cover: greedy. Rule: take the best candidate (:meth:`Search.best`),
+    climb (ratio) and split it, name it by the fewest dimensions that select the
+    same leaves, :func:`absorb` it, remove its leaves from every element's sums,
+    and repeat until no candidate remains, a cause would hold less than
+    ``min_share`` of the absolute change, or ``max_causes`` are found. Returns
+    the causes and the leaves they hold (all rows)."""
     causes: list[RootCause] = []
     idx = search.idx
     taken_all = np.zeros(len(contrib), dtype=bool)
@@ -629,10 +715,11 @@ def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names:
             break
         top_sub, top_member, direction = found
         if search.ratio:
-            top_sub, top_member = search.climb(top_sub, top_member, direction)
+            top_sub, top_member = climb(search, top_sub, top_member, direction)
         if min_share > 0 and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share:
             break
-        parts = (search.split(top_sub, top_member, direction) if refine else None) or [(top_sub, top_member)]
+        parts = split(search, top_sub, top_member, direction) if refine else None
+        parts = parts or [(top_sub, top_member)]
         for sub, member in parts:
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
@@ -644,15 +731,17 @@ def _cover(search: _Search, contrib: np.ndarray, codes: list[np.ndarray], names:
             cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
                               float("nan"), int(full.sum()), int(member.sum()), direction,
                               float(contrib[full].sum()))
-            causes = _absorb(causes, cause)
+            causes = absorb(causes, cause)
             taken_all |= full
             search.take(member)
     return causes, taken_all
 
 
-def _absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
-    """Add ``new``; an earlier cause below it that moved the same way is part of
-    it (its siblings moved too, on their own), so the parent names both."""
+def absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
+    """Step 6, absorb: add ``new`` to the causes. Rule: an earlier cause below
+    it (it names a subset of the earlier one's values) that moved the same way
+    is part of it — its siblings moved too, on their own — so the parent names
+    both: scores, leaves and changes add, in the place of the first child."""
     kids = [c for c in causes if c.direction == new.direction and len(c.element) > len(new.element)
             and new.element.items() <= c.element.items()]
     if not kids:
@@ -666,10 +755,12 @@ def _absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
     return [*rest[:first], merged, *rest[first:]]
 
 
-def _explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> None:
-    """Explanatory power: each part's signed change over the gross change,
-    signed against the total — causes, the other leaves and (rates) the
-    traffic mix add up in points to the total change, and their |shares| to 100%."""
+def explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> None:
+    """Step 7, explain. Rule: the total change splits exactly into the causes'
+    changes, the rest of the leaves (``loc.rest`` = Σ contributions − Σ causes)
+    and the traffic mix; a part's explanatory power is its change over the sum
+    of all parts' absolute changes, signed so that a part moving with the total
+    is positive — the |shares| add up to 100 %."""
     loc.change = float(total) if np.isfinite(total) else float("nan")
     loc.mix = mix
     loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
@@ -723,62 +814,109 @@ def localize(
     unmoved_share: float = 0.10,
     validate: bool = True,
 ) -> Localization:
-    """Root causes of the difference between observed and expected (see module doc)."""
+    """Root causes of the difference between observed and expected: the columns
+    name a :class:`Measure`, the rest are :class:`Options` (docs/rootcause.md)."""
+    measure = Measure(v, f, v_num, v_den, f_num, f_den, v_vol, f_vol)
+    opts = Options(max_depth, max_causes, purity, alpha, max_volume_growth, load_effect,
+                   max_subsets, min_share, sigma_floor, refine, unmoved_share)
+    return localize_measure(leaves, dims, measure, opts, validate)
+
+
+def localize_measure(leaves: Any, dims: Sequence[str], measure: Measure,
+                     opts: Options | None = None, validate: bool = True) -> Localization:
+    """:func:`localize` over a measure object and options: the named steps in order."""
+    opts = opts or Options()
     dims = list(dims)
-    ratio = v is None and f is None
-    cols = [v_num, v_den, f_num, f_den] if ratio else [v, f]
-    L, err = _measure_columns(leaves, dims, cols, ratio, validate)
-    nrows = _nrows(leaves)
-    if L is None:
-        return Localization([], "", float("nan"), float("nan"), 0, nrows, err)
-    vol = _col(leaves, v_vol).astype(float) if v_vol and f_vol else None
-    fvol = _col(leaves, f_vol).astype(float) if v_vol and f_vol else None
-    if min_share is None:
-        # Rates: a cause holds a visible part of the change (real rate data has many
-        # tiny leaves with extreme rates that move nothing).
-        min_share = 0.05 if ratio else 0.0
-    contrib, mix = contributions(L, *((None, None, v_num, v_den, f_num, f_den) if ratio else (v, f)))
-    if ratio:
-        vn, vd, fn, fd = L[v_num], L[v_den], L[f_num], L[f_den]
-        obs_t, exp_t = _ratio_total(vn, vd), _ratio_total(fn, fd)
-        measure = f"{v_num}/{v_den}"
-        total = obs_t - exp_t if np.isfinite(obs_t) and np.isfinite(exp_t) else float("nan")
-    else:
-        obs_t, exp_t = float(L[v].sum()), float(L[f].sum())
-        measure = v  # type: ignore[assignment]  # v is a column of L: _measure_columns checked it
-        total = obs_t - exp_t
-    loc = Localization([], measure, obs_t, exp_t, 0, nrows)
-    if ratio and (fd.sum() <= 0 or vd.sum() <= 0):
-        loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
+    loc, cols = _start(leaves, dims, measure, validate)
+    if cols is None:
         return loc
-    # -- 1. standardised leaf residuals ------------------------------------------------------------
-    res = _ratio_residuals(vn, vd, fn, fd, fvol) if ratio else _additive_residuals(L[v], L[f], sigma_floor,
-                                                                                 loc.notes)
-    dev_total = float(np.abs(res.h - res.e)[res.ok].sum()) if res is not None else 0.0
-    if res is None or not res.ok.any() or dev_total <= 0 or not np.isfinite(dev_total):
+    res = residuals(measure, cols, opts, loc.notes)                      # 1. residuals
+    if res is None:
         loc.notes.append("observed equals expected: nothing to explain")
         return loc
-    # -- 2. candidates ----------------------------------------------------------------------------
-    if len(dims) > 10 and max_depth is None:
-        loc.notes.append(f"{len(dims)} dimensions: the search is bounded (at most {max_subsets} dimension "
-                         "subsets; single leaves are always candidates)")
-    subsets, depth = _subsets(dims, max_depth, max_subsets)
-    if max_depth is None and depth < len(dims) and len(dims) <= 10:
-        loc.notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
+    subsets = candidates(dims, opts, loc.notes)                          # 2. candidates
     factorized = [_factorize(leaves[c]) for c in dims]
     codes = [cd for cd, _ in factorized]
-    search = _Search(res, codes, [len(u) for _, u in factorized], subsets, vol, fvol,
-                     _noise_ceiling(contrib, res.z, res.ok), purity, alpha, unmoved_share,
-                     max_volume_growth, load_effect)
-    # -- 3./4. test every element by its own move, greedy cover ----------------------------------
+    contrib, mix = _contributions(cols, measure)
+    search = Search(res, codes, [len(u) for _, u in factorized], subsets, cols.get(measure.v_vol),
+                    cols.get(measure.f_vol), _noise_ceiling(contrib, res.z, res.ok), opts)
     names = [(dims[j], factorized[j][1]) for j in range(len(dims))]
-    loc.causes, taken_all = _cover(search, contrib, codes, names, res.ok, max_causes, min_share, refine)
+    # 3.–6. significance and purity, climb/split, cover, absorb (see cover)
+    loc.causes, taken_all = cover(search, contrib, codes, names, res.ok, opts.max_causes,
+                                  opts.share(measure.ratio), opts.refine)
     loc.abnormal_leaves = int(taken_all.sum())
-    _explain(loc, total, mix, float(contrib.sum()))
+    explain(loc, loc.observed - loc.expected, mix, float(contrib.sum()))  # 7. explain
     if not loc.causes:
         loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
-                         f"(Bonferroni z ≥ {search.z_crit:.1f}, purity ≥ {purity:.0%})")
+                         f"(Bonferroni z ≥ {search.z_crit:.1f}, purity ≥ {opts.purity:.0%})")
     return loc
+
+
+def _start(leaves: Any, dims: list[str], measure: Measure, validate: bool
+           ) -> tuple[Localization, dict[Any, np.ndarray] | None]:
+    """The empty result with the totals, and the measure's columns as floats (None
+    when there is nothing to localise: the reason is in the result)."""
+    nrows = _nrows(leaves)
+    cols, err = _measure_columns(leaves, dims, measure.columns, measure.ratio, validate)
+    if cols is None:
+        return Localization([], "", float("nan"), float("nan"), 0, nrows, err), None
+    if measure.v_vol and measure.f_vol and measure.ratio:
+        for c in (measure.v_vol, measure.f_vol):
+            cols[c] = _col(leaves, c).astype(float)
+    if measure.ratio:
+        vd, fd = cols[measure.v_den], cols[measure.f_den]
+        obs_t, exp_t = _ratio_total(cols[measure.v_num], vd), _ratio_total(cols[measure.f_num], fd)
+    else:
+        obs_t, exp_t = float(cols[measure.v].sum()), float(cols[measure.f].sum())
+    loc = Localization([], measure.name, obs_t, exp_t, 0, nrows)
+    if measure.ratio and (fd.sum() <= 0 or vd.sum() <= 0):
+        loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
+        return loc, None
+    return loc, cols
+
+
+def _contributions(cols: dict[Any, np.ndarray], m: Measure) -> tuple[np.ndarray, float]:
+    if m.ratio:
+        return contributions(cols, v_num=m.v_num, v_den=m.v_den, f_num=m.f_num, f_den=m.f_den)
+    return contributions(cols, v=m.v, f=m.f)
+
+
+def residuals(measure: Measure, cols: dict[Any, np.ndarray], opts: Options, notes: list[str]
+              ) -> Residuals | None:
+    """Step 1, residuals: each leaf's standardised evidence of a change.
+
+    Additive: ``log((v + floor) / (f + floor)) / σ`` — multiplicative noise, the
+    floor (5th percentile of the positive expected values) so a leaf from
+    nothing is not infinitely abnormal, ``σ`` the robust relative noise.
+    Ratio: binomial residuals of the numerator at the observed denominator,
+    over-dispersion removed. None when nothing moved: no leaf carries evidence."""
+    if measure.ratio:
+        fvol = cols.get(measure.f_vol) if measure.v_vol else None
+        res: Residuals | None = _ratio_residuals(cols[measure.v_num], cols[measure.v_den],
+                                                 cols[measure.f_num], cols[measure.f_den], fvol)
+    else:
+        res = _additive_residuals(cols[measure.v], cols[measure.f], opts.sigma_floor, notes)
+    if res is None or not res.ok.any():
+        return None
+    dev_total = float(np.abs(res.h - res.e)[res.ok].sum())
+    return res if dev_total > 0 and np.isfinite(dev_total) else None
+
+
+def candidates(dims: Sequence[str], opts: Options, notes: list[str]) -> list[tuple[int, ...]]:
+    """Step 2, candidates: the dimension subsets whose elements are searched.
+
+    All subsets of 1…``max_depth`` dimensions while their number stays within
+    ``max_subsets`` (the search is linear in it); beyond, the depth is bounded
+    (a note says so) and single leaves stay candidates (the subset of all
+    dimensions)."""
+    n = len(dims)
+    if n > 10 and opts.max_depth is None:
+        notes.append(f"{n} dimensions: the search is bounded (at most {opts.max_subsets} dimension "
+                     "subsets; single leaves are always candidates)")
+    subsets, depth = _subsets(list(dims), opts.max_depth, opts.max_subsets)
+    if opts.max_depth is None and depth < n <= 10:
+        notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")
+    return subsets
 
 
 def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
@@ -790,3 +928,6 @@ def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> 
 def _kl(p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
     kl: np.ndarray = p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))
     return kl
+
+
+_absorb = absorb  # the name an existing test imports

@@ -4,7 +4,9 @@
 
 Reads the public RCA benchmark cases from ``--data`` or ``$WARMSCOPE_RCA_CASES`` (they are not
 part of the repository): 87 real-world ratio cases (a failure
-rate, RobustSpot data) and 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``).
+rate, RobustSpot data), 100 additive cases from RiskLoc's generator (60 ``S_``, 40 ``L_``) and,
+when the folder has ``squeeze/``, sparse additive cases (Squeeze's semi-synthetic data, many leaves
+zero in both columns).
 Scores every case with the exact-element rule of the RiskLoc and Squeeze
 evaluations (TP/FP/FN summed over cases, F1 = 2TP / (2TP + FP + FN)) and prints
 warmscope's F1 next to the published reference implementations' figures on the
@@ -20,7 +22,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -99,12 +100,13 @@ def score(data: Path, name: str, match: str = "", show: bool = False, every: int
 
 def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
     """Wall and CPU seconds (the child's user + system time) per `warmscope rca` call."""
-    exe = shutil.which("warmscope", path=str(Path(sys.executable).parent)) or shutil.which("warmscope")
+    # The package's own entry (the installed console script may belong to another checkout).
+    exe = [sys.executable, "-m", "warmscope.app.cli"]
     out, cpu = [], []
     for i, (_case, dims, path, _) in enumerate(cases(data, name)):
         if i >= n:
             break
-        cmd = [exe, "rca", str(path), "--dims", *dims, "--compact"]
+        cmd = [*exe, "rca", str(path), "--dims", *dims, "--compact"]
         cmd += (["--v-num", "real_num", "--v-den", "real_den", "--f-num", "exp_num", "--f-den", "exp_den"]
                 if name == "ratio" else ["--v", "real", "--f", "predict"])
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -136,12 +138,14 @@ def main() -> int:
     rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"),
             ("additive L (40)", "additive", "L_", "L", "RiskLoc"),
             ("ratio (87)", "ratio", "", "ratio", "RobustSpot")]
+    if (args.data / "squeeze" / "truth.json").exists():
+        rows.append(("squeeze (sparse)", "squeeze", "", "squeeze", ""))
     res = {}
     print(f"{'set':<18}{'warmscope F1':>13}{'TP/FP/FN':>14}{'median s':>10}{'cpu s':>7}{'max s':>8}"
           "   published F1 on the same cases")
     for label, name, match, key, _best in rows:
         r = res[label] = score(args.data, name, match, args.show)
-        others = ", ".join(f"{a} {f}" for a, f in pub[key].items() if f not in ("", "–"))
+        others = ", ".join(f"{a} {f}" for a, f in pub.get(key, {}).items() if f not in ("", "–"))
         print(f"{label:<18}{r['f1']:>13.3f}{r['tp']:>6}/{r['fp']}/{r['fn']:<5}{r['median_s']:>10.3f}"
               f"{r['median_cpu']:>7.3f}{r['max_s']:>8.3f}   {others}")
     s, l_ = res["additive S (60)"], res["additive L (40)"]
@@ -149,7 +153,9 @@ def main() -> int:
     print(f"{'additive all (100)':<18}{2 * tp / (2 * tp + fp + fn):>13.3f}{tp:>6}/{fp}/{fn:<5}"
           f"{'':>18}   RiskLoc {pub['S'].get('RiskLoc', '?')} (S) / {pub['L'].get('RiskLoc', '?')} (L)")
     if args.cli:
-        for label, name in (("additive", "additive"), ("ratio", "ratio")):
+        for label, name in (("additive", "additive"), ("ratio", "ratio"), ("squeeze", "squeeze")):
+            if not (args.data / name / "truth.json").exists():
+                continue
             t, c = cli_times(args.data, name, args.cli)
             print(f"warmscope rca as a process, {label}: median {np.median(t):.3f} s wall ({np.median(c):.3f} s "
                   f"CPU), max {np.max(t):.3f} s over {len(t)} cases (target < 0.8 s)")

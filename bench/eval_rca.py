@@ -220,17 +220,25 @@ def evaluate(n: int = 36, tmp: Path | None = None, seed: int = 2026) -> pd.DataF
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenarios", type=int, default=36)
-    ap.add_argument("--set", type=int, default=2026, help="scenario set seed (2026: development; others: held out)")
+    ap.add_argument("--set", type=int, nargs="+", default=[2026],
+                    help="scenario set seed(s) (2026: development; others: held out)")
     args = ap.parse_args()
-    df = evaluate(args.scenarios, seed=args.set)
     pd.set_option("display.width", 200, "display.max_colwidth", 70)
-    print(df[["scenario", "f1", "trap_ok", "detected"]].to_string(index=False))
-    rca = df["f1"].dropna()
-    single = df[df["single"]]
-    print(f"\nRCA: mean F1 of the top root-cause set {rca.mean():.3f} over {len(rca)} scenarios")
-    print(f"traps: identification accuracy {single['trap_ok'].mean():.3f} over {len(single)} single-trap scenarios;"
-          f" both traps detected in {df[~df['single']]['trap_ok'].mean():.2f} of {int((~df['single']).sum())} "
-          "two-trap scenarios")
+    means = []
+    for seed in args.set:
+        df = evaluate(args.scenarios, seed=seed)
+        print(f"scenario set {seed}:")
+        print(df[["scenario", "f1", "trap_ok", "detected"]].to_string(index=False))
+        rca = df["f1"].dropna()
+        single = df[df["single"]]
+        means.append(rca.mean())
+        print(f"\nRCA: mean F1 of the top root-cause set {rca.mean():.3f} over {len(rca)} scenarios")
+        print(f"traps: identification accuracy {single['trap_ok'].mean():.3f} over {len(single)} "
+              f"single-trap scenarios; both traps detected in {df[~df['single']]['trap_ok'].mean():.2f} "
+              f"of {int((~df['single']).sum())} two-trap scenarios\n")
+    if len(means) > 1:
+        print(f"RCA mean F1 per set: {', '.join(f'{m:.3f}' for m in means)}; "
+              f"mean of sets {np.mean(means):.3f}")
 
 
 if __name__ == "__main__":
