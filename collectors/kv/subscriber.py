@@ -81,7 +81,8 @@ class _Source:
     sock: Any
     expected: int | None = None
     last_ts: float = 0.0
-    last_heard: float = 0.0  # monotonic time of the last message, or of the last idle probe
+    next_probe: float = 0.0  # monotonic time at which a quiet engine's replay socket is asked
+    probe_wait: float = 0.0  # seconds to the next probe: doubles while probes find nothing
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("batches", "gaps", "missed_batches", "repaired", "unrepaired", "restarts",
          "duplicates", "caught_up", "tail_repaired"), 0))
@@ -195,24 +196,35 @@ class KVSubscriber:
             self._sources = []
 
     def _probe_idle(self, ready: dict[Any, Any]) -> None:
+        """Ask quiet engines' replay sockets for batches after the last one applied.
+
+        A batch dropped at the end of a burst (or every batch of an engine whose connection came
+        up after it sent) shows as a gap only when the engine sends again. An engine quiet for
+        ``idle_probe_s`` is asked; while probes find nothing the wait doubles (up to 64 times
+        ``idle_probe_s``), and a message sets it back."""
         now = time.monotonic()
+        base = self.idle_probe_s
         for src in self._sources:
-            if src.sock in ready:
-                src.last_heard = now
+            if src.sock in ready or src.probe_wait == 0.0:
+                src.probe_wait = base
+                src.next_probe = now + base
                 continue
             ep = src.spec.replay_endpoint
-            if not ep or src.expected is None or now - src.last_heard < self.idle_probe_s:
+            if not ep or now < src.next_probe:
                 continue
-            src.last_heard = now
-            got = self._replay(src, _replay_address(ep, src.spec.host), src.expected, 1 << 62,
+            start = src.expected or 0
+            got = self._replay(src, _replay_address(ep, src.spec.host), start, 1 << 62,
                                quiet=True)
-            tail = [seq for seq in sorted(got) if seq >= src.expected]
+            tail = [seq for seq in sorted(got) if seq >= start]
+            src.probe_wait = base if tail else min(src.probe_wait * 2, 64 * base)
+            src.next_probe = time.monotonic() + src.probe_wait
             if not tail:
                 continue
             src.counts["gaps"] += 1
             for seq in tail:
-                if seq > src.expected:  # the replay buffer no longer holds the ones between
-                    lost = seq - src.expected
+                expected = src.expected or 0
+                if seq > expected:  # the replay buffer no longer holds the ones between
+                    lost = seq - expected
                     src.counts["missed_batches"] += lost
                     src.counts["unrepaired"] += lost
                 src.counts["missed_batches"] += 1

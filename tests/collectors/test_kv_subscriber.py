@@ -191,3 +191,33 @@ def test_standalone_entry_prints_per_salt_rates(capsys):
     assert "batches 2 " in last and "resident blocks 1 " in last, text
     # the salt is shown as a digest, never as given
     assert "salt:" in text and " t " not in text
+
+
+def test_a_batch_dropped_at_the_end_of_a_burst_is_repaired_when_the_engine_goes_quiet():
+    """Nothing follows the last batch to reveal its gap: the quiet engine's replay socket is
+    asked, also for an engine none of whose batches arrived live."""
+    a = EngineSpec("a", f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+    b = EngineSpec("b", f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+    sub = KVSubscriber([a, b], replay_timeout_s=2.0, catch_up=False, idle_probe_s=0.3).start()
+    pa, pb = Publisher(a.endpoint, a.replay_endpoint), Publisher(b.endpoint, b.replay_endpoint)
+    try:
+        pa.wait_subscribed()
+        pb.wait_subscribed()
+        pa.publish([stored([1, 2], None, toks(1, 2))], 1.0)
+        pa.publish([stored([3], 2, toks(3))], 2.0, live=False)  # dropped: the burst's last
+        pb.publish([stored([7], None, toks(7))], 1.0, live=False)  # b: nothing arrives live
+        wait_for(lambda: sub.stats()["engines"]["a"]["batches"] == 2
+                 and sub.stats()["engines"]["b"]["batches"] == 1, timeout=10)
+        st = sub.stats()["engines"]
+        assert st["a"]["tail_repaired"] == 1 and st["a"]["unrepaired"] == 0
+        assert st["b"]["tail_repaired"] == 1 and st["b"]["unrepaired"] == 0
+        assert sub.state.indexes["a"].resident_blocks() == 3  # blocks 1, 2 and 3
+        assert sub.state.indexes["b"].resident_blocks() == 1
+        # probes that find nothing back off: a quiet engine is not asked every 0.3 s
+        time.sleep(1.5)
+        assert sub.stats()["engines"]["a"]["batches"] == 2  # nothing applied twice
+        assert sub.stats()["engines"]["a"]["duplicates"] == 0
+    finally:
+        sub.stop()
+        pa.close()
+        pb.close()
