@@ -116,8 +116,15 @@ class Model:
     _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
     # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
     warmed: frozenset[str] | None = None
+    # known fault windows (start, end) of the recording: not replayed, so not scored by :func:`fidelity`
+    faults: list[tuple[float, float]] = field(default_factory=list)
     # layer -> recorded hits and requests per bucket (index: bucket start), for :func:`fidelity`
     recorded: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    def covered(self, layer: str) -> np.ndarray:
+        """Seconds of each bucket the recording covers (the first and last are partial)."""
+        idx = self.rates[layer].index.to_numpy(float)
+        return np.clip(np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S)
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -303,7 +310,14 @@ def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
                       "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
     wide = g.unstack(["i", "f"], fill_value=0.0)  # type: ignore[arg-type]  # pandas accepts a float
     full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
-    return wide.reindex(full, fill_value=0.0) / step
+    return wide.reindex(full, fill_value=0.0).div(_covered(lookups, full, step), axis=0)
+
+
+def _covered(lookups: pd.DataFrame, index: np.ndarray, step: float) -> np.ndarray:
+    """Seconds of each bucket the recording covers: the first and last buckets are partial (a point
+    stamped ``ts`` covers the flush interval before it, taken as 60 s)."""
+    t0, t1 = float(lookups["ts"].min()) - 60.0, float(lookups["ts"].max())
+    return np.clip(np.minimum(index + step, t1) - np.maximum(index, t0), 60.0, step)
 
 
 def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -339,8 +353,8 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
                 hk = np.where((a < Ty)[:, None], -np.expm1(-ry * a[:, None]), _hit(layer, ry, Ty[:, None]))
                 acc += (ww * ry * hk).sum(1)
             h[young] = acc / SUB
-        hits += h * BUCKET_S
-        req += sub.sum(1) * BUCKET_S
+        hits += h * m.covered(layer)
+        req += sub.sum(1) * m.covered(layer)
     return hits, req
 
 
@@ -386,7 +400,7 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             rw = sub[b:b_end]  # buckets × families
             tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
-            off1 = idx[b:b_end] + BUCKET_S - te
+            off1 = np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te  # the last bucket is partial
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
@@ -506,6 +520,9 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
     m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
               weights_load_s, t0, t1, base, warmed=frozenset(warmed), recorded=recorded)
+    fl = frames.get("faults")
+    if fl is not None and len(fl):
+        m.faults = [(float(a), float(b)) for a, b in zip(fl["start"], fl["end"], strict=True)]
     for layer in rates:
         lags, rho, note = persistence(frames.get("hot_keys"), layer)
         m.persist[layer], m.persist_note[layer] = (lags, rho), note
@@ -576,7 +593,9 @@ def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
 class Fidelity:
     """How well the replay with the recorded parameters reproduces the recorded day."""
 
-    table: pd.DataFrame  # per layer: buckets, within, share, ok, median and max |diff|, scored-out buckets
+    # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault windows
+    # (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
+    table: pd.DataFrame
     buckets: pd.DataFrame  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
     ok: bool  # every layer within FIDELITY_TOL in at least FIDELITY_SHARE of its scored buckets
 
@@ -596,7 +615,8 @@ class Fidelity:
 def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDELITY_TOL,
              share: float = FIDELITY_SHARE, min_requests: float = FIDELITY_MIN_REQUESTS) -> Fidelity:
     """Replayed (parameters ``p``, default the recorded ones) vs recorded hit rate per layer and 15-min
-    bucket. A bucket is scored when it holds at least ``min_requests`` lookups; a layer passes when
+    bucket. A bucket is scored when it holds at least ``min_requests`` lookups and does not overlap a
+    known fault window (the ``faults`` frame: a trap is not part of the replay); a layer passes when
     ``|replayed − recorded| ≤ tol`` in at least ``share`` of its scored buckets."""
     cv = curves(m, p or m.base, seed)
     rows, det = [], []
@@ -607,7 +627,11 @@ def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDE
                           "replayed": g["hit_rate"].to_numpy(float),
                           "requests": rec["requests"].to_numpy(float)})
         d["diff"] = d["replayed"] - d["recorded"]
-        d["scored"] = d["requests"] >= min_requests
+        b0 = d["ts"].to_numpy(float) - BUCKET_S
+        d["fault"] = np.zeros(len(d), bool)
+        for fa, fb in m.faults:  # a known fault window is not replayed: its buckets are not scored
+            d["fault"] |= (b0 < fb) & (b0 + BUCKET_S > fa)
+        d["scored"] = (d["requests"] >= min_requests) & ~d["fault"]
         sc = d[d["scored"]]
         within = int((sc["diff"].abs() <= tol + 1e-12).sum())
         n = len(sc)
@@ -615,7 +639,8 @@ def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDE
                      "ok": bool(n > 0 and within >= share * n),
                      "median_abs_diff": float(sc["diff"].abs().median()) if n else float("nan"),
                      "max_abs_diff": float(sc["diff"].abs().max()) if n else float("nan"),
-                     "unscored": int((~d["scored"]).sum())})
+                     "faulted": int(d["fault"].sum()),
+                     "unscored": int((~d["scored"] & ~d["fault"]).sum())})
         det.append(d)
     table = pd.DataFrame(rows)
     return Fidelity(table, pd.concat(det, ignore_index=True) if det else pd.DataFrame(),
