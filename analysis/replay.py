@@ -438,15 +438,16 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
 
 
 def replay(m: Model, p: Params, seed: int = 0, layers: tuple[str, ...] | None = None) -> Outcome:
-    """Replay the recorded span with parameters ``p`` (``layers``: only these; default all)."""
-    rng = np.random.default_rng(seed)
+    """Replay the recorded span with parameters ``p`` (``layers``: only these; default all). Each layer
+    draws its heat counts from its own generator seeded with ``seed``, so a layer replays the same alone
+    or with the others."""
     hr, extra, gpu, nbytes, saved, warm_saved = {}, 0.0, 0.0, 0.0, 0.0, 0.0
     hits, lgpu = {}, {}
     todo = [ly for ly in m.rates if layers is None or ly in layers]
     for layer in todo:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
         h, n = float(hb.sum()), float(nb.sum())
-        e, runs = _warm_extra(m, layer, m.s[layer], p, rng)
+        e, runs = _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(seed))
         hr[layer] = (h + e) / n if n else float("nan")
         hits[layer] = h + e
         lgpu[layer] = runs * p.warm_keys * m.cost_per_key[layer]
@@ -552,12 +553,11 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
 def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
     """Replayed hit rate per layer and bucket (a warm-up's extra hits in the buckets of their first reads):
     ts (bucket end), layer, hit_rate, requests."""
-    rng = np.random.default_rng(seed)
     rows = []
     for layer in m.rates:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
         ev: list[Any] = []
-        _warm_extra(m, layer, m.s[layer], p, rng, ev)
+        _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(seed), ev)
         idx = m.rates[layer].index.to_numpy(float)
         for b, per_bucket in ev:
             hb[b:b + len(per_bucket)] += per_bucket

@@ -7,9 +7,12 @@ the request that reads it. Two prices turn that into money:
 * **GPU-seconds** — ``price_per_gpu_s`` (configured, ``[analysis] price_per_gpu_s``);
 * **latency**, one of
   - a *conversion/value response to TTFT* measured from the data: the slope ``β`` of revenue per
-    request on a unit's mean TTFT, by weighted least squares over the A/B units (weights: the
-    unit's requests), with a heteroscedasticity-robust (HC1) 95 % interval. ``−β`` is the value of
-    one request-second of TTFT saved (:func:`conversion_response`);
+    request on a unit's mean request latency, by weighted least squares over the A/B units
+    (weights: the unit's requests), with a heteroscedasticity-robust (HC1) 95 % interval. A TTFT
+    saving shortens the request by the same seconds, so ``−β`` is the value of one request-second
+    of TTFT saved (:func:`conversion_response`). The slope on TTFT alone is confounded: units with
+    long prompts (slow first tokens) also have long answers (slow requests) — on the demo day it is
+    −0.33 per second against the simulator's own law, −R/τ = −0.082; on latency it is −0.062.
   - a configured *SLO*: ``penalty`` per request whose TTFT is over ``target_s``. Moving a request's
     TTFT down by ``δ`` saves the penalty when its TTFT was in ``(target, target + δ]``, so one
     request-second saved is worth ``penalty × f(target)``, with ``f`` the TTFT density at the
@@ -37,8 +40,8 @@ Z95 = 1.959963984540054
 
 @dataclass(frozen=True)
 class Elasticity:
-    """Revenue per request against a unit's mean TTFT: ``slope`` (currency per request per second of
-    TTFT; negative when slower requests earn less) with its 95 % interval."""
+    """Revenue per request against a unit's mean request latency: ``slope`` (currency per request per
+    second; negative when slower requests earn less) with its 95 % interval."""
 
     slope: float
     ci_low: float
@@ -46,20 +49,20 @@ class Elasticity:
     units: int
     requests: float
     revenue_per_request: float
-    mean_ttft_s: float
+    mean_latency_s: float
 
     @property
     def significant(self) -> bool:
         return self.ci_high < 0 or self.ci_low > 0
 
     def sentence(self) -> str:
-        return (f"revenue per request changes by {self.slope:+.4f} per second of TTFT (95 % CI "
+        return (f"revenue per request changes by {self.slope:+.4f} per second of latency (95 % CI "
                 f"{self.ci_low:+.4f} to {self.ci_high:+.4f}; {self.units:,} A/B units, "
                 f"{self.requests:,.0f} requests)")
 
 
 def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elasticity | str:
-    """Fit the value response to TTFT over A/B unit rows (``requests``, ``ttft_sum``, ``value``,
+    """Fit the value response to latency over A/B unit rows (``requests``, ``latency_sum``, ``value``,
     ``conversions``). Returns the fit, or one sentence saying what is missing."""
     if units is None or len(units) == 0:
         return "no conversion data: no A/B unit records in the range"
@@ -69,10 +72,10 @@ def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elas
     if len(u) < min_units:
         return f"not enough points: {len(u)} A/B units with requests, {min_units} needed for the conversion response"
     n = u["requests"].to_numpy(float)
-    x = u["ttft_sum"].to_numpy(float) / n
+    x = u["latency_sum"].to_numpy(float) / n
     y = u["value"].to_numpy(float) / n
     if float(np.ptp(x)) <= 0:
-        return "not enough points: every A/B unit has the same mean TTFT"
+        return "not enough points: every A/B unit has the same mean latency"
     X = np.column_stack([np.ones_like(x), x])
     W = n
     XtWX = X.T @ (X * W[:, None])
@@ -156,7 +159,7 @@ def value_model(price_per_gpu_s: float, units: pd.DataFrame | None = None,
             # a slope with the wrong sign (faster requests earn less) is priced at zero, not negative
             v, lo, hi = -el.slope, -el.ci_high, -el.ci_low
             return ValueModel("conversion", price_per_gpu_s, max(v, 0.0), (max(lo, 0.0), max(hi, 0.0)),
-                              "the conversion response to TTFT measured over the A/B units: " + el.sentence())
+                              "the conversion response to latency measured over the A/B units: " + el.sentence())
         reasons.append(el)
     if slo_target_s is not None and slo_penalty is not None:
         sp = slo_price(histograms if histograms is not None else pd.DataFrame(), slo_target_s, slo_penalty)
