@@ -51,7 +51,7 @@ from .replay import LAYERS, SLO_LAMBDA, Fidelity, Model, Outcome, Params, calibr
 from .value import ValueModel
 
 __all__ = ["expected_improvement", "Recommendation", "LayerAdvice", "NoRecommendation", "advise", "check_input",
-           "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS"]
+           "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS", "fidelity_text", "layer_table"]
 
 BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0, "log"),
           "lambda_per_s": (1e-5, 1e-2, "log"), "lead_s": (0.0, 8 * 3600.0, "lin")}
@@ -233,7 +233,8 @@ def check_input(frames: dict[Any, Any], variant: str | None = None) -> str | Non
 def _bound_notes(layer: str, p: Params) -> list[str]:
     u = to_unit(p)
     out = []
-    names = {"warm_keys": ("warm-set size", lambda v: f"{v:g} keys"),
+    names: dict[str, tuple[str, Callable[[float], str]]] = {
+             "warm_keys": ("warm-set size", lambda v: f"{v:g} keys"),
              "response_ttl_s": ("response TTL", lambda v: f"{v / 3600:g} h"),
              "lambda_per_s": ("heat decay λ", lambda v: f"{v:g} /s"),
              "lead_s": ("trigger lead time", lambda v: f"{v / 3600:g} h")}
@@ -387,3 +388,35 @@ def _merge(m: Model, outs: dict[str, Outcome], per_layer: dict[str, Params]) -> 
                    (warm_saved - gpu) / gpu if gpu > 0 else float("nan"), (m.peak_at - p.lead_s) % 86400,
                    {ly: x.hits[ly] for ly, x in outs.items()},
                    {ly: x.layer_warm_gpu_s[ly] for ly, x in outs.items()})
+
+
+def fidelity_text(f: Fidelity) -> str:
+    """The replay-fidelity table and its sentence."""
+    t = f.table.rename(columns={"share": "share within"})
+    t["share within"] = t["share within"].map(lambda x: f"{x:.0%}")
+    for c in ("median_abs_diff", "max_abs_diff"):
+        t[c] = t[c].map(lambda x: f"{x * 100:.1f} pts" if x == x else "no bucket")
+    return ("Replay fidelity (recorded parameters vs recorded hit rate, per 15-min bucket):\n"
+            + t.to_string(index=False) + "\n" + f.sentence())
+
+
+def layer_table(rec: Recommendation) -> Any:
+    """Recorded vs recommended parameters and hit rate, one column pair per layer."""
+    import pandas as pd
+
+    rows: dict[str, list[str]] = {}
+    b = rec.base
+    for ly, la in rec.layers.items():
+        p = la.params
+        ttl = (_fmt_h(b.response_ttl_s), _fmt_h(p.response_ttl_s)) if ly == "response" else ("–", "–")
+        rows[f"{ly} recorded"] = [str(b.warm_keys), ttl[0], f"{b.lambda_per_s:.2e}", _fmt_h(b.lead_s),
+                                  f"{la.base_hit_rate:.1%}", f"{la.base_warm_gpu_s:,.0f}"]
+        rows[f"{ly} recommended"] = [str(p.warm_keys), ttl[1], f"{p.lambda_per_s:.2e}", _fmt_h(p.lead_s),
+                                     f"{la.hit_rate:.1%}", f"{la.warm_gpu_s:,.0f}"]
+    return pd.DataFrame(rows, index=["warm-set size (keys)", "response TTL", "heat decay λ (/s)",
+                                     "trigger lead before peak", "replayed hit rate", "warm-up GPU-s"])
+
+
+
+def _fmt_h(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")

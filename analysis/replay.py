@@ -124,7 +124,8 @@ class Model:
     def covered(self, layer: str) -> np.ndarray:
         """Seconds of each bucket the recording covers (the first and last are partial)."""
         idx = self.rates[layer].index.to_numpy(float)
-        return np.clip(np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S)
+        out: np.ndarray = np.clip(np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S)
+        return out
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -317,7 +318,8 @@ def _covered(lookups: pd.DataFrame, index: np.ndarray, step: float) -> np.ndarra
     """Seconds of each bucket the recording covers: the first and last buckets are partial (a point
     stamped ``ts`` covers the flush interval before it, taken as 60 s)."""
     t0, t1 = float(lookups["ts"].min()) - 60.0, float(lookups["ts"].max())
-    return np.clip(np.minimum(index + step, t1) - np.maximum(index, t0), 60.0, step)
+    out: np.ndarray = np.clip(np.minimum(index + step, t1) - np.maximum(index, t0), 60.0, step)
+    return out
 
 
 def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -605,9 +607,9 @@ class Fidelity:
             return (f"The replay reproduces the recorded day: on every layer at least "
                     f"{FIDELITY_SHARE:.0%} of 15-min buckets are within ±{FIDELITY_TOL * 100:.0f} points.")
         bad = self.table[~self.table["ok"]]
-        parts = [f"{r.layer} {r.share:.0%} of {r.buckets} buckets within ±{FIDELITY_TOL * 100:.0f} points"
-                 if r.buckets else f"{r.layer} has no bucket with {FIDELITY_MIN_REQUESTS} lookups"
-                 for r in bad.itertuples()]
+        parts = [f"{layer} {share:.0%} of {n} buckets within ±{FIDELITY_TOL * 100:.0f} points"
+                 if n else f"{layer} has no bucket with {FIDELITY_MIN_REQUESTS} lookups"
+                 for layer, share, n in zip(bad["layer"].astype(str), bad["share"], bad["buckets"], strict=True)]
         return ("The replay does not reproduce the recorded day (" + "; ".join(parts)
                 + f"; {FIDELITY_SHARE:.0%} needed), so it makes no recommendation.")
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["Elasticity", "ValueModel", "conversion_response", "slo_price", "value_model", "MIN_UNITS"]
+__all__ = ["Elasticity", "ValueModel", "conversion_response", "slo_price", "value_model", "values_for", "MIN_UNITS"]
 
 MIN_UNITS = 30  # units with requests needed to fit the conversion response
 Z95 = 1.959963984540054
@@ -171,3 +172,19 @@ def value_model(price_per_gpu_s: float, units: pd.DataFrame | None = None,
     elif prefer == "slo":
         reasons.append("no SLO configured (target and penalty)")
     return ValueModel("gpu_s", price_per_gpu_s, 0.0, (0.0, 0.0), "; ".join(reasons) or "not requested")
+
+
+def values_for(src: Any, frames: dict[Any, Any], start: float, end: float, slo_ttft_s: float | None,
+               slo_penalty: float | None, objective: str | None) -> ValueModel:
+    """The value model the store supports: the A/B units active in [start, end] (all experiments) for the
+    conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
+    from .config import AnalysisConfig
+
+    cfg = AnalysisConfig.load()
+    parts = [src.units(e) for e in src.experiments()]
+    units = pd.concat([u for u in parts if len(u)], ignore_index=True) if any(len(u) for u in parts) else None
+    if units is not None:
+        units = units[(units["last_ts"] >= start) & (units["first_ts"] <= end)]
+    prefer = "slo" if objective == "slo" else "conversion"
+    return value_model(cfg.price_per_gpu_s, units, frames.get("histograms"),
+                       slo_ttft_s if slo_ttft_s is not None else cfg.slo_ttft_s, slo_penalty, prefer)

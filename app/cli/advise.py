@@ -45,8 +45,9 @@ def _fmt_h(s: float) -> str:
 
 def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     import pandas as pd
-    from warmscope.analysis.advisor import NoRecommendation, advise, check_input
+    from warmscope.analysis.advisor import NoRecommendation, advise, check_input, fidelity_text, layer_table
     from warmscope.analysis.forecast import forecast_table
+    from warmscope.analysis.value import values_for
     from warmscope.sources import EmbeddedSource, SourceError
 
     path = Path(store_path(args))
@@ -152,47 +153,3 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
-
-def values_for(src, frames, start: float, end: float, slo_ttft_s: float | None, slo_penalty: float | None,
-               objective: str | None):
-    """The value model the store supports: the A/B units active in [start, end] (all experiments) for the
-    conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
-    import pandas as pd
-    from warmscope.analysis.config import AnalysisConfig
-    from warmscope.analysis.value import value_model
-
-    cfg = AnalysisConfig.load()
-    parts = [src.units(e) for e in src.experiments()]
-    units = pd.concat([u for u in parts if len(u)], ignore_index=True) if any(len(u) for u in parts) else None
-    if units is not None:
-        units = units[(units["last_ts"] >= start) & (units["first_ts"] <= end)]
-    prefer = "slo" if objective == "slo" else "conversion"
-    return value_model(cfg.price_per_gpu_s, units, frames.get("histograms"),
-                       slo_ttft_s if slo_ttft_s is not None else cfg.slo_ttft_s, slo_penalty, prefer)
-
-
-def fidelity_text(f) -> str:
-    """The replay-fidelity table and its sentence."""
-    t = f.table.rename(columns={"share": "share within"})
-    t["share within"] = t["share within"].map(lambda x: f"{x:.0%}")
-    for c in ("median_abs_diff", "max_abs_diff"):
-        t[c] = t[c].map(lambda x: f"{x * 100:.1f} pts" if x == x else "no bucket")
-    return ("Replay fidelity (recorded parameters vs recorded hit rate, per 15-min bucket):\n"
-            + t.to_string(index=False) + "\n" + f.sentence())
-
-
-def layer_table(rec):
-    """Recorded vs recommended parameters and hit rate, one column pair per layer."""
-    import pandas as pd
-
-    rows: dict[str, list[str]] = {}
-    b = rec.base
-    for ly, la in rec.layers.items():
-        p = la.params
-        ttl = (_fmt_h(b.response_ttl_s), _fmt_h(p.response_ttl_s)) if ly == "response" else ("–", "–")
-        rows[f"{ly} recorded"] = [str(b.warm_keys), ttl[0], f"{b.lambda_per_s:.2e}", _fmt_h(b.lead_s),
-                                  f"{la.base_hit_rate:.1%}", f"{la.base_warm_gpu_s:,.0f}"]
-        rows[f"{ly} recommended"] = [str(p.warm_keys), ttl[1], f"{p.lambda_per_s:.2e}", _fmt_h(p.lead_s),
-                                     f"{la.hit_rate:.1%}", f"{la.warm_gpu_s:,.0f}"]
-    return pd.DataFrame(rows, index=["warm-set size (keys)", "response TTL", "heat decay λ (/s)",
-                                     "trigger lead before peak", "replayed hit rate", "warm-up GPU-s"])
