@@ -58,7 +58,7 @@ from .buckets import bucket_start
 from .hitrate import Z95, time_slice
 
 __all__ = ["business_roi", "compute_roi", "roi_windows", "benefit_series", "fit_decay", "Decay",
-           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL"]
+           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL", "roi_text", "decay_text"]
 
 DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
 COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
@@ -291,3 +291,47 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         return Decay(nan, nan, nan, nan, nan, len(series), f"decay fit did not converge: {e}")
     half = float(np.log(2) / k) if k > 0 else float("inf")
     return Decay(float(k), float(k - Z95 * se), float(k + Z95 * se), half, float(b0), len(series))
+
+
+def _cell(v: float, lo: float, hi: float, why: str) -> str:
+    if v is None or not np.isfinite(v):
+        return why
+    ci = f" (95 % CI {lo:+.2f} to {hi:+.2f})" if np.isfinite(lo) and np.isfinite(hi) else ""
+    return f"{v:+.2f}{ci}"
+
+
+def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
+    """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why ("no
+    conversion data", "not enough points", "cost too small to estimate", …)."""
+    rows = []
+    for r in roi.itertuples():
+        T = float(r.window_s)
+        win = f"T+{T / 3600:g} h" if T >= 3600 else f"T+{T / 60:g} min"
+        state = str(r.state)
+        why = state if state not in ("ok", "unfinished") else "not enough points"
+        conv_why = "no conversion data" if not (float(r.conversions) > 0 or
+                                               float(np.nan_to_num(r.baseline_conversions)) > 0) else why
+        rows.append({
+            "window": win + ("" if bool(r.complete) else " (unfinished)"),
+            "requests": f"{int(r.requests):,}",
+            "gpu_s_saved": f"{r.gpu_s_saved:+,.2f}" if np.isfinite(r.gpu_s_saved) else why,
+            "cost": f"{r.cost:.4f}" if np.isfinite(r.cost) else "no cost recorded",
+            "roi_compute": _cell(r.roi_compute, r.roi_compute_low, r.roi_compute_high, why),
+            "roi_business": _cell(r.roi_business, r.roi_business_low, r.roi_business_high, conv_why),
+            "baseline": str(r.baseline)})
+    return pd.DataFrame(rows, columns=["window", "requests", "gpu_s_saved", "cost", "roi_compute", "roi_business",
+                                       "baseline"])
+
+
+def decay_text(d: Decay) -> str:
+    """The decay rate only when the benefit is significantly decaying (its 95 % interval above zero);
+    otherwise "no decay measured" and why."""
+    if d.error:
+        return f"no decay measured: {d.error}"
+    if not (np.isfinite(d.ci_low) and np.isfinite(d.ci_high)):
+        return "no decay measured: the rate's interval is not estimable (too few distinct points)"
+    if d.ci_low <= 0:
+        return (f"no decay measured: the benefit's fitted rate {d.k_per_hour:+.2f} /h has a 95 % CI "
+                f"({d.ci_low:+.2f} to {d.ci_high:+.2f}) that includes no decay")
+    return (f"{d.k_per_hour:.2f} /h (95 % CI {d.ci_low:.2f} to {d.ci_high:.2f}; half-life "
+            f"{d.half_life_h:.2f} h)")

@@ -98,7 +98,7 @@ def slo_price(histograms: pd.DataFrame, target_s: float, penalty: float) -> tupl
     Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
     if histograms is None or len(histograms) == 0:
         return "no TTFT histogram in the range"
-    h = histograms[histograms["metric"].astype(str).str.contains("ttft")]
+    h = histograms[histograms["metric"].astype(str).str.contains("time_to_first_token|ttft")]
     if h.empty:
         return "no TTFT histogram in the range"
     g = h.groupby("le")["count"].sum().sort_index()

@@ -47,7 +47,7 @@ def test_the_conversion_response_says_what_is_missing():
 
 def test_the_slo_price_is_penalty_times_the_ttft_density_at_the_target():
     # 1,000 requests: 600 under 0.5 s, 200 in (0.5, 1.0], 150 in (1.0, 2.0], 50 above
-    h = pd.DataFrame({"metric": "warmscope.request.ttft", "le": [0.5, 1.0, 2.0, np.inf],
+    h = pd.DataFrame({"metric": "gen_ai.server.time_to_first_token", "le": [0.5, 1.0, 2.0, np.inf],
                       "count": [600, 200, 150, 50]})
     v, lo, hi = slo_price(h, target_s=1.0, penalty=2.0)
     # the bucket holding 1.0 s is (0.5, 1.0] and the next (1.0, 2.0]: (200 + 150) / 1000 over 1.5 s
