@@ -108,8 +108,9 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
                     zip(txt["window"], txt["roi_compute"], txt["roi_business"], strict=True)],
             "verdict": verdict(row),
             "prices": {"gpu_s": cfg.price_per_gpu_s, "conversion": cfg.value_per_conversion}})
+    exps = _experiments(src, runs, rq, out)
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps({"runs": out, "experiments": exps}, indent=1))
         return 0
     rows = []
     for o in out:
@@ -125,6 +126,36 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 60)
     print(pd.DataFrame(rows).to_string(index=False))
+    for e in exps:
+        print(f"\n{e['text']}")
     print(f"\nPrices: GPU-s at {cfg.price_per_gpu_s:g}, a conversion at {cfg.value_per_conversion:g} ([analysis]); "
           "verdict from the T+1 h window.", file=sys.stderr)
     return 0
+
+
+def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each experiment's whole-run compute ROI per treatment arm, beside the newest run's T+5 min ROI."""
+    from warmscope.analysis.roi import SEED_VS_EXPERIMENT, experiment_roi
+
+    res = []
+    rv = {str(r): str(v) for r, v in rq[["replica", "variant"]].drop_duplicates().itertuples(index=False)
+          if str(v)} if len(rq) else {}
+    for name in src.experiments():
+        units = src.units(name)
+        if units.empty:
+            continue
+        arms = sorted(set(units["variant"].astype(str)))
+        warmed = {v for r, v in rv.items() if r in set(runs["replica"].astype(str))}
+        control = next((a for a in arms if a not in warmed), arms[0])
+        tab = experiment_roi(units, runs, rv, control)
+        for r in tab.itertuples():
+            seed = next((o for o in out if rv.get(o["replica"]) == r.variant), None)
+            t5 = seed["roi"][0]["compute"] if seed else "no run of this arm shown"
+            text = (f"Experiment {name}, arm {r.variant} vs {control}: compute ROI {r.roi:+.2f} (95 % CI "
+                    f"{r.roi_low:+.2f} to {r.roi_high:+.2f}) over {r.requests:,.0f} requests and {r.runs} runs "
+                    f"({r.gpu_s_saved:+,.0f} GPU-s saved for {r.warm_gpu_s:,.0f} spent); the arm's newest run at "
+                    f"T+5 min: {t5}. {SEED_VS_EXPERIMENT}")
+            res.append({"experiment": name, "variant": r.variant, "control": control, "roi": r.roi,
+                        "roi_low": r.roi_low, "roi_high": r.roi_high, "gpu_s_saved": r.gpu_s_saved,
+                        "warm_gpu_s": r.warm_gpu_s, "newest_run_t5": t5, "text": text})
+    return res
