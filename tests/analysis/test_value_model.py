@@ -87,3 +87,35 @@ def test_bad_input_gives_one_sentence_and_no_recommendation():
         advise(_frames(), objective="value")
     with pytest.raises(NoRecommendation, match="No SLO price"):
         advise(_frames(), objective="slo")
+
+
+def test_experiment_roi_by_hand_and_its_interval_by_simulation():
+    from warmscope.analysis.roi import experiment_roi
+
+    units = pd.DataFrame({"variant": ["A", "A", "B", "B"], "requests": [10, 30, 20, 20],
+                          "gpu_s": [2.0, 6.0, 3.0, 3.0]})
+    runs = pd.DataFrame({"replica": ["b-0", "b-1", "a-0"], "gpu_s": [1.0, 1.0, 9.0]})
+    t = experiment_roi(units, runs, {"a-0": "A", "b-0": "B", "b-1": "B"}, "A")
+    r = t.iloc[0]
+    # A: 8 GPU-s / 40 requests = 0.2; B: 6 / 40 = 0.15; saved (0.2 − 0.15) × 40 = 2.0 GPU-s for the
+    # 2.0 GPU-s of B's two runs (a-0's run is A's, not counted): ROI (2 − 2) / 2 = 0
+    assert (r.variant, r.gpu_s_saved, r.warm_gpu_s, r.runs, r.roi) == ("B", pytest.approx(2.0), 2.0, 2,
+                                                                       pytest.approx(0.0))
+    # every unit sits on its arm's ratio, so the interval has zero width
+    assert r.roi_low == pytest.approx(0.0) and r.roi_high == pytest.approx(0.0)
+    # coverage by simulation: units of 1–10 requests, GPU-s per request ~ Gamma with mean 0.2 (A) and
+    # 0.19 (B); true saved = 0.01 × B's requests
+    rng = np.random.default_rng(3)
+    cover = 0
+    for _ in range(300):
+        n = rng.integers(1, 11, 800)
+        arm = np.where(np.arange(800) < 400, "A", "B")
+        mean = np.where(arm == "A", 0.2, 0.19)
+        g = rng.gamma(2.0 * n, mean / 2.0)
+        u = pd.DataFrame({"variant": arm, "requests": n, "gpu_s": g})
+        t = experiment_roi(u, runs, {"b-0": "B"}, "A").iloc[0]
+        truth = 0.01 * n[arm == "B"].sum()
+        half = (t.saved_high - t.saved_low) / 2
+        cover += abs(t.gpu_s_saved - truth) <= half
+    # 300 runs: 95 % ± 2·√(300·0.95·0.05)/300 ≈ 95 % ± 2.5 %
+    assert 0.92 * 300 <= cover <= 0.98 * 300
