@@ -295,7 +295,7 @@ def fit_decay(series: pd.DataFrame) -> Decay:
 
 
 def _cell(v: float, lo: float, hi: float, why: str) -> str:
-    if v is None or not np.isfinite(v):
+    if not np.isfinite(v):
         return why
     ci = f" (95 % CI {lo:+.2f} to {hi:+.2f})" if np.isfinite(lo) and np.isfinite(hi) else ""
     return f"{v:+.2f}{ci}"
@@ -305,21 +305,25 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
     """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why ("no
     conversion data", "not enough points", "cost too small to estimate", …)."""
     rows = []
-    for r in roi.itertuples():
-        T = float(r.window_s)
+    for rec in roi.to_dict("records"):
+        r: dict[str, Any] = {str(k): v for k, v in rec.items()}
+        f = {k: float(r[k]) if r.get(k) is not None else float("nan") for k in (
+            "window_s", "requests", "conversions", "baseline_conversions", "gpu_s_saved", "cost", "roi_compute",
+            "roi_compute_low", "roi_compute_high", "roi_business", "roi_business_low", "roi_business_high")}
+        T = f["window_s"]
         win = f"T+{T / 3600:g} h" if T >= 3600 else f"T+{T / 60:g} min"
-        state = str(r.state)
+        state = str(r["state"])
         why = state if state not in ("ok", "unfinished") else "not enough points"
-        conv_why = "no conversion data" if not (float(r.conversions) > 0 or
-                                               float(np.nan_to_num(r.baseline_conversions)) > 0) else why
+        conv_why = "no conversion data" if not (f["conversions"] > 0 or
+                                               float(np.nan_to_num(f["baseline_conversions"])) > 0) else why
         rows.append({
-            "window": win + ("" if bool(r.complete) else " (unfinished)"),
-            "requests": f"{int(r.requests):,}",
-            "gpu_s_saved": f"{r.gpu_s_saved:+,.2f}" if np.isfinite(r.gpu_s_saved) else why,
-            "cost": f"{r.cost:.4f}" if np.isfinite(r.cost) else "no cost recorded",
-            "roi_compute": _cell(r.roi_compute, r.roi_compute_low, r.roi_compute_high, why),
-            "roi_business": _cell(r.roi_business, r.roi_business_low, r.roi_business_high, conv_why),
-            "baseline": str(r.baseline)})
+            "window": win + ("" if bool(r["complete"]) else " (unfinished)"),
+            "requests": f"{int(f['requests']):,}",
+            "gpu_s_saved": f"{f['gpu_s_saved']:+,.2f}" if np.isfinite(f["gpu_s_saved"]) else why,
+            "cost": f"{f['cost']:.4f}" if np.isfinite(f["cost"]) else "no cost recorded",
+            "roi_compute": _cell(f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], why),
+            "roi_business": _cell(f["roi_business"], f["roi_business_low"], f["roi_business_high"], conv_why),
+            "baseline": str(r["baseline"])})
     return pd.DataFrame(rows, columns=["window", "requests", "gpu_s_saved", "cost", "roi_compute", "roi_business",
                                        "baseline"])
 
