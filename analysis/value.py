@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["Elasticity", "ValueModel", "conversion_response", "slo_price", "value_model", "values_for", "MIN_UNITS"]
+__all__ = [
+    "Elasticity",
+    "ValueModel",
+    "conversion_response",
+    "slo_price",
+    "value_model",
+    "values_for",
+    "MIN_UNITS",
+]
 
 MIN_UNITS = 30  # units with requests needed to fit the conversion response
 Z95 = 1.959963984540054
@@ -57,9 +65,11 @@ class Elasticity:
         return self.ci_high < 0 or self.ci_low > 0
 
     def sentence(self) -> str:
-        return (f"revenue per request changes by {self.slope:+.4f} per second of latency (95 % CI "
-                f"{self.ci_low:+.4f} to {self.ci_high:+.4f}; {self.units:,} A/B units, "
-                f"{self.requests:,.0f} requests)")
+        return (
+            f"revenue per request changes by {self.slope:+.4f} per second of latency (95 % CI "
+            f"{self.ci_low:+.4f} to {self.ci_high:+.4f}; {self.units:,} A/B units, "
+            f"{self.requests:,.0f} requests)"
+        )
 
 
 def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elasticity | str:
@@ -83,16 +93,25 @@ def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elas
     beta = np.linalg.solve(XtWX, X.T @ (W * y))
     e = y - X @ beta
     inv = np.linalg.inv(XtWX)
-    meat = X.T @ (X * (W ** 2 * e ** 2)[:, None])
+    meat = X.T @ (X * (W**2 * e**2)[:, None])
     k = len(u)
     cov = inv @ meat @ inv * k / max(k - 2, 1)  # HC1
     se = math.sqrt(max(float(cov[1, 1]), 0.0))
     b = float(beta[1])
-    return Elasticity(b, b - Z95 * se, b + Z95 * se, k, float(n.sum()), float(np.sum(W * y) / n.sum()),
-                      float(np.sum(W * x) / n.sum()))
+    return Elasticity(
+        b,
+        b - Z95 * se,
+        b + Z95 * se,
+        k,
+        float(n.sum()),
+        float(np.sum(W * y) / n.sum()),
+        float(np.sum(W * x) / n.sum()),
+    )
 
 
-def slo_price(histograms: pd.DataFrame, target_s: float, penalty: float) -> tuple[float, float, float] | str:
+def slo_price(
+    histograms: pd.DataFrame, target_s: float, penalty: float
+) -> tuple[float, float, float] | str:
     """Value of one request-second of TTFT saved under an SLO: ``penalty × f(target)``, ``f`` the TTFT
     density at the target from the recorded ``ttft`` histogram (the buckets either side of the target).
     Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
@@ -144,13 +163,20 @@ class ValueModel:
         if self.kind == "gpu_s":
             return f"Priced on {gpu} only; latency not priced: {self.note}."
         lo, hi = self.per_ttft_s_ci
-        return (f"Priced on {gpu} and TTFT at {self.per_ttft_s:.4g} per request-second saved (95 % CI "
-                f"{lo:.4g} to {hi:.4g}) from {self.note}.")
+        return (
+            f"Priced on {gpu} and TTFT at {self.per_ttft_s:.4g} per request-second saved (95 % CI "
+            f"{lo:.4g} to {hi:.4g}) from {self.note}."
+        )
 
 
-def value_model(price_per_gpu_s: float, units: pd.DataFrame | None = None,
-                histograms: pd.DataFrame | None = None, slo_target_s: float | None = None,
-                slo_penalty: float | None = None, prefer: str = "conversion") -> ValueModel:
+def value_model(
+    price_per_gpu_s: float,
+    units: pd.DataFrame | None = None,
+    histograms: pd.DataFrame | None = None,
+    slo_target_s: float | None = None,
+    slo_penalty: float | None = None,
+    prefer: str = "conversion",
+) -> ValueModel:
     """The value model the data supports: the measured conversion response when there is conversion
     data (``prefer="conversion"``), else a configured SLO, else GPU-seconds only."""
     reasons = []
@@ -159,32 +185,63 @@ def value_model(price_per_gpu_s: float, units: pd.DataFrame | None = None,
         if isinstance(el, Elasticity):
             # a slope with the wrong sign (faster requests earn less) is priced at zero, not negative
             v, lo, hi = -el.slope, -el.ci_high, -el.ci_low
-            return ValueModel("conversion", price_per_gpu_s, max(v, 0.0), (max(lo, 0.0), max(hi, 0.0)),
-                              "the conversion response to latency measured over the A/B units: " + el.sentence())
+            return ValueModel(
+                "conversion",
+                price_per_gpu_s,
+                max(v, 0.0),
+                (max(lo, 0.0), max(hi, 0.0)),
+                "the conversion response to latency measured over the A/B units: " + el.sentence(),
+            )
         reasons.append(el)
     if slo_target_s is not None and slo_penalty is not None:
-        sp = slo_price(histograms if histograms is not None else pd.DataFrame(), slo_target_s, slo_penalty)
+        sp = slo_price(
+            histograms if histograms is not None else pd.DataFrame(), slo_target_s, slo_penalty
+        )
         if not isinstance(sp, str):
-            return ValueModel("slo", price_per_gpu_s, sp[0], (sp[1], sp[2]),
-                              f"the SLO: {slo_penalty:g} per request over {slo_target_s:g} s TTFT, times the "
-                              "recorded TTFT density at the target")
+            return ValueModel(
+                "slo",
+                price_per_gpu_s,
+                sp[0],
+                (sp[1], sp[2]),
+                f"the SLO: {slo_penalty:g} per request over {slo_target_s:g} s TTFT, times the "
+                "recorded TTFT density at the target",
+            )
         reasons.append(sp)
     elif prefer == "slo":
         reasons.append("no SLO configured (target and penalty)")
-    return ValueModel("gpu_s", price_per_gpu_s, 0.0, (0.0, 0.0), "; ".join(reasons) or "not requested")
+    return ValueModel(
+        "gpu_s", price_per_gpu_s, 0.0, (0.0, 0.0), "; ".join(reasons) or "not requested"
+    )
 
 
-def values_for(src: Any, frames: dict[Any, Any], start: float, end: float, slo_ttft_s: float | None,
-               slo_penalty: float | None, objective: str | None) -> ValueModel:
+def values_for(
+    src: Any,
+    frames: dict[Any, Any],
+    start: float,
+    end: float,
+    slo_ttft_s: float | None,
+    slo_penalty: float | None,
+    objective: str | None,
+) -> ValueModel:
     """The value model the store supports: the A/B units active in [start, end] (all experiments) for the
     conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
     from .config import AnalysisConfig
 
     cfg = AnalysisConfig.load()
     parts = [src.units(e) for e in src.experiments()]
-    units = pd.concat([u for u in parts if len(u)], ignore_index=True) if any(len(u) for u in parts) else None
+    units = (
+        pd.concat([u for u in parts if len(u)], ignore_index=True)
+        if any(len(u) for u in parts)
+        else None
+    )
     if units is not None:
         units = units[(units["last_ts"] >= start) & (units["first_ts"] <= end)]
     prefer = "slo" if objective == "slo" else "conversion"
-    return value_model(cfg.price_per_gpu_s, units, frames.get("histograms"),
-                       slo_ttft_s if slo_ttft_s is not None else cfg.slo_ttft_s, slo_penalty, prefer)
+    return value_model(
+        cfg.price_per_gpu_s,
+        units,
+        frames.get("histograms"),
+        slo_ttft_s if slo_ttft_s is not None else cfg.slo_ttft_s,
+        slo_penalty,
+        prefer,
+    )

@@ -21,16 +21,24 @@ DAY0 = 1_795_824_000.0
 def test_one_restart_per_cluster_of_layer_runs_and_one_per_gauge_drop():
     # a restart's warm-up opens one run per layer (4 here), 10 s apart, each 5 s long: one restart, at the
     # cluster's last end (1030 + 5 = 1035), not four (the old replay warmed four times per restart)
-    runs = pd.DataFrame({
-        "replica": ["b-0"] * 5, "trigger": ["replica_restart"] * 4 + ["forecast_peak"],
-        "started": [1000.0, 1010.0, 1020.0, 1030.0, 2000.0], "ended": [1005.0, 1015.0, 1025.0, 1035.0, 2005.0]})
+    runs = pd.DataFrame(
+        {
+            "replica": ["b-0"] * 5,
+            "trigger": ["replica_restart"] * 4 + ["forecast_peak"],
+            "started": [1000.0, 1010.0, 1020.0, 1030.0, 2000.0],
+            "ended": [1005.0, 1015.0, 1025.0, 1035.0, 2005.0],
+        }
+    )
     # pool A records no runs; its KV usage falls from 0.9 to 0 at ts 3000 (a restart), and b-0's falls at
     # 1100, within RESTART_GAP_S (600 s) of its run cluster: the same restart
-    gauges = pd.DataFrame({
-        "metric": "warmscope.gpu.memory.usage_ratio",
-        "replica": ["a-0"] * 4 + ["b-0"] * 3,
-        "ts": [2880.0, 2940.0, 3000.0, 3060.0, 1040.0, 1100.0, 1160.0],
-        "value": [0.9, 0.95, 0.0, 0.1, 0.8, 0.0, 0.05]})
+    gauges = pd.DataFrame(
+        {
+            "metric": "warmscope.gpu.memory.usage_ratio",
+            "replica": ["a-0"] * 4 + ["b-0"] * 3,
+            "ts": [2880.0, 2940.0, 3000.0, 3060.0, 1040.0, 1100.0, 1160.0],
+            "value": [0.9, 0.95, 0.0, 0.1, 0.8, 0.0, 0.05],
+        }
+    )
     rs = restarts(runs, gauges, t0=0.0)
     assert rs == {"b-0": [0.0, 1035.0], "a-0": [0.0, 3000.0]}
     # a restart within RESTART_GAP_S of t0 is the start itself
@@ -46,19 +54,31 @@ def _model() -> Model:
     idx = DAY0 + BUCKET_S * np.arange(96)
     rates = pd.DataFrame({("E/e-0", "f"): np.full(96, 0.5)}, index=idx)
     rates.columns = pd.MultiIndex.from_tuples(rates.columns)
-    m = Model(rates={"embedding": rates}, instances={"embedding": ["E/e-0"]}, s={"embedding": 1.0},
-              catalog={"embedding": 1000}, capacity={"embedding": 300.0}, cost_per_key={"embedding": 0.015},
-              bytes_per_key={"embedding": 1.0}, recorded_hit_rate={"embedding": 0.5},
-              starts={"E/e-0": [DAY0]}, peak_at=12 * 3600.0, weights_load_s=0.0, t0=DAY0,
-              t1=DAY0 + 86400.0, base=Params(warm_keys=200, lambda_per_s=1e-3, lead_s=900.0))
+    m = Model(
+        rates={"embedding": rates},
+        instances={"embedding": ["E/e-0"]},
+        s={"embedding": 1.0},
+        catalog={"embedding": 1000},
+        capacity={"embedding": 300.0},
+        cost_per_key={"embedding": 0.015},
+        bytes_per_key={"embedding": 1.0},
+        recorded_hit_rate={"embedding": 0.5},
+        starts={"E/e-0": [DAY0]},
+        peak_at=12 * 3600.0,
+        weights_load_s=0.0,
+        t0=DAY0,
+        t1=DAY0 + 86400.0,
+        base=Params(warm_keys=200, lambda_per_s=1e-3, lead_s=900.0),
+    )
     return m
 
 
 def _record_as_replayed(m: Model) -> pd.DataFrame:
     cv = curves(m, m.base)
     req = cv["requests"].to_numpy()
-    m.recorded["embedding"] = pd.DataFrame({"hits": cv["hit_rate"].to_numpy() * req, "requests": req},
-                                           index=m.rates["embedding"].index)
+    m.recorded["embedding"] = pd.DataFrame(
+        {"hits": cv["hit_rate"].to_numpy() * req, "requests": req}, index=m.rates["embedding"].index
+    )
     return cv
 
 
@@ -72,10 +92,14 @@ def test_fidelity_passes_on_its_own_replay_and_fails_when_a_fifth_of_buckets_are
     # move the recorded hit rate of every 5th bucket (20 of 96) by 10 points: 76/96 = 79 % within, < 90 %
     rec = m.recorded["embedding"]
     off = np.arange(96) % 5 == 0
-    rec.loc[off, "hits"] = np.minimum(rec.loc[off, "hits"] + 0.10 * rec.loc[off, "requests"], rec.loc[off, "requests"])
+    rec.loc[off, "hits"] = np.minimum(
+        rec.loc[off, "hits"] + 0.10 * rec.loc[off, "requests"], rec.loc[off, "requests"]
+    )
     f = fidelity(m)
     assert not f.ok and f.table.loc[0, "within"] == 96 - off.sum() == 76
-    assert f.sentence().startswith("The replay does not reproduce the recorded day (embedding 79% of 96 buckets")
+    assert f.sentence().startswith(
+        "The replay does not reproduce the recorded day (embedding 79% of 96 buckets"
+    )
     # a known fault window over those buckets takes them out of the score: 76 of 76 within
     m.faults = [(float(t), float(t) + 1.0) for t in m.rates["embedding"].index[off]]
     f = fidelity(m)

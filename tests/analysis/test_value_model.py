@@ -16,8 +16,15 @@ def _units(rng, n=600, slope=-0.08, base=0.6):
     lat = rng.uniform(0.5, 4.0, n)
     p = (base + slope * lat) / 5.0
     conv = rng.binomial(req, p)
-    return pd.DataFrame({"requests": req, "latency_sum": lat * req, "ttft_sum": 0.1 * lat * req,
-                         "conversions": conv, "value": 5.0 * conv})
+    return pd.DataFrame(
+        {
+            "requests": req,
+            "latency_sum": lat * req,
+            "ttft_sum": 0.1 * lat * req,
+            "conversions": conv,
+            "value": 5.0 * conv,
+        }
+    )
 
 
 def test_the_conversion_response_recovers_a_known_slope_and_its_interval_covers_95_percent():
@@ -37,7 +44,10 @@ def test_the_conversion_response_recovers_a_known_slope_and_its_interval_covers_
 
 def test_the_conversion_response_says_what_is_missing():
     rng = np.random.default_rng(2)
-    assert conversion_response(pd.DataFrame()) == "no conversion data: no A/B unit records in the range"
+    assert (
+        conversion_response(pd.DataFrame())
+        == "no conversion data: no A/B unit records in the range"
+    )
     u = _units(rng)
     assert conversion_response(u.assign(conversions=0, value=0.0)).startswith("no conversion data")
     assert conversion_response(u.head(10)).startswith("not enough points: 10 A/B units")
@@ -47,8 +57,13 @@ def test_the_conversion_response_says_what_is_missing():
 
 def test_the_slo_price_is_penalty_times_the_ttft_density_at_the_target():
     # 1,000 requests: 600 under 0.5 s, 200 in (0.5, 1.0], 150 in (1.0, 2.0], 50 above
-    h = pd.DataFrame({"metric": "gen_ai.server.time_to_first_token", "le": [0.5, 1.0, 2.0, np.inf],
-                      "count": [600, 200, 150, 50]})
+    h = pd.DataFrame(
+        {
+            "metric": "gen_ai.server.time_to_first_token",
+            "le": [0.5, 1.0, 2.0, np.inf],
+            "count": [600, 200, 150, 50],
+        }
+    )
     v, lo, hi = slo_price(h, target_s=1.0, penalty=2.0)
     # the bucket holding 1.0 s is (0.5, 1.0] and the next (1.0, 2.0]: (200 + 150) / 1000 over 1.5 s
     # = 0.2333 per s; × 2.0 = 0.4667 per request-second
@@ -62,18 +77,46 @@ def test_the_slo_price_is_penalty_times_the_ttft_density_at_the_target():
 
 def _frames(hours=3.0, layers=("response", "embedding"), runs=True):
     ts = np.arange(0.0, hours * 3600, 60.0) + 1_795_824_000.0
-    lk = pd.concat([pd.DataFrame({"ts": ts, "layer": ly, "result": r, "variant": "A", "replica": "a-0",
-                                  "family": "f", "count": 5})
-                    for ly in layers for r in ("hit", "miss")], ignore_index=True)
-    wr = pd.DataFrame({"run_id": ["r1"], "replica": ["a-0"], "layer": ["response"], "trigger": ["replica_start"],
-                       "started": [ts[0]], "ended": [ts[0] + 10], "keys": [10], "bytes": [1], "gpu_s": [1.0]})
+    lk = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "ts": ts,
+                    "layer": ly,
+                    "result": r,
+                    "variant": "A",
+                    "replica": "a-0",
+                    "family": "f",
+                    "count": 5,
+                }
+            )
+            for ly in layers
+            for r in ("hit", "miss")
+        ],
+        ignore_index=True,
+    )
+    wr = pd.DataFrame(
+        {
+            "run_id": ["r1"],
+            "replica": ["a-0"],
+            "layer": ["response"],
+            "trigger": ["replica_start"],
+            "started": [ts[0]],
+            "ended": [ts[0] + 10],
+            "keys": [10],
+            "bytes": [1],
+            "gpu_s": [1.0],
+        }
+    )
     return {"lookups": lk, "warmup_runs": wr if runs else wr.iloc[:0]}
 
 
 def test_bad_input_gives_one_sentence_and_no_recommendation():
     assert check_input(_frames()) is None
     short = check_input(_frames(hours=1.0))
-    assert short.startswith("Too little data: 1.0 h of lookups") and short.count(".") == 2  # "1.0" and the end
+    assert (
+        short.startswith("Too little data: 1.0 h of lookups") and short.count(".") == 2
+    )  # "1.0" and the end
     one = check_input(_frames(layers=("embedding",)))
     assert one.startswith("Only embedding replayable lookups") and "response layer too" in one
     assert check_input(_frames(runs=False)).startswith("No warm-up runs in the range")
@@ -92,15 +135,25 @@ def test_bad_input_gives_one_sentence_and_no_recommendation():
 def test_experiment_roi_by_hand_and_its_interval_by_simulation():
     from warmscope.analysis.roi import experiment_roi
 
-    units = pd.DataFrame({"variant": ["A", "A", "B", "B"], "requests": [10, 30, 20, 20],
-                          "gpu_s": [2.0, 6.0, 3.0, 3.0]})
+    units = pd.DataFrame(
+        {
+            "variant": ["A", "A", "B", "B"],
+            "requests": [10, 30, 20, 20],
+            "gpu_s": [2.0, 6.0, 3.0, 3.0],
+        }
+    )
     runs = pd.DataFrame({"replica": ["b-0", "b-1", "a-0"], "gpu_s": [1.0, 1.0, 9.0]})
     t = experiment_roi(units, runs, {"a-0": "A", "b-0": "B", "b-1": "B"}, "A")
     r = t.iloc[0]
     # A: 8 GPU-s / 40 requests = 0.2; B: 6 / 40 = 0.15; saved (0.2 − 0.15) × 40 = 2.0 GPU-s for the
     # 2.0 GPU-s of B's two runs (a-0's run is A's, not counted): ROI (2 − 2) / 2 = 0
-    assert (r.variant, r.gpu_s_saved, r.warm_gpu_s, r.runs, r.roi) == ("B", pytest.approx(2.0), 2.0, 2,
-                                                                       pytest.approx(0.0))
+    assert (r.variant, r.gpu_s_saved, r.warm_gpu_s, r.runs, r.roi) == (
+        "B",
+        pytest.approx(2.0),
+        2.0,
+        2,
+        pytest.approx(0.0),
+    )
     # every unit sits on its arm's ratio, so the interval has zero width
     assert r.roi_low == pytest.approx(0.0) and r.roi_high == pytest.approx(0.0)
     # coverage by simulation: units of 1–10 requests, GPU-s per request ~ Gamma with mean 0.2 (A) and

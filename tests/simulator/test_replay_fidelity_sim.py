@@ -12,9 +12,24 @@ from warmscope.sources import EmbeddedSource
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("fidelity") / "three-pools.sqlite"
-    simulate(SimConfig.load(None, hours=3.0, rps=8.0, seed=11, strategy_a="none", strategy_b="static_topk",
-                            strategy_c="predictive", restart_every_h=1.0, content_drift_h=1.0), path, workers=1)
-    fr = EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults"])
+    simulate(
+        SimConfig.load(
+            None,
+            hours=3.0,
+            rps=8.0,
+            seed=11,
+            strategy_a="none",
+            strategy_b="static_topk",
+            strategy_c="predictive",
+            restart_every_h=1.0,
+            content_drift_h=1.0,
+        ),
+        path,
+        workers=1,
+    )
+    fr = EmbeddedSource(path).frames(
+        ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults"]
+    )
     return calibrate(fr)
 
 
