@@ -264,7 +264,7 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
     notes: list[str] = []
     if objective is None:
         objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
-        notes.append(f"objective {objective}: " + (
+        notes.append("the default: " + (
             "latency priced from the recorded conversions" if objective == "value" else
             "latency priced from the configured SLO" if objective == "slo" else
             f"latency not priced ({vm.note})"))

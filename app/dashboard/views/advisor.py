@@ -125,7 +125,10 @@ if rec is None:
     st.stop()
 st.markdown("**Replay fidelity** — the replay with the recorded parameters against the recorded hit rate, per "
             "15-minute bucket: trusted when at least 90 % of each layer's buckets are within ±5 points.")
-_fidelity(rec.fidelity) if rec.fidelity is not None else st.caption("Fidelity not checked (a given model).")
+if rec.fidelity is not None:
+    _fidelity(rec.fidelity)
+else:
+    st.caption("Fidelity not checked (a given model).")
 st.markdown(f"**Objective: {rec.objective}** — {'; '.join(rec.notes) or 'as chosen'}. "
             + (rec.values.prices() if rec.values else ""))
 if rec.peak:
