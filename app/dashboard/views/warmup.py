@@ -82,7 +82,7 @@ ui.url_set(run=run_id)
 eff, roi, series, decay = ui.run_detail(start, end, run_id)
 NAMES = {"hit_rate": ("Hit rate", "{:.1%}"), "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
          "ttft_p95_s": ("TTFT P95", "{:.3f} s"), "gpu_s_per_request": ("GPU-s per request", "{:.4f}")}
-a, b = st.columns(2)
+a, _ = st.columns([3, 2])
 with a:
     st.markdown(f"**Before / after** ({cfg.effect_window_s / 60:g} min either side)")
 
@@ -101,14 +101,14 @@ with a:
                                "After": [fmt(m, v) for m, v in eff.after.items()],
                                "Change": [fmt(m, v, True) for m, v in eff.change.items()]}),
                  hide_index=True, width="stretch")
-with b:
-    st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
-    txt = roi_text(roi)
-    st.dataframe(txt.rename(columns={"window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved",
-                                     "cost": "Cost", "roi_compute": "Compute ROI", "roi_business": "Business ROI",
-                                     "baseline": "Compared with"}), hide_index=True, width="stretch")
-    st.caption(f"Prices: GPU-s at {cfg.price_per_gpu_s:g} and a conversion at {cfg.value_per_conversion:g} "
-               "(configured, `[analysis]`); intervals from per-minute batch means.")
+# full width: each ROI cell carries its interval
+st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
+st.dataframe(roi_text(roi).rename(columns={
+    "window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved", "cost": "Cost",
+    "roi_compute": "Compute ROI", "roi_business": "Business ROI", "baseline": "Compared with"}),
+    hide_index=True, width="stretch")
+st.caption(f"Prices: GPU-s at {cfg.price_per_gpu_s:g} and a conversion at {cfg.value_per_conversion:g} "
+           "(configured, `[analysis]`); intervals from per-minute batch means.")
 fig = go.Figure()
 if len(series):
     fig.add_trace(go.Scatter(x=series.t_s / 60, y=series.benefit, mode="markers", name="benefit per minute"))
