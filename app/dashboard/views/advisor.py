@@ -176,4 +176,6 @@ st.caption(f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tun
            "objective (their replays are independent). Prove a recommendation with a simulator A/B (pool B on "
            "the recommended parameters: `warmscope.simulator.advisor_proof.prove`). Staleness: warmed entries "
            "expire at the TTL, are evicted unread when the cache turns over, and lose popularity as the hot keys "
-           "did — " + "; ".join(rec.model.persist_note.values()) + ".")
+           "did — " + "; ".join(rec.model.persist_note.values()) + ". Not priced: the wait of requests "
+           "behind a readiness gate while a warm-up runs — a large warm set at a gated start can cost more TTFT "
+           "than it saves (a simulator A/B of the demo's value recommendation found exactly that).")
