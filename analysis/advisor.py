@@ -47,7 +47,7 @@ import numpy as np
 from scipy.stats import norm, qmc
 
 from .forecast import Peak, next_peak
-from .replay import LAYERS, SLO_LAMBDA, Fidelity, Model, Outcome, Params, calibrate, fidelity, replay
+from .replay import LAYERS, SLO_LAMBDA, Fidelity, Model, Outcome, Params, calibrate, fidelity, gate_wait, replay
 from .value import ValueModel
 
 __all__ = ["expected_improvement", "Recommendation", "LayerAdvice", "NoRecommendation", "advise", "check_input",
@@ -299,7 +299,9 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
         c = m.cost_per_key[layer]
         if objective == "net_gpu_s":
             return dh * c - dg
-        return dh * c * (vm.price_per_gpu_s + per_ttft) - dg * vm.price_per_gpu_s
+        # TTFT: the extra hits' miss seconds saved, minus the wait behind a gated start's warm-up
+        dw = gate_wait(m, o.params, layer) - gate_wait(m, m.base, layer)
+        return dh * c * (vm.price_per_gpu_s + per_ttft) - dw * per_ttft - dg * vm.price_per_gpu_s
 
     def objective_fn(lys: tuple[str, ...], cap: float | None) -> Callable[[np.ndarray], float]:
         def f(u: np.ndarray) -> float:

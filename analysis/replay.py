@@ -66,7 +66,7 @@ import pandas as pd
 from .heat import slo_lambda
 
 __all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "persistence",
-           "TOLERANCE", "LAYERS", "SLO_LAMBDA", "restarts", "fidelity", "Fidelity",
+           "TOLERANCE", "LAYERS", "SLO_LAMBDA", "restarts", "gate_wait", "fidelity", "Fidelity",
            "FIDELITY_TOL", "FIDELITY_SHARE", "FIDELITY_MIN_REQUESTS"]
 
 LAYERS = ("response", "embedding")
@@ -120,6 +120,11 @@ class Model:
     faults: list[tuple[float, float]] = field(default_factory=list)
     # layer -> recorded hits and requests per bucket (index: bucket start), for :func:`fidelity`
     recorded: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    # gated starts: replica -> times its (re)start's warm-up held the readiness gate (replica_start runs);
+    # a layer's warm-up seconds per key; replica -> requests/s (see :func:`gate_wait`)
+    gated: dict[str, list[float]] = field(default_factory=dict)
+    sec_per_key: dict[str, float] = field(default_factory=dict)
+    req_rate: dict[str, float] = field(default_factory=dict)
 
     def covered(self, layer: str) -> np.ndarray:
         """Seconds of each bucket the recording covers (the first and last are partial)."""
@@ -523,6 +528,15 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
     m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
               weights_load_s, t0, t1, base, warmed=frozenset(warmed), recorded=recorded)
+    if len(runs):
+        for layer in rates:
+            r = runs[(runs["layer"] == layer) & (runs["keys"] > 0)]
+            d = (r["ended"] - r["started"]) / r["keys"]
+            m.sec_per_key[layer] = float(d.dropna().median()) if d.notna().any() else 0.0
+        m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, t0)
+    hw = lk[lk["layer"] == ("weights" if (lk["layer"] == "weights").any() else "response")]
+    m.req_rate = {str(k): float(v) / max(t1 - t0, 1.0)
+                  for k, v in hw.groupby("replica")["count"].sum().items()}
     fl = frames.get("faults")
     if fl is not None and len(fl):
         m.faults = [(float(a), float(b)) for a, b in zip(fl["start"], fl["end"], strict=True)]
@@ -647,3 +661,19 @@ def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDE
     table = pd.DataFrame(rows)
     return Fidelity(table, pd.concat(det, ignore_index=True) if det else pd.DataFrame(),
                     bool(len(table) and table["ok"].all()))
+
+
+def gate_wait(m: Model, p: Params, layer: str) -> float:
+    """Request-seconds of TTFT that requests spend waiting while ``layer``'s warm-up holds a readiness
+    gate: at each gated start of a replica that warms up, the warm-up lasts ``D = warm_keys × seconds
+    per key`` (the recorded runs' duration per key) and the requests arriving meanwhile (the replica's
+    rate ``ρ``, from its ``weights`` lookups — one per request — else its response lookups) wait
+    ``D/2`` on average: ``ρ·D²/2`` per start. A rolling restart's surge instance warms in the background
+    and is not counted."""
+    d = p.warm_keys * m.sec_per_key.get(layer, 0.0)
+    total = 0.0
+    for rep, ts in m.gated.items():
+        if m.warmed is not None and not any(i.endswith("/" + rep) for i in m.warmed):
+            continue
+        total += len(ts) * m.req_rate.get(rep, 0.0) * d * d / 2.0
+    return total

@@ -124,3 +124,21 @@ def test_a_warm_up_s_extra_hits_land_in_the_buckets_of_their_first_reads():
     # (a few hundred seconds here), so the extra hits fall in the warm-up's bucket and the next, not all
     # in the first as before
     assert first[0] > 0 and first[1] > 0.1 * first.sum() and first[2:].sum() < 1e-9
+
+
+def test_the_wait_behind_a_gated_warm_up_grows_with_the_square_of_its_length():
+    from dataclasses import replace
+
+    from warmscope.analysis.replay import gate_wait
+
+    m = _model()
+    m.warmed = frozenset({"E/e-0"})
+    m.gated = {"e-0": [DAY0, DAY0 + 3600.0], "x-9": [DAY0]}  # x-9 does not warm up: not counted
+    m.sec_per_key = {"embedding": 0.5}
+    m.req_rate = {"e-0": 2.0, "x-9": 100.0}
+    # 200 keys × 0.5 s = a 100-s gate; 2 req/s arrive and wait 50 s on average: 2 · 100² / 2 = 10,000
+    # request-seconds per start, two starts
+    assert gate_wait(m, m.base, "embedding") == 20_000.0
+    # twice the keys, four times the wait
+    assert gate_wait(m, replace(m.base, warm_keys=400), "embedding") == 80_000.0
+    assert gate_wait(m, m.base, "response") == 0.0  # no recorded duration for that layer
