@@ -359,10 +359,13 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
                          _bound_notes(ly, per_layer[ly]))
         if la.hit_rate < la.base_hit_rate - 0.005 and objective != "roi":
             saved_gpu = la.base_warm_gpu_s - la.warm_gpu_s
+            wait = gate_wait(m, m.base, ly) - gate_wait(m, per_layer[ly], ly)
+            also = (f" and the {wait:,.0f} request-seconds requests no longer wait behind its gated start"
+                    if objective in ("value", "slo") and wait > 0 else "")
             la.notes.append(
                 f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; it is still better on "
-                f"{objective} because the warm-up GPU-s it no longer spends ({saved_gpu:,.0f}) are worth more "
-                f"than the hits it gives up (net {g:+,.4g} on the objective)")
+                f"{objective} because the warm-up GPU-s it no longer spends ({saved_gpu:,.0f}){also} are worth "
+                f"more than the hits it gives up (net {g:+,.4g} on the objective)")
         advice[ly] = la
     out = _merge(m, outs, per_layer)
     p = per_layer.get("response", next(iter(per_layer.values())))
