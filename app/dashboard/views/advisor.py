@@ -176,6 +176,6 @@ st.caption(f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tun
            "objective (their replays are independent). Prove a recommendation with a simulator A/B (pool B on "
            "the recommended parameters: `warmscope.simulator.advisor_proof.prove`). Staleness: warmed entries "
            "expire at the TTL, are evicted unread when the cache turns over, and lose popularity as the hot keys "
-           "did — " + "; ".join(rec.model.persist_note.values()) + ". Not priced: the wait of requests "
-           "behind a readiness gate while a warm-up runs — a large warm set at a gated start can cost more TTFT "
-           "than it saves (a simulator A/B of the demo's value recommendation found exactly that).")
+           "did — " + "; ".join(rec.model.persist_note.values()) + ". The value objective also prices "
+           "the wait of requests behind a readiness gate while a warm-up runs (requests arriving during a warm-up "
+           "of D seconds wait D/2 on average); a rolling restart's background warm-up is not charged.")
