@@ -66,7 +66,8 @@ import pandas as pd
 from .heat import slo_lambda
 
 __all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "persistence",
-           "TOLERANCE", "LAYERS", "SLO_LAMBDA"]
+           "TOLERANCE", "LAYERS", "SLO_LAMBDA", "restarts", "gate_wait", "fidelity", "Fidelity",
+           "FIDELITY_TOL", "FIDELITY_SHARE", "FIDELITY_MIN_REQUESTS"]
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
@@ -75,6 +76,7 @@ BUCKET_S = 900.0
 SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
 STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
 HEAD = 256  # ranks kept individually; the tail is binned
+SUB = 6  # points per bucket at which a young cache's age is taken
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,23 @@ class Model:
     persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
     _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+    # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
+    warmed: frozenset[str] | None = None
+    # known fault windows (start, end) of the recording: not replayed, so not scored by :func:`fidelity`
+    faults: list[tuple[float, float]] = field(default_factory=list)
+    # layer -> recorded hits and requests per bucket (index: bucket start), for :func:`fidelity`
+    recorded: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    # gated starts: replica -> times its (re)start's warm-up held the readiness gate (replica_start runs);
+    # a layer's warm-up seconds per key; replica -> requests/s (see :func:`gate_wait`)
+    gated: dict[str, list[float]] = field(default_factory=dict)
+    sec_per_key: dict[str, float] = field(default_factory=dict)
+    req_rate: dict[str, float] = field(default_factory=dict)
+
+    def covered(self, layer: str) -> np.ndarray:
+        """Seconds of each bucket the recording covers (the first and last are partial)."""
+        idx = self.rates[layer].index.to_numpy(float)
+        out: np.ndarray = np.clip(np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S)
+        return out
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
         """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
@@ -136,6 +155,8 @@ class Outcome:
     net_gpu_s: float  # gpu_s_saved minus the extra warm-up GPU-s: the objective
     roi: float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
     trigger_at: float  # time of day (s) of the pre-peak warm-up
+    hits: dict[str, float] = field(default_factory=dict)  # layer -> replayed hits (steady state + warm-ups)
+    layer_warm_gpu_s: dict[str, float] = field(default_factory=dict)  # layer -> warm-up GPU-s
 
     def as_dict(self) -> dict[Any, Any]:
         d = asdict(self)
@@ -242,6 +263,51 @@ def recorded_params(frames: dict[Any, Any], default: Params = Params()) -> Param
     return replace(default, warm_keys=k, response_ttl_s=ttl)
 
 
+RESTART_GAP_S = 600.0  # restart signals closer than this are one restart
+
+
+def restarts(runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float) -> dict[str, list[float]]:
+    """When each replica began serving from an emptied cache: ``t0`` and its restarts, per replica.
+
+    Two signals, merged (within ``RESTART_GAP_S`` they are one restart):
+
+    * warm-up runs triggered by ``replica_start`` / ``replica_restart`` — one restart per cluster of such
+      runs (a warm-up opens one run per layer), at the cluster's last end (the readiness gate opens, or
+      the surge instance takes over, when its warm-up ends);
+    * the ``warmscope.gpu.memory.usage_ratio`` gauge falling from above 0.3 to below 0.02 — the KV
+      cache emptied, which is a restart whether or not the replica warms up (a pool without warm-up
+      records no runs).
+    Restarts before ``t0`` count as ``t0``."""
+    out: dict[str, list[float]] = {}
+    if runs is not None and len(runs):
+        rr = runs[runs["trigger"].isin(["replica_start", "replica_restart"])]
+        for rep, g in rr.groupby("replica"):
+            g = g.sort_values("started")
+            end = g["ended"].fillna(g["started"]).to_numpy(float)
+            st = g["started"].to_numpy(float)
+            cluster = np.concatenate([[0], np.cumsum(np.diff(st) > RESTART_GAP_S)])
+            out.setdefault(str(rep), []).extend(
+                float(end[cluster == c].max()) for c in np.unique(cluster))
+    if gauges is not None and len(gauges):
+        gm = gauges[gauges["metric"] == "warmscope.gpu.memory.usage_ratio"]
+        for rep, g in gm.groupby("replica"):
+            g = g.sort_values("ts")
+            v = g["value"].to_numpy(float)
+            ts = g["ts"].to_numpy(float)
+            prev = pd.Series(v).shift(1).rolling(3, min_periods=1).max().to_numpy(float)
+            drops = ts[(v < 0.02) & (prev > 0.3)]
+            have = out.setdefault(str(rep), [])
+            have.extend(float(t) for t in drops if not any(abs(t - h) < RESTART_GAP_S for h in have))
+    res = {}
+    for rep, ts_list in out.items():
+        merged: list[float] = [t0]
+        for t in sorted(max(t, t0) for t in ts_list):
+            if t - merged[-1] >= RESTART_GAP_S:
+                merged.append(t)
+        res[rep] = merged
+    return res
+
+
 def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
     lk = lookups[(lookups["layer"] == layer) & lookups["result"].isin(["hit", "miss"])]
     inst = lk["variant"].astype(str) if layer == "response" else lk["variant"].astype(str) + "/" + lk["replica"]
@@ -250,7 +316,15 @@ def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
                       "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
     wide = g.unstack(["i", "f"], fill_value=0.0)  # type: ignore[arg-type]  # pandas accepts a float
     full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
-    return wide.reindex(full, fill_value=0.0) / step
+    return wide.reindex(full, fill_value=0.0).div(_covered(lookups, full, step), axis=0)
+
+
+def _covered(lookups: pd.DataFrame, index: np.ndarray, step: float) -> np.ndarray:
+    """Seconds of each bucket the recording covers: the first and last buckets are partial (a point
+    stamped ``ts`` covers the flush interval before it, taken as 60 s)."""
+    t0, t1 = float(lookups["ts"].min()) - 60.0, float(lookups["ts"].max())
+    out: np.ndarray = np.clip(np.minimum(index + step, t1) - np.maximum(index, t0), 60.0, step)
+    return out
 
 
 def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +333,9 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
     prob, w = _zipf(s, m.catalog[layer])
     hits = np.zeros(len(R))
     req = np.zeros(len(R))
-    mid = R.index.to_numpy(float) + BUCKET_S / 2
+    # the cache's age (since the instance's last start) at SUB points of each bucket: a restart inside a
+    # bucket empties the cache for the part of the bucket after it only
+    at = R.index.to_numpy(float)[:, None] + (np.arange(SUB) + 0.5)[None, :] * BUCKET_S / SUB
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)  # buckets × families
         r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
@@ -267,10 +343,25 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
         Tc = m.char_times(layer, inst, s)
         T = np.minimum(Tc, p.response_ttl_s) if layer == "response" else Tc
         starts = np.array(sorted(m.starts.get(inst, [m.t0])))
-        last = starts[np.clip(np.searchsorted(starts, mid, side="right") - 1, 0, len(starts) - 1)]
-        Te = np.minimum(T, np.maximum(mid - last, 1.0))
-        hits += (ww * r * _hit(layer, r, Te[:, None])).sum(1) * BUCKET_S
-        req += sub.sum(1) * BUCKET_S
+        last = starts[np.clip(np.searchsorted(starts, at, side="right") - 1, 0, len(starts) - 1)]
+        age = np.maximum(at - last, 1.0)  # buckets × SUB
+        steady = (age >= T[:, None]).all(1)
+        h = np.zeros(len(sub))
+        if steady.any():
+            h[steady] = (ww * r[steady] * _hit(layer, r[steady], T[steady, None])).sum(1)
+        young = ~steady
+        if young.any():
+            ry, Ty = r[young], np.minimum(T[young], 1e12)  # a cache that never fills: T = ∞
+            acc = np.zeros(len(ry))
+            for k in range(SUB):
+                a = age[young, k]
+                # younger than T: a key is cached iff it was read since the start, 1 − exp(−r·age), for an
+                # LRU (Che) and a TTL cache alike; otherwise the steady state
+                hk = np.where((a < Ty)[:, None], -np.expm1(-ry * a[:, None]), _hit(layer, ry, Ty[:, None]))
+                acc += (ww * ry * hk).sum(1)
+            h[young] = acc / SUB
+        hits += h * m.covered(layer)
+        req += sub.sum(1) * m.covered(layer)
     return hits, req
 
 
@@ -291,10 +382,14 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
     extra, runs = 0.0, 0
     keys_pp = keys_p[perm]
     for inst in m.instances[layer]:
+        if m.warmed is not None and inst not in m.warmed:
+            continue  # this instance's recorded traffic had no warm-ups: replayed as it ran
         sub = R[inst].to_numpy(float)
         tc_all = m.char_times(layer, inst, s)
         starts = m.starts.get(inst, [m.t0])
-        events = [t + m.weights_load_s for t in starts]
+        # a start is when the instance begins serving from an emptied cache (after its weights load and its
+        # warm-up: a readiness gate or a surge instance's cut-over), so its warm-up's keys are there then
+        events = list(starts)
         day = (m.t0 // 86400) * 86400
         while day < m.t1:
             te = day + (m.peak_at - p.lead_s) % 86400
@@ -312,7 +407,7 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             rw = sub[b:b_end]  # buckets × families
             tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
-            off1 = idx[b:b_end] + BUCKET_S - te
+            off1 = np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te  # the last bucket is partial
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
@@ -339,27 +434,39 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             extra += e
             runs += 1
             if events_out is not None:
-                events_out.append((te, e))
+                # the extra hit lands in the bucket of the key's first read: P(first read in bucket j) =
+                # exp(−C_{j−1}) − exp(−C_j), C the cumulative expected reads (the total is e)
+                per_b = keys_p[key][:, None] * (rw[:, fam].T * dG[None, :]) \
+                    + rw[:, fam].T * (dT - dG)[None, :] / n_keys  # keys × buckets
+                surv = np.exp(-np.cumsum(per_b, axis=1))
+                first = np.concatenate([np.ones((len(key), 1)), surv[:, :-1]], axis=1) - surv
+                events_out.append((b, ((1 - held)[:, None] * first).sum(0)))
     return extra, runs
 
 
-def replay(m: Model, p: Params, seed: int = 0) -> Outcome:
-    rng = np.random.default_rng(seed)
+def replay(m: Model, p: Params, seed: int = 0, layers: tuple[str, ...] | None = None) -> Outcome:
+    """Replay the recorded span with parameters ``p`` (``layers``: only these; default all). Each layer
+    draws its heat counts from its own generator seeded with ``seed``, so a layer replays the same alone
+    or with the others."""
     hr, extra, gpu, nbytes, saved, warm_saved = {}, 0.0, 0.0, 0.0, 0.0, 0.0
-    for layer in m.rates:
+    hits, lgpu = {}, {}
+    todo = [ly for ly in m.rates if layers is None or ly in layers]
+    for layer in todo:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
         h, n = float(hb.sum()), float(nb.sum())
-        e, runs = _warm_extra(m, layer, m.s[layer], p, rng)
+        e, runs = _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(seed))
         hr[layer] = (h + e) / n if n else float("nan")
+        hits[layer] = h + e
+        lgpu[layer] = runs * p.warm_keys * m.cost_per_key[layer]
         extra += e
         gpu += runs * p.warm_keys * m.cost_per_key[layer]
         nbytes += runs * p.warm_keys * m.bytes_per_key[layer]
         saved += (h + e - m.base_hits[layer]) * m.cost_per_key[layer]
         warm_saved += e * m.cost_per_key[layer]
-    base_cost = sum(m.base_hits.get(f"_cost_{layer}", 0.0) for layer in m.rates)
+    base_cost = sum(m.base_hits.get(f"_cost_{layer}", 0.0) for layer in todo)
     net = saved - (gpu - base_cost)
     roi = (warm_saved - gpu) / gpu if gpu > 0 else float("nan")
-    return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400)
+    return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400, hits, lgpu)
 
 
 def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params | None = None,
@@ -379,6 +486,7 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
     catalog = {"response": 4000, "embedding": 15000, **(catalog or {})}
     capacity = {"response": 20000.0, "embedding": 20000.0, **(capacity or {})}
     rates, instances, rec, cost, nbytes = {}, {}, {}, {}, {}
+    recorded: dict[str, pd.DataFrame] = {}
     defaults_cost = {"response": 0.17, "embedding": 0.015}
     for layer in LAYERS:
         sub = lk[(lk["layer"] == layer) & lk["result"].isin(["hit", "miss"])]
@@ -387,6 +495,7 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
         rates[layer] = _rates(lk, layer, BUCKET_S)
         instances[layer] = sorted({c[0] for c in rates[layer].columns})
         rec[layer] = float(sub.loc[sub["result"] == "hit", "count"].sum() / sub["count"].sum())
+        recorded[layer] = _recorded(sub, rates[layer].index)
         w = wk[wk["layer"] == layer] if len(wk) else wk
         cost[layer] = float(w["gpu_s"].mean()) if len(w) else defaults_cost[layer]
         r = runs[runs["layer"] == layer] if len(runs) else runs
@@ -396,14 +505,21 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
     starts: dict[str, list[float]] = {}
     t0 = float(lk["ts"].min()) - 60.0
     t1 = float(lk["ts"].max())
-    restarts = runs[runs["trigger"].isin(["replica_start", "replica_restart"])] if len(runs) else runs
+    rs = restarts(runs, frames.get("gauges"), t0)
+    warmed_reps = set(runs["replica"].astype(str)) if len(runs) else set()
+    warmed_vars = set(lk.loc[lk["replica"].astype(str).isin(warmed_reps), "variant"].astype(str))
+    warmed = set()
     for layer in rates:
         for inst in instances[layer]:
             if layer == "response":
                 st = [t0]
+                if inst in warmed_vars:
+                    warmed.add(inst)
             else:
                 rep = inst.split("/", 1)[1]
-                st = sorted({t0, *(restarts.loc[restarts["replica"] == rep, "started"] - weights_load_s).tolist()})
+                st = rs.get(rep, [t0])
+                if rep in warmed_reps:
+                    warmed.add(inst)
             starts[inst] = st
     if peak_at is None:
         from .forecast import next_peak
@@ -411,7 +527,19 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
         pk = next_peak(frames["lookups"])
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
     m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
-              weights_load_s, t0, t1, base)
+              weights_load_s, t0, t1, base, warmed=frozenset(warmed), recorded=recorded)
+    if len(runs):
+        for layer in rates:
+            r = runs[(runs["layer"] == layer) & (runs["keys"] > 0)]
+            d = (r["ended"] - r["started"]) / r["keys"]
+            m.sec_per_key[layer] = float(d.dropna().median()) if d.notna().any() else 0.0
+        m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, t0)
+    hw = lk[lk["layer"] == ("weights" if (lk["layer"] == "weights").any() else "response")]
+    m.req_rate = {str(k): float(v) / max(t1 - t0, 1.0)
+                  for k, v in hw.groupby("replica")["count"].sum().items()}
+    fl = frames.get("faults")
+    if fl is not None and len(fl):
+        m.faults = [(float(a), float(b)) for a, b in zip(fl["start"], fl["end"], strict=True)]
     for layer in rates:
         lags, rho, note = persistence(frames.get("hot_keys"), layer)
         m.persist[layer], m.persist_note[layer] = (lags, rho), note
@@ -439,18 +567,16 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
 
 
 def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
-    """Replayed hit rate per layer and bucket (warm-up hits in the bucket each warm-up ran): ts, layer,
-    hit_rate, requests."""
-    rng = np.random.default_rng(seed)
+    """Replayed hit rate per layer and bucket (a warm-up's extra hits in the buckets of their first reads):
+    ts (bucket end), layer, hit_rate, requests."""
     rows = []
     for layer in m.rates:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
         ev: list[Any] = []
-        _warm_extra(m, layer, m.s[layer], p, rng, ev)
+        _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(seed), ev)
         idx = m.rates[layer].index.to_numpy(float)
-        for t, e in ev:
-            b = int(np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1))
-            hb[b] += e
+        for b, per_bucket in ev:
+            hb[b:b + len(per_bucket)] += per_bucket
         rows.append(pd.DataFrame({"ts": idx + BUCKET_S, "layer": layer,
                                   "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0), "requests": nb}))
     return pd.concat(rows, ignore_index=True)
@@ -462,3 +588,92 @@ def replay_cost(m: Model, p: Params) -> dict[str, float]:
         _, runs = _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(0))
         out[layer] = runs * p.warm_keys * m.cost_per_key[layer]
     return out
+
+
+FIDELITY_TOL = 0.05  # replayed vs recorded hit rate per bucket, absolute
+FIDELITY_SHARE = 0.90  # share of buckets that must be within FIDELITY_TOL
+FIDELITY_MIN_REQUESTS = 100  # buckets with fewer lookups are not scored (binomial sd up to 5 points)
+
+
+def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
+    """Recorded hits and lookups of one layer per replay bucket (``sub``: its hit/miss lookups)."""
+    b = (sub["ts"].to_numpy(float) // BUCKET_S) * BUCKET_S
+    hit = (sub["result"] == "hit").to_numpy()
+    c = sub["count"].to_numpy(float)
+    g = pd.DataFrame({"b": b, "hits": np.where(hit, c, 0.0), "requests": c}).groupby("b")[
+        ["hits", "requests"]].sum()
+    return g.reindex(index, fill_value=0.0)
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How well the replay with the recorded parameters reproduces the recorded day."""
+
+    # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault windows
+    # (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
+    table: pd.DataFrame
+    buckets: pd.DataFrame  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    ok: bool  # every layer within FIDELITY_TOL in at least FIDELITY_SHARE of its scored buckets
+
+    def sentence(self) -> str:
+        """One sentence: trusted, or which layers miss and by how much."""
+        if self.ok:
+            return (f"The replay reproduces the recorded day: on every layer at least "
+                    f"{FIDELITY_SHARE:.0%} of 15-min buckets are within ±{FIDELITY_TOL * 100:.0f} points.")
+        bad = self.table[~self.table["ok"]]
+        parts = [f"{layer} {share:.0%} of {n} buckets within ±{FIDELITY_TOL * 100:.0f} points"
+                 if n else f"{layer} has no bucket with {FIDELITY_MIN_REQUESTS} lookups"
+                 for layer, share, n in zip(bad["layer"].astype(str), bad["share"], bad["buckets"], strict=True)]
+        return ("The replay does not reproduce the recorded day (" + "; ".join(parts)
+                + f"; {FIDELITY_SHARE:.0%} needed), so it makes no recommendation.")
+
+
+def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDELITY_TOL,
+             share: float = FIDELITY_SHARE, min_requests: float = FIDELITY_MIN_REQUESTS) -> Fidelity:
+    """Replayed (parameters ``p``, default the recorded ones) vs recorded hit rate per layer and 15-min
+    bucket. A bucket is scored when it holds at least ``min_requests`` lookups and does not overlap a
+    known fault window (the ``faults`` frame: a trap is not part of the replay); a layer passes when
+    ``|replayed − recorded| ≤ tol`` in at least ``share`` of its scored buckets."""
+    cv = curves(m, p or m.base, seed)
+    rows, det = [], []
+    for layer, g in cv.groupby("layer", sort=False):
+        rec = m.recorded[str(layer)]
+        recorded_rate = (rec["hits"] / rec["requests"].where(rec["requests"] > 0)).to_numpy(float)
+        d = pd.DataFrame({"ts": g["ts"].to_numpy(float), "layer": layer, "recorded": recorded_rate,
+                          "replayed": g["hit_rate"].to_numpy(float),
+                          "requests": rec["requests"].to_numpy(float)})
+        d["diff"] = d["replayed"] - d["recorded"]
+        b0 = d["ts"].to_numpy(float) - BUCKET_S
+        d["fault"] = np.zeros(len(d), bool)
+        for fa, fb in m.faults:  # a known fault window is not replayed: its buckets are not scored
+            d["fault"] |= (b0 < fb) & (b0 + BUCKET_S > fa)
+        d["scored"] = (d["requests"] >= min_requests) & ~d["fault"]
+        sc = d[d["scored"]]
+        within = int((sc["diff"].abs() <= tol + 1e-12).sum())
+        n = len(sc)
+        rows.append({"layer": layer, "buckets": n, "within": within, "share": within / n if n else 0.0,
+                     "ok": bool(n > 0 and within >= share * n),
+                     "median_abs_diff": float(sc["diff"].abs().median()) if n else float("nan"),
+                     "max_abs_diff": float(sc["diff"].abs().max()) if n else float("nan"),
+                     "faulted": int(d["fault"].sum()),
+                     "unscored": int((~d["scored"] & ~d["fault"]).sum())})
+        det.append(d)
+    table = pd.DataFrame(rows)
+    return Fidelity(table, pd.concat(det, ignore_index=True) if det else pd.DataFrame(),
+                    bool(len(table) and table["ok"].all()))
+
+
+def gate_wait(m: Model, p: Params, layer: str) -> float:
+    """Request-seconds of TTFT that requests spend waiting while ``layer``'s warm-up holds a readiness
+    gate: at each gated start of a replica that warms up, the warm-up lasts ``D = warm_keys × seconds
+    per key`` (the recorded runs' duration per key) and the requests arriving meanwhile (the replica's
+    rate ``ρ``, from its ``weights`` lookups — one per request — else its response lookups) wait
+    ``D/2`` on average: ``ρ·D²/2`` per start. A rolling restart's surge instance warms in the background
+    and is not counted."""
+    d = p.warm_keys * m.sec_per_key.get(layer, 0.0)
+    total = 0.0
+    for rep, ts in m.gated.items():
+        if m.warmed is not None and not any(i.endswith("/" + rep) for i in m.warmed):
+            continue
+        total += len(ts) * m.req_rate.get(rep, 0.0) * d * d / 2.0
+    return total

@@ -58,7 +58,8 @@ from .buckets import bucket_start
 from .hitrate import Z95, time_slice
 
 __all__ = ["business_roi", "compute_roi", "roi_windows", "benefit_series", "fit_decay", "Decay",
-           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL"]
+           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL", "roi_text", "decay_text",
+           "experiment_roi", "SEED_VS_EXPERIMENT"]
 
 DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
 COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
@@ -291,3 +292,95 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         return Decay(nan, nan, nan, nan, nan, len(series), f"decay fit did not converge: {e}")
     half = float(np.log(2) / k) if k > 0 else float("inf")
     return Decay(float(k), float(k - Z95 * se), float(k + Z95 * se), half, float(b0), len(series))
+
+
+def _cell(v: float, lo: float, hi: float, why: str) -> str:
+    if not np.isfinite(v):
+        return why
+    ci = f" (95 % CI {lo:+.2f} to {hi:+.2f})" if np.isfinite(lo) and np.isfinite(hi) else ""
+    return f"{v:+.2f}{ci}"
+
+
+def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
+    """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why ("no
+    conversion data", "not enough points", "cost too small to estimate", …)."""
+    rows = []
+    for rec in roi.to_dict("records"):
+        r: dict[str, Any] = {str(k): v for k, v in rec.items()}
+        f = {k: float(r[k]) if r.get(k) is not None else float("nan") for k in (
+            "window_s", "requests", "conversions", "baseline_conversions", "gpu_s_saved", "cost", "roi_compute",
+            "roi_compute_low", "roi_compute_high", "roi_business", "roi_business_low", "roi_business_high")}
+        T = f["window_s"]
+        win = f"T+{T / 3600:g} h" if T >= 3600 else f"T+{T / 60:g} min"
+        state = str(r["state"])
+        why = state if state not in ("ok", "unfinished") else "not enough points"
+        conv_why = "no conversion data" if not (f["conversions"] > 0 or
+                                               float(np.nan_to_num(f["baseline_conversions"])) > 0) else why
+        rows.append({
+            "window": win + ("" if bool(r["complete"]) else " (unfinished)"),
+            "requests": f"{int(f['requests']):,}",
+            "gpu_s_saved": f"{f['gpu_s_saved']:+,.2f}" if np.isfinite(f["gpu_s_saved"]) else why,
+            "cost": f"{f['cost']:.4f}" if np.isfinite(f["cost"]) else "no cost recorded",
+            "roi_compute": _cell(f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], why),
+            "roi_business": _cell(f["roi_business"], f["roi_business_low"], f["roi_business_high"], conv_why),
+            "baseline": str(r["baseline"])})
+    return pd.DataFrame(rows, columns=["window", "requests", "gpu_s_saved", "cost", "roi_compute", "roi_business",
+                                       "baseline"])
+
+
+def decay_text(d: Decay) -> str:
+    """The decay rate only when the benefit is significantly decaying (its 95 % interval above zero);
+    otherwise "no decay measured" and why."""
+    if d.error:
+        return f"no decay measured: {d.error}"
+    if not (np.isfinite(d.ci_low) and np.isfinite(d.ci_high)):
+        return "no decay measured: the rate's interval is not estimable (too few distinct points)"
+    if d.ci_low <= 0:
+        return (f"no decay measured: the benefit's fitted rate {d.k_per_hour:+.2f} /h has a 95 % CI "
+                f"({d.ci_low:+.2f} to {d.ci_high:+.2f}) that includes no decay")
+    return (f"{d.k_per_hour:.2f} /h (95 % CI {d.ci_low:.2f} to {d.ci_high:.2f}; half-life "
+            f"{d.half_life_h:.2f} h)")
+
+
+def experiment_roi(units: pd.DataFrame, runs: pd.DataFrame, replica_variant: dict[str, str],
+                   control: str) -> pd.DataFrame:
+    """The compute ROI of a whole experiment, per treatment arm against ``control``: GPU-s saved = (control
+    GPU-s per request − the arm's) × the arm's requests, against the GPU-s of every warm-up run on the
+    arm's replicas (``replica_variant`` maps a replica to its arm); ROI = (saved − cost) / cost (the
+    price per GPU-s cancels). The 95 % interval comes from the per-request ratio's linearised variance
+    over units: var(r) = Σ (g_u − r·n_u)² / (Σ n)² · k / (k − 1)."""
+    cols = ["variant", "requests", "gpu_per_request", "control_gpu_per_request", "gpu_s_saved", "saved_low",
+            "saved_high", "warm_gpu_s", "runs", "roi", "roi_low", "roi_high"]
+
+    def ratio(u: pd.DataFrame) -> tuple[float, float, float]:
+        n, g = u["requests"].to_numpy(float), u["gpu_s"].to_numpy(float)
+        r = g.sum() / n.sum()
+        k = len(u)
+        var = float(np.sum((g - r * n) ** 2) / n.sum() ** 2 * k / max(k - 1, 1))
+        return float(r), var, float(n.sum())
+
+    c = units[units["variant"] == control]
+    if c.empty or c["requests"].sum() <= 0:
+        return pd.DataFrame(columns=cols)
+    rc, vc, _ = ratio(c)
+    rows = []
+    for v, u in units[units["variant"] != control].groupby("variant"):
+        if u["requests"].sum() <= 0:
+            continue
+        rt, vt, nt = ratio(u)
+        saved = (rc - rt) * nt
+        half = 1.959963984540054 * math.sqrt(vc + vt) * nt
+        reps = [r for r, a in replica_variant.items() if a == v]
+        mine = runs[runs["replica"].isin(reps)] if len(runs) else runs
+        cost = float(mine["gpu_s"].sum()) if len(mine) else 0.0
+        roi = (saved - cost) / cost if cost > 0 else float("nan")
+        rows.append([v, nt, rt, rc, saved, saved - half, saved + half, cost, len(mine), roi,
+                     (saved - half - cost) / cost if cost > 0 else float("nan"),
+                     (saved + half - cost) / cost if cost > 0 else float("nan")])
+    return pd.DataFrame(rows, columns=cols)
+
+
+SEED_VS_EXPERIMENT = ("The T+5 min ROI counts the five minutes after one run against that run's whole cost, "
+                      "while the experiment ROI counts every request the warmed arm served against every "
+                      "run's cost, so a run whose benefit arrives after its first minutes reads poor at T+5 "
+                      "min and can still pay off over the experiment.")

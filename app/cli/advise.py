@@ -22,10 +22,15 @@ def register(sub, progress, store_path) -> None:
                        "traffic through a cache model and tunes warm-set size, response TTL, heat decay λ and the "
                        "pre-peak trigger lead time by Bayesian optimisation.")
     p.add_argument("--budget-gpu-s", type=float, help="cap on warm-up GPU-seconds per day (default: no cap)")
-    p.add_argument("--objective", choices=("net_gpu_s", "roi"), default="net_gpu_s",
-                   help="what the tuning maximises: net_gpu_s (default) = GPU-s saved minus warm-up GPU-s, the "
-                   "return of the compute ROI; roi = the ratio (saved - cost) / cost, which can prefer a change that "
-                   "returns less in total")
+    p.add_argument("--objective", choices=("value", "slo", "net_gpu_s", "roi"), default=None,
+                   help="what the tuning maximises: value (default when the A/B units record conversions) = "
+                   "GPU-s and TTFT saved, TTFT priced by the measured conversion response to latency; slo "
+                   "(default when --slo-penalty is set and there are no conversions) = TTFT priced by the SLO "
+                   "penalty; net_gpu_s (default otherwise) = GPU-s saved minus warm-up GPU-s; roi = the ratio "
+                   "(saved - cost) / cost")
+    p.add_argument("--slo-penalty", type=float, help="currency per request over the TTFT target (prices "
+                   "latency for --objective slo)")
+    p.add_argument("--slo-ttft-s", type=float, help="the TTFT target in s (default: [analysis] slo_ttft_s)")
     p.add_argument("--variant", help="calibrate on this A/B variant's pool only (default: all lookups)")
     p.add_argument("--iterations", type=int, default=16, help="Bayesian-optimisation steps after 8 start points "
                    "(default 16)")
@@ -40,8 +45,9 @@ def _fmt_h(s: float) -> str:
 
 def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     import pandas as pd
-    from warmscope.analysis.advisor import advise
+    from warmscope.analysis.advisor import NoRecommendation, advise, check_input, fidelity_text, layer_table
     from warmscope.analysis.forecast import forecast_table
+    from warmscope.analysis.value import values_for
     from warmscope.sources import EmbeddedSource, SourceError
 
     path = Path(store_path(args))
@@ -57,7 +63,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
               "--no-dashboard` or `warmscope simulate`)", file=sys.stderr)
         return 2
     try:
-        fr = EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
+        src = EmbeddedSource(path)
+        fr = src.frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"])
     except SourceError as e:
         print(f"warmscope advise: {e}", file=sys.stderr)
         return 2
@@ -67,18 +74,24 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
             print(f"warmscope advise: variant {args.variant!r} not in {path}; variants there: "
                   f"{', '.join(sorted(set(lk['variant'].astype(str)))) or 'none'}", file=sys.stderr)
             return 2
-    span = (lk["ts"].max() - lk["ts"].min()) if len(lk) else 0.0
-    if span < 2 * 3600:
-        print(f"warmscope advise: {path} holds {span / 3600:.1f} h of lookups; forecasts and tuning need at least "
-              "2 h (simulate more with `warmscope simulate --hours 24`)", file=sys.stderr)
+    missing = check_input(fr, args.variant)
+    if missing:
+        print(f"warmscope advise: {missing}", file=sys.stderr)
         return 2
+    vm = values_for(src, fr, float(lk["ts"].min()), float(lk["ts"].max()), args.slo_ttft_s, args.slo_penalty,
+                    args.objective)
     bar = None if args.quiet else progress("advising")
     if bar:
         bar(0, 1)
     ft = forecast_table(lk[lk["variant"] == args.variant] if args.variant else lk)
     try:
         rec = advise(fr, budget_gpu_s=args.budget_gpu_s, variant=args.variant, n_iter=args.iterations,
-                     progress=bar, objective=args.objective)
+                     progress=bar, objective=args.objective, values=vm)
+    except NoRecommendation as e:
+        if e.fidelity is not None:
+            print(fidelity_text(e.fidelity))
+        print(f"warmscope advise: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"warmscope advise: {e}", file=sys.stderr)
         return 2
@@ -101,13 +114,16 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     notes = ft.drop_duplicates("horizon_s")
     for _, r in notes[notes.resolution_limited].iterrows():
         print(f"  note: {r.note}")
-    b, p = rec.base, rec.params
-    tab = pd.DataFrame({
-        "recorded": [b.warm_keys, _fmt_h(b.response_ttl_s), f"{b.lambda_per_s:.2e}", _fmt_h(b.lead_s)],
-        "recommended": [p.warm_keys, _fmt_h(p.response_ttl_s), f"{p.lambda_per_s:.2e}", _fmt_h(p.lead_s)]},
-        index=["warm-set size (keys/layer)", "response TTL", "heat decay λ (/s)", "trigger lead before peak"])
-    print("\nParameters:")
-    print(tab.to_string())
+    if rec.fidelity is not None:
+        print("\n" + fidelity_text(rec.fidelity))
+    print(f"\nObjective: {rec.objective} ({'; '.join(rec.notes) or 'as asked'})")
+    if rec.values is not None:
+        print(f"  {rec.values.prices()}")
+    print("\nParameters per layer:")
+    print(layer_table(rec).to_string())
+    for la in rec.layers.values():
+        for note in la.notes:
+            print(f"  {la.layer}: {note}")
     o, bo = rec.outcome, rec.base_outcome
     print("\nReplay (recorded span):")
     for layer in o.hit_rate:
@@ -118,8 +134,13 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     net = o.net_gpu_s - bo.net_gpu_s
     if rec.objective == "net_gpu_s":
         print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
-    else:
+    elif rec.objective == "roi":
         print(f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net")
+    else:
+        lo = sum(la.gain_low for la in rec.layers.values())
+        hi = sum(la.gain_high for la in rec.layers.values())
+        print(f"  expected gain            {rec.gain:+,.2f} in value (95 % CI of the latency price: "
+              f"{lo:+,.2f} to {hi:+,.2f}); {net:+.1f} GPU-s net")
     for _layer, note in (rec.model.persist_note.items() if rec.model else ()):
         print(f"  staleness                {note}")
     if rec.peak:
@@ -131,3 +152,4 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+

@@ -513,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     from warmscope.app.cli.misses import register as register_misses
 
     register_misses(sub, _store_path)
+    from warmscope.app.cli.runs import register as register_runs
+
+    register_runs(sub, _store_path)
     rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
     p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy",

@@ -14,6 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from streamlit.errors import StreamlitAPIException
 from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.roi import decay_text, roi_text
 from warmscope.app.dashboard import engine_view, ui
 
 try:
@@ -58,10 +59,12 @@ st.caption("Precision: warmed keys whose warmed entry was read (hit before its T
 show = cov.sort_values("started", ascending=False)
 st.dataframe(pd.DataFrame({
     "Started (UTC)": show.started.map(ui.when), "Replica": show.replica, "Layer": show.layer,
-    "Strategy": show.strategy, "Trigger": show.trigger, "Keys warmed": show.keys_warmed,
-    "Precision": show.precision, "Recall": show.recall, "GPU-s": show.gpu_s, "Wasted GPU-s": show.wasted_gpu_s})
-    .style.format({"Keys warmed": "{:,.0f}", "Precision": "{:.1%}", "Recall": "{:.1%}", "GPU-s": "{:,.2f}",
-                   "Wasted GPU-s": "{:,.2f}"}, na_rep="–"), hide_index=True, width="stretch")
+    "Strategy": show.strategy, "Trigger": show.trigger, "Keys warmed": show.keys_warmed.map(lambda v: f"{v:,.0f}"),
+    "Precision": show.precision.map(lambda v: f"{v:.1%}" if v == v else "no warmed keys recorded"),
+    "Recall": show.recall.map(lambda v: f"{v:.1%}" if v == v else "no requests in the window"),
+    "GPU-s": show.gpu_s.map(lambda v: f"{v:,.2f}" if v == v else "not recorded"),
+    "Wasted GPU-s": show.wasted_gpu_s.map(lambda v: f"{v:,.2f}" if v == v else "not recorded")}),
+    hide_index=True, width="stretch")
 by = cov.groupby("strategy")[["keys_warmed", "keys_read", "gpu_s", "wasted_gpu_s"]].sum()
 bar = px.bar(by.reset_index().rename(columns={"gpu_s": "spent", "wasted_gpu_s": "wasted"}), x="strategy",
              y=["spent", "wasted"], barmode="group", title="Warm-up GPU-seconds spent and wasted, by strategy")
@@ -79,13 +82,13 @@ ui.url_set(run=run_id)
 eff, roi, series, decay = ui.run_detail(start, end, run_id)
 NAMES = {"hit_rate": ("Hit rate", "{:.1%}"), "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
          "ttft_p95_s": ("TTFT P95", "{:.3f} s"), "gpu_s_per_request": ("GPU-s per request", "{:.4f}")}
-a, b = st.columns(2)
+a, _ = st.columns([3, 2])
 with a:
     st.markdown(f"**Before / after** ({cfg.effect_window_s / 60:g} min either side)")
 
     def fmt(metric, v, signed=False):
         if v is None or v != v:
-            return "–"
+            return "not enough points"
         if metric == "hit_rate":
             return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
         if signed and abs(v) < 5e-4:
@@ -98,29 +101,22 @@ with a:
                                "After": [fmt(m, v) for m, v in eff.after.items()],
                                "Change": [fmt(m, v, True) for m, v in eff.change.items()]}),
                  hide_index=True, width="stretch")
-with b:
-    st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
-    roi["window"] = roi.window_s.map(lambda s: f"T+{s / 3600:g} h" if s >= 3600 else f"T+{s / 60:g} min")
-    cols = {"window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved", "cost": "Cost",
-            "roi_compute": "Compute ROI", "roi_business": "Business ROI", "baseline": "Compared with"}
-    st.dataframe(roi[[c for c in cols if c in roi]].rename(columns=cols), hide_index=True, width="stretch",
-                 column_config={"Requests": st.column_config.NumberColumn(format="localized"),
-                                "GPU-s saved": st.column_config.NumberColumn(format="%.2f"),
-                                "Cost": st.column_config.NumberColumn(format="%.4f"),
-                                "Compute ROI": st.column_config.NumberColumn(format="%.2f"),
-                                "Business ROI": st.column_config.NumberColumn(format="%.2f")})
+# full width: each ROI cell carries its interval
+st.markdown("**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)")
+st.dataframe(roi_text(roi).rename(columns={
+    "window": "Window", "requests": "Requests", "gpu_s_saved": "GPU-s saved", "cost": "Cost",
+    "roi_compute": "Compute ROI", "roi_business": "Business ROI", "baseline": "Compared with"}),
+    hide_index=True, width="stretch")
+st.caption(f"Prices: GPU-s at {cfg.price_per_gpu_s:g} and a conversion at {cfg.value_per_conversion:g} "
+           "(configured, `[analysis]`); intervals from per-minute batch means.")
 fig = go.Figure()
 if len(series):
     fig.add_trace(go.Scatter(x=series.t_s / 60, y=series.benefit, mode="markers", name="benefit per minute"))
-    if decay.error is None:
+    if decay.error is None and np.isfinite(decay.ci_low) and decay.ci_low > 0:  # drawn only when significant
         t = np.linspace(0, series.t_s.max(), 100)
         fig.add_trace(go.Scatter(x=t / 60, y=decay.b0 * np.exp(-decay.k_per_hour * t / 3600), name="fit"))
 fig.update_layout(title="Benefit after the run and its exponential decay", xaxis_title="minutes after the run",
                   yaxis_title="currency units / minute", height=360)
 st.plotly_chart(fig, width="stretch")
-if decay.error:
-    st.info(f"Decay not fitted: {decay.error}.")
-else:
-    st.metric("ROI decay rate k", f"{decay.k_per_hour:.2f} / h",
-              help=(f"95% CI {decay.ci_low:.2f} – {decay.ci_high:.2f}" if np.isfinite(decay.ci_low) else
-                    "95% CI not estimable (too few distinct points)") + f"; half-life {decay.half_life_h:.2f} h")
+dt = decay_text(decay)
+st.markdown(f"**Benefit decay rate k:** {dt}")
