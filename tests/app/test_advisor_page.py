@@ -27,6 +27,7 @@ def _settle(page):
     page.wait_for_timeout(1000)
 
 
+@pytest.mark.browser
 def test_advisor_page_shows_forecast_peak_and_recommendation(streamlit_server):
     from playwright.sync_api import sync_playwright
 

@@ -11,6 +11,8 @@ from warmscope.app.cli.main import demo_world
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import simulate
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
 PAGES = {"overview": "", "hitrate": "hitrate", "latency": "latency", "warmup": "warmup", "hotkeys": "hotkeys",

@@ -101,13 +101,13 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
 
 
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
-    from warmscope.app.cli.main import main as cli
+    from warmscope.app.cli.main import main as cli_main
 
     path = tmp_path / "cli.sqlite"
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
+    assert cli_main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     n = EmbeddedStore(path).counts()["lookups"]
     assert n > 0
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
+    assert cli_main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     assert EmbeddedStore(path).counts()["lookups"] == n
 
 

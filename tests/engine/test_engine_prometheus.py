@@ -316,6 +316,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert [c.value for c in at.sidebar.caption] == [f"Source: Prometheus · {prom}"]
 
 
+@pytest.mark.browser
 def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
     from playwright.sync_api import sync_playwright
 

@@ -102,6 +102,7 @@ def live_run(tmp_path_factory):
         yield run
 
 
+@pytest.mark.prometheus
 def test_prometheus_counts_agree_with_the_embedded_store(live_run):
     import urllib.parse  # noqa: F401
 
@@ -117,6 +118,7 @@ def test_prometheus_counts_agree_with_the_embedded_store(live_run):
         assert abs(got[layer] - n) <= 2 * per_second[layer] + 1, (layer, got[layer], n)
 
 
+@pytest.mark.prometheus
 def test_prometheus_source_builds_canonical_frames(live_run):
     url, store, t0, t1 = live_run
     src = PrometheusSource(url)
@@ -135,6 +137,7 @@ def test_prometheus_source_builds_canonical_frames(live_run):
     assert req["requests"].sum() > 0 and req["gpu_s"].sum() > 0
 
 
+@pytest.mark.prometheus
 def test_dashboard_reads_lookups_from_prometheus(live_run, monkeypatch):
     from pathlib import Path
 
