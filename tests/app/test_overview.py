@@ -9,11 +9,13 @@ from streamlit.testing.v1 import AppTest
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.scores import score_card
+from warmscope.app.dashboard.pages import PAGES as REGISTRY
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault, simulate
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
-PAGES = ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
+# every page of the registry main.py builds the navigation from, the default (overview) apart
+PAGES = [p.name for p in REGISTRY if not p.default]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_missing_store_shows_what_to_do(tmp_path, monkeypatch):
     assert "warmscope simulate" in at.error[0].value
 
 
-@pytest.mark.parametrize("page", ["overview"] + PAGES)
+@pytest.mark.parametrize("page", [p.name for p in REGISTRY])
 def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     path = tmp_path / "empty.sqlite"
     EmbeddedStore(path).close()
@@ -207,7 +209,7 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
         count(module, name)
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     assert not at.exception, at.exception
-    for page in ("hitrate", "latency", "warmup", "hotkeys", "rootcause"):
+    for page in [p.name for p in REGISTRY if p.prewarm and not p.default]:  # the pages the prewarm covers
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
     assert calls == []
