@@ -133,7 +133,7 @@ def _bucket_s(b: float) -> str:
 # writes them through _Part's named operations; the two-letter codes keep the payload small:
 # Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
 # _v changed since they were read (nothing applied).
-OPS = {  # code: (the _Part method that writes it, what the script does)
+OPS: dict[str, tuple[str | None, str]] = {  # code: (the _Part method writing it, what the script does)
     "hi": ("hash_add_int", "HINCRBY k field n"),
     "hf": ("hash_add_float", "HINCRBYFLOAT k field x"),
     "hv": ("hash_add_floats", "HINCRBYFLOAT k field x for each (field, x) of a flat list"),
@@ -141,7 +141,7 @@ OPS = {  # code: (the _Part method that writes it, what the script does)
     "mn": ("hash_keep_min", "HSET k field x where the field is absent or larger"),
     "mx": ("hash_keep_max", "HSET k field x where the field is absent or smaller"),
     "zi": ("zset_add", "ZINCRBY k n member"),
-    "za": ("zset_set", "ZADD k score member"),
+    "za": (None, "ZADD k score member (nothing writes it now)"),
     "sa": ("set_add", "SADD k member"),
     "ex": ("expire", "EXPIRE k seconds"),
 }
