@@ -133,7 +133,8 @@ def _bucket_s(b: float) -> str:
 # writes them through _Part's named operations; the two-letter codes keep the payload small:
 # Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
 # _v changed since they were read (nothing applied).
-OPS: dict[str, tuple[str | None, str]] = {  # code: (the _Part method writing it, what the script does)
+# code: (the _Part method that writes it, what the script does)
+OPS: dict[str, tuple[str | None, str]] = {
     "hi": ("hash_add_int", "HINCRBY k field n"),
     "hf": ("hash_add_float", "HINCRBYFLOAT k field x"),
     "hv": ("hash_add_floats", "HINCRBYFLOAT k field x for each (field, x) of a flat list"),
