@@ -97,7 +97,8 @@ def _dimensions(v: Any) -> tuple[DimensionSpec, ...]:
             raise ConfigError(f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}")
         target, worst = upd.get("target", d.target), upd.get("worst", d.worst)
         if d.better != "target" and target == worst:
-            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ (both {target})")
+            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ "
+                              f"(both {target})")
         by[name] = replace(d, **upd)  # type: ignore[arg-type]  # numeric fields only
     dims = tuple(by[d.name] for d in DEFAULT_DIMENSIONS)
     if sum(d.weight for d in dims) <= 0:

@@ -111,9 +111,11 @@ class DimensionSpec:
         def need(ok: object, problem: str) -> None:
             require(ok, "score dimension", self.name, problem)
 
-        need(isinstance(self.name, str) and self.name.isidentifier(), "the name must be an identifier")
+        need(isinstance(self.name, str) and self.name.isidentifier(),
+             "the name must be an identifier")
         need(self.label, "needs a label people read")
-        need(self.better in BETTER, f"better must be one of {', '.join(BETTER)}, got {self.better!r}")
+        need(self.better in BETTER,
+             f"better must be one of {', '.join(BETTER)}, got {self.better!r}")
         for f in ("target", "worst", "weight"):
             need(isinstance(getattr(self, f), int | float), f"{f} must be a number")
         need(self.weight >= 0, f"weight must be >= 0, got {self.weight}")
@@ -129,7 +131,8 @@ _DECLARED: list[tuple[dict[str, Any], Compute]] = []
 
 
 def dimension(name: str, label: str, unit: str, better: str, target: float, worst: float,
-              weight: float | None = None, *, frames: tuple[str, ...]) -> Callable[[Compute], Compute]:
+              weight: float | None = None, *,
+              frames: tuple[str, ...]) -> Callable[[Compute], Compute]:
     """Declare the decorated function as the computation of score dimension ``name``.
 
     ``weight=None``: an equal share of what the dimensions with an explicit weight leave of 1. The
@@ -204,7 +207,8 @@ def _in_hit_rate(lk: pd.DataFrame) -> np.ndarray:
     return cast(np.ndarray, (~lk["layer"].isin(NOT_IN_HIT_RATE)).to_numpy(dtype=bool))
 
 
-_LAYERS_COUNTED = ("layers except " + ", ".join(NOT_IN_HIT_RATE)) if NOT_IN_HIT_RATE else "all layers"
+_LAYERS_COUNTED = ("layers except " + ", ".join(NOT_IN_HIT_RATE)) if NOT_IN_HIT_RATE else \
+    "all layers"
 
 
 # Each returns (value or None, source, note[, (ci_low, ci_high)]). No CI means

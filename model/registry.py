@@ -3,7 +3,8 @@
 Each extension point has one registry, declared where its entries live and checked when that module
 is imported:
 
-* score dimensions: ``analysis/scores.py`` (``@dimension(...)`` on each computation; ``DIMENSIONS``);
+* score dimensions: ``analysis/scores.py`` (``@dimension(...)`` on each computation,
+  ``DIMENSIONS``);
 * dashboard pages: ``app/dashboard/pages.py`` (``PAGES``);
 * cache layers: ``model/records.py`` (``LAYERS``);
 * CLI commands: ``app/cli/main.py`` (``COMMANDS``, each a :class:`warmscope.app.cli.base.Command`).

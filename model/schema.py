@@ -201,7 +201,7 @@ INSTRUMENTS = (
     WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
     TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW,
 )
-SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (declared in records.LAYERS)
+SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (records.LAYERS)
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 _LEN_NAMES = tuple(str(b) for b in _LEN_BUCKETS) + ("inf",)

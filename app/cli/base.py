@@ -40,7 +40,8 @@ def _nothing(p: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class Simple:
     """A command with one parser: ``arguments(p)`` adds its options, ``run(args)`` does the work
-    and returns the exit code. ``description``, ``epilog`` and ``formatter_class`` go to argparse."""
+    and returns the exit code. ``description``, ``epilog`` and ``formatter_class`` go to
+    argparse."""
 
     name: str
     help: str
@@ -51,10 +52,13 @@ class Simple:
     formatter_class: type[argparse.HelpFormatter] | None = None
 
     def __post_init__(self) -> None:
-        require(self.name and " " not in self.name, "CLI command", self.name, "needs a one-word name")
-        require(self.help, "CLI command", self.name, "needs a help line (warmscope --help lists it)")
-        require(callable(self.run), "CLI command", self.name, "needs run(args) -> exit code")
-        require(callable(self.arguments), "CLI command", self.name, "arguments must be a function")
+        def need(ok: object, problem: str) -> None:
+            require(ok, "CLI command", self.name, problem)
+
+        need(self.name and " " not in self.name, "needs a one-word name")
+        need(self.help, "needs a help line (warmscope --help lists it)")
+        need(callable(self.run), "needs run(args) -> exit code")
+        need(callable(self.arguments), "arguments must be a function")
 
     def add_parser(self, sub: Subparsers) -> argparse.ArgumentParser:
         extra = {k: v for k in ("description", "epilog", "formatter_class")
@@ -74,7 +78,8 @@ class Group:
     commands: tuple[Command, ...]
 
     def __post_init__(self) -> None:
-        require(self.name and self.help, "CLI command", self.name or "(no name)", "needs a name and a help line")
+        require(self.name and self.help, "CLI command", self.name or "(no name)",
+                "needs a name and a help line")
         check_commands(self.commands, f"CLI command {self.name}")
 
     def add_parser(self, sub: Subparsers) -> argparse.ArgumentParser:
@@ -85,13 +90,15 @@ class Group:
         return p
 
     def run(self, args: argparse.Namespace) -> int:  # argparse requires a subcommand: not reached
-        raise SystemExit(f"warmscope {self.name}: give one of {', '.join(c.name for c in self.commands)}")
+        names = ", ".join(c.name for c in self.commands)
+        raise SystemExit(f"warmscope {self.name}: give one of {names}")
 
 
 def check_commands(commands: tuple[Command, ...], registry: str = "CLI command") -> None:
     """Raise ``RegistryError`` for an entry that is not a :class:`Command` or a name used twice."""
     for c in commands:
-        require(isinstance(c, Command) and isinstance(c.name, str), registry, getattr(c, "name", repr(c)),
+        require(isinstance(c, Command) and isinstance(c.name, str), registry,
+                getattr(c, "name", repr(c)),
                 "must have a name, add_parser(sub) and run(args) (app/cli/base.py: Command)")
     unique(registry, [c.name for c in commands])
 

@@ -397,10 +397,12 @@ def threading_main() -> bool:
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=_PORT, default=8501, help="dashboard port, 1-65535 (default 8501)")
+    p.add_argument("--port", type=_PORT, default=8501,
+                   help="dashboard port, 1-65535 (default 8501)")
     p.add_argument("--address", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; the dashboard has no "
-                   "login, put an authenticating proxy in front before exposing it)")
+                   help="address to listen on (default 127.0.0.1: this machine only; the "
+                   "dashboard has no login, put an authenticating proxy in front before "
+                   "exposing it)")
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -480,9 +482,9 @@ COMMANDS: tuple[Command, ...] = (
     Simple("dashboard", run=cmd_dashboard, arguments=_serve_arguments, help="open the dashboard"),
     Simple("simulate", run=cmd_simulate, arguments=_simulate_arguments,
            help="run the emulated GPU inference stack into a store",
-           description="Simulate replicas serving tenants through weights, LoRA, embedding, prefix-KV "
-                       "and response caches; pools A and B (and C with --strategy-c) run different "
-                       "warm-up strategies."),
+           description="Simulate replicas serving tenants through weights, LoRA, embedding, "
+                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) "
+                       "run different warm-up strategies."),
     rules.COMMAND,
     Simple("upgrade-store", run=cmd_upgrade_store,
            help="upgrade a store written by an older warmscope, keeping its data"),
@@ -507,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     from warmscope.collectors.config import ConfigError
 
     ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
-    ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
+    ap.add_argument("--store",
+                    help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -274,7 +274,8 @@ def cmd_rca(args: argparse.Namespace) -> int:
 
 
 COMMAND = Simple("rca", run=cmd_rca, arguments=configure,
-                 help="root causes of a change: from a CSV leaf table or a store window (prints JSON)",
+                 help="root causes of a change: from a CSV leaf table or a store window "
+                      "(prints JSON)",
                  description=DESCRIPTION, epilog=EPILOG,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-# The frames the alert conditions read (analysis.alerts.evaluate and its trap detectors), besides the
-# hot keys, which they read from hot_keys_since(start, end) on.
+# The frames the alert conditions read (analysis.alerts.evaluate and its trap detectors),
+# besides the hot keys, which they read from hot_keys_since(start, end) on.
 ALERT_FRAMES = ("lookups", "writes", "warmup_runs", "warmed_keys", "early_keys")
 Reader = Callable[[str, float, float, "float | None"], pd.DataFrame]
 
@@ -79,9 +79,11 @@ def overview_frame_names() -> tuple[str, ...]:
     return ALERT_FRAMES + tuple(dict.fromkeys(dims))
 
 
-def overview_frames(read: Reader, start: float, end: float, step: float | None) -> dict[str, pd.DataFrame]:
-    """The frames the alert conditions and the score card read over [start, end), through ``read(name,
-    start, end, step)``: the app's cached ``data.frame`` in the server, the sources in the child."""
+def overview_frames(read: Reader, start: float, end: float,
+                    step: float | None) -> dict[str, pd.DataFrame]:
+    """The frames the alert conditions and the score card read over [start, end), through
+    ``read(name, start, end, step)``: the app's cached ``data.frame`` in the server, the sources
+    in the child."""
     from warmscope.analysis.alerts import hot_keys_since
 
     fr = {n: read(n, start, end, step) for n in overview_frame_names()}

@@ -17,7 +17,8 @@ from warmscope.model.registry import require, unique
 
 __all__ = ["Page", "PAGES", "VIEWS", "page", "check_pages"]
 
-VIEWS = Path(__file__).with_name("views")  # not "pages/": that name turns on Streamlit's folder navigation
+# not "pages/": that name turns on Streamlit's folder navigation
+VIEWS = Path(__file__).with_name("views")
 
 
 @dataclass(frozen=True)

@@ -580,7 +580,8 @@ def _warm_overview(version: tuple, start: float, end: float, fine: float | None)
 def _warm_hitrate(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
     for by in ((), ("tenant",), ("tenant", "layer")):
         yield _rates, (version, start, end, by, None, (), False)
-    yield _rates, (version, start, end, ("tenant",), EXPLORER_FREQ_S if not fine else 3600, (), False)
+    freq = EXPLORER_FREQ_S if not fine else 3600
+    yield _rates, (version, start, end, ("tenant",), freq, (), False)
 
 
 def _warm_latency(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
@@ -615,7 +616,7 @@ _WARM = {"overview": _warm_overview, "hitrate": _warm_hitrate, "latency": _warm_
 
 
 def check_prewarm(pages: tuple[Page, ...], warm: Mapping[str, object]) -> None:
-    """Raise ``RegistryError`` unless the pages with ``prewarm=True`` are exactly those with steps."""
+    """Raise ``RegistryError`` unless the pages with ``prewarm=True`` are those with steps."""
     for p in pages:
         require(not p.prewarm or p.name in warm, "dashboard page", p.name,
                 f"prewarm=True needs ui._warm_{p.name}, the cached calls of its first view")
@@ -623,7 +624,8 @@ def check_prewarm(pages: tuple[Page, ...], warm: Mapping[str, object]) -> None:
                 f"has ui._warm_{p.name} but prewarm=False")
     known = {p.name for p in pages}
     for name in warm:
-        require(name in known, "dashboard page", name, "has prewarm steps but is not in pages.PAGES")
+        require(name in known, "dashboard page", name,
+                "has prewarm steps but is not in pages.PAGES")
 
 
 check_prewarm(PAGES, _WARM)

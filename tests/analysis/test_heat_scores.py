@@ -72,12 +72,14 @@ def test_empty_frames_give_no_data_everywhere():
     card = score_card({})
     assert card.composite is None
     assert all(d.value is None and d.score is None and d.note for d in card.dimensions)
-    assert [d.name for d in card.dimensions] == [d.name for d in S.DIMENSIONS] and len(card.dimensions) == 12
+    assert [d.name for d in card.dimensions] == [d.name for d in S.DIMENSIONS]
+    assert len(card.dimensions) == 12
 
 
 def test_composite_and_dynamic_weighting(monkeypatch):
     values = {"cache_hit_rate": 0.8, "sla_deviation": 0.1, "prediction_mape": 0.15}  # scores 1, 0, 1
-    _computes(monkeypatch, lambda n: lambda fr, cfg: (values.get(n), "test", "" if n in values else "no data"))
+    _computes(monkeypatch,
+              lambda n: lambda fr, cfg: (values.get(n), "test", "" if n in values else "no data"))
     cfg = AnalysisConfig.load(dynamic_boost=1.0, breach_below=0.5)
     card = {d.name: d for d in score_card({}, cfg).dimensions}
     w_hit, w_sla, w_mape = 0.057, 0.057 * 2, 0.18  # sla breached with score 0: weight × (1 + 1)
@@ -107,9 +109,10 @@ def test_score_card_never_crashes_and_stays_in_range(rows):
 
 # --------------------------------------------------- CIs, breaches, evidence
 def _computes(monkeypatch, compute):
-    """Every registered dimension computed by ``compute(name)`` instead (in configurations loaded after)."""
-    monkeypatch.setattr(C, "DEFAULT_DIMENSIONS",
-                        tuple(dataclasses.replace(d, compute=compute(d.name)) for d in S.DIMENSIONS))
+    """Every registered dimension computed by ``compute(name)`` instead (in the configurations
+    loaded after)."""
+    dims = tuple(dataclasses.replace(d, compute=compute(d.name)) for d in S.DIMENSIONS)
+    monkeypatch.setattr(C, "DEFAULT_DIMENSIONS", dims)
 
 
 def _fixed(values):
@@ -120,12 +123,14 @@ def _fixed(values):
 
 def test_breach_needs_the_ci_to_exclude_the_target(monkeypatch):
     # sla_deviation: target 0.01, worst 0.1 → value 0.1 scores 0 either way
-    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.005, 0.2)), "cache_hit_rate": (0.8, None)}))
+    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.005, 0.2)),
+                                   "cache_hit_rate": (0.8, None)}))
     card = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}
     d = card["sla_deviation"]
     assert not d.breached and d.note.startswith("within noise")
     assert d.effective_weight == pytest.approx(0.5)  # base weights 0.057 : 0.057
-    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.05, 0.2)), "cache_hit_rate": (0.8, None)}))
+    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.05, 0.2)),
+                                   "cache_hit_rate": (0.8, None)}))
     d = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}["sla_deviation"]
     # CI (0.05, 0.2) lies above the 0.01 target: breached, weight 0.057 × (1 + 1 × (0.5 − 0)/0.5) = 0.114
     assert d.breached and d.effective_weight == pytest.approx(0.114 / (0.114 + 0.057))
@@ -221,23 +226,25 @@ def test_an_incomplete_dimension_fails_with_a_clear_message(missing, words):
 
 def test_the_registry_is_checked_as_a_whole():
     def decl(name, weight=None):
-        return (dict(name=name, label=name, unit="", better="lower", target=1.0, worst=2.0, weight=weight,
-                     frames=("requests",)), lambda fr, cfg: (None, "", ""))
+        return (dict(name=name, label=name, unit="", better="lower", target=1.0, worst=2.0,
+                     weight=weight, frames=("requests",)), lambda fr, cfg: (None, "", ""))
 
     with pytest.raises(RegistryError, match="'a': declared twice"):
         S.build([decl("a"), decl("a")])
     with pytest.raises(RegistryError, match="no weight left to share"):
         S.build([decl("a", 0.7), decl("b", 0.6), decl("c")])
     # dimensions without a weight share what the others leave, whatever their count
-    assert [d.weight for d in S.build([decl("a", 0.4), decl("b"), decl("c"), decl("d")])] == [0.4, 0.2, 0.2, 0.2]
+    built = S.build([decl("a", 0.4), decl("b"), decl("c"), decl("d")])
+    assert [d.weight for d in built] == [0.4, 0.2, 0.2, 0.2]
     assert sum(d.weight for d in S.DIMENSIONS) == pytest.approx(1.0)
 
 
 def test_a_dimension_reads_only_the_frames_it_declares(monkeypatch):
     seen = {}
-    _computes(monkeypatch, lambda n: lambda fr, cfg: (seen.setdefault(n, sorted(fr)), (None, "t", "x"))[1])
-    frames = {name: pd.DataFrame() for name in ("lookups", "requests", "histograms", "gauges", "warmup_runs",
-                                                   "writes", "hot_keys")}
+    _computes(monkeypatch,
+              lambda n: lambda fr, cfg: (seen.setdefault(n, sorted(fr)), (None, "t", "x"))[1])
+    names = ("lookups", "requests", "histograms", "gauges", "warmup_runs", "writes", "hot_keys")
+    frames = {name: pd.DataFrame() for name in names}
     score_card(frames, AnalysisConfig.load())
     assert seen == {d.name: sorted(d.frames) for d in S.DIMENSIONS}
     assert seen["cold_start_time"] == ["lookups", "warmup_runs"]

@@ -110,7 +110,8 @@ def test_every_page_at_the_default_range(streamlit_server, page):
         settle(page)
         shots[name] = page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
         no_errors(page, name)
-        assert page.locator('[data-testid="stMainBlockContainer"] h1').first.inner_text().strip() == p.heading
+        h1 = page.locator('[data-testid="stMainBlockContainer"] h1').first.inner_text().strip()
+        assert h1 == p.heading, name
         assert query(page).get("range") == "last 6 hours", (name, page.url)  # the range is in every link
         body = page.locator('[data-testid="stMain"]').inner_text()
         for glyph in ("🟢", "🟡", "🔴", "⚪", "🔒"):  # no emoji dependency

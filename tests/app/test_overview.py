@@ -209,7 +209,7 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
         count(module, name)
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     assert not at.exception, at.exception
-    for page in [p.name for p in REGISTRY if p.prewarm and not p.default]:  # the pages the prewarm covers
+    for page in [p.name for p in REGISTRY if p.prewarm and not p.default]:  # the prewarm covers
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
     assert calls == []

@@ -78,7 +78,8 @@ def test_layer_declarations_drive_hit_rates_and_sharing():
 def test_no_module_names_a_layer_to_leave_out_of_hit_rates():
     """"Leave this layer out" is records.LAYERS' in_hit_rate, not a string compared in the code."""
     pattern = re.compile(r"""\.layer\s*!=\s*["']weights|\["layer"\]\s*!=\s*["']weights""")
-    found = [str(p.relative_to(ROOT)) for pkg in ("model", "collectors", "sources", "analysis", "app")
+    packages = ("model", "collectors", "sources", "analysis", "app")
+    found = [str(p.relative_to(ROOT)) for pkg in packages
              for p in (ROOT / pkg).rglob("*.py") if pattern.search(p.read_text())]
     assert found == []
 

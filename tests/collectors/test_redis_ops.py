@@ -1,4 +1,5 @@
-"""The Redis moment script's operations: each named _Part method writes the code the script knows."""
+"""The Redis moment script's operations: each named _Part method writes a code the script
+knows."""
 
 import inspect
 import re

@@ -40,7 +40,8 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 WINDOW_S = 60      # the rules' [5m] windows and `offset 1h` in this test
-# every page with an engine-only mode, and the last thing it draws there (the screenshot waits for it)
+# every page with an engine-only mode, and the last thing it draws there (the screenshot waits
+# for it)
 ENGINE_PAGES = [p for p in PAGES if p.engine_only]
 FIGURES: dict = {}
 _RUNS = [0]
@@ -207,8 +208,9 @@ def test_app_engine_counters_and_prometheus_agree_per_instance(phases):
 
 @pytest.fixture(scope="module")
 def unique_phase(stack, phases):
-    """After the shared-prompt phase: unique prefixes until the short-term hit-rate alert fires on both
-    instances (at most 150 s). Its start and the alerts that fired, for every test that needs them."""
+    """After the shared-prompt phase: unique prefixes until the short-term hit-rate alert fires on
+    both instances (at most 150 s). Its start and the alerts that fired, for the tests that need
+    them."""
     engines, prom = stack
     plan = [([t for t in tenants], words) for tenants, words in phases["plan"]]
     t0 = time.monotonic()
@@ -227,10 +229,12 @@ def unique_phase(stack, phases):
     return {"start": start, "fired": fired}
 
 
-def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, unique_phase, tmp_path, monkeypatch):
+def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, unique_phase, tmp_path,
+                                                        monkeypatch):
     engines, prom = stack
     FIGURES["alerts firing at the end of the shared-prompt phase"] = phases["firing_before"]
-    assert not [a for a in phases["firing_before"] if "HitRate" in a]   # quiet while the prompts are shared
+    # quiet while the prompts are shared
+    assert not [a for a in phases["firing_before"] if "HitRate" in a]
     fired = unique_phase["fired"]
     assert {f"127.0.0.1:{e.port}" for e in engines} <= fired.get("WarmscopeEngineHitRateRegressionShortTerm", set())
     # the Alerts page (engine-only mode) lists it while it fires
@@ -308,7 +312,8 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, unique_phase, tmp
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)
-    hours = round(math.ceil((time.time() - unique_phase["start"] + 5) / 36) * 0.01, 2)   # slider step 0.01 h
+    since = time.time() - unique_phase["start"]
+    hours = round(math.ceil((since + 5) / 36) * 0.01, 2)   # slider step 0.01 h
     at.slider(key="engine-rc-win").set_value((0.0, hours)).run()
     assert not at.exception
     leaves = at.dataframe[0].value
