@@ -91,7 +91,7 @@ def test_safe_defaults_loopback_ports_no_default_secret_tls_verified():
     assert "change-me" not in (ROOT / "docker-compose.yml").read_text()
     cmd = (ROOT / "Dockerfile").read_text().split("CMD", 1)[1]
     assert "0.0.0.0" not in cmd
-    assert "disable_ssl=True" not in (ROOT / "analysis" / "prometheus.py").read_text()
+    assert "disable_ssl=True" not in (ROOT / "sources" / "prometheus.py").read_text()
 
 
 def test_prometheus_source_verifies_tls_unless_told_not_to(monkeypatch):
