@@ -16,6 +16,7 @@ def store(tmp_path_factory):
     return EmbeddedStore(path, readonly=True)
 
 
+@pytest.mark.slow
 def test_report_from_unit_records(store):
     units = store.units("warmup-strategy")
     rep = build_report(units, "warmup-strategy", requests=store.frame("requests"))

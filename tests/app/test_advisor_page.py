@@ -60,6 +60,7 @@ def test_advisor_page_shows_forecast_peak_and_recommendation(streamlit_server):
         browser.close()
 
 
+@pytest.mark.slow
 def test_advise_cli_prints_table_and_json_and_rejects_bad_input(store, tmp_path):
     exe = [sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "advise"]
     out = tmp_path / "advice.json"

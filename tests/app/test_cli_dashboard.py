@@ -121,6 +121,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_demo_stops_the_dashboard_on_a_signal(ab_store, sig):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(ab_store), "demo",

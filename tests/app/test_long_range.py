@@ -10,6 +10,8 @@ from warmscope.app.dashboard.pages import PAGES
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate
 
+pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
+
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
 

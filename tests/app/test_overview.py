@@ -102,6 +102,7 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     assert at.info and ("warmscope demo" in at.info[0].value or "No experiment" in at.info[0].value)
 
 
+@pytest.mark.slow
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
     from warmscope.app.cli.main import main as cli_main
 
@@ -138,6 +139,7 @@ def test_ab_breakdown_by_tenant_and_model(app):
     assert any("across every model" in c.value for c in at.caption)
 
 
+@pytest.mark.slow
 def test_alerts_page_history_equals_the_analysis(app, demo_store):
     """The Alerts page's history (computed in the background, shown when done) lists the same episodes, with the
     same fired and resolved times, as ``alert_history`` over the page's range."""

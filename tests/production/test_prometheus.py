@@ -32,6 +32,7 @@ def _decode_literal(s: str, i: int) -> tuple[str, int]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40), st.lists(st.text(max_size=10), min_size=1, max_size=4))
+@pytest.mark.slow
 def test_label_values_cannot_change_the_query(value, values):
     q = selector("warmscope_cache_lookups_total", {"tenant": value, "layer": values})
     assert q.startswith('warmscope_cache_lookups_total{warmscope_tenant="')

@@ -38,6 +38,7 @@ def by_strategy(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_same_traffic_reaches_every_strategy(by_strategy):
     n = {s: f[2] for s, f in by_strategy.items()}
     assert len(set(n.values())) == 1 and n["none"] > 10_000, n
