@@ -27,6 +27,9 @@ def _figures(path) -> tuple[float, float, int]:
             int(m.s_requests.sum()))
 
 
+pytestmark = pytest.mark.slow  # the module's fixture simulates every strategy
+
+
 @pytest.fixture(scope="module")
 def by_strategy(tmp_path_factory):
     cfg, _ = demo_world(HOURS, now=1_795_910_400.0)
@@ -38,7 +41,6 @@ def by_strategy(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 def test_the_same_traffic_reaches_every_strategy(by_strategy):
     n = {s: f[2] for s, f in by_strategy.items()}
     assert len(set(n.values())) == 1 and n["none"] > 10_000, n
