@@ -19,7 +19,7 @@ from warmscope.app.cli.base import Simple
 
 __all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "COMMAND"]
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"  # app/cli/rules.py -> the checkout
 _URL = re.compile(r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")")
 
 
