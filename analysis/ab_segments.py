@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from warmscope.model.records import NOT_IN_HIT_RATE
 
 from .ab import adjust, batch_means
 from .buckets import bucket_start
@@ -79,7 +80,7 @@ def segment_table(lookups: pd.DataFrame, requests: pd.DataFrame, histograms: pd.
     rows: list[dict[str, Any]] = []
     lk = _arm(lookups, experiment, arms)
     if len(lk):
-        lk = lk[lk["layer"] != "weights"]  # model weights: loaded once per replica, not a warm-up cache
+        lk = lk[~lk["layer"].isin(NOT_IN_HIT_RATE)]  # e.g. model weights: not a warm-up cache
         t = hit_table(lk, by=[*by, "variant"], freq=freq)
         t = t[t["lookups"] > 0]
         _samples(t.rename(columns={"hit_rate": "v"}), by, control, treatment, "hit rate", rows, min_buckets)

@@ -25,37 +25,13 @@ from typing import Any
 
 from warmscope.collectors.config import ConfigError, load_section, setting
 
+from .scores import DIMENSIONS, DimensionSpec
+
 __all__ = ["AnalysisConfig", "DimensionSpec", "DEFAULT_DIMENSIONS", "ConfigError"]
 
 
-@dataclass(frozen=True)
-class DimensionSpec:
-    name: str
-    label: str
-    unit: str
-    better: str  # "lower" | "higher" | "target"
-    target: float
-    worst: float
-    weight: float
-
-
-_OTHER = round(0.57 / 10, 6)
-DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = (
-    DimensionSpec("request_latency", "Request latency (TTFT P95)", "s", "lower", 1.0, 5.0, _OTHER),
-    DimensionSpec("cache_hit_rate", "Cache hit rate", "ratio", "higher", 0.8, 0.3, _OTHER),
-    DimensionSpec("prediction_mape", "Request-prediction error (MAPE)", "ratio", "lower", 0.15, 0.6, 0.18),
-    DimensionSpec("warmup_qps_gain", "Warm-up QPS gain", "ratio", "higher", 0.2, 0.0, _OTHER),
-    DimensionSpec("cold_start_time", "Cold-start time", "s", "lower", 300.0, 1800.0, _OTHER),
-    DimensionSpec("gpu_memory_fluctuation", "GPU memory fluctuation (CV)", "ratio", "lower", 0.1, 0.5, _OTHER),
-    DimensionSpec("feature_load_latency", "Feature/embedding load latency", "s", "lower", 0.02, 0.2, _OTHER),
-    DimensionSpec("sla_deviation", "SLA deviation (share missed)", "ratio", "lower", 0.01, 0.1, _OTHER),
-    DimensionSpec("ab_conversion_attribution", "A/B conversion attribution (relative lift)", "ratio", "higher",
-                  0.05, -0.05, _OTHER),
-    DimensionSpec("grey_release_penetration", "Grey-release traffic penetration", "ratio", "target", 0.5, 0.0,
-                  _OTHER),
-    DimensionSpec("resource_cost_share", "Warm-up resource cost share", "ratio", "lower", 0.05, 0.3, _OTHER),
-    DimensionSpec("warmup_roi", "Warm-up ROI (T+5 min sliding window)", "ratio", "higher", 1.0, -1.0, 0.25),
-)
+# The dimensions and their defaults are declared once, on their computations (analysis/scores.py).
+DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = DIMENSIONS
 
 
 def _roi_windows(key: str, v: Any) -> tuple[float, ...]:
@@ -119,10 +95,11 @@ def _dimensions(v: Any) -> tuple[DimensionSpec, ...]:
                 raise ConfigError(f"analysis.dimensions.{name}.{k} must be a number, got {x!r}") from None
         if upd.get("weight", 0) < 0:
             raise ConfigError(f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}")
-        d = replace(d, **upd)  # type: ignore[arg-type]  # numeric fields only
-        if d.better != "target" and d.target == d.worst:
-            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ (both {d.target})")
-        by[name] = d
+        target, worst = upd.get("target", d.target), upd.get("worst", d.worst)
+        if d.better != "target" and target == worst:
+            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ "
+                              f"(both {target})")
+        by[name] = replace(d, **upd)  # type: ignore[arg-type]  # numeric fields only
     dims = tuple(by[d.name] for d in DEFAULT_DIMENSIONS)
     if sum(d.weight for d in dims) <= 0:
         raise ConfigError("analysis.dimensions: the weights must not all be zero")

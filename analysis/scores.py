@@ -60,25 +60,103 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+from warmscope.model.records import FRAMES, NOT_IN_HIT_RATE
+from warmscope.model.registry import require, unique
 
 from .buckets import bucket_start
-from .config import AnalysisConfig, DimensionSpec
 from .forecast import prediction_error
 from .hitrate import Z95, hit_table, wilson
 from .latency import TTFT, all_bounds, quantile_from_buckets
 from .roi import benefit_series, fit_decay, replica_runs, roi_windows
 
-__all__ = ["DimensionScore", "ScoreCard", "score_card", "normalise"]
+if TYPE_CHECKING:  # config.py reads DIMENSIONS from here
+    from .config import AnalysisConfig
+
+__all__ = ["DimensionSpec", "DIMENSIONS", "DimensionScore", "ScoreCard", "dimension", "score_card",
+           "normalise"]
 
 Frames = Mapping[str, pd.DataFrame]
 # A dimension's measurement: (value or None, source, note[, (ci_low, ci_high) or None]).
 Measure = tuple[float | None, str, str] | tuple[float | None, str, str, tuple[float, float] | None]
+Compute = Callable[[Frames, "AnalysisConfig"], Measure]
+BETTER = ("lower", "higher", "target")
+
+
+@dataclass(frozen=True)
+class DimensionSpec:
+    """One dimension of the score card: how it is computed, from which frames, and how it is scored.
+
+    ``compute(frames, cfg)`` is given only the ``frames`` declared here. ``better`` is ``"lower"``,
+    ``"higher"`` or ``"target"``; the score is 1 at ``target`` and 0 at ``worst``. ``weight`` is
+    the base weight in the composite (renormalised over the dimensions with data); ``[analysis.
+    dimensions.NAME]`` in the configuration can override target, worst and weight."""
+
+    name: str
+    label: str
+    unit: str
+    better: str
+    target: float
+    worst: float
+    weight: float
+    compute: Compute = field(repr=False, compare=False)
+    frames: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        def need(ok: object, problem: str) -> None:
+            require(ok, "score dimension", self.name, problem)
+
+        need(isinstance(self.name, str) and self.name.isidentifier(),
+             "the name must be an identifier")
+        need(self.label, "needs a label people read")
+        need(self.better in BETTER,
+             f"better must be one of {', '.join(BETTER)}, got {self.better!r}")
+        for f in ("target", "worst", "weight"):
+            need(isinstance(getattr(self, f), int | float), f"{f} must be a number")
+        need(self.weight >= 0, f"weight must be >= 0, got {self.weight}")
+        need(self.better == "target" or self.target != self.worst,
+             f"target and worst must differ (both {self.target})")
+        need(callable(self.compute), "needs compute(frames, cfg)")
+        need(self.frames, "needs the frames it reads (frames=(...))")
+        unknown = [f for f in self.frames if f not in FRAMES]
+        need(not unknown, f"reads frames no record declares: {', '.join(unknown)}")
+
+
+_DECLARED: list[tuple[dict[str, Any], Compute]] = []
+
+
+def dimension(name: str, label: str, unit: str, better: str, target: float, worst: float,
+              weight: float | None = None, *,
+              frames: tuple[str, ...]) -> Callable[[Compute], Compute]:
+    """Declare the decorated function as the computation of score dimension ``name``.
+
+    ``weight=None``: an equal share of what the dimensions with an explicit weight leave of 1. The
+    entry is checked when this module is imported (:class:`DimensionSpec`)."""
+
+    def register(fn: Compute) -> Compute:
+        _DECLARED.append((dict(name=name, label=label, unit=unit, better=better, target=target,
+                               worst=worst, weight=weight, frames=frames), fn))
+        return fn
+
+    return register
+
+
+def build(declared: list[tuple[dict[str, Any], Compute]]) -> tuple[DimensionSpec, ...]:
+    """The registry from ``@dimension`` declarations: shares of the remaining weight resolved, each
+    entry checked (``RegistryError`` names the dimension and what is missing)."""
+    unique("score dimension", [d["name"] for d, _ in declared])
+    fixed = sum(d["weight"] for d, _ in declared if d["weight"] is not None)
+    shared = [d["name"] for d, _ in declared if d["weight"] is None]
+    require(fixed <= 1 or not shared, "score dimension", ", ".join(shared),
+            f"no weight left to share: the explicit weights sum to {fixed}")
+    share = round((1 - fixed) / len(shared), 6) if shared else 0.0
+    return tuple(DimensionSpec(**{**d, "weight": share if d["weight"] is None else d["weight"]},
+                               compute=fn) for d, fn in declared)
 
 
 @dataclass(frozen=True)
@@ -124,8 +202,19 @@ def _f(frames: Frames, name: str) -> pd.DataFrame:
     return df if df is not None else pd.DataFrame()
 
 
+def _in_hit_rate(lk: pd.DataFrame) -> np.ndarray:
+    """The rows of layers counted in hit rates (``records.LAYERS``' ``in_hit_rate``)."""
+    return cast(np.ndarray, (~lk["layer"].isin(NOT_IN_HIT_RATE)).to_numpy(dtype=bool))
+
+
+_LAYERS_COUNTED = ("layers except " + ", ".join(NOT_IN_HIT_RATE)) if NOT_IN_HIT_RATE else \
+    "all layers"
+
+
 # Each returns (value or None, source, note[, (ci_low, ci_high)]). No CI means
 # the value is an exact count (an accounting quantity), not an estimate.
+@dimension("request_latency", "Request latency (TTFT P95)", "s", "lower", 1.0, 5.0,
+           frames=("histograms",))
 def _latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     h = h[h["metric"] == TTFT] if len(h) else h
@@ -147,15 +236,16 @@ def _latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return v, f"histograms: {TTFT} P95", "", (lo, hi)
 
 
+@dimension("cache_hit_rate", "Cache hit rate", "ratio", "higher", 0.8, 0.3, frames=("lookups",))
 def _hit_rate(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk = _f(fr, "lookups")
     if lk.empty:
         return None, "lookups", "no lookups"
-    t = hit_table(lk, mask=(lk["layer"] != "weights").to_numpy(dtype=bool))
+    t = hit_table(lk, mask=_in_hit_rate(lk))
     v = t["hit_rate"].iloc[0] if len(t) else np.nan
     if not np.isfinite(v):
         return None, "lookups", "no hit/miss lookups"
-    return float(v), "lookups: hits / (hits + misses), layers except weights", "", \
+    return float(v), f"lookups: hits / (hits + misses), {_LAYERS_COUNTED}", "", \
         (float(t["ci_low"].iloc[0]), float(t["ci_high"].iloc[0]))
 
 
@@ -168,6 +258,8 @@ def _step(lk: pd.DataFrame) -> float:
     return float(d[d > 0].min()) if len(d) and (d > 0).any() else 0.0
 
 
+@dimension("prediction_mape", "Request-prediction error (MAPE)", "ratio", "lower", 0.15, 0.6,
+           0.18, frames=("lookups",))
 def _mape(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk = _f(fr, "lookups")
     if lk.empty:
@@ -212,6 +304,7 @@ def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Se
     return half
 
 
+@dimension("warmup_qps_gain", "Warm-up QPS gain", "ratio", "higher", 0.2, 0.0, frames=("requests",))
 def _qps_gain(fr: Frames, cfg: AnalysisConfig) -> Measure:
     arms = _arms(fr, cfg)
     if arms is None:
@@ -232,6 +325,8 @@ def _qps_gain(fr: Frames, cfg: AnalysisConfig) -> Measure:
 _STARTS = ("replica_start", "replica_restart")
 
 
+@dimension("cold_start_time", "Cold-start time", "s", "lower", 300.0, 1800.0,
+           frames=("lookups", "warmup_runs"))
 def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk, runs = _f(fr, "lookups"), _f(fr, "warmup_runs")
     if lk.empty:
@@ -243,7 +338,7 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
     if starts.empty:
         return None, "warmup_runs, lookups", "no replica started in this range (nothing to time)"
     starts = starts.groupby(["replica", "started"], as_index=False).size()
-    t = hit_table(lk, by=["replica"], freq=60, mask=(lk["layer"] != "weights").to_numpy(dtype=bool))
+    t = hit_table(lk, by=["replica"], freq=60, mask=_in_hit_rate(lk))
     t = t[t["lookups"] > 0]
     t_end = float(lk["ts"].max())
     times = []
@@ -270,6 +365,8 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
                "rate"), "", ci
 
 
+@dimension("gpu_memory_fluctuation", "GPU memory fluctuation (CV)", "ratio", "lower", 0.1, 0.5,
+           frames=("gauges",))
 def _gpu_mem(fr: Frames, cfg: AnalysisConfig) -> Measure:
     g = _f(fr, "gauges")
     if g.empty or "metric" not in g or not (g["metric"] == "warmscope.gpu.memory.usage_ratio").any():
@@ -285,6 +382,8 @@ def _gpu_mem(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return float(cv.mean()), "gauges: CV of warmscope.gpu.memory.usage_ratio per replica", ""
 
 
+@dimension("feature_load_latency", "Feature/embedding load latency", "s", "lower", 0.02, 0.2,
+           frames=("histograms",))
 def _load_latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     if h.empty:
@@ -306,6 +405,8 @@ def _load_latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return v, f"histograms: mean warmscope.cache.load.duration ({src})", ""
 
 
+@dimension("sla_deviation", "SLA deviation (share missed)", "ratio", "lower", 0.01, 0.1,
+           frames=("requests",))
 def _sla(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     if r.empty:
@@ -319,6 +420,8 @@ def _sla(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return missed / n, "requests: sla_met = false share", "", (float(lo), float(hi))
 
 
+@dimension("ab_conversion_attribution", "A/B conversion attribution (relative lift)", "ratio",
+           "higher", 0.05, -0.05, frames=("requests",))
 def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
     arms = _arms(fr, cfg)
     if arms is None:
@@ -336,6 +439,8 @@ def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
         (v - half, v + half) if half is not None else None
 
 
+@dimension("grey_release_penetration", "Grey-release traffic penetration", "ratio", "target",
+           0.5, 0.0, frames=("requests",))
 def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     e = r[r["experiment"].astype(bool)] if len(r) else r
@@ -354,6 +459,8 @@ def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return float(last[True] / last.sum()), f"requests: share on variant {cfg.treatment_variant} in the last hour", ""
 
 
+@dimension("resource_cost_share", "Warm-up resource cost share", "ratio", "lower", 0.05, 0.3,
+           frames=("warmup_runs", "requests"))
 def _cost_share(fr: Frames, cfg: AnalysisConfig) -> Measure:
     runs, r = _f(fr, "warmup_runs"), _f(fr, "requests")
     serve = r["gpu_s"].sum() if len(r) else 0.0
@@ -363,6 +470,8 @@ def _cost_share(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return float(warm / (serve + warm)), "warmup_runs.gpu_s ÷ (warm-up + serving GPU-s)", ""
 
 
+@dimension("warmup_roi", "Warm-up ROI (T+5 min sliding window)", "ratio", "higher", 1.0, -1.0, 0.25,
+           frames=("warmup_runs", "requests"))
 def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
     """Compute ROI over (end, end + T] after each warm-up, runs merged per
     replica (one benefit per warm-up, not one per layer), pooled over warm-ups:
@@ -412,13 +521,7 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
                       "(GPU-s saved × price − cost) / cost"), note, (float(v - Z95 * se), float(v + Z95 * se))
 
 
-_COMPUTE: dict[str, Callable[[Frames, AnalysisConfig], Measure]] = {
-    "request_latency": _latency, "cache_hit_rate": _hit_rate, "prediction_mape": _mape,
-    "warmup_qps_gain": _qps_gain, "cold_start_time": _cold_start, "gpu_memory_fluctuation": _gpu_mem,
-    "feature_load_latency": _load_latency, "sla_deviation": _sla, "ab_conversion_attribution": _conv,
-    "grey_release_penetration": _penetration, "resource_cost_share": _cost_share,
-    "warmup_roi": _roi,
-}
+DIMENSIONS: tuple[DimensionSpec, ...] = build(_DECLARED)  # the score card's dimensions, in order
 
 
 def _excludes_target(spec: DimensionSpec, ci: tuple[float, float] | None) -> bool:
@@ -436,11 +539,14 @@ def _excludes_target(spec: DimensionSpec, ci: tuple[float, float] | None) -> boo
 
 
 def score_card(frames: Frames, cfg: AnalysisConfig | None = None) -> ScoreCard:
-    cfg = cfg or AnalysisConfig()
+    if cfg is None:
+        from .config import AnalysisConfig
+
+        cfg = AnalysisConfig()
     raw = []
     for spec in cfg.dimensions:
         try:
-            out = _COMPUTE[spec.name](frames, cfg)
+            out = spec.compute({n: frames[n] for n in spec.frames if n in frames}, cfg)
         except (KeyError, ValueError) as e:  # a frame missing a column: say so, don't crash
             out = (None, "", f"cannot compute: {e}")
         value, source, note = out[:3]

@@ -38,16 +38,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from warmscope.app.dashboard.pages import PAGES as REGISTRY
+
 ROOT = Path(__file__).resolve().parents[1]
-# path in the URL, sidebar link text, page title
-PAGES = {"overview": ("", "Overview", "Cache warm-up overview"),
-         "hitrate": ("hitrate", "Hit rate explorer", "Hit rate explorer"),
-         "latency": ("latency", "Latency", "Latency percentiles"),
-         "warmup": ("warmup", "Warm-up runs", "Warm-up runs"),
-         "hotkeys": ("hotkeys", "Hot keys", "Hot keys"),
-         "rootcause": ("rootcause", "Root cause", "Root cause"),
-         "ab": ("ab", "A/B", "A/B report"),
-         "alerts": ("alerts", "Alerts", "Alerts")}
+# path in the URL, sidebar link text, page title: every page of app/dashboard/pages.py
+PAGES = {p.name: (p.url_path, p.title, p.heading) for p in REGISTRY}
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 IDLE = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"

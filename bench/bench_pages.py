@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
+from warmscope.app.dashboard.pages import PAGES as REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["overview", "hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"]
-TITLES = {"overview": "Cache warm-up overview", "hitrate": "Hit rate explorer", "warmup": "Warm-up runs",
-          "hotkeys": "Hot keys", "rootcause": "Root cause", "ab": "A/B report", "alerts": "Alerts"}
+PAGES = [p.name for p in REGISTRY]  # every page of app/dashboard/pages.py
+TITLES = {p.name: p.heading for p in REGISTRY}
 
 
 def render(page: str, range_: str) -> float:

@@ -129,13 +129,23 @@ def _bucket_s(b: float) -> str:
 
 # KEYS[1]: the part's marker; KEYS[2..]: every key the part touches.
 # ARGV[1]: marker ttl; ARGV[2]: JSON [checks, ops] (one argument: cheap to send).
-# checks: [key index, expected _v]; ops, keys by index, values as strings:
-# ["zi", k, incr, member] | ["hs", k, field, value] | ["hi"/"hf", k, field, incr]
-# | ["hv", k, [field, incr, field, incr, ...]] (HINCRBYFLOAT each) |
-# ["mn"/"mx", k, field, value] (keep the min / max) | ["za", k, score, member]
-# | ["sa", k, member] | ["ex", k, ttl].
+# checks: [key index, expected _v]; ops: [code, key index, args...], values as strings. Python
+# writes them through _Part's named operations; the two-letter codes keep the payload small:
 # Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
 # _v changed since they were read (nothing applied).
+# code: (the _Part method that writes it, what the script does)
+OPS: dict[str, tuple[str | None, str]] = {
+    "hi": ("hash_add_int", "HINCRBY k field n"),
+    "hf": ("hash_add_float", "HINCRBYFLOAT k field x"),
+    "hv": ("hash_add_floats", "HINCRBYFLOAT k field x for each (field, x) of a flat list"),
+    "hs": ("hash_set", "HSET k field value"),
+    "mn": ("hash_keep_min", "HSET k field x where the field is absent or larger"),
+    "mx": ("hash_keep_max", "HSET k field x where the field is absent or smaller"),
+    "zi": ("zset_add", "ZINCRBY k n member"),
+    "za": (None, "ZADD k score member (nothing writes it now)"),
+    "sa": ("set_add", "SADD k member"),
+    "ex": ("expire", "EXPIRE k seconds"),
+}
 _APPLY = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local d = cjson.decode(ARGV[2])
@@ -204,7 +214,8 @@ def connect(url: str | None, client: Any = None, **kw: Any) -> Any:
 
 
 class _Part:
-    """One hash tag's share of a batch: keys by index, checks, ops."""
+    """One hash tag's share of a batch: the keys it touches (by index), the versions it expects
+    (checks) and its operations, written through the named methods below (codes in ``OPS``)."""
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
@@ -221,11 +232,203 @@ class _Part:
     def op(self, op: str, name: str, *args: Any) -> None:
         self.ops.append([op, self.k(name), *(a if isinstance(a, list) else str(a) for a in args)])
 
+    def hash_add_int(self, name: str, field: str, n: int) -> None:
+        self.op("hi", name, field, int(n))
+
+    def hash_add_float(self, name: str, field: str, x: float) -> None:
+        self.op("hf", name, field, repr(float(x)))
+
+    def hash_add_floats(self, name: str, fields_and_values: list[str]) -> None:
+        """``[field, repr(x), field, repr(x), ...]``: one operation for many fields."""
+        self.op("hv", name, fields_and_values)
+
+    def hash_set(self, name: str, field: str, value: Any) -> None:
+        self.op("hs", name, field, value)
+
+    def hash_keep_min(self, name: str, field: str, x: float) -> None:
+        self.op("mn", name, field, repr(float(x)))
+
+    def hash_keep_max(self, name: str, field: str, x: float) -> None:
+        self.op("mx", name, field, repr(float(x)))
+
+    def zset_add(self, name: str, n: int, member: str) -> None:
+        self.op("zi", name, n, member)
+
+    def set_add(self, name: str, member: str) -> None:
+        self.op("sa", name, member)
+
+    def expire(self, name: str, seconds: int) -> None:
+        self.op("ex", name, seconds)
+
     def check(self, name: str, version: str) -> None:
         self.checks.append([self.k(name), version])
 
     def payload(self) -> str:
         return json.dumps([self.checks, self.ops], separators=(",", ":"))
+
+
+Deltas = dict[tuple[Any, ...], np.ndarray]  # moment changes per group
+Spans = dict[tuple[Any, ...], list[Any]]  # [min first_ts, max last_ts] per group
+
+
+def _str_keys(h: dict[Any, Any]) -> dict[str, Any]:
+    return {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
+
+
+class _UnitTotals:
+    """The units of one part, as arrays with a row per unit and the columns first_ts, last_ts,
+    then ``_FIELDS``: what Redis holds (``stored``, ``present`` where the hash exists) and what
+    this batch adds (``added``; ``has_row`` where the unit gets a row now)."""
+
+    def __init__(self, n: int) -> None:
+        self.names: list[str] = []  # each unit's hash key
+        self.hashes: list[dict[str, Any]] = []  # each unit's hash as read (str keys)
+        self.stored = np.zeros((n, _NV))
+        self.added = np.zeros((n, _NV))
+        self.present = np.zeros(n)
+        self.has_row = np.zeros(n, dtype=bool)
+
+    @classmethod
+    def read(cls, p: _Part, tag: str, units: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
+             unit_rows: dict[tuple[Any, ...], list[Any]], now: float) -> _UnitTotals:
+        """The units' stored and added totals; a version check per unit on ``p``."""
+        t = cls(len(units))
+        for i, unit in enumerate(units):
+            name = key(tag, "u", enc(unit[1]), unit[2])
+            t.names.append(name)
+            h = _str_keys(olds.get(name) or {})
+            t.hashes.append(h)
+            if "first_ts" in h:
+                t.present[i] = 1
+                first = float(h["first_ts"])
+                t.stored[i, 0], t.stored[i, 1] = first, float(h.get("last_ts", first))
+                t.stored[i, 2:] = [float(h.get(f, 0) or 0) for f in _FIELDS]
+                v = h.get("_v", b"0")
+                p.check(name, v.decode() if isinstance(v, bytes) else str(v))
+            else:
+                p.check(name, "0")
+            row = unit_rows.get(unit)
+            if row is not None:
+                t.has_row[i] = True
+                t.added[i] = row
+            elif not t.present[i]:  # lookups only, a new unit: an all-zero unit row, counted once
+                t.has_row[i] = True
+                t.added[i, 0] = t.added[i, 1] = now
+        return t
+
+    @property
+    def first_seen(self) -> np.ndarray:
+        return np.where(self.present > 0, self.stored[:, 0], self.added[:, 0])
+
+    def totals(self) -> np.ndarray:
+        """The totals after this batch: sums, the earlier first_ts and the later last_ts."""
+        old, add = self.stored, self.added
+        new = old + add
+        seen = self.present > 0
+        new[:, 0] = np.where(seen, np.minimum(old[:, 0], add[:, 0]), add[:, 0])
+        new[:, 1] = np.where(seen, np.maximum(old[:, 1], add[:, 1]), add[:, 1])
+        return new
+
+    def moment_deltas(self, units: list[tuple[Any, ...]],
+                      bucket: np.ndarray) -> tuple[Deltas, Spans]:
+        """Per (variant, first-seen bucket): the change of the unit moments (``ab_moments``
+        columns) and the span [min first_ts, max last_ts] of the units that changed. Units
+        without a row keep their totals: they change nothing."""
+        changed = np.flatnonzero(self.has_row)
+        deltas: Deltas = {}
+        spans: Spans = {}
+        if not len(changed):
+            return deltas, spans
+        new = self.totals()
+        delta = (_m.contributions(new[changed], np.ones(len(changed)))
+                 - _m.contributions(self.stored[changed], self.present[changed]))
+        for j, i in enumerate(changed):
+            group = (units[i][1], float(bucket[i]))
+            if group in deltas:
+                deltas[group] += delta[j]
+                span = spans[group]
+                span[0], span[1] = min(span[0], new[i, 0]), max(span[1], new[i, 1])
+            else:
+                deltas[group] = delta[j].copy()
+                spans[group] = [new[i, 0], new[i, 1]]
+        return deltas, spans
+
+    def add_totals(self, p: _Part, units: list[tuple[Any, ...]],
+                   unit_rows: dict[tuple[Any, ...], list[Any]]) -> None:
+        """Each changed unit's sums added to its hash; first_ts and last_ts kept at the extremes."""
+        for i in np.flatnonzero(self.has_row):
+            name, unit = self.names[i], units[i]
+            sums = unit_rows[unit][2:] if unit in unit_rows else ()
+            for f, v in zip(_FIELDS, sums, strict=False):
+                if v:
+                    if isinstance(v, float):
+                        p.hash_add_float(name, f, v)
+                    else:
+                        p.hash_add_int(name, f, int(v))
+            p.hash_keep_min(name, "first_ts", float(self.added[i, 0]))
+            p.hash_keep_max(name, "last_ts", float(self.added[i, 1]))
+
+
+def _add_layer_totals(p: _Part, units: list[tuple[Any, ...]], u: _UnitTotals,
+                      layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
+                      bucket: np.ndarray) -> Deltas:
+    """Each unit's per-layer lookups and hits added to its hash; returns the change of the layer
+    moments per (variant, first-seen bucket, layer), all unit × layer pairs computed at once."""
+    pairs: list[tuple[int, str]] = []
+    stored: list[tuple[float, float]] = []  # (lookups, hits) as stored
+    present: list[float] = []  # 1.0 where the unit's hash has the layer
+    added: list[tuple[float, float]] = []  # (lookups, hits) of this batch
+    for i, unit in enumerate(units):
+        h = u.hashes[i]
+        for layer, (lookups, hits) in (layer_rows.get(unit) or {}).items():
+            pairs.append((i, layer))
+            lf, hf = f"{layer}:lookups", f"{layer}:hits"
+            stored.append((float(h.get(lf, 0) or 0), float(h.get(hf, 0) or 0)))
+            present.append(float(lf in h))
+            added.append((lookups, hits))
+            p.hash_add_int(u.names[i], lf, int(lookups))
+            p.hash_add_int(u.names[i], hf, int(hits))
+    deltas: Deltas = {}
+    if not pairs:
+        return deltas
+    old, add = np.array(stored, dtype=float), np.array(added, dtype=float)
+    new = old + add
+    delta = (_m.layer_contributions(new[:, 0], new[:, 1], np.ones(len(pairs)))
+             - _m.layer_contributions(old[:, 0], old[:, 1], np.array(present)))
+    for (i, layer), row in zip(pairs, delta, strict=True):
+        group = (units[i][1], float(bucket[i]), layer)
+        if group in deltas:
+            deltas[group] += row
+        else:
+            deltas[group] = row.copy()
+    return deltas
+
+
+def _add_moments(p: _Part, tag: str, moments: Deltas, spans: Spans, layer_moments: Deltas) -> None:
+    """The moment changes added to one hash per (variant, bucket), listed in the part's index."""
+    hashes = set()
+    for (variant, b), delta in moments.items():
+        mk = key(tag, "m", enc(variant), _bucket_s(b))
+        hashes.add((mk, f"{enc(variant)}:{_bucket_s(b)}"))
+        fv: list[str] = []
+        for c, v in zip(_m.COLUMNS, delta.tolist(), strict=True):
+            if v and c not in ("min_first", "max_last"):
+                fv += (c, repr(v))
+        p.hash_add_floats(mk, fv)
+        first, last = spans[(variant, b)]
+        p.hash_keep_min(mk, "min_first", float(first))
+        p.hash_keep_max(mk, "max_last", float(last))
+    for (variant, b, layer), delta in layer_moments.items():
+        mk = key(tag, "m", enc(variant), _bucket_s(b))
+        hashes.add((mk, f"{enc(variant)}:{_bucket_s(b)}"))
+        fv = []
+        for c, v in zip(_m.LAYER_COLUMNS, delta.tolist(), strict=True):
+            if v:
+                fv += (f"L:{enc(layer)}:{c}", repr(v))
+        p.hash_add_floats(mk, fv)
+    for mk, member in hashes:
+        p.set_add(key(tag, "mi"), member)
+        p.expire(mk, RUN_TTL_S)
 
 
 class RedisSink:
@@ -379,33 +582,33 @@ class RedisSink:
             p = part(tag)
             base = key(tag, enc(layer))
             if hits:
-                p.op("zi", base + ":hits", hits, kh)
+                p.zset_add(base + ":hits", hits, kh)
             if misses:
-                p.op("zi", base + ":misses", misses, kh)
-            p.op("hs", base + ":fam", kh, fam)
+                p.zset_add(base + ":misses", misses, kh)
+            p.hash_set(base + ":fam", kh, fam)
             if err:
-                p.op("hs", base + ":err", kh, err)
+                p.hash_set(base + ":err", kh, err)
             zidx[f"{PREFIX}:hot:windows"][f"{int(window)}:{enc(tenant)}:{enc(layer)}"] = window
             n += 1
         for p in parts.values():
             for name in list(p.keys):
-                p.op("ex", name, ttl)
+                p.expire(name, ttl)
 
         for row in batches.get("warmup_runs", ()):
             rec = {c: ("" if v is None else v) for c, v in zip(_RUN_COLS, row, strict=True)}
             tag = run_tag(rec["run_id"])
             p = part(tag)
             for f, v in rec.items():
-                p.op("hs", key(tag), f, v)
-            p.op("ex", key(tag), RUN_TTL_S)
+                p.hash_set(key(tag), f, v)
+            p.expire(key(tag), RUN_TTL_S)
             zidx[f"{PREFIX}:runs"][rec["run_id"]] = float(rec["started"] or 0)
             n += 1
         for what in ("warmed", "early"):
             for row in batches.get(f"{what}_keys", ()):
                 tag = run_tag(row[0])
                 p = part(tag)
-                p.op("hs", key(tag, what), row[1], json.dumps(list(row[2:])))
-                p.op("ex", key(tag, what), RUN_TTL_S)
+                p.hash_set(key(tag, what), row[1], json.dumps(list(row[2:])))
+                p.expire(key(tag, what), RUN_TTL_S)
                 n += 1
         units = batches.get("ab_units", ())
         lookups = batches.get("ab_lookups", ())
@@ -462,126 +665,26 @@ class RedisSink:
             raise RuntimeError(f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush")
         return {u[0] for u in list(ukeys) + list(lk)}
 
-    def _ab_part(self, tag: str, us: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
-                 ukeys: dict[tuple[Any, ...], list[Any]], lk: dict[tuple[Any, ...], dict[str, list[Any]]],
-                 now: float) -> _Part:
+    def _ab_part(self, tag: str, units: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
+                 unit_rows: dict[tuple[Any, ...], list[Any]],
+                 layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]], now: float) -> _Part:
+        """One (experiment, shard) part of a batch: each unit's totals and per-layer totals, and the
+        A/B moments of its (variant, first-seen bucket), as the difference its new totals make to
+        what is stored. ``olds`` holds the units' hashes as read; the script applies the part only
+        if no unit's version ``_v`` changed since (else the caller reads again)."""
         p = _Part(tag)
-        m = len(us)
-        o = np.zeros((m, _NV))
-        d = np.zeros((m, _NV))
-        present = np.zeros(m)
-        has_row = np.zeros(m, dtype=bool)
-        names = []
-        i: Any  # a position from enumerate() here, a numpy index from np.flatnonzero() below
-        for i, u in enumerate(us):
-            name = key(tag, "u", enc(u[1]), u[2])
-            names.append(name)
-            h = olds.get(name) or {}
-            if b"first_ts" in h or "first_ts" in h:
-                g = {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
-                present[i] = 1
-                o[i, 0], o[i, 1] = float(g["first_ts"]), float(g.get("last_ts", g["first_ts"]))
-                o[i, 2:] = [float(g.get(f, 0) or 0) for f in _FIELDS]
-                v = g.get("_v", b"0")
-                p.check(name, v.decode() if isinstance(v, bytes) else str(v))
-            else:
-                p.check(name, "0")
-            row = ukeys.get(u)
-            if row is not None:
-                has_row[i] = True
-                d[i] = row
-            elif not present[i]:  # lookups only, a new unit: an all-zero unit row, counted once
-                has_row[i] = True
-                d[i, 0] = d[i, 1] = now
-        # Unit rows: totals and moments (units without a new row keep their totals: nothing to add).
-        sel = np.flatnonzero(has_row)
-        new = o + d
-        new[:, 0] = np.where(present > 0, np.minimum(o[:, 0], d[:, 0]), d[:, 0])
-        new[:, 1] = np.where(present > 0, np.maximum(o[:, 1], d[:, 1]), d[:, 1])
-        first = np.where(present > 0, o[:, 0], d[:, 0])
-        bucket = _m.bucket_of(first)
-        macc: dict[tuple[Any, ...], np.ndarray] = {}
-        ext: dict[tuple[Any, ...], list[Any]] = {}
-        if len(sel):
-            delta = _m.contributions(new[sel], np.ones(len(sel))) - _m.contributions(o[sel], present[sel])
-            for j, i in enumerate(sel):
-                mg = (us[i][1], float(bucket[i]))
-                acc = macc.get(mg)
-                if acc is None:
-                    macc[mg] = delta[j].copy()
-                    ext[mg] = [new[i, 0], new[i, 1]]
-                else:
-                    acc += delta[j]
-                    e = ext[mg]
-                    e[0], e[1] = min(e[0], new[i, 0]), max(e[1], new[i, 1])
-        for i in sel:
-            name = names[i]
-            for f, v in zip(_FIELDS, ukeys[us[i]][2:] if us[i] in ukeys else (), strict=False):
-                if v:
-                    if isinstance(v, float):
-                        p.op("hf", name, f, repr(v))
-                    else:
-                        p.op("hi", name, f, int(v))
-            p.op("mn", name, "first_ts", repr(float(d[i, 0])))
-            p.op("mx", name, "last_ts", repr(float(d[i, 1])))
-        # Layer totals and layer moments (all unit × layer pairs at once).
-        pairs, ol, lp, tl = [], [], [], []
-        for i, u in enumerate(us):
-            layers = lk.get(u)
-            if not layers:
-                continue
-            h = olds.get(names[i]) or {}
-            g = {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
-            for ly, (a, b) in layers.items():
-                pairs.append((i, ly))
-                lf = f"{ly}:lookups"
-                ol.append((float(g.get(lf, 0) or 0), float(g.get(f"{ly}:hits", 0) or 0)))
-                lp.append(float(lf in g))
-                tl.append((a, b))
-                p.op("hi", names[i], lf, int(a))
-                p.op("hi", names[i], f"{ly}:hits", int(b))
-        lacc: dict[tuple[Any, ...], np.ndarray] = {}
-        if pairs:
-            o_l, t = np.array(ol, dtype=float), np.array(tl, dtype=float)
-            delta = (_m.layer_contributions(o_l[:, 0] + t[:, 0], o_l[:, 1] + t[:, 1], np.ones(len(pairs)))
-                     - _m.layer_contributions(o_l[:, 0], o_l[:, 1], np.array(lp)))
-            for (i, ly), row in zip(pairs, delta, strict=True):
-                gk = (us[i][1], float(bucket[i]), ly)
-                if gk in lacc:
-                    lacc[gk] += row
-                else:
-                    lacc[gk] = row.copy()
-        for name in names:
-            p.op("hi", name, "_v", 1)
-            p.op("ex", name, RUN_TTL_S)
-            var_uh = name.rsplit(":u:", 1)[1]
-            p.op("sa", key(tag, "units"), var_uh)
-        # Moments: one hash per (variant, bucket).
-        mkeys = set()
-        for (var, b), acc in macc.items():
-            mk = key(tag, "m", enc(var), _bucket_s(b))
-            mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
-            fv: list[str] = []
-            for c, v in zip(_m.COLUMNS, acc.tolist(), strict=True):
-                if v and c not in ("min_first", "max_last"):
-                    fv += (c, repr(v))
-            p.op("hv", mk, fv)
-            e = ext[(var, b)]
-            p.op("mn", mk, "min_first", repr(float(e[0])))
-            p.op("mx", mk, "max_last", repr(float(e[1])))
-        for (var, b, ly), acc in lacc.items():
-            mk = key(tag, "m", enc(var), _bucket_s(b))
-            mkeys.add((mk, f"{enc(var)}:{_bucket_s(b)}"))
-            fv = []
-            for c, v in zip(_m.LAYER_COLUMNS, acc.tolist(), strict=True):
-                if v:
-                    fv += (f"L:{enc(ly)}:{c}", repr(v))
-            p.op("hv", mk, fv)
-        for mk, member in mkeys:
-            p.op("sa", key(tag, "mi"), member)
-            p.op("ex", mk, RUN_TTL_S)
-        p.op("ex", key(tag, "mi"), RUN_TTL_S)
-        p.op("ex", key(tag, "units"), RUN_TTL_S)
+        u = _UnitTotals.read(p, tag, units, olds, unit_rows, now)
+        bucket = _m.bucket_of(u.first_seen)
+        moments, spans = u.moment_deltas(units, bucket)
+        u.add_totals(p, units, unit_rows)
+        layer_moments = _add_layer_totals(p, units, u, layer_rows, bucket)
+        for name in u.names:
+            p.hash_add_int(name, "_v", 1)  # the version the next writer's checks expect
+            p.expire(name, RUN_TTL_S)
+            p.set_add(key(tag, "units"), name.rsplit(":u:", 1)[1])
+        _add_moments(p, tag, moments, spans, layer_moments)
+        p.expire(key(tag, "mi"), RUN_TTL_S)
+        p.expire(key(tag, "units"), RUN_TTL_S)
         return p
 
     def close(self) -> None:

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .registry import require
+
 __all__ = [
     "ATTR", "DURATION_BUCKETS", "prom_label",
-    "Column", "Record", "RECORDS", "FRAMES", "Layer", "LAYERS", "layer",
+    "Column", "Record", "RECORDS", "FRAMES", "Layer", "LAYERS", "layer", "check_layers",
+    "SHARED_LAYERS", "NOT_IN_HIT_RATE",
     "LOOKUPS", "WRITES", "REQUESTS", "HISTOGRAMS", "GAUGES", "WARMUP_RUNS", "WARMED_KEYS", "EARLY_KEYS",
     "HOT_KEYS", "AB_UNITS", "AB_LOOKUPS", "FAULTS", "MISSES", "KV_BLOCKS", "MISS_CLASSES",
     "LOOKUP_LABELS", "WRITE_LABELS", "REQUEST_LABELS", "COLUMN_ATTRS", "PROM_LABELS", "UNIT_BUCKETS", "UNIT_SUMS",
@@ -285,17 +288,37 @@ class Layer:
     """What warmscope needs to know about a cache layer beyond its name.
 
     Any name works as a layer (``InstrumentedCache(..., layer="rerank")``);
-    declare one here only when it differs from the default."""
+    declare one in ``LAYERS`` only when it differs from the default."""
 
     shared: bool = False  # shared across tenants by design: cross-tenant reads are not findings
     length_buckets: bool = False  # its lookups carry the prompt-length bucket label
+    # counted in the hit rates of the score card, the overview and the A/B layer metrics; False for
+    # a layer that is not a warm-up cache (model weights: loaded once per replica)
+    in_hit_rate: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("shared", "length_buckets", "in_hit_rate"):
+            require(isinstance(getattr(self, f), bool), "Layer", f, "must be True or False")
 
 
 LAYERS: dict[str, Layer] = {
-    "weights": Layer(shared=True),
+    "weights": Layer(shared=True, in_hit_rate=False),
     "prefix_kv": Layer(length_buckets=True),
 }
 _DEFAULT_LAYER = Layer()
+
+
+def check_layers(layers: dict[str, Layer]) -> None:
+    """Raise ``RegistryError`` for a ``LAYERS`` entry that is not a named ``Layer``."""
+    for name, decl in layers.items():
+        require(isinstance(name, str) and name.strip() == name != "", "LAYERS", str(name),
+                "the name must be a non-empty string without surrounding spaces")
+        require(isinstance(decl, Layer), "LAYERS", name, f"must be a Layer(...), got {decl!r}")
+
+
+check_layers(LAYERS)
+SHARED_LAYERS = tuple(n for n, d in LAYERS.items() if d.shared)  # cross-tenant reads are by design
+NOT_IN_HIT_RATE = tuple(n for n, d in LAYERS.items() if not d.in_hit_rate)  # left out of hit rates
 
 
 def layer(name: str) -> Layer:

@@ -246,7 +246,7 @@ INSTRUMENTS = (
     TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED, KV_MISSED_TOKENS,
     KV_BLOCKS_STORED, KV_BLOCKS_REUSED, KV_BLOCKS_EVICTED, KV_BLOCKS_RESIDENT,
 )
-SHARED_LAYERS = tuple(n for n, d in records.LAYERS.items() if d.shared)  # shared by design across tenants
+SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (records.LAYERS)
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 _LEN_NAMES = tuple(str(b) for b in _LEN_BUCKETS) + ("inf",)

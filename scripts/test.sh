@@ -5,8 +5,19 @@
 # when missing; the tests
 # start them on free 127.0.0.1 ports and stop them. Under CI=true a missing
 # service fails the run instead of skipping tests.
+#
+# The quick path:  bash scripts/test.sh --quick [pytest args]
+# Every test that needs no external service and is not slow (markers in pyproject.toml): no
+# redis-server, prometheus/promtool/victoria-metrics, vLLM or Chromium is installed or started.
+# Under 3 minutes on two cores; lint is scripts/lint.sh.
+QUICK="not engine and not redis and not prometheus and not browser and not slow"
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  log "quick path: -m \"$QUICK\""
+  exec .venv/bin/python -m pytest -p no:cacheprovider -m "$QUICK" "$@"
+fi
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
 ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for the integration test

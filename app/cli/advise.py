@@ -12,15 +12,13 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["register", "cmd_advise"]
+from warmscope.app.cli.base import Simple, store_path
+from warmscope.app.cli.terminal import progress
+
+__all__ = ["COMMAND", "cmd_advise"]
 
 
-def register(sub, progress, store_path) -> None:
-    p = sub.add_parser("advise", help="forecast requests and recommend warm-up parameters from a recorded store",
-                       description="Forecasts requests per key family at 5 s, 3 min and 1 h (held-back MAPE and "
-                       "interval coverage against seasonal-naive and exponential smoothing), replays the recorded "
-                       "traffic through a cache model and tunes warm-set size, response TTL, heat decay λ and the "
-                       "pre-peak trigger lead time by Bayesian optimisation.")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-gpu-s", type=float, help="cap on warm-up GPU-seconds per day (default: no cap)")
     p.add_argument("--objective", choices=("value", "slo", "net_gpu_s", "roi"), default=None,
                    help="what the tuning maximises: value (default when the A/B units record conversions) = "
@@ -36,7 +34,6 @@ def register(sub, progress, store_path) -> None:
                    "(default 16)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON here ('-' for stdout only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=lambda a: cmd_advise(a, progress, store_path))
 
 
 def _fmt_h(s: float) -> str:
@@ -153,3 +150,15 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_advise(args, progress, store_path)
+
+
+COMMAND = Simple("advise", run=_run, arguments=_arguments,
+                 help="forecast requests and recommend warm-up parameters from a recorded store",
+                 description="Forecasts requests per key family at 5 s, 3 min and 1 h (held-back "
+                             "MAPE and interval coverage against seasonal-naive and exponential "
+                             "smoothing), replays the recorded traffic through a cache model and "
+                             "tunes warm-set size, response TTL, heat decay λ and the pre-peak "
+                             "trigger lead time by Bayesian optimisation.")

@@ -130,7 +130,7 @@ def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | No
     binary = shutil.which("prometheus")
     if not binary:
         return None, ""
-    rules_dir = Path(__file__).resolve().parents[2] / "rules"
+    rules_dir = Path(__file__).resolve().parents[2] / "rules"  # app/cli/ -> the checkout
     rules = sorted(str(p) for p in rules_dir.glob("*.yml")) if rules_dir.is_dir() else []
     target = engine_url.split("://", 1)[-1].rstrip("/")
     (tmp / "prometheus.yml").write_text(

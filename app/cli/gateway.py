@@ -5,15 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from warmscope.app.cli.base import Simple
 from warmscope.app.cli.http import bad_url, load, telemetry
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gateway", help="a reverse proxy in front of an OpenAI-compatible engine that records "
-                       "per-tenant prefix-cache hits", description="Forward every request to --upstream unchanged "
-                       "(streaming included) and record chat/completion requests: tenant, key family, prompt and "
-                       "cached tokens, TTFT, duration. Telemetry goes where the collectors' configuration says "
-                       "(WARMSCOPE_* env / warmscope.toml; default the embedded store).")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream", required=True, metavar="URL",
                    help="the engine's base URL, e.g. http://127.0.0.1:8000 (requests keep their path, e.g. /v1/...)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -43,7 +39,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-salt-tenants", action="store_true",
                    help="with --kv-events: add cache_salt = tenant to every chat request (tenant "
                    "isolation at the engine)")
-    p.set_defaults(fn=cmd_gateway)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -103,3 +98,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             print(f"warmscope gateway: {n} of {total} answered requests ({n / total:.1%}) carried no token usage "
                   "and are left out of the token hit rates (warmscope_requests_unmeasured_total)", file=sys.stderr)
     return 0
+
+
+COMMAND = Simple("gateway", run=cmd_gateway, arguments=_arguments,
+                 help="a reverse proxy in front of an OpenAI-compatible engine that records "
+                      "per-tenant prefix-cache hits",
+                 description="Forward every request to --upstream unchanged (streaming included) "
+                             "and record chat/completion requests: tenant, key family, prompt and "
+                             "cached tokens, TTFT, duration. Telemetry goes where the collectors' "
+                             "configuration says (WARMSCOPE_* env / warmscope.toml; default the "
+                             "embedded store).")

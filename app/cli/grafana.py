@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from warmscope.app.cli.base import Simple
 from warmscope.app.cli.http import bad_url, load
 
 
@@ -57,14 +58,7 @@ def cmd_grafana(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "grafana",
-        help="write Grafana dashboards generated from the rules and alert definitions",
-        description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "
-        "file each), with a datasource variable. Every recorded series a panel reads is checked "
-        "against the rule files.",
-    )
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, help="folder to write the dashboards to (created if missing)"
     )
@@ -79,4 +73,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="check which series the panels read are missing from this "
         "Prometheus; dashboards that read missing series open with a text panel naming them",
     )
-    p.set_defaults(fn=cmd_grafana)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_grafana(args)
+
+
+COMMAND = Simple(
+    "grafana",
+    run=_run,
+    arguments=_arguments,
+    help="write Grafana dashboards generated from the rules and alert definitions",
+        description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "
+        "file each), with a datasource variable. Every recorded series a panel reads is checked "
+        "against the rule files.",
+)

@@ -11,16 +11,11 @@ import argparse
 import sys
 from typing import Any
 
+from warmscope.app.cli.base import Simple
 from warmscope.app.cli.http import bad_url, load, telemetry
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "kv-events", help="watch vLLM engines' KV-cache events (block stores, reuses, evictions)",
-        description="Subscribe to the KV-cache events of one or more vLLM engines (started with "
-        "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
-        "\"endpoint\": \"tcp://127.0.0.1:PORT\"}'), keep each engine's block residency, print "
-        "per-salt store, reuse and eviction rates, and record them with the collectors.")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", action="append", default=[], metavar="URL",
                    help="an engine's base URL; its publishers are read from GET /kv_event_sources "
                    "(repeat for each engine)")
@@ -33,8 +28,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="resident blocks kept per engine before rows are dropped and counted")
     p.add_argument("--json", action="store_true", help="print each report as one JSON line")
     p.add_argument("--no-record", action="store_true", help="print only; record nothing")
-    p.set_defaults(fn=cmd_kv_events)
-
 
 def _specs(cmd: str, args: argparse.Namespace, spec_type: Any) -> list[Any] | None:
     engines: list[Any] = []
@@ -107,3 +100,19 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
         if tel is not None:
             tel.close()
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_kv_events(args)
+
+
+COMMAND = Simple(
+    "kv-events",
+    run=_run,
+    arguments=_arguments,
+    help="watch vLLM engines' KV-cache events (block stores, reuses, evictions)",
+    description="Subscribe to the KV-cache events of one or more vLLM engines (started with "
+    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
+    "\"endpoint\": \"tcp://127.0.0.1:PORT\"}'), keep each engine's block residency, print "
+    "per-salt store, reuse and eviction rates, and record them with the collectors.",
+)

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup
+from .base import Command, Group, Simple, check_commands, store_path
 from .terminal import progress as _progress
 
 APP_MAIN = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"  # the Streamlit script
@@ -82,12 +84,6 @@ def _writable_file(text: str) -> str:
     return text
 
 
-def _store_path(args: argparse.Namespace) -> Path:
-    from warmscope.collectors.config import CollectorConfig
-
-    return Path(args.store) if args.store else CollectorConfig.load().resolved_store_path()
-
-
 def _streamlit(cmd: list[str], env: dict) -> int:
     """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started)."""
     import signal
@@ -144,7 +140,7 @@ def _cannot_listen(cmd: str, address: str, port: int) -> bool:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     if _cannot_listen("dashboard", args.address, args.port):
         return 2
-    env = dict(os.environ, WARMSCOPE_STORE=str(_store_path(args)))
+    env = dict(os.environ, WARMSCOPE_STORE=str(store_path(args)))
     from warmscope.app.dashboard.serve import command  # Streamlit, and a warm-up of the caches as soon as it is up
 
     cmd = command("--server.port", str(args.port), "--server.address", args.address)
@@ -230,7 +226,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not getattr(args, "no_dashboard", False) and _cannot_listen("demo", args.address, args.port):
         return 2
 
-    path = _store_path(args)
+    path = store_path(args)
     if path.is_dir():
         raise StoreError(f"embedded store {path} is a directory; pass --store FILE")
     if args.fresh and path.exists():
@@ -260,7 +256,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_upgrade_store(args: argparse.Namespace) -> int:
     from warmscope.collectors.store import SCHEMA_VERSION, EmbeddedStore, StoreError
 
-    path = _store_path(args)
+    path = store_path(args)
     if not path.exists():
         print(f"warmscope upgrade-store: {path} does not exist; pass --store PATH", file=sys.stderr)
         return 2
@@ -292,7 +288,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"warmscope simulate: {e}", file=sys.stderr)
         return 2
-    path = Path(args.out) if args.out else _store_path(args)
+    path = Path(args.out) if args.out else store_path(args)
     if path.is_dir():
         print(f"warmscope simulate: {path} is a directory; pass --out FILE", file=sys.stderr)
         return 2
@@ -343,7 +339,7 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
         print(f"warmscope report ab: {msg}", file=sys.stderr)
         return 2
 
-    path = _store_path(args)
+    path = store_path(args)
     if not path.exists():
         return fail(f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)")
     try:
@@ -425,41 +421,31 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["rca"]:  # light path: no collectors, simulator or pandas import
-        from warmscope.app.cli.rca import main as rca_main
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=_PORT, default=8501,
+                   help="dashboard port, 1-65535 (default 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; the "
+                   "dashboard has no login, put an authenticating proxy in front before "
+                   "exposing it)")
 
-        return rca_main(argv[1:])
-    from warmscope.collectors.config import ConfigError
 
-    ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
-    ap.add_argument("--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, fn, helptext in (("demo", cmd_demo, "simulate a day into the embedded store if empty, open the "
-                                "dashboard"), ("dashboard", cmd_dashboard, "open the dashboard")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--port", type=_PORT, default=8501, help="dashboard port, 1-65535 (default 8501)")
-        p.add_argument("--address", default="127.0.0.1",
-                       help="address to listen on (default 127.0.0.1: this machine only; the dashboard has no "
-                       "login, put an authenticating proxy in front before exposing it)")
-        p.set_defaults(fn=fn)
-        if name == "demo":
-            p.add_argument("--fresh", action="store_true", help="delete the store first")
-            p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
-            p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
-            from warmscope.app.cli.engine_demo import add_arguments as engine_demo_arguments
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    from warmscope.app.cli.engine_demo import add_arguments as engine_demo_arguments
 
-            engine_demo_arguments(p)
+    _serve_arguments(p)
+    p.add_argument("--fresh", action="store_true", help="delete the store first")
+    p.add_argument("--no-dashboard", action="store_true", help="only fill the store")
+    p.add_argument("--hours", type=_POS_FLOAT, default=24.0, help="simulated hours (default 24)")
+    engine_demo_arguments(p)
+
+
+def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     from warmscope.simulator.config import STRATEGIES
     from warmscope.simulator.faults import TRAPS
 
-    p = sub.add_parser("simulate", help="run the emulated GPU inference stack into a store",
-                       description="Simulate replicas serving tenants through weights, LoRA, embedding, "
-                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) run different warm-up "
-                       "strategies.",
-                       epilog="fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
-                       + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
+    p.epilog = ("fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
+                + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
     # No flag has a default of its own: an unset flag keeps [simulator] of WARMSCOPE_CONFIG,
     # else SimConfig's default (the values in the help).
     p.add_argument("--hours", type=_POS_FLOAT, help="simulated hours (default 24)")
@@ -497,51 +483,68 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", type=_redis_url, help="response cache, hot keys and A/B units in Redis "
                    "(redis://HOST:PORT/DB)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_simulate)
-    from warmscope.app.cli.rules import add_parser as add_rules_parser
 
-    add_rules_parser(sub)
-    p = sub.add_parser("upgrade-store", help="upgrade a store written by an older warmscope, keeping its data")
-    p.set_defaults(fn=cmd_upgrade_store)
-    from warmscope.app.cli.rca import add_parser as add_rca_parser
-    from warmscope.app.cli.rca import cmd_rca
 
-    add_rca_parser(sub).set_defaults(fn=cmd_rca)
-    from warmscope.app.cli.advise import register as register_advise
+def _report_ab_arguments(p: argparse.ArgumentParser) -> None:
+    from warmscope.model.ab_metrics import DEFAULT_PRIMARY, metric_names
 
-    register_advise(sub, _progress, _store_path)
-    from warmscope.app.cli.misses import register as register_misses
-
-    register_misses(sub, _store_path)
-    from warmscope.app.cli.runs import register as register_runs
-
-    register_runs(sub, _store_path)
-    rp = sub.add_parser("report", help="write reports").add_subparsers(dest="report", required=True)
-    p = rp.add_parser("ab", help="the A/B report (HTML and Markdown) for an experiment")
     p.add_argument("--experiment", default="warmup-strategy",
                    help="experiment name (default warmup-strategy); an unknown name lists the known ones")
     p.add_argument("--control", default="A", help="control variant (default A)")
     p.add_argument("--treatment", action="append", metavar="ARM",
                    help="treatment variant, compared with the control; repeat it or separate arms by commas for "
                    "an A/B/n report (default: every variant besides the control)")
-    from warmscope.model.ab_metrics import DEFAULT_PRIMARY, metric_names
-
     p.add_argument("--primary", default=DEFAULT_PRIMARY,
                    help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
                    "else tested as is); one of: " + "; ".join(metric_names(["LAYER"]))
                    + f" (default {DEFAULT_PRIMARY})")
     p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
-    p.set_defaults(fn=cmd_report_ab)
-    from warmscope.app.cli import gateway as cli_gateway
-    from warmscope.app.cli import grafana as cli_grafana
-    from warmscope.app.cli import kv as cli_kv
-    from warmscope.app.cli import warmup as cli_warmup
 
-    cli_gateway.add_parser(sub)
-    cli_kv.add_parser(sub)
-    cli_warmup.add_parser(sub)
-    cli_grafana.add_parser(sub)
+
+# Every `warmscope` command, in the order `warmscope --help` lists them (app/cli/base.py: Command).
+COMMANDS: tuple[Command, ...] = (
+    Simple("demo", run=cmd_demo, arguments=_demo_arguments,
+           help="simulate a day into the embedded store if empty, open the dashboard"),
+    Simple("dashboard", run=cmd_dashboard, arguments=_serve_arguments, help="open the dashboard"),
+    Simple("simulate", run=cmd_simulate, arguments=_simulate_arguments,
+           help="run the emulated GPU inference stack into a store",
+           description="Simulate replicas serving tenants through weights, LoRA, embedding, "
+                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) "
+                       "run different warm-up strategies."),
+    rules.COMMAND,
+    Simple("upgrade-store", run=cmd_upgrade_store,
+           help="upgrade a store written by an older warmscope, keeping its data"),
+    rca.COMMAND,
+    advise.COMMAND,
+    Group("report", "write reports", (
+        Simple("ab", run=cmd_report_ab, arguments=_report_ab_arguments,
+               help="the A/B report (HTML and Markdown) for an experiment"),
+    )),
+    misses.COMMAND,
+    runs.COMMAND,
+    gateway.COMMAND,
+    kv.COMMAND,
+    warmup.COMMAND,
+    grafana.COMMAND,
+)
+check_commands(COMMANDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["rca"]:  # light path: no collectors, simulator or pandas import
+        from warmscope.app.cli.rca import main as rca_main
+
+        return rca_main(argv[1:])
+    from warmscope.collectors.config import ConfigError
+
+    ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
+    ap.add_argument("--store",
+                    help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
     args = ap.parse_args(argv)
     import signal
     import sqlite3

@@ -17,24 +17,17 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from warmscope.app.cli.base import Simple, store_path
 
 PROG = "warmscope misses"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def register(sub: Any, store_path: Callable[[argparse.Namespace], Path]) -> None:
-    """Add `misses` to the main parser's subparsers."""
-    p = sub.add_parser(
-        "misses",
-        help="why prefix-KV prompt tokens missed, per class (elsewhere, evicted, "
-        "isolated, drifted, cold, partial)",
-        description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
-        "store: per class, or per tenant, engine or key family with --by.",
-    )
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--since",
         default="24h",
@@ -47,8 +40,6 @@ def register(sub: Any, store_path: Callable[[argparse.Namespace], Path]) -> None
         help="one row per tenant, engine or key family",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(fn=lambda a: cmd_misses(a, store_path(a)))
-
 
 def _since(text: str, newest: float) -> float:
     m = _DURATION.match(text.strip())
@@ -184,3 +175,18 @@ def _render(t: Any, by: str | None) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_misses(args, store_path(args))
+
+
+COMMAND = Simple(
+    "misses",
+    run=_run,
+    arguments=_arguments,
+    help="why prefix-KV prompt tokens missed, per class (elsewhere, evicted, "
+        "isolated, drifted, cold, partial)",
+        description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
+        "store: per class, or per tenant, engine or key family with --by.",
+)

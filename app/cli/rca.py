@@ -26,6 +26,8 @@ import sys
 from datetime import UTC
 from pathlib import Path
 
+from warmscope.app.cli.base import Simple
+
 PROG = "warmscope rca"
 
 
@@ -43,14 +45,6 @@ EPILOG = ("examples:\n"
           "  warmscope rca --store var/warmscope.sqlite --window 2026-11-30T10:00..2026-11-30T11:00 "
           "--export leaves.csv\n\n"
           "times: ISO 8601 (UTC unless an offset is given) or Unix seconds")
-
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    """Register `rca` on the main parser's subparsers."""
-    p = sub.add_parser("rca", help="root causes of a change: from a CSV leaf table or a store window (prints JSON)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    configure(p)
-    return p
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -277,6 +271,13 @@ def cmd_rca(args: argparse.Namespace) -> int:
     if not args.csv:
         return _fail("give a CSV leaf table, or --window START..END to read a store")
     return run_csv(args)
+
+
+COMMAND = Simple("rca", run=cmd_rca, arguments=configure,
+                 help="root causes of a change: from a CSV leaf table or a store window "
+                      "(prints JSON)",
+                 description=DESCRIPTION, epilog=EPILOG,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def main(argv: list[str]) -> int:

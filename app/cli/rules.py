@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 from warmscope.analysis.alert_defs import RUNBOOK_BASE as DEFAULT_RUNBOOK_BASE
+from warmscope.app.cli.base import Simple
 
-__all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "add_parser"]
+__all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "COMMAND"]
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"  # app/cli/rules.py -> the checkout
 _URL = re.compile(r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")")
 
 
@@ -50,10 +51,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("rules", help="write the Prometheus rule files with runbook links on your own base URL",
-                       description="Copy rules/*.yml to a folder, pointing every alert's runbook_url at BASE#anchor "
-                       "(BASE: where your copy of docs/runbooks.md is served).")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runbook-base", required=True, help="absolute URL of your copy of docs/runbooks.md")
     p.add_argument("--out", required=True, help="folder to write the rule files to (created if missing)")
-    p.set_defaults(fn=cmd_rules)
+
+
+COMMAND = Simple("rules", run=cmd_rules, arguments=_arguments,
+                 help="write the Prometheus rule files with runbook links on your own base URL",
+                 description="Copy rules/*.yml to a folder, pointing every alert's runbook_url at "
+                             "BASE#anchor (BASE: where your copy of docs/runbooks.md is served).")

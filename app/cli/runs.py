@@ -14,24 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "cmd_runs", "verdict"]
+from warmscope.app.cli.base import Simple, store_path
+
+__all__ = ["COMMAND", "cmd_runs", "verdict"]
 
 
-def register(sub: Any, store_path: Any) -> None:
-    p = sub.add_parser(
-        "runs",
-        help="warm-up runs with precision, recall, ROI per window and a verdict",
-        description="Warm-up runs of a store, newest first: precision and recall of the warmed "
-        "keys, compute and business ROI per window with 95 % intervals, and a verdict from the "
-        "T+1 h window (worth it: an ROI's interval above zero; not worth it: every ROI's interval "
-        "below zero; else within noise).",
-    )
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--limit", type=int, default=20, help="newest runs to show (default 20; 0 = all)"
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    p.set_defaults(fn=lambda a: cmd_runs(a, store_path))
-
 
 def _finite(v: Any) -> bool:
     try:
@@ -225,3 +217,19 @@ def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> lis
                 }
             )
     return res
+
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_runs(args, store_path)
+
+
+COMMAND = Simple(
+    "runs",
+    run=_run,
+    arguments=_arguments,
+    help="warm-up runs with precision, recall, ROI per window and a verdict",
+        description="Warm-up runs of a store, newest first: precision and recall of the warmed "
+        "keys, compute and business ROI per window with 95 % intervals, and a verdict from the "
+        "T+1 h window (worth it: an ROI's interval above zero; not worth it: every ROI's interval "
+        "below zero; else within noise).",
+)

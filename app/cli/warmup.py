@@ -7,18 +7,12 @@ import signal
 import sys
 import threading
 
+from warmscope.app.cli.base import Simple
 from warmscope.app.cli.http import bad_url, load, telemetry
 from warmscope.app.cli.terminal import progress
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("warmup", help="send a warm set to an OpenAI-compatible engine (max_tokens=1) and record "
-                       "the warm-up run", description="Warm an engine's prefix cache: each prompt of the warm set "
-                       "is sent with max_tokens=1, rate-limited; Ctrl-C cancels. The run (prefix keys, tokens, "
-                       "duration, status) is recorded where the collectors' configuration says. The warm set is a "
-                       "JSON-lines file (--from FILE) or the hot prefixes recorded in the store (--from hot), "
-                       "turned back into prompts by the prompt library the serving process keeps on its host "
-                       "(--library; the store itself holds no prompt text).")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", required=True, metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--from", dest="source", required=True, metavar="FILE|hot",
                    help="JSON-lines warm set: one {\"messages\": [...]} or {\"prompt\": \"...\"} per line, optional "
@@ -39,7 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "warm-set precision and recall (default: this process's replica label)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_warmup)
 
 
 def _warm_set(args: argparse.Namespace, runner) -> list[dict]:
@@ -93,3 +86,15 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return 130 if res.status == "cancelled" else 1
     print(line, file=sys.stderr)
     return 0
+
+
+COMMAND = Simple("warmup", run=cmd_warmup, arguments=_arguments,
+                 help="send a warm set to an OpenAI-compatible engine (max_tokens=1) and record "
+                      "the warm-up run",
+                 description="Warm an engine's prefix cache: each prompt of the warm set is sent "
+                             "with max_tokens=1, rate-limited; Ctrl-C cancels. The run (prefix "
+                             "keys, tokens, duration, status) is recorded where the collectors' "
+                             "configuration says. The warm set is a JSON-lines file (--from FILE) "
+                             "or the hot prefixes recorded in the store (--from hot), turned back "
+                             "into prompts by the prompt library the serving process keeps on its "
+                             "host (--library; the store itself holds no prompt text).")

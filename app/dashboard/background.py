@@ -12,8 +12,10 @@ from typing import Any
 
 import pandas as pd
 
-OVERVIEW_FRAMES = ["lookups", "requests", "histograms", "warmup_runs", "warmed_keys", "gauges", "writes",
-                   "early_keys"]
+# The frames the alert conditions read (analysis.alerts.evaluate and its trap detectors),
+# besides the hot keys, which they read from hot_keys_since(start, end) on.
+ALERT_FRAMES = ("lookups", "writes", "warmup_runs", "warmed_keys", "early_keys")
+Reader = Callable[[str, float, float, "float | None"], pd.DataFrame]
 
 
 _one_at_a_time = threading.Semaphore(1)
@@ -68,17 +70,35 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     conn.close()
 
 
-def overview_frames(src: Any, start: float, end: float, step: float | None) -> dict[str, pd.DataFrame]:
-    """The frames the alert conditions read, as the app's ``ui.overview_frames`` reads them."""
+def overview_frame_names() -> tuple[str, ...]:
+    """What the overview's analyses read: the alert conditions' frames and every score dimension's
+    (the ``frames`` each one declares in ``analysis.scores.DIMENSIONS``), hot keys apart."""
+    from warmscope.analysis.scores import DIMENSIONS
+
+    dims = [f for d in DIMENSIONS for f in d.frames if f not in ALERT_FRAMES]
+    return ALERT_FRAMES + tuple(dict.fromkeys(dims))
+
+
+def overview_frames(read: Reader, start: float, end: float,
+                    step: float | None) -> dict[str, pd.DataFrame]:
+    """The frames the alert conditions and the score card read over [start, end), through
+    ``read(name, start, end, step)``: the app's cached ``data.frame`` in the server, the sources
+    in the child."""
     from warmscope.analysis.alerts import hot_keys_since
+
+    fr = {n: read(n, start, end, step) for n in overview_frame_names()}
+    fr["hot_keys"] = read("hot_keys", max(start, hot_keys_since(start, end)), end, None)
+    return fr
+
+
+def source_reader(src: Any) -> Reader:
+    """``read`` over a composite source: a frame no backend holds comes back empty."""
     from warmscope.sources import empty_frame
 
-    def frame(name: str, a: float, b: float, s: float | None = None) -> pd.DataFrame:
-        return empty_frame(name) if src.owner(name) is None else src.frame(name, a, b, s)
+    def read(name: str, start: float, end: float, step: float | None) -> pd.DataFrame:
+        return empty_frame(name) if src.owner(name) is None else src.frame(name, start, end, step)
 
-    fr = {n: frame(n, start, end, step) for n in OVERVIEW_FRAMES}
-    fr["hot_keys"] = frame("hot_keys", max(start, hot_keys_since(start, end)), end)
-    return fr
+    return read
 
 
 def alert_history(cfg: tuple, start: float, end: float, step: float | None, every: float,
@@ -91,4 +111,5 @@ def alert_history(cfg: tuple, start: float, end: float, step: float | None, ever
 
     path, _, urls = cfg
     src = from_env(dict(urls), store_path=path)
-    return history(overview_frames(src, start - lookback, end, step), start, end, every=every, lookback=lookback)
+    fr = overview_frames(source_reader(src), start - lookback, end, step)
+    return history(fr, start, end, every=every, lookback=lookback)

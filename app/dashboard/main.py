@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import streamlit as st
 from warmscope.app.dashboard import data, ui
+from warmscope.app.dashboard.pages import PAGES
 
 # Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.
 st.set_page_config(page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide")
 ui.apply_deferred()
-PAGES = Path(__file__).with_name("views")  # not "pages/": that name turns on Streamlit's folder navigation
-nav = st.navigation([
-    st.Page(str(PAGES / "overview.py"), title="Overview", icon=":material/dashboard:", default=True),
-    st.Page(str(PAGES / "hitrate.py"), title="Hit rate explorer", icon=":material/target:"),
-    st.Page(str(PAGES / "latency.py"), title="Latency", icon=":material/speed:"),
-    st.Page(str(PAGES / "warmup.py"), title="Warm-up runs", icon=":material/whatshot:"),
-    st.Page(str(PAGES / "advisor.py"), title="Advisor", icon=":material/explore:", url_path="advisor"),
-    st.Page(str(PAGES / "hotkeys.py"), title="Hot keys", icon=":material/key:"),
-    st.Page(str(PAGES / "misses.py"), title="Why misses", icon=":material/help_center:"),
-    st.Page(str(PAGES / "rootcause.py"), title="Root cause", icon=":material/troubleshoot:"),
-    st.Page(str(PAGES / "ab.py"), title="A/B", icon=":material/science:"),
-    st.Page(str(PAGES / "alerts.py"), title="Alerts", icon=":material/notifications_active:"),
+nav = st.navigation([  # every page of pages.PAGES, in its order
+    st.Page(str(p.file), title=p.title, icon=p.icon, default=p.default, url_path=p.url_path or None)
+    for p in PAGES
 ])
 
 

@@ -8,15 +8,15 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
-from warmscope.app.dashboard import data
-from warmscope.app.dashboard.background import (
-    OVERVIEW_FRAMES,  # the frames the alert conditions and the score card read
-)
+from warmscope.app.dashboard import background, data
+from warmscope.app.dashboard.pages import PAGES, Page
+from warmscope.model.records import NOT_IN_HIT_RATE
+from warmscope.model.registry import require
 
 RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
           "everything": None, "since the last warm-up run": -1, "custom": -2}
@@ -325,11 +325,8 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
 
 
 def overview_frames(start: float, end: float) -> dict:
-    from warmscope.analysis.alerts import hot_keys_since
-
-    fr = data.frames(OVERVIEW_FRAMES, start, end, step(start, end))
-    fr["hot_keys"] = data.frame("hot_keys", max(start, hot_keys_since(start, end)), end)
-    return fr
+    """The frames of the overview's alerts and score card, through the cached loaders."""
+    return background.overview_frames(data.frame, start, end, step(start, end))
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
@@ -353,7 +350,7 @@ def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_l
 
     lk = data.frame("lookups", start, end, step(start, end))
     if cached_layers_only and len(lk):
-        lk = lk[lk.layer != "weights"]
+        lk = lk[~lk.layer.isin(NOT_IN_HIT_RATE)]
     return drill_down(lk, anomaly=anomaly, baseline=baseline)
 
 
@@ -439,7 +436,7 @@ def _rates(version: tuple, start: float, end: float, by: tuple, freq: float | No
     for d, v in path:
         lk = lk[lk[d].astype(str) == v]
     if no_weights and len(lk):
-        lk = lk[lk.layer != "weights"]
+        lk = lk[~lk.layer.isin(NOT_IN_HIT_RATE)]
     return hit_table(lk, by=list(by), freq=freq)
 
 
@@ -599,39 +596,90 @@ def _quiet(max_wait_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _warm_steps(version: tuple) -> Iterator[tuple[Callable[..., object], tuple]]:
-    """The cached calls (function, arguments) a first view of each page makes: default range first, then the
+# What a first view of each page (pages.PAGES with prewarm=True) reads, as cached calls (function,
+# arguments) for one range; ``fine`` is the range's step (None: per-minute rows).
+WarmSteps = Iterator[tuple[Callable[..., object], tuple]]
+TTFT_METRIC = "gen_ai.server.time_to_first_token"
+
+
+def _warm_overview(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False)
+    yield _rates, (version, start, end, (), None, (), True)
+    yield data.annotations, (start, end)
+    yield _alerts, (version, start, end)
+    yield _card, (version, start, end)
+    yield _drill, (version, start, end, None, None, True)
+    runs = data.frame("warmup_runs", start, end)
+    if len(runs):  # the latest warm-up run's ROI
+        yield _run_roi, (version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
+
+
+def _warm_hitrate(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    for by in ((), ("tenant",), ("tenant", "layer")):
+        yield _rates, (version, start, end, by, None, (), False)
+    freq = EXPLORER_FREQ_S if not fine else 3600
+    yield _rates, (version, start, end, ("tenant",), freq, (), False)
+
+
+def _warm_latency(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    freq = EXPLORER_FREQ_S if not fine else 3600
+    yield _latency, (version, start, end, TTFT_METRIC, (), (0.5, 0.95, 0.99), freq)
+
+
+def _warm_warmup(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    runs = data.frame("warmup_runs", start, end)
+    if len(runs):  # the newest run's detail
+        newest = runs.sort_values("started", ascending=False).iloc[0]
+        yield _run_detail, (version, start, end, str(newest.run_id))
+    yield _coverage, (version, start, end)
+
+
+def _warm_hotkeys(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    yield data.frames, (["hot_keys", "warmed_keys"], start - 3600, end, step(start - 3600, end))
+
+
+def _warm_rootcause(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
+    yield _rates, (version, start, end, (), max(300, fine or 0), (), False)
+    _quiet()
+    cp = _change_point(version, start, end)
+    if cp is not None:  # the default window
+        an, base = (cp, end), (max(start, cp - (end - cp)), cp)
+        yield _drill, (version, start, end, an, base, False)
+        yield _traps, (version, start, end, an, base)
+
+
+_WARM = {"overview": _warm_overview, "hitrate": _warm_hitrate, "latency": _warm_latency,
+         "warmup": _warm_warmup, "hotkeys": _warm_hotkeys, "rootcause": _warm_rootcause}
+
+
+def check_prewarm(pages: tuple[Page, ...], warm: Mapping[str, object]) -> None:
+    """Raise ``RegistryError`` unless the pages with ``prewarm=True`` are those with steps."""
+    for p in pages:
+        require(not p.prewarm or p.name in warm, "dashboard page", p.name,
+                f"prewarm=True needs ui._warm_{p.name}, the cached calls of its first view")
+        require(p.prewarm or p.name not in warm, "dashboard page", p.name,
+                f"has ui._warm_{p.name} but prewarm=False")
+    known = {p.name for p in pages}
+    for name in warm:
+        require(name in known, "dashboard page", name,
+                "has prewarm steps but is not in pages.PAGES")
+
+
+check_prewarm(PAGES, _WARM)
+
+
+def _warm_steps(version: tuple) -> WarmSteps:
+    """The cached calls a first view of each prewarmed page makes: default range first, then the
     24-hour range."""
     b = data.time_bounds()
     if b is None:
         return
-    ttft = "gen_ai.server.time_to_first_token"
     for name in (DEFAULT_RANGE, "last 24 hours"):
         start, end = range_bounds(name, b)
         fine = step(start, end)
-        yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False)  # overview
-        yield _rates, (version, start, end, (), None, (), True)
-        yield data.annotations, (start, end)
-        yield _alerts, (version, start, end)
-        yield _card, (version, start, end)
-        yield _drill, (version, start, end, None, None, True)
-        runs = data.frame("warmup_runs", start, end)
-        if len(runs):  # the overview's "latest warm-up run" ROI; the warm-up page's newest run
-            yield _run_roi, (version, start, end, str(runs.sort_values("started").iloc[-1].run_id))
-            yield _run_detail, (version, start, end, str(runs.sort_values("started", ascending=False).iloc[0].run_id))
-        for by in ((), ("tenant",), ("tenant", "layer")):  # the hit-rate explorer's first view
-            yield _rates, (version, start, end, by, None, (), False)
-        yield _rates, (version, start, end, ("tenant",), EXPLORER_FREQ_S if not fine else 3600, (), False)
-        yield _latency, (version, start, end, ttft, (), (0.5, 0.95, 0.99), EXPLORER_FREQ_S if not fine else 3600)
-        yield _coverage, (version, start, end)  # the warm-up page's
-        yield _rates, (version, start, end, (), max(300, fine or 0), (), False)  # root cause
-        yield data.frames, (["hot_keys", "warmed_keys"], start - 3600, end, step(start - 3600, end))  # hot keys
-        _quiet()
-        cp = _change_point(version, start, end)
-        if cp is not None:  # the root-cause page's default window
-            an, base = (cp, end), (max(start, cp - (end - cp)), cp)
-            yield _drill, (version, start, end, an, base, False)
-            yield _traps, (version, start, end, an, base)
+        for p in PAGES:
+            if p.prewarm:
+                yield from _WARM[p.name](version, start, end, fine)
 
 
 @st.cache_resource(show_spinner=False)

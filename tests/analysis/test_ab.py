@@ -154,6 +154,7 @@ def _aa_rate(make_stats, runs=1000, seed=7):
     return rej / runs
 
 
+@pytest.mark.slow
 def test_aa_rejects_at_alpha_for_every_metric_type():
     def prop(r):
         return Proportion.from_units(r.random(400) < 0.1), Proportion.from_units(r.random(400) < 0.1)

@@ -183,7 +183,7 @@ def test_a_store_gains_the_sums_of_a_newly_declared_metric(tmp_path):
 
 
 def test_report_ab_cli_compares_the_arms_it_is_given(tmp_path, capsys):
-    from warmscope.app.cli import main as cli
+    from warmscope.app.cli.main import main as cli_main
 
     path = tmp_path / "abc.sqlite"
     st = EmbeddedStore(path)
@@ -195,13 +195,13 @@ def test_report_ab_cli_compares_the_arms_it_is_given(tmp_path, capsys):
     st.close()
     out = tmp_path / "r.html"
     base = ["--store", str(path), "report", "ab", "--experiment", "e", "--out", str(out)]
-    assert cli.main(base) == 0  # default: every arm besides the control
+    assert cli_main(base) == 0  # default: every arm besides the control
     md = out.with_suffix(".md").read_text()
     assert "B, C vs A" in md and "| C vs A |" in md and "Holm over 2 arms" in capsys.readouterr().out
-    assert cli.main(base + ["--treatment", "C", "--primary", "hit rate (kv)"]) == 0
+    assert cli_main(base + ["--treatment", "C", "--primary", "hit rate (kv)"]) == 0
     md = out.with_suffix(".md").read_text()
     assert "C vs A" in md and "| B vs A |" not in md and "★ hit rate (kv)" in md
-    assert cli.main(base + ["--treatment", "B,C", "--control", "B"]) == 2
+    assert cli_main(base + ["--treatment", "B,C", "--control", "B"]) == 2
     assert "same variant" in capsys.readouterr().err
-    assert cli.main(base + ["--treatment", "Z"]) == 2
+    assert cli_main(base + ["--treatment", "Z"]) == 2
     assert "--treatment 'Z' is not a variant of 'e'; variants: A, B, C" in capsys.readouterr().err

@@ -39,6 +39,7 @@ def _same(r1, r2):
         assert e1[c].to_numpy(float) == pytest.approx(e2[c].to_numpy(float), rel=1e-9, abs=1e-12, nan_ok=True)
 
 
+@pytest.mark.slow
 def test_report_from_moments_equals_report_from_units(sim_store):
     st = EmbeddedStore(sim_store, readonly=True)
     units = st.units(EXP)

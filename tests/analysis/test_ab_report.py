@@ -16,6 +16,7 @@ def store(tmp_path_factory):
     return EmbeddedStore(path, readonly=True)
 
 
+@pytest.mark.slow
 def test_report_from_unit_records(store):
     units = store.units("warmup-strategy")
     rep = build_report(units, "warmup-strategy", requests=store.frame("requests"))
@@ -68,11 +69,11 @@ def test_prometheus_only_fallback_warns(store):
 
 
 def test_cli_writes_html_and_markdown(store, tmp_path, capsys):
-    from warmscope.app.cli import main as cli
+    from warmscope.app.cli.main import main as cli_main
 
     out = tmp_path / "r" / "ab.html"
-    assert cli.main(["--store", str(store.path), "report", "ab", "--out", str(out)]) == 0
+    assert cli_main(["--store", str(store.path), "report", "ab", "--out", str(out)]) == 0
     assert out.exists() and out.with_suffix(".md").exists()
     assert capsys.readouterr().out.strip() in out.with_suffix(".md").read_text()
-    assert cli.main(["--store", str(store.path), "report", "ab", "--experiment", "nope", "--out",
+    assert cli_main(["--store", str(store.path), "report", "ab", "--experiment", "nope", "--out",
                      str(out)]) == 2

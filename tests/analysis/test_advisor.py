@@ -23,6 +23,7 @@ def test_expected_improvement_equals_the_integral_by_simulation():
     assert expected_improvement([0.3], [0.8], 0.5, xi=0.0)[0] == pytest.approx(mc, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_optimise_finds_the_maximum_of_a_known_function_better_than_random_search():
     c = np.array([0.3, 0.7])
     f = lambda x: -float(np.sum((x - c) ** 2))  # noqa: E731

@@ -102,6 +102,7 @@ def test_persistence_from_hot_keys_by_hand():
     assert (rho == 1).all() and "taken as stable" in note
 
 
+@pytest.mark.slow
 def test_the_roi_ratio_and_net_gpu_s_objectives_each_win_on_their_own_terms():
     from warmscope.analysis.advisor import advise
     from warmscope.analysis.replay import _layer_hits, replay_cost

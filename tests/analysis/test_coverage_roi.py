@@ -59,6 +59,7 @@ def test_coverage_of_nothing_is_an_empty_frame():
     assert out.empty and "precision" in out.columns
 
 
+@pytest.mark.slow
 def test_warmup_too_early_has_lower_precision_than_a_clean_run(tmp_path):
     cfg = SimConfig.load(hours=1, rps=3.0, tenants=4, replicas=1, seed=3, peak_warmup_at_h=-1)
     clean, early = tmp_path / "clean.sqlite", tmp_path / "early.sqlite"

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -5,10 +6,12 @@ import pandas as pd
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from warmscope.analysis import config as C
 from warmscope.analysis import scores as S
 from warmscope.analysis.config import AnalysisConfig, DimensionSpec
 from warmscope.analysis.heat import ewma_forecast, heat_scores, mape, prediction_mape, rank_to_warm, slo_lambda
 from warmscope.analysis.scores import normalise, score_card
+from warmscope.model.registry import RegistryError
 
 
 def lk(rows):
@@ -50,12 +53,18 @@ def test_mape_and_forecast():
     assert prediction_mape(lk(rows), freq=300) == 0.0  # a flat series is predicted exactly
 
 
+def _spec(better="lower", target=1.0, worst=5.0, **kw):
+    fields = dict(name="x", label="x", unit="", better=better, target=target, worst=worst, weight=1,
+                  compute=lambda fr, cfg: (None, "", ""), frames=("lookups",))
+    return DimensionSpec(**{**fields, **kw})
+
+
 def test_normalise_each_direction():
-    low = DimensionSpec("x", "x", "s", "lower", 1.0, 5.0, 1)
+    low = _spec("lower", 1.0, 5.0)
     assert [normalise(low, v) for v in (0.5, 1, 3, 5, 9)] == [1, 1, 0.5, 0, 0]
-    high = DimensionSpec("x", "x", "", "higher", 0.8, 0.3, 1)
+    high = _spec("higher", 0.8, 0.3)
     assert normalise(high, 0.55) == pytest.approx(0.5)
-    tgt = DimensionSpec("x", "x", "", "target", 0.5, 0.0, 1)
+    tgt = _spec("target", 0.5, 0.0)
     assert normalise(tgt, 0.25) == 0.5 and normalise(tgt, 0.5) == 1
 
 
@@ -63,13 +72,14 @@ def test_empty_frames_give_no_data_everywhere():
     card = score_card({})
     assert card.composite is None
     assert all(d.value is None and d.score is None and d.note for d in card.dimensions)
+    assert [d.name for d in card.dimensions] == [d.name for d in S.DIMENSIONS]
     assert len(card.dimensions) == 12
 
 
 def test_composite_and_dynamic_weighting(monkeypatch):
     values = {"cache_hit_rate": 0.8, "sla_deviation": 0.1, "prediction_mape": 0.15}  # scores 1, 0, 1
-    monkeypatch.setattr(S, "_COMPUTE", {n: (lambda fr, cfg, n=n: (values.get(n), "test", "" if n in values else
-                                                                  "no data")) for n in S._COMPUTE})
+    _computes(monkeypatch,
+              lambda n: lambda fr, cfg: (values.get(n), "test", "" if n in values else "no data"))
     cfg = AnalysisConfig.load(dynamic_boost=1.0, breach_below=0.5)
     card = {d.name: d for d in score_card({}, cfg).dimensions}
     w_hit, w_sla, w_mape = 0.057, 0.057 * 2, 0.18  # sla breached with score 0: weight × (1 + 1)
@@ -98,20 +108,29 @@ def test_score_card_never_crashes_and_stays_in_range(rows):
 
 
 # --------------------------------------------------- CIs, breaches, evidence
+def _computes(monkeypatch, compute):
+    """Every registered dimension computed by ``compute(name)`` instead (in the configurations
+    loaded after)."""
+    dims = tuple(dataclasses.replace(d, compute=compute(d.name)) for d in S.DIMENSIONS)
+    monkeypatch.setattr(C, "DEFAULT_DIMENSIONS", dims)
+
+
 def _fixed(values):
-    """_COMPUTE replaced by constants: name -> (value, ci) or absent (no data)."""
-    return {n: (lambda fr, cfg, n=n: (values[n][0], "test", "", values[n][1]) if n in values else
-                (None, "test", "no data")) for n in S._COMPUTE}
+    """Computations replaced by constants: name -> (value, ci) or absent (no data)."""
+    return lambda n: (lambda fr, cfg: (values[n][0], "test", "", values[n][1]) if n in values else
+                      (None, "test", "no data"))
 
 
 def test_breach_needs_the_ci_to_exclude_the_target(monkeypatch):
     # sla_deviation: target 0.01, worst 0.1 → value 0.1 scores 0 either way
-    monkeypatch.setattr(S, "_COMPUTE", _fixed({"sla_deviation": (0.1, (0.005, 0.2)), "cache_hit_rate": (0.8, None)}))
+    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.005, 0.2)),
+                                   "cache_hit_rate": (0.8, None)}))
     card = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}
     d = card["sla_deviation"]
     assert not d.breached and d.note.startswith("within noise")
     assert d.effective_weight == pytest.approx(0.5)  # base weights 0.057 : 0.057
-    monkeypatch.setattr(S, "_COMPUTE", _fixed({"sla_deviation": (0.1, (0.05, 0.2)), "cache_hit_rate": (0.8, None)}))
+    _computes(monkeypatch, _fixed({"sla_deviation": (0.1, (0.05, 0.2)),
+                                   "cache_hit_rate": (0.8, None)}))
     d = {d.name: d for d in score_card({}, AnalysisConfig.load(dynamic_boost=1.0)).dimensions}["sla_deviation"]
     # CI (0.05, 0.2) lies above the 0.01 target: breached, weight 0.057 × (1 + 1 × (0.5 − 0)/0.5) = 0.114
     assert d.breached and d.effective_weight == pytest.approx(0.114 / (0.114 + 0.057))
@@ -187,3 +206,45 @@ def test_warmup_roi_dimension_by_hand():
     # T+300 s: saved 8 + 6 + 4 + 6 + 6 = 30 GPU-s = $15 → (15 − 5) / 5 = 2
     assert v == pytest.approx(2.0) and "1 warm-up(s)" in src
     assert ci[0] < 2.0 < ci[1]
+
+
+# ------------------------------------------------------------ the registry
+@pytest.mark.parametrize("missing, words", [
+    (dict(label=""), "needs a label"),
+    (dict(frames=()), "needs the frames it reads"),
+    (dict(frames=("lookups", "no_such_frame")), "no_such_frame"),
+    (dict(compute=None), "needs compute"),
+    (dict(better="up"), "better must be one of lower, higher, target"),
+    (dict(worst=1.0), "target and worst must differ"),
+    (dict(weight=-1), "weight must be >= 0"),
+])
+def test_an_incomplete_dimension_fails_with_a_clear_message(missing, words):
+    with pytest.raises(RegistryError, match="score dimension entry 'x'") as e:
+        _spec(**missing)
+    assert words in str(e.value)
+
+
+def test_the_registry_is_checked_as_a_whole():
+    def decl(name, weight=None):
+        return (dict(name=name, label=name, unit="", better="lower", target=1.0, worst=2.0,
+                     weight=weight, frames=("requests",)), lambda fr, cfg: (None, "", ""))
+
+    with pytest.raises(RegistryError, match="'a': declared twice"):
+        S.build([decl("a"), decl("a")])
+    with pytest.raises(RegistryError, match="no weight left to share"):
+        S.build([decl("a", 0.7), decl("b", 0.6), decl("c")])
+    # dimensions without a weight share what the others leave, whatever their count
+    built = S.build([decl("a", 0.4), decl("b"), decl("c"), decl("d")])
+    assert [d.weight for d in built] == [0.4, 0.2, 0.2, 0.2]
+    assert sum(d.weight for d in S.DIMENSIONS) == pytest.approx(1.0)
+
+
+def test_a_dimension_reads_only_the_frames_it_declares(monkeypatch):
+    seen = {}
+    _computes(monkeypatch,
+              lambda n: lambda fr, cfg: (seen.setdefault(n, sorted(fr)), (None, "t", "x"))[1])
+    names = ("lookups", "requests", "histograms", "gauges", "warmup_runs", "writes", "hot_keys")
+    frames = {name: pd.DataFrame() for name in names}
+    score_card(frames, AnalysisConfig.load())
+    assert seen == {d.name: sorted(d.frames) for d in S.DIMENSIONS}
+    assert seen["cold_start_time"] == ["lookups", "warmup_runs"]

@@ -2,9 +2,12 @@
 and two-trap, 1–3 dimensions deep, varying rate, tenants and seeds), scored
 against the injected ground truth."""
 
+import pytest
+
 from bench.eval_rca import evaluate
 
 
+@pytest.mark.slow  # 36 simulations
 def test_rca_f1_and_trap_identification_reach_ninety_percent(tmp_path):
     df = evaluate(36, tmp_path)
     rca = df["f1"].dropna()

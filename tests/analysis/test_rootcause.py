@@ -77,15 +77,16 @@ def test_drill_down_on_an_empty_frame_says_so():
 
 
 def test_cli_prints_the_root_cause_set(tmp_path, capsys):
-    from warmscope.app.cli import main as cli
+    from warmscope.app.cli.main import main as cli_main
 
     g, rng = cube(3)
     f = rng.lognormal(3, 1, len(g))
     m = (g.a == "a1") & (g.c == "c2")
     g.assign(obs=np.where(m, f * 0.2, f), exp=f).to_csv(tmp_path / "leaves.csv", index=False)
-    assert cli.main(["rca", str(tmp_path / "leaves.csv"), "--dims", *DIMS, "--v", "obs", "--f", "exp"]) == 0
+    leaves = str(tmp_path / "leaves.csv")
+    assert cli_main(["rca", leaves, "--dims", *DIMS, "--v", "obs", "--f", "exp"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out[0]["element"] == {"a": "a1", "c": "c2"} and 0.9 <= out[0]["explanatory_power"] <= 1.0
     assert set(out[0]) == {"element", "score", "explanatory_power", "direction"} and out[0]["direction"] == "down"
-    assert cli.main(["rca", str(tmp_path / "nope.csv"), "--dims", "a", "--v", "o", "--f", "e"]) == 2
-    assert cli.main(["rca", str(tmp_path / "leaves.csv"), "--dims", "a", "--v", "obs", "--v-num", "x"]) == 2
+    assert cli_main(["rca", str(tmp_path / "nope.csv"), "--dims", "a", "--v", "o", "--f", "e"]) == 2
+    assert cli_main(["rca", leaves, "--dims", "a", "--v", "obs", "--v-num", "x"]) == 2

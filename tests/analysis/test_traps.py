@@ -11,12 +11,14 @@ from bench.eval_rca import BASE, HOURS, WIN, run, scenarios
 SINGLE = [s for s in scenarios(9) if len(s.faults) == 1]
 
 
+@pytest.mark.slow  # a simulation per trap
 @pytest.mark.parametrize("sc", SINGLE, ids=[s.name for s in SINGLE])
 def test_detector_names_the_injected_trap(sc, tmp_path):
     row = run(sc, tmp_path)
     assert row["trap_ok"], (sc.faults, row["detected"])
 
 
+@pytest.mark.slow  # a simulation
 def test_no_trap_on_a_clean_run(tmp_path):
     cfg = SimConfig.load(hours=HOURS, rps=6.0, tenants=6, replicas=2, seed=77, peak_warmup_at_h=-1)
     simulate(cfg, tmp_path / "clean.sqlite", workers=1)

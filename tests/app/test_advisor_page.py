@@ -27,6 +27,7 @@ def _settle(page):
     page.wait_for_timeout(1000)
 
 
+@pytest.mark.browser
 def test_advisor_page_shows_forecast_and_no_recommendation_on_an_untrusted_replay(streamlit_server):
     from playwright.sync_api import sync_playwright
 
@@ -63,6 +64,7 @@ def test_advisor_page_shows_forecast_and_no_recommendation_on_an_untrusted_repla
         browser.close()
 
 
+@pytest.mark.slow
 def test_advise_cli_prints_table_and_json_and_rejects_bad_input(store, tmp_path):
     exe = [sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "advise"]
     out = tmp_path / "advice.json"

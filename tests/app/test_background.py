@@ -7,6 +7,7 @@ import pytest
 from warmscope.app.dashboard import background
 
 
+@pytest.mark.slow
 def test_result_comes_back_from_a_child_process():
     assert background.submit(divmod, 7, 2).result(120) == (3, 1)  # 7 = 3 × 2 + 1
     assert background.submit(os.getpid).result(120) != os.getpid()  # computed elsewhere

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from warmscope.app.cli.main import demo_world
+from warmscope.app.dashboard.pages import PAGES
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import simulate
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
-PAGES = {"overview": "", "hitrate": "hitrate", "latency": "latency", "warmup": "warmup", "hotkeys": "hotkeys",
-         "rootcause": "rootcause", "ab": "ab", "alerts": "alerts"}
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 
@@ -101,17 +102,25 @@ def test_a_link_reproduces_the_view(streamlit_server, page):
 def test_every_page_at_the_default_range(streamlit_server, page):
     url, _ = streamlit_server
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, path in PAGES.items():
-        page.goto(f"{url}/{path}", wait_until="networkidle")
+    shots = {}
+    for p in PAGES:  # every page of the registry main.py builds the navigation from
+        name = p.name
+        (OUT / f"{name}.png").unlink(missing_ok=True)  # earlier runs' screenshots prove nothing
+        page.goto(f"{url}/{p.url_path}", wait_until="networkidle")
         settle(page)
-        page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+        shots[name] = page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
         no_errors(page, name)
-        assert page.locator("h1").first.inner_text().strip(), name
+        h1 = page.locator('[data-testid="stMainBlockContainer"] h1').first.inner_text().strip()
+        assert h1 == p.heading, name
         assert query(page).get("range") == "last 6 hours", (name, page.url)  # the range is in every link
         body = page.locator('[data-testid="stMain"]').inner_text()
         for glyph in ("🟢", "🟡", "🔴", "⚪", "🔒"):  # no emoji dependency
             assert glyph not in body, (name, glyph)
-    assert len(list(OUT.glob("*.png"))) >= len(PAGES)
+    # one screenshot of each page, written by this run: a PNG the size of a drawn page
+    assert sorted(shots) == sorted(p.name for p in PAGES)
+    for name, png in shots.items():
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, (name, len(png))
+        assert (OUT / f"{name}.png").read_bytes() == png, name
 
 
 def test_first_screen_tells_the_story(streamlit_server, page):

@@ -11,7 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from warmscope.app.cli import main as cli
+from warmscope.app.cli.main import demo_world
+from warmscope.app.cli.main import main as cli_main
 from warmscope.simulator import SimConfig, simulate
 
 from tests.conftest import free_port, wait_until
@@ -25,7 +26,7 @@ def ab_store(tmp_path_factory):
 
 
 def run(capsys, *argv):
-    rc = cli.main(list(argv))
+    rc = cli_main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -86,7 +87,7 @@ def test_every_option_has_help(monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        cli_main(["--help"])
     missing = [f"{p.prog} {a.dest}" for p in _parsers(seen[0]) for a in p._actions
                if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
     assert missing == []
@@ -94,7 +95,7 @@ def test_every_option_has_help(monkeypatch):
 
 def test_demo_world_puts_runs_and_traps_in_the_last_six_hours():
     now = 1_800_000_123.0
-    cfg, faults = cli.demo_world(24.0, now=now)
+    cfg, faults = demo_world(24.0, now=now)
     end = cfg.start + cfg.hours * 3600
     assert end == 1_800_000_120.0  # the day ends at the current minute (123 s rounded down to 120)
     six = end - 6 * 3600
@@ -120,6 +121,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_demo_stops_the_dashboard_on_a_signal(ab_store, sig):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(ab_store), "demo",

@@ -25,6 +25,7 @@ CASES = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.browser
 def test_bad_configuration_shows_one_error_not_a_traceback(tmp_path, case):
     from playwright.sync_api import sync_playwright
 

@@ -6,8 +6,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 from warmscope.analysis.hitrate import hit_table
+from warmscope.app.dashboard.pages import PAGES
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate
+
+pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 
@@ -40,7 +43,7 @@ def test_overview_over_days_is_hourly_and_totals_match_the_minute_data(two_days,
     assert len(cold) == 1 and "24 h or less" in " ".join(map(str, cold.iloc[0].tolist()))
 
 
-@pytest.mark.parametrize("page", ["hitrate", "warmup", "hotkeys", "rootcause", "ab", "alerts"])
+@pytest.mark.parametrize("page", [p.name for p in PAGES if not p.default])
 def test_every_page_renders_over_days(two_days, monkeypatch, page):
     at = _app(two_days, monkeypatch).run()
     at.switch_page(f"views/{page}.py").run()

@@ -9,11 +9,13 @@ from streamlit.testing.v1 import AppTest
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.scores import score_card
+from warmscope.app.dashboard.pages import PAGES as REGISTRY
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault, simulate
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
-PAGES = ["hitrate", "warmup", "hotkeys", "misses", "rootcause", "ab", "alerts"]
+# every page of the registry main.py builds the navigation from, the default (overview) apart
+PAGES = [p.name for p in REGISTRY if not p.default]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_missing_store_shows_what_to_do(tmp_path, monkeypatch):
     assert "warmscope simulate" in at.error[0].value
 
 
-@pytest.mark.parametrize("page", ["overview"] + PAGES)
+@pytest.mark.parametrize("page", [p.name for p in REGISTRY])
 def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     path = tmp_path / "empty.sqlite"
     EmbeddedStore(path).close()
@@ -100,14 +102,15 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     assert at.info and ("warmscope demo" in at.info[0].value or "No experiment" in at.info[0].value)
 
 
+@pytest.mark.slow
 def test_cli_demo_fills_an_empty_store_once(tmp_path):
-    from warmscope.app.cli import main as cli
+    from warmscope.app.cli.main import main as cli_main
 
     path = tmp_path / "cli.sqlite"
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
+    assert cli_main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     n = EmbeddedStore(path).counts()["lookups"]
     assert n > 0
-    assert cli.main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
+    assert cli_main(["--store", str(path), "demo", "--no-dashboard", "--hours", "0.25"]) == 0
     assert EmbeddedStore(path).counts()["lookups"] == n
 
 
@@ -136,6 +139,7 @@ def test_ab_breakdown_by_tenant_and_model(app):
     assert any("across every model" in c.value for c in at.caption)
 
 
+@pytest.mark.slow
 def test_alerts_page_history_equals_the_analysis(app, demo_store):
     """The Alerts page's history (computed in the background, shown when done) lists the same episodes, with the
     same fired and resolved times, as ``alert_history`` over the page's range."""
@@ -207,7 +211,7 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
         count(module, name)
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     assert not at.exception, at.exception
-    for page in ("hitrate", "latency", "warmup", "hotkeys", "rootcause"):
+    for page in [p.name for p in REGISTRY if p.prewarm and not p.default]:  # the prewarm covers
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
     assert calls == []

@@ -1,3 +1,4 @@
+import pytest
 from warmscope.collectors import InstrumentedCache, request_context
 from warmscope.model import schema
 
@@ -20,6 +21,7 @@ def _series(make_tel, n_keys, tmp_name, reads=1):
     return len(pts), len(store_series), len(tel.store.frame("hot_keys"))
 
 
+@pytest.mark.slow
 def test_a_million_distinct_keys_export_as_many_series_as_ten(make_tel, tmp_path):
     few = _series(make_tel, 10, str(tmp_path / "few.sqlite"), reads=3)
     many = _series(make_tel, 1_000_000, str(tmp_path / "many.sqlite"))

@@ -429,6 +429,7 @@ def test_no_prompt_text_in_redis(make_tel, upstream, redis_client):
         _clean(blob if isinstance(blob, bytes) else blob.encode(), f"Redis value of {k!r}")
 
 
+@pytest.mark.slow
 def test_gateway_command_forwards_records_and_stops_cleanly(upstream, tmp_path):
     import os
     import signal
@@ -592,6 +593,7 @@ def test_vllm_shaped_stream_gets_its_fingerprint_back_at_any_chunk_boundary(make
     assert rec.stats["recorded"] == len(splits)
 
 
+@pytest.mark.slow
 def test_a_run_started_by_the_cli_is_matched_to_the_serving_processs_requests(make_tel, upstream, tmp_path):
     """`warmscope warmup` in its own process warms three system prompts for
     replica srv-1; the serving process (replica srv-1, same store and key

@@ -53,6 +53,7 @@ def test_time_filter_and_histogram_explode(make_tel):
     assert ttft["count"].sum() == 1 and ttft.loc[ttft["count"] == 1, "le"].item() == 0.04
 
 
+@pytest.mark.slow
 def test_a_reader_in_another_process_sees_committed_data(make_tel, tmp_path):
     tel = make_tel()
     c = InstrumentedCache({}, layer="response", telemetry=tel)
@@ -117,6 +118,7 @@ def _v2_store(path, rows_u, rows_l):
     con.close()
 
 
+@pytest.mark.slow
 def test_a_schema_2_store_is_upgraded_in_place_and_loses_nothing(tmp_path):
     import random
 

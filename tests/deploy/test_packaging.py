@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from warmscope.app.dashboard.pages import PAGES
 
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 
@@ -39,15 +40,11 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 WINDOW_S = 60      # the rules' [5m] windows and `offset 1h` in this test
-# the last thing each page draws in engine-only mode (the screenshot waits for it)
-LAST = {"overview": "Time to first token", "hitrate": "share of prompt tokens", "warmup": "come from the warmscope",
-        "hotkeys": "come from the warmscope", "rootcause": "Cold-start trap checks", "ab": "per-unit records",
-        "alerts": "Engine metrics only"}
-PAGES = {"overview": "", "hitrate": "hitrate", "warmup": "warmup", "hotkeys": "hotkeys", "rootcause": "rootcause",
-         "ab": "ab", "alerts": "alerts"}
+# every page with an engine-only mode, and the last thing it draws there (the screenshot waits
+# for it)
+ENGINE_PAGES = [p for p in PAGES if p.engine_only]
 FIGURES: dict = {}
 _RUNS = [0]
-TIMES: dict = {}     # when the unique-prefix phase started   # printed at the end of the module (the closing figures)
 
 _WORDS = ("invoice refund shipping warranty account password delivery order printer router laptop screen battery "
           "contract upgrade billing support ticket manual policy").split()
@@ -209,13 +206,15 @@ def test_app_engine_counters_and_prometheus_agree_per_instance(phases):
         assert fr.loc[r["instance"], "hits"] == r["hits"] and fr.loc[r["instance"], "queries"] == r["queries"]
 
 
-def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def unique_phase(stack, phases):
+    """After the shared-prompt phase: unique prefixes until the short-term hit-rate alert fires on
+    both instances (at most 150 s). Its start and the alerts that fired, for the tests that need
+    them."""
     engines, prom = stack
-    FIGURES["alerts firing at the end of the shared-prompt phase"] = phases["firing_before"]
-    assert not [a for a in phases["firing_before"] if "HitRate" in a]   # quiet while the prompts are shared
     plan = [([t for t in tenants], words) for tenants, words in phases["plan"]]
     t0 = time.monotonic()
-    TIMES["unique_start"] = time.time()
+    start = time.time()
     fired: dict[str, set] = {}
     deadline = t0 + 150
     while time.monotonic() < deadline:
@@ -227,6 +226,16 @@ def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, tmp_path,
             break
     FIGURES["alerts fired after switching to unique prefixes"] = {k: sorted(v) for k, v in fired.items()}
     FIGURES["seconds from unique prefixes to the alert firing on both instances"] = round(time.monotonic() - t0)
+    return {"start": start, "fired": fired}
+
+
+def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, unique_phase, tmp_path,
+                                                        monkeypatch):
+    engines, prom = stack
+    FIGURES["alerts firing at the end of the shared-prompt phase"] = phases["firing_before"]
+    # quiet while the prompts are shared
+    assert not [a for a in phases["firing_before"] if "HitRate" in a]
+    fired = unique_phase["fired"]
     assert {f"127.0.0.1:{e.port}" for e in engines} <= fired.get("WarmscopeEngineHitRateRegressionShortTerm", set())
     # the Alerts page (engine-only mode) lists it while it fires
     from streamlit.testing.v1 import AppTest
@@ -251,7 +260,7 @@ def _page_env(prom: str, tmp: Path) -> dict:
                 WARMSCOPE_DATA_DIR=str(tmp))
 
 
-def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeypatch):
+def test_every_page_renders_in_engine_only_mode(stack, phases, unique_phase, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     engines, prom = stack
@@ -266,7 +275,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     for k, v in _page_env(prom, tmp_path).items():
         monkeypatch.setenv(k, v)
     texts = {}
-    for name in PAGES:
+    for name in [p.name for p in ENGINE_PAGES]:
         at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / f"{name}.py"), default_timeout=120)
         at.session_state["range"] = "last hour"
         at.run()
@@ -303,7 +312,8 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)
-    hours = round(math.ceil((time.time() - TIMES["unique_start"] + 5) / 36) * 0.01, 2)   # slider step 0.01 h
+    since = time.time() - unique_phase["start"]
+    hours = round(math.ceil((since + 5) / 36) * 0.01, 2)   # slider step 0.01 h
     at.slider(key="engine-rc-win").set_value((0.0, hours)).run()
     assert not at.exception
     leaves = at.dataframe[0].value
@@ -316,6 +326,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, tmp_path, monkeyp
     assert [c.value for c in at.sidebar.caption] == [f"Source: Prometheus · {prom}"]
 
 
+@pytest.mark.browser
 def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -335,12 +346,13 @@ def test_every_page_in_chromium_engine_only(stack, phases, tmp_path):
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run"])
             page = browser.new_page(viewport={"width": 1400, "height": 2200})  # the main block scrolls: tall
-            for name, path in PAGES.items():
-                page.goto(f"{url}/{path}", wait_until="networkidle")
+            for pg in ENGINE_PAGES:
+                name = pg.name
+                page.goto(f"{url}/{pg.url_path}", wait_until="networkidle")
                 page.wait_for_selector('[data-testid="stMainBlockContainer"] h1', timeout=60_000)
                 page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')",
                                        timeout=90_000)
-                page.get_by_text(LAST[name]).first.wait_for(state="attached", timeout=90_000)
+                page.get_by_text(pg.engine_only).first.wait_for(state="attached", timeout=90_000)
                 page.wait_for_timeout(2500)                           # charts finish drawing
                 page.screenshot(path=str(SHOTS / f"engine-{name}.png"), full_page=True)
                 assert not page.query_selector('[data-testid="stException"]'), name

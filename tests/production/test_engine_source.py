@@ -104,6 +104,7 @@ def test_engine_kind_from_either_name_form():
         ["vllm", "vllm", "sglang", "lmcache", "other"]
 
 
+@pytest.mark.prometheus
 def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     from warmscope.app.dashboard.engine_view import hit_table
 
@@ -137,6 +138,7 @@ def test_engine_frames_from_escaped_and_colon_names(engines_prom):
     assert src.engine_frame("engine_ttft", t0 - 60, end).empty      # no histogram exported
 
 
+@pytest.mark.prometheus
 def test_a_target_that_went_down_keeps_its_last_counts(engines_prom):
     """Prometheus marks a target's series stale at its first failed scrape; a plain
     selector then stops seeing them, and the counts between the last point that

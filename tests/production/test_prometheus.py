@@ -32,6 +32,7 @@ def _decode_literal(s: str, i: int) -> tuple[str, int]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40), st.lists(st.text(max_size=10), min_size=1, max_size=4))
+@pytest.mark.slow
 def test_label_values_cannot_change_the_query(value, values):
     q = selector("warmscope_cache_lookups_total", {"tenant": value, "layer": values})
     assert q.startswith('warmscope_cache_lookups_total{warmscope_tenant="')
@@ -102,6 +103,7 @@ def live_run(tmp_path_factory):
         yield run
 
 
+@pytest.mark.prometheus
 def test_prometheus_counts_agree_with_the_embedded_store(live_run):
     import urllib.parse  # noqa: F401
 
@@ -117,6 +119,7 @@ def test_prometheus_counts_agree_with_the_embedded_store(live_run):
         assert abs(got[layer] - n) <= 2 * per_second[layer] + 1, (layer, got[layer], n)
 
 
+@pytest.mark.prometheus
 def test_prometheus_source_builds_canonical_frames(live_run):
     url, store, t0, t1 = live_run
     src = PrometheusSource(url)
@@ -135,6 +138,7 @@ def test_prometheus_source_builds_canonical_frames(live_run):
     assert req["requests"].sum() > 0 and req["gpu_s"].sum() > 0
 
 
+@pytest.mark.prometheus
 def test_dashboard_reads_lookups_from_prometheus(live_run, monkeypatch):
     from pathlib import Path
 

@@ -36,7 +36,7 @@ from warmscope.sources.prometheus import PrometheusSource
 
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.prometheus]
 
 KINDS = ["embedded", "redis", "prometheus", "composite"]
 

@@ -17,6 +17,8 @@ from warmscope.sources.prometheus import PrometheusSource
 from tests.conftest import free_port, need_binary, prom_query, wait_until
 from tests.production.conftest import live_simulation
 
+pytestmark = pytest.mark.prometheus
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -57,6 +57,7 @@ def _counter_values(lk: pd.DataFrame, result: str) -> str:
 
 
 @pytest.mark.parametrize("fall", [0.0, 0.10, 0.15, 0.25, 0.40, 0.60])
+@pytest.mark.prometheus
 def test_hit_rate_regression_fires_on_both_sides_or_on_neither(tmp_path, fall):
     # 80 minutes at 80 % hit rate, then 40 minutes at 80 % × (1 − fall), 100 lookups a minute.
     lk = _lookups(0.8, 0.8 * (1 - fall))
@@ -81,6 +82,7 @@ def test_hit_rate_regression_fires_on_both_sides_or_on_neither(tmp_path, fall):
 
 
 @pytest.mark.parametrize("leak", [False, True])
+@pytest.mark.prometheus
 def test_cross_tenant_read_fires_on_both_sides_or_on_neither(tmp_path, leak):
     # Hot-key windows of 15 minutes; with a leak, one response key is read by acme and globex at 00:30.
     rows = [(1800.0, "acme", "response", "k1", "resp:*", 3, 0, 0),
@@ -107,6 +109,7 @@ def test_cross_tenant_read_fires_on_both_sides_or_on_neither(tmp_path, leak):
 
 
 @pytest.mark.parametrize("share", [0.03, 0.20])
+@pytest.mark.prometheus
 def test_bypass_spike_fires_on_both_sides_or_on_neither(tmp_path, share):
     # 100 lookups a minute, 1 % bypassing for 80 minutes, then ``share`` for 20 minutes.
     rows = []

@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from warmscope.app.cli.main import main
 from warmscope.app.cli.rules import DEFAULT_RUNBOOK_BASE, render
@@ -21,6 +22,7 @@ def _alerts(path: Path) -> list[dict]:
     return [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.prometheus
 def test_engine_alerts_have_absolute_runbooks_and_fire_and_quiet_tests_with_escaped_input():
     alerts = _alerts(RULES / "engines.alerts.yml")
     tests = yaml.safe_load((RULES / "tests" / "engines_alerts.test.yml").read_text())["tests"]
@@ -41,6 +43,7 @@ def test_engine_alerts_have_absolute_runbooks_and_fire_and_quiet_tests_with_esca
         assert all(any(re.match(r"^(vllm|sglang|lmcache)_", s["series"]) for s in t["input_series"]) for t in fires)
 
 
+@pytest.mark.prometheus
 def test_rules_command_moves_runbook_links_to_another_base(tmp_path, capsys):
     promtool = need_binary("promtool")
     assert main(["rules", "--runbook-base", "https://wiki.example.org/ops/runbooks", "--out", str(tmp_path)]) == 0

@@ -5,6 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import need_binary
@@ -13,6 +14,7 @@ RULES = Path(__file__).resolve().parents[2] / "rules"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
+@pytest.mark.prometheus
 def test_promtool_checks_the_rule_files():
     promtool = need_binary("promtool")
     files = sorted(str(p) for p in RULES.glob("*.yml"))
@@ -21,6 +23,7 @@ def test_promtool_checks_the_rule_files():
     assert out.stdout.count("SUCCESS") == len(files)
 
 
+@pytest.mark.prometheus
 def test_promtool_unit_tests_pass():
     promtool = need_binary("promtool")
     tests = sorted(str(p.name) for p in (RULES / "tests").glob("*.test.yml"))

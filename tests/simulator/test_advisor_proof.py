@@ -11,6 +11,8 @@ from warmscope.simulator import SimConfig, simulate
 from warmscope.simulator.advisor_proof import prove
 from warmscope.sources import EmbeddedSource
 
+pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
+
 HOURS, RPS = 3.0, 6.0
 
 

@@ -31,6 +31,7 @@ FRAMES = ("lookups", "requests", "histograms", "hot_keys", "ab_units", "ab_looku
           "early_keys", "writes", "misses")
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_store_and_two_workers_match_one(tmp_path):
     _, a = _run(tmp_path, "a", hours=0.5)
     _, b = _run(tmp_path, "b", hours=0.5)
@@ -43,6 +44,7 @@ def test_same_seed_gives_identical_store_and_two_workers_match_one(tmp_path):
     assert not a.frame("lookups")["count"].equals(d.frame("lookups")["count"])
 
 
+@pytest.mark.slow
 def test_collector_totals_equal_the_simulators_own_counts(tmp_path):
     summary, st = _run(tmp_path, "own", hours=0.5)
     df = st.frame("lookups").groupby(["replica", "layer", "result"])["count"].sum()
@@ -53,6 +55,7 @@ def test_collector_totals_equal_the_simulators_own_counts(tmp_path):
     assert summary.requests > 5000
 
 
+@pytest.mark.slow
 def test_ab_assignment_is_balanced(tmp_path):
     summary, st = _run(tmp_path, "srm", hours=1.0)
     units = st.units("warmup-strategy")
@@ -86,6 +89,7 @@ def _in_window(ts, start_min, end_min, tick=60):
     return (ts > T0 + start_min * 60) & (ts <= T0 + end_min * 60 + tick)
 
 
+@pytest.mark.slow
 def test_bypass_trap_only_in_scope_and_window(tmp_path):
     _, st = _run(tmp_path, "bypass", ["bypass:tenant=acme,layer=response@00:20-00:40"])
     df = st.frame("lookups")
@@ -98,6 +102,7 @@ def test_bypass_trap_only_in_scope_and_window(tmp_path):
     assert truth.start[0] == T0 + 1200 and truth.end[0] == T0 + 2400
 
 
+@pytest.mark.slow
 def test_tenant_isolation_trap_produces_cross_tenant_reads(tmp_path):
     cc = CollectorConfig.load(env={}, key_secret="warmscope-sim", hot_key_window_s=600, side_flush_s=120)
     _, st = _run(tmp_path, "iso", ["tenant_isolation:layer=response@00:20-00:40"], collector_config=cc)
@@ -110,6 +115,7 @@ def test_tenant_isolation_trap_produces_cross_tenant_reads(tmp_path):
     assert shared.window.between(T0 + 1200 - 600, T0 + 2400).all()
 
 
+@pytest.mark.slow
 def test_kv_fixed_len_trap_makes_short_prompts_miss_in_scope(tmp_path):
     _, st = _run(tmp_path, "kvlen", ["kv_fixed_len:replica=a-0@00:20-00:40;min_tokens=2048"])
     df = st.frame("lookups")
@@ -121,6 +127,7 @@ def test_kv_fixed_len_trap_makes_short_prompts_miss_in_scope(tmp_path):
     assert _hit_rate(after[after.replica == "a-0"]) > 0.2
 
 
+@pytest.mark.slow
 def test_key_explosion_trap_creates_new_families_only_in_scope(tmp_path):
     _, st = _run(tmp_path, "explode", ["key_explosion:tenant=globex@00:20-00:40"])
     df = st.frame("lookups")
@@ -130,6 +137,7 @@ def test_key_explosion_trap_creates_new_families_only_in_scope(tmp_path):
     assert _in_window(new.ts, 20, 40).all()
 
 
+@pytest.mark.slow
 def test_dynamic_tokenisation_trap_drops_hit_rate_of_its_template(tmp_path):
     probe = Simulation(SimConfig.load(**SMALL), tmp_path / "probe.sqlite")
     counts: dict[str, int] = {}
@@ -149,6 +157,7 @@ def test_dynamic_tokenisation_trap_drops_hit_rate_of_its_template(tmp_path):
     assert _hit_rate(other[_in_window(other.ts, 22, 39)]) > 0.5 * before
 
 
+@pytest.mark.slow
 def test_warmup_out_of_step_trap_makes_one_replica_cold(tmp_path):
     _, st = _run(tmp_path, "oos", ["warmup_out_of_step:replica=b-1@00:20-00:40"])
     df = st.frame("lookups")
@@ -161,6 +170,7 @@ def test_warmup_out_of_step_trap_makes_one_replica_cold(tmp_path):
     assert set(restart.replica) == {"b-1"} and restart.ended.max() == T0 + 2400
 
 
+@pytest.mark.slow
 def test_warmup_timing_trap_collapses_precision(tmp_path):
     _, st = _run(tmp_path, "timing", ["warmup_timing:replica=b-0,layer=response@00:20-00:40;ttl_s=60"],
                  rps=3.0)
@@ -208,6 +218,7 @@ def test_realtime_mode_paces_to_the_wall_clock(tmp_path):
     assert np.isfinite(ts).all()
 
 
+@pytest.mark.slow
 def test_pools_can_differ_in_cache_capacity(tmp_path):
     _, st = _run(tmp_path, "cap", hours=0.5, strategy_b="none", b_kv_capacity_tokens=4096)
     df = st.frame("lookups")
@@ -231,6 +242,7 @@ def test_replicas_are_ready_before_traffic_and_warm_up_in_layers(tmp_path):
     assert b0.ended.iloc[0] - b0.started.iloc[0] == pytest.approx(1.6)
 
 
+@pytest.mark.slow
 def test_rolling_restarts_cut_over_to_a_warmed_instance(tmp_path):
     _, st = _run(tmp_path, "roll", hours=1.0, strategy_a="none", strategy_b="static_topk", restart_every_h=0.5)
     runs = st.frame("warmup_runs")
@@ -258,6 +270,7 @@ def test_content_drift_moves_popularity_beyond_the_head_only():
     assert (drift(ranks, 4000, SimConfig.load(), 7200.0, 977) == ranks).all()  # off by default
 
 
+@pytest.mark.slow
 def test_a_third_pool_splits_sessions_three_ways(tmp_path):
     summary, st = _run(tmp_path, "abc", hours=0.25, strategy_b="static_topk", strategy_c="predictive")
     n = st.units("warmup-strategy").groupby("variant").size()

@@ -27,6 +27,9 @@ def _figures(path) -> tuple[float, float, int]:
             int(m.s_requests.sum()))
 
 
+pytestmark = pytest.mark.slow  # the module's fixture simulates every strategy
+
+
 @pytest.fixture(scope="module")
 def by_strategy(tmp_path_factory):
     cfg, _ = demo_world(HOURS, now=1_795_910_400.0)

@@ -1,0 +1,119 @@
+"""The extension points' registries: each entry complete, checked when its module is imported, and
+read by what needs it (one list, not parallel ones)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from warmscope.app.cli import base as cli_base
+from warmscope.app.cli.main import COMMANDS
+from warmscope.app.dashboard import pages
+from warmscope.model import records
+from warmscope.model.registry import RegistryError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------ pages
+def test_every_view_module_is_a_page_and_draws_its_heading_first():
+    views = {p.stem for p in pages.VIEWS.glob("*.py") if p.stem != "__init__"}
+    assert views == {p.name for p in pages.PAGES}
+    for p in pages.PAGES:
+        titles = re.findall(r'^st\.title\("([^"]+)"\)', p.file.read_text(), re.M)
+        assert titles[:1] == [p.heading], p.name
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(name="nope"), "no view module"),
+    (dict(title=""), "needs a title"),
+    (dict(heading=""), "needs the heading"),
+    (dict(icon="🔥"), "Material icon"),
+    (dict(engine_only=" "), "engine_only is the text"),
+])
+def test_an_incomplete_page_fails_with_a_clear_message(change, words):
+    bad = dataclasses.replace(pages.PAGES[1], **change)
+    with pytest.raises(RegistryError, match=f"dashboard page entry '{bad.name}'") as e:
+        pages.check_pages((pages.PAGES[0], bad))
+    assert words in str(e.value)
+
+
+def test_pages_need_one_default_and_distinct_names():
+    with pytest.raises(RegistryError, match="declared twice"):
+        pages.check_pages((*pages.PAGES, pages.PAGES[-1]))
+    with pytest.raises(RegistryError, match="exactly one page must be the default"):
+        pages.check_pages(pages.PAGES[1:])
+
+
+def test_prewarm_steps_match_the_pages_that_ask_for_them():
+    from warmscope.app.dashboard import ui
+
+    ui.check_prewarm(pages.PAGES, ui._WARM)  # as at import
+    flipped = tuple(dataclasses.replace(p, prewarm=not p.prewarm) if p.name == "advisor" else p
+                    for p in pages.PAGES)
+    with pytest.raises(RegistryError, match="'advisor': prewarm=True needs ui._warm_advisor"):
+        ui.check_prewarm(flipped, ui._WARM)
+    with pytest.raises(RegistryError, match="'hotkeys': has ui._warm_hotkeys but prewarm=False"):
+        ui.check_prewarm(tuple(dataclasses.replace(p, prewarm=False) if p.name == "hotkeys" else p
+                               for p in pages.PAGES), ui._WARM)
+
+
+# ----------------------------------------------------------------- layers
+def test_layer_declarations_drive_hit_rates_and_sharing():
+    assert records.NOT_IN_HIT_RATE == ("weights",) and records.SHARED_LAYERS == ("weights",)
+    assert records.layer("rerank") == records.Layer()  # undeclared: a plain per-tenant cache
+    with pytest.raises(RegistryError, match="must be True or False"):
+        records.Layer(in_hit_rate="no")  # type: ignore[arg-type]
+    with pytest.raises(RegistryError, match="LAYERS entry 'x': must be a Layer"):
+        records.check_layers({"x": {"shared": True}})  # type: ignore[dict-item]
+    with pytest.raises(RegistryError, match="non-empty string"):
+        records.check_layers({" x": records.Layer()})
+
+
+def test_no_module_names_a_layer_to_leave_out_of_hit_rates():
+    """"Leave this layer out" is records.LAYERS' in_hit_rate, not a string compared in the code."""
+    pattern = re.compile(r"""\.layer\s*!=\s*["']weights|\["layer"\]\s*!=\s*["']weights""")
+    packages = ("model", "collectors", "sources", "analysis", "app")
+    found = [str(p.relative_to(ROOT)) for pkg in packages
+             for p in (ROOT / pkg).rglob("*.py") if pattern.search(p.read_text())]
+    assert found == []
+
+
+# --------------------------------------------------------------- commands
+def test_help_lists_the_registry_in_its_order():
+    names = [c.name for c in COMMANDS]
+    assert {"demo", "simulate", "report", "rca", "warmup"} <= set(names)
+    out = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "{" + ",".join(names) + "}" in out.replace("\n", "").replace(" ", "")
+
+
+def test_a_command_that_is_not_one_fails_with_a_clear_message():
+    with pytest.raises(RegistryError, match="CLI command entry 'x': needs a help line"):
+        cli_base.Simple("x", help="", run=lambda a: 0)
+
+    class NoRun:
+        name = "norun"
+
+        def add_parser(self, sub):
+            return sub.add_parser(self.name)
+
+    with pytest.raises(RegistryError, match="'norun': must have a name, add_parser"):
+        cli_base.check_commands((*COMMANDS, NoRun()))  # type: ignore[arg-type]
+    with pytest.raises(RegistryError, match="'rules': declared twice"):
+        cli_base.check_commands((*COMMANDS, COMMANDS[3]))
+
+
+def test_a_simple_command_parses_and_runs():
+    ran = []
+    cmd = cli_base.Simple("hello", help="say hello", run=lambda a: ran.append(a.who) or 0,
+                          arguments=lambda p: p.add_argument("--who", default="world"))
+    ap = argparse.ArgumentParser()
+    cmd.add_parser(ap.add_subparsers(dest="cmd", required=True))
+    args = ap.parse_args(["hello", "--who", "you"])
+    assert args.fn(args) == 0 and ran == ["you"]
