@@ -132,13 +132,13 @@ def test_the_queue_is_bounded_and_what_does_not_fit_is_counted(make_tel, monkeyp
     assert tel.store.frame("misses")["tokens"].sum() == 3
 
 
-def test_a_schema_3_store_gains_the_two_tables(tmp_path):
-    path = tmp_path / "v3.sqlite"
+def test_a_schema_4_store_gains_the_two_tables(tmp_path):
+    path = tmp_path / "v4.sqlite"
     EmbeddedStore(path).close()
-    con = sqlite3.connect(path)  # as schema 3 left it: no misses / kv_blocks tables
+    con = sqlite3.connect(path)  # as schema 4 left it: no misses / kv_blocks tables
     for t in ("misses", "misses_1h", "kv_blocks"):
         con.execute(f"DROP TABLE {t}")
-    con.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    con.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
     con.commit()
     con.close()
     st = EmbeddedStore(path)
@@ -147,5 +147,5 @@ def test_a_schema_3_store_gains_the_two_tables(tmp_path):
     assert st.frame("misses").values.tolist() == [list(row)]
     assert st.frame("misses", step=records.ROLLUP_S)["tokens"].tolist() == [4]
     assert (
-        st._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "4"
+        st._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "5"
     )
