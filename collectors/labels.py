@@ -32,9 +32,10 @@ __all__ = ["MAX_LABEL_LEN", "WARMUP_VOCABULARY", "bound", "decode_header", "voca
 
 MAX_LABEL_LEN = 64
 
-# Characters a label keeps besides letters and digits (str.isalnum: any script).
-_KEEP = frozenset("-_.:@/+")
-_PLAIN = re.compile(r"[A-Za-z0-9\-_.:@/+]{1,64}")
+# Characters a label keeps besides letters and digits (str.isalnum: any script); "*" is the
+# key families' wildcard segment (kv:chat:sys:*).
+_KEEP = frozenset("-_.:@/+*")
+_PLAIN = re.compile(r"[A-Za-z0-9\-_.:@/+*]{1,64}")
 
 # Words of warm-up triggers and strategies (besides the family vocabulary).
 WARMUP_VOCABULARY = frozenset("""
