@@ -19,14 +19,26 @@ import importlib.util
 from typing import Any
 
 _WHERE = {
-    "AnalysisConfig": "config", "ConfigError": "config",
-    "run_effect": "coverage", "warm_set_coverage": "coverage",
-    "heat_scores": "heat", "prediction_mape": "heat", "rank_to_warm": "heat", "slo_lambda": "heat",
-    "hit_rate_change": "hitrate", "hit_table": "hitrate", "result_shares": "hitrate", "wilson": "hitrate",
+    "AnalysisConfig": "config",
+    "ConfigError": "config",
+    "run_effect": "coverage",
+    "warm_set_coverage": "coverage",
+    "heat_scores": "heat",
+    "prediction_mape": "heat",
+    "rank_to_warm": "heat",
+    "slo_lambda": "heat",
+    "hit_rate_change": "hitrate",
+    "hit_table": "hitrate",
+    "result_shares": "hitrate",
+    "wilson": "hitrate",
     "hist_quantile": "latency",
-    "benefit_series": "roi", "business_roi": "roi", "compute_roi": "roi", "fit_decay": "roi",
+    "benefit_series": "roi",
+    "business_roi": "roi",
+    "compute_roi": "roi",
+    "fit_decay": "roi",
     "roi_windows": "roi",
-    "ScoreCard": "scores", "score_card": "scores",
+    "ScoreCard": "scores",
+    "score_card": "scores",
 }
 
 __all__ = sorted(_WHERE)
@@ -35,7 +47,9 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
-        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, e.g. analysis.hitrate
+        if (
+            importlib.util.find_spec(f"{__name__}.{name}") is not None
+        ):  # a submodule, e.g. analysis.hitrate
             return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{mod}", __name__), name)

@@ -55,9 +55,28 @@ from scipy import stats
 from .hitrate import Z95
 from .latency import quantile_from_buckets
 
-__all__ = ["Proportion", "Mean", "Ratio", "Quantile", "Result", "compare", "compare_arms", "srm", "SRM", "adjust",
-           "cuped", "msprt", "power", "Power", "mde_sentence", "batch_means", "spending", "group_sequential_bounds",
-           "InvalidStatistics", "MIN_EFFECTIVE_UNITS"]
+__all__ = [
+    "Proportion",
+    "Mean",
+    "Ratio",
+    "Quantile",
+    "Result",
+    "compare",
+    "compare_arms",
+    "srm",
+    "SRM",
+    "adjust",
+    "cuped",
+    "msprt",
+    "power",
+    "Power",
+    "mde_sentence",
+    "batch_means",
+    "spending",
+    "group_sequential_bounds",
+    "InvalidStatistics",
+    "MIN_EFFECTIVE_UNITS",
+]
 
 
 # --------------------------------------------------------------- statistics
@@ -95,8 +114,10 @@ class Proportion:
     def __post_init__(self) -> None:
         _nonneg("Proportion", n=self.n, successes=self.successes)
         if self.successes > self.n:
-            raise InvalidStatistics(f"Proportion: {self.successes} successes out of {self.n} units; successes "
-                                    "count units with at least one success, so they cannot exceed n")
+            raise InvalidStatistics(
+                f"Proportion: {self.successes} successes out of {self.n} units; successes "
+                "count units with at least one success, so they cannot exceed n"
+            )
 
     def __add__(self, o: Proportion) -> Proportion:
         return Proportion(self.n + o.n, self.successes + o.successes)
@@ -127,8 +148,10 @@ class Mean:
         if self.n == 0 and (self.sum or self.sum_sq):
             raise InvalidStatistics("Mean: sums over zero units must be 0")
         if self.n and self.sum * self.sum / self.n > self.sum_sq * (1 + _RTOL) + 1e-12:
-            raise InvalidStatistics(f"Mean: sum of squares {self.sum_sq:g} is below sum²/n = "
-                                    f"{self.sum * self.sum / self.n:g}; no units give that (check the columns)")
+            raise InvalidStatistics(
+                f"Mean: sum of squares {self.sum_sq:g} is below sum²/n = "
+                f"{self.sum * self.sum / self.n:g}; no units give that (check the columns)"
+            )
 
     def __add__(self, o: Mean) -> Mean:
         return Mean(self.n + o.n, self.sum + o.sum, self.sum_sq + o.sum_sq)
@@ -167,7 +190,9 @@ class Ratio:
         if self.n == 0 and any((self.sum_x, self.sum_y, self.sum_x2, self.sum_y2, self.sum_xy)):
             raise InvalidStatistics("Ratio: sums over zero units must be 0")
         if self.sum_xy * self.sum_xy > self.sum_x2 * self.sum_y2 * (1 + _RTOL) + 1e-12:
-            raise InvalidStatistics("Ratio: (Σxy)² exceeds Σx²·Σy² (Cauchy–Schwarz); no units give that")
+            raise InvalidStatistics(
+                "Ratio: (Σxy)² exceeds Σx²·Σy² (Cauchy–Schwarz); no units give that"
+            )
 
     @property
     def effective_units(self) -> float:
@@ -176,15 +201,27 @@ class Ratio:
         return self.sum_y * self.sum_y / self.sum_y2 if self.sum_y2 > 0 else 0.0
 
     def __add__(self, o: Ratio) -> Ratio:
-        return Ratio(self.n + o.n, self.sum_x + o.sum_x, self.sum_y + o.sum_y, self.sum_x2 + o.sum_x2,
-                     self.sum_y2 + o.sum_y2, self.sum_xy + o.sum_xy)
+        return Ratio(
+            self.n + o.n,
+            self.sum_x + o.sum_x,
+            self.sum_y + o.sum_y,
+            self.sum_x2 + o.sum_x2,
+            self.sum_y2 + o.sum_y2,
+            self.sum_xy + o.sum_xy,
+        )
 
     @classmethod
     def from_units(cls, x: npt.ArrayLike, y: npt.ArrayLike) -> Ratio:
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
-        return cls(int(len(x)), float(x.sum()), float(y.sum()), float((x * x).sum()), float((y * y).sum()),
-                   float((x * y).sum()))
+        return cls(
+            int(len(x)),
+            float(x.sum()),
+            float(y.sum()),
+            float((x * x).sum()),
+            float((y * y).sum()),
+            float((x * y).sum()),
+        )
 
     @property
     def estimate(self) -> float:
@@ -232,19 +269,25 @@ class Quantile:
             raise InvalidStatistics(f"Quantile: q must be strictly between 0 and 1, got {self.q!r}")
         b = np.asarray(self.bounds, dtype=float)
         if len(b) == 0 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0) or b[0] <= 0:
-            raise InvalidStatistics(f"Quantile: bounds must be positive, finite and increasing, got {self.bounds!r}")
+            raise InvalidStatistics(
+                f"Quantile: bounds must be positive, finite and increasing, got {self.bounds!r}"
+            )
         for k in ("pooled", "cc", "cd", "dd", "cn", "dn"):
             v = np.asarray(getattr(self, k), dtype=float)
             if v.shape != (len(b) + 1,):
-                raise InvalidStatistics(f"Quantile: {k} needs one value per bucket ({len(b) + 1}: the bounds "
-                                        f"plus overflow), got shape {v.shape}")
+                raise InvalidStatistics(
+                    f"Quantile: {k} needs one value per bucket ({len(b) + 1}: the bounds "
+                    f"plus overflow), got shape {v.shape}"
+                )
         _nonneg("Quantile", n=self.n, pooled=self.pooled, nn=self.nn, cc=self.cc, dd=self.dd)
 
     def _same_kind(self, o: Quantile) -> None:
         if self.q != o.q or tuple(self.bounds) != tuple(o.bounds):
-            raise ValueError(f"cannot combine or compare quantiles with different q or bucket bounds: "
-                             f"q={self.q:g} vs q={o.q:g}, {len(self.bounds)} vs {len(o.bounds)} bounds"
-                             + ("" if tuple(self.bounds) == tuple(o.bounds) else " (bounds differ)"))
+            raise ValueError(
+                f"cannot combine or compare quantiles with different q or bucket bounds: "
+                f"q={self.q:g} vs q={o.q:g}, {len(self.bounds)} vs {len(o.bounds)} bounds"
+                + ("" if tuple(self.bounds) == tuple(o.bounds) else " (bounds differ)")
+            )
 
     @property
     def last_edge(self) -> float:
@@ -261,13 +304,33 @@ class Quantile:
         c = np.asarray(counts, dtype=float).reshape(-1, len(bounds) + 1)
         tot = c.sum(axis=1)
         cum = np.cumsum(c, axis=1) - c  # C_uk: the unit's observations in buckets below k
-        return cls(float(q), tuple(bounds), int((tot > 0).sum()), c.sum(axis=0), float(tot @ tot),
-                   (cum * cum).sum(axis=0), (cum * c).sum(axis=0), (c * c).sum(axis=0), tot @ cum, tot @ c)
+        return cls(
+            float(q),
+            tuple(bounds),
+            int((tot > 0).sum()),
+            c.sum(axis=0),
+            float(tot @ tot),
+            (cum * cum).sum(axis=0),
+            (cum * c).sum(axis=0),
+            (c * c).sum(axis=0),
+            tot @ cum,
+            tot @ c,
+        )
 
     def __add__(self, o: Quantile) -> Quantile:
         self._same_kind(o)
-        return Quantile(self.q, self.bounds, self.n + o.n, self.pooled + o.pooled, self.nn + o.nn,
-                        self.cc + o.cc, self.cd + o.cd, self.dd + o.dd, self.cn + o.cn, self.dn + o.dn)
+        return Quantile(
+            self.q,
+            self.bounds,
+            self.n + o.n,
+            self.pooled + o.pooled,
+            self.nn + o.nn,
+            self.cc + o.cc,
+            self.cd + o.cd,
+            self.dd + o.dd,
+            self.cn + o.cn,
+            self.dn + o.dn,
+        )
 
     @property
     def estimate(self) -> float:
@@ -286,8 +349,14 @@ class Quantile:
         f = (qhat - lo) / (hi - lo) if hi > lo else 1.0
         total = float(self.pooled.sum())
         below = float(self.pooled[:k].sum()) + f * self.pooled[k]
-        r = Ratio(self.n, below, total, self.cc[k] + 2 * f * self.cd[k] + f * f * self.dd[k], self.nn,
-                  self.cn[k] + f * self.dn[k])
+        r = Ratio(
+            self.n,
+            below,
+            total,
+            self.cc[k] + 2 * f * self.cd[k] + f * f * self.dd[k],
+            self.nn,
+            self.cn[k] + f * self.dn[k],
+        )
         dens = self.pooled[k] / total / (hi - lo) if hi > lo else float("nan")
         return qhat, math.sqrt(r.var_of_estimate()), dens
 
@@ -341,7 +410,9 @@ class Result:
     error: str | None = None
     warning: str | None = None
     rel_p_value: float = float("nan")
-    control_above: bool = False  # the control's quantile is only known to exceed the last bucket edge
+    control_above: bool = (
+        False  # the control's quantile is only known to exceed the last bucket edge
+    )
     treatment_above: bool = False
     arm: str = ""  # in an A/B/n report: the treatment arm this row compares with the control
     direction: str = ""  # "higher" or "lower" is better (from the metric's definition); "" unknown
@@ -354,8 +425,23 @@ class Result:
 
 def _nan_result(metric: str, kind: str, a: Stat, b: Stat, error: str) -> Result:
     nan = float("nan")
-    return Result(metric, kind, nan, nan, nan, nan, nan, nan, nan, nan, nan, getattr(a, "n", 0),
-                  getattr(b, "n", 0), "", error=error)
+    return Result(
+        metric,
+        kind,
+        nan,
+        nan,
+        nan,
+        nan,
+        nan,
+        nan,
+        nan,
+        nan,
+        nan,
+        getattr(a, "n", 0),
+        getattr(b, "n", 0),
+        "",
+        error=error,
+    )
 
 
 # Below this many effective units (Kish, :attr:`Ratio.effective_units`) in an
@@ -365,8 +451,14 @@ def _nan_result(metric: str, kind: str, a: Stat, b: Stat, error: str) -> Result:
 MIN_EFFECTIVE_UNITS = 50.0
 
 
-def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, tau: float | None = None,
-            primary: bool = False) -> Result:
+def compare(
+    metric: str,
+    control: Stat,
+    treatment: Stat,
+    alpha: float = 0.05,
+    tau: float | None = None,
+    primary: bool = False,
+) -> Result:
     """Treatment vs control for one metric; never raises on degenerate data
     (it says why in ``error``), but does raise ``ValueError`` on a bad
     ``alpha`` and on quantiles with different q or bucket bounds."""
@@ -374,54 +466,111 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
     kind = type(control).__name__.lower()
     z = stats.norm.ppf(1 - alpha / 2)
     if type(control) is not type(treatment):
-        return _nan_result(metric, kind, control, treatment, "control and treatment are different metric types")
+        return _nan_result(
+            metric, kind, control, treatment, "control and treatment are different metric types"
+        )
     if isinstance(control, Quantile):
         control._same_kind(cast(Quantile, treatment))
     na, nb = control.n, treatment.n
     if na < 2 or nb < 2:
-        return _nan_result(metric, kind, control, treatment,
-                           f"not enough units: {na} in control, {nb} in treatment (need at least 2 each)")
+        return _nan_result(
+            metric,
+            kind,
+            control,
+            treatment,
+            f"not enough units: {na} in control, {nb} in treatment (need at least 2 each)",
+        )
     # Below, treatment has control's type (checked above): the casts say so to the type checker.
     if isinstance(control, Ratio) and (control.sum_y == 0 or cast(Ratio, treatment).sum_y == 0):
-        return _nan_result(metric, kind, control, treatment, "no denominator (e.g. zero lookups) in an arm")
+        return _nan_result(
+            metric, kind, control, treatment, "no denominator (e.g. zero lookups) in an arm"
+        )
     ea, eb = control.estimate, treatment.estimate
     if not (np.isfinite(ea) and np.isfinite(eb)):
         return _nan_result(metric, kind, control, treatment, "no estimate in an arm (no data)")
-    if isinstance(control, Quantile) and (control.above_last_edge or cast(Quantile, treatment).above_last_edge):
-        arms = [n for n, x in (("control", control), ("treatment", cast(Quantile, treatment))) if x.above_last_edge]
-        return replace(_nan_result(
-            metric, kind, control, treatment,
-            f"P{control.q * 100:g} is beyond the last bucket edge ({control.last_edge:g}) in the {' and '.join(arms)}"
-            " arm: only '> edge' is known, so it is not tested (add buckets above the edge)"),
-            control=ea, treatment=eb, control_above=control.above_last_edge,
-            treatment_above=cast(Quantile, treatment).above_last_edge)
+    if isinstance(control, Quantile) and (
+        control.above_last_edge or cast(Quantile, treatment).above_last_edge
+    ):
+        arms = [
+            n
+            for n, x in (("control", control), ("treatment", cast(Quantile, treatment)))
+            if x.above_last_edge
+        ]
+        return replace(
+            _nan_result(
+                metric,
+                kind,
+                control,
+                treatment,
+                f"P{control.q * 100:g} is beyond the last bucket edge ({control.last_edge:g})"
+                f" in the {' and '.join(arms)} arm: only '> edge' is known, so it is not tested"
+                " (add buckets above the edge)",
+            ),
+            control=ea,
+            treatment=eb,
+            control_above=control.above_last_edge,
+            treatment_above=cast(Quantile, treatment).above_last_edge,
+        )
     if isinstance(control, Ratio):
         small = min(control.effective_units, cast(Ratio, treatment).effective_units)
         if small < MIN_EFFECTIVE_UNITS:
-            return replace(_nan_result(
-                metric, kind, control, treatment,
-                f"too few units for the delta method: {small:.0f} effective units in an arm (need "
-                f"{MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the denominator, so a p-value "
-                "would be overconfident — wait for more units"), control=ea, treatment=eb, abs_effect=eb - ea)
+            return replace(
+                _nan_result(
+                    metric,
+                    kind,
+                    control,
+                    treatment,
+                    f"too few units for the delta method: {small:.0f} effective units in an arm (need "
+                    f"{MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the denominator, so a p-value "
+                    "would be overconfident — wait for more units",
+                ),
+                control=ea,
+                treatment=eb,
+                abs_effect=eb - ea,
+            )
     va, vb = control.var_of_estimate(), treatment.var_of_estimate()
     d = eb - ea
     if not (np.isfinite(va) and np.isfinite(vb)):
-        return replace(_nan_result(metric, kind, control, treatment,
-                                   "the variance of an arm's estimate cannot be estimated (e.g. no histogram "
-                                   "density at the quantile): not tested"),
-                       control=ea, treatment=eb, abs_effect=d)
+        return replace(
+            _nan_result(
+                metric,
+                kind,
+                control,
+                treatment,
+                "the variance of an arm's estimate cannot be estimated (e.g. no histogram "
+                "density at the quantile): not tested",
+            ),
+            control=ea,
+            treatment=eb,
+            abs_effect=d,
+        )
     v = va + vb
     warning = None
     if v <= 0:
         if d == 0:
-            return replace(_nan_result(metric, kind, control, treatment,
-                                       "zero variance in both arms and no difference: nothing to test"),
-                           control=ea, treatment=eb, abs_effect=0.0)
+            return replace(
+                _nan_result(
+                    metric,
+                    kind,
+                    control,
+                    treatment,
+                    "zero variance in both arms and no difference: nothing to test",
+                ),
+                control=ea,
+                treatment=eb,
+                abs_effect=0.0,
+            )
         # Every unit in each arm has the same value (observed, not assumed): the difference is exact.
-        warning = "zero variance: every unit has the same value in each arm; the difference is exact"
+        warning = (
+            "zero variance: every unit has the same value in each arm; the difference is exact"
+        )
     se = math.sqrt(v)
     if isinstance(control, Mean) and v > 0:
-        df = v * v / ((va * va) / (na - 1) + (vb * vb) / (nb - 1)) if (va > 0 or vb > 0) else na + nb - 2
+        df = (
+            v * v / ((va * va) / (na - 1) + (vb * vb) / (nb - 1))
+            if (va > 0 or vb > 0)
+            else na + nb - 2
+        )
         tcrit = stats.t.ppf(1 - alpha / 2, df)
         p = 2 * stats.t.sf(abs(d) / se, df)
         lo, hi, test = d - tcrit * se, d + tcrit * se, "Welch t"
@@ -437,18 +586,39 @@ def compare(metric: str, control: Stat, treatment: Stat, alpha: float = 0.05, ta
     rel = rlo = rhi = rel_p = float("nan")
     if ea != 0:
         rel = eb / ea - 1
-        rse = math.sqrt(vb / ea ** 2 + eb ** 2 * va / ea ** 4)
+        rse = math.sqrt(vb / ea**2 + eb**2 * va / ea**4)
         rlo, rhi = rel - z * rse, rel + z * rse
         rel_p = 2 * stats.norm.sf(abs(rel) / rse) if rse > 0 else (0.0 if rel else 1.0)
     seq_p, seq_lo, seq_hi = msprt(d, v, tau if tau is not None else _default_tau(ea), alpha)
     mde = (z + stats.norm.ppf(0.8)) * se
-    return Result(metric, kind, ea, eb, d, lo, hi, rel, rlo, rhi, float(p), na, nb, test, seq_p=seq_p,
-                  seq_low=seq_lo, seq_high=seq_hi, mde=mde, primary=primary, warning=warning,
-                  rel_p_value=float(rel_p))
+    return Result(
+        metric,
+        kind,
+        ea,
+        eb,
+        d,
+        lo,
+        hi,
+        rel,
+        rlo,
+        rhi,
+        float(p),
+        na,
+        nb,
+        test,
+        seq_p=seq_p,
+        seq_low=seq_lo,
+        seq_high=seq_hi,
+        mde=mde,
+        primary=primary,
+        warning=warning,
+        rel_p_value=float(rel_p),
+    )
 
 
-def compare_arms(metric: str, arms: Mapping[str, Stat], control: str, alpha: float = 0.05,
-                 primary: bool = False) -> list[Result]:
+def compare_arms(
+    metric: str, arms: Mapping[str, Stat], control: str, alpha: float = 0.05, primary: bool = False
+) -> list[Result]:
     """A/B/n: every other arm against ``control``, p-values Holm-adjusted over
     the comparisons (``p_holm``; BH in ``p_bh``). Each result's ``metric`` is
     ``"<metric> (<arm> vs <control>)"``."""
@@ -458,9 +628,14 @@ def compare_arms(metric: str, arms: Mapping[str, Stat], control: str, alpha: flo
     others = [a for a in arms if a != control]
     if not others:
         raise ValueError("need at least one arm besides the control")
-    res = [compare(f"{metric} ({a} vs {control})", arms[control], arms[a], alpha, primary=primary) for a in others]
+    res = [
+        compare(f"{metric} ({a} vs {control})", arms[control], arms[a], alpha, primary=primary)
+        for a in others
+    ]
     holm, bh = adjust([r.p_value for r in res])
-    return [replace(r, p_holm=float(h), p_bh=float(b)) for r, h, b in zip(res, holm, bh, strict=True)]
+    return [
+        replace(r, p_holm=float(h), p_bh=float(b)) for r, h, b in zip(res, holm, bh, strict=True)
+    ]
 
 
 def _default_tau(baseline: float) -> float:
@@ -480,20 +655,30 @@ class SRM:
     threshold: float = 0.001  # flagged at p below this
 
 
-def srm(counts: Sequence[float], planned: Sequence[float] | None = None, threshold: float = 0.001,
-        what: str = "units") -> SRM:
+def srm(
+    counts: Sequence[float],
+    planned: Sequence[float] | None = None,
+    threshold: float = 0.001,
+    what: str = "units",
+) -> SRM:
     """Pearson χ² of observed counts (two or more arms) against the planned
     split; flagged at p < threshold. Raises ``ValueError`` on counts or shares
     that are not finite or negative, or when their lengths differ."""
     obs = np.asarray(counts, dtype=float).ravel()
     share = np.asarray(planned if planned is not None else [1.0] * len(obs), dtype=float).ravel()
     if not np.all(np.isfinite(obs)) or np.any(obs < 0):
-        raise ValueError(f"sample-ratio check on {what}: counts must be finite and >= 0, got {list(counts)}")
+        raise ValueError(
+            f"sample-ratio check on {what}: counts must be finite and >= 0, got {list(counts)}"
+        )
     if len(share) != len(obs):
-        raise ValueError(f"sample-ratio check on {what}: {len(obs)} counts but {len(share)} planned shares")
+        raise ValueError(
+            f"sample-ratio check on {what}: {len(obs)} counts but {len(share)} planned shares"
+        )
     if not np.all(np.isfinite(share)) or np.any(share <= 0):
-        raise ValueError(f"sample-ratio check on {what}: planned shares must be finite and > 0, got "
-                         f"{list(share)}")
+        raise ValueError(
+            f"sample-ratio check on {what}: planned shares must be finite and > 0, got "
+            f"{list(share)}"
+        )
     if not 0 < threshold < 1:
         raise ValueError(f"sample-ratio threshold must be between 0 and 1, got {threshold!r}")
     share = share / share.sum()
@@ -513,7 +698,9 @@ def adjust(p_values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     ok = np.isfinite(p)
     bad = p[ok & ((p < 0) | (p > 1))] if len(p) else p
     if len(bad) or np.isinf(p).any():
-        raise ValueError(f"p-values must be in [0, 1] (NaN for 'not tested'), got {bad.tolist() or 'inf'}")
+        raise ValueError(
+            f"p-values must be in [0, 1] (NaN for 'not tested'), got {bad.tolist() or 'inf'}"
+        )
     holm = np.full(len(p), np.nan)
     bh = np.full(len(p), np.nan)
     q = p[ok]
@@ -532,7 +719,9 @@ def adjust(p_values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------- CUPED
-def cuped(y: npt.ArrayLike, x: npt.ArrayLike, arm: npt.ArrayLike) -> tuple[np.ndarray, float, float]:
+def cuped(
+    y: npt.ArrayLike, x: npt.ArrayLike, arm: npt.ArrayLike
+) -> tuple[np.ndarray, float, float]:
     """CUPED-adjust per-unit ``y`` with pre-period covariate ``x``; θ pooled over
     arms (``arm`` labels each unit). Returns (adjusted y, θ, variance reduction)."""
     y = np.asarray(y, dtype=float)
@@ -567,7 +756,9 @@ def msprt(diff: float, var: float, tau: float, alpha: float = 0.05) -> tuple[flo
     t2 = tau * tau
     log_lam = 0.5 * math.log(var / (var + t2)) + t2 * diff * diff / (2 * var * (var + t2))
     p = float(min(1.0, math.exp(-log_lam))) if log_lam < 700 else 0.0
-    half = math.sqrt(2 * var * (var + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((var + t2) / var)))
+    half = math.sqrt(
+        2 * var * (var + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((var + t2) / var))
+    )
     return p, diff - half, diff + half
 
 
@@ -581,15 +772,20 @@ def spending(t: npt.ArrayLike, alpha: float = 0.05, kind: str = "obrien_fleming"
     if kind == "obrien_fleming":
         with np.errstate(divide="ignore"):
             spent: np.ndarray = np.where(
-                frac > 0, 4 - 4 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 4) / np.sqrt(frac)), 0.0)
+                frac > 0, 4 - 4 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 4) / np.sqrt(frac)), 0.0
+            )
             return spent
     if kind == "pocock":
         return alpha * np.log(1 + (math.e - 1) * frac)
     raise ValueError(f"spending must be 'obrien_fleming' or 'pocock', got {kind!r}")
 
 
-def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
-                            kind: str = "obrien_fleming", grid: int = 2001) -> np.ndarray:
+def group_sequential_bounds(
+    looks: int | Sequence[float],
+    alpha: float = 0.05,
+    kind: str = "obrien_fleming",
+    grid: int = 2001,
+) -> np.ndarray:
     """Two-sided z boundaries for planned looks (Lan–DeMets alpha spending).
 
     ``looks``: the number of equally spaced looks, or their information
@@ -599,7 +795,11 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
     Computed by numerical integration of the score process (Armitage,
     McPherson & Rowe), so it needs no simulation."""
     _check_alpha(alpha)
-    t = np.arange(1, looks + 1) / looks if isinstance(looks, (int, np.integer)) else np.asarray(looks, float)
+    t = (
+        np.arange(1, looks + 1) / looks
+        if isinstance(looks, (int, np.integer))
+        else np.asarray(looks, float)
+    )
     if len(t) == 0 or np.any(np.diff(t) <= 0) or t[0] <= 0 or t[-1] > 1:
         raise ValueError(f"information fractions must be increasing in (0, 1], got {list(t)}")
     spent = spending(t, alpha, kind)
@@ -620,9 +820,13 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
         w[[0, -1]] /= 2  # trapezoid weights
         mass = dens * w
 
-        def cross(c: float, tk: float = tk, mass: Any = mass, s_grid: Any = s_grid, sd: float = sd) -> float:
+        def cross(
+            c: float, tk: float = tk, mass: Any = mass, s_grid: Any = s_grid, sd: float = sd
+        ) -> float:
             b = c * math.sqrt(tk)
-            return float(mass @ (stats.norm.sf((b - s_grid) / sd) + stats.norm.cdf((-b - s_grid) / sd)))
+            return float(
+                mass @ (stats.norm.sf((b - s_grid) / sd) + stats.norm.cdf((-b - s_grid) / sd))
+            )
 
         if inc[k] <= 0:
             c = float("inf")
@@ -633,7 +837,9 @@ def group_sequential_bounds(looks: int | Sequence[float], alpha: float = 0.05,
         bounds[k] = c
         if k < len(t) - 1:
             new = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
-            dens = (mass[None, :] * stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd) / sd).sum(axis=1)
+            dens = (mass[None, :] * stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd) / sd).sum(
+                axis=1
+            )
             s_grid = new
     return bounds
 
@@ -649,15 +855,23 @@ class Power:
     note: str = ""
 
 
-def power(control: Stat, treatment: Stat, days_observed: float, target_rel: float = 0.02,
-          alpha: float = 0.05, power_: float = 0.8) -> Power:
+def power(
+    control: Stat,
+    treatment: Stat,
+    days_observed: float,
+    target_rel: float = 0.02,
+    alpha: float = 0.05,
+    power_: float = 0.8,
+) -> Power:
     """MDE now (80% power), and the time to reach ``target_rel`` at the current
     traffic; ``note`` is one sentence that says it (see :func:`mde_sentence`)."""
     _check_alpha(alpha)
     if not 0 < power_ < 1:
         raise ValueError(f"power must be strictly between 0 and 1 (e.g. 0.8), got {power_!r}")
     if not target_rel > 0:
-        raise ValueError(f"target relative effect must be > 0 (e.g. 0.02 for 2%), got {target_rel!r}")
+        raise ValueError(
+            f"target relative effect must be > 0 (e.g. 0.02 for 2%), got {target_rel!r}"
+        )
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power_)
     va, vb = control.var_of_estimate(), treatment.var_of_estimate()
     base = control.estimate
@@ -686,17 +900,24 @@ def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
     if days < 1:
         hours = max(days * 24, 0.1)
         return f"{now}; reaching {target_rel:.0%} takes about {hours:.1f} more hours at the current traffic."
-    return f"{now}; reaching {target_rel:.0%} takes about {days:.1f} more days at the current traffic."
+    return (
+        f"{now}; reaching {target_rel:.0%} takes about {days:.1f} more days at the current traffic."
+    )
 
 
 # ------------------------------------------------------------ batch means
-def batch_means(control: Sequence[float] | np.ndarray, treatment: Sequence[float] | np.ndarray, metric: str) -> Result:
+def batch_means(
+    control: Sequence[float] | np.ndarray, treatment: Sequence[float] | np.ndarray, metric: str
+) -> Result:
     """Prometheus-only fallback: each arm's per-time-bucket values as the
     samples (batch means), Welch t between arms. Buckets are not independent
     units, so this is a rougher answer than unit-level data."""
     a = Mean.from_units([x for x in control if np.isfinite(x)])
     b = Mean.from_units([x for x in treatment if np.isfinite(x)])
     r = compare(metric, a, b)
-    return replace(r, test="batch means (Welch t)",
-                   warning="from Prometheus time buckets, not experiment units: autocorrelated buckets make "
-                           "this p-value optimistic; A/B unit records (collectors) give a sounder answer")
+    return replace(
+        r,
+        test="batch means (Welch t)",
+        warning="from Prometheus time buckets, not experiment units: autocorrelated buckets make "
+        "this p-value optimistic; A/B unit records (collectors) give a sounder answer",
+    )

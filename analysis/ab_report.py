@@ -54,15 +54,40 @@ from warmscope.model.ab_metrics import (
 )
 from warmscope.model.schema import DURATION_BUCKETS
 
-from .ab import SRM, Mean, Power, Proportion, Quantile, Ratio, Result, Stat, adjust, batch_means, compare, power, srm
+from .ab import (
+    SRM,
+    Mean,
+    Power,
+    Proportion,
+    Quantile,
+    Ratio,
+    Result,
+    Stat,
+    adjust,
+    batch_means,
+    compare,
+    power,
+    srm,
+)
 from .buckets import bucket_start
 from .hitrate import hit_table
 
 if TYPE_CHECKING:
     from warmscope.sources import Source
 
-__all__ = ["ABReport", "build_report", "build_report_from_moments", "moment_stats", "report_for", "build_from_series",
-           "render_markdown", "render_html", "metric_stats", "better", "DEFAULT_PRIMARY"]
+__all__ = [
+    "ABReport",
+    "build_report",
+    "build_report_from_moments",
+    "moment_stats",
+    "report_for",
+    "build_from_series",
+    "render_markdown",
+    "render_html",
+    "metric_stats",
+    "better",
+    "DEFAULT_PRIMARY",
+]
 
 _H = [f"h{i}" for i in range(len(DURATION_BUCKETS) + 1)]
 Arms = str | Sequence[str] | None
@@ -85,7 +110,9 @@ class ABReport:
     effect_over_time: pd.DataFrame = field(default_factory=pd.DataFrame)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
-    treatments: list[str] = field(default_factory=list)  # every treatment arm, each compared with the control
+    treatments: list[str] = field(
+        default_factory=list
+    )  # every treatment arm, each compared with the control
 
     def __post_init__(self) -> None:
         if not self.treatments:
@@ -104,14 +131,19 @@ def _names(m: Metric, layers: Sequence[str]) -> list[tuple[str, str | None]]:
     return [(m.named(ly), ly) for ly in layers] if m.per_layer else [(m.name, None)]
 
 
-def metric_stats(u: pd.DataFrame, only: str | None = None,
-                 metrics: Sequence[Metric] = METRICS) -> dict[str, Stat]:
+def metric_stats(
+    u: pd.DataFrame, only: str | None = None, metrics: Sequence[Metric] = METRICS
+) -> dict[str, Stat]:
     """Sufficient statistics of every metric (or just ``only``) for one arm's unit rows."""
     req = u["requests"].to_numpy(float) if "requests" in u.columns else np.zeros(len(u))
-    layers = sorted(c[len("lookups_"):] for c in u.columns if c.startswith("lookups_"))
+    layers = sorted(c[len("lookups_") :] for c in u.columns if c.startswith("lookups_"))
 
     def hist() -> np.ndarray:
-        return u[_H].to_numpy(float) if all(h in u.columns for h in _H) else np.zeros((len(u), len(_H)))
+        return (
+            u[_H].to_numpy(float)
+            if all(h in u.columns for h in _H)
+            else np.zeros((len(u), len(_H)))
+        )
 
     def col(f: str) -> np.ndarray:
         return req if f == "requests" else u[f].to_numpy(float)
@@ -124,14 +156,27 @@ def metric_stats(u: pd.DataFrame, only: str | None = None,
         if m.kind == "mean":
             return Mean.from_units(col(m.numerator))
         if m.kind == "ratio":
-            return Ratio.from_units(col(m.numerator), col(cast(str, m.denominator)))  # a ratio declares one
-        return Quantile.from_units(cast(float, m.q), DURATION_BUCKETS, hist())  # a quantile declares its q
+            return Ratio.from_units(
+                col(m.numerator), col(cast(str, m.denominator))
+            )  # a ratio declares one
+        return Quantile.from_units(
+            cast(float, m.q), DURATION_BUCKETS, hist()
+        )  # a quantile declares its q
 
-    return {name: make(m, ly) for m in metrics for name, ly in _names(m, layers) if only is None or name == only}
+    return {
+        name: make(m, ly)
+        for m in metrics
+        for name, ly in _names(m, layers)
+        if only is None or name == only
+    }
 
 
-def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = None,
-                 metrics: Sequence[Metric] = METRICS) -> dict[str, Stat]:
+def moment_stats(
+    m: pd.Series,
+    layers: dict[str, pd.Series],
+    only: str | None = None,
+    metrics: Sequence[Metric] = METRICS,
+) -> dict[str, Stat]:
     """Sufficient statistics of every metric (or just ``only``) from one arm's
     summed ``ab_moments`` row and ``ab_layer_moments`` rows by layer; equal to
     :func:`metric_stats` on that arm's unit rows."""
@@ -140,21 +185,40 @@ def moment_stats(m: pd.Series, layers: dict[str, pd.Series], only: str | None = 
     def make(d: Metric, layer: str | None) -> Stat:
         if d.per_layer:
             lm = layers[cast(str, layer)]  # a per-layer metric is named with its layer
-            return Ratio(n, lm["s_hits"], lm["s_lookups"], lm["q_hits"], lm["q_lookups"], lm["x_hits"])
+            return Ratio(
+                n, lm["s_hits"], lm["s_lookups"], lm["q_hits"], lm["q_lookups"], lm["x_hits"]
+            )
         if d.kind == "proportion":
             return Proportion(n, int(round(m[pos_column(d.numerator)])))
         if d.kind == "mean":
             return Mean(n, m[f"s_{d.numerator}"], m[f"q_{d.numerator}"])
         if d.kind == "ratio":
             a, b = d.numerator, cast(str, d.denominator)  # a ratio declares its denominator
-            return Ratio(n, m[f"s_{a}"], m[f"s_{b}"], m[f"q_{a}"], m[f"q_{b}"], m[cross_column(a, b)])
+            return Ratio(
+                n, m[f"s_{a}"], m[f"s_{b}"], m[f"q_{a}"], m[f"q_{b}"], m[cross_column(a, b)]
+            )
         arr: Callable[[str], np.ndarray] = lambda p: (  # noqa: E731
-            np.array([m[f"{p}{i}"] for i in range(NB)], dtype=float))
-        return Quantile(cast(float, d.q), tuple(DURATION_BUCKETS), int(round(m["nh"])), arr("h"), float(m["nn"]),
-                        arr("cc"), arr("cd"), arr("dd"), arr("cn"), arr("dn"))
+            np.array([m[f"{p}{i}"] for i in range(NB)], dtype=float)
+        )
+        return Quantile(
+            cast(float, d.q),
+            tuple(DURATION_BUCKETS),
+            int(round(m["nh"])),
+            arr("h"),
+            float(m["nn"]),
+            arr("cc"),
+            arr("cd"),
+            arr("dd"),
+            arr("cn"),
+            arr("dn"),
+        )
 
-    return {name: make(d, ly) for d in metrics for name, ly in _names(d, sorted(layers))
-            if only is None or name == only}
+    return {
+        name: make(d, ly)
+        for d in metrics
+        for name, ly in _names(d, sorted(layers))
+        if only is None or name == only
+    }
 
 
 # ----------------------------------------------------------------- verdict
@@ -175,16 +239,21 @@ def _p(r: Result, multi: bool) -> float:
 
 
 def _rel(r: Result) -> str:
-    return f"{r.rel_effect:+.1%} (95% CI {r.rel_low:+.1%} to {r.rel_high:+.1%})" if np.isfinite(r.rel_effect) \
+    return (
+        f"{r.rel_effect:+.1%} (95% CI {r.rel_low:+.1%} to {r.rel_high:+.1%})"
+        if np.isfinite(r.rel_effect)
         else f"{r.abs_effect:+.4g}"
+    )
 
 
 def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
     if rep.error:
         return f"No verdict: {rep.error}"
     if rep.srm_units is not None and rep.srm_units.flagged:
-        return (f"Do not trust this result: the unit split {rep.srm_units.observed} does not match the plan "
-                f"(sample-ratio mismatch, p = {rep.srm_units.p_value:.2g}). Find the cause before reading metrics.")
+        return (
+            f"Do not trust this result: the unit split {rep.srm_units.observed} does not match the plan "
+            f"(sample-ratio mismatch, p = {rep.srm_units.p_value:.2g}). Find the cause before reading metrics."
+        )
     if not prims:
         return f"No verdict on {rep.primary}: metric not available."
     if not rep.multi_arm:
@@ -193,10 +262,15 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             return f"No verdict on {rep.primary}: {prim.error}."
         if prim.p_value < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
-            return (f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, p = {prim.p_value:.2g}"
-                    f"{f' (always-valid p = {prim.seq_p:.2g})' if np.isfinite(prim.seq_p) else ''}.")
-        mde = f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}" \
-            if rep.power and np.isfinite(rep.power.mde_rel) else ""
+            return (
+                f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, p = {prim.p_value:.2g}"
+                f"{f' (always-valid p = {prim.seq_p:.2g})' if np.isfinite(prim.seq_p) else ''}."
+            )
+        mde = (
+            f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}"
+            if rep.power and np.isfinite(rep.power.mde_rel)
+            else ""
+        )
         return f"No significant difference on {prim.metric} ({_rel(prim)}, p = {prim.p_value:.2g}){mde}."
     parts = []
     for r in prims:
@@ -206,15 +280,28 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(r)]
             parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p = {r.p_holm:.2g}")
         else:
-            parts.append(f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p = "
-                         f"{r.p_holm:.2g})")
-    return f"On {rep.primary}, each arm against {rep.control} (Holm over {len(prims)} arms): " + "; ".join(parts) + "."
+            parts.append(
+                f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p = "
+                f"{r.p_holm:.2g})"
+            )
+    return (
+        f"On {rep.primary}, each arm against {rep.control} (Holm over {len(prims)} arms): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 # ----------------------------------------------------------------- assembling
-def _finish(rep: ABReport, stats: Mapping[str, dict[str, Stat]], primary: str, alpha: float, target_rel: float,
-            has_pre: bool, cumulative: Callable[[str], Iterator[tuple[float, dict[str, Stat]]]],
-            metrics: Sequence[Metric]) -> ABReport:
+def _finish(
+    rep: ABReport,
+    stats: Mapping[str, dict[str, Stat]],
+    primary: str,
+    alpha: float,
+    target_rel: float,
+    has_pre: bool,
+    cumulative: Callable[[str], Iterator[tuple[float, dict[str, Stat]]]],
+    metrics: Sequence[Metric],
+) -> ABReport:
     """Tests, adjustments, power, the over-time curve and the verdict, shared by
     the unit-row and the moments paths. ``stats``: arm -> metric -> sufficient
     statistics; ``cumulative(metric)`` yields (t, arm -> statistics) for units
@@ -229,13 +316,22 @@ def _finish(rep: ABReport, stats: Mapping[str, dict[str, Stat]], primary: str, a
         for arm in rep.treatments:
             r = compare(name, sa[name], stats[arm][name], alpha, primary=(name == primary))
             results.append(replace(r, arm=arm, direction=d.direction if d else ""))
-    for group in ([i for i, r in enumerate(results) if r.primary], [i for i, r in enumerate(results) if not r.primary]):
+    for group in (
+        [i for i, r in enumerate(results) if r.primary],
+        [i for i, r in enumerate(results) if not r.primary],
+    ):
         holm, bh = adjust([results[i].p_value for i in group])
         for j, i in enumerate(group):
             results[i] = replace(results[i], p_holm=float(holm[j]), p_bh=float(bh[j]))
-    rep.results = [r for r in results if r.primary] + [r for r in results if not r.primary]  # list order otherwise
+    rep.results = [r for r in results if r.primary] + [
+        r for r in results if not r.primary
+    ]  # list order otherwise
     prims = [r for r in rep.results if r.primary]
-    rep.power = power(sa[primary], stats[rep.treatment][primary], rep.days_observed, target_rel) if prims else None
+    rep.power = (
+        power(sa[primary], stats[rep.treatment][primary], rep.days_observed, target_rel)
+        if prims
+        else None
+    )
     rows = []
     for t, by_arm in cumulative(primary):
         a = by_arm[rep.control]
@@ -244,12 +340,17 @@ def _finish(rep: ABReport, stats: Mapping[str, dict[str, Stat]], primary: str, a
             if a.n < 2 or b.n < 2:
                 continue
             r = compare(primary, a, b, alpha)
-            rows.append((t, arm, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect))
-    rep.effect_over_time = pd.DataFrame(rows, columns=["t", "arm", "effect", "low", "high", "seq_low", "seq_high",
-                                                       "abs_effect"])
+            rows.append(
+                (t, arm, r.rel_effect, r.rel_low, r.rel_high, r.seq_low, r.seq_high, r.abs_effect)
+            )
+    rep.effect_over_time = pd.DataFrame(
+        rows, columns=["t", "arm", "effect", "low", "high", "seq_low", "seq_high", "abs_effect"]
+    )
     if not has_pre:
-        rep.warnings.append("CUPED not applied: the unit records carry no pre-period values (pre_<metric> "
-                            "columns); analysis.ab.cuped adjusts a metric when they exist")
+        rep.warnings.append(
+            "CUPED not applied: the unit records carry no pre-period values (pre_<metric> "
+            "columns); analysis.ab.cuped adjusts a metric when they exist"
+        )
     rep.verdict = _verdict(rep, prims)
     return rep
 
@@ -259,7 +360,9 @@ def _points(buckets: np.ndarray, points: int) -> np.ndarray:
     ends = np.unique(buckets) + BUCKET_S
     if len(ends) == 0:
         return ends
-    picked: np.ndarray = ends[np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))]
+    picked: np.ndarray = ends[
+        np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).round().astype(int))
+    ]
     return picked
 
 
@@ -270,10 +373,30 @@ def _arms(control: str, treatment: Arms, present: Iterable[str]) -> list[str]:
     return [treatment] if isinstance(treatment, str) else list(dict.fromkeys(treatment))
 
 
-def _start(units: dict[str, int], experiment: str, control: str, arms: list[str], primary: str,
-           planned: Sequence[float] | None, request_totals: dict[str, float] | None) -> ABReport:
-    rep = ABReport(experiment, control, arms[0], "unit records", units, None, None, [], primary, "", None, 0.0,
-                   treatments=arms)
+def _start(
+    units: dict[str, int],
+    experiment: str,
+    control: str,
+    arms: list[str],
+    primary: str,
+    planned: Sequence[float] | None,
+    request_totals: dict[str, float] | None,
+) -> ABReport:
+    rep = ABReport(
+        experiment,
+        control,
+        arms[0],
+        "unit records",
+        units,
+        None,
+        None,
+        [],
+        primary,
+        "",
+        None,
+        0.0,
+        treatments=arms,
+    )
     order = [control] + arms
     plan = planned if planned is not None and len(planned) == len(order) else None
     rep.srm_units = srm([units.get(v, 0) for v in order], plan, what="units")
@@ -282,9 +405,24 @@ def _start(units: dict[str, int], experiment: str, control: str, arms: list[str]
     return rep
 
 
-def _empty(experiment: str, control: str, arms: list[str], primary: str, units: dict[str, int]) -> ABReport:
-    rep = ABReport(experiment, control, arms[0], "unit records", units, None, None, [], primary, "", None, 0.0,
-                   treatments=arms)
+def _empty(
+    experiment: str, control: str, arms: list[str], primary: str, units: dict[str, int]
+) -> ABReport:
+    rep = ABReport(
+        experiment,
+        control,
+        arms[0],
+        "unit records",
+        units,
+        None,
+        None,
+        [],
+        primary,
+        "",
+        None,
+        0.0,
+        treatments=arms,
+    )
     rep.error = f"no unit records for experiment {experiment!r}; is the experiment name right?"
     rep.verdict = _verdict(rep, [])
     return rep
@@ -293,14 +431,28 @@ def _empty(experiment: str, control: str, arms: list[str], primary: str, units: 
 def _request_totals(requests: pd.DataFrame | None, experiment: str) -> dict[str, float] | None:
     if requests is None or not len(requests):
         return None
-    return cast(dict[str, float], requests[requests["experiment"] == experiment].groupby("variant")["requests"].sum()
-                .to_dict())
+    return cast(
+        dict[str, float],
+        requests[requests["experiment"] == experiment]
+        .groupby("variant")["requests"]
+        .sum()
+        .to_dict(),
+    )
 
 
-def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treatment: Arms = "B",
-                 primary: str = DEFAULT_PRIMARY, planned: Sequence[float] | None = None,
-                 requests: pd.DataFrame | None = None, alpha: float = 0.05, target_rel: float = 0.02,
-                 over_time_points: int = 12, metrics: Sequence[Metric] = METRICS) -> ABReport:
+def build_report(
+    units: pd.DataFrame,
+    experiment: str,
+    control: str = "A",
+    treatment: Arms = "B",
+    primary: str = DEFAULT_PRIMARY,
+    planned: Sequence[float] | None = None,
+    requests: pd.DataFrame | None = None,
+    alpha: float = 0.05,
+    target_rel: float = 0.02,
+    over_time_points: int = 12,
+    metrics: Sequence[Metric] = METRICS,
+) -> ABReport:
     """Everything the report shows, from ``EmbeddedStore.units(experiment)`` rows
     (one per unit). ``treatment``: one arm, several (A/B/n), or None for every
     arm besides the control. ``planned``: the planned shares of control and
@@ -311,7 +463,9 @@ def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treat
     counts = {v: int((u["variant"] == v).sum()) for v in [control] + arms} if len(u) else {}
     if u.empty:
         return _empty(experiment, control, arms, primary, counts)
-    rep = _start(counts, experiment, control, arms, primary, planned, _request_totals(requests, experiment))
+    rep = _start(
+        counts, experiment, control, arms, primary, planned, _request_totals(requests, experiment)
+    )
     rep.days_observed = max((u["last_ts"].max() - u["first_ts"].min()) / 86400.0, 1e-9)
     # Each arm sorted once; a point is a prefix of each (a view, no copy).
     parts = {v: u[u["variant"] == v].sort_values("first_ts") for v in [control] + arms}
@@ -320,25 +474,52 @@ def build_report(units: pd.DataFrame, experiment: str, control: str = "A", treat
 
     def cumulative(metric: str) -> Iterator[tuple[float, dict[str, Stat]]]:
         for t in pts:
-            yield t, {v: metric_stats(x.iloc[: int(np.searchsorted(ts[v], t, side="left"))], metric, metrics)[metric]
-                      for v, x in parts.items()}
+            yield (
+                t,
+                {
+                    v: metric_stats(
+                        x.iloc[: int(np.searchsorted(ts[v], t, side="left"))], metric, metrics
+                    )[metric]
+                    for v, x in parts.items()
+                },
+            )
 
-    return _finish(rep, {v: metric_stats(x, metrics=metrics) for v, x in parts.items()}, primary, alpha, target_rel,
-                   any(c.startswith("pre_") for c in u.columns), cumulative, metrics)
+    return _finish(
+        rep,
+        {v: metric_stats(x, metrics=metrics) for v, x in parts.items()},
+        primary,
+        alpha,
+        target_rel,
+        any(c.startswith("pre_") for c in u.columns),
+        cumulative,
+        metrics,
+    )
 
 
-def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame, experiment: str,
-                              control: str = "A", treatment: Arms = "B", primary: str = DEFAULT_PRIMARY,
-                              planned: Sequence[float] | None = None,
-                              request_totals: dict[str, float] | None = None, alpha: float = 0.05,
-                              target_rel: float = 0.02, over_time_points: int = 12,
-                              metrics: Sequence[Metric] = METRICS) -> ABReport:
+def build_report_from_moments(
+    moments: pd.DataFrame,
+    layer_moments: pd.DataFrame,
+    experiment: str,
+    control: str = "A",
+    treatment: Arms = "B",
+    primary: str = DEFAULT_PRIMARY,
+    planned: Sequence[float] | None = None,
+    request_totals: dict[str, float] | None = None,
+    alpha: float = 0.05,
+    target_rel: float = 0.02,
+    over_time_points: int = 12,
+    metrics: Sequence[Metric] = METRICS,
+) -> ABReport:
     """The report from ``EmbeddedStore.moments(experiment)``: milliseconds for
     any number of units. ``request_totals``: requests per variant from the
     request metrics, for the request-level sample-ratio check."""
     mm = moments
     arms = _arms(control, treatment, mm["variant"].unique() if len(mm) else [])
-    counts = {v: int(round(mm.loc[mm["variant"] == v, "n"].sum())) for v in [control] + arms} if len(mm) else {}
+    counts = (
+        {v: int(round(mm.loc[mm["variant"] == v, "n"].sum())) for v in [control] + arms}
+        if len(mm)
+        else {}
+    )
     if not len(mm) or not sum(counts.values()):
         return _empty(experiment, control, arms, primary, counts)
     rep = _start(counts, experiment, control, arms, primary, planned, request_totals)
@@ -349,44 +530,102 @@ def build_report_from_moments(moments: pd.DataFrame, layer_moments: pd.DataFrame
 
     def arm(v: str, before: float = np.inf) -> tuple[pd.Series, dict[str, pd.Series]]:
         a = mm[(mm["variant"] == v) & (mm["bucket"] < before)][sums].sum()
-        lm = layer_moments[(layer_moments["variant"] == v) & (layer_moments["bucket"] < before)] \
-            if len(layer_moments) else layer_moments
+        lm = (
+            layer_moments[(layer_moments["variant"] == v) & (layer_moments["bucket"] < before)]
+            if len(layer_moments)
+            else layer_moments
+        )
         zero = pd.Series(0.0, index=lsums)
         by = lm.groupby("layer")[lsums].sum() if len(lm) else None
         return a, {ly: (by.loc[ly] if by is not None and ly in by.index else zero) for ly in layers}
 
     def cumulative(metric: str) -> Iterator[tuple[float, dict[str, Stat]]]:
         for t in _points(mm["bucket"].to_numpy(), over_time_points):
-            yield t, {v: moment_stats(*arm(v, t), metric, metrics)[metric] for v in [control] + arms}
+            yield (
+                t,
+                {v: moment_stats(*arm(v, t), metric, metrics)[metric] for v in [control] + arms},
+            )
 
-    return _finish(rep, {v: moment_stats(*arm(v), metrics=metrics) for v in [control] + arms}, primary, alpha,
-                   target_rel, False, cumulative, metrics)
+    return _finish(
+        rep,
+        {v: moment_stats(*arm(v), metrics=metrics) for v in [control] + arms},
+        primary,
+        alpha,
+        target_rel,
+        False,
+        cumulative,
+        metrics,
+    )
 
 
-def report_for(source: Source, experiment: str, control: str = "A", treatment: Arms = "B",
-               primary: str = DEFAULT_PRIMARY, **kw: Any) -> ABReport:
+def report_for(
+    source: Source,
+    experiment: str,
+    control: str = "A",
+    treatment: Arms = "B",
+    primary: str = DEFAULT_PRIMARY,
+    **kw: Any,
+) -> ABReport:
     """The report from the best data a source has: the store's A/B moments,
     else unit rows (e.g. Redis), else metric series (batch means, two arms)."""
     if hasattr(source, "moments"):
         m, lm = source.moments(experiment)
         if len(m):
-            return build_report_from_moments(m, lm, experiment, control, treatment, primary,
-                                             request_totals=source.request_totals(experiment), **kw)
+            return build_report_from_moments(
+                m,
+                lm,
+                experiment,
+                control,
+                treatment,
+                primary,
+                request_totals=source.request_totals(experiment),
+                **kw,
+            )
     units = source.units(experiment)
     if len(units):
-        return build_report(units, experiment, control, treatment, primary=primary,
-                            requests=source.frame("requests"), **kw)
+        return build_report(
+            units,
+            experiment,
+            control,
+            treatment,
+            primary=primary,
+            requests=source.frame("requests"),
+            **kw,
+        )
     first = treatment if isinstance(treatment, str) else (list(treatment or []) or ["B"])[0]
-    return build_from_series(source.frame("lookups"), source.frame("requests"), experiment, control, first)
+    return build_from_series(
+        source.frame("lookups"), source.frame("requests"), experiment, control, first
+    )
 
 
-def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment: str, control: str = "A",
-                      treatment: str = "B", freq: float = 600.0, layer: str | None = None) -> ABReport:
+def build_from_series(
+    lookups: pd.DataFrame,
+    requests: pd.DataFrame,
+    experiment: str,
+    control: str = "A",
+    treatment: str = "B",
+    freq: float = 600.0,
+    layer: str | None = None,
+) -> ABReport:
     """Prometheus-only fallback: per-variant time-bucket means (batch means)."""
-    rep = ABReport(experiment, control, treatment, "metric series (batch means)", {}, None, None, [],
-                   "hit rate (batch means)", "", None, 0.0)
-    rep.warnings.append("no A/B unit records: compared per-variant time-bucket means from metric series; unit-"
-                        "level data (the collectors' A/B unit records) give a sounder answer")
+    rep = ABReport(
+        experiment,
+        control,
+        treatment,
+        "metric series (batch means)",
+        {},
+        None,
+        None,
+        [],
+        "hit rate (batch means)",
+        "",
+        None,
+        0.0,
+    )
+    rep.warnings.append(
+        "no A/B unit records: compared per-variant time-bucket means from metric series; unit-"
+        "level data (the collectors' A/B unit records) give a sounder answer"
+    )
     lk = lookups[lookups["experiment"] == experiment] if len(lookups) else lookups
     if layer:
         lk = lk[lk["layer"] == layer]
@@ -395,27 +634,40 @@ def build_from_series(lookups: pd.DataFrame, requests: pd.DataFrame, experiment:
         rep.verdict = _verdict(rep, [])
         return rep
     t = hit_table(lk, by=["variant"], freq=freq)
-    res = [batch_means(t[t.variant == control]["hit_rate"].to_numpy(), t[t.variant == treatment]["hit_rate"]
-                       .to_numpy(), "hit rate (batch means)")]
+    res = [
+        batch_means(
+            t[t.variant == control]["hit_rate"].to_numpy(),
+            t[t.variant == treatment]["hit_rate"].to_numpy(),
+            "hit rate (batch means)",
+        )
+    ]
     rq = requests[requests["experiment"] == experiment] if len(requests) else requests
     if len(rq):
         b = bucket_start(rq["ts"], freq)
         g = rq.assign(bucket=b).groupby(["variant", "bucket"])[["requests", "gpu_s"]].sum()
         g["v"] = g["gpu_s"] / g["requests"]
-        ca: np.ndarray | list[float] = (cast(pd.Series, g.loc[control, "v"]).to_numpy()
-                                        if control in g.index.get_level_values(0) else [])
-        cb: np.ndarray | list[float] = (cast(pd.Series, g.loc[treatment, "v"]).to_numpy()
-                                        if treatment in g.index.get_level_values(0) else [])
+        ca: np.ndarray | list[float] = (
+            cast(pd.Series, g.loc[control, "v"]).to_numpy()
+            if control in g.index.get_level_values(0)
+            else []
+        )
+        cb: np.ndarray | list[float] = (
+            cast(pd.Series, g.loc[treatment, "v"]).to_numpy()
+            if treatment in g.index.get_level_values(0)
+            else []
+        )
         res.append(batch_means(ca, cb, "GPU-s per request (batch means)"))
         tot = rq.groupby("variant")["requests"].sum()
         rep.srm_requests = srm([tot.get(control, 0), tot.get(treatment, 0)], what="requests")
     hit = find("hit rate (any)")
     gpu = find("GPU-s per request")
-    res = [replace(r, direction=d.direction if d else "", arm=treatment) for r, d in zip(res, (hit, gpu), strict=False)]
+    res = [
+        replace(r, direction=d.direction if d else "", arm=treatment)
+        for r, d in zip(res, (hit, gpu), strict=False)
+    ]
     rep.results = [replace(res[0], primary=True)] + res[1:]
     rep.verdict = _verdict(rep, rep.results[:1])
     return rep
-
 
 
 # ---------------------------------------------------------------- render
@@ -434,18 +686,41 @@ def _rows(rep: ABReport) -> list[list[str]]:
         p_bh = "–" if r.primary and not rep.multi_arm else _fmt(r.p_bh)
         ctrl = f"> {_fmt(r.control)}" if r.control_above else _fmt(r.control)
         trt = f"> {_fmt(r.treatment)}" if r.treatment_above else _fmt(r.treatment)
-        out.append([
-            ("★ " if r.primary else "") + r.metric, f"{r.arm or rep.treatment} vs {rep.control}", r.kind, ctrl, trt,
-            f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
-            f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
-            _fmt(r.p_value), _fmt(r.rel_p_value), p_adj, p_bh, _fmt(r.seq_p),
-            r.error or r.warning or "",
-        ])
+        out.append(
+            [
+                ("★ " if r.primary else "") + r.metric,
+                f"{r.arm or rep.treatment} vs {rep.control}",
+                r.kind,
+                ctrl,
+                trt,
+                f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
+                f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
+                _fmt(r.p_value),
+                _fmt(r.rel_p_value),
+                p_adj,
+                p_bh,
+                _fmt(r.seq_p),
+                r.error or r.warning or "",
+            ]
+        )
     return out
 
 
-HEADERS = ["Metric", "Arm", "Kind", "Control", "Treatment", "Difference [95% CI]", "Relative [95% CI]", "p",
-           "p (relative)", "p (Holm)", "p (BH)", "Always-valid p", "Note"]
+HEADERS = [
+    "Metric",
+    "Arm",
+    "Kind",
+    "Control",
+    "Treatment",
+    "Difference [95% CI]",
+    "Relative [95% CI]",
+    "p",
+    "p (relative)",
+    "p (Holm)",
+    "p (BH)",
+    "Always-valid p",
+    "Note",
+]
 
 
 def _title(rep: ABReport) -> str:
@@ -454,30 +729,38 @@ def _title(rep: ABReport) -> str:
 
 def _footnote(rep: ABReport) -> str:
     if rep.multi_arm:
-        return (f"★ primary metric: p (Holm) adjusts over the {len(rep.treatments)} arms compared with the control; "
-                "every other metric is Holm- and BH-adjusted over all its rows and arms. Always-valid p: mixture "
-                "SPRT, safe to read at any time (sequential).")
-    return ("★ primary metric (tested at α = 0.05 as is); the others are Holm- and BH-adjusted. "
-            "Always-valid p: mixture SPRT, safe to read at any time (sequential).")
+        return (
+            f"★ primary metric: p (Holm) adjusts over the {len(rep.treatments)} arms compared with the control; "
+            "every other metric is Holm- and BH-adjusted over all its rows and arms. Always-valid p: mixture "
+            "SPRT, safe to read at any time (sequential)."
+        )
+    return (
+        "★ primary metric (tested at α = 0.05 as is); the others are Holm- and BH-adjusted. "
+        "Always-valid p: mixture SPRT, safe to read at any time (sequential)."
+    )
 
 
 def _srm_line(s: SRM | None) -> str:
     if s is None:
         return ""
     state = "MISMATCH" if s.flagged else "ok"
-    return (f"SRM on {s.what}: {state} — observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a planned "
-            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, p = {s.p_value:.3g} "
-            f"(a mismatch is p < {s.threshold:g})")
+    return (
+        f"SRM on {s.what}: {state} — observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a planned "
+        f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, p = {s.p_value:.3g} "
+        f"(a mismatch is p < {s.threshold:g})"
+    )
 
 
 def render_markdown(rep: ABReport) -> str:
-    lines = [f"# {_title(rep)}", "",
-             f"**{rep.verdict}**", ""]
+    lines = [f"# {_title(rep)}", "", f"**{rep.verdict}**", ""]
     for s in (rep.srm_units, rep.srm_requests):
         if s is not None:
             lines.append(f"- {_srm_line(s)}")
-    lines.append(f"- Source: {rep.source}; units: " + ", ".join(f"{k} {v:,}" for k, v in rep.units.items())
-                 + f"; {rep.days_observed:.2f} days observed")
+    lines.append(
+        f"- Source: {rep.source}; units: "
+        + ", ".join(f"{k} {v:,}" for k, v in rep.units.items())
+        + f"; {rep.days_observed:.2f} days observed"
+    )
     if rep.power is not None and np.isfinite(rep.power.mde_rel):
         lines.append(f"- {rep.power.note} (primary metric: {rep.primary})")
     for w in rep.warnings:
@@ -499,14 +782,33 @@ def effect_figure(rep: ABReport) -> Any:  # a plotly Figure (plotly ships no typ
         x = d[d["arm"] == arm]
         c = palette[i % len(palette)]
         t = pd.to_datetime(x["t"], unit="s")
-        fig.add_trace(go.Scatter(x=t, y=x["high"], line=dict(width=0), showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=t, y=x["low"], fill="tonexty", line=dict(width=0), name=f"{arm}: 95% CI",
-                                 fillcolor=f"rgba({c},0.2)"))
-        fig.add_trace(go.Scatter(x=t, y=x["effect"], name=f"{arm} vs {rep.control}", line=dict(color=f"rgb({c})")))
+        fig.add_trace(
+            go.Scatter(x=t, y=x["high"], line=dict(width=0), showlegend=False, hoverinfo="skip")
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=t,
+                y=x["low"],
+                fill="tonexty",
+                line=dict(width=0),
+                name=f"{arm}: 95% CI",
+                fillcolor=f"rgba({c},0.2)",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=t, y=x["effect"], name=f"{arm} vs {rep.control}", line=dict(color=f"rgb({c})")
+            )
+        )
     if len(d):
         fig.add_hline(y=0, line_dash="dot", line_color="grey")
-    fig.update_layout(title=f"{rep.primary}: cumulative relative effect ({', '.join(rep.treatments)} vs "
-                      f"{rep.control})", yaxis_tickformat="+.1%", height=360, margin=dict(l=40, r=20, t=50, b=40))
+    fig.update_layout(
+        title=f"{rep.primary}: cumulative relative effect ({', '.join(rep.treatments)} vs "
+        f"{rep.control})",
+        yaxis_tickformat="+.1%",
+        height=360,
+        margin=dict(l=40, r=20, t=50, b=40),
+    )
     return fig
 
 
@@ -515,8 +817,12 @@ def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
     e = html.escape
     srm_html = "".join(
         f'<div class="srm {"bad" if s.flagged else "ok"}">{e(_srm_line(s))}</div>'
-        for s in (rep.srm_units, rep.srm_requests) if s is not None)
-    table = "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr></thead><tbody>"
+        for s in (rep.srm_units, rep.srm_requests)
+        if s is not None
+    )
+    table = (
+        "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr></thead><tbody>"
+    )
     for row in _rows(rep):
         table += "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
     table += "</tbody></table>"
@@ -536,4 +842,3 @@ font-size:.9rem}}td,th{{border:1px solid #ddd;padding:4px 8px;text-align:right}}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}
 {table}<p><small>{e(_footnote(rep))} Ratio metrics by the delta method at the unit level; quantiles by Deng et
 al.'s outer CI.</small></p>{fig}</body></html>"""
-

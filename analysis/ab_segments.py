@@ -44,29 +44,62 @@ def _arm(df: pd.DataFrame, experiment: str, arms: Sequence[str]) -> pd.DataFrame
     return df[(df["experiment"] == experiment) & df["variant"].isin(arms)]
 
 
-def _samples(values: pd.DataFrame, by: list[str], control: str, treatment: str, metric: str, rows: list[dict[str, Any]],
-             min_buckets: int) -> None:
+def _samples(
+    values: pd.DataFrame,
+    by: list[str],
+    control: str,
+    treatment: str,
+    metric: str,
+    rows: list[dict[str, Any]],
+    min_buckets: int,
+) -> None:
     """values: by + [variant, bucket, v] → one row per segment."""
     values = values[np.isfinite(values["v"].to_numpy(dtype=float))]
     for seg, g in values.groupby(by, sort=True) if by else [((), values)]:
         seg = seg if isinstance(seg, tuple) else (seg,)
         a = g.loc[g["variant"] == control, "v"].to_numpy(dtype=float)
         b = g.loc[g["variant"] == treatment, "v"].to_numpy(dtype=float)
-        row = dict(zip(by, map(str, seg), strict=False), metric=metric, buckets_control=len(a),
-                   buckets_treatment=len(b))
+        row = dict(
+            zip(by, map(str, seg), strict=False),
+            metric=metric,
+            buckets_control=len(a),
+            buckets_treatment=len(b),
+        )
         if min(len(a), len(b)) < min_buckets:
-            row.update(control=a.mean() if len(a) else np.nan, treatment=b.mean() if len(b) else np.nan,
-                       difference=np.nan, ci_low=np.nan, ci_high=np.nan, relative=np.nan, p=np.nan)
+            row.update(
+                control=a.mean() if len(a) else np.nan,
+                treatment=b.mean() if len(b) else np.nan,
+                difference=np.nan,
+                ci_low=np.nan,
+                ci_high=np.nan,
+                relative=np.nan,
+                p=np.nan,
+            )
         else:
             r = batch_means(a, b, metric)
-            row.update(control=r.control, treatment=r.treatment, difference=r.abs_effect, ci_low=r.abs_low,
-                       ci_high=r.abs_high, relative=r.rel_effect, p=r.p_value)
+            row.update(
+                control=r.control,
+                treatment=r.treatment,
+                difference=r.abs_effect,
+                ci_low=r.abs_low,
+                ci_high=r.abs_high,
+                relative=r.rel_effect,
+                p=r.p_value,
+            )
         rows.append(row)
 
 
-def segment_table(lookups: pd.DataFrame, requests: pd.DataFrame, histograms: pd.DataFrame, experiment: str,
-                  control: str, treatment: str, by: Sequence[str], freq: float = 600.0,
-                  min_buckets: int = 3) -> pd.DataFrame:
+def segment_table(
+    lookups: pd.DataFrame,
+    requests: pd.DataFrame,
+    histograms: pd.DataFrame,
+    experiment: str,
+    control: str,
+    treatment: str,
+    by: Sequence[str],
+    freq: float = 600.0,
+    min_buckets: int = 3,
+) -> pd.DataFrame:
     """Per segment of ``by`` (a subset of :data:`DIMENSIONS`) and metric: each arm's mean of its per-bucket
     values, the difference treatment − control with its 95% CI, the relative difference, p, Holm and BH
     p-values (across all rows), and the outcome at Holm p < 0.05. Hit rate leaves the model-weights layer
@@ -83,21 +116,57 @@ def segment_table(lookups: pd.DataFrame, requests: pd.DataFrame, histograms: pd.
         lk = lk[~lk["layer"].isin(NOT_IN_HIT_RATE)]  # e.g. model weights: not a warm-up cache
         t = hit_table(lk, by=[*by, "variant"], freq=freq)
         t = t[t["lookups"] > 0]
-        _samples(t.rename(columns={"hit_rate": "v"}), by, control, treatment, "hit rate", rows, min_buckets)
+        _samples(
+            t.rename(columns={"hit_rate": "v"}),
+            by,
+            control,
+            treatment,
+            "hit rate",
+            rows,
+            min_buckets,
+        )
     rq = _arm(requests, experiment, arms)
     if len(rq) and all(d in rq.columns for d in by):
         b = bucket_start(rq["ts"].to_numpy(dtype=float), freq)
-        g = rq.assign(bucket=b).groupby([*by, "variant", "bucket"], observed=True)[["requests", "gpu_s"]].sum()
+        g = (
+            rq.assign(bucket=b)
+            .groupby([*by, "variant", "bucket"], observed=True)[["requests", "gpu_s"]]
+            .sum()
+        )
         g = g[g["requests"] > 0].reset_index()
         g["v"] = g["gpu_s"] / g["requests"]
         _samples(g, by, control, treatment, "GPU-s per request", rows, min_buckets)
     hs = _arm(histograms, experiment, arms)
     if len(hs) and all(d in hs.columns for d in by) and "layer" not in by:
         q = quantiles_over_time(hs, TTFT, qs=(0.95,), freq=freq, by=[*by, "variant"])
-        q = q[~q["overflow_p95"].astype(bool)]  # a bucket whose P95 is past the last edge has no value
-        _samples(q.rename(columns={"p95": "v"}), by, control, treatment, "TTFT P95 (s)", rows, min_buckets)
-    cols = [*by, "metric", "control", "treatment", "difference", "ci_low", "ci_high", "relative", "p", "p_holm",
-            "p_bh", "buckets_control", "buckets_treatment", "outcome"]
+        q = q[
+            ~q["overflow_p95"].astype(bool)
+        ]  # a bucket whose P95 is past the last edge has no value
+        _samples(
+            q.rename(columns={"p95": "v"}),
+            by,
+            control,
+            treatment,
+            "TTFT P95 (s)",
+            rows,
+            min_buckets,
+        )
+    cols = [
+        *by,
+        "metric",
+        "control",
+        "treatment",
+        "difference",
+        "ci_low",
+        "ci_high",
+        "relative",
+        "p",
+        "p_holm",
+        "p_bh",
+        "buckets_control",
+        "buckets_treatment",
+        "outcome",
+    ]
     if not rows:
         return pd.DataFrame(columns=cols)
     out = pd.DataFrame(rows)

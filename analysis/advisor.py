@@ -47,14 +47,41 @@ import numpy as np
 from scipy.stats import norm, qmc
 
 from .forecast import Peak, next_peak
-from .replay import LAYERS, SLO_LAMBDA, Fidelity, Model, Outcome, Params, calibrate, fidelity, gate_wait, replay
+from .replay import (
+    LAYERS,
+    SLO_LAMBDA,
+    Fidelity,
+    Model,
+    Outcome,
+    Params,
+    calibrate,
+    fidelity,
+    gate_wait,
+    replay,
+)
 from .value import ValueModel
 
-__all__ = ["expected_improvement", "Recommendation", "LayerAdvice", "NoRecommendation", "advise", "check_input",
-           "OBJECTIVES", "optimise", "sim_overrides", "BOUNDS", "fidelity_text", "layer_table"]
+__all__ = [
+    "expected_improvement",
+    "Recommendation",
+    "LayerAdvice",
+    "NoRecommendation",
+    "advise",
+    "check_input",
+    "OBJECTIVES",
+    "optimise",
+    "sim_overrides",
+    "BOUNDS",
+    "fidelity_text",
+    "layer_table",
+]
 
-BOUNDS = {"warm_keys": (25.0, 4000.0, "log"), "response_ttl_s": (300.0, 14400.0, "log"),
-          "lambda_per_s": (1e-5, 1e-2, "log"), "lead_s": (0.0, 8 * 3600.0, "lin")}
+BOUNDS = {
+    "warm_keys": (25.0, 4000.0, "log"),
+    "response_ttl_s": (300.0, 14400.0, "log"),
+    "lambda_per_s": (1e-5, 1e-2, "log"),
+    "lead_s": (0.0, 8 * 3600.0, "lin"),
+}
 NAMES = tuple(BOUNDS)
 
 
@@ -71,23 +98,40 @@ def expected_improvement(mu: Any, sd: Any, best: float, xi: float = 0.01) -> np.
 def to_params(u: np.ndarray) -> Params:
     v = {}
     for x, (name, (lo, hi, kind)) in zip(u, BOUNDS.items(), strict=True):
-        v[name] = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))) if kind == "log" else lo + x * (hi - lo)
-    return Params(warm_keys=int(round(v["warm_keys"])), response_ttl_s=round(v["response_ttl_s"]),
-                  lambda_per_s=v["lambda_per_s"], lead_s=round(v["lead_s"] / 60) * 60)
+        v[name] = (
+            math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo)))
+            if kind == "log"
+            else lo + x * (hi - lo)
+        )
+    return Params(
+        warm_keys=int(round(v["warm_keys"])),
+        response_ttl_s=round(v["response_ttl_s"]),
+        lambda_per_s=v["lambda_per_s"],
+        lead_s=round(v["lead_s"] / 60) * 60,
+    )
 
 
 def to_unit(p: Params) -> np.ndarray:
     out = []
     for name, (lo, hi, kind) in BOUNDS.items():
         v = float(np.clip(getattr(p, name), lo, hi))
-        out.append((math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)) if kind == "log" else
-                   (v - lo) / (hi - lo))
+        out.append(
+            (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            if kind == "log"
+            else (v - lo) / (hi - lo)
+        )
     return np.array(out)
 
 
-def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter: int = 16, seed: int = 0,
-             progress: Callable[[int, int], None] | None = None, x0: list[np.ndarray] | None = None
-             ) -> tuple[np.ndarray, np.ndarray, Any]:
+def optimise(
+    f: Callable[[np.ndarray], float],
+    dim: int,
+    n_init: int = 8,
+    n_iter: int = 16,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    x0: list[np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, Any]:
     """Maximise ``f`` on [0, 1]^dim with a GP and expected improvement; returns (X, y, gp)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -95,7 +139,9 @@ def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter
 
     rng = np.random.default_rng(seed)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # Sobol balance needs 2^k points; a few start points do
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # Sobol balance needs 2^k points; a few start points do
         X = list(x0 or []) + list(qmc.Sobol(dim, scramble=True, seed=seed).random(n_init))
     total = len(X) + n_iter
     y = []
@@ -103,9 +149,12 @@ def optimise(f: Callable[[np.ndarray], float], dim: int, n_init: int = 8, n_iter
         y.append(f(x))
         if progress:
             progress(i + 1, total)
-    kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern([0.3] * dim, (1e-2, 10.0), nu=2.5) + \
-        WhiteKernel(1e-3, (1e-8, 1e-1))
-    gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=0, random_state=seed)
+    kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+        [0.3] * dim, (1e-2, 10.0), nu=2.5
+    ) + WhiteKernel(1e-3, (1e-8, 1e-1))
+    gp = GaussianProcessRegressor(
+        kernel, normalize_y=True, n_restarts_optimizer=0, random_state=seed
+    )
     for _ in range(n_iter):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -141,7 +190,9 @@ class LayerAdvice:
     gain_low: float  # with the latency price at its 95 % bounds (= gain when latency is not priced)
     gain_high: float
     gain_gpu_s: float  # net GPU-s on this layer
-    notes: list[str] = field(default_factory=list)  # at a search bound; lowers the hit rate, and why
+    notes: list[str] = field(
+        default_factory=list
+    )  # at a search bound; lowers the hit rate, and why
 
     def as_dict(self) -> dict[Any, Any]:
         d = asdict(self)
@@ -164,24 +215,39 @@ class Recommendation:
     seconds: float
     history: list[dict[Any, Any]] = field(default_factory=list)
     model: Model | None = None
-    objective: str = "net_gpu_s"  # what ``gain`` is in: net GPU-s, the ROI ratio, or value (currency)
+    objective: str = (
+        "net_gpu_s"  # what ``gain`` is in: net GPU-s, the ROI ratio, or value (currency)
+    )
     layers: dict[str, LayerAdvice] = field(default_factory=dict)
     values: ValueModel | None = None
     fidelity: Fidelity | None = None
     notes: list[str] = field(default_factory=list)  # objective chosen, and why
 
     def as_dict(self) -> dict[Any, Any]:
-        d = {"params": self.params.as_dict(), "base": self.base.as_dict(), "outcome": self.outcome.as_dict(),
-             "base_outcome": self.base_outcome.as_dict(), "objective": self.objective,
-             "gain": self.gain, "gain_sd": self.gain_sd,
-             "gain_gpu_s": self.outcome.net_gpu_s - self.base_outcome.net_gpu_s,
-             "budget_gpu_s_per_day": self.budget_gpu_s, "evaluations": self.evaluations,
-             "seconds": round(self.seconds, 2), "simulator": sim_overrides(self.params),
-             "next_peak": asdict(self.peak) if self.peak else None, "trigger_at": self.trigger_at,
-             "layers": {k: v.as_dict() for k, v in self.layers.items()},
-             "prices": self.values.prices() if self.values else None, "notes": self.notes,
-             "fidelity": (json.loads(self.fidelity.table.to_json(orient="records"))
-                          if self.fidelity is not None else None)}
+        d = {
+            "params": self.params.as_dict(),
+            "base": self.base.as_dict(),
+            "outcome": self.outcome.as_dict(),
+            "base_outcome": self.base_outcome.as_dict(),
+            "objective": self.objective,
+            "gain": self.gain,
+            "gain_sd": self.gain_sd,
+            "gain_gpu_s": self.outcome.net_gpu_s - self.base_outcome.net_gpu_s,
+            "budget_gpu_s_per_day": self.budget_gpu_s,
+            "evaluations": self.evaluations,
+            "seconds": round(self.seconds, 2),
+            "simulator": sim_overrides(self.params),
+            "next_peak": asdict(self.peak) if self.peak else None,
+            "trigger_at": self.trigger_at,
+            "layers": {k: v.as_dict() for k, v in self.layers.items()},
+            "prices": self.values.prices() if self.values else None,
+            "notes": self.notes,
+            "fidelity": (
+                json.loads(self.fidelity.table.to_json(orient="records"))
+                if self.fidelity is not None
+                else None
+            ),
+        }
         return d
 
 
@@ -197,9 +263,13 @@ class NoRecommendation(ValueError):
 def sim_overrides(p: Params) -> dict[Any, Any]:
     """The ``[simulator]`` settings that apply ``p`` to a pool."""
     slo = abs(p.lambda_per_s / SLO_LAMBDA - 1) < 0.2
-    return {"warm_keys": p.warm_keys, "response_ttl_s": float(p.response_ttl_s),
-            "lambda_mode": "slo" if slo else "fixed", "lambda_fixed": float(p.lambda_per_s),
-            "lead_s": float(p.lead_s)}
+    return {
+        "warm_keys": p.warm_keys,
+        "response_ttl_s": float(p.response_ttl_s),
+        "lambda_mode": "slo" if slo else "fixed",
+        "lambda_fixed": float(p.lambda_per_s),
+        "lead_s": float(p.lead_s),
+    }
 
 
 OBJECTIVES = ("value", "slo", "net_gpu_s", "roi")
@@ -215,18 +285,29 @@ def check_input(frames: dict[Any, Any], variant: str | None = None) -> str | Non
         lk = lk[lk["variant"] == variant]
     span = float(lk["ts"].max() - lk["ts"].min()) if len(lk) else 0.0
     if span < MIN_SPAN_S:
-        return (f"Too little data: {span / 3600:.1f} h of lookups in the range, and the replay and forecasts "
-                f"need at least {MIN_SPAN_S / 3600:g} h.")
+        return (
+            f"Too little data: {span / 3600:.1f} h of lookups in the range, and the replay and forecasts "
+            f"need at least {MIN_SPAN_S / 3600:g} h."
+        )
     have = [ly for ly in LAYERS if ((lk["layer"] == ly) & lk["result"].isin(["hit", "miss"])).any()]
     if len(have) < len(LAYERS):
         missing = [ly for ly in LAYERS if ly not in have]
-        return (f"Only {' and '.join(have) or 'no'} replayable lookups in the range: the advisor needs the "
-                f"{' and '.join(missing)} layer too, to share the warm-up between the layers.") if have else (
-            "No response or embedding lookups in the range: those are the layers the advisor replays.")
+        return (
+            (
+                f"Only {' and '.join(have) or 'no'} replayable lookups in the range: the advisor needs the "
+                f"{' and '.join(missing)} layer too, to share the warm-up between the layers."
+            )
+            if have
+            else (
+                "No response or embedding lookups in the range: those are the layers the advisor replays."
+            )
+        )
     runs = frames.get("warmup_runs")
     if runs is None or len(runs) == 0:
-        return ("No warm-up runs in the range: the replay takes the warm-set size, cost per key and timing "
-                "from recorded warm-ups, so pick a range with at least one run.")
+        return (
+            "No warm-up runs in the range: the replay takes the warm-set size, cost per key and timing "
+            "from recorded warm-ups, so pick a range with at least one run."
+        )
     return None
 
 
@@ -234,25 +315,39 @@ def _bound_notes(layer: str, p: Params) -> list[str]:
     u = to_unit(p)
     out = []
     names: dict[str, tuple[str, Callable[[float], str]]] = {
-             "warm_keys": ("warm-set size", lambda v: f"{v:g} keys"),
-             "response_ttl_s": ("response TTL", lambda v: f"{v / 3600:g} h"),
-             "lambda_per_s": ("heat decay λ", lambda v: f"{v:g} /s"),
-             "lead_s": ("trigger lead time", lambda v: f"{v / 3600:g} h")}
+        "warm_keys": ("warm-set size", lambda v: f"{v:g} keys"),
+        "response_ttl_s": ("response TTL", lambda v: f"{v / 3600:g} h"),
+        "lambda_per_s": ("heat decay λ", lambda v: f"{v:g} /s"),
+        "lead_s": ("trigger lead time", lambda v: f"{v / 3600:g} h"),
+    }
     for x, (name, (lo, hi, _)) in zip(u, BOUNDS.items(), strict=True):
         if name == "response_ttl_s" and layer != "response":
             continue
         label, fmt = names[name]
         if x <= 0.01:
-            out.append(f"{label} is at the search's lower bound ({fmt(lo)}): a smaller value may be better still")
+            out.append(
+                f"{label} is at the search's lower bound ({fmt(lo)}): a smaller value may be better still"
+            )
         elif x >= 0.99:
-            out.append(f"{label} is at the search's upper bound ({fmt(hi)}): a larger value may be better still")
+            out.append(
+                f"{label} is at the search's upper bound ({fmt(hi)}): a larger value may be better still"
+            )
     return out
 
 
-def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: str | None = None, n_init: int = 8,
-           n_iter: int = 16, seed: int = 0, progress: Callable[[int, int], None] | None = None,
-           model: Model | None = None, objective: str | None = None, values: ValueModel | None = None,
-           require_fidelity: bool = True) -> Recommendation:
+def advise(
+    frames: dict[Any, Any],
+    budget_gpu_s: float | None = None,
+    variant: str | None = None,
+    n_init: int = 8,
+    n_iter: int = 16,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    model: Model | None = None,
+    objective: str | None = None,
+    values: ValueModel | None = None,
+    require_fidelity: bool = True,
+) -> Recommendation:
     """Calibrate the replay on ``frames``, check that it reproduces the recorded day, tune each layer on
     the objective and return the recommendation. Raises :class:`NoRecommendation` (a ``ValueError``)
     with one sentence when the data cannot support one.
@@ -264,18 +359,28 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
     notes: list[str] = []
     if objective is None:
         objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
-        notes.append("the default: " + (
-            "latency priced from the recorded conversions" if objective == "value" else
-            "latency priced from the configured SLO" if objective == "slo" else
-            f"latency not priced ({vm.note})"))
+        notes.append(
+            "the default: "
+            + (
+                "latency priced from the recorded conversions"
+                if objective == "value"
+                else "latency priced from the configured SLO"
+                if objective == "slo"
+                else f"latency not priced ({vm.note})"
+            )
+        )
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if objective == "value" and vm.kind != "conversion":
-        raise NoRecommendation(f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
-                               "or configure an SLO for --objective slo.")
+        raise NoRecommendation(
+            f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
+            "or configure an SLO for --objective slo."
+        )
     if objective == "slo" and vm.kind != "slo":
-        raise NoRecommendation(f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
-                               "request over it, or use --objective net_gpu_s.")
+        raise NoRecommendation(
+            f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
+            "request over it, or use --objective net_gpu_s."
+        )
     t0 = time.perf_counter()
     fid = None
     if model is None:
@@ -314,10 +419,23 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
             else:
                 v = sum(worth(o, ly, vm.per_ttft_s) for ly in lys)
                 if over > 0:
-                    v -= 10 * over * days * (1.0 if objective == "net_gpu_s" else max(vm.price_per_gpu_s, 1e-9))
-            history.append({**o.params.as_dict(), "layers": "+".join(lys), "net_gpu_s": o.net_gpu_s,
-                            "warm_gpu_s": o.warm_gpu_s, "objective": v})
+                    v -= (
+                        10
+                        * over
+                        * days
+                        * (1.0 if objective == "net_gpu_s" else max(vm.price_per_gpu_s, 1e-9))
+                    )
+            history.append(
+                {
+                    **o.params.as_dict(),
+                    "layers": "+".join(lys),
+                    "net_gpu_s": o.net_gpu_s,
+                    "warm_gpu_s": o.warm_gpu_s,
+                    "objective": v,
+                }
+            )
             return v
+
         return f
 
     def best_of(start: int, lys_budget: float | None) -> int:
@@ -329,19 +447,35 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
     advice: dict[str, LayerAdvice] = {}
     sds = []
     if objective == "roi":  # a ratio: not additive over layers, tuned jointly
-        X, y, gp = optimise(objective_fn(tuple(layers), budget_gpu_s), len(NAMES), n_init, n_iter, seed,
-                            progress, x0=[to_unit(m.base)])
+        X, y, gp = optimise(
+            objective_fn(tuple(layers), budget_gpu_s),
+            len(NAMES),
+            n_init,
+            n_iter,
+            seed,
+            progress,
+            x0=[to_unit(m.base)],
+        )
         i = best_of(0, budget_gpu_s)
         per_layer = {ly: to_params(X[i]) for ly in layers}
         sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
     else:
         per_layer = {}
-        cap = budget_gpu_s / len(layers) if budget_gpu_s is not None else None  # the budget split evenly
+        cap = (
+            budget_gpu_s / len(layers) if budget_gpu_s is not None else None
+        )  # the budget split evenly
         for k, ly in enumerate(layers):
             start = len(history)
             prog = (lambda i, n, k=k: progress(k * n + i, n * len(layers))) if progress else None
-            X, y, gp = optimise(objective_fn((ly,), cap), len(NAMES), n_init, n_iter, seed, prog,
-                                x0=[to_unit(m.base)])
+            X, y, gp = optimise(
+                objective_fn((ly,), cap),
+                len(NAMES),
+                n_init,
+                n_iter,
+                seed,
+                prog,
+                x0=[to_unit(m.base)],
+            )
             i = best_of(start, cap)
             per_layer[ly] = to_params(X[i])
             sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
@@ -349,23 +483,45 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
     for ly in layers:
         o = outs[ly]
         g = worth(o, ly, vm.per_ttft_s)
-        glo, ghi = (worth(o, ly, vm.per_ttft_s_ci[0]), worth(o, ly, vm.per_ttft_s_ci[1])) \
-            if objective in ("value", "slo") else (g, g)
-        gg = worth(o, ly, 0.0) if objective == "net_gpu_s" else (
-            (o.hits[ly] - base_out.hits[ly]) * m.cost_per_key[ly]
-            - (o.layer_warm_gpu_s[ly] - base_out.layer_warm_gpu_s[ly]))
-        la = LayerAdvice(ly, per_layer[ly], base_out.hit_rate[ly], o.hit_rate[ly], o.layer_warm_gpu_s[ly],
-                         base_out.layer_warm_gpu_s[ly], g, min(glo, ghi), max(glo, ghi), gg,
-                         _bound_notes(ly, per_layer[ly]))
+        glo, ghi = (
+            (worth(o, ly, vm.per_ttft_s_ci[0]), worth(o, ly, vm.per_ttft_s_ci[1]))
+            if objective in ("value", "slo")
+            else (g, g)
+        )
+        gg = (
+            worth(o, ly, 0.0)
+            if objective == "net_gpu_s"
+            else (
+                (o.hits[ly] - base_out.hits[ly]) * m.cost_per_key[ly]
+                - (o.layer_warm_gpu_s[ly] - base_out.layer_warm_gpu_s[ly])
+            )
+        )
+        la = LayerAdvice(
+            ly,
+            per_layer[ly],
+            base_out.hit_rate[ly],
+            o.hit_rate[ly],
+            o.layer_warm_gpu_s[ly],
+            base_out.layer_warm_gpu_s[ly],
+            g,
+            min(glo, ghi),
+            max(glo, ghi),
+            gg,
+            _bound_notes(ly, per_layer[ly]),
+        )
         if la.hit_rate < la.base_hit_rate - 0.005 and objective != "roi":
             saved_gpu = la.base_warm_gpu_s - la.warm_gpu_s
             wait = gate_wait(m, m.base, ly) - gate_wait(m, per_layer[ly], ly)
-            also = (f" and the {wait:,.0f} request-seconds requests no longer wait behind its gated start"
-                    if objective in ("value", "slo") and wait > 0 else "")
+            also = (
+                f" and the {wait:,.0f} request-seconds requests no longer wait behind its gated start"
+                if objective in ("value", "slo") and wait > 0
+                else ""
+            )
             la.notes.append(
                 f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; it is still better on "
                 f"{objective} because the warm-up GPU-s it no longer spends ({saved_gpu:,.0f}){also} are worth "
-                f"more than the hits it gives up (net {g:+,.4g} on the objective)")
+                f"more than the hits it gives up (net {g:+,.4g} on the objective)"
+            )
         advice[ly] = la
     out = _merge(m, outs, per_layer)
     p = per_layer.get("response", next(iter(per_layer.values())))
@@ -377,9 +533,26 @@ def advise(frames: dict[Any, Any], budget_gpu_s: float | None = None, variant: s
         gain = out.roi - base_out.roi
     else:
         gain = sum(a.gain for a in advice.values())
-    return Recommendation(p, m.base, out, base_out, gain, float(np.sqrt(np.sum(np.square(sds)))), budget_gpu_s,
-                          peak, trig, len(history), time.perf_counter() - t0, history, m, objective, advice, vm,
-                          fid, notes)
+    return Recommendation(
+        p,
+        m.base,
+        out,
+        base_out,
+        gain,
+        float(np.sqrt(np.sum(np.square(sds)))),
+        budget_gpu_s,
+        peak,
+        trig,
+        len(history),
+        time.perf_counter() - t0,
+        history,
+        m,
+        objective,
+        advice,
+        vm,
+        fid,
+        notes,
+    )
 
 
 def _merge(m: Model, outs: dict[str, Outcome], per_layer: dict[str, Params]) -> Outcome:
@@ -388,11 +561,19 @@ def _merge(m: Model, outs: dict[str, Outcome], per_layer: dict[str, Params]) -> 
     gpu = sum(x.warm_gpu_s for x in o)
     warm_saved = sum(x.extra_hits * m.cost_per_key[ly] for ly, x in outs.items())
     p = per_layer.get("response", next(iter(per_layer.values())))
-    return Outcome(p, {ly: x.hit_rate[ly] for ly, x in outs.items()}, sum(x.extra_hits for x in o), gpu,
-                   sum(x.warm_bytes for x in o), sum(x.gpu_s_saved for x in o), sum(x.net_gpu_s for x in o),
-                   (warm_saved - gpu) / gpu if gpu > 0 else float("nan"), (m.peak_at - p.lead_s) % 86400,
-                   {ly: x.hits[ly] for ly, x in outs.items()},
-                   {ly: x.layer_warm_gpu_s[ly] for ly, x in outs.items()})
+    return Outcome(
+        p,
+        {ly: x.hit_rate[ly] for ly, x in outs.items()},
+        sum(x.extra_hits for x in o),
+        gpu,
+        sum(x.warm_bytes for x in o),
+        sum(x.gpu_s_saved for x in o),
+        sum(x.net_gpu_s for x in o),
+        (warm_saved - gpu) / gpu if gpu > 0 else float("nan"),
+        (m.peak_at - p.lead_s) % 86400,
+        {ly: x.hits[ly] for ly, x in outs.items()},
+        {ly: x.layer_warm_gpu_s[ly] for ly, x in outs.items()},
+    )
 
 
 def fidelity_text(f: Fidelity) -> str:
@@ -401,8 +582,12 @@ def fidelity_text(f: Fidelity) -> str:
     t["share within"] = t["share within"].map(lambda x: f"{x:.0%}")
     for c in ("median_abs_diff", "max_abs_diff"):
         t[c] = t[c].map(lambda x: f"{x * 100:.1f} pts" if x == x else "no bucket")
-    return ("Replay fidelity (recorded parameters vs recorded hit rate, per 15-min bucket):\n"
-            + t.to_string(index=False) + "\n" + f.sentence())
+    return (
+        "Replay fidelity (recorded parameters vs recorded hit rate, per 15-min bucket):\n"
+        + t.to_string(index=False)
+        + "\n"
+        + f.sentence()
+    )
 
 
 def layer_table(rec: Recommendation) -> Any:
@@ -413,14 +598,36 @@ def layer_table(rec: Recommendation) -> Any:
     b = rec.base
     for ly, la in rec.layers.items():
         p = la.params
-        ttl = (_fmt_h(b.response_ttl_s), _fmt_h(p.response_ttl_s)) if ly == "response" else ("–", "–")
-        rows[f"{ly} recorded"] = [str(b.warm_keys), ttl[0], f"{b.lambda_per_s:.2e}", _fmt_h(b.lead_s),
-                                  f"{la.base_hit_rate:.1%}", f"{la.base_warm_gpu_s:,.0f}"]
-        rows[f"{ly} recommended"] = [str(p.warm_keys), ttl[1], f"{p.lambda_per_s:.2e}", _fmt_h(p.lead_s),
-                                     f"{la.hit_rate:.1%}", f"{la.warm_gpu_s:,.0f}"]
-    return pd.DataFrame(rows, index=["warm-set size (keys)", "response TTL", "heat decay λ (/s)",
-                                     "trigger lead before peak", "replayed hit rate", "warm-up GPU-s"])
-
+        ttl = (
+            (_fmt_h(b.response_ttl_s), _fmt_h(p.response_ttl_s)) if ly == "response" else ("–", "–")
+        )
+        rows[f"{ly} recorded"] = [
+            str(b.warm_keys),
+            ttl[0],
+            f"{b.lambda_per_s:.2e}",
+            _fmt_h(b.lead_s),
+            f"{la.base_hit_rate:.1%}",
+            f"{la.base_warm_gpu_s:,.0f}",
+        ]
+        rows[f"{ly} recommended"] = [
+            str(p.warm_keys),
+            ttl[1],
+            f"{p.lambda_per_s:.2e}",
+            _fmt_h(p.lead_s),
+            f"{la.hit_rate:.1%}",
+            f"{la.warm_gpu_s:,.0f}",
+        ]
+    return pd.DataFrame(
+        rows,
+        index=[
+            "warm-set size (keys)",
+            "response TTL",
+            "heat decay λ (/s)",
+            "trigger lead before peak",
+            "replayed hit rate",
+            "warm-up GPU-s",
+        ],
+    )
 
 
 def _fmt_h(s: float) -> str:

@@ -62,7 +62,7 @@ def _window(frames: Mapping[str, pd.DataFrame], lo: float, hi: float) -> dict[st
         if len(f):  # stamped at the end of their interval: (lo, hi]
             ts = f["ts"].to_numpy(dtype=float)
             if len(ts) > 1 and (np.diff(ts) >= 0).all():
-                out[k] = f.iloc[np.searchsorted(ts, lo, "right"):np.searchsorted(ts, hi, "right")]
+                out[k] = f.iloc[np.searchsorted(ts, lo, "right") : np.searchsorted(ts, hi, "right")]
             else:
                 out[k] = f[(ts > lo) & (ts <= hi)]
     runs = frames.get("warmup_runs", pd.DataFrame())
@@ -75,12 +75,19 @@ def _window(frames: Mapping[str, pd.DataFrame], lo: float, hi: float) -> dict[st
                 out[k] = f[f["run_id"].isin(runs["run_id"])]
     hk = frames.get("hot_keys", pd.DataFrame())
     if len(hk):
-        out["hot_keys"] = hk[(hk["window"] > lo - max(HOT_KEY_WINDOW_S, HOT_KEY_LOOKBACK_S)) & (hk["window"] <= hi)]
+        out["hot_keys"] = hk[
+            (hk["window"] > lo - max(HOT_KEY_WINDOW_S, HOT_KEY_LOOKBACK_S)) & (hk["window"] <= hi)
+        ]
     return out
 
 
-def alert_history(frames: Mapping[str, pd.DataFrame], start: float, end: float, every: float = 600.0,
-                  lookback: float = 3600.0) -> pd.DataFrame:
+def alert_history(
+    frames: Mapping[str, pd.DataFrame],
+    start: float,
+    end: float,
+    every: float = 600.0,
+    lookback: float = 3600.0,
+) -> pd.DataFrame:
     """Alert episodes over (start, end]: evaluations every ``every`` s, each over the ``lookback`` s before
     it (frames must reach back to ``start − lookback``). One row per episode, oldest first."""
     if lookback <= 0:
@@ -100,12 +107,21 @@ def alert_history(frames: Mapping[str, pd.DataFrame], start: float, end: float, 
             seen.add(key)
             ep = open_.get(key)
             if ep is None:
-                open_[key] = {"alert": r.alert, "subject": key[1], "severity": r.severity, "fired": float(t),
-                              "resolved": np.nan, "since": float(r.since) if r.since == r.since else np.nan,
-                              "summary": r.summary, "evaluations": 1}
+                open_[key] = {
+                    "alert": r.alert,
+                    "subject": key[1],
+                    "severity": r.severity,
+                    "fired": float(t),
+                    "resolved": np.nan,
+                    "since": float(r.since) if r.since == r.since else np.nan,
+                    "summary": r.summary,
+                    "evaluations": 1,
+                }
             else:
                 ep["evaluations"] += 1
-                if _ORDER.get(r.severity, 9) < _ORDER.get(ep["severity"], 9):  # the worst severity it reached
+                if _ORDER.get(r.severity, 9) < _ORDER.get(
+                    ep["severity"], 9
+                ):  # the worst severity it reached
                     ep["severity"] = r.severity
                     ep["summary"] = r.summary
         for key in [k for k in open_ if k not in seen]:

@@ -62,7 +62,9 @@ TRAP_ALERTS = {
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-HOT_KEY_WINDOW_S = 900.0  # the collectors' hot-key window: one starting before the range may cover part of it
+HOT_KEY_WINDOW_S = (
+    900.0  # the collectors' hot-key window: one starting before the range may cover part of it
+)
 
 
 def hot_keys_since(start: float, end: float) -> float:
@@ -77,16 +79,23 @@ def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict
     last} (window starts), or None when there are none."""
     if hot_keys is None or hot_keys.empty:
         return None
-    hk = hot_keys[(hot_keys["window"] > start - HOT_KEY_WINDOW_S) & (hot_keys["window"] <= end)
-                  & ~hot_keys["layer"].isin(SHARED_LAYERS)]
+    hk = hot_keys[
+        (hot_keys["window"] > start - HOT_KEY_WINDOW_S)
+        & (hot_keys["window"] <= end)
+        & ~hot_keys["layer"].isin(SHARED_LAYERS)
+    ]
     keys = ["window", "layer", "key_hash"]
     d = hk.drop_duplicates(keys + ["tenant"])
     sh = d[d.duplicated(keys, keep=False)]
     if sh.empty:
         return None
-    return {"shared_keys": int(len(sh.drop_duplicates(keys))), "layers": sorted(set(sh["layer"])),
-            "tenants": sorted(set(sh["tenant"])), "first": float(sh["window"].min()),
-            "last": float(sh["window"].max())}
+    return {
+        "shared_keys": int(len(sh.drop_duplicates(keys))),
+        "layers": sorted(set(sh["layer"])),
+        "tenants": sorted(set(sh["tenant"])),
+        "first": float(sh["window"].min()),
+        "last": float(sh["window"].max()),
+    }
 
 
 def _hhmm(ts: float) -> str:
@@ -105,8 +114,14 @@ def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFra
     if lk.empty:
         return pd.DataFrame(columns=cols)
     minute = (lk["ts"].to_numpy(float) // 60).astype("int64")
-    d = pd.DataFrame({"layer": lk["layer"].to_numpy(), "m": minute, "all": lk["count"].to_numpy(float),
-                      "bypass": lk["count"].to_numpy(float) * (lk["result"].to_numpy() == "bypass")})
+    d = pd.DataFrame(
+        {
+            "layer": lk["layer"].to_numpy(),
+            "m": minute,
+            "all": lk["count"].to_numpy(float),
+            "bypass": lk["count"].to_numpy(float) * (lk["result"].to_numpy() == "bypass"),
+        }
+    )
     out = []
     for layer, g in d.groupby("layer"):
         per = g.groupby("m")[["all", "bypass"]].sum()
@@ -134,9 +149,15 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
         for r in ch.itertuples():
             fall = 1 - r.rate / r.baseline_rate if r.baseline_rate > 0 else 0.0
             if fall >= HIT_RATE_DROP and r.p_value < HIT_RATE_P:
-                rows.append(("critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning", "HitRateRegression",
-                             f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
-                             f"({-fall:+.0%}, p = {r.p_value:.1g})", end - third))
+                rows.append(
+                    (
+                        "critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning",
+                        "HitRateRegression",
+                        f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
+                        f"({-fall:+.0%}, p = {r.p_value:.1g})",
+                        end - third,
+                    )
+                )
         # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules do).
         runs = frames.get("warmup_runs", pd.DataFrame())
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
@@ -146,36 +167,67 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                 # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic did not use; a
                 # restart's warm-up is timed by the restart (its waste is WarmSetPrecisionLow's, per strategy).
                 timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
-                v = timing({**frames, "warmup_runs": timed}, (end - third, end), (end - 2 * third, end - third))
+                v = timing(
+                    {**frames, "warmup_runs": timed},
+                    (end - third, end),
+                    (end - 2 * third, end - third),
+                )
                 if not v.detected:
                     continue
             name, sev = TRAP_ALERTS[v.trap]
             rows.append((sev, name, v.evidence, end - third))
         for r in bypass_spikes(lk, start, end).itertuples():
             name, sev = TRAP_ALERTS["bypass"]
-            rows.append((sev, name, f"layer {r.layer}: {r.share:.0%} of lookups bypassed the cache from "
-                                    f"{_hhmm(r.since)} to {_hhmm(r.until)} (at most {BYPASS_SHARE:.0%} an hour "
-                                    "before) — a path started skipping the cache", r.since))
+            rows.append(
+                (
+                    sev,
+                    name,
+                    f"layer {r.layer}: {r.share:.0%} of lookups bypassed the cache from "
+                    f"{_hhmm(r.since)} to {_hhmm(r.until)} (at most {BYPASS_SHARE:.0%} an hour "
+                    "before) — a path started skipping the cache",
+                    r.since,
+                )
+            )
     leak = cross_tenant_reads(frames.get("hot_keys", pd.DataFrame()), start, end)
     if leak is not None:
         name, sev = TRAP_ALERTS["tenant_isolation"]
         t = ", ".join(leak["tenants"][:5]) + (" …" if len(leak["tenants"]) > 5 else "")
-        rows.append((sev, name, f"SECURITY: {leak['shared_keys']} {'/'.join(leak['layers'])} keys were read by two "
-                                f"or more tenants ({t}) — cache keys lack a tenant scope (data leak)",
-                     leak["first"]))
+        rows.append(
+            (
+                sev,
+                name,
+                f"SECURITY: {leak['shared_keys']} {'/'.join(leak['layers'])} keys were read by two "
+                f"or more tenants ({t}) — cache keys lack a tenant scope (data leak)",
+                leak["first"],
+            )
+        )
     runs = frames.get("warmup_runs", pd.DataFrame())
     if len(runs) and len(frames.get("warmed_keys", pd.DataFrame())):
-        cov = warm_set_coverage(runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame()))
+        cov = warm_set_coverage(
+            runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame())
+        )
         # One alert per strategy × layer (the rule's labels), over every run in the range: a strategy that
         # wastes its warm sets, not each of its runs.
-        g = cov.groupby(["strategy", "layer"]).agg(warmed=("keys_warmed", "sum"), read=("keys_read", "sum"),
-                                                   runs=("run_id", "size"), wasted=("wasted_gpu_s", "sum"),
-                                                   since=("started", "min"))
+        g = cov.groupby(["strategy", "layer"]).agg(
+            warmed=("keys_warmed", "sum"),
+            read=("keys_read", "sum"),
+            runs=("run_id", "size"),
+            wasted=("wasted_gpu_s", "sum"),
+            since=("started", "min"),
+        )
         g = g[g.warmed >= WARM_MIN_KEYS]
         for key, r in g[g.read / g.warmed < WARM_PRECISION_MIN].iterrows():
             strategy, layer = cast(tuple[str, str], key)
-            rows.append(("warning", "WarmSetPrecisionLow",
-                         f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
-                         f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)", float(r.since)))
+            rows.append(
+                (
+                    "warning",
+                    "WarmSetPrecisionLow",
+                    f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
+                    f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)",
+                    float(r.since),
+                )
+            )
     out = pd.DataFrame(rows, columns=["severity", "alert", "summary", "since"])
-    return out.sort_values("severity", key=lambda s: s.map(_ORDER), kind="stable").reset_index(drop=True)
+    return out.sort_values("severity", key=lambda s: s.map(_ORDER), kind="stable").reset_index(
+        drop=True
+    )

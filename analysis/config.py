@@ -58,11 +58,16 @@ class AnalysisConfig:
     prediction_alpha: float = setting(0.3, ge=0.001, le=1.0)
     decay_horizon_s: float = setting(6 * 3600.0, ge=60.0, le=30 * 86400)
     treatment_variant: str = "B"
-    roi_window_s: float = setting(300.0, ge=60.0, le=86400.0)  # the score's ROI window after each warm-up (T+5 min)
-    dynamic_boost: float = setting(1.0, ge=0.0, le=10.0)  # how much a breached dimension's weight grows (see scores)
+    roi_window_s: float = setting(
+        300.0, ge=60.0, le=86400.0
+    )  # the score's ROI window after each warm-up (T+5 min)
+    dynamic_boost: float = setting(
+        1.0, ge=0.0, le=10.0
+    )  # how much a breached dimension's weight grows (see scores)
     breach_below: float = setting(0.5, ge=0.0, le=1.0)  # a dimension scoring below this is breached
-    dimensions: tuple[DimensionSpec, ...] = setting(default_factory=lambda: DEFAULT_DIMENSIONS,
-                                                    parse=lambda key, v: _dimensions(v))
+    dimensions: tuple[DimensionSpec, ...] = setting(
+        default_factory=lambda: DEFAULT_DIMENSIONS, parse=lambda key, v: _dimensions(v)
+    )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> AnalysisConfig:
@@ -77,28 +82,39 @@ class AnalysisConfig:
 
 def _dimensions(v: Any) -> tuple[DimensionSpec, ...]:
     if not isinstance(v, Mapping):
-        raise ConfigError("analysis.dimensions must be a table of [analysis.dimensions.NAME] tables")
+        raise ConfigError(
+            "analysis.dimensions must be a table of [analysis.dimensions.NAME] tables"
+        )
     by = {d.name: d for d in DEFAULT_DIMENSIONS}
     for name, spec in v.items():
         if name not in by:
-            raise ConfigError(f"analysis.dimensions.{name} is not a dimension; dimensions: {', '.join(by)}")
+            raise ConfigError(
+                f"analysis.dimensions.{name} is not a dimension; dimensions: {', '.join(by)}"
+            )
         if not isinstance(spec, Mapping):
             raise ConfigError(f"analysis.dimensions.{name} must be a table")
         d = by[name]
         upd: dict[str, float] = {}
         for k, x in spec.items():
             if k not in ("target", "worst", "weight"):
-                raise ConfigError(f"analysis.dimensions.{name}.{k} is not known; use target, worst, weight")
+                raise ConfigError(
+                    f"analysis.dimensions.{name}.{k} is not known; use target, worst, weight"
+                )
             try:
                 upd[k] = float(x)
             except (TypeError, ValueError):
-                raise ConfigError(f"analysis.dimensions.{name}.{k} must be a number, got {x!r}") from None
+                raise ConfigError(
+                    f"analysis.dimensions.{name}.{k} must be a number, got {x!r}"
+                ) from None
         if upd.get("weight", 0) < 0:
-            raise ConfigError(f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}")
+            raise ConfigError(
+                f"analysis.dimensions.{name}.weight must be >= 0, got {upd['weight']}"
+            )
         target, worst = upd.get("target", d.target), upd.get("worst", d.worst)
         if d.better != "target" and target == worst:
-            raise ConfigError(f"analysis.dimensions.{name}: target and worst must differ "
-                              f"(both {target})")
+            raise ConfigError(
+                f"analysis.dimensions.{name}: target and worst must differ (both {target})"
+            )
         by[name] = replace(d, **upd)  # type: ignore[arg-type]  # numeric fields only
     dims = tuple(by[d.name] for d in DEFAULT_DIMENSIONS)
     if sum(d.weight for d in dims) <= 0:

@@ -46,40 +46,78 @@ def read_in_time(warmed: pd.DataFrame) -> pd.Series:
     return pd.Series(ok, index=warmed.index)
 
 
-def warm_set_coverage(runs: pd.DataFrame, warmed: pd.DataFrame, early: pd.DataFrame,
-                      recall_window_s: float = 900.0) -> pd.DataFrame:
+def warm_set_coverage(
+    runs: pd.DataFrame, warmed: pd.DataFrame, early: pd.DataFrame, recall_window_s: float = 900.0
+) -> pd.DataFrame:
     """One row per run: keys, read, precision, early keys, recall, wasted GPU-s."""
-    cols = ["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended", "keys_warmed",
-            "keys_read", "precision", "early_keys", "early_warmed", "recall", "gpu_s", "wasted_gpu_s",
-            "overhead_gpu_s"]
+    cols = [
+        "run_id",
+        "strategy",
+        "layer",
+        "tenant",
+        "replica",
+        "trigger",
+        "started",
+        "ended",
+        "keys_warmed",
+        "keys_read",
+        "precision",
+        "early_keys",
+        "early_warmed",
+        "recall",
+        "gpu_s",
+        "wasted_gpu_s",
+        "overhead_gpu_s",
+    ]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    w = warmed.assign(read=read_in_time(warmed)) if len(warmed) else warmed.assign(read=pd.Series(dtype=bool))
-    per = w.groupby("run_id").agg(keys_warmed=("key_hash", "size"), keys_read=("read", "sum"),
-                                  key_gpu_s=("gpu_s", "sum")) if len(w) else \
-        pd.DataFrame(columns=["keys_warmed", "keys_read", "key_gpu_s"])
+    w = (
+        warmed.assign(read=read_in_time(warmed))
+        if len(warmed)
+        else warmed.assign(read=pd.Series(dtype=bool))
+    )
+    per = (
+        w.groupby("run_id").agg(
+            keys_warmed=("key_hash", "size"), keys_read=("read", "sum"), key_gpu_s=("gpu_s", "sum")
+        )
+        if len(w)
+        else pd.DataFrame(columns=["keys_warmed", "keys_read", "key_gpu_s"])
+    )
     wasted = w[~w["read"]].groupby("run_id")["gpu_s"].sum() if len(w) else pd.Series(dtype=float)
-    out = runs[["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended", "gpu_s"]].merge(
-        per, left_on="run_id", right_index=True, how="left")
+    out = runs[
+        ["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended", "gpu_s"]
+    ].merge(per, left_on="run_id", right_index=True, how="left")
     out["wasted_gpu_s"] = out["run_id"].map(wasted).fillna(0.0)
-    out[["keys_warmed", "keys_read", "key_gpu_s"]] = out[["keys_warmed", "keys_read", "key_gpu_s"]].fillna(0)
+    out[["keys_warmed", "keys_read", "key_gpu_s"]] = out[
+        ["keys_warmed", "keys_read", "key_gpu_s"]
+    ].fillna(0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["precision"] = np.where(out["keys_warmed"] > 0, out["keys_read"] / out["keys_warmed"], np.nan)
+        out["precision"] = np.where(
+            out["keys_warmed"] > 0, out["keys_read"] / out["keys_warmed"], np.nan
+        )
     out["overhead_gpu_s"] = (out["gpu_s"] - out["key_gpu_s"]).clip(lower=0)
     # Recall: early keys seen within T of the run's end, warmed by that run.
     if len(early):
         e = early.merge(runs[["run_id", "ended"]], on="run_id")
         e = e[e["first_seen"] <= e["ended"] + recall_window_s]
         warmed_pairs = set(zip(w["run_id"], w["key_hash"], strict=True)) if len(w) else set()
-        e = e.assign(was_warmed=[(r, k) in warmed_pairs for r, k in zip(e["run_id"], e["key_hash"], strict=True)])
-        rc = e.groupby("run_id").agg(early_keys=("key_hash", "size"), early_warmed=("was_warmed", "sum"))
+        e = e.assign(
+            was_warmed=[
+                (r, k) in warmed_pairs for r, k in zip(e["run_id"], e["key_hash"], strict=True)
+            ]
+        )
+        rc = e.groupby("run_id").agg(
+            early_keys=("key_hash", "size"), early_warmed=("was_warmed", "sum")
+        )
         out = out.merge(rc, left_on="run_id", right_index=True, how="left")
     else:
         out["early_keys"] = np.nan
         out["early_warmed"] = np.nan
     out[["early_keys", "early_warmed"]] = out[["early_keys", "early_warmed"]].fillna(0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["recall"] = np.where(out["early_keys"] > 0, out["early_warmed"] / out["early_keys"], np.nan)
+        out["recall"] = np.where(
+            out["early_keys"] > 0, out["early_warmed"] / out["early_keys"], np.nan
+        )
     return out[cols].reset_index(drop=True)
 
 
@@ -98,8 +136,13 @@ def _scope(df: pd.DataFrame, run: Any, layer: bool) -> pd.DataFrame:
     return df[m.to_numpy(dtype=bool)]
 
 
-def run_effect(run: Any, lookups: pd.DataFrame, histograms: pd.DataFrame, requests: pd.DataFrame,
-               window_s: float = 900.0) -> pd.DataFrame:
+def run_effect(
+    run: Any,
+    lookups: pd.DataFrame,
+    histograms: pd.DataFrame,
+    requests: pd.DataFrame,
+    window_s: float = 900.0,
+) -> pd.DataFrame:
     """Before (``window_s`` before the run started) vs after (``window_s`` after
     it ended) on the run's replica and scope: hit rate of its layer, TTFT P50
     and P95, GPU-seconds per request. Rows: metric; columns: before, after,
@@ -116,7 +159,9 @@ def run_effect(run: Any, lookups: pd.DataFrame, histograms: pd.DataFrame, reques
 
     ttft = hist[hist["metric"] == TTFT] if len(hist) else hist
 
-    def q(qs: Sequence[float], s: float, e: float) -> list[float]:  # both quantiles from one bucket sum
+    def q(
+        qs: Sequence[float], s: float, e: float
+    ) -> list[float]:  # both quantiles from one bucket sum
         w = time_slice(ttft, s, e)
         if w.empty:
             return [np.nan] * len(qs)

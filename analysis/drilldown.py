@@ -39,8 +39,19 @@ from .rootcause import Localization, localize
 if TYPE_CHECKING:
     from warmscope.sources import Source
 
-__all__ = ["RCA_DIMS", "MISS_DIMS", "FRAME_DIMS", "leaf_table", "miss_leaf_table", "change_point",
-           "drill_down", "drill_down_misses", "drill_down_source", "regression_test", "DrillDown"]
+__all__ = [
+    "RCA_DIMS",
+    "MISS_DIMS",
+    "FRAME_DIMS",
+    "leaf_table",
+    "miss_leaf_table",
+    "change_point",
+    "drill_down",
+    "drill_down_misses",
+    "drill_down_source",
+    "regression_test",
+    "DrillDown",
+]
 
 RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
 # The misses frame (prefix-KV missed tokens by why they missed): the class is a dimension, so a
@@ -52,13 +63,21 @@ FRAME_DIMS = {"lookups": RCA_DIMS, "misses": MISS_DIMS}
 
 def _leaf_counts(lk: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
     hits = np.where(lk["result"].to_numpy() == "hit", lk["count"].to_numpy(float), 0.0)
-    return pd.DataFrame({"hits": hits, "lookups": lk["count"].to_numpy(float)}, index=lk.index).groupby(
-        [lk[c] for c in dims], observed=True).sum()
+    return (
+        pd.DataFrame({"hits": hits, "lookups": lk["count"].to_numpy(float)}, index=lk.index)
+        .groupby([lk[c] for c in dims], observed=True)
+        .sum()
+    )
 
 
-def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
-               dims: Sequence[str] = RCA_DIMS, min_baseline: float = 20.0,
-               forecast: pd.DataFrame | None = None) -> pd.DataFrame:
+def leaf_table(
+    lookups: pd.DataFrame,
+    anomaly: tuple[float, float],
+    baseline: tuple[float, float],
+    dims: Sequence[str] = RCA_DIMS,
+    min_baseline: float = 20.0,
+    forecast: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Leaves with observed hits/lookups in ``anomaly`` and expected hits from
     ``baseline`` — or, given ``forecast`` (a lookups frame of what was
     expected: a forecast, or a control replay), from it over the same window."""
@@ -82,17 +101,28 @@ def leaf_table(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tu
             fill = t[parent].merge(pr.reset_index(), on=parent, how="left")["r"].to_numpy()
         else:
             tot = base_lk["count"].sum()
-            fill = np.full(len(t), base_lk.loc[base_lk["result"] == "hit", "count"].sum() / tot if tot else np.nan)
+            fill = np.full(
+                len(t),
+                base_lk.loc[base_lk["result"] == "hit", "count"].sum() / tot if tot else np.nan,
+            )
         prior = np.where(np.isfinite(prior), prior, fill)
     # A leaf with a thin baseline (fewer than min_baseline lookups) is shrunk
     # toward its parent's rate; a thick one keeps its own, zero included.
     prior = np.nan_to_num(prior, nan=0.0)
     hb, nb = t["hits_base"].to_numpy(), t["lookups_base"].to_numpy()
-    rate = np.where(nb >= min_baseline, hb / np.maximum(nb, 1), (hb + min_baseline * prior) / (nb + min_baseline))
+    rate = np.where(
+        nb >= min_baseline,
+        hb / np.maximum(nb, 1),
+        (hb + min_baseline * prior) / (nb + min_baseline),
+    )
     t["hits_exp"] = rate * t["lookups"]
     t["lookups_exp"] = t["lookups"]
     # Expected traffic volume, scaled to the anomaly window's length.
-    scale = 1.0 if forecast is not None else (anomaly[1] - anomaly[0]) / max(baseline[1] - baseline[0], 1e-9)
+    scale = (
+        1.0
+        if forecast is not None
+        else (anomaly[1] - anomaly[0]) / max(baseline[1] - baseline[0], 1e-9)
+    )
     t["volume_exp"] = t["lookups_base"] * scale
     return t[dims + ["hits", "lookups", "hits_exp", "lookups_exp", "volume_exp"]]
 
@@ -120,8 +150,12 @@ def change_point(lookups: pd.DataFrame, freq: float = 60.0, min_segment: int = 1
     return float(g.index[k[i]])
 
 
-def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baseline: tuple[float, float],
-                    freq: float = 60.0) -> dict[str, Any]:
+def regression_test(
+    lookups: pd.DataFrame,
+    anomaly: tuple[float, float],
+    baseline: tuple[float, float],
+    freq: float = 60.0,
+) -> dict[str, Any]:
     """Is the anomaly window's effective hit rate different from the baseline's,
     given the baseline's own variability? Welch's t on the per-bucket rates of
     the two windows (each ``freq`` seconds: bucket-to-bucket variation, not
@@ -143,8 +177,14 @@ def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baselin
 
     ra, ha, na = rates(anomaly)
     rb, hb, nb = rates(baseline)
-    out: dict[str, Any] = {"observed": ha / na if na else float("nan"), "expected": hb / nb if nb else float("nan"),
-           "t": float("nan"), "df": float("nan"), "p": float("nan"), "buckets": (len(ra), len(rb))}
+    out: dict[str, Any] = {
+        "observed": ha / na if na else float("nan"),
+        "expected": hb / nb if nb else float("nan"),
+        "t": float("nan"),
+        "df": float("nan"),
+        "p": float("nan"),
+        "buckets": (len(ra), len(rb)),
+    }
     out["change"] = out["observed"] - out["expected"]
     if len(ra) < 2 or len(rb) < 2:
         return out
@@ -154,7 +194,7 @@ def regression_test(lookups: pd.DataFrame, anomaly: tuple[float, float], baselin
     if se == 0:
         out.update(t=float("inf") if diff else 0.0, p=0.0 if diff else 1.0)
         return out
-    df = (va + vb) ** 2 / (va ** 2 / (len(ra) - 1) + vb ** 2 / (len(rb) - 1)) if va + vb > 0 else 1.0
+    df = (va + vb) ** 2 / (va**2 / (len(ra) - 1) + vb**2 / (len(rb) - 1)) if va + vb > 0 else 1.0
     t = float(diff / se)
     out.update(t=t, df=float(df), p=float(2 * stats.t.sf(abs(t), df)))
     return out
@@ -166,14 +206,21 @@ class DrillDown:
     anomaly: tuple[float, float]
     baseline: tuple[float, float]
     leaves: pd.DataFrame
-    test: dict[str, Any] | None = None          # regression_test() of the two windows (None with a forecast)
-    significant: bool = True          # False: "no significant regression in this range", no causes
+    test: dict[str, Any] | None = (
+        None  # regression_test() of the two windows (None with a forecast)
+    )
+    significant: bool = True  # False: "no significant regression in this range", no causes
 
 
-def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None,
-               baseline: tuple[float, float] | None = None, dims: Sequence[str] = RCA_DIMS,
-               max_depth: int | None = None, forecast: pd.DataFrame | None = None,
-               alpha: float = 0.01) -> DrillDown:
+def drill_down(
+    lookups: pd.DataFrame,
+    anomaly: tuple[float, float] | None = None,
+    baseline: tuple[float, float] | None = None,
+    dims: Sequence[str] = RCA_DIMS,
+    max_depth: int | None = None,
+    forecast: pd.DataFrame | None = None,
+    alpha: float = 0.01,
+) -> DrillDown:
     """Root causes of the change in ``anomaly`` vs ``baseline``. Without
     ``anomaly``, the change point splits the data: after it is the anomaly,
     the same length before it the baseline. The baseline never starts before
@@ -181,9 +228,15 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
     :func:`regression_test` finds the windows' hit rates different at
     ``alpha``; otherwise the result says "no significant regression in this
     range" and lists no cause."""
-    def empty(msg: str, anomaly: tuple[float, float] = (np.nan, np.nan),
-              baseline: tuple[float, float] = (np.nan, np.nan)) -> DrillDown:
-        return DrillDown(Localization([], "", np.nan, np.nan, 0, 0, msg), anomaly, baseline, pd.DataFrame())
+
+    def empty(
+        msg: str,
+        anomaly: tuple[float, float] = (np.nan, np.nan),
+        baseline: tuple[float, float] = (np.nan, np.nan),
+    ) -> DrillDown:
+        return DrillDown(
+            Localization([], "", np.nan, np.nan, 0, 0, msg), anomaly, baseline, pd.DataFrame()
+        )
 
     if lookups.empty:
         return empty("no lookups in the selected range")
@@ -201,8 +254,11 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
         baseline = (anomaly[0] - length, anomaly[0])
     baseline = (max(baseline[0], data_start), baseline[1])
     if baseline[1] <= baseline[0] or time_slice(lookups, *baseline).empty:
-        return empty("no data before the window to compare with; choose a later window or a baseline",
-                     anomaly, baseline)
+        return empty(
+            "no data before the window to compare with; choose a later window or a baseline",
+            anomaly,
+            baseline,
+        )
     test = None
     if forecast is None:
         test = regression_test(lookups, anomaly, baseline)
@@ -210,18 +266,33 @@ def drill_down(lookups: pd.DataFrame, anomaly: tuple[float, float] | None = None
             loc = Localization([], "hits/lookups", test["observed"], test["expected"], 0, 0)
             loc.change = test["change"]
             p = "too few minutes to test" if not np.isfinite(test["p"]) else f"p = {test['p']:.2g}"
-            loc.notes.append(f"no significant regression in this range: hit rate {test['observed']:.1%} vs "
-                             f"{test['expected']:.1%} in the baseline ({test['change'] * 100:+.2f} points, {p}, "
-                             "against the baseline's minute-to-minute variation)")
+            loc.notes.append(
+                f"no significant regression in this range: hit rate {test['observed']:.1%} vs "
+                f"{test['expected']:.1%} in the baseline ({test['change'] * 100:+.2f} points, {p}, "
+                "against the baseline's minute-to-minute variation)"
+            )
             return DrillDown(loc, anomaly, baseline, pd.DataFrame(), test, significant=False)
     leaves = leaf_table(lookups, anomaly, baseline, dims, forecast=forecast)
-    loc = localize(leaves, [d for d in dims if d in leaves.columns], v_num="hits", v_den="lookups",
-                   f_num="hits_exp", f_den="lookups_exp", max_depth=max_depth, v_vol="lookups", f_vol="volume_exp")
+    loc = localize(
+        leaves,
+        [d for d in dims if d in leaves.columns],
+        v_num="hits",
+        v_den="lookups",
+        f_num="hits_exp",
+        f_den="lookups_exp",
+        max_depth=max_depth,
+        v_vol="lookups",
+        f_vol="volume_exp",
+    )
     return DrillDown(loc, anomaly, baseline, leaves, test)
 
 
-def miss_leaf_table(misses: pd.DataFrame, anomaly: tuple[float, float],
-                    baseline: tuple[float, float], dims: Sequence[str] = MISS_DIMS) -> pd.DataFrame:
+def miss_leaf_table(
+    misses: pd.DataFrame,
+    anomaly: tuple[float, float],
+    baseline: tuple[float, float],
+    dims: Sequence[str] = MISS_DIMS,
+) -> pd.DataFrame:
     """Leaves of the ``misses`` frame: missed tokens in ``anomaly`` (``tokens``) and the
     baseline's tokens scaled to the anomaly window's length (``tokens_exp``), per
     combination of ``dims`` (miss_class included)."""
@@ -233,9 +304,13 @@ def miss_leaf_table(misses: pd.DataFrame, anomaly: tuple[float, float],
     return t[[*dims, "tokens", "tokens_exp"]]
 
 
-def drill_down_misses(misses: pd.DataFrame, anomaly: tuple[float, float],
-                      baseline: tuple[float, float] | None = None, dims: Sequence[str] = MISS_DIMS,
-                      max_depth: int | None = None) -> DrillDown:
+def drill_down_misses(
+    misses: pd.DataFrame,
+    anomaly: tuple[float, float],
+    baseline: tuple[float, float] | None = None,
+    dims: Sequence[str] = MISS_DIMS,
+    max_depth: int | None = None,
+) -> DrillDown:
     """Root causes of a change in missed prefix-KV tokens (an additive measure) between
     ``anomaly`` and ``baseline`` (default: the same length just before), localised over
     ``dims`` — with ``miss_class`` among them, a cause reads e.g. "tenant acme, evicted"."""
@@ -245,14 +320,25 @@ def drill_down_misses(misses: pd.DataFrame, anomaly: tuple[float, float],
         empty = Localization([], "", np.nan, np.nan, 0, 0, "no missed-token classes in the range")
         return DrillDown(empty, anomaly, baseline, pd.DataFrame())
     leaves = miss_leaf_table(misses, anomaly, baseline, dims)
-    loc = localize(leaves, [d for d in dims if d in leaves.columns], v="tokens", f="tokens_exp",
-                   max_depth=max_depth)
+    loc = localize(
+        leaves,
+        [d for d in dims if d in leaves.columns],
+        v="tokens",
+        f="tokens_exp",
+        max_depth=max_depth,
+    )
     return DrillDown(loc, anomaly, baseline, leaves)
 
 
-def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tuple[float, float] | None = None,
-                      dims: Sequence[str] = RCA_DIMS, max_depth: int | None = None,
-                      alpha: float = 0.01, frame: str = "lookups") -> DrillDown:
+def drill_down_source(
+    source: Source,
+    anomaly: tuple[float, float],
+    baseline: tuple[float, float] | None = None,
+    dims: Sequence[str] = RCA_DIMS,
+    max_depth: int | None = None,
+    alpha: float = 0.01,
+    frame: str = "lookups",
+) -> DrillDown:
     """:func:`drill_down` over any :class:`~warmscope.sources.Source`
     that holds ``lookups`` (ts, result, count and the dimension columns): the
     embedded store, Prometheus, or the composite the app builds. Only the two
@@ -266,5 +352,11 @@ def drill_down_source(source: Source, anomaly: tuple[float, float], baseline: tu
         mdims = MISS_DIMS if dims is RCA_DIMS else dims
         return drill_down_misses(misses, anomaly, baseline, mdims, max_depth=max_depth)
     lookups = source.frame("lookups", lo - 1.0, hi + 1.0)
-    return drill_down(lookups, anomaly, baseline, [d for d in dims if d in lookups.columns] or list(dims),
-                      max_depth=max_depth, alpha=alpha)
+    return drill_down(
+        lookups,
+        anomaly,
+        baseline,
+        [d for d in dims if d in lookups.columns] or list(dims),
+        max_depth=max_depth,
+        alpha=alpha,
+    )

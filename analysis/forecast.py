@@ -44,8 +44,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["HORIZONS", "series", "Evaluation", "evaluate", "forecast_table", "forecast_now", "next_peak",
-           "prediction_error", "PredictionError", "Peak"]
+__all__ = [
+    "HORIZONS",
+    "series",
+    "Evaluation",
+    "evaluate",
+    "forecast_table",
+    "forecast_now",
+    "next_peak",
+    "prediction_error",
+    "PredictionError",
+    "Peak",
+]
 
 HORIZONS = (5.0, 180.0, 3600.0)
 LEVELS = (0.05, 0.95)
@@ -60,7 +70,9 @@ def _step(ts: np.ndarray) -> float:
     return float(np.min(np.diff(u)))
 
 
-def series(lookups: pd.DataFrame, by: Sequence[str] = ("family",), step: float | None = None) -> pd.DataFrame:
+def series(
+    lookups: pd.DataFrame, by: Sequence[str] = ("family",), step: float | None = None
+) -> pd.DataFrame:
     """Requests per second per bucket: wide (bucket end ts × group), gaps filled with 0."""
     lk = lookups[lookups["result"].isin(["hit", "miss"])]
     if lk.empty:
@@ -80,7 +92,9 @@ def series(lookups: pd.DataFrame, by: Sequence[str] = ("family",), step: float |
     b0 = float(b.min())
     bi = np.rint((b - b0) / step).astype(np.int64)
     T = int(bi.max()) + 1
-    m = np.bincount(bi * K + codes, weights=lk["count"].to_numpy(float), minlength=T * K).reshape(T, K)
+    m = np.bincount(bi * K + codes, weights=lk["count"].to_numpy(float), minlength=T * K).reshape(
+        T, K
+    )
     out = pd.DataFrame(m / step, index=b0 + step * np.arange(T), columns=pd.Index(labels, name="k"))
     out.index.name = "b"
     out.attrs["step_s"] = step
@@ -103,8 +117,10 @@ def _ses_levels(y: np.ndarray, alpha: float) -> np.ndarray:
 
     if len(y) == 0:
         return y.astype(float)
-    return lfilter([alpha], [1.0, -(1.0 - alpha)], y, axis=0,  # type: ignore[no-any-return]  # scipy is untyped
-                   zi=((1.0 - alpha) * y[:1]).astype(float))[0]
+    out = lfilter(
+        [alpha], [1.0, -(1.0 - alpha)], y, axis=0, zi=((1.0 - alpha) * y[:1]).astype(float)
+    )
+    return out[0]  # type: ignore[no-any-return]  # scipy is untyped
 
 
 def _mape(a: np.ndarray, p: np.ndarray) -> float:
@@ -150,7 +166,9 @@ class _Fitted:
             self.sn_label = "seasonal_naive (last bucket; under a day of history)"
         self.pred: dict[str, np.ndarray] = {"seasonal_naive": sn}
         best, self.alpha = np.inf, SES_GRID[0]
-        keep = _ses_levels(y, SES_GRID[0])  # kept when no error is finite (e.g. an all-zero training target)
+        keep = _ses_levels(
+            y, SES_GRID[0]
+        )  # kept when no error is finite (e.g. an all-zero training target)
         for a in SES_GRID:
             lv = _ses_levels(y, a)
             e = _mape(self.target[:train_end], lv[:train_end])
@@ -168,8 +186,15 @@ class _Fitted:
         hour = (c[i + 1] - c[np.maximum(i + 1 - k, 0)]) / np.minimum(i + 1, k)[:, None]
         tod = 2 * np.pi * ((self.ts + self.m * self.step / 2) % DAY) / DAY
         S = y.shape[1]
-        cols = [np.log1p(fast), np.log1p(slow), np.log1p(y), np.log1p(hour),
-                np.repeat(np.sin(tod)[:, None], S, 1), np.repeat(np.cos(tod)[:, None], S, 1), np.ones_like(y)]
+        cols = [
+            np.log1p(fast),
+            np.log1p(slow),
+            np.log1p(y),
+            np.log1p(hour),
+            np.repeat(np.sin(tod)[:, None], S, 1),
+            np.repeat(np.cos(tod)[:, None], S, 1),
+            np.ones_like(y),
+        ]
         return np.stack(cols, axis=-1)  # T × S × F
 
     def _regression(self, train_end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,12 +213,16 @@ def _split(T: int) -> tuple[int, int]:
     return int(T * 0.6), int(T * 0.8)
 
 
-def _evaluate_one(y: np.ndarray, ts: np.ndarray, step: float, h: float) -> tuple[Evaluation, _Fitted | None]:
+def _evaluate_one(
+    y: np.ndarray, ts: np.ndarray, step: float, h: float
+) -> tuple[Evaluation, _Fitted | None]:
     T = len(y)
     train_end, sel_end = _split(T)
     m = max(1, int(round(h / step)))
     if sel_end - train_end < 2 or T - sel_end <= m:
-        return Evaluation(h, step, h < step, {}, {}, "", note="too little history for this horizon"), None
+        return Evaluation(
+            h, step, h < step, {}, {}, "", note="too little history for this horizon"
+        ), None
     f = _Fitted(y, ts, step, m, train_end)
     a_sel, a_test = f.target[train_end:sel_end], f.target[sel_end:]
     mape, cov, sel, bands = {}, {}, {}, {}
@@ -201,7 +230,7 @@ def _evaluate_one(y: np.ndarray, ts: np.ndarray, step: float, h: float) -> tuple
         sel[name] = _mape(a_sel, p[train_end:sel_end])
         err = np.log1p(a_sel) - np.log1p(p[train_end:sel_end])
         err = err[np.isfinite(err)]
-        lo, hi = (np.quantile(err, LEVELS).tolist() if len(err) else (np.nan, np.nan))
+        lo, hi = np.quantile(err, LEVELS).tolist() if len(err) else (np.nan, np.nan)
         bands[name] = (lo, hi)
         pt = p[sel_end:]
         mape[name] = _mape(a_test, pt)
@@ -209,7 +238,9 @@ def _evaluate_one(y: np.ndarray, ts: np.ndarray, step: float, h: float) -> tuple
         la, lp = np.log1p(a_test[ok]), np.log1p(pt[ok])
         cov[name] = float(np.mean((la >= lp + lo) & (la <= lp + hi))) if ok.any() else float("nan")
     base = min(("seasonal_naive", "ses"), key=lambda n: sel[n] if np.isfinite(sel[n]) else np.inf)
-    chosen = "regression" if np.isfinite(sel["regression"]) and sel["regression"] < sel[base] else base
+    chosen = (
+        "regression" if np.isfinite(sel["regression"]) and sel["regression"] < sel[base] else base
+    )
     note = f.sn_label
     if h < step:
         note += f"; {h:g} s horizon scored as the next {step:g}-s bucket (flush interval)"
@@ -225,24 +256,48 @@ def evaluate(s: pd.DataFrame, horizons: Iterable[float] = HORIZONS) -> list[Eval
     return [_evaluate_one(y, ts, step, h)[0] for h in horizons]
 
 
-def forecast_table(lookups: pd.DataFrame, by: Sequence[str] = ("family",),
-                   horizons: Iterable[float] = HORIZONS) -> pd.DataFrame:
+def forecast_table(
+    lookups: pd.DataFrame, by: Sequence[str] = ("family",), horizons: Iterable[float] = HORIZONS
+) -> pd.DataFrame:
     """One row per horizon × model: held-back MAPE and coverage, which model is kept."""
     rows = []
     for e in evaluate(series(lookups, by), horizons):
         for name in e.mape:
-            rows.append({"horizon_s": e.horizon_s, "model": name, "mape": e.mape[name],
-                         "coverage_90": e.coverage[name], "kept": name == e.chosen,
-                         "resolution_limited": e.resolution_limited, "note": e.note})
+            rows.append(
+                {
+                    "horizon_s": e.horizon_s,
+                    "model": name,
+                    "mape": e.mape[name],
+                    "coverage_90": e.coverage[name],
+                    "kept": name == e.chosen,
+                    "resolution_limited": e.resolution_limited,
+                    "note": e.note,
+                }
+            )
         if not e.mape:
-            rows.append({"horizon_s": e.horizon_s, "model": "", "mape": np.nan, "coverage_90": np.nan,
-                         "kept": False, "resolution_limited": e.resolution_limited, "note": e.note})
-    return pd.DataFrame(rows, columns=["horizon_s", "model", "mape", "coverage_90", "kept", "resolution_limited",
-                                       "note"])
+            rows.append(
+                {
+                    "horizon_s": e.horizon_s,
+                    "model": "",
+                    "mape": np.nan,
+                    "coverage_90": np.nan,
+                    "kept": False,
+                    "resolution_limited": e.resolution_limited,
+                    "note": e.note,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["horizon_s", "model", "mape", "coverage_90", "kept", "resolution_limited", "note"],
+    )
 
 
-def forecast_now(lookups: pd.DataFrame, by: Sequence[str] = ("family",), horizons: Iterable[float] = HORIZONS,
-                 evaluations: list[Evaluation] | None = None) -> pd.DataFrame:
+def forecast_now(
+    lookups: pd.DataFrame,
+    by: Sequence[str] = ("family",),
+    horizons: Iterable[float] = HORIZONS,
+    evaluations: list[Evaluation] | None = None,
+) -> pd.DataFrame:
     """The kept model's forecast from every bucket: columns ts, group, horizon_s, actual, forecast, lo, hi
     (actual is the realised target, NaN for the newest buckets)."""
     s = series(lookups, by)
@@ -259,10 +314,19 @@ def forecast_now(lookups: pd.DataFrame, by: Sequence[str] = ("family",), horizon
         f = _Fitted(y, ts, step, m, _split(len(y))[0])
         p = f.pred[e.chosen]
         lo, hi = e.bands[e.chosen]
-        frames.append(pd.DataFrame({
-            "ts": np.repeat(ts, y.shape[1]), "group": np.tile(s.columns.astype(str), len(ts)),
-            "horizon_s": e.horizon_s, "actual": f.target.ravel(), "forecast": p.ravel(),
-            "lo": np.expm1(np.log1p(p) + lo).clip(min=0).ravel(), "hi": np.expm1(np.log1p(p) + hi).ravel()}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "ts": np.repeat(ts, y.shape[1]),
+                    "group": np.tile(s.columns.astype(str), len(ts)),
+                    "horizon_s": e.horizon_s,
+                    "actual": f.target.ravel(),
+                    "forecast": p.ravel(),
+                    "lo": np.expm1(np.log1p(p) + lo).clip(min=0).ravel(),
+                    "hi": np.expm1(np.log1p(p) + hi).ravel(),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -277,7 +341,9 @@ class Peak:
     basis: str
 
 
-def next_peak(lookups: pd.DataFrame, after: float | None = None, smooth_s: float = 3600.0) -> Peak | None:
+def next_peak(
+    lookups: pd.DataFrame, after: float | None = None, smooth_s: float = 3600.0
+) -> Peak | None:
     """Time of day where the hour-smoothed total rate is highest over the recorded days, placed at its next
     occurrence after ``after`` (default: the end of the data); the interval is the 5–95 % range of that
     time of day's rate across the days seen, or of the hour around it when one day is recorded."""
@@ -288,18 +354,22 @@ def next_peak(lookups: pd.DataFrame, after: float | None = None, smooth_s: float
     tot = s.sum(axis=1)
     k = max(1, int(round(smooth_s / step)))
     sm = tot.rolling(k, center=True, min_periods=max(1, k // 2)).mean()
-    tod = (sm.index.to_numpy(float) % DAY)
+    tod = sm.index.to_numpy(float) % DAY
     prof = pd.Series(sm.to_numpy(), index=(tod // step) * step).groupby(level=0).mean()
     best = float(prof.idxmax())  # type: ignore[arg-type]  # a numeric index
     end = float(after if after is not None else s.index.max())
     at = (end // DAY) * DAY + best
     while at <= end:
         at += DAY
-    near = tot[np.abs(((tot.index.to_numpy(float) - best + DAY / 2) % DAY) - DAY / 2) <= smooth_s / 2]
-    lo, hi = (np.quantile(near, LEVELS) if len(near) else (np.nan, np.nan))
+    near = tot[
+        np.abs(((tot.index.to_numpy(float) - best + DAY / 2) % DAY) - DAY / 2) <= smooth_s / 2
+    ]
+    lo, hi = np.quantile(near, LEVELS) if len(near) else (np.nan, np.nan)
     days = (s.index.max() - s.index.min()) / DAY
-    basis = f"hour-smoothed total rate over {days:.1f} day(s) of history; interval: the bucket rates within " \
-            f"±{smooth_s / 120:g} min of that time of day"
+    basis = (
+        f"hour-smoothed total rate over {days:.1f} day(s) of history; interval: the bucket rates within "
+        f"±{smooth_s / 120:g} min of that time of day"
+    )
     return Peak(at, float(prof.max()), float(lo), float(hi), basis)
 
 
@@ -334,8 +404,12 @@ def _block_ci(a: np.ndarray, p: np.ndarray, blocks: int = 10) -> tuple[float, fl
     return float(v.mean() - half), float(v.mean() + half)
 
 
-def prediction_error(lookups: pd.DataFrame, horizon_s: float = 15.0, by: Sequence[str] = ("family",),
-                     max_step_s: float = 60.0) -> PredictionError:
+def prediction_error(
+    lookups: pd.DataFrame,
+    horizon_s: float = 15.0,
+    by: Sequence[str] = ("family",),
+    max_step_s: float = 60.0,
+) -> PredictionError:
     """The kept model's held-back MAPE at ``horizon_s`` (the score card's request-prediction dimension).
 
     Lookups flushed more coarsely than ``horizon_s`` (but at most every ``max_step_s``) are scored one bucket
@@ -346,18 +420,35 @@ def prediction_error(lookups: pd.DataFrame, horizon_s: float = 15.0, by: Sequenc
         return PredictionError(float("nan"), "no hit/miss lookups", horizon_s=horizon_s)
     step = float(s.attrs["step_s"])
     if step > max_step_s:
-        return PredictionError(float("nan"), f"needs lookups per {max_step_s:g} s or finer; these are per "
-                               f"{step:g} s", horizon_s=horizon_s, step_s=step)
+        return PredictionError(
+            float("nan"),
+            f"needs lookups per {max_step_s:g} s or finer; these are per {step:g} s",
+            horizon_s=horizon_s,
+            step_s=step,
+        )
     y = s.to_numpy(float)
     ev, f = _evaluate_one(y, s.index.to_numpy(float), step, horizon_s)
     if f is None or not ev.chosen:
         return PredictionError(float("nan"), ev.note, horizon_s=horizon_s, step_s=step)
     sel_end = _split(len(y))[1]
     ci = _block_ci(f.target[sel_end:], f.pred[ev.chosen][sel_end:])
-    width = (f"{horizon_s:g} s ahead" if not ev.resolution_limited else
-             f"{horizon_s:g} s ahead, scored as the next {step:g}-s bucket (the flush interval; flush every "
-             f"{horizon_s:g} s or faster to score it at its own width)")
-    note = (f"{ev.chosen} forecast per {' × '.join(by)}, {width}; held-back last 20 % "
-            f"(baselines: seasonal-naive {ev.mape['seasonal_naive']:.3f}, SES {ev.mape['ses']:.3f})")
-    return PredictionError(ev.mape[ev.chosen], note, ci, horizon_s, step, ev.resolution_limited, ev.chosen,
-                           {k: ev.mape[k] for k in ("seasonal_naive", "ses")})
+    width = (
+        f"{horizon_s:g} s ahead"
+        if not ev.resolution_limited
+        else f"{horizon_s:g} s ahead, scored as the next {step:g}-s bucket (the flush interval; flush every "
+        f"{horizon_s:g} s or faster to score it at its own width)"
+    )
+    note = (
+        f"{ev.chosen} forecast per {' × '.join(by)}, {width}; held-back last 20 % "
+        f"(baselines: seasonal-naive {ev.mape['seasonal_naive']:.3f}, SES {ev.mape['ses']:.3f})"
+    )
+    return PredictionError(
+        ev.mape[ev.chosen],
+        note,
+        ci,
+        horizon_s,
+        step,
+        ev.resolution_limited,
+        ev.chosen,
+        {k: ev.mape[k] for k in ("seasonal_naive", "ses")},
+    )

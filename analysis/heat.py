@@ -31,8 +31,15 @@ import pandas as pd
 
 from .buckets import bucket_start
 
-__all__ = ["slo_lambda", "heat_scores", "rank_to_warm", "family_series", "ewma_forecast", "mape",
-           "prediction_mape"]
+__all__ = [
+    "slo_lambda",
+    "heat_scores",
+    "rank_to_warm",
+    "family_series",
+    "ewma_forecast",
+    "mape",
+    "prediction_mape",
+]
 
 
 def slo_lambda(slo_ms: float) -> float:
@@ -45,12 +52,28 @@ def slo_lambda(slo_ms: float) -> float:
     return 1.0 / max(slo_ms * 0.1, 10.0)
 
 
-def heat_scores(lookups: pd.DataFrame, now: float, lam_per_s: float, recent_s: float = 3600.0,
-                priority: Mapping[str, float] | None = None, similarity: Mapping[str, float] | None = None,
-                default_priority: float = 5.0) -> pd.DataFrame:
+def heat_scores(
+    lookups: pd.DataFrame,
+    now: float,
+    lam_per_s: float,
+    recent_s: float = 3600.0,
+    priority: Mapping[str, float] | None = None,
+    similarity: Mapping[str, float] | None = None,
+    default_priority: float = 5.0,
+) -> pd.DataFrame:
     """Score per (tenant, layer, family): columns last_seen, dt_s, requests,
     similarity, priority, score."""
-    cols = ["tenant", "layer", "family", "last_seen", "dt_s", "requests", "similarity", "priority", "score"]
+    cols = [
+        "tenant",
+        "layer",
+        "family",
+        "last_seen",
+        "dt_s",
+        "requests",
+        "similarity",
+        "priority",
+        "score",
+    ]
     lk = lookups[(lookups["ts"] <= now) & lookups["result"].isin(["hit", "miss"])]
     if lk.empty:
         return pd.DataFrame(columns=cols)
@@ -81,7 +104,12 @@ def family_series(lookups: pd.DataFrame, freq: float = 300.0) -> pd.DataFrame:
     if lk.empty:
         return pd.DataFrame()
     b = bucket_start(lk["ts"], freq)
-    s = lk.assign(bucket=b).groupby(["bucket", "family"], observed=True)["count"].sum().unstack(fill_value=0)
+    s = (
+        lk.assign(bucket=b)
+        .groupby(["bucket", "family"], observed=True)["count"]
+        .sum()
+        .unstack(fill_value=0)
+    )
     full = np.arange(s.index.min(), s.index.max() + freq, freq)
     return s.reindex(full, fill_value=0)
 

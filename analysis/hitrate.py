@@ -21,11 +21,29 @@ from scipy import stats
 
 from .buckets import bucket_start
 
-__all__ = ["Z95", "time_slice", "wilson", "hit_table", "hit_rate_change", "result_shares", "DIMENSIONS",
-           "newcombe_diff", "unmeasured_share"]
+__all__ = [
+    "Z95",
+    "time_slice",
+    "wilson",
+    "hit_table",
+    "hit_rate_change",
+    "result_shares",
+    "DIMENSIONS",
+    "newcombe_diff",
+    "unmeasured_share",
+]
 
 Z95 = 1.959963984540054  # norm.ppf(0.975)
-DIMENSIONS = ("tenant", "layer", "family", "experiment", "variant", "model", "replica", "length_bucket")
+DIMENSIONS = (
+    "tenant",
+    "layer",
+    "family",
+    "experiment",
+    "variant",
+    "model",
+    "replica",
+    "length_bucket",
+)
 
 
 def wilson(hits: Any, n: Any, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +66,9 @@ def wilson(hits: Any, n: Any, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
 def _check(lookups: pd.DataFrame, by: Sequence[str]) -> None:
     missing = [c for c in list(by) + ["result", "count"] if c not in lookups.columns]
     if missing:
-        raise ValueError(f"lookups frame lacks column(s) {missing}; dimensions: {', '.join(DIMENSIONS)}")
+        raise ValueError(
+            f"lookups frame lacks column(s) {missing}; dimensions: {', '.join(DIMENSIONS)}"
+        )
 
 
 def _hits_n(lookups: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -58,8 +78,13 @@ def _hits_n(lookups: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(is_hit, cnt, 0.0), np.where(is_hit | (res == "miss"), cnt, 0.0)
 
 
-def hit_table(lookups: pd.DataFrame, by: Sequence[str] = (), freq: float | None = None,
-              z: float = Z95, mask: np.ndarray | None = None) -> pd.DataFrame:
+def hit_table(
+    lookups: pd.DataFrame,
+    by: Sequence[str] = (),
+    freq: float | None = None,
+    z: float = Z95,
+    mask: np.ndarray | None = None,
+) -> pd.DataFrame:
     """Hits, lookups, hit rate and Wilson CI per group (and per ``freq``-second
     time bucket when given: column ``bucket``, the bucket's start).
 
@@ -77,10 +102,18 @@ def hit_table(lookups: pd.DataFrame, by: Sequence[str] = (), freq: float | None 
     groupers = [lookups[c] for c in by]
     if freq:
         # Points are stamped at the end of their interval: put them in the bucket they cover.
-        groupers.append(pd.Series(bucket_start(lookups["ts"].to_numpy(dtype=float), freq),
-                                  index=lookups.index, name="bucket"))
-    g = vals.groupby(groupers, sort=True, observed=True).sum().reset_index() if groupers else \
-        pd.DataFrame({"hits": [h.sum()], "lookups": [n.sum()]})
+        groupers.append(
+            pd.Series(
+                bucket_start(lookups["ts"].to_numpy(dtype=float), freq),
+                index=lookups.index,
+                name="bucket",
+            )
+        )
+    g = (
+        vals.groupby(groupers, sort=True, observed=True).sum().reset_index()
+        if groupers
+        else pd.DataFrame({"hits": [h.sum()], "lookups": [n.sum()]})
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         g["hit_rate"] = np.where(g["lookups"] > 0, g["hits"] / g["lookups"], np.nan)
     g["ci_low"], g["ci_high"] = wilson(g["hits"], g["lookups"], z)
@@ -106,15 +139,20 @@ def time_slice(df: pd.DataFrame, start: float, end: float, col: str = "ts") -> p
         return df
     ts = df[col].to_numpy(dtype=float)
     if len(ts) < 2 or (ts[1:] >= ts[:-1]).all():
-        return df.iloc[np.searchsorted(ts, start, "right"):np.searchsorted(ts, end, "right")]
+        return df.iloc[np.searchsorted(ts, start, "right") : np.searchsorted(ts, end, "right")]
     return df[(ts > start) & (ts <= end)]
 
 
 _window = time_slice
 
 
-def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[float, float],
-                    baseline: str | tuple[float, float] = "previous", z: float = Z95) -> pd.DataFrame:
+def hit_rate_change(
+    lookups: pd.DataFrame,
+    by: Sequence[str],
+    window: tuple[float, float],
+    baseline: str | tuple[float, float] = "previous",
+    z: float = Z95,
+) -> pd.DataFrame:
     """Hit rate in ``window`` against a baseline window, per group.
 
     ``baseline``: ``"previous"`` (the same length just before), ``"yesterday"``
@@ -132,7 +170,9 @@ def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[floa
     elif isinstance(baseline, tuple) and len(baseline) == 2:
         b = baseline
     else:
-        raise ValueError(f"baseline must be 'previous', 'yesterday' or (start, end); got {baseline!r}")
+        raise ValueError(
+            f"baseline must be 'previous', 'yesterday' or (start, end); got {baseline!r}"
+        )
     cur = hit_table(_window(lookups, start, end), by)
     base = hit_table(_window(lookups, *b), by)
     by = list(by)
@@ -141,24 +181,41 @@ def hit_rate_change(lookups: pd.DataFrame, by: Sequence[str], window: tuple[floa
     else:
         m = pd.concat([cur.add_suffix(""), base.add_suffix("_base")], axis=1)
     for c in ("hits", "lookups", "hits_base", "lookups_base"):
-        m[c] = pd.to_numeric(m[c], errors="coerce").fillna(0.0)  # an empty side merges as object dtype
+        m[c] = pd.to_numeric(m[c], errors="coerce").fillna(
+            0.0
+        )  # an empty side merges as object dtype
     for c in ("hit_rate", "hit_rate_base"):
         m[c] = pd.to_numeric(m[c], errors="coerce")
-    d, lo, hi = newcombe_diff(m["hits"].to_numpy(float), m["lookups"].to_numpy(float),
-                              m["hits_base"].to_numpy(float), m["lookups_base"].to_numpy(float), z)
+    d, lo, hi = newcombe_diff(
+        m["hits"].to_numpy(float),
+        m["lookups"].to_numpy(float),
+        m["hits_base"].to_numpy(float),
+        m["lookups_base"].to_numpy(float),
+        z,
+    )
     pooled = (m["hits"] + m["hits_base"]) / (m["lookups"] + m["lookups_base"]).replace(0, np.nan)
-    se = np.sqrt(pooled * (1 - pooled)
-                 * (1 / m["lookups"].replace(0, np.nan) + 1 / m["lookups_base"].replace(0, np.nan)))
+    se = np.sqrt(
+        pooled
+        * (1 - pooled)
+        * (1 / m["lookups"].replace(0, np.nan) + 1 / m["lookups_base"].replace(0, np.nan))
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         zstat = d / se.to_numpy()
-    out = pd.DataFrame({
-        **{c: m[c] for c in by},
-        "rate": m["hit_rate"], "baseline_rate": m["hit_rate_base"],
-        "delta": d, "delta_low": lo, "delta_high": hi,
-        "p_value": np.where(np.isfinite(zstat), 2 * stats.norm.sf(np.abs(zstat)), np.nan),
-        "lookups": m["lookups"], "baseline_lookups": m["lookups_base"],
-        "baseline_start": b[0], "baseline_end": b[1],
-    })
+    out = pd.DataFrame(
+        {
+            **{c: m[c] for c in by},
+            "rate": m["hit_rate"],
+            "baseline_rate": m["hit_rate_base"],
+            "delta": d,
+            "delta_low": lo,
+            "delta_high": hi,
+            "p_value": np.where(np.isfinite(zstat), 2 * stats.norm.sf(np.abs(zstat)), np.nan),
+            "lookups": m["lookups"],
+            "baseline_lookups": m["lookups_base"],
+            "baseline_start": b[0],
+            "baseline_end": b[1],
+        }
+    )
     return out.sort_values("delta", kind="stable").reset_index(drop=True)
 
 
@@ -179,8 +236,13 @@ def result_shares(lookups: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame
     """Share of each result (hit, miss, bypass, error) per group."""
     by = list(by)
     _check(lookups, by)
-    p = lookups.pivot_table(index=by or None, columns="result", values="count", aggfunc="sum", fill_value=0) \
-        if by else lookups.groupby("result")["count"].sum().to_frame().T
+    p = (
+        lookups.pivot_table(
+            index=by or None, columns="result", values="count", aggfunc="sum", fill_value=0
+        )
+        if by
+        else lookups.groupby("result")["count"].sum().to_frame().T
+    )
     for r in ("hit", "miss", "bypass", "error"):
         if r not in p.columns:
             p[r] = 0

@@ -16,7 +16,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["hist_quantile", "quantile_from_buckets", "quantiles_over_time", "all_bounds", "TTFT", "DURATION"]
+__all__ = [
+    "hist_quantile",
+    "quantile_from_buckets",
+    "quantiles_over_time",
+    "all_bounds",
+    "TTFT",
+    "DURATION",
+]
 
 TTFT = "gen_ai.server.time_to_first_token"
 DURATION = "gen_ai.server.request.duration"
@@ -58,8 +65,14 @@ def quantile_from_buckets(bounds: np.ndarray, counts: np.ndarray, q: float) -> n
     return out
 
 
-def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence[str] = (),
-                  start: float | None = None, end: float | None = None) -> pd.DataFrame:
+def hist_quantile(
+    hist: pd.DataFrame,
+    q: float,
+    metric: str = TTFT,
+    by: Sequence[str] = (),
+    start: float | None = None,
+    end: float | None = None,
+) -> pd.DataFrame:
     """Quantile ``q`` of ``metric`` per group over (start, end]; columns: by + [value, count]."""
     if not 0 <= q <= 1:
         raise ValueError(f"quantile must be in [0, 1], got {q}")
@@ -71,8 +84,11 @@ def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence
         h = h[h["ts"] <= end]
     if h.empty:
         return pd.DataFrame(columns=by + ["value", "count"])
-    wide = h.pivot_table(index=by or None, columns="le", values="count", aggfunc="sum", fill_value=0) if by \
+    wide = (
+        h.pivot_table(index=by or None, columns="le", values="count", aggfunc="sum", fill_value=0)
+        if by
         else h.groupby("le")["count"].sum().to_frame().T
+    )
     les = all_bounds(metric, wide.columns.astype(float))
     wide = wide.reindex(columns=les, fill_value=0)
     vals = quantile_from_buckets(les[np.isfinite(les)], wide.to_numpy(), q)
@@ -80,8 +96,13 @@ def hist_quantile(hist: pd.DataFrame, q: float, metric: str = TTFT, by: Sequence
     return out.reset_index() if by else out.reset_index(drop=True)
 
 
-def quantiles_over_time(hist: pd.DataFrame, metric: str, qs: Sequence[float] = (0.5, 0.95, 0.99),
-                        freq: float = 600.0, by: Sequence[str] = ()) -> pd.DataFrame:
+def quantiles_over_time(
+    hist: pd.DataFrame,
+    metric: str,
+    qs: Sequence[float] = (0.5, 0.95, 0.99),
+    freq: float = 600.0,
+    by: Sequence[str] = (),
+) -> pd.DataFrame:
     """Quantiles of ``metric`` per ``freq``-second time bucket (and group): what a latency-over-time chart draws.
 
     Each bucket pools the histogram rows stamped in it (``bucket_start``: a flush closing a bucket belongs to
@@ -98,7 +119,9 @@ def quantiles_over_time(hist: pd.DataFrame, metric: str, qs: Sequence[float] = (
     if h.empty:
         return pd.DataFrame(columns=cols)
     h = h.assign(bucket=bucket_start(h["ts"].to_numpy(dtype=float), freq))
-    wide = h.pivot_table(index=["bucket", *by], columns="le", values="count", aggfunc="sum", fill_value=0)
+    wide = h.pivot_table(
+        index=["bucket", *by], columns="le", values="count", aggfunc="sum", fill_value=0
+    )
     les = all_bounds(metric, wide.columns.astype(float))
     wide = wide.reindex(columns=les, fill_value=0)
     counts = wide.to_numpy(dtype=float)
@@ -109,7 +132,8 @@ def quantiles_over_time(hist: pd.DataFrame, metric: str, qs: Sequence[float] = (
     for q, n in zip(qs, names, strict=False):
         out[n] = quantile_from_buckets(finite, counts, q)
         # the rank lies beyond the last finite bound: only "at least the largest bound" is known
-        out[f"overflow_{n}"] = (cum[:, len(finite) - 1] < q * out["count"].to_numpy() - 1e-12) if len(finite) \
-            else True
+        out[f"overflow_{n}"] = (
+            (cum[:, len(finite) - 1] < q * out["count"].to_numpy() - 1e-12) if len(finite) else True
+        )
     out = out[out["count"] > 0]
     return out[cols].sort_values(["bucket", *by], kind="stable").reset_index(drop=True)

@@ -65,13 +65,32 @@ import pandas as pd
 
 from .heat import slo_lambda
 
-__all__ = ["Params", "Model", "Outcome", "calibrate", "replay", "curves", "recorded_params", "persistence",
-           "TOLERANCE", "LAYERS", "SLO_LAMBDA", "restarts", "gate_wait", "fidelity", "Fidelity",
-           "FIDELITY_TOL", "FIDELITY_SHARE", "FIDELITY_MIN_REQUESTS"]
+__all__ = [
+    "Params",
+    "Model",
+    "Outcome",
+    "calibrate",
+    "replay",
+    "curves",
+    "recorded_params",
+    "persistence",
+    "TOLERANCE",
+    "LAYERS",
+    "SLO_LAMBDA",
+    "restarts",
+    "gate_wait",
+    "fidelity",
+    "Fidelity",
+    "FIDELITY_TOL",
+    "FIDELITY_SHARE",
+    "FIDELITY_MIN_REQUESTS",
+]
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
-SLO_LAMBDA = slo_lambda(1000.0)  # the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
+SLO_LAMBDA = slo_lambda(
+    1000.0
+)  # the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
 BUCKET_S = 900.0
 SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
 STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
@@ -111,9 +130,13 @@ class Model:
     t1: float
     base: Params
     base_hits: dict[str, float] = field(default_factory=dict)
-    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # layer -> lags (s), ρ
+    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict
+    )  # layer -> lags (s), ρ
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, np.ndarray] = field(
+        default_factory=dict, repr=False
+    )  # (layer, instance, s) -> T_C per bucket
     # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
     warmed: frozenset[str] | None = None
     # known fault windows (start, end) of the recording: not replayed, so not scored by :func:`fidelity`
@@ -129,7 +152,9 @@ class Model:
     def covered(self, layer: str) -> np.ndarray:
         """Seconds of each bucket the recording covers (the first and last are partial)."""
         idx = self.rates[layer].index.to_numpy(float)
-        out: np.ndarray = np.clip(np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S)
+        out: np.ndarray = np.clip(
+            np.minimum(idx + BUCKET_S, self.t1) - np.maximum(idx, self.t0), 60.0, BUCKET_S
+        )
         return out
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
@@ -139,8 +164,12 @@ class Model:
             prob, w = _zipf(s, self.catalog[layer])
             sub = self.rates[layer][inst].to_numpy(float)
             r = (sub[:, :, None] * prob[None, None, :]).reshape(len(sub), -1)
-            self._tc[key] = _char_time(layer, r, np.tile(w, sub.shape[1]),  # type: ignore[misc]  # 2-D
-                                       self.capacity[layer])
+            self._tc[key] = _char_time(
+                layer,
+                r,
+                np.tile(w, sub.shape[1]),  # type: ignore[misc]  # 2-D
+                self.capacity[layer],
+            )
         return self._tc[key]
 
 
@@ -153,9 +182,13 @@ class Outcome:
     warm_bytes: float
     gpu_s_saved: float  # vs the recorded parameters (steady state and warm-ups)
     net_gpu_s: float  # gpu_s_saved minus the extra warm-up GPU-s: the objective
-    roi: float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
+    roi: (
+        float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
+    )
     trigger_at: float  # time of day (s) of the pre-peak warm-up
-    hits: dict[str, float] = field(default_factory=dict)  # layer -> replayed hits (steady state + warm-ups)
+    hits: dict[str, float] = field(
+        default_factory=dict
+    )  # layer -> replayed hits (steady state + warm-ups)
     layer_warm_gpu_s: dict[str, float] = field(default_factory=dict)  # layer -> warm-up GPU-s
 
     def as_dict(self) -> dict[Any, Any]:
@@ -167,11 +200,21 @@ class Outcome:
 def _zipf(s: float, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-key probability and multiplicity: ranks 1..HEAD alone, then log-spaced bins."""
     head = np.arange(1, min(HEAD, n) + 1, dtype=float)
-    edges = np.unique(np.geomspace(HEAD + 1, n + 1, 48).astype(int)) if n > HEAD else np.array([], int)
-    mids = np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1])) if len(edges) > 1 else np.array([])
-    w = np.concatenate([np.ones(len(head)), np.diff(edges)]) if len(edges) > 1 else np.ones(len(head))
+    edges = (
+        np.unique(np.geomspace(HEAD + 1, n + 1, 48).astype(int)) if n > HEAD else np.array([], int)
+    )
+    mids = (
+        np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1]))
+        if len(edges) > 1
+        else np.array([])
+    )
+    w = (
+        np.concatenate([np.ones(len(head)), np.diff(edges)])
+        if len(edges) > 1
+        else np.ones(len(head))
+    )
     ranks = np.concatenate([head, mids])
-    p = ranks ** -s
+    p = ranks**-s
     z = np.sum(w * p)
     return p / z, w
 
@@ -195,8 +238,9 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
     return np.where(full, np.inf, np.sqrt(lo * hi))
 
 
-def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_lag: int = 6
-                ) -> tuple[np.ndarray, np.ndarray, str]:
+def persistence(
+    hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_lag: int = 6
+) -> tuple[np.ndarray, np.ndarray, str]:
     """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from one
     hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
 
@@ -212,10 +256,15 @@ def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_l
     if len(wins) < 2:
         return *none, f"fewer than two hot-key windows of {layer}: popularity taken as stable"
     W = float(np.min(np.diff(wins)))
-    c = hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float)) \
-        .groupby(["tenant", "window", "key_hash"])["n"].sum()
-    counts: dict[tuple[Any, ...], pd.Series] = {k: g.droplevel([0, 1])  # type: ignore[misc]  # 2-level keys
-                                                for k, g in c.groupby(level=[0, 1])}
+    c = (
+        hk.assign(n=hk["hits"].astype(float) + hk["misses"].astype(float))
+        .groupby(["tenant", "window", "key_hash"])["n"]
+        .sum()
+    )
+    counts: dict[tuple[Any, ...], pd.Series] = {
+        k: g.droplevel([0, 1])  # type: ignore[misc]  # 2-level keys
+        for k, g in c.groupby(level=[0, 1])
+    }
     tops = {k: set(v.nlargest(top).index) for k, v in counts.items()}
     lags, rho = [0.0], [1.0]
     for k in range(1, max_lag + 1):
@@ -232,17 +281,29 @@ def persistence(hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_l
         rho.append(min(num / den, 1.0))
     if len(lags) < 2:
         return *none, f"no two {layer} hot-key windows {W:g} s apart: popularity taken as stable"
-    return np.array(lags), np.array(rho), (f"{layer} hot keys, top {top} per tenant and {W / 60:g}-min window: "
-                                           + ", ".join(f"ρ({lag / 3600:g} h) = {r:.2f}"
-                                                       for lag, r in zip(lags[1:4], rho[1:4], strict=True)))
+    return (
+        np.array(lags),
+        np.array(rho),
+        (
+            f"{layer} hot keys, top {top} per tenant and {W / 60:g}-min window: "
+            + ", ".join(
+                f"ρ({lag / 3600:g} h) = {r:.2f}" for lag, r in zip(lags[1:4], rho[1:4], strict=True)
+            )
+        ),
+    )
 
 
-def _persist_integrals(lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndarray) -> tuple[float, np.ndarray]:
+def _persist_integrals(
+    lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndarray
+) -> tuple[float, np.ndarray]:
     """``A = ∫_0^∞ e^{−λa} ρ(a) da`` (the heat's weight on still-valid history) and ``G(L) = ∫_0^L ρ``
     (ρ linear between lags, flat beyond the last)."""
     grid = np.linspace(0.0, lags[-1], 241)
     r = np.interp(grid, lags, rho)
-    A = float(np.trapezoid(np.exp(-lam * grid) * r, grid)) + rho[-1] * math.exp(-lam * lags[-1]) / lam
+    A = (
+        float(np.trapezoid(np.exp(-lam * grid) * r, grid))
+        + rho[-1] * math.exp(-lam * lags[-1]) / lam
+    )
     cum = np.concatenate([[0.0], np.cumsum((r[1:] + r[:-1]) / 2 * np.diff(grid))])
     Lc = np.minimum(L, lags[-1])
     G = np.interp(Lc, grid, cum) + rho[-1] * np.maximum(L - lags[-1], 0.0)
@@ -266,7 +327,9 @@ def recorded_params(frames: dict[Any, Any], default: Params = Params()) -> Param
 RESTART_GAP_S = 600.0  # restart signals closer than this are one restart
 
 
-def restarts(runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float) -> dict[str, list[float]]:
+def restarts(
+    runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float
+) -> dict[str, list[float]]:
     """When each replica began serving from an emptied cache: ``t0`` and its restarts, per replica.
 
     Two signals, merged (within ``RESTART_GAP_S`` they are one restart):
@@ -287,7 +350,8 @@ def restarts(runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float) 
             st = g["started"].to_numpy(float)
             cluster = np.concatenate([[0], np.cumsum(np.diff(st) > RESTART_GAP_S)])
             out.setdefault(str(rep), []).extend(
-                float(end[cluster == c].max()) for c in np.unique(cluster))
+                float(end[cluster == c].max()) for c in np.unique(cluster)
+            )
     if gauges is not None and len(gauges):
         gm = gauges[gauges["metric"] == "warmscope.gpu.memory.usage_ratio"]
         for rep, g in gm.groupby("replica"):
@@ -297,7 +361,9 @@ def restarts(runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float) 
             prev = pd.Series(v).shift(1).rolling(3, min_periods=1).max().to_numpy(float)
             drops = ts[(v < 0.02) & (prev > 0.3)]
             have = out.setdefault(str(rep), [])
-            have.extend(float(t) for t in drops if not any(abs(t - h) < RESTART_GAP_S for h in have))
+            have.extend(
+                float(t) for t in drops if not any(abs(t - h) < RESTART_GAP_S for h in have)
+            )
     res = {}
     for rep, ts_list in out.items():
         merged: list[float] = [t0]
@@ -310,10 +376,24 @@ def restarts(runs: pd.DataFrame | None, gauges: pd.DataFrame | None, t0: float) 
 
 def _rates(lookups: pd.DataFrame, layer: str, step: float) -> pd.DataFrame:
     lk = lookups[(lookups["layer"] == layer) & lookups["result"].isin(["hit", "miss"])]
-    inst = lk["variant"].astype(str) if layer == "response" else lk["variant"].astype(str) + "/" + lk["replica"]
+    inst = (
+        lk["variant"].astype(str)
+        if layer == "response"
+        else lk["variant"].astype(str) + "/" + lk["replica"]
+    )
     b = (lk["ts"].to_numpy(float) // step) * step
-    g = pd.DataFrame({"b": b, "i": inst.to_numpy(), "f": lk["family"].astype(str).to_numpy(),
-                      "c": lk["count"].to_numpy(float)}).groupby(["b", "i", "f"])["c"].sum()
+    g = (
+        pd.DataFrame(
+            {
+                "b": b,
+                "i": inst.to_numpy(),
+                "f": lk["family"].astype(str).to_numpy(),
+                "c": lk["count"].to_numpy(float),
+            }
+        )
+        .groupby(["b", "i", "f"])["c"]
+        .sum()
+    )
     wide = g.unstack(["i", "f"], fill_value=0.0)  # type: ignore[arg-type]  # pandas accepts a float
     full = np.arange(wide.index.min(), wide.index.max() + step / 2, step)
     return wide.reindex(full, fill_value=0.0).div(_covered(lookups, full, step), axis=0)
@@ -357,7 +437,9 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
                 a = age[young, k]
                 # younger than T: a key is cached iff it was read since the start, 1 − exp(−r·age), for an
                 # LRU (Che) and a TTL cache alike; otherwise the steady state
-                hk = np.where((a < Ty)[:, None], -np.expm1(-ry * a[:, None]), _hit(layer, ry, Ty[:, None]))
+                hk = np.where(
+                    (a < Ty)[:, None], -np.expm1(-ry * a[:, None]), _hit(layer, ry, Ty[:, None])
+                )
                 acc += (ww * ry * hk).sum(1)
             h[young] = acc / SUB
         hits += h * m.covered(layer)
@@ -365,8 +447,14 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
     return hits, req
 
 
-def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Generator,
-                events_out: list[Any] | None = None) -> tuple[float, int]:
+def _warm_extra(
+    m: Model,
+    layer: str,
+    s: float,
+    p: Params,
+    rng: np.random.Generator,
+    events_out: list[Any] | None = None,
+) -> tuple[float, int]:
     """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra) appended to
     ``events_out``)."""
     R = m.rates[layer]
@@ -407,7 +495,9 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             rw = sub[b:b_end]  # buckets × families
             tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
-            off1 = np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te  # the last bucket is partial
+            off1 = (
+                np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te
+            )  # the last bucket is partial
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
@@ -415,8 +505,11 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             k = min(p.warm_keys, mu.size)
             # the heat counts are drawn for the keys with the highest expected heat only (4k + 2,000 of them):
             # a key further down has next to no chance of a count in the top k
-            cand = np.argpartition(-mu, min(4 * k + 2000, mu.size) - 1)[:4 * k + 2000] \
-                if mu.size > 4 * k + 2000 else np.arange(mu.size)
+            cand = (
+                np.argpartition(-mu, min(4 * k + 2000, mu.size) - 1)[: 4 * k + 2000]
+                if mu.size > 4 * k + 2000
+                else np.arange(mu.size)
+            )
             heat = rng.poisson(mu[cand]) + 1e-9 * r_now.ravel()[cand]
             top = cand[np.argpartition(-heat, k - 1)[:k]] if k > 0 else np.array([], int)
             fam, key = np.divmod(top, n_keys)
@@ -429,15 +522,19 @@ def _warm_extra(m: Model, layer: str, s: float, p: Params, rng: np.random.Genera
             expect = keys_p[key] * (rw[:, fam].T @ dG) + (rw[:, fam].T @ (dT - dG)) / n_keys
             tc = float(tcs[0])
             age = te - max([s0 for s0 in starts if s0 <= te], default=m.t0)
-            held = _hit(layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0)))  # already cached
+            held = _hit(
+                layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0))
+            )  # already cached
             e = float(np.sum((1 - held) * -np.expm1(-expect)))
             extra += e
             runs += 1
             if events_out is not None:
                 # the extra hit lands in the bucket of the key's first read: P(first read in bucket j) =
                 # exp(−C_{j−1}) − exp(−C_j), C the cumulative expected reads (the total is e)
-                per_b = keys_p[key][:, None] * (rw[:, fam].T * dG[None, :]) \
-                    + rw[:, fam].T * (dT - dG)[None, :] / n_keys  # keys × buckets
+                per_b = (
+                    keys_p[key][:, None] * (rw[:, fam].T * dG[None, :])
+                    + rw[:, fam].T * (dT - dG)[None, :] / n_keys
+                )  # keys × buckets
                 surv = np.exp(-np.cumsum(per_b, axis=1))
                 first = np.concatenate([np.ones((len(key), 1)), surv[:, :-1]], axis=1) - surv
                 events_out.append((b, ((1 - held)[:, None] * first).sum(0)))
@@ -466,12 +563,20 @@ def replay(m: Model, p: Params, seed: int = 0, layers: tuple[str, ...] | None = 
     base_cost = sum(m.base_hits.get(f"_cost_{layer}", 0.0) for layer in todo)
     net = saved - (gpu - base_cost)
     roi = (warm_saved - gpu) / gpu if gpu > 0 else float("nan")
-    return Outcome(p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400, hits, lgpu)
+    return Outcome(
+        p, hr, extra, gpu, nbytes, saved, net, roi, (m.peak_at - p.lead_s) % 86400, hits, lgpu
+    )
 
 
-def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params | None = None,
-              catalog: dict[str, int] | None = None, capacity: dict[str, float] | None = None,
-              peak_at: float | None = None, weights_load_s: float = 120.0) -> Model:
+def calibrate(
+    frames: dict[Any, Any],
+    variant: str | None = None,
+    base: Params | None = None,
+    catalog: dict[str, int] | None = None,
+    capacity: dict[str, float] | None = None,
+    peak_at: float | None = None,
+    weights_load_s: float = 120.0,
+) -> Model:
     """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups)."""
     lk = frames["lookups"]
     if variant is not None:
@@ -526,8 +631,24 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
 
         pk = next_peak(frames["lookups"])
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
-    m = Model(rates, instances, {}, catalog, capacity, cost, nbytes, rec, starts, float(peak_at),
-              weights_load_s, t0, t1, base, warmed=frozenset(warmed), recorded=recorded)
+    m = Model(
+        rates,
+        instances,
+        {},
+        catalog,
+        capacity,
+        cost,
+        nbytes,
+        rec,
+        starts,
+        float(peak_at),
+        weights_load_s,
+        t0,
+        t1,
+        base,
+        warmed=frozenset(warmed),
+        recorded=recorded,
+    )
     if len(runs):
         for layer in rates:
             r = runs[(runs["layer"] == layer) & (runs["keys"] > 0)]
@@ -535,8 +656,10 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
             m.sec_per_key[layer] = float(d.dropna().median()) if d.notna().any() else 0.0
         m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, t0)
     hw = lk[lk["layer"] == ("weights" if (lk["layer"] == "weights").any() else "response")]
-    m.req_rate = {str(k): float(v) / max(t1 - t0, 1.0)
-                  for k, v in hw.groupby("replica")["count"].sum().items()}
+    m.req_rate = {
+        str(k): float(v) / max(t1 - t0, 1.0)
+        for k, v in hw.groupby("replica")["count"].sum().items()
+    }
     fl = frames.get("faults")
     if fl is not None and len(fl):
         m.faults = [(float(a), float(b)) for a, b in zip(fl["start"], fl["end"], strict=True)]
@@ -558,8 +681,11 @@ def calibrate(frames: dict[Any, Any], variant: str | None = None, base: Params |
             else:
                 hi = s
         m.s[layer] = (lo + hi) / 2
-    base_out = {layer: _layer_hits(m, layer, m.s[layer], m.base)[0].sum() +
-                _warm_extra(m, layer, m.s[layer], m.base, np.random.default_rng(0))[0] for layer in rates}
+    base_out = {
+        layer: _layer_hits(m, layer, m.s[layer], m.base)[0].sum()
+        + _warm_extra(m, layer, m.s[layer], m.base, np.random.default_rng(0))[0]
+        for layer in rates
+    }
     m.base_hits = dict(base_out)
     gpu0 = replay_cost(m, m.base)
     m.base_hits.update({f"_cost_{layer}": v for layer, v in gpu0.items()})
@@ -576,9 +702,17 @@ def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
         _warm_extra(m, layer, m.s[layer], p, np.random.default_rng(seed), ev)
         idx = m.rates[layer].index.to_numpy(float)
         for b, per_bucket in ev:
-            hb[b:b + len(per_bucket)] += per_bucket
-        rows.append(pd.DataFrame({"ts": idx + BUCKET_S, "layer": layer,
-                                  "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0), "requests": nb}))
+            hb[b : b + len(per_bucket)] += per_bucket
+        rows.append(
+            pd.DataFrame(
+                {
+                    "ts": idx + BUCKET_S,
+                    "layer": layer,
+                    "hit_rate": np.minimum(hb / np.maximum(nb, 1e-9), 1.0),
+                    "requests": nb,
+                }
+            )
+        )
     return pd.concat(rows, ignore_index=True)
 
 
@@ -592,7 +726,9 @@ def replay_cost(m: Model, p: Params) -> dict[str, float]:
 
 FIDELITY_TOL = 0.05  # replayed vs recorded hit rate per bucket, absolute
 FIDELITY_SHARE = 0.90  # share of buckets that must be within FIDELITY_TOL
-FIDELITY_MIN_REQUESTS = 100  # buckets with fewer lookups are not scored (binomial sd up to 5 points)
+FIDELITY_MIN_REQUESTS = (
+    100  # buckets with fewer lookups are not scored (binomial sd up to 5 points)
+)
 
 
 def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
@@ -600,8 +736,11 @@ def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
     b = (sub["ts"].to_numpy(float) // BUCKET_S) * BUCKET_S
     hit = (sub["result"] == "hit").to_numpy()
     c = sub["count"].to_numpy(float)
-    g = pd.DataFrame({"b": b, "hits": np.where(hit, c, 0.0), "requests": c}).groupby("b")[
-        ["hits", "requests"]].sum()
+    g = (
+        pd.DataFrame({"b": b, "hits": np.where(hit, c, 0.0), "requests": c})
+        .groupby("b")[["hits", "requests"]]
+        .sum()
+    )
     return g.reindex(index, fill_value=0.0)
 
 
@@ -612,24 +751,42 @@ class Fidelity:
     # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault windows
     # (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
     table: pd.DataFrame
-    buckets: pd.DataFrame  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    buckets: (
+        pd.DataFrame
+    )  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
     ok: bool  # every layer within FIDELITY_TOL in at least FIDELITY_SHARE of its scored buckets
 
     def sentence(self) -> str:
         """One sentence: trusted, or which layers miss and by how much."""
         if self.ok:
-            return (f"The replay reproduces the recorded day: on every layer at least "
-                    f"{FIDELITY_SHARE:.0%} of 15-min buckets are within ±{FIDELITY_TOL * 100:.0f} points.")
+            return (
+                f"The replay reproduces the recorded day: on every layer at least "
+                f"{FIDELITY_SHARE:.0%} of 15-min buckets are within ±{FIDELITY_TOL * 100:.0f} points."
+            )
         bad = self.table[~self.table["ok"]]
-        parts = [f"{layer} {share:.0%} of {n} buckets within ±{FIDELITY_TOL * 100:.0f} points"
-                 if n else f"{layer} has no bucket with {FIDELITY_MIN_REQUESTS} lookups"
-                 for layer, share, n in zip(bad["layer"].astype(str), bad["share"], bad["buckets"], strict=True)]
-        return ("The replay does not reproduce the recorded day (" + "; ".join(parts)
-                + f"; {FIDELITY_SHARE:.0%} needed), so it makes no recommendation.")
+        parts = [
+            f"{layer} {share:.0%} of {n} buckets within ±{FIDELITY_TOL * 100:.0f} points"
+            if n
+            else f"{layer} has no bucket with {FIDELITY_MIN_REQUESTS} lookups"
+            for layer, share, n in zip(
+                bad["layer"].astype(str), bad["share"], bad["buckets"], strict=True
+            )
+        ]
+        return (
+            "The replay does not reproduce the recorded day ("
+            + "; ".join(parts)
+            + f"; {FIDELITY_SHARE:.0%} needed), so it makes no recommendation."
+        )
 
 
-def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDELITY_TOL,
-             share: float = FIDELITY_SHARE, min_requests: float = FIDELITY_MIN_REQUESTS) -> Fidelity:
+def fidelity(
+    m: Model,
+    p: Params | None = None,
+    seed: int = 0,
+    tol: float = FIDELITY_TOL,
+    share: float = FIDELITY_SHARE,
+    min_requests: float = FIDELITY_MIN_REQUESTS,
+) -> Fidelity:
     """Replayed (parameters ``p``, default the recorded ones) vs recorded hit rate per layer and 15-min
     bucket. A bucket is scored when it holds at least ``min_requests`` lookups and does not overlap a
     known fault window (the ``faults`` frame: a trap is not part of the replay); a layer passes when
@@ -639,9 +796,15 @@ def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDE
     for layer, g in cv.groupby("layer", sort=False):
         rec = m.recorded[str(layer)]
         recorded_rate = (rec["hits"] / rec["requests"].where(rec["requests"] > 0)).to_numpy(float)
-        d = pd.DataFrame({"ts": g["ts"].to_numpy(float), "layer": layer, "recorded": recorded_rate,
-                          "replayed": g["hit_rate"].to_numpy(float),
-                          "requests": rec["requests"].to_numpy(float)})
+        d = pd.DataFrame(
+            {
+                "ts": g["ts"].to_numpy(float),
+                "layer": layer,
+                "recorded": recorded_rate,
+                "replayed": g["hit_rate"].to_numpy(float),
+                "requests": rec["requests"].to_numpy(float),
+            }
+        )
         d["diff"] = d["replayed"] - d["recorded"]
         b0 = d["ts"].to_numpy(float) - BUCKET_S
         d["fault"] = np.zeros(len(d), bool)
@@ -651,16 +814,26 @@ def fidelity(m: Model, p: Params | None = None, seed: int = 0, tol: float = FIDE
         sc = d[d["scored"]]
         within = int((sc["diff"].abs() <= tol + 1e-12).sum())
         n = len(sc)
-        rows.append({"layer": layer, "buckets": n, "within": within, "share": within / n if n else 0.0,
-                     "ok": bool(n > 0 and within >= share * n),
-                     "median_abs_diff": float(sc["diff"].abs().median()) if n else float("nan"),
-                     "max_abs_diff": float(sc["diff"].abs().max()) if n else float("nan"),
-                     "faulted": int(d["fault"].sum()),
-                     "unscored": int((~d["scored"] & ~d["fault"]).sum())})
+        rows.append(
+            {
+                "layer": layer,
+                "buckets": n,
+                "within": within,
+                "share": within / n if n else 0.0,
+                "ok": bool(n > 0 and within >= share * n),
+                "median_abs_diff": float(sc["diff"].abs().median()) if n else float("nan"),
+                "max_abs_diff": float(sc["diff"].abs().max()) if n else float("nan"),
+                "faulted": int(d["fault"].sum()),
+                "unscored": int((~d["scored"] & ~d["fault"]).sum()),
+            }
+        )
         det.append(d)
     table = pd.DataFrame(rows)
-    return Fidelity(table, pd.concat(det, ignore_index=True) if det else pd.DataFrame(),
-                    bool(len(table) and table["ok"].all()))
+    return Fidelity(
+        table,
+        pd.concat(det, ignore_index=True) if det else pd.DataFrame(),
+        bool(len(table) and table["ok"].all()),
+    )
 
 
 def gate_wait(m: Model, p: Params, layer: str) -> float:

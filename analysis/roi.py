@@ -57,9 +57,21 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from .buckets import bucket_start
 from .hitrate import Z95, time_slice
 
-__all__ = ["business_roi", "compute_roi", "roi_windows", "benefit_series", "fit_decay", "Decay",
-           "DEFAULT_WINDOWS", "replica_runs", "COST_TOO_SMALL", "roi_text", "decay_text",
-           "experiment_roi", "SEED_VS_EXPERIMENT"]
+__all__ = [
+    "business_roi",
+    "compute_roi",
+    "roi_windows",
+    "benefit_series",
+    "fit_decay",
+    "Decay",
+    "DEFAULT_WINDOWS",
+    "replica_runs",
+    "COST_TOO_SMALL",
+    "roi_text",
+    "decay_text",
+    "experiment_roi",
+    "SEED_VS_EXPERIMENT",
+]
 
 DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
 COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
@@ -77,8 +89,12 @@ def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
     for k in keys:
         if k not in r.columns:
             r[k] = ""
-    agg: dict[str, Any] = {c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns}
-    agg.update({"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"})
+    agg: dict[str, Any] = {
+        c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns
+    }
+    agg.update(
+        {"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"}
+    )
     for c in r.columns:
         if c not in agg and c not in keys:
             agg[c] = "first"
@@ -88,7 +104,9 @@ def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return merged
 
 
-def business_roi(warmed_conv: float, baseline_conv: float, value_per_conversion: float, cost: float) -> float:
+def business_roi(
+    warmed_conv: float, baseline_conv: float, value_per_conversion: float, cost: float
+) -> float:
     """(ΔRevenue − ΔCost) / ΔCost; NaN when the cost is not positive."""
     if not cost or cost <= 0 or not np.isfinite(cost):
         return float("nan")
@@ -128,16 +146,29 @@ def _rates(df: pd.DataFrame) -> tuple[float, float, float]:
     return n, float(df["conversions"].sum()) / n, float(df["gpu_s"].sum()) / n
 
 
-def _bucket_benefit(tr: pd.DataFrame, base: pd.DataFrame | None, b_rates: tuple[float, float], w0: float,
-                    freq: float) -> tuple[np.ndarray, np.ndarray]:
+def _bucket_benefit(
+    tr: pd.DataFrame,
+    base: pd.DataFrame | None,
+    b_rates: tuple[float, float],
+    w0: float,
+    freq: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-bucket (GPU-s saved, extra conversions) of the treated rows against
     the baseline's per-bucket rates (control variant) or fixed rates (before run)."""
     if tr.empty:
         return np.array([]), np.array([])
-    t = tr.assign(b=bucket_start(tr.ts - w0, freq)).groupby("b")[["requests", "gpu_s", "conversions"]].sum()
+    t = (
+        tr.assign(b=bucket_start(tr.ts - w0, freq))
+        .groupby("b")[["requests", "gpu_s", "conversions"]]
+        .sum()
+    )
     n = t["requests"].to_numpy(float)
     if base is not None:
-        c = base.assign(b=bucket_start(base.ts - w0, freq)).groupby("b")[["requests", "gpu_s", "conversions"]].sum()
+        c = (
+            base.assign(b=bucket_start(base.ts - w0, freq))
+            .groupby("b")[["requests", "gpu_s", "conversions"]]
+            .sum()
+        )
         c = c.reindex(t.index)
         with np.errstate(invalid="ignore", divide="ignore"):
             c_gpu = (c["gpu_s"] / c["requests"]).to_numpy(float)
@@ -150,7 +181,9 @@ def _bucket_benefit(tr: pd.DataFrame, base: pd.DataFrame | None, b_rates: tuple[
     return saved[ok], conv[ok]
 
 
-def _sum_ci(per_bucket: np.ndarray, total: float, level_z: float = Z95) -> tuple[float, float, float]:
+def _sum_ci(
+    per_bucket: np.ndarray, total: float, level_z: float = Z95
+) -> tuple[float, float, float]:
     """(se, low, high) of a total from its per-bucket parts (batch means, t with k − 1 df)."""
     k = len(per_bucket)
     if k < 2 or not np.isfinite(total):
@@ -160,9 +193,15 @@ def _sum_ci(per_bucket: np.ndarray, total: float, level_z: float = Z95) -> tuple
     return se, total - tq * se, total + tq * se
 
 
-def roi_windows(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_per_conversion: float,
-                windows: Sequence[float] = DEFAULT_WINDOWS, freq: float = 60.0,
-                data_end: float | None = None) -> pd.DataFrame:
+def roi_windows(
+    run: Any,
+    requests: pd.DataFrame,
+    price_per_gpu_s: float,
+    value_per_conversion: float,
+    windows: Sequence[float] = DEFAULT_WINDOWS,
+    freq: float = 60.0,
+    data_end: float | None = None,
+) -> pd.DataFrame:
     """One row per window: requests, conversions, GPU-s saved, revenue, cost,
     both ROIs with 95% intervals (``roi_business_low/high``,
     ``roi_compute_low/high``), baseline kind, ``complete`` and ``state``
@@ -193,7 +232,9 @@ def roi_windows(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_
         base_conv = b_conv * n if n and np.isfinite(b_conv) else nan
         saved = (b_gpu - gpu_rate) * n if n and np.isfinite(b_gpu) else nan
         revenue = (conv - base_conv) * value_per_conversion
-        s_b, c_b = _bucket_benefit(treated, base if ctrl is not None else None, (b_conv, b_gpu), w0, freq)
+        s_b, c_b = _bucket_benefit(
+            treated, base if ctrl is not None else None, (b_conv, b_gpu), w0, freq
+        )
         se_c, lo_c, hi_c = _sum_ci(s_b * price_per_gpu_s, saved * price_per_gpu_s)
         se_r, lo_r, hi_r = _sum_ci(c_b * value_per_conversion, revenue)
         roi_b = business_roi(conv, base_conv, value_per_conversion, cost)
@@ -204,27 +245,53 @@ def roi_windows(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_
             state = "no requests"
         elif not (cost > 0):
             state = "no cost"
-        elif (np.isfinite(se_r) and se_r > COST_TOO_SMALL * cost) or \
-                (np.isfinite(se_c) and se_c > COST_TOO_SMALL * cost):
+        elif (np.isfinite(se_r) and se_r > COST_TOO_SMALL * cost) or (
+            np.isfinite(se_c) and se_c > COST_TOO_SMALL * cost
+        ):
             state = "cost too small to estimate"
-        bad_b = state == "cost too small to estimate" and np.isfinite(se_r) and se_r > COST_TOO_SMALL * cost
-        bad_c = state == "cost too small to estimate" and np.isfinite(se_c) and se_c > COST_TOO_SMALL * cost
-        rows.append({
-            "window_s": T, "requests": n, "conversions": conv, "baseline_conversions": base_conv,
-            "gpu_s_saved": saved, "revenue": revenue, "revenue_low": lo_r, "revenue_high": hi_r, "cost": cost,
-            "roi_business": nan if bad_b else roi_b,
-            "roi_business_low": nan if bad_b or not cost > 0 else (lo_r - cost) / cost,
-            "roi_business_high": nan if bad_b or not cost > 0 else (hi_r - cost) / cost,
-            "roi_compute": nan if bad_c else roi_c,
-            "roi_compute_low": nan if bad_c or not cost > 0 else (lo_c - cost) / cost,
-            "roi_compute_high": nan if bad_c or not cost > 0 else (hi_c - cost) / cost,
-            "baseline": kind, "complete": complete, "state": state,
-        })
+        bad_b = (
+            state == "cost too small to estimate"
+            and np.isfinite(se_r)
+            and se_r > COST_TOO_SMALL * cost
+        )
+        bad_c = (
+            state == "cost too small to estimate"
+            and np.isfinite(se_c)
+            and se_c > COST_TOO_SMALL * cost
+        )
+        rows.append(
+            {
+                "window_s": T,
+                "requests": n,
+                "conversions": conv,
+                "baseline_conversions": base_conv,
+                "gpu_s_saved": saved,
+                "revenue": revenue,
+                "revenue_low": lo_r,
+                "revenue_high": hi_r,
+                "cost": cost,
+                "roi_business": nan if bad_b else roi_b,
+                "roi_business_low": nan if bad_b or not cost > 0 else (lo_r - cost) / cost,
+                "roi_business_high": nan if bad_b or not cost > 0 else (hi_r - cost) / cost,
+                "roi_compute": nan if bad_c else roi_c,
+                "roi_compute_low": nan if bad_c or not cost > 0 else (lo_c - cost) / cost,
+                "roi_compute_high": nan if bad_c or not cost > 0 else (hi_c - cost) / cost,
+                "baseline": kind,
+                "complete": complete,
+                "state": state,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, value_per_conversion: float,
-                   horizon_s: float = 6 * 3600.0, freq: float = 60.0) -> pd.DataFrame:
+def benefit_series(
+    run: Any,
+    requests: pd.DataFrame,
+    price_per_gpu_s: float,
+    value_per_conversion: float,
+    horizon_s: float = 6 * 3600.0,
+    freq: float = 60.0,
+) -> pd.DataFrame:
     """Per-bucket benefit after the run (GPU-s saved × price + extra conversions ×
     value) against the control variant, or the pre-run rates. Columns: t_s
     (seconds after the run), benefit."""
@@ -243,7 +310,9 @@ def benefit_series(run: Any, requests: pd.DataFrame, price_per_gpu_s: float, val
         c_gpu = (c["gpu_s"] / c["requests"]).to_numpy()
         c_conv = (c["conversions"] / c["requests"]).to_numpy()
     else:
-        _, c_conv1, c_gpu1 = _rates(mine[(mine.ts > run.started - horizon_s) & (mine.ts <= run.started)])
+        _, c_conv1, c_gpu1 = _rates(
+            mine[(mine.ts > run.started - horizon_s) & (mine.ts <= run.started)]
+        )
         c_gpu = np.full(len(t), c_gpu1)
         c_conv = np.full(len(t), c_conv1)
     n = t["requests"].to_numpy(dtype=float)
@@ -271,7 +340,9 @@ def fit_decay(series: pd.DataFrame) -> Decay:
     """Fit benefit(t) = b0·exp(−k·t); k per hour with a 95% interval."""
     nan = float("nan")
     if len(series) < 4:
-        return Decay(nan, nan, nan, nan, nan, len(series), "not enough points after the run (need 4)")
+        return Decay(
+            nan, nan, nan, nan, nan, len(series), "not enough points after the run (need 4)"
+        )
     t = series["t_s"].to_numpy(dtype=float) / 3600.0
     y = series["benefit"].to_numpy(dtype=float)
     b0_guess = float(np.mean(y[: max(1, len(y) // 10)]))
@@ -283,7 +354,9 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         return b0 * np.exp(np.clip(-k * tt, -700.0, 700.0))
 
     try:
-        with warnings.catch_warnings():  # a flat series has no covariance: se is NaN, said by the CI
+        with (
+            warnings.catch_warnings()
+        ):  # a flat series has no covariance: se is NaN, said by the CI
             warnings.simplefilter("ignore", OptimizeWarning)
             with np.errstate(over="ignore", invalid="ignore"):
                 (b0, k), cov = curve_fit(f, t, y, p0=(b0_guess, 1.0), maxfev=5000)
@@ -307,25 +380,61 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for rec in roi.to_dict("records"):
         r: dict[str, Any] = {str(k): v for k, v in rec.items()}
-        f = {k: float(r[k]) if r.get(k) is not None else float("nan") for k in (
-            "window_s", "requests", "conversions", "baseline_conversions", "gpu_s_saved", "cost", "roi_compute",
-            "roi_compute_low", "roi_compute_high", "roi_business", "roi_business_low", "roi_business_high")}
+        f = {
+            k: float(r[k]) if r.get(k) is not None else float("nan")
+            for k in (
+                "window_s",
+                "requests",
+                "conversions",
+                "baseline_conversions",
+                "gpu_s_saved",
+                "cost",
+                "roi_compute",
+                "roi_compute_low",
+                "roi_compute_high",
+                "roi_business",
+                "roi_business_low",
+                "roi_business_high",
+            )
+        }
         T = f["window_s"]
         win = f"T+{T / 3600:g} h" if T >= 3600 else f"T+{T / 60:g} min"
         state = str(r["state"])
         why = state if state not in ("ok", "unfinished") else "not enough points"
-        conv_why = "no conversion data" if not (f["conversions"] > 0 or
-                                               float(np.nan_to_num(f["baseline_conversions"])) > 0) else why
-        rows.append({
-            "window": win + ("" if bool(r["complete"]) else " (unfinished)"),
-            "requests": f"{int(f['requests']):,}",
-            "gpu_s_saved": f"{f['gpu_s_saved']:+,.2f}" if np.isfinite(f["gpu_s_saved"]) else why,
-            "cost": f"{f['cost']:.4f}" if np.isfinite(f["cost"]) else "no cost recorded",
-            "roi_compute": _cell(f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], why),
-            "roi_business": _cell(f["roi_business"], f["roi_business_low"], f["roi_business_high"], conv_why),
-            "baseline": str(r["baseline"])})
-    return pd.DataFrame(rows, columns=["window", "requests", "gpu_s_saved", "cost", "roi_compute", "roi_business",
-                                       "baseline"])
+        conv_why = (
+            "no conversion data"
+            if not (f["conversions"] > 0 or float(np.nan_to_num(f["baseline_conversions"])) > 0)
+            else why
+        )
+        rows.append(
+            {
+                "window": win + ("" if bool(r["complete"]) else " (unfinished)"),
+                "requests": f"{int(f['requests']):,}",
+                "gpu_s_saved": f"{f['gpu_s_saved']:+,.2f}"
+                if np.isfinite(f["gpu_s_saved"])
+                else why,
+                "cost": f"{f['cost']:.4f}" if np.isfinite(f["cost"]) else "no cost recorded",
+                "roi_compute": _cell(
+                    f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], why
+                ),
+                "roi_business": _cell(
+                    f["roi_business"], f["roi_business_low"], f["roi_business_high"], conv_why
+                ),
+                "baseline": str(r["baseline"]),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "window",
+            "requests",
+            "gpu_s_saved",
+            "cost",
+            "roi_compute",
+            "roi_business",
+            "baseline",
+        ],
+    )
 
 
 def decay_text(d: Decay) -> str:
@@ -336,21 +445,38 @@ def decay_text(d: Decay) -> str:
     if not (np.isfinite(d.ci_low) and np.isfinite(d.ci_high)):
         return "no decay measured: the rate's interval is not estimable (too few distinct points)"
     if d.ci_low <= 0:
-        return (f"no decay measured: the benefit's fitted rate {d.k_per_hour:+.2f} /h has a 95 % CI "
-                f"({d.ci_low:+.2f} to {d.ci_high:+.2f}) that includes no decay")
-    return (f"{d.k_per_hour:.2f} /h (95 % CI {d.ci_low:.2f} to {d.ci_high:.2f}; half-life "
-            f"{d.half_life_h:.2f} h)")
+        return (
+            f"no decay measured: the benefit's fitted rate {d.k_per_hour:+.2f} /h has a 95 % CI "
+            f"({d.ci_low:+.2f} to {d.ci_high:+.2f}) that includes no decay"
+        )
+    return (
+        f"{d.k_per_hour:.2f} /h (95 % CI {d.ci_low:.2f} to {d.ci_high:.2f}; half-life "
+        f"{d.half_life_h:.2f} h)"
+    )
 
 
-def experiment_roi(units: pd.DataFrame, runs: pd.DataFrame, replica_variant: dict[str, str],
-                   control: str) -> pd.DataFrame:
+def experiment_roi(
+    units: pd.DataFrame, runs: pd.DataFrame, replica_variant: dict[str, str], control: str
+) -> pd.DataFrame:
     """The compute ROI of a whole experiment, per treatment arm against ``control``: GPU-s saved = (control
     GPU-s per request − the arm's) × the arm's requests, against the GPU-s of every warm-up run on the
     arm's replicas (``replica_variant`` maps a replica to its arm); ROI = (saved − cost) / cost (the
     price per GPU-s cancels). The 95 % interval comes from the per-request ratio's linearised variance
     over units: var(r) = Σ (g_u − r·n_u)² / (Σ n)² · k / (k − 1)."""
-    cols = ["variant", "requests", "gpu_per_request", "control_gpu_per_request", "gpu_s_saved", "saved_low",
-            "saved_high", "warm_gpu_s", "runs", "roi", "roi_low", "roi_high"]
+    cols = [
+        "variant",
+        "requests",
+        "gpu_per_request",
+        "control_gpu_per_request",
+        "gpu_s_saved",
+        "saved_low",
+        "saved_high",
+        "warm_gpu_s",
+        "runs",
+        "roi",
+        "roi_low",
+        "roi_high",
+    ]
 
     def ratio(u: pd.DataFrame) -> tuple[float, float, float]:
         n, g = u["requests"].to_numpy(float), u["gpu_s"].to_numpy(float)
@@ -374,13 +500,28 @@ def experiment_roi(units: pd.DataFrame, runs: pd.DataFrame, replica_variant: dic
         mine = runs[runs["replica"].isin(reps)] if len(runs) else runs
         cost = float(mine["gpu_s"].sum()) if len(mine) else 0.0
         roi = (saved - cost) / cost if cost > 0 else float("nan")
-        rows.append([v, nt, rt, rc, saved, saved - half, saved + half, cost, len(mine), roi,
-                     (saved - half - cost) / cost if cost > 0 else float("nan"),
-                     (saved + half - cost) / cost if cost > 0 else float("nan")])
+        rows.append(
+            [
+                v,
+                nt,
+                rt,
+                rc,
+                saved,
+                saved - half,
+                saved + half,
+                cost,
+                len(mine),
+                roi,
+                (saved - half - cost) / cost if cost > 0 else float("nan"),
+                (saved + half - cost) / cost if cost > 0 else float("nan"),
+            ]
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
-SEED_VS_EXPERIMENT = ("The T+5 min ROI counts the five minutes after one run against that run's whole cost, "
-                      "while the experiment ROI counts every request the warmed arm served against every "
-                      "run's cost, so a run whose benefit arrives after its first minutes reads poor at T+5 "
-                      "min and can still pay off over the experiment.")
+SEED_VS_EXPERIMENT = (
+    "The T+5 min ROI counts the five minutes after one run against that run's whole cost, "
+    "while the experiment ROI counts every request the warmed arm served against every "
+    "run's cost, so a run whose benefit arrives after its first minutes reads poor at T+5 "
+    "min and can still pay off over the experiment."
+)

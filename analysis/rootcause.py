@@ -31,10 +31,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RootCause", "Localization", "localize", "LeafTableError", "validate_leaves",
-           "MAX_SUBSETS", "localize_measure",
-           "Measure", "Options", "Residuals", "Search", "residuals", "candidates", "significant",
-           "additive_move", "climb", "split", "cover", "absorb", "explain"]
+__all__ = [
+    "RootCause",
+    "Localization",
+    "localize",
+    "LeafTableError",
+    "validate_leaves",
+    "MAX_SUBSETS",
+    "localize_measure",
+    "Measure",
+    "Options",
+    "Residuals",
+    "Search",
+    "residuals",
+    "candidates",
+    "significant",
+    "additive_move",
+    "climb",
+    "split",
+    "cover",
+    "absorb",
+    "explain",
+]
 
 MAX_SUBSETS = 400  # dimension subsets searched; beyond it the depth is bounded
 
@@ -50,13 +68,16 @@ class RootCause:
     explanatory_power: float
     leaves: int
     abnormal_leaves: int
-    direction: int = 0           # +1 the element moved up, -1 down
-    change: float = 0.0          # its leaves' signed change (measure units; ratio: rate points)
+    direction: int = 0  # +1 the element moved up, -1 down
+    change: float = 0.0  # its leaves' signed change (measure units; ratio: rate points)
 
     def as_json(self) -> dict[str, Any]:
-        return {"element": self.element, "score": _finite(self.score),
-                "explanatory_power": _finite(self.explanatory_power),
-                "direction": "up" if self.direction > 0 else "down"}
+        return {
+            "element": self.element,
+            "score": _finite(self.score),
+            "explanatory_power": _finite(self.explanatory_power),
+            "direction": "up" if self.direction > 0 else "down",
+        }
 
 
 def _finite(x: float) -> float | None:
@@ -73,25 +94,28 @@ class Localization:
     leaves: int
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    change: float = float("nan")   # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
-    mix: float = 0.0               # part of the change due to the traffic mix alone (ratio measures)
-    rest: float = 0.0              # part of the change in leaves outside the causes
+    change: float = float(
+        "nan"
+    )  # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    mix: float = 0.0  # part of the change due to the traffic mix alone (ratio measures)
+    rest: float = 0.0  # part of the change in leaves outside the causes
 
 
 @dataclass(frozen=True)
 class Options:
     """How :func:`localize` searches; each rule is explained in docs/rootcause.md."""
-    max_depth: int | None = None        # most dimensions per element (None: all, see max_subsets)
-    max_causes: int = 10                # most elements reported
-    purity: float = 0.7                 # weighted share of an element's votes its move needs
-    alpha: float = 0.01                 # family-wise error rate over all candidate elements
-    max_volume_growth: float = 0.25     # ratio with volumes: more growth is downstream pressure
-    load_effect: int = 1                # ratio with volumes: the way more traffic moves the rate
-    max_subsets: int = MAX_SUBSETS      # dimension subsets searched; beyond it depth is bounded
-    min_share: float | None = None      # least share of the change a cause holds (None: see below)
-    sigma_floor: float = 0.005          # additive: least relative noise
-    refine: bool = True                 # split an element one level too coarse
-    unmoved_share: float = 0.10         # split: share of an element that clearly did not move
+
+    max_depth: int | None = None  # most dimensions per element (None: all, see max_subsets)
+    max_causes: int = 10  # most elements reported
+    purity: float = 0.7  # weighted share of an element's votes its move needs
+    alpha: float = 0.01  # family-wise error rate over all candidate elements
+    max_volume_growth: float = 0.25  # ratio with volumes: more growth is downstream pressure
+    load_effect: int = 1  # ratio with volumes: the way more traffic moves the rate
+    max_subsets: int = MAX_SUBSETS  # dimension subsets searched; beyond it depth is bounded
+    min_share: float | None = None  # least share of the change a cause holds (None: see below)
+    sigma_floor: float = 0.005  # additive: least relative noise
+    refine: bool = True  # split an element one level too coarse
+    unmoved_share: float = 0.10  # split: share of an element that clearly did not move
 
     def share(self, ratio: bool) -> float:
         """The least share of the absolute change a cause must hold: as given, or by
@@ -107,6 +131,7 @@ class Measure:
     """The measure localised: additive (``v`` observed, ``f`` expected) or a ratio
     (observed and expected numerator and denominator), with optional traffic volumes
     (``v_vol``, ``f_vol``) for a ratio."""
+
     v: str | None = None
     f: str | None = None
     v_num: str | None = None
@@ -169,12 +194,15 @@ def _numeric(x: np.ndarray, c: str, row_offset: int) -> np.ndarray:
             try:
                 float(val)
             except (TypeError, ValueError):
-                raise LeafTableError(f"column {c!r}, row {i + row_offset}: {val!r} is not a number") from None
+                raise LeafTableError(
+                    f"column {c!r}, row {i + row_offset}: {val!r} is not a number"
+                ) from None
         raise
 
 
-def validate_leaves(leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio: bool,
-                    row_offset: int = 2) -> dict[str, np.ndarray]:
+def validate_leaves(
+    leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio: bool, row_offset: int = 2
+) -> dict[str, np.ndarray]:
     """Check a leaf table (a DataFrame or a mapping of column → array) and
     return its measure columns as floats; raise :class:`LeafTableError` naming
     the first bad row/column: missing columns, non-numeric, NaN/inf or
@@ -184,7 +212,9 @@ def validate_leaves(leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio
     names = _names(leaves)
     missing = [c for c in [*dims, *cols] if c not in names]
     if missing:
-        raise LeafTableError(f"no column(s) {', '.join(map(str, missing))}; columns are {', '.join(names)}")
+        raise LeafTableError(
+            f"no column(s) {', '.join(map(str, missing))}; columns are {', '.join(names)}"
+        )
     if _nrows(leaves) == 0:
         raise LeafTableError("the leaf table has no rows")
     out = {}
@@ -193,12 +223,16 @@ def validate_leaves(leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise LeafTableError(f"column {c!r}, row {i + row_offset}: value is empty, NaN or infinite; "
-                                 "give a finite number (0 for no traffic)")
+            raise LeafTableError(
+                f"column {c!r}, row {i + row_offset}: value is empty, NaN or infinite; "
+                "give a finite number (0 for no traffic)"
+            )
         if ratio and (arr < 0).any():
             i = int(np.flatnonzero(arr < 0)[0])
-            raise LeafTableError(f"column {c!r}, row {i + row_offset}: negative count {arr[i]:g}; numerators and "
-                                 "denominators of a ratio measure must be ≥ 0")
+            raise LeafTableError(
+                f"column {c!r}, row {i + row_offset}: negative count {arr[i]:g}; numerators and "
+                "denominators of a ratio measure must be ≥ 0"
+            )
         out[c] = arr
     if ratio:
         for n, d in ((cols[0], cols[1]), (cols[2], cols[3])):
@@ -206,14 +240,22 @@ def validate_leaves(leaves: Any, dims: Sequence[str], cols: Sequence[str], ratio
             bad = a > b * (1 + 1e-9) + 1e-9
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise LeafTableError(f"row {i + row_offset}: numerator {n}={a[i]:g} is above denominator "
-                                     f"{d}={b[i]:g}; a ratio measure needs numerator ≤ denominator")
+                raise LeafTableError(
+                    f"row {i + row_offset}: numerator {n}={a[i]:g} is above denominator "
+                    f"{d}={b[i]:g}; a ratio measure needs numerator ≤ denominator"
+                )
     return out
 
 
-def contributions(leaves: Any, v: str | None = None, f: str | None = None, v_num: str | None = None,
-                  v_den: str | None = None, f_num: str | None = None, f_den: str | None = None
-                  ) -> tuple[np.ndarray, float]:
+def contributions(
+    leaves: Any,
+    v: str | None = None,
+    f: str | None = None,
+    v_num: str | None = None,
+    v_den: str | None = None,
+    f_num: str | None = None,
+    f_den: str | None = None,
+) -> tuple[np.ndarray, float]:
     """Each leaf's signed contribution to the change, and the part of the
     change no leaf holds (traffic mix). Additive: ``v − f`` (mix 0). Ratio:
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
@@ -235,7 +277,9 @@ def contributions(leaves: Any, v: str | None = None, f: str | None = None, v_num
     return c, mix
 
 
-def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[tuple[int, ...]], int]:
+def _subsets(
+    dims: list[str], max_depth: int | None, budget: int
+) -> tuple[list[tuple[int, ...]], int]:
     n = len(dims)
     top = n if max_depth is None else min(max_depth, n)
     out: list[tuple[int, ...]] = []
@@ -247,38 +291,42 @@ def _subsets(dims: list[str], max_depth: int | None, budget: int) -> tuple[list[
         out.extend(itertools.combinations(range(n), k))
         depth = k
     if depth < top and n <= 16:
-        out.append(tuple(range(n)))  # single leaves are always candidates (cheap: the identity grouping)
+        out.append(
+            tuple(range(n))
+        )  # single leaves are always candidates (cheap: the identity grouping)
     return out, depth
 
 
 @dataclass
 class Residuals:
     """Step 1's result: each leaf's evidence, in the form the search sums per element."""
-    ok: np.ndarray                 # leaves that carry evidence (observed or expected traffic)
-    h: np.ndarray                  # observed (ratio: numerator; additive: standardised log ratio)
-    e: np.ndarray                  # expected (ratio: numerator at the observed traffic; additive: 0)
-    var: np.ndarray                # variance of h − e before over-dispersion
-    z: np.ndarray                  # standardised residual
-    phi: float                     # over-dispersion (variance factor)
-    vd: np.ndarray | None = None   # ratio: observed denominator
-    pe: np.ndarray | None = None   # ratio: expected rate
+
+    ok: np.ndarray  # leaves that carry evidence (observed or expected traffic)
+    h: np.ndarray  # observed (ratio: numerator; additive: standardised log ratio)
+    e: np.ndarray  # expected (ratio: numerator at the observed traffic; additive: 0)
+    var: np.ndarray  # variance of h − e before over-dispersion
+    z: np.ndarray  # standardised residual
+    phi: float  # over-dispersion (variance factor)
+    vd: np.ndarray | None = None  # ratio: observed denominator
+    pe: np.ndarray | None = None  # ratio: expected rate
     size: np.ndarray | None = None  # additive: expected value + floor (ratio: e is the size)
-    dv: np.ndarray | None = None    # additive: observed − expected, in the measure's units
-    fe: np.ndarray | None = None    # additive: expected value (≥ 0)
-    floor: float = 0.0              # additive: the floor added to both sides of a log ratio
-    sigma: float = 1.0              # additive: the relative noise
+    dv: np.ndarray | None = None  # additive: observed − expected, in the measure's units
+    fe: np.ndarray | None = None  # additive: expected value (≥ 0)
+    floor: float = 0.0  # additive: the floor added to both sides of a log ratio
+    sigma: float = 1.0  # additive: the relative noise
 
 
-def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray,
-                     fvol: np.ndarray | None) -> Residuals:
+def _ratio_residuals(
+    vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray, fvol: np.ndarray | None
+) -> Residuals:
     """Binomial residuals of the numerator at the observed denominator, over-dispersion removed."""
     p0 = fn.sum() / fd.sum()
-    pe = (fn + p0) / (fd + 1.0)                      # one pseudo-event toward the overall rate
+    pe = (fn + p0) / (fd + 1.0)  # one pseudo-event toward the overall rate
     pe = np.clip(pe, 1e-6, 1 - 1e-6)
     ok = vd > 0
     if fvol is not None:  # leaves that lost their traffic still count in an element's volume
         ok = ok | (fvol > 0)
-    h, e = vn, vd * pe                               # observed and expected numerator at observed traffic
+    h, e = vn, vd * pe  # observed and expected numerator at observed traffic
     # A floor of one event: tiny counts prove little; no traffic, no evidence.
     var = np.where(vd > 0, np.maximum(vd * pe * (1 - pe), 1.0), 0.0)
     z = np.where(var > 0, (h - e) / np.sqrt(np.where(var > 0, var, 1.0)), 0.0)
@@ -288,15 +336,18 @@ def _ratio_residuals(vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndar
     return Residuals(ok, h, e, var, z / math.sqrt(phi), phi, vd, pe)
 
 
-def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, notes: list[str]
-                        ) -> Residuals | None:
+def _additive_residuals(
+    ov: np.ndarray, ev: np.ndarray, sigma_floor: float, notes: list[str]
+) -> Residuals | None:
     """Log ratios in units of the robust relative noise; None when nothing moved."""
     # Multiplicative noise: log ratios, with a floor (the 5th percentile of
     # the positive expected values) so that small leaves prove little.
     neg = int(((ov < 0) | (ev < 0)).sum())
     if neg:
-        notes.append(f"{neg} leaves with negative values: counted as 0 when judging noise, "
-                     "with their own values in the change")
+        notes.append(
+            f"{neg} leaves with negative values: counted as 0 when judging noise, "
+            "with their own values in the change"
+        )
     ovp, evp = np.maximum(ov, 0.0), np.maximum(ev, 0.0)
     ok = (evp > 0) | (ovp > 0)
     pos = evp[evp > 0]
@@ -305,14 +356,26 @@ def _additive_residuals(ov: np.ndarray, ev: np.ndarray, sigma_floor: float, note
     sides = [np.abs(lr[ok & (lr > 0)]), np.abs(lr[ok & (lr < 0)])]
     scales = [1.4826 * float(np.median(s)) for s in sides if len(s) >= 10]
     # Too few leaves on a side to estimate it: the median of all of them.
-    sigma = min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
+    sigma = (
+        min(scales) if scales else 1.4826 * float(np.median(np.abs(lr[ok]))) if ok.any() else 0.0
+    )
     sigma = max(sigma, sigma_floor) if ok.any() and np.abs(lr[ok]).max() > 0 else 0.0
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return Residuals(ok, z, np.zeros_like(z), np.ones_like(z), z, 1.0, size=evp + floor, dv=ov - ev,
-                     fe=evp,
-                      floor=floor, sigma=sigma)
+    return Residuals(
+        ok,
+        z,
+        np.zeros_like(z),
+        np.ones_like(z),
+        z,
+        1.0,
+        size=evp + floor,
+        dv=ov - ev,
+        fe=evp,
+        floor=floor,
+        sigma=sigma,
+    )
 
 
 def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
@@ -322,7 +385,9 @@ def _noise_ceiling(contrib: np.ndarray, z: np.ndarray, ok: np.ndarray) -> float:
     return float(np.abs(quiet).max()) if len(quiet) else 0.0
 
 
-def _group(codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]) -> tuple[np.ndarray, int]:
+def _group(
+    codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]
+) -> tuple[np.ndarray, int]:
     """Each leaf's element index under the dimension subset ``sub``, and the number of elements."""
     key = np.zeros(len(codes[0]), dtype=np.int64)
     space = 1
@@ -344,8 +409,15 @@ def _group(codes: list[np.ndarray], sizes: list[int], sub: tuple[int, ...]) -> t
     return inv, int(flags.sum())
 
 
-def significant(dev: np.ndarray, var: np.ndarray, n: np.ndarray, phi: float, z_crit: float,
-                ceiling: float, largest: np.ndarray | None = None) -> np.ndarray:
+def significant(
+    dev: np.ndarray,
+    var: np.ndarray,
+    n: np.ndarray,
+    phi: float,
+    z_crit: float,
+    ceiling: float,
+    largest: np.ndarray | None = None,
+) -> np.ndarray:
     """Step 3, significance: which elements moved beyond their leaves' noise.
 
     ``dev``, ``var`` and ``n`` are each element's summed residual, summed
@@ -364,8 +436,9 @@ def significant(dev: np.ndarray, var: np.ndarray, n: np.ndarray, phi: float, z_c
     return ok
 
 
-def additive_move(expected: np.ndarray, observed_sum: Any, expected_sum: Any, n: Any,
-                  floor: float) -> np.ndarray:
+def additive_move(
+    expected: np.ndarray, observed_sum: Any, expected_sum: Any, n: Any, floor: float
+) -> np.ndarray:
     """Each leaf's log ratio under its element's move, for an additive measure.
 
     The move is the generalised ripple effect: every leaf of the element scales
@@ -388,9 +461,17 @@ class Search:
     element's sums, kept up to date as leaves are taken, and the tests of one
     element by its own move (:meth:`best`, :meth:`assess`)."""
 
-    def __init__(self, r: Residuals, codes: list[np.ndarray], sizes: list[int],
-                 subsets: list[tuple[int, ...]], vol: np.ndarray | None, fvol: np.ndarray | None,
-                 ceiling: float, opts: Options):
+    def __init__(
+        self,
+        r: Residuals,
+        codes: list[np.ndarray],
+        sizes: list[int],
+        subsets: list[tuple[int, ...]],
+        vol: np.ndarray | None,
+        fvol: np.ndarray | None,
+        ceiling: float,
+        opts: Options,
+    ):
         purity, alpha, unmoved_share = opts.purity, opts.alpha, opts.unmoved_share
         max_volume_growth, load_effect = opts.max_volume_growth, opts.load_effect
         self.idx = idx = np.flatnonzero(r.ok)
@@ -413,16 +494,22 @@ class Search:
         self.groups = [(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
         n_cand = sum(g[2] for g in self.groups)
         self.z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
-        self.z_rest = NormalDist().inv_cdf(1 - alpha)  # one follow-up test of a chosen element's parent
+        self.z_rest = NormalDist().inv_cdf(
+            1 - alpha
+        )  # one follow-up test of a chosen element's parent
         self.free = np.ones(len(idx), dtype=bool)
         self.ah = np.abs(self.h - self.e)
         # Each leaf's saturated gain: its fit at its own value (see ``rank``).
         self.sat: np.ndarray = self.h * self.h / 2
         if r.vd is not None and r.pe is not None:
             vd, pe = r.vd[idx], r.pe[idx]
-            self.sat = _binom_llr(self.h, vd, np.clip(self.h / np.maximum(vd, 1e-12), 1e-6, 1 - 1e-6), pe)
-        self.stats = [[np.bincount(inv, w, ng) for w in self._weights(slice(None))]
-                      for _, inv, ng in self.groups]
+            self.sat = _binom_llr(
+                self.h, vd, np.clip(self.h / np.maximum(vd, 1e-12), 1e-6, 1 - 1e-6), pe
+            )
+        self.stats = [
+            [np.bincount(inv, w, ng) for w in self._weights(slice(None))]
+            for _, inv, ng in self.groups
+        ]
 
     def _weights(self, rows: slice | np.ndarray) -> list[np.ndarray | None]:
         """The per-leaf quantities summed per element (None: a count of leaves)."""
@@ -453,11 +540,19 @@ class Search:
             nn, pp = self.vd[mask], self.pe[mask]
             rm, ll = self.move(mask)
             ww = nn * _kl(rm, pp)
-            return zz, float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)), float(ll.sum()) / self.phi
+            return (
+                zz,
+                float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)),
+                float(ll.sum()) / self.phi,
+            )
         mm = hh.sum() / len(hh)
         fe = self.fe[mask]
-        ph = additive_move(fe, float(fe.sum() + self.dv[mask].sum()), float(fe.sum()), len(fe),
-                           self.floor) / self.sigma
+        ph = (
+            additive_move(
+                fe, float(fe.sum() + self.dv[mask].sum()), float(fe.sum()), len(fe), self.floor
+            )
+            / self.sigma
+        )
         ww = ph * ph
         purity = float((ww * (np.abs(hh - ph) < np.abs(hh))).sum() / max(float(ww.sum()), 1e-300))
         return zz, purity, len(hh) * mm * mm / 2
@@ -470,15 +565,18 @@ class Search:
         hh, ee, nn, pp = self.h[mask], self.e[mask], self.vd[mask], self.pe[mask]
         kk = hh.sum() / max(ee.sum(), 1e-12)
         best = None
-        for rm in (np.clip(kk * pp, 1e-6, 1 - 1e-6),
-                   np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6)):
+        for rm in (
+            np.clip(kk * pp, 1e-6, 1 - 1e-6),
+            np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6),
+        ):
             ll = _binom_llr(hh, nn, rm, pp)
             if best is None or ll.sum() > best[1].sum():
                 best = (rm, ll)
         return best  # type: ignore[return-value]  # the loop above runs twice: best is set
 
-    def _added_traffic(self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray,
-                       dev: np.ndarray) -> np.ndarray:
+    def _added_traffic(
+        self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray, dev: np.ndarray
+    ) -> np.ndarray:
         """Elements whose move the traffic volume explains rather than a cause
         of their own: downstream pressure, when misses upstream send more
         requests here, moves the measure the way more load does
@@ -492,9 +590,9 @@ class Search:
         Vv, Vf = st[-2], st[-1]
         kept = np.where(Vv > 0, np.minimum(Vf, Vv) / np.maximum(Vv, 1e-300), 1.0)
         if self.load_effect > 0:
-            beyond = Sh - (Se * kept + st[4] * (1 - kept))    # above: every added event a hit
+            beyond = Sh - (Se * kept + st[4] * (1 - kept))  # above: every added event a hit
         else:
-            beyond = Se * kept - Sh                            # below: no added event a hit
+            beyond = Se * kept - Sh  # below: no added event a hit
         within = beyond < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
         grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
         added: np.ndarray = (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
@@ -554,7 +652,7 @@ class Search:
                 ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor)
                 ph /= self.sigma
                 vote = np.abs(hs - ph) < np.abs(hs)
-                w = ph * ph                               # the evidence the leaf can hold
+                w = ph * ph  # the evidence the leaf can hold
                 fit = n * m * m / 2
                 sat = np.bincount(gi, self.sat[sel], ng)
             W = np.bincount(gi, w, ng)
@@ -600,8 +698,9 @@ def rank(fit: np.ndarray, saturated: np.ndarray) -> np.ndarray:
     return out
 
 
-def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
-          ) -> tuple[tuple[int, ...], np.ndarray]:
+def climb(
+    search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
+) -> tuple[tuple[int, ...], np.ndarray]:
     """Step 4a, climb (ratio measures): a cause of a rate seldom moves all its
     children alike. Rule: go up to a parent (one dimension fewer) when the
     parent's other leaves moved the same way on their own (|z| ≥ the one-test
@@ -618,8 +717,12 @@ def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
                 continue
             zr, _, _ = search.assess(rest)
             _, pp, fp_ = search.assess(pm)
-            if (np.sign(zr) == direction and abs(zr) >= search.z_rest and pp >= search.purity
-                    and (up_best is None or (pp, fp_) > up_best[0])):
+            if (
+                np.sign(zr) == direction
+                and abs(zr) >= search.z_rest
+                and pp >= search.purity
+                and (up_best is None or (pp, fp_) > up_best[0])
+            ):
                 up_best = ((pp, fp_), psub, pm)
         if up_best is None:
             break
@@ -627,8 +730,9 @@ def climb(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
     return sub, member
 
 
-def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
-          ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
+def split(
+    search: Search, sub: tuple[int, ...], member: np.ndarray, direction: int
+) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
     """Step 4b, split: an element one level too coarse. Rule: split it by one
     more dimension when children holding at least ``unmoved_share`` of its
     expected size (measure units, not leaves) clearly did not move (|z| < 2
@@ -657,7 +761,9 @@ def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
             zk, pk, fk = search.assess(km)
             if search.ratio:
                 wk = float(search.e[km].sum())
-                z_exp = float(shift[km].sum()) / math.sqrt(max(float(search.var[km].sum()) * search.phi, 1e-12))
+                z_exp = float(shift[km].sum()) / math.sqrt(
+                    max(float(search.var[km].sum()) * search.phi, 1e-12)
+                )
             else:
                 wk = float(search.size[km].sum())
                 z_exp = m_e * math.sqrt(float(km.sum()))
@@ -670,8 +776,13 @@ def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
         # Each further element is one more parameter picked among many: it must pay
         # its way (a BIC-like price of z_crit²/2 in log-likelihood).
         fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
-        if moved and total_w > 0 and unmoved / total_w >= search.unmoved_share and fit_split > fit_e \
-                and (best is None or fit_split > best[0]):
+        if (
+            moved
+            and total_w > 0
+            and unmoved / total_w >= search.unmoved_share
+            and fit_split > fit_e
+            and (best is None or fit_split > best[0])
+        ):
             best = (fit_split, j, moved)
     if best is None:
         return None
@@ -679,8 +790,11 @@ def split(search: Search, sub: tuple[int, ...], member: np.ndarray, direction: i
     return [(tuple(sorted((*sub, j))), km) for km in moved]
 
 
-def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.ndarray) -> tuple[int, ...]:
+def _shortest(
+    sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.ndarray
+) -> tuple[int, ...]:
     """The shortest name for the same leaves: drop a dimension that does not narrow them."""
+
     def leaves_of(s: tuple[int, ...]) -> np.ndarray:
         m = ok.copy()
         for k in s:
@@ -696,9 +810,16 @@ def _shortest(sub: tuple[int, ...], row: int, codes: list[np.ndarray], ok: np.nd
     return sub
 
 
-def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
-          names: list[tuple[str, np.ndarray]], ok: np.ndarray, max_causes: int, min_share: float,
-          refine: bool) -> tuple[list[RootCause], np.ndarray]:
+def cover(
+    search: Search,
+    contrib: np.ndarray,
+    codes: list[np.ndarray],
+    names: list[tuple[str, np.ndarray]],
+    ok: np.ndarray,
+    max_causes: int,
+    min_share: float,
+    refine: bool,
+) -> tuple[list[RootCause], np.ndarray]:
     """Step 5, cover: greedy. Rule: take the best candidate (:meth:`Search.best`),
     climb (ratio) and split it, name it by the fewest dimensions that select the
     same leaves, :func:`absorb` it, remove its leaves from every element's sums,
@@ -716,7 +837,10 @@ def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
         top_sub, top_member, direction = found
         if search.ratio:
             top_sub, top_member = climb(search, top_sub, top_member, direction)
-        if min_share > 0 and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share:
+        if (
+            min_share > 0
+            and abs(float(contrib[idx[top_member]].sum())) / total_abs_contrib < min_share
+        ):
             break
         parts = split(search, top_sub, top_member, direction) if refine else None
         parts = parts or [(top_sub, top_member)]
@@ -728,9 +852,15 @@ def cover(search: Search, contrib: np.ndarray, codes: list[np.ndarray],
             full = ~taken_all
             for j in sub:
                 full &= codes[j] == codes[j][row]
-            cause = RootCause(element, float(np.abs(contrib[full]).sum() / total_abs_contrib),
-                              float("nan"), int(full.sum()), int(member.sum()), direction,
-                              float(contrib[full].sum()))
+            cause = RootCause(
+                element,
+                float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                float("nan"),
+                int(full.sum()),
+                int(member.sum()),
+                direction,
+                float(contrib[full].sum()),
+            )
             causes = absorb(causes, cause)
             taken_all |= full
             search.take(member)
@@ -742,14 +872,24 @@ def absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
     it (it names a subset of the earlier one's values) that moved the same way
     is part of it — its siblings moved too, on their own — so the parent names
     both: scores, leaves and changes add, in the place of the first child."""
-    kids = [c for c in causes if c.direction == new.direction and len(c.element) > len(new.element)
-            and new.element.items() <= c.element.items()]
+    kids = [
+        c
+        for c in causes
+        if c.direction == new.direction
+        and len(c.element) > len(new.element)
+        and new.element.items() <= c.element.items()
+    ]
     if not kids:
         return [*causes, new]
-    merged = RootCause(new.element, new.score + sum(c.score for c in kids), new.explanatory_power,
-                       new.leaves + sum(c.leaves for c in kids),
-                       new.abnormal_leaves + sum(c.abnormal_leaves for c in kids), new.direction,
-                       new.change + sum(c.change for c in kids))
+    merged = RootCause(
+        new.element,
+        new.score + sum(c.score for c in kids),
+        new.explanatory_power,
+        new.leaves + sum(c.leaves for c in kids),
+        new.abnormal_leaves + sum(c.abnormal_leaves for c in kids),
+        new.direction,
+        new.change + sum(c.change for c in kids),
+    )
     first = min(causes.index(c) for c in kids)
     rest = [c for c in causes if c not in kids]
     return [*rest[:first], merged, *rest[first:]]
@@ -766,20 +906,36 @@ def explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> 
     loc.rest = float(sum_contrib - sum(c.change for c in loc.causes))
     gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(mix)
     sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
-    loc.causes = [RootCause(c.element, c.score, sign * c.change / gross if gross > 0 else float("nan"), c.leaves,
-                            c.abnormal_leaves, c.direction, c.change) for c in loc.causes]
+    loc.causes = [
+        RootCause(
+            c.element,
+            c.score,
+            sign * c.change / gross if gross > 0 else float("nan"),
+            c.leaves,
+            c.abnormal_leaves,
+            c.direction,
+            c.change,
+        )
+        for c in loc.causes
+    ]
 
 
-def _measure_columns(leaves: Any, dims: list[str], cols: list[Any], ratio: bool, validate: bool
-                     ) -> tuple[dict[Any, np.ndarray] | None, str | None]:
+def _measure_columns(
+    leaves: Any, dims: list[str], cols: list[Any], ratio: bool, validate: bool
+) -> tuple[dict[Any, np.ndarray] | None, str | None]:
     """The measure columns as floats, or the reason they cannot be used."""
     if any(c is None for c in cols):
-        return None, "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)"
+        return (
+            None,
+            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)",
+        )
     names = _names(leaves)
     missing = [c for c in dims + cols if c not in names]
     if missing:
-        return None, (f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
-                      "v_num/v_den/f_num/f_den (ratio)")
+        return None, (
+            f"leaf table lacks column(s) {missing}; give dims and either v/f (additive) or "
+            "v_num/v_den/f_num/f_den (ratio)"
+        )
     if _nrows(leaves) == 0:
         return None, "the leaf table is empty"
     if not validate:
@@ -817,43 +973,78 @@ def localize(
     """Root causes of the difference between observed and expected: the columns
     name a :class:`Measure`, the rest are :class:`Options` (docs/rootcause.md)."""
     measure = Measure(v, f, v_num, v_den, f_num, f_den, v_vol, f_vol)
-    opts = Options(max_depth, max_causes, purity, alpha, max_volume_growth, load_effect,
-                   max_subsets, min_share, sigma_floor, refine, unmoved_share)
+    opts = Options(
+        max_depth,
+        max_causes,
+        purity,
+        alpha,
+        max_volume_growth,
+        load_effect,
+        max_subsets,
+        min_share,
+        sigma_floor,
+        refine,
+        unmoved_share,
+    )
     return localize_measure(leaves, dims, measure, opts, validate)
 
 
-def localize_measure(leaves: Any, dims: Sequence[str], measure: Measure,
-                     opts: Options | None = None, validate: bool = True) -> Localization:
+def localize_measure(
+    leaves: Any,
+    dims: Sequence[str],
+    measure: Measure,
+    opts: Options | None = None,
+    validate: bool = True,
+) -> Localization:
     """:func:`localize` over a measure object and options: the named steps in order."""
     opts = opts or Options()
     dims = list(dims)
     loc, cols = _start(leaves, dims, measure, validate)
     if cols is None:
         return loc
-    res = residuals(measure, cols, opts, loc.notes)                      # 1. residuals
+    res = residuals(measure, cols, opts, loc.notes)  # 1. residuals
     if res is None:
         loc.notes.append("observed equals expected: nothing to explain")
         return loc
-    subsets = candidates(dims, opts, loc.notes)                          # 2. candidates
+    subsets = candidates(dims, opts, loc.notes)  # 2. candidates
     factorized = [_factorize(leaves[c]) for c in dims]
     codes = [cd for cd, _ in factorized]
     contrib, mix = _contributions(cols, measure)
-    search = Search(res, codes, [len(u) for _, u in factorized], subsets, cols.get(measure.v_vol),
-                    cols.get(measure.f_vol), _noise_ceiling(contrib, res.z, res.ok), opts)
+    search = Search(
+        res,
+        codes,
+        [len(u) for _, u in factorized],
+        subsets,
+        cols.get(measure.v_vol),
+        cols.get(measure.f_vol),
+        _noise_ceiling(contrib, res.z, res.ok),
+        opts,
+    )
     names = [(dims[j], factorized[j][1]) for j in range(len(dims))]
     # 3.–6. significance and purity, climb/split, cover, absorb (see cover)
-    loc.causes, taken_all = cover(search, contrib, codes, names, res.ok, opts.max_causes,
-                                  opts.share(measure.ratio), opts.refine)
+    loc.causes, taken_all = cover(
+        search,
+        contrib,
+        codes,
+        names,
+        res.ok,
+        opts.max_causes,
+        opts.share(measure.ratio),
+        opts.refine,
+    )
     loc.abnormal_leaves = int(taken_all.sum())
     explain(loc, loc.observed - loc.expected, mix, float(contrib.sum()))  # 7. explain
     if not loc.causes:
-        loc.notes.append("no combination of dimension values moved beyond the leaves' own noise "
-                         f"(Bonferroni z ≥ {search.z_crit:.1f}, purity ≥ {opts.purity:.0%})")
+        loc.notes.append(
+            "no combination of dimension values moved beyond the leaves' own noise "
+            f"(Bonferroni z ≥ {search.z_crit:.1f}, purity ≥ {opts.purity:.0%})"
+        )
     return loc
 
 
-def _start(leaves: Any, dims: list[str], measure: Measure, validate: bool
-           ) -> tuple[Localization, dict[Any, np.ndarray] | None]:
+def _start(
+    leaves: Any, dims: list[str], measure: Measure, validate: bool
+) -> tuple[Localization, dict[Any, np.ndarray] | None]:
     """The empty result with the totals, and the measure's columns as floats (None
     when there is nothing to localise: the reason is in the result)."""
     nrows = _nrows(leaves)
@@ -881,8 +1072,9 @@ def _contributions(cols: dict[Any, np.ndarray], m: Measure) -> tuple[np.ndarray,
     return contributions(cols, v=m.v, f=m.f)
 
 
-def residuals(measure: Measure, cols: dict[Any, np.ndarray], opts: Options, notes: list[str]
-              ) -> Residuals | None:
+def residuals(
+    measure: Measure, cols: dict[Any, np.ndarray], opts: Options, notes: list[str]
+) -> Residuals | None:
     """Step 1, residuals: each leaf's standardised evidence of a change.
 
     Additive: ``log((v + floor) / (f + floor)) / σ`` — multiplicative noise, the
@@ -892,8 +1084,9 @@ def residuals(measure: Measure, cols: dict[Any, np.ndarray], opts: Options, note
     over-dispersion removed. None when nothing moved: no leaf carries evidence."""
     if measure.ratio:
         fvol = cols.get(measure.f_vol) if measure.v_vol else None
-        res: Residuals | None = _ratio_residuals(cols[measure.v_num], cols[measure.v_den],
-                                                 cols[measure.f_num], cols[measure.f_den], fvol)
+        res: Residuals | None = _ratio_residuals(
+            cols[measure.v_num], cols[measure.v_den], cols[measure.f_num], cols[measure.f_den], fvol
+        )
     else:
         res = _additive_residuals(cols[measure.v], cols[measure.f], opts.sigma_floor, notes)
     if res is None or not res.ok.any():
@@ -911,8 +1104,10 @@ def candidates(dims: Sequence[str], opts: Options, notes: list[str]) -> list[tup
     dimensions)."""
     n = len(dims)
     if n > 10 and opts.max_depth is None:
-        notes.append(f"{n} dimensions: the search is bounded (at most {opts.max_subsets} dimension "
-                     "subsets; single leaves are always candidates)")
+        notes.append(
+            f"{n} dimensions: the search is bounded (at most {opts.max_subsets} dimension "
+            "subsets; single leaves are always candidates)"
+        )
     subsets, depth = _subsets(list(dims), opts.max_depth, opts.max_subsets)
     if opts.max_depth is None and depth < n <= 10:
         notes.append(f"elements of up to {depth} dimensions (and single leaves) were searched")

@@ -78,8 +78,15 @@ from .roi import benefit_series, fit_decay, replica_runs, roi_windows
 if TYPE_CHECKING:  # config.py reads DIMENSIONS from here
     from .config import AnalysisConfig
 
-__all__ = ["DimensionSpec", "DIMENSIONS", "DimensionScore", "ScoreCard", "dimension", "score_card",
-           "normalise"]
+__all__ = [
+    "DimensionSpec",
+    "DIMENSIONS",
+    "DimensionScore",
+    "ScoreCard",
+    "dimension",
+    "score_card",
+    "normalise",
+]
 
 Frames = Mapping[str, pd.DataFrame]
 # A dimension's measurement: (value or None, source, note[, (ci_low, ci_high) or None]).
@@ -111,16 +118,21 @@ class DimensionSpec:
         def need(ok: object, problem: str) -> None:
             require(ok, "score dimension", self.name, problem)
 
-        need(isinstance(self.name, str) and self.name.isidentifier(),
-             "the name must be an identifier")
+        need(
+            isinstance(self.name, str) and self.name.isidentifier(),
+            "the name must be an identifier",
+        )
         need(self.label, "needs a label people read")
-        need(self.better in BETTER,
-             f"better must be one of {', '.join(BETTER)}, got {self.better!r}")
+        need(
+            self.better in BETTER, f"better must be one of {', '.join(BETTER)}, got {self.better!r}"
+        )
         for f in ("target", "worst", "weight"):
             need(isinstance(getattr(self, f), int | float), f"{f} must be a number")
         need(self.weight >= 0, f"weight must be >= 0, got {self.weight}")
-        need(self.better == "target" or self.target != self.worst,
-             f"target and worst must differ (both {self.target})")
+        need(
+            self.better == "target" or self.target != self.worst,
+            f"target and worst must differ (both {self.target})",
+        )
         need(callable(self.compute), "needs compute(frames, cfg)")
         need(self.frames, "needs the frames it reads (frames=(...))")
         unknown = [f for f in self.frames if f not in FRAMES]
@@ -130,17 +142,38 @@ class DimensionSpec:
 _DECLARED: list[tuple[dict[str, Any], Compute]] = []
 
 
-def dimension(name: str, label: str, unit: str, better: str, target: float, worst: float,
-              weight: float | None = None, *,
-              frames: tuple[str, ...]) -> Callable[[Compute], Compute]:
+def dimension(
+    name: str,
+    label: str,
+    unit: str,
+    better: str,
+    target: float,
+    worst: float,
+    weight: float | None = None,
+    *,
+    frames: tuple[str, ...],
+) -> Callable[[Compute], Compute]:
     """Declare the decorated function as the computation of score dimension ``name``.
 
     ``weight=None``: an equal share of what the dimensions with an explicit weight leave of 1. The
     entry is checked when this module is imported (:class:`DimensionSpec`)."""
 
     def register(fn: Compute) -> Compute:
-        _DECLARED.append((dict(name=name, label=label, unit=unit, better=better, target=target,
-                               worst=worst, weight=weight, frames=frames), fn))
+        _DECLARED.append(
+            (
+                dict(
+                    name=name,
+                    label=label,
+                    unit=unit,
+                    better=better,
+                    target=target,
+                    worst=worst,
+                    weight=weight,
+                    frames=frames,
+                ),
+                fn,
+            )
+        )
         return fn
 
     return register
@@ -152,11 +185,17 @@ def build(declared: list[tuple[dict[str, Any], Compute]]) -> tuple[DimensionSpec
     unique("score dimension", [d["name"] for d, _ in declared])
     fixed = sum(d["weight"] for d, _ in declared if d["weight"] is not None)
     shared = [d["name"] for d, _ in declared if d["weight"] is None]
-    require(fixed <= 1 or not shared, "score dimension", ", ".join(shared),
-            f"no weight left to share: the explicit weights sum to {fixed}")
+    require(
+        fixed <= 1 or not shared,
+        "score dimension",
+        ", ".join(shared),
+        f"no weight left to share: the explicit weights sum to {fixed}",
+    )
     share = round((1 - fixed) / len(shared), 6) if shared else 0.0
-    return tuple(DimensionSpec(**{**d, "weight": share if d["weight"] is None else d["weight"]},
-                               compute=fn) for d, fn in declared)
+    return tuple(
+        DimensionSpec(**{**d, "weight": share if d["weight"] is None else d["weight"]}, compute=fn)
+        for d, fn in declared
+    )
 
 
 @dataclass(frozen=True)
@@ -207,14 +246,16 @@ def _in_hit_rate(lk: pd.DataFrame) -> np.ndarray:
     return cast(np.ndarray, (~lk["layer"].isin(NOT_IN_HIT_RATE)).to_numpy(dtype=bool))
 
 
-_LAYERS_COUNTED = ("layers except " + ", ".join(NOT_IN_HIT_RATE)) if NOT_IN_HIT_RATE else \
-    "all layers"
+_LAYERS_COUNTED = (
+    ("layers except " + ", ".join(NOT_IN_HIT_RATE)) if NOT_IN_HIT_RATE else "all layers"
+)
 
 
 # Each returns (value or None, source, note[, (ci_low, ci_high)]). No CI means
 # the value is an exact count (an accounting quantity), not an estimate.
-@dimension("request_latency", "Request latency (TTFT P95)", "s", "lower", 1.0, 5.0,
-           frames=("histograms",))
+@dimension(
+    "request_latency", "Request latency (TTFT P95)", "s", "lower", 1.0, 5.0, frames=("histograms",)
+)
 def _latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     h = h[h["metric"] == TTFT] if len(h) else h
@@ -232,7 +273,9 @@ def _latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
         return None, "histograms", f"TTFT P95 is beyond the last bucket edge (> {b[-1]:g} s)"
     # Outer CI (requests as independent draws): the ranks 0.95 ± z·sqrt(0.95·0.05/n) mapped back.
     half = Z95 * np.sqrt(0.95 * 0.05 / n)
-    lo, hi = (float(quantile_from_buckets(b, c, float(np.clip(0.95 + d, 0, 1)))[0]) for d in (-half, half))
+    lo, hi = (
+        float(quantile_from_buckets(b, c, float(np.clip(0.95 + d, 0, 1)))[0]) for d in (-half, half)
+    )
     return v, f"histograms: {TTFT} P95", "", (lo, hi)
 
 
@@ -245,8 +288,12 @@ def _hit_rate(fr: Frames, cfg: AnalysisConfig) -> Measure:
     v = t["hit_rate"].iloc[0] if len(t) else np.nan
     if not np.isfinite(v):
         return None, "lookups", "no hit/miss lookups"
-    return float(v), f"lookups: hits / (hits + misses), {_LAYERS_COUNTED}", "", \
-        (float(t["ci_low"].iloc[0]), float(t["ci_high"].iloc[0]))
+    return (
+        float(v),
+        f"lookups: hits / (hits + misses), {_LAYERS_COUNTED}",
+        "",
+        (float(t["ci_low"].iloc[0]), float(t["ci_high"].iloc[0])),
+    )
 
 
 def _step(lk: pd.DataFrame) -> float:
@@ -258,8 +305,16 @@ def _step(lk: pd.DataFrame) -> float:
     return float(d[d > 0].min()) if len(d) and (d > 0).any() else 0.0
 
 
-@dimension("prediction_mape", "Request-prediction error (MAPE)", "ratio", "lower", 0.15, 0.6,
-           0.18, frames=("lookups",))
+@dimension(
+    "prediction_mape",
+    "Request-prediction error (MAPE)",
+    "ratio",
+    "lower",
+    0.15,
+    0.6,
+    0.18,
+    frames=("lookups",),
+)
 def _mape(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk = _f(fr, "lookups")
     if lk.empty:
@@ -283,12 +338,17 @@ def _arms(fr: Frames, cfg: AnalysisConfig) -> tuple[pd.Series, pd.Series] | None
     return t, c
 
 
-def _hourly_ci(fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Series], float]) -> float | None:
+def _hourly_ci(
+    fr: Frames, cfg: AnalysisConfig, stat: Callable[[pd.Series, pd.Series], float]
+) -> float | None:
     """95% CI of a treatment-vs-control statistic from hourly batch means
     (Student t over the hours); None with fewer than 3 hours."""
     req = _f(fr, "requests")
     e = req[req["experiment"].astype(bool)]
-    e = e.assign(hour=bucket_start(e["ts"], 3600.0), arm=np.where(e["variant"] == cfg.treatment_variant, "t", "c"))
+    e = e.assign(
+        hour=bucket_start(e["ts"], 3600.0),
+        arm=np.where(e["variant"] == cfg.treatment_variant, "t", "c"),
+    )
     g = e.groupby(["hour", "arm"])[["requests", "gpu_s", "conversions"]].sum().unstack("arm")
     vals = []
     for _, row in g.iterrows():
@@ -314,27 +374,48 @@ def _qps_gain(fr: Frames, cfg: AnalysisConfig) -> Measure:
         return None, "requests", "no GPU time recorded"
 
     def gain(t: pd.Series, c: pd.Series) -> float:
-        return cast(float, (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1)  # a numpy float
+        return cast(
+            float, (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1
+        )  # a numpy float
 
     v = float(gain(t, c))
     half = _hourly_ci(fr, cfg, gain)
-    return v, "requests: GPU-s/request control ÷ treatment − 1 (CI: hourly batch means)", "", \
-        (v - half, v + half) if half is not None else None
+    return (
+        v,
+        "requests: GPU-s/request control ÷ treatment − 1 (CI: hourly batch means)",
+        "",
+        (v - half, v + half) if half is not None else None,
+    )
 
 
 _STARTS = ("replica_start", "replica_restart")
 
 
-@dimension("cold_start_time", "Cold-start time", "s", "lower", 300.0, 1800.0,
-           frames=("lookups", "warmup_runs"))
+@dimension(
+    "cold_start_time",
+    "Cold-start time",
+    "s",
+    "lower",
+    300.0,
+    1800.0,
+    frames=("lookups", "warmup_runs"),
+)
 def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
     lk, runs = _f(fr, "lookups"), _f(fr, "warmup_runs")
     if lk.empty:
         return None, "lookups", "no lookups"
     if lk.attrs.get("step_s", 0) > 60:
-        return None, "lookups", (f"needs per-minute lookups; these are per {lk.attrs['step_s']:g} s "
-                                 "(pick a range of 24 h or less)")
-    starts = runs[runs["trigger"].isin(_STARTS)] if len(runs) and "trigger" in runs else runs.iloc[0:0]
+        return (
+            None,
+            "lookups",
+            (
+                f"needs per-minute lookups; these are per {lk.attrs['step_s']:g} s "
+                "(pick a range of 24 h or less)"
+            ),
+        )
+    starts = (
+        runs[runs["trigger"].isin(_STARTS)] if len(runs) and "trigger" in runs else runs.iloc[0:0]
+    )
     if starts.empty:
         return None, "warmup_runs, lookups", "no replica started in this range (nothing to time)"
     starts = starts.groupby(["replica", "started"], as_index=False).size()
@@ -355,35 +436,74 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
         if len(ok):
             times.append(float(ok["bucket"].iloc[0] + 60 - r.started))
     if not times:
-        return None, "warmup_runs, lookups", "no replica start with 30 min of traffic after it in this range"
+        return (
+            None,
+            "warmup_runs, lookups",
+            "no replica start with 30 min of traffic after it in this range",
+        )
     v = float(np.mean(times))
     ci = None
     if len(times) >= 2:
-        half = float(stats.t.ppf(0.975, len(times) - 1) * np.std(times, ddof=1) / np.sqrt(len(times)))
+        half = float(
+            stats.t.ppf(0.975, len(times) - 1) * np.std(times, ddof=1) / np.sqrt(len(times))
+        )
         ci = (max(v - half, 0.0), v + half)  # a time is never negative
-    return v, (f"lookups: minutes from {len(times)} replica start(s) to 90% of the replica's median hit "
-               "rate"), "", ci
+    return (
+        v,
+        (
+            f"lookups: minutes from {len(times)} replica start(s) to 90% of the replica's median hit "
+            "rate"
+        ),
+        "",
+        ci,
+    )
 
 
-@dimension("gpu_memory_fluctuation", "GPU memory fluctuation (CV)", "ratio", "lower", 0.1, 0.5,
-           frames=("gauges",))
+@dimension(
+    "gpu_memory_fluctuation",
+    "GPU memory fluctuation (CV)",
+    "ratio",
+    "lower",
+    0.1,
+    0.5,
+    frames=("gauges",),
+)
 def _gpu_mem(fr: Frames, cfg: AnalysisConfig) -> Measure:
     g = _f(fr, "gauges")
-    if g.empty or "metric" not in g or not (g["metric"] == "warmscope.gpu.memory.usage_ratio").any():
+    if (
+        g.empty
+        or "metric" not in g
+        or not (g["metric"] == "warmscope.gpu.memory.usage_ratio").any()
+    ):
         return None, "gauges", "no GPU memory gauge recorded (Telemetry.record_gpu_memory)"
     g = g[g["metric"] == "warmscope.gpu.memory.usage_ratio"]
     if g["value"].min() >= 0.99:
-        return None, "gauges", (f"GPU memory sits at its ceiling ({g['value'].mean():.2%}) all range: a full "
-                                "cache pool, so its fluctuation says nothing")
-    cv = g.groupby("replica")["value"].agg(lambda v: v.std(ddof=0) / v.mean() if v.mean() > 0 else np.nan)
+        return (
+            None,
+            "gauges",
+            (
+                f"GPU memory sits at its ceiling ({g['value'].mean():.2%}) all range: a full "
+                "cache pool, so its fluctuation says nothing"
+            ),
+        )
+    cv = g.groupby("replica")["value"].agg(
+        lambda v: v.std(ddof=0) / v.mean() if v.mean() > 0 else np.nan
+    )
     cv = cv.dropna()
     if cv.empty:
         return None, "gauges", "GPU memory always zero"
     return float(cv.mean()), "gauges: CV of warmscope.gpu.memory.usage_ratio per replica", ""
 
 
-@dimension("feature_load_latency", "Feature/embedding load latency", "s", "lower", 0.02, 0.2,
-           frames=("histograms",))
+@dimension(
+    "feature_load_latency",
+    "Feature/embedding load latency",
+    "s",
+    "lower",
+    0.02,
+    0.2,
+    frames=("histograms",),
+)
 def _load_latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = _f(fr, "histograms")
     if h.empty:
@@ -393,20 +513,32 @@ def _load_latency(fr: Frames, cfg: AnalysisConfig) -> Measure:
     use, src = (emb, "embedding") if len(emb) else (ld, "all layers")
     if use.empty:
         return None, "histograms", "no load durations recorded"
-    one = use.drop_duplicates(["ts", "tenant", "experiment", "variant", "model", "replica", "layer"])
+    one = use.drop_duplicates(
+        ["ts", "tenant", "experiment", "variant", "model", "replica", "layer"]
+    )
     n = one["total"].sum()
     if n <= 0:
         return None, "histograms", "no load durations recorded"
     v = float(one["sum"].sum() / n)
     per = (one["sum"] / one["total"].where(one["total"] > 0)).dropna()
     if n > 1 and len(per) and (per.max() - per.min()) <= 1e-9 * max(abs(per.mean()), 1e-12):
-        return None, "histograms", (f"every load took the same {v:.3g} s (a configured constant, not a "
-                                    "measurement)")
+        return (
+            None,
+            "histograms",
+            (f"every load took the same {v:.3g} s (a configured constant, not a measurement)"),
+        )
     return v, f"histograms: mean warmscope.cache.load.duration ({src})", ""
 
 
-@dimension("sla_deviation", "SLA deviation (share missed)", "ratio", "lower", 0.01, 0.1,
-           frames=("requests",))
+@dimension(
+    "sla_deviation",
+    "SLA deviation (share missed)",
+    "ratio",
+    "lower",
+    0.01,
+    0.1,
+    frames=("requests",),
+)
 def _sla(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     if r.empty:
@@ -420,8 +552,15 @@ def _sla(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return missed / n, "requests: sla_met = false share", "", (float(lo), float(hi))
 
 
-@dimension("ab_conversion_attribution", "A/B conversion attribution (relative lift)", "ratio",
-           "higher", 0.05, -0.05, frames=("requests",))
+@dimension(
+    "ab_conversion_attribution",
+    "A/B conversion attribution (relative lift)",
+    "ratio",
+    "higher",
+    0.05,
+    -0.05,
+    frames=("requests",),
+)
 def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
     arms = _arms(fr, cfg)
     if arms is None:
@@ -431,16 +570,29 @@ def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
         return None, "requests", "no conversions in the control arm"
 
     def lift(t: pd.Series, c: pd.Series) -> float:
-        return cast(float, (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1)  # a numpy float
+        return cast(
+            float, (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1
+        )  # a numpy float
 
     v = float(lift(t, c))
     half = _hourly_ci(fr, cfg, lift)
-    return v, "requests: conversion rate treatment ÷ control − 1 (CI: hourly batch means)", "", \
-        (v - half, v + half) if half is not None else None
+    return (
+        v,
+        "requests: conversion rate treatment ÷ control − 1 (CI: hourly batch means)",
+        "",
+        (v - half, v + half) if half is not None else None,
+    )
 
 
-@dimension("grey_release_penetration", "Grey-release traffic penetration", "ratio", "target",
-           0.5, 0.0, frames=("requests",))
+@dimension(
+    "grey_release_penetration",
+    "Grey-release traffic penetration",
+    "ratio",
+    "target",
+    0.5,
+    0.0,
+    frames=("requests",),
+)
 def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     r = _f(fr, "requests")
     e = r[r["experiment"].astype(bool)] if len(r) else r
@@ -453,14 +605,31 @@ def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     tab = h.groupby(["hour", "t"])["requests"].sum().unstack(fill_value=0)
     tab = tab[tab.sum(axis=1) > 0]
     if tab.shape[0] < 2 or tab.shape[1] < 2 or stats.chi2_contingency(tab.to_numpy())[1] > 0.001:
-        return None, "requests", (f"no grey release in this range: the treatment's share is fixed at {share:.0%} "
-                                  "by the experiment's split (no ramp)")
+        return (
+            None,
+            "requests",
+            (
+                f"no grey release in this range: the treatment's share is fixed at {share:.0%} "
+                "by the experiment's split (no ramp)"
+            ),
+        )
     last = tab.iloc[-1]
-    return float(last[True] / last.sum()), f"requests: share on variant {cfg.treatment_variant} in the last hour", ""
+    return (
+        float(last[True] / last.sum()),
+        f"requests: share on variant {cfg.treatment_variant} in the last hour",
+        "",
+    )
 
 
-@dimension("resource_cost_share", "Warm-up resource cost share", "ratio", "lower", 0.05, 0.3,
-           frames=("warmup_runs", "requests"))
+@dimension(
+    "resource_cost_share",
+    "Warm-up resource cost share",
+    "ratio",
+    "lower",
+    0.05,
+    0.3,
+    frames=("warmup_runs", "requests"),
+)
 def _cost_share(fr: Frames, cfg: AnalysisConfig) -> Measure:
     runs, r = _f(fr, "warmup_runs"), _f(fr, "requests")
     serve = r["gpu_s"].sum() if len(r) else 0.0
@@ -470,8 +639,16 @@ def _cost_share(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return float(warm / (serve + warm)), "warmup_runs.gpu_s ÷ (warm-up + serving GPU-s)", ""
 
 
-@dimension("warmup_roi", "Warm-up ROI (T+5 min sliding window)", "ratio", "higher", 1.0, -1.0, 0.25,
-           frames=("warmup_runs", "requests"))
+@dimension(
+    "warmup_roi",
+    "Warm-up ROI (T+5 min sliding window)",
+    "ratio",
+    "higher",
+    1.0,
+    -1.0,
+    0.25,
+    frames=("warmup_runs", "requests"),
+)
 def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
     """Compute ROI over (end, end + T] after each warm-up, runs merged per
     replica (one benefit per warm-up, not one per layer), pooled over warm-ups:
@@ -494,31 +671,58 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
         w = roi_windows(run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, windows=(T,)).iloc[0]
         if not (w["cost"] > 0 and np.isfinite(w["gpu_s_saved"])):
             continue
-        half = (w["roi_compute_high"] - w["roi_compute"]) * w["cost"] if np.isfinite(w["roi_compute_high"]) else np.nan
+        half = (
+            (w["roi_compute_high"] - w["roi_compute"]) * w["cost"]
+            if np.isfinite(w["roi_compute_high"])
+            else np.nan
+        )
         saved += w["gpu_s_saved"] * cfg.price_per_gpu_s
         cost += w["cost"]
         var += (half / stats.t.ppf(0.975, 4)) ** 2 if np.isfinite(half) else 0.0
         used += 1
-        d = fit_decay(benefit_series(run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s))
+        d = fit_decay(
+            benefit_series(
+                run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s
+            )
+        )
         if d.error is None and np.isfinite(d.k_per_hour):
             ks.append(d)
     if not used:
         why = f" ({unfinished} still inside their window)" if unfinished else ""
-        return None, "warmup_runs, requests", f"no finished warm-up with a cost and traffic after it{why}"
+        return (
+            None,
+            "warmup_runs, requests",
+            f"no finished warm-up with a cost and traffic after it{why}",
+        )
     v = (saved - cost) / cost
     se = np.sqrt(var) / cost
     note = ""
     if ks:
         k = float(np.median([d.k_per_hour for d in ks]))
         lo, hi = float(np.median([d.ci_low for d in ks])), float(np.median([d.ci_high for d in ks]))
-        note = (f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), "
-                "not scored")
+        note = (
+            f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), "
+            "not scored"
+        )
     if unfinished:
-        note += ("; " if note else "") + f"{unfinished} warm-up(s) still inside their {T:g}-s window left out"
+        note += (
+            "; " if note else ""
+        ) + f"{unfinished} warm-up(s) still inside their {T:g}-s window left out"
     if se * 1.96 > 20:
-        return None, "warmup_runs, requests", f"cost too small to estimate: ROI {v:+.3g} ± {1.96 * se:.3g}"
-    return float(v), (f"compute ROI over T+{T:g} s after {used} warm-up(s), runs merged per replica: "
-                      "(GPU-s saved × price − cost) / cost"), note, (float(v - Z95 * se), float(v + Z95 * se))
+        return (
+            None,
+            "warmup_runs, requests",
+            f"cost too small to estimate: ROI {v:+.3g} ± {1.96 * se:.3g}",
+        )
+    return (
+        float(v),
+        (
+            f"compute ROI over T+{T:g} s after {used} warm-up(s), runs merged per replica: "
+            "(GPU-s saved × price − cost) / cost"
+        ),
+        note,
+        (float(v - Z95 * se), float(v + Z95 * se)),
+    )
 
 
 DIMENSIONS: tuple[DimensionSpec, ...] = build(_DECLARED)  # the score card's dimensions, in order
@@ -573,13 +777,31 @@ def score_card(frames: Frames, cfg: AnalysisConfig | None = None) -> ScoreCard:
         b = breached.get(spec.name, False)
         if score is not None and score < cfg.breach_below and not b:
             note = "within noise: the CI includes the target" + (f"; {note}" if note else "")
-        dims.append(DimensionScore(
-            spec.name, spec.label, value, spec.unit, source, score, spec.target, spec.weight, ew, b,
-            note if value is not None else (note or "no data"),
-            ci[0] if ci is not None and value is not None else None,
-            ci[1] if ci is not None and value is not None else None,
-        ))
-    composite = sum(d.score * d.effective_weight for d in dims if d.score is not None) if total > 0 else None
+        dims.append(
+            DimensionScore(
+                spec.name,
+                spec.label,
+                value,
+                spec.unit,
+                source,
+                score,
+                spec.target,
+                spec.weight,
+                ew,
+                b,
+                note if value is not None else (note or "no data"),
+                ci[0] if ci is not None and value is not None else None,
+                ci[1] if ci is not None and value is not None else None,
+            )
+        )
+    composite = (
+        sum(d.score * d.effective_weight for d in dims if d.score is not None)
+        if total > 0
+        else None
+    )
     missing = [d.name for d in dims if d.score is None]
-    return ScoreCard(tuple(dims), composite,
-                     f"no data for: {', '.join(missing)} (left out of the composite)" if missing else "")
+    return ScoreCard(
+        tuple(dims),
+        composite,
+        f"no data for: {', '.join(missing)} (left out of the composite)" if missing else "",
+    )

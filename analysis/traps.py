@@ -50,8 +50,15 @@ from warmscope.model.schema import SHARED_LAYERS  # shared by design across tena
 from .coverage import read_in_time
 from .hitrate import time_slice
 
-__all__ = ["TrapVerdict", "detect_all", "DETECTORS", "SHARED_LAYERS", "MISS_EVIDENCE",
-           "miss_class_shift", "DRIFT_RISE"]
+__all__ = [
+    "TrapVerdict",
+    "detect_all",
+    "DETECTORS",
+    "SHARED_LAYERS",
+    "MISS_EVIDENCE",
+    "miss_class_shift",
+    "DRIFT_RISE",
+]
 
 Frames = Mapping[str, pd.DataFrame]
 Window = tuple[float, float]
@@ -74,8 +81,15 @@ def _none(trap: str, why: str) -> TrapVerdict:
 def _rates(lk: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     res = lk["result"].to_numpy()
     c = lk["count"].to_numpy(float)
-    d = pd.DataFrame({"hits": np.where(res == "hit", c, 0.0), "hm": np.where((res == "hit") | (res == "miss"), c, 0.0),
-                      "all": c, "bypass": np.where(res == "bypass", c, 0.0)}, index=lk.index)
+    d = pd.DataFrame(
+        {
+            "hits": np.where(res == "hit", c, 0.0),
+            "hm": np.where((res == "hit") | (res == "miss"), c, 0.0),
+            "all": c,
+            "bypass": np.where(res == "bypass", c, 0.0),
+        },
+        index=lk.index,
+    )
     g = d.groupby([lk[b] for b in by], observed=True).sum()
     g["rate"] = g["hits"] / g["hm"].replace(0, np.nan)
     return g
@@ -101,10 +115,15 @@ def out_of_step(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     if m < 0.02 or m < 5 * bm + 0.01:
         return _none("warmup_out_of_step", f"weights miss rate at most {m:.1%} (baseline {bm:.1%})")
     n = float(a.loc[worst, "hm"] * m)
-    return TrapVerdict("warmup_out_of_step", True, float(min(1.0, 0.5 + 5 * m)),
-                       f"replica {worst}: {n:,.0f} requests met unloaded weights ({m:.1%} of its weights lookups, "
-                       f"baseline {bm:.1%}) — traffic arrived before its model was warm",
-                       {"replica": worst}, {"weights_miss_rate": m, "baseline": bm})
+    return TrapVerdict(
+        "warmup_out_of_step",
+        True,
+        float(min(1.0, 0.5 + 5 * m)),
+        f"replica {worst}: {n:,.0f} requests met unloaded weights ({m:.1%} of its weights lookups, "
+        f"baseline {bm:.1%}) — traffic arrived before its model was warm",
+        {"replica": worst},
+        {"weights_miss_rate": m, "baseline": bm},
+    )
 
 
 def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
@@ -121,12 +140,16 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     if t.empty:
         return _none("dynamic_tokenisation", "no family with a baseline to compare")
     t["vol"] = (t["hm"] / span_a) / (t["hm_b"] / span_b)
-    t["wpl"] = ((wa.reindex(t.index).fillna(0) / t["hm"])
-                / (wb.reindex(t.index).fillna(0) / t["hm_b"]).replace(0, np.nan))
+    t["wpl"] = (wa.reindex(t.index).fillna(0) / t["hm"]) / (
+        wb.reindex(t.index).fillna(0) / t["hm_b"]
+    ).replace(0, np.nan)
     t["drop"] = 1 - t["rate"] / t["rate_b"]
     cand = t[(t["drop"] > 0.3) & t["vol"].between(0.5, 2.0) & (t["wpl"].fillna(np.inf) > 2.0)]
     if cand.empty:
-        return _none("dynamic_tokenisation", "no family lost hits at steady volume with more writes per lookup")
+        return _none(
+            "dynamic_tokenisation",
+            "no family lost hits at steady volume with more writes per lookup",
+        )
     # Every replica carrying the family must show it (a one-replica drop is a different trap).
     reps_a = _rates(time_slice(lk, *an), ["family", "replica"])
     best: Any
@@ -142,11 +165,16 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         return _none("dynamic_tokenisation", "family drops are confined to single replicas")
     r = cand.loc[best]
     fams = list(cand.index)
-    return TrapVerdict("dynamic_tokenisation", True, float(min(1.0, 0.4 + r["drop"])),
-                       f"key family {best}: hit rate {r['rate']:.2f} vs {r['rate_b']:.2f} at {r['vol']:.2f}× the "
-                       f"lookups, writes per lookup ×{r['wpl']:.1f} — one template now maps to many keys"
-                       + (f" (also {', '.join(fams[:3])})" if len(fams) > 1 else ""),
-                       {"family": best}, {"drop": float(r["drop"]), "writes_per_lookup_x": float(r["wpl"])})
+    return TrapVerdict(
+        "dynamic_tokenisation",
+        True,
+        float(min(1.0, 0.4 + r["drop"])),
+        f"key family {best}: hit rate {r['rate']:.2f} vs {r['rate_b']:.2f} at {r['vol']:.2f}× the "
+        f"lookups, writes per lookup ×{r['wpl']:.1f} — one template now maps to many keys"
+        + (f" (also {', '.join(fams[:3])})" if len(fams) > 1 else ""),
+        {"family": best},
+        {"drop": float(r["drop"]), "writes_per_lookup_x": float(r["wpl"])},
+    )
 
 
 def fixed_len(fr: Frames, an: Window, base: Window) -> TrapVerdict:
@@ -170,15 +198,26 @@ def fixed_len(fr: Frames, an: Window, base: Window) -> TrapVerdict:
             longest_dropped = max(int(x) for x in g.index[dropped])
             longer = g[[int(x) > longest_dropped for x in g.index]]
             if len(longer) and (longer["rate"] >= 0.7 * longer["rate_b"]).all():
-                found.append((rep, longest_dropped, float(g.loc[dropped, "rate"].mean()),
-                              float(g.loc[dropped, "rate_b"].mean())))
+                found.append(
+                    (
+                        rep,
+                        longest_dropped,
+                        float(g.loc[dropped, "rate"].mean()),
+                        float(g.loc[dropped, "rate_b"].mean()),
+                    )
+                )
     if not found:
         return _none("kv_fixed_len", "no replica where only short prompts lost their prefix hits")
     rep, edge, ra, rb = found[0]
-    return TrapVerdict("kv_fixed_len", True, 0.9,
-                       f"replica {rep}, prefix_kv: prompts ≤ {edge} tokens hit {ra:.2f} vs {rb:.2f} before, longer "
-                       "prompts unchanged — KV prefill sized for a fixed length",
-                       {"replica": rep, "layer": "prefix_kv"}, {"max_short_bucket": edge})
+    return TrapVerdict(
+        "kv_fixed_len",
+        True,
+        0.9,
+        f"replica {rep}, prefix_kv: prompts ≤ {edge} tokens hit {ra:.2f} vs {rb:.2f} before, longer "
+        "prompts unchanged — KV prefill sized for a fixed length",
+        {"replica": rep, "layer": "prefix_kv"},
+        {"max_short_bucket": edge},
+    )
 
 
 HOT_KEY_LOOKBACK_S = 3600.0  # isolation reads hot-key windows from this long before the anomaly
@@ -188,7 +227,11 @@ def isolation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     hk = fr.get("hot_keys", pd.DataFrame())
     if hk.empty:
         return _none("tenant_isolation", "no hot keys recorded")
-    hk = hk[(hk["window"] < an[1]) & (hk["window"] >= an[0] - HOT_KEY_LOOKBACK_S) & ~hk["layer"].isin(SHARED_LAYERS)]
+    hk = hk[
+        (hk["window"] < an[1])
+        & (hk["window"] >= an[0] - HOT_KEY_LOOKBACK_S)
+        & ~hk["layer"].isin(SHARED_LAYERS)
+    ]
     if hk.empty:
         return _none("tenant_isolation", "no hot keys in the window")
     # A key (per hot-key window and layer) read by two or more tenants: vectorised, no per-group Python.
@@ -200,10 +243,15 @@ def isolation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     n_shared = len(sh.drop_duplicates(keys))
     layers = sorted(set(sh["layer"]))
     names = sorted(set(sh["tenant"]))
-    return TrapVerdict("tenant_isolation", True, float(min(1.0, 0.6 + 0.1 * n_shared)),
-                       f"SECURITY: {n_shared} {'/'.join(layers)} keys were read by two or more tenants "
-                       f"({', '.join(names[:5])}) — cache keys lack a tenant scope",
-                       {"layer": layers[0]}, {"shared_keys": int(n_shared)})
+    return TrapVerdict(
+        "tenant_isolation",
+        True,
+        float(min(1.0, 0.6 + 0.1 * n_shared)),
+        f"SECURITY: {n_shared} {'/'.join(layers)} keys were read by two or more tenants "
+        f"({', '.join(names[:5])}) — cache keys lack a tenant scope",
+        {"layer": layers[0]},
+        {"shared_keys": int(n_shared)},
+    )
 
 
 def bypass(fr: Frames, an: Window, base: Window) -> TrapVerdict:
@@ -221,10 +269,15 @@ def bypass(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     layer: Any
     (tenant, layer) = jump.idxmax()  # type: ignore[misc]  # a (tenant, layer) index
     s = float(share[(tenant, layer)])
-    return TrapVerdict("bypass", True, float(min(1.0, 0.5 + s)),
-                       f"tenant {tenant}, layer {layer}: {s:.0%} of lookups bypassed the cache (baseline "
-                       f"{float(bshare[(tenant, layer)]):.0%}) — a middleware path skips it",
-                       {"tenant": tenant, "layer": layer}, {"bypass_share": s})
+    return TrapVerdict(
+        "bypass",
+        True,
+        float(min(1.0, 0.5 + s)),
+        f"tenant {tenant}, layer {layer}: {s:.0%} of lookups bypassed the cache (baseline "
+        f"{float(bshare[(tenant, layer)]):.0%}) — a middleware path skips it",
+        {"tenant": tenant, "layer": layer},
+        {"bypass_share": s},
+    )
 
 
 def explosion(fr: Frames, an: Window, base: Window) -> TrapVerdict:
@@ -249,10 +302,16 @@ def explosion(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     (tenant, layer) = c["share"].idxmax()  # type: ignore[misc]  # a (tenant, layer) index
     r = c.loc[(tenant, layer)]
     examples = list(new.loc[(tenant, layer)].index[:3])
-    return TrapVerdict("key_explosion", True, float(min(1.0, 0.4 + r["share"])),
-                       f"tenant {tenant}, layer {layer}: {int(r['n'])} new key families ({', '.join(examples)}) carry "
-                       f"{r['share']:.0%} of lookups and hit {r['rate']:.0%} — extra key dimensions split equal "
-                       "requests", {"tenant": tenant, "layer": layer}, {"new_families": int(r["n"])})
+    return TrapVerdict(
+        "key_explosion",
+        True,
+        float(min(1.0, 0.4 + r["share"])),
+        f"tenant {tenant}, layer {layer}: {int(r['n'])} new key families ({', '.join(examples)}) carry "
+        f"{r['share']:.0%} of lookups and hit {r['rate']:.0%} — extra key dimensions split equal "
+        "requests",
+        {"tenant": tenant, "layer": layer},
+        {"new_families": int(r["n"])},
+    )
 
 
 def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
@@ -263,8 +322,11 @@ def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     prec = w.groupby("run_id")["read"].agg(["mean", "size"])
     prec = prec[prec["size"] >= 10]
     # Runs triggered by a hit-rate drop react to a regression; they are not its cause.
-    inwin = runs[(runs["started"] >= an[0]) & (runs["started"] < an[1])
-                 & (runs["trigger"] != "hit_rate_drop")]["run_id"]
+    inwin = runs[
+        (runs["started"] >= an[0])
+        & (runs["started"] < an[1])
+        & (runs["trigger"] != "hit_rate_drop")
+    ]["run_id"]
     cand = prec[prec.index.isin(inwin)]
     others = prec[~prec.index.isin(inwin)]
     if cand.empty:
@@ -275,21 +337,34 @@ def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     if p > 0.3 or p > 0.5 * ref:
         return _none("warmup_timing", f"warm-set precision {p:.2f} (other runs {ref:.2f})")
     run = runs.set_index("run_id").loc[worst]
-    return TrapVerdict("warmup_timing", True, float(min(1.0, 1 - p)),
-                       f"warm-up run {worst} ({run['trigger']}, {run['layer']}, {run['replica']}, started "
-                       f"{_fmt_t(run['started'])}): only {p:.0%} of warmed entries were read before they expired or "
-                       f"were evicted (other runs {ref:.0%}) — warmed out of step with traffic",
-                       {"replica": run["replica"], "layer": run["layer"]}, {"precision": p, "others": ref})
+    return TrapVerdict(
+        "warmup_timing",
+        True,
+        float(min(1.0, 1 - p)),
+        f"warm-up run {worst} ({run['trigger']}, {run['layer']}, {run['replica']}, started "
+        f"{_fmt_t(run['started'])}): only {p:.0%} of warmed entries were read before they expired or "
+        f"were evicted (other runs {ref:.0%}) — warmed out of step with traffic",
+        {"replica": run["replica"], "layer": run["layer"]},
+        {"precision": p, "others": ref},
+    )
 
 
 DETECTORS: dict[str, Callable[[Frames, Window, Window], TrapVerdict]] = {
-    "warmup_out_of_step": out_of_step, "dynamic_tokenisation": tokenisation, "kv_fixed_len": fixed_len,
-    "tenant_isolation": isolation, "bypass": bypass, "key_explosion": explosion, "warmup_timing": timing,
+    "warmup_out_of_step": out_of_step,
+    "dynamic_tokenisation": tokenisation,
+    "kv_fixed_len": fixed_len,
+    "tenant_isolation": isolation,
+    "bypass": bypass,
+    "key_explosion": explosion,
+    "warmup_timing": timing,
 }
 
 
-MISS_EVIDENCE = {"dynamic_tokenisation": "drifted", "warmup_timing": "evicted",
-                 "tenant_isolation": "isolated"}
+MISS_EVIDENCE = {
+    "dynamic_tokenisation": "drifted",
+    "warmup_timing": "evicted",
+    "tenant_isolation": "isolated",
+}
 DRIFT_RISE = 0.05  # a drifted share this much above the baseline's detects key drift on its own
 _MISS_SCOPE = {"drifted": "family", "evicted": "engine", "isolated": "tenant"}
 
@@ -310,8 +385,14 @@ def miss_class_shift(fr: Frames, an: Window, base: Window) -> pd.DataFrame:
     a, b = per_class(an), per_class(base)
     if a.sum() <= 0:
         return pd.DataFrame(columns=cols)
-    t = pd.DataFrame({"tokens": a, "share": a / a.sum(), "tokens_base": b,
-                      "share_base": b / b.sum() if b.sum() > 0 else np.nan})
+    t = pd.DataFrame(
+        {
+            "tokens": a,
+            "share": a / a.sum(),
+            "tokens_base": b,
+            "share_base": b / b.sum() if b.sum() > 0 else np.nan,
+        }
+    )
     t["change"] = t["share"] - t["share_base"]
     t = t[(t["tokens"] > 0) | (t["tokens_base"] > 0) | (t.index != "unknown")]
     return t.rename_axis("miss_class").reset_index()[cols]
@@ -327,8 +408,10 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     if shift.empty:
         return v
     idx = shift.set_index("miss_class")
-    sa, sb = float(idx["share"].to_numpy(float)[idx.index.get_loc(cls)]), \
-        float(idx["share_base"].to_numpy(float)[idx.index.get_loc(cls)])
+    sa, sb = (
+        float(idx["share"].to_numpy(float)[idx.index.get_loc(cls)]),
+        float(idx["share_base"].to_numpy(float)[idx.index.get_loc(cls)]),
+    )
     if sa == 0 and not sb > 0:  # the class never occurred: nothing to say
         return v
     base_txt = f"{sb:.0%}" if np.isfinite(sb) else "no baseline"
@@ -342,9 +425,14 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     rise = sa - (sb if np.isfinite(sb) else 0.0)
     if cls == "drifted" and rise >= DRIFT_RISE and len(top):
         fam = top.idxmax()
-        return TrapVerdict(v.trap, True, float(min(1.0, 0.5 + rise)),
-                           f"{text} — dynamic content changes a template's key (a timestamp in a "
-                           "system prompt?)", {"family": fam}, numbers)
+        return TrapVerdict(
+            v.trap,
+            True,
+            float(min(1.0, 0.5 + rise)),
+            f"{text} — dynamic content changes a template's key (a timestamp in a system prompt?)",
+            {"family": fam},
+            numbers,
+        )
     return TrapVerdict(v.trap, False, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
 
 

@@ -25,6 +25,20 @@ from warmscope.model.ab_metrics import (
     upsert_sql,
 )
 
-__all__ = ["BUCKET_S", "FIELDS", "NB", "COLUMNS", "LAYER_COLUMNS", "contributions", "layer_contributions",
-           "unit_exprs", "layer_exprs", "bucket_sql", "bucket_of", "rebuild_sql", "upsert_sql", "ddl",
-           "ensure_columns"]
+__all__ = [
+    "BUCKET_S",
+    "FIELDS",
+    "NB",
+    "COLUMNS",
+    "LAYER_COLUMNS",
+    "contributions",
+    "layer_contributions",
+    "unit_exprs",
+    "layer_exprs",
+    "bucket_sql",
+    "bucket_of",
+    "rebuild_sql",
+    "upsert_sql",
+    "ddl",
+    "ensure_columns",
+]

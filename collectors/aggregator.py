@@ -63,7 +63,16 @@ from .labels import WARMUP_VOCABULARY
 from .miss_counts import MissTracking
 from .warm_tracking import EarlyWindow, WarmedKey, WarmupTracking
 
-__all__ = ["Aggregator", "LayerBinding", "WarmedKey", "EarlyWindow", "HIT", "MISS", "BYPASS", "ERROR"]
+__all__ = [
+    "Aggregator",
+    "LayerBinding",
+    "WarmedKey",
+    "EarlyWindow",
+    "HIT",
+    "MISS",
+    "BYPASS",
+    "ERROR",
+]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -87,8 +96,22 @@ _NU = U_HIST
 class _ThreadState:
     """One thread's counters for one layer (or, layer -1, its request records)."""
 
-    __slots__ = ("layer_id", "counts", "writes", "hot", "hbuf", "units", "req", "hist", "hrow", "swap",
-                 "unanswered", "outbox", "lock", "dropped")
+    __slots__ = (
+        "layer_id",
+        "counts",
+        "writes",
+        "hot",
+        "hbuf",
+        "units",
+        "req",
+        "hist",
+        "hrow",
+        "swap",
+        "unanswered",
+        "outbox",
+        "lock",
+        "dropped",
+    )
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -98,13 +121,19 @@ class _ThreadState:
         self.lock = threading.Lock()  # hand-off vs. forced take; never on the lookup path
         self.counts: dict[tuple[Any, ...], int] = {}  # (ctx id, family, result) -> n
         self.writes: dict[tuple[Any, ...], int] = {}  # (ctx id, family) -> n
-        self.hot: dict[int, dict[Any, Any]] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
-        self.hbuf: dict[int, tuple[list[Any], list[Any]]] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
+        self.hot: dict[
+            int, dict[Any, Any]
+        ] = {}  # tenant id -> sketch {key: [est, hits, misses, err, family, key]}
+        self.hbuf: dict[
+            int, tuple[list[Any], list[Any]]
+        ] = {}  # tenant id -> (hit keys, miss keys) not yet sketched
         # an int per layer unit (pack_layer_unit), a bytearray per request unit
         self.units: dict[tuple[Any, ...], Any] = {}
         self.req: dict[tuple[Any, ...], list[Any]] = {}
         self.hist: dict[tuple[Any, ...], list[Any]] = {}
-        self.hrow: dict[int, list[Any]] = {}  # ctx id -> its request histograms of hist (record_request)
+        self.hrow: dict[
+            int, list[Any]
+        ] = {}  # ctx id -> its request histograms of hist (record_request)
         self.dropped = 0  # unit records not kept (max_buffered_units reached)
 
 
@@ -113,7 +142,9 @@ class LayerBinding:
 
     __slots__ = ("layer", "layer_id", "families", "memo", "length_buckets", "tls")
 
-    def __init__(self, layer: str, layer_id: int, families: FamilyNormaliser, length_buckets: bool) -> None:
+    def __init__(
+        self, layer: str, layer_id: int, families: FamilyNormaliser, length_buckets: bool
+    ) -> None:
         self.layer = layer
         self.layer_id = layer_id
         self.families = families
@@ -152,12 +183,18 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         self.early_key_limit = early_key_limit
         # Hard bounds enforced on the way in; what does not fit is counted per row.
         self.max_buffered_units = max_buffered_units
-        self._units_n = 0  # unit records buffered since the last take (approximate under races: a bound)
-        self.dropped: dict[str, int] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
+        self._units_n = (
+            0  # unit records buffered since the last take (approximate under races: a bound)
+        )
+        self.dropped: dict[
+            str, int
+        ] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
         self.max_layers = min(int(max_layers), _MAX_LAYER_ID)
         words = WARMUP_VOCABULARY | DEFAULT_VOCABULARY | frozenset(self._family_vocab)
-        self._caps = {k: LabelCap(max_label_values, vocabulary=words if k in _VOCAB else None)
-                      for k in _CAPPED}
+        self._caps = {
+            k: LabelCap(max_label_values, vocabulary=words if k in _VOCAB else None)
+            for k in _CAPPED
+        }
         self._lock = threading.Lock()
         self._req_tls = threading.local()
         self._states: list[_ThreadState] = []
@@ -189,15 +226,20 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         with self._lock:
             b = self._layers.get(layer)
             if b is None and len(self._layer_names) >= self.max_layers:
-                layer = schema.OTHER  # ids stay below 4096: hot-key scopes pack the layer id in 12 bits
+                layer = (
+                    schema.OTHER
+                )  # ids stay below 4096: hot-key scopes pack the layer id in 12 bits
                 self._caps["layer"].overflow += 1
                 b = self._layers.get(layer)
             if b is None:
                 if length_buckets is None:
                     length_buckets = records.layer(layer).length_buckets
                 b = LayerBinding(
-                    layer, len(self._layer_names),
-                    FamilyNormaliser(self._family_rules, self._max_families, vocabulary=self._family_vocab),
+                    layer,
+                    len(self._layer_names),
+                    FamilyNormaliser(
+                        self._family_rules, self._max_families, vocabulary=self._family_vocab
+                    ),
                     bool(length_buckets),
                 )
                 self._layers[layer] = b
@@ -423,16 +465,33 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         if ctx.ukey is not None:
             self._unit_request(st, ctx.ukey, ttft_s, latency_s, gpu_s, sla_met, conversion, value)
 
-    def record_llm(self, b: LayerBinding, key: object, hits: int, misses: int, ctx: Any, ttft_s: float | None,
-                   latency_s: float) -> None:
+    def record_llm(
+        self,
+        b: LayerBinding,
+        key: object,
+        hits: int,
+        misses: int,
+        ctx: Any,
+        ttft_s: float | None,
+        latency_s: float,
+    ) -> None:
         """One OpenAI-compatible request, in one call: ``record_tokens(b, key,
         hits, misses, ctx)`` and ``record_request(ctx, ttft_s, latency_s,
         hits + misses, hits, 0.0, None, None, 0.0)``, the same counts."""
         self.record_tokens(b, key, hits, misses, ctx)
         self.record_request(ctx, ttft_s, latency_s, hits + misses, hits, 0.0, None, None, 0.0)
 
-    def _unit_request(self, st: _ThreadState, ukey: tuple[Any, ...], ttft_s: float | None, latency_s: float | None,
-                      gpu_s: float, sla_met: bool | None, conversion: bool | None, value: float) -> None:
+    def _unit_request(
+        self,
+        st: _ThreadState,
+        ukey: tuple[Any, ...],
+        ttft_s: float | None,
+        latency_s: float | None,
+        gpu_s: float,
+        sla_met: bool | None,
+        conversion: bool | None,
+        value: float,
+    ) -> None:
         """Add one request to its A/B unit's request-level record."""
         ub = st.units.get(ukey)
         if ub is None:
@@ -506,8 +565,12 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
                 key = "dropped:" + stage
                 if key not in self._logged:
                     self._logged.add(key)
-                    log.warning("warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; "
-                                "counted in warmscope.telemetry.dropped)", stage, rows)
+                    log.warning(
+                        "warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; "
+                        "counted in warmscope.telemetry.dropped)",
+                        stage,
+                        rows,
+                    )
         except Exception:  # pragma: no cover
             pass
 
@@ -519,10 +582,14 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         n = sum(st.dropped for st in self._all_states())
         if n:
             self._logged.add("dropped:record")
-            log.warning("warmscope: record: %d A/B unit records dropped: more than %d new units "
-                        "arrived between two flushes (max_buffered_units); counted in "
-                        "warmscope.telemetry.dropped{stage=record}; raise max_buffered_units or check "
-                        "the sink's write time", n, self.max_buffered_units)
+            log.warning(
+                "warmscope: record: %d A/B unit records dropped: more than %d new units "
+                "arrived between two flushes (max_buffered_units); counted in "
+                "warmscope.telemetry.dropped{stage=record}; raise max_buffered_units or check "
+                "the sink's write time",
+                n,
+                self.max_buffered_units,
+            )
 
     def bump_error(self, stage: str) -> None:
         """Count a failure the caller has already explained (no log line)."""
@@ -534,13 +601,17 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
             self.errors[stage] = self.errors.get(stage, 0) + 1
             if stage not in self._logged:
                 self._logged.add(stage)
-                log.warning("warmscope %s failure (counted, not raised): %s %s", stage, message, exc or "")
+                log.warning(
+                    "warmscope %s failure (counted, not raised): %s %s", stage, message, exc or ""
+                )
         except Exception:  # pragma: no cover - never raise from here
             pass
 
     # -------------------------------------------------------------- readers
     def _all_states(self) -> list[_ThreadState]:
-        for drain in list(self.drains):  # buffered observations first (recorded in this thread's state)
+        for drain in list(
+            self.drains
+        ):  # buffered observations first (recorded in this thread's state)
             try:
                 drain()
             except Exception as e:
@@ -557,7 +628,9 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
 
     def _lookup_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
         cid, fam, res = k
-        v = self._labels(cid, layer=self._layer_names[layer_id], family=fam, result=RESULT_NAMES[res])
+        v = self._labels(
+            cid, layer=self._layer_names[layer_id], family=fam, result=RESULT_NAMES[res]
+        )
         return tuple(v[c] for c in records.LOOKUP_LABELS)
 
     def _write_label(self, layer_id: int, k: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -570,8 +643,12 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         ck = (kind, layer_id, k)
         lab = self._label_cache.get(ck)
         if lab is None:
-            build = {"counts": self._lookup_label, "writes": self._write_label, "req": self._request_label,
-                     "hist": self._histogram_label}[kind]
+            build = {
+                "counts": self._lookup_label,
+                "writes": self._write_label,
+                "req": self._request_label,
+                "hist": self._histogram_label,
+            }[kind]
             lab = self._label_cache[ck] = build(layer_id, k)
         return lab
 
@@ -603,7 +680,9 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         """Cumulative writes keyed by the full label tuple (``records.WRITE_LABELS`` order)."""
         return self._totals("writes")
 
-    def deltas(self, kind: str, last: dict[Any, Any]) -> tuple[dict[tuple[Any, ...], int], dict[Any, Any]]:
+    def deltas(
+        self, kind: str, last: dict[Any, Any]
+    ) -> tuple[dict[tuple[Any, ...], int], dict[Any, Any]]:
         """Lookups (``kind="counts"``) or writes (``"writes"``) since ``last``.
 
         ``last`` is the snapshot this returned before (per thread state, raw
@@ -654,7 +733,9 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
                         acc[j] += v
         return out
 
-    def take_buffers(self, settle: bool) -> tuple[dict[int, dict[Any, Any]], dict[tuple[Any, ...], list[Any]]]:
+    def take_buffers(
+        self, settle: bool
+    ) -> tuple[dict[int, dict[Any, Any]], dict[tuple[Any, ...], list[Any]]]:
         """Swap out hot-key sketches and unit records, merged across threads.
 
         Hot keys come keyed by sketch scope (:meth:`hot_scope`). Unit records
@@ -714,12 +795,16 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         return ready
 
     @staticmethod
-    def _take(st: _ThreadState, now: float) -> tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
+    def _take(
+        st: _ThreadState, now: float
+    ) -> tuple[float, int, dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         out = (now, st.layer_id, st.hot, st.units, st.hbuf)
         st.hot, st.units, st.hbuf, st.swap = {}, {}, {}, False
         return out
 
-    def _merge_units(self, out: dict[tuple[Any, ...], list[Any]], layer_id: int, units: dict[Any, Any]) -> None:
+    def _merge_units(
+        self, out: dict[tuple[Any, ...], list[Any]], layer_id: int, units: dict[Any, Any]
+    ) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
         [lookups, hits]; request-level records to numbers (counts as ints)."""
         if layer_id >= 0:  # packed ints: lookups + hits << 32
@@ -771,8 +856,11 @@ def pack_layer_unit(lookups: int, hits: int) -> int:
 
 
 # Integer fields of the request-level unit record (counts, histogram buckets).
-_UNIT_INT = tuple(i for i, c in enumerate(records.UNIT_SUMS + records.UNIT_HIST)
-                  if records.AB_UNITS.columns[records.AB_UNITS.index(c)].type == records.INTEGER)
+_UNIT_INT = tuple(
+    i
+    for i, c in enumerate(records.UNIT_SUMS + records.UNIT_HIST)
+    if records.AB_UNITS.columns[records.AB_UNITS.index(c)].type == records.INTEGER
+)
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.
 _IDLE_S = 2.0

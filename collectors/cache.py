@@ -47,7 +47,9 @@ class _Recorder:
 
     __slots__ = ("tel", "agg", "binding", "_rec")
 
-    def __init__(self, layer: str, telemetry: Telemetry | None, length_buckets: bool | None) -> None:
+    def __init__(
+        self, layer: str, telemetry: Telemetry | None, length_buckets: bool | None
+    ) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer, length_buckets)
@@ -81,10 +83,17 @@ class InstrumentedCache:
         self.layer = layer
         self._rec = rec = _Recorder(layer, telemetry, length_buckets)
         # Bound once so a lookup touches no attribute chains.
-        self._tel, self._agg, self._b, self._record = rec.tel, rec.agg, rec.binding, rec.agg.record_lookup
+        self._tel, self._agg, self._b, self._record = (
+            rec.tel,
+            rec.agg,
+            rec.binding,
+            rec.agg.record_lookup,
+        )
         self._get = backend.get
         setter = getattr(backend, "set", None)
-        self._set = setter if callable(setter) and not isinstance(backend, dict) else backend.__setitem__
+        self._set = (
+            setter if callable(setter) and not isinstance(backend, dict) else backend.__setitem__
+        )
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         try:
@@ -150,8 +159,9 @@ class InstrumentedCache:
         self._rec(key, BYPASS)
 
 
-def observe(layer: str, telemetry: Telemetry | None = None,
-            key: Callable[..., Hashable] | None = None) -> Callable[[F], F]:
+def observe(
+    layer: str, telemetry: Telemetry | None = None, key: Callable[..., Hashable] | None = None
+) -> Callable[[F], F]:
     """Decorate a lookup function that returns ``None`` on a miss."""
 
     def deco(fn: F) -> F:

@@ -36,7 +36,14 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CollectorConfig", "ConfigError", "EXPORTERS", "default_data_dir", "setting", "load_section"]
+__all__ = [
+    "CollectorConfig",
+    "ConfigError",
+    "EXPORTERS",
+    "default_data_dir",
+    "setting",
+    "load_section",
+]
 
 EXPORTERS = ("embedded", "otlp", "prometheus", "none")
 
@@ -60,18 +67,32 @@ class _Spec:
     def allowed(self) -> str:
         if self.ge is not None and self.le is not None:
             return f"in [{self.ge:g}, {self.le:g}]"
-        parts = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
-                 f"<= {self.le:g}" if self.le is not None else ""]
+        parts = [
+            f">= {self.ge:g}" if self.ge is not None else "",
+            f"> {self.gt:g}" if self.gt is not None else "",
+            f"<= {self.le:g}" if self.le is not None else "",
+        ]
         return " and ".join(p for p in parts if p)
 
     def holds(self, x: float) -> bool:
-        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
-                and (self.le is None or x <= self.le))
+        return (
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+        )
 
 
-def setting(default: Any = MISSING, *, default_factory: Any = MISSING, ge: float | None = None,
-            gt: float | None = None, le: float | None = None, choices: tuple[str, ...] = (), env: str = "",
-            parse: Callable[[str, Any], Any] | None = None) -> Any:
+def setting(
+    default: Any = MISSING,
+    *,
+    default_factory: Any = MISSING,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    choices: tuple[str, ...] = (),
+    env: str = "",
+    parse: Callable[[str, Any], Any] | None = None,
+) -> Any:
     """A configuration field: its default and what values are allowed.
 
     The type comes from the default (bool, int, float, str or tuple; a tuple
@@ -117,8 +138,13 @@ def _convert(key: str, val: Any, default: Any) -> Any:
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        kind = {"int": "whole number", "float": "number", "bool": "boolean (true or false)", "tuple": "list",
-                "str": "string"}.get(kind, kind)
+        kind = {
+            "int": "whole number",
+            "float": "number",
+            "bool": "boolean (true or false)",
+            "tuple": "list",
+            "str": "string",
+        }.get(kind, kind)
         raise ConfigError(f"{key} must be a {kind}, got {val!r}") from None
 
 
@@ -130,20 +156,28 @@ def read_section(section: str, path: str | os.PathLike[str] | None) -> dict[str,
     try:
         doc = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file {p} does not exist; create it or unset WARMSCOPE_CONFIG") from None
+        raise ConfigError(
+            f"config file {p} does not exist; create it or unset WARMSCOPE_CONFIG"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {p} cannot be read ({e}); fix its permissions or unset "
-                          "WARMSCOPE_CONFIG") from None
+        raise ConfigError(
+            f"config file {p} cannot be read ({e}); fix its permissions or unset WARMSCOPE_CONFIG"
+        ) from None
     sec = doc.get(section, {})
     if not isinstance(sec, dict):
         raise ConfigError(f"{p}: [{section}] must be a table")
     return dict(sec)
 
 
-def load_section(cls: type[T], section: str, path: str | os.PathLike[str] | None = None,
-                 env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> T:
+def load_section(
+    cls: type[T],
+    section: str,
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
     """Read ``[section]`` of the TOML file (``path`` or ``$WARMSCOPE_CONFIG``), then the fields' environment
     variables, then ``overrides`` (``None`` values are skipped), into ``cls``: every value converted and
     checked. Raises :class:`ConfigError` naming ``section.key``."""
@@ -195,7 +229,9 @@ def _family_rules(key: str, val: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for rule in val:
         rule = tuple(rule) if isinstance(rule, (list, tuple)) else rule
-        if not (isinstance(rule, tuple) and len(rule) == 2 and all(isinstance(s, str) for s in rule)):
+        if not (
+            isinstance(rule, tuple) and len(rule) == 2 and all(isinstance(s, str) for s in rule)
+        ):
             raise ConfigError(f"{key} entries must be [regex, replacement] pairs, got {rule!r}")
         try:
             pat = re.compile(rule[0])
@@ -204,8 +240,10 @@ def _family_rules(key: str, val: Any) -> tuple[tuple[str, str], ...]:
         try:  # the template's group references, checked here rather than at each matching lookup
             pat.sub(rule[1], "")
         except (re.error, IndexError) as e:
-            raise ConfigError(f"{key}: template {rule[1]!r} does not fit pattern {rule[0]!r} "
-                              f"({pat.groups} groups): {e}") from None
+            raise ConfigError(
+                f"{key}: template {rule[1]!r} does not fit pattern {rule[0]!r} "
+                f"({pat.groups} groups): {e}"
+            ) from None
         out.append(rule)
     return tuple(out)
 
@@ -214,12 +252,20 @@ def _family_rules(key: str, val: Any) -> tuple[tuple[str, str], ...]:
 class CollectorConfig:
     exporter: str = setting("embedded", choices=EXPORTERS, env="WARMSCOPE_EXPORTER")
     store_path: str = setting("", env="WARMSCOPE_STORE")  # "" -> <data dir>/warmscope.sqlite
-    redis_url: str = setting("", env="WARMSCOPE_REDIS_URL")  # set -> hot keys and A/B unit records go to Redis
-    key_secret: str = setting("", env="WARMSCOPE_KEY_SECRET")  # "" -> a secret file in the data dir, made once
-    tenants: tuple[str, ...] = setting((), env="WARMSCOPE_TENANTS")  # allow-list; empty -> first max_tenants seen
+    redis_url: str = setting(
+        "", env="WARMSCOPE_REDIS_URL"
+    )  # set -> hot keys and A/B unit records go to Redis
+    key_secret: str = setting(
+        "", env="WARMSCOPE_KEY_SECRET"
+    )  # "" -> a secret file in the data dir, made once
+    tenants: tuple[str, ...] = setting(
+        (), env="WARMSCOPE_TENANTS"
+    )  # allow-list; empty -> first max_tenants seen
     max_tenants: int = setting(64, ge=1, le=10_000)
     max_families: int = setting(256, ge=1, le=100_000)  # per layer; beyond -> "other"
-    family_rules: tuple[tuple[str, str], ...] = setting((), parse=_family_rules)  # (regex, replacement) tried first
+    family_rules: tuple[tuple[str, str], ...] = setting(
+        (), parse=_family_rules
+    )  # (regex, replacement) tried first
     family_vocabulary: tuple[str, ...] = ()  # extra words a default family may keep verbatim
     replica: str = setting(default_factory=_default_replica, env="WARMSCOPE_REPLICA")
     # "" -> OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318
@@ -232,8 +278,12 @@ class CollectorConfig:
     side_flush_s: float = setting(300.0, ge=0, le=86400)
     hot_key_window_s: int = setting(3600, ge=60, le=7 * 86400)
     hot_key_ttl_s: int = setting(2 * 86400, ge=60, le=90 * 86400)
-    warmed_key_limit: int = setting(200_000, ge=0, le=50_000_000)  # per process, across open warm-up runs
-    early_window_s: float = setting(900.0, ge=0, le=7 * 86400)  # recall: keys seen this long after a run
+    warmed_key_limit: int = setting(
+        200_000, ge=0, le=50_000_000
+    )  # per process, across open warm-up runs
+    early_window_s: float = setting(
+        900.0, ge=0, le=7 * 86400
+    )  # recall: keys seen this long after a run
     early_key_limit: int = setting(50_000, ge=0, le=10_000_000)  # per run
     # per sink: rows kept for retry while it is down; beyond: dropped, counted
     max_pending_rows: int = setting(100_000, ge=0, le=50_000_000)
@@ -284,7 +334,10 @@ class CollectorConfig:
         elif self.store_path:
             base = Path(self.store_path).parent
         else:
-            base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "warmscope"
+            base = (
+                Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+                / "warmscope"
+            )
         return (base / "key-secret").absolute()
 
     def resolved_secret(self) -> bytes:

@@ -33,8 +33,18 @@ T = TypeVar("T")
 
 class RequestContext:
     __slots__ = (
-        "tenant", "experiment", "variant", "model", "unit", "prompt_tokens",
-        "length_bucket", "cid", "cid0", "tid", "ukey", "_agg",
+        "tenant",
+        "experiment",
+        "variant",
+        "model",
+        "unit",
+        "prompt_tokens",
+        "length_bucket",
+        "cid",
+        "cid0",
+        "tid",
+        "ukey",
+        "_agg",
     )
 
     def __init__(
@@ -55,12 +65,16 @@ class RequestContext:
         self.model = cap("model", str(model)) if model else schema.UNKNOWN
         self.unit = None if unit is None else str(unit)
         self.prompt_tokens = prompt_tokens
-        self.length_bucket = schema.length_bucket(prompt_tokens) if prompt_tokens is not None else schema.UNKNOWN
+        self.length_bucket = (
+            schema.length_bucket(prompt_tokens) if prompt_tokens is not None else schema.UNKNOWN
+        )
         self.cid, self.cid0, self.tid = agg.intern_context(
             self.tenant, self.experiment, self.variant, self.model, self.length_bucket
         )
         # A/B unit records only when the request is in an experiment.
-        self.ukey = (self.experiment, self.variant, self.unit) if (self.unit and self.experiment) else None
+        self.ukey = (
+            (self.experiment, self.variant, self.unit) if (self.unit and self.experiment) else None
+        )
 
 
 # The installed pipeline, as collectors.pipeline provides it (set when that
@@ -108,7 +122,9 @@ def request_context(
     ctx = None
     try:  # labelling must never break the request it labels
         tel = _telemetry(telemetry)
-        ctx = RequestContext(tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens)
+        ctx = RequestContext(
+            tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens
+        )
         token = _current.set(ctx)
     except Exception as e:
         try:

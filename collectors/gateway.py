@@ -47,8 +47,20 @@ BODY_TIMEOUT_S = 30.0  # to read a whole request body
 HEADER_TIMEOUT_S = 10.0  # to read a request's headers
 GATEWAY_STATS = ("too_large", "body_timeouts", "header_timeouts", "client_disconnects")
 
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                  "transfer-encoding", "upgrade", "host", "content-length"})
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -56,17 +68,26 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": err}, status_code=status, headers={"connection": "close"})
 
 
-def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float = 600.0,
-             max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
-             kv: Any = None, **recorder_kw: Any) -> Starlette:
+def make_app(
+    upstream: str,
+    telemetry: Telemetry | None = None,
+    timeout_s: float = 600.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+    kv: Any = None,
+    **recorder_kw: Any,
+) -> Starlette:
     """The gateway as a Starlette app; ``app.state.recorder`` holds its
     :class:`~warmscope.collectors.llm.LLMRecorder` (``stats``, ``hot_prefixes``),
     ``app.state.stats`` the requests it refused or lost (:data:`GATEWAY_STATS`)."""
     base = upstream.rstrip("/")
     recorder = LLMRecorder(telemetry, **recorder_kw)
     stats = dict.fromkeys(GATEWAY_STATS, 0)
-    client = httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout_s, connect=10.0),
-                               limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    client = httpx.AsyncClient(
+        base_url=base,
+        timeout=httpx.Timeout(timeout_s, connect=10.0),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    )
 
     async def read_body(request: Request) -> bytes | Response:
         """The request body, or the response that refuses it (counted)."""
@@ -107,24 +128,37 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
         path = request.url.path
         ex = recorder.begin(request.method, path, request.headers, body)
         # The header bytes as they came: a UTF-8 or latin-1 value is forwarded, not re-encoded.
-        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in _HOP]
-        if ex is not None and ex.body is not None:  # a plain body, so that the usage chunk can be taken out
+        headers = [
+            (k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in _HOP
+        ]
+        if (
+            ex is not None and ex.body is not None
+        ):  # a plain body, so that the usage chunk can be taken out
             headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
         content = body if ex is None or ex.body is None else ex.body
         if kv is not None:  # a kv.gateway_hook.KVGatewayHook: session id (and salt) for KV events
             content = kv.before(ex, path, content)
-        req = client.build_request(request.method, path, params=request.url.query or None,
-                                   headers=headers, content=content)
+        req = client.build_request(
+            request.method, path, params=request.url.query or None, headers=headers, content=content
+        )
         try:
             resp = await client.send(req, stream=True)
         except Exception as e:
             if ex is not None:
                 ex.finish(e)
             timeout = isinstance(e, httpx.TimeoutException)
-            return JSONResponse({"error": {"message": f"warmscope gateway: upstream {base} "
-                                           + ("timed out" if timeout else "unreachable") + f" ({type(e).__name__})",
-                                           "type": "upstream_error"}}, status_code=504 if timeout else 502)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"warmscope gateway: upstream {base} "
+                        + ("timed out" if timeout else "unreachable")
+                        + f" ({type(e).__name__})",
+                        "type": "upstream_error",
+                    }
+                },
+                status_code=504 if timeout else 502,
+            )
         encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
         if ex is not None:
             ex.response(resp.status_code, resp.headers.get("content-type"))
@@ -147,7 +181,9 @@ def make_app(upstream: str, telemetry: Telemetry | None = None, timeout_s: float
                 if kv is not None:
                     kv.after(ex)
 
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}}
+        out_headers = {
+            k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}
+        }
         return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
 
     @contextlib.asynccontextmanager
@@ -215,8 +251,11 @@ def bounded_protocol(app: Any, header_timeout_s: float = HEADER_TIMEOUT_S) -> ty
                 stats["header_timeouts"] += 1
             if self.conn.our_state is h11.IDLE:
                 body = b"request headers not received in time\n"
-                head = [(b"content-type", b"text/plain"), (b"connection", b"close"),
-                        (b"content-length", str(len(body)).encode())]
+                head = [
+                    (b"content-type", b"text/plain"),
+                    (b"connection", b"close"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
                 with contextlib.suppress(h11.LocalProtocolError):
                     out = self.conn.send(h11.Response(status_code=408, headers=head)) or b""
                     self.transport.write(out + (self.conn.send(h11.Data(data=body)) or b""))
@@ -225,10 +264,14 @@ def bounded_protocol(app: Any, header_timeout_s: float = HEADER_TIMEOUT_S) -> ty
     return BoundedH11Protocol
 
 
-
 @contextlib.contextmanager
-def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-          header_timeout_s: float = HEADER_TIMEOUT_S) -> Iterator[str]:
+def serve(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+) -> Iterator[str]:
     """Run an ASGI app with uvicorn in a background thread; yields its base URL.
     ``port=0`` picks a free one. Stopped (gracefully) when the block ends. A
     gateway app gets the header read timeout of :func:`bounded_protocol`."""
@@ -245,7 +288,9 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "wa
     http: Any = bounded_protocol(app, header_timeout_s) if gateway else "auto"
     cfg = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, http=http)
     server = uvicorn.Server(cfg)
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="warmscope-asgi")
+    th = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="warmscope-asgi"
+    )
     th.start()
     deadline = time.monotonic() + 30
     while not server.started and th.is_alive() and time.monotonic() < deadline:

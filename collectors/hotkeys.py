@@ -22,8 +22,21 @@ from typing import Any
 
 from warmscope.model import records
 
-__all__ = ["HotKeySketch", "ENTRY", "E_EST", "E_HITS", "E_MISSES", "E_ERR", "E_FAMILY", "E_KEY", "BATCH",
-           "scope", "merge", "cross_tenant_reads", "top_k"]
+__all__ = [
+    "HotKeySketch",
+    "ENTRY",
+    "E_EST",
+    "E_HITS",
+    "E_MISSES",
+    "E_ERR",
+    "E_FAMILY",
+    "E_KEY",
+    "BATCH",
+    "scope",
+    "merge",
+    "cross_tenant_reads",
+    "top_k",
+]
 
 # A sketch entry is a list in this order (a list, not an object: millions of
 # them are created and compared on the lookup path).
@@ -104,7 +117,9 @@ def merge(into: dict[int, dict[Any, Any]], layer_id: int, hot: dict[int, dict[An
                 a[E_EST] = a[E_HITS] + a[E_MISSES] + a[E_ERR]
 
 
-def cross_tenant_reads(hot: dict[int, dict[Any, Any]], layer_name: Callable[[int], str]) -> dict[str, int]:
+def cross_tenant_reads(
+    hot: dict[int, dict[Any, Any]], layer_name: Callable[[int], str]
+) -> dict[str, int]:
     """Per layer (except layers declared shared in ``records.LAYERS``): keys found in more than one
     tenant's sketch, counted once per extra tenant."""
     owners: dict[tuple[Any, ...], int] = {}

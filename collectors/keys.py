@@ -67,7 +67,8 @@ class KeyHasher:
 # Segments a default family keeps: words that name a cache's structure in
 # inference stacks (namespaces, layers, common task names), never anything a
 # user typed. Extend it with ``family_vocabulary`` or write ``family_rules``.
-DEFAULT_VOCABULARY = frozenset("""
+DEFAULT_VOCABULARY = frozenset(
+    """
     a b c d e f g h i j k l m n o p q r s t u v w x y z
     api adapter adapters audio batch block blocks cache cached chat chunk chunks classify codegen completion
     completions context conv conversation ctx doc docs document documents emb embed embedding embeddings
@@ -75,7 +76,8 @@ DEFAULT_VOCABULARY = frozenset("""
     model models msg page pages passage passages prefix prefix_kv query queries rag ragqa rerank resp
     response responses retrieve retrieval search seg segment sess session sessions summarize summary sys
     system tenant tok token tokenizer tokens tool tools translate user users vec vector warm weights
-""".split())
+""".split()
+)
 _WORD_SPLIT = re.compile(r"[_\-.]")
 
 
@@ -201,8 +203,9 @@ class TenantBucketer:
     the first ``max_tenants`` seen; everything else is ``other``. ``bounded``
     counts the values a bound changed (the allow-list's own entries included)."""
 
-    def __init__(self, allow: Iterable[str] = (), max_tenants: int = 64,
-                 max_len: int = MAX_LABEL_LEN) -> None:
+    def __init__(
+        self, allow: Iterable[str] = (), max_tenants: int = 64, max_len: int = MAX_LABEL_LEN
+    ) -> None:
         self.bounded = 0
         self._max_len = max_len
         self._allow = frozenset(self._bound(str(t)) for t in allow)
@@ -246,8 +249,9 @@ class LabelCap:
     with a ``vocabulary`` (warm-up trigger and strategy), a segment that is
     not a word of it becomes ``*``, as in key families."""
 
-    def __init__(self, limit: int = 64, keep: Iterable[str] = (),
-                 vocabulary: frozenset[str] | None = None) -> None:
+    def __init__(
+        self, limit: int = 64, keep: Iterable[str] = (), vocabulary: frozenset[str] | None = None
+    ) -> None:
         self._seen: set[str] = set(keep)
         self._max = limit + len(self._seen)
         self._lock = threading.Lock()

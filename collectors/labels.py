@@ -38,12 +38,14 @@ _KEEP = frozenset("-_.:@/+*")
 _PLAIN = re.compile(r"[A-Za-z0-9\-_.:@/+*]{1,64}")
 
 # Words of warm-up triggers and strategies (besides the family vocabulary).
-WARMUP_VOCABULARY = frozenset("""
+WARMUP_VOCABULARY = frozenset(
+    """
     manual replica owner start startup restart boot deploy deployment rollout canary schedule scheduled
     cron timer periodic forecast peak pre post drop scale up down out autoscale failover reload
     api cli demand on event test static topk top engine none hot recent recency predictive lru lfu
     freq frequency decay heat yesterday log semantic warm_cost cost choose embedding advisor
-""".split())
+""".split()
+)
 
 
 def decode_header(value: bytes | str | None) -> str | None:

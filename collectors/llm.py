@@ -71,7 +71,15 @@ except ImportError:  # pragma: no cover - the standard library's scanner alone
     orjson = None  # type: ignore[assignment]
 _orjson_loads = orjson.loads if orjson is not None else None
 
-__all__ = ["LLMRecorder", "Exchange", "prefix_of", "template_of", "read_library", "TENANT_HEADER", "SESSION_HEADER"]
+__all__ = [
+    "LLMRecorder",
+    "Exchange",
+    "prefix_of",
+    "template_of",
+    "read_library",
+    "TENANT_HEADER",
+    "SESSION_HEADER",
+]
 
 log = logging.getLogger("warmscope.collectors")
 
@@ -82,8 +90,10 @@ _PATHS = ("/chat/completions", "/completions")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _SYSTEM_ROLES = ("system", "developer")
 # The family of a prefix key (KIND:ROLE:TEMPLATE:DIGEST) is KIND:ROLE:TEMPLATE:*.
-FAMILY_RULE = (r"(chat|completion):(system|developer|user|assistant|tool|other|prompt):([a-z]{8}):0[0-9a-f]{16}",
-               r"\1:\2:\3:*")
+FAMILY_RULE = (
+    r"(chat|completion):(system|developer|user|assistant|tool|other|prompt):([a-z]{8}):0[0-9a-f]{16}",
+    r"\1:\2:\3:*",
+)
 _BODY_CAP = 8 << 20  # non-streamed response bodies read for usage up to 8 MiB
 _LIB_CAP = 1024  # prefixes kept in process for the warm-up runner
 _DIGITS = str.maketrans("0123456789", "0000000000")
@@ -91,14 +101,27 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _MEMO_CAP = _LIB_CAP * 4  # prefix keys memoised per recorder
 _FILE_CAP = 20_000  # prefixes one process appends to a prompt library file
 _PENDING = 64  # requests a thread buffers before it counts them
-STATS = ("requests", "recorded", "engine_errors", "timeouts", "connect_errors", "cut_streams",
-         "no_usage", "bad_body", "not_recorded", "usage_requested", "library_full")
+STATS = (
+    "requests",
+    "recorded",
+    "engine_errors",
+    "timeouts",
+    "connect_errors",
+    "cut_streams",
+    "no_usage",
+    "bad_body",
+    "not_recorded",
+    "usage_requested",
+    "library_full",
+)
 _JSON = json.JSONDecoder()
 _SCAN = _JSON.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__ (the C scanner)
 _SECOND = operator.itemgetter(1)
 _USAGE = b'"usage"'
 _PROMPT_TOKENS = b'"prompt_tokens"'
-_FINISH = b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
+_FINISH = (
+    b'"finish_reason":"'  # a choice's last chunk (compact JSON; "finish_reason": null otherwise)
+)
 _FINGERPRINT = b'"system_fingerprint"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 _BRACE_USAGE = b"{" + _INCLUDE_USAGE
@@ -144,7 +167,11 @@ def template_of(kind: str, prefix: Any) -> tuple[str, str]:
     if not (isinstance(first, (list, tuple)) and len(first) == 2):
         return "other", json.dumps(first, sort_keys=True, ensure_ascii=False)
     role, content = first
-    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+    text = (
+        content
+        if isinstance(content, str)
+        else json.dumps(content, sort_keys=True, ensure_ascii=False)
+    )
     return (role if role in _ROLES else "other"), text
 
 
@@ -184,8 +211,9 @@ class Exchange:
     _fingerprint: bytes | None = None
     held = b""  # lines held back (each ending with a newline): the last choice chunk and what follows it
 
-    def __init__(self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None,
-                 pre: Any) -> None:
+    def __init__(
+        self, rec: LLMRecorder, key: str | None, labels: tuple[Any, ...], kind: str | None, pre: Any
+    ) -> None:
         self.rec = rec
         self.t0 = time.perf_counter()
         self.key = key
@@ -218,7 +246,7 @@ class Exchange:
                     self.ttft = time.perf_counter() - self.t0
                 if not self.tail and _PROMPT_TOKENS not in chunk:
                     i = chunk.rfind(b"\n")
-                    self.tail = chunk[i + 1:] if len(chunk) - i <= _BODY_CAP else b""
+                    self.tail = chunk[i + 1 :] if len(chunk) - i <= _BODY_CAP else b""
                     return chunk
                 data = self.tail + chunk
                 lines = data.split(b"\n")
@@ -266,7 +294,7 @@ class Exchange:
                     return self._give_up(b"")
                 return b""
             if i + 1 < len(data):
-                self.tail, done = data[i + 1:], data[:i + 1]
+                self.tail, done = data[i + 1 :], data[: i + 1]
             else:
                 self.tail, done = b"", data
             if self.held or self.drop_blank:
@@ -275,7 +303,9 @@ class Exchange:
             p = done.find(_PROMPT_TOKENS)
             if f < 0:
                 if p < 0:  # the usual chunk: its "usage": null taken out
-                    done = done.replace(_NULL_FIELD, b"")  # (a no-op without one: the same object back)
+                    done = done.replace(
+                        _NULL_FIELD, b""
+                    )  # (a no-op without one: the same object back)
                     return _without_other_null_usage(done) if _USAGE in done else done
                 out = self._usage_only(done, p)
                 if out is not None:
@@ -316,7 +346,9 @@ class Exchange:
                 pos = d
                 e = done.index(b"\n", d)
                 line = done[d:e]
-                if _PROMPT_TOKENS in line and self._usage_line(line):  # the usage-only chunk: not the caller's
+                if _PROMPT_TOKENS in line and self._usage_line(
+                    line
+                ):  # the usage-only chunk: not the caller's
                     fp = self._fingerprint
                     k = held.index(b"\n")
                     if fp is not None and _FINGERPRINT not in held[:k]:
@@ -389,7 +421,9 @@ class Exchange:
         if pos == e + 1:  # its event's blank line comes with the next chunk
             self.drop_blank = True
         out = done[:s] + rest if rest else done[:s]
-        out = out.replace(_NULL_FIELD, b"")  # as _lines does for each part: no pattern spans a line end
+        out = out.replace(
+            _NULL_FIELD, b""
+        )  # as _lines does for each part: no pattern spans a line end
         return _without_other_null_usage(out) if _USAGE in out else out
 
     def _usage_line(self, line: bytes) -> bool:
@@ -467,7 +501,9 @@ def _without_null_usage(lines: bytes) -> bytes:
     """``lines`` without the ``"usage": null`` fields a server adds to each chunk
     when usage is asked for (the pattern cannot occur inside a JSON string:
     its quotes would be escaped)."""
-    if _NULL_COMPACT in lines:  # the form engines write (compact JSON): one scan when it is the only one
+    if (
+        _NULL_COMPACT in lines
+    ):  # the form engines write (compact JSON): one scan when it is the only one
         lines = lines.replace(_NULL_FIELD, b"")
     return _without_other_null_usage(lines)
 
@@ -493,7 +529,7 @@ def _usage_of(body: bytes) -> dict[Any, Any] | None:
         j = body.find(b":", i + 7)
         if j >= 0:
             try:
-                u = _JSON.raw_decode(body[j + 1:j + 4097].decode("utf-8", "replace").lstrip())[0]
+                u = _JSON.raw_decode(body[j + 1 : j + 4097].decode("utf-8", "replace").lstrip())[0]
                 if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int):
                     return u
             except ValueError:
@@ -502,8 +538,12 @@ def _usage_of(body: bytes) -> dict[Any, Any] | None:
     return u if isinstance(u, dict) else None
 
 
-def _context_of(agg: Any, memo: dict[tuple[Any, ...], RequestContext], labels: tuple[Any, ...],
-                prompt_tokens: int | None) -> RequestContext:
+def _context_of(
+    agg: Any,
+    memo: dict[tuple[Any, ...], RequestContext],
+    labels: tuple[Any, ...],
+    prompt_tokens: int | None,
+) -> RequestContext:
     """The request context of (tenant, unit, experiment, variant, model) and a
     prompt length, memoised in ``memo`` (bounded)."""
     k = labels + (None if prompt_tokens is None else schema.length_bucket(prompt_tokens),)
@@ -560,8 +600,14 @@ class _Pending:
         thread only appends, at the end, meanwhile."""
         with self.lock:
             items = p[:]
-            del p[:len(items)]
-        record, b, agg, memo, near = self.agg.record_llm, self.binding, self.agg, self.contexts, self.near
+            del p[: len(items)]
+        record, b, agg, memo, near = (
+            self.agg.record_llm,
+            self.binding,
+            self.agg,
+            self.contexts,
+            self.near,
+        )
         for key, hits, misses, labels, prompt, ttft, duration in items:
             try:  # one request that fails to count costs only itself
                 ctx = near.get((labels, prompt))
@@ -614,10 +660,19 @@ class LLMRecorder:
     tracking may time (a warm-up run's keys or recall window are open) and a
     newly seen prefix are counted at once."""
 
-    def __init__(self, telemetry: Telemetry | None = None, *, experiment: str | None = None,
-                 variant: str | None = None, tenant_header: str = TENANT_HEADER,
-                 session_header: str = SESSION_HEADER, layer: str = LAYER, request_usage: bool = True,
-                 prompt_library: str | os.PathLike[str] | None = None, follow_runs: bool = True) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry | None = None,
+        *,
+        experiment: str | None = None,
+        variant: str | None = None,
+        tenant_header: str = TENANT_HEADER,
+        session_header: str = SESSION_HEADER,
+        layer: str = LAYER,
+        request_usage: bool = True,
+        prompt_library: str | os.PathLike[str] | None = None,
+        follow_runs: bool = True,
+    ) -> None:
         self.tel = telemetry or current_telemetry()
         self.agg = self.tel.aggregator
         self.binding = self.agg.bind_layer(layer)
@@ -630,7 +685,10 @@ class LLMRecorder:
         self.variant = variant
         self.tenant_header = tenant_header.lower()
         self.session_header = session_header.lower()
-        self._th, self._sh = self.tenant_header.encode("latin-1"), self.session_header.encode("latin-1")
+        self._th, self._sh = (
+            self.tenant_header.encode("latin-1"),
+            self.session_header.encode("latin-1"),
+        )
         self._hlens = frozenset((len(self._th), len(self._sh)))
         self.request_usage = request_usage
         self.stats: dict[str, int] = {s: 0 for s in STATS}
@@ -650,7 +708,9 @@ class LLMRecorder:
     def _digest(self, text: str, n: int) -> bytes:
         if self._secret is None:
             self._secret = self.tel.config.resolved_secret()[:64]
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=n).digest()
+        return hashlib.blake2b(
+            text.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=n
+        ).digest()
 
     def prefix_key(self, kind: str, prefix: Any) -> str:
         """The lookup key of a prompt prefix (a list of [role, content] pairs or
@@ -660,7 +720,11 @@ class LLMRecorder:
         prefix. No prompt text, only keyed hashes; the key's family
         (:data:`FAMILY_RULE`) is ``KIND:ROLE:TEMPLATE:*``."""
         role, tpl_text = template_of(kind, prefix)
-        text = prefix if isinstance(prefix, str) else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
+        text = (
+            prefix
+            if isinstance(prefix, str)
+            else json.dumps(prefix, sort_keys=True, ensure_ascii=False)
+        )
         tpl = "".join(_LETTERS[b % 26] for b in self._digest(tpl_text.translate(_DIGITS), 8))
         return f"{kind}:{role}:{tpl}:0{self._digest(text, 8).hex()}"
 
@@ -703,7 +767,9 @@ class LLMRecorder:
         """(tenant, session) from the request headers, without a loop in Python;
         decoded by :func:`.labels.decode_header` (UTF-8, else latin-1)."""
         rows = getattr(headers, "_list", None)
-        if isinstance(rows, list) and (not rows or len(rows[0]) == 3):  # httpx: (name, lower-case name, value)
+        if isinstance(rows, list) and (
+            not rows or len(rows[0]) == 3
+        ):  # httpx: (name, lower-case name, value)
             names = list(map(_SECOND, rows))
             t = decode_header(rows[names.index(self._th)][2]) if self._th in names else None
             s = decode_header(rows[names.index(self._sh)][2]) if self._sh in names else None
@@ -722,7 +788,9 @@ class LLMRecorder:
                     s = decode_header(v)
         return t, s
 
-    def begin(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None) -> Exchange | None:
+    def begin(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes | None
+    ) -> Exchange | None:
         """A request is about to be sent; None when it is not one to record.
         When the returned exchange has a ``body``, send that instead."""
         try:
@@ -731,12 +799,18 @@ class LLMRecorder:
             self.stats["requests"] += 1
             key = kind = pre = model = user = None
             try:
-                req: Any = _loadb(body) if isinstance(body, bytes) else (json.loads(body) if body else None)
+                req: Any = (
+                    _loadb(body)
+                    if isinstance(body, bytes)
+                    else (json.loads(body) if body else None)
+                )
             except (ValueError, UnicodeDecodeError):
                 req = None
             if not isinstance(req, dict):
                 self.stats["bad_body"] += 1
-                self.agg.count_error("record", "request body is not a JSON object; forwarded, not recorded")
+                self.agg.count_error(
+                    "record", "request body is not a JSON object; forwarded, not recorded"
+                )
             else:
                 key, kind, pre = self._key_of(req)
                 model, user = req.get("model"), req.get("user")
@@ -746,13 +820,20 @@ class LLMRecorder:
                 tenant = ctx.tenant if ctx.tenant != schema.UNKNOWN else None
                 unit, exp, var = ctx.unit, ctx.experiment or None, ctx.variant or None
                 model = model or (ctx.model if ctx.model != schema.UNKNOWN else None)
-            if (tenant is None or unit is None) and headers is not None:  # (empty headers give none)
+            if (
+                tenant is None or unit is None
+            ) and headers is not None:  # (empty headers give none)
                 ht, hs = self._headers(headers)
                 tenant, unit = tenant or ht, unit or hs
             if tenant is None and isinstance(user, str):
                 tenant = user
-            labels = (tenant, unit, exp or self.experiment, var or self.variant,
-                      model if isinstance(model, str) else None)
+            labels = (
+                tenant,
+                unit,
+                exp or self.experiment,
+                var or self.variant,
+                model if isinstance(model, str) else None,
+            )
             ex = Exchange(self, key, labels, kind, pre)
             if key is not None and self.request_usage and req.get("stream") is True:
                 self._ask_usage(ex, req, body)  # type: ignore[arg-type]
@@ -766,11 +847,14 @@ class LLMRecorder:
         if so is None and "stream_options" not in req:
             if body[:1] == b"{":  # as json.dumps and httpx write it: spliced in after the brace
                 # (bytes.replace of the first brace: the new body built in one copy)
-                ex.body = body.replace(b"{", _BRACE_USAGE, 1) if type(body) is bytes \
+                ex.body = (
+                    body.replace(b"{", _BRACE_USAGE, 1)
+                    if type(body) is bytes
                     else b"{" + _INCLUDE_USAGE + body[1:]
+                )
             else:
                 i = body.find(b"{")
-                ex.body = bytes(body[:i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1:])
+                ex.body = bytes(body[: i + 1]) + _INCLUDE_USAGE + bytes(body[i + 1 :])
         elif isinstance(so, dict) and "include_usage" not in so:
             ex.body = json.dumps({**req, "stream_options": {**so, "include_usage": True}}).encode()
         else:
@@ -787,8 +871,15 @@ class LLMRecorder:
         failed = error is not None or ex.status >= 400
         if failed:
             name = type(error).__name__.lower() if error is not None else ""
-            kind = ("timeouts" if "timeout" in name else "connect_errors" if "connect" in name
-                    else "cut_streams" if ex.status and ex.status < 400 else "engine_errors")
+            kind = (
+                "timeouts"
+                if "timeout" in name
+                else "connect_errors"
+                if "connect" in name
+                else "cut_streams"
+                if ex.status and ex.status < 400
+                else "engine_errors"
+            )
             self.stats[kind] += 1
             if ex.key is not None:
                 self.agg.record_lookup(self.binding, ex.key, ERROR, self._context(ex, None))
@@ -811,12 +902,16 @@ class LLMRecorder:
             self.stats["no_usage"] += 1
             if not self._warned_usage:
                 self._warned_usage = True
-                log.warning("warmscope: a response carried no usage.prompt_tokens_details.cached_tokens; "
-                            "start vLLM with --enable-prompt-tokens-details (SGLang reports it by default) "
-                            "and, for streamed requests, send stream_options={\"include_usage\": true} "
-                            "(counted in warmscope's no_usage statistic; the request is not recorded)")
+                log.warning(
+                    "warmscope: a response carried no usage.prompt_tokens_details.cached_tokens; "
+                    "start vLLM with --enable-prompt-tokens-details (SGLang reports it by default) "
+                    'and, for streamed requests, send stream_options={"include_usage": true} '
+                    "(counted in warmscope's no_usage statistic; the request is not recorded)"
+                )
             ctx = self._context(ex, None)
-            self.agg.record_request(ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0, unmeasured=True)
+            self.agg.record_request(
+                ctx, ex.ttft, duration, None, None, 0.0, None, None, 0.0, unmeasured=True
+            )
             return
         if cached > prompt:
             cached = prompt
@@ -874,12 +969,20 @@ class LLMRecorder:
                 self.stats["library_full"] += 1
                 return
             if self._lib_file is None:
-                fd = os.open(self.prompt_library,  # type: ignore[arg-type]  # checked by the caller
-                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                fd = os.open(
+                    self.prompt_library,  # type: ignore[arg-type]  # checked by the caller
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                    0o600,
+                )
                 self._lib_file = os.fdopen(fd, "a", encoding="utf-8")
                 atexit.register(self.close)
-            self._lib_file.write(json.dumps({"key": key, "kind": kind, "tenant": tenant, "prefix": prefix},
-                                            ensure_ascii=False) + "\n")
+            self._lib_file.write(
+                json.dumps(
+                    {"key": key, "kind": kind, "tenant": tenant, "prefix": prefix},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             self._lib_written += 1
             now = time.monotonic()
             if now - self._lib_flushed >= 1.0:

@@ -33,7 +33,12 @@ from .pipeline import Telemetry
 
 _SECOND = operator.itemgetter(1)
 
-__all__ = ["InstrumentedTransport", "AsyncInstrumentedTransport", "instrument_openai", "recorder_of"]
+__all__ = [
+    "InstrumentedTransport",
+    "AsyncInstrumentedTransport",
+    "instrument_openai",
+    "recorder_of",
+]
 
 
 def _begin(recorder: LLMRecorder, request: httpx.Request) -> tuple[Exchange | None, httpx.Request]:
@@ -95,7 +100,7 @@ def _headers_with(headers: httpx.Headers, *items: tuple[bytes, bytes]) -> httpx.
         else:  # in the first one's place, and no other of that name
             i = names.index(k)
             rows[i] = (k, k, v)
-            rows[i + 1:] = [r for r in rows[i + 1:] if r[1] != k]
+            rows[i + 1 :] = [r for r in rows[i + 1 :] if r[1] != k]
             names = list(map(_SECOND, rows))
     new = httpx.Headers.__new__(httpx.Headers)
     new._list = rows
@@ -202,8 +207,13 @@ class InstrumentedTransport(httpx.BaseTransport):
     """An httpx transport that records OpenAI-compatible completions and
     forwards everything to ``transport`` (default: ``httpx.HTTPTransport()``)."""
 
-    def __init__(self, transport: httpx.BaseTransport | None = None, telemetry: Telemetry | None = None,
-                 recorder: LLMRecorder | None = None, **recorder_kw: Any) -> None:
+    def __init__(
+        self,
+        transport: httpx.BaseTransport | None = None,
+        telemetry: Telemetry | None = None,
+        recorder: LLMRecorder | None = None,
+        **recorder_kw: Any,
+    ) -> None:
         self.transport = transport or httpx.HTTPTransport()
         self.recorder = recorder or LLMRecorder(telemetry, **recorder_kw)
 
@@ -225,8 +235,13 @@ class InstrumentedTransport(httpx.BaseTransport):
 class AsyncInstrumentedTransport(httpx.AsyncBaseTransport):
     """The asyncio counterpart of :class:`InstrumentedTransport`."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, telemetry: Telemetry | None = None,
-                 recorder: LLMRecorder | None = None, **recorder_kw: Any) -> None:
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        telemetry: Telemetry | None = None,
+        recorder: LLMRecorder | None = None,
+        **recorder_kw: Any,
+    ) -> None:
         self.transport = transport or httpx.AsyncHTTPTransport()
         self.recorder = recorder or LLMRecorder(telemetry, **recorder_kw)
 
@@ -253,11 +268,17 @@ def instrument_openai(client: Any, telemetry: Telemetry | None = None, **recorde
     (``experiment``, ``variant``, ``tenant_header``, ``session_header``)."""
     is_async = "Async" in type(client).__name__
     if is_async:
-        http: Any = httpx.AsyncClient(transport=AsyncInstrumentedTransport(telemetry=telemetry, **recorder_kw),
-                                      timeout=client.timeout, follow_redirects=True)
+        http: Any = httpx.AsyncClient(
+            transport=AsyncInstrumentedTransport(telemetry=telemetry, **recorder_kw),
+            timeout=client.timeout,
+            follow_redirects=True,
+        )
     else:
-        http = httpx.Client(transport=InstrumentedTransport(telemetry=telemetry, **recorder_kw),
-                            timeout=client.timeout, follow_redirects=True)
+        http = httpx.Client(
+            transport=InstrumentedTransport(telemetry=telemetry, **recorder_kw),
+            timeout=client.timeout,
+            follow_redirects=True,
+        )
     return client.with_options(http_client=http)
 
 

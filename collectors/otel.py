@@ -58,8 +58,15 @@ from warmscope.model.records import COLUMN_ATTRS
 from .aggregator import H_COUNT, H_SUM, HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
 from .warm_tracking import S_BYTES, S_GPU_S, S_KEYS, S_RUNS
 
-__all__ = ["OTelBridge", "InMemoryReader", "PeriodicReader", "PrometheusReader", "SCOPE", "build_provider",
-           "stop_server"]
+__all__ = [
+    "OTelBridge",
+    "InMemoryReader",
+    "PeriodicReader",
+    "PrometheusReader",
+    "SCOPE",
+    "build_provider",
+    "stop_server",
+]
 
 SCOPE = "warmscope.collectors"
 _CARDINALITY = 100_000  # our own caps bound series; the SDK default (2000) would drop some
@@ -86,7 +93,9 @@ class _HistogramInjection:
         if all(a is not agg for a, _ in self._ws_aggs):
             self._ws_aggs.append((agg, time.time_ns()))
 
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any) -> None:
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any
+    ) -> None:
         for agg, start_ns in self._ws_aggs or ():
             try:
                 metrics_data = _inject(metrics_data, agg, start_ns)
@@ -96,8 +105,17 @@ class _HistogramInjection:
 
 
 def _limits() -> dict[type, int]:
-    return {t: _CARDINALITY for t in (Counter, UpDownCounter, HistogramInstrument, ObservableCounter,
-                                      ObservableUpDownCounter, ObservableGauge)}
+    return {
+        t: _CARDINALITY
+        for t in (
+            Counter,
+            UpDownCounter,
+            HistogramInstrument,
+            ObservableCounter,
+            ObservableUpDownCounter,
+            ObservableGauge,
+        )
+    }
 
 
 class InMemoryReader(_HistogramInjection, InMemoryMetricReader):
@@ -132,18 +150,35 @@ def _histogram_metrics(agg: Aggregator, start_ns: int) -> list[Metric]:
     per: dict[int, list[HistogramDataPoint]] = {}
     for (i, labels), h in agg.histogram_totals().items():
         # The layer only on per-layer histograms (load durations).
-        attrs = {COLUMN_ATTRS[c]: v for c, v in zip(HISTOGRAM_LABELS, labels, strict=True) if v or c != "layer"}
+        attrs = {
+            COLUMN_ATTRS[c]: v
+            for c, v in zip(HISTOGRAM_LABELS, labels, strict=True)
+            if v or c != "layer"
+        }
         if HISTOGRAMS[i][0] is schema.TOKEN_USAGE:
             attrs[schema.ATTR.TOKEN_TYPE] = "input"
-        per.setdefault(i, []).append(HistogramDataPoint(
-            attributes=attrs, start_time_unix_nano=start_ns, time_unix_nano=now,
-            count=int(h[H_COUNT]), sum=float(h[H_SUM]), bucket_counts=list(h[:H_SUM]),
-            explicit_bounds=list(HISTOGRAMS[i][1]), min=None, max=None,  # type: ignore[arg-type]
-        ))
+        per.setdefault(i, []).append(
+            HistogramDataPoint(
+                attributes=attrs,
+                start_time_unix_nano=start_ns,
+                time_unix_nano=now,
+                count=int(h[H_COUNT]),
+                sum=float(h[H_SUM]),
+                bucket_counts=list(h[:H_SUM]),
+                explicit_bounds=list(HISTOGRAMS[i][1]),
+                min=None,  # type: ignore[arg-type]
+                max=None,  # type: ignore[arg-type]
+            )
+        )
     return [
-        Metric(name=HISTOGRAMS[i][0].name, description=HISTOGRAMS[i][0].description,
-               unit=HISTOGRAMS[i][0].unit,
-               data=Histogram(data_points=pts, aggregation_temporality=AggregationTemporality.CUMULATIVE))
+        Metric(
+            name=HISTOGRAMS[i][0].name,
+            description=HISTOGRAMS[i][0].description,
+            unit=HISTOGRAMS[i][0].unit,
+            data=Histogram(
+                data_points=pts, aggregation_temporality=AggregationTemporality.CUMULATIVE
+            ),
+        )
         for i, pts in sorted(per.items())
     ]
 
@@ -164,10 +199,16 @@ def _inject(md: MetricsData | None, agg: Aggregator, start_ns: int) -> MetricsDa
             for m in hist:  # same histogram from another pipeline: concatenate points
                 old = merged.get(m.name)
                 if old is not None and isinstance(old.data, Histogram):
-                    m = Metric(m.name, m.description, m.unit, Histogram(
-                        # hist holds Histogram metrics only
-                        list(old.data.data_points) + list(m.data.data_points),  # type: ignore[arg-type]
-                        m.data.aggregation_temporality))  # type: ignore[union-attr]
+                    m = Metric(
+                        m.name,
+                        m.description,
+                        m.unit,
+                        Histogram(
+                            # hist holds Histogram metrics only
+                            list(old.data.data_points) + list(m.data.data_points),  # type: ignore[arg-type]
+                            m.data.aggregation_temporality,  # type: ignore[union-attr]
+                        ),
+                    )
                 merged[m.name] = m
             scopes[j] = ScopeMetrics(sm.scope, list(merged.values()), sm.schema_url)
             break
@@ -186,8 +227,12 @@ def _counting_exporter(agg: Aggregator | None, **kw: Any) -> Any:
 
     class CountingOTLPExporter(OTLPMetricExporter):
         # the SDK declares timeout_millis as float | None
-        def export(self, metrics_data: Any, timeout_millis: float = 10_000,  # type: ignore[override]
-                   **k: Any) -> Any:
+        def export(
+            self,
+            metrics_data: Any,
+            timeout_millis: float = 10_000,  # type: ignore[override]
+            **k: Any,
+        ) -> Any:
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **k)
             except Exception as e:  # never let the SDK thread die
@@ -195,7 +240,9 @@ def _counting_exporter(agg: Aggregator | None, **kw: Any) -> Any:
                     agg.count_error("export", "OTLP export failed", e)
                 return MetricExportResult.FAILURE
             if result is not MetricExportResult.SUCCESS and agg is not None:
-                agg.count_error("export", "OTLP export failed (receiver unreachable, slow or refusing)")
+                agg.count_error(
+                    "export", "OTLP export failed (receiver unreachable, slow or refusing)"
+                )
             return result
 
     return CountingOTLPExporter(**kw)
@@ -216,8 +263,10 @@ def _start_scrape_server(cfg: Any, registry: Any) -> tuple[Any, int]:
             return server, server[0].server_address[1]
         except OSError as e:
             last_err = e
-    raise OSError(f"ports {first}-{first + span - 1} on {cfg.prometheus_addr} are all taken ({last_err}); "
-                  "set WARMSCOPE_PROMETHEUS_PORT or prometheus_port_span")
+    raise OSError(
+        f"ports {first}-{first + span - 1} on {cfg.prometheus_addr} are all taken ({last_err}); "
+        "set WARMSCOPE_PROMETHEUS_PORT or prometheus_port_span"
+    )
 
 
 def resource_attributes(replica: str, agg: Any = None) -> dict[str, str]:
@@ -225,8 +274,10 @@ def resource_attributes(replica: str, agg: Any = None) -> dict[str, str]:
     replica label stay two series, not one that jumps between their totals),
     and the replica label as ``warmscope.replica``."""
     instance = getattr(agg, "instance_id", None) or replica
-    return {"service.instance.id": f"{replica}/{instance}" if instance != replica else replica,
-            "warmscope.replica": replica}
+    return {
+        "service.instance.id": f"{replica}/{instance}" if instance != replica else replica,
+        "warmscope.replica": replica,
+    }
 
 
 def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvider, Any]:
@@ -234,7 +285,9 @@ def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvid
     ``prometheus``), and the scrape server it started (or None).
 
     Several pipelines in one process (the simulator's replicas) share one."""
-    res = Resource.create({"service.name": "warmscope-collectors", **resource_attributes(cfg.replica, agg)})
+    res = Resource.create(
+        {"service.name": "warmscope-collectors", **resource_attributes(cfg.replica, agg)}
+    )
     server = None
     timeout_s = float(getattr(cfg, "export_timeout_s", 10.0))
     if cfg.exporter == "otlp":
@@ -242,9 +295,11 @@ def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvid
         if cfg.otlp_endpoint:
             base = cfg.otlp_endpoint.rstrip("/")
             kw["endpoint"] = base if base.endswith("/v1/metrics") else base + "/v1/metrics"
-        reader: Any = PeriodicReader(_counting_exporter(agg, **kw),
-                                     export_interval_millis=cfg.flush_interval_s * 1000,
-                                     export_timeout_millis=timeout_s * 1000)
+        reader: Any = PeriodicReader(
+            _counting_exporter(agg, **kw),
+            export_interval_millis=cfg.flush_interval_s * 1000,
+            export_timeout_millis=timeout_s * 1000,
+        )
     elif cfg.exporter == "prometheus":
         from prometheus_client import CollectorRegistry
 
@@ -255,8 +310,11 @@ def build_provider(cfg: Any, agg: Aggregator | None = None) -> tuple[MeterProvid
             import logging
 
             logging.getLogger("warmscope.collectors").warning(
-                "warmscope: scrape port %d is taken; serving metrics on %s:%d", cfg.prometheus_port,
-                cfg.prometheus_addr, port)
+                "warmscope: scrape port %d is taken; serving metrics on %s:%d",
+                cfg.prometheus_port,
+                cfg.prometheus_addr,
+                port,
+            )
     else:
         raise ValueError(f"exporter {cfg.exporter!r} has no meter provider")
     # shutdown_on_exit=False: the pipeline shuts it down (close(), at exit too); the SDK's own
@@ -287,43 +345,63 @@ class OTelBridge:
                 r.ws_bind(agg)
         self._register(provider.get_meter(SCOPE, version=agg.replica))
 
-    def _safe(self, fn: Callable[[], Iterable[Observation]]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _safe(
+        self, fn: Callable[[], Iterable[Observation]]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
             try:
                 return list(fn())
             except Exception as e:
                 self.agg.count_error("export", "observable callback", e)
                 return []
+
         return cb
 
     def _register(self, meter: Any) -> None:
         """One observable instrument per schema instrument that the aggregator counts."""
-        for inst, fn in (*self._cache_series(), *self._request_series(), *self._warmup_series(),
-                         *self._kv_series(), *self._self_series()):
-            create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
-                      "updown": meter.create_observable_up_down_counter}[inst.kind]
+        for inst, fn in (
+            *self._cache_series(),
+            *self._request_series(),
+            *self._warmup_series(),
+            *self._kv_series(),
+            *self._self_series(),
+        ):
+            create = {
+                "counter": meter.create_observable_counter,
+                "gauge": meter.create_observable_gauge,
+                "updown": meter.create_observable_up_down_counter,
+            }[inst.kind]
             create(inst.name, [self._safe(fn)], unit=inst.unit, description=inst.description)
 
     def _cache_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def totals(read: Callable[[], dict[Any, Any]], attrs: tuple[str, ...]) -> Callable[[], Iterator[Observation]]:
+        def totals(
+            read: Callable[[], dict[Any, Any]], attrs: tuple[str, ...]
+        ) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 for k, n in read().items():
                     yield Observation(n, dict(zip(attrs, k, strict=True)))
+
             return gen
 
         def cross() -> Iterator[Observation]:
             for layer, n in list(agg.cross_tenant.items()):
                 yield Observation(n, {schema.ATTR.LAYER: layer, schema.ATTR.REPLICA: agg.replica})
 
-        return [(schema.CACHE_LOOKUPS, totals(agg.lookup_totals, schema.LOOKUP_LABELS)),
-                (schema.CACHE_WRITES, totals(agg.write_totals, schema.WRITE_LABELS)),
-                (schema.CROSS_TENANT_KEYS, cross)]
+        return [
+            (schema.CACHE_LOOKUPS, totals(agg.lookup_totals, schema.LOOKUP_LABELS)),
+            (schema.CACHE_WRITES, totals(agg.write_totals, schema.WRITE_LABELS)),
+            (schema.CROSS_TENANT_KEYS, cross),
+        ]
 
-    def _request_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
+    def _request_series(
+        self,
+    ) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
-        attrs_sla = schema.REQUESTS.attributes  # REQUEST_LABELS + sla_met: the request series' label order
+        attrs_sla = (
+            schema.REQUESTS.attributes
+        )  # REQUEST_LABELS + sla_met: the request series' label order
 
         def req(measure: str, with_sla: bool) -> Callable[[], Iterator[Observation]]:
             idx = records.REQUESTS.measures.index(measure)
@@ -336,18 +414,24 @@ class OTelBridge:
                     acc[key] = acc.get(key, 0) + r[idx]
                 for key, v in acc.items():
                     yield Observation(v, dict(zip(attrs_sla, key, strict=False)))
+
             return gen
 
         def gauge(name: str) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 if name in agg.gauges:
                     yield Observation(agg.gauges[name], {schema.ATTR.REPLICA: agg.replica})
+
             return gen
 
-        return [(schema.REQUESTS, req("requests", True)), (schema.GPU_TIME, req("gpu_s", False)),
-                (schema.CONVERSIONS, req("conversions", False)), (schema.CONVERSION_VALUE, req("value", False)),
-                (schema.UNMEASURED_REQUESTS, req("unmeasured", False)),
-                (schema.GPU_MEMORY, gauge(schema.GPU_MEMORY.name))]
+        return [
+            (schema.REQUESTS, req("requests", True)),
+            (schema.GPU_TIME, req("gpu_s", False)),
+            (schema.CONVERSIONS, req("conversions", False)),
+            (schema.CONVERSION_VALUE, req("value", False)),
+            (schema.UNMEASURED_REQUESTS, req("unmeasured", False)),
+            (schema.GPU_MEMORY, gauge(schema.GPU_MEMORY.name)),
+        ]
 
     def _warmup_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
@@ -361,18 +445,24 @@ class OTelBridge:
                 attrs = schema.WARMUP_LABELS + ((schema.ATTR.STATUS,) if idx == S_RUNS else ())
                 for k, v in acc.items():
                     yield Observation(v, dict(zip(attrs, k, strict=True)))
+
             return gen
 
         def per_run(read: Callable[[], dict[Any, Any]]) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 for labels, n in list(read().items()):
                     yield Observation(n, dict(zip(schema.WARMUP_LABELS, labels, strict=True)))
+
             return gen
 
-        return [(schema.WARMUP_RUNS, warm(S_RUNS)), (schema.WARMUP_KEYS, warm(S_KEYS)),
-                (schema.WARMUP_BYTES, warm(S_BYTES)), (schema.WARMUP_GPU_TIME, warm(S_GPU_S)),
-                (schema.WARMUP_KEYS_READ, per_run(lambda: agg.warm_read)),
-                (schema.WARMUP_ACTIVE, per_run(lambda: agg.warmup_active))]
+        return [
+            (schema.WARMUP_RUNS, warm(S_RUNS)),
+            (schema.WARMUP_KEYS, warm(S_KEYS)),
+            (schema.WARMUP_BYTES, warm(S_BYTES)),
+            (schema.WARMUP_GPU_TIME, warm(S_GPU_S)),
+            (schema.WARMUP_KEYS_READ, per_run(lambda: agg.warm_read)),
+            (schema.WARMUP_ACTIVE, per_run(lambda: agg.warmup_active)),
+        ]
 
     def _kv_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         """Missed tokens by (tenant, engine, class: no family), engine block counts by salt."""
@@ -386,25 +476,35 @@ class OTelBridge:
             def gen() -> Iterator[Observation]:
                 for k, v in agg.kv_totals().items():
                     yield Observation(v[idx], dict(zip(schema.KV_BLOCK_LABELS, k, strict=True)))
+
             return gen
 
-        return [(schema.KV_MISSED_TOKENS, missed), (schema.KV_BLOCKS_STORED, blocks(0)),
-                (schema.KV_BLOCKS_REUSED, blocks(1)), (schema.KV_BLOCKS_EVICTED, blocks(2)),
-                (schema.KV_BLOCKS_RESIDENT, blocks(3))]
+        return [
+            (schema.KV_MISSED_TOKENS, missed),
+            (schema.KV_BLOCKS_STORED, blocks(0)),
+            (schema.KV_BLOCKS_REUSED, blocks(1)),
+            (schema.KV_BLOCKS_EVICTED, blocks(2)),
+            (schema.KV_BLOCKS_RESIDENT, blocks(3)),
+        ]
 
     def _self_series(self) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
 
-        def by(read: Callable[[], dict[Any, Any]], attr: str) -> Callable[[], Iterator[Observation]]:
+        def by(
+            read: Callable[[], dict[Any, Any]], attr: str
+        ) -> Callable[[], Iterator[Observation]]:
             def gen() -> Iterator[Observation]:
                 for k, n in list(read().items()):
                     yield Observation(n, {attr: k})
+
             return gen
 
-        return [(schema.TELEMETRY_ERRORS, by(lambda: agg.errors, schema.ATTR.STAGE)),
-                (schema.TELEMETRY_DROPPED, by(agg.dropped_counts, schema.ATTR.STAGE)),
-                (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL)),
-                (schema.LABEL_BOUNDED, by(agg.label_bounded, schema.ATTR.LABEL))]
+        return [
+            (schema.TELEMETRY_ERRORS, by(lambda: agg.errors, schema.ATTR.STAGE)),
+            (schema.TELEMETRY_DROPPED, by(agg.dropped_counts, schema.ATTR.STAGE)),
+            (schema.LABEL_OVERFLOW, by(agg.label_overflow, schema.ATTR.LABEL)),
+            (schema.LABEL_BOUNDED, by(agg.label_bounded, schema.ATTR.LABEL)),
+        ]
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop exporting; returns within about ``timeout_s`` even when the
@@ -422,7 +522,9 @@ class OTelBridge:
             t.start()
             t.join(timeout_s)
             if t.is_alive():
-                self.agg.count_error("export", "exporter shutdown did not finish in time; last export abandoned")
+                self.agg.count_error(
+                    "export", "exporter shutdown did not finish in time; last export abandoned"
+                )
         if self._server is not None:
             try:
                 stop_server(self._server)

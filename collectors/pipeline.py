@@ -88,7 +88,7 @@ class Backlog:
             i = 0
             while i < len(rows):
                 take = min(self.chunk - cur_n, len(rows) - i)
-                cur.setdefault(k, []).extend(rows[i:i + take])
+                cur.setdefault(k, []).extend(rows[i : i + take])
                 cur_n += take
                 i += take
                 if cur_n >= self.chunk:
@@ -164,11 +164,14 @@ class Telemetry:
         # Metric points go to the store with the embedded exporter; hot keys,
         # A/B units and warm-up runs go to Redis when configured, else the store.
         self._store_path = None
-        if store is None and (cfg.exporter == "embedded" or (cfg.exporter != "none" and not has_redis)):
+        if store is None and (
+            cfg.exporter == "embedded" or (cfg.exporter != "none" and not has_redis)
+        ):
             self._store_path = cfg.resolved_store_path()
             self._open_store(_STARTUP_LOCK_WAIT_S if background else None)
-        self.points_to_store = (self.store is not None or self._store_path is not None) and \
-            cfg.exporter in ("embedded", "none")
+        self.points_to_store = (
+            self.store is not None or self._store_path is not None
+        ) and cfg.exporter in ("embedded", "none")
         self.aggregator.miss_bucket_s = float(cfg.flush_interval_s)
         self.aggregator.miss_to_store = self.points_to_store
         self.redis_sink = None
@@ -176,10 +179,17 @@ class Telemetry:
             try:
                 from .redis_sink import RedisSink
 
-                self.redis_sink = RedisSink(redis_client, cfg.redis_url, cfg.hot_key_ttl_s, self.aggregator)
-            except Exception as e:  # garbage URL, redis-py missing: keep serving, keep rows in memory
-                self._setup_failed("redis", f"cannot use Redis at {_redact(cfg.redis_url)!r} ({e}); hot keys, "
-                                   "A/B units and warm-up runs are dropped (counted) until the URL is fixed")
+                self.redis_sink = RedisSink(
+                    redis_client, cfg.redis_url, cfg.hot_key_ttl_s, self.aggregator
+                )
+            except (
+                Exception
+            ) as e:  # garbage URL, redis-py missing: keep serving, keep rows in memory
+                self._setup_failed(
+                    "redis",
+                    f"cannot use Redis at {_redact(cfg.redis_url)!r} ({e}); hot keys, "
+                    "A/B units and warm-up runs are dropped (counted) until the URL is fixed",
+                )
         self.otel = None
         if meter_provider is not None or cfg.exporter in ("otlp", "prometheus"):
             try:
@@ -187,10 +197,18 @@ class Telemetry:
 
                 self.otel = OTelBridge(self.aggregator, cfg, meter_provider)
             except Exception as e:
-                self._setup_failed("export", f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
-                                   "kept in memory only")
+                self._setup_failed(
+                    "export",
+                    f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
+                    "kept in memory only",
+                )
         self._last: dict[str, dict[Any, Any]] = {
-            "lookups": {}, "writes": {}, "requests": {}, "hist": {}, "misses": {}}
+            "lookups": {},
+            "writes": {},
+            "requests": {},
+            "hist": {},
+            "misses": {},
+        }
         self._store_backlog = Backlog(cfg.max_pending_rows)
         self._redis_backlog = Backlog(cfg.max_pending_rows)
         self._flush_lock = threading.Lock()
@@ -215,8 +233,10 @@ class Telemetry:
         """Open the embedded store; on failure count it, keep rows in memory
         (bounded) and retry at the next flush. Never raises."""
         try:
-            st = EmbeddedStore(self._store_path,  # type: ignore[arg-type]  # set when a store is configured
-                               timeout=wait_s if wait_s is not None else 5.0)
+            st = EmbeddedStore(
+                self._store_path,  # type: ignore[arg-type]  # set when a store is configured
+                timeout=wait_s if wait_s is not None else 5.0,
+            )
             st.timeout = 5.0
             self.store = st
             return True
@@ -224,8 +244,11 @@ class Telemetry:
             self.aggregator.bump_error("store")
             if "store" not in self.aggregator._logged:
                 self.aggregator._logged.add("store")
-                log.error("warmscope: cannot open the embedded store: %s; rows are kept in memory (up to "
-                          "max_pending_rows) and the store is retried at every flush", e)
+                log.error(
+                    "warmscope: cannot open the embedded store: %s; rows are kept in memory (up to "
+                    "max_pending_rows) and the store is retried at every flush",
+                    e,
+                )
             return False
 
     def pending_rows(self, stage: str) -> int:
@@ -260,8 +283,15 @@ class Telemetry:
         if ctx is None:
             return self.default_context
         if ctx._agg is not self.aggregator:
-            return RequestContext(self.aggregator, ctx.tenant, ctx.unit, ctx.experiment,
-                                  ctx.variant, ctx.model, ctx.prompt_tokens)
+            return RequestContext(
+                self.aggregator,
+                ctx.tenant,
+                ctx.unit,
+                ctx.experiment,
+                ctx.variant,
+                ctx.model,
+                ctx.prompt_tokens,
+            )
         return ctx
 
     def record_request(
@@ -279,14 +309,28 @@ class Telemetry:
         """One call at the end of each request; labels come from the request context."""
         try:
             self.aggregator.record_request(
-                self.context(), ttft_s, latency_s, prompt_tokens, cached_tokens,
-                float(gpu_s), sla_met, conversion, float(value),
+                self.context(),
+                ttft_s,
+                latency_s,
+                prompt_tokens,
+                cached_tokens,
+                float(gpu_s),
+                sla_met,
+                conversion,
+                float(value),
             )
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_request", e)
 
-    def record_misses(self, *, tenant: str, engine: str, family: str, classes: Mapping[str, int],
-                      ts: float | None = None) -> None:
+    def record_misses(
+        self,
+        *,
+        tenant: str,
+        engine: str,
+        family: str,
+        classes: Mapping[str, int],
+        ts: float | None = None,
+    ) -> None:
         """One request's missed prompt tokens (prompt - cached) by why they missed.
 
         ``classes`` maps class names (``records.MISS_CLASSES``: elsewhere, evicted,
@@ -301,8 +345,17 @@ class Telemetry:
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_misses", e)
 
-    def record_kv_stats(self, *, engine: str, salt: str, stored: int, reused: int, evicted: int,
-                        resident: int, ts: float | None = None) -> None:
+    def record_kv_stats(
+        self,
+        *,
+        engine: str,
+        salt: str,
+        stored: int,
+        reused: int,
+        evicted: int,
+        resident: int,
+        ts: float | None = None,
+    ) -> None:
         """An engine's KV blocks for one (already hashed) cache salt: ``stored``,
         ``reused`` and ``evicted`` blocks since the previous call for this engine
         and salt (increments), ``resident`` blocks now. Same cost and guarantees
@@ -340,7 +393,9 @@ class Telemetry:
     def _units_filling(self) -> bool:
         return self.aggregator._units_n >= self.config.max_buffered_units // 4 > 0
 
-    def flush(self, now: float | None = None, settle: bool | None = None, side: bool = True) -> dict[str, int]:
+    def flush(
+        self, now: float | None = None, settle: bool | None = None, side: bool = True
+    ) -> dict[str, int]:
         """Move what the aggregator holds to the sinks. Never raises.
 
         ``settle=True`` when no other thread is recording (virtual-time callers
@@ -358,7 +413,9 @@ class Telemetry:
     def _flush_locked(self, now: float | None, settle: bool | None, side: bool) -> dict[str, int]:
         with self._flush_lock:
             try:
-                return self._flush(now, self.background is False if settle is None else settle, side)
+                return self._flush(
+                    now, self.background is False if settle is None else settle, side
+                )
             except Exception as e:
                 self.aggregator.count_error("flush", "flush", e)
                 return {}
@@ -380,10 +437,14 @@ class Telemetry:
                 self._open_store()
             if self.store is not None and self._drain_store(points):
                 self._last.update(new_last)
-                if self.redis_sink is None:  # (after a write that worked: a locked store counts once)
+                if (
+                    self.redis_sink is None
+                ):  # (after a write that worked: a locked store counts once)
                     self._check_replica(now)
         elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
-            self.aggregator.count_dropped("store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES))
+            self.aggregator.count_dropped(
+                "store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES)
+            )
         if self.redis_sink is not None:
             self._keep("redis", self._redis_backlog, redis_b)
             self._drain_redis()
@@ -410,7 +471,11 @@ class Telemetry:
         try:
             first: dict[str, list[Any]] = defaultdict(list, {k: list(v) for k, v in points.items()})
             taken = rows_in = 0
-            for _, rows, n in bl.chunks:  # the first transaction carries a bounded share of the backlog
+            for (
+                _,
+                rows,
+                n,
+            ) in bl.chunks:  # the first transaction carries a bounded share of the backlog
                 if rows_in and rows_in + n > _STORE_TXN_ROWS:
                     break
                 rows_in += n
@@ -462,9 +527,12 @@ class Telemetry:
         new = [o for o in others if o not in self.replica_collisions]
         if new:
             self.replica_collisions.update(new)
-            agg.count_error("config", f"replica {agg.replica!r} is also written by process(es) {', '.join(new)} "
-                            f"(this one is {self.instance_id}): per-replica warm-up attribution will be "
-                            "wrong; give each process its own WARMSCOPE_REPLICA")
+            agg.count_error(
+                "config",
+                f"replica {agg.replica!r} is also written by process(es) {', '.join(new)} "
+                f"(this one is {self.instance_id}): per-replica warm-up attribution will be "
+                "wrong; give each process its own WARMSCOPE_REPLICA",
+            )
 
     def _drain_redis(self) -> None:
         bl = self._redis_backlog
@@ -478,7 +546,9 @@ class Telemetry:
         except Exception as e:
             self._failed("redis", e)
 
-    def _point_rows(self, now: float, store_b: dict[str, list[Any]], new_last: dict[str, dict[Any, Any]]) -> None:
+    def _point_rows(
+        self, now: float, store_b: dict[str, list[Any]], new_last: dict[str, dict[Any, Any]]
+    ) -> None:
         """Metric points since the last written snapshot (deltas of cumulative totals)."""
         agg = self.aggregator
         for name, kind in (("lookups", "counts"), ("writes", "writes")):
@@ -509,8 +579,9 @@ class Telemetry:
         store_b["misses"].extend(mrows)
         store_b["kv_blocks"].extend(krows)
 
-    def _collect(self, now: float, settle: bool,
-                 take_side: bool = False) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
+    def _collect(
+        self, now: float, settle: bool, take_side: bool = False
+    ) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
         """Rows for the store and Redis since the last flush, and the new
         cumulative snapshot to remember once the store write succeeded."""
         agg = self.aggregator
@@ -524,8 +595,12 @@ class Telemetry:
         hot: dict[int, dict[Any, Any]]
         units: dict[tuple[Any, ...], list[Any]]
         hot, units = {}, {}
-        side_now = take_side or self._final or now - self._last_side >= self.config.side_flush_s or \
-            self._units_filling()
+        side_now = (
+            take_side
+            or self._final
+            or now - self._last_side >= self.config.side_flush_s
+            or self._units_filling()
+        )
         if self.redis_sink is None and self.store is None and self._store_path is None:
             # No sink for hot keys, unit records or runs (exporter "none", or an
             # unusable configuration): nothing to hash; what was buffered is counted.
@@ -557,7 +632,17 @@ class Telemetry:
                 for key, e in sk.items():
                     if e[E_HITS] + e[E_MISSES] >= 2:  # a key read once in a flush window is not hot
                         side["hot_keys"].append(
-                            (win, tenant, layer, h(key), e[E_FAMILY], e[E_HITS], e[E_MISSES], e[E_ERR]))
+                            (
+                                win,
+                                tenant,
+                                layer,
+                                h(key),
+                                e[E_FAMILY],
+                                e[E_HITS],
+                                e[E_MISSES],
+                                e[E_ERR],
+                            )
+                        )
         for (exp, var, unit, layer), u in units.items():
             if layer:  # records.AB_LOOKUPS: keys, layer, lookups, hits
                 side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, *u))
@@ -583,10 +668,21 @@ class Telemetry:
         for w in list(agg.warmed.values()):
             state = (w.first_hit_at, w.first_miss_at, w.hits)
             if state != w.exported:
-                side["warmed_keys"].append((
-                    w.run_id, h(w.key_hash_src), w.family, w.tenant, w.layer, w.warmed_at,
-                    w.ttl_s, w.gpu_s, w.first_hit_at, w.first_miss_at, w.hits,
-                ))
+                side["warmed_keys"].append(
+                    (
+                        w.run_id,
+                        h(w.key_hash_src),
+                        w.family,
+                        w.tenant,
+                        w.layer,
+                        w.warmed_at,
+                        w.ttl_s,
+                        w.gpu_s,
+                        w.first_hit_at,
+                        w.first_miss_at,
+                        w.hits,
+                    )
+                )
                 w.exported = state
             horizon = w.warmed_at + (w.ttl_s if w.ttl_s else 86400.0)
             if now > horizon:
@@ -606,7 +702,10 @@ class Telemetry:
             for key, (first, n, fam) in list(win.seen.items()):
                 side["early_keys"].append((win.run_id, h(key), fam, first, n))
             if win.overflow:
-                agg.count_error("record", f"recall window of run {win.run_id} overflowed ({win.overflow} lookups)")
+                agg.count_error(
+                    "record",
+                    f"recall window of run {win.run_id} overflowed ({win.overflow} lookups)",
+                )
 
     # ------------------------------------------------------------ lifecycle
     def close(self, timeout: float | None = None) -> None:
@@ -632,7 +731,10 @@ class Telemetry:
         t.start()
         t.join(timeout=max(0.0, end - time.monotonic()))
         if t.is_alive():
-            log.error("warmscope: close() gave up after %.1f s; unwritten rows are dropped (counted)", budget)
+            log.error(
+                "warmscope: close() gave up after %.1f s; unwritten rows are dropped (counted)",
+                budget,
+            )
         left = self._store_backlog.n + self._redis_backlog.n
         if left:
             self.aggregator.count_dropped("store", self._store_backlog.clear())
@@ -650,6 +752,7 @@ class Telemetry:
 
 _POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges", "misses", "kv_blocks")
 
+
 def flush_together(telemetries: list[Telemetry], now: float | None = None) -> None:
     """Flush pipelines that share one store in one transaction each store.
 
@@ -666,7 +769,9 @@ def flush_together(telemetries: list[Telemetry], now: float | None = None) -> No
         for t in group:
             try:
                 with t._flush_lock:
-                    sb, rb, new_last = t._collect(t.clock() if now is None else now, not t.background)
+                    sb, rb, new_last = t._collect(
+                        t.clock() if now is None else now, not t.background
+                    )
                     if t.redis_sink is not None:
                         t._keep("redis", t._redis_backlog, rb)
                         t._drain_redis()
@@ -697,9 +802,14 @@ _install_lock = threading.Lock()
 def _fallback(reason: str, clock: Callable[[], float] = time.time) -> Telemetry:
     """A pipeline that counts in memory and exports nothing: what the host
     gets when the configuration is unusable (the reason is logged once)."""
-    log.error("warmscope: %s; instrumentation keeps counting in memory but exports nothing until this is "
-              "fixed (your service is not affected)", reason)
-    tel = Telemetry(CollectorConfig(exporter="none", key_secret="unconfigured"), clock=clock, background=False)
+    log.error(
+        "warmscope: %s; instrumentation keeps counting in memory but exports nothing until this is "
+        "fixed (your service is not affected)",
+        reason,
+    )
+    tel = Telemetry(
+        CollectorConfig(exporter="none", key_secret="unconfigured"), clock=clock, background=False
+    )
     tel.aggregator.bump_error("config")
     tel.aggregator._logged.add("config")
     return tel
@@ -716,12 +826,24 @@ def _build(config: CollectorConfig | None, overrides: dict[str, Any]) -> Telemet
         if config is None:
             cfg = CollectorConfig.load(**overrides)
         else:
-            cfg = CollectorConfig._from_raw({**config.as_dict(), **overrides}) if overrides else config
-    except Exception as e:  # ConfigError names the key; anything else is a bug we must not raise either
+            cfg = (
+                CollectorConfig._from_raw({**config.as_dict(), **overrides})
+                if overrides
+                else config
+            )
+    except (
+        Exception
+    ) as e:  # ConfigError names the key; anything else is a bug we must not raise either
         return _fallback(f"configuration error: {e}", clock)
     try:
-        return Telemetry(cfg, clock=clock, meter_provider=meter_provider, redis_client=redis_client,
-                         store=store, background=background)
+        return Telemetry(
+            cfg,
+            clock=clock,
+            meter_provider=meter_provider,
+            redis_client=redis_client,
+            store=store,
+            background=background,
+        )
     except Exception as e:  # pragma: no cover - every sink guards itself; last line of defence
         return _fallback(f"cannot start the pipeline: {type(e).__name__}: {e}", clock)
 
@@ -735,7 +857,9 @@ def setup(config: CollectorConfig | None = None, **overrides: Any) -> Telemetry:
     A bad configuration gives a pipeline that counts in memory and exports
     nothing, and one clear log line."""
     global _installed
-    injected = any(overrides.get(k) is not None for k in ("clock", "meter_provider", "redis_client", "store"))
+    injected = any(
+        overrides.get(k) is not None for k in ("clock", "meter_provider", "redis_client", "store")
+    )
     with _install_lock:
         old = _installed
         if old is not None and not injected:
@@ -744,7 +868,11 @@ def setup(config: CollectorConfig | None = None, **overrides: Any) -> Telemetry:
                     plain = {k: v for k, v in overrides.items() if k != "background"}
                     want = CollectorConfig.load(**plain)
                 else:
-                    want = CollectorConfig._from_raw({**config.as_dict(), **overrides}) if overrides else config
+                    want = (
+                        CollectorConfig._from_raw({**config.as_dict(), **overrides})
+                        if overrides
+                        else config
+                    )
                 if want == old.config and overrides.get("background", True) == old.background:
                     return old
             except Exception:

@@ -99,7 +99,9 @@ class _Interpreter:
                         self.rec(k)(k, MISS if v is None else HIT)
                 else:
                     k = keys[0]
-                    self.rec(k)(k, MISS if response is None or response == {} or response == [] else HIT)
+                    self.rec(k)(
+                        k, MISS if response is None or response == {} or response == [] else HIT
+                    )
             elif not isinstance(response, BaseException):
                 if name in _WRITES_1:
                     k = _str(args[1])
@@ -120,8 +122,9 @@ class _Interpreter:
         tel.aggregator.count_error("hook", what, e)
 
 
-def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
-               telemetry: Telemetry | None = None) -> Any:
+def instrument(
+    client: Any, layer: str | Callable[[Any], str] = "response", telemetry: Telemetry | None = None
+) -> Any:
     """Instrument a ``redis.Redis``, ``redis.asyncio.Redis`` or ``redis.cluster.RedisCluster``
     client in place (idempotent); returns it. An asyncio client and its pipelines are counted
     as the sync ones are."""
@@ -133,6 +136,7 @@ def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
     execute_command: Callable[..., Any]
 
     if inspect.iscoroutinefunction(orig_exec):
+
         async def execute_command(*args: Any, **options: Any) -> Any:
             try:
                 resp = await orig_exec(*args, **options)
@@ -142,6 +146,7 @@ def instrument(client: Any, layer: str | Callable[[Any], str] = "response",
             interp.outcome(args, resp)
             return resp
     else:
+
         def execute_command(*args: Any, **options: Any) -> Any:
             try:
                 resp = orig_exec(*args, **options)
@@ -182,6 +187,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
     execute: Callable[..., Any]
 
     if inspect.iscoroutinefunction(orig_execute):
+
         async def execute(raise_on_error: bool = True) -> Any:
             stack = _stack(pipe, interp)
             try:
@@ -192,6 +198,7 @@ def _instrument_pipeline(pipe: Any, interp: _Interpreter) -> None:
             _results(interp, stack, results)
             return results
     else:
+
         def execute(raise_on_error: bool = True) -> Any:
             stack = _stack(pipe, interp)
             try:

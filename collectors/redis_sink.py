@@ -80,9 +80,22 @@ from warmscope.model.records import UNIT_HIST as _H
 
 from . import ab_moments as _m
 
-__all__ = ["RedisSink", "PREFIX", "RUN_TTL_S", "AB_SHARDS", "connect", "is_cluster", "ab_tag", "ab_shard",
-           "hot_tag", "run_tag", "key",
-           "enc", "dec", "migrate_layout1"]
+__all__ = [
+    "RedisSink",
+    "PREFIX",
+    "RUN_TTL_S",
+    "AB_SHARDS",
+    "connect",
+    "is_cluster",
+    "ab_tag",
+    "ab_shard",
+    "hot_tag",
+    "run_tag",
+    "key",
+    "enc",
+    "dec",
+    "migrate_layout1",
+]
 
 PREFIX = "ws"
 RUN_TTL_S = 30 * 86400
@@ -205,8 +218,17 @@ def connect(url: str | None, client: Any = None, **kw: Any) -> Any:
     if not int(info.get("cluster_enabled", 0)):
         return plain
     ck = plain.connection_pool.connection_kwargs
-    opts = {k: ck[k] for k in ("socket_timeout", "socket_connect_timeout", "password", "username",
-                               "decode_responses") if ck.get(k) is not None}
+    opts = {
+        k: ck[k]
+        for k in (
+            "socket_timeout",
+            "socket_connect_timeout",
+            "password",
+            "username",
+            "decode_responses",
+        )
+        if ck.get(k) is not None
+    }
     opts.update(kw)
     if client is None:
         plain.close()
@@ -289,8 +311,15 @@ class _UnitTotals:
         self.has_row = np.zeros(n, dtype=bool)
 
     @classmethod
-    def read(cls, p: _Part, tag: str, units: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
-             unit_rows: dict[tuple[Any, ...], list[Any]], now: float) -> _UnitTotals:
+    def read(
+        cls,
+        p: _Part,
+        tag: str,
+        units: list[tuple[Any, ...]],
+        olds: dict[str, dict[Any, Any]],
+        unit_rows: dict[tuple[Any, ...], list[Any]],
+        now: float,
+    ) -> _UnitTotals:
         """The units' stored and added totals; a version check per unit on ``p``."""
         t = cls(len(units))
         for i, unit in enumerate(units):
@@ -329,8 +358,9 @@ class _UnitTotals:
         new[:, 1] = np.where(seen, np.maximum(old[:, 1], add[:, 1]), add[:, 1])
         return new
 
-    def moment_deltas(self, units: list[tuple[Any, ...]],
-                      bucket: np.ndarray) -> tuple[Deltas, Spans]:
+    def moment_deltas(
+        self, units: list[tuple[Any, ...]], bucket: np.ndarray
+    ) -> tuple[Deltas, Spans]:
         """Per (variant, first-seen bucket): the change of the unit moments (``ab_moments``
         columns) and the span [min first_ts, max last_ts] of the units that changed. Units
         without a row keep their totals: they change nothing."""
@@ -340,8 +370,9 @@ class _UnitTotals:
         if not len(changed):
             return deltas, spans
         new = self.totals()
-        delta = (_m.contributions(new[changed], np.ones(len(changed)))
-                 - _m.contributions(self.stored[changed], self.present[changed]))
+        delta = _m.contributions(new[changed], np.ones(len(changed))) - _m.contributions(
+            self.stored[changed], self.present[changed]
+        )
         for j, i in enumerate(changed):
             group = (units[i][1], float(bucket[i]))
             if group in deltas:
@@ -353,8 +384,9 @@ class _UnitTotals:
                 spans[group] = [new[i, 0], new[i, 1]]
         return deltas, spans
 
-    def add_totals(self, p: _Part, units: list[tuple[Any, ...]],
-                   unit_rows: dict[tuple[Any, ...], list[Any]]) -> None:
+    def add_totals(
+        self, p: _Part, units: list[tuple[Any, ...]], unit_rows: dict[tuple[Any, ...], list[Any]]
+    ) -> None:
         """Each changed unit's sums added to its hash; first_ts and last_ts kept at the extremes."""
         for i in np.flatnonzero(self.has_row):
             name, unit = self.names[i], units[i]
@@ -369,9 +401,13 @@ class _UnitTotals:
             p.hash_keep_max(name, "last_ts", float(self.added[i, 1]))
 
 
-def _add_layer_totals(p: _Part, units: list[tuple[Any, ...]], u: _UnitTotals,
-                      layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
-                      bucket: np.ndarray) -> Deltas:
+def _add_layer_totals(
+    p: _Part,
+    units: list[tuple[Any, ...]],
+    u: _UnitTotals,
+    layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
+    bucket: np.ndarray,
+) -> Deltas:
     """Each unit's per-layer lookups and hits added to its hash; returns the change of the layer
     moments per (variant, first-seen bucket, layer), all unit × layer pairs computed at once."""
     pairs: list[tuple[int, str]] = []
@@ -393,8 +429,9 @@ def _add_layer_totals(p: _Part, units: list[tuple[Any, ...]], u: _UnitTotals,
         return deltas
     old, add = np.array(stored, dtype=float), np.array(added, dtype=float)
     new = old + add
-    delta = (_m.layer_contributions(new[:, 0], new[:, 1], np.ones(len(pairs)))
-             - _m.layer_contributions(old[:, 0], old[:, 1], np.array(present)))
+    delta = _m.layer_contributions(
+        new[:, 0], new[:, 1], np.ones(len(pairs))
+    ) - _m.layer_contributions(old[:, 0], old[:, 1], np.array(present))
     for (i, layer), row in zip(pairs, delta, strict=True):
         group = (units[i][1], float(bucket[i]), layer)
         if group in deltas:
@@ -432,7 +469,9 @@ def _add_moments(p: _Part, tag: str, moments: Deltas, spans: Spans, layer_moment
 
 
 class RedisSink:
-    def __init__(self, client: Any, url: str, hot_ttl_s: int, agg: Any, wait_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self, client: Any, url: str, hot_ttl_s: int, agg: Any, wait_timeout_ms: int = 2000
+    ) -> None:
         self._own = client is None
         if client is None:
             import redis
@@ -445,7 +484,9 @@ class RedisSink:
         self.hot_ttl_s = int(hot_ttl_s)
         self.agg = agg
         self.wait_timeout_ms = int(wait_timeout_ms)
-        self.conflicts = 0  # parts re-read because another writer changed one of their units meanwhile
+        self.conflicts = (
+            0  # parts re-read because another writer changed one of their units meanwhile
+        )
         self._sha: str | None = None
 
     def heartbeat(self, replica: str, instance: str, now: float, alive_s: float) -> list[str]:
@@ -514,13 +555,17 @@ class RedisSink:
                     p.execute_command("WAIT", 1, self.wait_timeout_ms)
                 try:
                     res = p.execute()
-                except NoScriptError:  # a new or restarted node: load the script, run again (nothing applied)
+                except (
+                    NoScriptError
+                ):  # a new or restarted node: load the script, run again (nothing applied)
                     if attempt:
                         raise
                     conn.script_load(_APPLY)
                     continue
                 if wait and int(res[-1]) < 1:
-                    raise NotReplicated(f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms")
+                    raise NotReplicated(
+                        f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms"
+                    )
                 for i, r in zip(idx, res, strict=False):
                     out[i] = r
                 break
@@ -531,7 +576,7 @@ class RedisSink:
         out: list[dict[Any, Any]] = []
         for i in range(0, len(names), 2000):
             p = c.pipeline(transaction=False)
-            for n in names[i:i + 2000]:
+            for n in names[i : i + 2000]:
                 p.hgetall(n)
             out += p.execute()
         return [{(k.decode() if isinstance(k, bytes) else k): v for k, v in h.items()} for h in out]
@@ -556,7 +601,9 @@ class RedisSink:
             return self._write(batches, batch_id)
         except Exception:
             c = self.client
-            if c is not None and is_cluster(c):  # a moved slot or a dead master: learn the map for the retry
+            if c is not None and is_cluster(
+                c
+            ):  # a moved slot or a dead master: learn the map for the retry
                 try:
                     c.nodes_manager.initialize()
                 except Exception:
@@ -614,14 +661,21 @@ class RedisSink:
         lookups = batches.get("ab_lookups", ())
         n += len(units) + len(lookups)
         if units or lookups:
-            sidx[f"{PREFIX}:ab:experiments"].update(self._write_ab(units, lookups, bid, list(parts.values())))
+            sidx[f"{PREFIX}:ab:experiments"].update(
+                self._write_ab(units, lookups, bid, list(parts.values()))
+            )
         elif parts:
             self._run(list(parts.values()), bid)  # 0 for a part applied before (a retry): skipped
         self._index(zidx, sidx)
         return n
 
-    def _write_ab(self, unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]], bid: str,
-                  other: list[_Part]) -> set[str]:
+    def _write_ab(
+        self,
+        unit_rows: Sequence[Sequence[Any]],
+        lookup_rows: Sequence[Sequence[Any]],
+        bid: str,
+        other: list[_Part],
+    ) -> set[str]:
         """Unit totals and A/B moments, one script per (experiment, shard);
         ``other`` parts go out with the first round."""
         ukeys: dict[tuple[Any, ...], list[Any]] = {}
@@ -649,25 +703,39 @@ class RedisSink:
         for _ in range(MAX_CONFLICT_ROUNDS):
             if not pending:
                 break
-            names = [(tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us]
-            olds = dict(zip([x[2] for x in names], self._hgetall_many([x[2] for x in names]), strict=True))
+            names = [
+                (tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us
+            ]
+            olds = dict(
+                zip([x[2] for x in names], self._hgetall_many([x[2] for x in names]), strict=True)
+            )
             tags = list(pending)
             ab_parts = [self._ab_part(tag, pending[tag], olds, ukeys, lk, now) for tag in tags]
             res = self._run(ab_parts + other, bid)
             other = []
             retry: dict[str, list[tuple[Any, ...]]] = {}
             for tag, r in zip(tags, res, strict=False):
-                if isinstance(r, list):  # another writer changed these units since the read: read again
+                if isinstance(
+                    r, list
+                ):  # another writer changed these units since the read: read again
                     self.conflicts += 1
                     retry[tag] = pending[tag]
             pending = retry
         if pending:
-            raise RuntimeError(f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush")
+            raise RuntimeError(
+                f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush"
+            )
         return {u[0] for u in list(ukeys) + list(lk)}
 
-    def _ab_part(self, tag: str, units: list[tuple[Any, ...]], olds: dict[str, dict[Any, Any]],
-                 unit_rows: dict[tuple[Any, ...], list[Any]],
-                 layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]], now: float) -> _Part:
+    def _ab_part(
+        self,
+        tag: str,
+        units: list[tuple[Any, ...]],
+        olds: dict[str, dict[Any, Any]],
+        unit_rows: dict[tuple[Any, ...], list[Any]],
+        layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
+        now: float,
+    ) -> _Part:
         """One (experiment, shard) part of a batch: each unit's totals and per-layer totals, and the
         A/B moments of its (variant, first-seen bucket), as the difference its new totals make to
         what is stored. ``olds`` holds the units' hashes as read; the script applies the part only
@@ -711,8 +779,12 @@ def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
             m = m.decode() if isinstance(m, bytes) else m
             var, uh = m.split(":", 1)
             name = f"{PREFIX}:ab:{exp}:{var}:{uh}"
-            h = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                 for k, v in c.hgetall(name).items()}
+            h = {
+                (k.decode() if isinstance(k, bytes) else k): (
+                    v.decode() if isinstance(v, bytes) else v
+                )
+                for k, v in c.hgetall(name).items()
+            }
             dead.append(name)
             if not h:
                 continue
@@ -721,10 +793,19 @@ def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
                 v = h.get(f, "0")
                 vals.append(float(v) if "." in v or "e" in v else int(v))
             if "first_ts" in h:
-                units.append((exp, var, uh, float(h["first_ts"]), float(h.get("last_ts", h["first_ts"])), *vals))
+                units.append(
+                    (
+                        exp,
+                        var,
+                        uh,
+                        float(h["first_ts"]),
+                        float(h.get("last_ts", h["first_ts"])),
+                        *vals,
+                    )
+                )
             for f, v in h.items():
                 if f.endswith(":lookups"):
-                    layer = f[:-len(":lookups")]
+                    layer = f[: -len(":lookups")]
                     lookups.append((exp, var, uh, layer, int(v), int(h.get(f"{layer}:hits", 0))))
         if units or lookups:
             sink.write({"ab_units": units, "ab_lookups": lookups}, batch_id=f"migrate-{exp}")
@@ -740,8 +821,19 @@ def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
         misses = {k.decode(): v for k, v in c.zrange(base + ":misses", 0, -1, withscores=True)}
         fam = {k.decode(): v.decode() for k, v in c.hgetall(base + ":fam").items()}
         err = {k.decode(): int(v) for k, v in c.hgetall(base + ":err").items()}
-        rows = [(float(window), tenant, layer, kh, fam.get(kh, ""), int(hits.get(kh, 0)), int(misses.get(kh, 0)),
-                 err.get(kh, 0)) for kh in set(hits) | set(misses)]
+        rows = [
+            (
+                float(window),
+                tenant,
+                layer,
+                kh,
+                fam.get(kh, ""),
+                int(hits.get(kh, 0)),
+                int(misses.get(kh, 0)),
+                err.get(kh, 0),
+            )
+            for kh in set(hits) | set(misses)
+        ]
         c.zrem(f"{PREFIX}:hot:windows", m)
         sink.write({"hot_keys": rows}, batch_id=f"migrate-hot-{m}")
         c.delete(*(base + s for s in (":hits", ":misses", ":fam", ":err")))
@@ -755,8 +847,10 @@ def migrate_layout1(client: Any, hot_ttl_s: int = 7 * 86400) -> dict[str, int]:
             continue
         batch = {"warmup_runs": [tuple(rec.get(col) or None for col in _RUN_COLS)]}
         for what in ("warmed", "early"):
-            batch[f"{what}_keys"] = [(rid, kh.decode(), *json.loads(js)) for kh, js in
-                                     c.hgetall(f"{name}:{what}").items()]
+            batch[f"{what}_keys"] = [
+                (rid, kh.decode(), *json.loads(js))
+                for kh, js in c.hgetall(f"{name}:{what}").items()
+            ]
         sink.write(batch, batch_id=f"migrate-run-{rid}")
         c.delete(name, f"{name}:warmed", f"{name}:early")
         moved["runs"] += 1

@@ -40,10 +40,14 @@ __all__ = ["RunFollower", "follow_runs"]
 
 log = logging.getLogger("warmscope.collectors")
 
-_RUN_SQL = ("SELECT run_id, tenant, strategy, trigger, ended FROM warmup_runs WHERE replica = ? AND layer = ? "
-            "AND ended IS NOT NULL AND status != 'running' AND started >= ?")
-_KEYS_SQL = ("SELECT key_hash, family, tenant, warmed_at, ttl_s, gpu_s, first_hit_at, first_miss_at, hits "
-             "FROM warmed_keys WHERE run_id = ?")
+_RUN_SQL = (
+    "SELECT run_id, tenant, strategy, trigger, ended FROM warmup_runs WHERE replica = ? AND layer = ? "
+    "AND ended IS NOT NULL AND status != 'running' AND started >= ?"
+)
+_KEYS_SQL = (
+    "SELECT key_hash, family, tenant, warmed_at, ttl_s, gpu_s, first_hit_at, first_miss_at, hits "
+    "FROM warmed_keys WHERE run_id = ?"
+)
 
 
 class RunFollower:
@@ -51,7 +55,9 @@ class RunFollower:
     them to the aggregator (see the module doc). ``refresh`` runs at every
     flush; it never raises (failures are counted)."""
 
-    def __init__(self, telemetry: Any, layer: str = "prefix_kv", lookback_s: float = 86400.0) -> None:
+    def __init__(
+        self, telemetry: Any, layer: str = "prefix_kv", lookback_s: float = 86400.0
+    ) -> None:
         self.tel = telemetry
         self.agg = telemetry.aggregator
         self.layer = layer
@@ -68,11 +74,27 @@ class RunFollower:
             now = self.tel.clock() if now is None else now
             agg = self.agg
             new = 0
-            for run_id, tenant, strategy, trigger, ended, keys in self._runs(now - self.lookback_s):  # new runs only
+            for run_id, tenant, strategy, trigger, ended, keys in self._runs(
+                now - self.lookback_s
+            ):  # new runs only
                 self.followed.add(run_id)
-                labels = (tenant or "unknown", self.layer, strategy, trigger, agg.replica)  # WARMUP_LABELS
-                agg.follow_run(run_id, self.layer, tenant or None, labels, float(ended),
-                               float(self.tel.config.early_window_s), keys, now)
+                labels = (
+                    tenant or "unknown",
+                    self.layer,
+                    strategy,
+                    trigger,
+                    agg.replica,
+                )  # WARMUP_LABELS
+                agg.follow_run(
+                    run_id,
+                    self.layer,
+                    tenant or None,
+                    labels,
+                    float(ended),
+                    float(self.tel.config.early_window_s),
+                    keys,
+                    now,
+                )
                 new += 1
             agg.forget_remote(now)
             return new
@@ -90,7 +112,9 @@ class RunFollower:
         if store is None:
             return []
         out = []
-        for run_id, tenant, strategy, trigger, ended in store.query(_RUN_SQL, (self.agg.replica, self.layer, since)):
+        for run_id, tenant, strategy, trigger, ended in store.query(
+            _RUN_SQL, (self.agg.replica, self.layer, since)
+        ):
             if run_id in self.followed or run_id in self.agg.local_runs:
                 continue
             keys = [self._key(run_id, tenant, *row) for row in store.query(_KEYS_SQL, (run_id,))]
@@ -110,24 +134,57 @@ class RunFollower:
             if rec and (rec.get("replica") != self.agg.replica or rec.get("layer") != self.layer):
                 self._other.add(run_id)
                 continue
-            if not rec.get("ended") or rec.get("status") in (None, "", "running"):  # not finished yet
+            if not rec.get("ended") or rec.get("status") in (
+                None,
+                "",
+                "running",
+            ):  # not finished yet
                 continue
             keys = []
             for kh, js in c.hgetall(key(run_tag(run_id), "warmed")).items():
                 fam, tenant, _layer, *rest = json.loads(js)
                 keys.append(self._key(run_id, rec.get("tenant", ""), _s(kh), fam, tenant, *rest))
-            out.append((run_id, rec.get("tenant", ""), rec.get("strategy", ""), rec.get("trigger", ""),
-                        float(rec["ended"]), keys))
+            out.append(
+                (
+                    run_id,
+                    rec.get("tenant", ""),
+                    rec.get("strategy", ""),
+                    rec.get("trigger", ""),
+                    float(rec["ended"]),
+                    keys,
+                )
+            )
         return out
 
-    def _key(self, run_id: str, run_tenant: str, key_hash: str, family: str, tenant: str, warmed_at: float,
-             ttl_s: float | None, gpu_s: float | None, first_hit: float | None, first_miss: float | None,
-             hits: int | None) -> tuple[str, WarmedKey]:
+    def _key(
+        self,
+        run_id: str,
+        run_tenant: str,
+        key_hash: str,
+        family: str,
+        tenant: str,
+        warmed_at: float,
+        ttl_s: float | None,
+        gpu_s: float | None,
+        first_hit: float | None,
+        first_miss: float | None,
+        hits: int | None,
+    ) -> tuple[str, WarmedKey]:
         """(key hash, the warmed key as the store has it); the raw key comes
         with the first request that has this hash."""
-        w = WarmedKey(run_id, None, family, tenant or run_tenant or "unknown", self.layer, float(warmed_at),
-                      _num(ttl_s), float(gpu_s or 0.0), first_hit_at=_num(first_hit), first_miss_at=_num(first_miss),
-                      hits=int(hits or 0))
+        w = WarmedKey(
+            run_id,
+            None,
+            family,
+            tenant or run_tenant or "unknown",
+            self.layer,
+            float(warmed_at),
+            _num(ttl_s),
+            float(gpu_s or 0.0),
+            first_hit_at=_num(first_hit),
+            first_miss_at=_num(first_miss),
+            hits=int(hits or 0),
+        )
         w.exported = (w.first_hit_at, w.first_miss_at, w.hits)  # the store has this state already
         return key_hash, w
 

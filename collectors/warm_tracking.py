@@ -66,7 +66,9 @@ class WarmupTracking:
         self.warmed: dict[object, WarmedKey] = {}
         self.early: list[EarlyWindow] = []
         self.events: deque[Any] = deque()  # warm-up run records for the sinks
-        self.warmup_counts: dict[tuple[Any, ...], list[Any]] = {}  # WARMUP_LABELS + (status,) -> RUN_SUMS
+        self.warmup_counts: dict[
+            tuple[Any, ...], list[Any]
+        ] = {}  # WARMUP_LABELS + (status,) -> RUN_SUMS
         self.warmup_active: dict[tuple[Any, ...], int] = {}
         self.warm_read: dict[tuple[Any, ...], int] = {}  # WARMUP_LABELS -> warmed keys read
         # Runs recorded by another process for this replica (collectors.run_follow): their
@@ -77,7 +79,9 @@ class WarmupTracking:
     def count_error(self, stage: str, message: str = "", exc: BaseException | None = None) -> None:
         raise NotImplementedError  # pragma: no cover - provided by the aggregator
 
-    def warmup_event(self, kind: str, labels: tuple[Any, ...], record: dict[Any, Any], status: str = "") -> None:
+    def warmup_event(
+        self, kind: str, labels: tuple[Any, ...], record: dict[Any, Any], status: str = ""
+    ) -> None:
         """Book a warm-up start/end (called by WarmupRun; not on the lookup path)."""
         with self._lock:
             if kind == "start":
@@ -99,14 +103,25 @@ class WarmupTracking:
         self.warmed[w.key_hash_src] = w
         return True
 
-    def follow_run(self, run_id: str, layer: str, tenant: str | None, labels: tuple[Any, ...], ended: float,
-                   early_window_s: float, keys: list[tuple[str, WarmedKey]], now: float) -> None:
+    def follow_run(
+        self,
+        run_id: str,
+        layer: str,
+        tenant: str | None,
+        labels: tuple[Any, ...],
+        ended: float,
+        early_window_s: float,
+        keys: list[tuple[str, WarmedKey]],
+        now: float,
+    ) -> None:
         """A run recorded by another process (not on the lookup path): its
         warmed keys wait by hash for :meth:`adopt_warmed`, and its recall
         window is opened for what is left of it."""
         for key_hash, w in keys:
             if len(self.remote_warmed) + len(self.warmed) >= self.warmed_key_limit:
-                self.count_error("record", "warmed-key limit reached; key not tracked for precision")
+                self.count_error(
+                    "record", "warmed-key limit reached; key not tracked for precision"
+                )
                 break
             w.labels = labels
             self.remote_warmed[key_hash] = w
@@ -131,7 +146,9 @@ class WarmupTracking:
             if now > w.warmed_at + (w.ttl_s if w.ttl_s else 86400.0):
                 self.remote_warmed.pop(kh, None)
 
-    def open_early_window(self, run_id: str, layer: str, tenant: str | None, seconds: float) -> None:
+    def open_early_window(
+        self, run_id: str, layer: str, tenant: str | None, seconds: float
+    ) -> None:
         if seconds <= 0 or self.early_key_limit <= 0:
             return
         win = EarlyWindow(run_id, layer, tenant, self.clock() + seconds, self.early_key_limit)

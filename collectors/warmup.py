@@ -54,7 +54,9 @@ class WarmupRun:
         self.layer = self.agg.bind_layer(str(layer)).layer  # capped like every layer
         self.tenant_scope = None if tenant is None else self.agg.tenants.label(tenant)
         self.trigger = self.agg.cap_label("trigger", str(trigger))
-        self.early_window_s = telemetry.config.early_window_s if early_window_s is None else early_window_s
+        self.early_window_s = (
+            telemetry.config.early_window_s if early_window_s is None else early_window_s
+        )
         self.keys = 0
         self.bytes = 0
         self.gpu_s = 0.0
@@ -65,16 +67,29 @@ class WarmupRun:
         self.error: str | None = None
         self._binding = None
         self._labels = (
-            self.tenant_scope or schema.UNKNOWN, self.layer, self.strategy, self.trigger, self.agg.replica,
+            self.tenant_scope or schema.UNKNOWN,
+            self.layer,
+            self.strategy,
+            self.trigger,
+            self.agg.replica,
         )
 
     def _record(self) -> dict[Any, Any]:
         return {
-            "run_id": self.run_id, "replica": self.agg.replica,
-            "tenant": self.tenant_scope or "", "layer": self.layer, "strategy": self.strategy,
-            "trigger": self.trigger, "started": self.started, "ended": self.ended,
-            "status": self.status, "keys": self.keys, "bytes": self.bytes, "gpu_s": self.gpu_s,
-            "memory_bytes": self.memory_bytes, "error": self.error,
+            "run_id": self.run_id,
+            "replica": self.agg.replica,
+            "tenant": self.tenant_scope or "",
+            "layer": self.layer,
+            "strategy": self.strategy,
+            "trigger": self.trigger,
+            "started": self.started,
+            "ended": self.ended,
+            "status": self.status,
+            "keys": self.keys,
+            "bytes": self.bytes,
+            "gpu_s": self.gpu_s,
+            "memory_bytes": self.memory_bytes,
+            "error": self.error,
         }
 
     def __enter__(self) -> WarmupRun:
@@ -86,19 +101,38 @@ class WarmupRun:
             self.agg.count_error("record", "warm-up start", e)
         return self
 
-    def warmed(self, key: object, nbytes: int = 0, gpu_s: float = 0.0, ttl_s: float | None = None,
-               tenant: str | None = None) -> None:
+    def warmed(
+        self,
+        key: object,
+        nbytes: int = 0,
+        gpu_s: float = 0.0,
+        ttl_s: float | None = None,
+        tenant: str | None = None,
+    ) -> None:
         """Note one key this run wrote to the cache."""
         try:
             self.keys += 1
             self.bytes += int(nbytes)
             self.gpu_s += float(gpu_s)
             b = self._binding or self.agg.bind_layer(self.layer)
-            t = self.agg.tenants.label(tenant) if tenant is not None else (self.tenant_scope or schema.UNKNOWN)
-            self.agg.add_warmed(WarmedKey(
-                self.run_id, key, b.families.family(key), t, self.layer, self.tel.clock(), ttl_s, float(gpu_s),
-                self._labels,
-            ))
+            t = (
+                self.agg.tenants.label(tenant)
+                if tenant is not None
+                else (self.tenant_scope or schema.UNKNOWN)
+            )
+            self.agg.add_warmed(
+                WarmedKey(
+                    self.run_id,
+                    key,
+                    b.families.family(key),
+                    t,
+                    self.layer,
+                    self.tel.clock(),
+                    ttl_s,
+                    float(gpu_s),
+                    self._labels,
+                )
+            )
         except Exception as e:
             self.agg.count_error("record", "warmed key", e)
 
@@ -119,7 +153,9 @@ class WarmupRun:
                 self.status = "error"
                 self.error = f"{et.__name__}"  # the type only: messages may carry key text
             self.agg.warmup_event("end", self._labels, self._record(), self.status)
-            self.agg.open_early_window(self.run_id, self.layer, self.tenant_scope, self.early_window_s)
+            self.agg.open_early_window(
+                self.run_id, self.layer, self.tenant_scope, self.early_window_s
+            )
         except Exception as e:
             self.agg.count_error("record", "warm-up end", e)
         return False  # the caller's exception is the caller's

@@ -57,7 +57,9 @@ def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
     """Read a JSON-lines warm set; one clear error naming the line on bad input."""
     p = Path(path)
     if not p.is_file():
-        raise WarmupInputError(f"warm-set file {p} does not exist; pass --from hot or a JSON-lines file")
+        raise WarmupInputError(
+            f"warm-set file {p} does not exist; pass --from hot or a JSON-lines file"
+        )
     out = []
     for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -66,22 +68,38 @@ def load_prompts(path: str | Path) -> list[dict[Any, Any]]:
             item = json.loads(line)
         except ValueError as e:
             # json.loads raises JSONDecodeError, which has .msg
-            raise WarmupInputError(f"{p}:{i}: not JSON ({e.msg}); each line must be "  # type: ignore[attr-defined]
-                                   '{"messages": [...]} or {"prompt": "..."}') from None
-        ok_msgs = isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"] and \
-            all(isinstance(m, dict) and "role" in m and "content" in m for m in item["messages"])
+            raise WarmupInputError(
+                f"{p}:{i}: not JSON ({e.msg}); each line must be "  # type: ignore[attr-defined]
+                '{"messages": [...]} or {"prompt": "..."}'
+            ) from None
+        ok_msgs = (
+            isinstance(item, dict)
+            and isinstance(item.get("messages"), list)
+            and item["messages"]
+            and all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in item["messages"]
+            )
+        )
         ok_prompt = isinstance(item, dict) and isinstance(item.get("prompt"), str)
         if not (ok_msgs or ok_prompt):
-            raise WarmupInputError(f"{p}:{i}: expected {{\"messages\": [{{\"role\": ..., \"content\": ...}}]}} "
-                                   'or {"prompt": "..."}')
+            raise WarmupInputError(
+                f'{p}:{i}: expected {{"messages": [{{"role": ..., "content": ...}}]}} '
+                'or {"prompt": "..."}'
+            )
         out.append(item)
     if not out:
         raise WarmupInputError(f"{p} holds no prompts")
     return out
 
 
-def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, top_k: int = 50,
-                   tenant: str | None = None, since_s: float = 86400.0) -> list[dict[Any, Any]]:
+def hot_from_store(
+    library: str | Path,
+    store_path: str | Path,
+    secret: bytes,
+    top_k: int = 50,
+    tenant: str | None = None,
+    since_s: float = 86400.0,
+) -> list[dict[Any, Any]]:
     """The warm set from another process's records: the ``prefix_kv`` hot keys
     of the last ``since_s`` seconds in the embedded store (keyed hashes only),
     matched against a prompt library file kept on this host (written by
@@ -96,11 +114,15 @@ def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, t
     try:
         lib = read_library(library)
     except OSError as e:
-        raise WarmupInputError(f"cannot read the prompt library {library} ({e.strerror}); it is written on "
-                               "the serving host by LLMRecorder(prompt_library=...) or "
-                               "'warmscope gateway --prompt-library PATH'") from None
+        raise WarmupInputError(
+            f"cannot read the prompt library {library} ({e.strerror}); it is written on "
+            "the serving host by LLMRecorder(prompt_library=...) or "
+            "'warmscope gateway --prompt-library PATH'"
+        ) from None
     if not Path(store_path).is_file():
-        raise WarmupInputError(f"store {store_path} does not exist; pass --store with the serving process's store")
+        raise WarmupInputError(
+            f"store {store_path} does not exist; pass --store with the serving process's store"
+        )
     store = EmbeddedStore(store_path, readonly=True)
     try:
         hk = store.frame("hot_keys", start=time.time() - since_s)
@@ -111,29 +133,41 @@ def hot_from_store(library: str | Path, store_path: str | Path, secret: bytes, t
         hk = hk[hk["tenant"] == tenant]
     counts = (hk["hits"] + hk["misses"]).groupby(hk["key_hash"]).sum().to_dict()
     h = KeyHasher(secret).hash
-    ranked = sorted(((counts[hh], key) for key in lib if (hh := h(key)) in counts), key=lambda t: -t[0])
+    ranked = sorted(
+        ((counts[hh], key) for key in lib if (hh := h(key)) in counts), key=lambda t: -t[0]
+    )
     if not ranked:
         raise WarmupInputError(
             f"none of the {len(lib)} prefixes in {library} is among the {len(counts)} hot prefix keys recorded in "
-            f"{store_path} over the last {since_s / 3600:g} h" + (f" for tenant {tenant!r}" if tenant else "")
+            f"{store_path} over the last {since_s / 3600:g} h"
+            + (f" for tenant {tenant!r}" if tenant else "")
             + "; check that the serving process writes to this store with the same key secret "
-            "(WARMSCOPE_KEY_SECRET or the same data directory)")
+            "(WARMSCOPE_KEY_SECRET or the same data directory)"
+        )
     out = []
     for _, key in ranked[:top_k]:
         kind, t, prefix = lib[key]
-        item: dict[Any, Any] = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
+        item: dict[Any, Any] = (
+            {"messages": [{"role": r, "content": c} for r, c in prefix]}
+            if kind == "chat"
             else {"prompt": prefix}
+        )
         out.append({**item, "key": key, "tenant": t})
     return out
 
 
-def _warm_set(source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None) -> list[tuple[Any, ...]]:
+def _warm_set(
+    source: Any, recorder: LLMRecorder, top_k: int, tenant: str | None
+) -> list[tuple[Any, ...]]:
     """(key, tenant, request body part) per prefix to warm."""
     if isinstance(source, str) and source == "hot":
         out = []
         for key, kind, prefix in recorder.hot_prefixes(top_k, tenant):
-            body = {"messages": [{"role": r, "content": c} for r, c in prefix]} if kind == "chat" \
+            body = (
+                {"messages": [{"role": r, "content": c} for r, c in prefix]}
+                if kind == "chat"
                 else {"prompt": prefix}
+            )
             out.append((key, tenant, body))
         return out
     items = load_prompts(source) if isinstance(source, (str, Path)) else list(source)
@@ -161,12 +195,23 @@ def _model(http: httpx.Client, base: str) -> str:
     return r.json()["data"][0]["id"]  # type: ignore[no-any-return]  # JSON body
 
 
-def run_warmup(engine: str, source: Any = "hot", *, recorder: LLMRecorder | None = None,
-               telemetry: Telemetry | None = None, top_k: int = 50, tenant: str | None = None,
-               model: str | None = None, rate: float = 20.0, strategy: str = "engine_prefix",
-               trigger: str = "manual", timeout_s: float = 60.0, cancel: threading.Event | None = None,
-               progress: Callable[[int, int], None] | None = None,
-               transport: httpx.BaseTransport | None = None) -> WarmupResult:
+def run_warmup(
+    engine: str,
+    source: Any = "hot",
+    *,
+    recorder: LLMRecorder | None = None,
+    telemetry: Telemetry | None = None,
+    top_k: int = 50,
+    tenant: str | None = None,
+    model: str | None = None,
+    rate: float = 20.0,
+    strategy: str = "engine_prefix",
+    trigger: str = "manual",
+    timeout_s: float = 60.0,
+    cancel: threading.Event | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> WarmupResult:
     """Send the warm set to ``engine`` (its URL, with or without ``/v1``) and
     record the run. ``source``: ``"hot"``, a JSON-lines path, or a list of
     ``{"messages": ...}`` / ``{"prompt": ...}`` dicts. ``rate``: requests per
@@ -189,7 +234,9 @@ def run_warmup(engine: str, source: Any = "hot", *, recorder: LLMRecorder | None
                     raise KeyboardInterrupt
                 t_req = time.monotonic()
                 path = "/chat/completions" if "messages" in part else "/completions"
-                r = http.post(base + path, json={"model": mdl, "max_tokens": 1, "temperature": 0, **part})
+                r = http.post(
+                    base + path, json={"model": mdl, "max_tokens": 1, "temperature": 0, **part}
+                )
                 r.raise_for_status()
                 usage = r.json().get("usage") or {}
                 pt = int(usage.get("prompt_tokens") or 0)

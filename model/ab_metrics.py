@@ -66,13 +66,38 @@ import numpy as np
 import numpy.typing as npt
 from warmscope.model.records import UNIT_BUCKETS, UNIT_FIELDS
 
-__all__ = ["Metric", "METRICS", "BUCKET_S", "NB", "FIELDS", "COLUMNS", "LAYER_COLUMNS", "metric_names", "find",
-           "in_list_order", "lower_is_better", "pos_column", "cross_column", "columns_for", "contributions",
-           "layer_contributions", "unit_exprs", "layer_exprs",
-           "bucket_sql", "bucket_of", "rebuild_sql", "upsert_sql", "ddl", "ensure_columns", "DEFAULT_PRIMARY"]
+__all__ = [
+    "Metric",
+    "METRICS",
+    "BUCKET_S",
+    "NB",
+    "FIELDS",
+    "COLUMNS",
+    "LAYER_COLUMNS",
+    "metric_names",
+    "find",
+    "in_list_order",
+    "lower_is_better",
+    "pos_column",
+    "cross_column",
+    "columns_for",
+    "contributions",
+    "layer_contributions",
+    "unit_exprs",
+    "layer_exprs",
+    "bucket_sql",
+    "bucket_of",
+    "rebuild_sql",
+    "upsert_sql",
+    "ddl",
+    "ensure_columns",
+    "DEFAULT_PRIMARY",
+]
 
 BUCKET_S = 900.0  # arrival bucket of the stored sums (the effect-over-time resolution)
-FIELDS: tuple[str, ...] = tuple(UNIT_FIELDS[2:])  # the unit row's fields after first_ts, last_ts; requests first
+FIELDS: tuple[str, ...] = tuple(
+    UNIT_FIELDS[2:]
+)  # the unit row's fields after first_ts, last_ts; requests first
 NB = len(UNIT_BUCKETS) + 1  # latency histogram buckets (the bounds plus overflow)
 KINDS = ("proportion", "mean", "ratio", "quantile")
 
@@ -90,26 +115,41 @@ class Metric:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"A/B metric {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(
+                f"A/B metric {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}"
+            )
         if self.direction not in ("higher", "lower"):
-            raise ValueError(f"A/B metric {self.name!r}: direction must be 'higher' or 'lower', got "
-                             f"{self.direction!r}")
+            raise ValueError(
+                f"A/B metric {self.name!r}: direction must be 'higher' or 'lower', got "
+                f"{self.direction!r}"
+            )
         if self.per_layer:
-            if self.kind != "ratio" or (self.numerator, self.denominator) != ("hits", "lookups") \
-                    or "{layer}" not in self.name:
-                raise ValueError(f"A/B metric {self.name!r}: a per-layer metric is the ratio hits / lookups with "
-                                 "{layer} in its name")
+            if (
+                self.kind != "ratio"
+                or (self.numerator, self.denominator) != ("hits", "lookups")
+                or "{layer}" not in self.name
+            ):
+                raise ValueError(
+                    f"A/B metric {self.name!r}: a per-layer metric is the ratio hits / lookups with "
+                    "{layer} in its name"
+                )
             return
         if self.kind == "quantile":
             if self.numerator != "latency" or not (self.q is not None and 0 < self.q < 1):
-                raise ValueError(f"A/B metric {self.name!r}: a quantile reads the 'latency' histogram and needs "
-                                 "0 < q < 1")
+                raise ValueError(
+                    f"A/B metric {self.name!r}: a quantile reads the 'latency' histogram and needs "
+                    "0 < q < 1"
+                )
             return
         if (self.kind == "ratio") != (self.denominator is not None):
-            raise ValueError(f"A/B metric {self.name!r}: a ratio needs a denominator, other kinds none")
+            raise ValueError(
+                f"A/B metric {self.name!r}: a ratio needs a denominator, other kinds none"
+            )
         for f in (self.numerator, self.denominator) if self.kind == "ratio" else (self.numerator,):
             if f not in FIELDS:
-                raise ValueError(f"A/B metric {self.name!r}: {f!r} is not a unit field; fields: {', '.join(FIELDS)}")
+                raise ValueError(
+                    f"A/B metric {self.name!r}: {f!r} is not a unit field; fields: {', '.join(FIELDS)}"
+                )
 
     def named(self, layer: str) -> str:
         return self.name.replace("{layer}", layer)
@@ -228,7 +268,9 @@ LAYER_COLUMNS = ("n", "s_lookups", "s_hits", "q_lookups", "q_hits", "x_hits")
 _EXTREMA = ("min_first", "max_last")
 
 
-def contributions(vals: np.ndarray, present: np.ndarray, metrics: Sequence[Metric] = METRICS) -> np.ndarray:
+def contributions(
+    vals: np.ndarray, present: np.ndarray, metrics: Sequence[Metric] = METRICS
+) -> np.ndarray:
     """Each unit's row of :func:`columns_for` from its totals. ``vals``: units ×
     (first_ts, last_ts, FIELDS..., h0..h<NB-1>); ``present``: 0 for a unit
     that does not exist yet (its row is all zeros and counts nothing)."""
@@ -236,7 +278,7 @@ def contributions(vals: np.ndarray, present: np.ndarray, metrics: Sequence[Metri
     vals = np.asarray(vals, dtype=float).reshape(len(vals), -1)
     m = len(vals)
     f = {c: vals[:, 2 + i] for i, c in enumerate(FIELDS)}
-    h = vals[:, 2 + len(FIELDS):]
+    h = vals[:, 2 + len(FIELDS) :]
     blocks = [present, (f["conversions"] > 0) * present, vals[:, 0], vals[:, 1]]
     blocks += [(f[c] > 0) * present for c in props]
     for c in sq:
@@ -246,19 +288,37 @@ def contributions(vals: np.ndarray, present: np.ndarray, metrics: Sequence[Metri
     if hist:
         tot = h.sum(axis=1)
         cum = np.cumsum(h, axis=1) - h
-        out += [h, (tot > 0)[:, None].astype(float), (tot * tot)[:, None],
-                cum * cum, cum * h, h * h, cum * tot[:, None], h * tot[:, None]]
+        out += [
+            h,
+            (tot > 0)[:, None].astype(float),
+            (tot * tot)[:, None],
+            cum * cum,
+            cum * h,
+            h * h,
+            cum * tot[:, None],
+            h * tot[:, None],
+        ]
     return np.concatenate(out, axis=1) if m else np.zeros((0, len(columns_for(metrics))))
 
 
 def layer_contributions(lookups: np.ndarray, hits: np.ndarray, present: np.ndarray) -> np.ndarray:
     lookups = np.asarray(lookups, dtype=float)
     hits = np.asarray(hits, dtype=float)
-    return np.column_stack([np.asarray(present, dtype=float), lookups, hits, lookups * lookups, hits * hits,
-                            hits * lookups])
+    return np.column_stack(
+        [
+            np.asarray(present, dtype=float),
+            lookups,
+            hits,
+            lookups * lookups,
+            hits * hits,
+            hits * lookups,
+        ]
+    )
 
 
-def unit_exprs(val: Callable[[str], str], present: str, metrics: Sequence[Metric] = METRICS) -> list[str]:
+def unit_exprs(
+    val: Callable[[str], str], present: str, metrics: Sequence[Metric] = METRICS
+) -> list[str]:
     """SQL for a unit's contribution to each column except the extrema
     (min_first, max_last), from ``val(column) -> SQL`` of its totals;
     ``present`` is SQL that is 1 for a unit that exists (0: all zeros)."""
@@ -283,11 +343,20 @@ def unit_exprs(val: Callable[[str], str], present: str, metrics: Sequence[Metric
 
 
 def layer_exprs(lookups: str, hits: str, present: str) -> list[str]:
-    return [present, lookups, hits, f"{lookups} * {lookups}", f"{hits} * {hits}", f"{hits} * {lookups}"]
+    return [
+        present,
+        lookups,
+        hits,
+        f"{lookups} * {lookups}",
+        f"{hits} * {hits}",
+        f"{hits} * {lookups}",
+    ]
 
 
 def bucket_sql(first_ts: str) -> str:
-    return f"(CAST(({first_ts}) / {BUCKET_S} AS INTEGER) * {BUCKET_S})"  # ts > 0: truncation is floor
+    return (
+        f"(CAST(({first_ts}) / {BUCKET_S} AS INTEGER) * {BUCKET_S})"  # ts > 0: truncation is floor
+    )
 
 
 def bucket_of(first_ts: npt.ArrayLike) -> np.ndarray:
@@ -312,14 +381,18 @@ def rebuild_sql(con: sqlite3.Connection, experiment: str | None = None) -> None:
     con.execute(
         f"INSERT INTO ab_moments(experiment, variant, bucket, {', '.join(map(_q, COLUMNS))}) "
         f"SELECT experiment, variant, {b}, {', '.join(exprs)} FROM ab_units {where} "
-        f"GROUP BY experiment, variant, {b}", args)
+        f"GROUP BY experiment, variant, {b}",
+        args,
+    )
     lwhere = "WHERE l.experiment = ?" if experiment is not None else ""
     lsums = ", ".join(f"sum({e})" for e in layer_exprs("l.lookups", "l.hits", "1"))
     con.execute(
         f"INSERT INTO ab_layer_moments(experiment, variant, bucket, layer, {', '.join(LAYER_COLUMNS)}) "
         f"SELECT l.experiment, l.variant, {bucket_sql('u.first_ts')} AS b, l.layer, {lsums} "
         "FROM ab_lookups l JOIN ab_units u ON u.experiment = l.experiment AND u.variant = l.variant "
-        f"AND u.unit_hash = l.unit_hash {lwhere} GROUP BY l.experiment, l.variant, b, l.layer", args)
+        f"AND u.unit_hash = l.unit_hash {lwhere} GROUP BY l.experiment, l.variant, b, l.layer",
+        args,
+    )
 
 
 def upsert_sql(table: str, select: str) -> str:
@@ -333,17 +406,21 @@ def upsert_sql(table: str, select: str) -> str:
             sets.append(f"{_q(c)} = {fn}({_q(c)}, excluded.{_q(c)})")
         else:
             sets.append(f"{_q(c)} = {_q(c)} + excluded.{_q(c)}")
-    return (f"INSERT INTO main.{table}({', '.join(map(_q, keys + cols))}) {select} "
-            f"ON CONFLICT({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}")
+    return (
+        f"INSERT INTO main.{table}({', '.join(map(_q, keys + cols))}) {select} "
+        f"ON CONFLICT({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}"
+    )
 
 
 def ddl() -> str:
     cols = ", ".join(f"{_q(c)} REAL DEFAULT 0" for c in COLUMNS)
     lcols = ", ".join(f"{c} REAL DEFAULT 0" for c in LAYER_COLUMNS)
-    return (f"CREATE TABLE IF NOT EXISTS ab_moments(experiment TEXT, variant TEXT, bucket REAL, {cols}, "
-            "PRIMARY KEY(experiment, variant, bucket)) WITHOUT ROWID;\n"
-            f"CREATE TABLE IF NOT EXISTS ab_layer_moments(experiment TEXT, variant TEXT, bucket REAL, layer TEXT, "
-            f"{lcols}, PRIMARY KEY(experiment, variant, bucket, layer)) WITHOUT ROWID;\n")
+    return (
+        f"CREATE TABLE IF NOT EXISTS ab_moments(experiment TEXT, variant TEXT, bucket REAL, {cols}, "
+        "PRIMARY KEY(experiment, variant, bucket)) WITHOUT ROWID;\n"
+        f"CREATE TABLE IF NOT EXISTS ab_layer_moments(experiment TEXT, variant TEXT, bucket REAL, layer TEXT, "
+        f"{lcols}, PRIMARY KEY(experiment, variant, bucket, layer)) WITHOUT ROWID;\n"
+    )
 
 
 def ensure_columns(con: sqlite3.Connection) -> list[str]:

@@ -40,13 +40,46 @@ from dataclasses import dataclass
 from .registry import require
 
 __all__ = [
-    "ATTR", "DURATION_BUCKETS", "prom_label",
-    "Column", "Record", "RECORDS", "FRAMES", "Layer", "LAYERS", "layer", "check_layers",
-    "SHARED_LAYERS", "NOT_IN_HIT_RATE",
-    "LOOKUPS", "WRITES", "REQUESTS", "HISTOGRAMS", "GAUGES", "WARMUP_RUNS", "WARMED_KEYS", "EARLY_KEYS",
-    "HOT_KEYS", "AB_UNITS", "AB_LOOKUPS", "FAULTS", "MISSES", "KV_BLOCKS", "MISS_CLASSES",
-    "LOOKUP_LABELS", "WRITE_LABELS", "REQUEST_LABELS", "COLUMN_ATTRS", "PROM_LABELS", "UNIT_BUCKETS", "UNIT_SUMS",
-    "UNIT_HIST", "UNIT_KEYS", "UNIT_FIELDS", "RUN_COLUMNS", "ROLLUP_S",
+    "ATTR",
+    "DURATION_BUCKETS",
+    "prom_label",
+    "Column",
+    "Record",
+    "RECORDS",
+    "FRAMES",
+    "Layer",
+    "LAYERS",
+    "layer",
+    "check_layers",
+    "SHARED_LAYERS",
+    "NOT_IN_HIT_RATE",
+    "LOOKUPS",
+    "WRITES",
+    "REQUESTS",
+    "HISTOGRAMS",
+    "GAUGES",
+    "WARMUP_RUNS",
+    "WARMED_KEYS",
+    "EARLY_KEYS",
+    "HOT_KEYS",
+    "AB_UNITS",
+    "AB_LOOKUPS",
+    "FAULTS",
+    "MISSES",
+    "KV_BLOCKS",
+    "MISS_CLASSES",
+    "LOOKUP_LABELS",
+    "WRITE_LABELS",
+    "REQUEST_LABELS",
+    "COLUMN_ATTRS",
+    "PROM_LABELS",
+    "UNIT_BUCKETS",
+    "UNIT_SUMS",
+    "UNIT_HIST",
+    "UNIT_KEYS",
+    "UNIT_FIELDS",
+    "RUN_COLUMNS",
+    "ROLLUP_S",
 ]
 
 TEXT, REAL, INTEGER = "TEXT", "REAL", "INTEGER"
@@ -81,7 +114,22 @@ def prom_label(attr: str) -> str:
 
 # Request-duration histogram bounds (GenAI semantic-convention advice); the
 # A/B unit record keeps its own histogram over the same bounds.
-DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +170,9 @@ class Record:
     write: str = "append"
     rollup: bool = False
     max_measures: tuple[str, ...] = ()
-    frame_columns: tuple[str, ...] | None = None  # when the frame is not the stored row (histograms)
+    frame_columns: tuple[str, ...] | None = (
+        None  # when the frame is not the stored row (histograms)
+    )
     doc: str = ""
 
     @property
@@ -164,62 +214,162 @@ _REPLICA = _l("replica", ATTR.REPLICA)
 
 LOOKUPS = Record(
     "lookups",
-    (_t("ts"), _TENANT, _LAYER, _FAMILY, _l("result", ATTR.RESULT), _EXPERIMENT, _VARIANT, _MODEL, _REPLICA,
-     _l("length_bucket", ATTR.LENGTH_BUCKET), _m("count")),
-    time="ts", rollup=True,
+    (
+        _t("ts"),
+        _TENANT,
+        _LAYER,
+        _FAMILY,
+        _l("result", ATTR.RESULT),
+        _EXPERIMENT,
+        _VARIANT,
+        _MODEL,
+        _REPLICA,
+        _l("length_bucket", ATTR.LENGTH_BUCKET),
+        _m("count"),
+    ),
+    time="ts",
+    rollup=True,
     doc="lookups in the flush interval ending at ts; result is hit, miss, bypass or error",
 )
 WRITES = Record(
-    "writes", (_t("ts"), _TENANT, _LAYER, _FAMILY, _REPLICA, _m("count")), time="ts", rollup=True,
+    "writes",
+    (_t("ts"), _TENANT, _LAYER, _FAMILY, _REPLICA, _m("count")),
+    time="ts",
+    rollup=True,
     doc="cache writes in the flush interval ending at ts",
 )
 REQUESTS = Record(
     "requests",
-    (_t("ts"), _TENANT, _EXPERIMENT, _VARIANT, _MODEL, _REPLICA, _l("sla_met", ATTR.SLA_MET),
-     _m("requests"), _m("gpu_s", REAL), _m("conversions"), _m("value", REAL), _m("unmeasured", default="0")),
-    time="ts", rollup=True,
+    (
+        _t("ts"),
+        _TENANT,
+        _EXPERIMENT,
+        _VARIANT,
+        _MODEL,
+        _REPLICA,
+        _l("sla_met", ATTR.SLA_MET),
+        _m("requests"),
+        _m("gpu_s", REAL),
+        _m("conversions"),
+        _m("value", REAL),
+        _m("unmeasured", default="0"),
+    ),
+    time="ts",
+    rollup=True,
     doc='requests in the flush interval ending at ts; sla_met is "true", "false" or ""; unmeasured: '
-        "LLM requests whose response carried no token usage (left out of token hit rates)",
+    "LLM requests whose response carried no token usage (left out of token hit rates)",
 )
 HISTOGRAMS = Record(
     "histograms",
-    (_t("ts"), _l("metric"), _TENANT, _EXPERIMENT, _VARIANT, _MODEL, _REPLICA, _LAYER, _l("bounds"),
-     _m("counts", TEXT), _m("sum", REAL), _m("total")),
-    time="ts", rollup=True,
-    frame_columns=("ts", "metric", "tenant", "experiment", "variant", "model", "replica", "layer", "le", "count",
-                   "sum", "total"),
+    (
+        _t("ts"),
+        _l("metric"),
+        _TENANT,
+        _EXPERIMENT,
+        _VARIANT,
+        _MODEL,
+        _REPLICA,
+        _LAYER,
+        _l("bounds"),
+        _m("counts", TEXT),
+        _m("sum", REAL),
+        _m("total"),
+    ),
+    time="ts",
+    rollup=True,
+    frame_columns=(
+        "ts",
+        "metric",
+        "tenant",
+        "experiment",
+        "variant",
+        "model",
+        "replica",
+        "layer",
+        "le",
+        "count",
+        "sum",
+        "total",
+    ),
     doc="one stored row per series (bounds and counts as JSON lists); the frame has one row per non-empty bucket",
 )
-GAUGES = Record("gauges", (_t("ts"), _l("metric"), _REPLICA, _m("value", REAL)), time="ts",
-                doc="last value per flush")
+GAUGES = Record(
+    "gauges",
+    (_t("ts"), _l("metric"), _REPLICA, _m("value", REAL)),
+    time="ts",
+    doc="last value per flush",
+)
 
 # ---------------------------------------------------------------- warm-up
 WARMUP_RUNS = Record(
     "warmup_runs",
-    (_l("run_id"), _l("replica"), _l("tenant"), _l("layer"), _l("strategy"), _l("trigger"), _t("started"),
-     _t("ended"), _l("status"), _m("keys"), _m("bytes"), _m("gpu_s", REAL), _m("memory_bytes"), _l("error")),
-    time="started", key=("run_id",), write="replace",
+    (
+        _l("run_id"),
+        _l("replica"),
+        _l("tenant"),
+        _l("layer"),
+        _l("strategy"),
+        _l("trigger"),
+        _t("started"),
+        _t("ended"),
+        _l("status"),
+        _m("keys"),
+        _m("bytes"),
+        _m("gpu_s", REAL),
+        _m("memory_bytes"),
+        _l("error"),
+    ),
+    time="started",
+    key=("run_id",),
+    write="replace",
     doc="one row per warm-up run; ended is NaN while it runs",
 )
 WARMED_KEYS = Record(
     "warmed_keys",
-    (_l("run_id"), _l("key_hash"), _l("family"), _l("tenant"), _l("layer"), _t("warmed_at"), _m("ttl_s", REAL),
-     _m("gpu_s", REAL), _t("first_hit_at"), _t("first_miss_at"), _m("hits")),
-    time="warmed_at", key=("run_id", "key_hash"), write="replace",
+    (
+        _l("run_id"),
+        _l("key_hash"),
+        _l("family"),
+        _l("tenant"),
+        _l("layer"),
+        _t("warmed_at"),
+        _m("ttl_s", REAL),
+        _m("gpu_s", REAL),
+        _t("first_hit_at"),
+        _t("first_miss_at"),
+        _m("hits"),
+    ),
+    time="warmed_at",
+    key=("run_id", "key_hash"),
+    write="replace",
     doc="one row per key a warm-up run wrote",
 )
 EARLY_KEYS = Record(
     "early_keys",
     (_l("run_id"), _l("key_hash"), _l("family"), _t("first_seen"), _m("lookups")),
-    time="first_seen", key=("run_id", "key_hash"), write="replace",
+    time="first_seen",
+    key=("run_id", "key_hash"),
+    write="replace",
     doc="keys requested in the recall window after a run",
 )
 
 # --------------------------------------------------------------- hot keys
 HOT_KEYS = Record(
     "hot_keys",
-    (_t("window"), _l("tenant"), _l("layer"), _l("key_hash"), _l("family"), _m("hits"), _m("misses"), _m("err")),
-    time="window", key=("window", "tenant", "layer", "key_hash"), write="add", max_measures=("err",),
+    (
+        _t("window"),
+        _l("tenant"),
+        _l("layer"),
+        _l("key_hash"),
+        _l("family"),
+        _m("hits"),
+        _m("misses"),
+        _m("err"),
+    ),
+    time="window",
+    key=("window", "tenant", "layer", "key_hash"),
+    write="add",
+    max_measures=("err",),
     doc="Space-Saving counts per flush window: true count >= hits + misses - err",
 )
 
@@ -230,23 +380,40 @@ UNIT_HIST = tuple(f"h{i}" for i in range(len(UNIT_BUCKETS) + 1))
 UNIT_KEYS = ("experiment", "variant", "unit_hash")
 AB_UNITS = Record(
     "ab_units",
-    (_l("experiment"), _l("variant"), _l("unit_hash"), _t("first_ts"), _t("last_ts"),
-     _m("requests"), _m("latency_sum", REAL), _m("latency_sq", REAL), _m("ttft_sum", REAL), _m("conversions"),
-     _m("value", REAL), _m("gpu_s", REAL), _m("sla_met"))
+    (
+        _l("experiment"),
+        _l("variant"),
+        _l("unit_hash"),
+        _t("first_ts"),
+        _t("last_ts"),
+        _m("requests"),
+        _m("latency_sum", REAL),
+        _m("latency_sq", REAL),
+        _m("ttft_sum", REAL),
+        _m("conversions"),
+        _m("value", REAL),
+        _m("gpu_s", REAL),
+        _m("sla_met"),
+    )
     + tuple(_m(h, INTEGER, "0") for h in UNIT_HIST),
-    time="last_ts", key=UNIT_KEYS, write="add",
+    time="last_ts",
+    key=UNIT_KEYS,
+    write="add",
     doc="one row per unit: request-level sums and request-duration histogram, first to last flush window",
 )
 AB_LOOKUPS = Record(
     "ab_lookups",
     (_l("experiment"), _l("variant"), _l("unit_hash"), _l("layer"), _m("lookups"), _m("hits")),
-    key=UNIT_KEYS + ("layer",), write="add",
+    key=UNIT_KEYS + ("layer",),
+    write="add",
     doc="a unit's lookups and hits in one cache layer",
 )
 
 # ------------------------------------------------------------------ faults
 FAULTS = Record(
-    "faults", (_l("trap"), _l("scope"), _t("start"), _t("end"), _l("params")), time="start",
+    "faults",
+    (_l("trap"), _l("scope"), _t("start"), _t("end"), _l("params")),
+    time="start",
     doc="injected faults (ground truth written by the simulator); scope and params are JSON",
 )
 
@@ -260,27 +427,64 @@ FAULTS = Record(
 MISS_CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
 MISSES = Record(
     "misses",
-    (_t("ts"), _TENANT, _l("engine", ATTR.REPLICA), _FAMILY, _l("miss_class", ATTR.MISS_CLASS),
-     _m("tokens"), _m("requests")),
-    time="ts", key=("ts", "tenant", "engine", "family", "miss_class"), write="add", rollup=True,
+    (
+        _t("ts"),
+        _TENANT,
+        _l("engine", ATTR.REPLICA),
+        _FAMILY,
+        _l("miss_class", ATTR.MISS_CLASS),
+        _m("tokens"),
+        _m("requests"),
+    ),
+    time="ts",
+    key=("ts", "tenant", "engine", "family", "miss_class"),
+    write="add",
+    rollup=True,
     doc="missed prompt tokens by class per time bucket (the flush interval ending at ts); "
-        "requests: requests with tokens in this class",
+    "requests: requests with tokens in this class",
 )
 KV_BLOCKS = Record(
     "kv_blocks",
-    (_t("ts"), _l("engine", ATTR.REPLICA), _l("salt", ATTR.SALT), _m("stored"), _m("reused"),
-     _m("evicted"), _m("resident")),
-    time="ts", key=("ts", "engine", "salt"), write="add", max_measures=("resident",),
+    (
+        _t("ts"),
+        _l("engine", ATTR.REPLICA),
+        _l("salt", ATTR.SALT),
+        _m("stored"),
+        _m("reused"),
+        _m("evicted"),
+        _m("resident"),
+    ),
+    time="ts",
+    key=("ts", "engine", "salt"),
+    write="add",
+    max_measures=("resident",),
     doc="an engine's KV blocks per salt (hashed) in the flush interval ending at ts: stored, "
-        "reused and evicted blocks; resident: blocks resident at the end of the interval (the "
-        "larger of two writes)",
+    "reused and evicted blocks; resident: blocks resident at the end of the interval (the "
+    "larger of two writes)",
 )
 
-RECORDS: dict[str, Record] = {r.name: r for r in (
-    LOOKUPS, WRITES, REQUESTS, HISTOGRAMS, GAUGES, WARMUP_RUNS, WARMED_KEYS, EARLY_KEYS, HOT_KEYS,
-    AB_UNITS, AB_LOOKUPS, FAULTS, MISSES, KV_BLOCKS)}
+RECORDS: dict[str, Record] = {
+    r.name: r
+    for r in (
+        LOOKUPS,
+        WRITES,
+        REQUESTS,
+        HISTOGRAMS,
+        GAUGES,
+        WARMUP_RUNS,
+        WARMED_KEYS,
+        EARLY_KEYS,
+        HOT_KEYS,
+        AB_UNITS,
+        AB_LOOKUPS,
+        FAULTS,
+        MISSES,
+        KV_BLOCKS,
+    )
+}
 FRAMES = tuple(RECORDS)
 ROLLUP_S = 3600.0  # hourly rollups of the records with rollup=True
+
 
 # ------------------------------------------------------------------ layers
 @dataclass(frozen=True)
@@ -311,8 +515,12 @@ _DEFAULT_LAYER = Layer()
 def check_layers(layers: dict[str, Layer]) -> None:
     """Raise ``RegistryError`` for a ``LAYERS`` entry that is not a named ``Layer``."""
     for name, decl in layers.items():
-        require(isinstance(name, str) and name.strip() == name != "", "LAYERS", str(name),
-                "the name must be a non-empty string without surrounding spaces")
+        require(
+            isinstance(name, str) and name.strip() == name != "",
+            "LAYERS",
+            str(name),
+            "the name must be a non-empty string without surrounding spaces",
+        )
         require(isinstance(decl, Layer), "LAYERS", name, f"must be a Layer(...), got {decl!r}")
 
 
@@ -335,15 +543,27 @@ for _r in (LOOKUPS, WRITES, REQUESTS, HISTOGRAMS, MISSES, KV_BLOCKS):
     for _c in _r.columns:
         if _c.attr:
             COLUMN_ATTRS.setdefault(_c.name, _c.attr)
-PROM_LABELS = {c: prom_label(a) for c, a in COLUMN_ATTRS.items()}  # canonical column -> Prometheus label
+PROM_LABELS = {
+    c: prom_label(a) for c, a in COLUMN_ATTRS.items()
+}  # canonical column -> Prometheus label
 RUN_COLUMNS = WARMUP_RUNS.cols
 
 # The request-level unit record the aggregator buffers per A/B unit: the sums
 # of AB_UNITS in column order, the histogram last. Indices for the hot path:
 UNIT_SUMS = tuple(c for c in AB_UNITS.measures if c not in UNIT_HIST)
 U_REQUESTS, U_LATENCY_SUM, U_LATENCY_SQ, U_TTFT_SUM, U_CONVERSIONS, U_VALUE, U_GPU_S, U_SLA_MET = (
-    UNIT_SUMS.index(c) for c in ("requests", "latency_sum", "latency_sq", "ttft_sum", "conversions", "value",
-                                 "gpu_s", "sla_met"))
+    UNIT_SUMS.index(c)
+    for c in (
+        "requests",
+        "latency_sum",
+        "latency_sq",
+        "ttft_sum",
+        "conversions",
+        "value",
+        "gpu_s",
+        "sla_met",
+    )
+)
 U_HIST = len(UNIT_SUMS)  # the histogram's first bucket
 # The per-layer fields then the request-level ones (the names readers of the
 # Redis unit hashes and the A/B moments use: UNIT_FIELDS[2:] is UNIT_SUMS).
@@ -351,6 +571,9 @@ UNIT_FIELDS = AB_LOOKUPS.measures + UNIT_SUMS
 # The per-layer unit record: AB_LOOKUPS' measures.
 L_LOOKUPS, L_HITS = (AB_LOOKUPS.measures.index(c) for c in ("lookups", "hits"))
 # The request counter record (per series): REQUESTS' measures, starting at zero.
-REQUEST_ZERO = tuple(0 if c.type == INTEGER else 0.0 for c in REQUESTS.columns if c.role == "measure")
+REQUEST_ZERO = tuple(
+    0 if c.type == INTEGER else 0.0 for c in REQUESTS.columns if c.role == "measure"
+)
 R_REQUESTS, R_GPU_S, R_CONVERSIONS, R_VALUE, R_UNMEASURED = (
-    REQUESTS.measures.index(c) for c in ("requests", "gpu_s", "conversions", "value", "unmeasured"))
+    REQUESTS.measures.index(c) for c in ("requests", "gpu_s", "conversions", "value", "unmeasured")
+)

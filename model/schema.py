@@ -105,109 +105,195 @@ WRITE_LABELS = records.WRITES.attrs
 WARMUP_LABELS = (ATTR.TENANT, ATTR.LAYER, ATTR.STRATEGY, ATTR.TRIGGER, ATTR.REPLICA)
 
 # Fixed histogram buckets: the GenAI semantic conventions' advice.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 
 CACHE_LOOKUPS = Instrument(
-    "warmscope.cache.lookups", "counter", "{lookup}",
-    "Cache lookups by result (hit, miss, bypass, error).", LOOKUP_LABELS,
+    "warmscope.cache.lookups",
+    "counter",
+    "{lookup}",
+    "Cache lookups by result (hit, miss, bypass, error).",
+    LOOKUP_LABELS,
 )
 CACHE_WRITES = Instrument(
-    "warmscope.cache.writes", "counter", "{write}",
-    "Cache writes (set, insert, warm-up fill).", WRITE_LABELS,
+    "warmscope.cache.writes",
+    "counter",
+    "{write}",
+    "Cache writes (set, insert, warm-up fill).",
+    WRITE_LABELS,
 )
 TTFT = Instrument(
-    "gen_ai.server.time_to_first_token", "histogram", "s",
-    "Time to generate the first token of a request.", REQUEST_LABELS,
+    "gen_ai.server.time_to_first_token",
+    "histogram",
+    "s",
+    "Time to generate the first token of a request.",
+    REQUEST_LABELS,
 )
 REQUEST_DURATION = Instrument(
-    "gen_ai.server.request.duration", "histogram", "s",
-    "End-to-end request latency.", REQUEST_LABELS,
+    "gen_ai.server.request.duration",
+    "histogram",
+    "s",
+    "End-to-end request latency.",
+    REQUEST_LABELS,
 )
 TOKEN_USAGE = Instrument(
-    "gen_ai.client.token.usage", "histogram", "{token}",
-    "Prompt (input) tokens per request.", REQUEST_LABELS + (ATTR.TOKEN_TYPE,),
+    "gen_ai.client.token.usage",
+    "histogram",
+    "{token}",
+    "Prompt (input) tokens per request.",
+    REQUEST_LABELS + (ATTR.TOKEN_TYPE,),
 )
 CACHE_READ_TOKENS = Instrument(
-    "gen_ai.client.inference.usage.cache_read.input_tokens", "histogram", "{token}",
-    "Prompt tokens served from a cache per request.", REQUEST_LABELS,
+    "gen_ai.client.inference.usage.cache_read.input_tokens",
+    "histogram",
+    "{token}",
+    "Prompt tokens served from a cache per request.",
+    REQUEST_LABELS,
 )
 GPU_TIME = Instrument(
-    "warmscope.gpu.time", "counter", "s",
-    "GPU-seconds spent serving requests.", REQUEST_LABELS,
+    "warmscope.gpu.time",
+    "counter",
+    "s",
+    "GPU-seconds spent serving requests.",
+    REQUEST_LABELS,
 )
 REQUESTS = Instrument(
-    "warmscope.requests", "counter", "{request}",
-    "Requests served, by whether the latency SLA was met.", REQUEST_LABELS + (ATTR.SLA_MET,),
+    "warmscope.requests",
+    "counter",
+    "{request}",
+    "Requests served, by whether the latency SLA was met.",
+    REQUEST_LABELS + (ATTR.SLA_MET,),
 )
 UNMEASURED_REQUESTS = Instrument(
-    "warmscope.requests.unmeasured", "counter", "{request}",
+    "warmscope.requests.unmeasured",
+    "counter",
+    "{request}",
     "LLM requests whose response carried no token usage (a stream with include_usage false, an "
-    "engine without prompt token details): left out of token hit rates.", REQUEST_LABELS,
+    "engine without prompt token details): left out of token hit rates.",
+    REQUEST_LABELS,
 )
 CONVERSIONS = Instrument(
-    "warmscope.conversions", "counter", "{conversion}",
-    "Requests that led to a conversion.", REQUEST_LABELS,
+    "warmscope.conversions",
+    "counter",
+    "{conversion}",
+    "Requests that led to a conversion.",
+    REQUEST_LABELS,
 )
 CONVERSION_VALUE = Instrument(
-    "warmscope.conversion.value", "counter", "1",
-    "Business value of conversions (currency units).", REQUEST_LABELS,
+    "warmscope.conversion.value",
+    "counter",
+    "1",
+    "Business value of conversions (currency units).",
+    REQUEST_LABELS,
 )
 WARMUP_RUNS = Instrument(
-    "warmscope.warmup.runs", "counter", "{run}",
-    "Finished warm-up runs by status.", WARMUP_LABELS + (ATTR.STATUS,),
+    "warmscope.warmup.runs",
+    "counter",
+    "{run}",
+    "Finished warm-up runs by status.",
+    WARMUP_LABELS + (ATTR.STATUS,),
 )
 WARMUP_ACTIVE = Instrument(
-    "warmscope.warmup.active", "updown", "{run}",
-    "Warm-up runs in progress.", WARMUP_LABELS,
+    "warmscope.warmup.active",
+    "updown",
+    "{run}",
+    "Warm-up runs in progress.",
+    WARMUP_LABELS,
 )
 WARMUP_KEYS = Instrument(
-    "warmscope.warmup.keys", "counter", "{key}",
-    "Keys written by warm-up runs.", WARMUP_LABELS,
+    "warmscope.warmup.keys",
+    "counter",
+    "{key}",
+    "Keys written by warm-up runs.",
+    WARMUP_LABELS,
 )
 WARMUP_BYTES = Instrument(
-    "warmscope.warmup.bytes", "counter", "By",
-    "Bytes written by warm-up runs.", WARMUP_LABELS,
+    "warmscope.warmup.bytes",
+    "counter",
+    "By",
+    "Bytes written by warm-up runs.",
+    WARMUP_LABELS,
 )
 WARMUP_GPU_TIME = Instrument(
-    "warmscope.warmup.gpu.time", "counter", "s",
-    "GPU-seconds spent by warm-up runs.", WARMUP_LABELS,
+    "warmscope.warmup.gpu.time",
+    "counter",
+    "s",
+    "GPU-seconds spent by warm-up runs.",
+    WARMUP_LABELS,
 )
 WARMUP_KEYS_READ = Instrument(
-    "warmscope.warmup.keys.read", "counter", "{key}",
-    "Warmed keys read (hit) at least once: warm-set precision = read / warmed.", WARMUP_LABELS,
+    "warmscope.warmup.keys.read",
+    "counter",
+    "{key}",
+    "Warmed keys read (hit) at least once: warm-set precision = read / warmed.",
+    WARMUP_LABELS,
 )
 CROSS_TENANT_KEYS = Instrument(
-    "warmscope.cache.cross_tenant.keys", "counter", "{key}",
+    "warmscope.cache.cross_tenant.keys",
+    "counter",
+    "{key}",
     "Hot keys read by more than one tenant in a flush window (outside shared layers): a data leak.",
     (ATTR.LAYER, ATTR.REPLICA),
 )
 LOAD_DURATION = Instrument(
-    "warmscope.cache.load.duration", "histogram", "s",
+    "warmscope.cache.load.duration",
+    "histogram",
+    "s",
     "Time to load or compute a value after a cache miss (feature/embedding load latency).",
     REQUEST_LABELS + (ATTR.LAYER,),
 )
 GPU_MEMORY = Instrument(
     # "_ratio" in the name: Prometheus translators append it to unit-1 gauges
     # unless present, so every export path yields the same series name.
-    "warmscope.gpu.memory.usage_ratio", "gauge", "1",
-    "Share of GPU cache memory in use (0-1), like vllm:kv_cache_usage_perc.", (ATTR.REPLICA,),
+    "warmscope.gpu.memory.usage_ratio",
+    "gauge",
+    "1",
+    "Share of GPU cache memory in use (0-1), like vllm:kv_cache_usage_perc.",
+    (ATTR.REPLICA,),
 )
 TELEMETRY_ERRORS = Instrument(
-    "warmscope.telemetry.errors", "counter", "{error}",
-    "Instrumentation failures swallowed to protect the host, by stage.", (ATTR.STAGE,),
+    "warmscope.telemetry.errors",
+    "counter",
+    "{error}",
+    "Instrumentation failures swallowed to protect the host, by stage.",
+    (ATTR.STAGE,),
 )
 
 TELEMETRY_DROPPED = Instrument(
-    "warmscope.telemetry.dropped", "counter", "{row}",
-    "Rows dropped because a bounded buffer was full (a sink down too long), by stage.", (ATTR.STAGE,),
+    "warmscope.telemetry.dropped",
+    "counter",
+    "{row}",
+    "Rows dropped because a bounded buffer was full (a sink down too long), by stage.",
+    (ATTR.STAGE,),
 )
 LABEL_OVERFLOW = Instrument(
-    "warmscope.telemetry.label_overflow", "counter", "{value}",
-    "Label values mapped to other because the label reached its cap, by label.", (ATTR.LABEL,),
+    "warmscope.telemetry.label_overflow",
+    "counter",
+    "{value}",
+    "Label values mapped to other because the label reached its cap, by label.",
+    (ATTR.LABEL,),
 )
 LABEL_BOUNDED = Instrument(
-    "warmscope.telemetry.label_bounded", "counter", "{value}",
+    "warmscope.telemetry.label_bounded",
+    "counter",
+    "{value}",
     "Label values shortened, or with characters or words outside the vocabulary replaced, by label.",
     (ATTR.LABEL,),
 )
@@ -218,33 +304,71 @@ LABEL_BOUNDED = Instrument(
 MISS_LABELS = (ATTR.TENANT, ATTR.REPLICA, ATTR.MISS_CLASS)  # engine: the serving replica
 KV_BLOCK_LABELS = (ATTR.REPLICA, ATTR.SALT)
 KV_MISSED_TOKENS = Instrument(
-    "warmscope.kv.missed_tokens", "counter", "{token}",
+    "warmscope.kv.missed_tokens",
+    "counter",
+    "{token}",
     "Missed prompt tokens (prompt - cached) by why they were not in the prefix-KV cache.",
     MISS_LABELS,
 )
 KV_BLOCKS_STORED = Instrument(
-    "warmscope.kv.blocks.stored", "counter", "{block}",
-    "KV blocks an engine stored, per (hashed) cache salt.", KV_BLOCK_LABELS,
+    "warmscope.kv.blocks.stored",
+    "counter",
+    "{block}",
+    "KV blocks an engine stored, per (hashed) cache salt.",
+    KV_BLOCK_LABELS,
 )
 KV_BLOCKS_REUSED = Instrument(
-    "warmscope.kv.blocks.reused", "counter", "{block}",
-    "KV blocks an engine reused from its prefix cache, per (hashed) cache salt.", KV_BLOCK_LABELS,
+    "warmscope.kv.blocks.reused",
+    "counter",
+    "{block}",
+    "KV blocks an engine reused from its prefix cache, per (hashed) cache salt.",
+    KV_BLOCK_LABELS,
 )
 KV_BLOCKS_EVICTED = Instrument(
-    "warmscope.kv.blocks.evicted", "counter", "{block}",
-    "KV blocks an engine removed from its prefix cache, per (hashed) cache salt.", KV_BLOCK_LABELS,
+    "warmscope.kv.blocks.evicted",
+    "counter",
+    "{block}",
+    "KV blocks an engine removed from its prefix cache, per (hashed) cache salt.",
+    KV_BLOCK_LABELS,
 )
 KV_BLOCKS_RESIDENT = Instrument(
-    "warmscope.kv.blocks.resident", "gauge", "{block}",
-    "KV blocks resident in an engine's prefix cache now, per (hashed) cache salt.", KV_BLOCK_LABELS,
+    "warmscope.kv.blocks.resident",
+    "gauge",
+    "{block}",
+    "KV blocks resident in an engine's prefix cache now, per (hashed) cache salt.",
+    KV_BLOCK_LABELS,
 )
 
 INSTRUMENTS = (
-    CACHE_LOOKUPS, CACHE_WRITES, TTFT, REQUEST_DURATION, TOKEN_USAGE, CACHE_READ_TOKENS,
-    GPU_TIME, REQUESTS, UNMEASURED_REQUESTS, CONVERSIONS, CONVERSION_VALUE, WARMUP_RUNS, WARMUP_ACTIVE,
-    WARMUP_KEYS, WARMUP_BYTES, WARMUP_GPU_TIME, WARMUP_KEYS_READ, CROSS_TENANT_KEYS, LOAD_DURATION, GPU_MEMORY,
-    TELEMETRY_ERRORS, TELEMETRY_DROPPED, LABEL_OVERFLOW, LABEL_BOUNDED, KV_MISSED_TOKENS,
-    KV_BLOCKS_STORED, KV_BLOCKS_REUSED, KV_BLOCKS_EVICTED, KV_BLOCKS_RESIDENT,
+    CACHE_LOOKUPS,
+    CACHE_WRITES,
+    TTFT,
+    REQUEST_DURATION,
+    TOKEN_USAGE,
+    CACHE_READ_TOKENS,
+    GPU_TIME,
+    REQUESTS,
+    UNMEASURED_REQUESTS,
+    CONVERSIONS,
+    CONVERSION_VALUE,
+    WARMUP_RUNS,
+    WARMUP_ACTIVE,
+    WARMUP_KEYS,
+    WARMUP_BYTES,
+    WARMUP_GPU_TIME,
+    WARMUP_KEYS_READ,
+    CROSS_TENANT_KEYS,
+    LOAD_DURATION,
+    GPU_MEMORY,
+    TELEMETRY_ERRORS,
+    TELEMETRY_DROPPED,
+    LABEL_OVERFLOW,
+    LABEL_BOUNDED,
+    KV_MISSED_TOKENS,
+    KV_BLOCKS_STORED,
+    KV_BLOCKS_REUSED,
+    KV_BLOCKS_EVICTED,
+    KV_BLOCKS_RESIDENT,
 )
 SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (records.LAYERS)
 
@@ -268,6 +392,7 @@ def prom_name(inst: Instrument) -> str:
     if inst.kind == "counter":
         base += "_total"
     return base
+
 
 # Request histograms, in the order of the per-(labels) histogram list.
 HISTOGRAMS = (

@@ -20,4 +20,13 @@ from .engine import Simulation, Summary
 from .faults import TRAPS, Fault, parse_fault
 from .run import simulate
 
-__all__ = ["SimConfig", "Simulation", "Summary", "Fault", "parse_fault", "simulate", "TRAPS", "STRATEGIES"]
+__all__ = [
+    "SimConfig",
+    "Simulation",
+    "Summary",
+    "Fault",
+    "parse_fault",
+    "simulate",
+    "TRAPS",
+    "STRATEGIES",
+]

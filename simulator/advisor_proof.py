@@ -31,10 +31,14 @@ class Proof:
     store: str
     hours: float
     seed: int
-    results: dict[str, dict[Any, Any]]  # metric -> control, treatment, abs_effect, abs_low, abs_high, p_value
+    results: dict[
+        str, dict[Any, Any]
+    ]  # metric -> control, treatment, abs_effect, abs_low, abs_high, p_value
     requests_b: float
     warm_gpu_s: dict[str, float]  # variant -> warm-up GPU-s
-    net_gpu_s: tuple[float, float, float]  # estimate, 95 % low, high: GPU-s saved by B minus its extra warm-up
+    net_gpu_s: tuple[
+        float, float, float
+    ]  # estimate, 95 % low, high: GPU-s saved by B minus its extra warm-up
     wins: list[str]
     seconds: float
 
@@ -42,20 +46,39 @@ class Proof:
         return asdict(self)
 
 
-def prove(params: Params, store: str, hours: float = 3.0, seed: int = 2, peak_at: float = 15 * 3600.0,
-          rps: float | None = None, progress: Callable[[int, int], None] | None = None) -> Proof:
+def prove(
+    params: Params,
+    store: str,
+    hours: float = 3.0,
+    seed: int = 2,
+    peak_at: float = 15 * 3600.0,
+    rps: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Proof:
     """Simulate ``hours`` with both pools on the predictive strategy: pool A with the simulator's default
     parameters, pool B with ``params`` (``peak_at``: the forecast peak's time of day, s), on seed ``seed``;
     compare them with the A/B report's unit-level tests. A win: the prefix-KV hit rate up, or the net
     GPU-s return up, with a 95 % CI excluding zero."""
     t0 = time.perf_counter()
-    common = dict(hours=hours, seed=seed, strategy_a="predictive", strategy_b="predictive",
-                  experiment="advisor-proof", rps=rps)
+    common = dict(
+        hours=hours,
+        seed=seed,
+        strategy_a="predictive",
+        strategy_b="predictive",
+        experiment="advisor-proof",
+        rps=rps,
+    )
     cfg_a = SimConfig.load(None, **common)
     o = sim_overrides(params)
-    cfg_b = SimConfig.load(None, **common, warm_keys=o["warm_keys"], response_ttl_s=o["response_ttl_s"],
-                           lambda_mode=o["lambda_mode"], lambda_fixed=o["lambda_fixed"],
-                           peak_warmup_at_h=((peak_at - params.lead_s) % 86400) / 3600.0)
+    cfg_b = SimConfig.load(
+        None,
+        **common,
+        warm_keys=o["warm_keys"],
+        response_ttl_s=o["response_ttl_s"],
+        lambda_mode=o["lambda_mode"],
+        lambda_fixed=o["lambda_fixed"],
+        peak_warmup_at_h=((peak_at - params.lead_s) % 86400) / 3600.0,
+    )
     st = EmbeddedStore(store, durable=False)
     for i, (cfg, v) in enumerate(((cfg_a, "A"), (cfg_b, "B"))):
         prog = (lambda d, t, i=i: progress(i * t + d, 2 * t)) if progress else None
@@ -66,16 +89,27 @@ def prove(params: Params, store: str, hours: float = 3.0, seed: int = 2, peak_at
     st.close()
     src = EmbeddedSource(store)
     rep = report_for(src, "advisor-proof")
-    res = {r.metric: {k: getattr(r, k) for k in ("control", "treatment", "abs_effect", "abs_low", "abs_high",
-                                                  "p_value")} for r in rep.results}
+    res = {
+        r.metric: {
+            k: getattr(r, k)
+            for k in ("control", "treatment", "abs_effect", "abs_low", "abs_high", "p_value")
+        }
+        for r in rep.results
+    }
     runs = src.frame("warmup_runs")
-    warm = {v: float(runs.loc[runs["replica"].str.startswith(v.lower() + "-"), "gpu_s"].sum()) for v in "AB"}
+    warm = {
+        v: float(runs.loc[runs["replica"].str.startswith(v.lower() + "-"), "gpu_s"].sum())
+        for v in "AB"
+    }
     req = src.frame("requests")
     nb = float(req.loc[req["variant"] == "B", "requests"].sum())
     g = res.get("GPU-s per request", {})
     dw = warm["B"] - warm["A"]
-    net = (-g.get("abs_effect", np.nan) * nb - dw, -g.get("abs_high", np.nan) * nb - dw,
-           -g.get("abs_low", np.nan) * nb - dw)
+    net = (
+        -g.get("abs_effect", np.nan) * nb - dw,
+        -g.get("abs_high", np.nan) * nb - dw,
+        -g.get("abs_low", np.nan) * nb - dw,
+    )
     wins = []
     kv = res.get("hit rate (prefix_kv)")
     if kv and kv["abs_low"] > 0:

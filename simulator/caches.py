@@ -21,8 +21,13 @@ __all__ = ["LRU"]
 class LRU:
     __slots__ = ("cap", "ttl", "clock", "weigh", "used", "_d")
 
-    def __init__(self, capacity: float, clock: Callable[[], float], ttl: float | None = None,
-                 weigh: Callable[[Any], float] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: float,
+        clock: Callable[[], float],
+        ttl: float | None = None,
+        weigh: Callable[[Any], float] | None = None,
+    ) -> None:
         self.cap = capacity
         self.ttl = ttl
         self.clock = clock

@@ -134,7 +134,9 @@ class SimConfig:
     @property
     def strategies(self) -> dict[str, str]:
         """Warm-up strategy by variant."""
-        return dict(zip(self.arms, (self.strategy_a, self.strategy_b, self.strategy_c), strict=False))
+        return dict(
+            zip(self.arms, (self.strategy_a, self.strategy_b, self.strategy_c), strict=False)
+        )
 
     def for_variant(self, variant: str, name: str) -> float:
         """A cache setting as pool ``variant`` sees it."""

@@ -65,7 +65,9 @@ __all__ = ["Simulation", "Summary"]
 
 TOKENISATION_VARIANTS = 50
 MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
-PRE_START_S = 120.0  # replicas start this long (plus the weights' load time) before the simulated day
+PRE_START_S = (
+    120.0  # replicas start this long (plus the weights' load time) before the simulated day
+)
 
 
 @dataclass
@@ -85,10 +87,22 @@ class Summary:
 
 def write_run_info(store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[dict]) -> None:
     store.write_faults(truth)
-    store.set_meta("simulation", json.dumps({
-        "seed": cfg.seed, "hours": cfg.hours, "start": t0, "strategy_a": cfg.strategy_a,
-        "strategy_b": cfg.strategy_b, "strategy_c": cfg.strategy_c, "experiment": cfg.experiment, "tick_s": cfg.tick_s,
-    }, sort_keys=True))
+    store.set_meta(
+        "simulation",
+        json.dumps(
+            {
+                "seed": cfg.seed,
+                "hours": cfg.hours,
+                "start": t0,
+                "strategy_a": cfg.strategy_a,
+                "strategy_b": cfg.strategy_b,
+                "strategy_c": cfg.strategy_c,
+                "experiment": cfg.experiment,
+                "tick_s": cfg.tick_s,
+            },
+            sort_keys=True,
+        ),
+    )
 
 
 class _RedisResponseCache:
@@ -120,15 +134,21 @@ class Replica:
         clock = sim.clock
         self.weights = InstrumentedCache(LRU(100, clock), "weights", telemetry=self.tel)
         self.lora = InstrumentedCache(LRU(cfg.lora_slots, clock), "lora", telemetry=self.tel)
-        self.emb = InstrumentedCache(LRU(cfg.embedding_capacity, clock), "embedding", telemetry=self.tel)
-        self.kv_lru = LRU(cfg.for_variant(pool.variant, "kv_capacity_tokens"), clock, weigh=lambda tokens: tokens)
+        self.emb = InstrumentedCache(
+            LRU(cfg.embedding_capacity, clock), "embedding", telemetry=self.tel
+        )
+        self.kv_lru = LRU(
+            cfg.for_variant(pool.variant, "kv_capacity_tokens"), clock, weigh=lambda tokens: tokens
+        )
         self.kv = InstrumentedCache(self.kv_lru, "prefix_kv", telemetry=self.tel)
         self.resp = pool.response_view(self)
         self.slots = [0.0] * cfg.slots
         self.weights_ready: dict[str, float] = {}
         self.start(start_rel, "replica_start")
 
-    def start(self, t_rel: float, trigger: str, warm_until: float | None = None, gated: bool = True) -> None:
+    def start(
+        self, t_rel: float, trigger: str, warm_until: float | None = None, gated: bool = True
+    ) -> None:
         """(Re)start: caches dropped, weights load, then the pool's layered
         warm-up. A gated replica takes traffic only when ready (readiness
         probe: weights loaded and the start's warm-up finished); an ungated one
@@ -140,7 +160,9 @@ class Replica:
         self.ready_at = ready if gated else t_rel
         self.gated = gated
         self.sim.schedule(ready, self._weights_loaded)
-        self.sim.schedule(ready, lambda: self.sim.warmup(self.pool, [self], trigger, finish_at=warm_until))
+        self.sim.schedule(
+            ready, lambda: self.sim.warmup(self.pool, [self], trigger, finish_at=warm_until)
+        )
 
     def _clear(self) -> None:
         for c in (self.weights, self.lora, self.emb, self.kv):
@@ -152,7 +174,9 @@ class Replica:
         at cut-over (when the new one is ready) the replica's caches become
         the new instance's — what the warm-up put there, nothing else."""
         cutover = t_rel + self.sim.cfg.weights_load_s
-        self.sim.schedule(cutover, lambda: self.sim.warmup(self.pool, [self], "replica_restart", cutover=True))
+        self.sim.schedule(
+            cutover, lambda: self.sim.warmup(self.pool, [self], "replica_restart", cutover=True)
+        )
 
     def cut_over(self) -> None:
         self._clear()
@@ -172,8 +196,12 @@ class Pool:
         cfg = sim.cfg
         self.heat = HeatTracker(cfg.heat_lambda) if strategy == "predictive" else None
         self.resp_ttl = cfg.for_variant(variant, "response_ttl_s")
-        self.resp_lru = LRU(cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl)
-        self.kv_hist: list[tuple[int, int]] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
+        self.resp_lru = LRU(
+            cfg.for_variant(variant, "response_capacity"), sim.clock, ttl=self.resp_ttl
+        )
+        self.kv_hist: list[
+            tuple[int, int]
+        ] = []  # per tick (hits, lookups) of prefix_kv, for drop triggers
         # Ground truth of "stored before" for prefix-KV blocks (see Simulation._miss_classes): the
         # system-prompt and warmed blocks ever stored on a replica of the pool (bounded by
         # templates x tenants x blocks x variants, and by warm-up picks); conversation blocks
@@ -193,7 +221,9 @@ class Pool:
             import redis
 
             db = "ABC".index(self.variant) + 1  # pools never share entries
-            backend = _RedisResponseCache(redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl)
+            backend = _RedisResponseCache(
+                redis.Redis.from_url(self.sim.redis_url, db=db), self.resp_ttl
+            )
             self._resp_backend = backend
         return InstrumentedCache(backend, "response", telemetry=rep.tel)
 
@@ -223,11 +253,14 @@ class Simulation:
         self.speed = speed
         # Simulated data can be regenerated from the seed: no fsync.
         # (Or anything with the store's write(): a worker's queue to the one writer, see run.simulate.)
-        self.store = EmbeddedStore(store, durable=False) if isinstance(store, (str, Path)) else store
+        self.store = (
+            EmbeddedStore(store, durable=False) if isinstance(store, (str, Path)) else store
+        )
         # Hot keys and unit records every 15 virtual minutes: per-minute points,
         # fewer upserts (a session spans many ticks).
-        self.ccfg = collector_config or CollectorConfig.load(env={}, key_secret="warmscope-sim", max_families=1024,
-                                                             side_flush_s=900)
+        self.ccfg = collector_config or CollectorConfig.load(
+            env={}, key_secret="warmscope-sim", max_families=1024, side_flush_s=900
+        )
         self.meter_provider = meter_provider
         self._own_provider = None
         if meter_provider is None and self.ccfg.exporter in ("otlp", "prometheus"):
@@ -270,8 +303,10 @@ class Simulation:
                 pool.replicas.append(Replica(self, name, pool, -PRE_START_S - cfg.weights_load_s))
         if cfg.peak_warmup_at_h >= 0:
             for pool in self.pools.values():
-                self.schedule(cfg.peak_warmup_at_h * 3600,
-                              lambda p=pool: self.warmup(p, p.replicas, "forecast_peak"))
+                self.schedule(
+                    cfg.peak_warmup_at_h * 3600,
+                    lambda p=pool: self.warmup(p, p.replicas, "forecast_peak"),
+                )
         if cfg.restart_every_h > 0:
             self._schedule_restarts()
         for f in self.faults:
@@ -280,8 +315,13 @@ class Simulation:
     # ------------------------------------------------------------ plumbing
     def _telemetry(self, replica: str) -> Telemetry:
         cfg = CollectorConfig._from_raw({**self.ccfg.as_dict(), "replica": replica})
-        tel = Telemetry(cfg, clock=self.clock, store=self.store, meter_provider=self.meter_provider,
-                        background=False)
+        tel = Telemetry(
+            cfg,
+            clock=self.clock,
+            store=self.store,
+            meter_provider=self.meter_provider,
+            background=False,
+        )
         self.telemetries.append(tel)
         return tel
 
@@ -335,16 +375,28 @@ class Simulation:
             for pool in self.pools.values():
                 for rep in pool.replicas:
                     if f.matches(replica=rep.name):
-                        self.schedule(f.start, lambda r=rep: r.start(f.start, "replica_restart", warm_until=f.end,
-                                                                     gated=False))
+                        self.schedule(
+                            f.start,
+                            lambda r=rep: r.start(
+                                f.start, "replica_restart", warm_until=f.end, gated=False
+                            ),
+                        )
         elif f.trap == "warmup_timing":
             for pool in self.pools.values():
                 reps = [r for r in pool.replicas if f.matches(replica=r.name)]
                 if reps:
                     ttl = float(f.params.get("ttl_s", 300))
-                    self.schedule(f.start, lambda p=pool, rs=reps, ttl=ttl, f=f: self.warmup(
-                        p, rs, "scheduled", ttl=ttl, layers=(f.scope.get("layer"),) if "layer" in f.scope else None,
-                        strategy="static_topk" if p.strategy == "none" else None))
+                    self.schedule(
+                        f.start,
+                        lambda p=pool, rs=reps, ttl=ttl, f=f: self.warmup(
+                            p,
+                            rs,
+                            "scheduled",
+                            ttl=ttl,
+                            layers=(f.scope.get("layer"),) if "layer" in f.scope else None,
+                            strategy="static_topk" if p.strategy == "none" else None,
+                        ),
+                    )
 
     def ground_truth(self) -> list[dict]:
         return [f.ground_truth(self.t0, self.cfg.hours) for f in self.faults]
@@ -352,9 +404,17 @@ class Simulation:
     # -------------------------------------------------------------- warm-up
     LAYER_ORDER = ("lora", "prefix_kv", "embedding", "response")  # after the weights, in this order
 
-    def warmup(self, pool: Pool, replicas: list[Replica], trigger: str, finish_at: float | None = None,
-               ttl: float | None = None, layers: tuple | None = None, strategy: str | None = None,
-               cutover: bool = False) -> None:
+    def warmup(
+        self,
+        pool: Pool,
+        replicas: list[Replica],
+        trigger: str,
+        finish_at: float | None = None,
+        ttl: float | None = None,
+        layers: tuple | None = None,
+        strategy: str | None = None,
+        cutover: bool = False,
+    ) -> None:
         """Layered warm-up: weights are loaded (the replica's start), then LoRA
         adapters, prefix-KV blocks, embeddings and responses, one layer after
         the other, each its own run. A replica (re)start's warm-up holds the
@@ -370,11 +430,21 @@ class Simulation:
             if strategy == "none":
                 picks: list = []
             elif strategy == "predictive":  # a forecast per replica (its own sessions' history)
-                picks = lora + choose(strategy, cfg, t_rel, self.yesterday, pool.heat, self.by_name,
-                                      replica=rep.name, valid_for=pool.valid_for)
+                picks = lora + choose(
+                    strategy,
+                    cfg,
+                    t_rel,
+                    self.yesterday,
+                    pool.heat,
+                    self.by_name,
+                    replica=rep.name,
+                    valid_for=pool.valid_for,
+                )
             else:
                 if shared is None:
-                    shared = lora + choose(strategy, cfg, t_rel, self.yesterday, pool.heat, self.by_name)
+                    shared = lora + choose(
+                        strategy, cfg, t_rel, self.yesterday, pool.heat, self.by_name
+                    )
                 picks = shared
             if layers:
                 picks = [p for p in picks if p[0] in layers]
@@ -384,22 +454,38 @@ class Simulation:
                 continue
             by_layer = {ly: [p for p in picks if p[0] == ly] for ly in self.LAYER_ORDER}
             by_layer = {ly: ps for ly, ps in by_layer.items() if ps}
-            durations = {ly: len(ps) * (cfg.lora_load_s if ly == "lora" else cfg.warm_s_per_key)
-                         for ly, ps in by_layer.items()}
+            durations = {
+                ly: len(ps) * (cfg.lora_load_s if ly == "lora" else cfg.warm_s_per_key)
+                for ly, ps in by_layer.items()
+            }
             total = sum(durations.values())
             # A forced finish (warm-up out of step) stretches the layers to end there.
-            stretch = max((finish_at - t_rel) / total, 1.0) if finish_at is not None and total > 0 else 1.0
+            stretch = (
+                max((finish_at - t_rel) / total, 1.0)
+                if finish_at is not None and total > 0
+                else 1.0
+            )
             t = t_rel
             if cutover:
-                self.schedule(t_rel + total, rep.cut_over)  # before any layer lands (events keep their order)
+                self.schedule(
+                    t_rel + total, rep.cut_over
+                )  # before any layer lands (events keep their order)
             for layer, ps in by_layer.items():
                 end = t + durations[layer] * stretch
-                self.schedule(t, lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end),
-                              tg=trigger, st=strategy: self._start_layer(r, ly, ps, e, tg, st, ttl))
+                self.schedule(
+                    t,
+                    lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end), tg=trigger, st=strategy: (
+                        self._start_layer(r, ly, ps, e, tg, st, ttl)
+                    ),
+                )
                 t = end
             # A (re)start's warm-up holds the readiness gate; a rolling restart's surge instance warms in the
             # background while the old instance keeps serving (it takes over at cut-over).
-            if trigger in ("replica_start", "replica_restart") and getattr(rep, "gated", True) and not cutover:
+            if (
+                trigger in ("replica_start", "replica_restart")
+                and getattr(rep, "gated", True)
+                and not cutover
+            ):
                 rep.ready_at = max(rep.ready_at, t)
 
     def _lora_picks(self, strategy: str, pool: Pool) -> list:
@@ -411,19 +497,33 @@ class Simulation:
             now = self.now - self.t0
             lam = pool.heat.lam
             for h, last, _, tenant, _, _ in pool.heat.heat.values():
-                score[tenant] += h * math.exp(-lam * max(now - last, 0.0)) * self.by_name[tenant].priority / 10
+                score[tenant] += (
+                    h * math.exp(-lam * max(now - last, 0.0)) * self.by_name[tenant].priority / 10
+                )
         else:
             for key, c in self.yesterday.counts["prefix_kv"].items():
                 score[self.yesterday.meta[key][0]] += c
         top = sorted(score, key=lambda t: (-score[t], t))[: self.cfg.lora_slots]
         return [("lora", f"lora:adapter:{t}.v1", t, 0, 0.2 * self.cfg.lora_load_s) for t in top]
 
-    def _start_layer(self, rep: Replica, layer: str, picks: list, end: float, trigger: str, strategy: str,
-                     ttl: float | None) -> None:
+    def _start_layer(
+        self,
+        rep: Replica,
+        layer: str,
+        picks: list,
+        end: float,
+        trigger: str,
+        strategy: str,
+        ttl: float | None,
+    ) -> None:
         self._run_seq += 1
         # run ids carry the pool: each pool's worker process numbers its own runs
-        run = rep.tel.warmup(strategy, layer=layer, trigger=trigger,
-                             run_id=f"run-{self.cfg.seed}-{rep.pool.variant.lower()}{self._run_seq:05d}")
+        run = rep.tel.warmup(
+            strategy,
+            layer=layer,
+            trigger=trigger,
+            run_id=f"run-{self.cfg.seed}-{rep.pool.variant.lower()}{self._run_seq:05d}",
+        )
         run.__enter__()
         self.summary.warmups += 1
         self.schedule(end, lambda: self._finish_warmup(rep, {layer: run}, picks, ttl))
@@ -436,15 +536,22 @@ class Simulation:
             elif layer == "prefix_kv":
                 rep.kv.set(key, self.cfg.block_tokens)
                 rep.pool.kv_seen.add(key)
-                nbytes = self.cfg.block_tokens * 128 * 1024  # KV bytes per token, order of magnitude
+                nbytes = (
+                    self.cfg.block_tokens * 128 * 1024
+                )  # KV bytes per token, order of magnitude
             elif layer == "embedding":
                 rep.emb.set(key, 1)
                 nbytes = 4096
             else:
                 rep.resp.set(key, b"r", ttl=ttl)
                 nbytes = 2048
-            runs[layer].warmed(key, nbytes=nbytes, gpu_s=gpu_s, tenant=tenant,
-                               ttl_s=ttl or (rep.pool.resp_ttl if layer == "response" else None))
+            runs[layer].warmed(
+                key,
+                nbytes=nbytes,
+                gpu_s=gpu_s,
+                tenant=tenant,
+                ttl_s=ttl or (rep.pool.resp_ttl if layer == "response" else None),
+            )
         for run in runs.values():
             run.__exit__(None, None, None)
 
@@ -461,8 +568,13 @@ class Simulation:
             # One conversion per tick: per-request reads of Python lists, not numpy scalars
             # (the same float64 values, so the same arithmetic).
             a = _as_lists(draw_arrivals(self.rng, cfg, t_rel, dt, rate, self.tw))
-            active = [f for f in self.faults if f.start < t_rel + dt and f.end > t_rel
-                      and f.trap not in ("warmup_out_of_step", "warmup_timing")]
+            active = [
+                f
+                for f in self.faults
+                if f.start < t_rel + dt
+                and f.end > t_rel
+                and f.trap not in ("warmup_out_of_step", "warmup_timing")
+            ]
             kv_before = self._kv_counts()
             for i in range(len(a.t)):
                 tr = a.t[i]
@@ -528,8 +640,12 @@ class Simulation:
                     pool.last_drop_trigger = t_rel
                     self.warmup(pool, pool.replicas, "hit_rate_drop")
             if pool.heat is not None:
-                pool.heat.cluster_recent = Counter({k: c * 0.95 for k, c in pool.heat.cluster_recent.items()})
-                pool.heat.tenant_recent = Counter({k: c * 0.95 for k, c in pool.heat.tenant_recent.items()})
+                pool.heat.cluster_recent = Counter(
+                    {k: c * 0.95 for k, c in pool.heat.cluster_recent.items()}
+                )
+                pool.heat.tenant_recent = Counter(
+                    {k: c * 0.95 for k, c in pool.heat.tenant_recent.items()}
+                )
 
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
@@ -548,31 +664,63 @@ class Simulation:
         fx: Any = ()
         bypass: tuple = ()
         if faults:
-            fx = [f for f in faults if f.matches(tenant=ten.name, replica=rep.name, template=tpl.name,
-                                                 model=ten.model)]
+            fx = [
+                f
+                for f in faults
+                if f.matches(tenant=ten.name, replica=rep.name, template=tpl.name, model=ten.model)
+            ]
             bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
         if pool.heat is not None:
             pool.heat.cluster_recent[tpl.cluster] += 1
             pool.heat.tenant_recent[ten.name] += 1
-        with request_context(tenant=ten.name, unit=str(sid), experiment=cfg.experiment, variant=variant,
-                             model=ten.model, prompt_tokens=prompt, telemetry=rep.tel):
+        with request_context(
+            tenant=ten.name,
+            unit=str(sid),
+            experiment=cfg.experiment,
+            variant=variant,
+            model=ten.model,
+            prompt_tokens=prompt,
+            telemetry=rep.tel,
+        ):
             wait = self._weights(rep, ten, tr, gate_wait)
             rkey = None
             if tpl.cacheable:
                 rkey, served = self._response(rep, pool, ten, tpl, tpl_idx, a, i, tr, fx, bypass)
                 if served:  # answered from the response cache
                     lat = cfg.base_ttft_s + wait + 0.02
-                    self._record(rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, a.u_conv[i])
+                    self._record(
+                        rep, ten, wait + cfg.base_ttft_s, lat, prompt, prompt, 0.0, a.u_conv[i]
+                    )
                     return
             lora_s = self._lora(rep, ten)
-            emb_s = self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i], tr, bypass) if tpl.rag else 0.0
-            cached = self._prefix(rep, pool, ten, tpl, tpl_idx, sid, conv, q, prompt, tr, fx,
-                                  _bypassed(bypass, "prefix_kv"))
-            self._finish_request(rep, ten, tr, wait, lora_s, emb_s, prompt, cached, out_tokens, a.u_conv[i])
+            emb_s = (
+                self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i], tr, bypass)
+                if tpl.rag
+                else 0.0
+            )
+            cached = self._prefix(
+                rep,
+                pool,
+                ten,
+                tpl,
+                tpl_idx,
+                sid,
+                conv,
+                q,
+                prompt,
+                tr,
+                fx,
+                _bypassed(bypass, "prefix_kv"),
+            )
+            self._finish_request(
+                rep, ten, tr, wait, lora_s, emb_s, prompt, cached, out_tokens, a.u_conv[i]
+            )
             if rkey is not None:
                 rep.resp.set(rkey, b"r")
 
-    def _session(self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int) -> tuple[int, str, int, int, int, int]:
+    def _session(
+        self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int
+    ) -> tuple[int, str, int, int, int, int]:
         """Continue one of the recent sessions or start a new one; returns (session id,
         its variant, conversation tokens so far, query tokens, prompt tokens, output tokens).
         Session state advances in every worker, whether its pool serves the session or not."""
@@ -610,8 +758,19 @@ class Simulation:
         look[(rep.name, "weights", "hit")] += 1
         return gate_wait
 
-    def _response(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, a: Any, i: int, tr: float,
-                  fx: Any, bypass: tuple) -> tuple[str | None, bool]:
+    def _response(
+        self,
+        rep: Replica,
+        pool: Pool,
+        ten: Any,
+        tpl: Any,
+        tpl_idx: int,
+        a: Any,
+        i: int,
+        tr: float,
+        fx: Any,
+        bypass: tuple,
+    ) -> tuple[str | None, bool]:
         """The response cache; returns (key to fill after serving or None, served from cache)."""
         look = self.summary.lookups
         rkey = self._response_key(ten.name, tpl, a.fill[i], a.user[i], tr, fx)
@@ -637,8 +796,17 @@ class Simulation:
         rep.lora.record_load(self.cfg.lora_load_s)
         return self.cfg.lora_load_s
 
-    def _embeddings(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, chunks: Any, tr: float,
-                    bypass: tuple) -> float:
+    def _embeddings(
+        self,
+        rep: Replica,
+        pool: Pool,
+        ten: Any,
+        tpl: Any,
+        tpl_idx: int,
+        chunks: Any,
+        tr: float,
+        bypass: tuple,
+    ) -> float:
         """The retrieved chunks' embeddings; returns the time spent embedding misses."""
         cfg = self.cfg
         look = self.summary.lookups
@@ -661,8 +829,19 @@ class Simulation:
                 pool.heat.touch("embedding", ekey, ten.name, tpl_idx, tr, rep.name)
         return emb_s
 
-    def _finish_request(self, rep: Replica, ten: Any, tr: float, wait: float, lora_s: float, emb_s: float,
-                        prompt: int, cached: int, out_tokens: int, u_conv: float) -> None:
+    def _finish_request(
+        self,
+        rep: Replica,
+        ten: Any,
+        tr: float,
+        wait: float,
+        lora_s: float,
+        emb_s: float,
+        prompt: int,
+        cached: int,
+        out_tokens: int,
+        u_conv: float,
+    ) -> None:
         """Prefill the uncached tokens and decode on the replica's earliest free slot; record it."""
         cfg = self.cfg
         prefill = (prompt - cached) * cfg.prefill_s_per_token
@@ -674,12 +853,29 @@ class Simulation:
         gpu = prefill + emb_s + 0.2 * lora_s + decode / cfg.slots
         self._record(rep, ten, ttft, ttft + decode, prompt, cached, gpu, u_conv)
 
-    def _record(self, rep: Replica, ten: Any, ttft: float, lat: float, prompt: int, cached: int, gpu: float,
-                u: float) -> None:
+    def _record(
+        self,
+        rep: Replica,
+        ten: Any,
+        ttft: float,
+        lat: float,
+        prompt: int,
+        cached: int,
+        gpu: float,
+        u: float,
+    ) -> None:
         cfg = self.cfg
         converted = u < cfg.conv_base * math.exp(-lat / cfg.conv_tau_s)
-        rep.tel.record_request(ttft_s=ttft, latency_s=lat, prompt_tokens=prompt, cached_tokens=cached, gpu_s=gpu,
-                               sla_met=ttft <= cfg.slo_ttft_s, conversion=converted, value=ten.value)
+        rep.tel.record_request(
+            ttft_s=ttft,
+            latency_s=lat,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            gpu_s=gpu,
+            sla_met=ttft <= cfg.slo_ttft_s,
+            conversion=converted,
+            value=ten.value,
+        )
         self.summary.requests += 1
 
     def _response_key(self, tenant: str, tpl: Any, fill: int, user: int, tr: float, fx: Any) -> str:
@@ -693,8 +889,21 @@ class Simulation:
                 key += f"~{self._req_id % TOKENISATION_VARIANTS}"
         return key
 
-    def _prefix(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, tpl_idx: int, sid: int, conv: int, q: int,
-                prompt: int, tr: float, fx: Any, bypass: bool) -> int:
+    def _prefix(
+        self,
+        rep: Replica,
+        pool: Pool,
+        ten: Any,
+        tpl: Any,
+        tpl_idx: int,
+        sid: int,
+        conv: int,
+        q: int,
+        prompt: int,
+        tr: float,
+        fx: Any,
+        bypass: bool,
+    ) -> int:
         """Walk the prompt's blocks; return the number of tokens reused."""
         B = self.cfg.block_tokens
         look = self.summary.lookups
@@ -709,10 +918,13 @@ class Simulation:
                 variant = f"~{self._req_id % TOKENISATION_VARIANTS}"
         sys_key = (tpl_idx, ten.idx, variant)
         sys_blocks = self._sys_blocks.get(sys_key)
-        if sys_blocks is None:  # the system prompt's blocks: the same keys for every request of the pair
+        if (
+            sys_blocks is None
+        ):  # the system prompt's blocks: the same keys for every request of the pair
             sys_blocks = self._sys_blocks[sys_key] = [
                 (f"kv:{tpl.name}:sys:{ten.name}.{b}{variant}", min(B, tpl.sys_tokens - b * B), True)
-                for b in range(math.ceil(tpl.sys_tokens / B))]
+                for b in range(math.ceil(tpl.sys_tokens / B))
+            ]
         blocks: list[tuple[str, int, bool]] = list(sys_blocks)  # key, tokens, reusable
         n_sys = len(sys_blocks)
         if tpl.dialog:
@@ -728,7 +940,9 @@ class Simulation:
         heat = pool.heat
         missed: list[int] = []  # indices of the missed blocks, stored after the walk
         for j, (key, tokens, reusable) in enumerate(blocks):
-            if heat is not None and (j < n_sys or reusable):  # system prompts and conversation history
+            if heat is not None and (
+                j < n_sys or reusable
+            ):  # system prompts and conversation history
                 heat.touch("prefix_kv", key, ten.name, tpl_idx, tr, rname)
             if bypass:
                 kv.bypass(key)
@@ -747,8 +961,9 @@ class Simulation:
         if bypass:  # a skipped cache is not a miss: no classes
             return cached
         # Why each block missed, judged against the caches the request met (before its own writes).
-        classes = self._miss_classes(rep, pool, ten, tpl, variant, blocks, n_sys, missed,
-                                     prompt < min_len)
+        classes = self._miss_classes(
+            rep, pool, ten, tpl, variant, blocks, n_sys, missed, prompt < min_len
+        )
         groups: dict[int, dict[str, int]] = {}  # 0: system-prompt blocks, 1: query, conversation
         for (g, cls), n in classes.items():
             groups.setdefault(g, {})[cls] = n
@@ -769,9 +984,18 @@ class Simulation:
             rep.tel.record_misses(tenant=ten.name, engine=rname, family=fam(first_key), classes=cl)
         return cached
 
-    def _miss_classes(self, rep: Replica, pool: Pool, ten: Any, tpl: Any, variant: str,
-                      blocks: list[tuple[str, int, bool]], n_sys: int, missed: list[int],
-                      refused: bool) -> dict[tuple[int, str], int]:
+    def _miss_classes(
+        self,
+        rep: Replica,
+        pool: Pool,
+        ten: Any,
+        tpl: Any,
+        variant: str,
+        blocks: list[tuple[str, int, bool]],
+        n_sys: int,
+        missed: list[int],
+        refused: bool,
+    ) -> dict[tuple[int, str], int]:
         """Ground truth: the missed blocks' tokens by (group, why each missed): they add up to
         prompt - cached. Group 0 holds the system-prompt blocks, 1 the rest (query, conversation).
 

@@ -52,10 +52,19 @@ from typing import Any
 
 __all__ = ["Fault", "TRAPS", "parse_fault", "DIMS"]
 
-TRAPS = ("warmup_out_of_step", "dynamic_tokenisation", "kv_fixed_len", "tenant_isolation", "bypass",
-         "key_explosion", "warmup_timing")
+TRAPS = (
+    "warmup_out_of_step",
+    "dynamic_tokenisation",
+    "kv_fixed_len",
+    "tenant_isolation",
+    "bypass",
+    "key_explosion",
+    "warmup_timing",
+)
 DIMS = ("tenant", "layer", "replica", "template", "model")
-_SPEC = re.compile(r"^(?P<trap>[a-z_]+)(?::(?P<scope>[^@;]*))?(?:@(?P<win>[^;]+))?(?:;(?P<params>.*))?$")
+_SPEC = re.compile(
+    r"^(?P<trap>[a-z_]+)(?::(?P<scope>[^@;]*))?(?:@(?P<win>[^;]+))?(?:;(?P<params>.*))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +86,13 @@ class Fault:
 
     def ground_truth(self, t0: float, hours: float) -> dict[str, Any]:
         end = min(self.end, hours * 3600)
-        return {"trap": self.trap, "scope": dict(self.scope), "start": t0 + self.start, "end": t0 + end,
-                "params": dict(self.params)}
+        return {
+            "trap": self.trap,
+            "scope": dict(self.scope),
+            "start": t0 + self.start,
+            "end": t0 + end,
+            "params": dict(self.params),
+        }
 
 
 def _time(s: str) -> float:
@@ -102,7 +116,9 @@ def parse_fault(spec: str) -> Fault:
     """Parse a ``--fault`` spec; errors name the part that is wrong."""
     m = _SPEC.match(spec.strip())
     if not m:
-        raise ValueError(f"fault spec {spec!r} is not TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]")
+        raise ValueError(
+            f"fault spec {spec!r} is not TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]"
+        )
     trap = m["trap"]
     if trap not in TRAPS:
         raise ValueError(f"unknown trap {trap!r} in {spec!r}; traps: {', '.join(TRAPS)}")
@@ -112,7 +128,9 @@ def parse_fault(spec: str) -> Fault:
             raise ValueError(f"scope part {part!r} in {spec!r} must be DIM=VALUE")
         k, v = (x.strip() for x in part.split("=", 1))
         if k not in DIMS:
-            raise ValueError(f"unknown scope dimension {k!r} in {spec!r}; dimensions: {', '.join(DIMS)}")
+            raise ValueError(
+                f"unknown scope dimension {k!r} in {spec!r}; dimensions: {', '.join(DIMS)}"
+            )
         scope[k] = v
     start, end = 0.0, float("inf")
     if m["win"]:
@@ -135,8 +153,10 @@ def parse_fault(spec: str) -> Fault:
                 if not (num > 0 and num != float("inf")) or (typ is int and not num.is_integer()):
                     raise ValueError
             except ValueError:
-                raise ValueError(f"parameter {k} in {spec!r} must be a positive {'integer' if typ is int else 'number'}"
-                                 f", got {v!r}") from None
+                raise ValueError(
+                    f"parameter {k} in {spec!r} must be a positive {'integer' if typ is int else 'number'}"
+                    f", got {v!r}"
+                ) from None
             params[k] = num
             continue
         try:

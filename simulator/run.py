@@ -51,8 +51,16 @@ class _QueueStore:
         pass
 
 
-def _worker(cfg: SimConfig, path: str, faults: list[Fault], variant: str, ticks: Any, out: Any,
-            kw: dict, single_writer: bool) -> None:
+def _worker(
+    cfg: SimConfig,
+    path: str,
+    faults: list[Fault],
+    variant: str,
+    ticks: Any,
+    out: Any,
+    kw: dict,
+    single_writer: bool,
+) -> None:
     def progress(done: int, total: int) -> None:
         ticks.value = done
 
@@ -98,11 +106,19 @@ def simulate(
     st = EmbeddedStore(path, durable=False)  # schema before the workers race to create it
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     ticks = [ctx.Value("i", 0) for _ in cfg.arms]
-    results = ctx.Queue(maxsize=256)  # a writer that falls behind slows the workers down, memory stays bounded
+    results = ctx.Queue(
+        maxsize=256
+    )  # a writer that falls behind slows the workers down, memory stays bounded
     total = int(-(-cfg.hours * 3600 // cfg.tick_s))
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=_worker, args=(cfg, path, list(faults), v, ticks[i], results, kw, single_writer),
-                         daemon=True) for i, v in enumerate(cfg.arms)]
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(cfg, path, list(faults), v, ticks[i], results, kw, single_writer),
+            daemon=True,
+        )
+        for i, v in enumerate(cfg.arms)
+    ]
     for p in procs:
         p.start()
     parts: list[Summary] = []
@@ -137,7 +153,9 @@ def simulate(
                             break
             if batch:
                 _write_merged(st, batch)
-            if msg is not None:  # ("done", variant, summary, error): that worker's rows came before it
+            if (
+                msg is not None
+            ):  # ("done", variant, summary, error): that worker's rows came before it
                 _, variant, summ, err = msg
                 (errors.append(f"pool {variant}: {err}") if err else parts.append(summ))
     except BaseException:

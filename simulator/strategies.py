@@ -45,13 +45,25 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .config import SimConfig
-from .traffic import CHUNKS_PER_QUERY, TEMPLATES, Tenant, draw_arrivals, pick_template, tenant_weights
+from .traffic import (
+    CHUNKS_PER_QUERY,
+    TEMPLATES,
+    Tenant,
+    draw_arrivals,
+    pick_template,
+    tenant_weights,
+)
 
 __all__ = ["KeyStats", "yesterday_log", "choose", "HeatTracker", "warm_cost"]
 
 WARM_LAYERS = ("prefix_kv", "embedding", "response")
-PER_REPLICA = ("prefix_kv", "embedding")  # each replica's own cache (the response cache is the pool's)
-PRIOR_WEIGHT_S = 3600.0  # yesterday's rate counts as this many seconds of the pool's own observation
+PER_REPLICA = (
+    "prefix_kv",
+    "embedding",
+)  # each replica's own cache (the response cache is the pool's)
+PRIOR_WEIGHT_S = (
+    3600.0  # yesterday's rate counts as this many seconds of the pool's own observation
+)
 YESTERDAY_REQUESTS = 40_000  # requests in yesterday's log
 Choice = tuple[str, str, str, int, float]
 
@@ -85,14 +97,23 @@ def request_keys(tenant: Tenant, tpl_idx: int, fill: int, chunks: Iterable[int],
 def yesterday_log(cfg: SimConfig, tenants: list[Tenant], n: int = YESTERDAY_REQUESTS) -> KeyStats:
     rng = np.random.default_rng(cfg.seed + 10_007)
     # Yesterday's popular content: under content drift, a period before today's first.
-    a = draw_arrivals(rng, cfg, 0.0, n / max(cfg.rps, 1e-9), cfg.rps, tenant_weights(len(tenants)),
-                      drift_at=-cfg.content_drift_h * 3600)
+    a = draw_arrivals(
+        rng,
+        cfg,
+        0.0,
+        n / max(cfg.rps, 1e-9),
+        cfg.rps,
+        tenant_weights(len(tenants)),
+        drift_at=-cfg.content_drift_h * 3600,
+    )
     ks = KeyStats()
     ks.span_s = n / max(cfg.rps, 1e-9)
     for i in range(len(a.t)):
         ten = tenants[int(a.tenant[i])]
         tpl = pick_template(ten, float(a.u_tpl[i]))
-        for layer, key in request_keys(ten, tpl, int(a.fill[i]), a.chunks[i][:CHUNKS_PER_QUERY], cfg.block_tokens):
+        for layer, key in request_keys(
+            ten, tpl, int(a.fill[i]), a.chunks[i][:CHUNKS_PER_QUERY], cfg.block_tokens
+        ):
             ks.add(layer, key, ten.name, tpl)
     return ks
 
@@ -104,7 +125,9 @@ def warm_cost(cfg: SimConfig, layer: str, tpl_idx: int) -> float:
     if layer == "embedding":
         return cfg.embed_s
     q = sum(tpl.query_tokens) / 2
-    return (tpl.sys_tokens + q) * cfg.prefill_s_per_token + tpl.out_tokens * cfg.decode_s_per_token / cfg.slots
+    return (
+        tpl.sys_tokens + q
+    ) * cfg.prefill_s_per_token + tpl.out_tokens * cfg.decode_s_per_token / cfg.slots
 
 
 COUNT_TAU_S = 3600.0  # memory of the request count (heat); recency is the score's exp(−λ·Δt)
@@ -126,7 +149,9 @@ class HeatTracker:
         self.tenant_recent: Counter = Counter()  # requests per tenant, decayed like cluster_recent
         self.since: float | None = None  # the first request seen
 
-    def touch(self, layer: str, key: str, tenant: str, tpl: int, t: float, replica: str = "*") -> None:
+    def touch(
+        self, layer: str, key: str, tenant: str, tpl: int, t: float, replica: str = "*"
+    ) -> None:
         if self.since is None:
             self.since = t
         e = self.heat.get(key)
@@ -147,7 +172,9 @@ class HeatTracker:
         return self.tau * -math.expm1(-span / self.tau)
 
     def _prune(self, t: float) -> None:
-        items = sorted(self.heat.items(), key=lambda kv: kv[1][0] * math.exp(-self.decay * (t - kv[1][1])))
+        items = sorted(
+            self.heat.items(), key=lambda kv: kv[1][0] * math.exp(-self.decay * (t - kv[1][1]))
+        )
         for k, _ in items[: len(items) // 2]:
             del self.heat[k]
 
@@ -156,9 +183,17 @@ def _top(cands: dict[str, float], k: int) -> list[str]:
     return [key for key, _ in sorted(cands.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
 
 
-def choose(strategy: str, cfg: SimConfig, now_rel: float, yesterday: KeyStats, heat: HeatTracker | None,
-           tenants_by_name: dict[str, Tenant], tenant_scope: str | None = None, replica: str | None = None,
-           valid_for: Callable[[str, str], float] | None = None) -> list[Choice]:
+def choose(
+    strategy: str,
+    cfg: SimConfig,
+    now_rel: float,
+    yesterday: KeyStats,
+    heat: HeatTracker | None,
+    tenants_by_name: dict[str, Tenant],
+    tenant_scope: str | None = None,
+    replica: str | None = None,
+    valid_for: Callable[[str, str], float] | None = None,
+) -> list[Choice]:
     """The warm set. ``replica``: the replica being warmed (predictive: its own caches' forecast);
     ``valid_for(layer, key)``: seconds the cache's current entry stays valid (0: absent)."""
     if strategy == "none":
@@ -166,8 +201,17 @@ def choose(strategy: str, cfg: SimConfig, now_rel: float, yesterday: KeyStats, h
     out: list[Choice] = []
     for layer in WARM_LAYERS:
         if strategy == "predictive" and heat is not None and heat.heat:
-            keys = _forecast(cfg, layer, now_rel, yesterday, heat, tenants_by_name, replica, valid_for,
-                             tenant_scope)
+            keys = _forecast(
+                cfg,
+                layer,
+                now_rel,
+                yesterday,
+                heat,
+                tenants_by_name,
+                replica,
+                valid_for,
+                tenant_scope,
+            )
             for k in keys:
                 tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
                 out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
@@ -192,13 +236,23 @@ def choose(strategy: str, cfg: SimConfig, now_rel: float, yesterday: KeyStats, h
     return out
 
 
-def _forecast(cfg: SimConfig, layer: str, now: float, yesterday: KeyStats, heat: HeatTracker,
-              tenants_by_name: dict[str, Tenant], replica: str | None,
-              valid_for: Callable[[str, str], float] | None, tenant_scope: str | None) -> list[str]:
+def _forecast(
+    cfg: SimConfig,
+    layer: str,
+    now: float,
+    yesterday: KeyStats,
+    heat: HeatTracker,
+    tenants_by_name: dict[str, Tenant],
+    replica: str | None,
+    valid_for: Callable[[str, str], float] | None,
+    tenant_scope: str | None,
+) -> list[str]:
     """Predictive keys of one layer: the chance each prevents a miss within the horizon, at least
     ``warm_min_prob``, highest first (ties: the heat score), at most ``warm_keys``."""
     prior = yesterday.counts[layer]
-    per_s = 1.0 / (yesterday.span_s * len(cfg.arms)) if yesterday.span_s else 0.0  # one pool's share
+    per_s = (
+        1.0 / (yesterday.span_s * len(cfg.arms)) if yesterday.span_s else 0.0
+    )  # one pool's share
     obs = heat.observed_s(now)
     seed = _predictive_scores(cfg, layer, now, heat, tenants_by_name)
     own = layer in PER_REPLICA
@@ -208,18 +262,25 @@ def _forecast(cfg: SimConfig, layer: str, now: float, yesterday: KeyStats, heat:
     saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
     for k in set(prior) | set(seed):
         e = heat.heat.get(k)
-        if tenant_scope is not None and (e[3] if e is not None else yesterday.meta[k][0]) != tenant_scope:
+        if (
+            tenant_scope is not None
+            and (e[3] if e is not None else yesterday.meta[k][0]) != tenant_scope
+        ):
             continue
         seen = e[0] * math.exp(-heat.decay * max(now - e[1], 0.0)) if e is not None else 0.0
         rate = (prior.get(k, 0.0) * per_s * PRIOR_WEIGHT_S + seen) / (PRIOR_WEIGHT_S + obs)
         if own:  # a replica reads its share: all of a session's history where it is served, none elsewhere
             where = e[5] if e is not None else "*"
-            rate *= 1.0 / cfg.replicas if where == "*" or replica is None else float(where == replica)
+            rate *= (
+                1.0 / cfg.replicas if where == "*" or replica is None else float(where == replica)
+            )
         left = valid_for(layer, k) if valid_for is not None else 0.0
         p = -math.expm1(-rate * max(horizon - left, 0.0))
         if p >= cfg.warm_min_prob and p > 0:
             chance[k] = p
-            if layer == "response":  # the time to first token a hit saves, the tenant's likely adapter load included
+            if (
+                layer == "response"
+            ):  # the time to first token a hit saves, the tenant's likely adapter load included
                 tenant, tpl = (e[3], e[4]) if e is not None else yesterday.meta[k]
                 saved[k] = p * _response_miss_ttft(cfg, tpl, adapter_miss.get(tenant, 1.0))
     rank = saved or chance
@@ -232,8 +293,12 @@ def _response_miss_ttft(cfg: SimConfig, tpl_idx: int, adapter_miss: float) -> fl
     (the system prompt's blocks are usually cached) and the fixed overhead."""
     tpl = TEMPLATES[tpl_idx]
     emb = CHUNKS_PER_QUERY * cfg.embed_s if tpl.rag else 0.0
-    return (adapter_miss * cfg.lora_load_s + emb + sum(tpl.query_tokens) / 2 * cfg.prefill_s_per_token
-            + cfg.base_ttft_s)
+    return (
+        adapter_miss * cfg.lora_load_s
+        + emb
+        + sum(tpl.query_tokens) / 2 * cfg.prefill_s_per_token
+        + cfg.base_ttft_s
+    )
 
 
 def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
@@ -249,12 +314,17 @@ def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
         hi *= 2
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(-math.expm1(-x * mid) for x in q.values()) < cfg.lora_slots else (lo, mid)
+        lo, hi = (
+            (mid, hi)
+            if sum(-math.expm1(-x * mid) for x in q.values()) < cfg.lora_slots
+            else (lo, mid)
+        )
     return {t: math.exp(-x * hi) for t, x in q.items()}
 
 
-def _predictive_scores(cfg: SimConfig, layer: str, now: float, heat: HeatTracker,
-                       tenants_by_name: dict[str, Tenant]) -> dict[str, float]:
+def _predictive_scores(
+    cfg: SimConfig, layer: str, now: float, heat: HeatTracker, tenants_by_name: dict[str, Tenant]
+) -> dict[str, float]:
     recent = heat.cluster_recent
     top = max(recent.values()) if recent else 0
     out = {}
@@ -262,5 +332,11 @@ def _predictive_scores(cfg: SimConfig, layer: str, now: float, heat: HeatTracker
         if lay != layer:
             continue
         sim = recent.get(TEMPLATES[tpl].cluster, 0) / top if top else 1.0
-        out[k] = h * sim * math.exp(-heat.lam * max(now - last, 0.0)) * tenants_by_name[tenant].priority / 10
+        out[k] = (
+            h
+            * sim
+            * math.exp(-heat.lam * max(now - last, 0.0))
+            * tenants_by_name[tenant].priority
+            / 10
+        )
     return out

@@ -27,8 +27,16 @@ import numpy as np
 
 from .config import SimConfig
 
-__all__ = ["Template", "TEMPLATES", "Tenant", "make_tenants", "variant_of", "Arrivals", "draw_arrivals",
-           "rate_at"]
+__all__ = [
+    "Template",
+    "TEMPLATES",
+    "Tenant",
+    "make_tenants",
+    "variant_of",
+    "Arrivals",
+    "draw_arrivals",
+    "rate_at",
+]
 
 _NAMES = ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"]
 MODELS = ["llama-3-8b", "qwen-2-7b", "mistral-7b", "gemma-2-9b"]
@@ -84,9 +92,17 @@ def make_tenants(cfg: SimConfig, rng: np.random.Generator) -> list[Tenant]:
         k = int(rng.integers(3, 6))
         tpls = sorted(rng.choice(len(TEMPLATES), size=k, replace=False).tolist())
         w = rng.dirichlet(np.ones(k) * 1.5)
-        out.append(Tenant(i, _tenant_name(i), MODELS[i % min(cfg.models, len(MODELS))],
-                          int(rng.integers(1, 11)), cfg.value_per_conversion * (1 + i / 10), tpls,
-                          np.cumsum(w).tolist()))
+        out.append(
+            Tenant(
+                i,
+                _tenant_name(i),
+                MODELS[i % min(cfg.models, len(MODELS))],
+                int(rng.integers(1, 11)),
+                cfg.value_per_conversion * (1 + i / 10),
+                tpls,
+                np.cumsum(w).tolist(),
+            )
+        )
     return out
 
 
@@ -140,8 +156,15 @@ def drift(ranks: np.ndarray, catalog: int, cfg: SimConfig, at_rel: float, step: 
     return np.where(ranks < EVERGREEN, ranks, (ranks + shift) % catalog)
 
 
-def draw_arrivals(rng: np.random.Generator, cfg: SimConfig, t0_rel: float, dt: float, rate: float,
-                  tw: np.ndarray, drift_at: float | None = None) -> Arrivals:
+def draw_arrivals(
+    rng: np.random.Generator,
+    cfg: SimConfig,
+    t0_rel: float,
+    dt: float,
+    rate: float,
+    tw: np.ndarray,
+    drift_at: float | None = None,
+) -> Arrivals:
     n = int(rng.poisson(rate * dt))
     t = np.sort(rng.random(n)) * dt + t0_rel
     at = t0_rel if drift_at is None else drift_at
@@ -152,7 +175,9 @@ def draw_arrivals(rng: np.random.Generator, cfg: SimConfig, t0_rel: float, dt: f
         u_session=rng.random(n),
         u_pick=rng.random(n),
         fill=drift((rng.zipf(1.25, n) - 1) % FILL_CATALOG, FILL_CATALOG, cfg, at, 977),
-        chunks=drift((rng.zipf(1.15, (n, CHUNKS_PER_QUERY)) - 1) % CHUNK_CORPUS, CHUNK_CORPUS, cfg, at, 3571),
+        chunks=drift(
+            (rng.zipf(1.15, (n, CHUNKS_PER_QUERY)) - 1) % CHUNK_CORPUS, CHUNK_CORPUS, cfg, at, 3571
+        ),
         query_tokens_u=rng.random(n),
         out_mult=rng.lognormal(0.0, 0.35, n),
         u_conv=rng.random(n),

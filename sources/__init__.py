@@ -30,18 +30,40 @@ if TYPE_CHECKING:
     from .redis_source import RedisSource
 
 _WHERE = {
-    "Source": "base", "SourceError": "base", "SourceBase": "base", "columns": "base",
-    "empty_frame": "base", "FRAMES": "base", "ENGINE_FRAMES": "base", "ALERT_COLUMNS": "base",
+    "Source": "base",
+    "SourceError": "base",
+    "SourceBase": "base",
+    "columns": "base",
+    "empty_frame": "base",
+    "FRAMES": "base",
+    "ENGINE_FRAMES": "base",
+    "ALERT_COLUMNS": "base",
     "EXPERIMENT_COLUMNS": "base",
-    "EmbeddedSource": "embedded", "RedisRecords": "embedded",
-    "CompositeSource": "composite", "from_env": "composite",
-    "PrometheusSource": "prometheus", "RedisSource": "redis_source",
+    "EmbeddedSource": "embedded",
+    "RedisRecords": "embedded",
+    "CompositeSource": "composite",
+    "from_env": "composite",
+    "PrometheusSource": "prometheus",
+    "RedisSource": "redis_source",
     "AlertmanagerSource": "alertmanager",
 }
 __all__ = [
-    "ALERT_COLUMNS", "AlertmanagerSource", "CompositeSource", "ENGINE_FRAMES", "EXPERIMENT_COLUMNS",
-    "EmbeddedSource", "FRAMES", "PrometheusSource", "RedisRecords", "RedisSource", "Source",
-    "SourceBase", "SourceError", "columns", "empty_frame", "from_env",
+    "ALERT_COLUMNS",
+    "AlertmanagerSource",
+    "CompositeSource",
+    "ENGINE_FRAMES",
+    "EXPERIMENT_COLUMNS",
+    "EmbeddedSource",
+    "FRAMES",
+    "PrometheusSource",
+    "RedisRecords",
+    "RedisSource",
+    "Source",
+    "SourceBase",
+    "SourceError",
+    "columns",
+    "empty_frame",
+    "from_env",
 ]
 assert sorted(__all__) == sorted(_WHERE)
 

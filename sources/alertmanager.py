@@ -42,11 +42,23 @@ def alert_rows(origin: str, alerts: list[dict[str, Any]]) -> pd.DataFrame:
     for a in alerts:
         lab, ann = a.get("labels", {}) or {}, a.get("annotations", {}) or {}
         state = a.get("state")
-        if isinstance(a.get("status"), dict):  # Alertmanager v2: status.state is active|suppressed|unprocessed
-            state = "firing" if a["status"].get("state") == "active" else a["status"].get("state", "")
-        rows.append((origin, lab.get("alertname", "?"), state or "", lab.get("severity", ""),
-                     ann.get("summary", ""), ann.get("runbook_url", ""),
-                     _ts(a.get("startsAt") or a.get("activeAt"))))
+        if isinstance(
+            a.get("status"), dict
+        ):  # Alertmanager v2: status.state is active|suppressed|unprocessed
+            state = (
+                "firing" if a["status"].get("state") == "active" else a["status"].get("state", "")
+            )
+        rows.append(
+            (
+                origin,
+                lab.get("alertname", "?"),
+                state or "",
+                lab.get("severity", ""),
+                ann.get("summary", ""),
+                ann.get("runbook_url", ""),
+                _ts(a.get("startsAt") or a.get("activeAt")),
+            )
+        )
     return pd.DataFrame(rows, columns=ALERT_COLUMNS)
 
 
@@ -63,14 +75,20 @@ class AlertmanagerSource(SourceBase):
 
     def alerts(self) -> pd.DataFrame:
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v2/alerts?active=true", timeout=self.timeout) as r:
+            with urllib.request.urlopen(
+                f"{self.url}/api/v2/alerts?active=true", timeout=self.timeout
+            ) as r:
                 got = json.loads(r.read())
         except (OSError, ValueError) as e:
-            raise SourceError(f"Alertmanager at {self.url} could not be read ({_reason(e)}); start it or set "
-                              "WARMSCOPE_ALERTMANAGER_URL to the right address") from None
+            raise SourceError(
+                f"Alertmanager at {self.url} could not be read ({_reason(e)}); start it or set "
+                "WARMSCOPE_ALERTMANAGER_URL to the right address"
+            ) from None
         if not isinstance(got, list):
-            raise SourceError(f"Alertmanager at {self.url} answered with something that is not its API; check "
-                              "the URL points at Alertmanager itself")
+            raise SourceError(
+                f"Alertmanager at {self.url} answered with something that is not its API; check "
+                "the URL points at Alertmanager itself"
+            )
         return alert_rows("alertmanager", got)
 
     def health(self) -> str | None:

@@ -39,8 +39,17 @@ from typing import Protocol, TypeVar, runtime_checkable
 import pandas as pd
 from warmscope.collectors.store import _TABLES, FRAMES
 
-__all__ = ["Source", "SourceError", "SourceBase", "columns", "empty_frame", "FRAMES", "ENGINE_FRAMES",
-           "ALERT_COLUMNS", "EXPERIMENT_COLUMNS"]
+__all__ = [
+    "Source",
+    "SourceError",
+    "SourceBase",
+    "columns",
+    "empty_frame",
+    "FRAMES",
+    "ENGINE_FRAMES",
+    "ALERT_COLUMNS",
+    "EXPERIMENT_COLUMNS",
+]
 
 _T = TypeVar("_T")
 
@@ -76,8 +85,13 @@ class Source(Protocol):
         """Names of the frames this backend holds (asking for another is a :class:`SourceError`)."""
         ...
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         """A canonical frame for [start, end); ``step=3600`` lets a backend answer from hourly rollups."""
         ...
 
@@ -93,8 +107,7 @@ class Source(Protocol):
         """Requests per variant of an experiment."""
         ...
 
-    def experiments(self) -> list[str]:
-        ...
+    def experiments(self) -> list[str]: ...
 
     def experiment_list(self) -> pd.DataFrame:
         """One row per experiment × variant: ``EXPERIMENT_COLUMNS`` (first/last unit activity, units)."""
@@ -135,12 +148,22 @@ class SourceBase:
     def provides(self) -> frozenset[str]:
         return self.FRAMES_HELD
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         raise SourceError(f"{self.describe()} holds no {name!r} frame")
 
-    def frames(self, names: Iterable[str] = FRAMES, start: float | None = None, end: float | None = None,
-               step: float | None = None) -> dict[str, pd.DataFrame]:
+    def frames(
+        self,
+        names: Iterable[str] = FRAMES,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> dict[str, pd.DataFrame]:
         return {n: self.frame(n, start, end, step) for n in names}
 
     def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:

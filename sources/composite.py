@@ -22,11 +22,15 @@ class CompositeSource(SourceBase):
 
     label = "composite"
 
-    def __init__(self, sources: Iterable[Any], ab: Any = None, store: EmbeddedSource | None = None) -> None:
+    def __init__(
+        self, sources: Iterable[Any], ab: Any = None, store: EmbeddedSource | None = None
+    ) -> None:
         self.sources = list(sources)
         if not self.sources:
-            raise SourceError("no source configured: set WARMSCOPE_STORE, WARMSCOPE_PROMETHEUS_URL or "
-                              "WARMSCOPE_REDIS_URL")
+            raise SourceError(
+                "no source configured: set WARMSCOPE_STORE, WARMSCOPE_PROMETHEUS_URL or "
+                "WARMSCOPE_REDIS_URL"
+            )
         self.store = store
         self.ab = ab if ab is not None else (store if store is not None else self.sources[0])
 
@@ -54,8 +58,13 @@ class CompositeSource(SourceBase):
             return self.route("warmup_runs")
         return self.route(what)
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         src = self.route(name)
         return empty_frame(name) if src is None else src.frame(name, start, end, step)
 
@@ -107,7 +116,9 @@ class CompositeSource(SourceBase):
         return None if self.store is None else self.store.version()
 
 
-def from_env(env: Mapping[str, str] | None = None, store_path: str | Path | None = None) -> CompositeSource:
+def from_env(
+    env: Mapping[str, str] | None = None, store_path: str | Path | None = None
+) -> CompositeSource:
     """The sources a deployment's settings name, as one :class:`CompositeSource`:
 
     * ``WARMSCOPE_PROMETHEUS_URL``: lookups, requests and engine frames from Prometheus (and its alerts);
@@ -120,8 +131,10 @@ def from_env(env: Mapping[str, str] | None = None, store_path: str | Path | None
     env = os.environ if env is None else env
     if store_path is None:
         store_path = env.get("WARMSCOPE_STORE") or _default_store_path()
-    prom, redis_url, am = (env.get(k, "") for k in ("WARMSCOPE_PROMETHEUS_URL", "WARMSCOPE_REDIS_URL",
-                                                     "WARMSCOPE_ALERTMANAGER_URL"))
+    prom, redis_url, am = (
+        env.get(k, "")
+        for k in ("WARMSCOPE_PROMETHEUS_URL", "WARMSCOPE_REDIS_URL", "WARMSCOPE_ALERTMANAGER_URL")
+    )
     sources: list[Any] = []
     if prom:
         from warmscope.sources.prometheus import PrometheusSource

@@ -32,7 +32,9 @@ class EmbeddedSource(SourceBase):
             self._open()
 
     def _open(self) -> EmbeddedStore:
-        if self._opened is not None and self._lazy:  # a store replaced by a new file is opened again
+        if (
+            self._opened is not None and self._lazy
+        ):  # a store replaced by a new file is opened again
             try:
                 ino = self.path.stat().st_ino
             except OSError:
@@ -61,8 +63,13 @@ class EmbeddedSource(SourceBase):
         except StoreError as e:
             raise SourceError(str(e)) from None
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         return self._call(self._store.frame, name, start, end, step)
 
     def units(self, experiment: str | None = None) -> pd.DataFrame:
@@ -90,12 +97,19 @@ class EmbeddedSource(SourceBase):
 
     def experiments(self) -> list[str]:
         # ab_moments: a few rows per variant and 15 minutes, where ab_units has one per unit
-        return [r[0] for r in self._rows("SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' "
-                                         "ORDER BY experiment")]
+        return [
+            r[0]
+            for r in self._rows(
+                "SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' "
+                "ORDER BY experiment"
+            )
+        ]
 
     def experiment_list(self) -> pd.DataFrame:
-        rows = self._rows("SELECT experiment, variant, min(min_first), max(max_last), sum(n) FROM ab_moments "
-                          "WHERE experiment != '' GROUP BY experiment, variant ORDER BY experiment, variant")
+        rows = self._rows(
+            "SELECT experiment, variant, min(min_first), max(max_last), sum(n) FROM ab_moments "
+            "WHERE experiment != '' GROUP BY experiment, variant ORDER BY experiment, variant"
+        )
         return pd.DataFrame(rows, columns=EXPERIMENT_COLUMNS)
 
     def last_run_start(self) -> float | None:
@@ -129,14 +143,18 @@ class RedisRecords(SourceBase):
 
         self.url = url
         try:
-            if client is None:  # the connection is lazy: check the URL now, so a bad one is one clear error
+            if (
+                client is None
+            ):  # the connection is lazy: check the URL now, so a bad one is one clear error
                 from redis.connection import parse_url
 
                 parse_url(url)  # type: ignore[no-untyped-call,unused-ignore]  # unannotated in older redis-py
             self.inner = RedisSource(url, client)
         except Exception as e:  # a URL redis-py cannot parse
-            raise SourceError(f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
-                              "unset it to read the embedded store") from None
+            raise SourceError(
+                f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
+                "unset it to read the embedded store"
+            ) from None
 
     @property
     def r(self) -> Any:
@@ -146,8 +164,13 @@ class RedisRecords(SourceBase):
     def describe(self) -> str:
         return self.inner.describe()
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         return self.inner.frame(name, start, end)
 
     def units(self, experiment: str) -> pd.DataFrame:

@@ -36,8 +36,15 @@ import pandas as pd
 from warmscope.model import records
 from warmscope.sources.base import ENGINE_FRAMES, SourceBase, SourceError
 
-__all__ = ["PrometheusSource", "promql_string", "selector", "choose_step", "LABELS", "ENGINE_FRAMES",
-           "engine_kind"]
+__all__ = [
+    "PrometheusSource",
+    "promql_string",
+    "selector",
+    "choose_step",
+    "LABELS",
+    "ENGINE_FRAMES",
+    "engine_kind",
+]
 
 # Canonical frame column -> Prometheus label (OTel attribute with dots -> underscores).
 # Canonical column -> Prometheus label, and the label columns of the lookup
@@ -79,8 +86,10 @@ def selector(metric: str, filters: Mapping[str, str | Sequence[str]] | None = No
 # current prometheus_client answers Prometheus 2.x asking for OpenMetrics).
 # Where both forms exist for one label set, the colon form is kept.
 _HIT_NAMES = r"vllm[:_]prefix_cache_hits_total|sglang[:_]cached_tokens_total|lmcache[:_]num_hit_tokens(_total)?"
-_QUERY_NAMES = (r"vllm[:_]prefix_cache_queries_total|sglang[:_]prompt_tokens_total"
-                r"|lmcache[:_]num_requested_tokens(_total)?")
+_QUERY_NAMES = (
+    r"vllm[:_]prefix_cache_queries_total|sglang[:_]prompt_tokens_total"
+    r"|lmcache[:_]num_requested_tokens(_total)?"
+)
 _SOURCE_NAMES = r"vllm[:_]prompt_tokens_cached_by_source_total|sglang[:_]cached_tokens_total"
 _KV_NAMES = r"vllm[:_]kv_cache_usage_perc|sglang[:_]token_usage"
 _ENGINE_COLS = ["engine_kind", "model", "instance", "engine"]
@@ -96,18 +105,30 @@ def engine_kind(metric_name: str) -> str:
 
 def _dedupe_name_forms(series: list[dict[Any, Any]]) -> list[dict[Any, Any]]:
     """Drop escaped-name series whose colon twin (same labels) is present."""
+
     def key(m: dict[Any, Any]) -> tuple[Any, ...]:
         return tuple(sorted((k, v) for k, v in m.items() if k != "__name__"))
 
-    colon = {(m.get("__name__", "").replace(":", "_"), key(m))
-             for m in (s.get("metric", {}) for s in series) if ":" in m.get("__name__", "")}
-    return [s for s in series if ":" in s.get("metric", {}).get("__name__", "")
-            or (s.get("metric", {}).get("__name__", ""), key(s.get("metric", {}))) not in colon]
+    colon = {
+        (m.get("__name__", "").replace(":", "_"), key(m))
+        for m in (s.get("metric", {}) for s in series)
+        if ":" in m.get("__name__", "")
+    }
+    return [
+        s
+        for s in series
+        if ":" in s.get("metric", {}).get("__name__", "")
+        or (s.get("metric", {}).get("__name__", ""), key(s.get("metric", {}))) not in colon
+    ]
 
 
 def _engine_labels(m: Mapping[str, str]) -> tuple[str, str, str, str]:
-    return (engine_kind(m.get("__name__", "")), m.get("model_name", ""), m.get("instance", ""),
-            m.get("engine", ""))
+    return (
+        engine_kind(m.get("__name__", "")),
+        m.get("model_name", ""),
+        m.get("instance", ""),
+        m.get("engine", ""),
+    )
 
 
 def choose_step(start: float, end: float, points: int = 300, minimum: float = 15.0) -> int:
@@ -148,8 +169,14 @@ def _born_after_q0(q0: float, step: int) -> Base:
     return lambda _m, ts, fv: 0.0 if ts > q0 + step / 2 else fv
 
 
-def _increments(series: list[dict[Any, Any]], labels: Callable[[dict[Any, Any]], tuple[Any, ...]], q0: float,
-                step: int, start: float, base: Base | None = None) -> list[tuple[Any, ...]]:
+def _increments(
+    series: list[dict[Any, Any]],
+    labels: Callable[[dict[Any, Any]], tuple[Any, ...]],
+    q0: float,
+    step: int,
+    start: float,
+    base: Base | None = None,
+) -> list[tuple[Any, ...]]:
     """(ts, *labels, increment) rows of counter series read on the grid from ``q0``: a drop is a
     reset (the new value is the increment); a series first seen after ``q0`` counts from
     ``base(metric, ts, value)`` (default: from 0, a counter born in the range); only points after
@@ -182,8 +209,13 @@ class PrometheusSource(SourceBase):
     kind = "prometheus"
     FRAMES_HELD = frozenset({"lookups", "requests", "misses", "kv_blocks", *ENGINE_FRAMES})
 
-    def __init__(self, url: str, timeout: float = 10.0, scrape_interval: float = 15.0,
-                 lookback_s: int = LOOKBACK_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        scrape_interval: float = 15.0,
+        lookback_s: int = LOOKBACK_S,
+    ) -> None:
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
@@ -195,22 +227,41 @@ class PrometheusSource(SourceBase):
         # Prometheus should be reported now, not after minutes of retrying.
         retry = Retry(total=1, connect=1, read=0, status=0, redirect=0, raise_on_status=False)
         # TLS certificates are verified unless WARMSCOPE_PROMETHEUS_INSECURE=1 says otherwise.
-        insecure = os.environ.get("WARMSCOPE_PROMETHEUS_INSECURE", "").lower() in ("1", "true", "yes")
-        self._prom = PrometheusConnect(url=self.url, disable_ssl=insecure, timeout=timeout, retry=retry)
+        insecure = os.environ.get("WARMSCOPE_PROMETHEUS_INSECURE", "").lower() in (
+            "1",
+            "true",
+            "yes",
+        )
+        self._prom = PrometheusConnect(
+            url=self.url, disable_ssl=insecure, timeout=timeout, retry=retry
+        )
 
     def describe(self) -> str:
         return f"Prometheus · {self.url}"
 
     # ------------------------------------------------------------ querying
     def query_range(self, query: str, start: float, end: float, step: int) -> list[dict[Any, Any]]:
-        return self._call(lambda: self._prom.custom_query_range(  # type: ignore[no-any-return]  # JSON list
-            query, start_time=datetime.fromtimestamp(start, UTC), end_time=datetime.fromtimestamp(end, UTC),
-            step=f"{step}s"))
+        return self._call(  # type: ignore[no-any-return]  # JSON list
+            lambda: self._prom.custom_query_range(
+                query,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step}s",
+            )
+        )
 
     def metric_names(self, names_rx: str, start: float, end: float) -> list[str]:
         """The metric names matching ``names_rx`` (anchored, as PromQL does) with samples in [start, end]."""
-        got = self._call(lambda: self._prom.get_label_values("__name__", params={
-            "match[]": f"{{__name__=~{promql_string(names_rx)}}}", "start": f"{start:.3f}", "end": f"{end:.3f}"}))
+        got = self._call(
+            lambda: self._prom.get_label_values(
+                "__name__",
+                params={
+                    "match[]": f"{{__name__=~{promql_string(names_rx)}}}",
+                    "start": f"{start:.3f}",
+                    "end": f"{end:.3f}",
+                },
+            )
+        )
         rx = re.compile(names_rx)
         return sorted(n for n in got or [] if isinstance(n, str) and rx.fullmatch(n))
 
@@ -222,21 +273,31 @@ class PrometheusSource(SourceBase):
         try:
             return ask()
         except requests.exceptions.Timeout:
-            raise SourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
-                              "overloaded — narrow the time range or raise the timeout") from None
+            raise SourceError(
+                f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
+                "overloaded — narrow the time range or raise the timeout"
+            ) from None
         except requests.exceptions.ConnectionError as e:
             from urllib3.exceptions import ReadTimeoutError
 
             if isinstance(getattr(e.args[0], "reason", None) if e.args else None, ReadTimeoutError):
-                raise SourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
-                                  "overloaded — narrow the time range or raise the timeout") from None
-            raise SourceError(f"Prometheus at {self.url} is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL "
-                              "to the right address") from None
+                raise SourceError(
+                    f"Prometheus at {self.url} did not answer within {self.timeout:g} s; it may be "
+                    "overloaded — narrow the time range or raise the timeout"
+                ) from None
+            raise SourceError(
+                f"Prometheus at {self.url} is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL "
+                "to the right address"
+            ) from None
         except PrometheusApiClientException as e:
-            raise SourceError(f"Prometheus at {self.url} refused the query: {str(e)[:300]}") from None
+            raise SourceError(
+                f"Prometheus at {self.url} refused the query: {str(e)[:300]}"
+            ) from None
         except (ValueError, KeyError, TypeError) as e:  # JSON decode or an unexpected body
-            raise SourceError(f"Prometheus at {self.url} answered with something that is not the Prometheus "
-                              f"API ({type(e).__name__}); check the URL points at Prometheus itself") from None
+            raise SourceError(
+                f"Prometheus at {self.url} answered with something that is not the Prometheus "
+                f"API ({type(e).__name__}); check the URL points at Prometheus itself"
+            ) from None
 
     def _counter_grid(self, start: float, end: float) -> tuple[int, float]:
         """(step, first point) of a counter read: points fall on end, end - step, …, one step
@@ -244,8 +305,15 @@ class PrometheusSource(SourceBase):
         step = max(choose_step(start, end), int(self.scrape_interval))
         return step, end - math.ceil((end - start) / step + 1) * step
 
-    def _increase_frame(self, metric: str, cols: list[str], start: float, end: float,
-                        filters: Mapping[Any, Any] | None, value: str) -> pd.DataFrame:
+    def _increase_frame(
+        self,
+        metric: str,
+        cols: list[str],
+        start: float,
+        end: float,
+        filters: Mapping[Any, Any] | None,
+        value: str,
+    ) -> pd.DataFrame:
         """Per-step increments of a counter, per label set.
 
         Raw series are read one step before the range and differenced here:
@@ -257,16 +325,26 @@ class PrometheusSource(SourceBase):
         keeps the counts of its last scrapes.
         """
         step, q0 = self._counter_grid(start, end)
-        series = self.query_range(last_counts(selector(metric, filters), step, self.lookback_s), q0, end, step)
-        rows = _increments(series, lambda m: tuple(m.get(LABELS[c], "") for c in cols), q0, step, start)
+        series = self.query_range(
+            last_counts(selector(metric, filters), step, self.lookback_s), q0, end, step
+        )
+        rows = _increments(
+            series, lambda m: tuple(m.get(LABELS[c], "") for c in cols), q0, step, start
+        )
         df = pd.DataFrame(rows, columns=["ts", *cols, value]).astype({"ts": float, value: float})
         if len(df):
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             df = df.groupby(["ts", *cols], as_index=False, sort=True)[value].sum()  # type: ignore[assignment]
         return df
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None, step: float | None = None,
-              filters: Mapping[str, str | Sequence[str]] | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+        filters: Mapping[str, str | Sequence[str]] | None = None,
+    ) -> pd.DataFrame:
         """``lookups`` or ``requests`` (canonical columns; counts are increments per step), or an engine frame
         (:meth:`engine_frame`). ``step`` is ignored: the step follows the range (:func:`choose_step`)."""
         if start is None or end is None:
@@ -274,16 +352,22 @@ class PrometheusSource(SourceBase):
         if name in ENGINE_FRAMES:
             return self.engine_frame(name, start, end)
         if name == "lookups":
-            df = self._increase_frame("warmscope_cache_lookups_total", _LOOKUP_COLS, start, end, filters, "count")
+            df = self._increase_frame(
+                "warmscope_cache_lookups_total", _LOOKUP_COLS, start, end, filters, "count"
+            )
             return df[["ts", *_LOOKUP_COLS, "count"]]
         if name == "requests":
-            req = self._increase_frame("warmscope_requests_total", _REQUEST_COLS, start, end, filters, "requests")
+            req = self._increase_frame(
+                "warmscope_requests_total", _REQUEST_COLS, start, end, filters, "requests"
+            )
             base = [c for c in _REQUEST_COLS if c != "sla_met"]
             extra = {}
-            for metric, col in (("warmscope_gpu_time_seconds_total", "gpu_s"),
-                                ("warmscope_conversions_total", "conversions"),
-                                ("warmscope_conversion_value_total", "value"),
-                                ("warmscope_requests_unmeasured_total", "unmeasured")):
+            for metric, col in (
+                ("warmscope_gpu_time_seconds_total", "gpu_s"),
+                ("warmscope_conversions_total", "conversions"),
+                ("warmscope_conversion_value_total", "value"),
+                ("warmscope_requests_unmeasured_total", "unmeasured"),
+            ):
                 f = {k: v for k, v in (filters or {}).items() if k != "sla_met"}
                 extra[col] = self._increase_frame(metric, base, start, end, f, col)
             # GPU time and conversions carry no SLA label: spread them over the
@@ -292,13 +376,21 @@ class PrometheusSource(SourceBase):
             tot = out.groupby(["ts", *base])["requests"].transform("sum")
             share = (out["requests"] / tot.where(tot > 0)).fillna(0)
             for col, df in extra.items():
-                merged = out[["ts", *base]].merge(df, on=["ts", *base], how="left")[col].fillna(0).to_numpy()
+                merged = (
+                    out[["ts", *base]]
+                    .merge(df, on=["ts", *base], how="left")[col]
+                    .fillna(0)
+                    .to_numpy()
+                )
                 out[col] = merged * share.to_numpy()
-            return out[["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value", "unmeasured"]]
+            return out[
+                ["ts", *_REQUEST_COLS, "requests", "gpu_s", "conversions", "value", "unmeasured"]
+            ]
         if name == "misses":
             # No family label in Prometheus (schema.MISS_LABELS): the family column is "".
-            df = self._increase_frame("warmscope_kv_missed_tokens_total", _MISS_COLS, start, end,
-                                      filters, "tokens")
+            df = self._increase_frame(
+                "warmscope_kv_missed_tokens_total", _MISS_COLS, start, end, filters, "tokens"
+            )
             df["family"] = ""
             df["requests"] = 0.0  # not exported: the store alone counts requests per class
             return df[list(records.MISSES.cols)]
@@ -316,24 +408,36 @@ class PrometheusSource(SourceBase):
             rrows = []
             for s in self.query_range(gauge, q0, end, step):
                 lab = tuple(s.get("metric", {}).get(LABELS[c], "") for c in _KV_COLS)
-                rrows += [(float(ts), *lab, float(v)) for ts, v in s.get("values", [])
-                          if float(ts) > start and math.isfinite(float(v))]
+                rrows += [
+                    (float(ts), *lab, float(v))
+                    for ts, v in s.get("values", [])
+                    if float(ts) > start and math.isfinite(float(v))
+                ]
             rdf = pd.DataFrame(rrows, columns=["ts", *_KV_COLS, "resident"]).astype({"ts": float})
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
-            rdf = rdf.groupby(["ts", *_KV_COLS],  # type: ignore[assignment]
-                              as_index=False)["resident"].sum()
+            rdf = rdf.groupby(
+                ["ts", *_KV_COLS],  # type: ignore[assignment]
+                as_index=False,
+            )["resident"].sum()
             kv = kv.merge(rdf, on=["ts", *_KV_COLS], how="outer")
             # a step with a resident gauge and no counter increments has zero of them
             kv = kv.fillna({"stored": 0.0, "reused": 0.0, "evicted": 0.0, "resident": 0.0})
             kv = kv.sort_values(["ts", *_KV_COLS], ignore_index=True)
             return kv[list(records.KV_BLOCKS.cols)]
-        raise SourceError(f"frame {name!r} does not come from Prometheus (it holds lookups, "
-                          "requests, misses and kv_blocks); "
-                          "hot keys, A/B units and warm-up runs come from Redis or the embedded store")
+        raise SourceError(
+            f"frame {name!r} does not come from Prometheus (it holds lookups, "
+            "requests, misses and kv_blocks); "
+            "hot keys, A/B units and warm-up runs come from Redis or the embedded store"
+        )
 
     # ------------------------------------------------------------ engines
-    def _raw_increments(self, names_rx: str, start: float, end: float,
-                        labels: Callable[[dict[Any, Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    def _raw_increments(
+        self,
+        names_rx: str,
+        start: float,
+        end: float,
+        labels: Callable[[dict[Any, Any]], tuple[Any, ...]],
+    ) -> list[tuple[Any, ...]]:
         """Per-step increments of raw counters whose name matches ``names_rx``
         (resets as in :meth:`_increase_frame`; a series first seen inside the
         range counts from 0 only on the evidence of :meth:`_engine_base`)."""
@@ -347,8 +451,9 @@ class PrometheusSource(SourceBase):
                 series.append(s)
         if not series:
             return []
-        return _increments(_dedupe_name_forms(series), labels, q0, step, start,
-                           self._engine_base(q0, end, step))
+        return _increments(
+            _dedupe_name_forms(series), labels, q0, step, start, self._engine_base(q0, end, step)
+        )
 
     def _engine_base(self, q0: float, end: float, step: int) -> Base:
         """The value an engine counter first seen at ``ts`` (inside the range) counts from.
@@ -374,7 +479,8 @@ class PrometheusSource(SourceBase):
             for s in self.query_range(last_counts(expr, step, self.lookback_s), q0, end, step):
                 m = s.get("metric", {})
                 into[(m.get("job", ""), m.get("instance", ""))] = {
-                    round(float(ts), 3): float(v) for ts, v in s.get("values", [])}
+                    round(float(ts), 3): float(v) for ts, v in s.get("values", [])
+                }
 
         window = counter_window(step, self.lookback_s)
 
@@ -392,7 +498,9 @@ class PrometheusSource(SourceBase):
     def _first_sample(self, m: dict[Any, Any], ts: float, window: int, default: float) -> float:
         """The oldest raw sample of the series ``m`` in the ``window`` seconds up to ``ts``."""
         sel = "{" + ", ".join(f"{k}={promql_string(v)}" for k, v in sorted(m.items())) + "}"
-        got = self._call(lambda: self._prom.custom_query(f"{sel}[{window}s]", params={"time": f"{ts:.3f}"}))
+        got = self._call(
+            lambda: self._prom.custom_query(f"{sel}[{window}s]", params={"time": f"{ts:.3f}"})
+        )
         values = [v for s in got or [] for v in s.get("values", [])]
         return float(min(values, key=lambda v: float(v[0]))[1]) if values else default
 
@@ -414,45 +522,71 @@ class PrometheusSource(SourceBase):
                 rows = self._raw_increments(rx, start, end, _engine_labels)
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
-            out = parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
+            out = (
+                parts[0].merge(parts[1], on=cols, how="outer").fillna({"hits": 0.0, "queries": 0.0})
+            )
             # pandas-stubs type the column selection as Any
             return out.sort_values(cols, ignore_index=True)[[*cols, "hits", "queries"]]  # type: ignore[no-any-return]
         if name == "engine_cached_by_source":
+
             def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
                 return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
 
             rows = self._raw_increments(_SOURCE_NAMES, start, end, lab)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
-            df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype({"ts": float, "tokens": float})
+            df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype(
+                {"ts": float, "tokens": float}
+            )
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             return df.groupby(cols, as_index=False)["tokens"].sum()  # type: ignore[return-value]
         step = max(choose_step(start, end), int(self.scrape_interval))
-        start = end - math.ceil((end - start) / step) * step  # points on end, end - step, …: the newest is seen
+        start = (
+            end - math.ceil((end - start) / step) * step
+        )  # points on end, end - step, …: the newest is seen
         if name == "engine_ttft":
             win = f"{max(step, int(4 * self.scrape_interval))}s"
             rows = []
             for kind in ("vllm", "sglang"):
                 for q in (0.5, 0.95, 0.99):
                     by = "sum by (le, instance, model_name)"
-                    expr = (f"histogram_quantile({q}, {by} (rate({kind}:time_to_first_token_seconds_bucket[{win}])) "
-                            f"or {by} (rate({kind}_time_to_first_token_seconds_bucket[{win}])))")
+                    expr = (
+                        f"histogram_quantile({q}, {by} (rate({kind}:time_to_first_token_seconds_bucket[{win}])) "
+                        f"or {by} (rate({kind}_time_to_first_token_seconds_bucket[{win}])))"
+                    )
                     for s in self.query_range(expr, start, end, step):
                         m = s.get("metric", {})
                         for ts, v in s.get("values", []):
                             if math.isfinite(float(v)):
-                                rows.append((float(ts), kind, m.get("model_name", ""), m.get("instance", ""), q,
-                                             float(v)))
-            return pd.DataFrame(rows, columns=["ts", "engine_kind", "model", "instance", "quantile", "seconds"])
+                                rows.append(
+                                    (
+                                        float(ts),
+                                        kind,
+                                        m.get("model_name", ""),
+                                        m.get("instance", ""),
+                                        q,
+                                        float(v),
+                                    )
+                                )
+            return pd.DataFrame(
+                rows, columns=["ts", "engine_kind", "model", "instance", "quantile", "seconds"]
+            )
         if name == "engine_kv_usage":
             rows = []
-            for s in _dedupe_name_forms(self.query_range(f'{{__name__=~{promql_string(_KV_NAMES)}}}',
-                                                         start, end, step)):
+            for s in _dedupe_name_forms(
+                self.query_range(f"{{__name__=~{promql_string(_KV_NAMES)}}}", start, end, step)
+            ):
                 labels = _engine_labels(s.get("metric", {}))
-                rows += [(float(ts), *labels, float(v)) for ts, v in s.get("values", []) if math.isfinite(float(v))]
+                rows += [
+                    (float(ts), *labels, float(v))
+                    for ts, v in s.get("values", [])
+                    if math.isfinite(float(v))
+                ]
             df = pd.DataFrame(rows, columns=["ts", *_ENGINE_COLS, "usage"])
             # groupby(as_index=False) gives a DataFrame; pandas-stubs say Series
             return df.groupby(["ts", *_ENGINE_COLS], as_index=False)["usage"].max()  # type: ignore[return-value]
-        raise SourceError(f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}")
+        raise SourceError(
+            f"unknown engine frame {name!r}; engine frames: {', '.join(ENGINE_FRAMES)}"
+        )
 
     # ------------------------------------------------------------ the rest of the Source interface
     def time_bounds(self) -> tuple[float, float] | None:
@@ -472,11 +606,15 @@ class PrometheusSource(SourceBase):
         except (OSError, ValueError) as e:
             from warmscope.sources.alertmanager import _reason
 
-            raise SourceError(f"Prometheus at {self.url} could not be read ({_reason(e)}); check "
-                              "WARMSCOPE_PROMETHEUS_URL") from None
+            raise SourceError(
+                f"Prometheus at {self.url} could not be read ({_reason(e)}); check "
+                "WARMSCOPE_PROMETHEUS_URL"
+            ) from None
         if not isinstance(body, dict) or body.get("status") != "success":
-            raise SourceError(f"Prometheus at {self.url} answered with something that is not the Prometheus "
-                              "API; check the URL points at Prometheus itself")
+            raise SourceError(
+                f"Prometheus at {self.url} answered with something that is not the Prometheus "
+                "API; check the URL points at Prometheus itself"
+            )
         return body.get("data")
 
     def alerts(self) -> pd.DataFrame:
@@ -484,7 +622,9 @@ class PrometheusSource(SourceBase):
         from warmscope.sources.alertmanager import alert_rows
 
         data = self._get("/api/v1/alerts")
-        return alert_rows("prometheus", (data or {}).get("alerts", []) if isinstance(data, dict) else [])
+        return alert_rows(
+            "prometheus", (data or {}).get("alerts", []) if isinstance(data, dict) else []
+        )
 
     def health(self) -> str | None:
         try:

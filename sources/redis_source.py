@@ -41,8 +41,12 @@ class RedisSource:
         """The client (a ``RedisCluster`` when the server is a cluster node); connects at first use."""
         if self._r is None:
             kw = dict(socket_timeout=5, socket_connect_timeout=3, decode_responses=True)
-            self._r = self._call(_rs.connect, self.url if self._given is None else None, self._given,
-                                 **({} if self._given is not None else kw))
+            self._r = self._call(
+                _rs.connect,
+                self.url if self._given is None else None,
+                self._given,
+                **({} if self._given is not None else kw),
+            )
         return self._r
 
     def experiments(self) -> list[str]:
@@ -53,7 +57,7 @@ class RedisSource:
         out: list[dict[Any, Any]] = []
         for i in range(0, len(names), 5000):
             p = self.r.pipeline(transaction=False)
-            for n in names[i:i + 5000]:
+            for n in names[i : i + 5000]:
                 p.hgetall(n)
             out += self._call(p.execute)
         return [{_s(k): _s(v) for k, v in h.items()} for h in out]
@@ -73,22 +77,31 @@ class RedisSource:
         try:
             return fn(*a, **kw)
         except redis.exceptions.ConnectionError:
-            raise SourceError(f"Redis at {self.url} is unreachable; start it or set WARMSCOPE_REDIS_URL to the "
-                              "right address") from None
+            raise SourceError(
+                f"Redis at {self.url} is unreachable; start it or set WARMSCOPE_REDIS_URL to the "
+                "right address"
+            ) from None
         except redis.exceptions.TimeoutError:
             raise SourceError(f"Redis at {self.url} did not answer in time") from None
         except redis.exceptions.RedisClusterException as e:
             raise SourceError(f"Redis Cluster at {self.url} is not usable ({e})") from None
         except redis.exceptions.ResponseError as e:
-            raise SourceError(f"Redis at {self.url} refused a read ({e}); is this warmscope's database?") from None
+            raise SourceError(
+                f"Redis at {self.url} refused a read ({e}); is this warmscope's database?"
+            ) from None
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None) -> pd.DataFrame:
+    def frame(
+        self, name: str, start: float | None = None, end: float | None = None
+    ) -> pd.DataFrame:
         cols = list(_TABLES[name]) if name in _TABLES else []
         lo = "-inf" if start is None else start
         hi = "+inf" if end is None else f"({end}"
         if name == "hot_keys":
             rows = []
-            members = [_s(m).split(":", 2) for m in self._call(self.r.zrangebyscore, f"{PREFIX}:hot:windows", lo, hi)]
+            members = [
+                _s(m).split(":", 2)
+                for m in self._call(self.r.zrangebyscore, f"{PREFIX}:hot:windows", lo, hi)
+            ]
             p = self.r.pipeline(transaction=False)
             for window, tenant, layer in members:
                 base = key(hot_tag(float(window), dec(tenant)), layer)
@@ -98,14 +111,24 @@ class RedisSource:
                 p.hgetall(base + ":err")
             got = self._call(p.execute) if members else []
             for j, (window, tenant, layer) in enumerate(members):
-                hits, misses, fam, err = got[4 * j:4 * j + 4]
+                hits, misses, fam, err = got[4 * j : 4 * j + 4]
                 hits = {_s(k): v for k, v in hits}
                 misses = {_s(k): v for k, v in misses}
                 fam = {_s(k): _s(v) for k, v in fam.items()}
                 err = {_s(k): v for k, v in err.items()}
                 for kh in set(hits) | set(misses):
-                    rows.append((float(window), dec(tenant), dec(layer), kh, fam.get(kh, ""), int(hits.get(kh, 0)),
-                                 int(misses.get(kh, 0)), int(err.get(kh, 0))))
+                    rows.append(
+                        (
+                            float(window),
+                            dec(tenant),
+                            dec(layer),
+                            kh,
+                            fam.get(kh, ""),
+                            int(hits.get(kh, 0)),
+                            int(misses.get(kh, 0)),
+                            int(err.get(kh, 0)),
+                        )
+                    )
             return pd.DataFrame(rows, columns=cols)
         if name == "warmup_runs":
             ids = [_s(x) for x in self._call(self.r.zrangebyscore, f"{PREFIX}:runs", lo, hi)]
@@ -122,17 +145,25 @@ class RedisSource:
             suffix = "warmed" if name == "warmed_keys" else "early"
             rows = []
             ids = list(runs["run_id"])
-            for rid, h in zip(ids, self._hgetall([key(run_tag(rid), suffix) for rid in ids]), strict=True):
+            for rid, h in zip(
+                ids, self._hgetall([key(run_tag(rid), suffix) for rid in ids]), strict=True
+            ):
                 for kh, js in h.items():
                     rows.append((rid, kh, *json.loads(js)))
-            return pd.DataFrame(rows, columns=cols).astype({c: float for c in cols[5:] if c != "hits"}, errors="ignore")
-        raise SourceError(f"frame {name!r} does not come from Redis (it holds hot keys, A/B units and warm-up "
-                          "runs); lookups and requests come from Prometheus or the embedded store")
+            return pd.DataFrame(rows, columns=cols).astype(
+                {c: float for c in cols[5:] if c != "hits"}, errors="ignore"
+            )
+        raise SourceError(
+            f"frame {name!r} does not come from Redis (it holds hot keys, A/B units and warm-up "
+            "runs); lookups and requests come from Prometheus or the embedded store"
+        )
 
     def _unit_names(self, experiment: str) -> list[tuple[str, str, str]]:
         tags = [ab_tag(experiment, s) for s in range(AB_SHARDS)]
         out = []
-        for tag, members in zip(tags, self._smembers([key(tag, "units") for tag in tags]), strict=True):
+        for tag, members in zip(
+            tags, self._smembers([key(tag, "units") for tag in tags]), strict=True
+        ):
             for m in sorted(members):
                 var, uh = m.split(":", 1)
                 out.append((dec(var), uh, key(tag, "u", var, uh)))
@@ -164,7 +195,9 @@ class RedisSource:
     def _moment_names(self, experiment: str) -> list[tuple[str, float, str]]:
         tags = [ab_tag(experiment, s) for s in range(AB_SHARDS)]
         names = []
-        for tag, members in zip(tags, self._smembers([key(tag, "mi") for tag in tags]), strict=True):
+        for tag, members in zip(
+            tags, self._smembers([key(tag, "mi") for tag in tags]), strict=True
+        ):
             for m in members:
                 var, b = m.split(":", 1)
                 names.append((dec(var), float(b), key(tag, "m", var, b)))
@@ -192,8 +225,13 @@ class RedisSource:
                     lrows.append((var, b, dec(ly), c, float(x)))
             rows.append(v)
             keys.append((var, b))
-        m = pd.concat([pd.DataFrame(keys, columns=["variant", "bucket"]),
-                       pd.DataFrame(np.array(rows).reshape(-1, len(cols)), columns=cols)], axis=1)
+        m = pd.concat(
+            [
+                pd.DataFrame(keys, columns=["variant", "bucket"]),
+                pd.DataFrame(np.array(rows).reshape(-1, len(cols)), columns=cols),
+            ],
+            axis=1,
+        )
         if len(m):  # the shards' hashes of one (variant, bucket) add up; the extrema combine
             g = m.groupby(["variant", "bucket"])
             s = g[cols].sum()
@@ -202,15 +240,25 @@ class RedisSource:
         m = m[m["n"] > 0] if len(m) else m
         lcols = ["variant", "bucket", "layer"] + list(_m.LAYER_COLUMNS)
         if lrows:
-            lm = (pd.DataFrame(lrows, columns=["variant", "bucket", "layer", "col", "v"])
-                  .pivot_table(index=["variant", "bucket", "layer"], columns="col", values="v", aggfunc="sum",
-                               fill_value=0.0)
-                  .reindex(columns=list(_m.LAYER_COLUMNS), fill_value=0.0).reset_index())
+            lm = (
+                pd.DataFrame(lrows, columns=["variant", "bucket", "layer", "col", "v"])
+                .pivot_table(
+                    index=["variant", "bucket", "layer"],
+                    columns="col",
+                    values="v",
+                    aggfunc="sum",
+                    fill_value=0.0,
+                )
+                .reindex(columns=list(_m.LAYER_COLUMNS), fill_value=0.0)
+                .reset_index()
+            )
             lm.columns.name = None
         else:
             lm = pd.DataFrame(columns=lcols)
-        return (m.sort_values(["bucket", "variant"]).reset_index(drop=True),
-                lm[lcols].sort_values(["bucket", "variant", "layer"]).reset_index(drop=True))
+        return (
+            m.sort_values(["bucket", "variant"]).reset_index(drop=True),
+            lm[lcols].sort_values(["bucket", "variant", "layer"]).reset_index(drop=True),
+        )
 
     def request_totals(self, experiment: str) -> dict[str, float]:
         """Requests per variant. Redis holds no request metrics: these are the

@@ -61,8 +61,11 @@ class Simple:
         need(callable(self.arguments), "arguments must be a function")
 
     def add_parser(self, sub: Subparsers) -> argparse.ArgumentParser:
-        extra = {k: v for k in ("description", "epilog", "formatter_class")
-                 if (v := getattr(self, k)) is not None}
+        extra = {
+            k: v
+            for k in ("description", "epilog", "formatter_class")
+            if (v := getattr(self, k)) is not None
+        }
         p: argparse.ArgumentParser = sub.add_parser(self.name, help=self.help, **extra)
         self.arguments(p)
         p.set_defaults(fn=self.run)
@@ -78,8 +81,12 @@ class Group:
     commands: tuple[Command, ...]
 
     def __post_init__(self) -> None:
-        require(self.name and self.help, "CLI command", self.name or "(no name)",
-                "needs a name and a help line")
+        require(
+            self.name and self.help,
+            "CLI command",
+            self.name or "(no name)",
+            "needs a name and a help line",
+        )
         check_commands(self.commands, f"CLI command {self.name}")
 
     def add_parser(self, sub: Subparsers) -> argparse.ArgumentParser:
@@ -97,9 +104,12 @@ class Group:
 def check_commands(commands: tuple[Command, ...], registry: str = "CLI command") -> None:
     """Raise ``RegistryError`` for an entry that is not a :class:`Command` or a name used twice."""
     for c in commands:
-        require(isinstance(c, Command) and isinstance(c.name, str), registry,
-                getattr(c, "name", repr(c)),
-                "must have a name, add_parser(sub) and run(args) (app/cli/base.py: Command)")
+        require(
+            isinstance(c, Command) and isinstance(c.name, str),
+            registry,
+            getattr(c, "name", repr(c)),
+            "must have a name, add_parser(sub) and run(args) (app/cli/base.py: Command)",
+        )
     unique(registry, [c.name for c in commands])
 
 

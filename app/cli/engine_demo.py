@@ -40,21 +40,43 @@ import numpy as np
 
 __all__ = ["add_arguments", "run", "Traffic"]
 
-_WORDS = ("report invoice contract summary ticket policy refund chapter section figure table customer order "
-          "shipment warranty release feature request account billing meeting agenda design review").split()
-SCALE = 8  # the simulator's prompt lengths are for 8k-context models; the tiny model has 2048 tokens
+_WORDS = (
+    "report invoice contract summary ticket policy refund chapter section figure table customer order "
+    "shipment warranty release feature request account billing meeting agenda design review"
+).split()
+SCALE = (
+    8  # the simulator's prompt lengths are for 8k-context models; the tiny model has 2048 tokens
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("real engine (--engine vllm)")
-    g.add_argument("--engine", choices=["vllm"], help="send simulator-shaped traffic to a real engine instead of "
-                   "simulating one: 'vllm' runs vLLM's CPU build with a tiny model (installed once, ~4 min)")
-    g.add_argument("--engine-url", help="use this running OpenAI-compatible engine (e.g. http://127.0.0.1:8000) "
-                   "instead of starting one; its /metrics must be vLLM's")
-    g.add_argument("--rps", type=float, default=6.0, help="mean requests per second sent to the engine (default 6)")
-    g.add_argument("--duration", type=float, default=None,
-                   help="stop after this many seconds (default: run until Ctrl-C)")
-    g.add_argument("--every", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    g.add_argument(
+        "--engine",
+        choices=["vllm"],
+        help="send simulator-shaped traffic to a real engine instead of "
+        "simulating one: 'vllm' runs vLLM's CPU build with a tiny model (installed once, ~4 min)",
+    )
+    g.add_argument(
+        "--engine-url",
+        help="use this running OpenAI-compatible engine (e.g. http://127.0.0.1:8000) "
+        "instead of starting one; its /metrics must be vLLM's",
+    )
+    g.add_argument(
+        "--rps",
+        type=float,
+        default=6.0,
+        help="mean requests per second sent to the engine (default 6)",
+    )
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
+    g.add_argument(
+        "--every", type=float, default=10.0, help="seconds between progress lines (default 10)"
+    )
     g.add_argument("--seed", type=int, default=7, help="traffic seed (default 7)")
 
 
@@ -79,9 +101,10 @@ class Traffic:
 
         t = self.tenants[int(self.rng.choice(len(self.tenants), p=self.weights))]
         tpl = self.templates[pick_template(t, float(self.rng.random()))]
-        system = (f"You are the {tpl.name} assistant of {t.name}. "
-                  + self._text(f"sys:{t.name}:{tpl.name}", tpl.sys_tokens // SCALE))
-        fill = int((self.rng.zipf(1.25) - 1) % 4000)          # popular fills repeat
+        system = f"You are the {tpl.name} assistant of {t.name}. " + self._text(
+            f"sys:{t.name}:{tpl.name}", tpl.sys_tokens // SCALE
+        )
+        fill = int((self.rng.zipf(1.25) - 1) % 4000)  # popular fills repeat
         lo, hi = tpl.query_tokens
         query = self._text(f"fill:{t.name}:{tpl.name}:{fill}", max(4, (lo + hi) // 2 // SCALE))
         return t.name, [{"role": "system", "content": system}, {"role": "user", "content": query}]
@@ -106,9 +129,12 @@ def _counters(url: str) -> dict[str, float]:
 
 
 def _chat(base_url: str, model: str, messages: list[dict[str, str]]) -> dict:
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}).encode()
-    req = urllib.request.Request(base_url + "/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
+    ).encode()
+    req = urllib.request.Request(
+        base_url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
 
@@ -136,22 +162,50 @@ def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | No
     (tmp / "prometheus.yml").write_text(
         "global: {scrape_interval: 2s, evaluation_interval: 10s}\n"
         f"rule_files: {json.dumps(rules)}\n"
-        f"scrape_configs:\n  - job_name: vllm\n    static_configs: [{{targets: ['{target}']}}]\n")
+        f"scrape_configs:\n  - job_name: vllm\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
     port = _free_port()
-    proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
 def _start_dashboard(prom_url: str, port: int, address: str, tmp: Path) -> subprocess.Popen:
-    env = dict(os.environ, WARMSCOPE_PROMETHEUS_URL=prom_url, WARMSCOPE_STORE=str(tmp / "no-store.sqlite"))
+    env = dict(
+        os.environ, WARMSCOPE_PROMETHEUS_URL=prom_url, WARMSCOPE_STORE=str(tmp / "no-store.sqlite")
+    )
     env.pop("WARMSCOPE_REDIS_URL", None)
     main = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"
-    return subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(main), "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", address,
-                             "--browser.gatherUsageStats", "false"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(main),
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            address,
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def run(args: argparse.Namespace, out=sys.stdout) -> int:
@@ -171,26 +225,37 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
                 model = _served_model(url)
                 _counters(url)
             except (OSError, ValueError, KeyError, IndexError) as e:
-                print(f"warmscope demo: no OpenAI-compatible engine with vLLM metrics at {url} ({e}); start one or "
-                      "drop --engine-url to let the demo start vLLM", file=sys.stderr)
+                print(
+                    f"warmscope demo: no OpenAI-compatible engine with vLLM metrics at {url} ({e}); start one or "
+                    "drop --engine-url to let the demo start vLLM",
+                    file=sys.stderr,
+                )
                 return 1
         else:
-            print("starting vLLM's CPU build with a tiny model (the first run installs it: about 4 minutes; "
-                  "each start: 1-2 minutes)…", file=sys.stderr)
+            print(
+                "starting vLLM's CPU build with a tiny model (the first run installs it: about 4 minutes; "
+                "each start: 1-2 minutes)…",
+                file=sys.stderr,
+            )
             engine = real_engine.VLLMEngine().start()
             url, model = engine.url, engine.model
             print(f"vLLM ready at {engine.base_url} in {engine.startup_s:.0f} s", file=sys.stderr)
         if not args.no_dashboard:
             prom, prom_url = _start_prometheus(url, tmp)
             if prom is None:
-                print("prometheus is not installed: no dashboard, progress lines only (scripts/test.sh installs "
-                      "it)", file=sys.stderr)
+                print(
+                    "prometheus is not installed: no dashboard, progress lines only (scripts/test.sh installs "
+                    "it)",
+                    file=sys.stderr,
+                )
             else:
                 procs.append(prom)
                 procs.append(_start_dashboard(prom_url, args.port, args.address, tmp))
-                print(f"Prometheus at {prom_url} scrapes the engine every 2 s; dashboard (engine-only mode) on "
-                      f"http://{args.address}:{args.port} — the hit rate appears after the first scrapes",
-                      file=sys.stderr)
+                print(
+                    f"Prometheus at {prom_url} scrapes the engine every 2 s; dashboard (engine-only mode) on "
+                    f"http://{args.address}:{args.port} — the hit rate appears after the first scrapes",
+                    file=sys.stderr,
+                )
         return _drive(url, model, args, out)
     except real_engine.EngineError as e:
         print(f"warmscope demo: {e}", file=sys.stderr)
@@ -236,33 +301,50 @@ def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
                 with lock:
                     errors[0] += 1
                     errors[1] = str(e)[:120]
-            stop.wait(float(rnd.exponential(interval * 4)))   # four workers: args.rps in total
+            stop.wait(float(rnd.exponential(interval * 4)))  # four workers: args.rps in total
 
     c0 = _counters(url)
     t0 = time.monotonic()
-    workers = [threading.Thread(target=worker, args=(args.seed * 100 + i,), daemon=True) for i in range(4)]
+    workers = [
+        threading.Thread(target=worker, args=(args.seed * 100 + i,), daemon=True) for i in range(4)
+    ]
     for w in workers:
         w.start()
-    print(f"sending simulator-shaped traffic ({len(traffic.tenants)} tenants, ~{args.rps:g} req/s) to {base}; "
-          "Ctrl-C stops", file=sys.stderr)
+    print(
+        f"sending simulator-shaped traffic ({len(traffic.tenants)} tenants, ~{args.rps:g} req/s) to {base}; "
+        "Ctrl-C stops",
+        file=sys.stderr,
+    )
     last = c0
     try:
         while args.duration is None or time.monotonic() - t0 < args.duration:
             time.sleep(min(args.every, max(0.1, (args.duration or 1e9) - (time.monotonic() - t0))))
             now = _counters(url)
-            h = now.get("vllm_prefix_cache_hits_total", 0) - c0.get("vllm_prefix_cache_hits_total", 0)
-            q = now.get("vllm_prefix_cache_queries_total", 0) - c0.get("vllm_prefix_cache_queries_total", 0)
-            dh = now.get("vllm_prefix_cache_hits_total", 0) - last.get("vllm_prefix_cache_hits_total", 0)
-            dq = now.get("vllm_prefix_cache_queries_total", 0) - last.get("vllm_prefix_cache_queries_total", 0)
+            h = now.get("vllm_prefix_cache_hits_total", 0) - c0.get(
+                "vllm_prefix_cache_hits_total", 0
+            )
+            q = now.get("vllm_prefix_cache_queries_total", 0) - c0.get(
+                "vllm_prefix_cache_queries_total", 0
+            )
+            dh = now.get("vllm_prefix_cache_hits_total", 0) - last.get(
+                "vllm_prefix_cache_hits_total", 0
+            )
+            dq = now.get("vllm_prefix_cache_queries_total", 0) - last.get(
+                "vllm_prefix_cache_queries_total", 0
+            )
             last = now
             with lock:
                 n = sum(s[0] for s in per_tenant.values())
                 top = sorted(per_tenant.items(), key=lambda kv: -kv[1][2])[:3]
                 err = f"; {errors[0]} failed ({errors[1]})" if errors[0] else ""
             tops = ", ".join(f"{k} {v[2] / v[1]:.0%}" for k, v in top if v[1])
-            print(f"{time.monotonic() - t0:5.0f} s  requests {n:,}  prompt tokens {q:,.0f}  cached {h:,.0f}  "
-                  f"hit rate {h / q if q else 0:.1%} (last {args.every:g} s: {dh / dq if dq else 0:.1%})  "
-                  f"top tenants: {tops or '–'}{err}", file=out, flush=True)
+            print(
+                f"{time.monotonic() - t0:5.0f} s  requests {n:,}  prompt tokens {q:,.0f}  cached {h:,.0f}  "
+                f"hit rate {h / q if q else 0:.1%} (last {args.every:g} s: {dh / dq if dq else 0:.1%})  "
+                f"top tenants: {tops or '–'}{err}",
+                file=out,
+                flush=True,
+            )
     finally:
         stop.set()
         for w in workers:

@@ -84,7 +84,7 @@ COMMAND = Simple(
     run=_run,
     arguments=_arguments,
     help="write Grafana dashboards generated from the rules and alert definitions",
-        description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "
-        "file each), with a datasource variable. Every recorded series a panel reads is checked "
-        "against the rule files.",
+    description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "
+    "file each), with a datasource variable. Every recorded series a panel reads is checked "
+    "against the rule files.",
 )

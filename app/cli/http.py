@@ -15,8 +15,10 @@ def bad_url(cmd: str, flag: str, url: str) -> bool:
     u = urlparse(url)
     if u.scheme in ("http", "https") and u.netloc:
         return False
-    print(f"warmscope {cmd}: {flag} {url!r} is not an http(s) URL; pass e.g. {flag} http://127.0.0.1:8000",
-          file=sys.stderr)
+    print(
+        f"warmscope {cmd}: {flag} {url!r} is not an http(s) URL; pass e.g. {flag} http://127.0.0.1:8000",
+        file=sys.stderr,
+    )
     return True
 
 
@@ -25,7 +27,10 @@ def load(cmd: str, extra: str, module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        print(f"warmscope {cmd}: {e.name} is not installed; pip install \"warmscope[{extra}]\"", file=sys.stderr)
+        print(
+            f'warmscope {cmd}: {e.name} is not installed; pip install "warmscope[{extra}]"',
+            file=sys.stderr,
+        )
         return None
 
 

@@ -16,18 +16,39 @@ from warmscope.app.cli.http import bad_url, load, telemetry
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", action="append", default=[], metavar="URL",
-                   help="an engine's base URL; its publishers are read from GET /kv_event_sources "
-                   "(repeat for each engine)")
-    p.add_argument("--endpoint", action="append", default=[], metavar="NAME=EP[,REPLAY]",
-                   help="an engine's ZMQ endpoint (and replay endpoint) instead of discovery")
-    p.add_argument("--interval", type=float, default=10.0, help="seconds between reports (default 10)")
-    p.add_argument("--duration", type=float, default=0.0,
-                   help="stop after this many seconds (default: until Ctrl-C)")
-    p.add_argument("--max-blocks", type=int, default=1_000_000,
-                   help="resident blocks kept per engine before rows are dropped and counted")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an engine's base URL; its publishers are read from GET /kv_event_sources "
+        "(repeat for each engine)",
+    )
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=EP[,REPLAY]",
+        help="an engine's ZMQ endpoint (and replay endpoint) instead of discovery",
+    )
+    p.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between reports (default 10)"
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="stop after this many seconds (default: until Ctrl-C)",
+    )
+    p.add_argument(
+        "--max-blocks",
+        type=int,
+        default=1_000_000,
+        help="resident blocks kept per engine before rows are dropped and counted",
+    )
     p.add_argument("--json", action="store_true", help="print each report as one JSON line")
     p.add_argument("--no-record", action="store_true", help="print only; record nothing")
+
 
 def _specs(cmd: str, args: argparse.Namespace, spec_type: Any) -> list[Any] | None:
     engines: list[Any] = []
@@ -39,8 +60,11 @@ def _specs(cmd: str, args: argparse.Namespace, spec_type: Any) -> list[Any] | No
         name, eq, eps = e.partition("=")
         ep, _, rep = eps.partition(",")
         if not (eq and name and ep.startswith(("tcp://", "ipc://", "inproc://"))):
-            print(f"warmscope {cmd}: --endpoint {e!r} is not NAME=ENDPOINT[,REPLAY_ENDPOINT]; pass "
-                  "e.g. --endpoint e0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558", file=sys.stderr)
+            print(
+                f"warmscope {cmd}: --endpoint {e!r} is not NAME=ENDPOINT[,REPLAY_ENDPOINT]; pass "
+                "e.g. --endpoint e0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558",
+                file=sys.stderr,
+            )
             return None
         engines.append(spec_type(name, ep, rep or None))
     return engines
@@ -60,16 +84,23 @@ class StatsRecorder:
             return
         for (engine, salt), c in st.get("engine_salt", {}).items():
             p = self.prev.get((engine, salt), {})
-            record(engine=engine, salt=salt, stored=c["stores"] - p.get("stores", 0),
-                   reused=c["reuses"] - p.get("reuses", 0),
-                   evicted=c["evictions"] - p.get("evictions", 0), resident=c["resident"])
+            record(
+                engine=engine,
+                salt=salt,
+                stored=c["stores"] - p.get("stores", 0),
+                reused=c["reuses"] - p.get("reuses", 0),
+                evicted=c["evictions"] - p.get("evictions", 0),
+                resident=c["resident"],
+            )
             self.prev[(engine, salt)] = dict(c)
 
 
 def cmd_kv_events(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.duration < 0 or args.max_blocks < 1:
-        print("warmscope kv-events: --interval and --max-blocks must be positive, --duration >= 0",
-              file=sys.stderr)
+        print(
+            "warmscope kv-events: --interval and --max-blocks must be positive, --duration >= 0",
+            file=sys.stderr,
+        )
         return 2
     kv = load("kv-events", "kv", "warmscope.collectors.kv")
     if not kv:
@@ -80,21 +111,28 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
     if engines is None:
         return 2
     if not engines:
-        print("warmscope kv-events: name at least one engine: --engine http://HOST:PORT (or "
-              "--endpoint NAME=tcp://HOST:PORT)", file=sys.stderr)
+        print(
+            "warmscope kv-events: name at least one engine: --engine http://HOST:PORT (or "
+            "--endpoint NAME=tcp://HOST:PORT)",
+            file=sys.stderr,
+        )
         return 2
     w = kv.KVWatcher(engines, max_blocks=args.max_blocks)
     if not w.specs:
-        print("warmscope kv-events: no engine publishes KV events; start vLLM with --kv-events-config "
-              "(see docs/kv-events.md) or pass --endpoint", file=sys.stderr)
+        print(
+            "warmscope kv-events: no engine publishes KV events; start vLLM with --kv-events-config "
+            "(see docs/kv-events.md) or pass --endpoint",
+            file=sys.stderr,
+        )
         return 1
     tel = None if args.no_record else telemetry(args)
     names = ", ".join(f"{s.name} ({s.endpoint})" for s in w.specs)
     print(f"warmscope kv-events: watching {names}; Ctrl-C stops", file=sys.stderr)
     w.start()
     try:
-        report_loop(w, args.interval, args.duration, args.json,
-                    None if tel is None else StatsRecorder(tel))
+        report_loop(
+            w, args.interval, args.duration, args.json, None if tel is None else StatsRecorder(tel)
+        )
     finally:
         w.stop()
         if tel is not None:
@@ -112,7 +150,7 @@ COMMAND = Simple(
     arguments=_arguments,
     help="watch vLLM engines' KV-cache events (block stores, reuses, evictions)",
     description="Subscribe to the KV-cache events of one or more vLLM engines (started with "
-    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
-    "\"endpoint\": \"tcp://127.0.0.1:PORT\"}'), keep each engine's block residency, print "
+    '--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+    '"endpoint": "tcp://127.0.0.1:PORT"}\'), keep each engine\'s block residency, print '
     "per-salt store, reuse and eviction rates, and record them with the collectors.",
 )

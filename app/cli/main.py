@@ -1,18 +1,18 @@
 """The `warmscope` command line.
 
-    warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
-    warmscope demo --engine vllm             real prefix-cache hits from vLLM's CPU build (app/cli/engine_demo.py)
-    warmscope dashboard [--port 8501]        open the dashboard on the configured source
-    warmscope simulate [options]             run the emulated inference stack (see --help)
-    warmscope report ab [options]            write the A/B report (HTML and Markdown)
-    warmscope rca CSV --dims ... | --window S..E   root causes of a change: a leaf table or a store window (JSON)
-    warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
-    warmscope upgrade-store                  bring a store written by an older warmscope up to date
-    warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
-    warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per salt
-    warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
-    warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli/advise.py)
-    warmscope misses [--since 6h] [--by tenant|engine|family] [--json]   why prefix-KV tokens missed
+warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
+warmscope demo --engine vllm             real prefix-cache hits from vLLM's CPU build (app/cli/engine_demo.py)
+warmscope dashboard [--port 8501]        open the dashboard on the configured source
+warmscope simulate [options]             run the emulated inference stack (see --help)
+warmscope report ab [options]            write the A/B report (HTML and Markdown)
+warmscope rca CSV --dims ... | --window S..E   root causes of a change: a leaf table or a store window (JSON)
+warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
+warmscope upgrade-store                  bring a store written by an older warmscope up to date
+warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
+warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per salt
+warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
+warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli/advise.py)
+warmscope misses [--since 6h] [--by tenant|engine|family] [--json]   why prefix-KV tokens missed
 """
 
 from __future__ import annotations
@@ -45,11 +45,15 @@ def _number(kind: type, lo: float | None = None, lo_open: bool = False, hi: floa
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a{'n integer' if kind is int else ' number'}"
+            ) from None
         if isinstance(v, float) and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if lo is not None and (v <= lo if lo_open else v < lo):
-            raise argparse.ArgumentTypeError(f"must be {'>' if lo_open else '>='} {lo:g}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if lo_open else '>='} {lo:g}, got {text}"
+            )
         if hi is not None and v > hi:
             raise argparse.ArgumentTypeError(f"must be <= {hi:g}, got {text}")
         return v
@@ -80,7 +84,9 @@ def _writable_file(text: str) -> str:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is not a writable directory")
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text}: {parent} is not a writable directory"
+        )
     return text
 
 
@@ -131,8 +137,11 @@ def _cannot_listen(cmd: str, address: str, port: int) -> bool:
             s.bind(addr)
     except (OSError, UnicodeError, IndexError) as e:
         reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        print(f"warmscope {cmd}: cannot listen on {address}:{port} ({reason}); pass --address with an "
-              "address of this machine (127.0.0.1, 0.0.0.0) and a free --port", file=sys.stderr)
+        print(
+            f"warmscope {cmd}: cannot listen on {address}:{port} ({reason}); pass --address with an "
+            "address of this machine (127.0.0.1, 0.0.0.0) and a free --port",
+            file=sys.stderr,
+        )
         return True
     return False
 
@@ -141,11 +150,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if _cannot_listen("dashboard", args.address, args.port):
         return 2
     env = dict(os.environ, WARMSCOPE_STORE=str(store_path(args)))
-    from warmscope.app.dashboard.serve import command  # Streamlit, and a warm-up of the caches as soon as it is up
+    from warmscope.app.dashboard.serve import (
+        command,
+    )  # Streamlit, and a warm-up of the caches as soon as it is up
 
     cmd = command("--server.port", str(args.port), "--server.address", args.address)
-    print(f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
-          file=sys.stderr)
+    print(
+        f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
+        file=sys.stderr,
+    )
     return _streamlit(cmd, env)
 
 
@@ -168,7 +181,9 @@ def _say_if_upgrading(path: Path) -> None:
         EmbeddedStore(path, readonly=True).close()
     except StoreError as e:
         if "older warmscope" in str(e):
-            print(f"upgrading {path} to this warmscope's schema (its data is kept)…", file=sys.stderr)
+            print(
+                f"upgrading {path} to this warmscope's schema (its data is kept)…", file=sys.stderr
+            )
 
 
 def _check_store(path: Path) -> None:
@@ -186,8 +201,10 @@ def _check_store(path: Path) -> None:
         finally:
             con.close()
     except sqlite3.Error as e:
-        raise StoreError(f"{path} is not a warmscope store ({e}); --fresh only replaces a warmscope store: "
-                         "move the file away or pass another --store") from None
+        raise StoreError(
+            f"{path} is not a warmscope store ({e}); --fresh only replaces a warmscope store: "
+            "move the file away or pass another --store"
+        ) from None
 
 
 def demo_world(hours: float, now: float | None = None):
@@ -207,19 +224,35 @@ def demo_world(hours: float, now: float | None = None):
     # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes hourly,
     # so warm-up has cold starts to prevent and a moving target to follow.
     # Three pools on the same traffic: no warm-up (the control), yesterday's top keys, and the predictive heat decay.
-    cfg = SimConfig.load(hours=hours, strategy_a="none", strategy_b="static_topk", strategy_c="predictive",
-                         restart_every_h=1.0,
-                         content_drift_h=1.0, peak_warmup_at_h=at(5.5),
-                         start=math.floor(now / 60) * 60 - hours * 3600)
-    faults = [replace(parse_fault("bypass:tenant=globex,layer=response"), start=at(5.0) * 3600, end=at(3.5) * 3600),
-              replace(parse_fault("tenant_isolation:layer=response"), start=at(2.5) * 3600, end=at(1.5) * 3600)]
+    cfg = SimConfig.load(
+        hours=hours,
+        strategy_a="none",
+        strategy_b="static_topk",
+        strategy_c="predictive",
+        restart_every_h=1.0,
+        content_drift_h=1.0,
+        peak_warmup_at_h=at(5.5),
+        start=math.floor(now / 60) * 60 - hours * 3600,
+    )
+    faults = [
+        replace(
+            parse_fault("bypass:tenant=globex,layer=response"),
+            start=at(5.0) * 3600,
+            end=at(3.5) * 3600,
+        ),
+        replace(
+            parse_fault("tenant_isolation:layer=response"), start=at(2.5) * 3600, end=at(1.5) * 3600
+        ),
+    ]
     return cfg, faults
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from warmscope.collectors.store import EmbeddedStore, StoreError
 
-    if getattr(args, "engine", None) or getattr(args, "engine_url", None):  # real engine: app/cli/engine_demo.py
+    if getattr(args, "engine", None) or getattr(
+        args, "engine_url", None
+    ):  # real engine: app/cli/engine_demo.py
         from warmscope.app.cli.engine_demo import run
 
         return run(args)
@@ -240,12 +273,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from warmscope.simulator import simulate
 
         cfg, faults = demo_world(args.hours)
-        print(f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)", file=sys.stderr)
+        print(
+            f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)",
+            file=sys.stderr,
+        )
         try:
             s = simulate(cfg, path, faults, progress=_progress("simulating"))
         except KeyboardInterrupt:
-            print(f"\ninterrupted: {path} holds part of the simulated day; `warmscope demo --fresh` starts over",
-                  file=sys.stderr)
+            print(
+                f"\ninterrupted: {path} holds part of the simulated day; `warmscope demo --fresh` starts over",
+                file=sys.stderr,
+            )
             raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
     if args.no_dashboard:
@@ -278,11 +316,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         cfg = SimConfig.load(
-            hours=args.hours, rps=args.rps, tenants=args.tenants, replicas=args.replicas,
-            strategy_a=args.strategy_a, strategy_b=args.strategy_b, strategy_c=args.strategy_c, seed=args.seed,
+            hours=args.hours,
+            rps=args.rps,
+            tenants=args.tenants,
+            replicas=args.replicas,
+            strategy_a=args.strategy_a,
+            strategy_b=args.strategy_b,
+            strategy_c=args.strategy_c,
+            seed=args.seed,
             tick_s=args.tick,
-            b_response_ttl_s=args.b_response_ttl, b_kv_capacity_tokens=args.b_kv_capacity,
-            restart_every_h=args.restart_every, content_drift_h=args.content_drift,
+            b_response_ttl_s=args.b_response_ttl,
+            b_kv_capacity_tokens=args.b_kv_capacity,
+            restart_every_h=args.restart_every,
+            content_drift_h=args.content_drift,
         )
         faults = [parse_fault(f) for f in args.fault]
     except ValueError as e:
@@ -296,8 +342,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _check_store(path)
     if path.exists() and not (args.fresh or args.append):
         if EmbeddedStore(path).counts()["lookups"]:
-            print(f"warmscope simulate: {path} already holds data; pass --fresh to replace it or --append "
-                  "to add to it", file=sys.stderr)
+            print(
+                f"warmscope simulate: {path} already holds data; pass --fresh to replace it or --append "
+                "to add to it",
+                file=sys.stderr,
+            )
             return 2
     if args.fresh and path.exists():
         _remove_store(path)
@@ -306,8 +355,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from warmscope.collectors.config import CollectorConfig
 
         kw["collector_config"] = CollectorConfig.load(
-            env={}, exporter=args.exporter, key_secret="warmscope-sim", max_families=1024,
-            redis_url=args.redis_url or "", prometheus_port=args.prometheus_port, side_flush_s=900,
+            env={},
+            exporter=args.exporter,
+            key_secret="warmscope-sim",
+            max_families=1024,
+            redis_url=args.redis_url or "",
+            prometheus_port=args.prometheus_port,
+            side_flush_s=900,
         )
     if args.realtime:
         kw.update(realtime=True, speed=args.speed)
@@ -317,17 +371,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             with open(args.faults_out, "a"):
                 pass
         except OSError as e:
-            print(f"warmscope simulate: cannot write --faults-out {args.faults_out}: {e.strerror or e}",
-                  file=sys.stderr)
+            print(
+                f"warmscope simulate: cannot write --faults-out {args.faults_out}: {e.strerror or e}",
+                file=sys.stderr,
+            )
             return 2
-    s = simulate(cfg, path, faults, workers=args.workers,
-                 progress=None if args.quiet else _progress("simulating"), **kw)
+    s = simulate(
+        cfg,
+        path,
+        faults,
+        workers=args.workers,
+        progress=None if args.quiet else _progress("simulating"),
+        **kw,
+    )
     if args.faults_out:
         truth = [f.ground_truth(cfg.start, cfg.hours) for f in faults]
         Path(args.faults_out).write_text(json.dumps(truth, indent=2, default=str))
-    print(json.dumps({"store": str(path), "requests": s.requests, "wall_s": round(s.wall_s, 2),
-                      "requests_per_s": round(s.rps), "warmup_runs": s.warmups, "units": s.units,
-                      "faults": len(faults)}))
+    print(
+        json.dumps(
+            {
+                "store": str(path),
+                "requests": s.requests,
+                "wall_s": round(s.wall_s, 2),
+                "requests_per_s": round(s.rps),
+                "warmup_runs": s.warmups,
+                "units": s.units,
+                "faults": len(faults),
+            }
+        )
+    )
     return 0
 
 
@@ -341,25 +413,35 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
 
     path = store_path(args)
     if not path.exists():
-        return fail(f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)")
+        return fail(
+            f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)"
+        )
     try:
         src = EmbeddedSource(path)
         experiment = args.experiment
         known = _experiments(path)
         if experiment not in known:
-            return fail(f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
-                        "(pass one with --experiment)")
+            return fail(
+                f"no experiment {experiment!r} in {path}; known: {', '.join(known) or 'none'} "
+                "(pass one with --experiment)"
+            )
         variants = _variants(path, experiment)
-        treatments = [t.strip() for arg in (args.treatment or []) for t in arg.split(",") if t.strip()]
+        treatments = [
+            t.strip() for arg in (args.treatment or []) for t in arg.split(",") if t.strip()
+        ]
         if not treatments:  # every arm besides the control
             treatments = [v for v in variants if v != args.control]
         for flag, v in [("--control", args.control)] + [("--treatment", t) for t in treatments]:
             if variants and v not in variants:
-                return fail(f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}")
+                return fail(
+                    f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}"
+                )
         if args.control in treatments:
             return fail("--control and --treatment name the same variant; pick two different ones")
         if not treatments:
-            return fail(f"{experiment!r} has no variant besides the control {args.control!r}; nothing to compare")
+            return fail(
+                f"{experiment!r} has no variant besides the control {args.control!r}; nothing to compare"
+            )
         rep = report_for(src, experiment, args.control, treatments, primary=args.primary)
     except SourceError as e:
         return fail(str(e))
@@ -367,8 +449,10 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
         return fail(rep.error)
     metrics = [r.metric for r in rep.results]
     if args.primary not in metrics:
-        return fail(f"--primary {args.primary!r} is not a metric of this report; metrics: "
-                    + ", ".join(repr(m) for m in metrics))
+        return fail(
+            f"--primary {args.primary!r} is not a metric of this report; metrics: "
+            + ", ".join(repr(m) for m in metrics)
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(rep))
@@ -384,9 +468,13 @@ def _experiments(path: Path) -> list[str]:
 
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = con.execute("SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' ORDER BY 1").fetchall()
+        rows = con.execute(
+            "SELECT DISTINCT experiment FROM ab_moments WHERE experiment != '' ORDER BY 1"
+        ).fetchall()
         if not rows:
-            rows = con.execute("SELECT DISTINCT experiment FROM ab_units WHERE experiment != '' ORDER BY 1").fetchall()
+            rows = con.execute(
+                "SELECT DISTINCT experiment FROM ab_units WHERE experiment != '' ORDER BY 1"
+            ).fetchall()
         return [r[0] for r in rows]
     except sqlite3.Error:
         return []
@@ -400,8 +488,10 @@ def _variants(path: Path, experiment: str) -> list[str]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         for table in ("ab_moments", "ab_units"):
-            rows = con.execute(f"SELECT DISTINCT variant FROM {table} WHERE experiment = ? ORDER BY 1",
-                               (experiment,)).fetchall()
+            rows = con.execute(
+                f"SELECT DISTINCT variant FROM {table} WHERE experiment = ? ORDER BY 1",
+                (experiment,),
+            ).fetchall()
             if rows:
                 return [r[0] for r in rows]
         return []
@@ -422,12 +512,16 @@ def threading_main() -> bool:
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=_PORT, default=8501,
-                   help="dashboard port, 1-65535 (default 8501)")
-    p.add_argument("--address", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; the "
-                   "dashboard has no login, put an authenticating proxy in front before "
-                   "exposing it)")
+    p.add_argument(
+        "--port", type=_PORT, default=8501, help="dashboard port, 1-65535 (default 8501)"
+    )
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; the "
+        "dashboard has no login, put an authenticating proxy in front before "
+        "exposing it)",
+    )
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -444,83 +538,159 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     from warmscope.simulator.config import STRATEGIES
     from warmscope.simulator.faults import TRAPS
 
-    p.epilog = ("fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
-                + ", ".join(TRAPS) + "; dims: tenant, layer, replica, template, model")
+    p.epilog = (
+        "fault spec: TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE]; traps: "
+        + ", ".join(TRAPS)
+        + "; dims: tenant, layer, replica, template, model"
+    )
     # No flag has a default of its own: an unset flag keeps [simulator] of WARMSCOPE_CONFIG,
     # else SimConfig's default (the values in the help).
     p.add_argument("--hours", type=_POS_FLOAT, help="simulated hours (default 24)")
     p.add_argument("--rps", type=_POS_FLOAT, help="mean requests per second (default 12)")
     p.add_argument("--tenants", type=_POS_INT, help="tenants (default 8)")
     p.add_argument("--replicas", type=_POS_INT, help="replicas per variant pool (default 2)")
-    p.add_argument("--strategy-a", choices=STRATEGIES,
-                   help="warm-up strategy of pool A, the control (default none)")
-    p.add_argument("--strategy-b", choices=STRATEGIES,
-                   help="warm-up strategy of pool B, the treatment (default static_topk)")
-    p.add_argument("--strategy-c", choices=STRATEGIES,
-                   help="warm-up strategy of a third pool C, a second treatment: sessions split three ways "
-                   "(default: two pools)")
-    p.add_argument("--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)")
-    p.add_argument("--b-kv-capacity", type=_POS_INT,
-                   help="pool B's prefix-KV capacity in tokens (A/B of capacities)")
-    p.add_argument("--restart-every", type=_POS_FLOAT, metavar="HOURS",
-                   help="rolling restarts: each replica restarts every HOURS, staggered (default: never)")
-    p.add_argument("--content-drift", type=_POS_FLOAT, metavar="HOURS",
-                   help="trending content: popular fills and RAG chunks change every HOURS (default: never)")
-    p.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)")
+    p.add_argument(
+        "--strategy-a",
+        choices=STRATEGIES,
+        help="warm-up strategy of pool A, the control (default none)",
+    )
+    p.add_argument(
+        "--strategy-b",
+        choices=STRATEGIES,
+        help="warm-up strategy of pool B, the treatment (default static_topk)",
+    )
+    p.add_argument(
+        "--strategy-c",
+        choices=STRATEGIES,
+        help="warm-up strategy of a third pool C, a second treatment: sessions split three ways "
+        "(default: two pools)",
+    )
+    p.add_argument(
+        "--b-response-ttl", type=_POS_FLOAT, help="pool B's response-cache TTL in s (A/B of TTLs)"
+    )
+    p.add_argument(
+        "--b-kv-capacity",
+        type=_POS_INT,
+        help="pool B's prefix-KV capacity in tokens (A/B of capacities)",
+    )
+    p.add_argument(
+        "--restart-every",
+        type=_POS_FLOAT,
+        metavar="HOURS",
+        help="rolling restarts: each replica restarts every HOURS, staggered (default: never)",
+    )
+    p.add_argument(
+        "--content-drift",
+        type=_POS_FLOAT,
+        metavar="HOURS",
+        help="trending content: popular fills and RAG chunks change every HOURS (default: never)",
+    )
+    p.add_argument(
+        "--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)"
+    )
     p.add_argument("--seed", type=_NONNEG_INT, help="random seed, >= 0 (default 1)")
     p.add_argument("--tick", type=_POS_FLOAT, help="flush interval in virtual seconds (default 60)")
     p.add_argument("--out", help="store path (default: the configured embedded store)")
-    p.add_argument("--faults-out", type=_writable_file, help="also write the ground truth as JSON here")
+    p.add_argument(
+        "--faults-out", type=_writable_file, help="also write the ground truth as JSON here"
+    )
     p.add_argument("--fresh", action="store_true", help="replace an existing store")
     p.add_argument("--append", action="store_true", help="add to an existing store")
-    p.add_argument("--workers", type=_POS_INT, help="processes, >= 1 (default: 2 on a multi-core machine)")
+    p.add_argument(
+        "--workers", type=_POS_INT, help="processes, >= 1 (default: 2 on a multi-core machine)"
+    )
     p.add_argument("--realtime", action="store_true", help="pace virtual time to the wall clock")
-    p.add_argument("--speed", type=_POS_FLOAT, default=1.0,
-                   help="with --realtime: virtual seconds per wall second, > 0")
-    p.add_argument("--exporter", choices=("embedded", "otlp", "prometheus"), default="embedded",
-                   help="where metric points go (default: the embedded store)")
-    p.add_argument("--prometheus-port", type=_PORT, default=9464, help="scrape port with --exporter prometheus")
-    p.add_argument("--redis-url", type=_redis_url, help="response cache, hot keys and A/B units in Redis "
-                   "(redis://HOST:PORT/DB)")
+    p.add_argument(
+        "--speed",
+        type=_POS_FLOAT,
+        default=1.0,
+        help="with --realtime: virtual seconds per wall second, > 0",
+    )
+    p.add_argument(
+        "--exporter",
+        choices=("embedded", "otlp", "prometheus"),
+        default="embedded",
+        help="where metric points go (default: the embedded store)",
+    )
+    p.add_argument(
+        "--prometheus-port", type=_PORT, default=9464, help="scrape port with --exporter prometheus"
+    )
+    p.add_argument(
+        "--redis-url",
+        type=_redis_url,
+        help="response cache, hot keys and A/B units in Redis (redis://HOST:PORT/DB)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _report_ab_arguments(p: argparse.ArgumentParser) -> None:
     from warmscope.model.ab_metrics import DEFAULT_PRIMARY, metric_names
 
-    p.add_argument("--experiment", default="warmup-strategy",
-                   help="experiment name (default warmup-strategy); an unknown name lists the known ones")
+    p.add_argument(
+        "--experiment",
+        default="warmup-strategy",
+        help="experiment name (default warmup-strategy); an unknown name lists the known ones",
+    )
     p.add_argument("--control", default="A", help="control variant (default A)")
-    p.add_argument("--treatment", action="append", metavar="ARM",
-                   help="treatment variant, compared with the control; repeat it or separate arms by commas for "
-                   "an A/B/n report (default: every variant besides the control)")
-    p.add_argument("--primary", default=DEFAULT_PRIMARY,
-                   help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
-                   "else tested as is); one of: " + "; ".join(metric_names(["LAYER"]))
-                   + f" (default {DEFAULT_PRIMARY})")
-    p.add_argument("--out", default="ab-report.html", help="HTML report path (default ab-report.html)")
+    p.add_argument(
+        "--treatment",
+        action="append",
+        metavar="ARM",
+        help="treatment variant, compared with the control; repeat it or separate arms by commas for "
+        "an A/B/n report (default: every variant besides the control)",
+    )
+    p.add_argument(
+        "--primary",
+        default=DEFAULT_PRIMARY,
+        help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
+        "else tested as is); one of: "
+        + "; ".join(metric_names(["LAYER"]))
+        + f" (default {DEFAULT_PRIMARY})",
+    )
+    p.add_argument(
+        "--out", default="ab-report.html", help="HTML report path (default ab-report.html)"
+    )
     p.add_argument("--markdown", help="Markdown path (default: next to --out)")
 
 
 # Every `warmscope` command, in the order `warmscope --help` lists them (app/cli/base.py: Command).
 COMMANDS: tuple[Command, ...] = (
-    Simple("demo", run=cmd_demo, arguments=_demo_arguments,
-           help="simulate a day into the embedded store if empty, open the dashboard"),
+    Simple(
+        "demo",
+        run=cmd_demo,
+        arguments=_demo_arguments,
+        help="simulate a day into the embedded store if empty, open the dashboard",
+    ),
     Simple("dashboard", run=cmd_dashboard, arguments=_serve_arguments, help="open the dashboard"),
-    Simple("simulate", run=cmd_simulate, arguments=_simulate_arguments,
-           help="run the emulated GPU inference stack into a store",
-           description="Simulate replicas serving tenants through weights, LoRA, embedding, "
-                       "prefix-KV and response caches; pools A and B (and C with --strategy-c) "
-                       "run different warm-up strategies."),
+    Simple(
+        "simulate",
+        run=cmd_simulate,
+        arguments=_simulate_arguments,
+        help="run the emulated GPU inference stack into a store",
+        description="Simulate replicas serving tenants through weights, LoRA, embedding, "
+        "prefix-KV and response caches; pools A and B (and C with --strategy-c) "
+        "run different warm-up strategies.",
+    ),
     rules.COMMAND,
-    Simple("upgrade-store", run=cmd_upgrade_store,
-           help="upgrade a store written by an older warmscope, keeping its data"),
+    Simple(
+        "upgrade-store",
+        run=cmd_upgrade_store,
+        help="upgrade a store written by an older warmscope, keeping its data",
+    ),
     rca.COMMAND,
     advise.COMMAND,
-    Group("report", "write reports", (
-        Simple("ab", run=cmd_report_ab, arguments=_report_ab_arguments,
-               help="the A/B report (HTML and Markdown) for an experiment"),
-    )),
+    Group(
+        "report",
+        "write reports",
+        (
+            Simple(
+                "ab",
+                run=cmd_report_ab,
+                arguments=_report_ab_arguments,
+                help="the A/B report (HTML and Markdown) for an experiment",
+            ),
+        ),
+    ),
     misses.COMMAND,
     runs.COMMAND,
     gateway.COMMAND,
@@ -540,8 +710,9 @@ def main(argv: list[str] | None = None) -> int:
     from warmscope.collectors.config import ConfigError
 
     ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
-    ap.add_argument("--store",
-                    help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)")
+    ap.add_argument(
+        "--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)"
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -569,7 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as e:
-        print(f"warmscope {args.cmd}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        print(
+            f"warmscope {args.cmd}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         if old is not None:

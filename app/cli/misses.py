@@ -41,6 +41,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+
 def _since(text: str, newest: float) -> float:
     m = _DURATION.match(text.strip())
     if m:
@@ -186,7 +187,7 @@ COMMAND = Simple(
     run=_run,
     arguments=_arguments,
     help="why prefix-KV prompt tokens missed, per class (elsewhere, evicted, "
-        "isolated, drifted, cold, partial)",
-        description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
-        "store: per class, or per tenant, engine or key family with --by.",
+    "isolated, drifted, cold, partial)",
+    description="Missed prompt tokens (prompt - cached) by why they missed, from the embedded "
+    "store: per class, or per tenant, engine or key family with --by.",
 )

@@ -35,37 +35,55 @@ class InputError(Exception):
     """Bad input: the message names the problem and what to do."""
 
 
-DESCRIPTION = ("One CSV row per combination of dimension values (a leaf), with observed and expected values; "
-               "or, with --window, the hit rate of a store's lookups. Prints the root-cause set as JSON, most "
-               "important first; [] when nothing moved beyond noise (the reason on stderr).")
-EPILOG = ("examples:\n"
-          "  warmscope rca leaves.csv --dims tenant layer --v-num hits --v-den lookups --f-num hits_exp "
-          "--f-den lookups_exp\n"
-          "  warmscope rca leaves.csv --dims a b c --v real --f predict\n"
-          "  warmscope rca --store var/warmscope.sqlite --window 2026-11-30T10:00..2026-11-30T11:00 "
-          "--export leaves.csv\n\n"
-          "times: ISO 8601 (UTC unless an offset is given) or Unix seconds")
+DESCRIPTION = (
+    "One CSV row per combination of dimension values (a leaf), with observed and expected values; "
+    "or, with --window, the hit rate of a store's lookups. Prints the root-cause set as JSON, most "
+    "important first; [] when nothing moved beyond noise (the reason on stderr)."
+)
+EPILOG = (
+    "examples:\n"
+    "  warmscope rca leaves.csv --dims tenant layer --v-num hits --v-den lookups --f-num hits_exp "
+    "--f-den lookups_exp\n"
+    "  warmscope rca leaves.csv --dims a b c --v real --f predict\n"
+    "  warmscope rca --store var/warmscope.sqlite --window 2026-11-30T10:00..2026-11-30T11:00 "
+    "--export leaves.csv\n\n"
+    "times: ISO 8601 (UTC unless an offset is given) or Unix seconds"
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("csv", nargs="?", help="leaf table (CSV, optionally .gz); omit with --window")
-    p.add_argument("--dims", nargs="+", help="dimension columns (CSV: required; store: default tenant layer "
-                   "family model replica variant length_bucket)")
+    p.add_argument(
+        "--dims",
+        nargs="+",
+        help="dimension columns (CSV: required; store: default tenant layer "
+        "family model replica variant length_bucket)",
+    )
     p.add_argument("--v", help="observed column of an additive measure")
     p.add_argument("--f", help="expected column of an additive measure")
     p.add_argument("--v-num", help="observed numerator of a ratio measure")
     p.add_argument("--v-den", help="observed denominator of a ratio measure")
     p.add_argument("--f-num", help="expected numerator of a ratio measure")
     p.add_argument("--f-den", help="expected denominator of a ratio measure")
-    p.add_argument("--store", dest="rca_store", metavar="PATH",
-                   help="embedded store to read the lookups from (default: $WARMSCOPE_STORE or "
-                   "var/warmscope.sqlite)")
+    p.add_argument(
+        "--store",
+        dest="rca_store",
+        metavar="PATH",
+        help="embedded store to read the lookups from (default: $WARMSCOPE_STORE or "
+        "var/warmscope.sqlite)",
+    )
     p.add_argument("--window", metavar="START..END", help="anomaly window of the store's data")
-    p.add_argument("--baseline", metavar="START..END",
-                   help="baseline window (default: the same length just before --window)")
+    p.add_argument(
+        "--baseline",
+        metavar="START..END",
+        help="baseline window (default: the same length just before --window)",
+    )
     p.add_argument("--export", metavar="CSV", help="with --window: also write the leaf table here")
-    p.add_argument("--max-depth", type=int, help="most dimensions per element (default: all, bounded beyond "
-                   "10 dimensions)")
+    p.add_argument(
+        "--max-depth",
+        type=int,
+        help="most dimensions per element (default: all, bounded beyond 10 dimensions)",
+    )
     p.add_argument("--max-causes", type=int, default=10, help="most elements reported (default 10)")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
 
@@ -105,11 +123,15 @@ def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict:
     widths = set(map(len, body))
     for i, r in enumerate(body if widths != {len(header)} else ()):
         if len(r) != len(header):
-            raise InputError(f"{path}, row {i + 2}: {len(r)} fields, the header has {len(header)}; "
-                             "every row needs one value per column")
+            raise InputError(
+                f"{path}, row {i + 2}: {len(r)} fields, the header has {len(header)}; "
+                "every row needs one value per column"
+            )
     missing = [c for c in dims + measures if c not in header]
     if missing:
-        raise InputError(f"{path}: no column(s) {', '.join(missing)}; the header has {', '.join(header)}")
+        raise InputError(
+            f"{path}: no column(s) {', '.join(missing)}; the header has {', '.join(header)}"
+        )
     cols = list(zip(*body, strict=False))
     out = {}
     for c in dims:
@@ -140,7 +162,11 @@ def _measures(args) -> tuple[list[str], dict] | None:
     if None in (args.v_num, args.v_den, args.f_num, args.f_den):
         return None
     return [args.v_num, args.v_den, args.f_num, args.f_den], {
-        "v_num": args.v_num, "v_den": args.v_den, "f_num": args.f_num, "f_den": args.f_den}
+        "v_num": args.v_num,
+        "v_den": args.v_den,
+        "f_num": args.f_num,
+        "f_den": args.f_den,
+    }
 
 
 def _print(loc, args) -> int:
@@ -148,7 +174,9 @@ def _print(loc, args) -> int:
         print(f"{PROG}: {note}", file=sys.stderr)
     out = [c.as_json() for c in loc.causes]
     try:
-        print(json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False))
+        print(
+            json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False)
+        )
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. piped into head: the reader has what it wanted
         sys.stdout = None
@@ -162,14 +190,18 @@ def run_csv(args) -> int:
         return _fail("give the dimension columns with --dims")
     m = _measures(args)
     if m is None:
-        return _fail("give either --v and --f (additive measure) or all of --v-num --v-den --f-num --f-den "
-                     "(ratio measure)")
+        return _fail(
+            "give either --v and --f (additive measure) or all of --v-num --v-den --f-num --f-den "
+            "(ratio measure)"
+        )
     cols, kw = m
     if len(set(args.dims)) != len(args.dims):
         return _fail("a dimension is named twice in --dims")
     if set(args.dims) & set(cols):
-        return _fail(f"column(s) {', '.join(sorted(set(args.dims) & set(cols)))} given both as a dimension and "
-                     "as a measure")
+        return _fail(
+            f"column(s) {', '.join(sorted(set(args.dims) & set(cols)))} given both as a dimension and "
+            "as a measure"
+        )
     try:
         table = read_leaf_csv(args.csv, list(args.dims), cols)
         validate_leaves(table, args.dims, cols, ratio="v_num" in kw, row_offset=2)
@@ -181,7 +213,9 @@ def run_csv(args) -> int:
         return _fail("--max-depth must be at least 1")
     if args.max_causes < 1:
         return _fail("--max-causes must be at least 1")
-    loc = localize(table, args.dims, max_depth=args.max_depth, max_causes=args.max_causes, validate=False, **kw)
+    loc = localize(
+        table, args.dims, max_depth=args.max_depth, max_causes=args.max_causes, validate=False, **kw
+    )
     if loc.error:
         return _fail(loc.error)
     return _print(loc, args)
@@ -192,7 +226,9 @@ def parse_window(text: str, what: str) -> tuple[float, float]:
     from datetime import datetime
 
     if not text or ".." not in text:
-        raise InputError(f"{what} {text!r}: write START..END, e.g. 2026-11-30T10:00..2026-11-30T11:00")
+        raise InputError(
+            f"{what} {text!r}: write START..END, e.g. 2026-11-30T10:00..2026-11-30T11:00"
+        )
     parts = text.split("..")
     if len(parts) != 2:
         raise InputError(f"{what} {text!r}: write START..END with one '..'")
@@ -206,8 +242,9 @@ def parse_window(text: str, what: str) -> tuple[float, float]:
         try:
             d = datetime.fromisoformat(s)
         except ValueError:
-            raise InputError(f"{what}: {s!r} is neither an ISO 8601 time (2026-11-30T10:00) nor Unix "
-                             "seconds") from None
+            raise InputError(
+                f"{what}: {s!r} is neither an ISO 8601 time (2026-11-30T10:00) nor Unix seconds"
+            ) from None
         if d.tzinfo is None:
             d = d.replace(tzinfo=UTC)
         return d.timestamp()
@@ -224,8 +261,12 @@ def run_store(args) -> int:
 
     if args.csv:
         return _fail("give either a CSV leaf table or --window (the store's lookups), not both")
-    if _measures(args) is not None or any((args.v, args.f, args.v_num, args.v_den, args.f_num, args.f_den)):
-        return _fail("--window localises the store's hit rate; --v/--f/--v-num... are for a CSV leaf table")
+    if _measures(args) is not None or any(
+        (args.v, args.f, args.v_num, args.v_den, args.f_num, args.f_den)
+    ):
+        return _fail(
+            "--window localises the store's hit rate; --v/--f/--v-num... are for a CSV leaf table"
+        )
     try:
         window = parse_window(args.window, "--window")
         baseline = parse_window(args.baseline, "--baseline") if args.baseline else None
@@ -237,7 +278,9 @@ def run_store(args) -> int:
 
         path = str(CollectorConfig.load().resolved_store_path())
     if not Path(path).exists():
-        return _fail(f"no store at {path}; give --store PATH (fill one with `warmscope demo` or your services)")
+        return _fail(
+            f"no store at {path}; give --store PATH (fill one with `warmscope demo` or your services)"
+        )
     try:
         source = EmbeddedSource(path)
     except SourceError as e:
@@ -254,8 +297,11 @@ def run_store(args) -> int:
             dd.leaves.to_csv(args.export, index=False)
         except OSError as e:
             return _fail(f"cannot write {args.export}: {e}")
-        print(f"{PROG}: wrote {len(dd.leaves)} leaves to {args.export} (ratio measure: --v-num hits --v-den lookups "
-              "--f-num hits_exp --f-den lookups_exp)", file=sys.stderr)
+        print(
+            f"{PROG}: wrote {len(dd.leaves)} leaves to {args.export} (ratio measure: --v-num hits --v-den lookups "
+            "--f-num hits_exp --f-den lookups_exp)",
+            file=sys.stderr,
+        )
     return _print(dd.localization, args)
 
 
@@ -273,17 +319,25 @@ def cmd_rca(args: argparse.Namespace) -> int:
     return run_csv(args)
 
 
-COMMAND = Simple("rca", run=cmd_rca, arguments=configure,
-                 help="root causes of a change: from a CSV leaf table or a store window "
-                      "(prints JSON)",
-                 description=DESCRIPTION, epilog=EPILOG,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+COMMAND = Simple(
+    "rca",
+    run=cmd_rca,
+    arguments=configure,
+    help="root causes of a change: from a CSV leaf table or a store window (prints JSON)",
+    description=DESCRIPTION,
+    epilog=EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
 
 
 def main(argv: list[str]) -> int:
     """Entry for `warmscope rca ...` without loading the rest of the CLI."""
-    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     configure(ap)
     args = ap.parse_args(argv)
     args.store_global = None

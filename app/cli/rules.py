@@ -20,7 +20,9 @@ from warmscope.app.cli.base import Simple
 __all__ = ["DEFAULT_RUNBOOK_BASE", "RULES_DIR", "render", "COMMAND"]
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"  # app/cli/rules.py -> the checkout
-_URL = re.compile(r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")")
+_URL = re.compile(
+    r'(runbook_url:\s*")(?:' + re.escape(DEFAULT_RUNBOOK_BASE) + r"|docs/runbooks\.md)(#[^\"]+\")"
+)
 
 
 def render(text: str, base: str) -> str:
@@ -31,13 +33,18 @@ def render(text: str, base: str) -> str:
 def cmd_rules(args: argparse.Namespace) -> int:
     base = args.runbook_base
     if not re.match(r"^https?://[^\s\"]+$", base):
-        print(f"warmscope rules: --runbook-base must be an absolute http(s) URL without spaces or quotes, got "
-              f"{base!r}", file=sys.stderr)
+        print(
+            f"warmscope rules: --runbook-base must be an absolute http(s) URL without spaces or quotes, got "
+            f"{base!r}",
+            file=sys.stderr,
+        )
         return 2
     files = sorted(RULES_DIR.glob("*.yml")) if RULES_DIR.is_dir() else []
     if not files:
-        print(f"warmscope rules: no rule files found in {RULES_DIR}; run from a warmscope checkout",
-              file=sys.stderr)
+        print(
+            f"warmscope rules: no rule files found in {RULES_DIR}; run from a warmscope checkout",
+            file=sys.stderr,
+        )
         return 1
     out = Path(args.out)
     try:
@@ -47,16 +54,27 @@ def cmd_rules(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"warmscope rules: cannot write to {out}: {e.strerror}", file=sys.stderr)
         return 1
-    print(f"wrote {len(files)} rule files to {out} with runbook links on {base.rstrip('/#')}", file=sys.stderr)
+    print(
+        f"wrote {len(files)} rule files to {out} with runbook links on {base.rstrip('/#')}",
+        file=sys.stderr,
+    )
     return 0
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runbook-base", required=True, help="absolute URL of your copy of docs/runbooks.md")
-    p.add_argument("--out", required=True, help="folder to write the rule files to (created if missing)")
+    p.add_argument(
+        "--runbook-base", required=True, help="absolute URL of your copy of docs/runbooks.md"
+    )
+    p.add_argument(
+        "--out", required=True, help="folder to write the rule files to (created if missing)"
+    )
 
 
-COMMAND = Simple("rules", run=cmd_rules, arguments=_arguments,
-                 help="write the Prometheus rule files with runbook links on your own base URL",
-                 description="Copy rules/*.yml to a folder, pointing every alert's runbook_url at "
-                             "BASE#anchor (BASE: where your copy of docs/runbooks.md is served).")
+COMMAND = Simple(
+    "rules",
+    run=cmd_rules,
+    arguments=_arguments,
+    help="write the Prometheus rule files with runbook links on your own base URL",
+    description="Copy rules/*.yml to a folder, pointing every alert's runbook_url at "
+    "BASE#anchor (BASE: where your copy of docs/runbooks.md is served).",
+)

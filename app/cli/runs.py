@@ -25,6 +25,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
 
+
 def _finite(v: Any) -> bool:
     try:
         return math.isfinite(float(v))
@@ -228,8 +229,8 @@ COMMAND = Simple(
     run=_run,
     arguments=_arguments,
     help="warm-up runs with precision, recall, ROI per window and a verdict",
-        description="Warm-up runs of a store, newest first: precision and recall of the warmed "
-        "keys, compute and business ROI per window with 95 % intervals, and a verdict from the "
-        "T+1 h window (worth it: an ROI's interval above zero; not worth it: every ROI's interval "
-        "below zero; else within noise).",
+    description="Warm-up runs of a store, newest first: precision and recall of the warmed "
+    "keys, compute and business ROI per window with 95 % intervals, and a verdict from the "
+    "T+1 h window (worth it: an ROI's interval above zero; not worth it: every ROI's interval "
+    "below zero; else within noise).",
 )

@@ -19,6 +19,11 @@ def progress(label: str) -> Callable[[int, int], None]:
         width = 30
         filled = width * pct // 100
         end = "\n" if done >= total else ""
-        print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {pct:3d}%", end=end, file=sys.stderr,
-              flush=True)
+        print(
+            f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {pct:3d}%",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
     return show

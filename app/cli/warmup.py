@@ -13,25 +13,56 @@ from warmscope.app.cli.terminal import progress
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--from", dest="source", required=True, metavar="FILE|hot",
-                   help="JSON-lines warm set: one {\"messages\": [...]} or {\"prompt\": \"...\"} per line, optional "
-                   "\"tenant\"; or 'hot': the most requested prefixes in the store's hot keys (needs --library)")
-    p.add_argument("--library", metavar="PATH",
-                   help="with --from hot: the prompt library file the serving process writes "
-                   "(LLMRecorder(prompt_library=...) or 'warmscope gateway --prompt-library PATH')")
-    p.add_argument("--since", type=float, default=24.0, metavar="HOURS",
-                   help="with --from hot: hot keys recorded in the last this many hours (default 24)")
-    p.add_argument("--top-k", type=int, default=50, help="warm at most this many prefixes (default 50)")
+    p.add_argument(
+        "--engine",
+        required=True,
+        metavar="URL",
+        help="the engine's base URL, e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="FILE|hot",
+        help='JSON-lines warm set: one {"messages": [...]} or {"prompt": "..."} per line, optional '
+        "\"tenant\"; or 'hot': the most requested prefixes in the store's hot keys (needs --library)",
+    )
+    p.add_argument(
+        "--library",
+        metavar="PATH",
+        help="with --from hot: the prompt library file the serving process writes "
+        "(LLMRecorder(prompt_library=...) or 'warmscope gateway --prompt-library PATH')",
+    )
+    p.add_argument(
+        "--since",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="with --from hot: hot keys recorded in the last this many hours (default 24)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=50, help="warm at most this many prefixes (default 50)"
+    )
     p.add_argument("--tenant", help="only this tenant's prompts; the run is labelled with it")
     p.add_argument("--model", help="model name (default: the engine's first model)")
-    p.add_argument("--rate", type=float, default=20.0, help="requests per second (default 20; 0 = no limit)")
+    p.add_argument(
+        "--rate", type=float, default=20.0, help="requests per second (default 20; 0 = no limit)"
+    )
     p.add_argument("--trigger", default="manual", help="trigger label of the run (default manual)")
-    p.add_argument("--strategy", default="engine_prefix", help="strategy label of the run (default engine_prefix)")
-    p.add_argument("--replica", help="replica label of the run: give the serving process's replica "
-                   "(its WARMSCOPE_REPLICA) and that process matches the requests that follow to this run for "
-                   "warm-set precision and recall (default: this process's replica label)")
-    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
+    p.add_argument(
+        "--strategy",
+        default="engine_prefix",
+        help="strategy label of the run (default engine_prefix)",
+    )
+    p.add_argument(
+        "--replica",
+        help="replica label of the run: give the serving process's replica "
+        "(its WARMSCOPE_REPLICA) and that process matches the requests that follow to this run for "
+        "warm-set precision and recall (default: this process's replica label)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -43,17 +74,26 @@ def _warm_set(args: argparse.Namespace, runner) -> list[dict]:
 
     cfg = CollectorConfig.load(**({"store_path": args.store} if args.store else {}))
     store = cfg.resolved_store_path()
-    return runner.hot_from_store(args.library, store, cfg.resolved_secret(), top_k=args.top_k,
-                                 tenant=args.tenant, since_s=args.since * 3600)
+    return runner.hot_from_store(
+        args.library,
+        store,
+        cfg.resolved_secret(),
+        top_k=args.top_k,
+        tenant=args.tenant,
+        since_s=args.since * 3600,
+    )
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     if bad_url("warmup", "--engine", args.engine):
         return 2
     if args.source == "hot" and not args.library:
-        print("warmscope warmup: --from hot needs --library PATH, the prompt library the serving process keeps "
-              "on its host (LLMRecorder(prompt_library=PATH) or 'warmscope gateway --prompt-library PATH'): the "
-              "store holds only hashed prefix keys, never prompt text", file=sys.stderr)
+        print(
+            "warmscope warmup: --from hot needs --library PATH, the prompt library the serving process keeps "
+            "on its host (LLMRecorder(prompt_library=PATH) or 'warmscope gateway --prompt-library PATH'): the "
+            "store holds only hashed prefix keys, never prompt text",
+            file=sys.stderr,
+        )
         return 2
     for flag, v in (("--top-k", args.top_k), ("--since", args.since)):
         if not v > 0:
@@ -72,15 +112,27 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     cancel = threading.Event()
     old = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
-        res = runner.run_warmup(args.engine, prompts, telemetry=tel, top_k=args.top_k, tenant=args.tenant,
-                                model=args.model, rate=args.rate, strategy=args.strategy, trigger=args.trigger,
-                                timeout_s=args.timeout, cancel=cancel,
-                                progress=None if args.quiet else progress("warming"))
+        res = runner.run_warmup(
+            args.engine,
+            prompts,
+            telemetry=tel,
+            top_k=args.top_k,
+            tenant=args.tenant,
+            model=args.model,
+            rate=args.rate,
+            strategy=args.strategy,
+            trigger=args.trigger,
+            timeout_s=args.timeout,
+            cancel=cancel,
+            progress=None if args.quiet else progress("warming"),
+        )
     finally:
         signal.signal(signal.SIGINT, old)
         tel.close()
-    line = (f"warm-up run {res.run_id}: {res.status}, {res.keys} prefixes, {res.prompt_tokens} prompt tokens "
-            f"({res.cached_tokens} already cached), {res.duration_s:.1f} s")
+    line = (
+        f"warm-up run {res.run_id}: {res.status}, {res.keys} prefixes, {res.prompt_tokens} prompt tokens "
+        f"({res.cached_tokens} already cached), {res.duration_s:.1f} s"
+    )
     if res.status != "ok":
         print(f"warmscope warmup: {line} — {res.error}", file=sys.stderr)
         return 130 if res.status == "cancelled" else 1
@@ -88,13 +140,16 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Simple("warmup", run=cmd_warmup, arguments=_arguments,
-                 help="send a warm set to an OpenAI-compatible engine (max_tokens=1) and record "
-                      "the warm-up run",
-                 description="Warm an engine's prefix cache: each prompt of the warm set is sent "
-                             "with max_tokens=1, rate-limited; Ctrl-C cancels. The run (prefix "
-                             "keys, tokens, duration, status) is recorded where the collectors' "
-                             "configuration says. The warm set is a JSON-lines file (--from FILE) "
-                             "or the hot prefixes recorded in the store (--from hot), turned back "
-                             "into prompts by the prompt library the serving process keeps on its "
-                             "host (--library; the store itself holds no prompt text).")
+COMMAND = Simple(
+    "warmup",
+    run=cmd_warmup,
+    arguments=_arguments,
+    help="send a warm set to an OpenAI-compatible engine (max_tokens=1) and record the warm-up run",
+    description="Warm an engine's prefix cache: each prompt of the warm set is sent "
+    "with max_tokens=1, rate-limited; Ctrl-C cancels. The run (prefix "
+    "keys, tokens, duration, status) is recorded where the collectors' "
+    "configuration says. The warm set is a JSON-lines file (--from FILE) "
+    "or the hot prefixes recorded in the store (--from hot), turned back "
+    "into prompts by the prompt library the serving process keeps on its "
+    "host (--library; the store itself holds no prompt text).",
+)

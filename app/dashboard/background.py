@@ -32,14 +32,18 @@ def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
         with _one_at_a_time:
             ctx = multiprocessing.get_context("spawn")
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(send, fn, args), daemon=True, name="warmscope-background")
+            proc = ctx.Process(
+                target=_child, args=(send, fn, args), daemon=True, name="warmscope-background"
+            )
             try:
                 proc.start()
                 send.close()
                 ok, value = recv.recv()
             except EOFError:
                 proc.join()
-                fut.set_exception(RuntimeError(f"the background process ended early (exit code {proc.exitcode})"))
+                fut.set_exception(
+                    RuntimeError(f"the background process ended early (exit code {proc.exitcode})")
+                )
                 return
             except Exception as e:
                 fut.set_exception(e)
@@ -79,8 +83,9 @@ def overview_frame_names() -> tuple[str, ...]:
     return ALERT_FRAMES + tuple(dict.fromkeys(dims))
 
 
-def overview_frames(read: Reader, start: float, end: float,
-                    step: float | None) -> dict[str, pd.DataFrame]:
+def overview_frames(
+    read: Reader, start: float, end: float, step: float | None
+) -> dict[str, pd.DataFrame]:
     """The frames the alert conditions and the score card read over [start, end), through
     ``read(name, start, end, step)``: the app's cached ``data.frame`` in the server, the sources
     in the child."""
@@ -101,8 +106,9 @@ def source_reader(src: Any) -> Reader:
     return read
 
 
-def alert_history(cfg: tuple, start: float, end: float, step: float | None, every: float,
-                  lookback: float) -> pd.DataFrame:
+def alert_history(
+    cfg: tuple, start: float, end: float, step: float | None, every: float, lookback: float
+) -> pd.DataFrame:
     """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback`` (at resolution
     ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store path, whether it exists, the
     remote sources' URLs)."""

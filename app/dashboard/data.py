@@ -25,9 +25,24 @@ import streamlit as st
 from warmscope.collectors.config import CollectorConfig
 from warmscope.sources import CompositeSource, SourceError, empty_frame, from_env
 
-__all__ = ["SourceError", "source", "config", "store_path", "source_label", "frame", "frames", "ab_report",
-           "time_bounds", "last_run_start", "annotations", "experiment_list", "experiments", "external_alerts", "TTL",
-           "STORE_TTL"]
+__all__ = [
+    "SourceError",
+    "source",
+    "config",
+    "store_path",
+    "source_label",
+    "frame",
+    "frames",
+    "ab_report",
+    "time_bounds",
+    "last_run_start",
+    "annotations",
+    "experiment_list",
+    "experiments",
+    "external_alerts",
+    "TTL",
+    "STORE_TTL",
+]
 
 TTL = 30
 STORE_TTL = 3600
@@ -84,7 +99,13 @@ def _config() -> tuple:
     """What the composite depends on (part of every cache key): the store, whether it exists, and every
     ``WARMSCOPE_*_URL`` variable (the remote sources)."""
     path = store_path()
-    urls = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("WARMSCOPE_") and k.endswith("_URL")))
+    urls = tuple(
+        sorted(
+            (k, v)
+            for k, v in os.environ.items()
+            if k.startswith("WARMSCOPE_") and k.endswith("_URL")
+        )
+    )
     return path, os.path.exists(path), urls
 
 
@@ -128,7 +149,9 @@ def _ask(what: str, method: str, *args: Any, cfg: tuple | None = None) -> Any:
     return _stored(cfg, method, args, version)
 
 
-def frame(name: str, start: float | None = None, end: float | None = None, step: float | None = None) -> pd.DataFrame:
+def frame(
+    name: str, start: float | None = None, end: float | None = None, step: float | None = None
+) -> pd.DataFrame:
     """``step=3600``: hourly rollups where the embedded store keeps them (long ranges). A frame no
     configured source holds comes back empty, with its canonical columns."""
     cfg = _config()
@@ -137,13 +160,16 @@ def frame(name: str, start: float | None = None, end: float | None = None, step:
     return _ask(name, "frame", name, start, end, step, cfg=cfg)
 
 
-def frames(names, start: float | None = None, end: float | None = None,
-           step: float | None = None) -> dict[str, pd.DataFrame]:
+def frames(
+    names, start: float | None = None, end: float | None = None, step: float | None = None
+) -> dict[str, pd.DataFrame]:
     return {n: frame(n, start, end, step) for n in names}
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _ab_report(cfg: tuple, experiment: str, control: str, treatment: str, primary: str, version: float | None):
+def _ab_report(
+    cfg: tuple, experiment: str, control: str, treatment: str, primary: str, version: float | None
+):
     from warmscope.analysis.ab_report import report_for
 
     return report_for(_source(cfg), experiment, control, treatment, primary=primary)
@@ -154,7 +180,9 @@ def ab_report(experiment: str, control: str, treatment: str, primary: str):
     store or Redis keeps (independent of the number of units), else from unit rows."""
     cfg = _config()
     owner = _source(cfg).owner("ab")
-    return _ab_report(cfg, experiment, control, treatment, primary, None if owner is None else owner.version())
+    return _ab_report(
+        cfg, experiment, control, treatment, primary, None if owner is None else owner.version()
+    )
 
 
 def time_bounds() -> tuple[float, float] | None:
@@ -162,7 +190,9 @@ def time_bounds() -> tuple[float, float] | None:
     Prometheus: the last week up to now (its retention decides what is there)."""
     cfg = _config()
     owner = _source(cfg).owner("time_bounds")
-    if owner.version() is None:  # a remote source: its bounds move with the clock, read them every time
+    if (
+        owner.version() is None
+    ):  # a remote source: its bounds move with the clock, read them every time
         return owner.time_bounds()
     return _ask("time_bounds", "time_bounds", cfg=cfg)
 
@@ -199,7 +229,11 @@ def external_alerts(origin: str) -> pd.DataFrame:
     pending and firing alerts) — as :data:`~warmscope.sources.ALERT_COLUMNS` rows; empty when that
     system is not configured. Raises :class:`SourceError` when it cannot be read."""
     cfg = _config()
-    return pd.DataFrame() if _source(cfg).origin(origin) is None else _live(cfg, "alerts_of", (origin,))
+    return (
+        pd.DataFrame()
+        if _source(cfg).origin(origin) is None
+        else _live(cfg, "alerts_of", (origin,))
+    )
 
 
 def version() -> tuple:

@@ -7,12 +7,18 @@ from warmscope.app.dashboard import data, ui
 from warmscope.app.dashboard.pages import PAGES
 
 # Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.
-st.set_page_config(page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide")
+st.set_page_config(
+    page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide"
+)
 ui.apply_deferred()
-nav = st.navigation([  # every page of pages.PAGES, in its order
-    st.Page(str(p.file), title=p.title, icon=p.icon, default=p.default, url_path=p.url_path or None)
-    for p in PAGES
-])
+nav = st.navigation(
+    [  # every page of pages.PAGES, in its order
+        st.Page(
+            str(p.file), title=p.title, icon=p.icon, default=p.default, url_path=p.url_path or None
+        )
+        for p in PAGES
+    ]
+)
 
 
 @st.fragment(run_every=5)
@@ -40,7 +46,9 @@ if live:
     with st.sidebar:
         _watch()
 try:
-    with ui.foreground():  # the background warm-up of the caches waits while a page runs: it would slow it
+    with (
+        ui.foreground()
+    ):  # the background warm-up of the caches waits while a page runs: it would slow it
         nav.run()
 finally:  # after the page, so that it does not delay the page's first paint
     ui.prewarm()

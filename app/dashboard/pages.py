@@ -54,23 +54,65 @@ class Page:
 
 
 PAGES: tuple[Page, ...] = (
-    Page("overview", "Overview", ":material/dashboard:", "Cache warm-up overview",
-         engine_only="Time to first token", prewarm=True, default=True),
-    Page("hitrate", "Hit rate explorer", ":material/target:", "Hit rate explorer",
-         engine_only="share of prompt tokens", prewarm=True),
-    Page("latency", "Latency", ":material/speed:", "Latency percentiles",
-         engine_only="come from the warmscope", prewarm=True),
-    Page("warmup", "Warm-up runs", ":material/whatshot:", "Warm-up runs",
-         engine_only="come from the warmscope", prewarm=True),
+    Page(
+        "overview",
+        "Overview",
+        ":material/dashboard:",
+        "Cache warm-up overview",
+        engine_only="Time to first token",
+        prewarm=True,
+        default=True,
+    ),
+    Page(
+        "hitrate",
+        "Hit rate explorer",
+        ":material/target:",
+        "Hit rate explorer",
+        engine_only="share of prompt tokens",
+        prewarm=True,
+    ),
+    Page(
+        "latency",
+        "Latency",
+        ":material/speed:",
+        "Latency percentiles",
+        engine_only="come from the warmscope",
+        prewarm=True,
+    ),
+    Page(
+        "warmup",
+        "Warm-up runs",
+        ":material/whatshot:",
+        "Warm-up runs",
+        engine_only="come from the warmscope",
+        prewarm=True,
+    ),
     Page("advisor", "Advisor", ":material/explore:", "Advisor"),
-    Page("hotkeys", "Hot keys", ":material/key:", "Hot keys",
-         engine_only="come from the warmscope", prewarm=True),
+    Page(
+        "hotkeys",
+        "Hot keys",
+        ":material/key:",
+        "Hot keys",
+        engine_only="come from the warmscope",
+        prewarm=True,
+    ),
     Page("misses", "Why misses", ":material/help_center:", "Why misses"),
-    Page("rootcause", "Root cause", ":material/troubleshoot:", "Root cause",
-         engine_only="Cold-start trap checks", prewarm=True),
+    Page(
+        "rootcause",
+        "Root cause",
+        ":material/troubleshoot:",
+        "Root cause",
+        engine_only="Cold-start trap checks",
+        prewarm=True,
+    ),
     Page("ab", "A/B", ":material/science:", "A/B report", engine_only="per-unit records"),
-    Page("alerts", "Alerts", ":material/notifications_active:", "Alerts",
-         engine_only="Engine metrics only"),
+    Page(
+        "alerts",
+        "Alerts",
+        ":material/notifications_active:",
+        "Alerts",
+        engine_only="Engine metrics only",
+    ),
 )
 
 
@@ -79,6 +121,7 @@ def check_pages(pages: tuple[Page, ...]) -> None:
     Material icon, a name used twice, or not exactly one default page."""
     unique("dashboard page", [p.name for p in pages])
     for p in pages:
+
         def need(ok: object, problem: str, p: Page = p) -> None:
             require(ok, "dashboard page", p.name, problem)
 
@@ -86,13 +129,21 @@ def check_pages(pages: tuple[Page, ...]) -> None:
         need(p.file.is_file(), f"no view module {p.file}")
         need(p.title, "needs a title (the sidebar's link text)")
         need(p.heading, "needs the heading its view draws with st.title")
-        need(p.icon.startswith(":material/") and p.icon.endswith(":") and len(p.icon) > 11,
-             f"the icon must be a Material icon ':material/NAME:', got {p.icon!r}")
-        need(p.engine_only is None or p.engine_only.strip(),
-             "engine_only is the text the page shows last in engine-only mode, or None")
+        need(
+            p.icon.startswith(":material/") and p.icon.endswith(":") and len(p.icon) > 11,
+            f"the icon must be a Material icon ':material/NAME:', got {p.icon!r}",
+        )
+        need(
+            p.engine_only is None or p.engine_only.strip(),
+            "engine_only is the text the page shows last in engine-only mode, or None",
+        )
     defaults = [p.name for p in pages if p.default]
-    require(len(defaults) == 1, "dashboard page", ", ".join(defaults) or "(none)",
-            "exactly one page must be the default")
+    require(
+        len(defaults) == 1,
+        "dashboard page",
+        ", ".join(defaults) or "(none)",
+        "exactly one page must be the default",
+    )
 
 
 check_pages(PAGES)

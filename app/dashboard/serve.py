@@ -23,14 +23,30 @@ APP_MAIN = Path(__file__).with_name("main.py")
 # * no file watcher — it re-scans every loaded module after each session's first run and reloads pages on
 #   edits, which only matters while developing the dashboard itself;
 # * no usage statistics, no browser window, the viewer's toolbar (no "rerun"/"clear cache" menu).
-SETTINGS = {"server.headless": "true", "server.fileWatcherType": "none", "server.runOnSave": "false",
-            "browser.gatherUsageStats": "false", "client.toolbarMode": "viewer"}
+SETTINGS = {
+    "server.headless": "true",
+    "server.fileWatcherType": "none",
+    "server.runOnSave": "false",
+    "browser.gatherUsageStats": "false",
+    "client.toolbarMode": "viewer",
+}
 
 # What the pages import (loaded once, at start, instead of during the first viewer's page run).
-PAGE_IMPORTS = ("plotly.graph_objects", "plotly.express", "warmscope.analysis.alerts", "warmscope.analysis.scores",
-                "warmscope.analysis.drilldown", "warmscope.analysis.hitrate", "warmscope.analysis.latency",
-                "warmscope.analysis.coverage", "warmscope.analysis.roi", "warmscope.analysis.traps",
-                "warmscope.analysis.alert_history", "warmscope.analysis.ab_report", "warmscope.analysis.ab_segments")
+PAGE_IMPORTS = (
+    "plotly.graph_objects",
+    "plotly.express",
+    "warmscope.analysis.alerts",
+    "warmscope.analysis.scores",
+    "warmscope.analysis.drilldown",
+    "warmscope.analysis.hitrate",
+    "warmscope.analysis.latency",
+    "warmscope.analysis.coverage",
+    "warmscope.analysis.roi",
+    "warmscope.analysis.traps",
+    "warmscope.analysis.alert_history",
+    "warmscope.analysis.ab_report",
+    "warmscope.analysis.ab_segments",
+)
 
 
 def command(*options: str) -> list[str]:

@@ -18,22 +18,39 @@ from warmscope.app.dashboard.pages import PAGES, Page
 from warmscope.model.records import NOT_IN_HIT_RATE
 from warmscope.model.registry import require
 
-RANGES = {"last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400, "last 7 days": 7 * 86400,
-          "everything": None, "since the last warm-up run": -1, "custom": -2}
+RANGES = {
+    "last hour": 3600,
+    "last 6 hours": 6 * 3600,
+    "last 24 hours": 86400,
+    "last 7 days": 7 * 86400,
+    "everything": None,
+    "since the last warm-up run": -1,
+    "custom": -2,
+}
 DEFAULT_RANGE = "last 6 hours"
 # Timestamps are float seconds, so pandas gives them sub-microsecond digits that plotly (microseconds)
 # drops with a warning per chart in the server's log; a chart cannot show that difference.
-warnings.filterwarnings("ignore", message="Discarding nonzero nanoseconds in conversion", category=UserWarning)
+warnings.filterwarnings(
+    "ignore", message="Discarding nonzero nanoseconds in conversion", category=UserWarning
+)
 # Query-parameter names shared by every page: a link reproduces the view.
 URL_KEYS = ("range", "from", "to")
 
 # Text-and-colour status (no emoji font needed): label, colour.
-STATUS = {"good": ("OK", "#1a7f37"), "fair": ("FAIR", "#b58100"), "poor": ("POOR", "#cf222e"),
-          "none": ("NO DATA", "#6e7781"), "critical": ("CRITICAL", "#cf222e"), "warning": ("WARNING", "#b35900"),
-          "info": ("INFO", "#0969da"), "security": ("SECURITY", "#cf222e")}
+STATUS = {
+    "good": ("OK", "#1a7f37"),
+    "fair": ("FAIR", "#b58100"),
+    "poor": ("POOR", "#cf222e"),
+    "none": ("NO DATA", "#6e7781"),
+    "critical": ("CRITICAL", "#cf222e"),
+    "warning": ("WARNING", "#b35900"),
+    "info": ("INFO", "#0969da"),
+    "security": ("SECURITY", "#cf222e"),
+}
 
 
 # ---------------------------------------------------------------- URL state
+
 
 def url_get(key: str, default: str | None = None) -> str | None:
     v = st.query_params.get(key)
@@ -78,9 +95,13 @@ def sidebar_range() -> None:
     init_from_url("range", cast=lambda v: v if v in RANGES else DEFAULT_RANGE)
     if st.session_state.get("range") not in RANGES:
         st.session_state["range"] = DEFAULT_RANGE
-    st.selectbox("Time range", list(RANGES), key="range",
-                 help="Relative ranges end at the newest data. 'custom' picks absolute times; dragging a box "
-                      "on the overview's hit-rate chart zooms to that span.")
+    st.selectbox(
+        "Time range",
+        list(RANGES),
+        key="range",
+        help="Relative ranges end at the newest data. 'custom' picks absolute times; dragging a box "
+        "on the overview's hit-rate chart zooms to that span.",
+    )
     if st.session_state["range"] != "custom":
         url_set(range=st.session_state["range"], **{"from": None, "to": None})
     else:
@@ -98,9 +119,14 @@ def sidebar_range() -> None:
             except ValueError:
                 f, t = hi - 6 * 3600, hi
             st.session_state["custom-win"] = (_dt(max(lo, min(f, hi))), _dt(max(lo, min(t, hi))))
-        st.slider("From – to (UTC)", min_value=_dt(lo), max_value=_dt(hi),
-                  step=pd.Timedelta(minutes=5).to_pytimedelta(),
-                  format="MM-DD HH:mm", key="custom-win")
+        st.slider(
+            "From – to (UTC)",
+            min_value=_dt(lo),
+            max_value=_dt(hi),
+            step=pd.Timedelta(minutes=5).to_pytimedelta(),
+            format="MM-DD HH:mm",
+            key="custom-win",
+        )
 
 
 def _minute(ts: float) -> float:
@@ -139,13 +165,18 @@ def time_range() -> tuple[float, float]:
         st.error(str(e))
         st.stop()
     if b is None:
-        st.info("The store has no lookups yet. Run `warmscope demo` (or `warmscope simulate`) for demo data, or "
-                "instrument a cache with `collectors.InstrumentedCache` and let it flush.")
+        st.info(
+            "The store has no lookups yet. Run `warmscope demo` (or `warmscope simulate`) for demo data, or "
+            "instrument a cache with `collectors.InstrumentedCache` and let it flush."
+        )
         st.stop()
     name = st.session_state.get("range", DEFAULT_RANGE)
     span = RANGES.get(name, RANGES[DEFAULT_RANGE])
     start, end = range_bounds(name, b, st.session_state.get("custom-win"))
-    url_set(range=name, **({"from": _iso(start), "to": _iso(end)} if span == -2 else {"from": None, "to": None}))
+    url_set(
+        range=name,
+        **({"from": _iso(start), "to": _iso(end)} if span == -2 else {"from": None, "to": None}),
+    )
     return start, end
 
 
@@ -182,8 +213,10 @@ def step(start: float | None, end: float | None) -> float | None:
 
 def resolution_note(start: float, end: float) -> None:
     if step(start, end):
-        st.caption("Hourly resolution (range over 24 h): minute-level figures — cold-start time, prediction "
-                   "error — need a range of 24 hours or less.")
+        st.caption(
+            "Hourly resolution (range over 24 h): minute-level figures — cold-start time, prediction "
+            "error — need a range of 24 hours or less."
+        )
 
 
 def unmeasured_note(start: float, end: float, tenant: str | None = None) -> str | None:
@@ -198,9 +231,11 @@ def unmeasured_note(start: float, end: float, tenant: str | None = None) -> str 
     if t.empty or not t["unmeasured"].iloc[0]:
         return None
     n, total = int(t["unmeasured"].iloc[0]), int(t["requests"].iloc[0])
-    note = (f"Token hit rates (prefix_kv) leave out {n:,} of {total:,} requests ({pct(n / total)}) whose "
-            "responses carried no token usage (stream_options.include_usage false, or an engine without "
-            "prompt token details).")
+    note = (
+        f"Token hit rates (prefix_kv) leave out {n:,} of {total:,} requests ({pct(n / total)}) whose "
+        "responses carried no token usage (stream_options.include_usage false, or an engine without "
+        "prompt token details)."
+    )
     st.warning(note, icon=":material/visibility_off:")
     return note
 
@@ -215,6 +250,7 @@ def load(names, start=None, end=None, fine: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------- status and formatting
+
 
 def grade(score: float | None) -> str:
     if score is None or score != score:
@@ -238,8 +274,10 @@ def status_style(v: str) -> str:
 def badge(kind: str, text: str = "") -> str:
     """Inline HTML badge: text on a coloured background (for st.markdown(..., unsafe_allow_html=True))."""
     label, colour = STATUS[kind]
-    return (f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
-            f'font-size:0.8em;font-weight:600">{text or label}</span>')
+    return (
+        f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
+        f'font-size:0.8em;font-weight:600">{text or label}</span>'
+    )
 
 
 def is_security(alert: str) -> bool:
@@ -250,10 +288,16 @@ def alert_row(severity: str, alert: str, summary: str, since: float | None = Non
     """One alert line; security findings in red whatever their severity."""
     kind = "security" if is_security(alert) else severity if severity in STATUS else "info"
     extra = f" · since {when(since)}" if since is not None and since == since else ""
-    box = st.error if kind in ("security", "critical") else st.warning if kind == "warning" else st.info
+    box = (
+        st.error
+        if kind in ("security", "critical")
+        else st.warning
+        if kind == "warning"
+        else st.info
+    )
     tag = "SECURITY · " if kind == "security" else ""
     if tag and summary.upper().startswith("SECURITY:"):
-        summary = summary[len("SECURITY:"):].strip()
+        summary = summary[len("SECURITY:") :].strip()
     box(f"**{tag}{severity.upper()} · {alert}** — {summary}{extra}")
 
 
@@ -270,13 +314,23 @@ def integer(x) -> str:
 
 def human(col: str) -> str:
     """Column name for people: ``wasted_gpu_s`` → ``Wasted GPU-s``."""
-    words = {"gpu": "GPU", "s": "(s)", "id": "ID", "ci": "CI", "p": "p", "roi": "ROI", "ttft": "TTFT", "kv": "KV"}
+    words = {
+        "gpu": "GPU",
+        "s": "(s)",
+        "id": "ID",
+        "ci": "CI",
+        "p": "p",
+        "roi": "ROI",
+        "ttft": "TTFT",
+        "kv": "KV",
+    }
     parts = [words.get(w, w) for w in col.split("_")]
     out = " ".join(parts).replace("GPU (s)", "GPU-s")
     return out[:1].upper() + out[1:]
 
 
 # ---------------------------------------------------------------- annotations on time series
+
 
 def annotations(start: float, end: float) -> dict:
     """Warm-up runs, injected fault windows and alert onsets in [start, end) to draw on time series."""
@@ -296,32 +350,79 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
 
     def line(t: float, colour: str, dash: str = "solid") -> dict:
         x = pd.Timestamp(t, unit="s")
-        return dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
-                    line=dict(width=1, dash=dash, color=colour))
+        return dict(
+            type="line",
+            xref="x",
+            yref="paper",
+            x0=x,
+            x1=x,
+            y0=0,
+            y1=1,
+            line=dict(width=1, dash=dash, color=colour),
+        )
 
     for r in a["faults"].itertuples():
         x0, x1 = max(r.start, start), min(r.end, end)
         if x1 > x0:
-            shapes.append(dict(type="rect", xref="x", yref="paper", x0=pd.Timestamp(x0, unit="s"),
-                               x1=pd.Timestamp(x1, unit="s"), y0=0, y1=1, fillcolor="#cf222e", opacity=0.08,
-                               line=dict(width=0), layer="below"))
-            notes.append(dict(x=pd.Timestamp(x0, unit="s"), y=1, xref="x", yref="paper", text=f"fault: {r.trap}",
-                              showarrow=False, xanchor="left", yanchor="top", font=dict(size=10, color="#cf222e")))
+            shapes.append(
+                dict(
+                    type="rect",
+                    xref="x",
+                    yref="paper",
+                    x0=pd.Timestamp(x0, unit="s"),
+                    x1=pd.Timestamp(x1, unit="s"),
+                    y0=0,
+                    y1=1,
+                    fillcolor="#cf222e",
+                    opacity=0.08,
+                    line=dict(width=0),
+                    layer="below",
+                )
+            )
+            notes.append(
+                dict(
+                    x=pd.Timestamp(x0, unit="s"),
+                    y=1,
+                    xref="x",
+                    yref="paper",
+                    text=f"fault: {r.trap}",
+                    showarrow=False,
+                    xanchor="left",
+                    yanchor="top",
+                    font=dict(size=10, color="#cf222e"),
+                )
+            )
     runs = a["runs"]
     if len(runs):
         # One mark per minute is enough: runs of several layers on one replica start together.
         starts = sorted({math.floor(t / 60) * 60 for t in runs.started})
         shapes += [line(t, "#1a7f37", "dot") for t in starts]
-        notes.append(dict(x=pd.Timestamp(starts[-1], unit="s"), y=1.0, xref="x", yref="paper", text="warm-up run",
-                          showarrow=False, font=dict(size=10, color="#1a7f37"), xanchor="left", yanchor="bottom"))
+        notes.append(
+            dict(
+                x=pd.Timestamp(starts[-1], unit="s"),
+                y=1.0,
+                xref="x",
+                yref="paper",
+                text="warm-up run",
+                showarrow=False,
+                font=dict(size=10, color="#1a7f37"),
+                xanchor="left",
+                yanchor="bottom",
+            )
+        )
     if alerts is not None and len(alerts):
-        shapes += [line(t, "#b35900") for t in sorted({x for x in alerts.since if x == x and start <= x < end})]
+        shapes += [
+            line(t, "#b35900")
+            for t in sorted({x for x in alerts.since if x == x and start <= x < end})
+        ]
     if shapes or notes:
-        fig.update_layout(shapes=list(fig.layout.shapes) + shapes, annotations=list(fig.layout.annotations) + notes)
+        fig.update_layout(
+            shapes=list(fig.layout.shapes) + shapes,
+            annotations=list(fig.layout.annotations) + notes,
+        )
 
 
 # ---------------------------------------------------------------- cached analysis (shared by every viewer)
-
 
 
 def overview_frames(start: float, end: float) -> dict:
@@ -358,8 +459,9 @@ def _drill(version: tuple, start: float, end: float, anomaly, baseline, cached_l
 def _traps(version: tuple, start: float, end: float, anomaly, baseline):
     from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
 
-    fr = data.frames(["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end,
-                     step(start, end))
+    fr = data.frames(
+        ["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end, step(start, end)
+    )
     fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
     return detect_all(fr, anomaly, baseline)
 
@@ -413,8 +515,15 @@ def alert_history(start: float, end: float):
         if len(jobs) >= 16:  # keep the newest few
             jobs.pop(next(iter(jobs)))
         s0 = start - HISTORY_LOOKBACK_S
-        fut = jobs[key] = background.submit(background.alert_history, data.config(), start, end, step(s0, end),
-                                            history_every(start, end), HISTORY_LOOKBACK_S)
+        fut = jobs[key] = background.submit(
+            background.alert_history,
+            data.config(),
+            start,
+            end,
+            step(s0, end),
+            history_every(start, end),
+            HISTORY_LOOKBACK_S,
+        )
     if not fut.done():
         return None
     try:
@@ -428,8 +537,15 @@ def alert_history(start: float, end: float):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
-def _rates(version: tuple, start: float, end: float, by: tuple, freq: float | None, path: tuple,
-           no_weights: bool):
+def _rates(
+    version: tuple,
+    start: float,
+    end: float,
+    by: tuple,
+    freq: float | None,
+    path: tuple,
+    no_weights: bool,
+):
     from warmscope.analysis.hitrate import hit_table
 
     lk = data.frame("lookups", start, end, step(start, end))
@@ -440,7 +556,9 @@ def _rates(version: tuple, start: float, end: float, by: tuple, freq: float | No
     return hit_table(lk, by=list(by), freq=freq)
 
 
-def rates(start: float, end: float, by=(), freq: float | None = None, path=(), no_weights: bool = False):
+def rates(
+    start: float, end: float, by=(), freq: float | None = None, path=(), no_weights: bool = False
+):
     """``hit_table`` of the range's lookups (filtered by ``path``, a sequence of (dimension, value); without the
     model-weights layer when ``no_weights``), cached: a rerun or another viewer reads a few rows, not the range."""
     return guarded(_rates, start, end, tuple(by), freq, tuple(tuple(x) for x in path), no_weights)
@@ -454,8 +572,13 @@ def _run_roi(version: tuple, start: float, end: float, run_id: str):
     cfg = AnalysisConfig.load()
     runs = data.frame("warmup_runs", start, end)
     run = runs[runs.run_id == run_id].iloc[0]
-    return roi_windows(run, data.frame("requests", start, end, step(start, end)), cfg.price_per_gpu_s,
-                       cfg.value_per_conversion, cfg.roi_windows_s)
+    return roi_windows(
+        run,
+        data.frame("requests", start, end, step(start, end)),
+        cfg.price_per_gpu_s,
+        cfg.value_per_conversion,
+        cfg.roi_windows_s,
+    )
 
 
 def run_roi(start: float, end: float, run_id: str):
@@ -469,8 +592,12 @@ def _coverage(version: tuple, start: float, end: float):
     from warmscope.analysis.coverage import warm_set_coverage
 
     fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
-    return warm_set_coverage(fr["warmup_runs"], fr["warmed_keys"], fr["early_keys"],
-                             AnalysisConfig.load().recall_window_s)
+    return warm_set_coverage(
+        fr["warmup_runs"],
+        fr["warmed_keys"],
+        fr["early_keys"],
+        AnalysisConfig.load().recall_window_s,
+    )
 
 
 def coverage(start: float, end: float):
@@ -491,12 +618,17 @@ def _run_detail(version: tuple, start: float, end: float, run_id: str):
     # A run's before/after, ROI and decay need per-minute data around it only, at any range.
     ended = run.ended if run.ended == run.ended else end
     span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
-    fr = data.frames(["lookups", "histograms"], run.started - cfg.effect_window_s - 60,
-                     ended + cfg.effect_window_s + 60)
+    fr = data.frames(
+        ["lookups", "histograms"],
+        run.started - cfg.effect_window_s - 60,
+        ended + cfg.effect_window_s + 60,
+    )
     rq = data.frame("requests", run.started - span - 60, ended + span + 60)
     eff = run_effect(run, fr["lookups"], fr["histograms"], rq, cfg.effect_window_s)
     roi = roi_windows(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
-    series = benefit_series(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s)
+    series = benefit_series(
+        run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s
+    )
     return eff, roi, series, fit_decay(series)
 
 
@@ -506,7 +638,9 @@ def run_detail(start: float, end: float, run_id: str):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
-def _latency(version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float):
+def _latency(
+    version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float
+):
     from warmscope.analysis.latency import all_bounds, quantiles_over_time
 
     h = data.frame("histograms", start, end, step(start, end))
@@ -516,9 +650,17 @@ def _latency(version: tuple, start: float, end: float, metric: str, by: tuple, q
     top = float(all_bounds(metric, h["le"].unique())[-2])  # the largest finite bucket edge
     t = quantiles_over_time(h, metric, qs=qs, freq=freq, by=list(by))
     if by:  # the 10 busiest groups
-        busiest = h.groupby(list(by))["count"].sum().sort_values(ascending=False).head(10).index.astype(str)
+        busiest = (
+            h.groupby(list(by))["count"]
+            .sum()
+            .sort_values(ascending=False)
+            .head(10)
+            .index.astype(str)
+        )
         t = t[t[by[0]].astype(str).isin(busiest)]
-    whole = quantiles_over_time(h.assign(ts=end), metric, qs=(0.5, 0.95, 0.99), freq=end - start + 1, by=list(by))
+    whole = quantiles_over_time(
+        h.assign(ts=end), metric, qs=(0.5, 0.95, 0.99), freq=end - start + 1, by=list(by)
+    )
     return t, whole, top
 
 
@@ -648,21 +790,36 @@ def _warm_rootcause(version: tuple, start: float, end: float, fine: float | None
         yield _traps, (version, start, end, an, base)
 
 
-_WARM = {"overview": _warm_overview, "hitrate": _warm_hitrate, "latency": _warm_latency,
-         "warmup": _warm_warmup, "hotkeys": _warm_hotkeys, "rootcause": _warm_rootcause}
+_WARM = {
+    "overview": _warm_overview,
+    "hitrate": _warm_hitrate,
+    "latency": _warm_latency,
+    "warmup": _warm_warmup,
+    "hotkeys": _warm_hotkeys,
+    "rootcause": _warm_rootcause,
+}
 
 
 def check_prewarm(pages: tuple[Page, ...], warm: Mapping[str, object]) -> None:
     """Raise ``RegistryError`` unless the pages with ``prewarm=True`` are those with steps."""
     for p in pages:
-        require(not p.prewarm or p.name in warm, "dashboard page", p.name,
-                f"prewarm=True needs ui._warm_{p.name}, the cached calls of its first view")
-        require(p.prewarm or p.name not in warm, "dashboard page", p.name,
-                f"has ui._warm_{p.name} but prewarm=False")
+        require(
+            not p.prewarm or p.name in warm,
+            "dashboard page",
+            p.name,
+            f"prewarm=True needs ui._warm_{p.name}, the cached calls of its first view",
+        )
+        require(
+            p.prewarm or p.name not in warm,
+            "dashboard page",
+            p.name,
+            f"has ui._warm_{p.name} but prewarm=False",
+        )
     known = {p.name for p in pages}
     for name in warm:
-        require(name in known, "dashboard page", name,
-                "has prewarm steps but is not in pages.PAGES")
+        require(
+            name in known, "dashboard page", name, "has prewarm steps but is not in pages.PAGES"
+        )
 
 
 check_prewarm(PAGES, _WARM)

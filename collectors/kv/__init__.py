@@ -17,5 +17,12 @@ from .attribution import CLASSES, Attribution, KVState
 from .subscriber import EngineSpec, KVSubscriber, discover
 from .watcher import KVWatcher
 
-__all__ = ["CLASSES", "Attribution", "EngineSpec", "KVState", "KVSubscriber", "KVWatcher",
-           "discover"]
+__all__ = [
+    "CLASSES",
+    "Attribution",
+    "EngineSpec",
+    "KVState",
+    "KVSubscriber",
+    "KVWatcher",
+    "discover",
+]

@@ -14,8 +14,13 @@ from .subscriber import EngineSpec
 from .watcher import KVWatcher
 
 
-def report_loop(w: KVWatcher, interval: float, duration: float = 0.0, as_json: bool = False,
-                on_stats: Callable[[dict[str, Any]], None] | None = None) -> None:
+def report_loop(
+    w: KVWatcher,
+    interval: float,
+    duration: float = 0.0,
+    as_json: bool = False,
+    on_stats: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
     """Every ``interval`` seconds (until ``duration`` is over, or Ctrl-C), print the watcher's
     counts and per-salt store, reuse and eviction rates, and hand the stats to ``on_stats``."""
     t0 = time.monotonic()
@@ -28,19 +33,31 @@ def report_loop(w: KVWatcher, interval: float, duration: float = 0.0, as_json: b
             if on_stats is not None:
                 on_stats(st)
             if as_json:
-                print(json.dumps({k: v for k, v in st.items() if k not in ("engines", "engine_salt")}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {k: v for k, v in st.items() if k not in ("engines", "engine_salt")}
+                    ),
+                    flush=True,
+                )
                 continue
-            print(f"[{time.strftime('%H:%M:%S')}] batches {st['batches']} events {st['events']} "
-                  f"decode errors {st['decode_errors']} gaps {st['gaps']} repaired "
-                  f"{st['repaired']} unrepaired {st['unrepaired']} resident blocks "
-                  f"{st['resident_blocks']} dropped {sum(st['dropped_rows'].values())}", flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] batches {st['batches']} events {st['events']} "
+                f"decode errors {st['decode_errors']} gaps {st['gaps']} repaired "
+                f"{st['repaired']} unrepaired {st['unrepaired']} resident blocks "
+                f"{st['resident_blocks']} dropped {sum(st['dropped_rows'].values())}",
+                flush=True,
+            )
             for salt, c in sorted(st["per_salt"].items()):
                 p = prev.get(salt, {})
-                rates = {k: (c[k] - p.get(k, 0)) / interval for k in ("stores", "reuses", "evictions")}
-                print(f"  {salt:<20} store/s {rates['stores']:8.1f}  reuse/s "
-                      f"{rates['reuses']:8.1f}  evict/s {rates['evictions']:8.1f}  "
-                      f"resident {c['resident']}", flush=True)
+                rates = {
+                    k: (c[k] - p.get(k, 0)) / interval for k in ("stores", "reuses", "evictions")
+                }
+                print(
+                    f"  {salt:<20} store/s {rates['stores']:8.1f}  reuse/s "
+                    f"{rates['reuses']:8.1f}  evict/s {rates['evictions']:8.1f}  "
+                    f"resident {c['resident']}",
+                    flush=True,
+                )
             prev = st["per_salt"]
     except KeyboardInterrupt:
         pass
@@ -48,10 +65,18 @@ def report_loop(w: KVWatcher, interval: float, duration: float = 0.0, as_json: b
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m warmscope.collectors.kv", description=__doc__)
-    ap.add_argument("--engine", action="append", default=[],
-                    help="engine URL (publishers read from GET /kv_event_sources)")
-    ap.add_argument("--endpoint", action="append", default=[],
-                    help="NAME=ZMQ_ENDPOINT[,REPLAY_ENDPOINT] instead of discovery")
+    ap.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        help="engine URL (publishers read from GET /kv_event_sources)",
+    )
+    ap.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        help="NAME=ZMQ_ENDPOINT[,REPLAY_ENDPOINT] instead of discovery",
+    )
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between reports")
     ap.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
     ap.add_argument("--max-blocks", type=int, default=1_000_000)

@@ -83,13 +83,23 @@ class KVState:
     Mutated only by the thread that calls :meth:`apply` (the subscriber's);
     :meth:`attribute` may be called from any thread."""
 
-    def __init__(self, engines: list[str], max_blocks: int = 1_000_000,
-                 max_sessions: int = 65_536, drift_blocks: int = 2,
-                 reuse_reports: bool = False, block_size: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        engines: list[str],
+        max_blocks: int = 1_000_000,
+        max_sessions: int = 65_536,
+        drift_blocks: int = 2,
+        reuse_reports: bool = False,
+        block_size: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.salts = Salts()
-        self.indexes = {e: ResidencyIndex(e, max_blocks=max_blocks, salts=self.salts,
-                                          reuse_reports=reuse_reports) for e in engines}
+        self.indexes = {
+            e: ResidencyIndex(
+                e, max_blocks=max_blocks, salts=self.salts, reuse_reports=reuse_reports
+            )
+            for e in engines
+        }
         self.drift_blocks = drift_blocks
         self.block_size = block_size
         self.max_sessions = max_sessions
@@ -97,8 +107,12 @@ class KVState:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
-        self.counts = {"sessions_forgotten": 0, "attributed": 0, "incomplete": 0,
-                       "callback_errors": 0}
+        self.counts = {
+            "sessions_forgotten": 0,
+            "attributed": 0,
+            "incomplete": 0,
+            "callback_errors": 0,
+        }
         self.class_tokens = dict.fromkeys(CLASSES, 0)
 
     # ------------------------------------------------------------ events
@@ -140,8 +154,9 @@ class KVState:
     def engine_restarted(self, engine: str) -> None:
         self.indexes[engine].clear(self.clock())
 
-    def _judge(self, me: ResidencyIndex, sb: StoreBlocks, session: str, bsize: int,
-               ts: float) -> None:
+    def _judge(
+        self, me: ResidencyIndex, sb: StoreBlocks, session: str, bsize: int, ts: float
+    ) -> None:
         engines = list(self.indexes.values())
         others = [e for e in engines if e is not me]
         with self._cond:
@@ -198,8 +213,14 @@ class KVState:
             self._cond.notify_all()
 
     # ------------------------------------------------------------ requests
-    def attribute(self, session: str | None, prompt_tokens: int, cached_tokens: int,
-                  wait_s: float = 0.0, block_size: int | None = None) -> Attribution:
+    def attribute(
+        self,
+        session: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        wait_s: float = 0.0,
+        block_size: int | None = None,
+    ) -> Attribution:
         """Split ``prompt_tokens - cached_tokens`` into classes; waits up to ``wait_s``
         for the request's store event when it has not been applied yet."""
         prompt = max(0, int(prompt_tokens))
@@ -209,11 +230,13 @@ class KVState:
         need = self._need(prompt, cached, bs)
         if session is not None:
             with self._cond:
+
                 def ready() -> bool:
                     r = self._sessions.get(session)
                     b = block_size or (r.block_size if r is not None else 0) or self.block_size
                     n = self._need(prompt, cached, b)
                     return b > 0 and (n == 0 or (r is not None and len(r.codes) >= n))
+
                 if wait_s > 0 and not ready():
                     self._cond.wait_for(ready, timeout=wait_s)
                 rec = self._sessions.get(session)
@@ -228,8 +251,9 @@ class KVState:
             return 0
         return max(0, (prompt - 1) // bs - cached // bs)
 
-    def _split(self, rec: _Session | None, prompt: int, cached: int, need: int,
-               bs: int) -> Attribution:
+    def _split(
+        self, rec: _Session | None, prompt: int, cached: int, need: int, bs: int
+    ) -> Attribution:
         out = dict.fromkeys(CLASSES, 0)
         missed = prompt - cached
         if bs <= 0:
@@ -265,16 +289,23 @@ class KVState:
         with self._cond:
             self._sessions.pop(session, None)
 
-    def submit(self, session: str | None, prompt_tokens: int, cached_tokens: int,
-               callback: Callable[[Attribution], None], wait_s: float = 2.0) -> None:
+    def submit(
+        self,
+        session: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        callback: Callable[[Attribution], None],
+        wait_s: float = 2.0,
+    ) -> None:
         """Attribute later, without blocking: ``callback`` runs on the subscriber's
         thread once the request's events are in (or after ``wait_s``)."""
         if session is None:
             self._call(callback, self.attribute(None, prompt_tokens, cached_tokens))
             return
         with self._cond:
-            self._pending.append(_Pending(session, prompt_tokens, cached_tokens,
-                                          time.monotonic() + wait_s, callback))
+            self._pending.append(
+                _Pending(session, prompt_tokens, cached_tokens, time.monotonic() + wait_s, callback)
+            )
 
     def resolve_pending(self) -> None:
         with self._cond:
@@ -286,8 +317,9 @@ class KVState:
                 r = self._sessions.get(p.session)
                 bs = r.block_size if r is not None else self.block_size
                 n = self._need(p.prompt, p.cached, bs)
-                if (bs > 0 and (n == 0 or (r is not None and len(r.codes) >= n))) \
-                        or now >= p.deadline:
+                if (
+                    bs > 0 and (n == 0 or (r is not None and len(r.codes) >= n))
+                ) or now >= p.deadline:
                     due.append(p)
                 else:
                     keep.append(p)

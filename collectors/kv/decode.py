@@ -27,8 +27,17 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["CLEARED", "REMOVED", "STORED", "Batch", "DecodeStats", "Event", "decode_message",
-           "decode_payload", "hash64"]
+__all__ = [
+    "CLEARED",
+    "REMOVED",
+    "STORED",
+    "Batch",
+    "DecodeStats",
+    "Event",
+    "decode_message",
+    "decode_payload",
+    "hash64",
+]
 
 STORED, REMOVED, CLEARED = 1, 2, 3
 MASK64 = (1 << 64) - 1
@@ -52,9 +61,14 @@ class DecodeStats:
     unknown_types: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, int]:
-        return {"messages": self.messages, "events": self.events, "bad_frames": self.bad_frames,
-                "bad_payload": self.bad_payload, "bad_event": self.bad_event,
-                "unknown_event": self.unknown_event}
+        return {
+            "messages": self.messages,
+            "events": self.events,
+            "bad_frames": self.bad_frames,
+            "bad_payload": self.bad_payload,
+            "bad_event": self.bad_event,
+            "unknown_event": self.unknown_event,
+        }
 
 
 @dataclass
@@ -107,25 +121,39 @@ def _hashes(raw: Any) -> list[int] | None:
     return out
 
 
-def _stored(hs: Any, parent: Any, tokens: Any, bsize: Any, extra: Any, lora: Any,
-            session: Any) -> Event | None:
+def _stored(
+    hs: Any, parent: Any, tokens: Any, bsize: Any, extra: Any, lora: Any, session: Any
+) -> Event | None:
     hashes = _hashes(hs)
     if hashes is None or not isinstance(tokens, list) or type(bsize) is not int or bsize <= 0:
         return None
     p = None if parent is None else hash64(parent)
     if parent is not None and p is None:
         return None
-    return (STORED, hashes, p, tokens, bsize, _salt_of(extra, lora),
-            session if isinstance(session, str) else None)
+    return (
+        STORED,
+        hashes,
+        p,
+        tokens,
+        bsize,
+        _salt_of(extra, lora),
+        session if isinstance(session, str) else None,
+    )
 
 
 def _event(e: Any, st: DecodeStats) -> Event | None:
     if isinstance(e, dict):
         kind = e.get("type")
         if kind == "BlockStored":
-            out = _stored(e.get("block_hashes"), e.get("parent_block_hash"), e.get("token_ids"),
-                          e.get("block_size"), e.get("extra_keys"), e.get("lora_name"),
-                          e.get("session_id"))
+            out = _stored(
+                e.get("block_hashes"),
+                e.get("parent_block_hash"),
+                e.get("token_ids"),
+                e.get("block_size"),
+                e.get("extra_keys"),
+                e.get("lora_name"),
+                e.get("session_id"),
+            )
         elif kind == "BlockRemoved":
             hashes = _hashes(e.get("block_hashes"))
             out = None if hashes is None else (REMOVED, hashes)
@@ -138,10 +166,15 @@ def _event(e: Any, st: DecodeStats) -> Event | None:
         kind = e[0]
         n = len(e)
         if kind == "BlockStored" and n > _A_BSIZE:
-            out = _stored(e[_A_HASHES], e[_A_PARENT], e[_A_TOKENS], e[_A_BSIZE],
-                          e[_A_EXTRA] if n > _A_EXTRA else None,
-                          e[_A_LORA_NAME] if n > _A_LORA_NAME else None,
-                          e[_A_SESSION] if n > _A_SESSION else None)
+            out = _stored(
+                e[_A_HASHES],
+                e[_A_PARENT],
+                e[_A_TOKENS],
+                e[_A_BSIZE],
+                e[_A_EXTRA] if n > _A_EXTRA else None,
+                e[_A_LORA_NAME] if n > _A_LORA_NAME else None,
+                e[_A_SESSION] if n > _A_SESSION else None,
+            )
         elif kind == "BlockRemoved" and n > 1:
             hashes = _hashes(e[1])
             out = None if hashes is None else (REMOVED, hashes)
@@ -173,8 +206,12 @@ def decode_payload(payload: bytes, seq: int, st: DecodeStats) -> Batch | None:
     except (msgspec.DecodeError, ValueError, TypeError):
         st.bad_payload += 1
         return None
-    if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list) \
-            or not isinstance(raw[0], (int, float)):
+    if (
+        not isinstance(raw, list)
+        or len(raw) < 2
+        or not isinstance(raw[1], list)
+        or not isinstance(raw[0], (int, float))
+    ):
         st.bad_payload += 1
         return None
     events: list[Event] = []

@@ -25,9 +25,15 @@ __all__ = ["KVGatewayHook"]
 
 
 class KVGatewayHook:
-    def __init__(self, watcher: KVWatcher, telemetry: Any = None, engine: str | None = None,
-                 salt_tenants: bool = False, salt_secret: str | None = None,
-                 wait_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        watcher: KVWatcher,
+        telemetry: Any = None,
+        engine: str | None = None,
+        salt_tenants: bool = False,
+        salt_secret: str | None = None,
+        wait_s: float = 2.0,
+    ) -> None:
         self.watcher = watcher
         self.telemetry = telemetry
         self.engine = engine or (watcher.specs[0].name if watcher.specs else "engine")
@@ -36,8 +42,15 @@ class KVGatewayHook:
         self.wait_s = wait_s
         self._prefix = "ws-" + os.urandom(4).hex() + "-"
         self._ids = itertools.count()
-        self.stats = {"tagged": 0, "salted": 0, "not_tagged": 0, "submitted": 0, "no_usage": 0,
-                      "recorded": 0, "errors": 0}
+        self.stats = {
+            "tagged": 0,
+            "salted": 0,
+            "not_tagged": 0,
+            "submitted": 0,
+            "no_usage": 0,
+            "recorded": 0,
+            "errors": 0,
+        }
         self.last: Attribution | None = None
 
     def salt_for(self, tenant: str) -> str:
@@ -85,8 +98,11 @@ class KVGatewayHook:
             tenant = ex.labels[0] if ex.labels else None
             family = getattr(ex, "kind", None)
             self.stats["submitted"] += 1
-            self.watcher.submit({"session_id": sid, "usage": usage},
-                                lambda a: self._record(a, tenant, family), self.wait_s)
+            self.watcher.submit(
+                {"session_id": sid, "usage": usage},
+                lambda a: self._record(a, tenant, family),
+                self.wait_s,
+            )
         except Exception:
             self.stats["errors"] += 1
 
@@ -95,8 +111,13 @@ class KVGatewayHook:
         rec = getattr(self.telemetry, "record_misses", None)
         if rec is None:
             return
-        rec(tenant=tenant, engine=a.engine or self.engine, family=family, classes=a.classes,
-            ts=time.time())
+        rec(
+            tenant=tenant,
+            engine=a.engine or self.engine,
+            family=family,
+            classes=a.classes,
+            ts=time.time(),
+        )
         self.stats["recorded"] += 1
 
     def close(self) -> None:

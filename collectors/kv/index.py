@@ -56,8 +56,9 @@ class _Table:
         self.n = 0
 
     def nbytes(self) -> int:
-        return (self.keys.itemsize * self.cap + self.cap
-                + sum(c.itemsize * self.cap for c in self.cols))
+        return (
+            self.keys.itemsize * self.cap + self.cap + sum(c.itemsize * self.cap for c in self.cols)
+        )
 
     def find(self, key: int) -> int:
         cap, used, keys = self.cap, self.used, self.keys
@@ -253,9 +254,15 @@ class ResidencyIndex:
     ``max_removed`` the memory of removed blocks, ``max_seen`` the drift table.
     Times are the engine's batch timestamps (seconds)."""
 
-    def __init__(self, name: str = "engine", max_blocks: int = 1_000_000,
-                 max_removed: int | None = None, max_seen: int | None = None,
-                 salts: Salts | None = None, reuse_reports: bool = False) -> None:
+    def __init__(
+        self,
+        name: str = "engine",
+        max_blocks: int = 1_000_000,
+        max_removed: int | None = None,
+        max_seen: int | None = None,
+        salts: Salts | None = None,
+        reuse_reports: bool = False,
+    ) -> None:
         self.name = name
         self.salts = salts or Salts()
         # A parent-less store of blocks that are all resident is vLLM's "full" report of
@@ -271,8 +278,14 @@ class ResidencyIndex:
         self.block_size = 0
         self.counts: dict[int, _Counts] = {}
         self._dropped = {"resident": 0, "content": 0}
-        self.faults = {"unknown_parent": 0, "removed_unknown": 0, "partial_blocks": 0,
-                       "cleared": 0, "reuse_reports": 0, "second_copies": 0}
+        self.faults = {
+            "unknown_parent": 0,
+            "removed_unknown": 0,
+            "partial_blocks": 0,
+            "cleared": 0,
+            "reuse_reports": 0,
+            "second_copies": 0,
+        }
         self.first_reuse_ts: float | None = None
         self.epoch = 0.0  # stored-at times are float32 offsets from the first event
 
@@ -284,8 +297,7 @@ class ResidencyIndex:
     @property
     def dropped(self) -> dict[str, int]:
         """Rows that did not fit, per table (removed and seen: the oldest forgotten)."""
-        return {**self._dropped, "removed": self.removed.forgotten,
-                "seen": self._seen.forgotten}
+        return {**self._dropped, "removed": self.removed.forgotten, "seen": self._seen.forgotten}
 
     def removed_at(self, h: int) -> float | None:
         return self.removed.get(h)
@@ -310,8 +322,9 @@ class ResidencyIndex:
         return sum(cp[i] for i in self.main.live())
 
     def nbytes(self) -> int:
-        return (self.main.nbytes() + self.content.nbytes() + self.removed.nbytes()
-                + self._seen.nbytes())
+        return (
+            self.main.nbytes() + self.content.nbytes() + self.removed.nbytes() + self._seen.nbytes()
+        )
 
     def row(self, h: int) -> dict[str, Any] | None:
         """One resident block as a dict (for tests and debugging)."""
@@ -319,14 +332,24 @@ class ResidencyIndex:
         if s < 0:
             return None
         c = self.main.cols
-        return {"parent": c[_PARENT][s], "salt": self.salts.label(c[_SALT][s]),
-                "copies": c[_COPIES][s], "depth": c[_DEPTH][s],
-                "stored_at": self.epoch + c[_STORED][s],
-                "last_reused": (self.epoch + c[_REUSED][s]) if c[_REUSED][s] else None}
+        return {
+            "parent": c[_PARENT][s],
+            "salt": self.salts.label(c[_SALT][s]),
+            "copies": c[_COPIES][s],
+            "depth": c[_DEPTH][s],
+            "stored_at": self.epoch + c[_STORED][s],
+            "last_reused": (self.epoch + c[_REUSED][s]) if c[_REUSED][s] else None,
+        }
 
     # ------------------------------------------------------------ events
-    def read_store(self, hashes: list[int], parent: int | None, tokens: list[int],
-                   block_size: int, salt: str | None) -> StoreBlocks:
+    def read_store(
+        self,
+        hashes: list[int],
+        parent: int | None,
+        tokens: list[int],
+        block_size: int,
+        salt: str | None,
+    ) -> StoreBlocks:
         """Digests, content keys and position of a store's blocks (nothing changes)."""
         cols = self.main.cols
         if parent is None:
@@ -344,7 +367,7 @@ class ResidencyIndex:
         depth = min(depth, NO_DEPTH)
         pos = depth
         for k in range(n_full):
-            d = hash(tuple(tokens[k * block_size:(k + 1) * block_size])) & MASK64
+            d = hash(tuple(tokens[k * block_size : (k + 1) * block_size])) & MASK64
             cparent = hash((cparent, d)) & MASK64
             digests.append(d)
             contents.append(cparent)
@@ -353,8 +376,9 @@ class ResidencyIndex:
                 pos += 1
             else:
                 seen_keys.append(-1)  # no position: never in the drift table
-        return StoreBlocks(hashes[:n_full], digests, contents, depth, sid,
-                           len(hashes) - n_full, seen_keys)
+        return StoreBlocks(
+            hashes[:n_full], digests, contents, depth, sid, len(hashes) - n_full, seen_keys
+        )
 
     def is_reuse_report(self, parent: int | None, hashes: list[int]) -> bool:
         if not self.reuse_reports or parent is not None or not hashes:
@@ -485,8 +509,9 @@ class ResidencyIndex:
             resident[salt_col[s]] = resident.get(salt_col[s], 0) + cp[s]
         for sid in set(self.counts) | set(resident):
             c = self.counts.get(sid, _Counts())
-            row = out.setdefault(self.salts.label(sid),
-                                 {"stores": 0, "reuses": 0, "evictions": 0, "resident": 0})
+            row = out.setdefault(
+                self.salts.label(sid), {"stores": 0, "reuses": 0, "evictions": 0, "resident": 0}
+            )
             row["stores"] += c.stores
             row["reuses"] += c.reuses
             row["evictions"] += c.evictions

@@ -66,8 +66,14 @@ def discover(url: str, name: str | None = None, timeout_s: float = 5.0) -> list[
         if not isinstance(c, dict) or not c.get("endpoint"):
             continue
         n = name or base
-        out.append(EngineSpec(n if len(cfg) == 1 else f"{n}#dp{rank}", str(c["endpoint"]),
-                              c.get("replay_endpoint"), host))
+        out.append(
+            EngineSpec(
+                n if len(cfg) == 1 else f"{n}#dp{rank}",
+                str(c["endpoint"]),
+                c.get("replay_endpoint"),
+                host,
+            )
+        )
     return out
 
 
@@ -83,9 +89,22 @@ class _Source:
     last_ts: float = 0.0
     next_probe: float = 0.0  # monotonic time at which a quiet engine's replay socket is asked
     probe_wait: float = 0.0  # seconds to the next probe: doubles while probes find nothing
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("batches", "gaps", "missed_batches", "repaired", "unrepaired", "restarts",
-         "duplicates", "caught_up", "tail_repaired"), 0))
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "batches",
+                "gaps",
+                "missed_batches",
+                "repaired",
+                "unrepaired",
+                "restarts",
+                "duplicates",
+                "caught_up",
+                "tail_repaired",
+            ),
+            0,
+        )
+    )
 
 
 class KVSubscriber:
@@ -93,9 +112,15 @@ class KVSubscriber:
 
     ``stats()`` gives the counts; faults are logged once per kind."""
 
-    def __init__(self, engines: list[EngineSpec], state: KVState | None = None,
-                 replay_timeout_s: float = 1.0, context: Any = None,
-                 catch_up: bool = True, idle_probe_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        engines: list[EngineSpec],
+        state: KVState | None = None,
+        replay_timeout_s: float = 1.0,
+        context: Any = None,
+        catch_up: bool = True,
+        idle_probe_s: float = 5.0,
+    ) -> None:
         self.engines = engines
         # A batch dropped at the end of a burst shows as a gap only when the engine sends
         # again; an engine quiet for idle_probe_s is asked for what it sent after the last
@@ -213,8 +238,7 @@ class KVSubscriber:
             if not ep or now < src.next_probe:
                 continue
             start = src.expected or 0
-            got = self._replay(src, _replay_address(ep, src.spec.host), start, 1 << 62,
-                               quiet=True)
+            got = self._replay(src, _replay_address(ep, src.spec.host), start, 1 << 62, quiet=True)
             tail = [seq for seq in sorted(got) if seq >= start]
             src.probe_wait = base if tail else min(src.probe_wait * 2, 64 * base)
             src.next_probe = time.monotonic() + src.probe_wait
@@ -236,20 +260,29 @@ class KVSubscriber:
     def _message(self, src: _Source, frames: list[bytes]) -> None:
         batch = decode_message(frames, self.decode_stats)
         if batch is None:
-            self._fault("decode", f"an event message from {src.spec.name} could not be read "
-                        f"(counted: {self.decode_stats.as_dict()})")
+            self._fault(
+                "decode",
+                f"an event message from {src.spec.name} could not be read "
+                f"(counted: {self.decode_stats.as_dict()})",
+            )
             return
         if self.decode_stats.unknown_event:
-            self._fault("unknown_event", f"events of an unknown type from {src.spec.name} "
-                        f"were skipped: {sorted(self.decode_stats.unknown_types)}")
+            self._fault(
+                "unknown_event",
+                f"events of an unknown type from {src.spec.name} "
+                f"were skipped: {sorted(self.decode_stats.unknown_types)}",
+            )
         exp = src.expected
         if exp is not None and batch.seq < exp and batch.ts <= src.last_ts:
             src.counts["duplicates"] += 1  # already applied (it came through a replay too)
             return
         if exp is not None and batch.seq < exp:
             src.counts["restarts"] += 1
-            self._fault("restart", f"engine {src.spec.name} restarted (batch {batch.seq} after "
-                        f"{exp - 1}); its residency is cleared")
+            self._fault(
+                "restart",
+                f"engine {src.spec.name} restarted (batch {batch.seq} after "
+                f"{exp - 1}); its residency is cleared",
+            )
             with self.lock:
                 self.state.engine_restarted(src.spec.name)
             exp = 0
@@ -278,9 +311,12 @@ class KVSubscriber:
             src.counts["gaps"] += 1
             src.counts["missed_batches"] += first
             src.counts["unrepaired"] += first
-            self._fault("gap", f"{first} early event batches of {src.spec.name} are no longer "
-                        "in its replay buffer; residency may be stale until the blocks are "
-                        "stored or removed again")
+            self._fault(
+                "gap",
+                f"{first} early event batches of {src.spec.name} are no longer "
+                "in its replay buffer; residency may be stale until the blocks are "
+                "stored or removed again",
+            )
         for seq in sorted(got):
             if src.expected is not None and seq < src.expected:
                 continue
@@ -304,12 +340,16 @@ class KVSubscriber:
         if lost:
             src.counts["unrepaired"] += lost
             why = "no replay endpoint" if not ep else "not in its buffer"
-            self._fault("gap", f"{lost} event batches from {src.spec.name} were lost and could "
-                        f"not be replayed ({why}); residency may be stale until the blocks are "
-                        "stored or removed again")
+            self._fault(
+                "gap",
+                f"{lost} event batches from {src.spec.name} were lost and could "
+                f"not be replayed ({why}); residency may be stale until the blocks are "
+                "stored or removed again",
+            )
 
-    def _replay(self, src: _Source, ep: str, start: int, upto: int,
-                quiet: bool = False) -> dict[int, Batch]:
+    def _replay(
+        self, src: _Source, ep: str, start: int, upto: int, quiet: bool = False
+    ) -> dict[int, Batch]:
         got: dict[int, Batch] = {}
         d = self._ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
@@ -322,8 +362,11 @@ class KVSubscriber:
                 if left <= 0 or not d.poll(int(left * 1000) + 1):
                     if quiet and not got:
                         break  # an engine not (yet) up at start: its first batch repairs
-                    self._fault("replay", f"the replay socket {ep} of {src.spec.name} did not "
-                                "finish answering in time")
+                    self._fault(
+                        "replay",
+                        f"the replay socket {ep} of {src.spec.name} did not "
+                        "finish answering in time",
+                    )
                     break
                 frames = d.recv_multipart()
                 if len(frames) != 4:
@@ -348,8 +391,18 @@ class KVSubscriber:
     # ------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         per_engine: dict[str, Any] = {}
-        totals = dict.fromkeys(("batches", "gaps", "missed_batches", "repaired", "unrepaired",
-                                "restarts", "resident_blocks"), 0)
+        totals = dict.fromkeys(
+            (
+                "batches",
+                "gaps",
+                "missed_batches",
+                "repaired",
+                "unrepaired",
+                "restarts",
+                "resident_blocks",
+            ),
+            0,
+        )
         for src in list(self._sources):
             idx = self.state.indexes[src.spec.name]
             row: dict[str, Any] = dict(src.counts)
@@ -372,9 +425,17 @@ class KVSubscriber:
                         acc[k] += v
                 for k, v in idx.dropped.items():
                     dropped[k] = dropped.get(k, 0) + v
-        return {**totals, **self.decode_stats.as_dict(), "decode_errors":
-                self.decode_stats.bad_frames + self.decode_stats.bad_payload
-                + self.decode_stats.bad_event, "errors": self.errors, "dropped_rows": dropped,
-                "per_salt": per_salt, "engine_salt": engine_salt, "engines": per_engine,
-                "attribution": dict(self.state.counts),
-                "class_tokens": dict(self.state.class_tokens)}
+        return {
+            **totals,
+            **self.decode_stats.as_dict(),
+            "decode_errors": self.decode_stats.bad_frames
+            + self.decode_stats.bad_payload
+            + self.decode_stats.bad_event,
+            "errors": self.errors,
+            "dropped_rows": dropped,
+            "per_salt": per_salt,
+            "engine_salt": engine_salt,
+            "engines": per_engine,
+            "attribution": dict(self.state.counts),
+            "class_tokens": dict(self.state.class_tokens),
+        }

@@ -32,9 +32,14 @@ class KVWatcher:
     or :class:`EngineSpec` (endpoint given). An engine that cannot be discovered is
     logged and left out; nothing raises into the host after construction."""
 
-    def __init__(self, engines: list[str | EngineSpec], max_blocks: int = 1_000_000,
-                 drift_blocks: int = 2, reuse_reports: bool = False,
-                 catch_up: bool = True) -> None:
+    def __init__(
+        self,
+        engines: list[str | EngineSpec],
+        max_blocks: int = 1_000_000,
+        drift_blocks: int = 2,
+        reuse_reports: bool = False,
+        catch_up: bool = True,
+    ) -> None:
         specs: list[EngineSpec] = []
         for e in engines:
             if isinstance(e, EngineSpec):
@@ -43,11 +48,20 @@ class KVWatcher:
             try:
                 specs.extend(discover(e))
             except Exception as ex:  # an engine that is down, or without events
-                log.warning("warmscope kv-events: cannot read %s/kv_event_sources (%s: %s); "
-                            "its events are not watched", e, type(ex).__name__, ex)
+                log.warning(
+                    "warmscope kv-events: cannot read %s/kv_event_sources (%s: %s); "
+                    "its events are not watched",
+                    e,
+                    type(ex).__name__,
+                    ex,
+                )
         self.specs = specs
-        self.state = KVState([s.name for s in specs], max_blocks=max_blocks,
-                             drift_blocks=drift_blocks, reuse_reports=reuse_reports)
+        self.state = KVState(
+            [s.name for s in specs],
+            max_blocks=max_blocks,
+            drift_blocks=drift_blocks,
+            reuse_reports=reuse_reports,
+        )
         self.subscriber = KVSubscriber(specs, self.state, catch_up=catch_up)
 
     def start(self) -> KVWatcher:
@@ -68,14 +82,16 @@ class KVWatcher:
         response's ``usage``). Waits up to ``wait_s`` for the request's events."""
         prompt, cached = _usage_numbers(info)
         sid = info.get("session_id")
-        return self.state.attribute(sid if isinstance(sid, str) else None, prompt, cached,
-                                    wait_s=wait_s)
+        return self.state.attribute(
+            sid if isinstance(sid, str) else None, prompt, cached, wait_s=wait_s
+        )
 
     def attribute(self, info: Mapping[str, Any], wait_s: float = 0.0) -> dict[str, int]:
         return self.attribute_detail(info, wait_s).classes
 
-    def submit(self, info: Mapping[str, Any], callback: Callable[[Attribution], None],
-               wait_s: float = 2.0) -> None:
+    def submit(
+        self, info: Mapping[str, Any], callback: Callable[[Attribution], None], wait_s: float = 2.0
+    ) -> None:
         """Attribute without blocking; ``callback`` runs on the subscriber's thread."""
         prompt, cached = _usage_numbers(info)
         sid = info.get("session_id")

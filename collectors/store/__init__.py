@@ -117,16 +117,19 @@ class EmbeddedStore(StoreReader, StoreWriter):
     """One store file: open (create, check, upgrade) and per-thread connections;
     writes come from :class:`.writer.StoreWriter`, reads from :class:`.reader.StoreReader`."""
 
-    def __init__(self, path: str | Path, readonly: bool = False, timeout: float = 5.0,
-                 durable: bool = True) -> None:
+    def __init__(
+        self, path: str | Path, readonly: bool = False, timeout: float = 5.0, durable: bool = True
+    ) -> None:
         self.path = Path(path)
         self.durable = durable  # False: no fsync at all (regenerable data: the simulator)
         self.readonly = readonly
         self.timeout = timeout
         self._local = threading.local()
         if self.path.is_dir():  # (SQLite would say "disk I/O error" or "unable to open")
-            raise StoreError(f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE "
-                             "at a file")
+            raise StoreError(
+                f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE "
+                "at a file"
+            )
         if readonly:
             if not self.path.exists():
                 raise StoreError(
@@ -134,10 +137,15 @@ class EmbeddedStore(StoreReader, StoreWriter):
                     "or point WARMSCOPE_STORE at a store the collectors wrote"
                 )
             try:
-                row = self._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                row = (
+                    self._con()
+                    .execute("SELECT value FROM meta WHERE key='schema_version'")
+                    .fetchone()
+                )
             except sqlite3.Error as e:
-                raise StoreError(f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one") \
-                    from None
+                raise StoreError(
+                    f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one"
+                ) from None
             if row and int(row[0]) in MIGRATIONS:
                 raise StoreError(
                     f"embedded store {self.path} was written by an older warmscope (schema {row[0]}, this one "
@@ -159,19 +167,25 @@ class EmbeddedStore(StoreReader, StoreWriter):
                 except FileExistsError:  # another process made it meanwhile
                     pass
                 except OSError as e:
-                    raise StoreError(f"cannot create embedded store {self.path}: {e.strerror or e}") from None
+                    raise StoreError(
+                        f"cannot create embedded store {self.path}: {e.strerror or e}"
+                    ) from None
             con = self._con()
             try:
                 with con:
                     con.executescript(DDL)
                     _m.ensure_columns(con)  # sums a newly declared A/B metric needs
                     con.execute(
-                        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
+                        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
                     )
             except sqlite3.Error as e:
                 self.close()
-                hint = " (another process holds its write lock; try again when it is done)" \
-                    if "locked" in str(e) else ""
+                hint = (
+                    " (another process holds its write lock; try again when it is done)"
+                    if "locked" in str(e)
+                    else ""
+                )
                 raise StoreError(f"cannot open embedded store {self.path}: {e}{hint}") from None
             self._upgrade(con)
 
@@ -182,29 +196,42 @@ class EmbeddedStore(StoreReader, StoreWriter):
         if not self.path.exists():
             return
         if self.path.is_dir():
-            raise StoreError(f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE at a file")
+            raise StoreError(
+                f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE at a file"
+            )
         if self.path.stat().st_size == 0:
             return
         try:
             con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self.timeout)
             try:
-                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
-                    if "meta" in tables else None
+                tables = {
+                    r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                }
+                row = (
+                    con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                    if "meta" in tables
+                    else None
+                )
             finally:
                 con.close()
         except sqlite3.OperationalError as e:
             if "locked" in str(e):
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
-            raise StoreError(f"{self.path} is not a warmscope store ({e}); move it away or point "
-                             "--store / WARMSCOPE_STORE elsewhere") from None
+            raise StoreError(
+                f"{self.path} is not a warmscope store ({e}); move it away or point "
+                "--store / WARMSCOPE_STORE elsewhere"
+            ) from None
         except sqlite3.Error as e:
-            raise StoreError(f"{self.path} is not a warmscope store ({e}); move it away or point "
-                             "--store / WARMSCOPE_STORE elsewhere") from None
+            raise StoreError(
+                f"{self.path} is not a warmscope store ({e}); move it away or point "
+                "--store / WARMSCOPE_STORE elsewhere"
+            ) from None
         if row is None:
             if tables:
-                raise StoreError(f"{self.path} is an SQLite file but not a warmscope store; move it away or "
-                                 "point --store / WARMSCOPE_STORE elsewhere")
+                raise StoreError(
+                    f"{self.path} is an SQLite file but not a warmscope store; move it away or "
+                    "point --store / WARMSCOPE_STORE elsewhere"
+                )
             return
         try:
             version = int(row[0])
@@ -214,14 +241,17 @@ class EmbeddedStore(StoreReader, StoreWriter):
             raise StoreError(
                 f"embedded store {self.path} has schema version {row[0]}, this warmscope reads {SCHEMA_VERSION} "
                 "(written by a newer warmscope?); use a matching warmscope or move the file away to start a "
-                "new store")
+                "new store"
+            )
 
     def _upgrade(self, con: sqlite3.Connection) -> None:
         """Bring an older store up to SCHEMA_VERSION in one transaction (the
         version is re-read under the write lock: concurrent openers migrate once)."""
         try:
             con.execute("BEGIN IMMEDIATE")
-            version = int(con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+            version = int(
+                con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+            )
             while version in MIGRATIONS and version < SCHEMA_VERSION:
                 MIGRATIONS[version](con)
                 version += 1
@@ -241,13 +271,19 @@ class EmbeddedStore(StoreReader, StoreWriter):
         if con is None:
             try:
                 if self.readonly:
-                    con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self.timeout,
-                                          check_same_thread=False)
+                    con = sqlite3.connect(
+                        f"file:{self.path}?mode=ro",
+                        uri=True,
+                        timeout=self.timeout,
+                        check_same_thread=False,
+                    )
                 else:
                     con = sqlite3.connect(self.path, timeout=self.timeout, check_same_thread=False)
                     con.execute("PRAGMA journal_mode=WAL")
                     con.execute(f"PRAGMA synchronous={'NORMAL' if self.durable else 'OFF'}")
-                    con.execute("PRAGMA cache_size=-65536")  # 64 MiB: A/B upserts probe unit B-trees at random
+                    con.execute(
+                        "PRAGMA cache_size=-65536"
+                    )  # 64 MiB: A/B upserts probe unit B-trees at random
                     con.execute("PRAGMA temp_store=MEMORY")  # the A/B staging tables
                 con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             except sqlite3.Error as e:
@@ -261,14 +297,20 @@ class EmbeddedStore(StoreReader, StoreWriter):
         prefix = f"instance\x1f{replica}\x1f"
         con = self._con()
         with con:
-            con.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (prefix + instance, f"{now:.3f}"))
-            con.execute("DELETE FROM meta WHERE substr(key, 1, ?) = ? AND CAST(value AS REAL) < ?",
-                        (len(prefix), prefix, now - 86400))  # processes gone a day ago
-            rows = con.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?",
-                               (len(prefix), prefix)).fetchall()
+            con.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)",
+                (prefix + instance, f"{now:.3f}"),
+            )
+            con.execute(
+                "DELETE FROM meta WHERE substr(key, 1, ?) = ? AND CAST(value AS REAL) < ?",
+                (len(prefix), prefix, now - 86400),
+            )  # processes gone a day ago
+            rows = con.execute(
+                "SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?", (len(prefix), prefix)
+            ).fetchall()
         out = []
         for k, v in rows:
-            other = k[len(prefix):]
+            other = k[len(prefix) :]
             try:
                 if other != instance and now - float(v) <= alive_s:
                     out.append(other)

@@ -12,10 +12,22 @@ from warmscope.model import records
 
 from .. import ab_moments as _m
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "DDL", "ROLLUP_S", "MEASURES", "UPSERT", "StoreError", "q", "ddl",
-           "rollup_ddl"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "TABLES",
+    "DDL",
+    "ROLLUP_S",
+    "MEASURES",
+    "UPSERT",
+    "StoreError",
+    "q",
+    "ddl",
+    "rollup_ddl",
+]
 
-SCHEMA_VERSION = 5  # 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured;
+SCHEMA_VERSION = (
+    5  # 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured;
+)
 # 5: misses, kv_blocks
 ROLLUP_S = records.ROLLUP_S
 
@@ -30,7 +42,9 @@ def q(col: str) -> str:
 
 TABLES: dict[str, tuple[str, ...]] = {name: r.cols for name, r in records.RECORDS.items()}
 # Measures of the tables with hourly rollups (their labels are the other columns).
-MEASURES: dict[str, tuple[str, ...]] = {name: r.measures for name, r in records.RECORDS.items() if r.rollup}
+MEASURES: dict[str, tuple[str, ...]] = {
+    name: r.measures for name, r in records.RECORDS.items() if r.rollup
+}
 
 
 def _table_ddl(r: records.Record) -> str:
@@ -52,15 +66,21 @@ def rollup_ddl() -> str:
     out = []
     for t, meas in MEASURES.items():
         dims = [c for c in TABLES[t] if c not in meas]
-        out.append(f"CREATE TABLE IF NOT EXISTS {t}_1h AS SELECT * FROM {t} WHERE 0;\n"
-                   f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_1h_key ON {t}_1h({', '.join(map(q, dims))});\n")
+        out.append(
+            f"CREATE TABLE IF NOT EXISTS {t}_1h AS SELECT * FROM {t} WHERE 0;\n"
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_1h_key ON {t}_1h({', '.join(map(q, dims))});\n"
+        )
     return "".join(out)
 
 
 def ddl() -> str:
     """The whole schema (idempotent: every statement is IF NOT EXISTS)."""
-    return ("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);\n"
-            + "".join(_table_ddl(r) for r in records.RECORDS.values()) + _m.ddl() + rollup_ddl())
+    return (
+        "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);\n"
+        + "".join(_table_ddl(r) for r in records.RECORDS.values())
+        + _m.ddl()
+        + rollup_ddl()
+    )
 
 
 DDL = ddl()
@@ -69,13 +89,20 @@ DDL = ddl()
 def _upsert(r: records.Record) -> str:
     if r.write == "replace":
         return ""  # INSERT OR REPLACE
-    sets = ", ".join(f"{q(m)} = max({q(m)}, excluded.{q(m)})" if m in r.max_measures
-                     else f"{q(m)} = {q(m)} + excluded.{q(m)}" for m in r.measures)
+    sets = ", ".join(
+        f"{q(m)} = max({q(m)}, excluded.{q(m)})"
+        if m in r.max_measures
+        else f"{q(m)} = {q(m)} + excluded.{q(m)}"
+        for m in r.measures
+    )
     return f" ON CONFLICT({', '.join(map(q, r.key))}) DO UPDATE SET {sets}"
 
 
 # Upsert clauses of the tables written row by row with write="add" (A/B units
 # have their own path: they also keep the moments).
-UPSERT = {name: _upsert(r) for name, r in records.RECORDS.items()
-          if r.write == "add" and name not in ("ab_units", "ab_lookups")}
+UPSERT = {
+    name: _upsert(r)
+    for name, r in records.RECORDS.items()
+    if r.write == "add" and name not in ("ab_units", "ab_lookups")
+}
 REPLACE = tuple(name for name, r in records.RECORDS.items() if r.write == "replace")

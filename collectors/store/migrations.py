@@ -29,10 +29,14 @@ def _migrate_2_to_3(con: sqlite3.Connection) -> None:
     for stmt in DDL.split(";"):
         if "TABLE IF NOT EXISTS ab_" in stmt:
             con.execute(stmt)
-    con.execute(f"INSERT INTO ab_units SELECT {keys}, min(first_ts), max(last_ts), {sums} "
-                f"FROM ab_units_v2 GROUP BY {keys}")
-    con.execute(f"INSERT INTO ab_lookups SELECT {keys}, layer, sum(lookups), sum(hits) "
-                f"FROM ab_lookups_v2 GROUP BY {keys}, layer")
+    con.execute(
+        f"INSERT INTO ab_units SELECT {keys}, min(first_ts), max(last_ts), {sums} "
+        f"FROM ab_units_v2 GROUP BY {keys}"
+    )
+    con.execute(
+        f"INSERT INTO ab_lookups SELECT {keys}, layer, sum(lookups), sum(hits) "
+        f"FROM ab_lookups_v2 GROUP BY {keys}, layer"
+    )
     con.execute("DROP TABLE ab_units_v2")
     con.execute("DROP TABLE ab_lookups_v2")
     for stmt in _m.ddl().split(";"):
@@ -61,4 +65,7 @@ def _migrate_4_to_5(con: sqlite3.Connection) -> None:
 
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5}
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
+}

@@ -31,8 +31,13 @@ class StoreReader:
     def _con(self) -> sqlite3.Connection:  # pragma: no cover - provided by EmbeddedStore
         raise NotImplementedError
 
-    def frame(self, name: str, start: float | None = None, end: float | None = None,
-              step: float | None = None) -> pd.DataFrame:
+    def frame(
+        self,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> pd.DataFrame:
         """A canonical frame (see module docstring); time filters apply to the
         record's time column.
 
@@ -69,7 +74,9 @@ class StoreReader:
         df = pd.DataFrame.from_records(rows, columns=list(rec.cols))
         if name == "histograms":
             df = _explode_histograms(df)
-        if table != name:  # only rollups carry attrs: pandas copies non-empty attrs on every operation
+        if (
+            table != name
+        ):  # only rollups carry attrs: pandas copies non-empty attrs on every operation
             df.attrs["step_s"] = ROLLUP_S
         if name == "histograms":
             return df
@@ -87,15 +94,23 @@ class StoreReader:
         keys = _AB_KEYS
         cols_u = list(records.AB_UNITS.cols)
         cols_l = list(records.AB_LOOKUPS.cols)
-        where, args = ("WHERE experiment = ?", (experiment,)) if experiment is not None else ("", ())
+        where, args = (
+            ("WHERE experiment = ?", (experiment,)) if experiment is not None else ("", ())
+        )
         try:
             con = self._con()
             u = pd.DataFrame.from_records(
-                con.execute(f"SELECT {', '.join(map(q, cols_u))} FROM ab_units {where}", args).fetchall(),
-                columns=cols_u)
+                con.execute(
+                    f"SELECT {', '.join(map(q, cols_u))} FROM ab_units {where}", args
+                ).fetchall(),
+                columns=cols_u,
+            )
             lk = pd.DataFrame.from_records(
-                con.execute(f"SELECT {', '.join(map(q, cols_l))} FROM ab_lookups {where}", args).fetchall(),
-                columns=cols_l)
+                con.execute(
+                    f"SELECT {', '.join(map(q, cols_l))} FROM ab_lookups {where}", args
+                ).fetchall(),
+                columns=cols_l,
+            )
         except sqlite3.Error as e:
             raise StoreError(f"cannot read A/B units from {self.path}: {e}") from None
         out = u
@@ -115,10 +130,14 @@ class StoreReader:
         import pandas as pd
 
         out = []
-        for table, keys, cols in (("ab_moments", ["variant", "bucket"], _m.COLUMNS),
-                                  ("ab_layer_moments", ["variant", "bucket", "layer"], _m.LAYER_COLUMNS)):
-            sql = (f"SELECT {', '.join(map(q, keys + list(cols)))} FROM {table} WHERE experiment = ? "
-                   "ORDER BY bucket")
+        for table, keys, cols in (
+            ("ab_moments", ["variant", "bucket"], _m.COLUMNS),
+            ("ab_layer_moments", ["variant", "bucket", "layer"], _m.LAYER_COLUMNS),
+        ):
+            sql = (
+                f"SELECT {', '.join(map(q, keys + list(cols)))} FROM {table} WHERE experiment = ? "
+                "ORDER BY bucket"
+            )
             try:
                 rows = self._con().execute(sql, (experiment,)).fetchall()
             except sqlite3.Error as e:
@@ -129,8 +148,15 @@ class StoreReader:
     def request_totals(self, experiment: str) -> dict[str, float]:
         """Requests per variant of an experiment, from the request metrics."""
         try:
-            rows = self._con().execute("SELECT variant, sum(requests) FROM requests WHERE experiment = ? "
-                                       "GROUP BY variant", (experiment,)).fetchall()
+            rows = (
+                self._con()
+                .execute(
+                    "SELECT variant, sum(requests) FROM requests WHERE experiment = ? "
+                    "GROUP BY variant",
+                    (experiment,),
+                )
+                .fetchall()
+            )
         except sqlite3.Error as e:
             raise StoreError(f"cannot read requests from {self.path}: {e}") from None
         return {v: float(n) for v, n in rows}
@@ -155,7 +181,7 @@ def _explode_histograms(df: pd.DataFrame) -> pd.DataFrame:
     cols = list(records.HISTOGRAMS.frame)
     if df.empty:
         return pd.DataFrame(columns=cols)
-    labels = cols[:cols.index("le")]
+    labels = cols[: cols.index("le")]
     parts = []
     for bounds_json, g in df.groupby("bounds", sort=False):
         les = np.array(json.loads(bounds_json) + [np.inf])  # type: ignore[arg-type]  # group keys are str

@@ -75,8 +75,13 @@ class StoreWriter:
 
     def write_faults(self, faults: Iterable[dict[Any, Any]]) -> None:
         rows = [
-            (f["trap"], json.dumps(f["scope"], sort_keys=True), f["start"], f["end"],
-             json.dumps(f.get("params", {}), sort_keys=True))
+            (
+                f["trap"],
+                json.dumps(f["scope"], sort_keys=True),
+                f["start"],
+                f["end"],
+                json.dumps(f.get("params", {}), sort_keys=True),
+            )
             for f in faults
         ]
         self.write({"faults": rows})
@@ -94,34 +99,44 @@ def _insert_sql(table: str) -> str:
     if sql is None:
         cols = TABLES[table]
         verb = "INSERT OR REPLACE INTO" if table in REPLACE else "INSERT INTO"
-        sql = _INSERT[table] = (f"{verb} {table}({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))})"
-                                + UPSERT.get(table, ""))
+        sql = _INSERT[table] = (
+            f"{verb} {table}({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))})"
+            + UPSERT.get(table, "")
+        )
     return sql
 
 
 # ------------------------------------------------------------------ A/B units
-def _existing(con: sqlite3.Connection, table: str, cols: Sequence[str],
-              keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+def _existing(
+    con: sqlite3.Connection, table: str, cols: Sequence[str], keys: list[tuple[Any, ...]]
+) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """Current rows of ``table`` for ``keys`` (experiment, variant, unit_hash[, layer]), by key."""
     out: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     by_ev: dict[tuple[Any, ...], list[Any]] = {}
     for k in keys:
         by_ev.setdefault(k[:2], []).append(k[2:])
     nk = len(keys[0]) if keys else 3
-    sel = ", ".join(map(q, ("unit_hash", "layer")[:nk - 2] + tuple(cols)))
+    sel = ", ".join(map(q, ("unit_hash", "layer")[: nk - 2] + tuple(cols)))
     for (exp, var), rest in by_ev.items():
         hashes = sorted({r[0] for r in rest})
         for i in range(0, len(hashes), _AB_SELECT):
-            chunk = hashes[i:i + _AB_SELECT]
-            sql = (f"SELECT {sel} FROM {table} WHERE experiment = ? AND variant = ? "
-                   f"AND unit_hash IN ({', '.join('?' * len(chunk))})")
+            chunk = hashes[i : i + _AB_SELECT]
+            sql = (
+                f"SELECT {sel} FROM {table} WHERE experiment = ? AND variant = ? "
+                f"AND unit_hash IN ({', '.join('?' * len(chunk))})"
+            )
             for row in con.execute(sql, (exp, var, *chunk)):
-                out[(exp, var) + tuple(row[:nk - 2])] = tuple(row[nk - 2:])
+                out[(exp, var) + tuple(row[: nk - 2])] = tuple(row[nk - 2 :])
     return out
 
 
-def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ...]], delta: Any,
-                 min_max: bool = False) -> None:
+def _add_moments(
+    con: sqlite3.Connection,
+    table: str,
+    groups: list[tuple[Any, ...]],
+    delta: Any,
+    min_max: bool = False,
+) -> None:
     """Sum per-unit moment deltas by group and add them to ``table``."""
     import numpy as np
 
@@ -135,18 +150,24 @@ def _add_moments(con: sqlite3.Connection, table: str, groups: list[tuple[Any, ..
         np.minimum.at(sums[:, 2], gid, delta[:, 2])
         np.maximum.at(sums[:, 3], gid, delta[:, 3])
     width = len(next(iter(index))) + delta.shape[1]
-    con.executemany(_m.upsert_sql(table, f"VALUES({', '.join('?' * width)})"),
-                    [g + tuple(row) for g, row in zip(index, sums.tolist(), strict=True)])
+    con.executemany(
+        _m.upsert_sql(table, f"VALUES({', '.join('?' * width)})"),
+        [g + tuple(row) for g, row in zip(index, sums.tolist(), strict=True)],
+    )
 
 
-def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
+def _fold_ab(
+    unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]
+) -> tuple[list[Any], list[Any]]:
     """A batch's unit rows summed per unit and lookup rows per unit × layer
     (a retried batch, or a write that merges several flushes, can repeat a unit).
     A key seen once keeps its row as it is; a repeated one is summed in order."""
     nf = len(_AB_SUMS)
     s0 = _LAST + 1  # first sum
     add: dict[tuple[Any, ...], Any] = {}
-    mine: set[tuple[Any, ...]] = set()  # keys whose row is a copy summed here (the caller's rows stay untouched)
+    mine: set[tuple[Any, ...]] = (
+        set()
+    )  # keys whose row is a copy summed here (the caller's rows stay untouched)
     for r in unit_rows:
         k = tuple(r[:_NK])
         a = add.get(k)
@@ -162,7 +183,7 @@ def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[
     ladd: dict[tuple[Any, ...], Any] = {}
     lmine: set[tuple[Any, ...]] = set()  # likewise for unit × layer keys
     for r in lookup_rows:
-        k = tuple(r[:_NK + 1])
+        k = tuple(r[: _NK + 1])
         a = ladd.get(k)
         if a is None:
             ladd[k] = r
@@ -175,8 +196,11 @@ def _fold_ab(unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[
     return [tuple(v) for v in add.values()], [tuple(v) for v in ladd.values()]
 
 
-def _stage_ab(con: sqlite3.Connection, unit_rows: Sequence[Sequence[Any]],
-              lookup_rows: Sequence[Sequence[Any]]) -> tuple[list[Any], list[Any]]:
+def _stage_ab(
+    con: sqlite3.Connection,
+    unit_rows: Sequence[Sequence[Any]],
+    lookup_rows: Sequence[Sequence[Any]],
+) -> tuple[list[Any], list[Any]]:
     """Fold a batch's A/B rows and copy them into connection-private temp
     tables; touches no shared table, so it runs before the write lock.
     Returns the folded unit and lookup rows."""
@@ -184,7 +208,8 @@ def _stage_ab(con: sqlite3.Connection, unit_rows: Sequence[Sequence[Any]],
     con.executescript(
         "DROP TABLE IF EXISTS temp._ab_t; DROP TABLE IF EXISTS temp._ab_lt;\n"
         f"CREATE TEMP TABLE _ab_t({', '.join(map(q, _AB_UNIT_COLS))}, PRIMARY KEY({', '.join(_AB_KEYS)}));\n"
-        f"CREATE TEMP TABLE _ab_lt({', '.join(map(q, _AB_LOOKUP_COLS))});\n")
+        f"CREATE TEMP TABLE _ab_lt({', '.join(map(q, _AB_LOOKUP_COLS))});\n"
+    )
     con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", units)
     con.executemany(f"INSERT INTO _ab_lt VALUES({', '.join('?' * len(_AB_LOOKUP_COLS))})", lookups)
     con.commit()
@@ -213,29 +238,39 @@ def _write_ab(con: sqlite3.Connection, units: list[Any], lookups: list[Any]) -> 
         con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", zrows)
         units = units + zrows
     bucket_by = _unit_moments(con, units, on) if units else {}
-    sets = ", ".join(["first_ts = min(first_ts, excluded.first_ts)", "last_ts = max(last_ts, excluded.last_ts)"]
-                     + [f"{q(c)} = {q(c)} + excluded.{q(c)}" for c in _AB_SUMS])
+    sets = ", ".join(
+        ["first_ts = min(first_ts, excluded.first_ts)", "last_ts = max(last_ts, excluded.last_ts)"]
+        + [f"{q(c)} = {q(c)} + excluded.{q(c)}" for c in _AB_SUMS]
+    )
     cols = ", ".join(map(q, _AB_UNIT_COLS))
-    con.execute(f"INSERT INTO main.ab_units({cols}) SELECT {cols} FROM _ab_t WHERE true "
-                f"ON CONFLICT({keys}) DO UPDATE SET {sets}")
+    con.execute(
+        f"INSERT INTO main.ab_units({cols}) SELECT {cols} FROM _ab_t WHERE true "
+        f"ON CONFLICT({keys}) DO UPDATE SET {sets}"
+    )
     if lookups:
         _layer_moments(con, lookups, on, bucket_by)
     lcols = ", ".join(map(q, _AB_LOOKUP_COLS))
-    con.execute(f"INSERT INTO main.ab_lookups({lcols}) "
-                f"SELECT * FROM _ab_lt WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
-                "lookups = lookups + excluded.lookups, hits = hits + excluded.hits")
+    con.execute(
+        f"INSERT INTO main.ab_lookups({lcols}) "
+        f"SELECT * FROM _ab_lt WHERE true ON CONFLICT({keys}, layer) DO UPDATE SET "
+        "lookups = lookups + excluded.lookups, hits = hits + excluded.hits"
+    )
     con.execute("DROP TABLE temp._ab_t")
     con.execute("DROP TABLE temp._ab_lt")
 
 
-def _unit_moments(con: sqlite3.Connection, units: list[Any], on: str) -> dict[tuple[Any, ...], float]:
+def _unit_moments(
+    con: sqlite3.Connection, units: list[Any], on: str
+) -> dict[tuple[Any, ...], float]:
     """Add f(new) − f(old) of each staged unit to ``ab_moments``; returns each unit's bucket."""
     import numpy as np
 
     # Old totals of the units that exist already (most units are new), f(new) − f(old) in numpy.
     cols_o = ", ".join(f"u.{q(c)}" for c in _AB_UNIT_COLS)
-    old_rows = {tuple(r[:_NK]): r[_NK:] for r in con.execute(
-        f"SELECT {cols_o} FROM _ab_t t JOIN main.ab_units u ON {on}")}
+    old_rows = {
+        tuple(r[:_NK]): r[_NK:]
+        for r in con.execute(f"SELECT {cols_o} FROM _ab_t t JOIN main.ab_units u ON {on}")
+    }
     nv = len(_AB_UNIT_COLS) - _NK
     d = np.array([r[_NK:] for r in units], dtype=float)
     o = np.zeros_like(d)
@@ -250,38 +285,57 @@ def _unit_moments(con: sqlite3.Connection, units: list[Any], on: str) -> dict[tu
     delta = _m.contributions(new, np.ones(len(units))) - _m.contributions(o, present)
     delta[:, 2], delta[:, 3] = new[:, 0], new[:, 1]  # extrema: combined with min / max
     buckets = _m.bucket_of(np.where(present > 0, o[:, 0], d[:, 0])).tolist()
-    _add_moments(con, "ab_moments", [r[:2] + (b,) for r, b in zip(units, buckets, strict=True)], delta, min_max=True)
+    _add_moments(
+        con,
+        "ab_moments",
+        [r[:2] + (b,) for r, b in zip(units, buckets, strict=True)],
+        delta,
+        min_max=True,
+    )
     return {r[:_NK]: b for r, b in zip(units, buckets, strict=True)}
 
 
-def _layer_moments(con: sqlite3.Connection, lookups: list[Any], on: str, bucket_by: dict[Any, Any]) -> None:
+def _layer_moments(
+    con: sqlite3.Connection, lookups: list[Any], on: str, bucket_by: dict[Any, Any]
+) -> None:
     """Layer moments the same way: old per-layer totals of existing unit × layer rows only."""
     import numpy as np
 
-    lold = {tuple(r[:_NK + 1]): r[_NK + 1:] for r in con.execute(
-        f"SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits FROM _ab_lt t "
-        f"JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} AND o.layer = t.layer")}
+    lold = {
+        tuple(r[: _NK + 1]): r[_NK + 1 :]
+        for r in con.execute(
+            f"SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits FROM _ab_lt t "
+            f"JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} AND o.layer = t.layer"
+        )
+    }
     missing = list({r[:_NK] for r in lookups if r[:_NK] not in bucket_by})
     if missing:  # units whose unit row came in an earlier batch
         for k, (first,) in _existing(con, "ab_units", ("first_ts",), missing).items():
             bucket_by[k] = float(_m.bucket_of(np.array([first]))[0])
     t = np.array([(r[_LOOKUPS], r[_HITS]) for r in lookups], dtype=float)
     if lold:
-        o = np.array([lold.get(r[:_NK + 1], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
-        present = np.array([r[:_NK + 1] in lold for r in lookups], dtype=float)
+        o = np.array([lold.get(r[: _NK + 1], (0, 0)) for r in lookups], dtype=float).reshape(-1, 2)
+        present = np.array([r[: _NK + 1] in lold for r in lookups], dtype=float)
     else:  # all new unit × layer rows
         o, present = np.zeros((len(lookups), 2)), np.zeros(len(lookups))
-    delta = (_m.layer_contributions(o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups)))
-             - _m.layer_contributions(o[:, 0], o[:, 1], present))
-    _add_moments(con, "ab_layer_moments", [r[:2] + (bucket_by[r[:_NK]], r[_NK]) for r in lookups], delta)
+    delta = _m.layer_contributions(
+        o[:, 0] + t[:, 0], o[:, 1] + t[:, 1], np.ones(len(lookups))
+    ) - _m.layer_contributions(o[:, 0], o[:, 1], present)
+    _add_moments(
+        con, "ab_layer_moments", [r[:2] + (bucket_by[r[:_NK]], r[_NK]) for r in lookups], delta
+    )
 
 
 # -------------------------------------------------------------------- rollups
 def _hour(ts: float) -> float:
-    return float(-(-ts // ROLLUP_S) * ROLLUP_S)  # the end of the hour holding ts (a flush's ts ends its interval)
+    return float(
+        -(-ts // ROLLUP_S) * ROLLUP_S
+    )  # the end of the hour holding ts (a flush's ts ends its interval)
 
 
-_HC = records.HISTOGRAMS.index("counts")  # histogram rows: ts, metric, labels, bounds, counts, sum, total
+_HC = records.HISTOGRAMS.index(
+    "counts"
+)  # histogram rows: ts, metric, labels, bounds, counts, sum, total
 _HS, _HT = records.HISTOGRAMS.index("sum"), records.HISTOGRAMS.index("total")
 
 
@@ -322,27 +376,36 @@ def fold_rollup(table: str, rows: Iterable[Sequence[Any]]) -> dict[tuple[Any, ..
     return acc
 
 
-def write_rollup(con: sqlite3.Connection, table: str, acc: dict[tuple[Any, ...], list[Any]]) -> None:
+def write_rollup(
+    con: sqlite3.Connection, table: str, acc: dict[tuple[Any, ...], list[Any]]
+) -> None:
     cols = TABLES[table]
     if table == "histograms":
         hours = sorted({k[0] for k in acc})
-        for row in con.execute(f"SELECT {', '.join(map(q, cols))} FROM histograms_1h "
-                               f"WHERE ts IN ({', '.join('?' * len(hours))})", hours):
+        for row in con.execute(
+            f"SELECT {', '.join(map(q, cols))} FROM histograms_1h "
+            f"WHERE ts IN ({', '.join('?' * len(hours))})",
+            hours,
+        ):
             a = acc.get(tuple(row[:_HC]))
             if a is not None:
                 a[0] = [x + y for x, y in zip(a[0], json.loads(row[_HC]), strict=True)]
                 a[1] += row[_HS]
                 a[2] += row[_HT]
-        con.executemany(f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(q, cols))}) "
-                        f"VALUES({', '.join('?' * len(cols))})",
-                        [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()])
+        con.executemany(
+            f"INSERT OR REPLACE INTO histograms_1h({', '.join(map(q, cols))}) "
+            f"VALUES({', '.join('?' * len(cols))})",
+            [k + (",".join(map(str, v[0])).join("[]"), v[1], v[2]) for k, v in acc.items()],
+        )
         return
     meas = MEASURES[table]
     nd = len(cols) - len(meas)
     sets = ", ".join(f"{q(m)} = {q(m)} + excluded.{q(m)}" for m in meas)
-    con.executemany(f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))}) "
-                    f"ON CONFLICT({', '.join(map(q, cols[:nd]))}) DO UPDATE SET {sets}",
-                    [k + tuple(v) for k, v in acc.items()])
+    con.executemany(
+        f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) VALUES({', '.join('?' * len(cols))}) "
+        f"ON CONFLICT({', '.join(map(q, cols[:nd]))}) DO UPDATE SET {sets}",
+        [k + tuple(v) for k, v in acc.items()],
+    )
 
 
 def backfill_rollups(con: sqlite3.Connection) -> None:
@@ -350,7 +413,9 @@ def backfill_rollups(con: sqlite3.Connection) -> None:
     for table, meas in MEASURES.items():
         con.execute(f"DELETE FROM {table}_1h")
         if table == "histograms":
-            cur = con.execute(f"SELECT {', '.join(map(q, TABLES[table]))} FROM histograms ORDER BY ts")
+            cur = con.execute(
+                f"SELECT {', '.join(map(q, TABLES[table]))} FROM histograms ORDER BY ts"
+            )
             while True:
                 chunk = cur.fetchmany(50_000)
                 if not chunk:
@@ -361,16 +426,25 @@ def backfill_rollups(con: sqlite3.Connection) -> None:
         dims = [c for c in cols if c not in meas]
         x = f"(ts / {ROLLUP_S})"
         hour = f"(CAST({x} AS INTEGER) + ({x} > CAST({x} AS INTEGER))) * {ROLLUP_S}"  # ceil, for ts > 0
-        con.execute(f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) SELECT {hour}, "
-                    f"{', '.join(map(q, dims[1:]))}, {', '.join(f'sum({q(m)})' for m in meas)} FROM {table} "
-                    f"GROUP BY {hour}, {', '.join(map(q, dims[1:]))}")
+        con.execute(
+            f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) SELECT {hour}, "
+            f"{', '.join(map(q, dims[1:]))}, {', '.join(f'sum({q(m)})' for m in meas)} FROM {table} "
+            f"GROUP BY {hour}, {', '.join(map(q, dims[1:]))}"
+        )
 
 
 _BOUNDS_JSON: dict[tuple[Any, ...], str] = {}
 
 
-def histogram_row(ts: float, metric: str, labels: tuple[Any, ...], bounds: Sequence[float],
-                  counts: Sequence[int], total_sum: float, total: int) -> tuple[Any, ...]:
+def histogram_row(
+    ts: float,
+    metric: str,
+    labels: tuple[Any, ...],
+    bounds: Sequence[float],
+    counts: Sequence[int],
+    total_sum: float,
+    total: int,
+) -> tuple[Any, ...]:
     """A ``histograms`` row (its columns in :data:`collectors.records.HISTOGRAMS` order)."""
     bj = _BOUNDS_JSON.get(tuple(bounds))
     if bj is None:

@@ -3,7 +3,12 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from warmscope.analysis.ab_report import build_from_series, build_report, render_html, render_markdown
+from warmscope.analysis.ab_report import (
+    build_from_series,
+    build_report,
+    render_html,
+    render_markdown,
+)
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, simulate
 

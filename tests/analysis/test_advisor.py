@@ -3,7 +3,13 @@ parameter mapping."""
 
 import numpy as np
 import pytest
-from warmscope.analysis.advisor import expected_improvement, optimise, sim_overrides, to_params, to_unit
+from warmscope.analysis.advisor import (
+    expected_improvement,
+    optimise,
+    sim_overrides,
+    to_params,
+    to_unit,
+)
 from warmscope.analysis.replay import SLO_LAMBDA, Params
 
 

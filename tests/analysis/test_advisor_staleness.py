@@ -6,7 +6,14 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from warmscope.analysis.replay import STABLE, Model, Params, _persist_integrals, _warm_extra, persistence
+from warmscope.analysis.replay import (
+    STABLE,
+    Model,
+    Params,
+    _persist_integrals,
+    _warm_extra,
+    persistence,
+)
 
 DAY0 = 1_795_824_000.0  # a midnight (UTC)
 

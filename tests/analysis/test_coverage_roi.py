@@ -8,7 +8,14 @@ import pytest
 from scipy import stats
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.coverage import read_in_time, run_effect, warm_set_coverage
-from warmscope.analysis.roi import benefit_series, business_roi, compute_roi, fit_decay, replica_runs, roi_windows
+from warmscope.analysis.roi import (
+    benefit_series,
+    business_roi,
+    compute_roi,
+    fit_decay,
+    replica_runs,
+    roi_windows,
+)
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault, simulate
 

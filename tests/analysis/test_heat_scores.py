@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from warmscope.analysis import config as C
 from warmscope.analysis import scores as S
 from warmscope.analysis.config import AnalysisConfig, DimensionSpec
-from warmscope.analysis.heat import ewma_forecast, heat_scores, mape, prediction_mape, rank_to_warm, slo_lambda
+from warmscope.analysis.heat import (
+    ewma_forecast,
+    heat_scores,
+    mape,
+    prediction_mape,
+    rank_to_warm,
+    slo_lambda,
+)
 from warmscope.analysis.scores import normalise, score_card
 from warmscope.model.registry import RegistryError
 

@@ -4,7 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
-from warmscope.analysis.hitrate import hit_rate_change, hit_table, newcombe_diff, result_shares, wilson
+from warmscope.analysis.hitrate import (
+    hit_rate_change,
+    hit_table,
+    newcombe_diff,
+    result_shares,
+    wilson,
+)
 
 
 def lk(rows):

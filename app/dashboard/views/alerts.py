@@ -26,9 +26,11 @@ start, end = ui.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.alerts()
 st.subheader("Holding now")
-st.caption("The conditions of the Prometheus alerting rules (same thresholds), evaluated by the analysis over the "
-           "selected range: hit-rate regressions and trap checks compare its latest third with the third before it; "
-           "cross-tenant reads, bypass spikes and warm-set precision cover the whole range.")
+st.caption(
+    "The conditions of the Prometheus alerting rules (same thresholds), evaluated by the analysis over the "
+    "selected range: hit-rate regressions and trap checks compare its latest third with the third before it; "
+    "cross-tenant reads, bypass spikes and warm-set precision cover the whole range."
+)
 alerts = ui.alerts(start, end)
 
 
@@ -44,13 +46,18 @@ def history() -> None:
     every = ui.history_every(start, end)
     hist = ui.alert_history(start, end)
     if hist is None:
-        st.info(f"Re-evaluating the alert conditions every {every / 60:g} minutes over the range… the history "
-                "appears here when it is done.", icon=":material/hourglass_top:")
+        st.info(
+            f"Re-evaluating the alert conditions every {every / 60:g} minutes over the range… the history "
+            "appears here when it is done.",
+            icon=":material/hourglass_top:",
+        )
         _wait_for_history()
         return
-    st.caption(f"The conditions re-evaluated every {every / 60:g} minutes, each time over the hour before (as an "
-               "alerting rule with a one-hour range would be): an alert fired at the first evaluation where it held "
-               "and resolved at the first one where it no longer did.")
+    st.caption(
+        f"The conditions re-evaluated every {every / 60:g} minutes, each time over the hour before (as an "
+        "alerting rule with a one-hour range would be): an alert fired at the first evaluation where it held "
+        "and resolved at the first one where it no longer did."
+    )
     if hist.empty:
         st.success("No alert fired in this range.")
         return
@@ -67,18 +74,37 @@ def history() -> None:
             kind = "security" if security else sev
             x0 = pd.to_datetime(g.fired, unit="s")
             x1 = pd.to_datetime(g.resolved.fillna(end), unit="s")
-            fig.add_trace(go.Bar(
-                base=x0, x=(x1 - x0).dt.total_seconds() * 1000, y=g.name, orientation="h",
-                marker_color=ui.STATUS[kind][1], name=ui.STATUS[kind][0].lower(), opacity=0.8,
-                customdata=list(zip(g.fired.map(ui.when), g.resolved.map(lambda r: "still firing" if r != r else
-                                                                             ui.when(r)), g.summary,
-                                    g.subject.replace("", "–"), strict=True)),
-                hovertemplate="%{customdata[3]}: fired %{customdata[0]} · resolved %{customdata[1]}<br>"
-                              "%{customdata[2]}<extra>%{y}</extra>"))
-    fig.update_layout(barmode="overlay", height=140 + 30 * len(order), xaxis=dict(type="date", title="time (UTC)",
-                      range=[pd.Timestamp(start, unit="s"), now]),
-                      yaxis=dict(categoryorder="array", categoryarray=order[::-1], title=""),
-                      legend_title_text="severity", margin=dict(t=30, b=40), title="When each alert was firing")
+            fig.add_trace(
+                go.Bar(
+                    base=x0,
+                    x=(x1 - x0).dt.total_seconds() * 1000,
+                    y=g.name,
+                    orientation="h",
+                    marker_color=ui.STATUS[kind][1],
+                    name=ui.STATUS[kind][0].lower(),
+                    opacity=0.8,
+                    customdata=list(
+                        zip(
+                            g.fired.map(ui.when),
+                            g.resolved.map(lambda r: "still firing" if r != r else ui.when(r)),
+                            g.summary,
+                            g.subject.replace("", "–"),
+                            strict=True,
+                        )
+                    ),
+                    hovertemplate="%{customdata[3]}: fired %{customdata[0]} · resolved %{customdata[1]}<br>"
+                    "%{customdata[2]}<extra>%{y}</extra>",
+                )
+            )
+    fig.update_layout(
+        barmode="overlay",
+        height=140 + 30 * len(order),
+        xaxis=dict(type="date", title="time (UTC)", range=[pd.Timestamp(start, unit="s"), now]),
+        yaxis=dict(categoryorder="array", categoryarray=order[::-1], title=""),
+        legend_title_text="severity",
+        margin=dict(t=30, b=40),
+        title="When each alert was firing",
+    )
     ui.annotate(fig, start, end)
     st.plotly_chart(fig, width="stretch")
 
@@ -87,13 +113,24 @@ def history() -> None:
         text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
         return text + ("+" if r.resolved != r.resolved else "")
 
-    st.dataframe(pd.DataFrame({
-        "Alert": hist.alert, "Subject": hist.subject.replace("", "–"), "Severity": hist.severity.str.upper(),
-        "Fired (UTC)": hist.fired.map(ui.when),
-        "Resolved (UTC)": hist.resolved.map(lambda r: "still firing" if r != r else ui.when(r)),
-        "Lasted": [lasted(r) for r in hist.itertuples()], "Summary": hist.summary,
-    }).iloc[::-1], hide_index=True, width="stretch", column_config={"Summary": st.column_config.TextColumn(
-        width="large")})
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "Alert": hist.alert,
+                "Subject": hist.subject.replace("", "–"),
+                "Severity": hist.severity.str.upper(),
+                "Fired (UTC)": hist.fired.map(ui.when),
+                "Resolved (UTC)": hist.resolved.map(
+                    lambda r: "still firing" if r != r else ui.when(r)
+                ),
+                "Lasted": [lasted(r) for r in hist.itertuples()],
+                "Summary": hist.summary,
+            }
+        ).iloc[::-1],
+        hide_index=True,
+        width="stretch",
+        column_config={"Summary": st.column_config.TextColumn(width="large")},
+    )
     st.caption("Newest first. “+”: still firing at the end of the range.")
 
 
@@ -104,8 +141,11 @@ if alerts.empty:
 c = st.columns(4)
 for i, sev in enumerate(("critical", "warning", "info")):
     c[i].metric(sev.capitalize(), int((alerts.severity == sev).sum()))
-c[3].metric("Security findings", int(alerts.alert.map(ui.is_security).sum()),
-            help="Cross-tenant cache reads: one tenant's request served another tenant's entry (a data leak).")
+c[3].metric(
+    "Security findings",
+    int(alerts.alert.map(ui.is_security).sum()),
+    help="Cross-tenant cache reads: one tenant's request served another tenant's entry (a data leak).",
+)
 # Security findings first, then by severity; each in its colour (red for security and critical). A long list
 # folds after the first few, so the history below stays in reach.
 alerts = alerts.assign(_sec=~alerts.alert.map(ui.is_security)).sort_values("_sec", kind="stable")

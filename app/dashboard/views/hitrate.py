@@ -52,14 +52,16 @@ if crumbs[0].button("All traffic", key="crumb-root", icon=":material/home:"):
     st.rerun()
 for i, (d, v) in enumerate(path):
     if crumbs[min(i + 1, 5)].button(f"› {LABEL.get(d, d)} = {v}", key=f"crumb-{i}"):
-        del path[i + 1:]
+        del path[i + 1 :]
         _reset_pickers()
         st.rerun()
 
 # Every table below is cached per range, path, grouping and bucket: a rerun reads a few rows, not the range.
 total = ui.rates(start, end, path=path)
 if total.empty or not total.lookups.iloc[0]:
-    st.info("No lookups match this selection in the time range; go back with the breadcrumbs or widen the range.")
+    st.info(
+        "No lookups match this selection in the time range; go back with the breadcrumbs or widen the range."
+    )
     ui.url_set(drill=_encode(path) or None)
     st.stop()
 free = [d for d in DIMS if d not in {p[0] for p in path}]
@@ -70,12 +72,18 @@ c1, c2 = st.columns([1, 2])
 by = c1.selectbox("Group by", free, key="groupby", format_func=lambda d: LABEL.get(d, d))
 res = ui.step(start, end) or 0
 opts = [f for f in (60, 300, 600, 1800, 3600, 6 * 3600) if f >= res]
-freq = c2.select_slider("Bucket", options=opts, value=max(600, opts[0]),
-                        format_func=lambda s: f"{s // 3600} h" if s >= 3600 else f"{s // 60} min")
+freq = c2.select_slider(
+    "Bucket",
+    options=opts,
+    value=max(600, opts[0]),
+    format_func=lambda s: f"{s // 3600} h" if s >= 3600 else f"{s // 60} min",
+)
 ui.url_set(drill=_encode(path) or None, groupby=by)
 ui.resolution_note(start, end)
-st.caption("Hit rate = hits / (hits + misses) of the selected lookups; bypassed and failed lookups are not "
-           "counted. Bands: 95% Wilson CI.")
+st.caption(
+    "Hit rate = hits / (hits + misses) of the selected lookups; bypassed and failed lookups are not "
+    "counted. Bands: 95% Wilson CI."
+)
 ui.unmeasured_note(start, end, tenant=dict(path).get("tenant"))
 t = ui.rates(start, end, (by,), freq, path)
 t = t[t.lookups > 0]
@@ -85,14 +93,31 @@ t = t[t[by].astype(str).isin(keep)]
 t["time"] = t.bucket.astype("datetime64[s]")
 fig = go.Figure()
 for val, g in t.groupby(by):
-    fig.add_trace(go.Scatter(x=g.time, y=g.hit_rate, mode="lines", name=str(val),
-                             customdata=g[["ci_low", "ci_high", "lookups"]].to_numpy(),
-                             hovertemplate="%{x|%H:%M} · %{y:.1%} (95% CI %{customdata[0]:.1%}–%{customdata[1]:.1%}"
-                                           ", %{customdata[2]:,} lookups)<extra>" + str(val) + "</extra>",
-                             error_y=dict(type="data", symmetric=False, array=g.ci_high - g.hit_rate,
-                                          arrayminus=g.hit_rate - g.ci_low, thickness=0.5)))
-fig.update_layout(title=f"Hit rate by {LABEL.get(by, by)}", yaxis=dict(range=[0, 1.05], tickformat=".0%",
-                  title="hit rate"), xaxis_title="time (UTC)", height=420, legend_title_text=LABEL.get(by, by))
+    fig.add_trace(
+        go.Scatter(
+            x=g.time,
+            y=g.hit_rate,
+            mode="lines",
+            name=str(val),
+            customdata=g[["ci_low", "ci_high", "lookups"]].to_numpy(),
+            hovertemplate="%{x|%H:%M} · %{y:.1%} (95% CI %{customdata[0]:.1%}–%{customdata[1]:.1%}"
+            ", %{customdata[2]:,} lookups)<extra>" + str(val) + "</extra>",
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=g.ci_high - g.hit_rate,
+                arrayminus=g.hit_rate - g.ci_low,
+                thickness=0.5,
+            ),
+        )
+    )
+fig.update_layout(
+    title=f"Hit rate by {LABEL.get(by, by)}",
+    yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+    xaxis_title="time (UTC)",
+    height=420,
+    legend_title_text=LABEL.get(by, by),
+)
 ui.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
 
@@ -104,20 +129,42 @@ if "tenant" in free and "layer" in free:
         # Square markers instead of a heatmap trace: Plotly reports clicks on markers (not on heatmap cells).
         tenants = sorted(hm.tenant.astype(str).unique(), reverse=True)
         layers = sorted(hm.layer.astype(str).unique())
-        heat = go.Figure(go.Scatter(
-            x=hm.layer.astype(str), y=hm.tenant.astype(str), mode="markers+text",
-            marker=dict(symbol="square", size=46, color=hm.hit_rate, colorscale="RdYlGn", cmin=0, cmax=1,
-                        colorbar=dict(title="hit rate", tickformat=".0%")),
-            text=[f"{x:.0%}" for x in hm.hit_rate], textfont=dict(color="black", size=12),
-            customdata=hm[["lookups"]].to_numpy(),
-            hovertemplate="tenant %{y} · layer %{x}<br>hit rate %{text} of %{customdata[0]:,} lookups"
-                          "<extra>click to drill down</extra>"))
-        heat.update_layout(height=max(260, 56 * len(tenants) + 80), xaxis=dict(categoryorder="array",
-                           categoryarray=layers, title="layer", side="top"),
-                           yaxis=dict(categoryorder="array", categoryarray=tenants, title="tenant"),
-                           margin=dict(t=60, b=20), clickmode="event+select", dragmode=False)
-        ev = st.plotly_chart(heat, width="stretch", on_select="rerun", selection_mode="points",
-                             key=f"heat-{st.session_state.get('heat-gen', 0)}")
+        heat = go.Figure(
+            go.Scatter(
+                x=hm.layer.astype(str),
+                y=hm.tenant.astype(str),
+                mode="markers+text",
+                marker=dict(
+                    symbol="square",
+                    size=46,
+                    color=hm.hit_rate,
+                    colorscale="RdYlGn",
+                    cmin=0,
+                    cmax=1,
+                    colorbar=dict(title="hit rate", tickformat=".0%"),
+                ),
+                text=[f"{x:.0%}" for x in hm.hit_rate],
+                textfont=dict(color="black", size=12),
+                customdata=hm[["lookups"]].to_numpy(),
+                hovertemplate="tenant %{y} · layer %{x}<br>hit rate %{text} of %{customdata[0]:,} lookups"
+                "<extra>click to drill down</extra>",
+            )
+        )
+        heat.update_layout(
+            height=max(260, 56 * len(tenants) + 80),
+            xaxis=dict(categoryorder="array", categoryarray=layers, title="layer", side="top"),
+            yaxis=dict(categoryorder="array", categoryarray=tenants, title="tenant"),
+            margin=dict(t=60, b=20),
+            clickmode="event+select",
+            dragmode=False,
+        )
+        ev = st.plotly_chart(
+            heat,
+            width="stretch",
+            on_select="rerun",
+            selection_mode="points",
+            key=f"heat-{st.session_state.get('heat-gen', 0)}",
+        )
         pts = ev.selection.get("points", []) if ev and ev.selection else []
         if pts:
             p = pts[0]
@@ -127,12 +174,31 @@ if "tenant" in free and "layer" in free:
 
 st.subheader(f"By {LABEL.get(by, by)}")
 top = top.assign(share=top.lookups / top.lookups.sum())
-st.dataframe(top.rename(columns={by: LABEL.get(by, by)}).style.format(
-    {"hits": "{:,.0f}", "lookups": "{:,.0f}", "hit_rate": "{:.1%}", "ci_low": "{:.1%}", "ci_high": "{:.1%}",
-     "share": "{:.1%}"}), hide_index=True, width="stretch", column_config={
-    "hits": "Hits", "lookups": "Lookups", "hit_rate": "Hit rate", "ci_low": "95% CI low", "ci_high": "95% CI high",
-    "share": "Share of lookups"})
-choice = st.selectbox(f"Drill into a {LABEL.get(by, by)}", ["—"] + list(top[by].astype(str)), key="drill-pick")
+st.dataframe(
+    top.rename(columns={by: LABEL.get(by, by)}).style.format(
+        {
+            "hits": "{:,.0f}",
+            "lookups": "{:,.0f}",
+            "hit_rate": "{:.1%}",
+            "ci_low": "{:.1%}",
+            "ci_high": "{:.1%}",
+            "share": "{:.1%}",
+        }
+    ),
+    hide_index=True,
+    width="stretch",
+    column_config={
+        "hits": "Hits",
+        "lookups": "Lookups",
+        "hit_rate": "Hit rate",
+        "ci_low": "95% CI low",
+        "ci_high": "95% CI high",
+        "share": "Share of lookups",
+    },
+)
+choice = st.selectbox(
+    f"Drill into a {LABEL.get(by, by)}", ["—"] + list(top[by].astype(str)), key="drill-pick"
+)
 if choice != "—":
     path.append((by, choice))
     _reset_pickers()

@@ -18,8 +18,10 @@ hk = fr["hot_keys"]
 if hk.empty:
     st.info("No hot keys recorded in this range (they are flushed every few minutes).")
     st.stop()
-st.caption("Keys are shown as keyed hashes: the raw key never leaves the serving process. Counts come from a "
-           "Space-Saving sketch: true count between hits + misses and hits + misses + err.")
+st.caption(
+    "Keys are shown as keyed hashes: the raw key never leaves the serving process. Counts come from a "
+    "Space-Saving sketch: true count between hits + misses and hits + misses + err."
+)
 c1, c2 = st.columns(2)
 tenants = sorted(hk.tenant.unique())
 ui.init_from_url("hk-tenant", "tenant")
@@ -40,27 +42,41 @@ warmed = set(fr["warmed_keys"].key_hash) if len(fr["warmed_keys"]) else set()
 agg["warmed"] = agg.key_hash.isin(warmed)
 st.subheader(f"Top keys · {tenant} · {layer}")
 top = agg.sort_values("lookups", ascending=False).head(50)
-st.dataframe(top[["key_hash", "family", "lookups", "hits", "misses", "err", "hit_rate", "warmed"]], hide_index=True,
-             width="stretch", column_config={
-                 "key_hash": st.column_config.TextColumn("Key (keyed hash)"),
-                 "family": st.column_config.TextColumn("Key family"),
-                 "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
-                 "hits": st.column_config.NumberColumn("Hits", format="localized"),
-                 "misses": st.column_config.NumberColumn("Misses", format="localized"),
-                 "err": st.column_config.NumberColumn("Count error ±", format="localized"),
-                 "hit_rate": st.column_config.NumberColumn("Hit rate", format="%.1f%%"),
-                 "warmed": st.column_config.CheckboxColumn("Warmed in range")})
+st.dataframe(
+    top[["key_hash", "family", "lookups", "hits", "misses", "err", "hit_rate", "warmed"]],
+    hide_index=True,
+    width="stretch",
+    column_config={
+        "key_hash": st.column_config.TextColumn("Key (keyed hash)"),
+        "family": st.column_config.TextColumn("Key family"),
+        "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
+        "hits": st.column_config.NumberColumn("Hits", format="localized"),
+        "misses": st.column_config.NumberColumn("Misses", format="localized"),
+        "err": st.column_config.NumberColumn("Count error ±", format="localized"),
+        "hit_rate": st.column_config.NumberColumn("Hit rate", format="%.1f%%"),
+        "warmed": st.column_config.CheckboxColumn("Warmed in range"),
+    },
+)
 wk = fr["warmed_keys"]
 st.subheader("Warmed but never read")
 if wk.empty:
     st.info("No warm-up runs wrote keys in this range.")
 else:
     unread = wk[~read_in_time(wk)]
-    st.caption(f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were never read while "
-               f"warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing.")
-    st.dataframe(unread.groupby(["layer", "family"], as_index=False).agg(keys=("key_hash", "size"),
-                                                                          gpu_s=("gpu_s", "sum"))
-                 .sort_values("keys", ascending=False), hide_index=True, width="stretch", column_config={
-                     "layer": "Layer", "family": "Key family",
-                     "keys": st.column_config.NumberColumn("Keys never read", format="localized"),
-                     "gpu_s": st.column_config.NumberColumn("GPU-s wasted", format="%.2f")})
+    st.caption(
+        f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were never read while "
+        f"warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing."
+    )
+    st.dataframe(
+        unread.groupby(["layer", "family"], as_index=False)
+        .agg(keys=("key_hash", "size"), gpu_s=("gpu_s", "sum"))
+        .sort_values("keys", ascending=False),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "layer": "Layer",
+            "family": "Key family",
+            "keys": st.column_config.NumberColumn("Keys never read", format="localized"),
+            "gpu_s": st.column_config.NumberColumn("GPU-s wasted", format="%.2f"),
+        },
+    )

@@ -40,15 +40,27 @@ if "rc-win" not in st.session_state:
             st.session_state["rc-mode"] = "choose"
     except ValueError:
         pass
-if st.session_state.get("rc-win") and not (lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi):
+if st.session_state.get("rc-win") and not (
+    lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi
+):
     st.session_state.pop("rc-win")
-mode = st.radio("Regression window", ["detected change point", "choose"], horizontal=True, key="rc-mode",
-                help="'choose': set the window with the slider, or drag a box on the chart.")
+mode = st.radio(
+    "Regression window",
+    ["detected change point", "choose"],
+    horizontal=True,
+    key="rc-mode",
+    help="'choose': set the window with the slider, or drag a box on the chart.",
+)
 if mode == "choose":
     default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
-    a0, a1 = st.slider("Anomaly window (UTC)", min_value=lo, max_value=hi,
-                       value=st.session_state.get("rc-win", default),
-                       step=pd.Timedelta(minutes=5).to_pytimedelta(), format="MM-DD HH:mm")
+    a0, a1 = st.slider(
+        "Anomaly window (UTC)",
+        min_value=lo,
+        max_value=hi,
+        value=st.session_state.get("rc-win", default),
+        step=pd.Timedelta(minutes=5).to_pytimedelta(),
+        format="MM-DD HH:mm",
+    )
     st.session_state["rc-win"] = (a0, a1)
     anomaly = (_ts(a0), _ts(a1))
     ui.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
@@ -56,7 +68,9 @@ else:
     ui.url_set(window=None)
     cp = ui.change_point(start, end)
     if cp is None:
-        st.info("Too little data to find a change point; choose the window, or widen the time range.")
+        st.info(
+            "Too little data to find a change point; choose the window, or widen the time range."
+        )
         st.stop()
     anomaly = (cp, end)
 length = anomaly[1] - anomaly[0]
@@ -64,28 +78,60 @@ baseline = (max(start, anomaly[0] - length), anomaly[0])
 freq = max(300, ui.step(start, end) or 0)
 t = ui.rates(start, end, freq=freq)  # cached per range
 t["time"] = t.bucket.astype("datetime64[s]")
-fig = go.Figure(go.Scatter(x=t.time, y=t.hit_rate, mode="lines+markers", marker_size=3, name="hit rate",
-                           hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>"))
-fig.add_vrect(x0=pd.Timestamp(anomaly[0], unit="s"), x1=pd.Timestamp(anomaly[1], unit="s"), fillcolor="#b35900",
-              opacity=0.15, line_width=0, annotation_text="anomaly", annotation_position="bottom left")
-fig.add_vrect(x0=pd.Timestamp(baseline[0], unit="s"), x1=pd.Timestamp(baseline[1], unit="s"), fillcolor="grey",
-              opacity=0.15, line_width=0, annotation_text="baseline", annotation_position="bottom left")
+fig = go.Figure(
+    go.Scatter(
+        x=t.time,
+        y=t.hit_rate,
+        mode="lines+markers",
+        marker_size=3,
+        name="hit rate",
+        hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
+    )
+)
+fig.add_vrect(
+    x0=pd.Timestamp(anomaly[0], unit="s"),
+    x1=pd.Timestamp(anomaly[1], unit="s"),
+    fillcolor="#b35900",
+    opacity=0.15,
+    line_width=0,
+    annotation_text="anomaly",
+    annotation_position="bottom left",
+)
+fig.add_vrect(
+    x0=pd.Timestamp(baseline[0], unit="s"),
+    x1=pd.Timestamp(baseline[1], unit="s"),
+    fillcolor="grey",
+    opacity=0.15,
+    line_width=0,
+    annotation_text="baseline",
+    annotation_position="bottom left",
+)
 ui.annotate(fig, start, end)
-fig.update_layout(title=f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
-                  "window", yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-                  xaxis_title="time (UTC)", dragmode="select", height=380, showlegend=False)
+fig.update_layout(
+    title=f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
+    "window",
+    yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+    xaxis_title="time (UTC)",
+    dragmode="select",
+    height=380,
+    showlegend=False,
+)
 ev = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush")
 box = ev.selection.get("box", []) if ev and ev.selection else []
 if box and box[0].get("x"):
     x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
     x0, x1 = max(lo, x0), min(hi, x1)
-    st.session_state.pop("rc-brush", None)  # applied once: picking "detected" later must stay detected
+    st.session_state.pop(
+        "rc-brush", None
+    )  # applied once: picking "detected" later must stay detected
     if x1 > x0:
         st.session_state["rc-win"] = (x0, x1)
         ui.defer(**{"rc-mode": "choose"})
     st.rerun()
-st.caption(f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
-           f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer.")
+st.caption(
+    f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
+    f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
+)
 dd = ui.drill(start, end, anomaly, baseline)
 loc = dd.localization
 verdicts = ui.traps(start, end, anomaly, baseline)
@@ -93,7 +139,11 @@ verdicts = ui.traps(start, end, anomaly, baseline)
 # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
 for v in verdicts:
     if v.detected and v.trap == "tenant_isolation":
-        ev = v.evidence[len("SECURITY:"):].strip() if v.evidence.upper().startswith("SECURITY:") else v.evidence
+        ev = (
+            v.evidence[len("SECURITY:") :].strip()
+            if v.evidence.upper().startswith("SECURITY:")
+            else v.evidence
+        )
         st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}")
 
 st.subheader("Ranked explanations")
@@ -102,38 +152,78 @@ if loc.error:
 elif not loc.causes:
     st.info("; ".join(loc.notes) or "No significant regression in this window: nothing stands out.")
 else:
-    st.metric("Effective hit rate in the window", ui.pct(loc.observed),
-              f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected")
-    df = pd.DataFrame([{"Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
-                        "Explains": c.explanatory_power, "Score": c.score, "Leaves": c.leaves}
-                       for c in loc.causes])
-    st.dataframe(df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}), hide_index=True,
-                 width="stretch", column_config={"Explains": "Share of the change explained"})
-    bar = go.Figure(go.Bar(x=df.Explains, y=df.Cause, orientation="h",
-                           hovertemplate="%{y}: %{x:.0%}<extra></extra>"))
-    bar.update_layout(title="Share of the change explained", xaxis=dict(tickformat=".0%"),
-                      yaxis=dict(autorange="reversed"), height=80 + 40 * len(df))
+    st.metric(
+        "Effective hit rate in the window",
+        ui.pct(loc.observed),
+        f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
+    )
+    df = pd.DataFrame(
+        [
+            {
+                "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                "Explains": c.explanatory_power,
+                "Score": c.score,
+                "Leaves": c.leaves,
+            }
+            for c in loc.causes
+        ]
+    )
+    st.dataframe(
+        df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
+        hide_index=True,
+        width="stretch",
+        column_config={"Explains": "Share of the change explained"},
+    )
+    bar = go.Figure(
+        go.Bar(
+            x=df.Explains,
+            y=df.Cause,
+            orientation="h",
+            hovertemplate="%{y}: %{x:.0%}<extra></extra>",
+        )
+    )
+    bar.update_layout(
+        title="Share of the change explained",
+        xaxis=dict(tickformat=".0%"),
+        yaxis=dict(autorange="reversed"),
+        height=80 + 40 * len(df),
+    )
     st.plotly_chart(bar, width="stretch")
 shift, mdd = ui.miss_shift(start, end, anomaly, baseline)
 if len(shift):
     st.subheader("Why prefix-KV tokens missed")
-    st.caption("Missed prompt tokens by class in the window and the baseline (see the Why misses "
-               "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
-               "as isolated.")
-    sh = shift.assign(share=shift["share"].map(ui.pct), share_base=shift["share_base"].map(ui.pct),
-                      change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"))
-    st.dataframe(sh, hide_index=True, width="stretch", column_config={
-        "miss_class": st.column_config.TextColumn("Class"),
-        "tokens": st.column_config.NumberColumn("Tokens in the window", format="localized"),
-        "share": st.column_config.TextColumn("Share"),
-        "tokens_base": st.column_config.NumberColumn("Tokens in the baseline", format="localized"),
-        "share_base": st.column_config.TextColumn("Baseline share"),
-        "change": st.column_config.TextColumn("Change (pts)")})
+    st.caption(
+        "Missed prompt tokens by class in the window and the baseline (see the Why misses "
+        "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
+        "as isolated."
+    )
+    sh = shift.assign(
+        share=shift["share"].map(ui.pct),
+        share_base=shift["share_base"].map(ui.pct),
+        change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"),
+    )
+    st.dataframe(
+        sh,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "miss_class": st.column_config.TextColumn("Class"),
+            "tokens": st.column_config.NumberColumn("Tokens in the window", format="localized"),
+            "share": st.column_config.TextColumn("Share"),
+            "tokens_base": st.column_config.NumberColumn(
+                "Tokens in the baseline", format="localized"
+            ),
+            "share_base": st.column_config.TextColumn("Baseline share"),
+            "change": st.column_config.TextColumn("Change (pts)"),
+        },
+    )
     if mdd is not None and mdd.localization.causes:
         c = mdd.localization.causes[0]
         where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
-        st.caption(f"Largest change in missed tokens: {where}"
-                   + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)")
+        st.caption(
+            f"Largest change in missed tokens: {where}"
+            + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)"
+        )
 st.subheader("Cold-start traps")
 seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
 if not seen and not any(v.detected for v in verdicts):
