@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Lint and type-check:  bash scripts/lint.sh
-# ruff over the repository, mypy --strict over model/, collectors/, sources/ and analysis/,
-# and the import contract (lint-imports), all configured in pyproject.toml, from the same
-# .venv as scripts/test.sh.
+# ruff over the repository, its formatter's check over the product code, mypy --strict over
+# model/, collectors/, sources/ and analysis/, and the import contract (lint-imports), all
+# configured in pyproject.toml, from the same .venv as scripts/test.sh.
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
 rc=0
 log "ruff check"
 .venv/bin/ruff check . || rc=1
+log "ruff format --check (product code, 100 columns)"
+.venv/bin/ruff format --check collectors analysis app model sources simulator || rc=1
 log "mypy (strict: model/, collectors/, sources/, analysis/)"
 .venv/bin/mypy || rc=1
 log "import contract (lint-imports)"
