@@ -120,8 +120,8 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
     w = kv.KVWatcher(engines, max_blocks=args.max_blocks)
     if not w.specs:
         print(
-            "warmscope kv-events: no engine publishes KV events; start vLLM with --kv-events-config "
-            "(see docs/kv-events.md) or pass --endpoint",
+            "warmscope kv-events: no engine publishes KV events; start vLLM with "
+            "--kv-events-config (see docs/kv-events.md) or pass --endpoint",
             file=sys.stderr,
         )
         return 1
