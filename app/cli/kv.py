@@ -140,13 +140,9 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    return cmd_kv_events(args)
-
-
 COMMAND = Simple(
     "kv-events",
-    run=_run,
+    run=cmd_kv_events,
     arguments=_arguments,
     help="watch vLLM engines' KV-cache events (block stores, reuses, evictions)",
     description="Subscribe to the KV-cache events of one or more vLLM engines (started with "
