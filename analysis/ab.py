@@ -520,9 +520,9 @@ def compare(
                     kind,
                     control,
                     treatment,
-                    f"too few units for the delta method: {small:.0f} effective units in an arm (need "
-                    f"{MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the denominator, so a p-value "
-                    "would be overconfident — wait for more units",
+                    f"too few units for the delta method: {small:.0f} effective units in an arm "
+                    f"(need {MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the "
+                    "denominator, so a p-value would be overconfident — wait for more units",
                 ),
                 control=ea,
                 treatment=eb,
@@ -560,7 +560,8 @@ def compare(
                 treatment=eb,
                 abs_effect=0.0,
             )
-        # Every unit in each arm has the same value (observed, not assumed): the difference is exact.
+        # Every unit in each arm has the same value (observed, not assumed): the difference is
+        # exact.
         warning = (
             "zero variance: every unit has the same value in each arm; the difference is exact"
         )
@@ -899,7 +900,10 @@ def mde_sentence(mde_rel: float, target_rel: float, days: float) -> str:
         return f"{now}; the time to reach {target_rel:.0%} is unknown (no traffic rate)."
     if days < 1:
         hours = max(days * 24, 0.1)
-        return f"{now}; reaching {target_rel:.0%} takes about {hours:.1f} more hours at the current traffic."
+        return (
+            f"{now}; reaching {target_rel:.0%} takes about {hours:.1f} more hours at "
+            "the current traffic."
+        )
     return (
         f"{now}; reaching {target_rel:.0%} takes about {days:.1f} more days at the current traffic."
     )

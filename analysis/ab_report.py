@@ -234,7 +234,8 @@ _better = better  # the dashboard's name
 
 
 def _p(r: Result, multi: bool) -> float:
-    """The p-value a row is judged by: the primary metric's raw p with one treatment arm, else Holm's."""
+    """The p-value a row is judged by: the primary metric's raw p with one treatment arm, else
+    Holm's."""
     return r.p_value if r.primary and not multi else r.p_holm
 
 
@@ -251,8 +252,9 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
         return f"No verdict: {rep.error}"
     if rep.srm_units is not None and rep.srm_units.flagged:
         return (
-            f"Do not trust this result: the unit split {rep.srm_units.observed} does not match the plan "
-            f"(sample-ratio mismatch, p = {rep.srm_units.p_value:.2g}). Find the cause before reading metrics."
+            f"Do not trust this result: the unit split {rep.srm_units.observed} does not match the "
+            f"plan (sample-ratio mismatch, p = {rep.srm_units.p_value:.2g}). Find the cause "
+            "before reading metrics."
         )
     if not prims:
         return f"No verdict on {rep.primary}: metric not available."
@@ -262,16 +264,20 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             return f"No verdict on {rep.primary}: {prim.error}."
         if prim.p_value < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
+            seq = f" (always-valid p = {prim.seq_p:.2g})" if np.isfinite(prim.seq_p) else ""
             return (
-                f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, p = {prim.p_value:.2g}"
-                f"{f' (always-valid p = {prim.seq_p:.2g})' if np.isfinite(prim.seq_p) else ''}."
+                f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, "
+                f"p = {prim.p_value:.2g}{seq}."
             )
         mde = (
             f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}"
             if rep.power and np.isfinite(rep.power.mde_rel)
             else ""
         )
-        return f"No significant difference on {prim.metric} ({_rel(prim)}, p = {prim.p_value:.2g}){mde}."
+        return (
+            f"No significant difference on {prim.metric} ({_rel(prim)}, "
+            f"p = {prim.p_value:.2g}){mde}."
+        )
     parts = []
     for r in prims:
         if r.error:
@@ -356,7 +362,8 @@ def _finish(
 
 
 def _points(buckets: np.ndarray, points: int) -> np.ndarray:
-    """Over-time points: ends of arrival buckets (``BUCKET_S``), at most ``points``, evenly picked."""
+    """Over-time points: ends of arrival buckets (``BUCKET_S``), at most ``points``, evenly
+    picked."""
     ends = np.unique(buckets) + BUCKET_S
     if len(ends) == 0:
         return ends
@@ -730,9 +737,9 @@ def _title(rep: ABReport) -> str:
 def _footnote(rep: ABReport) -> str:
     if rep.multi_arm:
         return (
-            f"★ primary metric: p (Holm) adjusts over the {len(rep.treatments)} arms compared with the control; "
-            "every other metric is Holm- and BH-adjusted over all its rows and arms. Always-valid p: mixture "
-            "SPRT, safe to read at any time (sequential)."
+            f"★ primary metric: p (Holm) adjusts over the {len(rep.treatments)} arms compared with "
+            "the control; every other metric is Holm- and BH-adjusted over all its rows and arms. "
+            "Always-valid p: mixture SPRT, safe to read at any time (sequential)."
         )
     return (
         "★ primary metric (tested at α = 0.05 as is); the others are Holm- and BH-adjusted. "
@@ -745,9 +752,9 @@ def _srm_line(s: SRM | None) -> str:
         return ""
     state = "MISMATCH" if s.flagged else "ok"
     return (
-        f"SRM on {s.what}: {state} — observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a planned "
-        f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, p = {s.p_value:.3g} "
-        f"(a mismatch is p < {s.threshold:g})"
+        f"SRM on {s.what}: {state} — observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a "
+        f"planned {' / '.join(f'{x:.0%}' for x in s.expected_share)} split, χ² = {s.chi2:.2f}, "
+        f"p = {s.p_value:.3g} (a mismatch is p < {s.threshold:g})"
     )
 
 
@@ -832,13 +839,20 @@ def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
         pw = f"<p>{e(rep.power.note)} (primary metric: {e(rep.primary)})</p>"
     fig = effect_figure(rep).to_html(full_html=False, include_plotlyjs=include_plotlyjs)
     units = ", ".join(f"{e(k)} {v:,}" for k, v in rep.units.items())
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>A/B report: {e(rep.experiment)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px}}table{{border-collapse:collapse;
-font-size:.9rem}}td,th{{border:1px solid #ddd;padding:4px 8px;text-align:right}}td:first-child,th:first-child
-{{text-align:left}}.srm{{padding:.5rem 1rem;margin:.5rem 0;border-radius:4px}}.ok{{background:#e8f5e9}}
-.bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}.warn{{color:#b26a00}}
+    # A backslash at the end of a line inside the string joins it to the next (no newline written).
+    return f"""<!doctype html><html><head><meta charset="utf-8">\
+<title>A/B report: {e(rep.experiment)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px}}\
+table{{border-collapse:collapse;
+font-size:.9rem}}td,th{{border:1px solid #ddd;padding:4px 8px;text-align:right}}\
+td:first-child,th:first-child
+{{text-align:left}}.srm{{padding:.5rem 1rem;margin:.5rem 0;border-radius:4px}}\
+.ok{{background:#e8f5e9}}
+.bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}\
+.warn{{color:#b26a00}}
 </style></head><body><h1>{e(_title(rep))}</h1>
 {srm_html}<p class="verdict"><b>{e(rep.verdict)}</b></p>{warn}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}
-{table}<p><small>{e(_footnote(rep))} Ratio metrics by the delta method at the unit level; quantiles by Deng et
+{table}<p><small>{e(_footnote(rep))} Ratio metrics by the delta method at the unit level; \
+quantiles by Deng et
 al.'s outer CI.</small></p>{fig}</body></html>"""

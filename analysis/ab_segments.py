@@ -1,19 +1,23 @@
-"""An A/B comparison per segment (tenant, model, layer, prompt length, or a pair of them), from metric series.
+"""An A/B comparison per segment (tenant, model, layer, prompt length, or a pair of them), from
+metric series.
 
-A/B unit records carry no tenant or model, so a per-segment comparison reads the labelled metric series
-(``lookups``, ``requests``, ``histograms``) of the experiment instead: per segment, arm and ``freq``-second
-time bucket a value (hit rate, GPU-s per request, TTFT P95), then batch means — each bucket's value a
-sample, Welch's t between the arms (:func:`analysis.ab.batch_means`) — with the difference's 95% CI and
-Holm and Benjamini–Hochberg adjusted p-values across every segment × metric row of the table.
+A/B unit records carry no tenant or model, so a per-segment comparison reads the labelled metric
+series (``lookups``, ``requests``, ``histograms``) of the experiment instead: per segment, arm and
+``freq``-second time bucket a value (hit rate, GPU-s per request, TTFT P95), then batch means — each
+bucket's value a sample, Welch's t between the arms (:func:`analysis.ab.batch_means`) — with the
+difference's 95% CI and Holm and Benjamini–Hochberg adjusted p-values across every segment × metric
+row of the table.
 
-Batch means are rougher than the unit-level report: buckets are not independent units (autocorrelation makes
-the p-values optimistic). Segments with fewer than ``min_buckets`` buckets in an arm are not tested.
+Batch means are rougher than the unit-level report: buckets are not independent units
+(autocorrelation makes the p-values optimistic). Segments with fewer than ``min_buckets`` buckets in
+an arm are not tested.
 
 Example::
 
     t = segment_table(lookups, requests, histograms, "warmup-strategy", "A", "B", by=["tenant"])
-    # columns: tenant, metric, control, treatment, difference, ci_low, ci_high, relative, p, p_holm, p_bh,
-    #          buckets_control, buckets_treatment, outcome ("win" | "lose" | "neutral" | "not tested")
+    # columns: tenant, metric, control, treatment, difference, ci_low, ci_high, relative, p,
+    #          p_holm, p_bh, buckets_control, buckets_treatment,
+    #          outcome ("win" | "lose" | "neutral" | "not tested")
 """
 
 from __future__ import annotations
@@ -100,10 +104,10 @@ def segment_table(
     freq: float = 600.0,
     min_buckets: int = 3,
 ) -> pd.DataFrame:
-    """Per segment of ``by`` (a subset of :data:`DIMENSIONS`) and metric: each arm's mean of its per-bucket
-    values, the difference treatment − control with its 95% CI, the relative difference, p, Holm and BH
-    p-values (across all rows), and the outcome at Holm p < 0.05. Hit rate leaves the model-weights layer
-    out. A metric whose frame lacks a dimension of ``by`` is skipped (requests
+    """Per segment of ``by`` (a subset of :data:`DIMENSIONS`) and metric: each arm's mean of its
+    per-bucket values, the difference treatment − control with its 95% CI, the relative difference,
+    p, Holm and BH p-values (across all rows), and the outcome at Holm p < 0.05. Hit rate leaves the
+    model-weights layer out. A metric whose frame lacks a dimension of ``by`` is skipped (requests
     and TTFT carry no layer or prompt length)."""
     by = list(by)
     bad = [d for d in by if d not in DIMENSIONS]

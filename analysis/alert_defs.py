@@ -4,29 +4,29 @@ evaluates over the store's frames and the Prometheus alerting rules in
 same definitions (a test checks the shipped file equals it, and runs both on
 the same data through promtool to compare what fires).
 
-=============================  ==========================================================  ==========
-alert (rule name)              condition                                                    severity
-=============================  ==========================================================  ==========
-HitRateRegression              a layer's hit rate at least ``HIT_RATE_DROP`` (20 %)         warning;
-(…ShortTerm, …Daily)           below the baseline: in Prometheus the last 5 min vs an       critical
-                               hour ago / a day ago, held ``for`` 10 / 15 min; in the       past 50 %
+=============================  ==========================================================  =========
+alert (rule name)              condition                                                   severity
+=============================  ==========================================================  =========
+HitRateRegression              a layer's hit rate at least ``HIT_RATE_DROP`` (20 %)        warning;
+(…ShortTerm, …Daily)           below the baseline: in Prometheus the last 5 min vs an      critical
+                               hour ago / a day ago, held ``for`` 10 / 15 min; in the      past 50 %
                                evaluator the latest third of the range vs the third
                                before it, gated by a two-proportion test at p < 0.01
                                (the evaluator's ``for``)
-WarmupROINegative              warm-up spent more GPU-s in the last hour than it saved      warning
-WarmSetPrecisionLow            under ``WARM_PRECISION_MIN`` (30 %) of a warm set is read    warning
-TrafficBeforeWarmupComplete    a replica serves while its warm-up runs                      warning
-CrossTenantCacheRead           any key of a tenant-scoped layer read by two or more         critical
+WarmupROINegative              warm-up spent more GPU-s in the last hour than it saved     warning
+WarmSetPrecisionLow            under ``WARM_PRECISION_MIN`` (30 %) of a warm set is read   warning
+TrafficBeforeWarmupComplete    a replica serves while its warm-up runs                     warning
+CrossTenantCacheRead           any key of a tenant-scoped layer read by two or more        critical
                                tenants: fires at once (``for: 0s``) and holds an hour
-BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's lookups        warning
+BypassSpike                    more than ``BYPASS_SHARE`` (5 %) of a layer's lookups       warning
                                bypass the cache, and it did not an hour before
-TelemetryDropping              the collectors swallow errors                                warning
-TokenUsageUnmeasured           over ``UNMEASURED_SHARE`` (5 %) of a tenant's requests       warning
+TelemetryDropping              the collectors swallow errors                               warning
+TokenUsageUnmeasured           over ``UNMEASURED_SHARE`` (5 %) of a tenant's requests      warning
                                carry no token usage (left out of token hit rates), 15 min
-KVEvictedShareHigh             over ``KV_EVICTED_SHARE`` (30 %) of a tenant's missed        warning
+KVEvictedShareHigh             over ``KV_EVICTED_SHARE`` (30 %) of a tenant's missed       warning
                                prefix-KV tokens were evicted before reuse, for 30 min
                                (Prometheus only: the Why misses page shows the share)
-=============================  ==========================================================  ==========
+=============================  ==========================================================  =========
 
 The engine alerts (``rules/engines.alerts.yml``, :func:`render_engine_rules`) are
 defined here too, in :data:`ENGINE_ALERTS`: they read the engine series that
@@ -123,28 +123,32 @@ ALERTS: tuple[AlertDef, ...] = (
     AlertDef(
         "HitRateRegression",
         "WarmscopeHitRateRegressionDaily",
-        f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * (warmscope:layer_hit_ratio:rate5m offset 1d)",
+        f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * "
+        "(warmscope:layer_hit_ratio:rate5m offset 1d)",
         "15m",
         "warning",
-        f"Hit rate of layer {{{{ $labels.warmscope_cache_layer }}}} is {_pct(HIT_RATE_DROP)} below the same "
-        "time yesterday",
+        f"Hit rate of layer {{{{ $labels.warmscope_cache_layer }}}} is {_pct(HIT_RATE_DROP)} below "
+        "the same time yesterday",
         "Now {{ $value | humanizePercentage }}. Open the Root cause page for the window.",
         "hit-rate-regression",
     ),
     AlertDef(
         "HitRateRegression",
         "WarmscopeHitRateRegressionShortTerm",
-        f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * (warmscope:layer_hit_ratio:rate5m offset 1h)",
+        f"warmscope:layer_hit_ratio:rate5m < {1 - HIT_RATE_DROP:g} * "
+        "(warmscope:layer_hit_ratio:rate5m offset 1h)",
         "10m",
         "warning",
-        f"Hit rate of layer {{{{ $labels.warmscope_cache_layer }}}} fell {_pct(HIT_RATE_DROP)} within the hour",
+        "Hit rate of layer {{ $labels.warmscope_cache_layer }} fell "
+        f"{_pct(HIT_RATE_DROP)} within the hour",
         "Now {{ $value | humanizePercentage }}.",
         "hit-rate-regression",
     ),
     AlertDef(
         "WarmupROINegative",
         "WarmscopeWarmupROINegative",
-        "sum(warmscope:warmup_gpu_seconds:increase1h) > sum(warmscope:gpu_seconds_saved:increase1h)",
+        "sum(warmscope:warmup_gpu_seconds:increase1h) > "
+        "sum(warmscope:gpu_seconds_saved:increase1h)",
         "30m",
         "warning",
         "Warm-up spent more GPU-seconds in the last hour than it saved",
@@ -157,7 +161,8 @@ ALERTS: tuple[AlertDef, ...] = (
         f"warmscope:warmset_precision:ratio1h < {WARM_PRECISION_MIN:g}",
         "30m",
         "warning",
-        "Warm-up strategy {{ $labels.warmscope_warmup_strategy }} on {{ $labels.warmscope_cache_layer }}: "
+        "Warm-up strategy {{ $labels.warmscope_warmup_strategy }} on "
+        "{{ $labels.warmscope_cache_layer }}: "
         f"under {_pct(WARM_PRECISION_MIN)} of warmed keys are read",
         "Precision {{ $value | humanizePercentage }}: most warm-up work is wasted.",
         "warm-set-precision-low",
@@ -176,14 +181,20 @@ ALERTS: tuple[AlertDef, ...] = (
     AlertDef(
         "CrossTenantCacheRead",
         "WarmscopeCrossTenantCacheRead",
-        "sum by (warmscope_cache_layer) (increase(warmscope_cache_cross_tenant_keys_total[1h])) > 0",
+        "sum by (warmscope_cache_layer) "
+        "(increase(warmscope_cache_cross_tenant_keys_total[1h])) > 0",
         "0s",
         "critical",
-        "SECURITY: cache keys in {{ $labels.warmscope_cache_layer }} are read by more than one tenant",
-        "Keys read by two or more tenants appeared in the last hour: keys lack a tenant scope (data leak).",
+        "SECURITY: cache keys in {{ $labels.warmscope_cache_layer }} are read by "
+        "more than one tenant",
+        "Keys read by two or more tenants appeared in the last hour: keys lack a "
+        "tenant scope (data leak).",
         "cross-tenant-cache-read",
-        comment="A data leak: fire at the first evaluation (`for: 0s`), and keep firing for an hour after the\n"
-        "last shared key so that one short leak is not missed between two looks at the page.",
+        comment=(
+            "A data leak: fire at the first evaluation (`for: 0s`), and keep firing for an hour "
+            "after the\n"
+            "last shared key so that one short leak is not missed between two looks at the page."
+        ),
     ),
     AlertDef(
         "CacheBypassSpike",
@@ -192,7 +203,8 @@ ALERTS: tuple[AlertDef, ...] = (
         f"unless (warmscope:layer_bypass_ratio:rate5m offset 1h) > {BYPASS_SHARE:g}",
         f"{BYPASS_FOR_S / 60:.0f}m",
         "warning",
-        "{{ $value | humanizePercentage }} of {{ $labels.warmscope_cache_layer }} lookups bypass the cache",
+        "{{ $value | humanizePercentage }} of {{ $labels.warmscope_cache_layer }} "
+        "lookups bypass the cache",
         "A middleware path (cache-control: no-cache, skip flags) started skipping the cache.",
         "bypass-spike",
     ),
@@ -214,8 +226,8 @@ ALERTS: tuple[AlertDef, ...] = (
         f"> {UNMEASURED_SHARE:g}",
         "15m",
         "warning",
-        "{{ $value | humanizePercentage }} of tenant {{ $labels.warmscope_tenant }}'s requests carry no "
-        "token usage",
+        "{{ $value | humanizePercentage }} of tenant {{ $labels.warmscope_tenant }}'s requests "
+        "carry no token usage",
         "Their tokens are left out of the token hit rates: streams sent with "
         "stream_options.include_usage false, or an engine without prompt token details.",
         "token-usage-unmeasured",
@@ -239,7 +251,10 @@ ALERTS: tuple[AlertDef, ...] = (
 )
 
 
-_ENGINE_WHO = "{{ $labels.warmscope_engine }} model {{ $labels.gen_ai_request_model }} on {{ $labels.instance }}"
+_ENGINE_WHO = (
+    "{{ $labels.warmscope_engine }} model {{ $labels.gen_ai_request_model }} on "
+    "{{ $labels.instance }}"
+)
 _ENGINE_HIT = "warmscope:engine_prefix_hit_ratio:rate5m"
 _BUDGET = 1 - ENGINE_TTFT_SLO_TARGET
 
@@ -262,7 +277,8 @@ ENGINE_ALERTS: tuple[AlertDef, ...] = (
         "and warmscope:engine_prefix_query_tokens:rate5m > 0",
         "15m",
         "warning",
-        f"Prefix-cache hit rate of {_ENGINE_WHO} is {_pct(HIT_RATE_DROP)} below the same time yesterday",
+        f"Prefix-cache hit rate of {_ENGINE_WHO} is {_pct(HIT_RATE_DROP)} below "
+        "the same time yesterday",
         "Token-weighted hit rate now {{ $value | humanizePercentage }}.",
         "engine-hit-rate-regression",
     ),
@@ -274,7 +290,8 @@ ENGINE_ALERTS: tuple[AlertDef, ...] = (
         "warning",
         "KV cache of {{ $labels.warmscope_engine }} on {{ $labels.instance }} is over "
         f"{_pct(ENGINE_KV_SATURATED)} full",
-        "Usage {{ $value | humanizePercentage }}: prefix blocks are evicted before they are reused.",
+        "Usage {{ $value | humanizePercentage }}: prefix blocks are evicted before they are "
+        "reused.",
         "engine-kv-cache-saturated",
     ),
     AlertDef(
@@ -309,14 +326,17 @@ def render_rules() -> str:
     """``rules/warmscope.alerts.yml`` from :data:`ALERTS` (runbook links relative;
     ``warmscope rules --runbook-base`` makes them absolute)."""
     head = [
-        "# Generated from analysis/alert_defs.py (the evaluator reads the same thresholds); edit it there and",
-        "# write this file with `python -m warmscope.analysis.alert_defs > rules/warmscope.alerts.yml`.",
+        "# Generated from analysis/alert_defs.py (the evaluator reads the same "
+        "thresholds); edit it there and",
+        "# write this file with `python -m warmscope.analysis.alert_defs > "
+        "rules/warmscope.alerts.yml`.",
     ]
     return _render(head, "warmscope-alerts", ALERTS, "docs/runbooks.md")
 
 
 def render_engine_rules() -> str:
-    """``rules/engines.alerts.yml`` from :data:`ENGINE_ALERTS` (runbook links on :data:`RUNBOOK_BASE`)."""
+    """``rules/engines.alerts.yml`` from :data:`ENGINE_ALERTS` (runbook links on
+    :data:`RUNBOOK_BASE`)."""
     head = [
         "# Generated from analysis/alert_defs.py; edit it there and write this file with",
         "# `python -m warmscope.analysis.alert_defs --engines > rules/engines.alerts.yml`.",

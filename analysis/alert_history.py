@@ -39,8 +39,8 @@ _SUBJECT = re.compile(r"^(layer \S+?|run \S+)(?=[: ]|$)")
 
 
 def subject_of(summary: str) -> str:
-    """What an alert is about, from its summary: ``layer prefix_kv``, ``run run-1-00009``, or "" (one per
-    alert name)."""
+    """What an alert is about, from its summary: ``layer prefix_kv``, ``run run-1-00009``, or ""
+    (one per alert name)."""
     m = _SUBJECT.match(summary or "")
     return m.group(1) if m else ""
 
@@ -88,8 +88,9 @@ def alert_history(
     every: float = 600.0,
     lookback: float = 3600.0,
 ) -> pd.DataFrame:
-    """Alert episodes over (start, end]: evaluations every ``every`` s, each over the ``lookback`` s before
-    it (frames must reach back to ``start − lookback``). One row per episode, oldest first."""
+    """Alert episodes over (start, end]: evaluations every ``every`` s, each over the ``lookback`` s
+    before it (frames must reach back to ``start − lookback``). One row per episode, oldest
+    first."""
     if lookback <= 0:
         raise ValueError(f"lookback must be positive, got {lookback!r}")
     times = evaluation_times(start, end, every)

@@ -158,14 +158,16 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                         end - third,
                     )
                 )
-        # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules do).
+        # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules
+        # do).
         runs = frames.get("warmup_runs", pd.DataFrame())
         for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
             if not v.detected or v.trap in ("tenant_isolation", "bypass"):
                 continue
             if v.trap == "warmup_timing":
-                # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic did not use; a
-                # restart's warm-up is timed by the restart (its waste is WarmSetPrecisionLow's, per strategy).
+                # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic
+                # did not use; a restart's warm-up is timed by the restart (its waste is
+                # WarmSetPrecisionLow's, per strategy).
                 timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
                 v = timing(
                     {**frames, "warmup_runs": timed},
@@ -206,8 +208,8 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
         cov = warm_set_coverage(
             runs, frames["warmed_keys"], frames.get("early_keys", pd.DataFrame())
         )
-        # One alert per strategy × layer (the rule's labels), over every run in the range: a strategy that
-        # wastes its warm sets, not each of its runs.
+        # One alert per strategy × layer (the rule's labels), over every run in the range: a
+        # strategy that wastes its warm sets, not each of its runs.
         g = cov.groupby(["strategy", "layer"]).agg(
             warmed=("keys_warmed", "sum"),
             read=("keys_read", "sum"),
@@ -222,8 +224,8 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                 (
                     "warning",
                     "WarmSetPrecisionLow",
-                    f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} warmed keys "
-                    f"were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)",
+                    f"strategy {strategy} on {layer}: {r.read / r.warmed:.0%} of {int(r.warmed):,} "
+                    f"warmed keys were read ({int(r.runs)} runs, {r.wasted:.1f} GPU-s wasted)",
                     float(r.since),
                 )
             )

@@ -112,7 +112,8 @@ def _targets(y: np.ndarray, m: int) -> np.ndarray:
 
 
 def _ses_levels(y: np.ndarray, alpha: float) -> np.ndarray:
-    """Level after each row: ``l_t = α·y_t + (1 − α)·l_{t−1}``, ``l_{−1} = y_0`` (a first-order filter)."""
+    """Level after each row: ``l_t = α·y_t + (1 − α)·l_{t−1}``, ``l_{−1} = y_0`` (a first-order
+    filter)."""
     from scipy.signal import lfilter
 
     if len(y) == 0:
@@ -146,7 +147,8 @@ class Evaluation:
 
 
 class _Fitted:
-    """Every model's forecasts for one horizon over the whole series (row i = forecast made at bucket i)."""
+    """Every model's forecasts for one horizon over the whole series (row i = forecast made at
+    bucket i)."""
 
     def __init__(self, y: np.ndarray, ts: np.ndarray, step: float, m: int, train_end: int) -> None:
         self.y, self.ts, self.m, self.step = y, ts, m, step
@@ -298,8 +300,8 @@ def forecast_now(
     horizons: Iterable[float] = HORIZONS,
     evaluations: list[Evaluation] | None = None,
 ) -> pd.DataFrame:
-    """The kept model's forecast from every bucket: columns ts, group, horizon_s, actual, forecast, lo, hi
-    (actual is the realised target, NaN for the newest buckets)."""
+    """The kept model's forecast from every bucket: columns ts, group, horizon_s, actual, forecast,
+    lo, hi (actual is the realised target, NaN for the newest buckets)."""
     s = series(lookups, by)
     if s.empty:
         return pd.DataFrame(columns=["ts", "group", "horizon_s", "actual", "forecast", "lo", "hi"])
@@ -344,9 +346,10 @@ class Peak:
 def next_peak(
     lookups: pd.DataFrame, after: float | None = None, smooth_s: float = 3600.0
 ) -> Peak | None:
-    """Time of day where the hour-smoothed total rate is highest over the recorded days, placed at its next
-    occurrence after ``after`` (default: the end of the data); the interval is the 5–95 % range of that
-    time of day's rate across the days seen, or of the hour around it when one day is recorded."""
+    """Time of day where the hour-smoothed total rate is highest over the recorded days, placed at
+    its next occurrence after ``after`` (default: the end of the data); the interval is the 5–95 %
+    range of that time of day's rate across the days seen, or of the hour around it when one day is
+    recorded."""
     s = series(lookups, ("layer",))
     if s.empty:
         return None
@@ -367,15 +370,16 @@ def next_peak(
     lo, hi = np.quantile(near, LEVELS) if len(near) else (np.nan, np.nan)
     days = (s.index.max() - s.index.min()) / DAY
     basis = (
-        f"hour-smoothed total rate over {days:.1f} day(s) of history; interval: the bucket rates within "
-        f"±{smooth_s / 120:g} min of that time of day"
+        f"hour-smoothed total rate over {days:.1f} day(s) of history; interval: the bucket rates "
+        f"within ±{smooth_s / 120:g} min of that time of day"
     )
     return Peak(at, float(prof.max()), float(lo), float(hi), basis)
 
 
 @dataclass
 class PredictionError:
-    """The request-prediction error at one horizon: the kept model's held-back MAPE with a 95 % CI."""
+    """The request-prediction error at one horizon: the kept model's held-back MAPE with a 95 %
+    CI."""
 
     value: float  # NaN when it cannot be computed (``note`` says why)
     note: str
@@ -391,8 +395,8 @@ class PredictionError:
 
 
 def _block_ci(a: np.ndarray, p: np.ndarray, blocks: int = 10) -> tuple[float, float]:
-    """95 % CI of the MAPE by batch means: the held-back rows cut into contiguous time blocks (errors of
-    neighbouring buckets are correlated), a t interval over the blocks' MAPEs."""
+    """95 % CI of the MAPE by batch means: the held-back rows cut into contiguous time blocks
+    (errors of neighbouring buckets are correlated), a t interval over the blocks' MAPEs."""
     from scipy import stats
 
     cuts = np.array_split(np.arange(len(a)), min(blocks, len(a)))
@@ -410,11 +414,12 @@ def prediction_error(
     by: Sequence[str] = ("family",),
     max_step_s: float = 60.0,
 ) -> PredictionError:
-    """The kept model's held-back MAPE at ``horizon_s`` (the score card's request-prediction dimension).
+    """The kept model's held-back MAPE at ``horizon_s`` (the score card's request-prediction
+    dimension).
 
-    Lookups flushed more coarsely than ``horizon_s`` (but at most every ``max_step_s``) are scored one bucket
-    ahead and flagged ``resolution_limited``, as :func:`evaluate` does; coarser lookups (hourly rollups) or
-    too short a history give NaN and the reason. Unpacks as ``value, note``."""
+    Lookups flushed more coarsely than ``horizon_s`` (but at most every ``max_step_s``) are scored
+    one bucket ahead and flagged ``resolution_limited``, as :func:`evaluate` does; coarser lookups
+    (hourly rollups) or too short a history give NaN and the reason. Unpacks as ``value, note``."""
     s = series(lookups, by)
     if s.empty:
         return PredictionError(float("nan"), "no hit/miss lookups", horizon_s=horizon_s)
@@ -435,8 +440,8 @@ def prediction_error(
     width = (
         f"{horizon_s:g} s ahead"
         if not ev.resolution_limited
-        else f"{horizon_s:g} s ahead, scored as the next {step:g}-s bucket (the flush interval; flush every "
-        f"{horizon_s:g} s or faster to score it at its own width)"
+        else f"{horizon_s:g} s ahead, scored as the next {step:g}-s bucket (the flush interval; "
+        f"flush every {horizon_s:g} s or faster to score it at its own width)"
     )
     note = (
         f"{ev.chosen} forecast per {' × '.join(by)}, {width}; held-back last 20 % "

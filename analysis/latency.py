@@ -6,7 +6,9 @@ rank in the overflow bucket returns the largest finite bound.
 
 Example::
 
-    p95 = hist_quantile(histograms, 0.95, metric="gen_ai.server.time_to_first_token", by=["variant"])
+    p95 = hist_quantile(
+        histograms, 0.95, metric="gen_ai.server.time_to_first_token", by=["variant"]
+    )
 """
 
 from __future__ import annotations
@@ -103,13 +105,14 @@ def quantiles_over_time(
     freq: float = 600.0,
     by: Sequence[str] = (),
 ) -> pd.DataFrame:
-    """Quantiles of ``metric`` per ``freq``-second time bucket (and group): what a latency-over-time chart draws.
+    """Quantiles of ``metric`` per ``freq``-second time bucket (and group): what a latency-over-time
+    chart draws.
 
-    Each bucket pools the histogram rows stamped in it (``bucket_start``: a flush closing a bucket belongs to
-    it) and takes the same estimate as :func:`hist_quantile`. Columns: ``bucket`` (start, Unix s), ``by``…,
-    ``count`` and one column per quantile named ``p50``, ``p95``, ``p99`` (``q`` × 100, ``g`` format), plus
-    ``overflow_<name>`` — True where that quantile fell in the overflow bucket (its value is then the largest
-    finite bound, a lower limit rather than an estimate)."""
+    Each bucket pools the histogram rows stamped in it (``bucket_start``: a flush closing a bucket
+    belongs to it) and takes the same estimate as :func:`hist_quantile`. Columns: ``bucket`` (start,
+    Unix s), ``by``…, ``count`` and one column per quantile named ``p50``, ``p95``, ``p99`` (``q`` ×
+    100, ``g`` format), plus ``overflow_<name>`` — True where that quantile fell in the overflow
+    bucket (its value is then the largest finite bound, a lower limit rather than an estimate)."""
     from .buckets import bucket_start
 
     by = list(by)

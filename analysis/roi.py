@@ -38,7 +38,9 @@ Decay: the per-minute benefit ``b(t)`` after the run is fitted to
 Example::
 
     table = roi_windows(run, requests, price_per_gpu_s=0.0008, value_per_conversion=4.0)
-    decay = fit_decay(benefit_series(run, requests, price_per_gpu_s=0.0008, value_per_conversion=4.0))
+    decay = fit_decay(
+        benefit_series(run, requests, price_per_gpu_s=0.0008, value_per_conversion=4.0)
+    )
 """
 
 from __future__ import annotations
@@ -375,8 +377,8 @@ def _cell(v: float, lo: float, hi: float, why: str) -> str:
 
 
 def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
-    """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why ("no
-    conversion data", "not enough points", "cost too small to estimate", …)."""
+    """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why
+    ("no conversion data", "not enough points", "cost too small to estimate", …)."""
     rows = []
     for rec in roi.to_dict("records"):
         r: dict[str, Any] = {str(k): v for k, v in rec.items()}
@@ -438,8 +440,8 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
 
 
 def decay_text(d: Decay) -> str:
-    """The decay rate only when the benefit is significantly decaying (its 95 % interval above zero);
-    otherwise "no decay measured" and why."""
+    """The decay rate only when the benefit is significantly decaying (its 95 % interval above
+    zero); otherwise "no decay measured" and why."""
     if d.error:
         return f"no decay measured: {d.error}"
     if not (np.isfinite(d.ci_low) and np.isfinite(d.ci_high)):
@@ -458,11 +460,11 @@ def decay_text(d: Decay) -> str:
 def experiment_roi(
     units: pd.DataFrame, runs: pd.DataFrame, replica_variant: dict[str, str], control: str
 ) -> pd.DataFrame:
-    """The compute ROI of a whole experiment, per treatment arm against ``control``: GPU-s saved = (control
-    GPU-s per request − the arm's) × the arm's requests, against the GPU-s of every warm-up run on the
-    arm's replicas (``replica_variant`` maps a replica to its arm); ROI = (saved − cost) / cost (the
-    price per GPU-s cancels). The 95 % interval comes from the per-request ratio's linearised variance
-    over units: var(r) = Σ (g_u − r·n_u)² / (Σ n)² · k / (k − 1)."""
+    """The compute ROI of a whole experiment, per treatment arm against ``control``: GPU-s saved =
+    (control GPU-s per request − the arm's) × the arm's requests, against the GPU-s of every warm-up
+    run on the arm's replicas (``replica_variant`` maps a replica to its arm); ROI = (saved − cost)
+    / cost (the price per GPU-s cancels). The 95 % interval comes from the per-request ratio's
+    linearised variance over units: var(r) = Σ (g_u − r·n_u)² / (Σ n)² · k / (k − 1)."""
     cols = [
         "variant",
         "requests",

@@ -451,8 +451,8 @@ def _cold_start(fr: Frames, cfg: AnalysisConfig) -> Measure:
     return (
         v,
         (
-            f"lookups: minutes from {len(times)} replica start(s) to 90% of the replica's median hit "
-            "rate"
+            f"lookups: minutes from {len(times)} replica start(s) to 90% of the "
+            "replica's median hit rate"
         ),
         "",
         ci,
@@ -701,8 +701,8 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
         k = float(np.median([d.k_per_hour for d in ks]))
         lo, hi = float(np.median([d.ci_low for d in ks])), float(np.median([d.ci_high for d in ks]))
         note = (
-            f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to {hi:.3g}), "
-            "not scored"
+            f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to "
+            f"{hi:.3g}), not scored"
         )
     if unfinished:
         note += (

@@ -566,8 +566,8 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
                 if key not in self._logged:
                     self._logged.add(key)
                     log.warning(
-                        "warmscope: %s: %d rows dropped (a bound was reached or the sink stayed down; "
-                        "counted in warmscope.telemetry.dropped)",
+                        "warmscope: %s: %d rows dropped (a bound was reached or the sink stayed "
+                        "down; counted in warmscope.telemetry.dropped)",
                         stage,
                         rows,
                     )

@@ -178,9 +178,9 @@ def load_section(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> T:
-    """Read ``[section]`` of the TOML file (``path`` or ``$WARMSCOPE_CONFIG``), then the fields' environment
-    variables, then ``overrides`` (``None`` values are skipped), into ``cls``: every value converted and
-    checked. Raises :class:`ConfigError` naming ``section.key``."""
+    """Read ``[section]`` of the TOML file (``path`` or ``$WARMSCOPE_CONFIG``), then the fields'
+    environment variables, then ``overrides`` (``None`` values are skipped), into ``cls``: every
+    value converted and checked. Raises :class:`ConfigError` naming ``section.key``."""
     env = os.environ if env is None else env
     raw = read_section(section, path or env.get("WARMSCOPE_CONFIG"))
     known = {f.name: f for f in fields(cls) if not f.name.startswith("_")}  # type: ignore[arg-type]
@@ -309,7 +309,8 @@ class CollectorConfig:
 
     @classmethod
     def _from_raw(cls, raw: Mapping[str, Any]) -> CollectorConfig:
-        """From values already read (e.g. ``{**cfg.as_dict(), "replica": r}``), checked like :meth:`load`."""
+        """From values already read (e.g. ``{**cfg.as_dict(), "replica": r}``), checked like
+        :meth:`load`."""
         return build(cls, "collectors", raw)
 
     def as_dict(self) -> dict[str, Any]:
@@ -350,8 +351,9 @@ class CollectorConfig:
             return self.key_secret.encode()
         if self.needs_explicit_secret():
             raise ConfigError(
-                "collectors.key_secret is not set; with Redis, OTLP or Prometheus export every replica must "
-                "hash keys with the same secret: set WARMSCOPE_KEY_SECRET (or key_secret in warmscope.toml)"
+                "collectors.key_secret is not set; with Redis, OTLP or Prometheus export every "
+                "replica must hash keys with the same secret: set WARMSCOPE_KEY_SECRET (or "
+                "key_secret in warmscope.toml)"
             )
         p = self.secret_path()
         try:

@@ -70,12 +70,13 @@ class KeyHasher:
 DEFAULT_VOCABULARY = frozenset(
     """
     a b c d e f g h i j k l m n o p q r s t u v w x y z
-    api adapter adapters audio batch block blocks cache cached chat chunk chunks classify codegen completion
-    completions context conv conversation ctx doc docs document documents emb embed embedding embeddings
-    extract feature features fn gen generate hist history hot idx image img index item items kv lora meta
-    model models msg page pages passage passages prefix prefix_kv query queries rag ragqa rerank resp
-    response responses retrieve retrieval search seg segment sess session sessions summarize summary sys
-    system tenant tok token tokenizer tokens tool tools translate user users vec vector warm weights
+    api adapter adapters audio batch block blocks cache cached chat chunk chunks classify codegen
+    completion completions context conv conversation ctx doc docs document documents emb embed
+    embedding embeddings extract feature features fn gen generate hist history hot idx image img
+    index item items kv lora meta model models msg page pages passage passages prefix prefix_kv
+    query queries rag ragqa rerank resp response responses retrieve retrieval search seg segment
+    sess session sessions summarize summary sys system tenant tok token tokenizer tokens tool tools
+    translate user users vec vector warm weights
 """.split()
 )
 _WORD_SPLIT = re.compile(r"[_\-.]")

@@ -121,7 +121,8 @@ class _Stream:
         self._ex: Exchange | None = ex
 
     def _finish(self, error: BaseException | None = None) -> None:
-        """Record how the body ended (``error``: how it failed), once, and let go of the exchange."""
+        """Record how the body ended (``error``: how it failed), once, and let go of the
+        exchange."""
         ex, self._ex = self._ex, None
         if ex is not None:
             ex.finish(error)

@@ -476,7 +476,8 @@ class RedisSink:
         if client is None:
             import redis
 
-            # A bad URL fails here, at setup; short timeouts: the flusher must not hang on a dead server.
+            # A bad URL fails here, at setup; short timeouts: the flusher must not hang on a dead
+            # server.
             client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._given = client
         self.url = url
@@ -564,7 +565,8 @@ class RedisSink:
                     continue
                 if wait and int(res[-1]) < 1:
                     raise NotReplicated(
-                        f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms"
+                        f"no replica of {ident} acknowledged a write within "
+                        f"{self.wait_timeout_ms} ms"
                     )
                 for i, r in zip(idx, res, strict=False):
                     out[i] = r
@@ -723,7 +725,8 @@ class RedisSink:
             pending = retry
         if pending:
             raise RuntimeError(
-                f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; retried at the next flush"
+                f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; "
+                "retried at the next flush"
             )
         return {u[0] for u in list(ukeys) + list(lk)}
 

@@ -41,8 +41,8 @@ __all__ = ["RunFollower", "follow_runs"]
 log = logging.getLogger("warmscope.collectors")
 
 _RUN_SQL = (
-    "SELECT run_id, tenant, strategy, trigger, ended FROM warmup_runs WHERE replica = ? AND layer = ? "
-    "AND ended IS NOT NULL AND status != 'running' AND started >= ?"
+    "SELECT run_id, tenant, strategy, trigger, ended FROM warmup_runs WHERE replica = ? AND layer "
+    "= ? AND ended IS NOT NULL AND status != 'running' AND started >= ?"
 )
 _KEYS_SQL = (
     "SELECT key_hash, family, tenant, warmed_at, ttl_s, gpu_s, first_hit_at, first_miss_at, hits "

@@ -138,8 +138,8 @@ def hot_from_store(
     )
     if not ranked:
         raise WarmupInputError(
-            f"none of the {len(lib)} prefixes in {library} is among the {len(counts)} hot prefix keys recorded in "
-            f"{store_path} over the last {since_s / 3600:g} h"
+            f"none of the {len(lib)} prefixes in {library} is among the {len(counts)} hot prefix "
+            f"keys recorded in {store_path} over the last {since_s / 3600:g} h"
             + (f" for tenant {tenant!r}" if tenant else "")
             + "; check that the serving process writes to this store with the same key secret "
             "(WARMSCOPE_KEY_SECRET or the same data directory)"

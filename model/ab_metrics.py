@@ -130,8 +130,8 @@ class Metric:
                 or "{layer}" not in self.name
             ):
                 raise ValueError(
-                    f"A/B metric {self.name!r}: a per-layer metric is the ratio hits / lookups with "
-                    "{layer} in its name"
+                    f"A/B metric {self.name!r}: a per-layer metric is the ratio hits / lookups "
+                    "with {layer} in its name"
                 )
             return
         if self.kind == "quantile":
@@ -148,7 +148,8 @@ class Metric:
         for f in (self.numerator, self.denominator) if self.kind == "ratio" else (self.numerator,):
             if f not in FIELDS:
                 raise ValueError(
-                    f"A/B metric {self.name!r}: {f!r} is not a unit field; fields: {', '.join(FIELDS)}"
+                    f"A/B metric {self.name!r}: {f!r} is not a unit field; "
+                    f"fields: {', '.join(FIELDS)}"
                 )
 
     def named(self, layer: str) -> str:
@@ -221,7 +222,8 @@ def cross_column(num: str, den: str) -> str:
 
 
 def _plan(metrics: Sequence[Metric]) -> tuple[list[str], list[str], list[tuple[str, str]], bool]:
-    """(proportion fields, fields with Σ and Σ², (numerator, denominator) pairs, histogram?) in a fixed order."""
+    """(proportion fields, fields with Σ and Σ², (numerator, denominator) pairs, histogram?) in a
+    fixed order."""
     props: list[str] = []
     sq: list[str] = []
     pairs: list[tuple[str, str]] = []
@@ -387,16 +389,18 @@ def rebuild_sql(con: sqlite3.Connection, experiment: str | None = None) -> None:
     lwhere = "WHERE l.experiment = ?" if experiment is not None else ""
     lsums = ", ".join(f"sum({e})" for e in layer_exprs("l.lookups", "l.hits", "1"))
     con.execute(
-        f"INSERT INTO ab_layer_moments(experiment, variant, bucket, layer, {', '.join(LAYER_COLUMNS)}) "
-        f"SELECT l.experiment, l.variant, {bucket_sql('u.first_ts')} AS b, l.layer, {lsums} "
-        "FROM ab_lookups l JOIN ab_units u ON u.experiment = l.experiment AND u.variant = l.variant "
-        f"AND u.unit_hash = l.unit_hash {lwhere} GROUP BY l.experiment, l.variant, b, l.layer",
+        "INSERT INTO ab_layer_moments(experiment, variant, bucket, layer, "
+        f"{', '.join(LAYER_COLUMNS)}) SELECT l.experiment, l.variant, {bucket_sql('u.first_ts')} "
+        f"AS b, l.layer, {lsums} FROM ab_lookups l JOIN ab_units u ON u.experiment = l.experiment "
+        f"AND u.variant = l.variant AND u.unit_hash = l.unit_hash {lwhere} GROUP BY l.experiment, "
+        "l.variant, b, l.layer",
         args,
     )
 
 
 def upsert_sql(table: str, select: str) -> str:
-    """INSERT ... ``select`` ... that adds to existing moment rows (extrema combine by min / max)."""
+    """INSERT ... ``select`` ... that adds to existing moment rows (extrema combine by min /
+    max)."""
     cols = COLUMNS if table == "ab_moments" else LAYER_COLUMNS
     keys = ("experiment", "variant", "bucket") + (("layer",) if table == "ab_layer_moments" else ())
     sets = []
@@ -416,10 +420,10 @@ def ddl() -> str:
     cols = ", ".join(f"{_q(c)} REAL DEFAULT 0" for c in COLUMNS)
     lcols = ", ".join(f"{c} REAL DEFAULT 0" for c in LAYER_COLUMNS)
     return (
-        f"CREATE TABLE IF NOT EXISTS ab_moments(experiment TEXT, variant TEXT, bucket REAL, {cols}, "
-        "PRIMARY KEY(experiment, variant, bucket)) WITHOUT ROWID;\n"
-        f"CREATE TABLE IF NOT EXISTS ab_layer_moments(experiment TEXT, variant TEXT, bucket REAL, layer TEXT, "
-        f"{lcols}, PRIMARY KEY(experiment, variant, bucket, layer)) WITHOUT ROWID;\n"
+        "CREATE TABLE IF NOT EXISTS ab_moments(experiment TEXT, variant TEXT, bucket REAL, "
+        f"{cols}, PRIMARY KEY(experiment, variant, bucket)) WITHOUT ROWID;\n"
+        "CREATE TABLE IF NOT EXISTS ab_layer_moments(experiment TEXT, variant TEXT, bucket REAL, "
+        f"layer TEXT, {lcols}, PRIMARY KEY(experiment, variant, bucket, layer)) WITHOUT ROWID;\n"
     )
 
 

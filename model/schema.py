@@ -294,7 +294,8 @@ LABEL_BOUNDED = Instrument(
     "warmscope.telemetry.label_bounded",
     "counter",
     "{value}",
-    "Label values shortened, or with characters or words outside the vocabulary replaced, by label.",
+    "Label values shortened, or with characters or words outside the vocabulary replaced, "
+    "by label.",
     (ATTR.LABEL,),
 )
 

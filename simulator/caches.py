@@ -66,7 +66,8 @@ class LRU:
         return e is not None and not (e[1] and e[1] < self.clock())
 
     def valid_for(self, key: Hashable) -> float:
-        """Seconds the entry for ``key`` stays valid: 0 when absent or expired, ``inf`` without a TTL."""
+        """Seconds the entry for ``key`` stays valid: 0 when absent or expired, ``inf`` without a
+        TTL."""
         e = self._d.get(key)
         if e is None:
             return 0.0

@@ -154,8 +154,8 @@ def parse_fault(spec: str) -> Fault:
                     raise ValueError
             except ValueError:
                 raise ValueError(
-                    f"parameter {k} in {spec!r} must be a positive {'integer' if typ is int else 'number'}"
-                    f", got {v!r}"
+                    f"parameter {k} in {spec!r} must be a positive "
+                    f"{'integer' if typ is int else 'number'}, got {v!r}"
                 ) from None
             params[k] = num
             continue

@@ -228,7 +228,8 @@ def reap_stale(
         members = _group_members(pgid, run_dir)
         if members:
             log(
-                f"stopping a stale vLLM engine (process group {pgid}, {len(members)} processes) left in {run_dir}"
+                f"stopping a stale vLLM engine (process group {pgid}, {len(members)} "
+                f"processes) left in {run_dir}"
             )
             for pid in members:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -17,12 +17,12 @@ Implementations:
 * :class:`warmscope.sources.prometheus.PrometheusSource` — ``lookups``,
   ``requests`` and the engines' own frames (``engine_*``), plus the alerts
   Prometheus evaluates;
-* :class:`warmscope.sources.embedded.RedisRecords` — hot keys, warm-up runs and A/B unit rows written by
-  the collectors' Redis sink (over :class:`warmscope.sources.redis_source.RedisSource`);
+* :class:`warmscope.sources.embedded.RedisRecords` — hot keys, warm-up runs and A/B unit rows
+  written by the collectors' Redis sink (over :class:`warmscope.sources.redis_source.RedisSource`);
 * :class:`warmscope.sources.alertmanager.AlertmanagerSource` — active alerts;
-* :class:`warmscope.sources.composite.CompositeSource` — routes each question to the backend that holds
-  it; :func:`warmscope.sources.composite.from_env` builds the one a deployment's ``WARMSCOPE_*``
-  variables describe.
+* :class:`warmscope.sources.composite.CompositeSource` — routes each question to the backend that
+  holds it; :func:`warmscope.sources.composite.from_env` builds the one a deployment's
+  ``WARMSCOPE_*`` variables describe.
 
 Example::
 
@@ -92,11 +92,13 @@ class Source(Protocol):
         end: float | None = None,
         step: float | None = None,
     ) -> pd.DataFrame:
-        """A canonical frame for [start, end); ``step=3600`` lets a backend answer from hourly rollups."""
+        """A canonical frame for [start, end); ``step=3600`` lets a backend answer from hourly
+        rollups."""
         ...
 
     def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(per-variant, per-layer) A/B moments; empty frames where the backend keeps unit rows instead."""
+        """(per-variant, per-layer) A/B moments; empty frames where the backend keeps unit rows
+        instead."""
         ...
 
     def units(self, experiment: str) -> pd.DataFrame:
@@ -110,7 +112,8 @@ class Source(Protocol):
     def experiments(self) -> list[str]: ...
 
     def experiment_list(self) -> pd.DataFrame:
-        """One row per experiment × variant: ``EXPERIMENT_COLUMNS`` (first/last unit activity, units)."""
+        """One row per experiment × variant: ``EXPERIMENT_COLUMNS`` (first/last unit activity,
+        units)."""
         ...
 
     def time_bounds(self) -> tuple[float, float] | None:
@@ -130,8 +133,8 @@ class Source(Protocol):
         ...
 
     def version(self) -> float | None:
-        """A token that changes when the data changes (a file's modification time), or None when only a
-        time-to-live can tell (remote backends)."""
+        """A token that changes when the data changes (a file's modification time), or None when
+        only a time-to-live can tell (remote backends)."""
         ...
 
 
@@ -139,7 +142,8 @@ class SourceBase:
     """Defaults for a backend that holds only some of the data: empty results of the right shape."""
 
     label = "source"
-    kind = ""  # "embedded", "prometheus", "redis", "alertmanager", ...: CompositeSource.origin(kind) finds it
+    # "embedded", "prometheus", "redis", "alertmanager", ...: CompositeSource.origin(kind) finds it
+    kind = ""
     FRAMES_HELD: frozenset[str] = frozenset()
 
     def describe(self) -> str:

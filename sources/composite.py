@@ -16,9 +16,9 @@ __all__ = ["CompositeSource", "from_env"]
 
 
 class CompositeSource(SourceBase):
-    """Several backends as one: each frame comes from the first backend that holds it (in the order given),
-    A/B data and experiments from ``ab``, time bounds from the backend holding ``lookups``, alerts from
-    every backend that evaluates them. A frame no backend holds comes back empty."""
+    """Several backends as one: each frame comes from the first backend that holds it (in the order
+    given), A/B data and experiments from ``ab``, time bounds from the backend holding ``lookups``,
+    alerts from every backend that evaluates them. A frame no backend holds comes back empty."""
 
     label = "composite"
 
@@ -102,7 +102,8 @@ class CompositeSource(SourceBase):
         return pd.DataFrame(columns=ALERT_COLUMNS) if src is None else src.alerts()
 
     def origin(self, kind: str) -> Any:
-        """The backend of one kind (``"prometheus"``, ``"redis"``, ``"alertmanager"``, ``"embedded"``), or None."""
+        """The backend of one kind (``"prometheus"``, ``"redis"``, ``"alertmanager"``,
+        ``"embedded"``), or None."""
         for s in self.sources:
             if getattr(s, "kind", None) == kind:
                 return s
@@ -121,12 +122,13 @@ def from_env(
 ) -> CompositeSource:
     """The sources a deployment's settings name, as one :class:`CompositeSource`:
 
-    * ``WARMSCOPE_PROMETHEUS_URL``: lookups, requests and engine frames from Prometheus (and its alerts);
+    * ``WARMSCOPE_PROMETHEUS_URL``: lookups, requests and engine frames from Prometheus (and its
+      alerts);
     * ``WARMSCOPE_REDIS_URL``: hot keys, warm-up runs and A/B units from Redis;
     * ``WARMSCOPE_ALERTMANAGER_URL``: active alerts from Alertmanager;
-    * everything else from the embedded store at ``store_path`` (default ``WARMSCOPE_STORE``, else the
-      collectors' default) — the only source when none of the above is set. With a remote source, a store
-      that does not exist is left out (its frames come back empty).
+    * everything else from the embedded store at ``store_path`` (default ``WARMSCOPE_STORE``, else
+      the collectors' default) — the only source when none of the above is set. With a remote
+      source, a store that does not exist is left out (its frames come back empty).
     """
     env = os.environ if env is None else env
     if store_path is None:

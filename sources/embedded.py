@@ -22,8 +22,8 @@ class EmbeddedSource(SourceBase):
     FRAMES_HELD = frozenset(FRAMES)
 
     def __init__(self, path: str | Path, lazy: bool = False) -> None:
-        """``lazy=True``: open the store at the first read (and again at the next one if it is missing), so a
-        long-lived composite picks up a store written after it was built."""
+        """``lazy=True``: open the store at the first read (and again at the next one if it is
+        missing), so a long-lived composite picks up a store written after it was built."""
         self.path = Path(path)
         self._opened: EmbeddedStore | None = None
         self._lazy = lazy
@@ -86,7 +86,8 @@ class EmbeddedSource(SourceBase):
         return self._call(self._store.query, sql, params)
 
     def time_bounds(self) -> tuple[float, float] | None:
-        # two scalar subqueries: each is one index seek, where min() and max() in one SELECT scan the table
+        # two scalar subqueries: each is one index seek, where min() and max() in one SELECT scan
+        # the table
         row = self._rows("SELECT (SELECT min(ts) FROM lookups), (SELECT max(ts) FROM lookups)")[0]
         if row[0] is None:
             return None
@@ -152,13 +153,14 @@ class RedisRecords(SourceBase):
             self.inner = RedisSource(url, client)
         except Exception as e:  # a URL redis-py cannot parse
             raise SourceError(
-                f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, or "
-                "unset it to read the embedded store"
+                f"WARMSCOPE_REDIS_URL={url!r} is not a Redis URL ({e}); use redis://HOST:PORT/DB, "
+                "or unset it to read the embedded store"
             ) from None
 
     @property
     def r(self) -> Any:
-        """The Redis client, connected at first use (a server that is down is reported by ``health``)."""
+        """The Redis client, connected at first use (a server that is down is reported by
+        ``health``)."""
         return self.inner.r
 
     def describe(self) -> str:

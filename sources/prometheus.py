@@ -85,7 +85,10 @@ def selector(metric: str, filters: Mapping[str, str | Sequence[str]] | None = No
 # the classic text format) and with the colons escaped to underscores (what a
 # current prometheus_client answers Prometheus 2.x asking for OpenMetrics).
 # Where both forms exist for one label set, the colon form is kept.
-_HIT_NAMES = r"vllm[:_]prefix_cache_hits_total|sglang[:_]cached_tokens_total|lmcache[:_]num_hit_tokens(_total)?"
+_HIT_NAMES = (
+    r"vllm[:_]prefix_cache_hits_total|sglang[:_]cached_tokens_total"
+    r"|lmcache[:_]num_hit_tokens(_total)?"
+)
 _QUERY_NAMES = (
     r"vllm[:_]prefix_cache_queries_total|sglang[:_]prompt_tokens_total"
     r"|lmcache[:_]num_requested_tokens(_total)?"
@@ -144,7 +147,8 @@ LOOKBACK_S = 300  # Prometheus' default lookback: how far back an instant select
 
 
 def counter_window(step: int, lookback_s: int = LOOKBACK_S) -> int:
-    """Seconds of samples behind each point of a counter read (at least the step and the lookback)."""
+    """Seconds of samples behind each point of a counter read (at least the step and the
+    lookback)."""
     return max(int(step), int(lookback_s))
 
 
@@ -251,7 +255,8 @@ class PrometheusSource(SourceBase):
         )
 
     def metric_names(self, names_rx: str, start: float, end: float) -> list[str]:
-        """The metric names matching ``names_rx`` (anchored, as PromQL does) with samples in [start, end]."""
+        """The metric names matching ``names_rx`` (anchored, as PromQL does) with samples in [start,
+        end]."""
         got = self._call(
             lambda: self._prom.get_label_values(
                 "__name__",
@@ -266,7 +271,8 @@ class PrometheusSource(SourceBase):
         return sorted(n for n in got or [] if isinstance(n, str) and rx.fullmatch(n))
 
     def _call(self, ask: Callable[[], Any]) -> Any:
-        """``ask()`` against the Prometheus API, its failures turned into one-line :class:`SourceError` s."""
+        """``ask()`` against the Prometheus API, its failures turned into one-line
+        :class:`SourceError` s."""
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
@@ -286,8 +292,8 @@ class PrometheusSource(SourceBase):
                     "overloaded — narrow the time range or raise the timeout"
                 ) from None
             raise SourceError(
-                f"Prometheus at {self.url} is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL "
-                "to the right address"
+                f"Prometheus at {self.url} is unreachable; start it or set "
+                "WARMSCOPE_PROMETHEUS_URL to the right address"
             ) from None
         except PrometheusApiClientException as e:
             raise SourceError(
@@ -345,8 +351,9 @@ class PrometheusSource(SourceBase):
         step: float | None = None,
         filters: Mapping[str, str | Sequence[str]] | None = None,
     ) -> pd.DataFrame:
-        """``lookups`` or ``requests`` (canonical columns; counts are increments per step), or an engine frame
-        (:meth:`engine_frame`). ``step`` is ignored: the step follows the range (:func:`choose_step`)."""
+        """``lookups`` or ``requests`` (canonical columns; counts are increments per step), or an
+        engine frame (:meth:`engine_frame`). ``step`` is ignored: the step follows the range
+        (:func:`choose_step`)."""
         if start is None or end is None:
             raise SourceError("give a time range: Prometheus frames are always windowed")
         if name in ENGINE_FRAMES:
@@ -443,7 +450,8 @@ class PrometheusSource(SourceBase):
         range counts from 0 only on the evidence of :meth:`_engine_base`)."""
         step, q0 = self._counter_grid(start, end)
         series = []
-        # One query per name: last_over_time() drops the name, and the two forms of a name share label sets.
+        # One query per name: last_over_time() drops the name, and the two forms of a name share
+        # label sets.
         for name in self.metric_names(names_rx, q0 - counter_window(step, self.lookback_s), end):
             sel = f"{{__name__={promql_string(name)}}}"
             for s in self.query_range(last_counts(sel, step, self.lookback_s), q0, end, step):
@@ -550,8 +558,9 @@ class PrometheusSource(SourceBase):
                 for q in (0.5, 0.95, 0.99):
                     by = "sum by (le, instance, model_name)"
                     expr = (
-                        f"histogram_quantile({q}, {by} (rate({kind}:time_to_first_token_seconds_bucket[{win}])) "
-                        f"or {by} (rate({kind}_time_to_first_token_seconds_bucket[{win}])))"
+                        f"histogram_quantile({q}, {by} "
+                        f"(rate({kind}:time_to_first_token_seconds_bucket[{win}])) or {by} "
+                        f"(rate({kind}_time_to_first_token_seconds_bucket[{win}])))"
                     )
                     for s in self.query_range(expr, start, end, step):
                         m = s.get("metric", {})

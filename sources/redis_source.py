@@ -38,7 +38,8 @@ class RedisSource:
 
     @property
     def r(self) -> Any:
-        """The client (a ``RedisCluster`` when the server is a cluster node); connects at first use."""
+        """The client (a ``RedisCluster`` when the server is a cluster node); connects at first
+        use."""
         if self._r is None:
             kw = dict(socket_timeout=5, socket_connect_timeout=3, decode_responses=True)
             self._r = self._call(

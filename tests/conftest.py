@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,24 @@ def wait_until(check, timeout: float = 15.0, what: str = "service") -> None:
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
     raise RuntimeError(f"{what} did not become ready in {timeout}s: {last}")
+
+
+class ExpositionHandler(BaseHTTPRequestHandler):
+    """A stand-in /metrics: every GET is answered with :meth:`exposition` in the Prometheus text
+    format (version 0.0.4), and nothing is logged. Subclasses return the page's bytes."""
+
+    def exposition(self) -> bytes:
+        raise NotImplementedError
+
+    def do_GET(self):  # noqa: N802
+        body = self.exposition()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
 
 
 def prom_query(url: str, expr: str, at: float | None = None) -> list[dict]:

@@ -41,8 +41,8 @@ import numpy as np
 __all__ = ["add_arguments", "run", "Traffic"]
 
 _WORDS = (
-    "report invoice contract summary ticket policy refund chapter section figure table customer order "
-    "shipment warranty release feature request account billing meeting agenda design review"
+    "report invoice contract summary ticket policy refund chapter section figure table customer "
+    "order shipment warranty release feature request account billing meeting agenda design review"
 ).split()
 SCALE = (
     8  # the simulator's prompt lengths are for 8k-context models; the tiny model has 2048 tokens
@@ -226,15 +226,15 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
                 _counters(url)
             except (OSError, ValueError, KeyError, IndexError) as e:
                 print(
-                    f"warmscope demo: no OpenAI-compatible engine with vLLM metrics at {url} ({e}); start one or "
-                    "drop --engine-url to let the demo start vLLM",
+                    f"warmscope demo: no OpenAI-compatible engine with vLLM metrics at {url} "
+                    f"({e}); start one or drop --engine-url to let the demo start vLLM",
                     file=sys.stderr,
                 )
                 return 1
         else:
             print(
-                "starting vLLM's CPU build with a tiny model (the first run installs it: about 4 minutes; "
-                "each start: 1-2 minutes)…",
+                "starting vLLM's CPU build with a tiny model (the first run installs it: about 4 "
+                "minutes; each start: 1-2 minutes)…",
                 file=sys.stderr,
             )
             engine = real_engine.VLLMEngine().start()
@@ -244,16 +244,17 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             prom, prom_url = _start_prometheus(url, tmp)
             if prom is None:
                 print(
-                    "prometheus is not installed: no dashboard, progress lines only (scripts/test.sh installs "
-                    "it)",
+                    "prometheus is not installed: no dashboard, progress lines only "
+                    "(scripts/test.sh installs it)",
                     file=sys.stderr,
                 )
             else:
                 procs.append(prom)
                 procs.append(_start_dashboard(prom_url, args.port, args.address, tmp))
                 print(
-                    f"Prometheus at {prom_url} scrapes the engine every 2 s; dashboard (engine-only mode) on "
-                    f"http://{args.address}:{args.port} — the hit rate appears after the first scrapes",
+                    f"Prometheus at {prom_url} scrapes the engine every 2 s; dashboard "
+                    f"(engine-only mode) on http://{args.address}:{args.port} — the hit rate "
+                    "appears after the first scrapes",
                     file=sys.stderr,
                 )
         return _drive(url, model, args, out)
@@ -311,8 +312,8 @@ def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
     for w in workers:
         w.start()
     print(
-        f"sending simulator-shaped traffic ({len(traffic.tenants)} tenants, ~{args.rps:g} req/s) to {base}; "
-        "Ctrl-C stops",
+        f"sending simulator-shaped traffic ({len(traffic.tenants)} tenants, ~{args.rps:g} req/s) "
+        f"to {base}; Ctrl-C stops",
         file=sys.stderr,
     )
     last = c0
@@ -339,9 +340,9 @@ def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
                 err = f"; {errors[0]} failed ({errors[1]})" if errors[0] else ""
             tops = ", ".join(f"{k} {v[2] / v[1]:.0%}" for k, v in top if v[1])
             print(
-                f"{time.monotonic() - t0:5.0f} s  requests {n:,}  prompt tokens {q:,.0f}  cached {h:,.0f}  "
-                f"hit rate {h / q if q else 0:.1%} (last {args.every:g} s: {dh / dq if dq else 0:.1%})  "
-                f"top tenants: {tops or '–'}{err}",
+                f"{time.monotonic() - t0:5.0f} s  requests {n:,}  prompt tokens {q:,.0f}  cached "
+                f"{h:,.0f}  hit rate {h / q if q else 0:.1%} (last {args.every:g} s: "
+                f"{dh / dq if dq else 0:.1%})  top tenants: {tops or '–'}{err}",
                 file=out,
                 flush=True,
             )

@@ -14,7 +14,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--upstream",
         required=True,
         metavar="URL",
-        help="the engine's base URL, e.g. http://127.0.0.1:8000 (requests keep their path, e.g. /v1/...)",
+        help="the engine's base URL, e.g. http://127.0.0.1:8000 (requests keep their path, "
+        "e.g. /v1/...)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
@@ -59,8 +60,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompt-library",
         metavar="PATH",
-        help="append each newly seen prompt prefix (its text) to this local JSON-lines file, so that "
-        "'warmscope warmup --from hot --library PATH' can warm the hot ones; never exported",
+        help="append each newly seen prompt prefix (its text) to this local JSON-lines file, so "
+        "that 'warmscope warmup --from hot --library PATH' can warm the hot ones; never exported",
     )
     p.add_argument(
         "--kv-events",
@@ -176,8 +177,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         if st.get("no_usage"):
             n, total = st["no_usage"], st["recorded"] + st["no_usage"]
             print(
-                f"warmscope gateway: {n} of {total} answered requests ({n / total:.1%}) carried no token usage "
-                "and are left out of the token hit rates (warmscope_requests_unmeasured_total)",
+                f"warmscope gateway: {n} of {total} answered requests ({n / total:.1%}) carried no "
+                "token usage and are left out of the token hit rates "
+                "(warmscope_requests_unmeasured_total)",
                 file=sys.stderr,
             )
     return 0

@@ -75,13 +75,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
-    return cmd_grafana(args)
-
-
 COMMAND = Simple(
     "grafana",
-    run=_run,
+    run=cmd_grafana,
     arguments=_arguments,
     help="write Grafana dashboards generated from the rules and alert definitions",
     description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "

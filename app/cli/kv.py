@@ -120,8 +120,8 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
     w = kv.KVWatcher(engines, max_blocks=args.max_blocks)
     if not w.specs:
         print(
-            "warmscope kv-events: no engine publishes KV events; start vLLM with --kv-events-config "
-            "(see docs/kv-events.md) or pass --endpoint",
+            "warmscope kv-events: no engine publishes KV events; start vLLM with "
+            "--kv-events-config (see docs/kv-events.md) or pass --endpoint",
             file=sys.stderr,
         )
         return 1
@@ -140,13 +140,9 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    return cmd_kv_events(args)
-
-
 COMMAND = Simple(
     "kv-events",
-    run=_run,
+    run=cmd_kv_events,
     arguments=_arguments,
     help="watch vLLM engines' KV-cache events (block stores, reuses, evictions)",
     description="Subscribe to the KV-cache events of one or more vLLM engines (started with "

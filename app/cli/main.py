@@ -1,17 +1,23 @@
 """The `warmscope` command line.
 
-warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the dashboard
-warmscope demo --engine vllm             real prefix-cache hits from vLLM's CPU build (app/cli/engine_demo.py)
+warmscope demo [--port 8501] [--fresh]   simulate a day into the embedded store if empty, open the
+                                         dashboard
+warmscope demo --engine vllm             real prefix-cache hits from vLLM's CPU build
+                                         (app/cli/engine_demo.py)
 warmscope dashboard [--port 8501]        open the dashboard on the configured source
 warmscope simulate [options]             run the emulated inference stack (see --help)
 warmscope report ab [options]            write the A/B report (HTML and Markdown)
-warmscope rca CSV --dims ... | --window S..E   root causes of a change: a leaf table or a store window (JSON)
+warmscope rca CSV --dims ... | --window S..E   root causes of a change: a leaf table or a store
+                                               window (JSON)
 warmscope rules --runbook-base URL --out DIR   rule files linking your own runbook copy
 warmscope upgrade-store                  bring a store written by an older warmscope up to date
-warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible engine
-warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per salt
+warmscope gateway --upstream URL         a recording reverse proxy in front of an OpenAI-compatible
+                                         engine
+warmscope kv-events --engine URL         vLLM KV-cache events: block stores, reuses, evictions per
+                                         salt
 warmscope warmup --engine URL --from F   warm an engine's prefix cache and record the run
-warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters (app/cli/advise.py)
+warmscope advise [--budget-gpu-s N]      request forecasts and tuned warm-up parameters
+                                         (app/cli/advise.py)
 warmscope misses [--since 6h] [--by tenant|engine|family] [--json]   why prefix-KV tokens missed
 """
 
@@ -76,7 +82,8 @@ def _redis_url(text: str) -> str:
 
 
 def _writable_file(text: str) -> str:
-    """A file path whose directory exists (or can be made) and is writable: checked before a long run."""
+    """A file path whose directory exists (or can be made) and is writable: checked before a long
+    run."""
     p = Path(text)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path")
@@ -138,8 +145,8 @@ def _cannot_listen(cmd: str, address: str, port: int) -> bool:
     except (OSError, UnicodeError, IndexError) as e:
         reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
         print(
-            f"warmscope {cmd}: cannot listen on {address}:{port} ({reason}); pass --address with an "
-            "address of this machine (127.0.0.1, 0.0.0.0) and a free --port",
+            f"warmscope {cmd}: cannot listen on {address}:{port} ({reason}); pass --address with "
+            "an address of this machine (127.0.0.1, 0.0.0.0) and a free --port",
             file=sys.stderr,
         )
         return True
@@ -156,7 +163,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     cmd = command("--server.port", str(args.port), "--server.address", args.address)
     print(
-        f"warmscope dashboard on http://{args.address}:{args.port}  (store: {env['WARMSCOPE_STORE']})",
+        f"warmscope dashboard on http://{args.address}:{args.port}  "
+        f"(store: {env['WARMSCOPE_STORE']})",
         file=sys.stderr,
     )
     return _streamlit(cmd, env)
@@ -172,7 +180,8 @@ def _remove_store(path: Path) -> None:
 
 
 def _say_if_upgrading(path: Path) -> None:
-    """A store from an older warmscope is upgraded when opened for writing; say so (it can take a minute)."""
+    """A store from an older warmscope is upgraded when opened for writing; say so (it can take a
+    minute)."""
     from warmscope.collectors.store import EmbeddedStore, StoreError
 
     if not path.exists():
@@ -208,10 +217,11 @@ def _check_store(path: Path) -> None:
 
 
 def demo_world(hours: float, now: float | None = None):
-    """The demo's simulated span and traps, placed so the dashboard's default range (the last 6 hours of data)
-    shows a warm-up run, both injected traps and the alerts they raise: the span ends at the current minute;
-    a scheduled warm-up 5.5 h before the end, a response-cache bypass for globex 5 h to 3.5 h before it and a
-    cross-tenant read (a security finding) 2.5 h to 1.5 h before it (scaled down for spans under 6 h)."""
+    """The demo's simulated span and traps, placed so the dashboard's default range (the last 6
+    hours of data) shows a warm-up run, both injected traps and the alerts they raise: the span ends
+    at the current minute; a scheduled warm-up 5.5 h before the end, a response-cache bypass for
+    globex 5 h to 3.5 h before it and a cross-tenant read (a security finding) 2.5 h to 1.5 h before
+    it (scaled down for spans under 6 h)."""
     import math
     import time
     from dataclasses import replace
@@ -221,9 +231,10 @@ def demo_world(hours: float, now: float | None = None):
     w = min(hours, 6.0)
     at = lambda before: round(max(hours - before * w / 6.0, 0.0), 4)  # noqa: E731 - hours from the start
     now = time.time() if now is None else now
-    # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes hourly,
-    # so warm-up has cold starts to prevent and a moving target to follow.
-    # Three pools on the same traffic: no warm-up (the control), yesterday's top keys, and the predictive heat decay.
+    # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes
+    # hourly, so warm-up has cold starts to prevent and a moving target to follow.
+    # Three pools on the same traffic: no warm-up (the control), yesterday's top keys, and the
+    # predictive heat decay.
     cfg = SimConfig.load(
         hours=hours,
         strategy_a="none",
@@ -281,7 +292,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             s = simulate(cfg, path, faults, progress=_progress("simulating"))
         except KeyboardInterrupt:
             print(
-                f"\ninterrupted: {path} holds part of the simulated day; `warmscope demo --fresh` starts over",
+                f"\ninterrupted: {path} holds part of the simulated day; "
+                "`warmscope demo --fresh` starts over",
                 file=sys.stderr,
             )
             raise
@@ -343,8 +355,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if path.exists() and not (args.fresh or args.append):
         if EmbeddedStore(path).counts()["lookups"]:
             print(
-                f"warmscope simulate: {path} already holds data; pass --fresh to replace it or --append "
-                "to add to it",
+                f"warmscope simulate: {path} already holds data; pass --fresh to replace it or "
+                "--append to add to it",
                 file=sys.stderr,
             )
             return 2
@@ -372,7 +384,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 pass
         except OSError as e:
             print(
-                f"warmscope simulate: cannot write --faults-out {args.faults_out}: {e.strerror or e}",
+                "warmscope simulate: cannot write --faults-out "
+                f"{args.faults_out}: {e.strerror or e}",
                 file=sys.stderr,
             )
             return 2
@@ -434,13 +447,15 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
         for flag, v in [("--control", args.control)] + [("--treatment", t) for t in treatments]:
             if variants and v not in variants:
                 return fail(
-                    f"{flag} {v!r} is not a variant of {experiment!r}; variants: {', '.join(variants)}"
+                    f"{flag} {v!r} is not a variant of {experiment!r}; variants: "
+                    f"{', '.join(variants)}"
                 )
         if args.control in treatments:
             return fail("--control and --treatment name the same variant; pick two different ones")
         if not treatments:
             return fail(
-                f"{experiment!r} has no variant besides the control {args.control!r}; nothing to compare"
+                f"{experiment!r} has no variant besides the control "
+                f"{args.control!r}; nothing to compare"
             )
         rep = report_for(src, experiment, args.control, treatments, primary=args.primary)
     except SourceError as e:
@@ -636,14 +651,14 @@ def _report_ab_arguments(p: argparse.ArgumentParser) -> None:
         "--treatment",
         action="append",
         metavar="ARM",
-        help="treatment variant, compared with the control; repeat it or separate arms by commas for "
-        "an A/B/n report (default: every variant besides the control)",
+        help="treatment variant, compared with the control; repeat it or separate arms by commas "
+        "for an A/B/n report (default: every variant besides the control)",
     )
     p.add_argument(
         "--primary",
         default=DEFAULT_PRIMARY,
-        help="primary metric, the verdict's (Holm-adjusted over the arms with more than one treatment, "
-        "else tested as is); one of: "
+        help="primary metric, the verdict's (Holm-adjusted over the arms with more than one "
+        "treatment, else tested as is); one of: "
         + "; ".join(metric_names(["LAYER"]))
         + f" (default {DEFAULT_PRIMARY})",
     )
@@ -724,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
 
     old = None
     if threading_main():
-        # SIGTERM stops like Ctrl-C: simulator workers and the dashboard are stopped, nothing left running.
+        # SIGTERM stops like Ctrl-C: simulator workers and the dashboard are stopped, nothing left
+        # running.
         old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.fn(args)

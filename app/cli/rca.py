@@ -199,8 +199,8 @@ def run_csv(args) -> int:
         return _fail("a dimension is named twice in --dims")
     if set(args.dims) & set(cols):
         return _fail(
-            f"column(s) {', '.join(sorted(set(args.dims) & set(cols)))} given both as a dimension and "
-            "as a measure"
+            f"column(s) {', '.join(sorted(set(args.dims) & set(cols)))} given both as a "
+            "dimension and as a measure"
         )
     try:
         table = read_leaf_csv(args.csv, list(args.dims), cols)
@@ -279,7 +279,8 @@ def run_store(args) -> int:
         path = str(CollectorConfig.load().resolved_store_path())
     if not Path(path).exists():
         return _fail(
-            f"no store at {path}; give --store PATH (fill one with `warmscope demo` or your services)"
+            f"no store at {path}; give --store PATH "
+            "(fill one with `warmscope demo` or your services)"
         )
     try:
         source = EmbeddedSource(path)
@@ -298,8 +299,8 @@ def run_store(args) -> int:
         except OSError as e:
             return _fail(f"cannot write {args.export}: {e}")
         print(
-            f"{PROG}: wrote {len(dd.leaves)} leaves to {args.export} (ratio measure: --v-num hits --v-den lookups "
-            "--f-num hits_exp --f-den lookups_exp)",
+            f"{PROG}: wrote {len(dd.leaves)} leaves to {args.export} (ratio measure: --v-num hits "
+            "--v-den lookups --f-num hits_exp --f-den lookups_exp)",
             file=sys.stderr,
         )
     return _print(dd.localization, args)

@@ -34,8 +34,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     base = args.runbook_base
     if not re.match(r"^https?://[^\s\"]+$", base):
         print(
-            f"warmscope rules: --runbook-base must be an absolute http(s) URL without spaces or quotes, got "
-            f"{base!r}",
+            "warmscope rules: --runbook-base must be an absolute http(s) URL without spaces or "
+            f"quotes, got {base!r}",
             file=sys.stderr,
         )
         return 2

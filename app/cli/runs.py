@@ -1,8 +1,10 @@
-"""`warmscope runs`: warm-up runs with precision, recall, ROI per window and a verdict, from a store.
+"""`warmscope runs`: warm-up runs with precision, recall, ROI per window and a verdict, from a
+store.
 
-One row per warm-up of a replica (the runs it opened per cache layer merged, as the ROI counts their benefit
-once): precision and recall over its warmed keys, compute and business ROI with 95 % intervals at each window
-(T+5 min, T+1 h, T+24 h by default) and a verdict from the T+1 h window. ``--json`` writes the same rows.
+One row per warm-up of a replica (the runs it opened per cache layer merged, as the ROI counts their
+benefit once): precision and recall over its warmed keys, compute and business ROI with 95 %
+intervals at each window (T+5 min, T+1 h, T+24 h by default) and a verdict from the T+1 h window.
+``--json`` writes the same rows.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ def _finite(v: Any) -> bool:
 
 
 def verdict(roi_row: dict[str, Any]) -> str:
-    """From one window's ROI row: "worth it" (an ROI's 95 % interval above zero), "not worth it" (every
-    estimable ROI's interval below zero), "within noise", or why there is none; "so far" when the window
-    runs past the data."""
+    """From one window's ROI row: "worth it" (an ROI's 95 % interval above zero), "not worth it"
+    (every estimable ROI's interval below zero), "within noise", or why there is none; "so far" when
+    the window runs past the data."""
     state = str(roi_row.get("state", ""))
     if state in ("no requests", "no cost"):
         return f"no verdict: {state}"
@@ -165,15 +167,16 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
     for e in exps:
         print(f"\n{e['text']}")
     print(
-        f"\nPrices: GPU-s at {cfg.price_per_gpu_s:g}, a conversion at {cfg.value_per_conversion:g} ([analysis]); "
-        "verdict from the T+1 h window.",
+        f"\nPrices: GPU-s at {cfg.price_per_gpu_s:g}, a conversion at "
+        f"{cfg.value_per_conversion:g} ([analysis]); verdict from the T+1 h window.",
         file=sys.stderr,
     )
     return 0
 
 
 def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each experiment's whole-run compute ROI per treatment arm, beside the newest run's T+5 min ROI."""
+    """Each experiment's whole-run compute ROI per treatment arm, beside the newest run's T+5 min
+    ROI."""
     from warmscope.analysis.roi import SEED_VS_EXPERIMENT, experiment_roi
 
     res = []
@@ -198,10 +201,10 @@ def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> lis
             seed = next((o for o in out if rv.get(o["replica"]) == r.variant), None)
             t5 = seed["roi"][0]["compute"] if seed else "no run of this arm shown"
             text = (
-                f"Experiment {name}, arm {r.variant} vs {control}: compute ROI {r.roi:+.2f} (95 % CI "
-                f"{r.roi_low:+.2f} to {r.roi_high:+.2f}) over {r.requests:,.0f} requests and {r.runs} runs "
-                f"({r.gpu_s_saved:+,.0f} GPU-s saved for {r.warm_gpu_s:,.0f} spent); the arm's newest run at "
-                f"T+5 min: {t5}. {SEED_VS_EXPERIMENT}"
+                f"Experiment {name}, arm {r.variant} vs {control}: compute ROI {r.roi:+.2f} (95 % "
+                f"CI {r.roi_low:+.2f} to {r.roi_high:+.2f}) over {r.requests:,.0f} requests and "
+                f"{r.runs} runs ({r.gpu_s_saved:+,.0f} GPU-s saved for {r.warm_gpu_s:,.0f} spent); "
+                f"the arm's newest run at T+5 min: {t5}. {SEED_VS_EXPERIMENT}"
             )
             res.append(
                 {

@@ -25,7 +25,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="FILE|hot",
         help='JSON-lines warm set: one {"messages": [...]} or {"prompt": "..."} per line, optional '
-        "\"tenant\"; or 'hot': the most requested prefixes in the store's hot keys (needs --library)",
+        "\"tenant\"; or 'hot': the most requested prefixes in the store's hot keys "
+        "(needs --library)",
     )
     p.add_argument(
         "--library",
@@ -89,9 +90,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return 2
     if args.source == "hot" and not args.library:
         print(
-            "warmscope warmup: --from hot needs --library PATH, the prompt library the serving process keeps "
-            "on its host (LLMRecorder(prompt_library=PATH) or 'warmscope gateway --prompt-library PATH'): the "
-            "store holds only hashed prefix keys, never prompt text",
+            "warmscope warmup: --from hot needs --library PATH, the prompt library the serving "
+            "process keeps on its host (LLMRecorder(prompt_library=PATH) or 'warmscope gateway "
+            "--prompt-library PATH'): the store holds only hashed prefix keys, never prompt text",
             file=sys.stderr,
         )
         return 2
@@ -130,8 +131,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, old)
         tel.close()
     line = (
-        f"warm-up run {res.run_id}: {res.status}, {res.keys} prefixes, {res.prompt_tokens} prompt tokens "
-        f"({res.cached_tokens} already cached), {res.duration_s:.1f} s"
+        f"warm-up run {res.run_id}: {res.status}, {res.keys} prefixes, {res.prompt_tokens} prompt "
+        f"tokens ({res.cached_tokens} already cached), {res.duration_s:.1f} s"
     )
     if res.status != "ok":
         print(f"warmscope warmup: {line} — {res.error}", file=sys.stderr)

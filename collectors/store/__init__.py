@@ -148,14 +148,15 @@ class EmbeddedStore(StoreReader, StoreWriter):
                 ) from None
             if row and int(row[0]) in MIGRATIONS:
                 raise StoreError(
-                    f"embedded store {self.path} was written by an older warmscope (schema {row[0]}, this one "
-                    f"reads {SCHEMA_VERSION}); upgrade it in place, keeping its data, with "
-                    f"`warmscope --store {self.path} upgrade-store`"
+                    f"embedded store {self.path} was written by an older warmscope (schema "
+                    f"{row[0]}, this one reads {SCHEMA_VERSION}); upgrade it in place, keeping its "
+                    f"data, with `warmscope --store {self.path} upgrade-store`"
                 )
             if not row or int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(
-                    f"embedded store {self.path} has schema version {row[0] if row else 'none'}, this warmscope "
-                    f"reads {SCHEMA_VERSION}; regenerate it (`warmscope demo --fresh`) or use a matching warmscope"
+                    f"embedded store {self.path} has schema version {row[0] if row else 'none'}, "
+                    f"this warmscope reads {SCHEMA_VERSION}; regenerate it "
+                    "(`warmscope demo --fresh`) or use a matching warmscope"
                 )
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +198,8 @@ class EmbeddedStore(StoreReader, StoreWriter):
             return
         if self.path.is_dir():
             raise StoreError(
-                f"embedded store {self.path} is a directory; point --store / WARMSCOPE_STORE at a file"
+                f"embedded store {self.path} is a directory; point --store / "
+                "WARMSCOPE_STORE at a file"
             )
         if self.path.stat().st_size == 0:
             return
@@ -239,9 +241,9 @@ class EmbeddedStore(StoreReader, StoreWriter):
             version = -1
         if version > SCHEMA_VERSION or (version != SCHEMA_VERSION and version not in MIGRATIONS):
             raise StoreError(
-                f"embedded store {self.path} has schema version {row[0]}, this warmscope reads {SCHEMA_VERSION} "
-                "(written by a newer warmscope?); use a matching warmscope or move the file away to start a "
-                "new store"
+                f"embedded store {self.path} has schema version {row[0]}, this warmscope reads "
+                f"{SCHEMA_VERSION} (written by a newer warmscope?); use a matching warmscope or "
+                "move the file away to start a new store"
             )
 
     def _upgrade(self, con: sqlite3.Connection) -> None:

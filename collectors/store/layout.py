@@ -56,7 +56,10 @@ def _table_ddl(r: records.Record) -> str:
         cols.append(d)
     if r.key:
         cols.append(f"PRIMARY KEY({', '.join(map(q, r.key))})")
-    out = f"CREATE TABLE IF NOT EXISTS {r.name}({', '.join(cols)}){' WITHOUT ROWID' if r.key else ''};\n"
+    out = (
+        "CREATE TABLE IF NOT EXISTS "
+        f"{r.name}({', '.join(cols)}){' WITHOUT ROWID' if r.key else ''};\n"
+    )
     if r.time == "ts" and not r.key:
         out += f"CREATE INDEX IF NOT EXISTS {r.name}_ts ON {r.name}(ts);\n"
     return out

@@ -166,7 +166,8 @@ class StoreReader:
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not give)."""
+        """Rows of one read-only SQL statement (for sources that need an aggregate the frames do not
+        give)."""
         try:
             return self._con().execute(sql, tuple(params)).fetchall()
         except sqlite3.Error as e:

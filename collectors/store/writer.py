@@ -207,7 +207,8 @@ def _stage_ab(
     units, lookups = _fold_ab(unit_rows, lookup_rows)
     con.executescript(
         "DROP TABLE IF EXISTS temp._ab_t; DROP TABLE IF EXISTS temp._ab_lt;\n"
-        f"CREATE TEMP TABLE _ab_t({', '.join(map(q, _AB_UNIT_COLS))}, PRIMARY KEY({', '.join(_AB_KEYS)}));\n"
+        f"CREATE TEMP TABLE _ab_t({', '.join(map(q, _AB_UNIT_COLS))}, "
+        f"PRIMARY KEY({', '.join(_AB_KEYS)}));\n"
         f"CREATE TEMP TABLE _ab_lt({', '.join(map(q, _AB_LOOKUP_COLS))});\n"
     )
     con.executemany(f"INSERT INTO _ab_t VALUES({', '.join('?' * len(_AB_UNIT_COLS))})", units)
@@ -304,8 +305,9 @@ def _layer_moments(
     lold = {
         tuple(r[: _NK + 1]): r[_NK + 1 :]
         for r in con.execute(
-            f"SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits FROM _ab_lt t "
-            f"JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} AND o.layer = t.layer"
+            "SELECT o.experiment, o.variant, o.unit_hash, o.layer, o.lookups, o.hits "
+            f"FROM _ab_lt t JOIN main.ab_lookups o ON {on.replace('u.', 'o.')} "
+            "AND o.layer = t.layer"
         )
     }
     missing = list({r[:_NK] for r in lookups if r[:_NK] not in bucket_by})
@@ -425,11 +427,12 @@ def backfill_rollups(con: sqlite3.Connection) -> None:
         cols = TABLES[table]
         dims = [c for c in cols if c not in meas]
         x = f"(ts / {ROLLUP_S})"
-        hour = f"(CAST({x} AS INTEGER) + ({x} > CAST({x} AS INTEGER))) * {ROLLUP_S}"  # ceil, for ts > 0
+        # ceil, for ts > 0
+        hour = f"(CAST({x} AS INTEGER) + ({x} > CAST({x} AS INTEGER))) * {ROLLUP_S}"
         con.execute(
             f"INSERT INTO {table}_1h({', '.join(map(q, cols))}) SELECT {hour}, "
-            f"{', '.join(map(q, dims[1:]))}, {', '.join(f'sum({q(m)})' for m in meas)} FROM {table} "
-            f"GROUP BY {hour}, {', '.join(map(q, dims[1:]))}"
+            f"{', '.join(map(q, dims[1:]))}, {', '.join(f'sum({q(m)})' for m in meas)} FROM "
+            f"{table} GROUP BY {hour}, {', '.join(map(q, dims[1:]))}"
         )
 
 

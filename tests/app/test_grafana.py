@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
@@ -32,20 +32,26 @@ pytest.importorskip("grafana_foundation_sdk")
 from warmscope.app import grafana  # noqa: E402
 from warmscope.app.cli.main import main  # noqa: E402
 
-from tests.conftest import free_port, need_binary, prom_query, wait_until  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    ExpositionHandler,
+    free_port,
+    need_binary,
+    prom_query,
+    wait_until,
+)
 from tests.production.conftest import live_simulation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = ("0.1", "1.0", "10.0", "100.0", "+Inf")
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(ExpositionHandler):
     """vLLM-shaped /metrics whose counters advance by fixed steps per scrape."""
 
     scrapes: dict[int, int] = {}
     escaped_port = 0
 
-    def do_GET(self):  # noqa: N802
+    def exposition(self) -> bytes:
         port = self.server.server_port
         n = _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
         v = (lambda s: s.replace(":", "_")) if port == _Engine.escaped_port else (lambda s: s)
@@ -91,14 +97,7 @@ class _Engine(BaseHTTPRequestHandler):
             f"gen_ai_client_inference_usage_input_tokens_total{gen} {200 * n}",
             f"gen_ai_client_inference_usage_cache_read_input_tokens_total{gen} {150 * n}",
         ]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        return ("\n".join(lines) + "\n").encode()
 
 
 def _subst(expr: str, rng: str) -> str:

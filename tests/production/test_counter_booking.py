@@ -21,13 +21,13 @@ import subprocess
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 from warmscope.sources.prometheus import PrometheusSource, counter_window
 
-from tests.conftest import free_port, need_binary, wait_until
+from tests.conftest import ExpositionHandler, free_port, need_binary, wait_until
 
 LIFETIME = 1_000_000  # what a long-running engine counted before anyone scraped it
 GAP_S = 50            # Prometheus down / target removed: longer than two steps plus the lookback
@@ -64,16 +64,9 @@ class Engine:
     def start(self) -> None:
         engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = engine.body()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
+        class Handler(ExpositionHandler):
+            def exposition(self) -> bytes:
+                return engine.body()
 
         self.server = HTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

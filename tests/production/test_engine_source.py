@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 
 import pytest
 from warmscope.sources.prometheus import PrometheusSource, engine_kind
 
-from tests.conftest import free_port, need_binary, prom_query, wait_until
+from tests.conftest import ExpositionHandler, free_port, need_binary, prom_query, wait_until
 
 STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 15, "sg_prompt": 100}
 
@@ -23,12 +23,12 @@ STEP = {"hits_a": 62, "hits_b": 35, "queries": 100, "sg_device": 45, "sg_host": 
 _D_DOWN: list = []      # set once the test has taken D down
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(ExpositionHandler):
     scrapes: dict = {}   # port -> scrapes served
     frozen = False       # counters stop moving (the test reads a settled state); not D's
     last_scrape: dict = {}  # port -> time of the last scrape served
 
-    def do_GET(self):  # noqa: N802
+    def exposition(self) -> bytes:
         port = self.server.server_port
         if not _Engine.frozen or port == _Engine.ports[3]:
             _Engine.scrapes[port] = _Engine.scrapes.get(port, 0) + 1
@@ -56,14 +56,7 @@ class _Engine(BaseHTTPRequestHandler):
                       f'sglang:cached_tokens_total{{model_name="qwen",cache_source="host"}} {STEP["sg_host"] * n}',
                       f'sglang:prompt_tokens_total{{model_name="qwen"}} {STEP["sg_prompt"] * n}',
                       'sglang:token_usage{model_name="qwen"} 0.5']
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        return ("\n".join(lines) + "\n").encode()
 
 
 @pytest.fixture(scope="module")
