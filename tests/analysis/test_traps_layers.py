@@ -2,6 +2,9 @@
 ``records.LAYERS`` (model weights by default), not a layer name: a new layer with the
 attribute is picked up, an undeclared one is not."""
 
+import re
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from warmscope.analysis.traps import out_of_step
@@ -48,3 +51,16 @@ def test_a_new_layer_loaded_at_start_is_picked_up(monkeypatch):
     assert v.numbers == {"weights_miss_rate": pytest.approx(0.4), "baseline": 0.0}
     assert v.confidence == 1.0  # min(1, 0.5 + 5 x 0.4)
     assert v.evidence.startswith("replica r2: 40 requests met unloaded weights (40.0%")
+
+
+def test_no_module_compares_a_layer_with_the_name_weights():
+    """What the weights are used for is the declaration (loaded_at_start, in_hit_rate,
+    shared), not a layer name compared in the code (before: analysis/traps.py twice and
+    analysis/replay.py)."""
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"""layer["']?\]?\s*[!=]=\s*\(?\s*["']weights["']""")
+    packages = ("model", "collectors", "sources", "analysis", "app")
+    found = [str(p.relative_to(root)) for pkg in packages
+             for p in (root / pkg).rglob("*.py") if pattern.search(p.read_text())]
+    assert found == []
+    assert pattern.search('d["layer"] == "weights"') and pattern.search("x.layer != 'weights'")
