@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from warmscope.model.records import start_layers
 
 from .heat import slo_lambda
 
@@ -655,7 +656,8 @@ def calibrate(
             d = (r["ended"] - r["started"]) / r["keys"]
             m.sec_per_key[layer] = float(d.dropna().median()) if d.notna().any() else 0.0
         m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, t0)
-    hw = lk[lk["layer"] == ("weights" if (lk["layer"] == "weights").any() else "response")]
+    per_request = [n for n in start_layers() if (lk["layer"] == n).any()] or ["response"]
+    hw = lk[lk["layer"] == per_request[0]]
     m.req_rate = {
         str(k): float(v) / max(t1 - t0, 1.0)
         for k, v in hw.groupby("replica")["count"].sum().items()

@@ -7,8 +7,9 @@ a sentence with numbers, and the scope it points at.
 ======================  =============================================================
 trap                    signature looked for
 ======================  =============================================================
-warmup_out_of_step      a replica's ``weights`` lookups miss (traffic before its model
-                        is loaded / warmed) while the baseline had none
+warmup_out_of_step      a replica's lookups in the layers it loads when it (re)starts
+                        (``Layer(loaded_at_start=True)``: ``weights``) miss (traffic
+                        before its model is loaded / warmed) while the baseline had none
 dynamic_tokenisation    a key family's hit rate falls on every replica while its lookups
                         hold steady and its writes per lookup multiply (one template,
                         many keys)
@@ -27,7 +28,9 @@ Where the frames hold ``misses`` (prefix-KV missed tokens by why they missed) fo
 anomaly window, the classes are evidence too (:data:`MISS_EVIDENCE`): key drift shows as
 the ``drifted`` share — enough by itself to detect ``dynamic_tokenisation`` when it rises
 by ``DRIFT_RISE`` — an expired or evicted warm set as the ``evicted`` share, and tenant
-scoping as the ``isolated`` share (a fall means tenants now reuse each other's prefixes).
+scoping as the ``isolated`` share, shown only when it rose (tenants send prefixes that
+the prefix cache keeps apart under their scopes: the overlap an unscoped cache turns into
+cross-tenant reads).
 :func:`miss_class_shift` gives every class's share in both windows (the root-cause page
 shows it: a too-small cache is an ``evicted`` share that rises).
 
@@ -45,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from warmscope.model.records import start_layers
 from warmscope.model.schema import SHARED_LAYERS  # shared by design across tenants
 
 from .coverage import read_in_time
@@ -103,9 +107,10 @@ def out_of_step(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     lk = fr.get("lookups", pd.DataFrame())
     if lk.empty:
         return _none("warmup_out_of_step", "no lookups")
-    # a boolean row filter: a DataFrame (pandas-stubs type callable indexing as a column read)
-    a = _rates(time_slice(lk, *an)[lambda d: d["layer"] == "weights"], ["replica"])  # type: ignore[arg-type]
-    b = _rates(time_slice(lk, *base)[lambda d: d["layer"] == "weights"], ["replica"])  # type: ignore[arg-type]
+    # the layers a replica loads when it (re)starts (model weights): LAYERS' loaded_at_start
+    lk = lk[lk["layer"].isin(start_layers())]
+    a = _rates(time_slice(lk, *an), ["replica"])
+    b = _rates(time_slice(lk, *base), ["replica"])
     if a.empty:
         return _none("warmup_out_of_step", "no weights lookups in the window")
     miss = 1 - a["rate"].fillna(1)
@@ -213,8 +218,8 @@ def fixed_len(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         "kv_fixed_len",
         True,
         0.9,
-        f"replica {rep}, prefix_kv: prompts ≤ {edge} tokens hit {ra:.2f} vs {rb:.2f} before, longer "
-        "prompts unchanged — KV prefill sized for a fixed length",
+        f"replica {rep}, prefix_kv: prompts ≤ {edge} tokens hit {ra:.2f} vs {rb:.2f} before, "
+        "longer prompts unchanged — KV prefill sized for a fixed length",
         {"replica": rep, "layer": "prefix_kv"},
         {"max_short_bucket": edge},
     )
@@ -234,7 +239,8 @@ def isolation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     ]
     if hk.empty:
         return _none("tenant_isolation", "no hot keys in the window")
-    # A key (per hot-key window and layer) read by two or more tenants: vectorised, no per-group Python.
+    # A key (per hot-key window and layer) read by two or more tenants: vectorised, no Python
+    # per group.
     keys = ["window", "layer", "key_hash"]
     d = hk.drop_duplicates(keys + ["tenant"])
     sh = d[d.duplicated(keys, keep=False)]
@@ -306,9 +312,9 @@ def explosion(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         "key_explosion",
         True,
         float(min(1.0, 0.4 + r["share"])),
-        f"tenant {tenant}, layer {layer}: {int(r['n'])} new key families ({', '.join(examples)}) carry "
-        f"{r['share']:.0%} of lookups and hit {r['rate']:.0%} — extra key dimensions split equal "
-        "requests",
+        f"tenant {tenant}, layer {layer}: {int(r['n'])} new key families "
+        f"({', '.join(examples)}) carry {r['share']:.0%} of lookups and hit {r['rate']:.0%} — "
+        "extra key dimensions split equal requests",
         {"tenant": tenant, "layer": layer},
         {"new_families": int(r["n"])},
     )
@@ -342,8 +348,8 @@ def timing(fr: Frames, an: Window, base: Window) -> TrapVerdict:
         True,
         float(min(1.0, 1 - p)),
         f"warm-up run {worst} ({run['trigger']}, {run['layer']}, {run['replica']}, started "
-        f"{_fmt_t(run['started'])}): only {p:.0%} of warmed entries were read before they expired or "
-        f"were evicted (other runs {ref:.0%}) — warmed out of step with traffic",
+        f"{_fmt_t(run['started'])}): only {p:.0%} of warmed entries were read before they "
+        f"expired or were evicted (other runs {ref:.0%}) — warmed out of step with traffic",
         {"replica": run["replica"], "layer": run["layer"]},
         {"precision": p, "others": ref},
     )
@@ -420,6 +426,11 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     where = f" (most in {_MISS_SCOPE[cls]} {top.idxmax()})" if len(top) and top.max() > 0 else ""
     text = f"prefix-KV misses: {cls} {sa:.0%} of missed tokens vs {base_txt} before{where}"
     numbers = {**v.numbers, f"{cls}_share": sa, f"{cls}_share_base": sb}
+    if cls == "isolated" and not (np.isfinite(sb) and sa > sb):
+        # only a rise says tenants send prefixes the prefix cache keeps apart (the overlap an
+        # unscoped cache leaks); a fall or no baseline is no evidence for the security verdict,
+        # whichever cache it names
+        return TrapVerdict(v.trap, v.detected, v.confidence, v.evidence, v.scope, numbers)
     if v.detected:
         return TrapVerdict(v.trap, True, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
     rise = sa - (sb if np.isfinite(sb) else 0.0)

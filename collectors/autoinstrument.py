@@ -128,84 +128,96 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except ImportError:
             return
 
+        # The shared part of the sync and async wrappers, which differ only by their await.
+        def asked(client: Any, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
+            """Whether a command is observed: not counted already (an instrumented client),
+            not warmscope's own. When it is, the request hook has been called."""
+            if is_instrumented(client) or INTERNAL.get():
+                return False
+            _call(req, tel, "redis request_hook", client, args, options)
+            return True
+
+        def answered(client: Any, args: tuple[Any, ...], r: Any) -> Any:
+            """A command's reply ``r``, once interpreted and given to the response hook."""
+            interp.outcome(args, r)
+            _call(resp, tel, "redis response_hook", client, r)
+            return r
+
         def command(orig: Any) -> Any:
             if inspect.iscoroutinefunction(orig):
 
                 async def acall(self: Any, *args: Any, **options: Any) -> Any:
-                    if (
-                        is_instrumented(self) or INTERNAL.get()
-                    ):  # counted already, or warmscope's own
+                    if not asked(self, args, options):
                         return await orig(self, *args, **options)
-                    _call(req, tel, "redis request_hook", self, args, options)
                     try:
                         r = await orig(self, *args, **options)
                     except Exception as e:
                         interp.outcome(args, e)
                         raise
-                    interp.outcome(args, r)
-                    _call(resp, tel, "redis response_hook", self, r)
-                    return r
+                    return answered(self, args, r)
 
                 return acall
 
             def call(self: Any, *args: Any, **options: Any) -> Any:
-                if is_instrumented(self) or INTERNAL.get():
+                if not asked(self, args, options):
                     return orig(self, *args, **options)
-                _call(req, tel, "redis request_hook", self, args, options)
                 try:
                     r = orig(self, *args, **options)
                 except Exception as e:
                     interp.outcome(args, e)
                     raise
-                interp.outcome(args, r)
-                _call(resp, tel, "redis response_hook", self, r)
-                return r
+                return answered(self, args, r)
 
             return call
 
+        def done(stack: list[tuple[Any, ...]], results: Any) -> None:
+            for args, r in zip(stack, results, strict=False):
+                interp.outcome(args, r)
+
+        def pipe_asked(pipe: Any) -> list[tuple[Any, ...]] | None:
+            """The commands of a pipeline that is observed (see ``asked``), after the request
+            hook; None when it is not."""
+            if is_instrumented(pipe) or INTERNAL.get():
+                return None
+            try:
+                stack = _queued(pipe)
+            except Exception as e:
+                interp.failed("redis pipeline inspection", e)
+                stack = []
+            _call(req, tel, "redis request_hook", pipe, ("PIPELINE",), {"stack": stack})
+            return stack
+
+        def pipe_answered(pipe: Any, stack: list[tuple[Any, ...]], results: Any) -> Any:
+            done(stack, results)
+            _call(resp, tel, "redis response_hook", pipe, results)
+            return results
+
         def execute(orig: Any) -> Any:
-            def stack_of(pipe: Any) -> list[tuple[Any, ...]]:
-                try:
-                    return _queued(pipe)
-                except Exception as e:
-                    interp.failed("redis pipeline inspection", e)
-                    return []
-
-            def done(pipe: Any, stack: list[tuple[Any, ...]], results: Any) -> None:
-                for args, r in zip(stack, results, strict=False):
-                    interp.outcome(args, r)
-
             if inspect.iscoroutinefunction(orig):
 
                 async def aexecute(self: Any, raise_on_error: bool = True) -> Any:
-                    if is_instrumented(self) or INTERNAL.get():
+                    stack = pipe_asked(self)
+                    if stack is None:
                         return await orig(self, raise_on_error)
-                    stack = stack_of(self)
-                    _call(req, tel, "redis request_hook", self, ("PIPELINE",), {"stack": stack})
                     try:
                         results = await orig(self, raise_on_error)
                     except Exception as e:
-                        done(self, stack, [e] * len(stack))
+                        done(stack, [e] * len(stack))
                         raise
-                    done(self, stack, results)
-                    _call(resp, tel, "redis response_hook", self, results)
-                    return results
+                    return pipe_answered(self, stack, results)
 
                 return aexecute
 
             def sexecute(self: Any, raise_on_error: bool = True) -> Any:
-                if is_instrumented(self) or INTERNAL.get():
+                stack = pipe_asked(self)
+                if stack is None:
                     return orig(self, raise_on_error)
-                stack = stack_of(self)
-                _call(req, tel, "redis request_hook", self, ("PIPELINE",), {"stack": stack})
                 try:
                     results = orig(self, raise_on_error)
                 except Exception as e:
-                    done(self, stack, [e] * len(stack))
+                    done(stack, [e] * len(stack))
                     raise
-                done(self, stack, results)
-                _call(resp, tel, "redis response_hook", self, results)
-                return results
+                return pipe_answered(self, stack, results)
 
             return sexecute
 
@@ -256,9 +268,8 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             warmscope's transport; a new httpx client when the caller gave none."""
             if http is None:
                 http = (httpx.AsyncClient if is_async else httpx.Client)(follow_redirects=True)
-            if not isinstance(
-                http, (httpx.AsyncClient, httpx.Client)
-            ):  # e.g. an httpx2 client of the caller's
+            # e.g. an httpx2 client of the caller's
+            if not isinstance(http, (httpx.AsyncClient, httpx.Client)):
                 tel.aggregator.count_error(
                     "hook",
                     "openai http_client not httpx: not instrumented",

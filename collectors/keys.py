@@ -36,7 +36,7 @@ from collections.abc import Iterable
 
 from warmscope.model import schema
 
-from .labels import MAX_LABEL_LEN, bound, vocabulary_label
+from .labels import MAX_LABEL_LEN, Bounder, vocabulary_label
 
 __all__ = ["KeyHasher", "FamilyNormaliser", "TenantBucketer", "LabelCap"]
 
@@ -207,18 +207,15 @@ class TenantBucketer:
     def __init__(
         self, allow: Iterable[str] = (), max_tenants: int = 64, max_len: int = MAX_LABEL_LEN
     ) -> None:
-        self.bounded = 0
-        self._max_len = max_len
+        self._bound = Bounder(max_len)  # raw -> bounded, memoised; counts distinct values
         self._allow = frozenset(self._bound(str(t)) for t in allow)
         self._seen: set[str] = set()
         self._max = max_tenants
         self._lock = threading.Lock()
 
-    def _bound(self, t: str) -> str:
-        b = bound(t, self._max_len)
-        if b != t:
-            self.bounded += 1
-        return b
+    @property
+    def bounded(self) -> int:
+        return self._bound.bounded
 
     def label(self, tenant: object) -> str:
         if tenant is None or tenant == "":
@@ -256,18 +253,19 @@ class LabelCap:
         self._seen: set[str] = set(keep)
         self._max = limit + len(self._seen)
         self._lock = threading.Lock()
-        self._vocab = vocabulary
+        rule = None if vocabulary is None else (lambda b: vocabulary_label(b, vocabulary))
+        self._bound = Bounder(then=rule)  # raw -> label, memoised; counts distinct values
         self.overflow = 0
-        self.bounded = 0
+
+    @property
+    def bounded(self) -> int:
+        return self._bound.bounded
 
     def label(self, value: str) -> str:
         if value in self._seen:
             return value
-        b = bound(value)
-        if self._vocab is not None:
-            b = vocabulary_label(b, self._vocab)
+        b = self._bound(value)
         if b != value:
-            self.bounded += 1
             value = b
             if value in self._seen:
                 return value

@@ -20,15 +20,25 @@ through here before it is counted, compared with an allow-list or exported:
   address, an id) becomes ``*``.
 
 Values changed by a bound are counted by the bucketer or cap that applied it
-(``warmscope.telemetry.label_bounded{label}``).
+(``warmscope.telemetry.label_bounded{label}``), through a :class:`Bounder`: the bound
+runs once per distinct raw value, and the count is of distinct values, not of calls.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections.abc import Callable
 
-__all__ = ["MAX_LABEL_LEN", "WARMUP_VOCABULARY", "bound", "decode_header", "vocabulary_label"]
+__all__ = [
+    "MAX_LABEL_LEN",
+    "WARMUP_VOCABULARY",
+    "Bounder",
+    "bound",
+    "decode_header",
+    "vocabulary_label",
+]
 
 MAX_LABEL_LEN = 64
 
@@ -40,8 +50,9 @@ _PLAIN = re.compile(r"[A-Za-z0-9\-_.:@/+*]{1,64}")
 # Words of warm-up triggers and strategies (besides the family vocabulary).
 WARMUP_VOCABULARY = frozenset(
     """
-    manual replica owner start startup restart boot deploy deployment rollout canary schedule scheduled
-    cron timer periodic forecast peak pre post drop scale up down out autoscale failover reload
+    manual replica owner start startup restart boot deploy deployment rollout canary schedule
+    scheduled cron timer periodic forecast peak pre post drop scale up down out autoscale failover
+    reload
     api cli demand on event test static topk top engine none hot recent recency predictive lru lfu
     freq frequency decay heat yesterday log semantic warm_cost cost choose embedding advisor
 """.split()
@@ -81,3 +92,43 @@ def vocabulary_label(value: str, vocab: frozenset[str]) -> str:
     from .keys import default_family  # (keys imports this module)
 
     return default_family(value, vocab)
+
+
+MEMO_CAP = 4096  # distinct raw values a Bounder remembers, at most ...
+MEMO_CHARS = 1 << 20  # ... and at most this many characters of them (then it starts over)
+
+
+class Bounder:
+    """Raw value -> label: :func:`bound`, then ``then`` (e.g. the vocabulary rule), memoised
+    so that each distinct raw value is bounded once. ``bounded`` counts the distinct raw
+    values the label differs from. The memo is bounded (:data:`MEMO_CAP` values,
+    :data:`MEMO_CHARS` characters; a raw value can be 20,000 characters long): when full it
+    starts over, and a value seen again after that is bounded and counted again."""
+
+    def __init__(
+        self, max_len: int = MAX_LABEL_LEN, then: Callable[[str], str] | None = None
+    ) -> None:
+        self.bounded = 0
+        self._max_len = max_len
+        self._then = then
+        self._memo: dict[str, str] = {}
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        out = self._memo.get(value)
+        if out is not None:
+            return out
+        out = bound(value, self._max_len)
+        if self._then is not None:
+            out = self._then(out)
+        with self._lock:  # once per distinct value: counted once, whichever thread saw it first
+            if value not in self._memo:
+                if len(self._memo) >= MEMO_CAP or self._chars + len(value) > MEMO_CHARS:
+                    self._memo.clear()
+                    self._chars = 0
+                self._memo[value] = out
+                self._chars += len(value)
+                if out != value:
+                    self.bounded += 1
+        return out

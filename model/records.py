@@ -50,6 +50,7 @@ __all__ = [
     "Layer",
     "LAYERS",
     "layer",
+    "start_layers",
     "check_layers",
     "SHARED_LAYERS",
     "NOT_IN_HIT_RATE",
@@ -499,14 +500,18 @@ class Layer:
     # counted in the hit rates of the score card, the overview and the A/B layer metrics; False for
     # a layer that is not a warm-up cache (model weights: loaded once per replica)
     in_hit_rate: bool = True
+    # loaded when a replica (re)starts and read by every request it serves (model weights): misses
+    # in it per replica are traffic that met a replica before it was warm (the
+    # warmup_out_of_step trap), and its lookups count a replica's requests (the replay model)
+    loaded_at_start: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("shared", "length_buckets", "in_hit_rate"):
+        for f in ("shared", "length_buckets", "in_hit_rate", "loaded_at_start"):
             require(isinstance(getattr(self, f), bool), "Layer", f, "must be True or False")
 
 
 LAYERS: dict[str, Layer] = {
-    "weights": Layer(shared=True, in_hit_rate=False),
+    "weights": Layer(shared=True, in_hit_rate=False, loaded_at_start=True),
     "prefix_kv": Layer(length_buckets=True),
 }
 _DEFAULT_LAYER = Layer()
@@ -532,6 +537,12 @@ NOT_IN_HIT_RATE = tuple(n for n, d in LAYERS.items() if not d.in_hit_rate)  # le
 def layer(name: str) -> Layer:
     """The declaration of layer ``name`` (the default for undeclared layers)."""
     return LAYERS.get(name, _DEFAULT_LAYER)
+
+
+def start_layers() -> tuple[str, ...]:
+    """The layers declared ``loaded_at_start`` (read from ``LAYERS`` at each call), in their
+    declaration order."""
+    return tuple(n for n, d in LAYERS.items() if d.loaded_at_start)
 
 
 # ------------------------------------------------------------ derived names

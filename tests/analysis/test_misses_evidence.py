@@ -70,3 +70,39 @@ def test_without_the_class_the_verdicts_are_unchanged():
     # evicted was 50 / 550 = 9.1% in both windows: the timing verdict names it, still not detected
     assert not with_m["warmup_timing"].detected
     assert "evicted 9% of missed tokens vs 9% before" in with_m["warmup_timing"].evidence
+
+
+def _cross_tenant_reads() -> pd.DataFrame:
+    """One response-cache key read by acme and globex in a hot-key window of the anomaly
+    window: the tenant_isolation (security) verdict on the response cache."""
+    rows = [(3600.0, "response", "h1", "acme"), (3600.0, "response", "h1", "globex")]
+    return pd.DataFrame(rows, columns=["window", "layer", "key_hash", "tenant"])
+
+
+def _with_isolated(minutes: range) -> pd.DataFrame:
+    """The misses of :func:`_misses` plus 110 isolated tokens per minute on each of acme's
+    two engines in ``minutes``."""
+    iso = pd.DataFrame(
+        [(60.0 * k, "acme", e, "kv:chat:sys:*", "isolated", 110, 1)
+         for k in minutes for e in ("a-0", "a-1")],
+        columns=COLS,
+    )
+    return pd.concat([_misses({}), iso], ignore_index=True)
+
+
+def test_the_security_verdict_shows_the_isolated_share_only_when_it_rose():
+    # isolated only in the baseline (minutes 1..60): per minute 6 cells x 550 = 3,300 plus
+    # 2 x 110 = 220 isolated -> 220 / 3,520 = 6.25% before, 0% in the window: it fell
+    fell = {"misses": _with_isolated(range(1, 61)), "hot_keys": _cross_tenant_reads()}
+    v = {x.trap: x for x in detect_all(fell, AN, BASE)}["tenant_isolation"]
+    assert v.detected and v.scope == {"layer": "response"}
+    assert "isolated" not in v.evidence and "prefix-KV" not in v.evidence
+    assert v.evidence.startswith("SECURITY: 1 response keys were read by two or more tenants")
+    assert v.numbers["isolated_share"] == 0 and v.numbers["isolated_share_base"] == 0.0625
+    # isolated only in the window (minutes 61..120): 6.25% now vs 0% before: it rose
+    rose = {"misses": _with_isolated(range(61, 121)), "hot_keys": _cross_tenant_reads()}
+    v = {x.trap: x for x in detect_all(rose, AN, BASE)}["tenant_isolation"]
+    assert v.detected
+    assert v.evidence.endswith(
+        "; prefix-KV misses: isolated 6% of missed tokens vs 0% before (most in tenant acme)"
+    )

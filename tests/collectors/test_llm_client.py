@@ -782,7 +782,7 @@ def test_json_bodies_parse_as_the_standard_library_parses_them(fast, monkeypatch
     integer past 64 bits, which orjson reads as a float."""
     import math
 
-    from warmscope.collectors import llm
+    from warmscope.collectors.llm import jsonbytes as llm
 
     if not fast:
         monkeypatch.setattr(llm, "_orjson_loads", None)
@@ -804,7 +804,8 @@ def test_a_waiting_request_that_fails_to_count_costs_only_itself(make_tel, monke
     """A fault while counting a batch (made here: no real input makes the
     aggregator raise) is counted, not raised, and the batch's other requests
     are still counted."""
-    from warmscope.collectors.llm import LLMRecorder, _context_of
+    from warmscope.collectors.llm import LLMRecorder
+    from warmscope.collectors.llm.recorder import _context_of
 
     tel = make_tel()
     rec = LLMRecorder(tel)
