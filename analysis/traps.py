@@ -28,9 +28,9 @@ Where the frames hold ``misses`` (prefix-KV missed tokens by why they missed) fo
 anomaly window, the classes are evidence too (:data:`MISS_EVIDENCE`): key drift shows as
 the ``drifted`` share — enough by itself to detect ``dynamic_tokenisation`` when it rises
 by ``DRIFT_RISE`` — an expired or evicted warm set as the ``evicted`` share, and tenant
-scoping as the ``isolated`` share, shown only when it rose (tenants send prefixes that
-the prefix cache keeps apart under their scopes: the overlap an unscoped cache turns into
-cross-tenant reads).
+scoping as the ``isolated`` share, shown only for a prefix-KV security verdict and only when
+it fell (blocks that tenants' scopes kept apart were now reused across them; a rise is
+isolation working, and a response-cache verdict is not about these blocks).
 :func:`miss_class_shift` gives every class's share in both windows (the root-cause page
 shows it: a too-small cache is an ``evicted`` share that rises).
 
@@ -426,10 +426,13 @@ def _with_classes(v: TrapVerdict, fr: Frames, an: Window, base: Window) -> TrapV
     where = f" (most in {_MISS_SCOPE[cls]} {top.idxmax()})" if len(top) and top.max() > 0 else ""
     text = f"prefix-KV misses: {cls} {sa:.0%} of missed tokens vs {base_txt} before{where}"
     numbers = {**v.numbers, f"{cls}_share": sa, f"{cls}_share_base": sb}
-    if cls == "isolated" and not (np.isfinite(sb) and sa > sb):
-        # only a rise says tenants send prefixes the prefix cache keeps apart (the overlap an
-        # unscoped cache leaks); a fall or no baseline is no evidence for the security verdict,
-        # whichever cache it names
+    if cls == "isolated" and not (
+        v.scope.get("layer") == "prefix_kv" and np.isfinite(sb) and sa < sb
+    ):
+        # ``isolated``: the prefix was resident under another tenant's scope (salt). A fall says
+        # tenants began reusing each other's prefixes, which supports a cross-tenant read in the
+        # prefix cache; a rise is isolation working, and another layer's verdict is not about
+        # these blocks: no evidence either way (the numbers stay)
         return TrapVerdict(v.trap, v.detected, v.confidence, v.evidence, v.scope, numbers)
     if v.detected:
         return TrapVerdict(v.trap, True, v.confidence, f"{v.evidence}; {text}", v.scope, numbers)
