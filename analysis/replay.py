@@ -140,12 +140,13 @@ class Model:
     )  # (layer, instance, s) -> T_C per bucket
     # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
     warmed: frozenset[str] | None = None
-    # known fault windows (start, end) of the recording: not replayed, so not scored by :func:`fidelity`
+    # known fault windows (start, end) of the recording: not replayed, so not scored by
+    # :func:`fidelity`
     faults: list[tuple[float, float]] = field(default_factory=list)
     # layer -> recorded hits and requests per bucket (index: bucket start), for :func:`fidelity`
     recorded: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
-    # gated starts: replica -> times its (re)start's warm-up held the readiness gate (replica_start runs);
-    # a layer's warm-up seconds per key; replica -> requests/s (see :func:`gate_wait`)
+    # gated starts: replica -> times its (re)start's warm-up held the readiness gate (replica_start
+    # runs); a layer's warm-up seconds per key; replica -> requests/s (see :func:`gate_wait`)
     gated: dict[str, list[float]] = field(default_factory=dict)
     sec_per_key: dict[str, float] = field(default_factory=dict)
     req_rate: dict[str, float] = field(default_factory=dict)
@@ -159,7 +160,8 @@ class Model:
         return out
 
     def char_times(self, layer: str, inst: str, s: float) -> np.ndarray:
-        """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent only)."""
+        """T_C per bucket of one cache instance (it depends on the traffic and the Zipf exponent
+        only)."""
         key = (layer, inst, s)
         if key not in self._tc:
             prob, w = _zipf(s, self.catalog[layer])
@@ -227,7 +229,8 @@ def _hit(layer: str, r: np.ndarray, T: np.ndarray) -> np.ndarray:
 
 
 def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarray:
-    """T_C per bucket (rows of r: buckets × keys) solving Σ w·occ(r, T) = cap (bisection in log T)."""
+    """T_C per bucket (rows of r: buckets × keys) solving Σ w·occ(r, T) = cap (bisection in log
+    T)."""
     lo, hi = np.full(r.shape[0], 1.0), np.full(r.shape[0], 1e7)
     full = (w * _hit(layer, r, hi[:, None])).sum(1) <= cap
     for _ in range(26):
@@ -242,13 +245,14 @@ def _char_time(layer: str, r: np.ndarray, w: np.ndarray, cap: float) -> np.ndarr
 def persistence(
     hot_keys: pd.DataFrame | None, layer: str, top: int = 200, max_lag: int = 6
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from one
-    hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
+    """How long a warm set stays right: ``ρ(Δ)``, the share of the requests a warm set chosen from
+    one hot-key window would catch ``Δ`` later, relative to a warm set chosen then.
 
-    For every tenant and window ``w`` of the layer's hot keys (Space-Saving counts), the ``top`` keys of ``w``
-    are compared with window ``w + k``: ``ρ(k·W) = Σ count_{w+k}(keys of w's top) / Σ count_{w+k}(keys of
-    (w+k)'s top)``, pooled over tenants and windows, for k = 1 … ``max_lag``; ``ρ(0) = 1``. Returns lags (s),
-    ρ and a description; no hot keys: ρ ≡ 1 (popularity taken as stable) and the description says so."""
+    For every tenant and window ``w`` of the layer's hot keys (Space-Saving counts), the ``top``
+    keys of ``w`` are compared with window ``w + k``: ``ρ(k·W) = Σ count_{w+k}(keys of w's top) / Σ
+    count_{w+k}(keys of (w+k)'s top)``, pooled over tenants and windows, for k = 1 … ``max_lag``;
+    ``ρ(0) = 1``. Returns lags (s), ρ and a description; no hot keys: ρ ≡ 1 (popularity taken as
+    stable) and the description says so."""
     none = np.array([0.0, 1.0]), np.array([1.0, 1.0])
     if hot_keys is None or len(hot_keys) == 0:
         return *none, "no hot keys recorded: popularity taken as stable"
@@ -297,8 +301,8 @@ def persistence(
 def _persist_integrals(
     lags: np.ndarray, rho: np.ndarray, lam: float, L: np.ndarray
 ) -> tuple[float, np.ndarray]:
-    """``A = ∫_0^∞ e^{−λa} ρ(a) da`` (the heat's weight on still-valid history) and ``G(L) = ∫_0^L ρ``
-    (ρ linear between lags, flat beyond the last)."""
+    """``A = ∫_0^∞ e^{−λa} ρ(a) da`` (the heat's weight on still-valid history) and ``G(L) = ∫_0^L
+    ρ`` (ρ linear between lags, flat beyond the last)."""
     grid = np.linspace(0.0, lags[-1], 241)
     r = np.interp(grid, lags, rho)
     A = (
@@ -335,9 +339,9 @@ def restarts(
 
     Two signals, merged (within ``RESTART_GAP_S`` they are one restart):
 
-    * warm-up runs triggered by ``replica_start`` / ``replica_restart`` — one restart per cluster of such
-      runs (a warm-up opens one run per layer), at the cluster's last end (the readiness gate opens, or
-      the surge instance takes over, when its warm-up ends);
+    * warm-up runs triggered by ``replica_start`` / ``replica_restart`` — one restart per cluster of
+      such runs (a warm-up opens one run per layer), at the cluster's last end (the readiness gate
+      opens, or the surge instance takes over, when its warm-up ends);
     * the ``warmscope.gpu.memory.usage_ratio`` gauge falling from above 0.3 to below 0.02 — the KV
       cache emptied, which is a restart whether or not the replica warms up (a pool without warm-up
       records no runs).
@@ -409,13 +413,14 @@ def _covered(lookups: pd.DataFrame, index: np.ndarray, step: float) -> np.ndarra
 
 
 def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, np.ndarray]:
-    """Replayed steady-state hits and requests of a layer per bucket (summed over its cache instances)."""
+    """Replayed steady-state hits and requests of a layer per bucket (summed over its cache
+    instances)."""
     R = m.rates[layer]
     prob, w = _zipf(s, m.catalog[layer])
     hits = np.zeros(len(R))
     req = np.zeros(len(R))
-    # the cache's age (since the instance's last start) at SUB points of each bucket: a restart inside a
-    # bucket empties the cache for the part of the bucket after it only
+    # the cache's age (since the instance's last start) at SUB points of each bucket: a restart
+    # inside a bucket empties the cache for the part of the bucket after it only
     at = R.index.to_numpy(float)[:, None] + (np.arange(SUB) + 0.5)[None, :] * BUCKET_S / SUB
     for inst in m.instances[layer]:
         sub = R[inst].to_numpy(float)  # buckets × families
@@ -436,8 +441,8 @@ def _layer_hits(m: Model, layer: str, s: float, p: Params) -> tuple[np.ndarray, 
             acc = np.zeros(len(ry))
             for k in range(SUB):
                 a = age[young, k]
-                # younger than T: a key is cached iff it was read since the start, 1 − exp(−r·age), for an
-                # LRU (Che) and a TTL cache alike; otherwise the steady state
+                # younger than T: a key is cached iff it was read since the start, 1 − exp(−r·age),
+                # for an LRU (Che) and a TTL cache alike; otherwise the steady state
                 hk = np.where(
                     (a < Ty)[:, None], -np.expm1(-ry * a[:, None]), _hit(layer, ry, Ty[:, None])
                 )
@@ -456,8 +461,8 @@ def _warm_extra(
     rng: np.random.Generator,
     events_out: list[Any] | None = None,
 ) -> tuple[float, int]:
-    """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra) appended to
-    ``events_out``)."""
+    """Extra hits and number of warm-up runs over the recorded span (each event's (t, extra)
+    appended to ``events_out``)."""
     R = m.rates[layer]
     prob, w = _zipf(s, m.catalog[layer])
     keys_p = np.repeat(prob, w.astype(int))  # key-level for ranking
@@ -476,8 +481,9 @@ def _warm_extra(
         sub = R[inst].to_numpy(float)
         tc_all = m.char_times(layer, inst, s)
         starts = m.starts.get(inst, [m.t0])
-        # a start is when the instance begins serving from an emptied cache (after its weights load and its
-        # warm-up: a readiness gate or a surge instance's cut-over), so its warm-up's keys are there then
+        # a start is when the instance begins serving from an emptied cache (after its weights load
+        # and its warm-up: a readiness gate or a surge instance's cut-over), so its warm-up's keys
+        # are there then
         events = list(starts)
         day = (m.t0 // 86400) * 86400
         while day < m.t1:
@@ -488,9 +494,9 @@ def _warm_extra(
         for te in events:
             b = int(np.clip(np.searchsorted(idx, te, side="right") - 1, 0, len(idx) - 1))
             rate_now = sub[b]  # families' rates when the warm-up runs
-            # a warmed entry lives until its TTL, or until the LRU evicts it unread: in the first bucket whose
-            # characteristic time T_C is shorter than the entry's idle age (reads racing that bucket's new
-            # entries get T_C of it)
+            # a warmed entry lives until its TTL, or until the LRU evicts it unread: in the first
+            # bucket whose characteristic time T_C is shorter than the entry's idle age (reads
+            # racing that bucket's new entries get T_C of it)
             ttl = p.response_ttl_s if layer == "response" else np.inf
             b_end = int(np.clip(np.searchsorted(idx, te + min(ttl, SPAN_CAP_S)), b + 1, len(idx)))
             rw = sub[b:b_end]  # buckets × families
@@ -504,8 +510,8 @@ def _warm_extra(
             r_now = np.outer(rate_now, keys_p)  # families × keys
             mu = (A * r_now + B * np.outer(rate_now, keys_pp)).ravel()
             k = min(p.warm_keys, mu.size)
-            # the heat counts are drawn for the keys with the highest expected heat only (4k + 2,000 of them):
-            # a key further down has next to no chance of a count in the top k
+            # the heat counts are drawn for the keys with the highest expected heat only (4k + 2,000
+            # of them): a key further down has next to no chance of a count in the top k
             cand = (
                 np.argpartition(-mu, min(4 * k + 2000, mu.size) - 1)[: 4 * k + 2000]
                 if mu.size > 4 * k + 2000
@@ -514,8 +520,8 @@ def _warm_extra(
             heat = rng.poisson(mu[cand]) + 1e-9 * r_now.ravel()[cand]
             top = cand[np.argpartition(-heat, k - 1)[:k]] if k > 0 else np.array([], int)
             fam, key = np.divmod(top, n_keys)
-            # reads a warmed key gets in its life, bucket by bucket: its own rate while its popularity holds (ρ),
-            # a random key's after
+            # reads a warmed key gets in its life, bucket by bucket: its own rate while its
+            # popularity holds (ρ), a random key's after
             seg0, seg1 = np.minimum(off0, life), np.clip(off1, 0.0, life)
             g0 = _persist_integrals(lags, rho, lam, seg0)[1]
             g1 = _persist_integrals(lags, rho, lam, seg1)[1]
@@ -530,8 +536,8 @@ def _warm_extra(
             extra += e
             runs += 1
             if events_out is not None:
-                # the extra hit lands in the bucket of the key's first read: P(first read in bucket j) =
-                # exp(−C_{j−1}) − exp(−C_j), C the cumulative expected reads (the total is e)
+                # the extra hit lands in the bucket of the key's first read: P(first read in bucket
+                # j) = exp(−C_{j−1}) − exp(−C_j), C the cumulative expected reads (the total is e)
                 per_b = (
                     keys_p[key][:, None] * (rw[:, fam].T * dG[None, :])
                     + rw[:, fam].T * (dT - dG)[None, :] / n_keys
@@ -543,9 +549,9 @@ def _warm_extra(
 
 
 def replay(m: Model, p: Params, seed: int = 0, layers: tuple[str, ...] | None = None) -> Outcome:
-    """Replay the recorded span with parameters ``p`` (``layers``: only these; default all). Each layer
-    draws its heat counts from its own generator seeded with ``seed``, so a layer replays the same alone
-    or with the others."""
+    """Replay the recorded span with parameters ``p`` (``layers``: only these; default all). Each
+    layer draws its heat counts from its own generator seeded with ``seed``, so a layer replays the
+    same alone or with the others."""
     hr, extra, gpu, nbytes, saved, warm_saved = {}, 0.0, 0.0, 0.0, 0.0, 0.0
     hits, lgpu = {}, {}
     todo = [ly for ly in m.rates if layers is None or ly in layers]
@@ -695,8 +701,8 @@ def calibrate(
 
 
 def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
-    """Replayed hit rate per layer and bucket (a warm-up's extra hits in the buckets of their first reads):
-    ts (bucket end), layer, hit_rate, requests."""
+    """Replayed hit rate per layer and bucket (a warm-up's extra hits in the buckets of their first
+    reads): ts (bucket end), layer, hit_rate, requests."""
     rows = []
     for layer in m.rates:
         hb, nb = _layer_hits(m, layer, m.s[layer], p)
@@ -750,8 +756,8 @@ def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
 class Fidelity:
     """How well the replay with the recorded parameters reproduces the recorded day."""
 
-    # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault windows
-    # (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
+    # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault
+    # windows (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
     table: pd.DataFrame
     buckets: (
         pd.DataFrame
@@ -763,7 +769,8 @@ class Fidelity:
         if self.ok:
             return (
                 f"The replay reproduces the recorded day: on every layer at least "
-                f"{FIDELITY_SHARE:.0%} of 15-min buckets are within ±{FIDELITY_TOL * 100:.0f} points."
+                f"{FIDELITY_SHARE:.0%} of 15-min buckets are within "
+                f"±{FIDELITY_TOL * 100:.0f} points."
             )
         bad = self.table[~self.table["ok"]]
         parts = [
@@ -789,10 +796,10 @@ def fidelity(
     share: float = FIDELITY_SHARE,
     min_requests: float = FIDELITY_MIN_REQUESTS,
 ) -> Fidelity:
-    """Replayed (parameters ``p``, default the recorded ones) vs recorded hit rate per layer and 15-min
-    bucket. A bucket is scored when it holds at least ``min_requests`` lookups and does not overlap a
-    known fault window (the ``faults`` frame: a trap is not part of the replay); a layer passes when
-    ``|replayed − recorded| ≤ tol`` in at least ``share`` of its scored buckets."""
+    """Replayed (parameters ``p``, default the recorded ones) vs recorded hit rate per layer and
+    15-min bucket. A bucket is scored when it holds at least ``min_requests`` lookups and does not
+    overlap a known fault window (the ``faults`` frame: a trap is not part of the replay); a layer
+    passes when ``|replayed − recorded| ≤ tol`` in at least ``share`` of its scored buckets."""
     cv = curves(m, p or m.base, seed)
     rows, det = [], []
     for layer, g in cv.groupby("layer", sort=False):
@@ -839,12 +846,12 @@ def fidelity(
 
 
 def gate_wait(m: Model, p: Params, layer: str) -> float:
-    """Request-seconds of TTFT that requests spend waiting while ``layer``'s warm-up holds a readiness
-    gate: at each gated start of a replica that warms up, the warm-up lasts ``D = warm_keys × seconds
-    per key`` (the recorded runs' duration per key) and the requests arriving meanwhile (the replica's
-    rate ``ρ``, from its ``weights`` lookups — one per request — else its response lookups) wait
-    ``D/2`` on average: ``ρ·D²/2`` per start. A rolling restart's surge instance warms in the background
-    and is not counted."""
+    """Request-seconds of TTFT that requests spend waiting while ``layer``'s warm-up holds a
+    readiness gate: at each gated start of a replica that warms up, the warm-up lasts ``D =
+    warm_keys × seconds per key`` (the recorded runs' duration per key) and the requests arriving
+    meanwhile (the replica's rate ``ρ``, from its ``weights`` lookups — one per request — else its
+    response lookups) wait ``D/2`` on average: ``ρ·D²/2`` per start. A rolling restart's surge
+    instance warms in the background and is not counted."""
     d = p.warm_keys * m.sec_per_key.get(layer, 0.0)
     total = 0.0
     for rep, ts in m.gated.items():

@@ -257,8 +257,8 @@ REQUESTS = Record(
     ),
     time="ts",
     rollup=True,
-    doc='requests in the flush interval ending at ts; sla_met is "true", "false" or ""; unmeasured: '
-    "LLM requests whose response carried no token usage (left out of token hit rates)",
+    doc='requests in the flush interval ending at ts; sla_met is "true", "false" or ""; '
+    "unmeasured: LLM requests whose response carried no token usage (left out of token hit rates)",
 )
 HISTOGRAMS = Record(
     "histograms",
@@ -292,7 +292,8 @@ HISTOGRAMS = Record(
         "sum",
         "total",
     ),
-    doc="one stored row per series (bounds and counts as JSON lists); the frame has one row per non-empty bucket",
+    doc="one stored row per series (bounds and counts as JSON lists); the frame has one row per "
+    "non-empty bucket",
 )
 GAUGES = Record(
     "gauges",
@@ -400,7 +401,8 @@ AB_UNITS = Record(
     time="last_ts",
     key=UNIT_KEYS,
     write="add",
-    doc="one row per unit: request-level sums and request-duration histogram, first to last flush window",
+    doc="one row per unit: request-level sums and request-duration histogram, first to last "
+    "flush window",
 )
 AB_LOOKUPS = Record(
     "ab_lookups",

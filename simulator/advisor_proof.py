@@ -26,7 +26,8 @@ __all__ = ["Proof", "prove"]
 
 @dataclass
 class Proof:
-    """A simulator A/B: pool A on the default parameters, pool B on the recommended ones, same traffic."""
+    """A simulator A/B: pool A on the default parameters, pool B on the recommended ones, same
+    traffic."""
 
     store: str
     hours: float
@@ -55,10 +56,10 @@ def prove(
     rps: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Proof:
-    """Simulate ``hours`` with both pools on the predictive strategy: pool A with the simulator's default
-    parameters, pool B with ``params`` (``peak_at``: the forecast peak's time of day, s), on seed ``seed``;
-    compare them with the A/B report's unit-level tests. A win: the prefix-KV hit rate up, or the net
-    GPU-s return up, with a 95 % CI excluding zero."""
+    """Simulate ``hours`` with both pools on the predictive strategy: pool A with the simulator's
+    default parameters, pool B with ``params`` (``peak_at``: the forecast peak's time of day, s), on
+    seed ``seed``; compare them with the A/B report's unit-level tests. A win: the prefix-KV hit
+    rate up, or the net GPU-s return up, with a 95 % CI excluding zero."""
     t0 = time.perf_counter()
     common = dict(
         hours=hours,
