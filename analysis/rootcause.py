@@ -261,7 +261,8 @@ def contributions(
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
-    # The caller gives v and f, or the four ratio columns (unchecked here: a None column fails in _col).
+    # The caller gives v and f, or the four ratio columns (unchecked here: a None column
+    # fails in _col).
     if v is not None:
         return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0  # type: ignore[arg-type]
     vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)  # type: ignore[arg-type]
@@ -482,8 +483,9 @@ class Search:
         self.dv: Any = r.dv[idx] if r.dv is not None else None
         self.fe: Any = r.fe[idx] if r.fe is not None else None
         self.floor, self.sigma = r.floor, r.sigma
-        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
-        # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
+        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``:
+        # typed Any, since mypy cannot follow that invariant (r.vd and r.pe are set exactly when
+        # the measure is a ratio).
         self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
         self.pe: Any = r.pe[idx] if self.ratio else None  # type: ignore[index]
         # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
@@ -848,7 +850,8 @@ def cover(
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
             element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}
-            # All leaves of the element (those without traffic included) for its share of the change.
+            # All leaves of the element (those without traffic included) for its share of the
+            # change.
             full = ~taken_all
             for j in sub:
                 full &= codes[j] == codes[j][row]
@@ -927,7 +930,8 @@ def _measure_columns(
     if any(c is None for c in cols):
         return (
             None,
-            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)",
+            "give either v and f (additive measure) or v_num, v_den, f_num and f_den "
+            "(ratio measure)",
         )
     names = _names(leaves)
     missing = [c for c in dims + cols if c not in names]

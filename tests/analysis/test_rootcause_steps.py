@@ -180,8 +180,16 @@ def test_a_mix_of_a_cause_and_a_partly_moved_bucket_does_not_outrank_the_cause()
     # lookups (≈ 1890), and 79 % of its weighted votes agree, so ranked by fit it was named.
     # Its residue — its zeroed leaves would gain ≈ 3150 at rate 0 — ranks it ≈ 1390, below
     # (r0, b0), whose move explains its leaves fully.
-    lookups = {("m0", "b0"): 1500, ("m0", "b1"): 1500, ("m0", "b2"): 700, ("m0", "b3"): 100,
-               ("m1", "b0"): 300, ("m1", "b1"): 300, ("m1", "b2"): 700, ("m1", "b3"): 100}
+    lookups = {
+        ("m0", "b0"): 1500,
+        ("m0", "b1"): 1500,
+        ("m0", "b2"): 700,
+        ("m0", "b3"): 100,
+        ("m1", "b0"): 300,
+        ("m1", "b1"): 300,
+        ("m1", "b2"): 700,
+        ("m1", "b3"): 100,
+    }
     rows = []
     for r, (m, b), c in itertools.product(["r0", "r1"], lookups, ["c0", "c1"]):
         n = lookups[m, b] / 2
