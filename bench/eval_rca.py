@@ -20,8 +20,9 @@ for a replica restart). Scores:
   warmup_out_of_step(replica r) → {replica=r} (or {replica=r, layer=weights}:
   a restart shows mostly as unloaded weights). A predicted element also
   matches when it selects exactly the same leaves (a key family only one
-  tenant has ≡ that tenant × layer). tenant_isolation and warmup_timing do not
-  lower the hit rate and are scored for identification only.
+  tenant has ≡ that tenant × layer), or exactly the leaves of several expected
+  elements together (it recalls them all). tenant_isolation and warmup_timing
+  do not lower the hit rate and are scored for identification only.
 * trap identification — on the faulted run alone, with 00:15–00:45 as the
   baseline (no twin: as in production), the most confident detected trap is
   the injected one (single-trap scenarios; both found, for two-trap ones).
@@ -194,21 +195,29 @@ def _leafset(leaves: pd.DataFrame, e: frozenset) -> frozenset:
 def match(pred: set[frozenset], exp: set[frozenset], leaves: pd.DataFrame) -> tuple[int, int]:
     """(matched expected elements, predicted elements that are right). A match
     is the same element, an alternative, or one selecting exactly the same
-    leaves (e.g. {family=new} when only one tenant has it). For a replica
-    restart — uneven across layers by nature — elements that all lie within
-    the replica localise it."""
-    recalled = 0
+    leaves (e.g. {family=new} when only one tenant has it) — or exactly the
+    leaves of several expected elements together: in a two-trap case whose two
+    tenants are all the tenants of one model, {model, layer} names both, and
+    the data cannot tell the two apart. For a replica restart — uneven across
+    layers by nature — elements that all lie within the replica localise it."""
+    recalled: set[frozenset] = set()
     right: set[frozenset] = set()
+    targets = {e: _leafset(leaves, e) for e in exp}
+    for p in pred:
+        got = _leafset(leaves, p)
+        inside = [e for e, t in targets.items() if t and t <= got]
+        if inside and frozenset().union(*(targets[e] for e in inside)) == got:
+            recalled.update(inside)
+            right.add(p)
     for e in exp:
         ok = {e} | alternatives(e)
-        target = _leafset(leaves, e)
-        found = [p for p in pred if p in ok or (target and _leafset(leaves, p) == target)]
+        found = [p for p in pred if p in ok]
         if set(dict(e)) == {"replica"}:
             found += [p for p in pred if e <= p]
         if found:
-            recalled += 1
+            recalled.add(e)
             right.update(found)
-    return recalled, len(right)
+    return len(recalled), len(right)
 
 
 def _twin(cfg: SimConfig, tmp: Path) -> pd.DataFrame:
