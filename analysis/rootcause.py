@@ -737,11 +737,16 @@ def split(
 ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
     """Step 4b, split: an element one level too coarse. Rule: split it by one
     more dimension when children holding at least ``unmoved_share`` of its
-    expected size (measure units, not leaves) clearly did not move (|z| < 2
-    where the element's own move would have shown at the Bonferroni level) and
+    expected size (measure units, not leaves) clearly did not move with it and
     the children that did move fit better, each with its own move, than the
-    whole element, after a price of z_crit²/2 per extra element. Returns
-    [(subset, leaves)] of the moved children, or None."""
+    whole element, after a price of z_crit²/2 per extra element. A child
+    clearly did not move with the element, where the element's own move would
+    have shown in it at the Bonferroni level, when it shows no move (|z| < 2)
+    or a move of less than ``unmoved_share`` of the element's, as log factors
+    (:func:`_log_move`): the generalised ripple effect has every leaf of a
+    cause move by one factor, and a child that kept nearly all it had while
+    its siblings lost most is not part of that move. Returns [(subset,
+    leaves)] of the moved children, or None."""
     z_crit = search.z_crit
     _, _, fit_e = search.assess(member)
     if search.ratio:
@@ -750,6 +755,7 @@ def split(
         shift[member] = search.vd[member] * search.move(member)[0] - search.e[member]
     else:
         m_e = search.h[member].mean()
+    move_e = _log_move(search, member)
     best = None
     for j, cd in enumerate(search.codes):
         if j in sub:
@@ -770,7 +776,12 @@ def split(
                 wk = float(search.size[km].sum())
                 z_exp = m_e * math.sqrt(float(km.sum()))
             total_w += wk
-            if abs(zk) < 2 and abs(z_exp) >= z_crit:
+            # Clearly not moved with the element: no move of its own (|z| < 2), or a move
+            # under unmoved_share of the element's (log factors), where the element's
+            # move would have shown at the Bonferroni level.
+            if abs(z_exp) >= z_crit and (
+                abs(zk) < 2 or move_e != 0 and _log_move(search, km) / move_e < search.unmoved_share
+            ):
                 unmoved += wk
             elif np.sign(zk) == direction and abs(zk) >= search.z_rest and pk >= search.purity:
                 moved.append(km)
@@ -790,6 +801,18 @@ def split(
         return None
     _, j, moved = best
     return [(tuple(sorted((*sub, j))), km) for km in moved]
+
+
+def _log_move(search: Search, mask: np.ndarray) -> float:
+    """The log of the common factor by which the leaves in ``mask`` moved: ratio,
+    ``Σ num / Σ expected num``; additive, ``(Σv + n·floor) / (Σf + n·floor)`` on the
+    floored scale of the residuals (as in :func:`additive_move`)."""
+    if search.ratio:
+        k = float(search.h[mask].sum()) / max(float(search.e[mask].sum()), 1e-12)
+        return math.log(max(k, 1e-6))
+    fe, n = float(search.fe[mask].sum()), float(mask.sum())
+    k = (fe + float(search.dv[mask].sum()) + n * search.floor) / max(fe + n * search.floor, 1e-300)
+    return math.log(max(k, 1e-6))
 
 
 def _shortest(
