@@ -261,7 +261,8 @@ def contributions(
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
-    # The caller gives v and f, or the four ratio columns (unchecked here: a None column fails in _col).
+    # The caller gives v and f, or the four ratio columns (unchecked here: a None column
+    # fails in _col).
     if v is not None:
         return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0  # type: ignore[arg-type]
     vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)  # type: ignore[arg-type]
@@ -482,8 +483,9 @@ class Search:
         self.dv: Any = r.dv[idx] if r.dv is not None else None
         self.fe: Any = r.fe[idx] if r.fe is not None else None
         self.floor, self.sigma = r.floor, r.sigma
-        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``: typed Any,
-        # since mypy cannot follow that invariant (r.vd and r.pe are set exactly when the measure is a ratio).
+        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``:
+        # typed Any, since mypy cannot follow that invariant (r.vd and r.pe are set exactly when
+        # the measure is a ratio).
         self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
         self.pe: Any = r.pe[idx] if self.ratio else None  # type: ignore[index]
         # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
@@ -735,11 +737,16 @@ def split(
 ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
     """Step 4b, split: an element one level too coarse. Rule: split it by one
     more dimension when children holding at least ``unmoved_share`` of its
-    expected size (measure units, not leaves) clearly did not move (|z| < 2
-    where the element's own move would have shown at the Bonferroni level) and
+    expected size (measure units, not leaves) clearly did not move with it and
     the children that did move fit better, each with its own move, than the
-    whole element, after a price of z_crit²/2 per extra element. Returns
-    [(subset, leaves)] of the moved children, or None."""
+    whole element, after a price of z_crit²/2 per extra element. A child
+    clearly did not move with the element, where the element's own move would
+    have shown in it at the Bonferroni level, when it shows no move (|z| < 2)
+    or a move of less than ``unmoved_share`` of the element's, as log factors
+    (:func:`_log_move`): the generalised ripple effect has every leaf of a
+    cause move by one factor, and a child that kept nearly all it had while
+    its siblings lost most is not part of that move. Returns [(subset,
+    leaves)] of the moved children, or None."""
     z_crit = search.z_crit
     _, _, fit_e = search.assess(member)
     if search.ratio:
@@ -748,6 +755,7 @@ def split(
         shift[member] = search.vd[member] * search.move(member)[0] - search.e[member]
     else:
         m_e = search.h[member].mean()
+    move_e = _log_move(search, member)
     best = None
     for j, cd in enumerate(search.codes):
         if j in sub:
@@ -768,7 +776,12 @@ def split(
                 wk = float(search.size[km].sum())
                 z_exp = m_e * math.sqrt(float(km.sum()))
             total_w += wk
-            if abs(zk) < 2 and abs(z_exp) >= z_crit:
+            # Clearly not moved with the element: no move of its own (|z| < 2), or a move
+            # under unmoved_share of the element's (log factors), where the element's
+            # move would have shown at the Bonferroni level.
+            if abs(z_exp) >= z_crit and (
+                abs(zk) < 2 or move_e != 0 and _log_move(search, km) / move_e < search.unmoved_share
+            ):
                 unmoved += wk
             elif np.sign(zk) == direction and abs(zk) >= search.z_rest and pk >= search.purity:
                 moved.append(km)
@@ -788,6 +801,18 @@ def split(
         return None
     _, j, moved = best
     return [(tuple(sorted((*sub, j))), km) for km in moved]
+
+
+def _log_move(search: Search, mask: np.ndarray) -> float:
+    """The log of the common factor by which the leaves in ``mask`` moved: ratio,
+    ``Σ num / Σ expected num``; additive, ``(Σv + n·floor) / (Σf + n·floor)`` on the
+    floored scale of the residuals (as in :func:`additive_move`)."""
+    if search.ratio:
+        k = float(search.h[mask].sum()) / max(float(search.e[mask].sum()), 1e-12)
+        return math.log(max(k, 1e-6))
+    fe, n = float(search.fe[mask].sum()), float(mask.sum())
+    k = (fe + float(search.dv[mask].sum()) + n * search.floor) / max(fe + n * search.floor, 1e-300)
+    return math.log(max(k, 1e-6))
 
 
 def _shortest(
@@ -848,7 +873,8 @@ def cover(
             row = idx[np.flatnonzero(member)[0]]
             sub = _shortest(sub, row, codes, ok)
             element = {names[j][0]: str(names[j][1][codes[j][row]]) for j in sub}
-            # All leaves of the element (those without traffic included) for its share of the change.
+            # All leaves of the element (those without traffic included) for its share of the
+            # change.
             full = ~taken_all
             for j in sub:
                 full &= codes[j] == codes[j][row]
@@ -927,7 +953,8 @@ def _measure_columns(
     if any(c is None for c in cols):
         return (
             None,
-            "give either v and f (additive measure) or v_num, v_den, f_num and f_den (ratio measure)",
+            "give either v and f (additive measure) or v_num, v_den, f_num and f_den "
+            "(ratio measure)",
         )
     names = _names(leaves)
     missing = [c for c in dims + cols if c not in names]

@@ -84,7 +84,9 @@ def score(data: Path, name: str, match: str = "", show: bool = False, every: int
         df = pd.read_csv(path, dtype={d: str for d in dims}, keep_default_na=False)
         t, c = time.perf_counter(), time.process_time()
         if name == "ratio":
-            loc = localize(df, dims, v_num="real_num", v_den="real_den", f_num="exp_num", f_den="exp_den")
+            loc = localize(
+                df, dims, v_num="real_num", v_den="real_den", f_num="exp_num", f_den="exp_den"
+            )
         else:
             loc = localize(df, dims, v="real", f="predict")
         times.append(time.perf_counter() - t)
@@ -94,8 +96,16 @@ def score(data: Path, name: str, match: str = "", show: bool = False, every: int
         tp, fp, fn = tp + hit, fp + len(pred) - hit, fn + len(truth) - hit
         if show and pred != truth:
             print(f"  {case}: predicted {sorted(pred)} true {sorted(truth)}")
-    return {"f1": 2 * tp / max(2 * tp + fp + fn, 1), "tp": tp, "fp": fp, "fn": fn, "n": len(times),
-            "median_s": float(np.median(times)), "max_s": float(np.max(times)), "median_cpu": float(np.median(cpu))}
+    return {
+        "f1": 2 * tp / max(2 * tp + fp + fn, 1),
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "n": len(times),
+        "median_s": float(np.median(times)),
+        "max_s": float(np.max(times)),
+        "median_cpu": float(np.median(cpu)),
+    }
 
 
 def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
@@ -107,8 +117,20 @@ def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
         if i >= n:
             break
         cmd = [*exe, "rca", str(path), "--dims", *dims, "--compact"]
-        cmd += (["--v-num", "real_num", "--v-den", "real_den", "--f-num", "exp_num", "--f-den", "exp_den"]
-                if name == "ratio" else ["--v", "real", "--f", "predict"])
+        cmd += (
+            [
+                "--v-num",
+                "real_num",
+                "--v-den",
+                "real_den",
+                "--f-num",
+                "exp_num",
+                "--f-den",
+                "exp_den",
+            ]
+            if name == "ratio"
+            else ["--v", "real", "--f", "predict"]
+        )
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -121,45 +143,80 @@ def cli_times(data: Path, name: str, n: int) -> tuple[list[float], list[float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT,
-                    help=f"case folder: ratio/ and additive/ with truth.json, and ANCHORS.md (default ${CASES_ENV})")
-    ap.add_argument("--cli", type=int, default=0, metavar="N", help="also time `warmscope rca` on N cases per set")
-    ap.add_argument("--show", action="store_true", help="print the cases that are not exactly right")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT,
+        help=f"case folder: ratio/ and additive/ with truth.json, and ANCHORS.md "
+        f"(default ${CASES_ENV})",
+    )
+    ap.add_argument(
+        "--cli",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time `warmscope rca` on N cases per set",
+    )
+    ap.add_argument(
+        "--show", action="store_true", help="print the cases that are not exactly right"
+    )
     args = ap.parse_args()
     if args.data is None:
-        print(f"no case folder: give --data DIR or set {CASES_ENV} to the folder of the public RCA benchmark "
-              "cases (ratio/ and additive/ with truth.json, and ANCHORS.md)", file=sys.stderr)
+        print(
+            f"no case folder: give --data DIR or set {CASES_ENV} to the folder of the public "
+            "RCA benchmark "
+            "cases (ratio/ and additive/ with truth.json, and ANCHORS.md)",
+            file=sys.stderr,
+        )
         return 2
     if not (args.data / "ANCHORS.md").exists():
-        print(f"no RCA benchmark cases at {args.data} (ANCHORS.md missing): give --data DIR or set {CASES_ENV}",
-              file=sys.stderr)
+        print(
+            f"no RCA benchmark cases at {args.data} (ANCHORS.md missing): give --data DIR or "
+            f"set {CASES_ENV}",
+            file=sys.stderr,
+        )
         return 2
     pub = anchors(args.data)
-    rows = [("additive S (60)", "additive", "S_", "S", "RiskLoc"),
-            ("additive L (40)", "additive", "L_", "L", "RiskLoc"),
-            ("ratio (87)", "ratio", "", "ratio", "RobustSpot")]
+    rows = [
+        ("additive S (60)", "additive", "S_", "S", "RiskLoc"),
+        ("additive L (40)", "additive", "L_", "L", "RiskLoc"),
+        ("ratio (87)", "ratio", "", "ratio", "RobustSpot"),
+    ]
     if (args.data / "squeeze" / "truth.json").exists():
         rows.append(("squeeze (sparse)", "squeeze", "", "squeeze", ""))
     res = {}
-    print(f"{'set':<18}{'warmscope F1':>13}{'TP/FP/FN':>14}{'median s':>10}{'cpu s':>7}{'max s':>8}"
-          "   published F1 on the same cases")
+    print(
+        f"{'set':<18}{'warmscope F1':>13}{'TP/FP/FN':>14}{'median s':>10}{'cpu s':>7}{'max s':>8}"
+        "   published F1 on the same cases"
+    )
     for label, name, match, key, _best in rows:
         r = res[label] = score(args.data, name, match, args.show)
         others = ", ".join(f"{a} {f}" for a, f in pub.get(key, {}).items() if f not in ("", "–"))
-        print(f"{label:<18}{r['f1']:>13.3f}{r['tp']:>6}/{r['fp']}/{r['fn']:<5}{r['median_s']:>10.3f}"
-              f"{r['median_cpu']:>7.3f}{r['max_s']:>8.3f}   {others}")
+        print(
+            f"{label:<18}{r['f1']:>13.3f}{r['tp']:>6}/{r['fp']}/{r['fn']:<5}{r['median_s']:>10.3f}"
+            f"{r['median_cpu']:>7.3f}{r['max_s']:>8.3f}   {others}"
+        )
     s, l_ = res["additive S (60)"], res["additive L (40)"]
     tp, fp, fn = s["tp"] + l_["tp"], s["fp"] + l_["fp"], s["fn"] + l_["fn"]
-    print(f"{'additive all (100)':<18}{2 * tp / (2 * tp + fp + fn):>13.3f}{tp:>6}/{fp}/{fn:<5}"
-          f"{'':>18}   RiskLoc {pub['S'].get('RiskLoc', '?')} (S) / {pub['L'].get('RiskLoc', '?')} (L)")
+    print(
+        f"{'additive all (100)':<18}{2 * tp / (2 * tp + fp + fn):>13.3f}{tp:>6}/{fp}/{fn:<5}"
+        f"{'':>18}   RiskLoc {pub['S'].get('RiskLoc', '?')} (S) / "
+        f"{pub['L'].get('RiskLoc', '?')} (L)"
+    )
     if args.cli:
         for label, name in (("additive", "additive"), ("ratio", "ratio"), ("squeeze", "squeeze")):
             if not (args.data / name / "truth.json").exists():
                 continue
             t, c = cli_times(args.data, name, args.cli)
-            print(f"warmscope rca as a process, {label}: median {np.median(t):.3f} s wall ({np.median(c):.3f} s "
-                  f"CPU), max {np.max(t):.3f} s over {len(t)} cases (target < 0.8 s)")
-        print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with it)")
+            print(
+                f"warmscope rca as a process, {label}: median {np.median(t):.3f} s wall "
+                f"({np.median(c):.3f} s "
+                f"CPU), max {np.max(t):.3f} s over {len(t)} cases (target < 0.8 s)"
+            )
+        print(
+            f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+            "(wall times grow with it)"
+        )
     return 0
 
 

@@ -12,8 +12,10 @@ DIMS = {"a": 8, "b": 6, "c": 5, "d": 4, "e": 4}
 
 def cube(seed=0):
     rng = np.random.default_rng(seed)
-    g = pd.DataFrame(list(itertools.product(*[[f"{k}{i}" for i in range(n)] for k, n in DIMS.items()])),
-                     columns=list(DIMS))
+    g = pd.DataFrame(
+        list(itertools.product(*[[f"{k}{i}" for i in range(n)] for k, n in DIMS.items()])),
+        columns=list(DIMS),
+    )
     return g, rng
 
 
@@ -56,7 +58,9 @@ def test_no_change_and_bad_input_give_messages():
     f = rng.lognormal(3, 1, len(g))
     calm = localize(g.assign(v=f, f=f), list(DIMS), v="v", f="f")
     assert calm.causes == [] and calm.notes
-    noisy = localize(g.assign(v=f * (1 + rng.normal(0, 0.02, len(g))), f=f), list(DIMS), v="v", f="f")
+    noisy = localize(
+        g.assign(v=f * (1 + rng.normal(0, 0.02, len(g))), f=f), list(DIMS), v="v", f="f"
+    )
     assert noisy.causes == []
     assert "lacks column(s)" in localize(g, ["a", "zz"], v="v", f="f").error
     assert "empty" in localize(g.iloc[:0].assign(v=1.0, f=1.0), ["a"], v="v", f="f").error
@@ -65,8 +69,12 @@ def test_no_change_and_bad_input_give_messages():
 def test_change_point_finds_a_step():
     ts = np.arange(60, 120 * 60 + 1, 60.0)
     rate = np.where(ts > 80 * 60, 0.4, 0.8)
-    lk = pd.concat([pd.DataFrame({"ts": ts, "result": "hit", "count": (1000 * rate).astype(int)}),
-                    pd.DataFrame({"ts": ts, "result": "miss", "count": (1000 * (1 - rate)).astype(int)})])
+    lk = pd.concat(
+        [
+            pd.DataFrame({"ts": ts, "result": "hit", "count": (1000 * rate).astype(int)}),
+            pd.DataFrame({"ts": ts, "result": "miss", "count": (1000 * (1 - rate)).astype(int)}),
+        ]
+    )
     assert change_point(lk.sort_values("ts")) == pytest.approx(80 * 60, abs=60)
     assert change_point(lk.iloc[:10]) is None
 
@@ -87,6 +95,9 @@ def test_cli_prints_the_root_cause_set(tmp_path, capsys):
     assert cli_main(["rca", leaves, "--dims", *DIMS, "--v", "obs", "--f", "exp"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out[0]["element"] == {"a": "a1", "c": "c2"} and 0.9 <= out[0]["explanatory_power"] <= 1.0
-    assert set(out[0]) == {"element", "score", "explanatory_power", "direction"} and out[0]["direction"] == "down"
+    assert (
+        set(out[0]) == {"element", "score", "explanatory_power", "direction"}
+        and out[0]["direction"] == "down"
+    )
     assert cli_main(["rca", str(tmp_path / "nope.csv"), "--dims", "a", "--v", "o", "--f", "e"]) == 2
     assert cli_main(["rca", leaves, "--dims", "a", "--v", "obs", "--v-num", "x"]) == 2

@@ -7,8 +7,10 @@ import pytest
 
 from bench.bench_rca_public import CASES_ENV, DEFAULT, score
 
-pytestmark = pytest.mark.skipif(DEFAULT is None or not (DEFAULT / "squeeze" / "truth.json").exists(),
-                                reason=f"{CASES_ENV} is not set or has no squeeze/ set")
+pytestmark = pytest.mark.skipif(
+    DEFAULT is None or not (DEFAULT / "squeeze" / "truth.json").exists(),
+    reason=f"{CASES_ENV} is not set or has no squeeze/ set",
+)
 
 
 def test_sparse_additive_cases_name_the_element_not_its_children():

@@ -180,8 +180,16 @@ def test_a_mix_of_a_cause_and_a_partly_moved_bucket_does_not_outrank_the_cause()
     # lookups (≈ 1890), and 79 % of its weighted votes agree, so ranked by fit it was named.
     # Its residue — its zeroed leaves would gain ≈ 3150 at rate 0 — ranks it ≈ 1390, below
     # (r0, b0), whose move explains its leaves fully.
-    lookups = {("m0", "b0"): 1500, ("m0", "b1"): 1500, ("m0", "b2"): 700, ("m0", "b3"): 100,
-               ("m1", "b0"): 300, ("m1", "b1"): 300, ("m1", "b2"): 700, ("m1", "b3"): 100}
+    lookups = {
+        ("m0", "b0"): 1500,
+        ("m0", "b1"): 1500,
+        ("m0", "b2"): 700,
+        ("m0", "b3"): 100,
+        ("m1", "b0"): 300,
+        ("m1", "b1"): 300,
+        ("m1", "b2"): 700,
+        ("m1", "b3"): 100,
+    }
     rows = []
     for r, (m, b), c in itertools.product(["r0", "r1"], lookups, ["c0", "c1"]):
         n = lookups[m, b] / 2
@@ -234,6 +242,36 @@ def test_an_element_splits_when_a_large_part_did_not_move_but_not_for_a_tiny_par
     f = np.where((g.a == "a0") & (g.b == "b1"), 1.0, 100.0)
     s = search_of(g, ADDITIVE, {"v": np.where(a0b0, 50.0, f * noise), "f": f})
     assert split(s, (0,), a0, -1) is None
+
+
+def _buckets(b3_rate):
+    """Replica r0's buckets b0–b2 (1000 lookups each) lose every hit, rate 0.6 → 0; its
+    bucket b3 (2000 lookups) goes 0.6 → ``b3_rate``; replica r1 is unchanged."""
+    g = grid(r=2, b=4)
+    vd = np.where(g.b == "b3", 2000.0, 1000.0)
+    rate = np.where(g.r == "r0", np.where(g.b == "b3", b3_rate, 0.0), 0.6)
+    return g, {"vn": rate * vd, "vd": vd, "fn": 0.6 * vd, "fd": vd}
+
+
+def test_an_element_splits_off_a_child_that_kept_nearly_all_it_had():
+    g, cols = _buckets(0.56)
+    s = search_of(g, RATIO, cols)
+    r0 = (g.r == "r0").to_numpy()
+    # b3 moved on its own: z = (1120 − 1200) / sqrt(2000 · 0.6 · 0.4) = −3.7, beyond |z| < 2.
+    # But as log factors it moved log(1120 / 1200) = −0.069, under 10 % of r0's
+    # log(1120 / 3000) = −0.985 (7 %), and it holds 1200 of r0's 3000 expected hits (40 %):
+    # r0 splits into the three buckets that lost everything.
+    parts = split(s, (0,), r0, -1)
+    assert parts is not None and [p[0] for p in parts] == [(0, 1)] * 3
+    assert sorted(g.b[p[1]].item() for p in parts) == ["b0", "b1", "b2"]
+
+
+def test_an_element_whose_children_moved_unevenly_is_not_split():
+    g, cols = _buckets(0.45)
+    s = search_of(g, RATIO, cols)
+    # b3 moved log(900 / 1200) = −0.29, 24 % of r0's log(900 / 3000) = −1.20: unevenly, but
+    # with the element — r0 stays whole (as a rate cause often moves its children unevenly).
+    assert split(s, (0,), (g.r == "r0").to_numpy(), -1) is None
 
 
 # -- 5. cover --------------------------------------------------------------------------------------
