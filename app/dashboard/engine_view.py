@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import streamlit as st
-from warmscope.app.dashboard import data, ui
+from warmscope.app.dashboard import data, fmt, state
 
 __all__ = [
     "active",
@@ -54,7 +54,7 @@ def active(start: float, end: float) -> bool:
     """Prometheus is the source and holds no warmscope lookups in the range."""
     if not data.prometheus_url():
         return False
-    return ui.load(["lookups"], start, end)["lookups"].empty
+    return state.load(["lookups"], start, end)["lookups"].empty
 
 
 def no_unit_records() -> bool:
@@ -92,14 +92,15 @@ def hit_table(
 
 
 def _bucket(start: float, end: float) -> int:
-    return max(60, int(ui.step(start, end) or 0), int((end - start) / 120 // 60 * 60))
+    return max(60, int(state.step(start, end) or 0), int((end - start) / 120 // 60 * 60))
 
 
 def _no_engine_data() -> None:
     st.info(
         "Prometheus holds neither warmscope collector series nor engine metrics (vLLM "
-        "`vllm:prefix_cache_*`, SGLang `sglang:cached_tokens_total`, LMCache `lmcache:num_hit_tokens`) in "
-        "this range. Check that Prometheus scrapes the engines' `/metrics` and widen the time range."
+        "`vllm:prefix_cache_*`, SGLang `sglang:cached_tokens_total`, LMCache "
+        "`lmcache:num_hit_tokens`) in this range. Check that Prometheus scrapes the engines' "
+        "`/metrics` and widen the time range."
     )
     st.stop()
 
@@ -109,7 +110,7 @@ def _pct(x: float) -> str:
 
 
 def overview(start: float, end: float) -> None:
-    st.caption(f"{ui.when(start)} → {ui.when(end)} · engine metrics from Prometheus")
+    st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
     st.info(COLLECTORS_NOTE)
     pre = frame("engine_prefix", start, end)
     if pre.empty or pre.queries.sum() == 0:
@@ -150,8 +151,8 @@ def overview(start: float, end: float) -> None:
         src = src[src.tokens > 0] if len(src) else src
         if src.empty:
             st.info(
-                "No cached tokens by source in this range (vLLM `prompt_tokens_cached_by_source`, SGLang "
-                "`cached_tokens_total{cache_source}`)."
+                "No cached tokens by source in this range (vLLM `prompt_tokens_cached_by_source`, "
+                "SGLang `cached_tokens_total{cache_source}`)."
             )
         else:
             s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
@@ -189,8 +190,8 @@ def overview(start: float, end: float) -> None:
     st.subheader("Time to first token")
     if ttft.empty:
         st.info(
-            "No time-to-first-token histogram samples in this range (no requests, or the engine does not "
-            "export `time_to_first_token_seconds`)."
+            "No time-to-first-token histogram samples in this range (no requests, or the engine "
+            "does not export `time_to_first_token_seconds`)."
         )
     else:
         last = (
@@ -331,8 +332,8 @@ def rootcause(start: float, end: float) -> None:
     leaves["hits_exp"] = np.nan_to_num(rate0 * leaves.queries, nan=0.0)
     leaves["queries_exp"] = np.where(np.isfinite(rate0), leaves.queries, 0.0)
     st.caption(
-        f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
-        f"{ui.when(baseline[1])}"
+        f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
+        f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])}"
     )
 
     def pct(x):
@@ -348,13 +349,13 @@ def rootcause(start: float, end: float) -> None:
     st.subheader("Ranked explanations")
     if leaves.queries.sum() == 0 or leaves.queries_base.sum() == 0:
         st.info(
-            "The anomaly window or the baseline before it holds no engine traffic, so there is no change to "
-            "explain: move the anomaly window (the baseline is the same length just before it) or widen the "
-            "time range."
+            "The anomaly window or the baseline before it holds no engine traffic, so there is no "
+            "change to explain: move the anomaly window (the baseline is the same length just "
+            "before it) or widen the time range."
         )
         st.caption(
-            "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read per-key "
-            "and per-tenant records: they need the warmscope collectors."
+            "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
+            "per-key and per-tenant records: they need the warmscope collectors."
         )
         return
     loc = localize(
@@ -387,17 +388,17 @@ def rootcause(start: float, end: float) -> None:
             width="stretch",
         )
     st.caption(
-        "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read per-key and "
-        "per-tenant records: they need the warmscope collectors."
+        "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
+        "per-key and per-tenant records: they need the warmscope collectors."
     )
 
 
 def alerts() -> None:
     """Alerts Prometheus itself evaluates (rules/engines.alerts.yml among them)."""
     st.caption(
-        "Engine metrics only: the alert conditions below are the ones Prometheus evaluates from its rules "
-        "(`rules/engines.alerts.yml` covers the engines). The conditions warmscope evaluates itself read "
-        "collector records (tenants, warm-up runs, hot keys)."
+        "Engine metrics only: the alert conditions below are the ones Prometheus evaluates from "
+        "its rules (`rules/engines.alerts.yml` covers the engines). The conditions warmscope "
+        "evaluates itself read collector records (tenants, warm-up runs, hot keys)."
     )
     try:
         got = data.external_alerts("prometheus")
@@ -406,8 +407,8 @@ def alerts() -> None:
         st.stop()
     if got.empty:
         st.success(
-            "Prometheus has no pending or firing alerts. (If it should, check that the rule files in "
-            "`rules/` are loaded: Status → Rules in Prometheus.)"
+            "Prometheus has no pending or firing alerts. (If it should, check that the rule files "
+            "in `rules/` are loaded: Status → Rules in Prometheus.)"
         )
         st.stop()
     got = got.assign(_later=got.state != "firing").sort_values(
@@ -423,20 +424,22 @@ def alerts() -> None:
 def needs_collectors(what: str) -> None:
     """A page whose figures exist only with the collectors: say so and stop."""
     st.info(
-        f"{what} come from the warmscope collectors (`collectors.setup()` in the serving code, with "
-        "`WARMSCOPE_REDIS_URL` or the embedded store for per-key records). This deployment exports engine "
-        "metrics only: the **Overview**, **Hit rate explorer** and **Root cause** pages show the engines' "
-        "prefix-cache hit rate, cached tokens by source, TTFT and KV-cache usage."
+        f"{what} come from the warmscope collectors (`collectors.setup()` in the serving code, "
+        "with `WARMSCOPE_REDIS_URL` or the embedded store for per-key records). This deployment "
+        "exports engine metrics only: the **Overview**, **Hit rate explorer** and **Root cause** "
+        "pages show the engines' prefix-cache hit rate, cached tokens by source, TTFT and KV-cache "
+        "usage."
     )
     st.stop()
 
 
 def ab_advice() -> None:
     st.info(
-        "A/B reports need per-unit records (a session is the unit): set `experiment`, `variant` and `unit` in "
-        "`collectors.request_context(...)` in the serving code and `WARMSCOPE_REDIS_URL` so the records reach "
-        "Redis. With engine metrics only, Prometheus cannot tell which request belonged to which variant; if "
-        "each variant runs on its own instances, compare their token-weighted hit rates on the **Hit rate "
-        "explorer** grouped by instance — as a before/after view, not a randomised test."
+        "A/B reports need per-unit records (a session is the unit): set `experiment`, `variant` "
+        "and `unit` in `collectors.request_context(...)` in the serving code and "
+        "`WARMSCOPE_REDIS_URL` so the records reach Redis. With engine metrics only, Prometheus "
+        "cannot tell which request belonged to which variant; if each variant runs on its own "
+        "instances, compare their token-weighted hit rates on the **Hit rate explorer** grouped by "
+        "instance — as a before/after view, not a randomised test."
     )
     st.stop()

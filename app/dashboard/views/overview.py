@@ -1,5 +1,6 @@
-"""Overview: what happened (latest regression and its cause, latest run and its ROI, open alerts), the
-12-dimension score, hit rate by layer with runs, faults and alerts marked, latest warm-up runs."""
+"""Overview: what happened (latest regression and its cause, latest run and its ROI, open
+alerts), the 12-dimension score, hit rate by layer with runs, faults and alerts marked, latest
+warm-up runs."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -11,25 +12,26 @@ st.title("Cache warm-up overview")  # first: it paints before the imports below 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from warmscope.app.dashboard import engine_view, ui
+from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
 
-start, end = ui.time_range()
+start, end = state.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.overview(start, end)
     st.stop()
-fr = ui.load(["warmup_runs"], start, end)
-st.caption(f"{ui.when(start)} → {ui.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
-ui.resolution_note(start, end)
-ui.unmeasured_note(start, end)
+fr = state.load(["warmup_runs"], start, end)
+st.caption(f"{fmt.when(start)} → {fmt.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
+state.resolution_note(start, end)
+cached.unmeasured_note(start, end)
 runs = fr["warmup_runs"]
-# Cached per store version and range (filled in the background when the server starts); the spinner shows only
-# when a figure is still being computed — the first view of a range nobody has opened yet.
+# Cached per store version and range (filled in the background when the server starts); the spinner
+# shows only when a figure is still being computed — the first view of a range nobody has opened
+# yet.
 with st.spinner("Analysing the range: alerts, the latest regression and the warm-up score…"):
-    alerts = ui.alerts(start, end)
-    dd = ui.drill(start, end, cached_layers_only=True)
-    card = ui.card(start, end)
+    alerts = cached.alerts(start, end)
+    dd = cached.drill(start, end, hit_rate_layers_only=True)
+    card = cached.card(start, end)
 
 # ---------------------------------------------------------------- what happened
 st.subheader("What happened")
@@ -39,8 +41,8 @@ if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
     top = loc.causes[0]
     cause = " · ".join(f"{k} = {v}" for k, v in top.element.items())
     lines.append(
-        f"**Latest regression** since {ui.hhmm(dd.anomaly[0])}: hit rate {ui.pct(loc.observed)} vs "
-        f"{ui.pct(loc.expected)} expected; largest cause **{cause}**. See *Root cause*."
+        f"**Latest regression** since {fmt.hhmm(dd.anomaly[0])}: hit rate {fmt.pct(loc.observed)} "
+        f"vs {fmt.pct(loc.expected)} expected; largest cause **{cause}**. See *Root cause*."
     )
 else:
     lines.append("**No significant regression** in this range.")
@@ -48,12 +50,12 @@ if len(runs):
     last = runs.sort_values("started").iloc[-1]
     same = runs[(runs.replica == last.replica) & (abs(runs.started - last.started) < 60)]
     msg = (
-        f"**Latest warm-up run** {ui.hhmm(last.started)} on {last.replica} ({last.strategy}, trigger "
-        f"{last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, {ui.integer(same['keys'].sum())} keys, "
-        f"{same.gpu_s.sum():,.1f} GPU-s)"
+        f"**Latest warm-up run** {fmt.hhmm(last.started)} on {last.replica} ({last.strategy}, "
+        f"trigger {last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, "
+        f"{fmt.integer(same['keys'].sum())} keys, {same.gpu_s.sum():,.1f} GPU-s)"
     )
     try:
-        roi = ui.run_roi(start, end, last.run_id)
+        roi = cached.run_roi(start, end, last.run_id)
         r5 = roi.sort_values("window_s").iloc[0]
         v = r5.roi_compute
         msg += (
@@ -67,7 +69,7 @@ if len(runs):
 else:
     lines.append("**No warm-up run** in this range.")
 n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
-sec = alerts[alerts.alert.map(ui.is_security)] if len(alerts) else alerts
+sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
 lines.append(
     f"**{len(alerts)} open alert{'s' if len(alerts) != 1 else ''}** ({n_crit} critical)."
     if len(alerts)
@@ -75,10 +77,10 @@ lines.append(
 )
 st.markdown("\n".join(f"- {x}" for x in lines))
 for r in sec.itertuples():
-    ui.alert_row(r.severity, r.alert, r.summary, r.since)
+    fmt.alert_row(r.severity, r.alert, r.summary, r.since)
 
 # ---------------------------------------------------------------- headline numbers
-overall = ui.rates(start, end, no_weights=True)  # cached: reruns read a few rows
+overall = cached.rates(start, end, hit_rate_layers_only=True)  # cached: reruns read a few rows
 c = st.columns(4)
 c[0].metric(
     "Warm-up score",
@@ -87,19 +89,19 @@ c[0].metric(
 )
 c[1].metric(
     "Hit rate",
-    ui.pct(overall.hit_rate.iloc[0]) if len(overall) and overall.lookups.iloc[0] else "no data",
+    fmt.pct(overall.hit_rate.iloc[0]) if len(overall) and overall.lookups.iloc[0] else "no data",
     help=HIT_RATE_DEF,
 )
 c[2].metric(
     "Lookups",
-    ui.integer(overall.lookups.iloc[0]) if len(overall) else "0",
+    fmt.integer(overall.lookups.iloc[0]) if len(overall) else "0",
     help="Hits + misses, layers except model weights",
 )
 c[3].metric("Warm-up runs", f"{len(runs):,}", help="One run per replica and layer")
 
-# ---------------------------------------------------------------- hit rate by layer, with annotations
-freq = ui.overview_freq(start, end)
-hr = ui.rates(start, end, ("layer",), freq)
+# ------------------------------------------------------- hit rate by layer, with annotations
+freq = charts.overview_freq(start, end)
+hr = cached.rates(start, end, ("layer",), freq)
 if len(hr):
     hr["time"] = hr.bucket.astype("datetime64[s]")
     fig = go.Figure()
@@ -123,7 +125,7 @@ if len(hr):
         margin=dict(t=50, b=40),
         legend_title_text="layer",
     )
-    ui.annotate(fig, start, end, alerts)
+    charts.annotate(fig, start, end, alerts)
     ev = st.plotly_chart(
         fig, width="stretch", on_select="rerun", selection_mode="box", key="ov-zoom"
     )
@@ -132,10 +134,11 @@ if len(hr):
         x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
         st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
         if abs(x1 - x0) >= 300:
-            ui.zoom_to(min(x0, x1), max(x0, x1))
+            state.zoom_to(min(x0, x1), max(x0, x1))
         st.rerun()
     st.caption(
-        "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: alert onsets."
+        "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: alert "
+        "onsets."
     )
 
 # ---------------------------------------------------------------- the score card
@@ -147,13 +150,13 @@ def _value(v, u):
     if v is None or v != v:
         return "no data"
     if u in ("ratio", "share", "fraction"):
-        return ui.pct(v)
+        return fmt.pct(v)
     return f"{v:.3g} {u}".strip()
 
 
 table = pd.DataFrame(
     {
-        "Status": dims.score.map(ui.light),
+        "Status": dims.score.map(fmt.light),
         "Dimension": dims.label,
         "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit, strict=True)],
         "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit, strict=True)],
@@ -163,7 +166,7 @@ table = pd.DataFrame(
     }
 )
 st.dataframe(
-    table.style.map(ui.status_style, subset=["Status"]),
+    table.style.map(fmt.status_style, subset=["Status"]),
     hide_index=True,
     width="stretch",
     height=38 + 35 * len(table),
@@ -207,7 +210,7 @@ with right:
         st.success("No alert conditions hold in this range.")
     else:
         for r in alerts.head(6).itertuples():
-            ui.alert_row(r.severity, r.alert, r.summary, r.since)
+            fmt.alert_row(r.severity, r.alert, r.summary, r.since)
         if len(alerts) > 6:
             st.caption(f"{len(alerts) - 6} more on the Alerts page.")
 st.subheader("Latest warm-up runs")
@@ -218,13 +221,13 @@ else:
     st.dataframe(
         pd.DataFrame(
             {
-                "Started (UTC)": r.started.map(ui.when),
+                "Started (UTC)": r.started.map(fmt.when),
                 "Replica": r.replica,
                 "Layer": r.layer,
                 "Strategy": r.strategy,
                 "Trigger": r.trigger,
                 "Status": r.status,
-                "Keys": r["keys"].map(ui.integer),
+                "Keys": r["keys"].map(fmt.integer),
                 "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}"),
             }
         ),

@@ -1,5 +1,5 @@
-"""Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the chart), get
-ranked explanations and trap verdicts. The chosen window lives in the URL."""
+"""Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the
+chart), get ranked explanations and trap verdicts. The chosen window lives in the URL."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 
 import pandas as pd
 import plotly.graph_objects as go
-from warmscope.app.dashboard import engine_view, ui
+from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
-start, end = ui.time_range()
+start, end = state.time_range()
 if engine_view.active(start, end):  # engine metrics only
     engine_view.rootcause(start, end)
     st.stop()
-ui.resolution_note(start, end)
+state.resolution_note(start, end)
 
 
 def _dt(ts: float) -> datetime:
@@ -32,7 +32,7 @@ def _ts(d) -> float:
 lo, hi = _dt(start), _dt(end)
 # The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
 if "rc-win" not in st.session_state:
-    w = ui.url_get("window", "")
+    w = state.url_get("window", "")
     try:
         a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
         if lo <= a0 < a1 <= hi:
@@ -63,10 +63,10 @@ if mode == "choose":
     )
     st.session_state["rc-win"] = (a0, a1)
     anomaly = (_ts(a0), _ts(a1))
-    ui.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
+    state.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
 else:
-    ui.url_set(window=None)
-    cp = ui.change_point(start, end)
+    state.url_set(window=None)
+    cp = cached.change_point(start, end)
     if cp is None:
         st.info(
             "Too little data to find a change point; choose the window, or widen the time range."
@@ -75,8 +75,8 @@ else:
     anomaly = (cp, end)
 length = anomaly[1] - anomaly[0]
 baseline = (max(start, anomaly[0] - length), anomaly[0])
-freq = max(300, ui.step(start, end) or 0)
-t = ui.rates(start, end, freq=freq)  # cached per range
+freq = max(300, state.step(start, end) or 0)
+t = cached.rates(start, end, freq=freq)  # cached per range
 t["time"] = t.bucket.astype("datetime64[s]")
 fig = go.Figure(
     go.Scatter(
@@ -106,10 +106,12 @@ fig.add_vrect(
     annotation_text="baseline",
     annotation_position="bottom left",
 )
-ui.annotate(fig, start, end)
+charts.annotate(fig, start, end)
 fig.update_layout(
-    title=f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
-    "window",
+    title=(
+        f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose "
+        "the window"
+    ),
     yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
     xaxis_title="time (UTC)",
     dragmode="select",
@@ -126,15 +128,15 @@ if box and box[0].get("x"):
     )  # applied once: picking "detected" later must stay detected
     if x1 > x0:
         st.session_state["rc-win"] = (x0, x1)
-        ui.defer(**{"rc-mode": "choose"})
+        state.defer(**{"rc-mode": "choose"})
     st.rerun()
 st.caption(
-    f"Anomaly {ui.when(anomaly[0])} → {ui.when(anomaly[1])}; baseline {ui.when(baseline[0])} → "
-    f"{ui.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
+    f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline {fmt.when(baseline[0])} → "
+    f"{fmt.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
 )
-dd = ui.drill(start, end, anomaly, baseline)
+dd = cached.drill(start, end, anomaly, baseline)
 loc = dd.localization
-verdicts = ui.traps(start, end, anomaly, baseline)
+verdicts = cached.traps(start, end, anomaly, baseline)
 
 # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
 for v in verdicts:
@@ -154,7 +156,7 @@ elif not loc.causes:
 else:
     st.metric(
         "Effective hit rate in the window",
-        ui.pct(loc.observed),
+        fmt.pct(loc.observed),
         f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
     )
     df = pd.DataFrame(
@@ -189,7 +191,7 @@ else:
         height=80 + 40 * len(df),
     )
     st.plotly_chart(bar, width="stretch")
-shift, mdd = ui.miss_shift(start, end, anomaly, baseline)
+shift, mdd = cached.miss_shift(start, end, anomaly, baseline)
 if len(shift):
     st.subheader("Why prefix-KV tokens missed")
     st.caption(
@@ -198,8 +200,8 @@ if len(shift):
         "as isolated."
     )
     sh = shift.assign(
-        share=shift["share"].map(ui.pct),
-        share_base=shift["share_base"].map(ui.pct),
+        share=shift["share"].map(fmt.pct),
+        share_base=shift["share_base"].map(fmt.pct),
         change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"),
     )
     st.dataframe(
