@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import streamlit as st
-from warmscope.app.dashboard import background, data
+from warmscope.app.dashboard import background, data, engine_view
 from warmscope.app.dashboard.fmt import pct
 from warmscope.app.dashboard.state import load, step
 from warmscope.model import records
@@ -166,10 +166,11 @@ def _rates(
     freq: float | None,
     path: tuple,
     hit_rate_layers_only: bool,
+    engine: bool,
 ):
     from warmscope.analysis.hitrate import hit_table
 
-    lk = data.frame("lookups", start, end, step(start, end))
+    lk = _lookups(start, end, engine)
     for d, v in path:
         lk = lk[lk[d].astype(str) == v]
     if hit_rate_layers_only:
@@ -184,12 +185,55 @@ def rates(
     freq: float | None = None,
     path=(),
     hit_rate_layers_only: bool = False,
+    engine: bool = False,
 ):
     """``hit_table`` of the range's lookups, filtered by ``path`` (a sequence of (dimension,
     value)) and, with ``hit_rate_layers_only``, to the layers counted in hit rates
-    (:func:`hit_rate_layers`); cached: a rerun or another viewer reads a few rows, not the range."""
+    (:func:`hit_rate_layers`); cached: a rerun or another viewer reads a few rows, not the range.
+    ``engine=True``: of the engines' prefix-cache counters instead (engine-only mode; lookups
+    are prompt tokens, the hit rate token-weighted)."""
     path = tuple(tuple(x) for x in path)
-    return guarded(_rates, start, end, tuple(by), freq, path, hit_rate_layers_only)
+    return guarded(_rates, start, end, tuple(by), freq, path, hit_rate_layers_only, engine)
+
+
+def _lookups(start: float, end: float, engine: bool) -> pd.DataFrame:
+    """The collectors' lookups of the range at its resolution, or with ``engine`` the engines'
+    prefix-cache counters as lookup rows (``engine_view.lookups``)."""
+    if engine:
+        return engine_view.lookups(start, end)
+    return data.frame("lookups", start, end, step(start, end))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _engine_causes(version: tuple, start: float, end: float, anomaly: tuple, baseline: tuple):
+    from warmscope.analysis.drilldown import leaf_table
+    from warmscope.analysis.rootcause import localize
+
+    leaves = leaf_table(engine_view.lookups(start, end), anomaly, baseline, engine_view.DIMS)
+    # volume_exp: the baseline's traffic, scaled to the anomaly window's length
+    if leaves.lookups.sum() == 0 or leaves.volume_exp.sum() == 0:
+        return leaves, None
+    dims = [d for d in engine_view.DIMS if d in leaves.columns]
+    loc = localize(
+        leaves,
+        dims,
+        v_num="hits",
+        v_den="lookups",
+        f_num="hits_exp",
+        f_den="lookups_exp",
+        v_vol="lookups",
+        f_vol="volume_exp",
+    )
+    return leaves, loc
+
+
+def engine_causes(start: float, end: float, anomaly, baseline):
+    """Engine-only root cause (cached): the leaves (model × instance × engine kind × engine:
+    prompt tokens and cached tokens in ``anomaly``, and the expected ones at the ``baseline``'s
+    rate, ``analysis.drilldown.leaf_table``) and their localisation, or None when either window
+    holds no engine traffic. No significance gate: engine phases are minutes, too few for the
+    collector path's minute-to-minute test."""
+    return guarded(_engine_causes, start, end, tuple(anomaly), tuple(baseline))
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)

@@ -65,8 +65,8 @@ TTFT_METRIC = "gen_ai.server.time_to_first_token"
 
 
 def _warm_overview(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
-    yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False)
-    yield _rates, (version, start, end, (), None, (), True)
+    yield _rates, (version, start, end, ("layer",), overview_freq(start, end), (), False, False)
+    yield _rates, (version, start, end, (), None, (), True, False)
     yield data.annotations, (start, end)
     yield _alerts, (version, start, end)
     yield _card, (version, start, end)
@@ -78,9 +78,9 @@ def _warm_overview(version: tuple, start: float, end: float, fine: float | None)
 
 def _warm_hitrate(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
     for by in ((), ("tenant",), ("tenant", "layer")):
-        yield _rates, (version, start, end, by, None, (), False)
+        yield _rates, (version, start, end, by, None, (), False, False)
     freq = EXPLORER_FREQ_S if not fine else 3600
-    yield _rates, (version, start, end, ("tenant",), freq, (), False)
+    yield _rates, (version, start, end, ("tenant",), freq, (), False, False)
 
 
 def _warm_latency(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
@@ -101,7 +101,7 @@ def _warm_hotkeys(version: tuple, start: float, end: float, fine: float | None) 
 
 
 def _warm_rootcause(version: tuple, start: float, end: float, fine: float | None) -> WarmSteps:
-    yield _rates, (version, start, end, (), max(300, fine or 0), (), False)
+    yield _rates, (version, start, end, (), max(300, fine or 0), (), False, False)
     _quiet()
     cp = _change_point(version, start, end)
     if cp is not None:  # the default window

@@ -1,5 +1,9 @@
 """Root cause: pick a regression window (detected, chosen by absolute time, or brushed on the
-chart), get ranked explanations and trap verdicts. The chosen window lives in the URL."""
+chart), get ranked explanations and trap verdicts. The chosen window lives in the URL.
+
+With engine metrics only, the same chart and ranked explanations localise a change in the
+engines' token-weighted prefix-cache hit rate over model × instance × engine
+(``cached.engine_causes``); the window is chosen in hours before the end of the range."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -14,9 +18,160 @@ import pandas as pd
 import plotly.graph_objects as go
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
+TRAPS_NEED_COLLECTORS = (
+    "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
+    "per-key and per-tenant records: they need the warmscope collectors."
+)
+
+
+def window_chart(t: pd.DataFrame, anomaly, baseline, title: str, brush: bool):
+    """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
+    box dragged on it chooses the window (the chart's selection event is returned)."""
+    fig = go.Figure(
+        go.Scatter(
+            x=t.bucket.astype("datetime64[s]"),
+            y=t.hit_rate,
+            mode="lines+markers",
+            marker_size=3,
+            name="hit rate",
+            hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
+        )
+    )
+    for (x0, x1), colour, text in ((anomaly, "#b35900", "anomaly"), (baseline, "grey", "baseline")):
+        fig.add_vrect(
+            x0=pd.Timestamp(x0, unit="s"),
+            x1=pd.Timestamp(x1, unit="s"),
+            fillcolor=colour,
+            opacity=0.15,
+            line_width=0,
+            annotation_text=text,
+            annotation_position="bottom left",
+        )
+    charts.annotate(fig, start, end)
+    fig.update_layout(
+        title=title,
+        yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+        xaxis_title="time (UTC)",
+        dragmode="select" if brush else "zoom",
+        height=380,
+        showlegend=False,
+    )
+    if not brush:
+        st.plotly_chart(fig, width="stretch")
+        return None
+    return st.plotly_chart(
+        fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
+    )
+
+
+def explanations(loc, what: str) -> None:
+    """The ranked explanations of a localisation: the window's hit rate against the expected
+    one, each cause's share of the change, as a table and as bars."""
+    st.subheader("Ranked explanations")
+    if loc.error:
+        st.info(loc.error)
+        return
+    if not loc.causes:
+        st.info(
+            "; ".join(loc.notes) or "No significant regression in this window: nothing stands out."
+        )
+        return
+    st.metric(
+        f"{what} in the window",
+        fmt.pct(loc.observed),
+        f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
+    )
+    df = pd.DataFrame(
+        [
+            {
+                "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                "Explains": c.explanatory_power,
+                "Score": c.score,
+                "Leaves": c.leaves,
+            }
+            for c in loc.causes
+        ]
+    )
+    st.dataframe(
+        df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
+        hide_index=True,
+        width="stretch",
+        column_config={"Explains": "Share of the change explained"},
+    )
+    bar = go.Figure(
+        go.Bar(
+            x=df.Explains,
+            y=df.Cause,
+            orientation="h",
+            hovertemplate="%{y}: %{x:.0%}<extra></extra>",
+        )
+    )
+    bar.update_layout(
+        title="Share of the change explained",
+        xaxis=dict(tickformat=".0%"),
+        yaxis=dict(autorange="reversed"),
+        height=80 + 40 * len(df),
+    )
+    st.plotly_chart(bar, width="stretch")
+
+
+def engine_root_cause() -> None:
+    """Engine metrics only: the window in hours before the end (engine phases are minutes), the
+    leaves of model × instance × engine and their localisation; no trap checks."""
+    st.info(
+        engine_view.COLLECTORS_NOTE
+        + " Here the change is localised over model × instance × engine."
+    )
+    freq = engine_view.bucket(start, end)
+    t = cached.rates(start, end, freq=freq, engine=True)
+    if t.empty or not t.lookups.sum():
+        engine_view.no_engine_data()
+    span_h = max((end - start) / 3600, 0.1)
+    a0, a1 = st.slider(
+        "Anomaly window (hours before the end)",
+        0.0,
+        span_h,
+        (0.0, min(0.25, span_h / 2)),
+        step=0.01,
+        key="engine-rc-win",
+    )
+    anomaly = (end - a1 * 3600, end - a0 * 3600)
+    baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
+    title = f"Prefix-cache hit rate, all engines (token-weighted, {freq // 60:g}-minute buckets)"
+    window_chart(t, anomaly, baseline, title, brush=False)
+    st.caption(
+        f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
+        f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])} (UTC). Hit rate = cached prompt "
+        "tokens / prompt tokens."
+    )
+    leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
+    dims = [d for d in engine_view.DIMS if d in leaves.columns]
+    st.dataframe(
+        leaves[dims].assign(
+            prompt_tokens=leaves.lookups.map("{:,.0f}".format),
+            hit_rate=(leaves.hits / leaves.lookups.where(leaves.lookups > 0)).map(fmt.pct),
+            baseline=(leaves.hits_exp / leaves.lookups_exp.where(leaves.lookups_exp > 0)).map(
+                fmt.pct
+            ),
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    if loc is None:
+        st.subheader("Ranked explanations")
+        st.info(
+            "The anomaly window or the baseline before it holds no engine traffic, so there is no "
+            "change to explain: move the anomaly window (the baseline is the same length just "
+            "before it) or widen the time range."
+        )
+    else:
+        explanations(loc, "Prefix-cache hit rate (tokens)")
+    st.caption(TRAPS_NEED_COLLECTORS)
+
+
 start, end = state.time_range()
 if engine_view.active(start, end):  # engine metrics only
-    engine_view.rootcause(start, end)
+    engine_root_cause()
     st.stop()
 state.resolution_note(start, end)
 
@@ -77,48 +232,14 @@ length = anomaly[1] - anomaly[0]
 baseline = (max(start, anomaly[0] - length), anomaly[0])
 freq = max(300, state.step(start, end) or 0)
 t = cached.rates(start, end, freq=freq)  # cached per range
-t["time"] = t.bucket.astype("datetime64[s]")
-fig = go.Figure(
-    go.Scatter(
-        x=t.time,
-        y=t.hit_rate,
-        mode="lines+markers",
-        marker_size=3,
-        name="hit rate",
-        hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
-    )
+ev = window_chart(
+    t,
+    anomaly,
+    baseline,
+    f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
+    "window",
+    brush=True,
 )
-fig.add_vrect(
-    x0=pd.Timestamp(anomaly[0], unit="s"),
-    x1=pd.Timestamp(anomaly[1], unit="s"),
-    fillcolor="#b35900",
-    opacity=0.15,
-    line_width=0,
-    annotation_text="anomaly",
-    annotation_position="bottom left",
-)
-fig.add_vrect(
-    x0=pd.Timestamp(baseline[0], unit="s"),
-    x1=pd.Timestamp(baseline[1], unit="s"),
-    fillcolor="grey",
-    opacity=0.15,
-    line_width=0,
-    annotation_text="baseline",
-    annotation_position="bottom left",
-)
-charts.annotate(fig, start, end)
-fig.update_layout(
-    title=(
-        f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose "
-        "the window"
-    ),
-    yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-    xaxis_title="time (UTC)",
-    dragmode="select",
-    height=380,
-    showlegend=False,
-)
-ev = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush")
 box = ev.selection.get("box", []) if ev and ev.selection else []
 if box and box[0].get("x"):
     x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
@@ -148,49 +269,7 @@ for v in verdicts:
         )
         st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}")
 
-st.subheader("Ranked explanations")
-if loc.error:
-    st.info(loc.error)
-elif not loc.causes:
-    st.info("; ".join(loc.notes) or "No significant regression in this window: nothing stands out.")
-else:
-    st.metric(
-        "Effective hit rate in the window",
-        fmt.pct(loc.observed),
-        f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
-    )
-    df = pd.DataFrame(
-        [
-            {
-                "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
-                "Explains": c.explanatory_power,
-                "Score": c.score,
-                "Leaves": c.leaves,
-            }
-            for c in loc.causes
-        ]
-    )
-    st.dataframe(
-        df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
-        hide_index=True,
-        width="stretch",
-        column_config={"Explains": "Share of the change explained"},
-    )
-    bar = go.Figure(
-        go.Bar(
-            x=df.Explains,
-            y=df.Cause,
-            orientation="h",
-            hovertemplate="%{y}: %{x:.0%}<extra></extra>",
-        )
-    )
-    bar.update_layout(
-        title="Share of the change explained",
-        xaxis=dict(tickformat=".0%"),
-        yaxis=dict(autorange="reversed"),
-        height=80 + 40 * len(df),
-    )
-    st.plotly_chart(bar, width="stretch")
+explanations(loc, "Effective hit rate")
 shift, mdd = cached.miss_shift(start, end, anomaly, baseline)
 if len(shift):
     st.subheader("Why prefix-KV tokens missed")
