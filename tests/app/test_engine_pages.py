@@ -74,18 +74,31 @@ def prom(tmp_path_factory):
     import subprocess
 
     proc = subprocess.Popen(
-        [prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            prom_bin,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200, 60,
-                   "prometheus")
+        wait_until(
+            lambda: urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200,
+            60,
+            "prometheus",
+        )
         time.sleep(30)
         _Exporter.dropped = True
         drop = time.time()
         time.sleep(30)
-        yield url, {f"127.0.0.1:{s.server_port}": _Exporter.names[s.server_port] for s in servers}, drop
+        yield (
+            url,
+            {f"127.0.0.1:{s.server_port}": _Exporter.names[s.server_port] for s in servers},
+            drop,
+        )
     finally:
         proc.terminate()
         proc.wait(10)
@@ -128,8 +141,10 @@ def test_overview_table_is_each_engines_token_weighted_hit_rate(engine_only):
             assert 0.2 < row["hit_rate"] < 0.8
         assert row["hits"] == pytest.approx(row["hit_rate"] * row["queries"])
         assert row["queries"] % QUERIES == 0  # whole scrapes
-    assert [s.value for s in at.subheader] == ["Hit rate by model, instance and engine",
-                                               "Time to first token"]
+    assert [s.value for s in at.subheader] == [
+        "Hit rate by model, instance and engine",
+        "Time to first token",
+    ]
     text = " ".join(str(x.value) for x in at.info)
     assert "need the warmscope collectors" in text
 
