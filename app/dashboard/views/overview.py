@@ -84,7 +84,12 @@ def engine_overview() -> None:
         hide_index=True,
         width="stretch",
         key="engine-hit-table",
-        column_config={"hits": "cached tokens", "queries": "prompt tokens"},
+        column_config={
+            "hits": "cached tokens",
+            "queries": "prompt tokens",
+            "hit_rate": "hit rate",
+            "engine_kind": "engine kind",
+        },
     )
     freq = engine_view.bucket(start, end)
     hit_rate_chart(

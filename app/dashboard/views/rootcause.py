@@ -146,13 +146,19 @@ def engine_root_cause() -> None:
     )
     leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
     dims = [d for d in engine_view.DIMS if d in leaves.columns]
+
+    def rate(hits: pd.Series, tokens: pd.Series) -> pd.Series:
+        return (hits / tokens.where(tokens > 0)).map(
+            lambda x: "no traffic" if x != x else fmt.pct(x)
+        )
+
+    # the baseline's rate: the expected hits per prompt token, where the baseline had traffic
+    # (volume_exp: its prompt tokens, scaled to the window's length)
     st.dataframe(
         leaves[dims].assign(
             prompt_tokens=leaves.lookups.map("{:,.0f}".format),
-            hit_rate=(leaves.hits / leaves.lookups.where(leaves.lookups > 0)).map(fmt.pct),
-            baseline=(leaves.hits_exp / leaves.lookups_exp.where(leaves.lookups_exp > 0)).map(
-                fmt.pct
-            ),
+            hit_rate=rate(leaves.hits, leaves.lookups),
+            baseline=rate(leaves.hits_exp, leaves.lookups_exp.where(leaves.volume_exp > 0, 0)),
         ),
         hide_index=True,
         width="stretch",
