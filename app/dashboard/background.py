@@ -1,6 +1,6 @@
-"""Long computations the dashboard runs in a child process, so that they do not share the server's interpreter
-(and its lock) with the page runs, at a lower CPU priority. No Streamlit here: the child imports only the
-sources and the analysis it needs."""
+"""Long computations the dashboard runs in a child process, so that they do not share the server's
+interpreter (and its lock) with the page runs, at a lower CPU priority. No Streamlit here: the child
+imports only the sources and the analysis it needs."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ _one_at_a_time = threading.Semaphore(1)
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    """``fn(*args)`` in a fresh child process (spawned, daemonic: it ends with the server, mid-work or not), one
-    such process at a time; the future holds its result or its exception."""
+    """``fn(*args)`` in a fresh child process (spawned, daemonic: it ends with the server, mid-work
+    or not), one such process at a time; the future holds its result or its exception."""
     fut: Future[Any] = Future()
 
     def watch() -> None:
@@ -109,9 +109,9 @@ def source_reader(src: Any) -> Reader:
 def alert_history(
     cfg: tuple, start: float, end: float, step: float | None, every: float, lookback: float
 ) -> pd.DataFrame:
-    """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback`` (at resolution
-    ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store path, whether it exists, the
-    remote sources' URLs)."""
+    """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback``
+    (at resolution ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store
+    path, whether it exists, the remote sources' URLs)."""
     from warmscope.analysis.alert_history import alert_history as history
     from warmscope.sources import from_env
 

@@ -11,8 +11,8 @@ The sources are one :class:`~warmscope.sources.CompositeSource` built from the e
 
 This module only composes and caches: loaders take the time range chosen in the sidebar and return
 canonical frames, or raise :class:`SourceError` with a message a page can show as is. Answers from a
-file-backed source are cached for ``STORE_TTL`` seconds under the file's modification time (a store that
-changed is re-read); answers from remote sources for ``TTL`` seconds.
+file-backed source are cached for ``STORE_TTL`` seconds under the file's modification time (a store
+that changed is re-read); answers from remote sources for ``TTL`` seconds.
 """
 
 from __future__ import annotations
@@ -90,14 +90,14 @@ def config_problem() -> str | None:
 
 
 def config() -> tuple:
-    """What the sources are built from (store path, whether it exists, the remote sources' URLs): a child process
-    given it builds the same sources."""
+    """What the sources are built from (store path, whether it exists, the remote sources' URLs): a
+    child process given it builds the same sources."""
     return _config()
 
 
 def _config() -> tuple:
-    """What the composite depends on (part of every cache key): the store, whether it exists, and every
-    ``WARMSCOPE_*_URL`` variable (the remote sources)."""
+    """What the composite depends on (part of every cache key): the store, whether it exists, and
+    every ``WARMSCOPE_*_URL`` variable (the remote sources)."""
     path = store_path()
     urls = tuple(
         sorted(
@@ -128,8 +128,8 @@ def source_label() -> str:
 
 
 # One cached call per question. Keys: the configuration, the method, its arguments and the answering
-# backend's version (a store's modification time: entries can live long — a range switch back and forth,
-# or another viewer of the same range, reads nothing).
+# backend's version (a store's modification time: entries can live long — a range switch back and
+# forth, or another viewer of the same range, reads nothing).
 @st.cache_data(ttl=STORE_TTL, max_entries=128, show_spinner=False)
 def _stored(cfg: tuple, method: str, args: tuple, version: float) -> Any:
     return getattr(_source(cfg), method)(*args)
@@ -202,7 +202,8 @@ def experiments() -> list[str]:
 
 
 def experiment_list() -> pd.DataFrame:
-    """One row per experiment × variant: first and last unit activity, units (embedded store; empty elsewhere)."""
+    """One row per experiment × variant: first and last unit activity, units (embedded store; empty
+    elsewhere)."""
     return _ask("ab", "experiment_list")
 
 
@@ -215,8 +216,8 @@ def last_run_start() -> float | None:
 
 
 def annotations(start: float, end: float) -> dict[str, pd.DataFrame]:
-    """Warm-up runs starting in [start, end) and known fault windows overlapping it (the simulator's ground
-    truth, or faults recorded in the store) — drawn on every time series."""
+    """Warm-up runs starting in [start, end) and known fault windows overlapping it (the simulator's
+    ground truth, or faults recorded in the store) — drawn on every time series."""
     runs = frame("warmup_runs", start, end)
     faults = frame("faults")
     if len(faults):
@@ -225,9 +226,9 @@ def annotations(start: float, end: float) -> dict[str, pd.DataFrame]:
 
 
 def external_alerts(origin: str) -> pd.DataFrame:
-    """Alerts another system evaluates — ``"alertmanager"`` (active alerts) or ``"prometheus"`` (its rules'
-    pending and firing alerts) — as :data:`~warmscope.sources.ALERT_COLUMNS` rows; empty when that
-    system is not configured. Raises :class:`SourceError` when it cannot be read."""
+    """Alerts another system evaluates — ``"alertmanager"`` (active alerts) or ``"prometheus"`` (its
+    rules' pending and firing alerts) — as :data:`~warmscope.sources.ALERT_COLUMNS` rows; empty when
+    that system is not configured. Raises :class:`SourceError` when it cannot be read."""
     cfg = _config()
     return (
         pd.DataFrame()

@@ -1,16 +1,17 @@
-"""warmscope dashboard entry point: `streamlit run app/dashboard/main.py` (or `warmscope dashboard`)."""
+"""warmscope dashboard entry point: `streamlit run app/dashboard/main.py` (or `warmscope
+dashboard`)."""
 
 from __future__ import annotations
 
 import streamlit as st
-from warmscope.app.dashboard import data, ui
+from warmscope.app.dashboard import data, prewarm, state
 from warmscope.app.dashboard.pages import PAGES
 
 # Material icons ship with Streamlit's own font: no emoji font needed on the viewer's machine.
 st.set_page_config(
     page_title="warmscope", page_icon=":material/local_fire_department:", layout="wide"
 )
-ui.apply_deferred()
+state.apply_deferred()
 nav = st.navigation(
     [  # every page of pages.PAGES, in its order
         st.Page(
@@ -40,15 +41,15 @@ if _problem:  # one clear message instead of a traceback on every page
     st.stop()
 with st.sidebar:
     st.caption(f"Source: {data.source_label()}")
-    ui.sidebar_range()
+    state.sidebar_range()
     live = st.toggle("Live (refresh when new data lands)", key="live")
 if live:
     with st.sidebar:
         _watch()
 try:
     with (
-        ui.foreground()
+        prewarm.foreground()
     ):  # the background warm-up of the caches waits while a page runs: it would slow it
         nav.run()
 finally:  # after the page, so that it does not delay the page's first paint
-    ui.prewarm()
+    prewarm.prewarm()

@@ -1,11 +1,11 @@
 """The dashboard's pages, declared once: ``main.py`` builds the navigation from ``PAGES``, the cache
-prewarm (``ui._warm_steps``) walks it, and the "every page" tests and benches iterate it.
+prewarm (``prewarm._warm_steps``) walks it, and the "every page" tests and benches iterate it.
 
 No Streamlit here: tests and benches import this module without starting a page.
 
 Add a page: write ``views/<name>.py`` (its first line draws ``st.title(<heading>)``), then one
-``Page(...)`` below. A page with ``prewarm=True`` needs ``ui._warm_<name>``, the cached calls a
-first view makes (checked when ``ui`` is imported).
+``Page(...)`` below. A page with ``prewarm=True`` needs ``prewarm._warm_<name>`` (listed in
+``prewarm._WARM``), the cached calls a first view makes (checked when ``prewarm`` is imported).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from warmscope.model.registry import require, unique
 
-__all__ = ["Page", "PAGES", "VIEWS", "page", "check_pages"]
+__all__ = ["Page", "PAGES", "VIEWS", "page", "check_pages", "page_imports"]
 
 # not "pages/": that name turns on Streamlit's folder navigation
 VIEWS = Path(__file__).with_name("views")
@@ -29,7 +29,9 @@ class Page:
     ``title`` the sidebar's link text; ``icon`` a Material icon (``:material/NAME:``, drawn with
     Streamlit's own font); ``heading`` the ``st.title`` the page draws first. ``engine_only`` is
     the text the page shows last when Prometheus holds engine metrics only (``None``: the page
-    has no engine-only mode). ``prewarm``: the server computes its first view in the background."""
+    has no engine-only mode). ``prewarm``: the server computes its first view in the background.
+    ``imports``: the modules its first view imports, loaded when the server starts
+    (``serve.warm_up``) instead of during the first viewer's page run."""
 
     name: str
     title: str
@@ -38,6 +40,7 @@ class Page:
     engine_only: str | None = None
     prewarm: bool = False
     default: bool = False
+    imports: tuple[str, ...] = ()
 
     @property
     def file(self) -> Path:
@@ -62,6 +65,15 @@ PAGES: tuple[Page, ...] = (
         engine_only="Time to first token",
         prewarm=True,
         default=True,
+        imports=(
+            "plotly.graph_objects",
+            "plotly.express",
+            "warmscope.analysis.alerts",
+            "warmscope.analysis.scores",
+            "warmscope.analysis.drilldown",
+            "warmscope.analysis.hitrate",
+            "warmscope.analysis.roi",
+        ),
     ),
     Page(
         "hitrate",
@@ -70,6 +82,7 @@ PAGES: tuple[Page, ...] = (
         "Hit rate explorer",
         engine_only="share of prompt tokens",
         prewarm=True,
+        imports=("plotly.graph_objects", "warmscope.analysis.hitrate"),
     ),
     Page(
         "latency",
@@ -78,6 +91,7 @@ PAGES: tuple[Page, ...] = (
         "Latency percentiles",
         engine_only="come from the warmscope",
         prewarm=True,
+        imports=("plotly.graph_objects", "warmscope.analysis.latency"),
     ),
     Page(
         "warmup",
@@ -86,6 +100,12 @@ PAGES: tuple[Page, ...] = (
         "Warm-up runs",
         engine_only="come from the warmscope",
         prewarm=True,
+        imports=(
+            "plotly.express",
+            "plotly.graph_objects",
+            "warmscope.analysis.coverage",
+            "warmscope.analysis.roi",
+        ),
     ),
     Page("advisor", "Advisor", ":material/explore:", "Advisor"),
     Page(
@@ -95,6 +115,7 @@ PAGES: tuple[Page, ...] = (
         "Hot keys",
         engine_only="come from the warmscope",
         prewarm=True,
+        imports=("warmscope.analysis.coverage",),
     ),
     Page("misses", "Why misses", ":material/help_center:", "Why misses"),
     Page(
@@ -104,14 +125,35 @@ PAGES: tuple[Page, ...] = (
         "Root cause",
         engine_only="Cold-start trap checks",
         prewarm=True,
+        imports=(
+            "plotly.graph_objects",
+            "warmscope.analysis.drilldown",
+            "warmscope.analysis.traps",
+        ),
     ),
-    Page("ab", "A/B", ":material/science:", "A/B report", engine_only="per-unit records"),
+    Page(
+        "ab",
+        "A/B",
+        ":material/science:",
+        "A/B report",
+        engine_only="per-unit records",
+        imports=(
+            "plotly.graph_objects",
+            "warmscope.analysis.ab_report",
+            "warmscope.analysis.ab_segments",
+        ),
+    ),
     Page(
         "alerts",
         "Alerts",
         ":material/notifications_active:",
         "Alerts",
         engine_only="Engine metrics only",
+        imports=(
+            "plotly.graph_objects",
+            "warmscope.analysis.alerts",
+            "warmscope.analysis.alert_history",
+        ),
     ),
 )
 
@@ -137,6 +179,10 @@ def check_pages(pages: tuple[Page, ...]) -> None:
             p.engine_only is None or p.engine_only.strip(),
             "engine_only is the text the page shows last in engine-only mode, or None",
         )
+        need(
+            all(all(w.isidentifier() for w in m.split(".")) for m in p.imports),
+            f"imports are dotted module names, got {p.imports!r}",
+        )
     defaults = [p.name for p in pages if p.default]
     require(
         len(defaults) == 1,
@@ -155,3 +201,8 @@ def page(name: str) -> Page:
         if p.name == name:
             return p
     raise KeyError(f"no page {name!r}; pages: {', '.join(p.name for p in PAGES)}")
+
+
+def page_imports(pages: tuple[Page, ...] = PAGES) -> tuple[str, ...]:
+    """Every page's ``imports``, each once, in page order (what the server loads at start)."""
+    return tuple(dict.fromkeys(m for p in pages for m in p.imports))

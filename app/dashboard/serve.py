@@ -1,13 +1,13 @@
-"""Serve the dashboard: ``python -m warmscope.app.dashboard.serve [STREAMLIT OPTIONS...]`` (what ``warmscope dashboard``
-and ``warmscope demo`` run).
+"""Serve the dashboard: ``python -m warmscope.app.dashboard.serve [STREAMLIT OPTIONS...]`` (what
+``warmscope dashboard`` and ``warmscope demo`` run).
 
-Streamlit runs the app's script only when a viewer opens a page, so the first viewer of a freshly started
-dashboard would wait while the default range is read and analysed (about 14 s for the demo's day). This entry
-point starts Streamlit with the dashboard's server settings and, as soon as its runtime exists, loads what the
-pages import and fills the shared caches for the default and the 24-hour range in a background thread — the
-same warm-up a first visit starts after it has drawn its page. A viewer arriving meanwhile sees the page title
-and sidebar at once; each figure still being computed is waited for (not computed twice), and the page fills
-in when it is there.
+Streamlit runs the app's script only when a viewer opens a page, so the first viewer of a freshly
+started dashboard would wait while the default range is read and analysed (about 14 s for the demo's
+day). This entry point starts Streamlit with the dashboard's server settings and, as soon as its
+runtime exists, loads what the pages import and fills the shared caches for the default and the
+24-hour range in a background thread — the same warm-up a first visit starts after it has drawn its
+page. A viewer arriving meanwhile sees the page title and sidebar at once; each figure still being
+computed is waited for (not computed twice), and the page fills in when it is there.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 
 APP_MAIN = Path(__file__).with_name("main.py")
 
-# Server settings for a deployed dashboard (any of them can be overridden by passing the option again):
-# * no file watcher — it re-scans every loaded module after each session's first run and reloads pages on
-#   edits, which only matters while developing the dashboard itself;
+# Server settings for a deployed dashboard (any of them can be overridden by passing the option
+# again):
+# * no file watcher — it re-scans every loaded module after each session's first run and reloads
+#   pages on edits, which only matters while developing the dashboard itself;
 # * no usage statistics, no browser window, the viewer's toolbar (no "rerun"/"clear cache" menu).
 SETTINGS = {
     "server.headless": "true",
@@ -31,26 +32,10 @@ SETTINGS = {
     "client.toolbarMode": "viewer",
 }
 
-# What the pages import (loaded once, at start, instead of during the first viewer's page run).
-PAGE_IMPORTS = (
-    "plotly.graph_objects",
-    "plotly.express",
-    "warmscope.analysis.alerts",
-    "warmscope.analysis.scores",
-    "warmscope.analysis.drilldown",
-    "warmscope.analysis.hitrate",
-    "warmscope.analysis.latency",
-    "warmscope.analysis.coverage",
-    "warmscope.analysis.roi",
-    "warmscope.analysis.traps",
-    "warmscope.analysis.alert_history",
-    "warmscope.analysis.ab_report",
-    "warmscope.analysis.ab_segments",
-)
-
 
 def command(*options: str) -> list[str]:
-    """The command line serving the dashboard with ``options`` (``--server.port``, ...) added to SETTINGS."""
+    """The command line serving the dashboard with ``options`` (``--server.port``, ...) added to
+    SETTINGS."""
     given = {o.split("=", 1)[0] for o in options if o.startswith("--")}
     base = [x for k, v in SETTINGS.items() if f"--{k}" not in given for x in (f"--{k}", v)]
     return [sys.executable, "-m", "warmscope.app.dashboard.serve", *base, *options]
@@ -58,8 +43,8 @@ def command(*options: str) -> list[str]:
 
 def warm_up(wait_s: float = 60.0) -> None:
     """Once Streamlit's runtime exists (its caches are the ones pages read): fill the caches
-    (:func:`warmscope.app.dashboard.ui.prewarm`), then import the pages' modules. Never raises: a failure only means
-    the first viewer computes what it needs itself."""
+    (:func:`warmscope.app.dashboard.prewarm.prewarm`), then import the pages' modules. Never raises:
+    a failure only means the first viewer computes what it needs itself."""
     import importlib
 
     try:
@@ -70,12 +55,13 @@ def warm_up(wait_s: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
-        from warmscope.app.dashboard import data, ui
+        from warmscope.app.dashboard import data, prewarm
+        from warmscope.app.dashboard.pages import page_imports
 
         if data.config_problem():  # every page shows the problem; nothing to warm
             return
-        ui.prewarm()
-        for name in PAGE_IMPORTS:
+        prewarm.prewarm()
+        for name in page_imports():
             importlib.import_module(name)
     except Exception:
         pass

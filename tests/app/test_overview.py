@@ -146,7 +146,9 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
     import time
 
     from warmscope.analysis.alert_history import alert_history
-    from warmscope.app.dashboard.ui import HISTORY_LOOKBACK_S, history_every, range_bounds, when
+    from warmscope.app.dashboard.cached import HISTORY_LOOKBACK_S, history_every
+    from warmscope.app.dashboard.fmt import when
+    from warmscope.app.dashboard.state import range_bounds
 
     at = app.run()
     at.switch_page("views/alerts.py").run()
@@ -175,7 +177,7 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
 
 
 def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
-    """What the server computes when it starts (``ui._warm_steps``, run by
+    """What the server computes when it starts (``prewarm._warm_steps``, run by
     ``warmscope.app.dashboard.serve``) is what each page's first view asks for: after it, opening
     the pages reads and analyses nothing again. A cache key that differed (another bucket, another
     argument order) would recompute and be counted here."""
@@ -184,12 +186,12 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
     import streamlit
     from warmscope import sources
     from warmscope.analysis import alerts, coverage, drilldown, hitrate, latency, scores, traps
-    from warmscope.app.dashboard import data, ui
+    from warmscope.app.dashboard import data, prewarm
 
     monkeypatch.setenv("WARMSCOPE_STORE", str(demo_store))
     streamlit.cache_data.clear()
     streamlit.cache_resource.clear()
-    steps = list(ui._warm_steps(data.version()))
+    steps = list(prewarm._warm_steps(data.version()))
     assert len(steps) >= 2 * 14  # the default range's and the 24-hour range's first views
     for fn, args in steps:
         fn(*args)
@@ -232,7 +234,7 @@ def test_serve_command_carries_the_dashboard_settings_and_lets_options_override_
 
 
 def test_percentages_read_as_people_write_them():
-    from warmscope.app.dashboard.ui import pct
+    from warmscope.app.dashboard.fmt import pct
 
     assert pct(0.1234) == "12.3%" and pct(0.1234, 2) == "12.34%"
     assert pct(-0.0004) == "0.0%"          # -0.04 % rounds to zero at one digit: no "-0.0%"

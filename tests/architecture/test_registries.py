@@ -51,16 +51,16 @@ def test_pages_need_one_default_and_distinct_names():
 
 
 def test_prewarm_steps_match_the_pages_that_ask_for_them():
-    from warmscope.app.dashboard import ui
+    from warmscope.app.dashboard import prewarm
 
-    ui.check_prewarm(pages.PAGES, ui._WARM)  # as at import
+    prewarm.check_prewarm(pages.PAGES, prewarm._WARM)  # as at import
     flipped = tuple(dataclasses.replace(p, prewarm=not p.prewarm) if p.name == "advisor" else p
                     for p in pages.PAGES)
-    with pytest.raises(RegistryError, match="'advisor': prewarm=True needs ui._warm_advisor"):
-        ui.check_prewarm(flipped, ui._WARM)
-    with pytest.raises(RegistryError, match="'hotkeys': has ui._warm_hotkeys but prewarm=False"):
-        ui.check_prewarm(tuple(dataclasses.replace(p, prewarm=False) if p.name == "hotkeys" else p
-                               for p in pages.PAGES), ui._WARM)
+    with pytest.raises(RegistryError, match="'advisor': prewarm=True needs prewarm._warm_advisor"):
+        prewarm.check_prewarm(flipped, prewarm._WARM)
+    with pytest.raises(RegistryError, match="'hotkeys': has prewarm._warm_hotkeys but prewarm=False"):
+        prewarm.check_prewarm(tuple(dataclasses.replace(p, prewarm=False) if p.name == "hotkeys" else p
+                               for p in pages.PAGES), prewarm._WARM)
 
 
 # ----------------------------------------------------------------- layers

@@ -1,5 +1,5 @@
-"""A/B: the experiment list, then the report product teams read — SRM first, the verdict, metrics coloured
-win / lose / neutral, guardrails, a breakdown by tenant and model, effect over time."""
+"""A/B: the experiment list, then the report product teams read — SRM first, the verdict, metrics
+coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effect over time."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -18,7 +18,7 @@ from warmscope.analysis.ab_report import (
     effect_figure,
     render_html,
 )
-from warmscope.app.dashboard import data, engine_view, ui
+from warmscope.app.dashboard import data, engine_view, fmt, state
 from warmscope.model.ab_metrics import find, in_list_order
 
 COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
@@ -60,8 +60,8 @@ if len(el):
             {
                 "Experiment": name,
                 "Arms": " / ".join(arms_),
-                "Started (UTC)": ui.when(g["first"].min()),
-                "Last unit (UTC)": ui.when(last),
+                "Started (UTC)": fmt.when(g["first"].min()),
+                "Last unit (UTC)": fmt.when(last),
                 "Units": int(g.units.sum()),
                 "Status": "running" if newest and newest - last < 3600 else "stopped",
                 "Verdict": verdict,
@@ -78,7 +78,7 @@ if len(el):
         },
     )
 
-ui.init_from_url("ab-exp", "experiment")
+state.init_from_url("ab-exp", "experiment")
 if st.session_state.get("ab-exp") not in exps:
     st.session_state["ab-exp"] = exps[0]
 arms = (
@@ -107,9 +107,9 @@ treatments = c3.multiselect(
 if not treatments:
     st.warning("Pick at least one treatment arm to compare with the control.")
     st.stop()
-# The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for this experiment's
-# layers: read from the report itself, which holds every declared metric.
-ui.init_from_url("ab-primary", "primary")
+# The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for this
+# experiment's layers: read from the report itself, which holds every declared metric.
+state.init_from_url("ab-primary", "primary")
 wanted = st.session_state.get("ab-primary") or DEFAULT_PRIMARY
 try:
     with st.spinner("Computing the report…"):
@@ -127,7 +127,7 @@ primary = c4.selectbox(
     key="ab-primary",
     help="The metric the verdict is about; which way is better comes from its definition.",
 )
-ui.url_set(experiment=exp, primary=primary)
+state.url_set(experiment=exp, primary=primary)
 if primary != wanted:
     rep = data.ab_report(exp, control, tuple(treatments), primary)
 if rep.error:
@@ -135,19 +135,20 @@ if rep.error:
     st.stop()
 g = el[el.experiment == exp] if len(el) else el
 span = (
-    f"{ui.when(g['first'].min())} → {ui.when(g['last'].max())} UTC" if len(g) else "its whole run"
+    f"{fmt.when(g['first'].min())} → {fmt.when(g['last'].max())} UTC" if len(g) else "its whole run"
 )
 st.caption(
-    f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is read over "
-    "every unit it enrolled."
+    f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is read "
+    "over every unit it enrolled."
 )
 
 for s in (rep.srm_units, rep.srm_requests):
     if s is not None:
         msg = (
-            f"Sample-ratio check on {s.what}: observed {', '.join(f'{x:,.0f}' for x in s.observed)} for a "
-            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = {s.p_value:.3g}; "
-            f"a mismatch is p < {s.threshold:g})"
+            f"Sample-ratio check on {s.what}: observed "
+            f"{', '.join(f'{x:,.0f}' for x in s.observed)} for a "
+            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = "
+            f"{s.p_value:.3g}; a mismatch is p < {s.threshold:g})"
         )
         (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
 st.markdown(f"### {rep.verdict}")
@@ -190,9 +191,10 @@ st.caption(
         if rep.multi_arm
         else "★ primary metric, tested as is; "
     )
-    + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. Green: the arm "
-    "is significantly better than the control (adjusted p < 0.05), red: significantly worse, no colour: no "
-    "significant difference. Always-valid p (mixture SPRT) is safe to watch continuously."
+    + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
+    "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
+    "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
+    "is safe to watch continuously."
 )
 st.subheader("Guardrails")
 if guard_res:
@@ -203,7 +205,8 @@ if guard_res:
         st.error(f"Guardrail breached: {named} significantly worse than the control.")
     else:
         st.success(
-            "No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm."
+            "No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment "
+            "arm."
         )
     st.table(styled(gt).hide(axis="index"))
 else:
@@ -219,8 +222,9 @@ st.download_button(
 
 
 # ---------------------------------------------------------------- breakdown by segment
-# Unit records carry no tenant or model: segments are compared on the experiment's labelled metric series
-# (batch means per time bucket), with the difference's CI and Holm / BH across every row of the table.
+# Unit records carry no tenant or model: segments are compared on the experiment's labelled metric
+# series (batch means per time bucket), with the difference's CI and Holm / BH across every row of
+# the table.
 def breakdown(
     exp: str, control: str, treatments: list[str], first: float | None, last: float | None
 ) -> None:
@@ -239,8 +243,8 @@ def breakdown(
         "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
     ):
         st.caption(
-            "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the difference "
-            "with its 95% CI, and p-values corrected for the number of segments."
+            "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
+            "difference with its 95% CI, and p-values corrected for the number of segments."
         )
         return
     treatment = (
@@ -253,17 +257,18 @@ def breakdown(
             help="The breakdown compares one treatment arm with the control.",
         )
     )
-    ui.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
+    state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
     if st.session_state.get("ab-dim") not in cuts:
         st.session_state["ab-dim"] = "tenant"
     dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
-    ui.url_set(segment=dim)
+    state.url_set(segment=dim)
     by = cuts[dim]
     if first is None:
         st.info(f"No metric series for {exp} to break down.")
         return
     span = last - first
-    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few rows to read.
+    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few rows
+    # to read.
     freq = 600.0 if span <= 6 * 3600 else 3600.0
     try:
         fr = data.frames(
@@ -358,11 +363,11 @@ def breakdown(
     unit = "10-minute" if freq < 3600 else "hourly"
     st.caption(
         f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's t-test); "
-        f"difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- and "
-        f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly better / worse "
-        "at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per request and "
-        "TTFT have no layer or prompt length. Unit records carry no tenant or model, so this is coarser "
-        "than the report above (buckets are not independent units)."
+        "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- and "
+        f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly better "
+        "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per request "
+        "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so this "
+        "is coarser than the report above (buckets are not independent units)."
     )
 
 

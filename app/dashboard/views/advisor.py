@@ -1,4 +1,5 @@
-"""Advisor: request forecasts with intervals and the next peak; tuned warm-up parameters with before/after."""
+"""Advisor: request forecasts with intervals and the next peak; tuned warm-up parameters with
+before/after."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -14,26 +15,27 @@ from warmscope.analysis.advisor import NoRecommendation, advise, layer_table
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import curves
 from warmscope.analysis.value import values_for
-from warmscope.app.dashboard import data, ui
+from warmscope.app.dashboard import data, fmt, state
 
 st.caption(
-    "What to warm and when: request forecasts per key family at 5 s, 3 min and 1 h, checked against "
-    "seasonal-naive and exponential-smoothing baselines on the held-back last 20 % of the range; warm-up "
-    "parameters tuned by Bayesian optimisation over a replay of the recorded traffic "
-    "(`warmscope advise` prints the same)."
+    "What to warm and when: request forecasts per key family at 5 s, 3 min and 1 h, checked "
+    "against seasonal-naive and exponential-smoothing baselines on the held-back last 20 % of the "
+    "range; warm-up parameters tuned by Bayesian optimisation over a replay of the recorded "
+    "traffic (`warmscope advise` prints the same)."
 )
-start, end = ui.time_range()
-if ui.step(start, end):
+start, end = state.time_range()
+if state.step(start, end):
     st.info("The advisor needs per-minute lookups: pick a range of 24 hours or less.")
     st.stop()
-fr = ui.load(
+fr = state.load(
     ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"],
     start,
     end,
 )
-# a replica's start-up warm-up runs before its first request: read runs from an hour before the range, so a
-# range that begins with the traffic still sees the warm-ups that held the readiness gate
-fr["warmup_runs"] = ui.load(["warmup_runs"], start - 3600.0, end)["warmup_runs"]
+# a replica's start-up warm-up runs before its first request: read runs from an hour before the
+# range, so a range that begins with the traffic still sees the warm-ups that held the readiness
+# gate
+fr["warmup_runs"] = state.load(["warmup_runs"], start - 3600.0, end)["warmup_runs"]
 lk = fr["lookups"]
 if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
     st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
@@ -205,8 +207,8 @@ if rec is None:
         _fidelity(after)
     st.stop()
 st.markdown(
-    "**Replay fidelity** — the replay with the recorded parameters against the recorded hit rate, per "
-    "15-minute bucket: trusted when at least 90 % of each layer's buckets are within ±5 points."
+    "**Replay fidelity** — the replay with the recorded parameters against the recorded hit rate, "
+    "per 15-minute bucket: trusted when at least 90 % of each layer's buckets are within ±5 points."
 )
 if rec.fidelity is not None:
     _fidelity(rec.fidelity)
@@ -218,11 +220,14 @@ st.markdown(
 )
 if rec.peak:
     a, b = st.columns(2)
-    a.metric("Next peak", ui.when(rec.peak.at), help=rec.peak.basis)
+    a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
     b.metric(
         "Trigger the warm-up at",
-        ui.when(rec.trigger_at),
-        help=f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's recommended lead time)",
+        fmt.when(rec.trigger_at),
+        help=(
+            f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's recommended "
+            "lead time)"
+        ),
     )
 st.dataframe(layer_table(rec), width="stretch")
 for la in rec.layers.values():
@@ -236,8 +241,11 @@ if rec.objective in ("value", "slo"):
     c1.metric(
         "Expected gain (value)",
         f"{rec.gain:+,.2f}",
-        help=f"GPU-s and TTFT saved, priced, against the recorded parameters over the range; 95 % CI of the "
-        f"latency price: {lo:+,.2f} to {hi:+,.2f}. Net GPU-s: {o.net_gpu_s - bo.net_gpu_s:+,.0f}",
+        help=(
+            "GPU-s and TTFT saved, priced, against the recorded parameters over the range; 95 % CI "
+            f"of the latency price: {lo:+,.2f} to {hi:+,.2f}. Net GPU-s: "
+            f"{o.net_gpu_s - bo.net_gpu_s:+,.0f}"
+        ),
     )
 elif rec.objective == "roi":
     c1.metric("Expected gain (ROI ratio)", f"{rec.gain:+.2f}", help=f"GP sd {rec.gain_sd:.2f}")
@@ -252,8 +260,10 @@ c4.metric(
     "Warm-up ROI (compute)",
     f"{o.roi:+.2f}",
     delta=f"{o.roi - bo.roi:+.2f}",
-    help="(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; it leaves latency out, so a warm-up "
-    "that buys latency can read negative here and still win on value",
+    help=(
+        "(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; it leaves latency out, so a "
+        "warm-up that buys latency can read negative here and still win on value"
+    ),
 )
 c2.metric(
     "Warm-up GPU-s",
@@ -300,11 +310,13 @@ fig.update_layout(
 )
 st.plotly_chart(fig, width="stretch")
 st.caption(
-    f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tuned on its own share of the "
-    "objective (their replays are independent). Prove a recommendation with a simulator A/B (pool B on "
-    "the recommended parameters: `warmscope.simulator.advisor_proof.prove`). Staleness: warmed entries "
-    "expire at the TTL, are evicted unread when the cache turns over, and lose popularity as the hot keys "
+    f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tuned on its own share of "
+    "the objective (their replays are independent). Prove a recommendation with a simulator A/B "
+    "(pool B on the recommended parameters: `warmscope.simulator.advisor_proof.prove`). Staleness: "
+    "warmed entries expire at the TTL, are evicted unread when the cache turns over, and lose "
+    "popularity as the hot keys "
     "did — " + "; ".join(rec.model.persist_note.values()) + ". The value objective also prices "
-    "the wait of requests behind a readiness gate while a warm-up runs (requests arriving during a warm-up "
-    "of D seconds wait D/2 on average); a rolling restart's background warm-up is not charged."
+    "the wait of requests behind a readiness gate while a warm-up runs (requests arriving during a "
+    "warm-up of D seconds wait D/2 on average); a rolling restart's background warm-up is not "
+    "charged."
 )

@@ -8,32 +8,32 @@ import streamlit as st
 st.title("Hot keys")  # first: it paints before the imports below load
 
 from warmscope.analysis.coverage import read_in_time
-from warmscope.app.dashboard import engine_view, ui
+from warmscope.app.dashboard import engine_view, state
 
-start, end = ui.time_range()
+start, end = state.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Hot keys and warmed-but-unread keys")
-fr = ui.load(["hot_keys", "warmed_keys"], start - 3600, end)
+fr = state.load(["hot_keys", "warmed_keys"], start - 3600, end)
 hk = fr["hot_keys"]
 if hk.empty:
     st.info("No hot keys recorded in this range (they are flushed every few minutes).")
     st.stop()
 st.caption(
-    "Keys are shown as keyed hashes: the raw key never leaves the serving process. Counts come from a "
-    "Space-Saving sketch: true count between hits + misses and hits + misses + err."
+    "Keys are shown as keyed hashes: the raw key never leaves the serving process. Counts come "
+    "from a Space-Saving sketch: true count between hits + misses and hits + misses + err."
 )
 c1, c2 = st.columns(2)
 tenants = sorted(hk.tenant.unique())
-ui.init_from_url("hk-tenant", "tenant")
+state.init_from_url("hk-tenant", "tenant")
 if st.session_state.get("hk-tenant") not in tenants:
     st.session_state["hk-tenant"] = tenants[0]
 tenant = c1.selectbox("Tenant", tenants, key="hk-tenant")
 layers = sorted(hk[hk.tenant == tenant].layer.unique())
-ui.init_from_url("hk-layer", "layer")
+state.init_from_url("hk-layer", "layer")
 if st.session_state.get("hk-layer") not in layers:
     st.session_state["hk-layer"] = layers[0]
 layer = c2.selectbox("Layer", layers, key="hk-layer")
-ui.url_set(tenant=tenant, layer=layer)
+state.url_set(tenant=tenant, layer=layer)
 sel = hk[(hk.tenant == tenant) & (hk.layer == layer)]
 agg = sel.groupby(["key_hash", "family"], as_index=False)[["hits", "misses", "err"]].sum()
 agg["lookups"] = agg.hits + agg.misses
@@ -64,8 +64,8 @@ if wk.empty:
 else:
     unread = wk[~read_in_time(wk)]
     st.caption(
-        f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were never read while "
-        f"warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing."
+        f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were never read "
+        f"while warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing."
     )
     st.dataframe(
         unread.groupby(["layer", "family"], as_index=False)

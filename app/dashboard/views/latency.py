@@ -1,6 +1,6 @@
-"""Latency: P50 / P95 / P99 over time of time to first token, request latency or cache load time, overall or
-per tenant, model, variant, replica (and layer for load time), with runs, faults and alerts marked. The choices
-live in the URL."""
+"""Latency: P50 / P95 / P99 over time of time to first token, request latency or cache load time,
+overall or per tenant, model, variant, replica (and layer for load time), with runs, faults and
+alerts marked. The choices live in the URL."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from warmscope.analysis.latency import DURATION, TTFT
-from warmscope.app.dashboard import engine_view, ui
+from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 LOAD = "warmscope.cache.load.duration"
 METRICS = {
@@ -29,22 +29,23 @@ GROUPS = {
 QS = {"P50": 0.5, "P95": 0.95, "P99": 0.99}
 LINE = {"P50": "solid", "P95": "dash", "P99": "dot"}
 
-start, end = ui.time_range()
+start, end = state.time_range()
 if engine_view.active(
     start, end
 ):  # engine metrics only: the overview shows the engines' TTFT quantiles
     engine_view.needs_collectors("Latency percentiles per tenant, model, variant and layer")
 if all(
-    ui.latency(start, end, m) is None for m in (TTFT, DURATION, LOAD)
+    cached.latency(start, end, m) is None for m in (TTFT, DURATION, LOAD)
 ):  # stops at the first one present
     st.info(
-        "No latency histograms in this range: request latency and TTFT come from `tel.record_request(...)`, "
-        "cache load times from `InstrumentedCache.get_or_load`. Widen the range in the sidebar."
+        "No latency histograms in this range: request latency and TTFT come from "
+        "`tel.record_request(...)`, cache load times from `InstrumentedCache.get_or_load`. Widen "
+        "the range in the sidebar."
     )
     st.stop()
 
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
-ui.init_from_url("lat-metric", "metric", cast=lambda v: v if v in METRICS else "ttft")
+state.init_from_url("lat-metric", "metric", cast=lambda v: v if v in METRICS else "ttft")
 if st.session_state.get("lat-metric") not in METRICS:
     st.session_state["lat-metric"] = "ttft"
 mkey = c1.radio(
@@ -52,13 +53,13 @@ mkey = c1.radio(
 )
 label, metric = METRICS[mkey]
 groups = GROUPS[mkey]
-ui.init_from_url("lat-by", "by")
+state.init_from_url("lat-by", "by")
 if st.session_state.get("lat-by") not in groups:
     st.session_state["lat-by"] = groups[0]
 by = c2.selectbox(
     "Group by", groups, key="lat-by", format_func=lambda g: "nothing" if g == "none" else g
 )
-ui.init_from_url("lat-q", "q")
+state.init_from_url("lat-q", "q")
 if st.session_state.get("lat-q") not in QS:
     st.session_state["lat-q"] = "P95"
 qname = c3.selectbox(
@@ -68,7 +69,7 @@ qname = c3.selectbox(
     disabled=by == "none",
     help="With a grouping, one line per group at this percentile; without, P50, P95 and P99.",
 )
-res = ui.step(start, end) or 0
+res = state.step(start, end) or 0
 opts = [f for f in (60, 300, 600, 1800, 3600, 6 * 3600) if f >= res]
 freq = c4.select_slider(
     "Bucket",
@@ -76,12 +77,12 @@ freq = c4.select_slider(
     value=max(600, opts[0]),
     format_func=lambda s: f"{s // 3600} h" if s >= 3600 else f"{s // 60} min",
 )
-ui.url_set(metric=mkey, by=by, q=qname if by != "none" else None)
-ui.resolution_note(start, end)
+state.url_set(metric=mkey, by=by, q=qname if by != "none" else None)
+state.resolution_note(start, end)
 
 keys = [] if by == "none" else [by]
 qs = tuple(QS.values()) if not keys else (QS[qname],)
-view = ui.latency(
+view = cached.latency(
     start, end, metric, keys, qs, freq
 )  # cached per range and choice: a rerun reads a few rows
 if view is None:
@@ -113,7 +114,8 @@ for q, g, name in series:
             "%{customdata[0]:,.0f} observations<extra>" + name + "</extra>",
         )
     )
-title = f"{label}: {'P50, P95 and P99' if not keys else qname + ' by ' + by} ({freq // 60:g}-minute buckets)"
+what = "P50, P95 and P99" if not keys else f"{qname} by {by}"
+title = f"{label}: {what} ({freq // 60:g}-minute buckets)"
 fig.update_layout(
     title=title,
     yaxis=dict(title="seconds", rangemode="tozero"),
@@ -122,19 +124,19 @@ fig.update_layout(
     legend_title_text="percentile" if not keys else by,
     margin=dict(t=50, b=40),
 )
-ui.annotate(fig, start, end)
+charts.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
 st.caption(
-    f"Quantiles from histogram buckets (linear inside a bucket, as Prometheus' histogram_quantile). A "
-    f"triangle marks a bucket whose percentile lies past the last edge ({top:g} s): only a lower limit is "
-    "known there. Dotted green lines: warm-up runs · red bands: known fault windows."
+    "Quantiles from histogram buckets (linear inside a bucket, as Prometheus' histogram_quantile). "
+    f"A triangle marks a bucket whose percentile lies past the last edge ({top:g} s): only a lower "
+    "limit is known there. Dotted green lines: warm-up runs · red bands: known fault windows."
 )
 
 st.subheader(f"Over the whole range{' by ' + by if keys else ''}")
 table = pd.DataFrame(
     {
         **({by: whole[by].astype(str)} if keys else {}),
-        "Observations": whole["count"].map(ui.integer),
+        "Observations": whole["count"].map(fmt.integer),
     }
 )
 for q in QS:

@@ -13,7 +13,7 @@ st.title("Why misses")  # first: it paints before the imports below load
 import pandas as pd
 import plotly.express as px
 from warmscope.analysis import misses as mz
-from warmscope.app.dashboard import ui
+from warmscope.app.dashboard import charts, fmt, state
 
 # One colour per class, the same on every chart of the page.
 COLOURS = {
@@ -35,10 +35,10 @@ MEANING = {
     "unknown": "the engine's events for these blocks never arrived",
 }
 
-start, end = ui.time_range()
-fr = ui.load(["misses", "warmed_keys", "kv_blocks"], start, end)
+start, end = state.time_range()
+fr = state.load(["misses", "warmed_keys", "kv_blocks"], start, end)
 m, wk, kvb = fr["misses"], fr["warmed_keys"], fr["kv_blocks"]
-ui.resolution_note(start, end)
+state.resolution_note(start, end)
 
 if m.empty or float(m["tokens"].sum()) <= 0:
     st.info(
@@ -54,18 +54,18 @@ else:
     c1, c2, c3 = st.columns(3)
     c1.metric(
         "Missed prompt tokens",
-        ui.integer(total),
+        fmt.integer(total),
         help="prompt − cached tokens of every classified request in the range; the classes add "
         "up to it",
     )
     c2.metric(
         "Largest class",
-        f"{top.miss_class} · {ui.pct(top.share)}",
+        f"{top.miss_class} · {fmt.pct(top.share)}",
         help=MEANING[str(top.miss_class)],
     )
     c3.metric(
         "Warm-up-addressable",
-        ui.pct(addr["share"]),
+        fmt.pct(addr["share"]),
         help="cold + evicted tokens of the (tenant, key family) pairs that a warm-up run in the "
         "range warmed, over all missed tokens",
     )
@@ -92,7 +92,7 @@ else:
     )
     fig.update_traces(line=dict(width=0.5))
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=10, b=10), legend_title_text="")
-    ui.annotate(fig, start, end)
+    charts.annotate(fig, start, end)
     st.plotly_chart(fig, width="stretch")
 
     shown = table.assign(meaning=table["miss_class"].map(MEANING), share=100 * table["share"])
@@ -115,14 +115,14 @@ else:
     a1, a2, a3 = st.columns(3)
     a1.metric(
         "Addressable tokens",
-        ui.integer(addr["addressable"]),
-        help=f"{ui.integer(addr['cold_evicted'])} cold + evicted tokens in all; "
+        fmt.integer(addr["addressable"]),
+        help=f"{fmt.integer(addr['cold_evicted'])} cold + evicted tokens in all; "
         f"{addr['families']} warmed (tenant, family) pairs",
     )
-    a2.metric("Warmed prefix_kv keys", ui.integer(addr["warmed_keys"]))
+    a2.metric("Warmed prefix_kv keys", fmt.integer(addr["warmed_keys"]))
     a3.metric(
         "Hits on warmed keys",
-        ui.integer(addr["warm_hits"]),
+        fmt.integer(addr["warm_hits"]),
         help="what warm-up prevented: reads of prefix_kv keys while they held what a run warmed "
         "(in the layer's lookup unit: blocks in the simulator, tokens for an engine client)",
     )
@@ -133,7 +133,7 @@ else:
         )
     else:
         st.caption(
-            f"Addressable: {ui.pct(addr['share'])} of missed tokens are cold or evicted in "
+            f"Addressable: {fmt.pct(addr['share'])} of missed tokens are cold or evicted in "
             "families that warm-up already targets — warming them at the right time would have "
             "prevented them."
         )
@@ -161,7 +161,7 @@ if lost.empty:
 else:
     n_keys, n_lost = int(lost["keys"].sum()), int(lost["lost"].sum())
     st.caption(
-        f"{n_lost:,} of {n_keys:,} warmed prefix_kv keys ({ui.pct(n_lost / n_keys)}) were "
+        f"{n_lost:,} of {n_keys:,} warmed prefix_kv keys ({fmt.pct(n_lost / n_keys)}) were "
         "evicted or expired before anyone read them: their first read after warming missed. The "
         "time is from warming to that first miss (the key was gone by then)."
     )
@@ -198,7 +198,9 @@ if len(kvb):
         "the range, and the blocks resident at its end. Salts are hashed."
     )
     rates = mz.block_rates(kvb)
-    rates["reuse_ratio"] = rates["reuse_ratio"].map(ui.pct)  # "–" when nothing was stored or reused
+    rates["reuse_ratio"] = rates["reuse_ratio"].map(
+        fmt.pct
+    )  # "–" when nothing was stored or reused
     st.dataframe(
         rates,
         hide_index=True,

@@ -1,5 +1,5 @@
-"""Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The chosen run
-lives in the URL."""
+"""Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The
+chosen run lives in the URL."""
 
 # ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from streamlit.errors import StreamlitAPIException
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.roi import decay_text, roi_text
-from warmscope.app.dashboard import engine_view, ui
+from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 try:
     st.page_link(
@@ -25,22 +25,22 @@ try:
     )
 except StreamlitAPIException:  # the page run on its own, outside the app's navigation
     st.markdown("[What to warm and when: forecasts and tuned parameters in the Advisor](/advisor)")
-start, end = ui.time_range()
+start, end = state.time_range()
 if engine_view.only_engines(start, end):  # no collector records anywhere
     engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")
 cfg = AnalysisConfig.load()
-runs = ui.load(["warmup_runs"], start, end)["warmup_runs"]
+runs = state.load(["warmup_runs"], start, end)["warmup_runs"]
 if runs.empty:
     st.info(
-        "No warm-up runs in this range: pick 'since the last warm-up run' or a longer range in the sidebar. "
-        "Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools record theirs unless their "
-        "strategy is `none`)."
+        "No warm-up runs in this range: pick 'since the last warm-up run' or a longer range in the "
+        "sidebar. Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools record "
+        "theirs unless their strategy is `none`)."
     )
     st.stop()
 
 
 def label(r) -> str:
-    return f"{ui.when(r.started)} · {r.replica} · {r.layer} · {r.strategy} · trigger {r.trigger}"
+    return f"{fmt.when(r.started)} · {r.replica} · {r.layer} · {r.strategy} · trigger {r.trigger}"
 
 
 ordered = runs.sort_values("started", ascending=False)
@@ -64,21 +64,22 @@ fig.update_layout(
     height=300,
     xaxis_range=[pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s")],
 )
-ui.annotate(fig, start, end)
+charts.annotate(fig, start, end)
 st.plotly_chart(fig, width="stretch")
 
-cov = ui.coverage(start, end)  # cached per range
+cov = cached.coverage(start, end)  # cached per range
 st.subheader("Warm-set coverage")
 st.caption(
-    "Precision: warmed keys whose warmed entry was read (hit before its TTL ran out and before the key "
-    f"was first missed). Recall: of the keys requested in the first {cfg.recall_window_s / 60:.0f} min "
-    "after the run, the share it had warmed. Wasted: the warm-up GPU-seconds of keys never read."
+    "Precision: warmed keys whose warmed entry was read (hit before its TTL ran out and before the "
+    "key was first missed). Recall: of the keys requested in the first "
+    f"{cfg.recall_window_s / 60:.0f} min after the run, the share it had warmed. Wasted: the "
+    "warm-up GPU-seconds of keys never read."
 )
 show = cov.sort_values("started", ascending=False)
 st.dataframe(
     pd.DataFrame(
         {
-            "Started (UTC)": show.started.map(ui.when),
+            "Started (UTC)": show.started.map(fmt.when),
             "Replica": show.replica,
             "Layer": show.layer,
             "Strategy": show.strategy,
@@ -112,13 +113,13 @@ st.plotly_chart(bar, width="stretch")
 
 st.subheader("One run")
 ids = list(labels)
-want = ui.url_get("run")
+want = state.url_get("run")
 if "run" not in st.session_state or st.session_state["run"] not in labels:
     st.session_state["run"] = want if want in labels else ids[0]
 run_id = st.selectbox("Run (newest first)", ids, key="run", format_func=labels.get)
-ui.url_set(run=run_id)
+state.url_set(run=run_id)
 # before/after, ROI and decay from per-minute data around the run, at any range (cached per run)
-eff, roi, series, decay = ui.run_detail(start, end, run_id)
+eff, roi, series, decay = cached.run_detail(start, end, run_id)
 NAMES = {
     "hit_rate": ("Hit rate", "{:.1%}"),
     "ttft_p50_s": ("TTFT P50", "{:.3f} s"),

@@ -1,0 +1,381 @@
+"""The analyses pages show, cached per store version and range (``st.cache_data``, shared by every
+viewer): a rerun or another viewer reads a few rows, not the range. Each public function shows a
+source error as one message and stops the page (``guarded``)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import streamlit as st
+from warmscope.app.dashboard import background, data, engine_view
+from warmscope.app.dashboard.fmt import pct
+from warmscope.app.dashboard.state import load, step
+from warmscope.model import records
+
+
+def hit_rate_layers(lookups: pd.DataFrame) -> pd.DataFrame:
+    """The lookups of the layers counted in hit rates (``Layer.in_hit_rate`` in
+    ``model.records.LAYERS``; an undeclared layer counts)."""
+    if lookups.empty:
+        return lookups
+    keep = {n for n in lookups.layer.unique() if records.layer(str(n)).in_hit_rate}
+    return lookups[lookups.layer.isin(keep)]
+
+
+def unmeasured_note(start: float, end: float, tenant: str | None = None) -> str | None:
+    """The share of requests whose token usage was not reported, shown next to token hit
+    rates (they leave those requests out); None when every request was measured."""
+    from warmscope.analysis.hitrate import unmeasured_share
+
+    req = load(["requests"], start, end)["requests"]
+    if tenant is not None and "tenant" in req.columns:
+        req = req[req["tenant"] == tenant]
+    t = unmeasured_share(req)
+    if t.empty or not t["unmeasured"].iloc[0]:
+        return None
+    n, total = int(t["unmeasured"].iloc[0]), int(t["requests"].iloc[0])
+    note = (
+        f"Token hit rates (prefix_kv) leave out {n:,} of {total:,} requests ({pct(n / total)}) "
+        "whose responses carried no token usage (stream_options.include_usage false, or an engine "
+        "without prompt token details)."
+    )
+    st.warning(note, icon=":material/visibility_off:")
+    return note
+
+
+def overview_frames(start: float, end: float) -> dict:
+    """The frames of the overview's alerts and score card, through the cached loaders."""
+    return background.overview_frames(data.frame, start, end, step(start, end))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _alerts(version: tuple, start: float, end: float):
+    from warmscope.analysis.alerts import evaluate
+
+    return evaluate(overview_frames(start, end), start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _card(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.scores import score_card
+
+    return score_card(overview_frames(start, end), AnalysisConfig.load())
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _drill(version: tuple, start: float, end: float, anomaly, baseline, hit_rate_layers_only: bool):
+    from warmscope.analysis.drilldown import drill_down
+
+    lk = data.frame("lookups", start, end, step(start, end))
+    if hit_rate_layers_only:
+        lk = hit_rate_layers(lk)
+    return drill_down(lk, anomaly=anomaly, baseline=baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _traps(version: tuple, start: float, end: float, anomaly, baseline):
+    from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
+
+    fr = data.frames(
+        ["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end, step(start, end)
+    )
+    fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
+    return detect_all(fr, anomaly, baseline)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _miss_shift(version: tuple, start: float, end: float, anomaly, baseline):
+    from warmscope.analysis.drilldown import drill_down_misses
+    from warmscope.analysis.traps import miss_class_shift
+
+    fr = {"misses": data.frame("misses", start, end, step(start, end))}
+    if fr["misses"].empty:
+        return miss_class_shift(fr, anomaly, baseline), None
+    dd = drill_down_misses(fr["misses"], anomaly, baseline)
+    return miss_class_shift(fr, anomaly, baseline), dd
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _change_point(version: tuple, start: float, end: float):
+    from warmscope.analysis.drilldown import change_point
+
+    return change_point(data.frame("lookups", start, end, step(start, end)))
+
+
+# Alert history: the alert conditions re-evaluated every history_every() seconds over the
+# HISTORY_LOOKBACK_S before. Dozens of evaluations take tens of seconds, so they run in the
+# background, in a child process (one at a time, shared by every viewer), and the page shows the
+# history when it is there.
+HISTORY_LOOKBACK_S = 3600.0
+
+
+def history_every(start: float, end: float) -> float:
+    """Evaluation spacing: 10 minutes, coarser on long ranges (at most 36 evaluations)."""
+    return max(600.0, math.ceil((end - start) / 36 / 600 - 1e-6) * 600)
+
+
+@st.cache_resource(show_spinner=False)
+def _history_jobs() -> dict:
+    """The alert-history jobs by (version, start, end): futures of computations in a child process
+    (its own interpreter, at a lower CPU priority), so that the history's dozens of evaluations do
+    not slow page runs."""
+    return {}
+
+
+def alert_history(start: float, end: float):
+    """When each alert fired and resolved over the range, or None while it is being computed
+    (started on the first call; kept per store version and range)."""
+    from warmscope.app.dashboard import background
+
+    jobs = _history_jobs()
+    key = (data.version(), start, end)
+    fut = jobs.get(key)
+    if fut is None:
+        if len(jobs) >= 16:  # keep the newest few
+            jobs.pop(next(iter(jobs)))
+        s0 = start - HISTORY_LOOKBACK_S
+        fut = jobs[key] = background.submit(
+            background.alert_history,
+            data.config(),
+            start,
+            end,
+            step(s0, end),
+            history_every(start, end),
+            HISTORY_LOOKBACK_S,
+        )
+    if not fut.done():
+        return None
+    try:
+        return fut.result()
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    except Exception as e:  # shown, not raised: the rest of the page stays usable
+        st.error(f"The alert history could not be computed: {type(e).__name__}: {e}")
+        st.stop()
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _rates(
+    version: tuple,
+    start: float,
+    end: float,
+    by: tuple,
+    freq: float | None,
+    path: tuple,
+    hit_rate_layers_only: bool,
+    engine: bool,
+):
+    from warmscope.analysis.hitrate import hit_table
+
+    lk = _lookups(start, end, engine)
+    for d, v in path:
+        lk = lk[lk[d].astype(str) == v]
+    if hit_rate_layers_only:
+        lk = hit_rate_layers(lk)
+    return hit_table(lk, by=list(by), freq=freq)
+
+
+def rates(
+    start: float,
+    end: float,
+    by=(),
+    freq: float | None = None,
+    path=(),
+    hit_rate_layers_only: bool = False,
+    engine: bool = False,
+):
+    """``hit_table`` of the range's lookups, filtered by ``path`` (a sequence of (dimension,
+    value)) and, with ``hit_rate_layers_only``, to the layers counted in hit rates
+    (:func:`hit_rate_layers`); cached: a rerun or another viewer reads a few rows, not the range.
+    ``engine=True``: of the engines' prefix-cache counters instead (engine-only mode; lookups
+    are prompt tokens, the hit rate token-weighted)."""
+    path = tuple(tuple(x) for x in path)
+    return guarded(_rates, start, end, tuple(by), freq, path, hit_rate_layers_only, engine)
+
+
+def _lookups(start: float, end: float, engine: bool) -> pd.DataFrame:
+    """The collectors' lookups of the range at its resolution, or with ``engine`` the engines'
+    prefix-cache counters as lookup rows (``engine_view.lookups``)."""
+    if engine:
+        return engine_view.lookups(start, end)
+    return data.frame("lookups", start, end, step(start, end))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _engine_causes(version: tuple, start: float, end: float, anomaly: tuple, baseline: tuple):
+    from warmscope.analysis.drilldown import leaf_table
+    from warmscope.analysis.rootcause import localize
+
+    leaves = leaf_table(engine_view.lookups(start, end), anomaly, baseline, engine_view.DIMS)
+    # volume_exp: the baseline's traffic, scaled to the anomaly window's length
+    if leaves.lookups.sum() == 0 or leaves.volume_exp.sum() == 0:
+        return leaves, None
+    dims = [d for d in engine_view.DIMS if d in leaves.columns]
+    loc = localize(
+        leaves,
+        dims,
+        v_num="hits",
+        v_den="lookups",
+        f_num="hits_exp",
+        f_den="lookups_exp",
+        v_vol="lookups",
+        f_vol="volume_exp",
+    )
+    return leaves, loc
+
+
+def engine_causes(start: float, end: float, anomaly, baseline):
+    """Engine-only root cause (cached): the leaves (model × instance × engine kind × engine:
+    prompt tokens and cached tokens in ``anomaly``, and the expected ones at the ``baseline``'s
+    rate, ``analysis.drilldown.leaf_table``) and their localisation, or None when either window
+    holds no engine traffic. No significance gate: engine phases are minutes, too few for the
+    collector path's minute-to-minute test."""
+    return guarded(_engine_causes, start, end, tuple(anomaly), tuple(baseline))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _run_roi(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.roi import roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    run = runs[runs.run_id == run_id].iloc[0]
+    return roi_windows(
+        run,
+        data.frame("requests", start, end, step(start, end)),
+        cfg.price_per_gpu_s,
+        cfg.value_per_conversion,
+        cfg.roi_windows_s,
+    )
+
+
+def run_roi(start: float, end: float, run_id: str):
+    """ROI windows of one run of the range, against the range's requests (cached)."""
+    return guarded(_run_roi, start, end, run_id)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _coverage(version: tuple, start: float, end: float):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import warm_set_coverage
+
+    fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
+    return warm_set_coverage(
+        fr["warmup_runs"],
+        fr["warmed_keys"],
+        fr["early_keys"],
+        AnalysisConfig.load().recall_window_s,
+    )
+
+
+def coverage(start: float, end: float):
+    """Precision, recall and wasted GPU-s of every run in the range (cached)."""
+    return guarded(_coverage, start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _run_detail(version: tuple, start: float, end: float, run_id: str):
+    from warmscope.analysis.config import AnalysisConfig
+    from warmscope.analysis.coverage import run_effect
+    from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
+
+    cfg = AnalysisConfig.load()
+    runs = data.frame("warmup_runs", start, end)
+    row = runs.set_index("run_id").loc[run_id]
+    run = pd.Series({**row.to_dict(), "run_id": run_id})
+    # A run's before/after, ROI and decay need per-minute data around it only, at any range.
+    ended = run.ended if run.ended == run.ended else end
+    span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
+    fr = data.frames(
+        ["lookups", "histograms"],
+        run.started - cfg.effect_window_s - 60,
+        ended + cfg.effect_window_s + 60,
+    )
+    rq = data.frame("requests", run.started - span - 60, ended + span + 60)
+    eff = run_effect(run, fr["lookups"], fr["histograms"], rq, cfg.effect_window_s)
+    roi = roi_windows(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
+    series = benefit_series(
+        run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s
+    )
+    return eff, roi, series, fit_decay(series)
+
+
+def run_detail(start: float, end: float, run_id: str):
+    """One run's before/after effect, ROI windows, benefit series and its decay fit (cached)."""
+    return guarded(_run_detail, start, end, run_id)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _latency(
+    version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float
+):
+    from warmscope.analysis.latency import all_bounds, quantiles_over_time
+
+    h = data.frame("histograms", start, end, step(start, end))
+    h = h[h["metric"] == metric] if len(h) else h
+    if h.empty:
+        return None
+    top = float(all_bounds(metric, h["le"].unique())[-2])  # the largest finite bucket edge
+    t = quantiles_over_time(h, metric, qs=qs, freq=freq, by=list(by))
+    if by:  # the 10 busiest groups
+        busiest = (
+            h.groupby(list(by))["count"]
+            .sum()
+            .sort_values(ascending=False)
+            .head(10)
+            .index.astype(str)
+        )
+        t = t[t[by[0]].astype(str).isin(busiest)]
+    whole = quantiles_over_time(
+        h.assign(ts=end), metric, qs=(0.5, 0.95, 0.99), freq=end - start + 1, by=list(by)
+    )
+    return t, whole, top
+
+
+def latency(start: float, end: float, metric: str, by=(), qs=(0.5, 0.95, 0.99), freq: float = 600):
+    """Quantiles of ``metric`` per time bucket (the 10 busiest groups of ``by``), over the whole
+    range, and the largest finite bucket edge — or None when the range holds none of it (cached)."""
+    return guarded(_latency, start, end, metric, tuple(by), tuple(qs), freq)
+
+
+def traps(start: float, end: float, anomaly, baseline):
+    """The cold-start trap verdicts for a window (cached)."""
+    return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
+
+
+def miss_shift(start: float, end: float, anomaly, baseline):
+    """(per-class shares in the window and the baseline, the misses drill-down or None)."""
+    return guarded(_miss_shift, start, end, tuple(anomaly), tuple(baseline))
+
+
+def change_point(start: float, end: float):
+    return guarded(_change_point, start, end)
+
+
+def guarded(fn, *args):
+    try:
+        return fn(data.version(), *args)
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+
+
+def alerts(start: float, end: float):
+    """The alert conditions over the range (cached per store version and range)."""
+    return guarded(_alerts, start, end)
+
+
+def card(start: float, end: float):
+    return guarded(_card, start, end)
+
+
+def drill(
+    start: float, end: float, anomaly=None, baseline=None, hit_rate_layers_only: bool = False
+):
+    """``drill_down`` of the range's lookups (with ``hit_rate_layers_only``, of the layers
+    counted in hit rates), for an anomaly window against a baseline or automatic ones (cached)."""
+    return guarded(_drill, start, end, anomaly, baseline, hit_rate_layers_only)

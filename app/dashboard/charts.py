@@ -1,0 +1,112 @@
+"""What time-series charts share: their time buckets and the annotations every one carries (warm-up
+runs, injected fault windows, alert onsets)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from warmscope.app.dashboard import data
+from warmscope.app.dashboard.state import step
+
+
+def annotations(start: float, end: float) -> dict:
+    """Warm-up runs, injected fault windows and alert onsets in [start, end) to draw on time
+    series."""
+    try:
+        return data.annotations(start, end)
+    except data.SourceError:
+        return {"runs": pd.DataFrame(), "faults": pd.DataFrame()}
+
+
+def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
+    """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time
+    axis.
+
+    The shapes are added in one layout update: plotly's ``add_vline``/``add_vrect`` re-validate
+    every shape already on the figure, which made a day of runs cost seconds per chart."""
+    a = annotations(start, end)
+    shapes, notes = [], []
+
+    def line(t: float, colour: str, dash: str = "solid") -> dict:
+        x = pd.Timestamp(t, unit="s")
+        return dict(
+            type="line",
+            xref="x",
+            yref="paper",
+            x0=x,
+            x1=x,
+            y0=0,
+            y1=1,
+            line=dict(width=1, dash=dash, color=colour),
+        )
+
+    for r in a["faults"].itertuples():
+        x0, x1 = max(r.start, start), min(r.end, end)
+        if x1 > x0:
+            shapes.append(
+                dict(
+                    type="rect",
+                    xref="x",
+                    yref="paper",
+                    x0=pd.Timestamp(x0, unit="s"),
+                    x1=pd.Timestamp(x1, unit="s"),
+                    y0=0,
+                    y1=1,
+                    fillcolor="#cf222e",
+                    opacity=0.08,
+                    line=dict(width=0),
+                    layer="below",
+                )
+            )
+            notes.append(
+                dict(
+                    x=pd.Timestamp(x0, unit="s"),
+                    y=1,
+                    xref="x",
+                    yref="paper",
+                    text=f"fault: {r.trap}",
+                    showarrow=False,
+                    xanchor="left",
+                    yanchor="top",
+                    font=dict(size=10, color="#cf222e"),
+                )
+            )
+    runs = a["runs"]
+    if len(runs):
+        # One mark per minute is enough: runs of several layers on one replica start together.
+        starts = sorted({math.floor(t / 60) * 60 for t in runs.started})
+        shapes += [line(t, "#1a7f37", "dot") for t in starts]
+        notes.append(
+            dict(
+                x=pd.Timestamp(starts[-1], unit="s"),
+                y=1.0,
+                xref="x",
+                yref="paper",
+                text="warm-up run",
+                showarrow=False,
+                font=dict(size=10, color="#1a7f37"),
+                xanchor="left",
+                yanchor="bottom",
+            )
+        )
+    if alerts is not None and len(alerts):
+        shapes += [
+            line(t, "#b35900")
+            for t in sorted({x for x in alerts.since if x == x and start <= x < end})
+        ]
+    if shapes or notes:
+        fig.update_layout(
+            shapes=list(fig.layout.shapes) + shapes,
+            annotations=list(fig.layout.annotations) + notes,
+        )
+
+
+OVERVIEW_FREQ_S = 600  # the overview chart's bucket below a day
+
+
+EXPLORER_FREQ_S = 600  # the hit-rate explorer's default bucket
+
+
+def overview_freq(start: float, end: float) -> int:
+    return int(max(OVERVIEW_FREQ_S, step(start, end) or 0))

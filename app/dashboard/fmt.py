@@ -1,0 +1,105 @@
+"""How pages write figures and statuses: percentages, integers, times, column names, the
+text-and-colour status of a score and the alert lines."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+# Text-and-colour status (no emoji font needed): label, colour.
+STATUS = {
+    "good": ("OK", "#1a7f37"),
+    "fair": ("FAIR", "#b58100"),
+    "poor": ("POOR", "#cf222e"),
+    "none": ("NO DATA", "#6e7781"),
+    "critical": ("CRITICAL", "#cf222e"),
+    "warning": ("WARNING", "#b35900"),
+    "info": ("INFO", "#0969da"),
+    "security": ("SECURITY", "#cf222e"),
+}
+
+
+def when(ts: float) -> str:
+    return pd.Timestamp(ts, unit="s").strftime("%Y-%m-%d %H:%M")
+
+
+def hhmm(ts: float) -> str:
+    return pd.Timestamp(ts, unit="s").strftime("%H:%M")
+
+
+def grade(score: float | None) -> str:
+    if score is None or score != score:
+        return "none"
+    return "good" if score >= 0.8 else ("fair" if score >= 0.5 else "poor")
+
+
+def light(score: float | None) -> str:
+    """Status text for a 0–1 score (colour it with :func:`status_style`)."""
+    return STATUS[grade(score)][0]
+
+
+def status_style(v: str) -> str:
+    """pandas Styler cell style for a status label."""
+    for label, colour in STATUS.values():
+        if v == label:
+            return f"color: white; background-color: {colour}; font-weight: 600"
+    return ""
+
+
+def badge(kind: str, text: str = "") -> str:
+    """Inline HTML badge: text on a coloured background (for st.markdown(...,
+    unsafe_allow_html=True))."""
+    label, colour = STATUS[kind]
+    return (
+        f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
+        f'font-size:0.8em;font-weight:600">{text or label}</span>'
+    )
+
+
+def is_security(alert: str) -> bool:
+    return alert in ("CrossTenantCacheRead",) or "tenant_isolation" in alert
+
+
+def alert_row(severity: str, alert: str, summary: str, since: float | None = None) -> None:
+    """One alert line; security findings in red whatever their severity."""
+    kind = "security" if is_security(alert) else severity if severity in STATUS else "info"
+    extra = f" · since {when(since)}" if since is not None and since == since else ""
+    box = (
+        st.error
+        if kind in ("security", "critical")
+        else st.warning
+        if kind == "warning"
+        else st.info
+    )
+    tag = "SECURITY · " if kind == "security" else ""
+    if tag and summary.upper().startswith("SECURITY:"):
+        summary = summary[len("SECURITY:") :].strip()
+    box(f"**{tag}{severity.upper()} · {alert}** — {summary}{extra}")
+
+
+def pct(x, digits: int = 1) -> str:
+    """``0.123`` → ``12.3%``; a value that rounds to zero reads ``0.0%``, never ``-0.0%``."""
+    if x is None or x != x:
+        return "–"
+    return f"{(0.0 if round(x * 100, digits) == 0 else x):.{digits}%}"
+
+
+def integer(x) -> str:
+    return "–" if x is None or x != x else f"{int(round(x)):,}"
+
+
+def human(col: str) -> str:
+    """Column name for people: ``wasted_gpu_s`` → ``Wasted GPU-s``."""
+    words = {
+        "gpu": "GPU",
+        "s": "(s)",
+        "id": "ID",
+        "ci": "CI",
+        "p": "p",
+        "roi": "ROI",
+        "ttft": "TTFT",
+        "kv": "KV",
+    }
+    parts = [words.get(w, w) for w in col.split("_")]
+    out = " ".join(parts).replace("GPU (s)", "GPU-s")
+    return out[:1].upper() + out[1:]
