@@ -41,6 +41,8 @@ __all__ = [
     "value_model",
     "values_for",
     "MIN_UNITS",
+    "TokenLatency",
+    "ttft_per_token",
 ]
 
 MIN_UNITS = 30  # units with requests needed to fit the conversion response
@@ -139,6 +141,71 @@ def slo_price(
     se = math.sqrt(share * (1 - share) / total)
     f, f_lo, f_hi = share / width, max(share - Z95 * se, 0.0) / width, (share + Z95 * se) / width
     return penalty * f, penalty * f_lo, penalty * f_hi
+
+
+@dataclass(frozen=True)
+class TokenLatency:
+    """TTFT per request against the prompt tokens it missed in a cache layer (``ttft = fixed_s +
+    per_token_s × missed``), fitted over A/B units: what one missed token costs in TTFT, with its
+    95 % interval."""
+
+    fixed_s: float
+    per_token_s: float
+    ci_low: float
+    ci_high: float
+    units: int
+    requests: float
+
+    def ttft(self, missed_tokens: float) -> float:
+        """The fitted TTFT of a request that misses ``missed_tokens``."""
+        return self.fixed_s + self.per_token_s * missed_tokens
+
+    def sentence(self) -> str:
+        return (
+            f"TTFT = {self.fixed_s:.4f} s + {self.per_token_s * 1000:.4f} ms per missed token "
+            f"(95 % CI {self.ci_low * 1000:.4f} to {self.ci_high * 1000:.4f} ms; "
+            f"{self.units:,} A/B units, {self.requests:,.0f} requests)"
+        )
+
+
+def _wls_hc1(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weighted least squares of ``y`` on ``x`` with an intercept: (coefficients, HC1 standard
+    error of the slope)."""
+    X = np.column_stack([np.ones_like(x), x])
+    XtWX = X.T @ (X * w[:, None])
+    beta = np.linalg.solve(XtWX, X.T @ (w * y))
+    e = y - X @ beta
+    inv = np.linalg.inv(XtWX)
+    meat = X.T @ (X * (w**2 * e**2)[:, None])
+    k = len(x)
+    cov = inv @ meat @ inv * k / max(k - 2, 1)  # HC1
+    return beta, math.sqrt(max(float(cov[1, 1]), 0.0))
+
+
+def ttft_per_token(
+    units: pd.DataFrame | None, layer: str = "prefix_kv", min_units: int = MIN_UNITS
+) -> TokenLatency | str:
+    """Fit a unit's mean TTFT per request on its mean missed tokens per request in ``layer``
+    (``lookups_<layer> − hits_<layer>``, tokens for an engine's prefix cache), weighted by the
+    unit's requests, with an HC1 interval on the slope. Returns the fit, or one sentence saying
+    what is missing."""
+    lk, hk = f"lookups_{layer}", f"hits_{layer}"
+    if units is None or len(units) == 0 or lk not in units.columns:
+        return f"no A/B unit records with {layer} lookups: no per-request TTFT to price a miss"
+    u = units[(units["requests"] > 0) & (units[lk] > 0) & (units["ttft_sum"] > 0)]
+    if len(u) < min_units:
+        return (
+            f"not enough points: {len(u)} A/B units with TTFT and {layer} lookups, {min_units} "
+            "needed to measure what a missed token costs in TTFT"
+        )
+    n = u["requests"].to_numpy(float)
+    x = (u[lk] - u[hk]).to_numpy(float) / n
+    y = u["ttft_sum"].to_numpy(float) / n
+    if float(np.ptp(x)) <= 0:
+        return "not enough points: every A/B unit missed the same number of tokens per request"
+    beta, se = _wls_hc1(x, y, n)
+    b = float(beta[1])
+    return TokenLatency(float(beta[0]), b, b - Z95 * se, b + Z95 * se, len(u), float(n.sum()))
 
 
 @dataclass(frozen=True)
