@@ -155,6 +155,8 @@ class TokenLatency:
     ci_high: float
     units: int
     requests: float
+    mean_missed: float = 0.0  # the weighted means the line passes through
+    mean_ttft_s: float = 0.0
 
     def ttft(self, missed_tokens: float) -> float:
         """The fitted TTFT of a request that misses ``missed_tokens``."""
@@ -205,7 +207,16 @@ def ttft_per_token(
         return "not enough points: every A/B unit missed the same number of tokens per request"
     beta, se = _wls_hc1(x, y, n)
     b = float(beta[1])
-    return TokenLatency(float(beta[0]), b, b - Z95 * se, b + Z95 * se, len(u), float(n.sum()))
+    return TokenLatency(
+        float(beta[0]),
+        b,
+        b - Z95 * se,
+        b + Z95 * se,
+        len(u),
+        float(n.sum()),
+        float(np.sum(n * x) / n.sum()),
+        float(np.sum(n * y) / n.sum()),
+    )
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,10 @@ def test_the_warm_set_is_the_prefixes_whose_next_reads_pay_and_the_lead_is_their
     assert d["hit_rate"] == pytest.approx(2500 / 24700)
     assert d["ttft_per_request_s"] == pytest.approx(-PER_TOKEN * 2500 / 30)
     assert d["warm_s"] == pytest.approx(3 * FIXED + PER_TOKEN * 2500)
+    # relative to the top 2's TTFT: it misses (24700 − 14500 − 1500) / 30 = 290 tokens per request,
+    # 0.02 + 0.029 = 0.049 s; −0.0083333 / 0.049 = −17.0 % (the line is exact: no interval)
+    assert d["ttft_relative"] == pytest.approx(-(2500 / 30 * PER_TOKEN) / 0.049)
+    assert d["ttft_relative_ci"] == pytest.approx((d["ttft_relative"],) * 2)
     # a rank shared by equal counts is averaged: 7 prefixes read once, 3 of a (1000), 4 of b (500)
     assert adv.outcome_for(7).hit_tokens == pytest.approx(14500 + 4000 + 2 * 5000 / 7)
     assert adv.outcome_for(99).hit_tokens == pytest.approx(14500 + 4000 + 5000)
