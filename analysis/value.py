@@ -1,8 +1,8 @@
 """The value model: what a warm-up buys, priced.
 
-A warmed key that is read turns a miss into a hit. That hit saves the miss's work: GPU-seconds, and —
-since a miss is on the request's critical path — the same seconds of time to first token (TTFT) for
-the request that reads it. Two prices turn that into money:
+A warmed key that is read turns a miss into a hit. That hit saves the miss's work: GPU-seconds, and
+— since a miss is on the request's critical path — the same seconds of time to first token (TTFT)
+for the request that reads it. Two prices turn that into money:
 
 * **GPU-seconds** — ``price_per_gpu_s`` (configured, ``[analysis] price_per_gpu_s``);
 * **latency**, one of
@@ -51,8 +51,8 @@ Z95 = 1.959963984540054
 
 @dataclass(frozen=True)
 class Elasticity:
-    """Revenue per request against a unit's mean request latency: ``slope`` (currency per request per
-    second; negative when slower requests earn less) with its 95 % interval."""
+    """Revenue per request against a unit's mean request latency: ``slope`` (currency per request
+    per second; negative when slower requests earn less) with its 95 % interval."""
 
     slope: float
     ci_low: float
@@ -75,15 +75,18 @@ class Elasticity:
 
 
 def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elasticity | str:
-    """Fit the value response to latency over A/B unit rows (``requests``, ``latency_sum``, ``value``,
-    ``conversions``). Returns the fit, or one sentence saying what is missing."""
+    """Fit the value response to latency over A/B unit rows (``requests``, ``latency_sum``,
+    ``value``, ``conversions``). Returns the fit, or one sentence saying what is missing."""
     if units is None or len(units) == 0:
         return "no conversion data: no A/B unit records in the range"
     u = units[units["requests"] > 0]
     if float(u["conversions"].sum()) <= 0:
         return "no conversion data: the A/B units record no conversions"
     if len(u) < min_units:
-        return f"not enough points: {len(u)} A/B units with requests, {min_units} needed for the conversion response"
+        return (
+            f"not enough points: {len(u)} A/B units with requests, {min_units} needed for "
+            "the conversion response"
+        )
     n = u["requests"].to_numpy(float)
     x = u["latency_sum"].to_numpy(float) / n
     y = u["value"].to_numpy(float) / n
@@ -114,9 +117,9 @@ def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elas
 def slo_price(
     histograms: pd.DataFrame, target_s: float, penalty: float
 ) -> tuple[float, float, float] | str:
-    """Value of one request-second of TTFT saved under an SLO: ``penalty × f(target)``, ``f`` the TTFT
-    density at the target from the recorded ``ttft`` histogram (the buckets either side of the target).
-    Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
+    """Value of one request-second of TTFT saved under an SLO: ``penalty × f(target)``, ``f`` the
+    TTFT density at the target from the recorded ``ttft`` histogram (the buckets either side of the
+    target). Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
     if histograms is None or len(histograms) == 0:
         return "no TTFT histogram in the range"
     h = histograms[histograms["metric"].astype(str).str.contains("time_to_first_token|ttft")]
@@ -230,7 +233,8 @@ class ValueModel:
     note: str  # where the latency price came from, or why there is none
 
     def per_hit(self, seconds: float) -> tuple[float, float, float]:
-        """Value of one extra hit whose miss costs ``seconds`` (GPU-s and TTFT): (value, low, high)."""
+        """Value of one extra hit whose miss costs ``seconds`` (GPU-s and TTFT): (value, low,
+        high)."""
         g = seconds * self.price_per_gpu_s
         lo, hi = self.per_ttft_s_ci
         return g + seconds * self.per_ttft_s, g + seconds * lo, g + seconds * hi
@@ -261,7 +265,8 @@ def value_model(
     if prefer in ("conversion", "value"):
         el = conversion_response(units if units is not None else pd.DataFrame())
         if isinstance(el, Elasticity):
-            # a slope with the wrong sign (faster requests earn less) is priced at zero, not negative
+            # a slope with the wrong sign (faster requests earn less) is priced at zero, not
+            # negative
             v, lo, hi = -el.slope, -el.ci_high, -el.ci_low
             return ValueModel(
                 "conversion",
@@ -301,8 +306,8 @@ def values_for(
     slo_penalty: float | None,
     objective: str | None,
 ) -> ValueModel:
-    """The value model the store supports: the A/B units active in [start, end] (all experiments) for the
-    conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
+    """The value model the store supports: the A/B units active in [start, end] (all experiments)
+    for the conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
     from .config import AnalysisConfig
 
     cfg = AnalysisConfig.load()

@@ -1,7 +1,10 @@
 """`warmscope advise`: request forecasts and tuned warm-up parameters from a recorded store.
 
-Prints a table (forecast error per horizon against the baselines, the recommended parameters next to the
-recorded ones, the next peak and when to trigger the warm-up) and writes the same as JSON with ``--json``.
+Prints a table (forecast error per horizon against the baselines, the recommended parameters next
+to the recorded ones, the next peak and when to trigger the warm-up) and writes the same as JSON
+with ``--json``. A recording of an engine's prefix cache only (a gateway's) gets the prefix-cache
+advisor: warm-set size, lead time, and the prediction against a top-k warm set
+(``--versus-top-k``).
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         args.budget_gpu_s > 0 and math.isfinite(args.budget_gpu_s)
     ):
         print(
-            f"warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per day, got "
+            "warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per "
+            "day, got "
             f"{args.budget_gpu_s:g}",
             file=sys.stderr,
         )
@@ -99,7 +103,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         return 2
     if not path.exists():
         print(
-            f"warmscope advise: {path} does not exist; pass --store PATH (fill one with `warmscope demo "
+            f"warmscope advise: {path} does not exist; pass --store PATH (fill one with "
+            "`warmscope demo "
             "--no-dashboard` or `warmscope simulate`)",
             file=sys.stderr,
         )
@@ -215,7 +220,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
     elif rec.objective == "roi":
         print(
-            f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net"
+            f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); "
+            f"{net:+.1f} GPU-s net"
         )
     else:
         lo = sum(la.gain_low for la in rec.layers.values())
@@ -230,7 +236,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
         print(
             f"\nNext peak: {when(rec.peak.at)} UTC, {rec.peak.rate:.1f} req/s "
-            f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at {when(rec.trigger_at)} UTC"
+            f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at "
+            f"{when(rec.trigger_at)} UTC"
         )
     print(f"\n{rec.evaluations} replays, {rec.seconds:.1f} s", file=sys.stderr)
     if args.json:

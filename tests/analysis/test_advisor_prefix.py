@@ -31,18 +31,45 @@ def _frames(re_miss: int = 0, misses: pd.DataFrame | None = None):
     for t, counts in COUNTS.items():
         for j, c in enumerate(counts):
             m = 1 + (re_miss if (t, j) == ("a", 0) else 0)  # a0 misses again re_miss times
-            hk.append({"window": 0.0, "tenant": t, "layer": "prefix_kv", "key_hash": f"{t}{j}",
-                       "family": t, "hits": c - m, "misses": m, "err": 0})
+            hk.append(
+                {
+                    "window": 0.0,
+                    "tenant": t,
+                    "layer": "prefix_kv",
+                    "key_hash": f"{t}{j}",
+                    "family": t,
+                    "hits": c - m,
+                    "misses": m,
+                    "err": 0,
+                }
+            )
             for r in range(c):
                 cached = P[t] if r >= m else 0
                 hit_tok[t] += cached
                 miss_tok[t] += P[t] + OWN - cached
-                units.append({"requests": 1, "ttft_sum": FIXED + PER_TOKEN * (P[t] + OWN - cached),
-                              "lookups_prefix_kv": P[t] + OWN, "hits_prefix_kv": cached})
+                units.append(
+                    {
+                        "requests": 1,
+                        "ttft_sum": FIXED + PER_TOKEN * (P[t] + OWN - cached),
+                        "lookups_prefix_kv": P[t] + OWN,
+                        "hits_prefix_kv": cached,
+                    }
+                )
     lk = pd.DataFrame(
-        [{"ts": 1000.0 + 600 * (res == "miss"), "tenant": t, "layer": "prefix_kv",
-          "result": res, "count": v, "variant": "", "replica": "r0"}
-         for t in COUNTS for res, v in (("hit", hit_tok[t]), ("miss", miss_tok[t]))])
+        [
+            {
+                "ts": 1000.0 + 600 * (res == "miss"),
+                "tenant": t,
+                "layer": "prefix_kv",
+                "result": res,
+                "count": v,
+                "variant": "",
+                "replica": "r0",
+            }
+            for t in COUNTS
+            for res, v in (("hit", hit_tok[t]), ("miss", miss_tok[t]))
+        ]
+    )
     fr = {"lookups": lk, "hot_keys": pd.DataFrame(hk)}
     if misses is not None:
         fr["misses"] = misses
@@ -87,8 +114,10 @@ def test_the_warm_set_is_the_prefixes_whose_next_reads_pay_and_the_lead_is_their
     assert adv.replayed_hit_rate == pytest.approx(14500 / 24700) and adv.re_miss_share == 0
     # gain: Σ s·(p·(g+v) − g), s = 0.1 s (a) or 0.05 s (b)
     g, v = 0.001, 0.0005
-    want = sum(s * ((1 - math.exp(-c)) * (g + v) - g)
-               for s, c in ((0.1, 8), (0.05, 6), (0.1, 4), (0.05, 3), (0.1, 2)))
+    want = sum(
+        s * ((1 - math.exp(-c)) * (g + v) - g)
+        for s, c in ((0.1, 8), (0.05, 6), (0.1, 4), (0.05, 3), (0.1, 2))
+    )
     assert adv.gain == pytest.approx(want)
     # versus the top 2 (a 8, b 6: 1500 tokens): 2500 more tokens hit, of 24700, over 30 requests
     d = adv.versus(2)
@@ -139,8 +168,13 @@ def test_a_recording_that_evicted_or_is_too_small_gets_one_sentence():
 
 
 def _misses(cold: int, evicted: int) -> pd.DataFrame:
-    return pd.DataFrame({"miss_class": ["cold", "evicted", "partial"],
-                         "tokens": [cold, evicted, 900], "tenant": "a"})
+    return pd.DataFrame(
+        {
+            "miss_class": ["cold", "evicted", "partial"],
+            "tokens": [cold, evicted, 900],
+            "tenant": "a",
+        }
+    )
 
 
 def test_the_kv_event_classes_say_cache_too_small_or_size_the_warm_set_on_cold_misses():
