@@ -751,7 +751,7 @@ class PrefixAdvice:
 
         def rel(slope: float) -> float:
             fixed = lat.mean_ttft_s - slope * lat.mean_missed
-            return slope * dm / (fixed + slope * a.missed_per_request)
+            return float(slope * dm / (fixed + slope * a.missed_per_request))
 
         rlo, rhi = sorted((rel(lat.ci_low), rel(lat.ci_high)))
         return {
@@ -944,7 +944,8 @@ def advise_prefix(
     keys.attrs["prompt_tokens"] = total
     # every request, with the ones whose prefix is not among the hot keys (read once in a flush
     # window): those miss whatever is warmed, since no ranking sees them
-    reqs = float(units.loc[units[f"lookups_{PREFIX}"] > 0, "requests"].sum())  # type: ignore[union-attr]
+    assert units is not None  # ttft_per_token refused a store without units
+    reqs = float(units[units[f"lookups_{PREFIX}"] > 0]["requests"].sum())
     keys.attrs["requests"] = reqs
     # fidelity: a fresh engine that keeps what it cached misses each prefix once
     re_miss = float((keys["misses"] - 1).clip(lower=0).sum())
