@@ -740,9 +740,9 @@ class PrefixAdvice:
 
         The token hit rate carries to any engine of the same cache; the seconds hold at the
         recording's engine speed. On a shared machine that speed moves with the other work on it
-        (in the engine proof, tests/engine/test_advisor_engine.py, by up to 2× between the
-        recording and the A/B and by 1.4× between the two arms' engines), and neither the relative
-        change nor these intervals include that.
+        (in the engine proof, tests/engine/test_advisor_engine.py, by up to 4× between the
+        recording and the A/B and by up to 1.8× between the two arms' engines), and neither the
+        relative change nor these intervals include that.
         """
         a, b = self.outcome_for(k), self.outcome
         dm = b.missed_per_request - a.missed_per_request
