@@ -44,10 +44,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy.stats import norm, qmc
 
 from .forecast import Peak, next_peak
 from .replay import (
+    FIDELITY_TOL,
     LAYERS,
     SLO_LAMBDA,
     Fidelity,
@@ -74,6 +76,13 @@ __all__ = [
     "BOUNDS",
     "fidelity_text",
     "layer_table",
+    "PrefixAdvice",
+    "PrefixOutcome",
+    "advise_prefix",
+    "prefix_only",
+    "prefix_text",
+    "cache_shares",
+    "cache_notes",
 ]
 
 BOUNDS = {
@@ -177,8 +186,8 @@ def optimise(
 
 @dataclass
 class LayerAdvice:
-    """The recommendation for one cache layer (the layers' replays are independent, so each is tuned on its
-    own contribution to the objective)."""
+    """The recommendation for one cache layer (the layers' replays are independent, so each is
+    tuned on its own contribution to the objective)."""
 
     layer: str
     params: Params
@@ -252,8 +261,8 @@ class Recommendation:
 
 
 class NoRecommendation(ValueError):
-    """The advisor will not recommend: one sentence says what is missing (``fidelity`` when the replay
-    does not reproduce the recorded day)."""
+    """The advisor will not recommend: one sentence says what is missing (``fidelity`` when the
+    replay does not reproduce the recorded day)."""
 
     def __init__(self, sentence: str, fidelity: Fidelity | None = None) -> None:
         super().__init__(sentence)
@@ -286,7 +295,8 @@ def check_input(frames: dict[Any, Any], variant: str | None = None) -> str | Non
     span = float(lk["ts"].max() - lk["ts"].min()) if len(lk) else 0.0
     if span < MIN_SPAN_S:
         return (
-            f"Too little data: {span / 3600:.1f} h of lookups in the range, and the replay and forecasts "
+            f"Too little data: {span / 3600:.1f} h of lookups in the range, and the replay and "
+            "forecasts "
             f"need at least {MIN_SPAN_S / 3600:g} h."
         )
     have = [ly for ly in LAYERS if ((lk["layer"] == ly) & lk["result"].isin(["hit", "miss"])).any()]
@@ -294,18 +304,21 @@ def check_input(frames: dict[Any, Any], variant: str | None = None) -> str | Non
         missing = [ly for ly in LAYERS if ly not in have]
         return (
             (
-                f"Only {' and '.join(have) or 'no'} replayable lookups in the range: the advisor needs the "
+                f"Only {' and '.join(have) or 'no'} replayable lookups in the range: the "
+                "advisor needs the "
                 f"{' and '.join(missing)} layer too, to share the warm-up between the layers."
             )
             if have
             else (
-                "No response or embedding lookups in the range: those are the layers the advisor replays."
+                "No response or embedding lookups in the range: those are the layers the "
+                "advisor replays."
             )
         )
     runs = frames.get("warmup_runs")
     if runs is None or len(runs) == 0:
         return (
-            "No warm-up runs in the range: the replay takes the warm-set size, cost per key and timing "
+            "No warm-up runs in the range: the replay takes the warm-set size, cost per key "
+            "and timing "
             "from recorded warm-ups, so pick a range with at least one run."
         )
     return None
@@ -326,11 +339,13 @@ def _bound_notes(layer: str, p: Params) -> list[str]:
         label, fmt = names[name]
         if x <= 0.01:
             out.append(
-                f"{label} is at the search's lower bound ({fmt(lo)}): a smaller value may be better still"
+                f"{label} is at the search's lower bound ({fmt(lo)}): a smaller value may be "
+                "better still"
             )
         elif x >= 0.99:
             out.append(
-                f"{label} is at the search's upper bound ({fmt(hi)}): a larger value may be better still"
+                f"{label} is at the search's upper bound ({fmt(hi)}): a larger value may be "
+                "better still"
             )
     return out
 
@@ -348,13 +363,13 @@ def advise(
     values: ValueModel | None = None,
     require_fidelity: bool = True,
 ) -> Recommendation:
-    """Calibrate the replay on ``frames``, check that it reproduces the recorded day, tune each layer on
-    the objective and return the recommendation. Raises :class:`NoRecommendation` (a ``ValueError``)
-    with one sentence when the data cannot support one.
+    """Calibrate the replay on ``frames``, check that it reproduces the recorded day, tune each
+    layer on the objective and return the recommendation. Raises :class:`NoRecommendation` (a
+    ``ValueError``) with one sentence when the data cannot support one.
 
     ``objective``: ``value`` (the default when ``values`` prices latency from conversion data),
-    ``slo`` (the default when it prices latency from an SLO), ``net_gpu_s`` (the default otherwise) or
-    ``roi`` (the ratio, tuned jointly over the layers)."""
+    ``slo`` (the default when it prices latency from an SLO), ``net_gpu_s`` (the default otherwise)
+    or ``roi`` (the ratio, tuned jointly over the layers)."""
     vm = values or ValueModel("gpu_s", 0.0008, 0.0, (0.0, 0.0), "no value model given")
     notes: list[str] = []
     if objective is None:
@@ -513,13 +528,16 @@ def advise(
             saved_gpu = la.base_warm_gpu_s - la.warm_gpu_s
             wait = gate_wait(m, m.base, ly) - gate_wait(m, per_layer[ly], ly)
             also = (
-                f" and the {wait:,.0f} request-seconds requests no longer wait behind its gated start"
+                f" and the {wait:,.0f} request-seconds requests no longer wait behind its "
+                "gated start"
                 if objective in ("value", "slo") and wait > 0
                 else ""
             )
             la.notes.append(
-                f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; it is still better on "
-                f"{objective} because the warm-up GPU-s it no longer spends ({saved_gpu:,.0f}){also} are worth "
+                f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; "
+                "it is still better on "
+                f"{objective} because the warm-up GPU-s it no longer spends "
+                f"({saved_gpu:,.0f}){also} are worth "
                 f"more than the hits it gives up (net {g:+,.4g} on the objective)"
             )
         advice[ly] = la
@@ -632,3 +650,436 @@ def layer_table(rec: Recommendation) -> Any:
 
 def _fmt_h(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")
+
+
+# ------------------------------------------------------ one layer: an engine's prefix cache
+PREFIX = "prefix_kv"
+PREFIX_MIN_KEYS = 5  # distinct prefixes needed to rank a warm set
+EVICTED_TOO_SMALL = 0.05  # share of missed tokens evicted before reuse that says "cache too small"
+
+
+@dataclass
+class PrefixOutcome:
+    """A fresh engine warmed with the ``warm_keys`` most requested prefixes, then serving the
+    recorded requests again (every recorded prefix is read)."""
+
+    warm_keys: int
+    hit_tokens: float
+    prompt_tokens: float
+    requests: float
+    hit_rate: float  # token hit rate
+    missed_per_request: float
+    ttft_per_request_s: float  # the fitted line at the mean missed tokens
+    warm_s: float  # how long the warm-up takes (one cold prefill per prefix)
+
+    def as_dict(self) -> dict[Any, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PrefixAdvice:
+    """The recommendation for an engine's prefix cache (the one layer a gateway records)."""
+
+    objective: str
+    warm_keys: int  # recommended warm-set size: the most requested prefixes
+    lead_s: float  # start the warm-up this long before the replica takes traffic
+    keys: int  # prefixes recorded
+    span_s: float
+    recorded_hit_rate: float
+    replayed_hit_rate: float  # the model with no warm-up on the recorded requests (fidelity)
+    re_miss_share: float  # requests that missed a prefix read before in the range
+    prefix_tokens: dict[str, float]  # tenant -> cached tokens of a request that read its prefix
+    latency: Any  # value.TokenLatency
+    values: ValueModel
+    gain: float  # the objective over the next span like the recorded one
+    gain_low: float
+    gain_high: float
+    outcome: PrefixOutcome
+    table: Any  # per prefix, most requested first: tenant, requests, misses, tokens, p_read, worth
+    notes: list[str] = field(default_factory=list)
+    cache: dict[str, float] = field(default_factory=dict)  # miss-class shares (KV events), if any
+    trigger_at: float | None = None  # Unix s of a pre-peak warm-up (a forecast needs >= 2 h)
+
+    def outcome_for(self, k: int) -> PrefixOutcome:
+        """The recorded requests replayed on a fresh engine warmed with the ``k`` most requested
+        prefixes (equal request counts share a rank: their prefixes are averaged)."""
+        t = self.table
+        grp = t.groupby("requests", sort=False)["tokens"]
+        saved = warm = 0.0
+        left = max(int(k), 0)
+        for _, g in sorted(grp, key=lambda kv: -kv[0]):
+            n = min(left, len(g))
+            saved += n * float(g.mean())
+            warm += n * float(g.mean())
+            left -= n
+            if left == 0:
+                break
+        lat = self.latency
+        base_hits = float(((t["requests"] - 1) * t["tokens"]).sum())
+        total = float(t.attrs["prompt_tokens"])
+        reqs = float(t.attrs["requests"])
+        hits = base_hits + saved
+        missed = (total - hits) / reqs
+        n_warm = min(max(int(k), 0), len(t))
+        return PrefixOutcome(
+            n_warm,
+            hits,
+            total,
+            reqs,
+            hits / total,
+            missed,
+            lat.ttft(missed),
+            n_warm * lat.fixed_s + warm * lat.per_token_s,
+        )
+
+    def versus(self, k: int) -> dict[str, Any]:
+        """Recommended minus a warm set of the ``k`` most requested prefixes, on the recorded
+        requests replayed on fresh engines: token hit rate and TTFT per request, in seconds at the
+        recording's speed and relative to the top-k's TTFT (95 % intervals: the slope of the TTFT
+        line over its interval, the line pivoting on the recording's mean).
+
+        The token hit rate carries to any engine of the same cache; the seconds hold at the
+        recording's engine speed. On a shared machine that speed moves with the other work on it
+        (in the engine proof, tests/engine/test_advisor_engine.py, by up to 4× between the
+        recording and the A/B and by up to 1.8× between the two arms' engines), and neither the
+        relative change nor these intervals include that.
+        """
+        a, b = self.outcome_for(k), self.outcome
+        dm = b.missed_per_request - a.missed_per_request
+        lat = self.latency
+        lo, hi = sorted((dm * lat.ci_low, dm * lat.ci_high))
+
+        def rel(slope: float) -> float:
+            fixed = lat.mean_ttft_s - slope * lat.mean_missed
+            return float(slope * dm / (fixed + slope * a.missed_per_request))
+
+        rlo, rhi = sorted((rel(lat.ci_low), rel(lat.ci_high)))
+        return {
+            "versus_top_k": int(k),
+            "warm_keys": b.warm_keys,
+            "hit_rate": b.hit_rate - a.hit_rate,
+            "ttft_per_request_s": dm * lat.per_token_s,
+            "ttft_per_request_ci": (lo, hi),
+            "ttft_relative": dm * lat.per_token_s / a.ttft_per_request_s,
+            "ttft_relative_ci": (rlo, rhi),
+            "warm_s": b.warm_s - a.warm_s,
+            "base": a.as_dict(),
+        }
+
+    def as_dict(self, versus_top_k: int | None = None) -> dict[Any, Any]:
+        d = {
+            "layer": PREFIX,
+            "objective": self.objective,
+            "warm_keys": self.warm_keys,
+            "lead_s": self.lead_s,
+            "keys": self.keys,
+            "span_s": self.span_s,
+            "recorded_hit_rate": self.recorded_hit_rate,
+            "replayed_hit_rate": self.replayed_hit_rate,
+            "re_miss_share": self.re_miss_share,
+            "prefix_tokens": self.prefix_tokens,
+            "ttft_line": asdict(self.latency),
+            "prices": self.values.prices(),
+            "gain": self.gain,
+            "gain_low": self.gain_low,
+            "gain_high": self.gain_high,
+            "outcome": self.outcome.as_dict(),
+            "notes": self.notes,
+            "cache": self.cache,
+            "trigger_at": self.trigger_at,
+        }
+        if versus_top_k is not None:
+            d["versus"] = self.versus(versus_top_k)
+        return d
+
+
+def prefix_only(frames: dict[Any, Any]) -> bool:
+    """True when the range's replayable lookups are an engine's prefix cache only (what a gateway
+    in front of an engine records): :func:`advise_prefix` is the advisor for it."""
+    lk = frames.get("lookups")
+    if lk is None or len(lk) == 0:
+        return False
+    hm = lk[lk["result"].isin(["hit", "miss"])]
+    return bool((hm["layer"] == PREFIX).any() and not hm["layer"].isin(LAYERS).any())
+
+
+def cache_shares(misses: pd.DataFrame | None) -> dict[str, float]:
+    """Shares of the missed prompt tokens per KV-event class (``misses`` frame), the partial last
+    block left out (no cache holds it); empty without KV events."""
+    if misses is None or len(misses) == 0:
+        return {}
+    by = misses.groupby("miss_class")["tokens"].sum()
+    by = by[by.index != "partial"]
+    tot = float(by.sum())
+    return {str(k): float(v) / tot for k, v in by.items()} if tot > 0 else {}
+
+
+def cache_notes(shares: dict[str, float], saved_tokens: float, cold_tokens: float) -> list[str]:
+    """What the KV-event classes say: evicted tokens mean the cache is too small (a bigger warm set
+    is evicted the same way); cold tokens are what a warm set can save."""
+    out = []
+    ev, cold = shares.get("evicted", 0.0), shares.get("cold", 0.0)
+    if ev >= EVICTED_TOO_SMALL:
+        out.append(
+            f"{ev:.0%} of the missed prompt tokens were evicted before they were read again: the "
+            "KV cache is too small for this traffic; grow it (or warm fewer prefixes) before "
+            "warming more, since a warmed prefix is evicted the same way"
+        )
+    else:
+        out.append(
+            f"{ev:.0%} of the missed prompt tokens were evicted: the cache holds this traffic, "
+            "so the warm set is sized on the cold misses"
+        )
+    if cold > 0 and cold_tokens > 0:
+        out.append(
+            f"{cold:.0%} of the missed prompt tokens were cold (never cached): what a warm set can "
+            f"save; the recommended warm set covers {min(saved_tokens / cold_tokens, 1.0):.0%} "
+            "of them"
+        )
+    return out
+
+
+def advise_prefix(
+    frames: dict[Any, Any],
+    units: pd.DataFrame | None,
+    values: ValueModel | None = None,
+    objective: str | None = None,
+) -> PrefixAdvice:
+    """Recommend the warm-set size and lead time for an engine's prefix cache from a recording of
+    that one layer (a gateway's: ``lookups`` and ``hot_keys`` of ``prefix_kv`` in tokens and
+    requests, A/B ``units`` with TTFT and tokens per request, optionally the KV-event ``misses``).
+
+    The model: on an engine that keeps what it cached (fidelity: the recording's requests never
+    miss a prefix read before in the range, within ±5 points of its hit rate), a prefix's first
+    read misses its cached length ``P`` (the tenant's cached tokens per request that read a cached
+    prefix) and the later ones hit; warming it turns that first read into a hit. A missed token
+    costs ``per_token_s`` of TTFT (the fitted line, :func:`value.ttft_per_token`) and as many
+    GPU-seconds; warming a prefix costs one cold prefill, ``s = per_token_s × P``. A prefix read
+    ``c`` times in the recorded span is read in the next span like it with probability
+    ``p = 1 − e^{−c}``, so warming it is worth ``s·(p·(g + v) − g)`` (GPU price ``g``, latency
+    price ``v``) on ``value``/``slo`` and ``s·(p − 1)`` GPU-s on ``net_gpu_s`` — never positive:
+    warming does the work a first read would have done, and wastes it when none comes. The warm
+    set is the most requested prefixes up to the size that maximises the sum; the lead time is the
+    warm-up's duration (a cold prefill per prefix), which it holds the replica's readiness gate.
+
+    Raises :class:`NoRecommendation` with one sentence when the recording cannot support it."""
+    from .value import TokenLatency, ttft_per_token
+
+    vm = values or ValueModel("gpu_s", 0.0008, 0.0, (0.0, 0.0), "no value model given")
+    notes: list[str] = []
+    if objective is None:
+        objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
+        notes.append(
+            "the default: "
+            + {
+                "value": "latency priced from the recorded conversions",
+                "slo": "latency priced from the configured SLO",
+            }.get(objective, f"latency not priced ({vm.note})")
+        )
+    if objective == "roi":
+        raise NoRecommendation(
+            "The roi objective is not defined for a prefix cache (a warmed prefix costs the "
+            "prefill its first read would have cost): use value, slo or net_gpu_s."
+        )
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if objective == "value" and vm.kind != "conversion":
+        raise NoRecommendation(
+            f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
+            "or configure an SLO for --objective slo."
+        )
+    if objective == "slo" and vm.kind != "slo":
+        raise NoRecommendation(
+            f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
+            "request over it, or use --objective net_gpu_s."
+        )
+    lk = frames.get("lookups")
+    lk = lk[(lk["layer"] == PREFIX) & lk["result"].isin(["hit", "miss"])] if lk is not None else lk
+    if lk is None or len(lk) == 0:
+        raise NoRecommendation("No prefix_kv lookups in the range: there is no traffic to replay.")
+    hk = frames.get("hot_keys")
+    hk = hk[hk["layer"] == PREFIX] if hk is not None and len(hk) else None
+    if hk is None or len(hk) == 0:
+        raise NoRecommendation(
+            "No prefix_kv hot keys in the range: the warm set is ranked on each prefix's recorded "
+            "requests, and none were recorded."
+        )
+    keys = (
+        hk.groupby("key_hash")
+        .agg(tenant=("tenant", "first"), hits=("hits", "sum"), misses=("misses", "sum"))
+        .reset_index()
+    )
+    keys["requests"] = keys["hits"] + keys["misses"]
+    keys = keys[keys["requests"] > 0]
+    if len(keys) < PREFIX_MIN_KEYS:
+        raise NoRecommendation(
+            f"Too little data: {len(keys)} prefixes recorded, and ranking a warm set needs at "
+            f"least {PREFIX_MIN_KEYS}."
+        )
+    hit_tok = lk[lk["result"] == "hit"].groupby("tenant")["count"].sum()
+    hit_req = keys.groupby("tenant")["hits"].sum()
+    if float(hit_req.sum()) <= 0 or float(hit_tok.sum()) <= 0:
+        raise NoRecommendation(
+            "No request read a cached prefix in the range: how many tokens a warmed prefix saves "
+            "cannot be measured."
+        )
+    overall = float(hit_tok.sum() / hit_req.sum())
+    ptok = {
+        str(t): float(hit_tok.get(t, 0.0) / hit_req[t]) if hit_req.get(t, 0) > 0 else overall
+        for t in keys["tenant"].unique()
+    }
+    lat = ttft_per_token(units)
+    if isinstance(lat, str):
+        raise NoRecommendation(lat[0].upper() + lat[1:] + ".")
+    if not isinstance(lat, TokenLatency) or lat.per_token_s <= 0:
+        raise NoRecommendation(
+            "The recorded TTFT does not grow with the missed tokens: a warmed prefix would save "
+            "no measurable TTFT."
+        )
+    keys["tokens"] = keys["tenant"].astype(str).map(ptok)
+    keys = keys.sort_values(["requests", "key_hash"], ascending=[False, True]).reset_index(
+        drop=True
+    )
+    total = float(lk["count"].sum())
+    keys.attrs["prompt_tokens"] = total
+    # every request, with the ones whose prefix is not among the hot keys (read once in a flush
+    # window): those miss whatever is warmed, since no ranking sees them
+    assert units is not None  # ttft_per_token refused a store without units
+    reqs = float(units[units[f"lookups_{PREFIX}"] > 0]["requests"].sum())
+    keys.attrs["requests"] = reqs
+    # fidelity: a fresh engine that keeps what it cached misses each prefix once
+    re_miss = float((keys["misses"] - 1).clip(lower=0).sum())
+    recorded = float(hit_tok.sum()) / total
+    modelled = float(((keys["requests"] - 1) * keys["tokens"]).sum()) / total
+    if abs(modelled - recorded) > FIDELITY_TOL:
+        raise NoRecommendation(
+            f"The replay does not reproduce the recording: {re_miss:,.0f} of {reqs:,.0f} requests "
+            f"missed a prefix read before, so the cache evicted (replayed hit rate "
+            f"{modelled:.1%} against {recorded:.1%} recorded, ±{FIDELITY_TOL * 100:.0f} points "
+            "allowed); this model assumes a cache that keeps the warm set, so it makes no "
+            "recommendation."
+        )
+    g, v = vm.price_per_gpu_s, vm.per_ttft_s
+    p = -np.expm1(-keys["requests"].to_numpy(float))
+    keys["p_read"] = p
+
+    def worth(b: float, vt: float) -> np.ndarray:
+        sk = keys["tokens"].to_numpy(float) * b
+        if objective == "net_gpu_s":
+            return sk * (p - 1.0)  # type: ignore[no-any-return]
+        return sk * (p * (g + vt) - g)  # type: ignore[no-any-return]
+
+    keys["worth"] = worth(lat.per_token_s, v)
+    cum = np.concatenate([[0.0], np.cumsum(keys["worth"].to_numpy(float))])
+    # a rank shared by equal request counts is taken whole or not at all
+    ends = np.concatenate([[0], np.flatnonzero(np.diff(keys["requests"].to_numpy()) != 0) + 1])
+    ends = np.unique(np.append(ends, len(keys)))
+    k = int(ends[int(np.argmax(cum[ends]))])
+    span = float(frames["lookups"]["ts"].max() - frames["lookups"]["ts"].min())
+    lo_hi = [
+        float(np.sum(worth(b, vt)[:k]))
+        for b in (lat.ci_low, lat.ci_high)
+        for vt in (vm.per_ttft_s_ci if objective != "net_gpu_s" else (0.0, 0.0))
+    ]
+    adv = PrefixAdvice(
+        objective,
+        k,
+        0.0,
+        len(keys),
+        span,
+        recorded,
+        modelled,
+        re_miss / reqs,
+        ptok,
+        lat,
+        vm,
+        float(cum[k]),
+        min(lo_hi),
+        max(lo_hi),
+        PrefixOutcome(0, 0, 0, 0, 0, 0, 0, 0),
+        keys,
+        notes,
+    )
+    adv.outcome = adv.outcome_for(k)
+    adv.lead_s = adv.outcome.warm_s
+    unit = "GPU-s" if objective == "net_gpu_s" else "in value"
+    if k == len(keys):
+        notes.append(
+            f"warm-set size is at its upper bound, all {len(keys)} prefixes recorded: each pays "
+            f"(a prefix read once in the span is read again with probability {1 - math.exp(-1):.2f}"
+            "), and a larger warm set has no recorded prefix to add"
+        )
+    elif k == 0:
+        notes.append(
+            "warm-set size 0: no prefix pays"
+            + (
+                " in GPU-s alone (a warmed prefix does the prefill its first read would have "
+                "done, and wastes it when no read comes); price latency (--slo-penalty, or "
+                "conversions) to value the TTFT it saves"
+                if objective == "net_gpu_s"
+                else ""
+            )
+        )
+    else:
+        notes.append(
+            f"warm the {k} prefixes read at least {int(keys['requests'].iloc[k - 1])} times: a "
+            f"prefix read fewer times is read again too rarely to pay for its prefill "
+            f"(net {float(keys['worth'].iloc[k]):+.3g} {unit} each)"
+        )
+    notes.append(
+        f"lead time: start the warm-up {adv.lead_s:.1f} s before the replica takes traffic (one "
+        "cold prefill per prefix, on the fitted TTFT line); it holds the readiness gate that long"
+    )
+    if span >= MIN_SPAN_S:
+        peak = next_peak(frames["lookups"])
+        if peak is not None:
+            adv.trigger_at = peak.at - adv.lead_s
+    else:
+        notes.append(
+            f"no pre-peak trigger: {span / 3600:.2f} h recorded, and a peak forecast needs "
+            f"{MIN_SPAN_S / 3600:g} h; the lead time is for a replica start"
+        )
+    shares = cache_shares(frames.get("misses"))
+    if shares:
+        adv.cache = shares
+        cold_tok = float(
+            frames["misses"].loc[frames["misses"]["miss_class"] == "cold", "tokens"].sum()
+        )
+        notes.extend(cache_notes(shares, adv.outcome.hit_tokens - modelled * total, cold_tok))
+    return adv
+
+
+def prefix_text(adv: PrefixAdvice, versus_top_k: int | None = None) -> str:
+    """The prefix-cache recommendation as the CLI prints it."""
+    o = adv.outcome
+    lines = [
+        f"Prefix cache (prefix_kv, the one layer recorded): {adv.keys} prefixes, "
+        f"{o.requests:,.0f} requests over {adv.span_s / 60:.1f} min",
+        f"  replay fidelity: no warm-up, hit rate {adv.replayed_hit_rate:.1%} replayed vs "
+        f"{adv.recorded_hit_rate:.1%} recorded; {adv.re_miss_share:.1%} of requests missed a "
+        "prefix read before",
+        "  cached tokens per prefix read: "
+        + ", ".join(f"{t} {v:,.0f}" for t, v in sorted(adv.prefix_tokens.items())),
+        f"  {adv.latency.sentence()}",
+        f"\nObjective: {adv.objective}",
+        f"  {adv.values.prices()}",
+        f"\nRecommended warm set: the {adv.warm_keys} most requested prefixes; lead time "
+        f"{adv.lead_s:.1f} s",
+        f"  expected gain over the next span like the recorded one: {adv.gain:+.4g} "
+        f"({adv.gain_low:+.4g} to {adv.gain_high:+.4g}) "
+        + ("GPU-s" if adv.objective == "net_gpu_s" else "in value"),
+        f"  replayed: token hit rate {o.hit_rate:.1%}, TTFT {o.ttft_per_request_s:.4f} s per "
+        "request",
+    ]
+    lines += [f"  note: {n}" for n in adv.notes]
+    if versus_top_k is not None:
+        d = adv.versus(versus_top_k)
+        lo, hi = d["ttft_per_request_ci"]
+        lines.append(
+            f"\nVersus the {versus_top_k} most requested prefixes (the recorded requests on fresh "
+            f"engines): token hit rate {d['hit_rate'] * 100:+.2f} points, TTFT per request "
+            f"{d['ttft_relative']:+.1%} (95 % CI {d['ttft_relative_ci'][0]:+.1%} to "
+            f"{d['ttft_relative_ci'][1]:+.1%}), {d['ttft_per_request_s']:+.4f} s at the "
+            f"recording's speed (95 % CI {lo:+.4f} to {hi:+.4f}), warm-up {d['warm_s']:+.1f} s"
+        )
+    return "\n".join(lines)

@@ -49,9 +49,11 @@ predicts the other pool's simulated hit rate under that pool's TTL within
 ``TOLERANCE``; ``tests/analysis/test_advisor_staleness.py`` checks the
 staleness terms on synthetic traffic.
 
-The prefix-KV layer is not replayed: its system-prompt blocks hit after their
-first request whatever the warm-up does, and its misses come from session
-history evicted by new queries, which no warm-up parameter changes.
+The prefix-KV layer is not replayed here: beside the response and embedding
+layers its system-prompt blocks hit after their first request whatever the
+warm-up does. A recording of that layer alone (an engine behind the gateway)
+has its own model, ``advisor.advise_prefix``: there a warm-up turns each
+prefix's first read on a fresh engine into a hit.
 """
 
 from __future__ import annotations

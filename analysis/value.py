@@ -1,8 +1,8 @@
 """The value model: what a warm-up buys, priced.
 
-A warmed key that is read turns a miss into a hit. That hit saves the miss's work: GPU-seconds, and —
-since a miss is on the request's critical path — the same seconds of time to first token (TTFT) for
-the request that reads it. Two prices turn that into money:
+A warmed key that is read turns a miss into a hit. That hit saves the miss's work: GPU-seconds, and
+— since a miss is on the request's critical path — the same seconds of time to first token (TTFT)
+for the request that reads it. Two prices turn that into money:
 
 * **GPU-seconds** — ``price_per_gpu_s`` (configured, ``[analysis] price_per_gpu_s``);
 * **latency**, one of
@@ -41,6 +41,8 @@ __all__ = [
     "value_model",
     "values_for",
     "MIN_UNITS",
+    "TokenLatency",
+    "ttft_per_token",
 ]
 
 MIN_UNITS = 30  # units with requests needed to fit the conversion response
@@ -49,8 +51,8 @@ Z95 = 1.959963984540054
 
 @dataclass(frozen=True)
 class Elasticity:
-    """Revenue per request against a unit's mean request latency: ``slope`` (currency per request per
-    second; negative when slower requests earn less) with its 95 % interval."""
+    """Revenue per request against a unit's mean request latency: ``slope`` (currency per request
+    per second; negative when slower requests earn less) with its 95 % interval."""
 
     slope: float
     ci_low: float
@@ -73,15 +75,18 @@ class Elasticity:
 
 
 def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elasticity | str:
-    """Fit the value response to latency over A/B unit rows (``requests``, ``latency_sum``, ``value``,
-    ``conversions``). Returns the fit, or one sentence saying what is missing."""
+    """Fit the value response to latency over A/B unit rows (``requests``, ``latency_sum``,
+    ``value``, ``conversions``). Returns the fit, or one sentence saying what is missing."""
     if units is None or len(units) == 0:
         return "no conversion data: no A/B unit records in the range"
     u = units[units["requests"] > 0]
     if float(u["conversions"].sum()) <= 0:
         return "no conversion data: the A/B units record no conversions"
     if len(u) < min_units:
-        return f"not enough points: {len(u)} A/B units with requests, {min_units} needed for the conversion response"
+        return (
+            f"not enough points: {len(u)} A/B units with requests, {min_units} needed for "
+            "the conversion response"
+        )
     n = u["requests"].to_numpy(float)
     x = u["latency_sum"].to_numpy(float) / n
     y = u["value"].to_numpy(float) / n
@@ -112,9 +117,9 @@ def conversion_response(units: pd.DataFrame, min_units: int = MIN_UNITS) -> Elas
 def slo_price(
     histograms: pd.DataFrame, target_s: float, penalty: float
 ) -> tuple[float, float, float] | str:
-    """Value of one request-second of TTFT saved under an SLO: ``penalty × f(target)``, ``f`` the TTFT
-    density at the target from the recorded ``ttft`` histogram (the buckets either side of the target).
-    Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
+    """Value of one request-second of TTFT saved under an SLO: ``penalty × f(target)``, ``f`` the
+    TTFT density at the target from the recorded ``ttft`` histogram (the buckets either side of the
+    target). Returns (value, ci_low, ci_high) or a sentence saying what is missing."""
     if histograms is None or len(histograms) == 0:
         return "no TTFT histogram in the range"
     h = histograms[histograms["metric"].astype(str).str.contains("time_to_first_token|ttft")]
@@ -142,6 +147,82 @@ def slo_price(
 
 
 @dataclass(frozen=True)
+class TokenLatency:
+    """TTFT per request against the prompt tokens it missed in a cache layer (``ttft = fixed_s +
+    per_token_s × missed``), fitted over A/B units: what one missed token costs in TTFT, with its
+    95 % interval."""
+
+    fixed_s: float
+    per_token_s: float
+    ci_low: float
+    ci_high: float
+    units: int
+    requests: float
+    mean_missed: float = 0.0  # the weighted means the line passes through
+    mean_ttft_s: float = 0.0
+
+    def ttft(self, missed_tokens: float) -> float:
+        """The fitted TTFT of a request that misses ``missed_tokens``."""
+        return self.fixed_s + self.per_token_s * missed_tokens
+
+    def sentence(self) -> str:
+        return (
+            f"TTFT = {self.fixed_s:.4f} s + {self.per_token_s * 1000:.4f} ms per missed token "
+            f"(95 % CI {self.ci_low * 1000:.4f} to {self.ci_high * 1000:.4f} ms; "
+            f"{self.units:,} A/B units, {self.requests:,.0f} requests)"
+        )
+
+
+def _wls_hc1(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weighted least squares of ``y`` on ``x`` with an intercept: (coefficients, HC1 standard
+    error of the slope)."""
+    X = np.column_stack([np.ones_like(x), x])
+    XtWX = X.T @ (X * w[:, None])
+    beta = np.linalg.solve(XtWX, X.T @ (w * y))
+    e = y - X @ beta
+    inv = np.linalg.inv(XtWX)
+    meat = X.T @ (X * (w**2 * e**2)[:, None])
+    k = len(x)
+    cov = inv @ meat @ inv * k / max(k - 2, 1)  # HC1
+    return beta, math.sqrt(max(float(cov[1, 1]), 0.0))
+
+
+def ttft_per_token(
+    units: pd.DataFrame | None, layer: str = "prefix_kv", min_units: int = MIN_UNITS
+) -> TokenLatency | str:
+    """Fit a unit's mean TTFT per request on its mean missed tokens per request in ``layer``
+    (``lookups_<layer> − hits_<layer>``, tokens for an engine's prefix cache), weighted by the
+    unit's requests, with an HC1 interval on the slope. Returns the fit, or one sentence saying
+    what is missing."""
+    lk, hk = f"lookups_{layer}", f"hits_{layer}"
+    if units is None or len(units) == 0 or lk not in units.columns:
+        return f"no A/B unit records with {layer} lookups: no per-request TTFT to price a miss"
+    u = units[(units["requests"] > 0) & (units[lk] > 0) & (units["ttft_sum"] > 0)]
+    if len(u) < min_units:
+        return (
+            f"not enough points: {len(u)} A/B units with TTFT and {layer} lookups, {min_units} "
+            "needed to measure what a missed token costs in TTFT"
+        )
+    n = u["requests"].to_numpy(float)
+    x = (u[lk] - u[hk]).to_numpy(float) / n
+    y = u["ttft_sum"].to_numpy(float) / n
+    if float(np.ptp(x)) <= 0:
+        return "not enough points: every A/B unit missed the same number of tokens per request"
+    beta, se = _wls_hc1(x, y, n)
+    b = float(beta[1])
+    return TokenLatency(
+        float(beta[0]),
+        b,
+        b - Z95 * se,
+        b + Z95 * se,
+        len(u),
+        float(n.sum()),
+        float(np.sum(n * x) / n.sum()),
+        float(np.sum(n * y) / n.sum()),
+    )
+
+
+@dataclass(frozen=True)
 class ValueModel:
     """Prices of a warm-up's effects: ``kind`` is "conversion", "slo" or "gpu_s"."""
 
@@ -152,7 +233,8 @@ class ValueModel:
     note: str  # where the latency price came from, or why there is none
 
     def per_hit(self, seconds: float) -> tuple[float, float, float]:
-        """Value of one extra hit whose miss costs ``seconds`` (GPU-s and TTFT): (value, low, high)."""
+        """Value of one extra hit whose miss costs ``seconds`` (GPU-s and TTFT): (value, low,
+        high)."""
         g = seconds * self.price_per_gpu_s
         lo, hi = self.per_ttft_s_ci
         return g + seconds * self.per_ttft_s, g + seconds * lo, g + seconds * hi
@@ -183,7 +265,8 @@ def value_model(
     if prefer in ("conversion", "value"):
         el = conversion_response(units if units is not None else pd.DataFrame())
         if isinstance(el, Elasticity):
-            # a slope with the wrong sign (faster requests earn less) is priced at zero, not negative
+            # a slope with the wrong sign (faster requests earn less) is priced at zero, not
+            # negative
             v, lo, hi = -el.slope, -el.ci_high, -el.ci_low
             return ValueModel(
                 "conversion",
@@ -223,8 +306,8 @@ def values_for(
     slo_penalty: float | None,
     objective: str | None,
 ) -> ValueModel:
-    """The value model the store supports: the A/B units active in [start, end] (all experiments) for the
-    conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
+    """The value model the store supports: the A/B units active in [start, end] (all experiments)
+    for the conversion response, the TTFT histogram for an SLO price, prices from ``[analysis]``."""
     from .config import AnalysisConfig
 
     cfg = AnalysisConfig.load()

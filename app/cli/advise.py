@@ -1,7 +1,10 @@
 """`warmscope advise`: request forecasts and tuned warm-up parameters from a recorded store.
 
-Prints a table (forecast error per horizon against the baselines, the recommended parameters next to the
-recorded ones, the next peak and when to trigger the warm-up) and writes the same as JSON with ``--json``.
+Prints a table (forecast error per horizon against the baselines, the recommended parameters next
+to the recorded ones, the next peak and when to trigger the warm-up) and writes the same as JSON
+with ``--json``. A recording of an engine's prefix cache only (a gateway's) gets the prefix-cache
+advisor: warm-set size, lead time, and the prediction against a top-k warm set
+(``--versus-top-k``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,15 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json", metavar="PATH", help="also write the result as JSON here ('-' for stdout only)"
     )
+    p.add_argument(
+        "--versus-top-k",
+        type=int,
+        default=50,
+        metavar="K",
+        help="for an engine's prefix cache (a gateway recording): also predict the recommendation "
+        "against a warm set of the K most requested prefixes, `warmscope warmup --from hot`'s "
+        "default (default 50)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -64,9 +76,12 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     from warmscope.analysis.advisor import (
         NoRecommendation,
         advise,
+        advise_prefix,
         check_input,
         fidelity_text,
         layer_table,
+        prefix_only,
+        prefix_text,
     )
     from warmscope.analysis.forecast import forecast_table
     from warmscope.analysis.value import values_for
@@ -77,7 +92,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         args.budget_gpu_s > 0 and math.isfinite(args.budget_gpu_s)
     ):
         print(
-            f"warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per day, got "
+            "warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per "
+            "day, got "
             f"{args.budget_gpu_s:g}",
             file=sys.stderr,
         )
@@ -87,7 +103,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         return 2
     if not path.exists():
         print(
-            f"warmscope advise: {path} does not exist; pass --store PATH (fill one with `warmscope demo "
+            f"warmscope advise: {path} does not exist; pass --store PATH (fill one with "
+            "`warmscope demo "
             "--no-dashboard` or `warmscope simulate`)",
             file=sys.stderr,
         )
@@ -95,7 +112,16 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     try:
         src = EmbeddedSource(path)
         fr = src.frames(
-            ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"]
+            [
+                "lookups",
+                "warmup_runs",
+                "warmed_keys",
+                "hot_keys",
+                "gauges",
+                "faults",
+                "histograms",
+                "misses",
+            ]
         )
     except SourceError as e:
         print(f"warmscope advise: {e}", file=sys.stderr)
@@ -109,6 +135,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.variant is None and prefix_only(fr):
+        return _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation)
     missing = check_input(fr, args.variant)
     if missing:
         print(f"warmscope advise: {missing}", file=sys.stderr)
@@ -192,7 +220,8 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         print(f"  expected gain            {net:+.1f} GPU-s net (GP sd {rec.gain_sd:.1f})")
     elif rec.objective == "roi":
         print(
-            f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); {net:+.1f} GPU-s net"
+            f"  expected gain            ROI {rec.gain:+.2f} (GP sd {rec.gain_sd:.2f}); "
+            f"{net:+.1f} GPU-s net"
         )
     else:
         lo = sum(la.gain_low for la in rec.layers.values())
@@ -207,9 +236,45 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
         print(
             f"\nNext peak: {when(rec.peak.at)} UTC, {rec.peak.rate:.1f} req/s "
-            f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at {when(rec.trigger_at)} UTC"
+            f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at "
+            f"{when(rec.trigger_at)} UTC"
         )
     print(f"\n{rec.evaluations} replays, {rec.seconds:.1f} s", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation) -> int:
+    """A recording of an engine's prefix cache only (a gateway's): warm-set size and lead time."""
+    from warmscope.analysis.value import values_for
+
+    lk = fr["lookups"]
+    vm = values_for(
+        src,
+        fr,
+        float(lk["ts"].min()),
+        float(lk["ts"].max()),
+        args.slo_ttft_s,
+        args.slo_penalty,
+        args.objective,
+    )
+    try:
+        adv = advise_prefix(fr, src.units(None), vm, args.objective)
+    except NoRecommendation as e:
+        print(f"warmscope advise: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"warmscope advise: {e}", file=sys.stderr)
+        return 2
+    k = args.versus_top_k if args.versus_top_k and args.versus_top_k > 0 else None
+    out = adv.as_dict(k)
+    out["store"] = str(path)
+    if args.json == "-":
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(prefix_text(adv, k))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {args.json}", file=sys.stderr)
