@@ -35,10 +35,15 @@ conv_tau_s                 6.0         conversion probability *= exp(-latency / 
 value_per_conversion       4.0         currency units (tenant i gets value*(1+i/10))
 warm_keys                  400         keys per layer a warm-up run may warm
 warm_s_per_key             0.05        wall time a warm-up spends per key
-warm_horizon_s             1800        predictive: the horizon its forecast looks ahead (s): a key is
-                                       warmed for the misses it prevents within it
-warm_min_prob              0.25        predictive: warm a key only when the forecast gives at least
-                                       this chance that it prevents a miss within the horizon
+warm_horizon_s             3600        predictive: how far ahead its forecast looks (s): a key is
+                                       warmed for the reads it gets within this, or within the
+                                       cache's residence time when shorter (an unread entry's life
+                                       in the LRU, or the TTL)
+warm_min_prob              0.15        predictive: warm a key (a LoRA adapter, an embedding, a
+                                       response) only when the forecast gives at least this chance
+                                       that it is read before the cache drops it
+warm_min_prob_kv           0.6         predictive: the same for prefix-KV blocks (higher: an unread
+                                       block takes LRU space from the conversations being served)
 peak_warmup_at_h           8.5         a pre-peak warm-up (trigger forecast_peak); <0 disables
 content_drift_h            0           trending content: every this many hours the popularity of
                                        fills and RAG chunks beyond the top 20 moves to other items
@@ -46,7 +51,8 @@ content_drift_h            0           trending content: every this many hours t
 restart_every_h            0           rolling restarts: each replica restarts every this many
                                        hours, staggered across a pool, at the same times in both
                                        pools (deploys, autoscaling); 0 disables
-lambda_mode                slo         predictive heat decay: "slo" (λ = 1/max(slo_ms·0.1, 10) per s) or "fixed"
+lambda_mode                slo         predictive heat decay: "slo" (λ = 1/max(slo_ms·0.1, 10)
+                                       per s) or "fixed"
 lambda_fixed               0.0005      λ per second when lambda_mode = "fixed"
 strategy_a / strategy_b    none /      warm-up strategy of pool A (the control) / pool B
                            static_topk
@@ -102,8 +108,9 @@ class SimConfig:
     value_per_conversion: float = setting(4.0, ge=0)
     warm_keys: int = setting(400, ge=0)
     warm_s_per_key: float = setting(0.05, ge=0)
-    warm_horizon_s: float = setting(1800.0, gt=0)
-    warm_min_prob: float = setting(0.25, ge=0, le=1)
+    warm_horizon_s: float = setting(3600.0, gt=0)
+    warm_min_prob: float = setting(0.15, ge=0, le=1)
+    warm_min_prob_kv: float = setting(0.6, ge=0, le=1)
     peak_warmup_at_h: float = 8.5  # < 0 disables
     lambda_mode: str = setting("slo", choices=("slo", "fixed"))
     lambda_fixed: float = setting(0.0005, ge=0)
@@ -122,8 +129,8 @@ class SimConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> SimConfig:
-        """``[simulator]`` of the TOML file (``path`` or ``WARMSCOPE_CONFIG``) under ``overrides`` (``None``
-        values are skipped, so unset command-line options keep the file's value)."""
+        """``[simulator]`` of the TOML file (``path`` or ``WARMSCOPE_CONFIG``) under ``overrides``
+        (``None`` values are skipped, so unset command-line options keep the file's value)."""
         return load_section(cls, "simulator", path, None, overrides)
 
     @property

@@ -36,6 +36,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from warmscope.collectors.store import EmbeddedStore
 from .caches import LRU
 from .config import SimConfig
 from .faults import Fault
-from .strategies import HeatTracker, KeyStats, choose, yesterday_log
+from .strategies import HeatTracker, KeyStats, choose, lora_chances, yesterday_log
 from .traffic import (
     CHUNKS_PER_QUERY,
     TEMPLATES,
@@ -65,6 +66,7 @@ __all__ = ["Simulation", "Summary"]
 
 TOKENISATION_VARIANTS = 50
 MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
+INSERT_TAU_S = 600.0  # memory of the caches' store rates (Replica.residence)
 PRE_START_S = (
     120.0  # replicas start this long (plus the weights' load time) before the simulated day
 )
@@ -144,6 +146,10 @@ class Replica:
         self.resp = pool.response_view(self)
         self.slots = [0.0] * cfg.slots
         self.weights_ready: dict[str, float] = {}
+        # What the replica's own caches store per second (prefix-KV: tokens; embeddings: entries),
+        # so the predictive strategy knows how long an entry nobody reads survives the LRU.
+        self.inserted = {"prefix_kv": 0.0, "embedding": 0.0}
+        self.insert_rate = {"prefix_kv": 0.0, "embedding": 0.0}
         self.start(start_rel, "replica_start")
 
     def start(
@@ -163,6 +169,28 @@ class Replica:
         self.sim.schedule(
             ready, lambda: self.sim.warmup(self.pool, [self], trigger, finish_at=warm_until)
         )
+
+    def residence(self, layer: str) -> float:
+        """Seconds an entry nobody reads stays in this replica's ``layer`` cache (the pool's for
+        responses): the capacity over what is stored per second (an LRU's characteristic time;
+        an upper bound, as hits also move entries ahead), and at most the response TTL;
+        ``inf`` before anything was stored."""
+        if layer == "response":
+            pool = self.pool
+            cap, rate = pool.resp_lru.cap, pool.insert_rate
+            ttl = pool.resp_ttl if pool.resp_ttl > 0 else math.inf
+            return min(ttl, cap / rate if rate > 0 else math.inf)
+        cap = self.kv_lru.cap if layer == "prefix_kv" else float(self.sim.cfg.embedding_capacity)
+        rate = self.insert_rate.get(layer, 0.0)
+        return cap / rate if rate > 0 else math.inf
+
+    def valid_for(self, layer: str, key: str) -> float:
+        """Seconds this replica's cache (the pool's for responses) keeps ``key`` valid: a warm-up
+        that lands on caches in use need not warm what they hold (at a surge instance's cut-over
+        they are emptied: :meth:`Pool.valid_for`)."""
+        if layer == "response":
+            return self.pool.valid_for(layer, key)
+        return (self.kv_lru if layer == "prefix_kv" else self.emb.backend).valid_for(key)
 
     def _clear(self) -> None:
         for c in (self.weights, self.lora, self.emb, self.kv):
@@ -209,10 +237,13 @@ class Pool:
         self.kv_seen: set[str] = set()
         self.last_drop_trigger = -1e18
         self._resp_backend: Any = self.resp_lru
+        self.inserted = 0.0  # response entries stored (see Replica.residence)
+        self.insert_rate = 0.0
 
     def valid_for(self, layer: str, key: str) -> float:
         """Seconds the pool's response cache keeps ``key`` valid (a warm-up runner's ``PTTL``); the
-        replicas' own caches are asked nothing (a warm-up that lands at cut-over finds them empty)."""
+        replicas' own caches are asked nothing (a warm-up that lands at cut-over finds them
+        empty)."""
         return float(self._resp_backend.valid_for(key)) if layer == "response" else 0.0
 
     def response_view(self, rep: Replica) -> Any:
@@ -252,7 +283,8 @@ class Simulation:
         self.realtime = realtime
         self.speed = speed
         # Simulated data can be regenerated from the seed: no fsync.
-        # (Or anything with the store's write(): a worker's queue to the one writer, see run.simulate.)
+        # (Or anything with the store's write(): a worker's queue to the one writer, see
+        # run.simulate.)
         self.store = (
             EmbeddedStore(store, durable=False) if isinstance(store, (str, Path)) else store
         )
@@ -438,7 +470,8 @@ class Simulation:
                     pool.heat,
                     self.by_name,
                     replica=rep.name,
-                    valid_for=pool.valid_for,
+                    valid_for=pool.valid_for if cutover else rep.valid_for,
+                    residence=rep.residence,
                 )
             else:
                 if shared is None:
@@ -474,13 +507,21 @@ class Simulation:
                 end = t + durations[layer] * stretch
                 self.schedule(
                     t,
-                    lambda r=rep, ly=layer, ps=ps, e=(t_rel + total if cutover else end), tg=trigger, st=strategy: (
-                        self._start_layer(r, ly, ps, e, tg, st, ttl)
+                    partial(
+                        self._start_layer,
+                        rep,
+                        layer,
+                        ps,
+                        t_rel + total if cutover else end,
+                        trigger,
+                        strategy,
+                        ttl,
                     ),
                 )
                 t = end
-            # A (re)start's warm-up holds the readiness gate; a rolling restart's surge instance warms in the
-            # background while the old instance keeps serving (it takes over at cut-over).
+            # A (re)start's warm-up holds the readiness gate; a rolling restart's surge instance
+            # warms in the background while the old instance keeps serving (it takes over at
+            # cut-over).
             if (
                 trigger in ("replica_start", "replica_restart")
                 and getattr(rep, "gated", True)
@@ -490,20 +531,20 @@ class Simulation:
 
     def _lora_picks(self, strategy: str, pool: Pool) -> list:
         """The adapters of the tenants most likely to be served next, up to the
-        replica's LoRA slots: by recent heat (predictive) or yesterday's
-        requests (other strategies), weighted by tenant priority for predictive."""
+        replica's LoRA slots: predictive, the tenants whose adapter is likely to be
+        read before the LRU evicts it (at least ``warm_min_prob`` under the tenants'
+        recent request shares, :func:`strategies.lora_chances`), most likely first;
+        other strategies (and predictive before any traffic), yesterday's requests."""
         score: dict[str, float] = defaultdict(float)
-        if strategy == "predictive" and pool.heat is not None and pool.heat.heat:
-            now = self.now - self.t0
-            lam = pool.heat.lam
-            for h, last, _, tenant, _, _ in pool.heat.heat.values():
-                score[tenant] += (
-                    h * math.exp(-lam * max(now - last, 0.0)) * self.by_name[tenant].priority / 10
-                )
+        if strategy == "predictive" and pool.heat is not None and pool.heat.tenant_recent:
+            chance = lora_chances(self.cfg, pool.heat.tenant_recent)
+            score.update({t: p for t, p in chance.items() if p >= self.cfg.warm_min_prob})
         else:
             for key, c in self.yesterday.counts["prefix_kv"].items():
                 score[self.yesterday.meta[key][0]] += c
         top = sorted(score, key=lambda t: (-score[t], t))[: self.cfg.lora_slots]
+        if strategy == "predictive":
+            top.reverse()  # the likeliest adapter written last: the LRU evicts it last
         return [("lora", f"lora:adapter:{t}.v1", t, 0, 0.2 * self.cfg.lora_load_s) for t in top]
 
     def _start_layer(
@@ -640,12 +681,24 @@ class Simulation:
                     pool.last_drop_trigger = t_rel
                     self.warmup(pool, pool.replicas, "hit_rate_drop")
             if pool.heat is not None:
+                self._insert_rates(pool)
                 pool.heat.cluster_recent = Counter(
                     {k: c * 0.95 for k, c in pool.heat.cluster_recent.items()}
                 )
                 pool.heat.tenant_recent = Counter(
                     {k: c * 0.95 for k, c in pool.heat.tenant_recent.items()}
                 )
+
+    def _insert_rates(self, pool: Pool) -> None:
+        """Each cache's store rate, an average over about the last ``INSERT_TAU_S`` seconds."""
+        dt = self.cfg.tick_s
+        a = -math.expm1(-dt / INSERT_TAU_S)
+        pool.insert_rate += a * (pool.inserted / dt - pool.insert_rate)
+        pool.inserted = 0.0
+        for rep in pool.replicas:
+            for layer, n in rep.inserted.items():
+                rep.insert_rate[layer] += a * (n / dt - rep.insert_rate[layer])
+                rep.inserted[layer] = 0.0
 
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
@@ -717,6 +770,7 @@ class Simulation:
             )
             if rkey is not None:
                 rep.resp.set(rkey, b"r")
+                pool.inserted += 1
 
     def _session(
         self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int
@@ -821,6 +875,7 @@ class Simulation:
             elif rep.emb.get(ekey) is None:
                 look[(rep.name, "embedding", "miss")] += 1
                 rep.emb.set(ekey, 1)
+                rep.inserted["embedding"] += 1
                 emb_s += cfg.embed_s
                 rep.emb.record_load(cfg.embed_s)
             else:
@@ -971,6 +1026,7 @@ class Simulation:
             for j in missed:
                 key = blocks[j][0]
                 kv.set(key, blocks[j][1])
+                rep.inserted["prefix_kv"] += blocks[j][1]
                 if j < n_sys:
                     pool.kv_seen.add(key)
             if tpl.dialog:  # every conversation block of this prompt is now stored (hit or written)

@@ -7,30 +7,40 @@
   (docs, dialog, retrieval, short); the budget is split evenly across the
   clusters seen and the top keys of each cluster are warmed, so no task type
   starts cold.
-* ``predictive`` — a demand forecast per key, warmed where it is likely to
-  prevent a miss. Each key's request rate is yesterday's rate (the prior,
-  weighted as ``PRIOR_WEIGHT_S`` seconds of observation) updated with the
-  pool's own decayed request count (an hour's memory): for a rate r̂ the
-  chance that warming prevents a miss within the horizon H
-  (``warm_horizon_s``) is 1 − exp(−r̂·(H − L)), where L is how long the entry
-  already in the cache stays valid (a response still fresh for H needs no
-  warming). Keys under ``warm_min_prob`` are not warmed (forecast
-  confidence), the rest are ranked by that chance (responses: by that chance
-  times the time to first token a miss costs, the tenant's likely LoRA
-  adapter load included — Che's approximation of the adapter LRU under the
-  tenants' recent request shares) — ties by the heat score
-  of the source document, ``heat × similarity × exp(−λ·Δt) × priority/10``
-  (heat: the decayed count; Δt: time since the last request; similarity:
-  the template cluster's share of recent traffic relative to the busiest;
-  priority: the tenant's 1–10; λ fixed or SLO-aware, ``SimConfig.heat_lambda``)
-  — up to ``warm_keys`` per layer. The forecast is per replica for the
-  replica's own caches: a conversation's history blocks are read only on
-  the replica its session is routed to, a system prompt on every replica.
-  Heat comes from the pool's own traffic — system-prompt blocks and the
-  reusable history blocks of active conversations, which a replacement
-  instance can restore (a KV offload tier) and yesterday's log cannot know;
-  with no traffic yet (replica start) yesterday's log, priority-weighted,
-  is the warm set.
+* ``predictive`` — a demand forecast per key, warming what it says will be
+  read before the cache drops it. Each key's request rate comes from
+  yesterday's log and the pool's own decayed request count (an hour's
+  memory): once the pool has watched for ``MIN_OBSERVED_S``, yesterday's rate
+  counts only as far as today's traffic confirms it (min of the two: content
+  that stopped trending is not warmed on yesterday's word); keys yesterday
+  never saw (a conversation's history, new content) get today's count shrunk
+  by ``PRIOR_WEIGHT_S`` seconds of nothing. The chance of a read
+  (:func:`read_chance`) allows for demand that ends (sessions close, content
+  moves on; a key idle for long compared with its rate has probably stopped),
+  over a horizon of ``warm_horizon_s`` or the cache's residence time when
+  shorter (how long an unread entry survives the replica's LRU, measured from
+  what the cache stores per second, or the response TTL), less how long the
+  entry already cached stays valid. A key is warmed only at a chance of at
+  least ``warm_min_prob`` (prefix-KV blocks: ``warm_min_prob_kv``), so the
+  budget per layer is what the forecast supports (``warm_keys`` caps it);
+  prefix blocks are chained (a block is read only after its predecessors and
+  a conversation's history only after its system prompt). Keys are ranked by
+  that chance (responses: times the time to first token a miss costs, the
+  tenant's likely LoRA adapter load included — Che's approximation of the
+  adapter LRU under the tenants' recent request shares) — ties by the heat
+  score of the source document, ``heat × similarity × exp(−λ·Δt) ×
+  priority/10`` (heat: the decayed count; Δt: time since the last request;
+  similarity: the template cluster's share of recent traffic relative to the
+  busiest; priority: the tenant's 1–10; λ fixed or SLO-aware,
+  ``SimConfig.heat_lambda``). LoRA adapters: the tenants whose adapter is read
+  before the LRU evicts it with at least ``warm_min_prob`` (Che), the likeliest
+  written last. The forecast is per replica for the replica's own caches: a
+  conversation's history blocks are read only on the replica its session is
+  routed to, a system prompt on every replica. Heat comes from the pool's own
+  traffic — system-prompt blocks and the reusable history blocks of active
+  conversations, which a replacement instance can restore (a KV offload tier)
+  and yesterday's log cannot know; with no traffic yet (replica start)
+  yesterday's log, priority-weighted, is the warm set.
 
 Each choice is ``(layer, key, tenant, template, gpu_s)``; ``gpu_s`` is what
 warming that key costs in the cost model.
@@ -54,7 +64,15 @@ from .traffic import (
     tenant_weights,
 )
 
-__all__ = ["KeyStats", "yesterday_log", "choose", "HeatTracker", "warm_cost"]
+__all__ = [
+    "KeyStats",
+    "yesterday_log",
+    "choose",
+    "HeatTracker",
+    "warm_cost",
+    "read_chance",
+    "lora_chances",
+]
 
 WARM_LAYERS = ("prefix_kv", "embedding", "response")
 PER_REPLICA = (
@@ -64,6 +82,7 @@ PER_REPLICA = (
 PRIOR_WEIGHT_S = (
     3600.0  # yesterday's rate counts as this many seconds of the pool's own observation
 )
+MIN_OBSERVED_S = 600.0  # today's traffic caps yesterday's rate once the pool has watched this long
 YESTERDAY_REQUESTS = 40_000  # requests in yesterday's log
 Choice = tuple[str, str, str, int, float]
 
@@ -193,9 +212,11 @@ def choose(
     tenant_scope: str | None = None,
     replica: str | None = None,
     valid_for: Callable[[str, str], float] | None = None,
+    residence: Callable[[str], float] | None = None,
 ) -> list[Choice]:
     """The warm set. ``replica``: the replica being warmed (predictive: its own caches' forecast);
-    ``valid_for(layer, key)``: seconds the cache's current entry stays valid (0: absent)."""
+    ``valid_for(layer, key)``: seconds the cache's current entry stays valid (0: absent);
+    ``residence(layer)``: seconds an entry nobody reads survives in that cache (predictive)."""
     if strategy == "none":
         return []
     out: list[Choice] = []
@@ -211,6 +232,7 @@ def choose(
                 replica,
                 valid_for,
                 tenant_scope,
+                residence,
             )
             for k in keys:
                 tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
@@ -236,6 +258,39 @@ def choose(
     return out
 
 
+def _rate(prior: float, seen: float, obs: float) -> float:
+    """A key's request rate (per s, one pool) from yesterday's rate ``prior`` and today's decayed
+    count ``seen`` over ``obs`` observed seconds (:meth:`HeatTracker.observed_s`). Once the pool
+    has watched for ``MIN_OBSERVED_S``, a key in yesterday's log keeps yesterday's rate only as
+    far as today's traffic confirms it, min(prior, seen / obs): popularity that moved on
+    (trending content) is not warmed on yesterday's word, and a burst today is not taken for
+    a lasting rate. Before that, and for keys yesterday never saw (a conversation's history,
+    new content), yesterday's rate weighs as ``PRIOR_WEIGHT_S`` seconds of observation:
+    (prior·w + seen) / (w + obs)."""
+    if prior > 0 and obs >= MIN_OBSERVED_S:
+        return min(prior, seen / obs)
+    return (prior * PRIOR_WEIGHT_S + seen) / (PRIOR_WEIGHT_S + obs)
+
+
+def read_chance(rate: float, idle_s: float, horizon_s: float, death: float) -> float:
+    """The chance a key is requested within ``horizon_s``, for a request rate ``rate`` (per s)
+    while its demand lasts, demand that ends at ``death`` per second (sessions end, content
+    stops trending) and ``idle_s`` seconds since its last request (the Pareto/NBD "alive"
+    model with fixed rates):
+
+    alive = 1 / (1 + μ/(λ+μ)·(e^((λ+μ)·d) − 1)), read = alive · λ/(λ+μ) · (1 − e^(−(λ+μ)·h)).
+
+    A key idle for long compared with its rate has probably stopped being asked for; a
+    stationary rate (μ = 0) gives 1 − e^(−λ·h)."""
+    if rate <= 0 or horizon_s <= 0:
+        return 0.0
+    s = rate + death
+    c = death / s
+    stay = math.exp(-s * max(idle_s, 0.0))  # e^(−(λ+μ)d), kept finite for long idle times
+    alive = stay / (stay + c * (1.0 - stay))
+    return alive * rate / s * -math.expm1(-s * horizon_s)
+
+
 def _forecast(
     cfg: SimConfig,
     layer: str,
@@ -246,9 +301,14 @@ def _forecast(
     replica: str | None,
     valid_for: Callable[[str, str], float] | None,
     tenant_scope: str | None,
+    residence: Callable[[str], float] | None = None,
 ) -> list[str]:
-    """Predictive keys of one layer: the chance each prevents a miss within the horizon, at least
-    ``warm_min_prob``, highest first (ties: the heat score), at most ``warm_keys``."""
+    """Predictive keys of one layer: the chance each is read before the cache drops it
+    (:func:`read_chance` over the horizon: ``warm_horizon_s``, or the cache's residence time
+    when shorter — how long an entry nobody reads survives the LRU, or its TTL), at least
+    ``warm_min_prob``, highest first (ties: the heat score), at most ``warm_keys``: the budget
+    is what the forecast supports, not a fixed count. A prefix block is read only when the
+    blocks before it are cached, so a block's chance is at most its predecessor's."""
     prior = yesterday.counts[layer]
     per_s = (
         1.0 / (yesterday.span_s * len(cfg.arms)) if yesterday.span_s else 0.0
@@ -256,7 +316,9 @@ def _forecast(
     obs = heat.observed_s(now)
     seed = _predictive_scores(cfg, layer, now, heat, tenants_by_name)
     own = layer in PER_REPLICA
-    horizon = cfg.warm_horizon_s
+    horizon = min(cfg.warm_horizon_s, residence(layer) if residence is not None else math.inf)
+    since = heat.since if heat.since is not None else now
+    floor = cfg.warm_min_prob_kv if layer == "prefix_kv" else cfg.warm_min_prob
     adapter_miss = _adapter_miss(cfg, heat.tenant_recent) if layer == "response" else {}
     chance: dict[str, float] = {}
     saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
@@ -268,23 +330,61 @@ def _forecast(
         ):
             continue
         seen = e[0] * math.exp(-heat.decay * max(now - e[1], 0.0)) if e is not None else 0.0
-        rate = (prior.get(k, 0.0) * per_s * PRIOR_WEIGHT_S + seen) / (PRIOR_WEIGHT_S + obs)
-        if own:  # a replica reads its share: all of a session's history where it is served, none elsewhere
+        rate = _rate(prior.get(k, 0.0) * per_s, seen, obs)
+        if own:  # a replica reads its share: a session's history where it is served, none elsewhere
             where = e[5] if e is not None else "*"
             rate *= (
                 1.0 / cfg.replicas if where == "*" or replica is None else float(where == replica)
             )
         left = valid_for(layer, k) if valid_for is not None else 0.0
-        p = -math.expm1(-rate * max(horizon - left, 0.0))
-        if p >= cfg.warm_min_prob and p > 0:
+        idle = now - (e[1] if e is not None else since)  # never seen here: idle since the start
+        p = read_chance(rate, idle, horizon - left, heat.decay)
+        if p >= floor and p > 0:
             chance[k] = p
             if (
                 layer == "response"
             ):  # the time to first token a hit saves, the tenant's likely adapter load included
                 tenant, tpl = (e[3], e[4]) if e is not None else yesterday.meta[k]
                 saved[k] = p * _response_miss_ttft(cfg, tpl, adapter_miss.get(tenant, 1.0))
+    if layer == "prefix_kv":
+        _chain(chance, lambda k: _meta(k, heat, yesterday), cfg.block_tokens)
     rank = saved or chance
     return sorted(chance, key=lambda k: (-rank[k], -seed.get(k, 0.0), k))[: cfg.warm_keys]
+
+
+def _chain(
+    chance: dict[str, float], pair: Callable[[str], tuple[str, int]], block_tokens: int
+) -> None:
+    """Prefix blocks are reused in order: block b of a prompt (``<prefix>.<b>``) is read only
+    when block b − 1 is cached, and a conversation's history only after its template's system
+    prompt (``pair(key)``: the key's tenant and template). So a block's chance is at most its
+    predecessor's, and a block whose predecessor is not warmed is dropped (it would miss)."""
+    by_prefix: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for k in chance:
+        head, _, b = k.rpartition(".")
+        if b.isdigit():
+            by_prefix[head].append((int(b), k))
+    sys_cap: dict[tuple[str, int], float] = {}  # (tenant, template) -> its system prompt's chance
+    for head in sorted(by_prefix, key=lambda h: ":sys:" not in h):  # system prompts first
+        blocks = sorted(by_prefix[head])
+        first = blocks[0][1]
+        cap = 1.0 if ":sys:" in head else sys_cap.get(pair(first), 0.0)
+        for i, (b, k) in enumerate(blocks):
+            if b != i or cap <= 0:  # a gap: this block and the rest of the prompt miss
+                for _, rest in blocks[i:]:
+                    del chance[rest]
+                break
+            cap = chance[k] = min(chance[k], cap)
+        if ":sys:" in head and first in chance:
+            tenant, tpl = pair(first)
+            if len(blocks) == math.ceil(TEMPLATES[tpl].sys_tokens / block_tokens):
+                sys_cap[(tenant, tpl)] = cap
+
+
+def _meta(key: str, heat: HeatTracker, yesterday: KeyStats) -> tuple[str, int]:
+    """A key's tenant and template, from the pool's traffic or yesterday's log."""
+    e = heat.heat.get(key)
+    return (e[3], e[4]) if e is not None else yesterday.meta[key]
 
 
 def _response_miss_ttft(cfg: SimConfig, tpl_idx: int, adapter_miss: float) -> float:
@@ -320,6 +420,12 @@ def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
             else (lo, mid)
         )
     return {t: math.exp(-x * hi) for t, x in q.items()}
+
+
+def lora_chances(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
+    """Each tenant's chance that its adapter, warmed now, is read before the LoRA LRU evicts it:
+    1 − its miss chance under Che's approximation (:func:`_adapter_miss`)."""
+    return {t: 1.0 - m for t, m in _adapter_miss(cfg, tenant_requests).items()}
 
 
 def _predictive_scores(
