@@ -10,6 +10,9 @@ log "ruff check"
 .venv/bin/ruff check . || rc=1
 log "ruff format --check (product code, 100 columns)"
 .venv/bin/ruff format --check collectors analysis app model sources simulator || rc=1
+log "ruff: tests and benches within 120 columns"
+.venv/bin/ruff check --select E501 --config 'lint.pycodestyle.max-line-length=120' \
+  --config 'lint.per-file-ignores={}' tests bench || rc=1
 log "mypy (strict: model/, collectors/, sources/, analysis/)"
 .venv/bin/mypy || rc=1
 log "import contract (lint-imports)"
