@@ -10,6 +10,7 @@ tests/engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from starlette.applications import Starlette
@@ -20,7 +21,9 @@ from starlette.routing import Route
 BLOCK = 32
 
 
-def make_upstream() -> Starlette:
+def make_upstream(prefill_s_per_token: float = 0.0) -> Starlette:
+    """``prefill_s_per_token``: the answer waits that long per prompt token not cached, as an
+    engine's prefill does (0: answers at once)."""
     seen: set[str] = set()
 
     def usage_for(body: dict) -> dict:
@@ -45,6 +48,9 @@ def make_upstream() -> Starlette:
         if model == "badjson":
             return Response(b"{not json", media_type="application/json")
         usage = None if model == "nousage" else usage_for(body)
+        if prefill_s_per_token and usage:
+            missed = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+            await asyncio.sleep(prefill_s_per_token * missed)
         if not body.get("stream"):
             out = {"id": "c1", "object": "chat.completion", "model": model,
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok ok ok"},

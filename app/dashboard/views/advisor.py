@@ -11,7 +11,7 @@ st.title("Advisor")  # first: it paints before the imports below load
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from warmscope.analysis.advisor import NoRecommendation, advise, layer_table
+from warmscope.analysis.advisor import NoRecommendation, advise, layer_table, prefix_only
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import curves
 from warmscope.analysis.value import values_for
@@ -37,6 +37,15 @@ fr = state.load(
 # gate
 fr["warmup_runs"] = state.load(["warmup_runs"], start - 3600.0, end)["warmup_runs"]
 lk = fr["lookups"]
+if prefix_only(fr):  # a gateway's recording: an engine's prefix cache, the one layer
+    from warmscope.app.dashboard import advisor_prefix
+
+    # a hot-key window is stamped with its start (an hour by default): one that began before the
+    # range holds the range's first reads too
+    fr["hot_keys"] = state.load(["hot_keys"], start - 3600.0, end)["hot_keys"]
+
+    advisor_prefix.render(fr, start, end)
+    st.stop()
 if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
     st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
     st.stop()
