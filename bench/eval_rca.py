@@ -14,9 +14,12 @@ for a replica restart). Scores:
   {family=kv:X:sys:*} (+ {family=kv:X:hist:*} for dialog templates, whose
   conversation blocks lose their prefix too; + {family=resp:X:*} for
   cacheable ones); kv_fixed_len(replica r, min m) → {replica=r,
-  length_bucket=b} for each prompt bucket b ≤ m seen on r, or {replica=r,
-  layer=prefix_kv} when those buckets are ≥ 90% of its prefix lookups (the
-  localiser reports a cause whole unless ≥ 10% of it clearly did not move);
+  length_bucket=b} for each prompt bucket b ≤ m seen on r (the literal
+  truth), and when those buckets are ≥ 90% of r's prefix lookups in the
+  window, {replica=r, layer=prefix_kv} recalls them all as well: either
+  answer scores there (the localiser reports a cause whole unless ≥ 10% of it
+  clearly did not move, weighed by expected hits, not by lookups, so near the
+  90% line it may rightly give either);
   warmup_out_of_step(replica r) → {replica=r} (or {replica=r, layer=weights}:
   a restart shows mostly as unloaded weights). A predicted element also
   matches when it selects exactly the same leaves (a key family only one
@@ -166,8 +169,8 @@ def expected(spec: str, lookups: pd.DataFrame, t0: float) -> set[frozenset]:
         short = w.length_bucket.str.isdigit() & (
             pd.to_numeric(w.length_bucket, errors="coerce") <= m
         )
-        if w.loc[short, "count"].sum() >= 0.90 * w["count"].sum():
-            return {frozenset({("replica", s["replica"]), ("layer", "prefix_kv")})}
+        # The literal truth; match() also takes {replica, layer=prefix_kv} for all of them
+        # when they hold >= 90 % of the replica's prefix lookups (COARSE_SHARE).
         buckets = set(w.loc[short, "length_bucket"].unique())
         return {frozenset({("replica", s["replica"]), ("length_bucket", b)}) for b in buckets}
     if f.trap == "warmup_out_of_step":
@@ -181,6 +184,33 @@ def alternatives(e: frozenset) -> set[frozenset]:
     if set(d) == {"replica"}:
         return {frozenset({("replica", d["replica"]), ("layer", "weights")})}
     return set()
+
+
+COARSE_SHARE = 0.90
+
+
+def coarse_alternatives(exp: set[frozenset], leaves: pd.DataFrame) -> dict[frozenset, set]:
+    """Coarser answers that stand for several expected elements at once: the
+    fixed-length KV trap's buckets {replica=r, length_bucket=b} are nearly all
+    of r's prefix cache when they hold >= COARSE_SHARE of the lookups of its
+    {replica=r, layer=prefix_kv} leaves (the leaf table covers the trap
+    window), and {replica=r, layer=prefix_kv} then names them all. Needs the
+    leaf table's ``lookups`` column; without it there is none."""
+    if "lookups" not in leaves.columns:
+        return {}
+    out: dict[frozenset, set] = {}
+    for r in {dict(e)["replica"] for e in exp if set(dict(e)) == {"replica", "length_bucket"}}:
+        group = {
+            e for e in exp if set(dict(e)) == {"replica", "length_bucket"} and ("replica", r) in e
+        }
+        coarse = frozenset({("replica", r), ("layer", "prefix_kv")})
+        inside = _leafset(leaves, coarse)
+        short = inside & frozenset().union(*(_leafset(leaves, e) for e in group))
+        n = leaves["lookups"].to_numpy()
+        total = float(n[sorted(inside)].sum())
+        if total > 0 and float(n[sorted(short)].sum()) >= COARSE_SHARE * total:
+            out[coarse] = group
+    return out
 
 
 def _leafset(leaves: pd.DataFrame, e: frozenset) -> frozenset:
@@ -199,9 +229,16 @@ def match(pred: set[frozenset], exp: set[frozenset], leaves: pd.DataFrame) -> tu
     leaves of several expected elements together: in a two-trap case whose two
     tenants are all the tenants of one model, {model, layer} names both, and
     the data cannot tell the two apart. For a replica restart — uneven across
-    layers by nature — elements that all lie within the replica localise it."""
+    layers by nature — elements that all lie within the replica localise it.
+    A coarse alternative (see coarse_alternatives) recalls its whole group:
+    either answer to the fixed-length KV trap scores, the literal buckets or,
+    when they are nearly all of the replica's prefix cache, the coarse one."""
     recalled: set[frozenset] = set()
     right: set[frozenset] = set()
+    for p, group in coarse_alternatives(exp, leaves).items():
+        if p in pred:
+            recalled.update(group)
+            right.add(p)
     targets = {e: _leafset(leaves, e) for e in exp}
     for p in pred:
         got = _leafset(leaves, p)
