@@ -350,6 +350,227 @@ def _bound_notes(layer: str, p: Params) -> list[str]:
     return out
 
 
+def _value_model(values: ValueModel | None) -> ValueModel:
+    """The prices to tune on: ``values``, or GPU-s at 0.0008 each with latency not priced."""
+    return values or ValueModel("gpu_s", 0.0008, 0.0, (0.0, 0.0), "no value model given")
+
+
+def _pick_objective(vm: ValueModel, objective: str | None) -> tuple[str, list[str]]:
+    """The objective asked for, or the default the prices give (``value`` when they price latency
+    from conversions, ``slo`` when from an SLO, ``net_gpu_s`` otherwise) with a note saying so."""
+    notes: list[str] = []
+    if objective is None:
+        objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
+        notes.append(
+            "the default: "
+            + {
+                "value": "latency priced from the recorded conversions",
+                "slo": "latency priced from the configured SLO",
+            }.get(objective, f"latency not priced ({vm.note})")
+        )
+    return objective, notes
+
+
+def _check_objective(vm: ValueModel, objective: str) -> None:
+    """Refuse an unknown objective (``ValueError``), and ``value``/``slo`` without the prices they
+    need (:class:`NoRecommendation`)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if objective == "value" and vm.kind != "conversion":
+        raise NoRecommendation(
+            f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
+            "or configure an SLO for --objective slo."
+        )
+    if objective == "slo" and vm.kind != "slo":
+        raise NoRecommendation(
+            f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
+            "request over it, or use --objective net_gpu_s."
+        )
+
+
+def _calibrated(
+    frames: dict[Any, Any], variant: str | None, model: Model | None, require_fidelity: bool
+) -> tuple[Model, Fidelity | None]:
+    """The replay model (``model``, or calibrated on ``frames`` once :func:`check_input` passes)
+    and its fidelity on the recorded day; refuses a model that does not reproduce it when
+    ``require_fidelity``."""
+    fid = None
+    if model is None:
+        missing = check_input(frames, variant)
+        if missing:
+            raise NoRecommendation(missing)
+    m = model or calibrate(frames, variant=variant)
+    if m.recorded:
+        fid = fidelity(m)
+        if require_fidelity and not fid.ok:
+            raise NoRecommendation(fid.sentence(), fid)
+    return m, fid
+
+
+@dataclass
+class _Tuning:
+    """What the search steps share: the model, the recorded parameters' replay, the objective and
+    its prices, and every evaluated point (``history``, in evaluation order)."""
+
+    m: Model
+    base_out: Outcome
+    objective: str
+    vm: ValueModel
+    days: float
+    history: list[dict[Any, Any]] = field(default_factory=list)
+
+    def worth(self, o: Outcome, layer: str, per_ttft: float) -> float:
+        """The objective's value of ``o`` on one layer against the recorded parameters."""
+        m, base_out, vm = self.m, self.base_out, self.vm
+        dh = o.hits[layer] - base_out.hits[layer]
+        dg = o.layer_warm_gpu_s[layer] - base_out.layer_warm_gpu_s[layer]
+        c = m.cost_per_key[layer]
+        if self.objective == "net_gpu_s":
+            return dh * c - dg
+        # TTFT: the extra hits' miss seconds saved, minus the wait behind a gated start's warm-up
+        dw = gate_wait(m, o.params, layer) - gate_wait(m, m.base, layer)
+        return dh * c * (vm.price_per_gpu_s + per_ttft) - dw * per_ttft - dg * vm.price_per_gpu_s
+
+    def objective_fn(
+        self, lys: tuple[str, ...], cap: float | None
+    ) -> Callable[[np.ndarray], float]:
+        """The function the search maximises on layers ``lys``: the objective, less 10× the
+        excess over the budget ``cap`` (GPU-s per day); each evaluation goes to ``history``."""
+        objective, vm, days = self.objective, self.vm, self.days
+
+        def f(u: np.ndarray) -> float:
+            o = replay(self.m, to_params(u), layers=lys)
+            over = o.warm_gpu_s / days - cap if cap is not None else 0.0
+            if objective == "roi":
+                v = o.roi if np.isfinite(o.roi) else -1.0
+                if cap is not None and over > 0:
+                    v -= 10 * over / cap
+            else:
+                v = sum(self.worth(o, ly, vm.per_ttft_s) for ly in lys)
+                if over > 0:
+                    v -= (
+                        10
+                        * over
+                        * days
+                        * (1.0 if objective == "net_gpu_s" else max(vm.price_per_gpu_s, 1e-9))
+                    )
+            self.history.append(
+                {
+                    **o.params.as_dict(),
+                    "layers": "+".join(lys),
+                    "net_gpu_s": o.net_gpu_s,
+                    "warm_gpu_s": o.warm_gpu_s,
+                    "objective": v,
+                }
+            )
+            return v
+
+        return f
+
+    def best_of(self, start: int, lys_budget: float | None) -> int:
+        """Index (from ``start``) of the best evaluation within the budget, or the best of all
+        when none is within it."""
+        hs = self.history[start:]
+        ok = np.array([lys_budget is None or h["warm_gpu_s"] / self.days <= lys_budget for h in hs])
+        y = np.array([h["objective"] for h in hs])
+        return int(np.argmax(np.where(ok, y, -np.inf))) if ok.any() else int(np.argmax(y))
+
+
+def _tune(
+    t: _Tuning,
+    budget_gpu_s: float | None,
+    n_init: int,
+    n_iter: int,
+    seed: int,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[str, Params], list[float]]:
+    """The best parameters per layer and the GP's standard deviation at each best point. ``roi``
+    (a ratio, not additive over layers) is tuned jointly on the whole budget; the other objectives
+    layer by layer, each on an even share of the budget, the progress bar spanning the layers."""
+    layers = list(t.m.rates)
+    x0 = [to_unit(t.m.base)]
+    sds = []
+    if t.objective == "roi":  # a ratio: not additive over layers, tuned jointly
+        f = t.objective_fn(tuple(layers), budget_gpu_s)
+        X, y, gp = optimise(f, len(NAMES), n_init, n_iter, seed, progress, x0=x0)
+        i = t.best_of(0, budget_gpu_s)
+        per_layer = {ly: to_params(X[i]) for ly in layers}
+        sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
+        return per_layer, sds
+    per_layer = {}
+    cap = budget_gpu_s / len(layers) if budget_gpu_s is not None else None  # split evenly
+    for k, ly in enumerate(layers):
+        start = len(t.history)
+        prog = (lambda i, n, k=k: progress(k * n + i, n * len(layers))) if progress else None
+        X, y, gp = optimise(
+            t.objective_fn((ly,), cap), len(NAMES), n_init, n_iter, seed, prog, x0=x0
+        )
+        i = t.best_of(start, cap)
+        per_layer[ly] = to_params(X[i])
+        sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
+    return per_layer, sds
+
+
+def _layer_advice(t: _Tuning, ly: str, p: Params, o: Outcome) -> LayerAdvice:
+    """One layer's advice from its own replay ``o`` at ``p``: the objective's gain (with its 95 %
+    bounds when latency is priced), the net GPU-s, notes at a search bound, and — when it lowers
+    the hit rate by more than half a point on an additive objective — why that still pays."""
+    m, base_out, objective, vm = t.m, t.base_out, t.objective, t.vm
+    g = t.worth(o, ly, vm.per_ttft_s)
+    glo, ghi = (
+        (t.worth(o, ly, vm.per_ttft_s_ci[0]), t.worth(o, ly, vm.per_ttft_s_ci[1]))
+        if objective in ("value", "slo")
+        else (g, g)
+    )
+    gg = (
+        t.worth(o, ly, 0.0)
+        if objective == "net_gpu_s"
+        else (
+            (o.hits[ly] - base_out.hits[ly]) * m.cost_per_key[ly]
+            - (o.layer_warm_gpu_s[ly] - base_out.layer_warm_gpu_s[ly])
+        )
+    )
+    la = LayerAdvice(
+        ly,
+        p,
+        base_out.hit_rate[ly],
+        o.hit_rate[ly],
+        o.layer_warm_gpu_s[ly],
+        base_out.layer_warm_gpu_s[ly],
+        g,
+        min(glo, ghi),
+        max(glo, ghi),
+        gg,
+        _bound_notes(ly, p),
+    )
+    if la.hit_rate < la.base_hit_rate - 0.005 and objective != "roi":
+        saved_gpu = la.base_warm_gpu_s - la.warm_gpu_s
+        wait = gate_wait(m, m.base, ly) - gate_wait(m, p, ly)
+        also = (
+            f" and the {wait:,.0f} request-seconds requests no longer wait behind its gated start"
+            if objective in ("value", "slo") and wait > 0
+            else ""
+        )
+        la.notes.append(
+            f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; "
+            "it is still better on "
+            f"{objective} because the warm-up GPU-s it no longer spends "
+            f"({saved_gpu:,.0f}){also} are worth "
+            f"more than the hits it gives up (net {g:+,.4g} on the objective)"
+        )
+    return la
+
+
+def _total_gain(t: _Tuning, out: Outcome, advice: dict[str, LayerAdvice]) -> float:
+    """The objective's gain over the recorded parameters: net GPU-s and the ROI ratio on the
+    merged outcome, value/slo as the sum of the layers' gains."""
+    if t.objective == "net_gpu_s":
+        return out.net_gpu_s - t.base_out.net_gpu_s
+    if t.objective == "roi":
+        return out.roi - t.base_out.roi
+    return sum(a.gain for a in advice.values())
+
+
 def advise(
     frames: dict[Any, Any],
     budget_gpu_s: float | None = None,
@@ -370,200 +591,32 @@ def advise(
     ``objective``: ``value`` (the default when ``values`` prices latency from conversion data),
     ``slo`` (the default when it prices latency from an SLO), ``net_gpu_s`` (the default otherwise)
     or ``roi`` (the ratio, tuned jointly over the layers)."""
-    vm = values or ValueModel("gpu_s", 0.0008, 0.0, (0.0, 0.0), "no value model given")
-    notes: list[str] = []
-    if objective is None:
-        objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
-        notes.append(
-            "the default: "
-            + (
-                "latency priced from the recorded conversions"
-                if objective == "value"
-                else "latency priced from the configured SLO"
-                if objective == "slo"
-                else f"latency not priced ({vm.note})"
-            )
-        )
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if objective == "value" and vm.kind != "conversion":
-        raise NoRecommendation(
-            f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
-            "or configure an SLO for --objective slo."
-        )
-    if objective == "slo" and vm.kind != "slo":
-        raise NoRecommendation(
-            f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
-            "request over it, or use --objective net_gpu_s."
-        )
+    vm = _value_model(values)
+    objective, notes = _pick_objective(vm, objective)
+    _check_objective(vm, objective)
     t0 = time.perf_counter()
-    fid = None
-    if model is None:
-        missing = check_input(frames, variant)
-        if missing:
-            raise NoRecommendation(missing)
-    m = model or calibrate(frames, variant=variant)
-    if m.recorded:
-        fid = fidelity(m)
-        if require_fidelity and not fid.ok:
-            raise NoRecommendation(fid.sentence(), fid)
+    m, fid = _calibrated(frames, variant, model, require_fidelity)
     days = max((m.t1 - m.t0) / 86400.0, 1e-9)
-    base_out = replay(m, m.base)
-    history: list[dict[Any, Any]] = []
-    layers = list(m.rates)
-
-    def worth(o: Outcome, layer: str, per_ttft: float) -> float:
-        """The objective's value of ``o`` on one layer against the recorded parameters."""
-        dh = o.hits[layer] - base_out.hits[layer]
-        dg = o.layer_warm_gpu_s[layer] - base_out.layer_warm_gpu_s[layer]
-        c = m.cost_per_key[layer]
-        if objective == "net_gpu_s":
-            return dh * c - dg
-        # TTFT: the extra hits' miss seconds saved, minus the wait behind a gated start's warm-up
-        dw = gate_wait(m, o.params, layer) - gate_wait(m, m.base, layer)
-        return dh * c * (vm.price_per_gpu_s + per_ttft) - dw * per_ttft - dg * vm.price_per_gpu_s
-
-    def objective_fn(lys: tuple[str, ...], cap: float | None) -> Callable[[np.ndarray], float]:
-        def f(u: np.ndarray) -> float:
-            o = replay(m, to_params(u), layers=lys)
-            over = o.warm_gpu_s / days - cap if cap is not None else 0.0
-            if objective == "roi":
-                v = o.roi if np.isfinite(o.roi) else -1.0
-                if cap is not None and over > 0:
-                    v -= 10 * over / cap
-            else:
-                v = sum(worth(o, ly, vm.per_ttft_s) for ly in lys)
-                if over > 0:
-                    v -= (
-                        10
-                        * over
-                        * days
-                        * (1.0 if objective == "net_gpu_s" else max(vm.price_per_gpu_s, 1e-9))
-                    )
-            history.append(
-                {
-                    **o.params.as_dict(),
-                    "layers": "+".join(lys),
-                    "net_gpu_s": o.net_gpu_s,
-                    "warm_gpu_s": o.warm_gpu_s,
-                    "objective": v,
-                }
-            )
-            return v
-
-        return f
-
-    def best_of(start: int, lys_budget: float | None) -> int:
-        hs = history[start:]
-        ok = np.array([lys_budget is None or h["warm_gpu_s"] / days <= lys_budget for h in hs])
-        y = np.array([h["objective"] for h in hs])
-        return int(np.argmax(np.where(ok, y, -np.inf))) if ok.any() else int(np.argmax(y))
-
-    advice: dict[str, LayerAdvice] = {}
-    sds = []
-    if objective == "roi":  # a ratio: not additive over layers, tuned jointly
-        X, y, gp = optimise(
-            objective_fn(tuple(layers), budget_gpu_s),
-            len(NAMES),
-            n_init,
-            n_iter,
-            seed,
-            progress,
-            x0=[to_unit(m.base)],
-        )
-        i = best_of(0, budget_gpu_s)
-        per_layer = {ly: to_params(X[i]) for ly in layers}
-        sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
-    else:
-        per_layer = {}
-        cap = (
-            budget_gpu_s / len(layers) if budget_gpu_s is not None else None
-        )  # the budget split evenly
-        for k, ly in enumerate(layers):
-            start = len(history)
-            prog = (lambda i, n, k=k: progress(k * n + i, n * len(layers))) if progress else None
-            X, y, gp = optimise(
-                objective_fn((ly,), cap),
-                len(NAMES),
-                n_init,
-                n_iter,
-                seed,
-                prog,
-                x0=[to_unit(m.base)],
-            )
-            i = best_of(start, cap)
-            per_layer[ly] = to_params(X[i])
-            sds.append(float(gp.predict(X[i][None, :], return_std=True)[1][0]))
-    outs = {ly: replay(m, per_layer[ly], layers=(ly,)) for ly in layers}
-    for ly in layers:
-        o = outs[ly]
-        g = worth(o, ly, vm.per_ttft_s)
-        glo, ghi = (
-            (worth(o, ly, vm.per_ttft_s_ci[0]), worth(o, ly, vm.per_ttft_s_ci[1]))
-            if objective in ("value", "slo")
-            else (g, g)
-        )
-        gg = (
-            worth(o, ly, 0.0)
-            if objective == "net_gpu_s"
-            else (
-                (o.hits[ly] - base_out.hits[ly]) * m.cost_per_key[ly]
-                - (o.layer_warm_gpu_s[ly] - base_out.layer_warm_gpu_s[ly])
-            )
-        )
-        la = LayerAdvice(
-            ly,
-            per_layer[ly],
-            base_out.hit_rate[ly],
-            o.hit_rate[ly],
-            o.layer_warm_gpu_s[ly],
-            base_out.layer_warm_gpu_s[ly],
-            g,
-            min(glo, ghi),
-            max(glo, ghi),
-            gg,
-            _bound_notes(ly, per_layer[ly]),
-        )
-        if la.hit_rate < la.base_hit_rate - 0.005 and objective != "roi":
-            saved_gpu = la.base_warm_gpu_s - la.warm_gpu_s
-            wait = gate_wait(m, m.base, ly) - gate_wait(m, per_layer[ly], ly)
-            also = (
-                f" and the {wait:,.0f} request-seconds requests no longer wait behind its "
-                "gated start"
-                if objective in ("value", "slo") and wait > 0
-                else ""
-            )
-            la.notes.append(
-                f"lowers the {ly} hit rate from {la.base_hit_rate:.1%} to {la.hit_rate:.1%}; "
-                "it is still better on "
-                f"{objective} because the warm-up GPU-s it no longer spends "
-                f"({saved_gpu:,.0f}){also} are worth "
-                f"more than the hits it gives up (net {g:+,.4g} on the objective)"
-            )
-        advice[ly] = la
+    t = _Tuning(m, replay(m, m.base), objective, vm, days)
+    per_layer, sds = _tune(t, budget_gpu_s, n_init, n_iter, seed, progress)
+    outs = {ly: replay(m, per_layer[ly], layers=(ly,)) for ly in m.rates}
+    advice = {ly: _layer_advice(t, ly, per_layer[ly], outs[ly]) for ly in m.rates}
     out = _merge(m, outs, per_layer)
     p = per_layer.get("response", next(iter(per_layer.values())))
     peak = next_peak(frames["lookups"]) if "lookups" in frames else None
-    trig = peak.at - p.lead_s if peak else None
-    if objective == "net_gpu_s":
-        gain = out.net_gpu_s - base_out.net_gpu_s
-    elif objective == "roi":
-        gain = out.roi - base_out.roi
-    else:
-        gain = sum(a.gain for a in advice.values())
     return Recommendation(
         p,
         m.base,
         out,
-        base_out,
-        gain,
+        t.base_out,
+        _total_gain(t, out, advice),
         float(np.sqrt(np.sum(np.square(sds)))),
         budget_gpu_s,
         peak,
-        trig,
-        len(history),
+        peak.at - p.lead_s if peak else None,
+        len(t.history),
         time.perf_counter() - t0,
-        history,
+        t.history,
         m,
         objective,
         advice,
@@ -839,60 +892,26 @@ def cache_notes(shares: dict[str, float], saved_tokens: float, cold_tokens: floa
     return out
 
 
-def advise_prefix(
-    frames: dict[Any, Any],
-    units: pd.DataFrame | None,
-    values: ValueModel | None = None,
-    objective: str | None = None,
-) -> PrefixAdvice:
-    """Recommend the warm-set size and lead time for an engine's prefix cache from a recording of
-    that one layer (a gateway's: ``lookups`` and ``hot_keys`` of ``prefix_kv`` in tokens and
-    requests, A/B ``units`` with TTFT and tokens per request, optionally the KV-event ``misses``).
+@dataclass
+class _PrefixData:
+    """A prefix-cache recording read for the advisor: its prefix lookups (hits and misses), its
+    prefixes most requested first (``keys``, with their tenant's cached tokens per read and the
+    recording's prompt tokens and requests in ``attrs``), the TTFT line, and the hit tokens per
+    tenant."""
 
-    The model: on an engine that keeps what it cached (fidelity: the recording's requests never
-    miss a prefix read before in the range, within ±5 points of its hit rate), a prefix's first
-    read misses its cached length ``P`` (the tenant's cached tokens per request that read a cached
-    prefix) and the later ones hit; warming it turns that first read into a hit. A missed token
-    costs ``per_token_s`` of TTFT (the fitted line, :func:`value.ttft_per_token`) and as many
-    GPU-seconds; warming a prefix costs one cold prefill, ``s = per_token_s × P``. A prefix read
-    ``c`` times in the recorded span is read in the next span like it with probability
-    ``p = 1 − e^{−c}``, so warming it is worth ``s·(p·(g + v) − g)`` (GPU price ``g``, latency
-    price ``v``) on ``value``/``slo`` and ``s·(p − 1)`` GPU-s on ``net_gpu_s`` — never positive:
-    warming does the work a first read would have done, and wastes it when none comes. The warm
-    set is the most requested prefixes up to the size that maximises the sum; the lead time is the
-    warm-up's duration (a cold prefill per prefix), which it holds the replica's readiness gate.
+    lk: pd.DataFrame
+    keys: pd.DataFrame
+    ptok: dict[str, float]
+    lat: Any  # value.TokenLatency
+    hit_tok: pd.Series
+    total: float  # prompt tokens
+    reqs: float  # requests that read the prefix cache
 
-    Raises :class:`NoRecommendation` with one sentence when the recording cannot support it."""
-    from .value import TokenLatency, ttft_per_token
 
-    vm = values or ValueModel("gpu_s", 0.0008, 0.0, (0.0, 0.0), "no value model given")
-    notes: list[str] = []
-    if objective is None:
-        objective = {"conversion": "value", "slo": "slo"}.get(vm.kind, "net_gpu_s")
-        notes.append(
-            "the default: "
-            + {
-                "value": "latency priced from the recorded conversions",
-                "slo": "latency priced from the configured SLO",
-            }.get(objective, f"latency not priced ({vm.note})")
-        )
-    if objective == "roi":
-        raise NoRecommendation(
-            "The roi objective is not defined for a prefix cache (a warmed prefix costs the "
-            "prefill its first read would have cost): use value, slo or net_gpu_s."
-        )
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if objective == "value" and vm.kind != "conversion":
-        raise NoRecommendation(
-            f"No conversion data to price latency ({vm.note}): use --objective net_gpu_s, "
-            "or configure an SLO for --objective slo."
-        )
-    if objective == "slo" and vm.kind != "slo":
-        raise NoRecommendation(
-            f"No SLO price ({vm.note}): configure the TTFT target and the penalty per "
-            "request over it, or use --objective net_gpu_s."
-        )
+def _prefix_keys(frames: dict[Any, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The recording's prefix hits and misses, and its prefixes with their tenant and recorded
+    hits, misses and requests; refuses a recording with no lookups, no hot keys, or fewer than
+    ``PREFIX_MIN_KEYS`` prefixes requested."""
     lk = frames.get("lookups")
     lk = lk[(lk["layer"] == PREFIX) & lk["result"].isin(["hit", "miss"])] if lk is not None else lk
     if lk is None or len(lk) == 0:
@@ -916,6 +935,17 @@ def advise_prefix(
             f"Too little data: {len(keys)} prefixes recorded, and ranking a warm set needs at "
             f"least {PREFIX_MIN_KEYS}."
         )
+    return lk, keys
+
+
+def _prefix_data(frames: dict[Any, Any], units: pd.DataFrame | None) -> _PrefixData:
+    """Read the recording: a tenant's cached tokens per prefix read are its hit tokens over the
+    requests that hit (the overall ratio for a tenant with none); the missed-token price is the
+    TTFT line fitted on the A/B ``units``. Refuses a recording where no request read a cached
+    prefix or TTFT does not grow with the missed tokens."""
+    from .value import TokenLatency, ttft_per_token
+
+    lk, keys = _prefix_keys(frames)
     hit_tok = lk[lk["result"] == "hit"].groupby("tenant")["count"].sum()
     hit_req = keys.groupby("tenant")["hits"].sum()
     if float(hit_req.sum()) <= 0 or float(hit_tok.sum()) <= 0:
@@ -947,40 +977,160 @@ def advise_prefix(
     assert units is not None  # ttft_per_token refused a store without units
     reqs = float(units[units[f"lookups_{PREFIX}"] > 0]["requests"].sum())
     keys.attrs["requests"] = reqs
-    # fidelity: a fresh engine that keeps what it cached misses each prefix once
+    return _PrefixData(lk, keys, ptok, lat, hit_tok, total, reqs)
+
+
+def _prefix_fidelity(d: _PrefixData) -> tuple[float, float, float]:
+    """``(re_miss, recorded, modelled)``: requests that missed a prefix read before, and the
+    recorded and modelled token hit rates with no warm-up (a fresh engine that keeps what it
+    cached misses each prefix once). Refuses a recording the model misses by more than
+    ``FIDELITY_TOL``."""
+    keys = d.keys
     re_miss = float((keys["misses"] - 1).clip(lower=0).sum())
-    recorded = float(hit_tok.sum()) / total
-    modelled = float(((keys["requests"] - 1) * keys["tokens"]).sum()) / total
+    recorded = float(d.hit_tok.sum()) / d.total
+    modelled = float(((keys["requests"] - 1) * keys["tokens"]).sum()) / d.total
     if abs(modelled - recorded) > FIDELITY_TOL:
         raise NoRecommendation(
-            f"The replay does not reproduce the recording: {re_miss:,.0f} of {reqs:,.0f} requests "
-            f"missed a prefix read before, so the cache evicted (replayed hit rate "
+            f"The replay does not reproduce the recording: {re_miss:,.0f} of {d.reqs:,.0f} "
+            f"requests missed a prefix read before, so the cache evicted (replayed hit rate "
             f"{modelled:.1%} against {recorded:.1%} recorded, ±{FIDELITY_TOL * 100:.0f} points "
             "allowed); this model assumes a cache that keeps the warm set, so it makes no "
             "recommendation."
         )
-    g, v = vm.price_per_gpu_s, vm.per_ttft_s
-    p = -np.expm1(-keys["requests"].to_numpy(float))
-    keys["p_read"] = p
+    return re_miss, recorded, modelled
 
-    def worth(b: float, vt: float) -> np.ndarray:
-        sk = keys["tokens"].to_numpy(float) * b
-        if objective == "net_gpu_s":
-            return sk * (p - 1.0)  # type: ignore[no-any-return]
-        return sk * (p * (g + vt) - g)  # type: ignore[no-any-return]
 
-    keys["worth"] = worth(lat.per_token_s, v)
+def _prefix_worth(
+    keys: pd.DataFrame, p: np.ndarray, objective: str, g: float, b: float, vt: float
+) -> np.ndarray:
+    """Each prefix's worth of warming: ``s·(p − 1)`` GPU-s on ``net_gpu_s``, ``s·(p·(g + vt) − g)``
+    otherwise, with ``s = b × tokens`` its cold prefill and ``p`` its chance of a read."""
+    sk = keys["tokens"].to_numpy(float) * b
+    if objective == "net_gpu_s":
+        return sk * (p - 1.0)
+    return sk * (p * (g + vt) - g)
+
+
+def _warm_set_size(keys: pd.DataFrame) -> tuple[int, np.ndarray]:
+    """The number of most requested prefixes whose summed ``worth`` is largest (a rank shared by
+    equal request counts is taken whole or not at all), and the cumulative worth by size."""
     cum = np.concatenate([[0.0], np.cumsum(keys["worth"].to_numpy(float))])
-    # a rank shared by equal request counts is taken whole or not at all
     ends = np.concatenate([[0], np.flatnonzero(np.diff(keys["requests"].to_numpy()) != 0) + 1])
     ends = np.unique(np.append(ends, len(keys)))
-    k = int(ends[int(np.argmax(cum[ends]))])
-    span = float(frames["lookups"]["ts"].max() - frames["lookups"]["ts"].min())
+    return int(ends[int(np.argmax(cum[ends]))]), cum
+
+
+def _price_prefixes(
+    keys: pd.DataFrame, objective: str, vm: ValueModel, lat: Any
+) -> tuple[int, float, float, float]:
+    """Price every prefix (``p_read`` = 1 − e^−requests, ``worth`` at the fitted TTFT slope and
+    the latency price, both added to ``keys``) and size the warm set: ``(k, gain, gain_low,
+    gain_high)``, the bounds from the slope's and the latency price's 95 % intervals."""
+    g = vm.price_per_gpu_s
+    p = -np.expm1(-keys["requests"].to_numpy(float))
+    keys["p_read"] = p
+    keys["worth"] = _prefix_worth(keys, p, objective, g, lat.per_token_s, vm.per_ttft_s)
+    k, cum = _warm_set_size(keys)
     lo_hi = [
-        float(np.sum(worth(b, vt)[:k]))
+        float(np.sum(_prefix_worth(keys, p, objective, g, b, vt)[:k]))
         for b in (lat.ci_low, lat.ci_high)
         for vt in (vm.per_ttft_s_ci if objective != "net_gpu_s" else (0.0, 0.0))
     ]
+    return k, float(cum[k]), min(lo_hi), max(lo_hi)
+
+
+def _size_note(keys: pd.DataFrame, k: int, objective: str) -> str:
+    """Why the warm set has ``k`` prefixes: all pay, none pays (and, on net GPU-s, why), or the
+    least requested one that still pays."""
+    unit = "GPU-s" if objective == "net_gpu_s" else "in value"
+    if k == len(keys):
+        return (
+            f"warm-set size is at its upper bound, all {len(keys)} prefixes recorded: each pays "
+            f"(a prefix read once in the span is read again with probability {1 - math.exp(-1):.2f}"
+            "), and a larger warm set has no recorded prefix to add"
+        )
+    if k == 0:
+        return "warm-set size 0: no prefix pays" + (
+            " in GPU-s alone (a warmed prefix does the prefill its first read would have "
+            "done, and wastes it when no read comes); price latency (--slo-penalty, or "
+            "conversions) to value the TTFT it saves"
+            if objective == "net_gpu_s"
+            else ""
+        )
+    return (
+        f"warm the {k} prefixes read at least {int(keys['requests'].iloc[k - 1])} times: a "
+        f"prefix read fewer times is read again too rarely to pay for its prefill "
+        f"(net {float(keys['worth'].iloc[k]):+.3g} {unit} each)"
+    )
+
+
+def _prefix_timing(frames: dict[Any, Any], adv: PrefixAdvice) -> None:
+    """The lead time's note, and the pre-peak trigger (lead time before the forecast peak) when
+    the recording spans the ``MIN_SPAN_S`` a forecast needs, else a note saying why not."""
+    adv.notes.append(
+        f"lead time: start the warm-up {adv.lead_s:.1f} s before the replica takes traffic (one "
+        "cold prefill per prefix, on the fitted TTFT line); it holds the readiness gate that long"
+    )
+    if adv.span_s >= MIN_SPAN_S:
+        peak = next_peak(frames["lookups"])
+        if peak is not None:
+            adv.trigger_at = peak.at - adv.lead_s
+    else:
+        adv.notes.append(
+            f"no pre-peak trigger: {adv.span_s / 3600:.2f} h recorded, and a peak forecast needs "
+            f"{MIN_SPAN_S / 3600:g} h; the lead time is for a replica start"
+        )
+
+
+def _prefix_cache_classes(frames: dict[Any, Any], adv: PrefixAdvice, base_hits: float) -> None:
+    """With KV events (``misses``): the miss-class shares and what they say about the cache and
+    the warm set (``base_hits``: the modelled hit tokens with no warm-up)."""
+    shares = cache_shares(frames.get("misses"))
+    if shares:
+        adv.cache = shares
+        cold_tok = float(
+            frames["misses"].loc[frames["misses"]["miss_class"] == "cold", "tokens"].sum()
+        )
+        adv.notes.extend(cache_notes(shares, adv.outcome.hit_tokens - base_hits, cold_tok))
+
+
+def advise_prefix(
+    frames: dict[Any, Any],
+    units: pd.DataFrame | None,
+    values: ValueModel | None = None,
+    objective: str | None = None,
+) -> PrefixAdvice:
+    """Recommend the warm-set size and lead time for an engine's prefix cache from a recording of
+    that one layer (a gateway's: ``lookups`` and ``hot_keys`` of ``prefix_kv`` in tokens and
+    requests, A/B ``units`` with TTFT and tokens per request, optionally the KV-event ``misses``).
+
+    The model: on an engine that keeps what it cached (fidelity: the recording's requests never
+    miss a prefix read before in the range, within ±5 points of its hit rate), a prefix's first
+    read misses its cached length ``P`` (the tenant's cached tokens per request that read a cached
+    prefix) and the later ones hit; warming it turns that first read into a hit. A missed token
+    costs ``per_token_s`` of TTFT (the fitted line, :func:`value.ttft_per_token`) and as many
+    GPU-seconds; warming a prefix costs one cold prefill, ``s = per_token_s × P``. A prefix read
+    ``c`` times in the recorded span is read in the next span like it with probability
+    ``p = 1 − e^{−c}``, so warming it is worth ``s·(p·(g + v) − g)`` (GPU price ``g``, latency
+    price ``v``) on ``value``/``slo`` and ``s·(p − 1)`` GPU-s on ``net_gpu_s`` — never positive:
+    warming does the work a first read would have done, and wastes it when none comes. The warm
+    set is the most requested prefixes up to the size that maximises the sum; the lead time is the
+    warm-up's duration (a cold prefill per prefix), which it holds the replica's readiness gate.
+
+    Raises :class:`NoRecommendation` with one sentence when the recording cannot support it."""
+    vm = _value_model(values)
+    objective, notes = _pick_objective(vm, objective)
+    if objective == "roi":
+        raise NoRecommendation(
+            "The roi objective is not defined for a prefix cache (a warmed prefix costs the "
+            "prefill its first read would have cost): use value, slo or net_gpu_s."
+        )
+    _check_objective(vm, objective)
+    d = _prefix_data(frames, units)
+    re_miss, recorded, modelled = _prefix_fidelity(d)
+    keys = d.keys
+    k, gain, gain_low, gain_high = _price_prefixes(keys, objective, vm, d.lat)
+    span = float(frames["lookups"]["ts"].max() - frames["lookups"]["ts"].min())
     adv = PrefixAdvice(
         objective,
         k,
@@ -989,63 +1139,22 @@ def advise_prefix(
         span,
         recorded,
         modelled,
-        re_miss / reqs,
-        ptok,
-        lat,
+        re_miss / d.reqs,
+        d.ptok,
+        d.lat,
         vm,
-        float(cum[k]),
-        min(lo_hi),
-        max(lo_hi),
+        gain,
+        gain_low,
+        gain_high,
         PrefixOutcome(0, 0, 0, 0, 0, 0, 0, 0),
         keys,
         notes,
     )
     adv.outcome = adv.outcome_for(k)
     adv.lead_s = adv.outcome.warm_s
-    unit = "GPU-s" if objective == "net_gpu_s" else "in value"
-    if k == len(keys):
-        notes.append(
-            f"warm-set size is at its upper bound, all {len(keys)} prefixes recorded: each pays "
-            f"(a prefix read once in the span is read again with probability {1 - math.exp(-1):.2f}"
-            "), and a larger warm set has no recorded prefix to add"
-        )
-    elif k == 0:
-        notes.append(
-            "warm-set size 0: no prefix pays"
-            + (
-                " in GPU-s alone (a warmed prefix does the prefill its first read would have "
-                "done, and wastes it when no read comes); price latency (--slo-penalty, or "
-                "conversions) to value the TTFT it saves"
-                if objective == "net_gpu_s"
-                else ""
-            )
-        )
-    else:
-        notes.append(
-            f"warm the {k} prefixes read at least {int(keys['requests'].iloc[k - 1])} times: a "
-            f"prefix read fewer times is read again too rarely to pay for its prefill "
-            f"(net {float(keys['worth'].iloc[k]):+.3g} {unit} each)"
-        )
-    notes.append(
-        f"lead time: start the warm-up {adv.lead_s:.1f} s before the replica takes traffic (one "
-        "cold prefill per prefix, on the fitted TTFT line); it holds the readiness gate that long"
-    )
-    if span >= MIN_SPAN_S:
-        peak = next_peak(frames["lookups"])
-        if peak is not None:
-            adv.trigger_at = peak.at - adv.lead_s
-    else:
-        notes.append(
-            f"no pre-peak trigger: {span / 3600:.2f} h recorded, and a peak forecast needs "
-            f"{MIN_SPAN_S / 3600:g} h; the lead time is for a replica start"
-        )
-    shares = cache_shares(frames.get("misses"))
-    if shares:
-        adv.cache = shares
-        cold_tok = float(
-            frames["misses"].loc[frames["misses"]["miss_class"] == "cold", "tokens"].sum()
-        )
-        notes.extend(cache_notes(shares, adv.outcome.hit_tokens - modelled * total, cold_tok))
+    notes.append(_size_note(keys, k, objective))
+    _prefix_timing(frames, adv)
+    _prefix_cache_classes(frames, adv, modelled * d.total)
     return adv
 
 

@@ -71,77 +71,60 @@ def _fmt_h(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")
 
 
-def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
-    import pandas as pd
-    from warmscope.analysis.advisor import (
-        NoRecommendation,
-        advise,
-        advise_prefix,
-        check_input,
-        fidelity_text,
-        layer_table,
-        prefix_only,
-        prefix_text,
-    )
-    from warmscope.analysis.forecast import forecast_table
-    from warmscope.analysis.value import values_for
-    from warmscope.sources import EmbeddedSource, SourceError
+FRAMES = [
+    "lookups",
+    "warmup_runs",
+    "warmed_keys",
+    "hot_keys",
+    "gauges",
+    "faults",
+    "histograms",
+    "misses",
+]
 
-    path = Path(store_path(args))
+
+def _fail(message: str) -> int:
+    """Say what is wrong on stderr, prefixed with the command; the exit code 2."""
+    print(f"warmscope advise: {message}", file=sys.stderr)
+    return 2
+
+
+def _bad_arguments(args: argparse.Namespace, path: Path) -> str | None:
+    """What is wrong with the arguments before the store is read (a budget that is not a positive
+    finite number, negative iterations, a store that does not exist), or None."""
     if args.budget_gpu_s is not None and not (
         args.budget_gpu_s > 0 and math.isfinite(args.budget_gpu_s)
     ):
-        print(
-            "warmscope advise: --budget-gpu-s must be a positive number of GPU-seconds per "
-            "day, got "
-            f"{args.budget_gpu_s:g}",
-            file=sys.stderr,
+        return (
+            "--budget-gpu-s must be a positive number of GPU-seconds per day, got "
+            f"{args.budget_gpu_s:g}"
         )
-        return 2
     if args.iterations < 0:
-        print("warmscope advise: --iterations must be >= 0", file=sys.stderr)
-        return 2
+        return "--iterations must be >= 0"
     if not path.exists():
-        print(
-            f"warmscope advise: {path} does not exist; pass --store PATH (fill one with "
-            "`warmscope demo "
-            "--no-dashboard` or `warmscope simulate`)",
-            file=sys.stderr,
+        return (
+            f"{path} does not exist; pass --store PATH (fill one with `warmscope demo "
+            "--no-dashboard` or `warmscope simulate`)"
         )
-        return 2
-    try:
-        src = EmbeddedSource(path)
-        fr = src.frames(
-            [
-                "lookups",
-                "warmup_runs",
-                "warmed_keys",
-                "hot_keys",
-                "gauges",
-                "faults",
-                "histograms",
-                "misses",
-            ]
-        )
-    except SourceError as e:
-        print(f"warmscope advise: {e}", file=sys.stderr)
-        return 2
+    return None
+
+
+def _bad_variant(args: argparse.Namespace, lk, path: Path) -> str | None:
+    """A ``--variant`` the store's lookups do not have, with the variants they do have."""
+    if args.variant is None or args.variant in set(lk["variant"].astype(str)):
+        return None
+    return (
+        f"variant {args.variant!r} not in {path}; variants there: "
+        f"{', '.join(sorted(set(lk['variant'].astype(str)))) or 'none'}"
+    )
+
+
+def _values(args: argparse.Namespace, src, fr):
+    """The value model over the lookups' span, from the store and the SLO arguments."""
+    from warmscope.analysis.value import values_for
+
     lk = fr["lookups"]
-    if args.variant is not None:
-        if args.variant not in set(lk["variant"].astype(str)):
-            print(
-                f"warmscope advise: variant {args.variant!r} not in {path}; variants there: "
-                f"{', '.join(sorted(set(lk['variant'].astype(str)))) or 'none'}",
-                file=sys.stderr,
-            )
-            return 2
-    if args.variant is None and prefix_only(fr):
-        return _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation)
-    missing = check_input(fr, args.variant)
-    if missing:
-        print(f"warmscope advise: {missing}", file=sys.stderr)
-        return 2
-    vm = values_for(
+    return values_for(
         src,
         fr,
         float(lk["ts"].min()),
@@ -150,6 +133,46 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         args.slo_penalty,
         args.objective,
     )
+
+
+def _write_json(args: argparse.Namespace, out: dict) -> None:
+    """With ``--json PATH``: the result written there, and a line saying so on stderr."""
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
+def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
+    from warmscope.analysis.advisor import NoRecommendation, advise_prefix, prefix_only, prefix_text
+    from warmscope.sources import EmbeddedSource, SourceError
+
+    path = Path(store_path(args))
+    bad = _bad_arguments(args, path)
+    if bad:
+        return _fail(bad)
+    try:
+        src = EmbeddedSource(path)
+        fr = src.frames(FRAMES)
+    except SourceError as e:
+        return _fail(str(e))
+    bad = _bad_variant(args, fr["lookups"], path)
+    if bad:
+        return _fail(bad)
+    if args.variant is None and prefix_only(fr):
+        return _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation)
+    return _advise_layers(args, progress, src, fr, path)
+
+
+def _advise_layers(args: argparse.Namespace, progress, src, fr, path: Path) -> int:
+    """The response and embedding caches: forecasts, then the tuned parameters per layer."""
+    from warmscope.analysis.advisor import NoRecommendation, advise, check_input, fidelity_text
+    from warmscope.analysis.forecast import forecast_table
+
+    missing = check_input(fr, args.variant)
+    if missing:
+        return _fail(missing)
+    lk = fr["lookups"]
+    vm = _values(args, src, fr)
     bar = None if args.quiet else progress("advising")
     if bar:
         bar(0, 1)
@@ -167,17 +190,28 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     except NoRecommendation as e:
         if e.fidelity is not None:
             print(fidelity_text(e.fidelity))
-        print(f"warmscope advise: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     except ValueError as e:
-        print(f"warmscope advise: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     out = rec.as_dict()
     out["forecast"] = json.loads(ft.to_json(orient="records"))
     out["store"] = str(path)
     if args.json == "-":
         print(json.dumps(out, indent=2, default=str))
         return 0
+    _print_forecast(ft)
+    _print_parameters(rec)
+    _print_replay(rec)
+    _print_peak(rec)
+    print(f"\n{rec.evaluations} replays, {rec.seconds:.1f} s", file=sys.stderr)
+    _write_json(args, out)
+    return 0
+
+
+def _print_forecast(ft) -> None:
+    """Forecast error per horizon: the kept model, and MAPE and 90 % coverage per model."""
+    import pandas as pd
+
     kept = ft[ft.kept].set_index("horizon_s")
     rows = []
     for h, g in ft.groupby("horizon_s"):
@@ -196,6 +230,13 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     notes = ft.drop_duplicates("horizon_s")
     for _, r in notes[notes.resolution_limited].iterrows():
         print(f"  note: {r.note}")
+
+
+def _print_parameters(rec) -> None:
+    """The replay's fidelity, the objective and its prices, and the parameters per layer with
+    each layer's notes."""
+    from warmscope.analysis.advisor import fidelity_text, layer_table
+
     if rec.fidelity is not None:
         print("\n" + fidelity_text(rec.fidelity))
     print(f"\nObjective: {rec.objective} ({'; '.join(rec.notes) or 'as asked'})")
@@ -206,6 +247,11 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     for la in rec.layers.values():
         for note in la.notes:
             print(f"  {la.layer}: {note}")
+
+
+def _print_replay(rec) -> None:
+    """The recorded span replayed, recorded -> recommended: hit rates, warm-up cost and ROI, the
+    expected gain in the objective's unit, and the staleness notes."""
     o, bo = rec.outcome, rec.base_outcome
     print("\nReplay (recorded span):")
     for layer in o.hit_rate:
@@ -232,6 +278,12 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
         )
     for _layer, note in rec.model.persist_note.items() if rec.model else ():
         print(f"  staleness                {note}")
+
+
+def _print_peak(rec) -> None:
+    """The next forecast peak and when to trigger the warm-up before it, if there is one."""
+    import pandas as pd
+
     if rec.peak:
         when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
         print(
@@ -239,35 +291,17 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
             f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at "
             f"{when(rec.trigger_at)} UTC"
         )
-    print(f"\n{rec.evaluations} replays, {rec.seconds:.1f} s", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
 
 
 def _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation) -> int:
     """A recording of an engine's prefix cache only (a gateway's): warm-set size and lead time."""
-    from warmscope.analysis.value import values_for
-
-    lk = fr["lookups"]
-    vm = values_for(
-        src,
-        fr,
-        float(lk["ts"].min()),
-        float(lk["ts"].max()),
-        args.slo_ttft_s,
-        args.slo_penalty,
-        args.objective,
-    )
+    vm = _values(args, src, fr)
     try:
         adv = advise_prefix(fr, src.units(None), vm, args.objective)
     except NoRecommendation as e:
-        print(f"warmscope advise: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     except ValueError as e:
-        print(f"warmscope advise: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     k = args.versus_top_k if args.versus_top_k and args.versus_top_k > 0 else None
     out = adv.as_dict(k)
     out["store"] = str(path)
@@ -275,9 +309,7 @@ def _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommenda
         print(json.dumps(out, indent=2, default=str))
         return 0
     print(prefix_text(adv, k))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
-        print(f"wrote {args.json}", file=sys.stderr)
+    _write_json(args, out)
     return 0
 
 
