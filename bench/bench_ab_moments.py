@@ -5,7 +5,7 @@
 Writing 10M units through the collectors takes hours on one machine, so this
 loads the moments instead: unit totals are drawn in numpy, chunk by chunk
 (memory stays bounded), each unit's moment contributions are computed with the
-project's encoding (:func:`collectors.ab_moments.contributions` and
+project's encoding (:func:`model.ab_metrics.contributions` and
 ``layer_contributions``, the functions the sinks use), summed per (shard,
 variant, 15-minute bucket) — a unit's shard drawn uniformly, as the crc32 of
 its hash is — and written as the hashes the Redis sink keeps
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from warmscope.analysis.ab_report import build_report, build_report_from_moments, report_for
-from warmscope.collectors import ab_moments as M
 from warmscope.collectors.redis_sink import AB_SHARDS, PREFIX, _bucket_s, ab_tag, connect, enc, key
+from warmscope.model import ab_metrics as M
 from warmscope.model.schema import DURATION_BUCKETS
 from warmscope.sources import from_env
 from warmscope.sources.redis_source import RedisSource

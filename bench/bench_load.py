@@ -121,7 +121,7 @@ def run_writers(url: str | None, n: int, sessions: int, flush_every: int, max_s:
 
 def check(url: str) -> dict:
     from warmscope.analysis.ab_report import build_report, report_for
-    from warmscope.collectors import ab_moments as M
+    from warmscope.model import ab_metrics as M
     from warmscope.model.records import UNIT_HIST
     from warmscope.sources.redis_source import RedisSource
 

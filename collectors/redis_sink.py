@@ -19,7 +19,7 @@ percent-encoded (``%``, ``{``, ``}``, ``:`` and anything not printable).
     bumped by every write, for the compare-and-apply below);
   - ``...:m:<variant>:<bucket>`` — hash of the A/B moments of the shard's units
     that arrived in the 15-minute ``bucket`` (the ``ab_moments`` columns of
-    :mod:`collectors.ab_moments`, plus ``L:<layer>:<column>`` for the
+    :mod:`model.ab_metrics`, plus ``L:<layer>:<column>`` for the
     ``ab_layer_moments`` columns);
   - ``...:mi`` — set of ``<variant>:<bucket>`` moment hashes; ``...:units`` —
     set of ``<variant>:<unit hash>``.
@@ -74,11 +74,10 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
+from warmscope.model import ab_metrics as _m
 from warmscope.model.records import RUN_COLUMNS as _RUN_COLS
 from warmscope.model.records import UNIT_FIELDS
 from warmscope.model.records import UNIT_HIST as _H
-
-from . import ab_moments as _m
 
 __all__ = [
     "RedisSink",

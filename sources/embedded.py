@@ -76,7 +76,7 @@ class EmbeddedSource(SourceBase):
         return self._call(self._store.units, experiment)
 
     def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Per-variant A/B moments (see :mod:`collectors.ab_moments`)."""
+        """Per-variant A/B moments (see :mod:`model.ab_metrics`)."""
         return self._call(self._store.moments, experiment)
 
     def request_totals(self, experiment: str) -> dict[str, float]:

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from warmscope.collectors import ab_moments as _m
 from warmscope.collectors import redis_sink as _rs
 from warmscope.collectors.redis_sink import AB_SHARDS, PREFIX, ab_tag, dec, hot_tag, key, run_tag
 from warmscope.collectors.store import _TABLES
+from warmscope.model import ab_metrics as _m
 from warmscope.sources.base import SourceError
 
 __all__ = ["RedisSource"]

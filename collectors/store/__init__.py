@@ -54,7 +54,7 @@ Canonical frames (every backend yields these columns):
     and hits in one cache layer, one row per unit and layer (upsert too).
     :meth:`EmbeddedStore.units` joins both into one wide row per unit.
     Writes also keep per-variant A/B moments (``ab_moments``,
-    ``ab_layer_moments``; see :mod:`collectors.ab_moments` and
+    ``ab_layer_moments``; see :mod:`model.ab_metrics` and
     :meth:`EmbeddedStore.moments`) from which a report needs no unit rows.
 ``faults``
     trap, scope (JSON object dimension -> value), start, end, params (JSON) —
@@ -94,9 +94,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from warmscope.model import ab_metrics as _m
 from warmscope.model import records
 
-from .. import ab_moments as _m
 from .layout import DDL, MEASURES, ROLLUP_S, SCHEMA_VERSION, TABLES, StoreError
 from .migrations import MIGRATIONS
 from .reader import StoreReader

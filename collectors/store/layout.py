@@ -3,14 +3,13 @@
 One table per record (columns, types and primary key as declared there), an
 index on the time column of the per-flush tables, an hourly rollup table
 (``<name>_1h``, unique on the hour and the labels) per record with
-``rollup=True``, and the A/B moment tables of :mod:`collectors.ab_moments`.
+``rollup=True``, and the A/B moment tables of :mod:`model.ab_metrics`.
 """
 
 from __future__ import annotations
 
+from warmscope.model import ab_metrics as _m
 from warmscope.model import records
-
-from .. import ab_moments as _m
 
 __all__ = [
     "SCHEMA_VERSION",

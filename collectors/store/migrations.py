@@ -10,9 +10,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from warmscope.model import ab_metrics as _m
 from warmscope.model import records
 
-from .. import ab_moments as _m
 from .layout import DDL, q, rollup_ddl
 from .writer import backfill_rollups
 

@@ -8,9 +8,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from warmscope.model import ab_metrics as _m
 from warmscope.model import records
 
-from .. import ab_moments as _m
 from .layout import MEASURES, ROLLUP_S, TABLES, StoreError, q
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class StoreReader:
 
     def moments(self, experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(``ab_moments``, ``ab_layer_moments``) rows of one experiment, sorted
-        by bucket (see :mod:`collectors.ab_moments`): what an A/B report reads
+        by bucket (see :mod:`model.ab_metrics`): what an A/B report reads
         instead of one row per unit."""
         import pandas as pd
 

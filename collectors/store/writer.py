@@ -2,7 +2,7 @@
 
 Appends, upserts and replaces as each record declares (see
 :mod:`collectors.records`), the hourly rollups, and the A/B unit rows with
-their moments (:mod:`collectors.ab_moments`). Everything that needs no store
+their moments (:mod:`model.ab_metrics`). Everything that needs no store
 access (folding a batch, staging A/B rows in temp tables) runs before the
 write lock."""
 
@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from warmscope.model import ab_metrics as _m
 from warmscope.model import records
 
-from .. import ab_moments as _m
 from .layout import MEASURES, REPLACE, ROLLUP_S, TABLES, UPSERT, q
 
 __all__ = ["StoreWriter", "histogram_row", "backfill_rollups"]
@@ -220,7 +220,7 @@ def _stage_ab(
 def _write_ab(con: sqlite3.Connection, units: list[Any], lookups: list[Any]) -> None:
     """Add the staged unit records (``units`` / ``lookups``: the folded rows
     also staged in ``_ab_t`` / ``_ab_lt``) to their units' rows, and to the A/B moments
-    ``f(new totals) − f(old totals)`` (see :mod:`collectors.ab_moments`):
+    ``f(new totals) − f(old totals)`` (see :mod:`model.ab_metrics`):
     one row per unit and per unit × layer. A unit with lookups but no
     request record gets an all-zero unit row, so every unit is counted once.
     Runs under the write lock (it reads the rows it adds to)."""

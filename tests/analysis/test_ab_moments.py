@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from warmscope.analysis.ab_report import build_report, build_report_from_moments
 from warmscope.collectors import EmbeddedStore
-from warmscope.collectors import ab_moments as M
 from warmscope.collectors.store import _TABLES
+from warmscope.model import ab_metrics as M
 from warmscope.simulator import SimConfig, simulate
 
 EXP = "warmup-strategy"

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from warmscope.analysis.ab_report import report_for
 from warmscope.collectors import InstrumentedCache, request_context
-from warmscope.collectors import ab_moments as M
 from warmscope.collectors.redis_sink import AB_SHARDS, RedisSink, ab_tag, is_cluster, key
+from warmscope.model import ab_metrics as M
 from warmscope.model.records import UNIT_HIST
 from warmscope.sources import EmbeddedSource
 from warmscope.sources.redis_source import RedisSource

@@ -101,8 +101,8 @@ def test_cross_tenant_keys_are_counted_outside_shared_layers(make_tel):
 
 def test_a_layout1_database_is_migrated_with_its_moments(redis_client):
     """Keys as the sink wrote them before hash tags and moments: units, hot keys, a run."""
-    from warmscope.collectors import ab_moments as M
     from warmscope.collectors.redis_sink import migrate_layout1
+    from warmscope.model import ab_metrics as M
 
     r = redis_client
     r.sadd("ws:ab:experiments", "exp")
