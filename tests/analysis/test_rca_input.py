@@ -78,6 +78,18 @@ def test_gzip_table_and_json_that_is_always_valid(tmp_path, capsys):
     assert "NaN" not in out and "Infinity" not in out
 
 
+def test_quoted_values_crlf_lines_and_blank_lines_read_as_written(tmp_path, capsys):
+    # A 4-leaf table whose fallen leaf has an a-value of its own, quoted with a comma and a quote
+    # in it; Windows line ends and a blank line. The element found keeps the value exactly.
+    p = tmp_path / "q.csv"
+    p.write_bytes(
+        b'a,b,v,f\r\nx,y,10,10\r\n"x, ""q""",z,0,10\r\n\r\nw,y,10,10\r\nw,z,11,10\r\n'
+    )
+    code, out, err = run(capsys, str(p), "--dims", "a", "b", "--v", "v", "--f", "f", "--compact")
+    res = json.loads(out)
+    assert code == 0 and res[0]["element"] == {"a": 'x, "q"'}, (out, err)
+
+
 def test_ratio_contributions_add_up_to_the_change():
     # Two leaves. Expected rates 10/100 = 0.1 and 30/100 = 0.3 (overall 40/200 = 0.2);
     # observed 20/100 and 30/100 (overall 50/200 = 0.25; change +0.05).
