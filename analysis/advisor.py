@@ -64,6 +64,7 @@ from .replay import (
 from .value import ValueModel
 
 __all__ = [
+    "fmt_hours",
     "expected_improvement",
     "Recommendation",
     "LayerAdvice",
@@ -670,13 +671,15 @@ def layer_table(rec: Recommendation) -> Any:
     for ly, la in rec.layers.items():
         p = la.params
         ttl = (
-            (_fmt_h(b.response_ttl_s), _fmt_h(p.response_ttl_s)) if ly == "response" else ("–", "–")
+            (fmt_hours(b.response_ttl_s), fmt_hours(p.response_ttl_s))
+            if ly == "response"
+            else ("–", "–")
         )
         rows[f"{ly} recorded"] = [
             str(b.warm_keys),
             ttl[0],
             f"{b.lambda_per_s:.2e}",
-            _fmt_h(b.lead_s),
+            fmt_hours(b.lead_s),
             f"{la.base_hit_rate:.1%}",
             f"{la.base_warm_gpu_s:,.0f}",
         ]
@@ -684,7 +687,7 @@ def layer_table(rec: Recommendation) -> Any:
             str(p.warm_keys),
             ttl[1],
             f"{p.lambda_per_s:.2e}",
-            _fmt_h(p.lead_s),
+            fmt_hours(p.lead_s),
             f"{la.hit_rate:.1%}",
             f"{la.warm_gpu_s:,.0f}",
         ]
@@ -701,7 +704,8 @@ def layer_table(rec: Recommendation) -> Any:
     )
 
 
-def _fmt_h(s: float) -> str:
+def fmt_hours(s: float) -> str:
+    """A duration for people: "1.50 h", "20 min" or "45 s"."""
     return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")
 
 

@@ -108,26 +108,28 @@ def out_of_step(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     if lk.empty:
         return _none("warmup_out_of_step", "no lookups")
     # the layers a replica loads when it (re)starts (model weights): LAYERS' loaded_at_start
-    lk = lk[lk["layer"].isin(start_layers())]
+    layers = start_layers()
+    lk = lk[lk["layer"].isin(layers)]
+    what = " and ".join(layers) or "start-loaded layers"  # what the text calls them: "weights"
     a = _rates(time_slice(lk, *an), ["replica"])
     b = _rates(time_slice(lk, *base), ["replica"])
     if a.empty:
-        return _none("warmup_out_of_step", "no weights lookups in the window")
+        return _none("warmup_out_of_step", f"no {what} lookups in the window")
     miss = 1 - a["rate"].fillna(1)
     bmiss = (1 - b["rate"].fillna(1)).reindex(a.index).fillna(0)
     worst: Any = (miss - bmiss).idxmax()
     m, bm = float(miss[worst]), float(bmiss[worst])
     if m < 0.02 or m < 5 * bm + 0.01:
-        return _none("warmup_out_of_step", f"weights miss rate at most {m:.1%} (baseline {bm:.1%})")
+        return _none("warmup_out_of_step", f"{what} miss rate at most {m:.1%} (baseline {bm:.1%})")
     n = float(a.loc[worst, "hm"] * m)
     return TrapVerdict(
         "warmup_out_of_step",
         True,
         float(min(1.0, 0.5 + 5 * m)),
-        f"replica {worst}: {n:,.0f} requests met unloaded weights ({m:.1%} of its weights lookups, "
-        f"baseline {bm:.1%}) — traffic arrived before its model was warm",
+        f"replica {worst}: {n:,.0f} requests met unloaded {what} ({m:.1%} of its {what} "
+        f"lookups, baseline {bm:.1%}) — traffic arrived before its model was warm",
         {"replica": worst},
-        {"weights_miss_rate": m, "baseline": bm},
+        {"miss_rate": m, "baseline": bm},
     )
 
 

@@ -214,6 +214,10 @@ class Telemetry:
         self._flush_lock = threading.Lock()
         self._last_side = -float("inf")  # hot keys / units flush less often than points
         self._final = False
+        # This hot-key window's keys, (scope, key) -> (window, entry): read once so far (the
+        # entry), or exported (None); bounded to a few sketches' worth (_export_hot).
+        self._singles: dict[tuple[int, str], tuple[float, list[Any] | None]] = {}
+        self._singles_cap = 16 * (cfg.hot_keys_k + max(cfg.hot_keys_k, 1024))
         self._deadline = float("inf")  # monotonic; set by close()
         self._stop = threading.Event()
         # Called with the flush time before each flush (on the flusher's thread,
@@ -625,24 +629,7 @@ class Telemetry:
             self._last_side = now
             hot, units = agg.take_buffers(settle or self._final)
         if hot:
-            win = float(int(now // self.config.hot_key_window_s) * self.config.hot_key_window_s)
-            h = self.hasher.hash
-            for hk, sk in hot.items():
-                tenant, layer = agg.hot_scope(hk)
-                for key, e in sk.items():
-                    if e[E_HITS] + e[E_MISSES] >= 2:  # a key read once in a flush window is not hot
-                        side["hot_keys"].append(
-                            (
-                                win,
-                                tenant,
-                                layer,
-                                h(key),
-                                e[E_FAMILY],
-                                e[E_HITS],
-                                e[E_MISSES],
-                                e[E_ERR],
-                            )
-                        )
+            self._export_hot(now, hot, side)
         for (exp, var, unit, layer), u in units.items():
             if layer:  # records.AB_LOOKUPS: keys, layer, lookups, hits
                 side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, *u))
@@ -655,6 +642,37 @@ class Telemetry:
             self._export_warmed(now, side)
         self._export_early(now, side)
         return store_b, redis_b, new_last
+
+    def _export_hot(self, now: float, hot: dict[Any, Any], side: dict[Any, Any]) -> None:
+        """Hot-key rows of one side flush. A key read once in a hot-key window is not hot, but a
+        window spans many flushes (an hour, flushed every five minutes): a key read once in this
+        flush waits in ``_singles`` for a second read in a later flush of the same window and is
+        exported with both then; once exported, its later reads in the window are exported as
+        they come (the store adds them to its row). A past window's singles are dropped."""
+        agg = self.aggregator
+        win = float(int(now // self.config.hot_key_window_s) * self.config.hot_key_window_s)
+        singles = self._singles
+        if any(w != win for w, _ in singles.values()):
+            singles = self._singles = {k: v for k, v in singles.items() if v[0] == win}
+        h = self.hasher.hash
+        for hk, sk in hot.items():
+            tenant, layer = agg.hot_scope(hk)
+            for key, e in sk.items():
+                first = singles.get((hk, key))
+                if first is not None and first[1] is not None:  # read once before: add it
+                    e = [*e]
+                    for i in (E_HITS, E_MISSES, E_ERR):
+                        e[i] += first[1][i]
+                if first is None and e[E_HITS] + e[E_MISSES] < 2:
+                    if len(singles) < self._singles_cap:
+                        singles[(hk, key)] = (win, e)
+                    continue
+                if first is None or first[1] is not None:  # exported from now on in this window
+                    if first is not None or len(singles) < self._singles_cap:
+                        singles[(hk, key)] = (win, None)
+                side["hot_keys"].append(
+                    (win, tenant, layer, h(key), e[E_FAMILY], e[E_HITS], e[E_MISSES], e[E_ERR])
+                )
 
     def _failed(self, stage: str, e: BaseException) -> None:
         self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)

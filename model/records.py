@@ -372,7 +372,8 @@ HOT_KEYS = Record(
     key=("window", "tenant", "layer", "key_hash"),
     write="add",
     max_measures=("err",),
-    doc="Space-Saving counts per flush window: true count >= hits + misses - err",
+    doc="Space-Saving counts per hot-key window (keys read at least twice in it): "
+    "true count >= hits + misses - err",
 )
 
 # ---------------------------------------------------------------- A/B units

@@ -9,7 +9,7 @@
 # The quick path:  bash scripts/test.sh --quick [pytest args]
 # Every test that needs no external service and is not slow (markers in pyproject.toml): no
 # redis-server, prometheus/promtool/victoria-metrics, vLLM or Chromium is installed or started.
-# Under 3 minutes on two cores; lint is scripts/lint.sh.
+# About 4½ minutes on two idle cores; lint is scripts/lint.sh.
 QUICK="not engine and not redis and not prometheus and not browser and not slow"
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev

@@ -32,7 +32,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The marker a test needs to start each binary: the quick path (scripts/test.sh --quick) leaves
+# these markers out and promises to start none of these services.
+MARKER_OF = {
+    "redis-server": "redis",
+    "redis-cli": "redis",
+    "prometheus": "prometheus",
+    "promtool": "prometheus",
+    "victoria-metrics": "prometheus",
+    "chromium": "browser",
+}
+_running: list[pytest.Item] = []  # the test being set up or run (pytest_runtest_protocol)
+# Fixtures that start a service: a test using one carries the service's marker.
+FIXTURE_MARKER = {
+    "redis_server": "redis",
+    "redis_client": "redis",
+    "redis_cluster": "redis",
+    "cluster_client": "redis",
+    "streamlit_server": "browser",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in set(item.fixturenames) & FIXTURE_MARKER.keys():
+            item.add_marker(FIXTURE_MARKER[fixture])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
 def need_binary(name: str) -> str:
+    marker = MARKER_OF.get(name)
+    item = _running[-1] if _running else None
+    if (
+        marker
+        and item is not None
+        and f"not {marker}" in (item.config.option.markexpr or "")
+        and item.get_closest_marker(marker) is None
+    ):  # a run that leaves the marker out (the quick path) must not start the service
+        pytest.fail(
+            f"{item.nodeid} starts {name} but is not marked @pytest.mark.{marker}, so "
+            f'-m "not {marker}" (the quick path) ran it',
+            pytrace=False,
+        )
     path = shutil.which(name)
     if path is None:
         msg = f"{name} is not installed; run scripts/test.sh (it installs it with apt-get)"

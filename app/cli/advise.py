@@ -67,10 +67,6 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _fmt_h(s: float) -> str:
-    return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.0f} min" if s >= 60 else f"{s:g} s")
-
-
 FRAMES = [
     "lookups",
     "warmup_runs",
@@ -143,7 +139,7 @@ def _write_json(args: argparse.Namespace, out: dict) -> None:
 
 
 def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
-    from warmscope.analysis.advisor import NoRecommendation, advise_prefix, prefix_only, prefix_text
+    from warmscope.analysis.advisor import prefix_only
     from warmscope.sources import EmbeddedSource, SourceError
 
     path = Path(store_path(args))
@@ -159,7 +155,7 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     if bad:
         return _fail(bad)
     if args.variant is None and prefix_only(fr):
-        return _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation)
+        return _advise_prefix(args, src, fr, path)
     return _advise_layers(args, progress, src, fr, path)
 
 
@@ -211,6 +207,7 @@ def _advise_layers(args: argparse.Namespace, progress, src, fr, path: Path) -> i
 def _print_forecast(ft) -> None:
     """Forecast error per horizon: the kept model, and MAPE and 90 % coverage per model."""
     import pandas as pd
+    from warmscope.analysis.advisor import fmt_hours
 
     kept = ft[ft.kept].set_index("horizon_s")
     rows = []
@@ -218,7 +215,7 @@ def _print_forecast(ft) -> None:
         d = g.set_index("model")
         rows.append(
             {
-                "horizon": _fmt_h(h),
+                "horizon": fmt_hours(h),
                 "kept": kept.loc[h, "model"] if h in kept.index else "",
                 **{f"MAPE {m}": d.loc[m, "mape"] for m in d.index},
                 **{f"cover {m}": d.loc[m, "coverage_90"] for m in d.index},
@@ -293,8 +290,10 @@ def _print_peak(rec) -> None:
         )
 
 
-def _advise_prefix(args, src, fr, path, advise_prefix, prefix_text, NoRecommendation) -> int:
+def _advise_prefix(args: argparse.Namespace, src, fr, path: Path) -> int:
     """A recording of an engine's prefix cache only (a gateway's): warm-set size and lead time."""
+    from warmscope.analysis.advisor import NoRecommendation, advise_prefix, prefix_text
+
     vm = _values(args, src, fr)
     try:
         adv = advise_prefix(fr, src.units(None), vm, args.objective)

@@ -48,9 +48,12 @@ def test_a_new_layer_loaded_at_start_is_picked_up(monkeypatch):
     v = out_of_step({"lookups": _lookups()}, AN, BASE)
     assert v.detected and v.scope == {"replica": "r2"}
     # r2: 40 misses of 100 lookups = 40% (baseline 0%); r1's prefix-KV misses (90%) left out
-    assert v.numbers == {"weights_miss_rate": pytest.approx(0.4), "baseline": 0.0}
+    assert v.numbers == {"miss_rate": pytest.approx(0.4), "baseline": 0.0}
     assert v.confidence == 1.0  # min(1, 0.5 + 5 x 0.4)
-    assert v.evidence.startswith("replica r2: 40 requests met unloaded weights (40.0%")
+    # the text names the declared layers, not "weights" alone
+    assert v.evidence.startswith(
+        "replica r2: 40 requests met unloaded weights and lora (40.0% of its weights and lora"
+    ), v.evidence
 
 
 def test_no_module_compares_a_layer_with_the_name_weights():

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # a recording through the gateway, then the page 
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 # three tenants, six system prompts each, read 8, 5, 3, 2, 2 and 2 times: every prefix is read at
-# least twice, so each is a hot key (a prefix read once in a flush window is not one)
+# least twice, so each is a hot key (a prefix read once in a hot-key window is not one)
 READS = (8, 5, 3, 2, 2, 2)
 TENANTS = ("acme", "globex", "initech")
 SLO = ("--objective", "slo", "--slo-ttft-s", "0.02", "--slo-penalty", "0.01")

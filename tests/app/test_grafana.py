@@ -186,6 +186,7 @@ def stack(tmp_path_factory):
 
 
 @pytest.mark.slow  # the simulator runs 20 s in real time
+@pytest.mark.prometheus
 def test_every_panel_returns_data_of_its_kind_from_real_prometheus(stack, tmp_path):
     url, t0 = stack
     end = time.time()
@@ -309,6 +310,7 @@ def test_renaming_a_rule_breaks_generation(tmp_path, capsys):
             } <= set(n.recorded)
 
 
+@pytest.mark.prometheus
 def test_a_datasource_without_the_series_gets_a_text_panel(tmp_path, capsys):
     prom_bin = need_binary("prometheus")
     port = free_port()

@@ -214,6 +214,7 @@ def test_redis_down_memory_is_bounded_and_every_dropped_row_is_counted(tmp_path)
     assert tel.pending_rows("redis") == 0
 
 
+@pytest.mark.redis
 def test_close_returns_while_redis_is_stopped(tmp_path):
     srv = RedisServer(tmp_path)
     try:
@@ -240,6 +241,7 @@ def _unit_requests(client, exp: str = "e") -> int:
     return int(RedisSource("", client=client).units(exp)["requests"].sum())
 
 
+@pytest.mark.redis
 def test_redis_stalled_past_the_timeout_counts_each_increment_once(tmp_path):
     srv = RedisServer(tmp_path)
     client = srv.client()
@@ -273,6 +275,7 @@ def test_redis_stalled_past_the_timeout_counts_each_increment_once(tmp_path):
         srv.stop()
 
 
+@pytest.mark.redis
 def test_redis_killed_and_restarted_loses_nothing(tmp_path):
     srv = RedisServer(tmp_path)
     port = srv.port
@@ -375,6 +378,7 @@ def test_secret_is_never_made_in_the_working_directory(tmp_path, monkeypatch):
     assert (tmp_path / "xdg" / "warmscope" / "key-secret").is_file()
 
 
+@pytest.mark.redis
 def test_an_explicit_secret_is_required_when_hashes_leave_the_host(tmp_path, caplog):
     srv = RedisServer(tmp_path)
     try:

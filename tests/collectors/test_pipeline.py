@@ -121,3 +121,36 @@ def test_close_is_prompt_and_final(tmp_path):
     tel.close()
     assert time.monotonic() - t0 < 5
     assert tel.store.frame("lookups")["count"].sum() == 1
+
+
+def test_a_key_read_once_per_flush_is_hot_when_read_twice_in_its_window(tmp_path):
+    # Hot-key window 3600 s, side flushes 10, 310, 610 and 3610 s into it. "twice" is read once
+    # before each of the first two flushes (a hit, then a miss): hot, with both reads; its third
+    # read (a miss, once in that flush) adds to its row. "span" is read once in each of two
+    # windows and "lonely" once in all: neither is hot.
+    cfg = CollectorConfig.load(env={}, store_path=str(tmp_path / "h.sqlite"), key_secret="s",
+                               side_flush_s=0, hot_key_window_s=3600)
+    tel = Telemetry(cfg, background=False)
+    try:
+        backend = {"twice": 1}
+        c = InstrumentedCache(backend, layer="response", telemetry=tel)
+        t0 = 1_800_000_000.0 - 1_800_000_000.0 % 3600  # the start of a window
+        with request_context(tenant="t1", telemetry=tel):
+            c.get("twice")  # hit
+            c.get("span")  # miss, in the first window
+            c.get("lonely")
+            tel.flush(now=t0 + 10)
+            assert tel.store.frame("hot_keys").empty  # nothing read twice yet
+            backend.clear()
+            c.get("twice")  # miss, same window
+            tel.flush(now=t0 + 310)
+            c.get("twice")  # once more in the window
+            tel.flush(now=t0 + 610)
+            c.get("span")  # the next window
+            tel.flush(now=t0 + 3610)
+        hk = tel.store.frame("hot_keys")
+        assert len(hk) == 1, hk
+        row = hk.iloc[0]
+        assert (row["hits"], row["misses"], row["window"]) == (1, 2, t0), row
+    finally:
+        tel.close()

@@ -58,7 +58,7 @@ def system_prompt(tenant: str, i: int) -> str:
 def workload() -> list[tuple[str, int, str]]:
     """(tenant, prompt, question) per request, in order. Prompt j of a tenant (rank 4j + t over
     all tenants) is read max(2, round(10 / rank^0.8)) times: a few popular prompts, most read
-    twice (a prefix read once in a flush window is not a hot key, so neither a top-k from the hot
+    twice (a prefix read once in a hot-key window is not a hot key, so neither a top-k from the hot
     keys nor the advisor ranks it), so the warm set's size decides how many first reads hit."""
     reqs = []
     for t, tenant in enumerate(TENANTS):

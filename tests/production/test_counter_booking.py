@@ -29,6 +29,8 @@ from warmscope.sources.prometheus import PrometheusSource, counter_window
 
 from tests.conftest import ExpositionHandler, free_port, need_binary, wait_until
 
+pytestmark = pytest.mark.prometheus
+
 LIFETIME = 1_000_000  # what a long-running engine counted before anyone scraped it
 GAP_S = 50            # Prometheus down / target removed: longer than two steps plus the lookback
 
