@@ -542,9 +542,10 @@ class Search:
             nn, pp = self.vd[mask], self.pe[mask]
             rm, ll = self.move(mask)
             ww = nn * _kl(rm, pp)
+            vv = votes_ratio(hh, nn, pp, rm, self.unmoved_share)
             return (
                 zz,
-                float((ww * (ll > 0)).sum() / max(ww.sum(), 1e-300)),
+                float((ww * vv).sum() / max(ww.sum(), 1e-300)),
                 float(ll.sum()) / self.phi,
             )
         mm = hh.sum() / len(hh)
@@ -556,7 +557,8 @@ class Search:
             / self.sigma
         )
         ww = ph * ph
-        purity = float((ww * (np.abs(hh - ph) < np.abs(hh))).sum() / max(float(ww.sum()), 1e-300))
+        vv = votes_additive(hh, ph, self.unmoved_share)
+        purity = float((ww * vv).sum() / max(float(ww.sum()), 1e-300))
         return zz, purity, len(hh) * mm * mm / 2
 
     def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -644,7 +646,7 @@ class Search:
                 uc = use_common[gi]
                 rm = np.where(uc, rm_common, rm_scale)
                 llr = np.where(uc, llc, lls)
-                vote = llr > 0
+                vote = votes_ratio(hs, ns, ps, rm, self.unmoved_share)
                 w = ns * _kl(rm, ps)
                 fit = np.bincount(gi, llr, ng) / self.phi
                 sat: np.ndarray = np.bincount(gi, self.sat[sel], ng) / self.phi
@@ -653,7 +655,7 @@ class Search:
                 Sf = st[5]
                 ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor)
                 ph /= self.sigma
-                vote = np.abs(hs - ph) < np.abs(hs)
+                vote = votes_additive(hs, ph, self.unmoved_share)
                 w = ph * ph  # the evidence the leaf can hold
                 fit = n * m * m / 2
                 sat = np.bincount(gi, self.sat[sel], ng)
@@ -677,6 +679,35 @@ class Search:
         for j in sub:
             m &= self.codes[j] == self.codes[j][row]
         return m
+
+
+def votes_ratio(
+    h: np.ndarray, n: np.ndarray, p: np.ndarray, rm: np.ndarray, share: float
+) -> np.ndarray:
+    """Step 3, purity votes (ratio measures): does each leaf move with its element? ``h``
+    events in ``n`` trials at expected rate ``p``; ``rm`` the rate the element's move gives the
+    leaf. Rule: a leaf moves with the element when it fits a move of its own, between ``share``
+    (``unmoved_share``) and all of the element's, in log factors, better than "unchanged" —
+    the binomial log-likelihood at ``p·(rm/p)^f`` beats ``p``, ``f`` the leaf's own fraction
+    of the move clipped to [share, 1]. Reason: ``split`` counts a child as not moved with its
+    element only under ``share`` of the element's move; a vote must use the same line, or a
+    cause whose children moved unevenly (×2 beside ×6) is impure although no child of it is
+    unmoved. Leaves with little evidence weigh little (the caller's weights)."""
+    lm = np.log(rm / p)
+    x = np.log(np.maximum(h, 1e-12) / np.maximum(n * p, 1e-12))  # the leaf's own log factor
+    f = np.clip(np.where(lm != 0, x / np.where(lm != 0, lm, 1.0), 0.0), share, 1.0)
+    out: np.ndarray = _binom_llr(h, n, np.clip(p * np.exp(f * lm), 1e-6, 1 - 1e-6), p) > 0
+    return out
+
+
+def votes_additive(hs: np.ndarray, ph: np.ndarray, share: float) -> np.ndarray:
+    """Step 3, purity votes (additive measures): the rule of :func:`votes_ratio` on the
+    standardised log ratios: leaf ``hs``, the element's move ``ph`` (:func:`additive_move`). A
+    leaf moves with the element when it is nearer a move of its own fraction ``f`` of ``ph``,
+    ``f`` clipped to [share, 1], than zero."""
+    f = np.clip(np.where(ph != 0, hs / np.where(ph != 0, ph, 1.0), 0.0), share, 1.0)
+    out: np.ndarray = np.abs(hs - f * ph) < np.abs(hs)
+    return out
 
 
 def rank(fit: np.ndarray, saturated: np.ndarray) -> np.ndarray:

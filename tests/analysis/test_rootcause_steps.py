@@ -26,6 +26,8 @@ from warmscope.analysis.rootcause import (
     residuals,
     significant,
     split,
+    votes_additive,
+    votes_ratio,
 )
 
 ADDITIVE = Measure(v="v", f="f")
@@ -163,6 +165,43 @@ def test_tiny_leaves_that_went_to_zero_do_not_vote_against_their_element():
     # Every leaf of a0 fell as far as it could (a 1-leaf to the floor exactly): all vote for
     # the move.
     assert purity == 1.0 and z < 0
+
+
+def test_a_leaf_votes_with_its_element_down_to_a_tenth_of_the_move_as_split_counts_it():
+    # Expected rate 0.02 in 10,000 trials (200 events); the element moves ×6 (rate 0.12,
+    # log 1.792). Leaves with 1,200, 400 (×2, log 0.693 = 39 % of the move), 260 (log 0.262,
+    # 15 %), 212 (log 0.058, 3 %) and 200 events (unchanged).
+    n, p = np.full(5, 10_000.0), np.full(5, 0.02)
+    h = np.array([1200.0, 400.0, 260.0, 212.0, 200.0])
+    rm = np.full(5, 0.12)
+    # A leaf fits its own fraction f of the move (clipped to [0.1, 1]): ×6, ×2 and log 0.262
+    # fit themselves (f = 1, 0.39, 0.15), better than unchanged. 212 events: f clipped up to
+    # 0.1, rate 0.02 · e^0.179 = 0.0239 (239 expected) — 212 is nearer 200 than 239 (the
+    # binomial log-likelihood at 0.0239 is below that at 0.02): no. 200: no.
+    assert votes_ratio(h, n, p, rm, 0.1).tolist() == [True, True, True, False, False]
+    # The midpoint rule votes ×2 against a ×6 element: nearer unchanged (0.693 < 1.792 / 2).
+    assert votes_ratio(h, n, p, rm, 1.0).tolist() == [True, False, False, False, False]
+    # Additive, standardised log ratios against an element's move of −8 noise units: −8, −3
+    # (37 %), −1.2 (15 %) fit their own fraction; −0.3 (f clipped to 0.1: −0.8, and |−0.3 + 0.8|
+    # = 0.5 > 0.3) is nearer zero; +2 moved the other way.
+    hs = np.array([-8.0, -3.0, -1.2, -0.3, 2.0])
+    ph = np.full(5, -8.0)
+    assert votes_additive(hs, ph, 0.1).tolist() == [True, True, True, False, False]
+
+
+def test_a_rate_cause_whose_children_moved_unevenly_climbs_whole():
+    # Element a0 (rate 0.02 → 0.12 in b0: ×6) and its sibling (a0, b1) at ×2; a1 unchanged. The
+    # winner (a0, b0) climbs to a0: (a0, b1)'s 400 events against 200 expected (z = 200 /
+    # sqrt(10,000 · 0.02 · 0.98) = 14.3) moved on their own, and with votes to a tenth of the
+    # move a0 is pure (both leaves vote for it); by the midpoint rule (a0, b1) would vote
+    # "unchanged" and hold 10,000 · KL of a0's weight.
+    g = grid(a=2, b=2)
+    vn = np.select([(g.a == "a0") & (g.b == "b0"), (g.a == "a0")], [1200.0, 400.0], 200.0)
+    cols = {"vn": vn, "vd": np.full(4, 10_000.0), "fn": np.full(4, 200.0), "fd": np.full(4, 10_000.0)}
+    s = search_of(g, RATIO, cols)
+    child = ((g.a == "a0") & (g.b == "b0")).to_numpy()
+    sub, member = climb(s, (0, 1), child, 1)
+    assert sub == (0,) and member.tolist() == (g.a == "a0").tolist()
 
 
 def test_rank_is_the_fit_less_the_residue_the_move_leaves():
