@@ -109,8 +109,10 @@ def explanations(loc, what: str) -> None:
     bar.update_layout(
         title="Share of the change explained",
         xaxis=dict(tickformat=".0%"),
-        yaxis=dict(autorange="reversed"),
-        height=80 + 40 * len(df),
+        yaxis=dict(autorange="reversed", automargin=True),
+        # Plotly's default margins (80 px top, 80 bottom) come out of the height: a bar per
+        # cause needs its 40 px after them, or the plot area shrinks until one label fits.
+        height=180 + 40 * len(df),
     )
     st.plotly_chart(bar, width="stretch")
 
