@@ -217,7 +217,7 @@ class Telemetry:
         # This hot-key window's keys, (scope, key) -> (window, entry): read once so far (the
         # entry), or exported (None); bounded to a few sketches' worth (_export_hot).
         self._singles: dict[tuple[int, str], tuple[float, list[Any] | None]] = {}
-        self._singles_cap = 16 * (cfg.hot_keys_k + max(cfg.hot_keys_k, 1024))
+        self._singles_cap = 16 * self.aggregator._hot_cap  # sixteen sketches' worth
         self._deadline = float("inf")  # monotonic; set by close()
         self._stop = threading.Event()
         # Called with the flush time before each flush (on the flusher's thread,
