@@ -50,14 +50,15 @@ from warmscope.simulator.run import simulate
 from warmscope.simulator.traffic import (
     EVERGREEN,
     FILL_CATALOG,
+    FILL_DRIFT_STEP,
+    FILL_ZIPF,
     TEMPLATES,
+    drift,
     rate_at,
     tenant_weights,
 )
 from warmscope.sources import EmbeddedSource
 
-FILL_ZIPF = 1.25  # traffic.draw_arrivals: fill rank = (zipf(1.25) − 1) mod FILL_CATALOG
-FILL_DRIFT_STEP = 977  # traffic.draw_arrivals: the fills' rotation per drift period
 DAY_START = 1796190000.0  # a fixed start: every run simulates the same day
 METRICS = (
     "TTFT per request (s)",
@@ -75,13 +76,12 @@ def rank_probs(catalog: int = FILL_CATALOG, s: float = FILL_ZIPF) -> np.ndarray:
     return np.asarray(zeta(s, (r + 1) / catalog) * catalog**-s / zeta(s, 1))
 
 
-def fill_probs(shift: int, p_rank: np.ndarray) -> np.ndarray:
-    """P(fill = v) after a drift by ``shift`` (:func:`traffic.drift`): ranks below ``EVERGREEN``
-    keep their fill, rank r ≥ ``EVERGREEN`` moves to (r + shift) mod catalog."""
+def fill_probs(cfg: Any, at_rel: float, p_rank: np.ndarray) -> np.ndarray:
+    """P(fill = v) at ``at_rel`` s into the day: each rank's probability carried to the fill
+    :func:`traffic.drift` moves it to (the evergreen head stays, the rest rotates)."""
     c = len(p_rank)
-    v = np.arange(c)
-    src = (v - shift) % c
-    return np.where(v < EVERGREEN, p_rank, 0.0) + np.where(src >= EVERGREEN, p_rank[src], 0.0)
+    fills = drift(np.arange(c), c, cfg, at_rel, FILL_DRIFT_STEP)
+    return np.bincount(fills, weights=p_rank, minlength=c)
 
 
 def _bounded_choose(bound: str, p_rank: np.ndarray, sim_ref: dict[str, Any]) -> Any:
@@ -117,11 +117,10 @@ def _bounded_choose(bound: str, p_rank: np.ndarray, sim_ref: dict[str, Any]) -> 
         out = [c for c in out if c[0] != "response"]
         period = cfg.content_drift_h * 3600
         drift_start = math.floor(now_rel / period) * period
-        shift = (int(now_rel // period) * FILL_DRIFT_STEP) % FILL_CATALOG
         window = min(cfg.warm_horizon_s, residence("response"), drift_start + period - now_rel)
         pool_rate = rate_at(cfg, now_rel, sim_ref["sim"].bursts) / len(cfg.arms)
         tw = tenant_weights(cfg.tenants)
-        pf = fill_probs(shift, p_rank)
+        pf = fill_probs(cfg, now_rel, p_rank)
         adapter_miss = strategies._adapter_miss(cfg, heat.tenant_recent) if heat else {}
         seen_heat = heat.heat if heat is not None else {}
         cands: list[tuple[float, str, str, int]] = []
@@ -133,6 +132,8 @@ def _bounded_choose(bound: str, p_rank: np.ndarray, sim_ref: dict[str, Any]) -> 
                     continue
                 rate = pool_rate * tw[ten.idx] * share * pf
                 miss_s = strategies._response_miss_ttft(cfg, tpl, adapter_miss.get(ten.name, 1.0))
+                # the likeliest fills only: a fill past 4 budgets' worth in its own template
+                # cannot outrank the budget's last key across all of them
                 for v in np.argsort(-rate)[: 4 * cfg.warm_keys]:
                     key = f"resp:{TEMPLATES[tpl].name}:{ten.name}.{v}"
                     e = seen_heat.get(key)

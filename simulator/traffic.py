@@ -67,6 +67,8 @@ TEMPLATES = (
 FILL_CATALOG = 4000  # distinct fills per tenant × template (Zipf over them)
 CHUNK_CORPUS = 15000  # RAG chunks per tenant
 CHUNKS_PER_QUERY = 3
+FILL_ZIPF = 1.25  # fill rank = (Zipf(FILL_ZIPF) − 1) mod FILL_CATALOG
+FILL_DRIFT_STEP = 977  # ranks the fills rotate by per content-drift period (:func:`drift`)
 
 
 @dataclass
@@ -174,7 +176,9 @@ def draw_arrivals(
         u_tpl=rng.random(n),
         u_session=rng.random(n),
         u_pick=rng.random(n),
-        fill=drift((rng.zipf(1.25, n) - 1) % FILL_CATALOG, FILL_CATALOG, cfg, at, 977),
+        fill=drift(
+            (rng.zipf(FILL_ZIPF, n) - 1) % FILL_CATALOG, FILL_CATALOG, cfg, at, FILL_DRIFT_STEP
+        ),
         chunks=drift(
             (rng.zipf(1.15, (n, CHUNKS_PER_QUERY)) - 1) % CHUNK_CORPUS, CHUNK_CORPUS, cfg, at, 3571
         ),

@@ -5,9 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from warmscope.simulator import SimConfig
-from warmscope.simulator.traffic import EVERGREEN, FILL_CATALOG, draw_arrivals
+from warmscope.simulator.traffic import (
+    EVERGREEN,
+    FILL_CATALOG,
+    FILL_DRIFT_STEP,
+    draw_arrivals,
+)
 
-from bench.strategy_headroom import FILL_DRIFT_STEP, fill_probs, rank_probs
+from bench.strategy_headroom import fill_probs, rank_probs
 
 
 def test_rank_probabilities_by_hand():
@@ -28,7 +33,7 @@ def test_fill_probabilities_match_the_generators_draws_after_a_drift():
     n = len(a.fill)
     assert n > 200_000
     seen = np.bincount(np.asarray(a.fill), minlength=FILL_CATALOG) / n
-    p = fill_probs((hour * FILL_DRIFT_STEP) % FILL_CATALOG, rank_probs())
+    p = fill_probs(cfg, hour * 3600.0, rank_probs())
     assert p.sum() == pytest.approx(1.0, abs=1e-9)
     # the evergreen head keeps its fills, and fill 0 also takes the rotated rank
     # (0 − 2931) mod 4000 = 1069; rank 20 (p ≈ 0.0048) sits at fill 20 + 2931 = 2951
