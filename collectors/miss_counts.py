@@ -32,9 +32,10 @@ from warmscope.model import records
 
 from .keys import LabelCap
 
-__all__ = ["MissTracking", "MISS_QUEUE_LIMIT"]
+__all__ = ["MissTracking", "MISS_QUEUE_LIMIT", "TRACE_QUEUE_LIMIT", "trace_record"]
 
 MISS_QUEUE_LIMIT = 100_000  # observations waiting for the next drain (per queue)
+TRACE_QUEUE_LIMIT = 50_000  # block-trace requests waiting for the next flush
 _CLASSES = frozenset(records.MISS_CLASSES)
 _KV_ZERO = (0, 0, 0, 0)  # stored, reused, evicted, resident
 
@@ -58,6 +59,7 @@ class MissTracking:
         self.miss_to_store = False  # the pipeline sets it when metric points go to the store
         self._miss_q: deque[tuple[Any, ...]] = deque()
         self._kv_q: deque[tuple[Any, ...]] = deque()
+        self._trace_q: deque[Any] = deque()
         self._miss_lock = threading.Lock()
         self._miss_dropped = 0  # observations not queued (bound reached), counted by callers
         self._engine_cap = LabelCap(max_label_values)
@@ -99,6 +101,26 @@ class MissTracking:
             self._miss_dropped += 1
             return
         q.append((ts, engine, salt, stored, reused, evicted, resident))
+
+    def record_trace(self, row: Any) -> None:
+        q = self._trace_q
+        if len(q) >= TRACE_QUEUE_LIMIT:
+            self._miss_dropped += 1
+            return
+        q.append(row)
+
+    def take_trace_rows(self) -> list[tuple[Any, ...]]:
+        """The block-trace rows queued since the last call (``records.BLOCK_TRACE``), tenants
+        under the same label caps as every other record."""
+        rows = []
+        q = self._trace_q
+        while q:
+            r = q.popleft()
+            try:
+                rows.append(trace_record(r, self.tenants.label(r.tenant)))
+            except Exception as e:
+                self.count_error("record", "record_trace", e)
+        return rows
 
     # --------------------------------------------------------------- drain
     def _bucket(self, ts: Any) -> float | None:
@@ -247,3 +269,29 @@ class MissTracking:
         self.drain_misses()
         with self._miss_lock:
             return {k: tuple(v) for k, v in self.kv_export.items()}
+
+
+def _blob(values: list[int]) -> bytes:
+    return b"".join(int(v).to_bytes(8, "little") for v in values)
+
+
+def trace_record(r: Any, tenant: str) -> tuple[Any, ...]:
+    """A :class:`collectors.kv.attribution.TraceRow` as a ``block_trace`` row."""
+    h = list(r.h)
+    return (
+        float(r.ts),
+        float(r.t_end),
+        tenant,
+        str(r.engine),
+        str(r.salt),
+        int(r.prompt),
+        int(r.output),
+        int(r.cached),
+        float(r.ttft),
+        int(r.block_size),
+        (h[0] & 0xFF) if h else 0,
+        _blob(h),
+        _blob(list(r.c)),
+        _blob(list(r.s)),
+        bytes(r.cls),
+    )

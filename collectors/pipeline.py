@@ -349,6 +349,16 @@ class Telemetry:
         except Exception as e:  # never break the host
             self.aggregator.count_error("record", "record_misses", e)
 
+    def record_trace(self, row: Any) -> None:
+        """One request's block chain for the block trace (a
+        :class:`collectors.kv.attribution.TraceRow`, which the KV gateway hook hands on);
+        written to the embedded store with the next flush. Same cost and guarantees as
+        :meth:`record_misses`."""
+        try:
+            self.aggregator.record_trace(row)
+        except Exception as e:  # never break the host
+            self.aggregator.count_error("record", "record_trace", e)
+
     def record_kv_stats(
         self,
         *,
@@ -595,6 +605,9 @@ class Telemetry:
         new_last: dict[str, dict[Any, Any]] = {}
         if self.points_to_store and self.store is not None:
             self._point_rows(now, store_b, new_last)
+        trace = agg.take_trace_rows()
+        if trace:  # the block trace goes to the embedded store only (a side frame: retried)
+            store_b["block_trace"].extend(trace)
 
         hot: dict[int, dict[Any, Any]]
         units: dict[tuple[Any, ...], list[Any]]

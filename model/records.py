@@ -68,6 +68,7 @@ __all__ = [
     "FAULTS",
     "MISSES",
     "KV_BLOCKS",
+    "BLOCK_TRACE",
     "MISS_CLASSES",
     "LOOKUP_LABELS",
     "WRITE_LABELS",
@@ -83,7 +84,7 @@ __all__ = [
     "ROLLUP_S",
 ]
 
-TEXT, REAL, INTEGER = "TEXT", "REAL", "INTEGER"
+TEXT, REAL, INTEGER, BLOB = "TEXT", "REAL", "INTEGER", "BLOB"
 
 
 class ATTR:
@@ -467,6 +468,38 @@ KV_BLOCKS = Record(
     "larger of two writes)",
 )
 
+# ------------------------------------------------------------ block trace
+# One row per request an engine served behind the gateway, with the chain of its KV blocks:
+# what the what-if replay (analysis/whatif) reads. Blocks are 63-bit digests keyed with the
+# recorder's secret (little-endian uint64 arrays in the BLOBs): no token id or text is stored.
+# ``h``: the blocks as the engine cached them; ``c``: the chain without the cache salt; ``s``:
+# the chain with the template's drifting blocks replaced (empty when equal to ``h``); ``cls``:
+# one byte per block, model.blocktrace.BLOCK_CLASSES (255 not judged). ``bucket`` (0-255, from
+# the first block) is the sample bucket older rows are thinned by.
+BLOCK_TRACE = Record(
+    "block_trace",
+    (
+        _t("ts"),
+        _m("t_end", REAL),
+        _TENANT,
+        _l("engine", ATTR.REPLICA),
+        _l("salt", ATTR.SALT),
+        _m("prompt"),
+        _m("output"),
+        _m("cached"),
+        _m("ttft", REAL),
+        _m("block_size"),
+        _m("bucket"),
+        _m("h", BLOB),
+        _m("c", BLOB),
+        _m("s", BLOB),
+        _m("cls", BLOB),
+    ),
+    time="ts",
+    doc="one request's KV-block chain (keyed digests) with its arrival, end, tokens and TTFT: "
+    "the what-if replay's input",
+)
+
 RECORDS: dict[str, Record] = {
     r.name: r
     for r in (
@@ -484,9 +517,12 @@ RECORDS: dict[str, Record] = {
         FAULTS,
         MISSES,
         KV_BLOCKS,
+        BLOCK_TRACE,
     )
 }
-FRAMES = tuple(RECORDS)
+# The frames every source can be asked for: the block trace is read on its own
+# (sources.trace_store), never with the rest.
+FRAMES = tuple(n for n in RECORDS if n != BLOCK_TRACE.name)
 ROLLUP_S = 3600.0  # hourly rollups of the records with rollup=True
 
 

@@ -256,8 +256,12 @@ class VLLMEngine:
         kv_replay_endpoint: str | None = None,
         num_gpu_blocks_override: int | None = None,
         kv_cache_metrics: bool = False,
+        dev_mode: bool = False,
     ) -> None:
         self.port = port or free_port()
+        # vLLM's development endpoints (POST /reset_prefix_cache empties the prefix cache
+        # between runs on one engine); loopback only, as the engine is.
+        self.dev_mode = dev_mode
         # KV-cache events (collectors/kv): the engine's PUB socket connects to
         # ``kv_events_endpoint`` (the subscriber binds it, e.g. tcp://127.0.0.1:PORT);
         # its ROUTER replay socket binds ``kv_replay_endpoint``. None: no events.
@@ -351,6 +355,8 @@ class VLLMEngine:
             VLLM_CACHE_ROOT=str(self.run_dir / "vllm-cache"),
             TMPDIR=str(self.run_dir),
         )
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         logf = open(self.run_dir / "engine.log", "wb")
         t0 = time.monotonic()
         self.log(f"starting vLLM on {self.url} (log: {self.run_dir / 'engine.log'})")
@@ -443,6 +449,12 @@ class VLLMEngine:
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache (needs ``dev_mode``; no request may be running)."""
+        req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
 
     def stop(self, keep_log: bool = False) -> None:
         proc, self.proc = self.proc, None

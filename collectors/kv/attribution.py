@@ -31,20 +31,49 @@ See docs/kv-events.md for a worked example.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .decode import CLEARED, REMOVED, STORED, Batch
-from .index import _COPIES, ResidencyIndex, Salts, StoreBlocks
+from .index import MASK64, ResidencyIndex, Salts, StoreBlocks
 
-__all__ = ["CLASSES", "Attribution", "KVState"]
+__all__ = ["CLASSES", "Attribution", "KVState", "TraceRow", "TRACE_WAIT_S"]
 
 CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
 _ELSEWHERE, _EVICTED, _ISOLATED, _DRIFTED, _COLD = range(5)
 _MAX_BLOCKS_PER_SESSION = 4096
+_UNJUDGED = 255  # model.blocktrace.UNJUDGED (a block class byte: not judged)
+TRACE_WAIT_S = 1.0  # how long a traced request waits for its output blocks' store events
+_MAX_DRIFT_SOURCES = 65_536
+
+
+@dataclass
+class TraceRow:
+    """One request's block chain for the block trace (``records.BLOCK_TRACE``): keyed 63-bit
+    digests, root first (the prompt's full blocks, then its output's). ``s`` is empty when the
+    drift-stable chain equals ``h``; ``cls``: one byte a block (0 hit, then the classes of
+    :data:`CLASSES` from 1, 255 not judged)."""
+
+    ts: float
+    t_end: float
+    tenant: str | None
+    engine: str
+    salt: str
+    prompt: int
+    output: int
+    cached: int
+    ttft: float
+    block_size: int
+    h: list[int]
+    c: list[int]
+    s: list[int]
+    cls: bytes
 
 
 @dataclass
@@ -58,7 +87,7 @@ class Attribution:
 
 
 class _Session:
-    __slots__ = ("engine", "codes", "ages", "unseen", "block_size")
+    __slots__ = ("engine", "codes", "ages", "unseen", "block_size", "chain", "salt")
 
     def __init__(self, engine: str, block_size: int) -> None:
         self.engine = engine
@@ -66,6 +95,22 @@ class _Session:
         self.ages: list[tuple[int, float]] = []  # (block number in codes, seconds since removal)
         self.unseen = 0
         self.block_size = block_size
+        self.chain: _Chain | None = None  # kept when requests are traced
+        self.salt = 0
+
+
+class _Chain:
+    """A traced request's blocks, root first: the hit prefix (walked from the first store's
+    parent), then every block it stored. ``unseen``: a stored block whose tokens were never
+    stored at its position before (the drift rule's count)."""
+
+    __slots__ = ("h", "c", "d", "hits", "unseen", "ok")
+
+    def __init__(self, h: list[int], c: list[int], d: list[int], ok: bool) -> None:
+        self.h, self.c, self.d = h, c, d
+        self.hits = len(h)
+        self.unseen: list[bool] = [False] * len(h)
+        self.ok = ok
 
 
 @dataclass
@@ -75,6 +120,7 @@ class _Pending:
     cached: int
     deadline: float
     callback: Callable[[Attribution], None]
+    trace: dict[str, Any] | None = None
 
 
 class KVState:
@@ -92,8 +138,16 @@ class KVState:
         reuse_reports: bool = False,
         block_size: int = 0,
         clock: Callable[[], float] = time.time,
+        trace_sink: Callable[[TraceRow], None] | None = None,
+        trace_key: bytes | None = None,
     ) -> None:
         self.salts = Salts()
+        # The block trace: a traced request's chain goes to ``trace_sink`` once its output's
+        # blocks are in (or after TRACE_WAIT_S). Digests are keyed with ``trace_key``.
+        self.trace_sink = trace_sink
+        self.trace_key = trace_key or os.urandom(16)
+        self._tracing: dict[str, tuple[dict[str, Any], float]] = {}
+        self._drift_sources: OrderedDict[int, None] = OrderedDict()
         self.indexes = {
             e: ResidencyIndex(
                 e, max_blocks=max_blocks, salts=self.salts, reuse_reports=reuse_reports
@@ -112,6 +166,9 @@ class KVState:
             "attributed": 0,
             "incomplete": 0,
             "callback_errors": 0,
+            "traced": 0,
+            "trace_incomplete": 0,
+            "trace_errors": 0,
         }
         self.class_tokens = dict.fromkeys(CLASSES, 0)
 
@@ -134,7 +191,7 @@ class KVState:
                     continue
                 sb = idx.read_store(hashes, parent, tokens, bsize, salt)
                 if session is not None:
-                    self._judge(idx, sb, session, bsize, ts)
+                    self._judge(idx, sb, session, bsize, ts, parent)
                 for r in removals:
                     idx.remove(r, ts)
                 removals.clear()
@@ -155,7 +212,13 @@ class KVState:
         self.indexes[engine].clear(self.clock())
 
     def _judge(
-        self, me: ResidencyIndex, sb: StoreBlocks, session: str, bsize: int, ts: float
+        self,
+        me: ResidencyIndex,
+        sb: StoreBlocks,
+        session: str,
+        bsize: int,
+        ts: float,
+        parent: int | None = None,
     ) -> None:
         engines = list(self.indexes.values())
         others = [e for e in engines if e is not me]
@@ -166,39 +229,36 @@ class KVState:
                     self._sessions.popitem(last=False)
                     self.counts["sessions_forgotten"] += 1
                 rec = self._sessions[session] = _Session(me.name, bsize)
+                rec.salt = sb.salt
+                if self.trace_sink is not None:
+                    if parent is None:
+                        rec.chain = _Chain([], [], [], True)
+                    else:
+                        ph, pc, pd = me.prefix_of(parent)
+                        rec.chain = _Chain(ph, pc, pd, bool(ph))
         codes = rec.codes
         unseen = rec.unseen
-        other_main = [e.main for e in others]
-        my_main = me.main
-        removed = [e.removed for e in engines]
-        content = [(e.content, e.main) for e in engines]
+        chain = rec.chain
         seen = [e.seen_table for e in engines]
         drift = self.drift_blocks
-        for h, c, k in zip(sb.hashes, sb.contents, sb.seen_keys, strict=True):
+        for h, c, k, d in zip(sb.hashes, sb.contents, sb.seen_keys, sb.digests, strict=True):
             if len(codes) >= _MAX_BLOCKS_PER_SESSION:
                 break
             code = _COLD
-            for m in other_main:
-                if m.find(h) >= 0:
-                    code = _ELSEWHERE
-                    break
-            if code == _COLD:
+            if any(o.has(h) for o in others):
+                code = _ELSEWHERE
+            else:
                 latest = None
-                for r in removed:
-                    t = r.get(h)
+                for e in engines:
+                    t = e.removed_at(h)
                     if t is not None and (latest is None or t > latest):
                         latest = t
-                if latest is not None and my_main.find(h) < 0:
+                if latest is not None and not me.has(h):
                     code = _EVICTED
                     rec.ages.append((len(codes), max(0.0, ts - latest)))
-                else:
-                    for ct, m in content:
-                        cs = ct.find(c)
-                        if cs >= 0:
-                            ms = m.find(h)
-                            if ct.cols[0][cs] > (m.cols[_COPIES][ms] if ms >= 0 else 0):
-                                code = _ISOLATED
-                                break
+                elif any(e.holds_content_elsewhere(c, h) for e in engines):
+                    code = _ISOLATED
+            new = False
             if k >= 0:
                 for st in seen:
                     if st.find(k) >= 0:
@@ -207,7 +267,13 @@ class KVState:
                         break
                 else:
                     unseen += 1
+                    new = True
             codes.append(code)
+            if chain is not None:
+                chain.h.append(h)
+                chain.c.append(c)
+                chain.d.append(d)
+                chain.unseen.append(new)
         rec.unseen = unseen
         with self._cond:
             self._cond.notify_all()
@@ -296,18 +362,30 @@ class KVState:
         cached_tokens: int,
         callback: Callable[[Attribution], None],
         wait_s: float = 2.0,
+        trace: dict[str, Any] | None = None,
     ) -> None:
         """Attribute later, without blocking: ``callback`` runs on the subscriber's
-        thread once the request's events are in (or after ``wait_s``)."""
+        thread once the request's events are in (or after ``wait_s``). ``trace``: the
+        request's arrival (``ts``), end (``t_end``), ``tenant``, ``output`` tokens and ``ttft``
+        — with a ``trace_sink``, its block chain is handed on too."""
         if session is None:
             self._call(callback, self.attribute(None, prompt_tokens, cached_tokens))
             return
         with self._cond:
             self._pending.append(
-                _Pending(session, prompt_tokens, cached_tokens, time.monotonic() + wait_s, callback)
+                _Pending(
+                    session,
+                    prompt_tokens,
+                    cached_tokens,
+                    time.monotonic() + wait_s,
+                    callback,
+                    trace if self.trace_sink is not None else None,
+                )
             )
 
     def resolve_pending(self) -> None:
+        if self._tracing:
+            self._flush_traces()
         with self._cond:
             if not self._pending:
                 return
@@ -326,8 +404,101 @@ class KVState:
             self._pending = keep
         for p in due:
             a = self.attribute(p.session, p.prompt, p.cached)
-            self.forget(p.session)
+            if p.trace is not None:
+                meta = {**p.trace, "prompt": p.prompt, "cached": p.cached}
+                self._tracing[p.session] = (meta, now + TRACE_WAIT_S)
+            else:
+                self.forget(p.session)
             self._call(p.callback, a)
+
+    # ------------------------------------------------------------ block trace
+    def _flush_traces(self, force: bool = False) -> None:
+        """Hand on the traced requests whose output blocks are in, or whose wait is over."""
+        now = time.monotonic()
+        for session, (meta, deadline) in list(self._tracing.items()):
+            rec = self._sessions.get(session)
+            bs = rec.block_size if rec is not None else self.block_size
+            if rec is None or rec.chain is None or bs <= 0:
+                del self._tracing[session]
+                self.counts["trace_incomplete"] += 1
+                continue
+            want = (meta["prompt"] + max(int(meta.get("output", 0)) - 1, 0)) // bs
+            if len(rec.chain.h) < want and now < deadline and not force:
+                continue
+            del self._tracing[session]
+            try:
+                row = self._trace_row(rec, meta)
+            except Exception:
+                self.counts["trace_errors"] += 1
+                row = None
+            self.forget(session)
+            if row is None:
+                continue
+            try:
+                assert self.trace_sink is not None
+                self.trace_sink(row)
+                self.counts["traced"] += 1
+            except Exception:
+                self.counts["trace_errors"] += 1
+
+    def _prf(self, x: int) -> int:
+        d = hashlib.blake2b(x.to_bytes(8, "little"), key=self.trace_key, digest_size=8).digest()
+        return (int.from_bytes(d, "little") >> 1) or 1
+
+    def _trace_row(self, rec: _Session, meta: dict[str, Any]) -> TraceRow | None:
+        ch = rec.chain
+        assert ch is not None
+        bs = rec.block_size
+        prompt, cached = int(meta["prompt"]), int(meta["cached"])
+        if not ch.ok or ch.hits != cached // bs:
+            # the hit prefix could not be walked (a block of it left the index first)
+            self.counts["trace_incomplete"] += 1
+            return None
+        n = len(ch.h)
+        need = max(0, (prompt - 1) // bs - ch.hits)  # the judged blocks, as attribute() says
+        cls = bytearray(n)
+        codes = rec.codes
+        for j in range(ch.hits, n):
+            i = j - ch.hits
+            cls[j] = codes[i] + 1 if i < need and i < len(codes) else _UNJUDGED
+        # drift: the unseen blocks before a drifted one changed every hash after them
+        src = [h in self._drift_sources for h in ch.h]
+        for j in range(ch.hits, n):
+            if cls[j] == _DRIFTED + 1:
+                for i in range(ch.hits, j):
+                    if ch.unseen[i]:
+                        src[i] = True
+        stable = list(ch.h)
+        if any(src):
+            first = src.index(True)
+            prev = ch.h[first - 1] if first else hash(("root", rec.salt)) & MASK64
+            for j in range(first, n):
+                x = hash(("drift", rec.salt, j)) if src[j] else hash((rec.salt, j, ch.d[j]))
+                prev = hash((prev, x & MASK64)) & MASK64
+                stable[j] = prev
+            for j in range(n):
+                if src[j] and ch.h[j] not in self._drift_sources:
+                    self._drift_sources[ch.h[j]] = None
+                    if len(self._drift_sources) > _MAX_DRIFT_SOURCES:
+                        self._drift_sources.popitem(last=False)
+        prf = self._prf
+        h = [prf(x) for x in ch.h]
+        return TraceRow(
+            float(meta.get("ts", 0.0)),
+            float(meta.get("t_end", float("nan"))),
+            meta.get("tenant"),
+            rec.engine,
+            self.salts.label(rec.salt),
+            prompt,
+            int(meta.get("output", 0)),
+            cached,
+            float(meta.get("ttft", float("nan"))),
+            bs,
+            h,
+            [prf(x) for x in ch.c],
+            [] if stable == ch.h else [prf(x) for x in stable],
+            bytes(cls),
+        )
 
     def _call(self, cb: Callable[[Attribution], None], a: Attribution) -> None:
         try:

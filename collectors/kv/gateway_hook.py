@@ -6,7 +6,9 @@ and, with ``salt_tenants``, a ``cache_salt`` derived from its tenant.
 ``after(ex)`` reads the response's usage and hands the request to the watcher,
 which judges its missed tokens once its events are in and calls
 ``telemetry.record_misses(tenant=, engine=, family=, classes=, ts=)`` when the
-telemetry has it.
+telemetry has it; with ``trace`` (the default when the telemetry has ``record_trace``)
+the request's block chain follows as ``telemetry.record_trace(row)`` (the block trace the
+what-if replay reads).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class KVGatewayHook:
         salt_tenants: bool = False,
         salt_secret: str | None = None,
         wait_s: float = 2.0,
+        trace: bool | None = None,
     ) -> None:
         self.watcher = watcher
         self.telemetry = telemetry
@@ -52,6 +55,9 @@ class KVGatewayHook:
             "errors": 0,
         }
         self.last: Attribution | None = None
+        self.trace = callable(getattr(telemetry, "record_trace", None)) if trace is None else trace
+        if self.trace:
+            watcher.state.trace_sink = self._record_trace
 
     def salt_for(self, tenant: str) -> str:
         if self.salt_secret is None:
@@ -98,10 +104,24 @@ class KVGatewayHook:
             tenant = ex.labels[0] if ex.labels else None
             family = getattr(ex, "kind", None)
             self.stats["submitted"] += 1
+            trace = None
+            if self.trace:
+                now = time.time()
+                took = time.perf_counter() - ex.t0
+                out = usage.get("completion_tokens")
+                ttft = getattr(ex, "ttft", None)
+                trace = {
+                    "ts": now - took,
+                    "t_end": now,
+                    "tenant": tenant,
+                    "output": out if isinstance(out, int) else 0,
+                    "ttft": float(ttft) if ttft is not None else float("nan"),
+                }
             self.watcher.submit(
                 {"session_id": sid, "usage": usage},
                 lambda a: self._record(a, tenant, family),
                 self.wait_s,
+                trace,
             )
         except Exception:
             self.stats["errors"] += 1
@@ -119,6 +139,10 @@ class KVGatewayHook:
             ts=time.time(),
         )
         self.stats["recorded"] += 1
+
+    def _record_trace(self, row: Any) -> None:
+        self.telemetry.record_trace(row)
+        self.stats["traced"] = self.stats.get("traced", 0) + 1
 
     def close(self) -> None:
         self.watcher.stop()

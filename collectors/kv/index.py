@@ -244,7 +244,7 @@ class _Counts:
 
 
 # main table columns
-_PARENT, _SALT, _COPIES, _DEPTH, _STORED, _REUSED, _CONTENT = range(7)
+_PARENT, _SALT, _COPIES, _DEPTH, _STORED, _REUSED, _CONTENT, _DIGEST = range(8)
 
 
 class ResidencyIndex:
@@ -270,7 +270,7 @@ class ResidencyIndex:
         # second copy (see docs/kv-events.md). Off: every store is a store.
         self.reuse_reports = reuse_reports
         self.max_blocks = max_blocks
-        self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q"])
+        self.main = _Table(max_blocks, ["Q", "H", "B", "H", "f", "f", "Q", "Q"])
         self.content = _Table(max_blocks, ["I"])
         n_removed = max_removed if max_removed is not None else max(1, max_blocks // 4)
         self.removed = _Fifo(n_removed)
@@ -298,6 +298,43 @@ class ResidencyIndex:
     def dropped(self) -> dict[str, int]:
         """Rows that did not fit, per table (removed and seen: the oldest forgotten)."""
         return {**self._dropped, "removed": self.removed.forgotten, "seen": self._seen.forgotten}
+
+    def has(self, h: int) -> bool:
+        """The block is resident."""
+        return self.main.find(h) >= 0
+
+    def holds_content_elsewhere(self, c: int, h: int) -> bool:
+        """More copies of content ``c`` are resident than of block ``h`` itself: the same
+        tokens after the same tokens are held under another salt."""
+        cs = self.content.find(c)
+        if cs < 0:
+            return False
+        ms = self.main.find(h)
+        return bool(self.content.cols[0][cs] > (self.main.cols[_COPIES][ms] if ms >= 0 else 0))
+
+    def prefix_of(self, parent: int, limit: int = 4096) -> tuple[list[int], list[int], list[int]]:
+        """The resident chain that ends at block ``parent``, root first: (hashes, content keys,
+        token digests). Empty when a block of it is not resident (or the chain is longer than
+        ``limit``)."""
+        cols = self.main.cols
+        par, dep, con, dig = cols[_PARENT], cols[_DEPTH], cols[_CONTENT], cols[_DIGEST]
+        hs: list[int] = []
+        cs: list[int] = []
+        ds: list[int] = []
+        h = parent
+        while len(hs) <= limit:
+            s = self.main.find(h)
+            if s < 0:
+                return [], [], []
+            hs.append(h)
+            cs.append(con[s])
+            ds.append(dig[s])
+            if dep[s] == 0:
+                return hs[::-1], cs[::-1], ds[::-1]
+            if dep[s] == NO_DEPTH:
+                return [], [], []
+            h = par[s]
+        return [], [], []
 
     def removed_at(self, h: int) -> float | None:
         return self.removed.get(h)
@@ -404,7 +441,7 @@ class ResidencyIndex:
         if sb.partial:
             self.faults["partial_blocks"] += sb.partial
         main, content = self.main, self.content
-        c_par, c_salt, c_cop, c_dep, c_sto, c_reu, c_con = main.cols
+        c_par, c_salt, c_cop, c_dep, c_sto, c_reu, c_con, c_dig = main.cols
         counts = content.cols[0]
         m_used, m_keys, m_cap, m_max = main.used, main.keys, main.cap, main.max_rows
         k_used, k_keys, k_cap, k_max = content.used, content.keys, content.cap, content.max_rows
@@ -413,7 +450,7 @@ class ResidencyIndex:
         depth = sb.depth0
         sid = sb.salt
         t = ts - self.epoch
-        for h, c, k in zip(sb.hashes, sb.contents, sb.seen_keys, strict=True):
+        for h, c, k, d in zip(sb.hashes, sb.contents, sb.seen_keys, sb.digests, strict=True):
             s = h % m_cap  # open addressing, inlined: find h or its empty slot
             while m_used[s] and m_keys[s] != h:
                 s += 1
@@ -437,6 +474,7 @@ class ResidencyIndex:
                 c_sto[s] = t
                 c_reu[s] = 0.0
                 c_con[s] = c
+                c_dig[s] = d
             if s >= 0:
                 cs = c % k_cap
                 while k_used[cs] and k_keys[cs] != c:

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .attribution import Attribution, KVState
+from .attribution import Attribution, KVState, TraceRow
 from .subscriber import EngineSpec, KVSubscriber, discover
 
 __all__ = ["KVWatcher"]
@@ -39,6 +39,8 @@ class KVWatcher:
         drift_blocks: int = 2,
         reuse_reports: bool = False,
         catch_up: bool = True,
+        trace_sink: Callable[[TraceRow], None] | None = None,
+        trace_key: bytes | None = None,
     ) -> None:
         specs: list[EngineSpec] = []
         for e in engines:
@@ -61,6 +63,8 @@ class KVWatcher:
             max_blocks=max_blocks,
             drift_blocks=drift_blocks,
             reuse_reports=reuse_reports,
+            trace_sink=trace_sink,
+            trace_key=trace_key,
         )
         self.subscriber = KVSubscriber(specs, self.state, catch_up=catch_up)
 
@@ -90,12 +94,20 @@ class KVWatcher:
         return self.attribute_detail(info, wait_s).classes
 
     def submit(
-        self, info: Mapping[str, Any], callback: Callable[[Attribution], None], wait_s: float = 2.0
+        self,
+        info: Mapping[str, Any],
+        callback: Callable[[Attribution], None],
+        wait_s: float = 2.0,
+        trace: dict[str, Any] | None = None,
     ) -> None:
-        """Attribute without blocking; ``callback`` runs on the subscriber's thread."""
+        """Attribute without blocking; ``callback`` runs on the subscriber's thread.
+        ``trace``: the request's arrival, end, tenant, output tokens and TTFT, for the block
+        trace (see :meth:`KVState.submit`)."""
         prompt, cached = _usage_numbers(info)
         sid = info.get("session_id")
-        self.state.submit(sid if isinstance(sid, str) else None, prompt, cached, callback, wait_s)
+        self.state.submit(
+            sid if isinstance(sid, str) else None, prompt, cached, callback, wait_s, trace
+        )
 
     def stats(self) -> dict[str, Any]:
         return self.subscriber.stats()

@@ -24,10 +24,9 @@ __all__ = [
     "rollup_ddl",
 ]
 
-SCHEMA_VERSION = (
-    5  # 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured;
-)
-# 5: misses, kv_blocks
+# 3: ab_units / ab_lookups hold one row per unit (upsert); 4: requests.unmeasured;
+# 5: misses, kv_blocks; 6: block_trace
+SCHEMA_VERSION = 6
 ROLLUP_S = records.ROLLUP_S
 
 

@@ -64,8 +64,16 @@ def _migrate_4_to_5(con: sqlite3.Connection) -> None:
             con.execute(stmt)
 
 
+def _migrate_5_to_6(con: sqlite3.Connection) -> None:
+    """Schema 6 adds the ``block_trace`` record (a new table, empty)."""
+    for stmt in DDL.split(";"):
+        if "EXISTS block_trace" in stmt:
+            con.execute(stmt)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     2: _migrate_2_to_3,
     3: _migrate_3_to_4,
     4: _migrate_4_to_5,
+    5: _migrate_5_to_6,
 }
