@@ -87,7 +87,7 @@ class Attribution:
 
 
 class _Session:
-    __slots__ = ("engine", "codes", "ages", "unseen", "block_size", "chain", "salt")
+    __slots__ = ("engine", "codes", "ages", "unseen", "block_size", "chain", "salt", "reported")
 
     def __init__(self, engine: str, block_size: int) -> None:
         self.engine = engine
@@ -97,6 +97,7 @@ class _Session:
         self.block_size = block_size
         self.chain: _Chain | None = None  # kept when requests are traced
         self.salt = 0
+        self.reported = 0  # the first block of the session's reuse report (0: none)
 
 
 class _Chain:
@@ -147,6 +148,8 @@ class KVState:
         self.trace_sink = trace_sink
         self.trace_key = trace_key or os.urandom(16)
         self._tracing: dict[str, tuple[dict[str, Any], float]] = {}
+        # one-block parent-less events of resident blocks, undecided (see apply)
+        self._held: dict[str, tuple[str, list[int], list[int], int, str | None, float]] = {}
         self._drift_sources: OrderedDict[int, None] = OrderedDict()
         self.indexes = {
             e: ResidencyIndex(
@@ -166,6 +169,7 @@ class KVState:
             "attributed": 0,
             "incomplete": 0,
             "callback_errors": 0,
+            "reuse_reports": 0,
             "traced": 0,
             "trace_incomplete": 0,
             "trace_errors": 0,
@@ -177,36 +181,91 @@ class KVState:
         idx = self.indexes[engine]
         ts = batch.ts
         removals: list[list[int]] = []
+
+        def settle() -> None:
+            for r in removals:
+                idx.remove(r, ts)
+            removals.clear()
+
         for ev in batch.events:
             kind = ev[0]
             if kind == REMOVED:
                 removals.append(ev[1])
             elif kind == STORED:
                 _, hashes, parent, tokens, bsize, salt, session = ev
-                if idx.is_reuse_report(parent, hashes):
-                    for r in removals:
-                        idx.remove(r, ts)
-                    removals.clear()
+                if session is not None and session in self._held:
+                    self._resolve_held(session, follows=parent)
+                if idx.is_reuse_report(parent, hashes) or self._is_report(idx, parent, hashes, session):
+                    settle()
+                    if session is not None and len(hashes) == 1 and not idx.reuse_reports:
+                        # one resident block, parent-less: the report of a one-block hit, or a
+                        # one-block prompt recomputing its only block (a second copy): the
+                        # session's next store, or its cached tokens, tell which
+                        self._held[session] = (engine, hashes, tokens, bsize, salt, ts)
+                        continue
                     idx.reused(hashes, ts)
+                    if session is not None:
+                        self._note_report(idx, session, hashes, bsize)
                     continue
                 sb = idx.read_store(hashes, parent, tokens, bsize, salt)
                 if session is not None:
                     self._judge(idx, sb, session, bsize, ts, parent)
-                for r in removals:
-                    idx.remove(r, ts)
-                removals.clear()
+                settle()
                 idx.store(sb, parent, bsize, ts)
                 if not self.block_size:
                     self.block_size = bsize
             elif kind == CLEARED:
-                for r in removals:
-                    idx.remove(r, ts)
-                removals.clear()
+                settle()
                 idx.clear(ts)
-        for r in removals:
-            idx.remove(r, ts)
-        if self._pending:
+        settle()
+        if self._pending or self._tracing:
             self.resolve_pending()
+
+    def _is_report(
+        self, idx: ResidencyIndex, parent: int | None, hashes: list[int], session: str | None
+    ) -> bool:
+        """vLLM's ``kv_cache_report_mode: "full"`` reports the blocks a request reused as a
+        parent-less store of resident blocks, before anything the request stores. Told apart
+        from a store by the session: it is the session's first event (its own store, when it
+        has one, follows with the report's last block as parent)."""
+        if session is None or parent is not None or not hashes:
+            return False
+        rec = self._sessions.get(session)
+        if rec is not None and rec.reported != hashes[0]:
+            return False  # not its first event, nor the same report again (a retried step)
+        return all(idx.has(h) for h in hashes)
+
+    def _note_report(self, idx: ResidencyIndex, session: str, hashes: list[int], bs: int) -> None:
+        """A session's reuse report: its hit prefix, as the engine named it."""
+        with self._cond:
+            rec = self._sessions.get(session)
+            if rec is None:
+                if len(self._sessions) >= self.max_sessions:
+                    self._sessions.popitem(last=False)
+                    self.counts["sessions_forgotten"] += 1
+                rec = self._sessions[session] = _Session(idx.name, bs)
+        self.counts["reuse_reports"] += 1
+        rec.reported = hashes[0]
+        if rec.chain is None and self.trace_sink is not None:
+            c, d, salt = idx.rows_of(hashes)
+            rec.chain = _Chain(list(hashes), c, d, len(c) == len(hashes))
+            rec.salt = salt
+
+    def _resolve_held(
+        self, session: str, follows: int | None = None, cached_blocks: int | None = None
+    ) -> None:
+        """Decide a held one-block event: a report when the session's next store continues
+        from its block or the request's cached tokens cover it; otherwise a store."""
+        engine, hashes, tokens, bsize, salt, ts = self._held.pop(session)
+        idx = self.indexes[engine]
+        report = follows == hashes[-1] if cached_blocks is None else cached_blocks >= 1
+        if report and all(idx.has(h) for h in hashes):
+            idx.reused(hashes, ts)
+            self._note_report(idx, session, hashes, bsize)
+            return
+        sb = idx.read_store(hashes, None, tokens, bsize, salt)
+        self._judge(idx, sb, session, bsize, ts, None)
+        idx.store(sb, None, bsize, ts)
 
     def engine_restarted(self, engine: str) -> None:
         self.indexes[engine].clear(self.clock())
@@ -403,6 +462,9 @@ class KVState:
                     keep.append(p)
             self._pending = keep
         for p in due:
+            if p.session in self._held:
+                bs = self._held[p.session][3]
+                self._resolve_held(p.session, cached_blocks=p.cached // bs if bs > 0 else 0)
             a = self.attribute(p.session, p.prompt, p.cached)
             if p.trace is not None:
                 meta = {**p.trace, "prompt": p.prompt, "cached": p.cached}

@@ -76,6 +76,10 @@ class KVGatewayHook:
                 ex.kv_session = sid
                 add += b'"session_id":' + json.dumps(sid).encode() + b","
                 self.stats["tagged"] += 1
+            if self.trace and b'"vllm_xargs"' not in body:
+                # the engine reports the blocks each request reused (the trace's hit prefix,
+                # also for a request that stores nothing)
+                add += b'"vllm_xargs":{"kv_cache_report_mode":"full"},'
             tenant = ex.labels[0] if getattr(ex, "labels", None) else None
             if self.salt_tenants and isinstance(tenant, str) and b'"cache_salt"' not in body:
                 salt = self.salt_for(tenant)

@@ -312,6 +312,22 @@ class ResidencyIndex:
         ms = self.main.find(h)
         return bool(self.content.cols[0][cs] > (self.main.cols[_COPIES][ms] if ms >= 0 else 0))
 
+    def rows_of(self, hashes: list[int]) -> tuple[list[int], list[int], int]:
+        """Content keys and token digests of resident blocks, and the salt id of the first."""
+        cols = self.main.cols
+        cs: list[int] = []
+        ds: list[int] = []
+        salt = 0
+        for k, h in enumerate(hashes):
+            s = self.main.find(h)
+            if s < 0:
+                break
+            if k == 0:
+                salt = cols[_SALT][s]
+            cs.append(cols[_CONTENT][s])
+            ds.append(cols[_DIGEST][s])
+        return cs, ds, salt
+
     def prefix_of(self, parent: int, limit: int = 4096) -> tuple[list[int], list[int], list[int]]:
         """The resident chain that ends at block ``parent``, root first: (hashes, content keys,
         token digests). Empty when a block of it is not resident (or the chain is longer than

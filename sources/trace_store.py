@@ -1,0 +1,139 @@
+"""The block trace a gateway recorded (the embedded store's ``block_trace`` rows) as a
+:class:`~warmscope.model.blocktrace.BlockTrace`, and a trace written into a store.
+
+A store holds the requests a gateway's KV hook traced (``records.BLOCK_TRACE``): per request its
+arrival, end, tenant, engine, salt, tokens, TTFT and the keyed digests of its blocks. Restarts
+of an engine are not rows of their own: an engine whose cache was emptied shows as requests
+that miss what they hit before (the replay sees the same).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from warmscope.collectors.store import EmbeddedStore, StoreError
+from warmscope.model import records
+from warmscope.model.blocktrace import BlockTrace, TraceBuilder, TraceError
+
+from .base import SourceError
+
+__all__ = ["trace_from_rows", "read_store_trace", "write_store_trace", "store_trace_rows"]
+
+_COLS = records.BLOCK_TRACE.cols
+
+
+def _u64(b: Any) -> list[int]:
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return []
+    return np.frombuffer(bytes(b), dtype="<u8").tolist()
+
+
+def trace_from_rows(rows: Iterable[Sequence[Any]] | pd.DataFrame, source: str = "") -> BlockTrace:
+    """Build a trace from ``block_trace`` rows (tuples in ``records.BLOCK_TRACE`` column order,
+    or its frame), in arrival order."""
+    if isinstance(rows, pd.DataFrame):
+        it: Iterable[Sequence[Any]] = rows[list(_COLS)].itertuples(index=False, name=None)
+    else:
+        it = rows
+    ordered = sorted(it, key=lambda r: float(r[0]))
+    if not ordered:
+        raise TraceError("no traced requests: the store holds no block trace in this range")
+    sizes = {int(r[9]) for r in ordered}
+    if len(sizes) > 1:
+        raise TraceError(
+            f"the traced requests have different block sizes ({sorted(sizes)}): replay the "
+            "engines of one block size at a time"
+        )
+    b = TraceBuilder(sizes.pop(), source)
+    for r in ordered:
+        ts, t_end, tenant, engine, salt, prompt, output, cached, ttft, _bs, _bucket = r[:11]
+        h, c, s, cls = _u64(r[11]), _u64(r[12]), _u64(r[13]), r[14]
+        b.add(
+            float(ts),
+            int(prompt),
+            int(output),
+            h,
+            t_end=float(t_end) if t_end is not None else math.nan,
+            cached=int(cached),
+            ttft=float(ttft) if ttft is not None else math.nan,
+            tenant=str(tenant) if tenant else None,
+            engine=str(engine) if engine else None,
+            salt=None if not salt or salt == "unsalted" else str(salt),
+            full=len(h),
+            c=c if len(c) == len(h) else None,
+            s=s if len(s) == len(h) else None,
+            cls=list(bytes(cls)) if cls is not None and len(bytes(cls)) == len(h) else None,
+        )
+    trace = b.build()
+    trace.check()
+    return trace
+
+
+def read_store_trace(
+    path: str | os.PathLike[str], start: float | None = None, end: float | None = None
+) -> BlockTrace:
+    """The block trace an embedded store holds, between ``start`` and ``end`` (arrival)."""
+    try:
+        store = EmbeddedStore(path, readonly=True)
+    except StoreError as e:
+        raise SourceError(str(e)) from None
+    try:
+        df = store.frame("block_trace", start, end)
+    except StoreError as e:
+        raise SourceError(str(e)) from None
+    finally:
+        store.close()
+    return trace_from_rows(df, source=str(path))
+
+
+def store_trace_rows(trace: BlockTrace) -> list[tuple[Any, ...]]:
+    """A trace as ``block_trace`` rows (what :func:`write_store_trace` writes)."""
+
+    def blob(a: np.ndarray) -> bytes:
+        return a.astype("<u8").tobytes()
+
+    rows = []
+    for i in range(len(trace)):
+        lo, hi = int(trace.offsets[i]), int(trace.offsets[i + 1])
+        full = lo + int(min(trace.full[i], hi - lo))
+        h = trace.h[lo:full]
+        s = trace.s[lo:full]
+        rows.append(
+            (
+                float(trace.t[i]),
+                float(trace.t_end[i]),
+                trace.tenants[trace.tenant[i]],
+                trace.engines[trace.engine[i]] if trace.engine[i] >= 0 else "",
+                trace.salts[trace.salt[i]] if trace.salt[i] > 0 else "unsalted",
+                int(trace.prompt[i]),
+                int(trace.output[i]),
+                int(trace.cached[i]),
+                float(trace.ttft[i]),
+                int(trace.block_size),
+                int(h[0]) & 0xFF if len(h) else 0,
+                blob(h),
+                blob(trace.c[lo:full]),
+                b"" if np.array_equal(s, h) else blob(s),
+                trace.cls[lo:full].tobytes(),
+            )
+        )
+    return rows
+
+
+def write_store_trace(trace: BlockTrace, path: str | os.PathLike[str]) -> int:
+    """Append ``trace``'s requests to the store's block trace (one transaction); returns the
+    rows written. Only full blocks are kept (a Mooncake chain's partial last block is not a
+    block an engine caches)."""
+    try:
+        store = EmbeddedStore(path)
+    except StoreError as e:
+        raise SourceError(str(e)) from None
+    try:
+        return store.write({"block_trace": store_trace_rows(trace)})
+    finally:
+        store.close()
