@@ -86,6 +86,8 @@ __all__ = [
     "render_html",
     "metric_stats",
     "better",
+    "metric_rows",
+    "HEADERS",
     "DEFAULT_PRIMARY",
 ]
 
@@ -228,9 +230,6 @@ def better(r: Result) -> bool | None:
     if not np.isfinite(r.abs_effect) or r.abs_effect == 0 or r.direction not in ("higher", "lower"):
         return None
     return (r.abs_effect < 0) if r.direction == "lower" else (r.abs_effect > 0)
-
-
-_better = better  # the dashboard's name
 
 
 def _p(r: Result, multi: bool) -> float:
@@ -684,7 +683,7 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{x:+.2%}" if pct else (f"{x:.4g}")
 
 
-def _rows(rep: ABReport) -> list[list[str]]:
+def metric_rows(rep: ABReport) -> list[list[str]]:
     """One row per metric and treatment arm (in HEADERS order)."""
     out = []
     for r in rep.results:
@@ -773,7 +772,7 @@ def render_markdown(rep: ABReport) -> str:
     for w in rep.warnings:
         lines.append(f"- ⚠ {w}")
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    for row in _rows(rep):
+    for row in metric_rows(rep):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
     lines += ["", _footnote(rep), ""]
     return "\n".join(lines)
@@ -830,7 +829,7 @@ def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
     table = (
         "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr></thead><tbody>"
     )
-    for row in _rows(rep):
+    for row in metric_rows(rep):
         table += "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
     table += "</tbody></table>"
     warn = "".join(f'<p class="warn">⚠ {e(w)}</p>' for w in rep.warnings)
