@@ -25,13 +25,11 @@ def render() -> None:
         engine_view.alerts()
     st.subheader("Holding now")
     st.caption(
-        "The conditions of the Prometheus alerting rules (same thresholds), evaluated by the "
-        "analysis "
-        "over the selected range: hit-rate regressions and trap checks compare its latest third "
-        "with "
-        "the third before it; cross-tenant reads, bypass spikes and warm-set precision cover the "
-        "whole "
-        "range."
+        f"The conditions of the Prometheus alerting rules (same thresholds), evaluated at "
+        f"{fmt.hhmm(end)} (the range's end) over the hour before it — the alert history's last "
+        "evaluation: this list is the history's still-firing episodes, and the overview counts "
+        "it. Hit-rate regressions and trap checks compare the hour's latest third with the third "
+        "before it. Each onset (“since”) is the first data that shows the condition."
     )
     alerts = cached.alerts(start, end)
 

@@ -223,10 +223,21 @@ def render() -> None:
     n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
     sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
     lines.append(
-        f"**{len(alerts)} open alert{'s' if len(alerts) != 1 else ''}** ({n_crit} critical)."
-        if len(alerts)
-        else "**No open alerts.**"
+        (
+            f"**{len(alerts)} open alert{'s' if len(alerts) != 1 else ''}** ({n_crit} critical) "
+            f"at {fmt.hhmm(end)}, the range's end"
+            if len(alerts)
+            else f"**No open alerts** at {fmt.hhmm(end)}, the range's end"
+        )
+        + " (the Alerts page's “Holding now” and the history's still-firing episodes)."
     )
+    past = cached.leak(start, end)
+    if past is not None and sec.empty:
+        lines.append(
+            f"**Security finding in this range (no longer holding):** cross-tenant reads of "
+            f"{past['shared_keys']} {'/'.join(past['layers'])} keys from {fmt.hhmm(past['first'])} "
+            f"(last hot-key window {fmt.hhmm(past['last'])}). See *Alerts*."
+        )
     st.markdown("\n".join(f"- {x}" for x in lines))
     for r in sec.itertuples():
         fmt.alert_row(r.severity, r.alert, r.summary, r.since)
