@@ -76,6 +76,19 @@ def leak(start: float, end: float):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _arm_labels(version: tuple, experiment: str) -> dict[str, str]:
+    from warmscope.analysis.ab_report import arm_strategies
+
+    lk = data.frame("lookups", None, None, 3600.0)  # hourly rollups: which replicas served an arm
+    return arm_strategies(lk, data.frame("warmup_runs"), experiment)
+
+
+def arm_labels(experiment: str) -> dict[str, str]:
+    """What each arm of ``experiment`` is: its replicas' warm-up strategy (cached)."""
+    return guarded(_arm_labels, experiment)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
 def _card(version: tuple, start: float, end: float):
     from warmscope.analysis.config import AnalysisConfig
     from warmscope.analysis.scores import score_card

@@ -3,6 +3,8 @@ coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -11,10 +13,13 @@ from warmscope.analysis.ab_report import (
     HEADERS,
     better,
     effect_figure,
+    fmt_p,
+    guardrail_statement,
+    headline,
     metric_rows,
     render_html,
 )
-from warmscope.app.dashboard import data, engine_view, fmt, state
+from warmscope.app.dashboard import cached, data, engine_view, fmt, state
 from warmscope.model.ab_metrics import find, in_list_order
 
 
@@ -48,7 +53,12 @@ def render() -> None:
             arms_ = list(g.variant.astype(str))
             try:  # the first arm as control, every other arm as a treatment, default primary metric
                 verdict = (
-                    data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY).verdict
+                    headline(
+                        dataclasses.replace(
+                            data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY),
+                            labels=cached.arm_labels(name),
+                        )
+                    )
                     if len(arms_) > 1
                     else "one arm only"
                 )
@@ -57,7 +67,9 @@ def render() -> None:
             rows.append(
                 {
                     "Experiment": name,
-                    "Arms": " / ".join(arms_),
+                    "Arms": " / ".join(
+                        f"{a} ({cached.arm_labels(name).get(a, '?')})" for a in arms_
+                    ),
                     "Started (UTC)": fmt.when(g["first"].min()),
                     "Last unit (UTC)": fmt.when(last),
                     "Units": int(g.units.sum()),
@@ -89,7 +101,19 @@ def render() -> None:
         st.session_state["ab-control"] = arms[0]
     c1, c2, c3, c4 = st.columns([2, 1, 2, 2])
     exp = c1.selectbox("Experiment", exps, key="ab-exp")
-    control = c2.selectbox("Control", arms, key="ab-control")
+    labels = cached.arm_labels(st.session_state["ab-exp"])
+
+    def named(a: str) -> str:
+        return f"{a} ({labels[a]})" if labels.get(a) else a
+
+    state.init_from_url("ab-control", "control", cast=lambda v: v if v in arms else arms[0])
+    control = c2.selectbox(
+        "Control",
+        arms,
+        key="ab-control",
+        format_func=named,
+        help="The arm every other arm is compared with (also the HTML report's control).",
+    )
     others = [a for a in arms if a != control]
     if [
         a for a in st.session_state.get("ab-arms", []) if a not in others
@@ -127,7 +151,7 @@ def render() -> None:
         key="ab-primary",
         help="The metric the verdict is about; which way is better comes from its definition.",
     )
-    state.url_set(experiment=exp, primary=primary)
+    state.url_set(experiment=exp, primary=primary, control=control)
     if primary != wanted:
         rep = data.ab_report(exp, control, tuple(treatments), primary)
     if rep.error:
@@ -154,7 +178,9 @@ def render() -> None:
                 f"{s.p_value:.3g}; a mismatch is p < {s.threshold:g})"
             )
             (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
-    st.markdown(f"### {rep.verdict}")
+    rep = dataclasses.replace(rep, labels=cached.arm_labels(exp))
+    st.markdown(f"### {headline(rep)}")
+    st.caption(rep.verdict)
     for w in rep.warnings:
         st.warning(w)
     if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
@@ -198,28 +224,12 @@ def render() -> None:
     st.subheader("Guardrails")
     if guard_res:
         gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
-        bad = gt[gt["Outcome"] == "lose"]
-        if len(bad):
-            named = ", ".join(f"{m} ({a})" for m, a in zip(bad["Metric"], bad["Arm"], strict=True))
-            st.error(f"Guardrail breached: {named} significantly worse than the control.")
-        else:
-            st.success(
-                "No guardrail (tail latency, GPU cost, SLA) is significantly worse in any "
-                "treatment "
-                "arm."
-            )
+        said = guardrail_statement(rep)
+        (st.error if said.startswith("Guardrail breached") else st.success)(said)
         st.table(styled(gt).hide(axis="index"))
     else:
         st.info("No guardrail metric in this report.")
     st.plotly_chart(effect_figure(rep), width="stretch")
-    st.download_button(
-        "Download the HTML report",
-        render_html(rep),
-        file_name=f"ab-{exp}.html",
-        mime="text/html",
-        help="The same report as this page (metrics, SRM, verdict, effect over time) as one HTML "
-        "file.",
-    )
 
     # ---------------------------------------------------------------- breakdown by segment
     # Unit records carry no tenant or model: segments are compared on the experiment's labelled
@@ -227,7 +237,7 @@ def render() -> None:
     # every row of the table.
     def breakdown(
         exp: str, control: str, treatments: list[str], first: float | None, last: float | None
-    ) -> None:
+    ) -> pd.DataFrame | None:
         import plotly.graph_objects as go
         from warmscope.analysis.ab_segments import segment_table
 
@@ -246,7 +256,7 @@ def render() -> None:
                 "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
                 "difference with its 95% CI, and p-values corrected for the number of segments."
             )
-            return
+            return None
         treatment = (
             treatments[0]
             if len(treatments) == 1
@@ -265,7 +275,7 @@ def render() -> None:
         by = cuts[dim]
         if first is None:
             st.info(f"No metric series for {exp} to break down.")
-            return
+            return None
         span = last - first
         # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
         # rows to read.
@@ -279,7 +289,7 @@ def render() -> None:
             )
         except data.SourceError as e:
             st.error(str(e))
-            return
+            return None
         with st.spinner("Comparing the arms per segment…"):
             bd = segment_table(
                 fr["lookups"],
@@ -293,7 +303,7 @@ def render() -> None:
             )
         if bd.empty:
             st.info(f"No metric series for {exp} to break down.")
-            return
+            return None
         seg = bd[by].astype(str).agg(" · ".join, axis=1)
         pct = bd.metric == "hit rate"
 
@@ -317,10 +327,10 @@ def render() -> None:
                     diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
                 ],
                 "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
-                "p": bd.p.map(lambda v: "–" if v != v else f"{v:.3g}"),
-                "p (Holm)": bd.p_holm.map(lambda v: "–" if v != v else f"{v:.3g}"),
-                "p (BH)": bd.p_bh.map(lambda v: "–" if v != v else f"{v:.3g}"),
-                "Buckets (control / treatment)": [
+                "p": bd.p.map(fmt_p),
+                "p (Holm)": bd.p_holm.map(fmt_p),
+                "p (BH)": bd.p_bh.map(fmt_p),
+                "Buckets (ctrl / trt)": [
                     f"{a} / {b}"
                     for a, b in zip(bd.buckets_control, bd.buckets_treatment, strict=True)
                 ],
@@ -382,11 +392,20 @@ def render() -> None:
             "this "
             "is coarser than the report above (buckets are not independent units)."
         )
+        return shown
 
-    breakdown(
+    shown = breakdown(
         exp,
         control,
         list(treatments),
         g["first"].min() if len(g) else None,
         g["last"].max() if len(g) else None,
+    )
+    st.download_button(
+        "Download the HTML report",
+        render_html(rep, breakdown=shown),
+        file_name=f"ab-{exp}.html",
+        mime="text/html",
+        help="The same report as this page (headline, SRM, metrics, guardrails, the breakdown when "
+        "computed, effect over time) as one HTML file, with this page's control.",
     )
