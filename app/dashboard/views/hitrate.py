@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import streamlit as st
-from warmscope.app.dashboard import cached, charts, engine_view, state
+from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 
 def render() -> None:
@@ -98,10 +98,22 @@ def render() -> None:
         )
     else:
         st.caption(
-            "Hit rate = hits / (hits + misses) of the selected lookups; bypassed and failed "
-            "lookups "
-            "are not counted. Bands: 95% Wilson CI."
+            "Hit rate = hits / (hits + misses) of the selected lookups, model weights included "
+            "(the groups below); the overview's hit rate leaves weights out — both totals here. "
+            "Bypassed and failed lookups are not counted. Bands: 95% Wilson CI."
         )
+        excl = cached.rates(start, end, path=path, hit_rate_layers_only=True)
+        c = st.columns(4)
+        c[0].metric(
+            "Hit rate (weights excluded)",
+            fmt.pct(excl.hit_rate.iloc[0]) if len(excl) and excl.lookups.iloc[0] else "no data",
+            help="Every layer except model weights: the overview's hit rate",
+        )
+        c[1].metric(
+            "Lookups (weights excluded)", fmt.integer(excl.lookups.iloc[0]) if len(excl) else "0"
+        )
+        c[2].metric("Hit rate (weights included)", fmt.pct(total.hit_rate.iloc[0]))
+        c[3].metric("Lookups (weights included)", fmt.integer(total.lookups.iloc[0]))
         cached.unmeasured_note(start, end, tenant=dict(path).get("tenant"))
     t = cached.rates(start, end, (by,), freq, path, engine=ENGINE)
     t = t[t.lookups > 0]
