@@ -69,8 +69,10 @@ def test_each_shared_quantity_is_equal_on_every_page_that_shows_it(store, capsys
         ov, hr, al = (_run(store, n, r) for n in ("overview", "hitrate", "alerts"))
         mo, mh = _metrics(ov), _metrics(hr)
         rows = [
-            ("hit rate (weights excluded)", {"Overview": mo["Hit rate"], "Hit rate explorer": mh["Hit rate (weights excluded)"]}),
-            ("lookups (weights excluded)", {"Overview": mo["Lookups"], "Hit rate explorer": mh["Lookups (weights excluded)"]}),
+            ("hit rate (weights excluded)",
+             {"Overview": mo["Hit rate"], "Hit rate explorer": mh["Hit rate (weights excluded)"]}),
+            ("lookups (weights excluded)",
+             {"Overview": mo["Lookups"], "Hit rate explorer": mh["Lookups (weights excluded)"]}),
             ("open alerts", {"Overview": _open_alerts_overview(ov), "Alerts (Holding now)": _open_alerts_page(al)}),
         ]
         for q, by_page in rows:
