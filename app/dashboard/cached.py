@@ -53,9 +53,9 @@ def overview_frames(start: float, end: float) -> dict:
 def _alerts(version: tuple, end: float):
     from warmscope.analysis.alert_history import holding_now
 
-    # per flush, from the hour before the evaluation's window: what the history's last evaluation
-    # reads (a leak is dated from the flushes before it)
-    lo = end - 2 * HISTORY_LOOKBACK_S
+    # per flush, two hours before the evaluation's window: the hot-key windows a leak began in and
+    # the flushes that date it (as the history's last evaluation reads them)
+    lo = end - 3 * HISTORY_LOOKBACK_S
     fr = background.overview_frames(data.frame, lo, end, None)
     return holding_now(fr, end, HISTORY_LOOKBACK_S)
 
