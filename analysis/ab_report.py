@@ -86,6 +86,12 @@ __all__ = [
     "render_html",
     "metric_stats",
     "better",
+    "metric_rows",
+    "HEADERS",
+    "fmt_p",
+    "headline",
+    "arm_strategies",
+    "arm_label",
     "DEFAULT_PRIMARY",
 ]
 
@@ -113,6 +119,7 @@ class ABReport:
     treatments: list[str] = field(
         default_factory=list
     )  # every treatment arm, each compared with the control
+    labels: dict[str, str] = field(default_factory=dict)  # arm -> what it is (strategy)
 
     def __post_init__(self) -> None:
         if not self.treatments:
@@ -230,7 +237,78 @@ def better(r: Result) -> bool | None:
     return (r.abs_effect < 0) if r.direction == "lower" else (r.abs_effect > 0)
 
 
-_better = better  # the dashboard's name
+def fmt_p(p: float) -> str:
+    """A p-value as people read it: "< 0.001" below a thousandth, else three decimals."""
+    if p is None or not np.isfinite(p):
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _p_eq(p: float) -> str:
+    """``p`` for "p = 0.012" / "p < 0.001" in a sentence."""
+    t = fmt_p(p)
+    return t if t.startswith("<") else f"= {t}"
+
+
+def arm_strategies(lookups: pd.DataFrame, runs: pd.DataFrame, experiment: str) -> dict[str, str]:
+    """What each arm of ``experiment`` is: the warm-up strategy of the replicas serving it (the
+    runs' ``strategy`` on the replicas its lookups came from; ``none`` for an arm whose replicas
+    ran no warm-up)."""
+    if lookups is None or lookups.empty or "variant" not in lookups.columns:
+        return {}
+    lk = lookups[lookups["experiment"] == experiment][["variant", "replica"]].drop_duplicates()
+    out: dict[str, str] = {}
+    for variant, g in lk.groupby("variant"):
+        r = runs[runs["replica"].isin(g["replica"])] if len(runs) else runs
+        names = sorted(set(r["strategy"].astype(str))) if len(r) else []
+        out[str(variant)] = " + ".join(names) or "none"
+    return out
+
+
+def arm_label(rep: ABReport, arm: str) -> str:
+    """``arm`` with what it is: "B (static_topk)" (the arm's name alone without a label)."""
+    what = rep.labels.get(arm, "")
+    return f"{arm} ({what})" if what and what != arm else arm
+
+
+def headline(rep: ABReport) -> str:
+    """One sentence: which arm wins, on what, by how much, with what confidence — or why there is
+    no winner. Arms carry their labels (:func:`arm_label`)."""
+    if rep.error or (rep.srm_units is not None and rep.srm_units.flagged):
+        return rep.verdict
+    prims = [r for r in rep.results if r.primary and not r.error]
+    if not prims:
+        return rep.verdict
+    ctrl = arm_label(rep, rep.control)
+    sig = [r for r in prims if _p(r, rep.multi_arm) < 0.05 and better(r) is True]
+    if not sig:
+        worse = [r for r in prims if _p(r, rep.multi_arm) < 0.05 and better(r) is False]
+        if worse:
+            w = worse[0]
+            return (
+                f"No arm beats {ctrl} on {w.metric}; {arm_label(rep, w.arm or rep.treatment)} is "
+                f"worse by {_rel(w)} (p {_p_eq(_p(w, rep.multi_arm))})."
+            )
+        return (
+            f"No arm beats {ctrl} on {prims[0].metric}: no significant difference at p < 0.05 "
+            f"({'; '.join(f'{arm_label(rep, r.arm or rep.treatment)} {_rel(r)}' for r in prims)})."
+        )
+    sign = 1.0 if sig[0].direction == "lower" else -1.0  # the largest improvement first
+
+    def gain(r: Result) -> float:
+        return sign * float(r.rel_effect) if np.isfinite(r.rel_effect) else 0.0
+
+    best = sorted(sig, key=gain)[0]
+    adj = "Holm-adjusted over the arms, " if rep.multi_arm else ""
+    text = (
+        f"{arm_label(rep, best.arm or rep.treatment)} wins on {best.metric}: {_rel(best)} against "
+        f"{ctrl} ({adj}p {_p_eq(_p(best, rep.multi_arm))})"
+    )
+    others = [r for r in sig if r is not best]
+    if others:
+        o = others[0]
+        text += f"; {arm_label(rep, o.arm or rep.treatment)} also beats it ({_rel(o)})"
+    return text + "."
 
 
 def _p(r: Result, multi: bool) -> float:
@@ -264,10 +342,10 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             return f"No verdict on {rep.primary}: {prim.error}."
         if prim.p_value < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
-            seq = f" (always-valid p = {prim.seq_p:.2g})" if np.isfinite(prim.seq_p) else ""
+            seq = f" (always-valid p {_p_eq(prim.seq_p)})" if np.isfinite(prim.seq_p) else ""
             return (
                 f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, "
-                f"p = {prim.p_value:.2g}{seq}."
+                f"p {_p_eq(prim.p_value)}{seq}."
             )
         mde = (
             f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}"
@@ -276,7 +354,7 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
         )
         return (
             f"No significant difference on {prim.metric} ({_rel(prim)}, "
-            f"p = {prim.p_value:.2g}){mde}."
+            f"p {_p_eq(prim.p_value)}){mde}."
         )
     parts = []
     for r in prims:
@@ -284,11 +362,11 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             parts.append(f"{r.arm}: not tested ({r.error})")
         elif r.p_holm < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(r)]
-            parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p = {r.p_holm:.2g}")
+            parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p {_p_eq(r.p_holm)}")
         else:
             parts.append(
-                f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p = "
-                f"{r.p_holm:.2g})"
+                f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p "
+                f"{_p_eq(r.p_holm)})"
             )
     return (
         f"On {rep.primary}, each arm against {rep.control} (Holm over {len(prims)} arms): "
@@ -684,29 +762,29 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{x:+.2%}" if pct else (f"{x:.4g}")
 
 
-def _rows(rep: ABReport) -> list[list[str]]:
+def metric_rows(rep: ABReport) -> list[list[str]]:
     """One row per metric and treatment arm (in HEADERS order)."""
     out = []
     for r in rep.results:
         # With one arm the primary metric is tested as is: no adjusted p-value to show.
-        p_adj = "–" if r.primary and not rep.multi_arm else _fmt(r.p_holm)
-        p_bh = "–" if r.primary and not rep.multi_arm else _fmt(r.p_bh)
+        p_adj = "–" if r.primary and not rep.multi_arm else fmt_p(r.p_holm)
+        p_bh = "–" if r.primary and not rep.multi_arm else fmt_p(r.p_bh)
         ctrl = f"> {_fmt(r.control)}" if r.control_above else _fmt(r.control)
         trt = f"> {_fmt(r.treatment)}" if r.treatment_above else _fmt(r.treatment)
         out.append(
             [
                 ("★ " if r.primary else "") + r.metric,
-                f"{r.arm or rep.treatment} vs {rep.control}",
+                f"{arm_label(rep, r.arm or rep.treatment)} vs {arm_label(rep, rep.control)}",
                 r.kind,
                 ctrl,
                 trt,
                 f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
                 f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
-                _fmt(r.p_value),
-                _fmt(r.rel_p_value),
+                fmt_p(r.p_value),
+                fmt_p(r.rel_p_value),
                 p_adj,
                 p_bh,
-                _fmt(r.seq_p),
+                fmt_p(r.seq_p),
                 r.error or r.warning or "",
             ]
         )
@@ -731,7 +809,8 @@ HEADERS = [
 
 
 def _title(rep: ABReport) -> str:
-    return f"A/B report: {rep.experiment} — {', '.join(rep.treatments)} vs {rep.control}"
+    arms = ", ".join(arm_label(rep, a) for a in rep.treatments)
+    return f"A/B report: {rep.experiment} — {arms} vs {arm_label(rep, rep.control)} (control)"
 
 
 def _footnote(rep: ABReport) -> str:
@@ -773,7 +852,7 @@ def render_markdown(rep: ABReport) -> str:
     for w in rep.warnings:
         lines.append(f"- ⚠ {w}")
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    for row in _rows(rep):
+    for row in metric_rows(rep):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
     lines += ["", _footnote(rep), ""]
     return "\n".join(lines)
@@ -819,20 +898,67 @@ def effect_figure(rep: ABReport) -> Any:  # a plotly Figure (plotly ships no typ
     return fig
 
 
-def render_html(rep: ABReport, include_plotlyjs: bool | str = True) -> str:
-    """A self-contained HTML page (plotly.js inlined unless told otherwise)."""
+def guardrail_split(rep: ABReport) -> tuple[list[int], list[int]]:
+    """Indices of ``rep.results`` that are main metrics and that are guardrails (declared
+    ``guardrail`` in ``model.ab_metrics``, the primary metric apart)."""
+    from warmscope.model.ab_metrics import find
+
+    guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
+    return [i for i, g in enumerate(guard) if not g], [i for i, g in enumerate(guard) if g]
+
+
+def guardrail_statement(rep: ABReport) -> str:
+    """One sentence on the guardrails: breached (named) or held."""
+    _, gi = guardrail_split(rep)
+    if not gi:
+        return "No guardrail metric in this report."
+    bad = [
+        rep.results[i]
+        for i in gi
+        if _p(rep.results[i], rep.multi_arm) < 0.05 and better(rep.results[i]) is False
+    ]
+    if bad:
+        named = ", ".join(f"{r.metric} ({arm_label(rep, r.arm or rep.treatment)})" for r in bad)
+        return f"Guardrail breached: {named} significantly worse than the control."
+    return (
+        "No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment arm "
+        "than the control."
+    )
+
+
+def _html_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    e = html.escape
+    out = "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>"
+    out += "<tbody>"
+    for row in rows:
+        out += "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>"
+    return out + "</tbody></table>"
+
+
+def render_html(
+    rep: ABReport,
+    include_plotlyjs: bool | str = True,
+    breakdown: pd.DataFrame | None = None,
+) -> str:
+    """A self-contained HTML page (plotly.js inlined unless told otherwise): the headline, SRM,
+    the metrics, the guardrails with their statement, and ``breakdown`` (a table, e.g. the
+    per-segment comparison the dashboard shows) when given."""
     e = html.escape
     srm_html = "".join(
         f'<div class="srm {"bad" if s.flagged else "ok"}">{e(_srm_line(s))}</div>'
         for s in (rep.srm_units, rep.srm_requests)
         if s is not None
     )
-    table = (
-        "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr></thead><tbody>"
-    )
-    for row in _rows(rep):
-        table += "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-    table += "</tbody></table>"
+    rows = metric_rows(rep)
+    mi, gi = guardrail_split(rep)
+    table = "<h2>Metrics</h2>" + _html_table(HEADERS, [rows[i] for i in mi])
+    table += f"<h2>Guardrails</h2><p><b>{e(guardrail_statement(rep))}</b></p>"
+    if gi:
+        table += _html_table(HEADERS, [rows[i] for i in gi])
+    if breakdown is not None and len(breakdown):
+        table += "<h2>Breakdown by segment</h2>" + _html_table(
+            [str(c) for c in breakdown.columns], breakdown.astype(str).itertuples(index=False)
+        )
     warn = "".join(f'<p class="warn">⚠ {e(w)}</p>' for w in rep.warnings)
     pw = ""
     if rep.power is not None and np.isfinite(rep.power.mde_rel):
@@ -851,7 +977,7 @@ td:first-child,th:first-child
 .bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}\
 .warn{{color:#b26a00}}
 </style></head><body><h1>{e(_title(rep))}</h1>
-{srm_html}<p class="verdict"><b>{e(rep.verdict)}</b></p>{warn}
+{srm_html}<p class="verdict"><b>{e(headline(rep))}</b></p><p>{e(rep.verdict)}</p>{warn}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}
 {table}<p><small>{e(_footnote(rep))} Ratio metrics by the delta method at the unit level; \
 quantiles by Deng et

@@ -9,9 +9,12 @@ same subject (a layer, a run, …) into one episode.
 
 An episode ``fired`` at the first evaluation where it held and ``resolved`` at
 the first evaluation after that where it no longer held (NaN: still firing at
-the last evaluation). ``since`` is the condition's own onset as the evaluator
-reports it (the start of the window's latest third for a regression, the first
-shared hot-key window for a cross-tenant read, the run's start for a warm set).
+the last evaluation). The last evaluation is at ``end`` itself and is
+:func:`holding_now`: the alerts a page lists as open are the episodes still
+firing (:func:`open_alerts`), one state machine at one evaluation time.
+``since`` is the condition's own onset as the evaluator reports it (the start
+of the window's latest third for a regression, the first flush that shows a
+cross-tenant read or a bypass, the run's start for a warm set).
 
 Example::
 
@@ -28,35 +31,48 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .alerts import HOT_KEY_WINDOW_S, evaluate
-from .traps import HOT_KEY_LOOKBACK_S
+from .alerts import evaluate
 
-__all__ = ["alert_history", "subject_of", "evaluation_times", "COLUMNS"]
+__all__ = [
+    "alert_history",
+    "subject_of",
+    "evaluation_times",
+    "holding_now",
+    "open_alerts",
+    "COLUMNS",
+    "LOOKBACK_S",
+]
+
+LOOKBACK_S = 3600.0  # each evaluation covers the hour before it (a rule's one-hour range)
 
 COLUMNS = ["alert", "subject", "severity", "fired", "resolved", "since", "summary", "evaluations"]
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
-_SUBJECT = re.compile(r"^(layer \S+?|run \S+)(?=[: ]|$)")
+_SUBJECT = re.compile(r"^(layer \S+?|run \S+|strategy \S+ on \S+?)(?=[: ]|$)")
 
 
 def subject_of(summary: str) -> str:
-    """What an alert is about, from its summary: ``layer prefix_kv``, ``run run-1-00009``, or ""
-    (one per alert name)."""
+    """What an alert is about, from its summary: ``layer prefix_kv``, ``run run-1-00009``,
+    ``strategy static_topk on embedding``, or "" (one per alert name)."""
     m = _SUBJECT.match(summary or "")
     return m.group(1) if m else ""
 
 
 def evaluation_times(start: float, end: float, every: float) -> np.ndarray:
-    """Evaluation instants ``start + every, start + 2·every, …`` up to and including ``end``."""
+    """Evaluation instants ``…, end − 2·every, end − every, end`` after ``start``: the last one is
+    ``end`` itself (what holds now)."""
     if every <= 0:
         raise ValueError(f"every must be positive, got {every!r}")
-    n = int(np.floor((end - start) / every + 1e-9))
-    return start + every * np.arange(1, n + 1)
+    n = max(int(np.ceil((end - start) / every - 1e-9)), 1)
+    return end - every * np.arange(n - 1, -1, -1)
 
 
 def _window(frames: Mapping[str, pd.DataFrame], lo: float, hi: float) -> dict[str, pd.DataFrame]:
     """The frames a window [lo, hi) needs: runs that started in it and their keys; hot keys from the
     detectors' lookback; the time-indexed frames' rows stamped in (lo, hi]."""
     out = dict(frames)
+    lk = frames.get("lookups", pd.DataFrame())
+    if len(lk):  # what dates a cross-tenant read: every flush up to the instant
+        out["lookups_before"] = lk[lk["ts"].to_numpy(dtype=float) <= hi]
     for k in ("lookups", "writes", "requests", "histograms", "gauges"):
         f = frames.get(k, pd.DataFrame())
         if len(f):  # stamped at the end of their interval: (lo, hi]
@@ -75,10 +91,32 @@ def _window(frames: Mapping[str, pd.DataFrame], lo: float, hi: float) -> dict[st
                 out[k] = f[f["run_id"].isin(runs["run_id"])]
     hk = frames.get("hot_keys", pd.DataFrame())
     if len(hk):
-        out["hot_keys"] = hk[
-            (hk["window"] > lo - max(HOT_KEY_WINDOW_S, HOT_KEY_LOOKBACK_S)) & (hk["window"] <= hi)
-        ]
+        # every window up to the instant: a leak is dated from its first shared window
+        out["hot_keys"] = hk[hk["window"] <= hi]
     return out
+
+
+def newest_of(frames: Mapping[str, pd.DataFrame]) -> float | None:
+    """The newest lookup stamp in ``frames`` (None without lookups)."""
+    lk = frames.get("lookups", pd.DataFrame())
+    return float(lk["ts"].max()) if len(lk) else None
+
+
+def holding_now(
+    frames: Mapping[str, pd.DataFrame],
+    end: float,
+    lookback: float = LOOKBACK_S,
+    newest: float | None = None,
+) -> pd.DataFrame:
+    """The alerts holding at ``end``: the conditions evaluated over the ``lookback`` before it —
+    the last evaluation of :func:`alert_history` over any range that ends at ``end``."""
+    lo = end - lookback
+    return evaluate(_window(frames, lo, end), lo, end, newest if newest is not None else end)
+
+
+def open_alerts(history: pd.DataFrame) -> pd.DataFrame:
+    """The episodes of an :func:`alert_history` still firing at its last evaluation."""
+    return history[history["resolved"].isna()].reset_index(drop=True)
 
 
 def alert_history(
@@ -86,7 +124,7 @@ def alert_history(
     start: float,
     end: float,
     every: float = 600.0,
-    lookback: float = 3600.0,
+    lookback: float = LOOKBACK_S,
 ) -> pd.DataFrame:
     """Alert episodes over (start, end]: evaluations every ``every`` s, each over the ``lookback`` s
     before it (frames must reach back to ``start − lookback``). One row per episode, oldest
@@ -94,12 +132,12 @@ def alert_history(
     if lookback <= 0:
         raise ValueError(f"lookback must be positive, got {lookback!r}")
     times = evaluation_times(start, end, every)
+    newest = max(newest_of(frames) or end, end)
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     done: list[dict[str, Any]] = []
     r: Any  # an itertuples row: pandas types its fields as any scalar
     for t in times:
-        lo = t - lookback
-        now = evaluate(_window(frames, lo, t), lo, t)
+        now = holding_now(frames, float(t), lookback, newest)
         seen: set[tuple[str, str]] = set()
         for r in now.itertuples():
             key = (r.alert, subject_of(r.summary))

@@ -13,12 +13,19 @@ Prometheus rules, so both sides raise the same alerts on the same data:
 * ``CrossTenantCacheRead`` (critical: a data leak) — any key of a
   tenant-scoped layer read by two or more tenants in the same hot-key window,
   anywhere in the range (not only its latest third: a leak does not stop
-  mattering because it is old);
+  mattering because it is old). Its onset is dated by the first data that
+  shows it (:func:`leak_onset`), never by the start of the hot-key window,
+  which may begin long before the leak;
 * ``CacheBypassSpike`` — more than 5 % of a layer's lookups bypass the cache,
   held 10 minutes, where they did not an hour before, anywhere in the range;
 * one alert per other detected cold-start trap (a warm-up timed against
   traffic that traffic did not use, counting scheduled and pre-peak runs:
   a restart's warm-up is timed by the restart).
+
+``newest`` is the time of the newest data there is. A hot-key window still
+open at ``end < newest`` holds reads made after ``end`` (its counts are the
+whole window's), so re-evaluating recorded data at a past instant believes a
+leak only from the first per-flush lookup that shows it.
 
 Example::
 
@@ -30,7 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+import numpy as np
 import pandas as pd
+from warmscope.collectors.config import CollectorConfig
 from warmscope.model.schema import SHARED_LAYERS
 
 from .alert_defs import (
@@ -46,7 +55,16 @@ from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
 from .traps import detect_all, timing
 
-__all__ = ["evaluate", "TRAP_ALERTS", "cross_tenant_reads", "hot_keys_since", "bypass_spikes"]
+__all__ = [
+    "evaluate",
+    "TRAP_ALERTS",
+    "cross_tenant_reads",
+    "hot_keys_since",
+    "bypass_spikes",
+    "leak_onset",
+    "hot_key_window_s",
+    "HOT_KEY_WINDOW_S",
+]
 
 RESTART_TRIGGERS = ("replica_start", "replica_restart")
 
@@ -62,9 +80,13 @@ TRAP_ALERTS = {
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-HOT_KEY_WINDOW_S = (
-    900.0  # the collectors' hot-key window: one starting before the range may cover part of it
-)
+# The collectors' hot-key window (``[collectors] hot_key_window_s``, an hour by default): a window
+# is stamped with its start, so one starting up to this long before the range covers part of it.
+HOT_KEY_WINDOW_S = float(CollectorConfig().hot_key_window_s)
+# A flush's hit rate on the leaking layer departs from the hour before by more than this many
+# robust standard deviations (1.4826 × MAD), and by at least LEAK_MIN_SHIFT: the leak shows.
+LEAK_SDS = 6.0
+LEAK_MIN_SHIFT = 0.1
 
 
 def hot_keys_since(start: float, end: float) -> float:
@@ -73,14 +95,71 @@ def hot_keys_since(start: float, end: float) -> float:
     return start - HOT_KEY_WINDOW_S
 
 
-def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict[str, Any] | None:
+def hot_key_window_s(hot_keys: pd.DataFrame) -> float:
+    """The length of the recorded hot-key windows: the smallest spacing of their stamps, at most
+    the configured default (windows far apart are not one window long)."""
+    w = np.unique(hot_keys["window"].to_numpy(float)) if len(hot_keys) else np.zeros(0)
+    d = np.diff(w)
+    d = d[d > 0]
+    return float(min(d.min(), HOT_KEY_WINDOW_S)) if len(d) else HOT_KEY_WINDOW_S
+
+
+def leak_onset(
+    lookups: pd.DataFrame | None,
+    layers: list[str],
+    window: float,
+    window_s: float,
+    newest: float,
+) -> float:
+    """When a cross-tenant read first shows in per-flush data: the stamp of the first flush in
+    hot-key window [window, window + window_s) whose hit rate on ``layers`` departs from the hour
+    before the window (keys that lose their tenant scope are new keys, then other tenants'
+    entries: the layer's hit rate jumps). Without such a flush, the window's end, the first time
+    its complete counts exist — or ``newest`` while the window is still open. Never the window's
+    start: an hourly window stamped 16:00 holds a leak that began at 16:35.
+
+    Flushes are stamped at the end of their interval, so the onset is no earlier than the first
+    data that shows the leak."""
+    fallback = min(window + window_s, newest)
+    if lookups is None or lookups.empty:
+        return fallback
+    lk = lookups[lookups["layer"].isin(layers) & lookups["result"].isin(("hit", "miss"))]
+    if lk.empty:
+        return fallback
+    n = lk.groupby("ts")["count"].sum()
+    hits = lk[lk["result"] == "hit"].groupby("ts")["count"].sum().reindex(n.index, fill_value=0)
+    rate = (hits / n[n > 0]).dropna()
+    ts = rate.index.to_numpy(float)
+    before = rate.to_numpy(float)[(ts > window - 3600.0) & (ts <= window)]
+    inside = rate[(ts > window) & (ts <= min(window + window_s, newest))]
+    if len(before) < 10 or inside.empty:
+        return fallback
+    med = float(np.median(before))
+    spread = 1.4826 * float(np.median(np.abs(before - med)))
+    off = inside[np.abs(inside.to_numpy(float) - med) > max(LEAK_SDS * spread, LEAK_MIN_SHIFT)]
+    return float(off.index[0]) if len(off) else fallback
+
+
+def cross_tenant_reads(
+    hot_keys: pd.DataFrame,
+    start: float,
+    end: float,
+    lookups: pd.DataFrame | None = None,
+    newest: float | None = None,
+) -> dict[str, Any] | None:
     """Keys of tenant-scoped layers read by two or more tenants in one hot-key
     window overlapping (start, end]: {shared_keys, layers, tenants, first,
-    last} (window starts), or None when there are none."""
+    last, window}, or None when there are none. ``first`` is the onset
+    (:func:`leak_onset` over ``lookups``: the first flush that shows it), ``last``
+    the start of the last window with a shared key, ``window`` the first one's
+    start. A leak whose onset is after ``end`` (possible when re-evaluating at a
+    past instant: the window's counts reach past it) is not there yet: None.
+    ``newest``: the newest data there is (default ``end``)."""
     if hot_keys is None or hot_keys.empty:
         return None
+    ws = hot_key_window_s(hot_keys)
     hk = hot_keys[
-        (hot_keys["window"] > start - HOT_KEY_WINDOW_S)
+        (hot_keys["window"] > start - ws)
         & (hot_keys["window"] <= end)
         & ~hot_keys["layer"].isin(SHARED_LAYERS)
     ]
@@ -89,12 +168,28 @@ def cross_tenant_reads(hot_keys: pd.DataFrame, start: float, end: float) -> dict
     sh = d[d.duplicated(keys, keep=False)]
     if sh.empty:
         return None
+    first_w = float(sh["window"].min())
+    layers = sorted(set(sh["layer"]))
+    # A leak that began in an earlier window and carried on is dated from that window (the
+    # frames may hold windows before the range: a leak is as old as its first shared window).
+    every = hot_keys[~hot_keys["layer"].isin(SHARED_LAYERS) & (hot_keys["window"] <= end)]
+    e = every.drop_duplicates(keys + ["tenant"])
+    shared_w = set(e[e.duplicated(keys, keep=False)]["window"].astype(float))
+    w0 = first_w
+    while w0 - ws in shared_w:
+        w0 -= ws
+    if lookups is not None and len(lookups):
+        lookups = lookups[lookups["ts"] <= end]  # nothing after the evaluation instant
+    onset = leak_onset(lookups, layers, w0, ws, newest or end)
+    if onset > end:  # shows only after end (a later window starts after the onset)
+        return None
     return {
         "shared_keys": int(len(sh.drop_duplicates(keys))),
-        "layers": sorted(set(sh["layer"])),
+        "layers": layers,
         "tenants": sorted(set(sh["tenant"])),
-        "first": float(sh["window"].min()),
+        "first": onset,
         "last": float(sh["window"].max()),
+        "window": w0,
     }
 
 
@@ -132,14 +227,24 @@ def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFra
         before = share.shift(60)
         cond = (share > BYPASS_SHARE) & ~(before > BYPASS_SHARE)
         run_id = (cond != cond.shift()).cumsum()
+        own = (per["bypass"] / per["all"].where(per["all"] > 0)).fillna(0.0)
         for _, seg in share[cond].groupby(run_id[cond]):
             t0, t1 = seg.index.min() * 60.0, seg.index.max() * 60.0 + 60.0
+            # The 5-minute share crosses the line a minute or two after the flushes that show the
+            # bypass: date it from the first of them (their own share over the line).
+            m = int(seg.index.min())
+            while m - 1 in own.index and own[m - 1] > BYPASS_SHARE:
+                m -= 1
             if t1 - t0 >= BYPASS_FOR_S and t1 > start:
-                out.append((layer, max(t0, start), t1, float(seg.max())))
+                out.append((layer, max(m * 60.0, start), t1, float(seg.max())))
     return pd.DataFrame(out, columns=cols)
 
 
-def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd.DataFrame:
+def evaluate(
+    frames: Mapping[str, pd.DataFrame], start: float, end: float, newest: float | None = None
+) -> pd.DataFrame:
+    """The alerts that hold over (start, end] (columns severity, alert, summary, since).
+    ``newest``: the newest data there is (default ``end``; see the module's note)."""
     rows: list[tuple[str, str, str, float]] = []
     r: Any  # a row of itertuples / iterrows: pandas types its fields as any scalar
     lk = frames.get("lookups", pd.DataFrame())
@@ -190,7 +295,9 @@ def evaluate(frames: Mapping[str, pd.DataFrame], start: float, end: float) -> pd
                     r.since,
                 )
             )
-    leak = cross_tenant_reads(frames.get("hot_keys", pd.DataFrame()), start, end)
+    leak = cross_tenant_reads(
+        frames.get("hot_keys", pd.DataFrame()), start, end, frames.get("lookups_before", lk), newest
+    )
     if leak is not None:
         name, sev = TRAP_ALERTS["tenant_isolation"]
         t = ", ".join(leak["tenants"][:5]) + (" …" if len(leak["tenants"]) > 5 else "")

@@ -29,7 +29,7 @@ def render(page: str, range_: str) -> float:
     at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "main.py"), default_timeout=600)
     at.session_state["range"] = range_
     if page != "overview":
-        at.switch_page(f"views/{page}.py")  # the first run renders this page only
+        at.switch_page(f"entries/{page}.py")  # the first run renders this page only
     t = time.perf_counter()
     at.run()
     took = time.perf_counter() - t

@@ -50,10 +50,42 @@ def overview_frames(start: float, end: float) -> dict:
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _alerts(version: tuple, start: float, end: float):
-    from warmscope.analysis.alerts import evaluate
+def _alerts(version: tuple, end: float):
+    from warmscope.analysis.alert_history import holding_now
 
-    return evaluate(overview_frames(start, end), start, end)
+    # per flush, two hours before the evaluation's window: the hot-key windows a leak began in and
+    # the flushes that date it (as the history's last evaluation reads them)
+    lo = end - 3 * HISTORY_LOOKBACK_S
+    fr = background.overview_frames(data.frame, lo, end, None)
+    return holding_now(fr, end, HISTORY_LOOKBACK_S)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _leak(version: tuple, start: float, end: float):
+    from warmscope.analysis.alerts import cross_tenant_reads, hot_keys_since
+
+    hk = data.frame("hot_keys", hot_keys_since(start, end) - HISTORY_LOOKBACK_S, end)
+    lk = data.frame("lookups", start - HISTORY_LOOKBACK_S, end)
+    return cross_tenant_reads(hk, start, end, lk)
+
+
+def leak(start: float, end: float):
+    """Cross-tenant reads anywhere in the range (``analysis.alerts.cross_tenant_reads``: onset,
+    last window, keys, tenants), or None: a leak matters after it stopped holding."""
+    return guarded(_leak, start, end)
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _arm_labels(version: tuple, experiment: str) -> dict[str, str]:
+    from warmscope.analysis.ab_report import arm_strategies
+
+    lk = data.frame("lookups", None, None, 3600.0)  # hourly rollups: which replicas served an arm
+    return arm_strategies(lk, data.frame("warmup_runs"), experiment)
+
+
+def arm_labels(experiment: str) -> dict[str, str]:
+    """What each arm of ``experiment`` is: its replicas' warm-up strategy (cached)."""
+    return guarded(_arm_labels, experiment)
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
@@ -135,13 +167,12 @@ def alert_history(start: float, end: float):
     if fut is None:
         if len(jobs) >= 16:  # keep the newest few
             jobs.pop(next(iter(jobs)))
-        s0 = start - HISTORY_LOOKBACK_S
         fut = jobs[key] = background.submit(
             background.alert_history,
             data.config(),
             start,
             end,
-            step(s0, end),
+            None,  # per flush at any range: onsets and bypass spikes are minute-level
             history_every(start, end),
             HISTORY_LOOKBACK_S,
         )
@@ -365,8 +396,10 @@ def guarded(fn, *args):
 
 
 def alerts(start: float, end: float):
-    """The alert conditions over the range (cached per store version and range)."""
-    return guarded(_alerts, start, end)
+    """The alerts holding at the range's end: the alert history's last evaluation (the conditions
+    over the hour before ``end``), so that every page's list of open alerts is the history's
+    still-firing episodes (cached per store version and end)."""
+    return guarded(_alerts, end)
 
 
 def card(start: float, end: float):

@@ -1,24 +1,41 @@
 """The dashboard's pages, declared once: ``main.py`` builds the navigation from ``PAGES``, the cache
 prewarm (``prewarm._warm_steps``) walks it, and the "every page" tests and benches iterate it.
 
-No Streamlit here: tests and benches import this module without starting a page.
+No Streamlit at import: tests and benches import this module without starting a page.
 
-Add a page: write ``views/<name>.py`` (its first line draws ``st.title(<heading>)``), then one
-``Page(...)`` below. A page with ``prewarm=True`` needs ``prewarm._warm_<name>`` (listed in
-``prewarm._WARM``), the cached calls a first view makes (checked when ``prewarm`` is imported).
+Each page is a ``render() -> None`` function in the package ``views`` (``views/<name>.py``; it
+imports no private name of ``warmscope.analysis``), reached through a two-line entry script
+``entries/<name>.py`` that the navigation runs::
+
+    from warmscope.app.dashboard.pages import run
+
+    run("<name>")
+
+``run`` draws the page's heading first (it paints before the view module loads), then calls
+``render()``. Add a page in three steps:
+
+1. write ``views/<name>.py`` with ``def render() -> None`` (no ``st.title``: ``run`` draws it);
+2. write ``entries/<name>.py``, the two lines above;
+3. add one ``Page(...)`` to ``PAGES`` below (its place is its place in the sidebar).
+
+A page with ``prewarm=True`` needs ``prewarm._warm_<name>`` (listed in ``prewarm._WARM``), the
+cached calls a first view makes (checked when ``prewarm`` is imported). ``check_pages`` (run at
+import) refuses a page whose view or entry is missing or whose entry is not those two lines.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmscope.model.registry import require, unique
 
-__all__ = ["Page", "PAGES", "VIEWS", "page", "check_pages", "page_imports"]
+__all__ = ["Page", "PAGES", "VIEWS", "ENTRIES", "page", "check_pages", "page_imports", "run"]
 
-# not "pages/": that name turns on Streamlit's folder navigation
 VIEWS = Path(__file__).with_name("views")
+# not "pages/": that name turns on Streamlit's folder navigation
+ENTRIES = Path(__file__).with_name("entries")
 
 
 @dataclass(frozen=True)
@@ -44,12 +61,27 @@ class Page:
 
     @property
     def file(self) -> Path:
+        """The entry script the navigation runs."""
+        return ENTRIES / f"{self.name}.py"
+
+    @property
+    def view(self) -> Path:
+        """The module holding the page's ``render()``."""
         return VIEWS / f"{self.name}.py"
+
+    @property
+    def module(self) -> str:
+        return f"warmscope.app.dashboard.views.{self.name}"
 
     @property
     def script(self) -> str:
         """The path ``AppTest.switch_page`` and ``st.page_link`` take."""
-        return f"views/{self.name}.py"
+        return f"entries/{self.name}.py"
+
+    @property
+    def entry(self) -> str:
+        """The text of the page's entry script."""
+        return f'from warmscope.app.dashboard.pages import run\n\nrun("{self.name}")\n'
 
     @property
     def url_path(self) -> str:
@@ -168,7 +200,12 @@ def check_pages(pages: tuple[Page, ...]) -> None:
             require(ok, "dashboard page", p.name, problem)
 
         need(p.name.isidentifier(), "the name must be the module name of views/<name>.py")
-        need(p.file.is_file(), f"no view module {p.file}")
+        need(p.view.is_file(), f"no view module {p.view}")
+        need(p.file.is_file(), f"no entry script {p.file}")
+        need(
+            not p.file.is_file() or p.file.read_text() == p.entry,
+            f"the entry script {p.file} must be exactly: {p.entry!r}",
+        )
         need(p.title, "needs a title (the sidebar's link text)")
         need(p.heading, "needs the heading its view draws with st.title")
         need(
@@ -206,3 +243,13 @@ def page(name: str) -> Page:
 def page_imports(pages: tuple[Page, ...] = PAGES) -> tuple[str, ...]:
     """Every page's ``imports``, each once, in page order (what the server loads at start)."""
     return tuple(dict.fromkeys(m for p in pages for m in p.imports))
+
+
+def run(name: str) -> None:
+    """Draw page ``name``: its heading first (it paints while the view module loads), then its
+    ``render()``. What the page's entry script calls."""
+    import streamlit as st
+
+    p = page(name)
+    st.title(p.heading)
+    importlib.import_module(p.module).render()

@@ -175,7 +175,9 @@ def range_bounds(name: str, b: tuple[float, float], custom=None) -> tuple[float,
     if span == -1:
         last = data.last_run_start()
         return (b[0] - 1 if last is None else max(b[0] - 1, last - 60)), end
-    return (b[0] - 1 if span is None or span < 0 else max(b[0] - 1, b[1] - span)), end
+    if span is None:  # no data before b[0]: from its hour on, so hourly rollups hold all of it
+        return math.floor((b[0] - 1) / 3600) * 3600, end
+    return (b[0] - 1 if span < 0 else max(b[0] - 1, b[1] - span)), end
 
 
 HOURLY_ABOVE_S = 86400 + 60  # ranges longer than a day read hourly rollups

@@ -82,3 +82,30 @@ def test_cli_writes_html_and_markdown(store, tmp_path, capsys):
     assert capsys.readouterr().out.strip() in out.with_suffix(".md").read_text()
     assert cli_main(["--store", str(store.path), "report", "ab", "--experiment", "nope", "--out",
                      str(out)]) == 2
+
+
+def test_p_values_read_as_people_write_them():
+    from warmscope.analysis.ab_report import fmt_p
+
+    assert [fmt_p(p) for p in (5.502e-153, 0.00099, 0.001, 0.0123, 0.5, float("nan"))] == [
+        "< 0.001", "< 0.001", "0.001", "0.012", "0.500", "–"]
+
+
+def test_arms_are_named_by_their_strategy_and_the_headline_names_winner_metric_size_and_confidence(store):
+    import dataclasses
+
+    from warmscope.analysis.ab_report import arm_strategies, guardrail_statement, headline
+
+    labels = arm_strategies(store.frame("lookups"), store.frame("warmup_runs"), "warmup-strategy")
+    # the fixture's pools: A runs no warm-up, B static top-K
+    assert labels == {"A": "none", "B": "static_topk"}
+    rep = dataclasses.replace(build_report(store.units("warmup-strategy"), "warmup-strategy"), labels=labels)
+    h = headline(rep)
+    prim = [r for r in rep.results if r.primary][0]
+    assert "A (none)" in h and prim.metric in h and ("p < 0.001" in h or "p = 0." in h)
+    assert ("B (static_topk) wins on" in h) == (prim.p_value < 0.05 and prim.abs_effect < 0)
+    assert "e-" not in h  # no 5.502e-153
+    page = render_html(rep, breakdown=pd.DataFrame({"Tenant": ["acme"], "Relative": ["+1.0%"]}))
+    assert "<h2>Guardrails</h2>" in page and guardrail_statement(rep) in page
+    assert "<h2>Breakdown by segment</h2>" in page and "<td>acme</td>" in page
+    assert "B (static_topk) vs A (none)" in page and h in page.replace("&#x27;", "'")

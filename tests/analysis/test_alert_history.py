@@ -13,26 +13,29 @@ LK = ["ts", "tenant", "layer", "family", "result", "experiment", "variant", "mod
 
 def test_evaluation_times_and_subjects():
     assert evaluation_times(0.0, 3000.0, 600.0).tolist() == [600.0, 1200.0, 1800.0, 2400.0, 3000.0]
-    assert evaluation_times(0.0, 2999.0, 600.0).tolist() == [600.0, 1200.0, 1800.0, 2400.0]
+    # anchored at the end: the last evaluation is what holds now
+    assert evaluation_times(0.0, 2999.0, 600.0).tolist() == [599.0, 1199.0, 1799.0, 2399.0, 2999.0]
     with pytest.raises(ValueError, match="every must be positive"):
         evaluation_times(0.0, 10.0, 0.0)
     assert subject_of("layer prefix_kv: hit rate 40.0% vs 70.0% before") == "layer prefix_kv"
     assert subject_of("run run-1-00009 (static_topk, response, b-0): precision 12%") == "run run-1-00009"
     assert subject_of("SECURITY: 3 response keys were read by two tenants") == ""
+    assert subject_of("strategy predictive on embedding: 25% of 800 warmed keys") == "strategy predictive on embedding"
 
 
 def test_a_cross_tenant_read_fires_then_resolves_when_it_leaves_the_lookback():
-    # One shared response key in the hot-key window stamped 5000 s. With a 3600 s lookback, the evaluator reads
-    # hot-key windows w with lo − 900 < w ≤ t (lo = t − 3600): the read is seen for 5000 ≤ t < 5000 + 4500.
+    # One shared response key in the hourly hot-key window stamped 5000 s, no lookups to date it by: it shows at
+    # the window's end, 8600 s. With a 3600 s lookback, the evaluator reads hot-key windows w with
+    # lo − 3600 < w ≤ t (lo = t − 3600): the read is seen for 8600 ≤ t < 5000 + 7200 = 12200.
     hk = pd.DataFrame([(5000.0, "acme", "response", "k1", "resp:*", 3, 0, 0),
                        (5000.0, "globex", "response", "k1", "resp:*", 1, 0, 0)], columns=HK)
     h = alert_history({"hot_keys": hk}, 0.0, 14400.0, every=600.0, lookback=3600.0)
     assert len(h) == 1
     r = h.iloc[0]
     assert r.alert == "CrossTenantCacheRead" and r.severity == "critical" and r.subject == ""
-    assert r.fired == 5400.0      # first evaluation (multiples of 600) at or after 5000
-    assert r.resolved == 9600.0   # first evaluation at or after 9500
-    assert r.since == 5000.0 and r.evaluations == 7  # 5400, 6000, …, 9000
+    assert r.fired == 9000.0      # first evaluation (multiples of 600) at or after 8600
+    assert r.resolved == 12600.0  # first evaluation at or after 12200
+    assert r.since == 8600.0 and r.evaluations == 6  # 9000, 9600, …, 12000
 
 
 def _lookups(rates):

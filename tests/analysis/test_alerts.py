@@ -23,7 +23,8 @@ def test_a_leak_early_in_the_range_is_a_critical_alert():
     leak = a[a.alert == "CrossTenantCacheRead"]
     assert len(leak) == 1 and leak.severity.iloc[0] == "critical"
     assert "1 response keys" in leak.summary.iloc[0] and "acme, globex" in leak.summary.iloc[0]
-    assert leak.since.iloc[0] == 3600.0
+    # no lookups to date it by: the end of the hourly window that shows it (3600 + 3600), not its start
+    assert leak.since.iloc[0] == 7200.0
     assert a.severity.iloc[0] == "critical"  # critical first
     assert hot_keys_since(0.0, day) <= 0.0  # pages load every window the check reads
 

@@ -84,7 +84,7 @@ def test_the_page_recommends_what_the_cli_recommends(gateway_store, monkeypatch)
     assert cli["keys"] == 18 and 0 < cli["warm_keys"] <= 18, cli
     monkeypatch.setenv("WARMSCOPE_STORE", str(gateway_store))
     at = AppTest.from_file(MAIN, default_timeout=180).run()
-    at.switch_page("views/advisor.py").run()
+    at.switch_page("entries/advisor.py").run()
     assert not at.exception, at.exception
     text = " ".join(i.value for i in at.info)
     assert "one cache layer, an engine's prefix cache" in text
@@ -103,7 +103,7 @@ def test_the_page_recommends_what_the_cli_recommends(gateway_store, monkeypatch)
 def test_without_a_price_for_latency_the_page_says_what_is_missing(gateway_store, monkeypatch):
     monkeypatch.setenv("WARMSCOPE_STORE", str(gateway_store))
     at = AppTest.from_file(MAIN, default_timeout=180).run()
-    at.switch_page("views/advisor.py").run()
+    at.switch_page("entries/advisor.py").run()
     at.selectbox(key="adv_prefix_objective").set_value("value").run()
     assert not at.exception, at.exception
     warn = [w.value for w in at.warning]

@@ -48,7 +48,7 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
     at = AppTest.from_file(MAIN, default_timeout=60)
     at.session_state["range"] = "everything"
     at.run()
-    at.switch_page("views/hotkeys.py").run()
+    at.switch_page("entries/hotkeys.py").run()
     assert not at.exception, at.exception
     assert f"Redis · {redis_server.url}" in at.sidebar.caption[0].value and str(store) in at.sidebar.caption[0].value
     shown = at.dataframe[0].value
@@ -56,7 +56,7 @@ def test_hot_keys_page_reads_redis_records_beside_the_stores_points(make_tel, re
     assert dict(zip(shown.key_hash, shown.hits, strict=True)) == \
         dict(zip(in_redis.key_hash, in_redis.hits, strict=True))
     assert shown.hits.max() == 9  # k:1: five hits, then four by the B units
-    at.switch_page("views/ab.py").run()  # experiments and the report from Redis unit rows
+    at.switch_page("entries/ab.py").run()  # experiments and the report from Redis unit rows
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.selectbox(key="ab-exp").value == "exp"
     assert any(m.value.startswith("### ") for m in at.markdown)  # the verdict
@@ -89,7 +89,7 @@ def test_alertmanager_down_is_a_warning_and_the_page_goes_on(tmp_path, monkeypat
     monkeypatch.setenv("WARMSCOPE_STORE", str(tmp_path / "s.sqlite"))
     monkeypatch.setenv("WARMSCOPE_ALERTMANAGER_URL", f"http://127.0.0.1:{free_port()}")
     at = AppTest.from_file(MAIN, default_timeout=60).run()
-    at.switch_page("views/alerts.py").run()
+    at.switch_page("entries/alerts.py").run()
     assert not at.exception
     assert "Alertmanager at http://127.0.0.1:" in at.warning[0].value and "could not be read" in at.warning[0].value
     assert "showing the conditions evaluated here instead" in at.warning[0].value

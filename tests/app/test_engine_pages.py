@@ -19,7 +19,7 @@ from tests.conftest import free_port, need_binary, wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
-VIEWS = Path(__file__).resolve().parents[2] / "app" / "dashboard" / "views"
+VIEWS = Path(__file__).resolve().parents[2] / "app" / "dashboard" / "entries"
 # prompt tokens and cached tokens per scrape: A 80/100 until it drops to 20/100, B 30/100 throughout
 QUERIES = 100
 HITS = {"a": 80, "b": 30}

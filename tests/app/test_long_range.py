@@ -46,7 +46,7 @@ def test_overview_over_days_is_hourly_and_totals_match_the_minute_data(two_days,
 @pytest.mark.parametrize("page", [p.name for p in PAGES if not p.default])
 def test_every_page_renders_over_days(two_days, monkeypatch, page):
     at = _app(two_days, monkeypatch).run()
-    at.switch_page(f"views/{page}.py").run()
+    at.switch_page(f"entries/{page}.py").run()
     assert not at.exception and not at.error, (page, [e.value for e in at.error])
 
 

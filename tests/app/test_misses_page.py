@@ -60,7 +60,7 @@ def page(tmp_path, monkeypatch):
         st.close()
         monkeypatch.setenv("WARMSCOPE_STORE", str(path))
         at = AppTest.from_file(MAIN, default_timeout=120).run()
-        at.switch_page("views/misses.py").run()
+        at.switch_page("entries/misses.py").run()
         assert not at.exception, at.exception
         assert not at.error, [e.value for e in at.error]
         return at

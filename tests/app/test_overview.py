@@ -51,14 +51,14 @@ def test_overview_headline_equals_the_analysis(app, demo_store):
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_without_exception(app, page):
     at = app.run()
-    at.switch_page(f"views/{page}.py").run()
+    at.switch_page(f"entries/{page}.py").run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
 
 
 def test_hit_rate_drill_down_changes_the_selection(app):
     at = app.run()
-    at.switch_page("views/hitrate.py").run()
+    at.switch_page("entries/hitrate.py").run()
     at.selectbox(key="groupby").set_value("tenant").run()
     at.selectbox(key="drill-pick").set_value("acme").run()
     assert at.session_state["drill"] == [("tenant", "acme")]
@@ -77,7 +77,7 @@ def test_ab_page_verdict_matches_the_report(app, demo_store):
     from warmscope.analysis.ab_report import build_report
 
     at = app.run()
-    at.switch_page("views/ab.py").run()
+    at.switch_page("entries/ab.py").run()
     st = EmbeddedStore(demo_store, readonly=True)
     rep = build_report(st.units("warmup-strategy"), "warmup-strategy", requests=st.frame("requests"))
     assert any(rep.verdict in m.value for m in at.markdown)
@@ -97,7 +97,7 @@ def test_empty_store_says_no_data(tmp_path, monkeypatch, page):
     monkeypatch.setenv("WARMSCOPE_STORE", str(path))
     at = AppTest.from_file(MAIN, default_timeout=60).run()
     if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"entries/{page}.py").run()
     assert not at.exception
     assert at.info and ("warmscope demo" in at.info[0].value or "No experiment" in at.info[0].value)
 
@@ -123,14 +123,14 @@ def test_prometheus_down_is_a_clear_message(tmp_path, monkeypatch, page):
     monkeypatch.setenv("WARMSCOPE_STORE", str(tmp_path / "none.sqlite"))
     at = AppTest.from_file(MAIN, default_timeout=60).run()
     if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"entries/{page}.py").run()
     assert not at.exception
     assert "is unreachable; start it or set WARMSCOPE_PROMETHEUS_URL" in at.error[0].value
 
 
 def test_ab_breakdown_by_tenant_and_model(app):
     at = app.run()
-    at.switch_page("views/ab.py").run()
+    at.switch_page("entries/ab.py").run()
     at.toggle(key="ab-breakdown").set_value(True).run()
     assert not at.exception, at.exception
     assert any("Holm- and BH-adjusted across every tenant" in c.value for c in at.caption)
@@ -151,7 +151,7 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
     from warmscope.app.dashboard.state import range_bounds
 
     at = app.run()
-    at.switch_page("views/alerts.py").run()
+    at.switch_page("entries/alerts.py").run()
     assert not at.exception
     deadline = time.monotonic() + 300
     while "Alert history" not in [s.value for s in at.subheader] or any("Re-evaluating" in i.value for i in at.info):
@@ -214,7 +214,7 @@ def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     assert not at.exception, at.exception
     for page in [p.name for p in REGISTRY if p.prewarm and not p.default]:  # the prewarm covers
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"entries/{page}.py").run()
         assert not at.exception, (page, at.exception)
     assert calls == []
 

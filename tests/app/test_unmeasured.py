@@ -60,7 +60,7 @@ def test_pages_show_the_unmeasured_share_next_to_the_hit_rates(store_with_a_gap,
     monkeypatch.setenv("WARMSCOPE_STORE", str(path))
     at = AppTest.from_file(MAIN, default_timeout=120).run()
     if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"entries/{page}.py").run()
     assert not at.exception, at.exception
     notes = [w.value for w in at.warning if "leave out" in w.value]
     assert notes == ["Token hit rates (prefix_kv) leave out 1 of 4 requests (25.0%) whose responses carried no "

@@ -4,6 +4,7 @@ read by what needs it (one list, not parallel ones)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import re
 import subprocess
@@ -21,12 +22,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ pages
-def test_every_view_module_is_a_page_and_draws_its_heading_first():
+def test_every_view_module_is_a_page_with_a_render_function_and_a_two_line_entry():
     views = {p.stem for p in pages.VIEWS.glob("*.py") if p.stem != "__init__"}
-    assert views == {p.name for p in pages.PAGES}
+    entries = {p.stem for p in pages.ENTRIES.glob("*.py")}
+    assert views == entries == {p.name for p in pages.PAGES}
     for p in pages.PAGES:
-        titles = re.findall(r'^st\.title\("([^"]+)"\)', p.file.read_text(), re.M)
-        assert titles[:1] == [p.heading], p.name
+        tree = ast.parse(p.view.read_text())
+        # a module of definitions: nothing runs at import but imports and constants
+        assert all(isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign,
+                                  ast.AnnAssign)) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                   for n in tree.body), p.name
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "render" for n in tree.body), p.name
+        assert not re.search(r"^\s*st\.title\(", p.view.read_text(), re.M), p.name  # run() draws it
+        assert p.file.read_text().splitlines() == ["from warmscope.app.dashboard.pages import run", "",
+                                                   f'run("{p.name}")']
+        # no page imports a private name of the analysis
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("warmscope.analysis"):
+                assert not [a.name for a in n.names if a.name.startswith("_")], (p.name, n.module)
+
+
+def test_an_entry_that_is_not_the_two_lines_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(pages, "ENTRIES", tmp_path)
+    (tmp_path / "overview.py").write_text("import streamlit as st\nst.title('x')\n")
+    bad = dataclasses.replace(pages.PAGES[0])
+    with pytest.raises(RegistryError, match="must be exactly"):
+        pages.check_pages((bad,))
 
 
 @pytest.mark.parametrize("change, words", [

@@ -1,380 +1,411 @@
 """A/B: the experiment list, then the report product teams read — SRM first, the verdict, metrics
 coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effect over time."""
 
-# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
 
-import streamlit as st
-
-st.title("A/B report")  # first: it paints before the imports below load
+import dataclasses
 
 import numpy as np
 import pandas as pd
+import streamlit as st
 from warmscope.analysis.ab_report import (
     DEFAULT_PRIMARY,
     HEADERS,
-    _better,
-    _rows,
+    better,
     effect_figure,
+    fmt_p,
+    guardrail_statement,
+    headline,
+    metric_rows,
     render_html,
 )
-from warmscope.app.dashboard import data, engine_view, fmt, state
+from warmscope.app.dashboard import cached, data, engine_view, fmt, state
 from warmscope.model.ab_metrics import find, in_list_order
 
-COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
 
-if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
-    engine_view.ab_advice()
-try:
-    exps = data.experiments()
-except data.SourceError as e:
-    st.error(str(e))
-    st.stop()
-if not exps:
-    st.info(
-        "No experiment has unit records yet. Set `experiment`, `variant` and `unit` in "
-        "`collectors.request_context(...)` (the simulator does this for its A and B pools)."
-    )
-    st.stop()
+def render() -> None:
+    COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
 
-# ---------------------------------------------------------------- experiment list
-el = data.experiment_list()
-try:
-    newest = (data.time_bounds() or (0, 0))[1]
-except data.SourceError:
-    newest = 0
-if len(el):
-    rows = []
-    for name, g in el.groupby("experiment", sort=True):
-        last = g["last"].max()
-        arms_ = list(g.variant.astype(str))
-        try:  # the first arm as control, every other arm as a treatment, default primary metric
-            verdict = (
-                data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY).verdict
-                if len(arms_) > 1
-                else "one arm only"
-            )
-        except data.SourceError as e:
-            verdict = str(e)
-        rows.append(
-            {
-                "Experiment": name,
-                "Arms": " / ".join(arms_),
-                "Started (UTC)": fmt.when(g["first"].min()),
-                "Last unit (UTC)": fmt.when(last),
-                "Units": int(g.units.sum()),
-                "Status": "running" if newest and newest - last < 3600 else "stopped",
-                "Verdict": verdict,
-            }
-        )
-    st.subheader("Experiments")
-    st.dataframe(
-        pd.DataFrame(rows),
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "Units": st.column_config.NumberColumn(format="localized"),
-            "Verdict": st.column_config.TextColumn(width="large"),
-        },
-    )
-
-state.init_from_url("ab-exp", "experiment")
-if st.session_state.get("ab-exp") not in exps:
-    st.session_state["ab-exp"] = exps[0]
-arms = (
-    list(el[el.experiment == st.session_state["ab-exp"]].variant.astype(str))
-    if len(el)
-    else ["A", "B"]
-)
-arms = arms or ["A", "B"]
-if st.session_state.get("ab-control") not in arms:  # another experiment's arm
-    st.session_state["ab-control"] = arms[0]
-c1, c2, c3, c4 = st.columns([2, 1, 2, 2])
-exp = c1.selectbox("Experiment", exps, key="ab-exp")
-control = c2.selectbox("Control", arms, key="ab-control")
-others = [a for a in arms if a != control]
-if [
-    a for a in st.session_state.get("ab-arms", []) if a not in others
-] or "ab-arms" not in st.session_state:
-    st.session_state["ab-arms"] = others  # every other arm, compared with the control
-treatments = c3.multiselect(
-    "Treatment arms",
-    others,
-    key="ab-arms",
-    help="Each arm is compared with the control; with two or more, the primary metric's "
-    "p-values are Holm-adjusted over the arms.",
-)
-if not treatments:
-    st.warning("Pick at least one treatment arm to compare with the control.")
-    st.stop()
-# The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for this
-# experiment's layers: read from the report itself, which holds every declared metric.
-state.init_from_url("ab-primary", "primary")
-wanted = st.session_state.get("ab-primary") or DEFAULT_PRIMARY
-try:
-    with st.spinner("Computing the report…"):
-        rep = data.ab_report(exp, control, tuple(treatments), wanted)
-except data.SourceError as e:
-    st.error(str(e))
-    st.stop()
-choices = in_list_order(r.metric for r in rep.results) or [DEFAULT_PRIMARY]
-st.session_state["ab-primary"] = (
-    wanted if wanted in choices else (DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0])
-)
-primary = c4.selectbox(
-    "Primary metric",
-    choices,
-    key="ab-primary",
-    help="The metric the verdict is about; which way is better comes from its definition.",
-)
-state.url_set(experiment=exp, primary=primary)
-if primary != wanted:
-    rep = data.ab_report(exp, control, tuple(treatments), primary)
-if rep.error:
-    st.error(rep.error)
-    st.stop()
-g = el[el.experiment == exp] if len(el) else el
-span = (
-    f"{fmt.when(g['first'].min())} → {fmt.when(g['last'].max())} UTC" if len(g) else "its whole run"
-)
-st.caption(
-    f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is read "
-    "over every unit it enrolled."
-)
-
-for s in (rep.srm_units, rep.srm_requests):
-    if s is not None:
-        msg = (
-            f"Sample-ratio check on {s.what}: observed "
-            f"{', '.join(f'{x:,.0f}' for x in s.observed)} for a "
-            f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = "
-            f"{s.p_value:.3g}; a mismatch is p < {s.threshold:g})"
-        )
-        (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
-st.markdown(f"### {rep.verdict}")
-for w in rep.warnings:
-    st.warning(w)
-if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
-    st.caption(rep.power.note)
-
-
-def outcome(r) -> str:
-    p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
-    if not np.isfinite(p) or p >= 0.05:
-        return "neutral"
-    good = _better(r)
-    return "neutral" if good is None else ("win" if good else "lose")
-
-
-def table(results, rows) -> pd.DataFrame:
-    t = pd.DataFrame(rows, columns=HEADERS)
-    t.insert(0, "Outcome", [outcome(r) for r in results])
-    return t
-
-
-def styled(t: pd.DataFrame):
-    return t.style.apply(
-        lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
-    )
-
-
-all_rows = _rows(rep)
-is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
-main_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if not gd]
-guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
-st.subheader("Metrics")
-main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
-st.table(styled(table(main_res, main_rows)).hide(axis="index"))
-st.caption(
-    (
-        "★ primary metric, Holm-adjusted over the arms; "
-        if rep.multi_arm
-        else "★ primary metric, tested as is; "
-    )
-    + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
-    "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
-    "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
-    "is safe to watch continuously."
-)
-st.subheader("Guardrails")
-if guard_res:
-    gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
-    bad = gt[gt["Outcome"] == "lose"]
-    if len(bad):
-        named = ", ".join(f"{m} ({a})" for m, a in zip(bad["Metric"], bad["Arm"], strict=True))
-        st.error(f"Guardrail breached: {named} significantly worse than the control.")
-    else:
-        st.success(
-            "No guardrail (tail latency, GPU cost, SLA) is significantly worse in any treatment "
-            "arm."
-        )
-    st.table(styled(gt).hide(axis="index"))
-else:
-    st.info("No guardrail metric in this report.")
-st.plotly_chart(effect_figure(rep), width="stretch")
-st.download_button(
-    "Download the HTML report",
-    render_html(rep),
-    file_name=f"ab-{exp}.html",
-    mime="text/html",
-    help="The same report as this page (metrics, SRM, verdict, effect over time) as one HTML file.",
-)
-
-
-# ---------------------------------------------------------------- breakdown by segment
-# Unit records carry no tenant or model: segments are compared on the experiment's labelled metric
-# series (batch means per time bucket), with the difference's CI and Holm / BH across every row of
-# the table.
-def breakdown(
-    exp: str, control: str, treatments: list[str], first: float | None, last: float | None
-) -> None:
-    import plotly.graph_objects as go
-    from warmscope.analysis.ab_segments import segment_table
-
-    st.subheader("Breakdown by segment")
-    cuts = {
-        "tenant": ["tenant"],
-        "model": ["model"],
-        "layer": ["layer"],
-        "tenant × layer": ["tenant", "layer"],
-        "prompt length": ["length_bucket"],
-    }
-    if not st.toggle(
-        "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
-    ):
-        st.caption(
-            "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
-            "difference with its 95% CI, and p-values corrected for the number of segments."
-        )
-        return
-    treatment = (
-        treatments[0]
-        if len(treatments) == 1
-        else st.selectbox(
-            "Treatment arm",
-            treatments,
-            key="ab-bd-arm",
-            help="The breakdown compares one treatment arm with the control.",
-        )
-    )
-    state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
-    if st.session_state.get("ab-dim") not in cuts:
-        st.session_state["ab-dim"] = "tenant"
-    dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
-    state.url_set(segment=dim)
-    by = cuts[dim]
-    if first is None:
-        st.info(f"No metric series for {exp} to break down.")
-        return
-    span = last - first
-    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few rows
-    # to read.
-    freq = 600.0 if span <= 6 * 3600 else 3600.0
+    if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
+        engine_view.ab_advice()
     try:
-        fr = data.frames(
-            ["lookups", "requests", "histograms"],
-            first - 60,
-            last + 60,
-            None if freq < 3600 else 3600.0,
-        )
+        exps = data.experiments()
     except data.SourceError as e:
         st.error(str(e))
-        return
-    with st.spinner("Comparing the arms per segment…"):
-        bd = segment_table(
-            fr["lookups"], fr["requests"], fr["histograms"], exp, control, treatment, by, freq=freq
+        st.stop()
+    if not exps:
+        st.info(
+            "No experiment has unit records yet. Set `experiment`, `variant` and `unit` in "
+            "`collectors.request_context(...)` (the simulator does this for its A and B pools)."
         )
-    if bd.empty:
-        st.info(f"No metric series for {exp} to break down.")
-        return
-    seg = bd[by].astype(str).agg(" · ".join, axis=1)
-    pct = bd.metric == "hit rate"
+        st.stop()
 
-    def num(v, p):
-        return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
+    # ---------------------------------------------------------------- experiment list
+    el = data.experiment_list()
+    try:
+        newest = (data.time_bounds() or (0, 0))[1]
+    except data.SourceError:
+        newest = 0
+    if len(el):
+        rows = []
+        for name, g in el.groupby("experiment", sort=True):
+            last = g["last"].max()
+            arms_ = list(g.variant.astype(str))
+            try:  # the first arm as control, every other arm as a treatment, default primary metric
+                verdict = (
+                    headline(
+                        dataclasses.replace(
+                            data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY),
+                            labels=cached.arm_labels(name),
+                        )
+                    )
+                    if len(arms_) > 1
+                    else "one arm only"
+                )
+            except data.SourceError as e:
+                verdict = str(e)
+            rows.append(
+                {
+                    "Experiment": name,
+                    "Arms": " / ".join(
+                        f"{a} ({cached.arm_labels(name).get(a, '?')})" for a in arms_
+                    ),
+                    "Started (UTC)": fmt.when(g["first"].min()),
+                    "Last unit (UTC)": fmt.when(last),
+                    "Units": int(g.units.sum()),
+                    "Status": "running" if newest and newest - last < 3600 else "stopped",
+                    "Verdict": verdict,
+                }
+            )
+        st.subheader("Experiments")
+        st.dataframe(
+            pd.DataFrame(rows),
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "Units": st.column_config.NumberColumn(format="localized"),
+                "Verdict": st.column_config.TextColumn(width="large"),
+            },
+        )
 
-    def diff(v, lo, hi, p):
-        if v != v:
-            return "–"
-        f = (lambda x: f"{x * 100:+.1f} pts") if p else (lambda x: f"{x:+.3g}")
-        return f"{f(v)} [{f(lo)}, {f(hi)}]"
+    state.init_from_url("ab-exp", "experiment")
+    if st.session_state.get("ab-exp") not in exps:
+        st.session_state["ab-exp"] = exps[0]
+    arms = (
+        list(el[el.experiment == st.session_state["ab-exp"]].variant.astype(str))
+        if len(el)
+        else ["A", "B"]
+    )
+    arms = arms or ["A", "B"]
+    if st.session_state.get("ab-control") not in arms:  # another experiment's arm
+        st.session_state["ab-control"] = arms[0]
+    c1, c2, c3, c4 = st.columns([2, 1, 2, 2])
+    exp = c1.selectbox("Experiment", exps, key="ab-exp")
+    labels = cached.arm_labels(st.session_state["ab-exp"])
 
-    shown = pd.DataFrame(
-        {
-            "Outcome": bd.outcome,
-            dim.capitalize(): seg,
-            "Metric": bd.metric,
-            "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
-            "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
-            "Difference [95% CI]": [
-                diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
-            ],
-            "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
-            "p": bd.p.map(lambda v: "–" if v != v else f"{v:.3g}"),
-            "p (Holm)": bd.p_holm.map(lambda v: "–" if v != v else f"{v:.3g}"),
-            "p (BH)": bd.p_bh.map(lambda v: "–" if v != v else f"{v:.3g}"),
-            "Buckets (control / treatment)": [
-                f"{a} / {b}" for a, b in zip(bd.buckets_control, bd.buckets_treatment, strict=True)
-            ],
+    def named(a: str) -> str:
+        return f"{a} ({labels[a]})" if labels.get(a) else a
+
+    state.init_from_url("ab-control", "control", cast=lambda v: v if v in arms else arms[0])
+    control = c2.selectbox(
+        "Control",
+        arms,
+        key="ab-control",
+        format_func=named,
+        help="The arm every other arm is compared with (also the HTML report's control).",
+    )
+    others = [a for a in arms if a != control]
+    if [
+        a for a in st.session_state.get("ab-arms", []) if a not in others
+    ] or "ab-arms" not in st.session_state:
+        st.session_state["ab-arms"] = others  # every other arm, compared with the control
+    treatments = c3.multiselect(
+        "Treatment arms",
+        others,
+        key="ab-arms",
+        help="Each arm is compared with the control; with two or more, the primary metric's "
+        "p-values are Holm-adjusted over the arms.",
+    )
+    if not treatments:
+        st.warning("Pick at least one treatment arm to compare with the control.")
+        st.stop()
+    # The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for
+    # this experiment's layers: read from the report itself, which holds every declared metric.
+    state.init_from_url("ab-primary", "primary")
+    wanted = st.session_state.get("ab-primary") or DEFAULT_PRIMARY
+    try:
+        with st.spinner("Computing the report…"):
+            rep = data.ab_report(exp, control, tuple(treatments), wanted)
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    choices = in_list_order(r.metric for r in rep.results) or [DEFAULT_PRIMARY]
+    st.session_state["ab-primary"] = (
+        wanted
+        if wanted in choices
+        else (DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0])
+    )
+    primary = c4.selectbox(
+        "Primary metric",
+        choices,
+        key="ab-primary",
+        help="The metric the verdict is about; which way is better comes from its definition.",
+    )
+    state.url_set(experiment=exp, primary=primary, control=control)
+    if primary != wanted:
+        rep = data.ab_report(exp, control, tuple(treatments), primary)
+    if rep.error:
+        st.error(rep.error)
+        st.stop()
+    g = el[el.experiment == exp] if len(el) else el
+    span = (
+        f"{fmt.when(g['first'].min())} → {fmt.when(g['last'].max())} UTC"
+        if len(g)
+        else "its whole run"
+    )
+    st.caption(
+        f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is "
+        "read "
+        "over every unit it enrolled."
+    )
+
+    for s in (rep.srm_units, rep.srm_requests):
+        if s is not None:
+            msg = (
+                f"Sample-ratio check on {s.what}: observed "
+                f"{', '.join(f'{x:,.0f}' for x in s.observed)} for a "
+                f"{' / '.join(f'{x:.0%}' for x in s.expected_share)} plan (χ² = {s.chi2:.2f}, p = "
+                f"{s.p_value:.3g}; a mismatch is p < {s.threshold:g})"
+            )
+            (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
+    rep = dataclasses.replace(rep, labels=cached.arm_labels(exp))
+    st.markdown(f"### {headline(rep)}")
+    st.caption(rep.verdict)
+    for w in rep.warnings:
+        st.warning(w)
+    if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
+        st.caption(rep.power.note)
+
+    def outcome(r) -> str:
+        p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
+        if not np.isfinite(p) or p >= 0.05:
+            return "neutral"
+        good = better(r)
+        return "neutral" if good is None else ("win" if good else "lose")
+
+    def table(results, rows) -> pd.DataFrame:
+        t = pd.DataFrame(rows, columns=HEADERS)
+        t.insert(0, "Outcome", [outcome(r) for r in results])
+        return t
+
+    def styled(t: pd.DataFrame):
+        return t.style.apply(
+            lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
+        )
+
+    all_rows = metric_rows(rep)
+    is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
+    main_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if not gd]
+    guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
+    st.subheader("Metrics")
+    main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
+    st.table(styled(table(main_res, main_rows)).hide(axis="index"))
+    st.caption(
+        (
+            "★ primary metric, Holm-adjusted over the arms; "
+            if rep.multi_arm
+            else "★ primary metric, tested as is; "
+        )
+        + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
+        "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
+        "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
+        "is safe to watch continuously."
+    )
+    st.subheader("Guardrails")
+    if guard_res:
+        gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
+        said = guardrail_statement(rep)
+        (st.error if said.startswith("Guardrail breached") else st.success)(said)
+        st.table(styled(gt).hide(axis="index"))
+    else:
+        st.info("No guardrail metric in this report.")
+    st.plotly_chart(effect_figure(rep), width="stretch")
+
+    # ---------------------------------------------------------------- breakdown by segment
+    # Unit records carry no tenant or model: segments are compared on the experiment's labelled
+    # metric series (batch means per time bucket), with the difference's CI and Holm / BH across
+    # every row of the table.
+    def breakdown(
+        exp: str, control: str, treatments: list[str], first: float | None, last: float | None
+    ) -> pd.DataFrame | None:
+        import plotly.graph_objects as go
+        from warmscope.analysis.ab_segments import segment_table
+
+        st.subheader("Breakdown by segment")
+        cuts = {
+            "tenant": ["tenant"],
+            "model": ["model"],
+            "layer": ["layer"],
+            "tenant × layer": ["tenant", "layer"],
+            "prompt length": ["length_bucket"],
         }
-    )
-    colours = dict(COLOURS, **{"not tested": ""})
-    st.dataframe(
-        shown.style.apply(
-            lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
-        ),
-        hide_index=True,
-        width="stretch",
-    )
-    # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
-    marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
-    metrics = [m for m in dict.fromkeys(bd.metric)]
-    cols = st.columns(len(metrics))
-    for col, m in zip(cols, metrics, strict=True):
-        g, sg = bd[bd.metric == m], seg[bd.metric == m]
-        scale = 100 if m == "hit rate" else 1
-        fig = go.Figure(
-            go.Scatter(
-                x=g.difference * scale,
-                y=sg,
-                mode="markers",
-                marker=dict(size=9, color=[marks[o] for o in g.outcome]),
-                error_x=dict(
-                    type="data",
-                    symmetric=False,
-                    array=(g.ci_high - g.difference) * scale,
-                    arrayminus=(g.difference - g.ci_low) * scale,
-                    color="#6e7781",
-                ),
-                customdata=g.outcome,
-                hovertemplate="%{y}: %{x:.3g} (%{customdata})<extra></extra>",
+        if not st.toggle(
+            "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
+        ):
+            st.caption(
+                "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
+                "difference with its 95% CI, and p-values corrected for the number of segments."
+            )
+            return None
+        treatment = (
+            treatments[0]
+            if len(treatments) == 1
+            else st.selectbox(
+                "Treatment arm",
+                treatments,
+                key="ab-bd-arm",
+                help="The breakdown compares one treatment arm with the control.",
             )
         )
-        fig.add_vline(x=0, line_width=1, line_color="black")
-        fig.update_layout(
-            title=f"{m}: treatment − control",
-            height=120 + 26 * len(g),
-            showlegend=False,
-            xaxis_title="points" if m == "hit rate" else ("seconds" if "(s)" in m else "GPU-s"),
-            yaxis=dict(autorange="reversed"),
-            margin=dict(t=40, b=40, l=10, r=10),
+        state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
+        if st.session_state.get("ab-dim") not in cuts:
+            st.session_state["ab-dim"] = "tenant"
+        dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
+        state.url_set(segment=dim)
+        by = cuts[dim]
+        if first is None:
+            st.info(f"No metric series for {exp} to break down.")
+            return None
+        span = last - first
+        # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
+        # rows to read.
+        freq = 600.0 if span <= 6 * 3600 else 3600.0
+        try:
+            fr = data.frames(
+                ["lookups", "requests", "histograms"],
+                first - 60,
+                last + 60,
+                None if freq < 3600 else 3600.0,
+            )
+        except data.SourceError as e:
+            st.error(str(e))
+            return None
+        with st.spinner("Comparing the arms per segment…"):
+            bd = segment_table(
+                fr["lookups"],
+                fr["requests"],
+                fr["histograms"],
+                exp,
+                control,
+                treatment,
+                by,
+                freq=freq,
+            )
+        if bd.empty:
+            st.info(f"No metric series for {exp} to break down.")
+            return None
+        seg = bd[by].astype(str).agg(" · ".join, axis=1)
+        pct = bd.metric == "hit rate"
+
+        def num(v, p):
+            return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
+
+        def diff(v, lo, hi, p):
+            if v != v:
+                return "–"
+            f = (lambda x: f"{x * 100:+.1f} pts") if p else (lambda x: f"{x:+.3g}")
+            return f"{f(v)} [{f(lo)}, {f(hi)}]"
+
+        shown = pd.DataFrame(
+            {
+                "Outcome": bd.outcome,
+                dim.capitalize(): seg,
+                "Metric": bd.metric,
+                "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
+                "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
+                "Difference [95% CI]": [
+                    diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
+                ],
+                "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
+                "p": bd.p.map(fmt_p),
+                "p (Holm)": bd.p_holm.map(fmt_p),
+                "p (BH)": bd.p_bh.map(fmt_p),
+                "Buckets (ctrl / trt)": [
+                    f"{a} / {b}"
+                    for a, b in zip(bd.buckets_control, bd.buckets_treatment, strict=True)
+                ],
+            }
         )
-        col.plotly_chart(fig, width="stretch")
-    unit = "10-minute" if freq < 3600 else "hourly"
-    st.caption(
-        f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's t-test); "
-        "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- and "
-        f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly better "
-        "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per request "
-        "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so this "
-        "is coarser than the report above (buckets are not independent units)."
+        colours = dict(COLOURS, **{"not tested": ""})
+        st.dataframe(
+            shown.style.apply(
+                lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+        # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
+        marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
+        metrics = [m for m in dict.fromkeys(bd.metric)]
+        cols = st.columns(len(metrics))
+        for col, m in zip(cols, metrics, strict=True):
+            g, sg = bd[bd.metric == m], seg[bd.metric == m]
+            scale = 100 if m == "hit rate" else 1
+            fig = go.Figure(
+                go.Scatter(
+                    x=g.difference * scale,
+                    y=sg,
+                    mode="markers",
+                    marker=dict(size=9, color=[marks[o] for o in g.outcome]),
+                    error_x=dict(
+                        type="data",
+                        symmetric=False,
+                        array=(g.ci_high - g.difference) * scale,
+                        arrayminus=(g.difference - g.ci_low) * scale,
+                        color="#6e7781",
+                    ),
+                    customdata=g.outcome,
+                    hovertemplate="%{y}: %{x:.3g} (%{customdata})<extra></extra>",
+                )
+            )
+            fig.add_vline(x=0, line_width=1, line_color="black")
+            fig.update_layout(
+                title=f"{m}: treatment − control",
+                height=120 + 26 * len(g),
+                showlegend=False,
+                xaxis_title="points" if m == "hit rate" else ("seconds" if "(s)" in m else "GPU-s"),
+                yaxis=dict(autorange="reversed"),
+                margin=dict(t=40, b=40, l=10, r=10),
+            )
+            col.plotly_chart(fig, width="stretch")
+        unit = "10-minute" if freq < 3600 else "hourly"
+        st.caption(
+            f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's "
+            "t-test); "
+            "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- "
+            "and "
+            f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly "
+            "better "
+            "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per "
+            "request "
+            "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so "
+            "this "
+            "is coarser than the report above (buckets are not independent units)."
+        )
+        return shown
+
+    shown = breakdown(
+        exp,
+        control,
+        list(treatments),
+        g["first"].min() if len(g) else None,
+        g["last"].max() if len(g) else None,
     )
-
-
-breakdown(
-    exp,
-    control,
-    list(treatments),
-    g["first"].min() if len(g) else None,
-    g["last"].max() if len(g) else None,
-)
+    st.download_button(
+        "Download the HTML report",
+        render_html(rep, breakdown=shown),
+        file_name=f"ab-{exp}.html",
+        mime="text/html",
+        help="The same report as this page (headline, SRM, metrics, guardrails, the breakdown when "
+        "computed, effect over time) as one HTML file, with this page's control.",
+    )

@@ -1,331 +1,343 @@
 """Advisor: request forecasts with intervals and the next peak; tuned warm-up parameters with
 before/after."""
 
-# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
-
-import streamlit as st
-
-st.title("Advisor")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import streamlit as st
 from warmscope.analysis.advisor import NoRecommendation, advise, layer_table, prefix_only
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import curves
 from warmscope.analysis.value import values_for
 from warmscope.app.dashboard import data, fmt, state
 
-st.caption(
-    "What to warm and when: request forecasts per key family at 5 s, 3 min and 1 h, checked "
-    "against seasonal-naive and exponential-smoothing baselines on the held-back last 20 % of the "
-    "range; warm-up parameters tuned by Bayesian optimisation over a replay of the recorded "
-    "traffic (`warmscope advise` prints the same)."
-)
-start, end = state.time_range()
-if state.step(start, end):
-    st.info("The advisor needs per-minute lookups: pick a range of 24 hours or less.")
-    st.stop()
-fr = state.load(
-    ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"],
-    start,
-    end,
-)
-# a replica's start-up warm-up runs before its first request: read runs from an hour before the
-# range, so a range that begins with the traffic still sees the warm-ups that held the readiness
-# gate
-fr["warmup_runs"] = state.load(["warmup_runs"], start - 3600.0, end)["warmup_runs"]
-lk = fr["lookups"]
-if prefix_only(fr):  # a gateway's recording: an engine's prefix cache, the one layer
-    from warmscope.app.dashboard import advisor_prefix
 
-    # a hot-key window is stamped with its start (an hour by default): one that began before the
-    # range holds the range's first reads too
-    fr["hot_keys"] = state.load(["hot_keys"], start - 3600.0, end)["hot_keys"]
-
-    advisor_prefix.render(fr, start, end)
-    st.stop()
-if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
-    st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
-    st.stop()
-
-
-@st.cache_data(ttl=data.TTL, show_spinner=False)
-def _forecast(store: str, start: float, end: float, _lk: pd.DataFrame):
-    tab = forecast_table(_lk, ("family",))
-    s = series(_lk, ("layer",))
-    ev = evaluate(s)
-    return tab, forecast_now(_lk, ("layer",), evaluations=ev)
-
-
-@st.cache_data(ttl=data.TTL, show_spinner=False)
-def _advise(
-    store: str,
-    start: float,
-    end: float,
-    budget: float | None,
-    objective: str | None,
-    penalty: float | None,
-    _fr: dict,
-):
-    vm = values_for(data.source(), _fr, start, end, None, penalty, objective)
-    try:
-        rec = advise(_fr, budget_gpu_s=budget, objective=objective, values=vm)
-    except NoRecommendation as e:
-        return None, str(e), e.fidelity
-    return rec, curves(rec.model, rec.base), curves(rec.model, rec.params)
-
-
-with st.spinner("Forecasting…"):
-    tab, fc = _forecast(data.store_path(), start, end, lk)
-
-MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
-st.subheader("Forecast")
-kept = tab[tab.kept]
-cols = st.columns(len(kept) or 1)
-for c, (_, r) in zip(cols, kept.iterrows(), strict=False):
-    base = tab[(tab.horizon_s == r.horizon_s) & (tab.model != r.model)]
-    best_base = base.mape.min() if len(base) else np.nan
-    label = (
-        f"{r.horizon_s / 3600:g} h"
-        if r.horizon_s >= 3600
-        else (f"{r.horizon_s / 60:g} min" if r.horizon_s >= 60 else f"{r.horizon_s:g} s")
+def render() -> None:
+    st.caption(
+        "What to warm and when: request forecasts per key family at 5 s, 3 min and 1 h, checked "
+        "against seasonal-naive and exponential-smoothing baselines on the held-back last 20 % "
+        "of the "
+        "range; warm-up parameters tuned by Bayesian optimisation over a replay of the recorded "
+        "traffic (`warmscope advise` prints the same)."
     )
-    c.metric(
-        f"MAPE {label} ({MODEL_NAMES.get(r.model, r.model)})",
-        f"{r.mape:.1%}",
-        delta=None if r.model != "regression" else f"{r.mape - best_base:+.1%} vs best baseline",
-        delta_color="inverse",
-        help=f"90 % interval coverage {r.coverage_90:.0%}. {r.note}",
+    start, end = state.time_range()
+    if state.step(start, end):
+        st.info("The advisor needs per-minute lookups: pick a range of 24 hours or less.")
+        st.stop()
+    fr = state.load(
+        ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"],
+        start,
+        end,
     )
-hs = sorted(fc.horizon_s.unique()) if len(fc) else [3600.0]
-h = st.radio(
-    "Horizon",
-    hs,
-    index=len(hs) - 1,
-    horizontal=True,
-    key="adv_h",
-    format_func=lambda s: (
-        f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s")
-    ),
-)
-layer = st.selectbox("Layer", sorted(fc.group.unique()) if len(fc) else [], key="adv_layer")
-f = fc[(fc.horizon_s == h) & (fc.group == layer)].copy()
-f["when"] = pd.to_datetime(f.ts, unit="s")
-fig = go.Figure()
-fig.add_trace(go.Scatter(x=f.when, y=f.hi, line=dict(width=0), showlegend=False, hoverinfo="skip"))
-fig.add_trace(
-    go.Scatter(
-        x=f.when,
-        y=f.lo,
-        fill="tonexty",
-        line=dict(width=0),
-        name="90 % interval",
-        fillcolor="rgba(99,110,250,0.2)",
-    )
-)
-fig.add_trace(go.Scatter(x=f.when, y=f.forecast, name="forecast", line=dict(color="#636efa")))
-fig.add_trace(go.Scatter(x=f.when, y=f.actual, name="actual", line=dict(color="#222", width=1)))
-held = f.ts.quantile(0.8) if len(f) else None
-if held is not None:
-    fig.add_vline(x=pd.to_datetime(held, unit="s"), line_dash="dot", annotation_text="held back →")
-fig.update_layout(
-    title=f"{layer}: mean requests/s over the next {h:g} s, forecast at each minute",
-    yaxis_title="requests / s",
-    height=380,
-    margin=dict(t=50, b=20),
-)
-st.plotly_chart(fig, width="stretch")
-with st.expander("Forecast error per horizon and model (per key family)"):
-    st.dataframe(
-        tab.style.format({"mape": "{:.1%}", "coverage_90": "{:.0%}"}),
-        hide_index=True,
-        width="stretch",
-    )
+    # a replica's start-up warm-up runs before its first request: read runs from an hour before the
+    # range, so a range that begins with the traffic still sees the warm-ups that held the readiness
+    # gate
+    fr["warmup_runs"] = state.load(["warmup_runs"], start - 3600.0, end)["warmup_runs"]
+    lk = fr["lookups"]
+    if prefix_only(fr):  # a gateway's recording: an engine's prefix cache, the one layer
+        from warmscope.app.dashboard import advisor_prefix
 
-st.subheader("Recommendation")
-a, b, c = st.columns(3)
-budget = a.number_input(
-    "Warm-up budget (GPU-s per day, 0 = no cap)",
-    min_value=0.0,
-    value=0.0,
-    step=50.0,
-    key="adv_budget",
-)
-OBJ = {
-    "default (from the data)": None,
-    "value": "value",
-    "SLO": "slo",
-    "net GPU-s": "net_gpu_s",
-    "compute ROI ratio": "roi",
-}
-obj = b.selectbox(
-    "Objective",
-    list(OBJ),
-    key="adv_objective",
-    help="value: GPU-s and TTFT saved, TTFT priced by the conversion response to latency measured "
-    "over the A/B units (the default when they record conversions); SLO: TTFT priced by a penalty "
-    "per request over the target; net GPU-s: GPU-s saved minus warm-up GPU-s",
-)
-penalty = c.number_input(
-    "SLO penalty per request over the TTFT target (0 = none)",
-    min_value=0.0,
-    value=0.0,
-    step=0.01,
-    key="adv_penalty",
-)
-with st.spinner("Tuning (Bayesian optimisation over the replay)…"):
-    try:
-        rec, before, after = _advise(
-            data.store_path(), start, end, budget or None, OBJ[obj], penalty or None, fr
-        )
-    except ValueError as e:
-        st.info(f"No recommendation: {e}")
+        # a hot-key window is stamped with its start (an hour by default): one that began before the
+        # range holds the range's first reads too
+        fr["hot_keys"] = state.load(["hot_keys"], start - 3600.0, end)["hot_keys"]
+
+        advisor_prefix.render(fr, start, end)
+        st.stop()
+    if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
+        st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
         st.stop()
 
+    @st.cache_data(ttl=data.TTL, show_spinner=False)
+    def _forecast(store: str, start: float, end: float, _lk: pd.DataFrame):
+        tab = forecast_table(_lk, ("family",))
+        s = series(_lk, ("layer",))
+        ev = evaluate(s)
+        return tab, forecast_now(_lk, ("layer",), evaluations=ev)
 
-def _fidelity(f) -> None:
-    t = f.table
-    st.dataframe(
-        pd.DataFrame(
-            {
-                "Layer": t.layer,
-                "15-min buckets scored": t.buckets,
-                "Within ±5 points": [
-                    f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)
-                ],
-                "Median |replayed − recorded|": [
-                    f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.median_abs_diff
-                ],
-                "Largest": [
-                    f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.max_abs_diff
-                ],
-                "In fault windows (not scored)": t.faulted,
-                "Trusted": ["yes" if ok else "no" for ok in t.ok],
-            }
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+    @st.cache_data(ttl=data.TTL, show_spinner=False)
+    def _advise(
+        store: str,
+        start: float,
+        end: float,
+        budget: float | None,
+        objective: str | None,
+        penalty: float | None,
+        _fr: dict,
+    ):
+        vm = values_for(data.source(), _fr, start, end, None, penalty, objective)
+        try:
+            rec = advise(_fr, budget_gpu_s=budget, objective=objective, values=vm)
+        except NoRecommendation as e:
+            return None, str(e), e.fidelity
+        return rec, curves(rec.model, rec.base), curves(rec.model, rec.params)
 
+    with st.spinner("Forecasting…"):
+        tab, fc = _forecast(data.store_path(), start, end, lk)
 
-if rec is None:
-    st.warning(f"No recommendation: {before}")
-    if after is not None:
-        _fidelity(after)
-    st.stop()
-st.markdown(
-    "**Replay fidelity** — the replay with the recorded parameters against the recorded hit rate, "
-    "per 15-minute bucket: trusted when at least 90 % of each layer's buckets are within ±5 points."
-)
-if rec.fidelity is not None:
-    _fidelity(rec.fidelity)
-else:
-    st.caption("Fidelity not checked (a given model).")
-st.markdown(
-    f"**Objective: {rec.objective}** — {'; '.join(rec.notes) or 'as chosen'}. "
-    + (rec.values.prices() if rec.values else "")
-)
-if rec.peak:
-    a, b = st.columns(2)
-    a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
-    b.metric(
-        "Trigger the warm-up at",
-        fmt.when(rec.trigger_at),
-        help=(
-            f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's recommended "
-            "lead time)"
-        ),
-    )
-st.dataframe(layer_table(rec), width="stretch")
-for la in rec.layers.values():
-    for note in la.notes:
-        st.markdown(f"- **{la.layer}**: {note}")
-o, bo = rec.outcome, rec.base_outcome
-c1, c2, c3, c4 = st.columns(4)
-if rec.objective in ("value", "slo"):
-    lo = sum(la.gain_low for la in rec.layers.values())
-    hi = sum(la.gain_high for la in rec.layers.values())
-    c1.metric(
-        "Expected gain (value)",
-        f"{rec.gain:+,.2f}",
-        help=(
-            "GPU-s and TTFT saved, priced, against the recorded parameters over the range; 95 % CI "
-            f"of the latency price: {lo:+,.2f} to {hi:+,.2f}. Net GPU-s: "
-            f"{o.net_gpu_s - bo.net_gpu_s:+,.0f}"
+    MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
+    st.subheader("Forecast")
+    kept = tab[tab.kept]
+    cols = st.columns(len(kept) or 1)
+    for c, (_, r) in zip(cols, kept.iterrows(), strict=False):
+        base = tab[(tab.horizon_s == r.horizon_s) & (tab.model != r.model)]
+        best_base = base.mape.min() if len(base) else np.nan
+        label = (
+            f"{r.horizon_s / 3600:g} h"
+            if r.horizon_s >= 3600
+            else (f"{r.horizon_s / 60:g} min" if r.horizon_s >= 60 else f"{r.horizon_s:g} s")
+        )
+        c.metric(
+            f"MAPE {label} ({MODEL_NAMES.get(r.model, r.model)})",
+            f"{r.mape:.1%}",
+            delta=None
+            if r.model != "regression"
+            else f"{r.mape - best_base:+.1%} vs best baseline",
+            delta_color="inverse",
+            help=f"90 % interval coverage {r.coverage_90:.0%}. {r.note}",
+        )
+    hs = sorted(fc.horizon_s.unique()) if len(fc) else [3600.0]
+    h = st.radio(
+        "Horizon",
+        hs,
+        index=len(hs) - 1,
+        horizontal=True,
+        key="adv_h",
+        format_func=lambda s: (
+            f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s")
         ),
     )
-elif rec.objective == "roi":
-    c1.metric("Expected gain (ROI ratio)", f"{rec.gain:+.2f}", help=f"GP sd {rec.gain_sd:.2f}")
-else:
-    c1.metric(
-        "Expected gain",
-        f"{rec.gain:+,.0f} GPU-s",
-        help=f"GPU-s saved minus warm-up GPU-s over the range, "
-        f"against the recorded parameters (the objective); GP sd {rec.gain_sd:.0f} GPU-s",
+    layer = st.selectbox("Layer", sorted(fc.group.unique()) if len(fc) else [], key="adv_layer")
+    f = fc[(fc.horizon_s == h) & (fc.group == layer)].copy()
+    f["when"] = pd.to_datetime(f.ts, unit="s")
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=f.when, y=f.hi, line=dict(width=0), showlegend=False, hoverinfo="skip")
     )
-c4.metric(
-    "Warm-up ROI (compute)",
-    f"{o.roi:+.2f}",
-    delta=f"{o.roi - bo.roi:+.2f}",
-    help=(
-        "(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; it leaves latency out, so a "
-        "warm-up that buys latency can read negative here and still win on value"
-    ),
-)
-c2.metric(
-    "Warm-up GPU-s",
-    f"{o.warm_gpu_s:,.0f}",
-    delta=f"{o.warm_gpu_s - bo.warm_gpu_s:+,.0f}",
-    delta_color="inverse",
-)
-c3.metric(
-    "Warm-up bytes",
-    f"{o.warm_bytes / 1e6:,.0f} MB",
-    delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+,.0f} MB",
-    delta_color="inverse",
-)
-rec_hr = rec.fidelity.buckets if rec.fidelity is not None else pd.DataFrame()
-fig = go.Figure()
-for ly, g in rec_hr.groupby("layer") if len(rec_hr) else ():
     fig.add_trace(
         go.Scatter(
-            x=pd.to_datetime(g.ts, unit="s"),
-            y=g.recorded,
-            name=f"{ly} · recorded (measured)",
-            line=dict(dash="dot", width=1),
+            x=f.when,
+            y=f.lo,
+            fill="tonexty",
+            line=dict(width=0),
+            name="90 % interval",
+            fillcolor="rgba(99,110,250,0.2)",
         )
     )
-for name, cv, dash in (
-    ("replayed, recorded parameters", before, "dash"),
-    ("replayed, recommended", after, "solid"),
-):
-    for ly, g in cv.groupby("layer"):
+    fig.add_trace(go.Scatter(x=f.when, y=f.forecast, name="forecast", line=dict(color="#636efa")))
+    fig.add_trace(go.Scatter(x=f.when, y=f.actual, name="actual", line=dict(color="#222", width=1)))
+    held = f.ts.quantile(0.8) if len(f) else None
+    if held is not None:
+        fig.add_vline(
+            x=pd.to_datetime(held, unit="s"), line_dash="dot", annotation_text="held back →"
+        )
+    fig.update_layout(
+        title=f"{layer}: mean requests/s over the next {h:g} s, forecast at each minute",
+        yaxis_title="requests / s",
+        height=380,
+        margin=dict(t=50, b=20),
+    )
+    st.plotly_chart(fig, width="stretch")
+    with st.expander("Forecast error per horizon and model (per key family)"):
+        st.dataframe(
+            tab.style.format({"mape": "{:.1%}", "coverage_90": "{:.0%}"}),
+            hide_index=True,
+            width="stretch",
+        )
+
+    st.subheader("Recommendation")
+    a, b, c = st.columns(3)
+    budget = a.number_input(
+        "Warm-up budget (GPU-s per day, 0 = no cap)",
+        min_value=0.0,
+        value=0.0,
+        step=50.0,
+        key="adv_budget",
+    )
+    OBJ = {
+        "default (from the data)": None,
+        "value": "value",
+        "SLO": "slo",
+        "net GPU-s": "net_gpu_s",
+        "compute ROI ratio": "roi",
+    }
+    obj = b.selectbox(
+        "Objective",
+        list(OBJ),
+        key="adv_objective",
+        help="value: GPU-s and TTFT saved, TTFT priced by the conversion response to latency "
+        "measured "
+        "over the A/B units (the default when they record conversions); SLO: TTFT priced by a "
+        "penalty "
+        "per request over the target; net GPU-s: GPU-s saved minus warm-up GPU-s",
+    )
+    penalty = c.number_input(
+        "SLO penalty per request over the TTFT target (0 = none)",
+        min_value=0.0,
+        value=0.0,
+        step=0.01,
+        key="adv_penalty",
+    )
+    with st.spinner("Tuning (Bayesian optimisation over the replay)…"):
+        try:
+            rec, before, after = _advise(
+                data.store_path(), start, end, budget or None, OBJ[obj], penalty or None, fr
+            )
+        except ValueError as e:
+            st.info(f"No recommendation: {e}")
+            st.stop()
+
+    def _fidelity(f) -> None:
+        t = f.table
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "Layer": t.layer,
+                    "15-min buckets scored": t.buckets,
+                    "Within ±5 points": [
+                        f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)
+                    ],
+                    "Median |replayed − recorded|": [
+                        f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.median_abs_diff
+                    ],
+                    "Largest": [
+                        f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.max_abs_diff
+                    ],
+                    "In fault windows (not scored)": t.faulted,
+                    "Trusted": ["yes" if ok else "no" for ok in t.ok],
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+
+    if rec is None:
+        st.warning(f"No recommendation: {before}")
+        if after is not None:
+            _fidelity(after)
+        st.stop()
+    st.markdown(
+        "**Replay fidelity** — the replay with the recorded parameters against the recorded hit "
+        "rate, "
+        "per 15-minute bucket: trusted when at least 90 % of each layer's buckets are within ±5 "
+        "points."
+    )
+    if rec.fidelity is not None:
+        _fidelity(rec.fidelity)
+    else:
+        st.caption("Fidelity not checked (a given model).")
+    st.markdown(
+        f"**Objective: {rec.objective}** — {'; '.join(rec.notes) or 'as chosen'}. "
+        + (rec.values.prices() if rec.values else "")
+    )
+    if rec.peak:
+        a, b = st.columns(2)
+        a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
+        b.metric(
+            "Trigger the warm-up at",
+            fmt.when(rec.trigger_at),
+            help=(
+                f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's "
+                "recommended "
+                "lead time)"
+            ),
+        )
+    st.dataframe(layer_table(rec), width="stretch")
+    for la in rec.layers.values():
+        for note in la.notes:
+            st.markdown(f"- **{la.layer}**: {note}")
+    o, bo = rec.outcome, rec.base_outcome
+    c1, c2, c3, c4 = st.columns(4)
+    if rec.objective in ("value", "slo"):
+        lo = sum(la.gain_low for la in rec.layers.values())
+        hi = sum(la.gain_high for la in rec.layers.values())
+        c1.metric(
+            "Expected gain (value)",
+            f"{rec.gain:+,.2f}",
+            help=(
+                "GPU-s and TTFT saved, priced, against the recorded parameters over the range; "
+                "95 % CI "
+                f"of the latency price: {lo:+,.2f} to {hi:+,.2f}. Net GPU-s: "
+                f"{o.net_gpu_s - bo.net_gpu_s:+,.0f}"
+            ),
+        )
+    elif rec.objective == "roi":
+        c1.metric("Expected gain (ROI ratio)", f"{rec.gain:+.2f}", help=f"GP sd {rec.gain_sd:.2f}")
+    else:
+        c1.metric(
+            "Expected gain",
+            f"{rec.gain:+,.0f} GPU-s",
+            help=f"GPU-s saved minus warm-up GPU-s over the range, "
+            f"against the recorded parameters (the objective); GP sd {rec.gain_sd:.0f} GPU-s",
+        )
+    c4.metric(
+        "Warm-up ROI (compute)",
+        f"{o.roi:+.2f}",
+        delta=f"{o.roi - bo.roi:+.2f}",
+        help=(
+            "(GPU-s the warm-ups' hits save − their GPU-s) / their GPU-s; it leaves latency out, "
+            "so a "
+            "warm-up that buys latency can read negative here and still win on value"
+        ),
+    )
+    c2.metric(
+        "Warm-up GPU-s",
+        f"{o.warm_gpu_s:,.0f}",
+        delta=f"{o.warm_gpu_s - bo.warm_gpu_s:+,.0f}",
+        delta_color="inverse",
+    )
+    c3.metric(
+        "Warm-up bytes",
+        f"{o.warm_bytes / 1e6:,.0f} MB",
+        delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+,.0f} MB",
+        delta_color="inverse",
+    )
+    rec_hr = rec.fidelity.buckets if rec.fidelity is not None else pd.DataFrame()
+    fig = go.Figure()
+    for ly, g in rec_hr.groupby("layer") if len(rec_hr) else ():
         fig.add_trace(
             go.Scatter(
                 x=pd.to_datetime(g.ts, unit="s"),
-                y=g.hit_rate,
-                name=f"{ly} · {name}",
-                line=dict(dash=dash),
+                y=g.recorded,
+                name=f"{ly} · recorded (measured)",
+                line=dict(dash="dot", width=1),
             )
         )
-fig.update_layout(
-    title="Hit rate per 15 min: measured, replayed with the recorded parameters, replayed with the "
-    "recommended ones",
-    yaxis_tickformat=".0%",
-    height=420,
-    margin=dict(t=50, b=20),
-)
-st.plotly_chart(fig, width="stretch")
-st.caption(
-    f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tuned on its own share of "
-    "the objective (their replays are independent). Prove a recommendation with a simulator A/B "
-    "(pool B on the recommended parameters: `warmscope.simulator.advisor_proof.prove`). Staleness: "
-    "warmed entries expire at the TTL, are evicted unread when the cache turns over, and lose "
-    "popularity as the hot keys "
-    "did — " + "; ".join(rec.model.persist_note.values()) + ". The value objective also prices "
-    "the wait of requests behind a readiness gate while a warm-up runs (requests arriving during a "
-    "warm-up of D seconds wait D/2 on average); a rolling restart's background warm-up is not "
-    "charged."
-)
+    for name, cv, dash in (
+        ("replayed, recorded parameters", before, "dash"),
+        ("replayed, recommended", after, "solid"),
+    ):
+        for ly, g in cv.groupby("layer"):
+            fig.add_trace(
+                go.Scatter(
+                    x=pd.to_datetime(g.ts, unit="s"),
+                    y=g.hit_rate,
+                    name=f"{ly} · {name}",
+                    line=dict(dash=dash),
+                )
+            )
+    fig.update_layout(
+        title="Hit rate per 15 min: measured, replayed with the recorded parameters, replayed "
+        "with the "
+        "recommended ones",
+        yaxis_tickformat=".0%",
+        height=420,
+        margin=dict(t=50, b=20),
+    )
+    st.plotly_chart(fig, width="stretch")
+    st.caption(
+        f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tuned on its own share "
+        "of "
+        "the objective (their replays are independent). Prove a recommendation with a simulator "
+        "A/B "
+        "(pool B on the recommended parameters: `warmscope.simulator.advisor_proof.prove`). "
+        "Staleness: "
+        "warmed entries expire at the TTL, are evicted unread when the cache turns over, and lose "
+        "popularity as the hot keys "
+        "did — " + "; ".join(rec.model.persist_note.values()) + ". The value objective also prices "
+        "the wait of requests behind a readiness gate while a warm-up runs (requests arriving "
+        "during a "
+        "warm-up of D seconds wait D/2 on average); a rolling restart's background warm-up is not "
+        "charged."
+    )

@@ -1,168 +1,169 @@
 """Alerts: the alert conditions holding now, evaluated over the store (embedded mode), and their
 history — when each fired and resolved over the range."""
 
-# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
-
-import streamlit as st
-
-st.title("Alerts")  # first: it paints before the imports below load
 
 import pandas as pd
 import plotly.graph_objects as go
+import streamlit as st
 from warmscope.app.dashboard import cached, charts, data, engine_view, fmt, state
 
-if data.alertmanager_url():
-    try:
-        active = data.external_alerts("alertmanager")
-        st.subheader(f"Firing in Alertmanager ({data.alertmanager_url()})")
-        if active.empty:
-            st.success("Alertmanager has no active alerts.")
-        for a in active.itertuples():
-            fmt.alert_row(a.severity or "warning", a.alertname, a.summary)
-    except data.SourceError as e:
-        st.warning(f"{e}; showing the conditions evaluated here instead.")
-start, end = state.time_range()
-if engine_view.active(start, end):  # engine metrics only
-    engine_view.alerts()
-st.subheader("Holding now")
-st.caption(
-    "The conditions of the Prometheus alerting rules (same thresholds), evaluated by the analysis "
-    "over the selected range: hit-rate regressions and trap checks compare its latest third with "
-    "the third before it; cross-tenant reads, bypass spikes and warm-set precision cover the whole "
-    "range."
-)
-alerts = cached.alerts(start, end)
 
-
-@st.fragment(run_every=2)
-def _wait_for_history() -> None:
-    if cached.alert_history(start, end) is not None:
-        st.rerun(scope="app")
-
-
-def history() -> None:
-    """When each alert fired and resolved: a timeline and a table."""
-    st.subheader("Alert history")
-    every = cached.history_every(start, end)
-    hist = cached.alert_history(start, end)
-    if hist is None:
-        st.info(
-            f"Re-evaluating the alert conditions every {every / 60:g} minutes over the range… the "
-            "history appears here when it is done.",
-            icon=":material/hourglass_top:",
-        )
-        _wait_for_history()
-        return
+def render() -> None:
+    if data.alertmanager_url():
+        try:
+            active = data.external_alerts("alertmanager")
+            st.subheader(f"Firing in Alertmanager ({data.alertmanager_url()})")
+            if active.empty:
+                st.success("Alertmanager has no active alerts.")
+            for a in active.itertuples():
+                fmt.alert_row(a.severity or "warning", a.alertname, a.summary)
+        except data.SourceError as e:
+            st.warning(f"{e}; showing the conditions evaluated here instead.")
+    start, end = state.time_range()
+    if engine_view.active(start, end):  # engine metrics only
+        engine_view.alerts()
+    st.subheader("Holding now")
     st.caption(
-        f"The conditions re-evaluated every {every / 60:g} minutes, each time over the hour before "
-        "(as an alerting rule with a one-hour range would be): an alert fired at the first "
-        "evaluation where it held and resolved at the first one where it no longer did."
+        f"The conditions of the Prometheus alerting rules (same thresholds), evaluated at "
+        f"{fmt.hhmm(end)} (the range's end) over the hour before it — the alert history's last "
+        "evaluation: this list is the history's still-firing episodes, and the overview counts "
+        "it. Hit-rate regressions and trap checks compare the hour's latest third with the third "
+        "before it. Each onset (“since”) is the first data that shows the condition."
     )
-    if hist.empty:
-        st.success("No alert fired in this range.")
-        return
-    now = pd.Timestamp(end, unit="s")
-    # One row per alert: its subjects (layers, runs) share it, and the hover and the table name
-    # them.
-    hist = hist.assign(name=hist.alert)
-    order = list(dict.fromkeys(hist.sort_values("fired").name))
-    fig = go.Figure()
-    for sev in ("critical", "warning", "info"):
-        for security in (True, False):
-            g = hist[(hist.severity == sev) & (hist.alert.map(fmt.is_security) == security)]
-            if g.empty:
-                continue
-            kind = "security" if security else sev
-            x0 = pd.to_datetime(g.fired, unit="s")
-            x1 = pd.to_datetime(g.resolved.fillna(end), unit="s")
-            fig.add_trace(
-                go.Bar(
-                    base=x0,
-                    x=(x1 - x0).dt.total_seconds() * 1000,
-                    y=g.name,
-                    orientation="h",
-                    marker_color=fmt.STATUS[kind][1],
-                    name=fmt.STATUS[kind][0].lower(),
-                    opacity=0.8,
-                    customdata=list(
-                        zip(
-                            g.fired.map(fmt.when),
-                            g.resolved.map(lambda r: "still firing" if r != r else fmt.when(r)),
-                            g.summary,
-                            g.subject.replace("", "–"),
-                            strict=True,
-                        )
-                    ),
-                    hovertemplate=(
-                        "%{customdata[3]}: fired %{customdata[0]} · resolved %{customdata[1]}<br>"
-                        "%{customdata[2]}<extra>%{y}</extra>"
-                    ),
-                )
+    alerts = cached.alerts(start, end)
+
+    @st.fragment(run_every=2)
+    def _wait_for_history() -> None:
+        if cached.alert_history(start, end) is not None:
+            st.rerun(scope="app")
+
+    def history() -> None:
+        """When each alert fired and resolved: a timeline and a table."""
+        st.subheader("Alert history")
+        every = cached.history_every(start, end)
+        hist = cached.alert_history(start, end)
+        if hist is None:
+            st.info(
+                f"Re-evaluating the alert conditions every {every / 60:g} minutes over the "
+                "range… the "
+                "history appears here when it is done.",
+                icon=":material/hourglass_top:",
             )
-    fig.update_layout(
-        barmode="overlay",
-        height=140 + 30 * len(order),
-        xaxis=dict(type="date", title="time (UTC)", range=[pd.Timestamp(start, unit="s"), now]),
-        yaxis=dict(categoryorder="array", categoryarray=order[::-1], title=""),
-        legend_title_text="severity",
-        margin=dict(t=30, b=40),
-        title="When each alert was firing",
+            _wait_for_history()
+            return
+        st.caption(
+            f"The conditions re-evaluated every {every / 60:g} minutes, each time over the hour "
+            "before "
+            "(as an alerting rule with a one-hour range would be): an alert fired at the first "
+            "evaluation where it held and resolved at the first one where it no longer did."
+        )
+        if hist.empty:
+            st.success("No alert fired in this range.")
+            return
+        now = pd.Timestamp(end, unit="s")
+        # One row per alert: its subjects (layers, runs) share it, and the hover and the table name
+        # them.
+        hist = hist.assign(name=hist.alert)
+        order = list(dict.fromkeys(hist.sort_values("fired").name))
+        fig = go.Figure()
+        for sev in ("critical", "warning", "info"):
+            for security in (True, False):
+                g = hist[(hist.severity == sev) & (hist.alert.map(fmt.is_security) == security)]
+                if g.empty:
+                    continue
+                kind = "security" if security else sev
+                x0 = pd.to_datetime(g.fired, unit="s")
+                x1 = pd.to_datetime(g.resolved.fillna(end), unit="s")
+                fig.add_trace(
+                    go.Bar(
+                        base=x0,
+                        x=(x1 - x0).dt.total_seconds() * 1000,
+                        y=g.name,
+                        orientation="h",
+                        marker_color=fmt.STATUS[kind][1],
+                        name=fmt.STATUS[kind][0].lower(),
+                        opacity=0.8,
+                        customdata=list(
+                            zip(
+                                g.fired.map(fmt.when),
+                                g.resolved.map(lambda r: "still firing" if r != r else fmt.when(r)),
+                                g.summary,
+                                g.subject.replace("", "–"),
+                                strict=True,
+                            )
+                        ),
+                        hovertemplate=(
+                            "%{customdata[3]}: fired %{customdata[0]} · resolved "
+                            "%{customdata[1]}<br>"
+                            "%{customdata[2]}<extra>%{y}</extra>"
+                        ),
+                    )
+                )
+        fig.update_layout(
+            barmode="overlay",
+            height=140 + 30 * len(order),
+            xaxis=dict(type="date", title="time (UTC)", range=[pd.Timestamp(start, unit="s"), now]),
+            yaxis=dict(categoryorder="array", categoryarray=order[::-1], title=""),
+            legend_title_text="severity",
+            margin=dict(t=30, b=40),
+            title="When each alert was firing",
+        )
+        charts.annotate(fig, start, end)
+        st.plotly_chart(fig, width="stretch")
+
+        def lasted(r) -> str:
+            s = (r.resolved if r.resolved == r.resolved else end) - r.fired
+            text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
+            return text + ("+" if r.resolved != r.resolved else "")
+
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "Alert": hist.alert,
+                    "Subject": hist.subject.replace("", "–"),
+                    "Severity": hist.severity.str.upper(),
+                    "Fired (UTC)": hist.fired.map(fmt.when),
+                    "Resolved (UTC)": hist.resolved.map(
+                        lambda r: "still firing" if r != r else fmt.when(r)
+                    ),
+                    "Lasted": [lasted(r) for r in hist.itertuples()],
+                    "Summary": hist.summary,
+                }
+            ).iloc[::-1],
+            hide_index=True,
+            width="stretch",
+            column_config={"Summary": st.column_config.TextColumn(width="large")},
+        )
+        st.caption("Newest first. “+”: still firing at the end of the range.")
+
+    if alerts.empty:
+        st.success("No alert conditions hold in this range.")
+        history()
+        st.stop()
+    c = st.columns(4)
+    for i, sev in enumerate(("critical", "warning", "info")):
+        c[i].metric(sev.capitalize(), int((alerts.severity == sev).sum()))
+    c[3].metric(
+        "Security findings",
+        int(alerts.alert.map(fmt.is_security).sum()),
+        help=(
+            "Cross-tenant cache reads: one tenant's request served another tenant's entry (a data "
+            "leak)."
+        ),
     )
-    charts.annotate(fig, start, end)
-    st.plotly_chart(fig, width="stretch")
-
-    def lasted(r) -> str:
-        s = (r.resolved if r.resolved == r.resolved else end) - r.fired
-        text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
-        return text + ("+" if r.resolved != r.resolved else "")
-
-    st.dataframe(
-        pd.DataFrame(
-            {
-                "Alert": hist.alert,
-                "Subject": hist.subject.replace("", "–"),
-                "Severity": hist.severity.str.upper(),
-                "Fired (UTC)": hist.fired.map(fmt.when),
-                "Resolved (UTC)": hist.resolved.map(
-                    lambda r: "still firing" if r != r else fmt.when(r)
-                ),
-                "Lasted": [lasted(r) for r in hist.itertuples()],
-                "Summary": hist.summary,
-            }
-        ).iloc[::-1],
-        hide_index=True,
-        width="stretch",
-        column_config={"Summary": st.column_config.TextColumn(width="large")},
+    # Security findings first, then by severity; each in its colour (red for security and critical).
+    # A long list folds after the first few, so the history below stays in reach.
+    alerts = alerts.assign(_sec=~alerts.alert.map(fmt.is_security)).sort_values(
+        "_sec", kind="stable"
     )
-    st.caption("Newest first. “+”: still firing at the end of the range.")
+    SHOWN = 6
+    for r in alerts.head(SHOWN).itertuples():
+        fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+    if len(alerts) > SHOWN:
+        more = len(alerts) - SHOWN
+        with st.expander(f"{more} more alert condition{'s' if more != 1 else ''} holding now"):
+            for r in alerts.iloc[SHOWN:].itertuples():
+                fmt.alert_row(r.severity, r.alert, r.summary, r.since)
 
-
-if alerts.empty:
-    st.success("No alert conditions hold in this range.")
     history()
-    st.stop()
-c = st.columns(4)
-for i, sev in enumerate(("critical", "warning", "info")):
-    c[i].metric(sev.capitalize(), int((alerts.severity == sev).sum()))
-c[3].metric(
-    "Security findings",
-    int(alerts.alert.map(fmt.is_security).sum()),
-    help=(
-        "Cross-tenant cache reads: one tenant's request served another tenant's entry (a data "
-        "leak)."
-    ),
-)
-# Security findings first, then by severity; each in its colour (red for security and critical). A
-# long list folds after the first few, so the history below stays in reach.
-alerts = alerts.assign(_sec=~alerts.alert.map(fmt.is_security)).sort_values("_sec", kind="stable")
-SHOWN = 6
-for r in alerts.head(SHOWN).itertuples():
-    fmt.alert_row(r.severity, r.alert, r.summary, r.since)
-if len(alerts) > SHOWN:
-    more = len(alerts) - SHOWN
-    with st.expander(f"{more} more alert condition{'s' if more != 1 else ''} holding now"):
-        for r in alerts.iloc[SHOWN:].itertuples():
-            fmt.alert_row(r.severity, r.alert, r.summary, r.since)
-
-history()

@@ -6,353 +6,370 @@ With engine metrics only, the same page shows the engines' token-weighted prefix
 (through the same cached hit-rate tables and chart), cached tokens by source, KV-cache usage and
 time to first token."""
 
-# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
-
-import streamlit as st
-
-st.title("Cache warm-up overview")  # first: it paints before the imports below load
 
 import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+import streamlit as st
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
-HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
-ENGINE_TABLE_BY = ("model", "instance", "engine_kind", "engine")
 
+def render() -> None:
+    HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
+    ENGINE_TABLE_BY = ("model", "instance", "engine_kind", "engine")
 
-def hit_rate_chart(hr: pd.DataFrame, by: str, title: str, alerts=None) -> None:
-    """Hit rate over time, one line per ``by``, with runs, faults and alert onsets marked; a box
-    dragged on it zooms the range."""
-    hr = hr.assign(time=hr.bucket.astype("datetime64[s]"))
-    fig = go.Figure()
-    for val, g in hr.groupby(by):
-        fig.add_trace(
-            go.Scatter(
-                x=g.time,
-                y=g.hit_rate,
-                mode="lines+markers",
-                marker_size=3,
-                name=str(val),
-                hovertemplate="%{x|%H:%M} · %{y:.1%}<extra>" + str(val) + "</extra>",
+    def hit_rate_chart(hr: pd.DataFrame, by: str, title: str, alerts=None) -> None:
+        """Hit rate over time, one line per ``by``, with runs, faults and alert onsets marked; a box
+        dragged on it zooms the range."""
+        hr = hr.assign(time=hr.bucket.astype("datetime64[s]"))
+        fig = go.Figure()
+        for val, g in hr.groupby(by):
+            fig.add_trace(
+                go.Scatter(
+                    x=g.time,
+                    y=g.hit_rate,
+                    mode="lines+markers",
+                    marker_size=3,
+                    name=str(val),
+                    hovertemplate="%{x|%H:%M} · %{y:.1%}<extra>" + str(val) + "</extra>",
+                )
             )
+        fig.update_layout(
+            title=title,
+            yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+            xaxis_title="time (UTC)",
+            height=380,
+            dragmode="select",
+            margin=dict(t=50, b=40),
+            legend_title_text=by,
         )
-    fig.update_layout(
-        title=title,
-        yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-        xaxis_title="time (UTC)",
-        height=380,
-        dragmode="select",
-        margin=dict(t=50, b=40),
-        legend_title_text=by,
-    )
-    charts.annotate(fig, start, end, alerts)
-    ev = st.plotly_chart(
-        fig, width="stretch", on_select="rerun", selection_mode="box", key="ov-zoom"
-    )
-    box = ev.selection.get("box", []) if ev and ev.selection else []
-    if box and box[0].get("x"):
-        x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
-        st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
-        if abs(x1 - x0) >= 300:
-            state.zoom_to(min(x0, x1), max(x0, x1))
-        st.rerun()
+        charts.annotate(fig, start, end, alerts)
+        ev = st.plotly_chart(
+            fig, width="stretch", on_select="rerun", selection_mode="box", key="ov-zoom"
+        )
+        box = ev.selection.get("box", []) if ev and ev.selection else []
+        if box and box[0].get("x"):
+            x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
+            st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
+            if abs(x1 - x0) >= 300:
+                state.zoom_to(min(x0, x1), max(x0, x1))
+            st.rerun()
 
+    def engine_overview() -> None:
+        """Engine metrics only: the engines' token-weighted prefix-cache hit rate (the hit-rate
+        tables of the collector view, over the engines' counters), then what only engines export."""
+        st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
+        st.info(engine_view.COLLECTORS_NOTE)
+        tot = cached.rates(start, end, engine=True)
+        if tot.empty or not tot.lookups.iloc[0]:
+            engine_view.no_engine_data()
+        per = cached.rates(start, end, ENGINE_TABLE_BY, engine=True)
+        c = st.columns(4)
+        c[0].metric("Prefix-cache hit rate (tokens)", fmt.pct(tot.hit_rate.iloc[0]))
+        c[1].metric("Prompt tokens", fmt.integer(tot.lookups.iloc[0]))
+        c[2].metric("Cached tokens", fmt.integer(tot.hits.iloc[0]))
+        c[3].metric("Instances", f"{per.instance.nunique():,}")
+        st.subheader("Hit rate by model, instance and engine")
+        table = per.rename(columns={"lookups": "queries"})[
+            [*ENGINE_TABLE_BY, "hits", "queries", "hit_rate"]
+        ].sort_values(["model", "instance"])
+        st.dataframe(
+            table.style.format({"hit_rate": "{:.2%}", "hits": "{:,.0f}", "queries": "{:,.0f}"}),
+            hide_index=True,
+            width="stretch",
+            key="engine-hit-table",
+            column_config={
+                "hits": "cached tokens",
+                "queries": "prompt tokens",
+                "hit_rate": "hit rate",
+                "engine_kind": "engine kind",
+            },
+        )
+        freq = engine_view.bucket(start, end)
+        hit_rate_chart(
+            cached.rates(start, end, ("instance",), freq, engine=True),
+            "instance",
+            f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
+        )
+        left, right = st.columns(2)
+        with left:
+            src = engine_view.frame("engine_cached_by_source", start, end)
+            src = src[src.tokens > 0] if len(src) else src
+            if src.empty:
+                st.info(
+                    "No cached tokens by source in this range (vLLM "
+                    "`prompt_tokens_cached_by_source`, "
+                    "SGLang `cached_tokens_total{cache_source}`)."
+                )
+            else:
+                s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
+                s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
+                st.plotly_chart(
+                    px.bar(
+                        s,
+                        x="instance",
+                        y="share",
+                        color="source",
+                        range_y=[0, 1],
+                        title="Cached-token share by source",
+                    ),
+                    width="stretch",
+                )
+        with right:
+            kv = engine_view.frame("engine_kv_usage", start, end)
+            if kv.empty:
+                st.info("No KV-cache usage in this range.")
+            else:
+                kv["time"] = pd.to_datetime(kv.ts, unit="s")
+                st.plotly_chart(
+                    px.line(
+                        kv,
+                        x="time",
+                        y="usage",
+                        color="instance",
+                        range_y=[0, 1],
+                        markers=True,
+                        title="KV-cache usage",
+                    ),
+                    width="stretch",
+                )
+        ttft = engine_view.frame("engine_ttft", start, end)
+        st.subheader("Time to first token")
+        if ttft.empty:
+            st.info(
+                "No time-to-first-token histogram samples in this range (no requests, or the "
+                "engine "
+                "does not export `time_to_first_token_seconds`)."
+            )
+            return
+        last = ttft.sort_values("ts").groupby(["instance", "quantile"]).seconds.last()
+        last = last.unstack("quantile")
+        last.columns = [f"P{round(q * 100):d} (s)" for q in last.columns]
+        st.dataframe(
+            last.reset_index().style.format({c: "{:.3f}" for c in last.columns}),
+            hide_index=True,
+            width="stretch",
+        )
+        ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
+        q = (ttft["quantile"] * 100).round().astype(int).astype(str)
+        ttft["series"] = ttft.instance + " P" + q
+        st.plotly_chart(
+            px.line(
+                ttft,
+                x="time",
+                y="seconds",
+                color="series",
+                markers=True,
+                title="TTFT P50 / P95 / P99",
+            ),
+            width="stretch",
+        )
 
-def engine_overview() -> None:
-    """Engine metrics only: the engines' token-weighted prefix-cache hit rate (the hit-rate
-    tables of the collector view, over the engines' counters), then what only engines export."""
-    st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
-    st.info(engine_view.COLLECTORS_NOTE)
-    tot = cached.rates(start, end, engine=True)
-    if tot.empty or not tot.lookups.iloc[0]:
-        engine_view.no_engine_data()
-    per = cached.rates(start, end, ENGINE_TABLE_BY, engine=True)
+    start, end = state.time_range()
+    if engine_view.active(start, end):  # engine metrics only
+        engine_overview()
+        st.stop()
+    fr = state.load(["warmup_runs"], start, end)
+    st.caption(f"{fmt.when(start)} → {fmt.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
+    state.resolution_note(start, end)
+    cached.unmeasured_note(start, end)
+    runs = fr["warmup_runs"]
+    # Cached per store version and range (filled in the background when the server starts); the
+    # spinner shows only when a figure is still being computed — the first view of a range nobody
+    # has opened yet.
+    with st.spinner("Analysing the range: alerts, the latest regression and the warm-up score…"):
+        alerts = cached.alerts(start, end)
+        dd = cached.drill(start, end, hit_rate_layers_only=True)
+        card = cached.card(start, end)
+
+    # ---------------------------------------------------------------- what happened
+    st.subheader("What happened")
+    lines: list[str] = []
+    loc = dd.localization
+    if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
+        top = loc.causes[0]
+        cause = " · ".join(f"{k} = {v}" for k, v in top.element.items())
+        lines.append(
+            f"**Latest regression** since {fmt.hhmm(dd.anomaly[0])}: hit rate "
+            f"{fmt.pct(loc.observed)} "
+            f"vs {fmt.pct(loc.expected)} expected; largest cause **{cause}**. See *Root cause*."
+        )
+    else:
+        lines.append("**No significant regression** in this range.")
+    if len(runs):
+        last = runs.sort_values("started").iloc[-1]
+        same = runs[(runs.replica == last.replica) & (abs(runs.started - last.started) < 60)]
+        msg = (
+            f"**Latest warm-up run** {fmt.hhmm(last.started)} on {last.replica} ({last.strategy}, "
+            f"trigger {last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, "
+            f"{fmt.integer(same['keys'].sum())} keys, {same.gpu_s.sum():,.1f} GPU-s)"
+        )
+        try:
+            roi = cached.run_roi(start, end, last.run_id)
+            r5 = roi.sort_values("window_s").iloc[0]
+            v = r5.roi_compute
+            msg += (
+                f"; compute ROI at T+{r5.window_s / 60:g} min: **{v:+.2f}**"
+                if np.isfinite(v)
+                else "; ROI not estimable yet"
+            )
+        except Exception:  # ROI needs requests around the run: not every source has them
+            pass
+        lines.append(msg + ". See *Warm-up runs*.")
+    else:
+        lines.append("**No warm-up run** in this range.")
+    n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
+    sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
+    lines.append(
+        (
+            f"**{len(alerts)} open alert{'s' if len(alerts) != 1 else ''}** ({n_crit} critical) "
+            f"at {fmt.hhmm(end)}, the range's end"
+            if len(alerts)
+            else f"**No open alerts** at {fmt.hhmm(end)}, the range's end"
+        )
+        + " (the Alerts page's “Holding now” and the history's still-firing episodes)."
+    )
+    past = cached.leak(start, end)
+    if past is not None and sec.empty:
+        lines.append(
+            f"**Security finding in this range (no longer holding):** cross-tenant reads of "
+            f"{past['shared_keys']} {'/'.join(past['layers'])} keys from {fmt.hhmm(past['first'])} "
+            f"(last hot-key window {fmt.hhmm(past['last'])}). See *Alerts*."
+        )
+    st.markdown("\n".join(f"- {x}" for x in lines))
+    for r in sec.itertuples():
+        fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+
+    # ---------------------------------------------------------------- headline numbers
+    overall = cached.rates(start, end, hit_rate_layers_only=True)  # cached: reruns read a few rows
     c = st.columns(4)
-    c[0].metric("Prefix-cache hit rate (tokens)", fmt.pct(tot.hit_rate.iloc[0]))
-    c[1].metric("Prompt tokens", fmt.integer(tot.lookups.iloc[0]))
-    c[2].metric("Cached tokens", fmt.integer(tot.hits.iloc[0]))
-    c[3].metric("Instances", f"{per.instance.nunique():,}")
-    st.subheader("Hit rate by model, instance and engine")
-    table = per.rename(columns={"lookups": "queries"})[
-        [*ENGINE_TABLE_BY, "hits", "queries", "hit_rate"]
-    ].sort_values(["model", "instance"])
+    c[0].metric(
+        "Warm-up score",
+        f"{card.composite:.2f}" if card.composite is not None else "no data",
+        help=f"Weighted mean of the {len(card.dimensions)} dimensions' 0–1 scores (table below).",
+    )
+    c[1].metric(
+        "Hit rate",
+        fmt.pct(overall.hit_rate.iloc[0])
+        if len(overall) and overall.lookups.iloc[0]
+        else "no data",
+        help=HIT_RATE_DEF,
+    )
+    c[2].metric(
+        "Lookups",
+        fmt.integer(overall.lookups.iloc[0]) if len(overall) else "0",
+        help="Hits + misses, layers except model weights",
+    )
+    c[3].metric("Warm-up runs", f"{len(runs):,}", help="One run per replica and layer")
+
+    # ------------------------------------------------------- hit rate by layer, with annotations
+    freq = charts.overview_freq(start, end)
+    hr = cached.rates(start, end, ("layer",), freq)
+    if len(hr):
+        hit_rate_chart(
+            hr,
+            "layer",
+            f"Hit rate by layer ({freq // 60:g}-minute buckets) · drag a box to zoom the range",
+            alerts,
+        )
+        st.caption(
+            "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: "
+            "alert "
+            "onsets."
+        )
+
+    # ---------------------------------------------------------------- the score card
+    st.subheader("Warm-up score")
+    dims = card.as_frame()
+
+    def _value(v, u):
+        if v is None or v != v:
+            return "no data"
+        if u in ("ratio", "share", "fraction"):
+            return fmt.pct(v)
+        return f"{v:.3g} {u}".strip()
+
+    table = pd.DataFrame(
+        {
+            "Status": dims.score.map(fmt.light),
+            "Dimension": dims.label,
+            "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit, strict=True)],
+            "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit, strict=True)],
+            "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
+            "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
+            "Note": dims.note,
+        }
+    )
     st.dataframe(
-        table.style.format({"hit_rate": "{:.2%}", "hits": "{:,.0f}", "queries": "{:,.0f}"}),
+        table.style.map(fmt.status_style, subset=["Status"]),
         hide_index=True,
         width="stretch",
-        key="engine-hit-table",
+        height=38 + 35 * len(table),
         column_config={
-            "hits": "cached tokens",
-            "queries": "prompt tokens",
-            "hit_rate": "hit rate",
-            "engine_kind": "engine kind",
+            "Status": st.column_config.TextColumn(width="small"),
+            "Note": st.column_config.TextColumn(width="large"),
         },
     )
-    freq = engine_view.bucket(start, end)
-    hit_rate_chart(
-        cached.rates(start, end, ("instance",), freq, engine=True),
-        "instance",
-        f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
-    )
+    if card.note:
+        note = card.note
+        for d in card.dimensions:  # people read labels, not field names
+            note = note.replace(d.name, d.label)
+        st.caption(note)
+
+    # ---------------------------------------------------------------- radar, alerts and runs
     left, right = st.columns(2)
     with left:
-        src = engine_view.frame("engine_cached_by_source", start, end)
-        src = src[src.tokens > 0] if len(src) else src
-        if src.empty:
-            st.info(
-                "No cached tokens by source in this range (vLLM `prompt_tokens_cached_by_source`, "
-                "SGLang `cached_tokens_total{cache_source}`)."
+        have = dims[dims.score.notna()]
+        fig = go.Figure(
+            go.Scatterpolar(
+                r=list(have.score) + list(have.score[:1]),
+                theta=list(have.label) + list(have.label[:1]),
+                fill="toself",
+                name="score",
+                hovertemplate="%{theta}: %{r:.2f}<extra></extra>",
             )
-        else:
-            s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
-            s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
-            st.plotly_chart(
-                px.bar(
-                    s,
-                    x="instance",
-                    y="share",
-                    color="source",
-                    range_y=[0, 1],
-                    title="Cached-token share by source",
-                ),
-                width="stretch",
-            )
+        )
+        fig.update_layout(
+            polar=dict(
+                radialaxis=dict(range=[0, 1], tickfont_size=9), angularaxis=dict(tickfont_size=10)
+            ),
+            height=440,
+            margin=dict(l=150, r=150, t=40, b=40),
+            showlegend=False,
+            title="Dimension scores (0–1)",
+        )
+        st.plotly_chart(fig, width="stretch")
     with right:
-        kv = engine_view.frame("engine_kv_usage", start, end)
-        if kv.empty:
-            st.info("No KV-cache usage in this range.")
+        st.subheader("Active alerts")
+        if alerts.empty:
+            st.success("No alert conditions hold in this range.")
         else:
-            kv["time"] = pd.to_datetime(kv.ts, unit="s")
-            st.plotly_chart(
-                px.line(
-                    kv,
-                    x="time",
-                    y="usage",
-                    color="instance",
-                    range_y=[0, 1],
-                    markers=True,
-                    title="KV-cache usage",
-                ),
-                width="stretch",
-            )
-    ttft = engine_view.frame("engine_ttft", start, end)
-    st.subheader("Time to first token")
-    if ttft.empty:
+            for r in alerts.head(6).itertuples():
+                fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+            if len(alerts) > 6:
+                st.caption(f"{len(alerts) - 6} more on the Alerts page.")
+    st.subheader("Latest warm-up runs")
+    if runs.empty:
         st.info(
-            "No time-to-first-token histogram samples in this range (no requests, or the engine "
-            "does not export `time_to_first_token_seconds`)."
+            "No warm-up runs in this range; pick a longer range or 'since the last warm-up run'."
         )
-        return
-    last = ttft.sort_values("ts").groupby(["instance", "quantile"]).seconds.last()
-    last = last.unstack("quantile")
-    last.columns = [f"P{round(q * 100):d} (s)" for q in last.columns]
-    st.dataframe(
-        last.reset_index().style.format({c: "{:.3f}" for c in last.columns}),
-        hide_index=True,
-        width="stretch",
-    )
-    ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
-    q = (ttft["quantile"] * 100).round().astype(int).astype(str)
-    ttft["series"] = ttft.instance + " P" + q
-    st.plotly_chart(
-        px.line(
-            ttft, x="time", y="seconds", color="series", markers=True, title="TTFT P50 / P95 / P99"
-        ),
-        width="stretch",
-    )
-
-
-start, end = state.time_range()
-if engine_view.active(start, end):  # engine metrics only
-    engine_overview()
-    st.stop()
-fr = state.load(["warmup_runs"], start, end)
-st.caption(f"{fmt.when(start)} → {fmt.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
-state.resolution_note(start, end)
-cached.unmeasured_note(start, end)
-runs = fr["warmup_runs"]
-# Cached per store version and range (filled in the background when the server starts); the spinner
-# shows only when a figure is still being computed — the first view of a range nobody has opened
-# yet.
-with st.spinner("Analysing the range: alerts, the latest regression and the warm-up score…"):
-    alerts = cached.alerts(start, end)
-    dd = cached.drill(start, end, hit_rate_layers_only=True)
-    card = cached.card(start, end)
-
-# ---------------------------------------------------------------- what happened
-st.subheader("What happened")
-lines: list[str] = []
-loc = dd.localization
-if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
-    top = loc.causes[0]
-    cause = " · ".join(f"{k} = {v}" for k, v in top.element.items())
-    lines.append(
-        f"**Latest regression** since {fmt.hhmm(dd.anomaly[0])}: hit rate {fmt.pct(loc.observed)} "
-        f"vs {fmt.pct(loc.expected)} expected; largest cause **{cause}**. See *Root cause*."
-    )
-else:
-    lines.append("**No significant regression** in this range.")
-if len(runs):
-    last = runs.sort_values("started").iloc[-1]
-    same = runs[(runs.replica == last.replica) & (abs(runs.started - last.started) < 60)]
-    msg = (
-        f"**Latest warm-up run** {fmt.hhmm(last.started)} on {last.replica} ({last.strategy}, "
-        f"trigger {last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, "
-        f"{fmt.integer(same['keys'].sum())} keys, {same.gpu_s.sum():,.1f} GPU-s)"
-    )
-    try:
-        roi = cached.run_roi(start, end, last.run_id)
-        r5 = roi.sort_values("window_s").iloc[0]
-        v = r5.roi_compute
-        msg += (
-            f"; compute ROI at T+{r5.window_s / 60:g} min: **{v:+.2f}**"
-            if np.isfinite(v)
-            else "; ROI not estimable yet"
-        )
-    except Exception:  # ROI needs requests around the run: not every source has them
-        pass
-    lines.append(msg + ". See *Warm-up runs*.")
-else:
-    lines.append("**No warm-up run** in this range.")
-n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
-sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
-lines.append(
-    f"**{len(alerts)} open alert{'s' if len(alerts) != 1 else ''}** ({n_crit} critical)."
-    if len(alerts)
-    else "**No open alerts.**"
-)
-st.markdown("\n".join(f"- {x}" for x in lines))
-for r in sec.itertuples():
-    fmt.alert_row(r.severity, r.alert, r.summary, r.since)
-
-# ---------------------------------------------------------------- headline numbers
-overall = cached.rates(start, end, hit_rate_layers_only=True)  # cached: reruns read a few rows
-c = st.columns(4)
-c[0].metric(
-    "Warm-up score",
-    f"{card.composite:.2f}" if card.composite is not None else "no data",
-    help=f"Weighted mean of the {len(card.dimensions)} dimensions' 0–1 scores (table below).",
-)
-c[1].metric(
-    "Hit rate",
-    fmt.pct(overall.hit_rate.iloc[0]) if len(overall) and overall.lookups.iloc[0] else "no data",
-    help=HIT_RATE_DEF,
-)
-c[2].metric(
-    "Lookups",
-    fmt.integer(overall.lookups.iloc[0]) if len(overall) else "0",
-    help="Hits + misses, layers except model weights",
-)
-c[3].metric("Warm-up runs", f"{len(runs):,}", help="One run per replica and layer")
-
-# ------------------------------------------------------- hit rate by layer, with annotations
-freq = charts.overview_freq(start, end)
-hr = cached.rates(start, end, ("layer",), freq)
-if len(hr):
-    hit_rate_chart(
-        hr,
-        "layer",
-        f"Hit rate by layer ({freq // 60:g}-minute buckets) · drag a box to zoom the range",
-        alerts,
-    )
-    st.caption(
-        "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: alert "
-        "onsets."
-    )
-
-# ---------------------------------------------------------------- the score card
-st.subheader("Warm-up score")
-dims = card.as_frame()
-
-
-def _value(v, u):
-    if v is None or v != v:
-        return "no data"
-    if u in ("ratio", "share", "fraction"):
-        return fmt.pct(v)
-    return f"{v:.3g} {u}".strip()
-
-
-table = pd.DataFrame(
-    {
-        "Status": dims.score.map(fmt.light),
-        "Dimension": dims.label,
-        "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit, strict=True)],
-        "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit, strict=True)],
-        "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
-        "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
-        "Note": dims.note,
-    }
-)
-st.dataframe(
-    table.style.map(fmt.status_style, subset=["Status"]),
-    hide_index=True,
-    width="stretch",
-    height=38 + 35 * len(table),
-    column_config={
-        "Status": st.column_config.TextColumn(width="small"),
-        "Note": st.column_config.TextColumn(width="large"),
-    },
-)
-if card.note:
-    note = card.note
-    for d in card.dimensions:  # people read labels, not field names
-        note = note.replace(d.name, d.label)
-    st.caption(note)
-
-# ---------------------------------------------------------------- radar, alerts and runs
-left, right = st.columns(2)
-with left:
-    have = dims[dims.score.notna()]
-    fig = go.Figure(
-        go.Scatterpolar(
-            r=list(have.score) + list(have.score[:1]),
-            theta=list(have.label) + list(have.label[:1]),
-            fill="toself",
-            name="score",
-            hovertemplate="%{theta}: %{r:.2f}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        polar=dict(
-            radialaxis=dict(range=[0, 1], tickfont_size=9), angularaxis=dict(tickfont_size=10)
-        ),
-        height=440,
-        margin=dict(l=150, r=150, t=40, b=40),
-        showlegend=False,
-        title="Dimension scores (0–1)",
-    )
-    st.plotly_chart(fig, width="stretch")
-with right:
-    st.subheader("Active alerts")
-    if alerts.empty:
-        st.success("No alert conditions hold in this range.")
     else:
-        for r in alerts.head(6).itertuples():
-            fmt.alert_row(r.severity, r.alert, r.summary, r.since)
-        if len(alerts) > 6:
-            st.caption(f"{len(alerts) - 6} more on the Alerts page.")
-st.subheader("Latest warm-up runs")
-if runs.empty:
-    st.info("No warm-up runs in this range; pick a longer range or 'since the last warm-up run'.")
-else:
-    r = runs.sort_values("started", ascending=False).head(8)
-    st.dataframe(
-        pd.DataFrame(
-            {
-                "Started (UTC)": r.started.map(fmt.when),
-                "Replica": r.replica,
-                "Layer": r.layer,
-                "Strategy": r.strategy,
-                "Trigger": r.trigger,
-                "Status": r.status,
-                "Keys": r["keys"].map(fmt.integer),
-                "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}"),
-            }
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+        r = runs.sort_values("started", ascending=False).head(8)
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "Started (UTC)": r.started.map(fmt.when),
+                    "Replica": r.replica,
+                    "Layer": r.layer,
+                    "Strategy": r.strategy,
+                    "Trigger": r.trigger,
+                    "Status": r.status,
+                    "Keys": r["keys"].map(fmt.integer),
+                    "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}"),
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+        )

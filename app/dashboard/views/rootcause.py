@@ -5,323 +5,329 @@ With engine metrics only, the same chart and ranked explanations localise a chan
 engines' token-weighted prefix-cache hit rate over model × instance × engine
 (``cached.engine_causes``); the window is chosen in hours before the end of the range."""
 
-# ruff: noqa: E402  (imports after the title, on purpose)
 from __future__ import annotations
-
-import streamlit as st
-
-st.title("Root cause")  # first: it paints before the imports below load
 
 from datetime import UTC, datetime
 
 import pandas as pd
 import plotly.graph_objects as go
+import streamlit as st
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
-TRAPS_NEED_COLLECTORS = (
-    "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
-    "per-key and per-tenant records: they need the warmscope collectors."
-)
 
+def render() -> None:
+    TRAPS_NEED_COLLECTORS = (
+        "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
+        "per-key and per-tenant records: they need the warmscope collectors."
+    )
 
-def window_chart(t: pd.DataFrame, anomaly, baseline, title: str, brush: bool):
-    """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
-    box dragged on it chooses the window (the chart's selection event is returned)."""
-    fig = go.Figure(
-        go.Scatter(
-            x=t.bucket.astype("datetime64[s]"),
-            y=t.hit_rate,
-            mode="lines+markers",
-            marker_size=3,
-            name="hit rate",
-            hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
+    def window_chart(t: pd.DataFrame, anomaly, baseline, title: str, brush: bool):
+        """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
+        box dragged on it chooses the window (the chart's selection event is returned)."""
+        fig = go.Figure(
+            go.Scatter(
+                x=t.bucket.astype("datetime64[s]"),
+                y=t.hit_rate,
+                mode="lines+markers",
+                marker_size=3,
+                name="hit rate",
+                hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
+            )
         )
-    )
-    for (x0, x1), colour, text in ((anomaly, "#b35900", "anomaly"), (baseline, "grey", "baseline")):
-        fig.add_vrect(
-            x0=pd.Timestamp(x0, unit="s"),
-            x1=pd.Timestamp(x1, unit="s"),
-            fillcolor=colour,
-            opacity=0.15,
-            line_width=0,
-            annotation_text=text,
-            annotation_position="bottom left",
+        for (x0, x1), colour, text in (
+            (anomaly, "#b35900", "anomaly"),
+            (baseline, "grey", "baseline"),
+        ):
+            fig.add_vrect(
+                x0=pd.Timestamp(x0, unit="s"),
+                x1=pd.Timestamp(x1, unit="s"),
+                fillcolor=colour,
+                opacity=0.15,
+                line_width=0,
+                annotation_text=text,
+                annotation_position="bottom left",
+            )
+        charts.annotate(fig, start, end)
+        fig.update_layout(
+            title=title,
+            yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+            xaxis_title="time (UTC)",
+            dragmode="select" if brush else "zoom",
+            height=380,
+            showlegend=False,
         )
-    charts.annotate(fig, start, end)
-    fig.update_layout(
-        title=title,
-        yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-        xaxis_title="time (UTC)",
-        dragmode="select" if brush else "zoom",
-        height=380,
-        showlegend=False,
-    )
-    if not brush:
-        st.plotly_chart(fig, width="stretch")
-        return None
-    return st.plotly_chart(
-        fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
-    )
+        if not brush:
+            st.plotly_chart(fig, width="stretch")
+            return None
+        return st.plotly_chart(
+            fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
+        )
 
+    def explanations(loc, what: str) -> None:
+        """The ranked explanations of a localisation: the window's hit rate against the expected
+        one, each cause's share of the change, as a table and as bars."""
+        st.subheader("Ranked explanations")
+        if loc.error:
+            st.info(loc.error)
+            return
+        if not loc.causes:
+            st.info(
+                "; ".join(loc.notes)
+                or "No significant regression in this window: nothing stands out."
+            )
+            return
+        st.metric(
+            f"{what} in the window",
+            fmt.pct(loc.observed),
+            f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
+        )
+        df = pd.DataFrame(
+            [
+                {
+                    "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                    "Explains": c.explanatory_power,
+                    "Score": c.score,
+                    "Leaves": c.leaves,
+                }
+                for c in loc.causes
+            ]
+        )
+        st.dataframe(
+            df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
+            hide_index=True,
+            width="stretch",
+            column_config={"Explains": "Share of the change explained"},
+        )
+        bar = go.Figure(
+            go.Bar(
+                x=df.Explains,
+                y=df.Cause,
+                orientation="h",
+                hovertemplate="%{y}: %{x:.0%}<extra></extra>",
+            )
+        )
+        bar.update_layout(
+            title="Share of the change explained",
+            xaxis=dict(tickformat=".0%"),
+            yaxis=dict(autorange="reversed", automargin=True),
+            # Plotly's default margins (80 px top, 80 bottom) come out of the height: a bar per
+            # cause needs its 40 px after them, or the plot area shrinks until one label fits.
+            height=180 + 40 * len(df),
+        )
+        st.plotly_chart(bar, width="stretch")
 
-def explanations(loc, what: str) -> None:
-    """The ranked explanations of a localisation: the window's hit rate against the expected
-    one, each cause's share of the change, as a table and as bars."""
-    st.subheader("Ranked explanations")
-    if loc.error:
-        st.info(loc.error)
-        return
-    if not loc.causes:
+    def engine_root_cause() -> None:
+        """Engine metrics only: the window in hours before the end (engine phases are minutes), the
+        leaves of model × instance × engine and their localisation; no trap checks."""
         st.info(
-            "; ".join(loc.notes) or "No significant regression in this window: nothing stands out."
+            engine_view.COLLECTORS_NOTE
+            + " Here the change is localised over model × instance × engine."
         )
-        return
-    st.metric(
-        f"{what} in the window",
-        fmt.pct(loc.observed),
-        f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
-    )
-    df = pd.DataFrame(
-        [
-            {
-                "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
-                "Explains": c.explanatory_power,
-                "Score": c.score,
-                "Leaves": c.leaves,
-            }
-            for c in loc.causes
-        ]
-    )
-    st.dataframe(
-        df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
-        hide_index=True,
-        width="stretch",
-        column_config={"Explains": "Share of the change explained"},
-    )
-    bar = go.Figure(
-        go.Bar(
-            x=df.Explains,
-            y=df.Cause,
-            orientation="h",
-            hovertemplate="%{y}: %{x:.0%}<extra></extra>",
+        freq = engine_view.bucket(start, end)
+        t = cached.rates(start, end, freq=freq, engine=True)
+        if t.empty or not t.lookups.sum():
+            engine_view.no_engine_data()
+        span_h = max((end - start) / 3600, 0.1)
+        a0, a1 = st.slider(
+            "Anomaly window (hours before the end)",
+            0.0,
+            span_h,
+            (0.0, min(0.25, span_h / 2)),
+            step=0.01,
+            key="engine-rc-win",
         )
-    )
-    bar.update_layout(
-        title="Share of the change explained",
-        xaxis=dict(tickformat=".0%"),
-        yaxis=dict(autorange="reversed", automargin=True),
-        # Plotly's default margins (80 px top, 80 bottom) come out of the height: a bar per
-        # cause needs its 40 px after them, or the plot area shrinks until one label fits.
-        height=180 + 40 * len(df),
-    )
-    st.plotly_chart(bar, width="stretch")
+        anomaly = (end - a1 * 3600, end - a0 * 3600)
+        baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
+        title = (
+            f"Prefix-cache hit rate, all engines (token-weighted, {freq // 60:g}-minute buckets)"
+        )
+        window_chart(t, anomaly, baseline, title, brush=False)
+        st.caption(
+            f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
+            f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])} (UTC). Hit rate = cached prompt "
+            "tokens / prompt tokens."
+        )
+        leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
+        dims = [d for d in engine_view.DIMS if d in leaves.columns]
 
+        def rate(hits: pd.Series, tokens: pd.Series) -> pd.Series:
+            return (hits / tokens.where(tokens > 0)).map(
+                lambda x: "no traffic" if x != x else fmt.pct(x)
+            )
 
-def engine_root_cause() -> None:
-    """Engine metrics only: the window in hours before the end (engine phases are minutes), the
-    leaves of model × instance × engine and their localisation; no trap checks."""
-    st.info(
-        engine_view.COLLECTORS_NOTE
-        + " Here the change is localised over model × instance × engine."
+        # the baseline's rate: the expected hits per prompt token, where the baseline had traffic
+        # (volume_exp: its prompt tokens, scaled to the window's length)
+        st.dataframe(
+            leaves[dims].assign(
+                prompt_tokens=leaves.lookups.map("{:,.0f}".format),
+                hit_rate=rate(leaves.hits, leaves.lookups),
+                baseline=rate(leaves.hits_exp, leaves.lookups_exp.where(leaves.volume_exp > 0, 0)),
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+        if loc is None:
+            st.subheader("Ranked explanations")
+            st.info(
+                "The anomaly window or the baseline before it holds no engine traffic, so there "
+                "is no "
+                "change to explain: move the anomaly window (the baseline is the same length just "
+                "before it) or widen the time range."
+            )
+        else:
+            explanations(loc, "Prefix-cache hit rate (tokens)")
+        st.caption(TRAPS_NEED_COLLECTORS)
+
+    start, end = state.time_range()
+    if engine_view.active(start, end):  # engine metrics only
+        engine_root_cause()
+        st.stop()
+    state.resolution_note(start, end)
+
+    def _dt(ts: float) -> datetime:
+        return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
+
+    def _ts(d) -> float:
+        return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
+
+    lo, hi = _dt(start), _dt(end)
+    # The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
+    if "rc-win" not in st.session_state:
+        w = state.url_get("window", "")
+        try:
+            a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
+            if lo <= a0 < a1 <= hi:
+                st.session_state["rc-win"] = (a0, a1)
+                st.session_state["rc-mode"] = "choose"
+        except ValueError:
+            pass
+    if st.session_state.get("rc-win") and not (
+        lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi
+    ):
+        st.session_state.pop("rc-win")
+    mode = st.radio(
+        "Regression window",
+        ["detected change point", "choose"],
+        horizontal=True,
+        key="rc-mode",
+        help="'choose': set the window with the slider, or drag a box on the chart.",
     )
-    freq = engine_view.bucket(start, end)
-    t = cached.rates(start, end, freq=freq, engine=True)
-    if t.empty or not t.lookups.sum():
-        engine_view.no_engine_data()
-    span_h = max((end - start) / 3600, 0.1)
-    a0, a1 = st.slider(
-        "Anomaly window (hours before the end)",
-        0.0,
-        span_h,
-        (0.0, min(0.25, span_h / 2)),
-        step=0.01,
-        key="engine-rc-win",
+    if mode == "choose":
+        default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
+        a0, a1 = st.slider(
+            "Anomaly window (UTC)",
+            min_value=lo,
+            max_value=hi,
+            value=st.session_state.get("rc-win", default),
+            step=pd.Timedelta(minutes=5).to_pytimedelta(),
+            format="MM-DD HH:mm",
+        )
+        st.session_state["rc-win"] = (a0, a1)
+        anomaly = (_ts(a0), _ts(a1))
+        state.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
+    else:
+        state.url_set(window=None)
+        cp = cached.change_point(start, end)
+        if cp is None:
+            st.info(
+                "Too little data to find a change point; choose the window, or widen the time "
+                "range."
+            )
+            st.stop()
+        anomaly = (cp, end)
+    length = anomaly[1] - anomaly[0]
+    baseline = (max(start, anomaly[0] - length), anomaly[0])
+    freq = max(300, state.step(start, end) or 0)
+    t = cached.rates(start, end, freq=freq)  # cached per range
+    ev = window_chart(
+        t,
+        anomaly,
+        baseline,
+        f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose "
+        "the "
+        "window",
+        brush=True,
     )
-    anomaly = (end - a1 * 3600, end - a0 * 3600)
-    baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
-    title = f"Prefix-cache hit rate, all engines (token-weighted, {freq // 60:g}-minute buckets)"
-    window_chart(t, anomaly, baseline, title, brush=False)
+    box = ev.selection.get("box", []) if ev and ev.selection else []
+    if box and box[0].get("x"):
+        x0, x1 = sorted(
+            pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2]
+        )
+        x0, x1 = max(lo, x0), min(hi, x1)
+        st.session_state.pop(
+            "rc-brush", None
+        )  # applied once: picking "detected" later must stay detected
+        if x1 > x0:
+            st.session_state["rc-win"] = (x0, x1)
+            state.defer(**{"rc-mode": "choose"})
+        st.rerun()
     st.caption(
         f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
-        f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])} (UTC). Hit rate = cached prompt "
-        "tokens / prompt tokens."
+        f"{fmt.when(baseline[0])} → "
+        f"{fmt.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
     )
-    leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
-    dims = [d for d in engine_view.DIMS if d in leaves.columns]
+    dd = cached.drill(start, end, anomaly, baseline)
+    loc = dd.localization
+    verdicts = cached.traps(start, end, anomaly, baseline)
 
-    def rate(hits: pd.Series, tokens: pd.Series) -> pd.Series:
-        return (hits / tokens.where(tokens > 0)).map(
-            lambda x: "no traffic" if x != x else fmt.pct(x)
-        )
-
-    # the baseline's rate: the expected hits per prompt token, where the baseline had traffic
-    # (volume_exp: its prompt tokens, scaled to the window's length)
-    st.dataframe(
-        leaves[dims].assign(
-            prompt_tokens=leaves.lookups.map("{:,.0f}".format),
-            hit_rate=rate(leaves.hits, leaves.lookups),
-            baseline=rate(leaves.hits_exp, leaves.lookups_exp.where(leaves.volume_exp > 0, 0)),
-        ),
-        hide_index=True,
-        width="stretch",
-    )
-    if loc is None:
-        st.subheader("Ranked explanations")
-        st.info(
-            "The anomaly window or the baseline before it holds no engine traffic, so there is no "
-            "change to explain: move the anomaly window (the baseline is the same length just "
-            "before it) or widen the time range."
-        )
-    else:
-        explanations(loc, "Prefix-cache hit rate (tokens)")
-    st.caption(TRAPS_NEED_COLLECTORS)
-
-
-start, end = state.time_range()
-if engine_view.active(start, end):  # engine metrics only
-    engine_root_cause()
-    st.stop()
-state.resolution_note(start, end)
-
-
-def _dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
-
-
-def _ts(d) -> float:
-    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
-
-
-lo, hi = _dt(start), _dt(end)
-# The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
-if "rc-win" not in st.session_state:
-    w = state.url_get("window", "")
-    try:
-        a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
-        if lo <= a0 < a1 <= hi:
-            st.session_state["rc-win"] = (a0, a1)
-            st.session_state["rc-mode"] = "choose"
-    except ValueError:
-        pass
-if st.session_state.get("rc-win") and not (
-    lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi
-):
-    st.session_state.pop("rc-win")
-mode = st.radio(
-    "Regression window",
-    ["detected change point", "choose"],
-    horizontal=True,
-    key="rc-mode",
-    help="'choose': set the window with the slider, or drag a box on the chart.",
-)
-if mode == "choose":
-    default = (max(lo, hi - pd.Timedelta(minutes=30)), hi)
-    a0, a1 = st.slider(
-        "Anomaly window (UTC)",
-        min_value=lo,
-        max_value=hi,
-        value=st.session_state.get("rc-win", default),
-        step=pd.Timedelta(minutes=5).to_pytimedelta(),
-        format="MM-DD HH:mm",
-    )
-    st.session_state["rc-win"] = (a0, a1)
-    anomaly = (_ts(a0), _ts(a1))
-    state.url_set(window=f"{a0:%Y-%m-%dT%H:%M}~{a1:%Y-%m-%dT%H:%M}")
-else:
-    state.url_set(window=None)
-    cp = cached.change_point(start, end)
-    if cp is None:
-        st.info(
-            "Too little data to find a change point; choose the window, or widen the time range."
-        )
-        st.stop()
-    anomaly = (cp, end)
-length = anomaly[1] - anomaly[0]
-baseline = (max(start, anomaly[0] - length), anomaly[0])
-freq = max(300, state.step(start, end) or 0)
-t = cached.rates(start, end, freq=freq)  # cached per range
-ev = window_chart(
-    t,
-    anomaly,
-    baseline,
-    f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose the "
-    "window",
-    brush=True,
-)
-box = ev.selection.get("box", []) if ev and ev.selection else []
-if box and box[0].get("x"):
-    x0, x1 = sorted(pd.Timestamp(x).to_pydatetime().replace(tzinfo=None) for x in box[0]["x"][:2])
-    x0, x1 = max(lo, x0), min(hi, x1)
-    st.session_state.pop(
-        "rc-brush", None
-    )  # applied once: picking "detected" later must stay detected
-    if x1 > x0:
-        st.session_state["rc-win"] = (x0, x1)
-        state.defer(**{"rc-mode": "choose"})
-    st.rerun()
-st.caption(
-    f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline {fmt.when(baseline[0])} → "
-    f"{fmt.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
-)
-dd = cached.drill(start, end, anomaly, baseline)
-loc = dd.localization
-verdicts = cached.traps(start, end, anomaly, baseline)
-
-# Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate does.
-for v in verdicts:
-    if v.detected and v.trap == "tenant_isolation":
-        ev = (
-            v.evidence[len("SECURITY:") :].strip()
-            if v.evidence.upper().startswith("SECURITY:")
-            else v.evidence
-        )
-        st.error(f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}")
-
-explanations(loc, "Effective hit rate")
-shift, mdd = cached.miss_shift(start, end, anomaly, baseline)
-if len(shift):
-    st.subheader("Why prefix-KV tokens missed")
-    st.caption(
-        "Missed prompt tokens by class in the window and the baseline (see the Why misses "
-        "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
-        "as isolated."
-    )
-    sh = shift.assign(
-        share=shift["share"].map(fmt.pct),
-        share_base=shift["share_base"].map(fmt.pct),
-        change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"),
-    )
-    st.dataframe(
-        sh,
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "miss_class": st.column_config.TextColumn("Class"),
-            "tokens": st.column_config.NumberColumn("Tokens in the window", format="localized"),
-            "share": st.column_config.TextColumn("Share"),
-            "tokens_base": st.column_config.NumberColumn(
-                "Tokens in the baseline", format="localized"
-            ),
-            "share_base": st.column_config.TextColumn("Baseline share"),
-            "change": st.column_config.TextColumn("Change (pts)"),
-        },
-    )
-    if mdd is not None and mdd.localization.causes:
-        c = mdd.localization.causes[0]
-        where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
-        st.caption(
-            f"Largest change in missed tokens: {where}"
-            + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)"
-        )
-st.subheader("Cold-start traps")
-seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
-if not seen and not any(v.detected for v in verdicts):
-    st.success("No cold-start trap detected in this window.")
-elif not seen:
-    st.caption("Only the cross-tenant read above was detected.")
-for v in seen:
-    st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
-with st.expander("Traps not seen"):
+    # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate
+    # does.
     for v in verdicts:
-        if not v.detected:
-            st.write(f"**{v.trap.replace('_', ' ')}** — {v.evidence}")
+        if v.detected and v.trap == "tenant_isolation":
+            ev = (
+                v.evidence[len("SECURITY:") :].strip()
+                if v.evidence.upper().startswith("SECURITY:")
+                else v.evidence
+            )
+            st.error(
+                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}"
+            )
+
+    explanations(loc, "Effective hit rate")
+    shift, mdd = cached.miss_shift(start, end, anomaly, baseline)
+    if len(shift):
+        st.subheader("Why prefix-KV tokens missed")
+        st.caption(
+            "Missed prompt tokens by class in the window and the baseline (see the Why misses "
+            "page): a key drift shows as drifted, a too-small cache as evicted, tenant scoping "
+            "as isolated."
+        )
+        sh = shift.assign(
+            share=shift["share"].map(fmt.pct),
+            share_base=shift["share_base"].map(fmt.pct),
+            change=shift["change"].map(lambda x: "–" if x != x else f"{100 * x:+.1f}"),
+        )
+        st.dataframe(
+            sh,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "miss_class": st.column_config.TextColumn("Class"),
+                "tokens": st.column_config.NumberColumn("Tokens in the window", format="localized"),
+                "share": st.column_config.TextColumn("Share"),
+                "tokens_base": st.column_config.NumberColumn(
+                    "Tokens in the baseline", format="localized"
+                ),
+                "share_base": st.column_config.TextColumn("Baseline share"),
+                "change": st.column_config.TextColumn("Change (pts)"),
+            },
+        )
+        if mdd is not None and mdd.localization.causes:
+            c = mdd.localization.causes[0]
+            where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
+            st.caption(
+                f"Largest change in missed tokens: {where}"
+                + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)"
+            )
+    st.subheader("Cold-start traps")
+    seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
+    if not seen and not any(v.detected for v in verdicts):
+        st.success("No cold-start trap detected in this window.")
+    elif not seen:
+        st.caption("Only the cross-tenant read above was detected.")
+    for v in seen:
+        st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
+    with st.expander("Traps not seen"):
+        for v in verdicts:
+            if not v.detected:
+                st.write(f"**{v.trap.replace('_', ' ')}** — {v.evidence}")
