@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,8 @@ _COLS = records.BLOCK_TRACE.cols
 def _u64(b: Any) -> list[int]:
     if b is None or (isinstance(b, float) and math.isnan(b)):
         return []
-    return np.frombuffer(bytes(b), dtype="<u8").tolist()
+    out: list[int] = np.frombuffer(bytes(b), dtype="<u8").tolist()
+    return out
 
 
 def trace_from_rows(rows: Iterable[Sequence[Any]] | pd.DataFrame, source: str = "") -> BlockTrace:
@@ -79,7 +81,7 @@ def read_store_trace(
 ) -> BlockTrace:
     """The block trace an embedded store holds, between ``start`` and ``end`` (arrival)."""
     try:
-        store = EmbeddedStore(path, readonly=True)
+        store = EmbeddedStore(Path(path), readonly=True)
     except StoreError as e:
         raise SourceError(str(e)) from None
     try:
@@ -130,7 +132,7 @@ def write_store_trace(trace: BlockTrace, path: str | os.PathLike[str]) -> int:
     rows written. Only full blocks are kept (a Mooncake chain's partial last block is not a
     block an engine caches)."""
     try:
-        store = EmbeddedStore(path)
+        store = EmbeddedStore(Path(path))
     except StoreError as e:
         raise SourceError(str(e)) from None
     try:

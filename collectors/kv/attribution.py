@@ -195,7 +195,9 @@ class KVState:
                 _, hashes, parent, tokens, bsize, salt, session = ev
                 if session is not None and session in self._held:
                     self._resolve_held(session, follows=parent)
-                if idx.is_reuse_report(parent, hashes) or self._is_report(idx, parent, hashes, session):
+                if idx.is_reuse_report(parent, hashes) or self._is_report(
+                    idx, parent, hashes, session
+                ):
                     settle()
                     if session is not None and len(hashes) == 1 and not idx.reuse_reports:
                         # one resident block, parent-less: the report of a one-block hit, or a

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from warmscope.analysis.whatif.curves import Curve, block_tokens, lru_curve, vllm_curve
 from warmscope.analysis.whatif.replay import replay
-from warmscope.model.blocktrace import TraceBuilder, TraceError, chain_ids
+from warmscope.model.blocktrace import TraceError
 
 from tests.analysis.whatif.test_pool import _random_trace
 

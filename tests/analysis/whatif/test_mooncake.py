@@ -50,7 +50,8 @@ def test_the_curve_and_its_named_capacities(curve):
     # a plain block LRU: about 14 % at 3 M tokens, about 36-37 % at 50 M
     assert 0.13 < tokens[3e6] < 0.15 and 0.36 < tokens[5e7] < 0.375
     assert tokens[1e9] == pytest.approx(curve.max_hit)
-    assert all(a <= b for a, b in zip(list(tokens.values()), list(tokens.values())[1:]))
+    vals = list(tokens.values())
+    assert all(a <= b for a, b in zip(vals, vals[1:], strict=False))
 
 
 def test_sampling_error_against_the_exact_curve(trace, curve):
