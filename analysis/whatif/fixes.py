@@ -323,7 +323,7 @@ def fixes(
         bigger = [max(2, int(round(c * k))) for c in caps]
         r = replay(trace, bigger, engines=n_eng, concurrent=concurrent, keys=keys)
         add(
-            f"capacity ×{k:g}",
+            f"capacity ×{k:g} ({bigger[0]:,} blocks)",
             f"{bigger[0]:,} blocks per engine instead of {caps[0]:,}",
             "evicted",
             r,

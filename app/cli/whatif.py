@@ -339,7 +339,7 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
         end = time.time()
         if args.align == "end" and Path(path).exists():
             try:
-                store = EmbeddedStore(Path(path), readonly=True)
+                store = EmbeddedStore(Path(path))  # (an older store is upgraded first)
                 try:
                     rows = store.query("SELECT max(ts) FROM lookups")
                 finally:
