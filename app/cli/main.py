@@ -298,6 +298,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
+    whatif.import_demo_trace(path)  # the What if page's real production hour
     if args.no_dashboard:
         return 0
     return cmd_dashboard(args)

@@ -24,7 +24,11 @@ from warmscope.app.cli.base import Group, Simple, store_path
 from warmscope.app.cli.misses import _since
 from warmscope.app.cli.terminal import progress
 
-__all__ = ["COMMAND", "TRACE_COMMAND", "cmd_whatif"]
+__all__ = ["COMMAND", "TRACE_COMMAND", "cmd_whatif", "import_demo_trace", "DEMO_TRACE"]
+
+# A real production hour (Mooncake's conversation trace, Apache-2.0; data/traces/README.md), in a
+# checkout: the demo imports it so that the What if page has a trace to replay.
+DEMO_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_conversation.jsonl"
 
 PROG = "warmscope whatif"
 
@@ -361,6 +365,31 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
         f"blocks) into {path}; `warmscope whatif` replays them"
     )
     return 0
+
+
+def import_demo_trace(path: Path) -> bool:
+    """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
+    and the file is there (a checkout); True when it did."""
+    from warmscope.collectors.store import EmbeddedStore, StoreError
+
+    if not DEMO_TRACE.exists():
+        return False
+    try:
+        store = EmbeddedStore(Path(path))
+        try:
+            have = store.query("SELECT count(*) FROM block_trace")[0][0]
+        finally:
+            store.close()
+    except StoreError:
+        return False
+    if have:
+        return False
+    args = argparse.Namespace(file=str(DEMO_TRACE), block_size=None, align="end", store=str(path))
+    print(
+        "importing a real production hour (Mooncake's conversation trace) for the What if page",
+        file=sys.stderr,
+    )
+    return cmd_trace_import(args) == 0
 
 
 TRACE_COMMAND = Group(
