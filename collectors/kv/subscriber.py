@@ -17,8 +17,8 @@ of the new stream is repaired the same way.
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import threading
 import time
 import urllib.parse

@@ -13,7 +13,7 @@ from warmscope.collectors.kv import KVState
 from warmscope.collectors.miss_counts import trace_record
 from warmscope.sources.trace_store import read_store_trace, trace_from_rows
 
-from tests.collectors.kv_events import removed, stored, toks
+from tests.collectors.kv_events import stored, toks
 from tests.collectors.test_kv_attribution import feed, zero
 
 B = 4
