@@ -6,11 +6,12 @@ replay, against baselines measured in the same run.
 Targets: the Mooncake conversation trace's whole LRU curve (288,500 block references) <= 2 s;
 10 M block references <= 30 s on one core; the exact vLLM replay >= 1 M block references per
 second. Each kernel runs on one core, so the targets are judged on CPU seconds (on a loaded
-machine wall time is mostly waiting for a core); both are printed. Baselines in the same run: a block LRU simulated at ONE capacity with Python's
-OrderedDict (the textbook way; the curve gives every capacity), and ``np.unique`` over the same
-keys (one bare pass over the references). Figures are the best of ``--repeat`` runs (wall and CPU
-seconds), the load average beside them; numba's one-time compile or cache load is timed apart.
-Memory: the arrays each kernel allocates, per block reference or per cache block.
+machine wall time is mostly waiting for a core); both are printed. Baselines in the same run: a
+block LRU simulated at ONE capacity with Python's OrderedDict (the textbook way; the curve gives
+every capacity), and ``np.unique`` over the same keys (one bare pass over the references).
+Figures are the best of ``--repeat`` runs, the load average beside them; numba's one-time
+compile or cache load is timed apart. Memory: the arrays each kernel allocates, per block
+reference or per cache block.
 """
 
 from __future__ import annotations
