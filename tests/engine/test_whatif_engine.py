@@ -102,6 +102,8 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
     from warmscope.collectors.kv.gateway_hook import KVGatewayHook
     from warmscope.sources.trace_store import read_store_trace
 
+    from warmscope.collectors.kv.subscriber import engine_capacity
+
     engs = pairs[96]
     for e in engs:
         e.reset_prefix_cache()
@@ -110,6 +112,9 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
     store = tmp / f"trace-{streams}.sqlite"
     tel = make_tel(store_path=str(store))
     watcher = KVWatcher(specs, max_blocks=8 * 96).start()
+    # the engines' capacity, as a watcher given their URLs reads it (vllm:cache_config_info)
+    for s, e in zip(specs, engs, strict=True):
+        watcher.state.capacity[s.name] = engine_capacity(e.url)
     hooks = [KVGatewayHook(watcher, tel, engine=s.name) for s in specs]
     reqs = workload(N_REQUESTS)
     try:
@@ -174,13 +179,15 @@ def _stable(reqs):
     return out
 
 
+@pytest.mark.timeout(2400)  # seven configurations of 175 requests, on two shared cores
 def test_replay_predicts_every_request_on_real_engines(rig, tmp_path, make_tel):
     from warmscope.analysis.whatif.replay import replay
 
     trace, counts, reqs = _record(rig, tmp_path, make_tel)
     # the recording is complete: every request traced, chains of every full block
-    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, counts
+    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, str(counts)
     assert sorted(trace.engines) == ["e0", "e1"]
+    assert trace.capacity == {"e0": 96, "e1": 96}  # read from the engines' /metrics
     expect_blocks = (trace.prompt + np.maximum(trace.output - 1, 0)) // B
     assert np.array_equal(np.diff(trace.offsets), expect_blocks)
     # the trace is in arrival order, as the requests were sent
@@ -235,13 +242,14 @@ def test_replay_predicts_every_request_on_real_engines(rig, tmp_path, make_tel):
     assert np.any(trace.s != trace.h) and np.any(trace.cls == 4)
 
 
+@pytest.mark.timeout(1200)
 def test_concurrent_streams_are_reported(rig, tmp_path, make_tel):
     """Measured agreement with 8 concurrent streams: printed, not asserted beyond the
     recording's completeness (the engine batches requests of one step, the replay cannot)."""
     from warmscope.analysis.whatif.replay import replay
 
     trace, counts, _ = _record(rig, tmp_path, make_tel, streams=8)
-    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, counts
+    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, str(counts)
     for concurrent in (True, False):
         r = replay(trace, 96, concurrent=concurrent)
         agree = int(np.sum(r.cached == trace.cached))
