@@ -650,6 +650,32 @@ def recommend(
         restarts_per_hour,
     )
     others = [x for x in ev.cells if x.horizon_s == h and x.strategy not in ("none", "oracle")]
+    if s != "none":
+        rivals = [x for x in others if x.strategy != s]
+        if rivals:
+            key = (
+                (lambda x: x.gain_tokens)
+                if objective == "ttft"
+                else (lambda x: _net(ev, x.strategy, x.k, h)[0])
+            )
+            second = max(rivals, key=key)
+            diff = ev.per_restart[(s, k, h)] - ev.per_restart[(second.strategy, second.k, h)]
+            if objective == "net_gpu":
+                diff = diff - (c.warm_blocks - second.warm_blocks) * ev.block_size
+            n = len(diff)
+            half = _t975(n - 1) * float(diff.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+            lo, hi = float(diff.mean()) - half, float(diff.mean()) + half
+            if lo <= 0 <= hi:
+                r.notes.append(
+                    f"{second.strategy} (K = {second.k:,}) does as well on these restarts: the "
+                    f"paired difference is {diff.mean():+,.0f} tokens (95 % CI {lo:+,.0f} to "
+                    f"{hi:+,.0f}); prefer the simpler one if the two are not told apart."
+                )
+            else:
+                r.notes.append(
+                    f"Ahead of the next best, {second.strategy} (K = {second.k:,}), by "
+                    f"{diff.mean():+,.0f} tokens per restart (95 % CI {lo:+,.0f} to {hi:+,.0f})."
+                )
     if s == "none":
         r.notes.append(
             "No warm-up: on this objective every strategy costs more than it saves "
