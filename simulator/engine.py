@@ -29,9 +29,9 @@ the virtual timestamp at each tick end, so frames have tick resolution.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
-import hashlib
 import math
 import time
 from collections import Counter, defaultdict
@@ -1175,8 +1175,9 @@ class BlockTraceRecorder:
                 )
             ids.append(d)
         n = len(ids)
-        self._pool(variant).add(t, n * self.block_tokens, 1, chain_ids(ids), engine=replica,
-                                tenant=tenant)
+        self._pool(variant).add(
+            t, n * self.block_tokens, 1, chain_ids(ids), engine=replica, tenant=tenant
+        )
 
     def restart(self, variant: str, t: float, replica: str) -> None:
         self._pool(variant).restart(t, replica)

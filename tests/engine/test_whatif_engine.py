@@ -100,9 +100,8 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
     from warmscope.collectors.gateway import make_app, serve
     from warmscope.collectors.kv import EngineSpec, KVWatcher
     from warmscope.collectors.kv.gateway_hook import KVGatewayHook
-    from warmscope.sources.trace_store import read_store_trace
-
     from warmscope.collectors.kv.subscriber import engine_capacity
+    from warmscope.sources.trace_store import read_store_trace
 
     engs = pairs[96]
     for e in engs:
