@@ -211,7 +211,7 @@ def warm_order(
             continue
         path = []
         x = b
-        while x and x not in chosen:
+        while x and x not in chosen and len(path) <= len(parents):  # (a cycle: a bad trace)
             path.append(x)
             x = parents.get(x, 0)
         if len(order) + len(path) > k:
@@ -237,7 +237,7 @@ def chains_of(
             continue
         path = []
         x = b
-        while x:
+        while x and len(path) <= len(chosen):
             path.append(x)
             x = parents.get(x, 0)
         out.append((value.get(b, 0.0), path[::-1]))
@@ -276,7 +276,7 @@ def _chain_capped(sc: dict[int, float], parents: dict[int, int]) -> dict[int, fl
             continue
         stack = []
         x = b
-        while x and x not in out:
+        while x and x not in out and len(stack) <= len(sc):
             stack.append(x)
             x = parents.get(x, 0)
         above = out[x] if x else 1.0
