@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from warmscope.model import records, schema
@@ -51,8 +51,9 @@ __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_togethe
 
 log = logging.getLogger("warmscope.collectors")
 
-_CHUNK_ROWS = 500  # rows per retry chunk (one short Redis script call, bounded work per attempt)
+_CHUNK_ROWS = 20_000  # rows per retry chunk (one short Redis script call, bounded work per attempt)
 _STORE_TXN_ROWS = 100_000  # backlog rows carried by the flush's own store transaction
+_UNIT_FRAMES = ("ab_units", "ab_lookups")  # a unit's rows: queued, written and dropped together
 _STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
 
 
@@ -60,9 +61,11 @@ class Backlog:
     """Rows kept for a sink: bounded on the way in, in chunks with stable ids.
 
     ``add`` keeps at most ``limit`` rows and returns how many it had to drop
-    (the caller counts them). Each chunk gets a batch id when it is formed and
-    keeps it across retries, so a sink that records applied ids (Redis) can
-    skip a chunk it already applied before a timeout.
+    (the caller counts them). An A/B unit's rows (its request row and its
+    per-layer lookups) go into one chunk, and are kept or dropped together.
+    Each chunk gets a batch id when it is formed and keeps it across retries,
+    so a sink that records applied ids (Redis) can skip a chunk it already
+    applied before a timeout.
     """
 
     def __init__(self, limit: int, chunk: int = _CHUNK_ROWS) -> None:
@@ -75,28 +78,74 @@ class Backlog:
 
     def add(self, batches: dict[str, list[Any]]) -> int:
         room = max(0, self.limit - self.n)
+        total = sum(len(v) for v in batches.values())
+        if total <= min(room, self.chunk):  # the usual flush: one chunk, nothing to split
+            rows = {k: list(v) for k, v in batches.items() if v}
+            if rows:
+                self._push(rows, total)
+            return 0
         dropped = 0
-        cur: dict[str, list[Any]] = {}
-        cur_n = 0
-        for k, rows in batches.items():
+        for chunk in self._split(batches, -(-total // self.chunk)):
+            n = sum(len(v) for v in chunk.values())
+            if n <= room:
+                self._push(chunk, n)
+                room -= n
+                continue
+            # the backlog is full: whole units (and other rows) while they fit, the rest dropped
+            kept: dict[str, list[Any]] = {}
+            kept_n = 0
+            for k, rows, m in self._groups(chunk):
+                if m > room:
+                    dropped += m
+                    continue
+                room -= m
+                kept_n += m
+                for f, r in rows if k is None else ((k, rows),):
+                    kept.setdefault(f, []).extend(r)
+            if kept_n:
+                self._push(kept, kept_n)
+        return dropped
+
+    @staticmethod
+    def _split(batches: dict[str, list[Any]], parts: int) -> list[dict[str, list[Any]]]:
+        """``batches`` in ``parts`` chunks of about equal size; an A/B unit's rows (its request
+        row and its lookups: ``ab_units`` and ``ab_lookups``, whose third value is the unit's
+        hash) all go to the chunk its hash picks."""
+        out: list[dict[str, list[Any]]] = [{} for _ in range(parts)]
+        for f, rows in batches.items():
             if not rows:
                 continue
-            if len(rows) > room:
-                dropped += len(rows) - room
-                rows = rows[:room]
-            room -= len(rows)
-            i = 0
-            while i < len(rows):
-                take = min(self.chunk - cur_n, len(rows) - i)
-                cur.setdefault(k, []).extend(rows[i : i + take])
-                cur_n += take
-                i += take
-                if cur_n >= self.chunk:
-                    self._push(cur, cur_n)
-                    cur, cur_n = {}, 0
-        if cur_n:
-            self._push(cur, cur_n)
-        return dropped
+            if f in _UNIT_FRAMES:
+                lists: list[list[Any]] = [[] for _ in range(parts)]
+                for r in rows:
+                    lists[hash(r[2]) % parts].append(r)
+            else:
+                per = -(-len(rows) // parts)
+                lists = [rows[i * per : (i + 1) * per] for i in range(parts)]
+            for c, lst in zip(out, lists, strict=True):
+                if lst:
+                    c[f] = lst
+        return [c for c in out if c]
+
+    @staticmethod
+    def _groups(batches: dict[str, list[Any]]) -> Iterator[tuple[str | None, Any, int]]:
+        """Rows that are kept or dropped together: (frame, [row], 1) for a row of a frame
+        outside the A/B units, (None, [(frame, rows), ...], n) for one A/B unit's rows."""
+        units: dict[tuple[Any, ...], list[list[Any]]] = {}
+        for f, rows in batches.items():
+            if f not in _UNIT_FRAMES:
+                for r in rows:
+                    yield f, [r], 1
+                continue
+            j = _UNIT_FRAMES.index(f)
+            for r in rows:
+                g = units.get(r[:3])
+                if g is None:
+                    g = units[r[:3]] = [[], []]
+                g[j].append(r)
+        for u, lk in units.values():
+            rows = [(f, r) for f, r in zip(_UNIT_FRAMES, (u, lk), strict=True) if r]
+            yield None, rows, len(u) + len(lk)
 
     def _push(self, rows: dict[Any, Any], n: int) -> None:
         self._seq += 1
