@@ -114,6 +114,7 @@ _NV = 2 + len(_FIELDS)
 ROW_FIELDS = ("first_ts", "last_ts", *_FIELDS)  # a unit's totals, as the sink computes them
 _INT_COLS = [j for j, f in enumerate(ROW_FIELDS) if f in _INT_FIELDS]  # counts, written as ints
 _ROW_NAMES = np.array(ROW_FIELDS, dtype=object)
+_INT_MASK = np.isin(np.arange(len(ROW_FIELDS)), _INT_COLS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -422,8 +423,8 @@ def _str(x: Any) -> str:
 class _ABBatch:
     """A batch's A/B rows folded per unit, as arrays with a row per unit and the columns
     ``ROW_FIELDS`` (first_ts, last_ts, then ``_FIELDS``): ``added`` holds what the batch adds,
-    ``has_row`` where a request-level row came; ``layers`` each unit's per-layer
-    [lookups, hits]. A unit's rows of one batch are applied together, by one script."""
+    ``has_row`` where a request-level row came; the per-layer rows as flat arrays (unit, layer,
+    lookups, hits). A unit's rows of one batch are applied together, by one script."""
 
     def __init__(
         self, unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]
@@ -441,18 +442,23 @@ class _ABBatch:
             np.minimum.at(added[:, 0], at, vals[:, 0])
             np.maximum.at(added[:, 1], at, vals[:, 1])
             np.add.at(added[:, 2:], at, vals[:, 2:])
-        self.layers: dict[int, dict[str, list[int]]] = {}
+        seen: dict[tuple[int, str], int] = {}
+        lay_u: list[int] = []
+        lay_name: list[str] = []
+        lay_n: list[list[int]] = []  # [lookups, hits]
         for exp, var, uh, layer, lookups, hits in lookup_rows:
             i = index.setdefault((exp, var, uh), len(index))
-            ly = self.layers.get(i)
-            if ly is None:
-                ly = self.layers[i] = {}
-            a = ly.get(layer)
-            if a is None:
-                ly[layer] = [int(lookups), int(hits)]
-            else:
-                a[0] += int(lookups)
-                a[1] += int(hits)
+            k = seen.setdefault((i, layer), len(lay_u))
+            if k == len(lay_u):
+                lay_u.append(i)
+                lay_name.append(layer)
+                lay_n.append([lookups, hits])
+            else:  # a retried batch can repeat a unit's layer
+                lay_n[k][0] += lookups
+                lay_n[k][1] += hits
+        self.lay_u = np.array(lay_u, dtype=np.int64)
+        self.lay_name = lay_name
+        self.lay_n = np.array(lay_n, dtype=np.int64).reshape(len(lay_u), 2)
         self.units = list(index)
         n = len(self.units)
         self.now = float(added[:, 1].max()) if n_rows else time.time()
@@ -461,7 +467,9 @@ class _ABBatch:
         self.has_row = np.zeros(n, dtype=bool)
         self.has_row[:n_rows] = True
         tags: dict[tuple[str, int], str] = {}
-        self.tag: list[str] = []
+        variants: dict[str, int] = {}
+        self.variants: list[str] = []
+        var_id = np.zeros(n, dtype=np.int64)
         self.name: list[str] = []
         self.by_tag: dict[str, list[int]] = defaultdict(list)
         for i, (exp, var, uh) in enumerate(self.units):
@@ -469,9 +477,14 @@ class _ABBatch:
             t = tags.get((exp, s))
             if t is None:
                 t = tags[(exp, s)] = ab_tag(exp, s)
-            self.tag.append(t)
+            v = variants.get(var)
+            if v is None:
+                v = variants[var] = len(self.variants)
+                self.variants.append(var)
+            var_id[i] = v
             self.name.append(f"{PREFIX}:{{{t}}}:u:{enc(var)}:{uh}")
             self.by_tag[t].append(i)
+        self.var_id = var_id
 
     def experiments(self) -> set[str]:
         return {u[0] for u in self.units}
@@ -479,16 +492,18 @@ class _ABBatch:
     def parts(self, tags: list[str], hashes: dict[int, list[Any]], ttl: int) -> list[_Part]:
         """One part per tag: each unit's new totals (from ``hashes``, the units' hashes as read)
         checked against the version read, and the moment changes they make."""
-        idx = [i for t in tags for i in self.by_tag[t]]
+        idx = np.array([i for t in tags for i in self.by_tag[t]], dtype=np.int64)
         m = len(idx)
+        pos_of = np.full(len(self.units), -1, dtype=np.int64)
+        pos_of[idx] = np.arange(m)
         stored = np.zeros((m, _NV))
         present = np.zeros(m)
         versions = np.zeros(m)
         olds: dict[int, dict[str, Any]] = {}  # position -> hash as read, where there is one
-        pos = {f: j for j, f in enumerate(ROW_FIELDS)}
-        for j, i in enumerate(idx):
-            flat = hashes.get(i)
-            if not flat:
+        col = {f: j for j, f in enumerate(ROW_FIELDS)}
+        for i, flat in hashes.items():
+            j = int(pos_of[i])
+            if j < 0 or not flat:
                 continue
             h = {_str(flat[k]): flat[k + 1] for k in range(0, len(flat), 2)}
             olds[j] = h
@@ -497,14 +512,13 @@ class _ABBatch:
                 present[j] = 1
                 row = stored[j]
                 for f, v in h.items():
-                    c = pos.get(f)
+                    c = col.get(f)
                     if c is not None:
                         row[c] = float(v or 0)
                 if "last_ts" not in h:
                     row[1] = row[0]
-        at = np.array(idx, dtype=np.int64)
-        added = self.added[at]
-        has_row = self.has_row[at]
+        added = self.added[idx]
+        has_row = self.has_row[idx]
         new_unit = ~has_row & (present == 0)  # lookups only, a new unit: an all-zero unit row
         added[new_unit, 0] = added[new_unit, 1] = self.now
         has_row = has_row | new_unit
@@ -514,58 +528,53 @@ class _ABBatch:
         new[:, 1] = np.where(seen, np.maximum(stored[:, 1], added[:, 1]), added[:, 1])
         bucket = _m.bucket_of(np.where(seen, stored[:, 0], added[:, 0]))  # first seen
         ti = np.repeat(np.arange(len(tags)), [len(self.by_tag[t]) for t in tags])
-        var = [self.units[i][1] for i in idx]
+        var = self.var_id[idx]
 
-        # per-layer lookups and hits: each unit's new totals, and the layer moments' change
-        lrows: list[tuple[Any, ...]] = []  # position, layer, old lookups, old hits, present, added
-        for j, i in enumerate(idx):
-            ly = self.layers.get(i)
-            if not ly:
-                continue
-            old = olds.get(j)
-            for layer, (lookups, hits) in ly.items():
-                if old is None:
-                    lrows.append((j, layer, 0, 0, 0.0, lookups, hits))
-                else:
-                    old_l, old_h = old.get(f"{layer}:lookups"), old.get(f"{layer}:hits")
-                    o_l, o_h, there = int(old_l or 0), int(old_h or 0), float(old_l is not None)
-                    lrows.append((j, layer, o_l, o_h, there, lookups, hits))
+        # per-layer lookups and hits of these units: old (as read) and new totals
+        sel = np.flatnonzero(pos_of[self.lay_u] >= 0)
+        lj = pos_of[self.lay_u[sel]]
+        order = np.argsort(lj, kind="stable")
+        sel, lj = sel[order], lj[order]
+        l_add = self.lay_n[sel].astype(float)
+        l_old = np.zeros((len(sel), 3))  # lookups, hits, whether the hash had the layer
+        names = [self.lay_name[k] for k in sel.tolist()]
+        if olds:
+            for e, j in enumerate(lj.tolist()):
+                was = olds.get(j)
+                if was is not None:
+                    ol = was.get(f"{names[e]}:lookups")
+                    if ol is not None:
+                        l_old[e] = (int(ol), int(was.get(f"{names[e]}:hits") or 0), 1.0)
+        l_new = (l_old[:, :2] + l_add).astype(np.int64)
 
         # each unit's hash: field/value pairs of its new totals (a new unit's zero fields left
         # out), then its layers' new lookups and hits; values as Python numbers (sent as text)
         write = ((new != 0) | seen[:, None]) & has_row[:, None]
-        obj = new.astype(object)
-        obj[:, _INT_COLS] = new[:, _INT_COLS].astype(np.int64).astype(object)
-        n_pairs = write.sum(axis=1)
-        pair_arr = np.empty(2 * int(n_pairs.sum()), dtype=object)
-        pair_arr[0::2] = np.broadcast_to(_ROW_NAMES, write.shape)[write]
-        pair_arr[1::2] = obj[write]
-        pairs = pair_arr.tolist()
+        rj = np.nonzero(write)[0]
+        vo = new[write].astype(object)
+        ints = np.flatnonzero(_INT_MASK[np.nonzero(write)[1]])
+        vo[ints] = new[write][ints].astype(np.int64).astype(object)
+        fields = [_layer_fields(n) for n in names]
+        lnames = np.array([f for pair in fields for f in pair], dtype=object)
+        unit_of = np.concatenate([rj, np.repeat(lj, 2)])
+        order = np.argsort(unit_of, kind="stable")  # a unit's row fields, then its layers
+        both = np.empty(2 * len(unit_of), dtype=object)
+        both[0::2] = np.concatenate([_ROW_NAMES[np.nonzero(write)[1]], lnames])[order]
+        both[1::2] = np.concatenate([vo, l_new.reshape(-1).astype(object)])[order]
+        pairs = both.tolist()
+        n_pairs = np.bincount(unit_of, minlength=m)
         off = np.r_[0, np.cumsum(2 * n_pairs)].tolist()
-        extra: dict[int, list[Any]] = defaultdict(list)
-        for j, layer, o_l, o_h, _, lookups, hits in lrows:
-            extra[j] += (f"{layer}:lookups", o_l + lookups, f"{layer}:hits", o_h + hits)
-            n_pairs[j] += 2
         head = np.column_stack([versions, n_pairs]).astype("<f8")
         parts = []
         starts = np.searchsorted(ti, np.arange(len(tags) + 1)).tolist()
         for k, t in enumerate(tags):
             a, b = starts[k], starts[k + 1]
-            if extra:
-                args: list[Any] = []
-                for j in range(a, b):
-                    args += pairs[off[j] : off[j + 1]]
-                    e = extra.get(j)
-                    if e:
-                        args += e
-            else:
-                args = pairs[off[a] : off[b]]
             p = _Part(t)
             p.set_units(
-                [self.name[i] for i in idx[a:b]],
+                [self.name[i] for i in idx[a:b].tolist()],
                 key(t, "units"),
                 head[a:b].tobytes(),
-                args,
+                pairs[off[a] : off[b]],
                 len(key(t, "u")) + 1,
                 ttl,
             )
@@ -580,20 +589,22 @@ class _ABBatch:
             had = np.flatnonzero(present[ch] > 0)  # a new unit's old row counts nothing
             if len(had):
                 delta[had] -= _m.contributions(stored[ch[had]], np.ones(len(had)))
-            for g, rows_of, d in _group([(ti[j], var[j], float(bucket[j])) for j in ch], delta):
-                moments[g[0]][(g[1], g[2])] = d
-                sel = ch[rows_of]
-                spans[g[0]][(g[1], g[2])] = [float(new[sel, 0].min()), float(new[sel, 1].max())]
+            g = _group((ti[ch], var[ch], bucket[ch]), delta)
+            for (tk, v, b), rows_of, d in g:
+                moments[tk][(self.variants[v], b)] = d
+                s = ch[rows_of]
+                spans[tk][(self.variants[v], b)] = [float(new[s, 0].min()), float(new[s, 1].max())]
         layer_moments: dict[int, Deltas] = defaultdict(dict)
-        if lrows:
-            arr = np.array([r[2:] for r in lrows], dtype=float)
-            tot = arr[:, :2] + arr[:, 3:]
+        if len(sel):
+            tot = l_old[:, :2] + l_add
             ldelta = _m.layer_contributions(
-                tot[:, 0], tot[:, 1], np.ones(len(lrows))
-            ) - _m.layer_contributions(arr[:, 0], arr[:, 1], arr[:, 2])
-            keys = [(ti[j], var[j], float(bucket[j]), layer) for j, layer, *_ in lrows]
-            for g, _, d in _group(keys, ldelta):
-                layer_moments[g[0]][(g[1], g[2], g[3])] = d
+                tot[:, 0], tot[:, 1], np.ones(len(sel))
+            ) - _m.layer_contributions(l_old[:, 0], l_old[:, 1], l_old[:, 2])
+            layer_ids: dict[str, int] = {}
+            lid = np.array([layer_ids.setdefault(n, len(layer_ids)) for n in names])
+            layer_names = list(layer_ids)
+            for (tk, v, b, li), _, d in _group((ti[lj], var[lj], bucket[lj], lid), ldelta):
+                layer_moments[tk][(self.variants[v], b, layer_names[li])] = d
         for k, (t, p) in enumerate(zip(tags, parts, strict=True)):
             _add_moments(p, t, moments.get(k, {}), spans.get(k, {}), layer_moments.get(k, {}))
             p.expire(key(t, "mi"), RUN_TTL_S)
@@ -601,21 +612,29 @@ class _ABBatch:
         return parts
 
 
+@functools.lru_cache(maxsize=1024)
+def _layer_fields(layer: str) -> tuple[str, str]:
+    return f"{layer}:lookups", f"{layer}:hits"
+
+
 def _group(
-    keys: list[tuple[Any, ...]], rows: np.ndarray
+    keys: tuple[np.ndarray, ...], rows: np.ndarray
 ) -> list[tuple[tuple[Any, ...], np.ndarray, np.ndarray]]:
-    """(group key, the positions of its rows, the sum of its rows) per distinct key."""
-    ids: dict[tuple[Any, ...], int] = {}
-    gi = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+    """(group key, the positions of its rows, the sum of its rows) per distinct key; ``keys``
+    are equal-length columns (ints, or floats for the bucket)."""
+    cols = np.column_stack(keys)
+    uniq, gi = np.unique(cols, axis=0, return_inverse=True)
+    gi = gi.reshape(-1)
     order = np.argsort(gi, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(gi[order]) != 0])
     sums = np.add.reduceat(rows[order], starts, axis=0)
     ends = np.r_[starts[1:], len(order)]
-    groups = list(ids)
-    return [
-        (groups[int(gi[order[s]])], order[s:e], sums[k])
-        for k, (s, e) in enumerate(zip(starts, ends, strict=True))
-    ]
+    out = []
+    for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        u = uniq[gi[order[s]]].tolist()
+        key_ = tuple(int(x) if j != 2 else float(x) for j, x in enumerate(u))
+        out.append((key_, order[s:e], sums[k]))
+    return out
 
 
 def _add_moments(p: _Part, tag: str, moments: Deltas, spans: Spans, layer_moments: Deltas) -> None:
