@@ -155,7 +155,7 @@ def test_redis_down_under_load_drops_whole_units_and_counts_them(tmp_path):
     cache = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
     srv.stop()
     made = 0
-    for f in range(6):  # six flushes of 1,000 units while Redis is down: 12,000 rows for 2,501 places
+    for _flush in range(6):  # six flushes of 1,000 units while Redis is down: 12,000 rows for 2,501 places
         for _ in range(1000):
             with request_context(unit=f"u{made}", experiment="e", variant="AB"[made % 2], telemetry=tel):
                 cache.get(f"k{made}")
