@@ -880,7 +880,10 @@ class Telemetry:
         Returns within about ``timeout`` (default ``close_timeout_s``) whatever the sinks do,
         plus the time a write already in flight takes to end (bounded by the sinks' own
         timeouts): no write starts after the deadline. Every row not written by then is counted
-        as dropped (``warmscope.telemetry.dropped``) and the count is logged."""
+        as dropped (``warmscope.telemetry.dropped``) and the count is logged. A second call (at
+        exit, after an explicit one) does nothing."""
+        if self._stop.is_set():
+            return
         budget = self.config.close_timeout_s if timeout is None else timeout
         end = time.monotonic() + budget
         self._deadline = end
