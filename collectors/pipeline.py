@@ -58,6 +58,7 @@ _UNIT_FRAMES = ("ab_units", "ab_lookups")  # a unit's rows: queued, written and 
 _STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
 _DECIDED_S = 10.0  # a unit's rows kept or dropped: its rows of the next flushes follow suit
 _CLOSE_GRACE_S = 5.0  # close(): for a write in flight at the deadline to end (it starts no other)
+_POLL_S = 1.0  # the background flusher polls the hooks that ask for it this often (run followers)
 
 
 class Backlog:
@@ -285,6 +286,9 @@ class Telemetry:
         self.instance_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(3)}"
         self.aggregator.instance_id = self.instance_id
         self.replica_collisions: set[str] = set()
+        # False for a process that only records warm-up runs for a replica it does not serve
+        # (`warmscope warmup --replica`): it neither counts as that replica's writer nor looks.
+        self.serves_replica = True
         self._last_beat = -float("inf")
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
@@ -521,10 +525,33 @@ class Telemetry:
         # The buffer's fill is looked at every 0.1 s (an attribute read), so
         # a high rate of new A/B units is handed to the sink at a quarter of
         # max_buffered_units, not dropped at the bound between two looks.
+        polled = last
         while not self._stop.wait(min(interval, 0.1)):
             if time.monotonic() - last >= interval or self._units_filling():
-                last = time.monotonic()
+                last = polled = time.monotonic()
                 self.flush(side=False)
+            elif self.flush_hooks and time.monotonic() - polled >= _POLL_S:
+                polled = time.monotonic()
+                self._poll_hooks()
+
+    def _poll_hooks(self) -> None:
+        """Between flushes, every ``_POLL_S``: the flush hooks that ask to be polled (``poll``
+        true: the followers of warm-up runs recorded elsewhere, so a run is followed within
+        about a second of its end, not at the next flush). Skipped while a flush runs."""
+        if not self._flush_lock.acquire(blocking=False):
+            return
+        token = INTERNAL.set(True)
+        try:
+            now = self.clock()
+            for hook in list(self.flush_hooks):
+                if getattr(hook, "poll", False):
+                    try:
+                        hook(now)
+                    except Exception as e:
+                        self.aggregator.count_error("flush", "flush hook", e)
+        finally:
+            INTERNAL.reset(token)
+            self._flush_lock.release()
 
     def _units_filling(self) -> bool:
         return self.aggregator._units_n >= self.config.max_buffered_units // 4 > 0
@@ -656,7 +683,11 @@ class Telemetry:
         attribution): each process notes its instance id under its replica in Redis
         (else in the store it writes) at each flush, and one that sees another
         counts it (``config``) and says so."""
-        if self._final or now - self._last_beat < self.config.flush_interval_s * 0.9:
+        if (
+            self._final
+            or not self.serves_replica
+            or now - self._last_beat < self.config.flush_interval_s * 0.9
+        ):
             return
         self._last_beat = now
         agg = self.aggregator
