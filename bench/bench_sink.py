@@ -14,7 +14,10 @@ tests start it), each on an emptied database, repeated and interleaved, best kep
   (one cache lookup and one request each), then one flush timed: taking the buffers, hashing the
   unit ids, chunking, and the sink.
 
-Every sink run is checked: as many unit hashes as units and ``requests`` summing to the units.
+Each case prints units per second of wall clock (the ratio to the bare loop is the figure to compare
+across machines: on a loaded machine every case slows down) and units per CPU-second of this process,
+all its threads (what one process sustains when it has a core to itself; Redis runs in its own
+processes). Every sink run is checked: as many unit hashes as units and ``requests`` summing to the units.
 With ``--sustained RATE``, threads create RATE new units per second for ``--seconds`` into a
 pipeline with its background flusher, then close it; the run prints units created, delivered
 (unit hashes with their request and lookup fields), counted as dropped, and unaccounted for (the
@@ -45,15 +48,15 @@ def _flush_all(client: Any) -> None:
         client.flushall()
 
 
-def bare(client: Any, n: int) -> float:
-    """Seconds for n pipelined HINCRBY, 1,000 per round trip."""
-    t = time.perf_counter()
+def bare(client: Any, n: int) -> tuple[float, float]:
+    """(wall, CPU) seconds for n pipelined HINCRBY, 1,000 per round trip."""
+    t, c = time.perf_counter(), time.process_time()
     for b in range(0, n, 1000):
         p = client.pipeline(transaction=False)
         for i in range(b, min(b + 1000, n)):
             p.hincrby(f"ws:bench:u:{i}", "requests", 1)
         p.execute()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def _rows(n: int, seed: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -73,8 +76,8 @@ def _rows(n: int, seed: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...
     return units, lookups
 
 
-def sink_write(url: str, n: int, seed: int) -> float:
-    """Seconds for the sink to write n new units (request row + one layer each) in the pipeline's
+def sink_write(url: str, n: int, seed: int) -> tuple[float, float]:
+    """(wall, CPU) seconds for the sink to write n new units (request row + one layer each) in the pipeline's
     chunks."""
     from warmscope.collectors.pipeline import _CHUNK_ROWS
     from warmscope.collectors.redis_sink import RedisSink
@@ -83,16 +86,16 @@ def sink_write(url: str, n: int, seed: int) -> float:
     sink = RedisSink(None, url, 3600, None)
     sink.write({"hot_keys": []})  # connect (and learn a cluster's map) before the clock starts
     per = max(1, _CHUNK_ROWS // 2)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for b in range(0, n, per):
         sink.write({"ab_units": units[b:b + per], "ab_lookups": lookups[b:b + per]}, batch_id=f"s{seed}-{b}")
-    dt = time.perf_counter() - t
+    dt = time.perf_counter() - t, time.process_time() - c
     sink.close()
     return dt
 
 
-def pipeline_flush(url: str, n: int, seed: int) -> float:
-    """Seconds for one flush of a pipeline holding n new units (one lookup, one request each)."""
+def pipeline_flush(url: str, n: int, seed: int) -> tuple[float, float]:
+    """(wall, CPU) seconds for one flush of a pipeline holding n new units (one lookup, one request each)."""
     from warmscope.collectors import InstrumentedCache, request_context
     from warmscope.collectors.config import CollectorConfig
     from warmscope.collectors.pipeline import Telemetry
@@ -107,9 +110,9 @@ def pipeline_flush(url: str, n: int, seed: int) -> float:
                              telemetry=tel):
             cache.get("k")
             tel.record_request(latency_s=0.05, ttft_s=0.01)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     tel.flush()
-    dt = time.perf_counter() - t
+    dt = time.perf_counter() - t, time.process_time() - c
     left, dropped = tel.pending_rows("redis"), tel.aggregator.dropped_counts()
     tel.close()
     if left or dropped:
@@ -130,24 +133,27 @@ def check(client: Any, n: int) -> None:
 
 
 def compare(name: str, url: str, client: Any, n: int, repeat: int) -> dict[str, float]:
-    best = {"bare HINCRBY": float("inf"), "sink": float("inf"), "pipeline flush": float("inf")}
+    cases = ("bare HINCRBY", "sink", "pipeline flush")
+    wall = dict.fromkeys(cases, float("inf"))
+    cpu = dict.fromkeys(cases, float("inf"))
     for r in range(repeat):
-        for case in best:
+        for case in cases:
             _flush_all(client)
             if case == "bare HINCRBY":
-                dt = bare(client, n)
+                w, c = bare(client, n)
             elif case == "sink":
-                dt = sink_write(url, n, r)
+                w, c = sink_write(url, n, r)
                 check(client, n)
             else:
-                dt = pipeline_flush(url, n, r)
+                w, c = pipeline_flush(url, n, r)
                 check(client, n)
-            best[case] = min(best[case], dt)
-    rate = {c: n / s for c, s in best.items()}
+            wall[case], cpu[case] = min(wall[case], w), min(cpu[case], c)
+    rate = {c: n / s for c, s in wall.items()}
     base = rate["bare HINCRBY"]
-    print(f"\n{name}: {n:,} new units, best of {repeat}")
-    for c, v in rate.items():
-        print(f"  {c:<16} {v:>9,.0f} units/s  {v / base:5.2f} x bare HINCRBY")
+    print(f"\n{name}: {n:,} new units, best of {repeat} (wall clock; CPU: this process's, all its threads)")
+    for c in cases:
+        print(f"  {c:<16} {rate[c]:>9,.0f} units/s  {rate[c] / base:5.2f} x bare HINCRBY   "
+              f"{n / cpu[c]:>9,.0f} units per CPU-second  {cpu[c] / n * 1e6:5.1f} us CPU per unit")
     return rate
 
 
@@ -174,7 +180,7 @@ def sustained(url: str, client: Any, rate: float, seconds: float, threads: int =
             time.sleep(0.002)
         made[i] = k
 
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     ths = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for t in ths:
         t.start()
@@ -182,7 +188,7 @@ def sustained(url: str, client: Any, rate: float, seconds: float, threads: int =
         t.join()
     t1 = time.monotonic()
     tel.close()
-    t2 = time.monotonic()
+    t2, cpu = time.monotonic(), time.process_time() - c0
     created = sum(made)
     req = lk = 0
     for k in client.scan_iter(match="ws:{ab:bench:*}:u:*", count=10_000):
@@ -192,10 +198,11 @@ def sustained(url: str, client: Any, rate: float, seconds: float, threads: int =
     dropped = tel.aggregator.dropped_counts()
     counted = sum(dropped.values())
     print(f"\nsustained: {created:,} new units in {t1 - t0:.1f} s ({created / (t1 - t0):,.0f}/s, {threads} threads), "
-          f"close {t2 - t1:.1f} s")
+          f"close {t2 - t1:.1f} s; this process used {cpu:.1f} s of CPU ({cpu / (t2 - t0):.2f} cores)")
     print(f"  records (a request row and a lookup row per unit): created {2 * created:,}, delivered "
           f"{req + lk:,} (request rows {req:,}, lookup rows {lk:,}), counted as dropped {counted:,} {dropped}, "
-          f"unaccounted {2 * created - req - lk - counted:,}")
+          f"unaccounted {2 * created - req - lk - counted:,}, units half-written {abs(req - lk):,}")
+    print(f"  units delivered per CPU-second of this process (recording them included): {req / cpu:,.0f}")
 
 
 def main() -> None:
