@@ -39,7 +39,6 @@ import numpy as np
 from warmscope.collectors import hotkeys
 from warmscope.model import records, schema
 from warmscope.model.records import (
-    L_HITS,
     L_LOOKUPS,
     R_CONVERSIONS,
     R_GPU_S,
@@ -841,35 +840,32 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
     ) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
         [lookups, hits]; request-level records to numbers (counts as ints)."""
-        if layer_id >= 0:  # packed ints: lookups + hits << 32
-            layer = self._layer_names[layer_id]
-            lo, hi = L_LOOKUPS, L_HITS  # records.AB_LOOKUPS measure order
-            for uk, u in units.items():
-                k = uk + (layer,)
-                n, h = u & _LOW, u >> _SHIFT
-                a = out.get(k)
-                if a is None:
-                    out[k] = [n, h] if lo == 0 else [h, n]
-                else:
-                    a[lo] += n
-                    a[hi] += h
-            return
         if not units:
             return
-        # all records at once: one array, a column at a time (counts as ints), rows zipped back
-        arr = np.frombuffer(b"".join(units.values()), dtype=np.float64).reshape(len(units), -1)
-        cols = [
-            arr[:, j].astype(np.int64).tolist() if j in _UNIT_INT_SET else arr[:, j].tolist()
-            for j in range(arr.shape[1])
-        ]
-        for uk, vals in zip(units, map(list, zip(*cols, strict=True)), strict=True):
-            k = uk + ("",)
-            a = out.get(k)
-            if a is None:
-                out[k] = vals
-            else:
-                for j, v in enumerate(vals):
+        if layer_id >= 0:  # packed ints: lookups + hits << 32
+            layer = (self._layer_names[layer_id],)
+            low, shift = _LOW, _SHIFT
+            if L_LOOKUPS == 0:  # records.AB_LOOKUPS measure order
+                new = {uk + layer: [u & low, u >> shift] for uk, u in units.items()}
+            else:  # pragma: no cover - the order records declare today is lookups, hits
+                new = {uk + layer: [u >> shift, u & low] for uk, u in units.items()}
+        else:
+            # all records at once: one array, a column at a time (counts as ints), rows zipped
+            arr = np.frombuffer(b"".join(units.values()), dtype=np.float64).reshape(len(units), -1)
+            cols = [
+                arr[:, j].astype(np.int64).tolist() if j in _UNIT_INT_SET else arr[:, j].tolist()
+                for j in range(arr.shape[1])
+            ]
+            new = {
+                uk + ("",): vals
+                for uk, vals in zip(units, map(list, zip(*cols, strict=True)), strict=True)
+            }
+        if out:  # another thread's buffer had some of these units: add them up
+            for k in new.keys() & out.keys():
+                a = out[k]
+                for j, v in enumerate(new.pop(k)):
                     a[j] += v
+        out.update(new)
 
     def hot_scope(self, hk: int) -> tuple[str, str]:
         """(tenant, layer) of a hot-key sketch scope."""
