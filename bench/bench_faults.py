@@ -6,7 +6,8 @@ Each case runs in its own Python process (clean pipeline, its own peak RSS)
 against real parts: a redis-server started here on a free loopback port
 (killed, or stopped with SIGSTOP past the client timeout), a SQLite store held
 under an exclusive lock by another connection, a local HTTP server that
-accepts OTLP connections and never answers, a taken TCP port. Loads are scaled
+accepts OTLP connections and never answers, a taken TCP port, a store on a file
+system mounted read only (in a private mount namespace). Loads are scaled
 down from a production day so the whole run takes about a minute:
 
 * memory / stalls: 4 threads x 25k lookups (and 4 x 50k: the bound must not
@@ -280,6 +281,61 @@ got = len(EmbeddedStore(tmp + "/s.sqlite", readonly=True).frame("ab_units"))
 out(host_exceptions="0/1", units_lost=1000 - got, errors=tel.aggregator.errors.get("config", 0))
 """
 
+# The store's file system is read only (as after a remount on a disk error) while the host records:
+# the writer cannot write it; rows wait in memory (bounded) and the store is retried at every flush;
+# once the file system is writable again, everything lands. Run in a private mount namespace (unshare
+# -m) on a tmpfs bind-mounted read only. (A file system cannot be switched to read only under a
+# store that is open for writing: the kernel refuses the remount, and chmod does not stop root.)
+READONLY_FS_CASE = PRELUDE + """
+import subprocess
+from warmscope.collectors import request_context
+from warmscope.collectors.config import CollectorConfig
+from warmscope.collectors.pipeline import Telemetry
+from warmscope.collectors.store import EmbeddedStore
+d = os.environ["BENCH_MNT"]
+sh = lambda *a: subprocess.run(a, check=True, capture_output=True)
+sh("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", d)
+path = d + "/s.sqlite"
+EmbeddedStore(path).close()                  # the store exists, with its schema
+sh("mount", "--bind", d, d)
+sh("mount", "-o", "remount,bind,ro", d)      # now its file system is read only
+try:
+    EmbeddedStore(path, readonly=True)
+    reader = "read"
+except Exception as e:                       # what the dashboard would say
+    reader = str(e)
+cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=path, key_secret="s")
+errs = 0
+try:
+    tel = Telemetry(cfg, background=False)
+    for i in range(1000):
+        with request_context(tenant="t", unit=f"u{i}", experiment="ro", variant="A", telemetry=tel):
+            tel.record_request(latency_s=0.1)
+    tel.flush()
+    failed = tel.aggregator.errors.get("store", 0)
+    pending = tel.pending_rows("store")
+    sh("mount", "-o", "remount,bind,rw", d)  # writable again
+    tel.flush()
+    tel.close()
+except Exception as e:
+    errs, failed, pending = 1, None, None
+    print(repr(e), file=sys.stderr)
+got = len(EmbeddedStore(path, readonly=True).frame("ab_units"))
+out(host_exceptions=f"{errs}/1", store_errors_while_read_only=failed, rows_kept_while_read_only=pending,
+    units_lost=1000 - got, dropped_counted=tel.aggregator.dropped_counts() if not errs else None,
+    reader_while_read_only=reader[:160])
+"""
+
+
+def run_readonly_fs_case(tmp: str) -> dict:
+    """READONLY_FS_CASE in a private mount namespace; {"skipped": why} where one cannot be made."""
+    unshare = shutil.which("unshare")
+    mnt = tempfile.mkdtemp(dir=tmp)
+    if not unshare or subprocess.run([unshare, "-m", "true"], capture_output=True).returncode:
+        return {"skipped": "unshare -m is not available (needs root or user namespaces)"}
+    return run_py(READONLY_FS_CASE, {"BENCH_MNT": mnt}, prefix=[unshare, "-m"])
+
+
 PRIVACY_CASE = PRELUDE + """
 from warmscope.collectors.keys import FamilyNormaliser
 import random
@@ -327,11 +383,12 @@ out(lookup_series_1000_labels=series, hot_keys_wrong_scope=wrong,
 """
 
 
-def run_py(code: str, env: dict, timeout: float = 300) -> dict:
+def run_py(code: str, env: dict, timeout: float = 300, prefix: list[str] | None = None) -> dict:
     e = dict(os.environ, **env)
     t = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True, text=True,
+        p = subprocess.run([*(prefix or []), sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
+                           text=True,
                            timeout=timeout, cwd=env.get("BENCH_CWD", tempfile.gettempdir()))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout}s"}
@@ -559,6 +616,10 @@ def main() -> None:
     name = "secret: embedded, data dir unwritable, then writable"
     if want(name):
         results[name] = run_py(SECRET_RETRY_CASE, {"BENCH_TMP": tempfile.mkdtemp(dir=tmp)})
+        print(name, results[name], flush=True)
+    name = "store: file system read only, then writable"
+    if want(name):
+        results[name] = run_readonly_fs_case(tmp)
         print(name, results[name], flush=True)
     name = "otlp: hanging receiver"
     if want(name):

@@ -28,16 +28,17 @@ per-thread buffers; :mod:`collectors.hotkeys` the hot-key sketch;
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 from warmscope.collectors import hotkeys
 from warmscope.model import records, schema
 from warmscope.model.records import (
-    L_HITS,
     L_LOOKUPS,
     R_CONVERSIONS,
     R_GPU_S,
@@ -186,6 +187,9 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         self._units_n = (
             0  # unit records buffered since the last take (approximate under races: a bound)
         )
+        # A unit's records of one request stay together: the recent decision per unit (kept,
+        # dropped; monotonic time), oldest first, bounded (see _admit).
+        self._decided: dict[tuple[Any, ...], tuple[bool, float]] = {}
         self.dropped: dict[
             str, int
         ] = {}  # stage -> rows dropped by the flusher (see dropped_counts)
@@ -358,13 +362,43 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         hits in this layer: one int per unit, no container for the GC to walk."""
         u = st.units.get(ukey)
         if u is None:
-            if self._units_n >= self.max_buffered_units:
-                st.dropped += 1
-            else:
-                self._units_n += 1
+            if self._admit(ukey):
                 st.units[ukey] = inc
+            else:
+                st.dropped += 1
         else:
             st.units[ukey] = u + inc
+
+    def _admit(self, ukey: tuple[Any, ...]) -> bool:
+        """Whether a unit's new record (its first in this thread's buffer since the take) is
+        kept. Below ``max_buffered_units`` it is, unless the unit's records were dropped in the
+        last ``_DECIDED_S``; at the bound it is only if the unit had records kept then. So the
+        lookups and the request record of one request are kept or dropped together, even when
+        a take (a flush) falls between them. The decisions kept are bounded."""
+        now = time.monotonic()
+        d = self._decided.get(ukey)
+        if d is not None and now - d[1] > _DECIDED_S:
+            d = None
+        if d is not None and not d[0]:
+            return False
+        if d is None and self._units_n >= self.max_buffered_units:
+            self._decide(ukey, False, now)
+            return False
+        self._units_n += 1
+        if d is None:
+            self._decide(ukey, True, now)
+        return True
+
+    def _decide(self, ukey: tuple[Any, ...], kept: bool, now: float) -> None:
+        dec = self._decided
+        dec.pop(ukey, None)
+        dec[ukey] = (kept, now)
+        if len(dec) > 2 * self.max_buffered_units + 1024:  # the oldest half goes
+            try:
+                for k in list(itertools.islice(dec, len(dec) // 2)):
+                    dec.pop(k, None)
+            except RuntimeError:  # another thread changed it meanwhile: pruned next time
+                pass
 
     def record_write(self, b: LayerBinding, key: object, ctx: Any, n: int = 1) -> None:
         try:
@@ -495,10 +529,9 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         """Add one request to its A/B unit's request-level record."""
         ub = st.units.get(ukey)
         if ub is None:
-            if self._units_n >= self.max_buffered_units:
+            if not self._admit(ukey):
                 st.dropped += 1
                 return  # counted as dropped, not kept
-            self._units_n += 1
             ub = st.units[ukey] = _new_unit()  # a bytearray: not tracked by the GC
         u = memoryview(ub).cast("d")
         lat = latency_s if latency_s is not None else 0.0
@@ -807,31 +840,32 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
     ) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
         [lookups, hits]; request-level records to numbers (counts as ints)."""
-        if layer_id >= 0:  # packed ints: lookups + hits << 32
-            layer = self._layer_names[layer_id]
-            lo, hi = L_LOOKUPS, L_HITS  # records.AB_LOOKUPS measure order
-            for uk, u in units.items():
-                k = uk + (layer,)
-                n, h = u & _LOW, u >> _SHIFT
-                a = out.get(k)
-                if a is None:
-                    out[k] = [n, h] if lo == 0 else [h, n]
-                else:
-                    a[lo] += n
-                    a[hi] += h
+        if not units:
             return
-        ints = _UNIT_INT
-        for uk, u in units.items():
-            k = uk + ("",)
-            vals = memoryview(u).cast("d").tolist()
-            for j in ints:
-                vals[j] = int(vals[j])
-            a = out.get(k)
-            if a is None:
-                out[k] = vals
-            else:
-                for j, v in enumerate(vals):
+        if layer_id >= 0:  # packed ints: lookups + hits << 32
+            layer = (self._layer_names[layer_id],)
+            low, shift = _LOW, _SHIFT
+            if L_LOOKUPS == 0:  # records.AB_LOOKUPS measure order
+                new = {uk + layer: [u & low, u >> shift] for uk, u in units.items()}
+            else:  # pragma: no cover - the order records declare today is lookups, hits
+                new = {uk + layer: [u >> shift, u & low] for uk, u in units.items()}
+        else:
+            # all records at once: one array, a column at a time (counts as ints), rows zipped
+            arr = np.frombuffer(b"".join(units.values()), dtype=np.float64).reshape(len(units), -1)
+            cols = [
+                arr[:, j].astype(np.int64).tolist() if j in _UNIT_INT_SET else arr[:, j].tolist()
+                for j in range(arr.shape[1])
+            ]
+            new = {
+                uk + ("",): vals
+                for uk, vals in zip(units, map(list, zip(*cols, strict=True)), strict=True)
+            }
+        if out:  # another thread's buffer had some of these units: add them up
+            for k in new.keys() & out.keys():
+                a = out[k]
+                for j, v in enumerate(new.pop(k)):
                     a[j] += v
+        out.update(new)
 
     def hot_scope(self, hk: int) -> tuple[str, str]:
         """(tenant, layer) of a hot-key sketch scope."""
@@ -861,6 +895,10 @@ _UNIT_INT = tuple(
     for i, c in enumerate(records.UNIT_SUMS + records.UNIT_HIST)
     if records.AB_UNITS.columns[records.AB_UNITS.index(c)].type == records.INTEGER
 )
+_UNIT_INT_SET = frozenset(_UNIT_INT)
+# How long a unit's keep-or-drop decision holds for its later records (a request's lookups and its
+# request record come well within it).
+_DECIDED_S = 10.0
 # A thread that has not answered a hand-off request for this long is idle; no
 # thread stays preempted this long between two bytecodes of one lookup.
 _IDLE_S = 2.0

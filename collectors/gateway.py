@@ -5,9 +5,12 @@ the engine. Every request is forwarded to ``upstream`` unchanged (method,
 path, query, headers except hop-by-hop ones, body) and the response comes
 back unchanged, streamed chunk by chunk as the engine sends it;
 ``/chat/completions`` and ``/completions`` are recorded as described in
-:mod:`warmscope.collectors.llm`. When the engine cannot be reached the client
-gets ``502`` (``504`` on a timeout), as from any reverse proxy, and the failure
-is counted. Bad input is forwarded as is and counted, never a crash: header
+:mod:`warmscope.collectors.llm` (a stream whose usage chunk the gateway asked for and takes out
+goes back chunked, without the upstream's length). An upstream that ends a response early (a
+stream cut, a body shorter than its length) cuts the caller's response there (its connection
+closes) and is counted in the recorder's ``cut_streams``, without a traceback in the log. When
+the engine cannot be reached the client gets ``502`` (``504`` on a timeout), as from any reverse
+proxy, and the failure is counted. Bad input is forwarded as is and counted, never a crash: header
 values are forwarded as the bytes that came (UTF-8 or latin-1 tenants
 included). The gateway's own bounds: a body over ``max_body_bytes`` gets
 ``413``, a body not read within ``body_timeout_s`` gets ``408``, and request
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -40,7 +44,14 @@ from starlette.routing import Route
 from .llm import LLMRecorder
 from .pipeline import Telemetry
 
-__all__ = ["make_app", "bounded_protocol", "MAX_BODY_BYTES", "BODY_TIMEOUT_S", "HEADER_TIMEOUT_S"]
+__all__ = [
+    "make_app",
+    "bounded_protocol",
+    "UpstreamCut",
+    "MAX_BODY_BYTES",
+    "BODY_TIMEOUT_S",
+    "HEADER_TIMEOUT_S",
+]
 
 MAX_BODY_BYTES = 32 << 20  # 32 MiB: far above any chat request, far below what hurts the process
 BODY_TIMEOUT_S = 30.0  # to read a whole request body
@@ -61,6 +72,18 @@ _HOP = frozenset(
         "content-length",
     }
 )
+
+
+class UpstreamCut(Exception):
+    """The upstream ended a response early: the caller's response is cut where the upstream's
+    was (its connection closed), and the request counted in the recorder's ``cut_streams``."""
+
+
+def _quiet_cut(record: logging.LogRecord) -> bool:
+    """uvicorn logs an exception that ends a response as "Exception in ASGI application" with
+    its traceback; an upstream's cut is expected and counted, so it is not logged."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, UpstreamCut)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -169,7 +192,13 @@ def make_app(
             try:
                 async for chunk in resp.aiter_raw():
                     yield chunk if ex is None else ex.feed(chunk)
-            except BaseException as e:  # upstream cut, or the client went away
+            except httpx.HTTPError as e:  # the upstream cut the response: the caller's is cut too
+                if ex is not None:
+                    ex.finish(e)
+                raise UpstreamCut(
+                    f"upstream {base} ended {path} early ({type(e).__name__})"
+                ) from None
+            except BaseException as e:  # the client went away
                 if ex is not None:
                     ex.finish(e)
                 raise
@@ -181,13 +210,15 @@ def make_app(
                 if kv is not None:
                     kv.after(ex)
 
-        out_headers = {
-            k: v for k, v in resp.headers.items() if k.lower() not in _HOP - {"content-length"}
-        }
+        # The upstream's length holds for the body as it came; a stream whose usage chunk is
+        # taken out is shorter, and goes out chunked.
+        hop = _HOP if ex is not None and ex.strip else _HOP - {"content-length"}
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in hop}
         return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)  # counted, not a traceback
         yield
         await client.aclose()
         recorder.close()
@@ -257,7 +288,8 @@ def bounded_protocol(app: Any, header_timeout_s: float = HEADER_TIMEOUT_S) -> ty
                     (b"content-length", str(len(body)).encode()),
                 ]
                 with contextlib.suppress(h11.LocalProtocolError):
-                    out = self.conn.send(h11.Response(status_code=408, headers=head)) or b""
+                    resp = h11.Response(status_code=408, headers=head, reason=b"Request Timeout")
+                    out = self.conn.send(resp) or b""
                     self.transport.write(out + (self.conn.send(h11.Data(data=body)) or b""))
             self.transport.close()
 

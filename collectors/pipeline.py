@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from warmscope.model import records, schema
@@ -51,52 +52,179 @@ __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_togethe
 
 log = logging.getLogger("warmscope.collectors")
 
-_CHUNK_ROWS = 500  # rows per retry chunk (one short Redis script call, bounded work per attempt)
+_CHUNK_ROWS = 20_000  # rows per backlog chunk: one sink write, retried with its batch id
 _STORE_TXN_ROWS = 100_000  # backlog rows carried by the flush's own store transaction
+_UNIT_FRAMES = ("ab_units", "ab_lookups")  # a unit's rows: queued, written and dropped together
 _STARTUP_LOCK_WAIT_S = 0.25  # a store locked at start-up is retried by the flusher, not waited for
+_DECIDED_S = 10.0  # a unit's rows kept or dropped: its rows of the next flushes follow suit
+_CLOSE_GRACE_S = 5.0  # close(): for a write in flight at the deadline to end (it starts no other)
+_POLL_S = 1.0  # the background flusher polls the hooks that ask for it this often (run followers)
 
 
 class Backlog:
     """Rows kept for a sink: bounded on the way in, in chunks with stable ids.
 
     ``add`` keeps at most ``limit`` rows and returns how many it had to drop
-    (the caller counts them). Each chunk gets a batch id when it is formed and
-    keeps it across retries, so a sink that records applied ids (Redis) can
-    skip a chunk it already applied before a timeout.
+    (the caller counts them). An A/B unit's rows (its request row and its
+    per-layer lookups) go into one chunk, and are kept or dropped together.
+    Each chunk gets a batch id when it is formed and keeps it across retries,
+    so a sink that records applied ids (Redis) can skip a chunk it already
+    applied before a timeout.
     """
 
     def __init__(self, limit: int, chunk: int = _CHUNK_ROWS) -> None:
         self.limit = int(limit)
         self.chunk = max(1, int(chunk))
         self.chunks: deque[list[Any]] = deque()  # [batch id, {frame: rows}, n]
+        self.tried: set[str] = set()  # batch ids sent to a sink that may apply part of them
+        # units whose rows were kept or dropped lately, oldest first: (kept, monotonic time)
+        self._recent: dict[tuple[Any, ...], tuple[bool, float]] = {}
+        self._refused_until = 0.0  # a unit was dropped lately: look for its later rows
         self.n = 0
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._seq = 0
 
     def add(self, batches: dict[str, list[Any]]) -> int:
+        now = time.monotonic()
+        dropped = self._drop_refused(batches, now) if self._refused_until > now else 0
         room = max(0, self.limit - self.n)
-        dropped = 0
-        cur: dict[str, list[Any]] = {}
-        cur_n = 0
-        for k, rows in batches.items():
+        total = sum(len(v) for v in batches.values())
+        if total <= min(room, self.chunk):  # the usual flush: one chunk, nothing to split
+            rows = {k: list(v) for k, v in batches.items() if v}
+            if rows:
+                self._push(rows, total)
+                self._note(rows, now)
+            return dropped
+        gone: set[tuple[Any, ...]] = set()  # units dropped whole
+        spare = max(1024, self.limit // 100)  # over the bound: a unit kept just before
+        for chunk in self._split(batches, -(-total // self.chunk)):
+            n = sum(len(v) for v in chunk.values())
+            if n <= room:
+                self._push(chunk, n)
+                self._note(chunk, now)
+                room -= n
+                continue
+            # the backlog is full: whole units (and other rows) while they fit, the rest dropped;
+            # a unit whose rows of the flush before were kept gets a little room over the bound
+            kept: dict[str, list[Any]] = {}
+            kept_n = 0
+            for k, rows, m in self._groups(chunk):
+                unit = rows[0][1][0][:3] if k is None else None
+                if m > room:
+                    d = self._recent.get(unit) if unit is not None else None
+                    if d is not None and d[0] and now - d[1] <= _DECIDED_S and m <= spare:
+                        spare -= m
+                    else:
+                        dropped += m
+                        if unit is not None:
+                            gone.add(unit)
+                        continue
+                else:
+                    room -= m
+                kept_n += m
+                for f, r in rows if k is None else ((k, rows),):
+                    kept.setdefault(f, []).extend(r)
+            if kept_n:
+                self._push(kept, kept_n)
+                self._note(kept, now)
+        if gone:
+            dropped += self._purge(gone)
+            for unit in gone:
+                self._remember(unit, False, now)
+            self._refused_until = now + _DECIDED_S
+        return dropped
+
+    def _note(self, rows: dict[str, list[Any]], now: float) -> None:
+        """Remember the units whose rows were just kept (see ``add``)."""
+        for f in _UNIT_FRAMES:
+            for r in rows.get(f, ()):
+                self._remember(r[:3], True, now)
+
+    def _remember(self, unit: tuple[Any, ...], kept: bool, now: float) -> None:
+        rec = self._recent
+        rec.pop(unit, None)
+        rec[unit] = (kept, now)
+        if len(rec) > 2 * self.limit + 1024:  # the oldest half goes
+            for k in list(itertools.islice(rec, len(rec) // 2)):
+                del rec[k]
+
+    def _drop_refused(self, batches: dict[str, list[Any]], now: float) -> int:
+        """Take out (in place) the rows of units dropped in the last ``_DECIDED_S``: a request
+        that spanned a flush loses its later rows with its earlier ones; returns how many."""
+        out = 0
+        for f in _UNIT_FRAMES:
+            rows = batches.get(f)
             if not rows:
                 continue
-            if len(rows) > room:
-                dropped += len(rows) - room
-                rows = rows[:room]
-            room -= len(rows)
-            i = 0
-            while i < len(rows):
-                take = min(self.chunk - cur_n, len(rows) - i)
-                cur.setdefault(k, []).extend(rows[i : i + take])
-                cur_n += take
-                i += take
-                if cur_n >= self.chunk:
-                    self._push(cur, cur_n)
-                    cur, cur_n = {}, 0
-        if cur_n:
-            self._push(cur, cur_n)
-        return dropped
+            keep = []
+            for r in rows:
+                d = self._recent.get(r[:3])
+                if d is not None and not d[0] and now - d[1] <= _DECIDED_S:
+                    out += 1
+                else:
+                    keep.append(r)
+            batches[f] = keep
+        return out
+
+    def _purge(self, gone: set[tuple[Any, ...]]) -> int:
+        """Rows of the units in ``gone`` (just dropped) taken out of the chunks no sink has
+        tried yet, so that a unit's earlier rows (a request that spanned a flush) do not reach
+        the sink without its later ones; returns how many."""
+        out = 0
+        for c in self.chunks:
+            if c[0] in self.tried:  # sent once: it may have been applied, it stays as it is
+                continue
+            for f in _UNIT_FRAMES:
+                rows = c[1].get(f)
+                if rows:
+                    keep = [r for r in rows if r[:3] not in gone]
+                    if len(keep) < len(rows):
+                        c[1][f] = keep
+                        c[2] -= len(rows) - len(keep)
+                        out += len(rows) - len(keep)
+        self.n -= out
+        return out
+
+    @staticmethod
+    def _split(batches: dict[str, list[Any]], parts: int) -> list[dict[str, list[Any]]]:
+        """``batches`` in ``parts`` chunks of about equal size; an A/B unit's rows (its request
+        row and its lookups: ``ab_units`` and ``ab_lookups``, whose third value is the unit's
+        hash) all go to the chunk its hash picks."""
+        out: list[dict[str, list[Any]]] = [{} for _ in range(parts)]
+        for f, rows in batches.items():
+            if not rows:
+                continue
+            if f in _UNIT_FRAMES:
+                lists: list[list[Any]] = [[] for _ in range(parts)]
+                for r in rows:
+                    lists[hash(r[2]) % parts].append(r)
+            else:
+                per = -(-len(rows) // parts)
+                lists = [rows[i * per : (i + 1) * per] for i in range(parts)]
+            for c, lst in zip(out, lists, strict=True):
+                if lst:
+                    c[f] = lst
+        return [c for c in out if c]
+
+    @staticmethod
+    def _groups(batches: dict[str, list[Any]]) -> Iterator[tuple[str | None, Any, int]]:
+        """Rows that are kept or dropped together: (frame, [row], 1) for a row of a frame
+        outside the A/B units, (None, [(frame, rows), ...], n) for one A/B unit's rows."""
+        units: dict[tuple[Any, ...], list[list[Any]]] = {}
+        for f, rows in batches.items():
+            if f not in _UNIT_FRAMES:
+                for r in rows:
+                    yield f, [r], 1
+                continue
+            j = _UNIT_FRAMES.index(f)
+            for r in rows:
+                g = units.get(r[:3])
+                if g is None:
+                    g = units[r[:3]] = [[], []]
+                g[j].append(r)
+        for u, lk in units.values():
+            rows = [(f, r) for f, r in zip(_UNIT_FRAMES, (u, lk), strict=True) if r]
+            yield None, rows, len(u) + len(lk)
 
     def _push(self, rows: dict[Any, Any], n: int) -> None:
         self._seq += 1
@@ -104,11 +232,14 @@ class Backlog:
         self.n += n
 
     def pop(self) -> None:
-        self.n -= self.chunks.popleft()[2]
+        bid, _, n = self.chunks.popleft()
+        self.tried.discard(bid)
+        self.n -= n
 
     def clear(self) -> int:
         n, self.n = self.n, 0
         self.chunks.clear()
+        self.tried.clear()
         return n
 
     def merged(self) -> dict[str, list[Any]]:
@@ -155,6 +286,9 @@ class Telemetry:
         self.instance_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(3)}"
         self.aggregator.instance_id = self.instance_id
         self.replica_collisions: set[str] = set()
+        # False for a process that only records warm-up runs for a replica it does not serve
+        # (`warmscope warmup --replica`): it neither counts as that replica's writer nor looks.
+        self.serves_replica = True
         self._last_beat = -float("inf")
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
@@ -219,6 +353,8 @@ class Telemetry:
         self._singles: dict[tuple[int, str], tuple[float, list[Any] | None]] = {}
         self._singles_cap = 16 * self.aggregator._hot_cap  # sixteen sketches' worth
         self._deadline = float("inf")  # monotonic; set by close()
+        self._abandoned = False  # set by close() once it counted what is left
+        self._in_hand = 0  # side rows a flush took from the aggregator, not in a backlog yet
         self._stop = threading.Event()
         # Called with the flush time before each flush (on the flusher's thread,
         # never a request's): e.g. collectors.run_follow's reader of runs recorded elsewhere.
@@ -399,10 +535,33 @@ class Telemetry:
         # The buffer's fill is looked at every 0.1 s (an attribute read), so
         # a high rate of new A/B units is handed to the sink at a quarter of
         # max_buffered_units, not dropped at the bound between two looks.
+        polled = last
         while not self._stop.wait(min(interval, 0.1)):
             if time.monotonic() - last >= interval or self._units_filling():
-                last = time.monotonic()
+                last = polled = time.monotonic()
                 self.flush(side=False)
+            elif self.flush_hooks and time.monotonic() - polled >= _POLL_S:
+                polled = time.monotonic()
+                self._poll_hooks()
+
+    def _poll_hooks(self) -> None:
+        """Between flushes, every ``_POLL_S``: the flush hooks that ask to be polled (``poll``
+        true: the followers of warm-up runs recorded elsewhere, so a run is followed within
+        about a second of its end, not at the next flush). Skipped while a flush runs."""
+        if not self._flush_lock.acquire(blocking=False):
+            return
+        token = INTERNAL.set(True)
+        try:
+            now = self.clock()
+            for hook in list(self.flush_hooks):
+                if getattr(hook, "poll", False):
+                    try:
+                        hook(now)
+                    except Exception as e:
+                        self.aggregator.count_error("flush", "flush hook", e)
+        finally:
+            INTERNAL.reset(token)
+            self._flush_lock.release()
 
     def _units_filling(self) -> bool:
         return self.aggregator._units_n >= self.config.max_buffered_units // 4 > 0
@@ -443,10 +602,24 @@ class Telemetry:
                 self.aggregator.count_error("flush", "flush hook", e)
         self.aggregator.log_record_drops()
         store_b, redis_b, new_last = self._collect(now, settle, side)
+        if self._abandoned:  # close() counted these rows as dropped while they were collected
+            return {}
         written = {k: len(v) for k, v in store_b.items()}
         written.update({f"redis:{k}": len(v) for k, v in redis_b.items()})
-        if self.points_to_store or self._store_path is not None or self.store is not None:
+        has_store = self.points_to_store or self._store_path is not None or self.store is not None
+        points: dict[str, list[Any]] = {}
+        if has_store:
             points = self._keep("store", self._store_backlog, store_b)
+        elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
+            self.aggregator.count_dropped(
+                "store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES)
+            )
+        if self.redis_sink is not None:
+            self._keep("redis", self._redis_backlog, redis_b)
+        elif redis_b:
+            self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
+        self._in_hand = 0  # every row taken is in a backlog now, or counted
+        if has_store:
             if self.store is None and self._store_path is not None:
                 self._open_store()
             if self.store is not None and self._drain_store(points):
@@ -455,16 +628,9 @@ class Telemetry:
                     self.redis_sink is None
                 ):  # (after a write that worked: a locked store counts once)
                     self._check_replica(now)
-        elif any(store_b.get(k) for k in store_b if k not in _POINT_FRAMES):
-            self.aggregator.count_dropped(
-                "store", sum(len(v) for k, v in store_b.items() if k not in _POINT_FRAMES)
-            )
         if self.redis_sink is not None:
-            self._keep("redis", self._redis_backlog, redis_b)
             self._drain_redis()
             self._check_replica(now)
-        elif redis_b:
-            self.aggregator.count_dropped("redis", sum(len(v) for v in redis_b.values()))
         return written
 
     def _keep(self, stage: str, backlog: Backlog, batches: dict[Any, Any]) -> dict[str, list[Any]]:
@@ -501,7 +667,7 @@ class Telemetry:
             points_done = True
             for _ in range(taken):
                 bl.pop()
-            while bl.chunks and time.monotonic() < self._deadline:
+            while bl.chunks and time.monotonic() < self._deadline and not self._abandoned:
                 # the rest in transactions of up to _STORE_TXN_ROWS rows (a
                 # transaction's fixed cost is large: A/B staging, rollups)
                 batch: dict[str, list[Any]] = defaultdict(list)
@@ -527,7 +693,11 @@ class Telemetry:
         attribution): each process notes its instance id under its replica in Redis
         (else in the store it writes) at each flush, and one that sees another
         counts it (``config``) and says so."""
-        if self._final or now - self._last_beat < self.config.flush_interval_s * 0.9:
+        if (
+            self._final
+            or not self.serves_replica
+            or now - self._last_beat < self.config.flush_interval_s * 0.9
+        ):
             return
         self._last_beat = now
         agg = self.aggregator
@@ -552,13 +722,17 @@ class Telemetry:
         bl = self._redis_backlog
         try:
             while bl.chunks:
-                if time.monotonic() >= self._deadline:
+                if time.monotonic() >= self._deadline or self._abandoned:
                     return
                 bid, rows, _ = bl.chunks[0]
+                bl.tried.add(bid)
                 self.redis_sink.write(rows, batch_id=bid)  # type: ignore[union-attr]  # called with a sink
+                if self._abandoned:  # close() counted this chunk already
+                    return
                 bl.pop()
         except Exception as e:
-            self._failed("redis", e)
+            if not self._abandoned:
+                self._failed("redis", e)
 
     def _point_rows(
         self, now: float, store_b: dict[str, list[Any]], new_last: dict[str, dict[Any, Any]]
@@ -641,6 +815,7 @@ class Telemetry:
         if side_now:
             self._last_side = now
             hot, units = agg.take_buffers(settle or self._final)
+            self._in_hand = len(units) + sum(len(sk) for sk in hot.values())
         if hot:
             self._export_hot(now, hot, side)
         for (exp, var, unit, layer), u in units.items():
@@ -688,7 +863,11 @@ class Telemetry:
                 )
 
     def _failed(self, stage: str, e: BaseException) -> None:
-        self.aggregator.count_error(stage, f"{stage} write failed; rows kept for the next flush", e)
+        if self._final:  # no next flush: close() counts what is left
+            what = f"{stage} write failed at close; its rows are counted as dropped"
+        else:
+            what = f"{stage} write failed; rows kept for the next flush"
+        self.aggregator.count_error(stage, what, e)
 
     def _export_warmed(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
@@ -742,8 +921,13 @@ class Telemetry:
     def close(self, timeout: float | None = None) -> None:
         """Stop the flusher and flush what is left (everything settled).
 
-        Returns within about ``timeout`` (default ``close_timeout_s``) whatever
-        the sinks do: rows still unwritten then are counted as dropped."""
+        Returns within about ``timeout`` (default ``close_timeout_s``) whatever the sinks do,
+        plus the time a write already in flight takes to end (bounded by the sinks' own
+        timeouts): no write starts after the deadline. Every row not written by then is counted
+        as dropped (``warmscope.telemetry.dropped``) and the count is logged. A second call (at
+        exit, after an explicit one) does nothing."""
+        if self._stop.is_set():
+            return
         budget = self.config.close_timeout_s if timeout is None else timeout
         end = time.monotonic() + budget
         self._deadline = end
@@ -761,24 +945,65 @@ class Telemetry:
         t = threading.Thread(target=final, name="warmscope-close", daemon=True)
         t.start()
         t.join(timeout=max(0.0, end - time.monotonic()))
-        if t.is_alive():
+        late = t.is_alive()
+        if late:  # past the deadline no write starts: the one in flight ends, then the flush
+            t.join(timeout=_CLOSE_GRACE_S)
+        stuck = t.is_alive()
+        locked = self._flush_lock.acquire(timeout=0.0 if stuck else _CLOSE_GRACE_S)
+        try:
+            self._abandoned = True  # a flush still running writes nothing more
+            left = self._count_unwritten(stuck)
+        finally:
+            if locked:
+                self._flush_lock.release()
+        n = sum(left.values())
+        if late or n:
+            what = ", ".join(f"{k} {v}" for k, v in left.items() if v) or "none"
             log.error(
-                "warmscope: close() gave up after %.1f s; unwritten rows are dropped (counted)",
-                budget,
+                "warmscope: close() %s: %d rows not written, counted as dropped in "
+                "warmscope.telemetry.dropped (%s)%s",
+                f"stopped writing after {budget:.1f} s" if late else "could not write everything",
+                n,
+                what,
+                "; a write that had not returned is counted too (if it still lands, those rows "
+                "are delivered as well)"
+                if stuck
+                else "",
             )
-        left = self._store_backlog.n + self._redis_backlog.n
-        if left:
-            self.aggregator.count_dropped("store", self._store_backlog.clear())
-            self.aggregator.count_dropped("redis", self._redis_backlog.clear())
         if self.otel is not None:
             self.otel.shutdown(max(0.1, end - time.monotonic()))
-        if self.redis_sink is not None:
-            self.redis_sink.close()
-        if self.store is not None and not t.is_alive():
-            try:
-                self.store.close()
-            except Exception:
-                pass
+        if not stuck:  # a write still in flight keeps its connection and store
+            if self.redis_sink is not None:
+                self.redis_sink.close()
+            if self.store is not None:
+                try:
+                    self.store.close()
+                except Exception:
+                    pass
+
+    def _count_unwritten(self, in_flight: bool) -> dict[str, int]:
+        """At close: count as dropped every row not written — what the backlogs keep, what a
+        flush still running had taken (``in_flight``), and what the aggregator still holds —
+        per stage; returns the counts."""
+        agg = self.aggregator
+        side = "redis" if self.redis_sink is not None else "store"
+        left = {"store": self._store_backlog.clear(), "redis": self._redis_backlog.clear()}
+        if in_flight:
+            left[side] += self._in_hand
+        self._in_hand = 0
+        try:
+            hot, units = agg.take_buffers(True)
+            held = len(units) + sum(len(sk) for sk in hot.values()) + len(agg.events)
+            held += sum(1 for w in list(agg.warmed.values()) if w.exported is None)
+            held += sum(len(w.seen) for w in list(agg.early))
+            agg.events.clear()
+            agg.early = []
+            left[side] += held
+        except Exception as e:  # pragma: no cover - never raise from close
+            agg.count_error("flush", "close", e)
+        for stage, n in left.items():
+            agg.count_dropped(stage, n)
+        return left
 
 
 _POINT_FRAMES = ("lookups", "writes", "requests", "histograms", "gauges", "misses", "kv_blocks")

@@ -63,20 +63,24 @@ their moments, hot keys, runs), exactly once per unit, and deletes the old keys.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
+import queue
+import threading
 import time
 import uuid
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
 from warmscope.model import ab_metrics as _m
+from warmscope.model.records import AB_UNITS, INTEGER, UNIT_FIELDS
 from warmscope.model.records import RUN_COLUMNS as _RUN_COLS
-from warmscope.model.records import UNIT_FIELDS
 from warmscope.model.records import UNIT_HIST as _H
 
 __all__ = [
@@ -101,8 +105,16 @@ RUN_TTL_S = 30 * 86400
 BATCH_TTL_S = 86400  # applied batch ids are remembered this long
 AB_SHARDS = 16
 MAX_CONFLICT_ROUNDS = 20
-_FIELDS = UNIT_FIELDS[2:] + tuple(_H)  # unit totals after first_ts, last_ts
+_SLICES, _SLICE_UNITS = 4, 1000  # a batch of 4,000+ units goes out in 4 slices of its hash tags
+_FIELDS = UNIT_FIELDS[2:] + tuple(_H)
+_INT_FIELDS = {
+    c.name for c in AB_UNITS.columns if c.type == INTEGER
+}  # unit totals after first_ts, last_ts
 _NV = 2 + len(_FIELDS)
+ROW_FIELDS = ("first_ts", "last_ts", *_FIELDS)  # a unit's totals, as the sink computes them
+_INT_COLS = [j for j, f in enumerate(ROW_FIELDS) if f in _INT_FIELDS]  # counts, written as ints
+_ROW_NAMES = np.array(ROW_FIELDS, dtype=object)
+_INT_MASK = np.isin(np.arange(len(ROW_FIELDS)), _INT_COLS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -139,17 +151,26 @@ def _bucket_s(b: float) -> str:
     return repr(float(b)) if b != int(b) else str(int(b))
 
 
-# KEYS[1]: the part's marker; KEYS[2..]: every key the part touches.
-# ARGV[1]: marker ttl; ARGV[2]: JSON [checks, ops] (one argument: cheap to send).
-# checks: [key index, expected _v]; ops: [code, key index, args...], values as strings. Python
-# writes them through _Part's named operations; the two-letter codes keep the payload small:
+# A part is one Lua script call. KEYS[1]: the part's marker; KEYS[2..U+1]: its U units' hashes;
+# KEYS[U+2]: its set of units; then every other key it touches.
+# ARGV[1]: marker TTL; ARGV[2]: unit TTL; ARGV[3]: U; ARGV[4]: per unit, two float64
+# (little-endian): the _v read and its number of field/value pairs; ARGV[5]: the length of
+# ``ws:{TAG}:u:`` (a unit's member in the set is the rest of its key); then each unit's
+# field/value pairs (its new totals, absolute, computed from the hash as read); then the
+# operations, each as code, key index, argument count n, n arguments. Python writes them through
+# _Part's named operations; the two-letter codes keep the payload small. Everything is a plain
+# argument: nothing to decode or convert, and a unit is one HSET of arguments as they came.
+# The part is applied only if every unit's version _v is still the one read.
 # Returns 0 (applied before: skipped), 1 (applied), or the key indexes whose
 # _v changed since they were read (nothing applied).
 # code: (the _Part method that writes it, what the script does)
 OPS: dict[str, tuple[str | None, str]] = {
     "hi": ("hash_add_int", "HINCRBY k field n"),
     "hf": ("hash_add_float", "HINCRBYFLOAT k field x"),
-    "hv": ("hash_add_floats", "HINCRBYFLOAT k field x for each (field, x) of a flat list"),
+    "hv": (
+        "hash_add_floats",
+        "add x to field for each (field, x) of a flat list: HMGET the fields, HSET the sums",
+    ),
     "hs": ("hash_set", "HSET k field value"),
     "mn": ("hash_keep_min", "HSET k field x where the field is absent or larger"),
     "mx": ("hash_keep_max", "HSET k field x where the field is absent or smaller"),
@@ -160,40 +181,123 @@ OPS: dict[str, tuple[str | None, str]] = {
 }
 _APPLY = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local d = cjson.decode(ARGV[2])
+local nu, heads = tonumber(ARGV[3]), ARGV[4]
 local bad = {}
-for _, c in ipairs(d[1]) do
-  local v = redis.call('HGET', KEYS[c[1]], '_v') or '0'
-  if v ~= c[2] then bad[#bad + 1] = c[1] end
+for u = 1, nu do
+  local want = struct.unpack('<d', heads, (u - 1) * 16 + 1)
+  if tonumber(redis.call('HGET', KEYS[u + 1], '_v') or '0') ~= want then bad[#bad + 1] = u + 1 end
 end
 if #bad > 0 then return bad end
 redis.call('SET', KEYS[1], 'applied', 'EX', ARGV[1])
-for _, o in ipairs(d[2]) do
-  local op, k = o[1], KEYS[o[2]]
-  if op == 'hv' then
-    local fv = o[3]
-    for j = 1, #fv, 2 do redis.call('HINCRBYFLOAT', k, fv[j], fv[j + 1]) end
-  elseif op == 'hf' then redis.call('HINCRBYFLOAT', k, o[3], o[4])
-  elseif op == 'hi' then redis.call('HINCRBY', k, o[3], o[4])
-  elseif op == 'hs' then redis.call('HSET', k, o[3], o[4])
-  elseif op == 'zi' then redis.call('ZINCRBY', k, o[3], o[4])
-  elseif op == 'mn' or op == 'mx' then
-    local cur = redis.call('HGET', k, o[3])
-    if (not cur) or (op == 'mn' and tonumber(o[4]) < tonumber(cur))
-        or (op == 'mx' and tonumber(o[4]) > tonumber(cur)) then
-      redis.call('HSET', k, o[3], o[4])
+local ttl, plen, i, members = ARGV[2], tonumber(ARGV[5]), 6, {}
+for u = 1, nu do
+  local v, n = struct.unpack('<dd', heads, (u - 1) * 16 + 1)
+  local k = KEYS[u + 1]
+  if n > 0 then
+    redis.call('HSET', k, '_v', v + 1, unpack(ARGV, i, i + 2 * n - 1))
+    i = i + 2 * n
+  else
+    redis.call('HSET', k, '_v', v + 1)
+  end
+  redis.call('EXPIRE', k, ttl)
+  members[#members + 1] = string.sub(k, plen + 1)
+  if #members == 1000 or u == nu then
+    redis.call('SADD', KEYS[nu + 2], unpack(members))
+    members = {}
+  end
+end
+while i <= #ARGV do
+  local op, k, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+  local a, b = i + 3, i + 2 + n
+  i = b + 1
+  if op == 'hv' and b >= a then  -- one read and one write for the whole list
+    local f = {}
+    for j = a, b, 2 do f[#f + 1] = ARGV[j] end
+    local cur, t = redis.call('HMGET', k, unpack(f)), {}
+    for j = 1, #f do
+      t[#t + 1] = f[j]
+      t[#t + 1] = (cur[j] and tonumber(cur[j]) or 0) + tonumber(ARGV[a + 2 * j - 1])
     end
-  elseif op == 'za' then redis.call('ZADD', k, o[3], o[4])
-  elseif op == 'sa' then redis.call('SADD', k, o[3])
-  elseif op == 'ex' then redis.call('EXPIRE', k, o[3])
+    redis.call('HSET', k, unpack(t))
+  elseif op == 'hv' then  -- nothing to add
+  elseif op == 'hf' then redis.call('HINCRBYFLOAT', k, ARGV[a], ARGV[a + 1])
+  elseif op == 'hi' then redis.call('HINCRBY', k, ARGV[a], ARGV[a + 1])
+  elseif op == 'hs' then redis.call('HSET', k, ARGV[a], ARGV[a + 1])
+  elseif op == 'zi' then redis.call('ZINCRBY', k, ARGV[a], ARGV[a + 1])
+  elseif op == 'mn' or op == 'mx' then
+    local cur = redis.call('HGET', k, ARGV[a])
+    if (not cur) or (op == 'mn' and tonumber(ARGV[a + 1]) < tonumber(cur))
+        or (op == 'mx' and tonumber(ARGV[a + 1]) > tonumber(cur)) then
+      redis.call('HSET', k, ARGV[a], ARGV[a + 1])
+    end
+  elseif op == 'za' then redis.call('ZADD', k, ARGV[a], ARGV[a + 1])
+  elseif op == 'sa' then redis.call('SADD', k, ARGV[a])
+  elseif op == 'ex' then redis.call('EXPIRE', k, ARGV[a])
   else return redis.error_reply('unknown op ' .. tostring(op)) end
 end
 return 1
 """
+# Each key's hash, as flat [field, value, ...] lists (all keys of one hash tag).
+_READ = """
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
+
+class _Sender:
+    """Runs calls in order on its own daemon thread: a script waits on the network there while
+    the caller prepares the next one (and, on a cluster, nodes are written in parallel). Each
+    call runs in the context it was submitted from (warmscope's own commands stay marked)."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        self._q.put((f, contextvars.copy_context(), fn, args))
+        return f
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            f, ctx, fn, args = item
+            try:
+                f.set_result(ctx.run(fn, *args))
+            except BaseException as e:
+                f.set_exception(e)
+
+
+def _wait_all(futures: list[Future[Any]]) -> list[Any]:
+    """Every future's result, after all of them ended (none left running); the first error is
+    raised then."""
+    out, err = [], None
+    for f in futures:
+        try:
+            out.append(f.result())
+        except BaseException as e:
+            out.append(None)
+            err = err or e
+    if err is not None:
+        raise err
+    return out
 
 
 class NotReplicated(Exception):
     """No replica acknowledged a part within the timeout: it is retried."""
+
+
+def _settle(out: Future[Any], f: Future[Any], fn: Callable[[Any], Any]) -> None:
+    try:
+        out.set_result(fn(f.result()))
+    except BaseException as e:
+        out.set_exception(e)
 
 
 def is_cluster(client: Any) -> bool:
@@ -235,14 +339,32 @@ def connect(url: str | None, client: Any = None, **kw: Any) -> Any:
 
 
 class _Part:
-    """One hash tag's share of a batch: the keys it touches (by index), the versions it expects
-    (checks) and its operations, written through the named methods below (codes in ``OPS``)."""
+    """One hash tag's share of a batch: its units (``set_units``, first), the other keys it
+    touches (by index) and its operations, written through the named methods below (codes in
+    ``OPS``); see ``_APPLY`` for the layout."""
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.keys: dict[str, int] = {}
-        self.checks: list[list[Any]] = []
-        self.ops: list[list[Any]] = []
+        self.ops: list[list[Any]] = []  # each: code, key index, arguments
+        self.unit_args: list[Any] = [0, 0, b"", 0]
+
+    def set_units(
+        self,
+        names: list[str],
+        units_set: str,
+        heads: bytes,
+        pairs: list[Any],
+        member_at: int,
+        seconds: int,
+    ) -> None:
+        """The part's units (their hash keys, then the set that lists them): per unit the _v
+        read and its number of field/value pairs (``heads``), and the pairs, in unit order (see
+        ``_APPLY``); called before any other key is added."""
+        for n in names:
+            self.keys[n] = len(self.keys) + 2
+        self.k(units_set)
+        self.unit_args = [seconds, len(names), heads, member_at, *pairs]
 
     def k(self, name: str) -> int:
         i = self.keys.get(name)
@@ -251,7 +373,7 @@ class _Part:
         return i
 
     def op(self, op: str, name: str, *args: Any) -> None:
-        self.ops.append([op, self.k(name), *(a if isinstance(a, list) else str(a) for a in args)])
+        self.ops.append([op, self.k(name), *(str(a) for a in args)])
 
     def hash_add_int(self, name: str, field: str, n: int) -> None:
         self.op("hi", name, field, int(n))
@@ -261,7 +383,7 @@ class _Part:
 
     def hash_add_floats(self, name: str, fields_and_values: list[str]) -> None:
         """``[field, repr(x), field, repr(x), ...]``: one operation for many fields."""
-        self.op("hv", name, fields_and_values)
+        self.ops.append(["hv", self.k(name), *fields_and_values])
 
     def hash_set(self, name: str, field: str, value: Any) -> None:
         self.op("hs", name, field, value)
@@ -281,163 +403,238 @@ class _Part:
     def expire(self, name: str, seconds: int) -> None:
         self.op("ex", name, seconds)
 
-    def check(self, name: str, version: str) -> None:
-        self.checks.append([self.k(name), version])
-
-    def payload(self) -> str:
-        return json.dumps([self.checks, self.ops], separators=(",", ":"))
+    def args(self) -> list[Any]:
+        """The script's arguments after the marker TTL (see ``_APPLY``)."""
+        out: list[Any] = list(self.unit_args)
+        for o in self.ops:
+            out += (o[0], o[1], len(o) - 2)
+            out += o[2:]
+        return out
 
 
 Deltas = dict[tuple[Any, ...], np.ndarray]  # moment changes per group
 Spans = dict[tuple[Any, ...], list[Any]]  # [min first_ts, max last_ts] per group
 
 
-def _str_keys(h: dict[Any, Any]) -> dict[str, Any]:
-    return {(k if isinstance(k, str) else k.decode()): v for k, v in h.items()}
+def _str(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
 
 
-class _UnitTotals:
-    """The units of one part, as arrays with a row per unit and the columns first_ts, last_ts,
-    then ``_FIELDS``: what Redis holds (``stored``, ``present`` where the hash exists) and what
-    this batch adds (``added``; ``has_row`` where the unit gets a row now)."""
+class _ABBatch:
+    """A batch's A/B rows folded per unit, as arrays with a row per unit and the columns
+    ``ROW_FIELDS`` (first_ts, last_ts, then ``_FIELDS``): ``added`` holds what the batch adds,
+    ``has_row`` where a request-level row came; the per-layer rows as flat arrays (unit, layer,
+    lookups, hits). A unit's rows of one batch are applied together, by one script."""
 
-    def __init__(self, n: int) -> None:
-        self.names: list[str] = []  # each unit's hash key
-        self.hashes: list[dict[str, Any]] = []  # each unit's hash as read (str keys)
-        self.stored = np.zeros((n, _NV))
-        self.added = np.zeros((n, _NV))
-        self.present = np.zeros(n)
-        self.has_row = np.zeros(n, dtype=bool)
-
-    @classmethod
-    def read(
-        cls,
-        p: _Part,
-        tag: str,
-        units: list[tuple[Any, ...]],
-        olds: dict[str, dict[Any, Any]],
-        unit_rows: dict[tuple[Any, ...], list[Any]],
-        now: float,
-    ) -> _UnitTotals:
-        """The units' stored and added totals; a version check per unit on ``p``."""
-        t = cls(len(units))
-        for i, unit in enumerate(units):
-            name = key(tag, "u", enc(unit[1]), unit[2])
-            t.names.append(name)
-            h = _str_keys(olds.get(name) or {})
-            t.hashes.append(h)
-            if "first_ts" in h:
-                t.present[i] = 1
-                first = float(h["first_ts"])
-                t.stored[i, 0], t.stored[i, 1] = first, float(h.get("last_ts", first))
-                t.stored[i, 2:] = [float(h.get(f, 0) or 0) for f in _FIELDS]
-                v = h.get("_v", b"0")
-                p.check(name, v.decode() if isinstance(v, bytes) else str(v))
-            else:
-                p.check(name, "0")
-            row = unit_rows.get(unit)
-            if row is not None:
-                t.has_row[i] = True
-                t.added[i] = row
-            elif not t.present[i]:  # lookups only, a new unit: an all-zero unit row, counted once
-                t.has_row[i] = True
-                t.added[i, 0] = t.added[i, 1] = now
-        return t
-
-    @property
-    def first_seen(self) -> np.ndarray:
-        return np.where(self.present > 0, self.stored[:, 0], self.added[:, 0])
-
-    def totals(self) -> np.ndarray:
-        """The totals after this batch: sums, the earlier first_ts and the later last_ts."""
-        old, add = self.stored, self.added
-        new = old + add
-        seen = self.present > 0
-        new[:, 0] = np.where(seen, np.minimum(old[:, 0], add[:, 0]), add[:, 0])
-        new[:, 1] = np.where(seen, np.maximum(old[:, 1], add[:, 1]), add[:, 1])
-        return new
-
-    def moment_deltas(
-        self, units: list[tuple[Any, ...]], bucket: np.ndarray
-    ) -> tuple[Deltas, Spans]:
-        """Per (variant, first-seen bucket): the change of the unit moments (``ab_moments``
-        columns) and the span [min first_ts, max last_ts] of the units that changed. Units
-        without a row keep their totals: they change nothing."""
-        changed = np.flatnonzero(self.has_row)
-        deltas: Deltas = {}
-        spans: Spans = {}
-        if not len(changed):
-            return deltas, spans
-        new = self.totals()
-        delta = _m.contributions(new[changed], np.ones(len(changed))) - _m.contributions(
-            self.stored[changed], self.present[changed]
-        )
-        for j, i in enumerate(changed):
-            group = (units[i][1], float(bucket[i]))
-            if group in deltas:
-                deltas[group] += delta[j]
-                span = spans[group]
-                span[0], span[1] = min(span[0], new[i, 0]), max(span[1], new[i, 1])
-            else:
-                deltas[group] = delta[j].copy()
-                spans[group] = [new[i, 0], new[i, 1]]
-        return deltas, spans
-
-    def add_totals(
-        self, p: _Part, units: list[tuple[Any, ...]], unit_rows: dict[tuple[Any, ...], list[Any]]
+    def __init__(
+        self, unit_rows: Sequence[Sequence[Any]], lookup_rows: Sequence[Sequence[Any]]
     ) -> None:
-        """Each changed unit's sums added to its hash; first_ts and last_ts kept at the extremes."""
-        for i in np.flatnonzero(self.has_row):
-            name, unit = self.names[i], units[i]
-            sums = unit_rows[unit][2:] if unit in unit_rows else ()
-            for f, v in zip(_FIELDS, sums, strict=False):
-                if v:
-                    if isinstance(v, float):
-                        p.hash_add_float(name, f, v)
-                    else:
-                        p.hash_add_int(name, f, int(v))
-            p.hash_keep_min(name, "first_ts", float(self.added[i, 0]))
-            p.hash_keep_max(name, "last_ts", float(self.added[i, 1]))
+        index: dict[tuple[Any, ...], int] = {}
+        ui = [index.setdefault((r[0], r[1], r[2]), len(index)) for r in unit_rows]
+        vals = np.array([r[3:] for r in unit_rows], dtype=float).reshape(len(unit_rows), _NV)
+        n_rows = len(index)
+        if n_rows == len(unit_rows):  # the usual case: a unit once
+            added = vals
+        else:  # a retried batch can repeat a unit: sums added, first/last at the extremes
+            at = np.array(ui)
+            added = np.zeros((n_rows, _NV))
+            added[:, 0], added[:, 1] = np.inf, -np.inf
+            np.minimum.at(added[:, 0], at, vals[:, 0])
+            np.maximum.at(added[:, 1], at, vals[:, 1])
+            np.add.at(added[:, 2:], at, vals[:, 2:])
+        seen: dict[tuple[int, str], int] = {}
+        lay_u: list[int] = []
+        lay_name: list[str] = []
+        lay_n: list[list[int]] = []  # [lookups, hits]
+        for exp, var, uh, layer, lookups, hits in lookup_rows:
+            i = index.setdefault((exp, var, uh), len(index))
+            k = seen.setdefault((i, layer), len(lay_u))
+            if k == len(lay_u):
+                lay_u.append(i)
+                lay_name.append(layer)
+                lay_n.append([lookups, hits])
+            else:  # a retried batch can repeat a unit's layer
+                lay_n[k][0] += lookups
+                lay_n[k][1] += hits
+        self.lay_u = np.array(lay_u, dtype=np.int64)
+        self.lay_name = lay_name
+        self.lay_n = np.array(lay_n, dtype=np.int64).reshape(len(lay_u), 2)
+        self.units = list(index)
+        n = len(self.units)
+        self.now = float(added[:, 1].max()) if n_rows else time.time()
+        self.added = np.zeros((n, _NV))
+        self.added[:n_rows] = added
+        self.has_row = np.zeros(n, dtype=bool)
+        self.has_row[:n_rows] = True
+        tags: dict[tuple[str, int], str] = {}
+        variants: dict[str, int] = {}
+        self.variants: list[str] = []
+        var_id = np.zeros(n, dtype=np.int64)
+        self.name: list[str] = []
+        self.by_tag: dict[str, list[int]] = defaultdict(list)
+        for i, (exp, var, uh) in enumerate(self.units):
+            s = ab_shard(uh)
+            t = tags.get((exp, s))
+            if t is None:
+                t = tags[(exp, s)] = ab_tag(exp, s)
+            v = variants.get(var)
+            if v is None:
+                v = variants[var] = len(self.variants)
+                self.variants.append(var)
+            var_id[i] = v
+            self.name.append(f"{PREFIX}:{{{t}}}:u:{enc(var)}:{uh}")
+            self.by_tag[t].append(i)
+        self.var_id = var_id
+
+    def experiments(self) -> set[str]:
+        return {u[0] for u in self.units}
+
+    def parts(self, tags: list[str], hashes: dict[int, list[Any]], ttl: int) -> list[_Part]:
+        """One part per tag: each unit's new totals (from ``hashes``, the units' hashes as read)
+        checked against the version read, and the moment changes they make."""
+        idx = np.array([i for t in tags for i in self.by_tag[t]], dtype=np.int64)
+        m = len(idx)
+        pos_of = np.full(len(self.units), -1, dtype=np.int64)
+        pos_of[idx] = np.arange(m)
+        stored = np.zeros((m, _NV))
+        present = np.zeros(m)
+        versions = np.zeros(m)
+        olds: dict[int, dict[str, Any]] = {}  # position -> hash as read, where there is one
+        col = {f: j for j, f in enumerate(ROW_FIELDS)}
+        for i, flat in hashes.items():
+            j = int(pos_of[i])
+            if j < 0 or not flat:
+                continue
+            h = {_str(flat[k]): flat[k + 1] for k in range(0, len(flat), 2)}
+            olds[j] = h
+            versions[j] = int(h.get("_v", 0) or 0)
+            if "first_ts" in h:
+                present[j] = 1
+                row = stored[j]
+                for f, v in h.items():
+                    c = col.get(f)
+                    if c is not None:
+                        row[c] = float(v or 0)
+                if "last_ts" not in h:
+                    row[1] = row[0]
+        added = self.added[idx]
+        has_row = self.has_row[idx]
+        new_unit = ~has_row & (present == 0)  # lookups only, a new unit: an all-zero unit row
+        added[new_unit, 0] = added[new_unit, 1] = self.now
+        has_row = has_row | new_unit
+        seen = present > 0
+        new = stored + added
+        new[:, 0] = np.where(seen, np.minimum(stored[:, 0], added[:, 0]), added[:, 0])
+        new[:, 1] = np.where(seen, np.maximum(stored[:, 1], added[:, 1]), added[:, 1])
+        bucket = _m.bucket_of(np.where(seen, stored[:, 0], added[:, 0]))  # first seen
+        ti = np.repeat(np.arange(len(tags)), [len(self.by_tag[t]) for t in tags])
+        var = self.var_id[idx]
+
+        # per-layer lookups and hits of these units: old (as read) and new totals
+        sel = np.flatnonzero(pos_of[self.lay_u] >= 0)
+        lj = pos_of[self.lay_u[sel]]
+        order = np.argsort(lj, kind="stable")
+        sel, lj = sel[order], lj[order]
+        l_add = self.lay_n[sel].astype(float)
+        l_old = np.zeros((len(sel), 3))  # lookups, hits, whether the hash had the layer
+        names = [self.lay_name[k] for k in sel.tolist()]
+        if olds:
+            for e, j in enumerate(lj.tolist()):
+                was = olds.get(j)
+                if was is not None:
+                    ol = was.get(f"{names[e]}:lookups")
+                    if ol is not None:
+                        l_old[e] = (int(ol), int(was.get(f"{names[e]}:hits") or 0), 1.0)
+        l_new = (l_old[:, :2] + l_add).astype(np.int64)
+
+        # each unit's hash: field/value pairs of its new totals (a new unit's zero fields left
+        # out), then its layers' new lookups and hits; values as Python numbers (sent as text)
+        write = ((new != 0) | seen[:, None]) & has_row[:, None]
+        rj = np.nonzero(write)[0]
+        vo = new[write].astype(object)
+        ints = np.flatnonzero(_INT_MASK[np.nonzero(write)[1]])
+        vo[ints] = new[write][ints].astype(np.int64).astype(object)
+        fields = [_layer_fields(n) for n in names]
+        lnames = np.array([f for pair in fields for f in pair], dtype=object)
+        unit_of = np.concatenate([rj, np.repeat(lj, 2)])
+        order = np.argsort(unit_of, kind="stable")  # a unit's row fields, then its layers
+        both = np.empty(2 * len(unit_of), dtype=object)
+        both[0::2] = np.concatenate([_ROW_NAMES[np.nonzero(write)[1]], lnames])[order]
+        both[1::2] = np.concatenate([vo, l_new.reshape(-1).astype(object)])[order]
+        pairs = both.tolist()
+        n_pairs = np.bincount(unit_of, minlength=m)
+        off = np.r_[0, np.cumsum(2 * n_pairs)].tolist()
+        head = np.column_stack([versions, n_pairs]).astype("<f8")
+        parts = []
+        starts = np.searchsorted(ti, np.arange(len(tags) + 1)).tolist()
+        for k, t in enumerate(tags):
+            a, b = starts[k], starts[k + 1]
+            p = _Part(t)
+            p.set_units(
+                [self.name[i] for i in idx[a:b].tolist()],
+                key(t, "units"),
+                head[a:b].tobytes(),
+                pairs[off[a] : off[b]],
+                len(key(t, "u")) + 1,
+                ttl,
+            )
+            parts.append(p)
+
+        # moments of the units whose totals changed, per (tag, variant, first-seen bucket)
+        moments: dict[int, Deltas] = defaultdict(dict)
+        spans: dict[int, Spans] = defaultdict(dict)
+        ch = np.flatnonzero(has_row)
+        if len(ch):
+            delta = _m.contributions(new[ch], np.ones(len(ch)))
+            had = np.flatnonzero(present[ch] > 0)  # a new unit's old row counts nothing
+            if len(had):
+                delta[had] -= _m.contributions(stored[ch[had]], np.ones(len(had)))
+            g = _group((ti[ch], var[ch], bucket[ch]), delta)
+            for (tk, v, b), rows_of, d in g:
+                moments[tk][(self.variants[v], b)] = d
+                s = ch[rows_of]
+                spans[tk][(self.variants[v], b)] = [float(new[s, 0].min()), float(new[s, 1].max())]
+        layer_moments: dict[int, Deltas] = defaultdict(dict)
+        if len(sel):
+            tot = l_old[:, :2] + l_add
+            ldelta = _m.layer_contributions(
+                tot[:, 0], tot[:, 1], np.ones(len(sel))
+            ) - _m.layer_contributions(l_old[:, 0], l_old[:, 1], l_old[:, 2])
+            layer_ids: dict[str, int] = {}
+            lid = np.array([layer_ids.setdefault(n, len(layer_ids)) for n in names])
+            layer_names = list(layer_ids)
+            for (tk, v, b, li), _, d in _group((ti[lj], var[lj], bucket[lj], lid), ldelta):
+                layer_moments[tk][(self.variants[v], b, layer_names[li])] = d
+        for k, (t, p) in enumerate(zip(tags, parts, strict=True)):
+            _add_moments(p, t, moments.get(k, {}), spans.get(k, {}), layer_moments.get(k, {}))
+            p.expire(key(t, "mi"), RUN_TTL_S)
+            p.expire(key(t, "units"), RUN_TTL_S)
+        return parts
 
 
-def _add_layer_totals(
-    p: _Part,
-    units: list[tuple[Any, ...]],
-    u: _UnitTotals,
-    layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
-    bucket: np.ndarray,
-) -> Deltas:
-    """Each unit's per-layer lookups and hits added to its hash; returns the change of the layer
-    moments per (variant, first-seen bucket, layer), all unit × layer pairs computed at once."""
-    pairs: list[tuple[int, str]] = []
-    stored: list[tuple[float, float]] = []  # (lookups, hits) as stored
-    present: list[float] = []  # 1.0 where the unit's hash has the layer
-    added: list[tuple[float, float]] = []  # (lookups, hits) of this batch
-    for i, unit in enumerate(units):
-        h = u.hashes[i]
-        for layer, (lookups, hits) in (layer_rows.get(unit) or {}).items():
-            pairs.append((i, layer))
-            lf, hf = f"{layer}:lookups", f"{layer}:hits"
-            stored.append((float(h.get(lf, 0) or 0), float(h.get(hf, 0) or 0)))
-            present.append(float(lf in h))
-            added.append((lookups, hits))
-            p.hash_add_int(u.names[i], lf, int(lookups))
-            p.hash_add_int(u.names[i], hf, int(hits))
-    deltas: Deltas = {}
-    if not pairs:
-        return deltas
-    old, add = np.array(stored, dtype=float), np.array(added, dtype=float)
-    new = old + add
-    delta = _m.layer_contributions(
-        new[:, 0], new[:, 1], np.ones(len(pairs))
-    ) - _m.layer_contributions(old[:, 0], old[:, 1], np.array(present))
-    for (i, layer), row in zip(pairs, delta, strict=True):
-        group = (units[i][1], float(bucket[i]), layer)
-        if group in deltas:
-            deltas[group] += row
-        else:
-            deltas[group] = row.copy()
-    return deltas
+@functools.lru_cache(maxsize=1024)
+def _layer_fields(layer: str) -> tuple[str, str]:
+    return f"{layer}:lookups", f"{layer}:hits"
+
+
+def _group(
+    keys: tuple[np.ndarray, ...], rows: np.ndarray
+) -> list[tuple[tuple[Any, ...], np.ndarray, np.ndarray]]:
+    """(group key, the positions of its rows, the sum of its rows) per distinct key; ``keys``
+    are equal-length columns (ints, or floats for the bucket)."""
+    cols = np.column_stack(keys)
+    uniq, gi = np.unique(cols, axis=0, return_inverse=True)
+    gi = gi.reshape(-1)
+    order = np.argsort(gi, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(gi[order]) != 0])
+    sums = np.add.reduceat(rows[order], starts, axis=0)
+    ends = np.r_[starts[1:], len(order)]
+    out = []
+    for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        u = uniq[gi[order[s]]].tolist()
+        key_ = tuple(int(x) if j != 2 else float(x) for j, x in enumerate(u))
+        out.append((key_, order[s:e], sums[k]))
+    return out
 
 
 def _add_moments(p: _Part, tag: str, moments: Deltas, spans: Spans, layer_moments: Deltas) -> None:
@@ -487,7 +684,8 @@ class RedisSink:
         self.conflicts = (
             0  # parts re-read because another writer changed one of their units meanwhile
         )
-        self._sha: str | None = None
+        self._shas: dict[str, str] = {}  # script -> its SHA1
+        self._senders: dict[str, _Sender] = {}  # node -> the thread that writes to it
 
     def heartbeat(self, replica: str, instance: str, now: float, alive_s: float) -> list[str]:
         """Note that process ``instance`` writes as ``replica`` (a hash per replica,
@@ -517,70 +715,132 @@ class RedisSink:
             self.client = connect(None, self._given)
             if self._own and self.client is not self._given:  # a cluster: the probe client is done
                 self._given.close()
+        return self.client
+
+    def _by_node(self, tags: list[str]) -> dict[str, tuple[Any, bool, list[int]]]:
+        """Calls grouped by the node that holds their hash tag: node -> (connection, whether its
+        masters have replicas to WAIT for, the calls' positions)."""
+        c = self._client()
+        if not is_cluster(c):
+            return {"one": (c, False, list(range(len(tags))))}
+        out: dict[str, tuple[Any, bool, list[int]]] = {}
+        for i, tag in enumerate(tags):
+            mk = key(tag)
+            node = c.get_node_from_key(mk)
+            g = out.get(node.name)
+            if g is None:
+                wait = len(c.nodes_manager.slots_cache.get(c.keyslot(mk), ())) > 1
+                g = out[node.name] = (c.get_redis_connection(node), wait, [])
+            g[2].append(i)
+        return out
+
+    def _eval(
+        self,
+        script: str,
+        calls: list[tuple[str, list[str], list[Any]]],
+        check_replicas: bool = False,
+    ) -> Future[list[Any]]:
+        """Run ``script`` once per call (hash tag, keys, arguments): one pipeline per node, each
+        on that node's sender thread. The future gives each call's answer. With
+        ``check_replicas``, each node's pipeline ends with ``WAIT 1`` where its masters have
+        replicas, and raises NotReplicated if none answered."""
+        sha = self._shas.get(script)
+        if sha is None:
             import hashlib
 
-            self._sha = hashlib.sha1(_APPLY.encode()).hexdigest()
-        return self.client
+            sha = self._shas[script] = hashlib.sha1(script.encode()).hexdigest()
+        groups = self._by_node([c[0] for c in calls])
+        futures = []
+        for ident, (conn, wait, idx) in groups.items():
+            sender = self._senders.get(ident)
+            if sender is None:
+                sender = self._senders[ident] = _Sender(f"warmscope-redis-{ident}")
+            node_calls = [calls[i] for i in idx]
+            futures.append(
+                sender.submit(
+                    self._node_pipeline,
+                    conn,
+                    ident,
+                    script,
+                    sha,
+                    node_calls,
+                    wait and check_replicas,
+                )
+            )
+        out: Future[list[Any]] = Future()
+        if len(futures) == 1:
+            futures[0].add_done_callback(lambda f: _settle(out, f, lambda r: r))
+            return out
+
+        def gather(_: Any) -> None:
+            if all(f.done() for f in futures) and not out.done():
+                try:
+                    res: list[Any] = [None] * len(calls)
+                    for (_, _, idx), r in zip(groups.values(), _wait_all(futures), strict=True):
+                        for i, x in zip(idx, r, strict=True):
+                            res[i] = x
+                    out.set_result(res)
+                except BaseException as e:
+                    out.set_exception(e)
+
+        for f in futures:
+            f.add_done_callback(gather)
+        return out
+
+    def _node_pipeline(
+        self,
+        conn: Any,
+        ident: str,
+        script: str,
+        sha: str,
+        calls: list[tuple[str, list[str], list[Any]]],
+        wait: bool,
+    ) -> list[Any]:
+        from redis.exceptions import NoScriptError
+
+        for attempt in (0, 1):
+            p = conn.pipeline(transaction=False)
+            for _, keys, args in calls:
+                p.evalsha(sha, len(keys), *keys, *args)
+            if wait:
+                p.execute_command("WAIT", 1, self.wait_timeout_ms)
+            try:
+                res = p.execute()
+            except NoScriptError:  # a new or restarted node: load the script, run again
+                if attempt:
+                    raise
+                conn.script_load(script)
+                continue
+            if wait and int(res[-1]) < 1:
+                raise NotReplicated(
+                    f"no replica of {ident} acknowledged a write within {self.wait_timeout_ms} ms"
+                )
+            return list(res[: len(calls)])
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _run(self, parts: list[_Part], bid: str) -> list[Any]:
         """Apply parts (one pipeline per node); returns each script's answer."""
-        from redis.exceptions import NoScriptError
+        return self._submit(parts, bid).result()
 
-        c = self._client()
-        by_conn: dict[Any, list[int]] = {}
-        conns: dict[str, Any] = {}
-        waits: dict[str, bool] = {}
-        for i, part in enumerate(parts):
-            mk = key(part.tag, "batch", bid)
-            if not is_cluster(c):
-                ident, conn, wait = "one", c, False
-            else:
-                node = c.get_node_from_key(mk)
-                ident = node.name
-                conn = c.get_redis_connection(node)
-                wait = len(c.nodes_manager.slots_cache.get(c.keyslot(mk), ())) > 1
-            conns[ident] = conn
-            waits[ident] = waits.get(ident, False) or wait
-            by_conn.setdefault(ident, []).append(i)
-        out: list[Any] = [None] * len(parts)
-        for ident, idx in by_conn.items():
-            conn, wait = conns[ident], waits[ident]
-            for attempt in (0, 1):
-                p = conn.pipeline(transaction=False)
-                for i in idx:
-                    part = parts[i]
-                    keys = [key(part.tag, "batch", bid)] + list(part.keys)
-                    p.evalsha(self._sha, len(keys), *keys, BATCH_TTL_S, part.payload())
-                if wait:
-                    p.execute_command("WAIT", 1, self.wait_timeout_ms)
-                try:
-                    res = p.execute()
-                except (
-                    NoScriptError
-                ):  # a new or restarted node: load the script, run again (nothing applied)
-                    if attempt:
-                        raise
-                    conn.script_load(_APPLY)
-                    continue
-                if wait and int(res[-1]) < 1:
-                    raise NotReplicated(
-                        f"no replica of {ident} acknowledged a write within "
-                        f"{self.wait_timeout_ms} ms"
-                    )
-                for i, r in zip(idx, res, strict=False):
-                    out[i] = r
-                break
+    def _submit(self, parts: list[_Part], bid: str) -> Future[list[Any]]:
+        """Start applying parts; the future gives each script's answer."""
+        calls = [
+            (p.tag, [key(p.tag, "batch", bid), *p.keys], [BATCH_TTL_S, *p.args()]) for p in parts
+        ]
+        return self._eval(_APPLY, calls, check_replicas=True)
+
+    def _read_units(self, batch: _ABBatch, tags: list[str]) -> dict[int, list[Any]]:
+        """The hashes of the units of ``tags`` as flat [field, value, ...] lists, by unit
+        position in ``batch``; one script call per tag."""
+        calls: list[tuple[str, list[str], list[Any]]] = [
+            (t, [batch.name[i] for i in batch.by_tag[t]], []) for t in tags
+        ]
+        out: dict[int, list[Any]] = {}
+        for t, flats in zip(tags, self._eval(_READ, calls).result(), strict=True):
+            for i, flat in zip(batch.by_tag[t], flats, strict=True):
+                if flat:
+                    out[i] = flat
         return out
-
-    def _hgetall_many(self, names: list[str]) -> list[dict[str, Any]]:
-        c = self._client()
-        out: list[dict[Any, Any]] = []
-        for i in range(0, len(names), 2000):
-            p = c.pipeline(transaction=False)
-            for n in names[i : i + 2000]:
-                p.hgetall(n)
-            out += p.execute()
-        return [{(k.decode() if isinstance(k, bytes) else k): v for k, v in h.items()} for h in out]
 
     def _index(self, zadd: dict[str, dict[str, float]], sadd: dict[str, set[str]]) -> None:
         if not zadd and not sadd:
@@ -677,87 +937,45 @@ class RedisSink:
         bid: str,
         other: list[_Part],
     ) -> set[str]:
-        """Unit totals and A/B moments, one script per (experiment, shard);
-        ``other`` parts go out with the first round."""
-        ukeys: dict[tuple[Any, ...], list[Any]] = {}
-        for r in unit_rows:  # fold: a retried batch can repeat a unit
-            k = tuple(r[:3])
-            a = ukeys.get(k)
-            if a is None:
-                ukeys[k] = [float(r[3]), float(r[4]), *r[5:]]
-            else:
-                a[0], a[1] = min(a[0], r[3]), max(a[1], r[4])
-                for i, v in enumerate(r[5:]):
-                    a[2 + i] += v
-        lk: dict[tuple[Any, ...], dict[str, list[Any]]] = {}
-        for exp, var, uh, layer, lookups, hits in lookup_rows:
-            a = lk.setdefault((exp, var, uh), {}).setdefault(layer, [0, 0])
-            a[0] += lookups
-            a[1] += hits
-        now = max((v[1] for v in ukeys.values()), default=None)
-        if now is None:
-            now = time.time()
-        groups: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-        for u in set(ukeys) | set(lk):
-            groups[ab_tag(u[0], ab_shard(u[2]))].append(u)
-        pending = {tag: sorted(us) for tag, us in groups.items()}
+        """Unit totals and A/B moments, one script per (experiment, shard); ``other`` parts go
+        out with the first round. Each unit's hash is set to its new totals (read, then added
+        to) and each moment hash gets the change those totals make, applied only if no unit's
+        version ``_v`` changed since the read (else that part is read and computed again).
+        A large batch goes out in slices of tags: a slice is computed while the previous one
+        is written. Returns once nothing is in flight."""
+        batch = _ABBatch(unit_rows, lookup_rows)
+        pending = sorted(batch.by_tag)
         for _ in range(MAX_CONFLICT_ROUNDS):
             if not pending:
                 break
-            names = [
-                (tag, u, key(tag, "u", enc(u[1]), u[2])) for tag, us in pending.items() for u in us
-            ]
-            olds = dict(
-                zip([x[2] for x in names], self._hgetall_many([x[2] for x in names]), strict=True)
-            )
-            tags = list(pending)
-            ab_parts = [self._ab_part(tag, pending[tag], olds, ukeys, lk, now) for tag in tags]
-            res = self._run(ab_parts + other, bid)
-            other = []
-            retry: dict[str, list[tuple[Any, ...]]] = {}
-            for tag, r in zip(tags, res, strict=False):
-                if isinstance(
-                    r, list
-                ):  # another writer changed these units since the read: read again
-                    self.conflicts += 1
-                    retry[tag] = pending[tag]
+            hashes = self._read_units(batch, pending)
+            n = max(1, min(_SLICES, len(batch.units) // _SLICE_UNITS))
+            per = -(-len(pending) // n)
+            slices = [pending[i : i + per] for i in range(0, len(pending), per)]
+            futures = []
+            try:
+                for tags in slices:
+                    futures.append(self._submit(batch.parts(tags, hashes, RUN_TTL_S) + other, bid))
+                    other = []
+            finally:
+                answers = _wait_all(futures)  # raises the first error once none is in flight
+            retry = []
+            for tags, res in zip(slices, answers, strict=True):
+                for tag, r in zip(tags, res, strict=False):
+                    if isinstance(r, list):  # another writer changed these units since the read
+                        self.conflicts += 1
+                        retry.append(tag)
             pending = retry
         if pending:
             raise RuntimeError(
                 f"A/B units kept changing under {MAX_CONFLICT_ROUNDS} reads; "
                 "retried at the next flush"
             )
-        return {u[0] for u in list(ukeys) + list(lk)}
-
-    def _ab_part(
-        self,
-        tag: str,
-        units: list[tuple[Any, ...]],
-        olds: dict[str, dict[Any, Any]],
-        unit_rows: dict[tuple[Any, ...], list[Any]],
-        layer_rows: dict[tuple[Any, ...], dict[str, list[Any]]],
-        now: float,
-    ) -> _Part:
-        """One (experiment, shard) part of a batch: each unit's totals and per-layer totals, and the
-        A/B moments of its (variant, first-seen bucket), as the difference its new totals make to
-        what is stored. ``olds`` holds the units' hashes as read; the script applies the part only
-        if no unit's version ``_v`` changed since (else the caller reads again)."""
-        p = _Part(tag)
-        u = _UnitTotals.read(p, tag, units, olds, unit_rows, now)
-        bucket = _m.bucket_of(u.first_seen)
-        moments, spans = u.moment_deltas(units, bucket)
-        u.add_totals(p, units, unit_rows)
-        layer_moments = _add_layer_totals(p, units, u, layer_rows, bucket)
-        for name in u.names:
-            p.hash_add_int(name, "_v", 1)  # the version the next writer's checks expect
-            p.expire(name, RUN_TTL_S)
-            p.set_add(key(tag, "units"), name.rsplit(":u:", 1)[1])
-        _add_moments(p, tag, moments, spans, layer_moments)
-        p.expire(key(tag, "mi"), RUN_TTL_S)
-        p.expire(key(tag, "units"), RUN_TTL_S)
-        return p
+        return batch.experiments()
 
     def close(self) -> None:
+        for sender in self._senders.values():
+            sender.stop()
         try:
             (self.client if self.client is not None else self._given).close()
         except Exception:

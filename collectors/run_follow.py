@@ -21,8 +21,12 @@ and key hash), so precision and recall of a run started elsewhere come out of
 :func:`warmscope.analysis.coverage.warm_set_coverage` exactly like those of a
 run made in process. Runs are matched by replica label: start the warm-up with
 the serving process's replica (``warmscope warmup --replica NAME`` or
-``WARMSCOPE_REPLICA``). Requests before a run is followed (at most one flush
-interval after it ended) are not in its recall window.
+``WARMSCOPE_REPLICA``). With the background flusher the follower is also polled
+between flushes, about every second (``poll``; one query of the run index), so a run
+is followed within about a second of its end. Requests served before it is followed
+are not in its recall window and their reads of its warmed keys are not credited to
+it (a warmed key read again later is); a pipeline flushed by hand
+(``background=False``) follows runs at its flushes.
 
 The client instrumentation follows runs of the ``prefix_kv`` layer by default
 (:class:`~warmscope.collectors.llm.LLMRecorder`, ``follow_runs``).
@@ -54,6 +58,8 @@ class RunFollower:
     """Reads runs recorded elsewhere for this replica and ``layer`` and hands
     them to the aggregator (see the module doc). ``refresh`` runs at every
     flush; it never raises (failures are counted)."""
+
+    poll = True  # polled between flushes too (Telemetry._poll_hooks)
 
     def __init__(
         self, telemetry: Any, layer: str = "prefix_kv", lookback_s: float = 86400.0

@@ -10,6 +10,12 @@ rollups and A/B moments are read once per merged write rather than once per
 flush. The store's contents are the same as a single-process run's, up to row
 order. (``single_writer=False``: each worker writes to the store itself, as before.)
 
+Several runs may append to one store at once (``warmscope simulate --append`` twice): each
+write waits for the store's write lock as long as another run holds it (up to
+``LOCK_WAIT_S``) instead of failing after SQLite's usual 5 s, so both runs' rows are kept.
+Workers leave interrupts to this process: Ctrl-C or SIGTERM stops the run here, and the
+workers end without a traceback of their own.
+
 Example::
 
     summary = simulate(SimConfig.load(hours=24), "var/warmscope.sqlite", workers=2)
@@ -20,6 +26,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,7 +39,13 @@ from .config import SimConfig
 from .engine import Simulation, Summary, write_run_info
 from .faults import Fault
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "LOCK_WAIT_S"]
+
+LOCK_WAIT_S = 3600.0  # a write waits this long for another writer's transaction (a concurrent run)
+
+
+def _store(path: str | Path) -> EmbeddedStore:
+    return EmbeddedStore(path, durable=False, timeout=LOCK_WAIT_S)
 
 
 class _QueueStore:
@@ -65,8 +78,12 @@ def _worker(
         ticks.value = done
 
     gc.set_threshold(*_GC_THRESHOLD)  # this process only; it exits after the run
+    # The parent handles Ctrl-C and SIGTERM (and stops the workers): a worker ignores the one and
+    # dies quietly of the other, whatever handlers it inherited.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        store = _QueueStore(out) if single_writer else EmbeddedStore(path, durable=False)
+        store = _QueueStore(out) if single_writer else _store(path)
         sim = Simulation(cfg, store, faults=faults, variants=(variant,), progress=progress, **kw)
         out.put(("done", variant, sim.run(finish=False), None))
     except BaseException as e:  # report, don't hang the parent
@@ -100,10 +117,10 @@ def simulate(
     """Simulate into ``store``; ``workers`` defaults to 2 when the machine has 2+ cores."""
     workers = workers if workers is not None else (2 if (os.cpu_count() or 1) >= 2 else 1)
     if workers <= 1 or kw.get("realtime") or kw.get("meter_provider") is not None:
-        sim = Simulation(cfg, store, faults=list(faults), progress=progress, **kw)
+        sim = Simulation(cfg, _store(store), faults=list(faults), progress=progress, **kw)
         return sim.run()
     path = str(store)
-    st = EmbeddedStore(path, durable=False)  # schema before the workers race to create it
+    st = _store(path)  # schema before the workers race to create it
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     ticks = [ctx.Value("i", 0) for _ in cfg.arms]
     results = ctx.Queue(
@@ -171,7 +188,7 @@ def simulate(
         raise RuntimeError("simulation failed: " + "; ".join(errors))
     if progress:
         progress(total, total)
-    st = EmbeddedStore(path, durable=False)
+    st = _store(path)
     write_run_info(st, cfg, cfg.start, [f.ground_truth(cfg.start, cfg.hours) for f in faults])
     st.close()
     out = Summary()

@@ -98,8 +98,15 @@ def _writable_file(text: str) -> str:
 
 
 def _streamlit(cmd: list[str], env: dict) -> int:
-    """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started)."""
+    """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started):
+    SIGTERM first, SIGKILL after ``_STOP_GRACE_S``. Streamlit ends with this process even when
+    this one is killed with SIGKILL (``serve.die_with_parent``)."""
     import signal
+    import time
+
+    from warmscope.app.dashboard.serve import PARENT_ENV
+
+    env = {**env, PARENT_ENV: str(os.getpid())}
 
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     got: list[int] = []
@@ -113,11 +120,19 @@ def _streamlit(cmd: list[str], env: dict) -> int:
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        asked: float | None = None
         while True:
             try:
-                rc = proc.wait(timeout=1)
+                rc = proc.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
+                if got and asked is None:
+                    asked = time.monotonic()
+                if asked is not None and time.monotonic() - asked > _STOP_GRACE_S:
+                    try:  # still there after the grace: it goes now
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 continue
         if got:
             try:  # anything the dashboard left behind in its group
@@ -129,6 +144,9 @@ def _streamlit(cmd: list[str], env: dict) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+_STOP_GRACE_S = 5.0  # Streamlit gets this long to end after SIGTERM
 
 
 def _cannot_listen(cmd: str, address: str, port: int) -> bool:

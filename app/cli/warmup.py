@@ -110,6 +110,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         print(f"warmscope warmup: {e}", file=sys.stderr)
         return 2
     tel = telemetry(args)
+    tel.serves_replica = False  # it records a run for the replica; the serving process writes as it
     cancel = threading.Event()
     old = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:

@@ -12,6 +12,8 @@ computed is waited for (not computed twice), and the page fills in when it is th
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -67,7 +69,58 @@ def warm_up(wait_s: float = 60.0) -> None:
         pass
 
 
+PARENT_ENV = "WARMSCOPE_DASHBOARD_PARENT"  # set by `warmscope dashboard`: its process id
+STOP_GRACE_S = 3.0  # from Streamlit's stop (a SIGTERM) to the process's end, at most
+
+
+def die_with_parent() -> int | None:
+    """When started by `warmscope dashboard` (``PARENT_ENV``): end with it, even when it is
+    killed with SIGKILL (as ``subprocess.run(timeout=...)`` does), instead of listening on as an
+    orphan. On Linux the kernel sends SIGKILL at the parent's death (``PR_SET_PDEATHSIG``); the
+    watchdog of :func:`watch` covers the rest. Returns the parent's process id, or None."""
+    try:
+        parent = int(os.environ.get(PARENT_ENV, ""))
+    except ValueError:
+        return None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
+    return parent
+
+
+def watch(parent: int | None) -> None:
+    """A daemon thread's loop: end the process when its parent is gone, or when Streamlit was
+    asked to stop (SIGTERM, Ctrl-C) and has not ended ``STOP_GRACE_S`` later (a page still
+    computing, output that cannot be written: the main thread then never gets to exit)."""
+    stopping_since: float | None = None
+    while True:
+        time.sleep(0.25)
+        if parent is not None and os.getppid() != parent:
+            os._exit(0)
+        try:
+            from streamlit.runtime import Runtime, RuntimeState
+
+            stopping = Runtime.exists() and Runtime.instance().state in (
+                RuntimeState.STOPPING,
+                RuntimeState.STOPPED,
+            )
+        except Exception:
+            stopping = False
+        if stopping and stopping_since is None:
+            stopping_since = time.monotonic()
+        if stopping_since is not None and time.monotonic() - stopping_since > STOP_GRACE_S:
+            os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
+    parent = die_with_parent()
+    threading.Thread(target=watch, args=(parent,), name="warmscope-watchdog", daemon=True).start()
     threading.Thread(target=warm_up, name="warmscope-startup-warm-up", daemon=True).start()
     from streamlit.web import cli
 

@@ -327,7 +327,8 @@ class LLMRecorder(RequestReader):
                     "warmscope: a response carried no usage.prompt_tokens_details.cached_tokens; "
                     "start vLLM with --enable-prompt-tokens-details (SGLang reports it by default) "
                     'and, for streamed requests, send stream_options={"include_usage": true} '
-                    "(counted in warmscope's no_usage statistic; the request is not recorded)"
+                    "(counted in warmscope's no_usage statistic; such a request is recorded as "
+                    "unmeasured: its latency counts, no tokens or cache hits)"
                 )
             ctx = self._context(ex, None)
             self.agg.record_request(

@@ -143,6 +143,13 @@ class EmbeddedStore(StoreReader, StoreWriter):
                     .fetchone()
                 )
             except sqlite3.Error as e:
+                if "unable to open" in str(e) and not os.access(self.path.parent, os.W_OK):
+                    raise StoreError(
+                        f"cannot read embedded store {self.path} on a read-only file system or "
+                        f"directory ({e}): a store in WAL mode is read with its -shm file beside "
+                        "it; copy the store (with its -wal file) to a writable place and point "
+                        "WARMSCOPE_STORE there"
+                    ) from None
                 raise StoreError(
                     f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one"
                 ) from None

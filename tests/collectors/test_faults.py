@@ -425,3 +425,20 @@ def test_many_layers_never_wrap_into_another_scope(make_tel):
     scopes = {tel.aggregator.hot_scope(hk): set(sk) for hk, sk in hot.items()}
     assert scopes == {("t", "other"): {"hot"}, ("t", "L3"): {"cold"}}
     assert tel.aggregator.label_overflow()["layer"] == 4090
+
+
+def test_a_store_on_a_read_only_file_system_reaches_the_writer_and_loses_nothing(tmp_path):
+    # A fault that reaches SQLite's writer: the store's file system mounted read only (in a private mount
+    # namespace: chmod does not stop root, and a file system cannot turn read only under an open writer).
+    # The host never sees an exception; the failed writes are counted, the rows wait and land once the file
+    # system is writable again; a reader says what is wrong instead of "not a warmscope store".
+    from bench.bench_faults import run_readonly_fs_case
+
+    res = run_readonly_fs_case(str(tmp_path))
+    if "skipped" in res:
+        pytest.skip(res["skipped"])
+    assert res.get("host_exceptions") == "0/1", res
+    assert res["store_errors_while_read_only"] >= 1 and res["rows_kept_while_read_only"] == 1000
+    assert res["units_lost"] == 0 and res["dropped_counted"] == {}
+    assert res["reader_while_read_only"].startswith("cannot read embedded store") and "read-only" in \
+        res["reader_while_read_only"]

@@ -106,8 +106,8 @@ def test_a_retried_batch_counts_once_and_concurrent_writers_stay_exact(redis_clu
 
     # Interleaving: writer 2 changes unit u1 after writer 1 read it; writer 1's part is refused and re-read.
     class Slow(RedisSink):
-        def _hgetall_many(self, names):
-            got = super()._hgetall_many(names)
+        def _read_units(self, batch, tags):
+            got = super()._read_units(batch, tags)
             if not getattr(self, "_done", False):
                 self._done = True
                 other.write({"ab_units": [row]}, batch_id="other")

@@ -11,7 +11,8 @@ def test_every_named_operation_writes_a_code_the_script_applies():
     script_codes = set(re.findall(r"op == '(\w\w)'", rs._APPLY))
     assert set(rs.OPS) == script_codes
     args = {"name": "k", "field": "f", "n": 3, "x": 1.5, "value": "v", "member": "m", "seconds": 60,
-            "fields_and_values": ["a", "1.0"]}
+            "fields_and_values": ["a", "1.0"], "members": ["m"], "version": 1, "zeros": False, "row": 0,
+            "extra": ["a:lookups", 2]}
     for code, (method, _) in rs.OPS.items():
         if method is None:  # the script keeps it; nothing writes it now
             continue

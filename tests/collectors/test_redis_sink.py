@@ -133,3 +133,34 @@ def test_a_layout1_database_is_migrated_with_its_moments(redis_client):
     assert src.frame("warmup_runs")["run_id"].tolist() == ["run-1"]
     assert src.frame("warmed_keys")["key_hash"].tolist() == ["abcd"]
     assert set(M.COLUMNS) <= set(m.columns)
+
+
+def test_large_batches_in_slices_equal_the_embedded_store(make_tel, tmp_path, redis_server, redis_client):
+    # 4,600 units in the first flush: written in slices of hash tags, each computed while the one before is
+    # written; two more flushes add to the same units. Units (totals and layers) and moments equal the store's.
+    import numpy as np
+    import pandas as pd
+    from warmscope.collectors import redis_sink
+    from warmscope.sources import EmbeddedSource
+
+    from tests.collectors.test_redis_cluster import _traffic
+
+    assert 4600 // redis_sink._SLICE_UNITS >= redis_sink._SLICES  # the first batch goes out in slices
+    via_redis = make_tel(redis_url=redis_server.url, store_path=str(tmp_path / "a.sqlite"), side_flush_s=0,
+                         max_buffered_units=100_000)
+    via_store = make_tel(store_path=str(tmp_path / "b.sqlite"), side_flush_s=0, max_buffered_units=100_000)
+    for seed, now, (units, start) in ((1, 1000.0, (4600, 0)), (2, 2000.0, (300, 4500)), (3, 2900.0, (200, 0))):
+        for tel in (via_redis, via_store):
+            _traffic(tel, np.random.default_rng(seed), units, start)
+            tel.flush(now=now)
+    assert via_redis.pending_rows("redis") == 0 and via_redis.aggregator.errors.get("redis", 0) == 0
+    src, emb = RedisSource(redis_server.url), EmbeddedSource(str(tmp_path / "b.sqlite"))
+    cols = ["variant", "unit_hash"]
+    u_r = src.units("exp").sort_values(cols).reset_index(drop=True)
+    u_e = emb.units("exp").sort_values(cols).reset_index(drop=True)
+    assert len(u_r) == 4800 + 686  # sessions s0..s4799, and lookups-only units for u % 7 == 0
+    pd.testing.assert_frame_equal(u_r[u_e.columns], u_e, check_dtype=False, rtol=1e-12)
+    for (a, b), k in zip(zip(src.moments("exp"), emb.moments("exp"), strict=True),
+                         (["variant", "bucket"], ["variant", "bucket", "layer"]), strict=True):
+        pd.testing.assert_frame_equal(a.sort_values(k).reset_index(drop=True), b.sort_values(k).reset_index(drop=True),
+                                      check_dtype=False, rtol=1e-9)

@@ -1,10 +1,12 @@
-"""Issue 30 item 7: A/B unit records are handed to a healthy sink (a real
-redis-server) before their buffer's bound is reached, and drops are logged
-when they start."""
+"""A/B unit records: handed to a healthy sink (a real redis-server) before their
+buffer's bound is reached, drops logged when they start; under sustained load,
+Redis down and close, every record is delivered or counted, and a unit's rows
+are written together or not at all."""
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -73,3 +75,105 @@ def test_readme_retry_chunk_size_is_the_codes():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     sizes = {int(n.replace(",", "")) for n in re.findall(r"chunks\s+of\s+([\d,]+)\s+rows", readme)}
     assert sizes == {pipeline._CHUNK_ROWS}
+
+
+def test_every_record_is_delivered_or_counted_and_a_unit_stays_whole(redis_server, redis_client, caplog):
+    # Four threads create new A/B units (one lookup and one request each) as fast as they can against small
+    # bounds, so records are dropped at the record buffer and at the Redis backlog. Before: a full backlog kept
+    # a unit's lookup row and dropped its request row (half-written units), and close() lost rows uncounted.
+    # Now: created = delivered + counted, exactly, and no unit is half-written.
+    from warmscope.collectors import InstrumentedCache
+
+    cfg = CollectorConfig.load(env={}, exporter="none", redis_url=redis_server.url, key_secret="s",
+                               replica="r0", max_buffered_units=3000, max_pending_rows=5001,
+                               flush_interval_s=0.2)
+    tel = Telemetry(cfg, background=True)
+    cache = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
+    per_thread = 6000
+
+    def work(i: int) -> None:
+        for n in range(per_thread):
+            with request_context(tenant="t", unit=f"u{i}-{n}", experiment="e", variant="AB"[n % 2],
+                                 telemetry=tel):
+                cache.get(f"k{i}-{n}")  # a key read once is never a hot key: only unit records are rows here
+                tel.record_request(latency_s=0.01, ttft_s=0.005)
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    with caplog.at_level(logging.WARNING, logger="warmscope.collectors"):
+        tel.close(timeout=120)
+    dropped = tel.aggregator.dropped_counts()
+    req = lk = half = 0
+    for k in redis_client.scan_iter(match="ws:{ab:e:*}:u:*", count=5000):
+        a, b = redis_client.hmget(k, "requests", "prefix_kv:lookups")
+        req += a is not None
+        lk += b is not None
+        half += (a is None) != (b is None)
+    assert half == 0
+    assert req + lk + sum(dropped.values()) == 2 * 4 * per_thread
+    assert tel.pending_rows("redis") == 0
+    assert "NoneType" not in caplog.text and "close()" not in caplog.text
+
+
+def test_close_counts_and_logs_every_row_it_does_not_write(redis_server, redis_client, caplog):
+    # No time left at close: nothing is written, and the log says how many rows were dropped (before: "close()
+    # gave up after 0.0 s; unwritten rows are dropped (counted)", no number).
+    cfg = CollectorConfig.load(env={}, exporter="none", redis_url=redis_server.url, key_secret="s",
+                               replica="r0")
+    tel = Telemetry(cfg, background=False)
+    from warmscope.collectors import InstrumentedCache
+
+    cache = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
+    for n in range(300):
+        with request_context(unit=f"u{n}", experiment="e", variant="AB"[n % 2], telemetry=tel):
+            cache.get(f"k{n}")
+            tel.record_request(latency_s=0.01)
+    with caplog.at_level(logging.ERROR, logger="warmscope.collectors"):
+        tel.close(timeout=0.0)
+    assert tel.aggregator.dropped_counts() == {"redis": 600}
+    assert re.search(r"close\(\) (stopped writing after 0\.0 s|could not write everything): 600 rows not "
+                     r"written, counted as dropped in warmscope\.telemetry\.dropped \(redis 600\)", caplog.text)
+    assert not list(redis_client.scan_iter(match="ws:{ab:*", count=1000))
+
+
+def test_redis_down_under_load_drops_whole_units_and_counts_them(tmp_path):
+    # Redis is down while units keep coming: the backlog fills up and rows are dropped. Before: the backlog
+    # kept a unit's lookup row and dropped its request row (half-written units once Redis was back). Now a
+    # unit's rows are kept or dropped together, and delivered + counted = created.
+    from warmscope.collectors import InstrumentedCache
+
+    from tests.conftest import RedisServer
+
+    srv = RedisServer(tmp_path)
+    port = srv.port
+    cfg = CollectorConfig.load(env={}, exporter="none", redis_url=srv.url, key_secret="s", replica="r0",
+                               max_pending_rows=2_501, max_buffered_units=100_000)
+    tel = Telemetry(cfg, background=False)
+    cache = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
+    srv.stop()
+    made = 0
+    for _flush in range(6):  # six flushes of 1,000 units while Redis is down: 12,000 rows for 2,501 places
+        for _ in range(1000):
+            with request_context(unit=f"u{made}", experiment="e", variant="AB"[made % 2], telemetry=tel):
+                cache.get(f"k{made}")
+                tel.record_request(latency_s=0.01)
+            made += 1
+        tel.flush()
+    assert tel.pending_rows("redis") <= 2_501
+    srv2 = RedisServer(tmp_path, port=port)
+    try:
+        tel.close()
+        client = srv2.client()
+        req = lk = half = 0
+        for k in client.scan_iter(match="ws:{ab:e:*}:u:*", count=5000):
+            a, b = client.hmget(k, "requests", "prefix_kv:lookups")
+            req += a is not None
+            lk += b is not None
+            half += (a is None) != (b is None)
+        assert half == 0 and req > 0
+        assert req + lk + sum(tel.aggregator.dropped_counts().values()) == 2 * made
+    finally:
+        srv2.stop()
