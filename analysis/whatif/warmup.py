@@ -209,7 +209,7 @@ def warm_order(
             continue
         if b in chosen:
             continue
-        path = []
+        path: list[int] = []
         x = b
         while x and x not in chosen and len(path) <= len(parents):  # (a cycle: a bad trace)
             path.append(x)
@@ -235,7 +235,7 @@ def chains_of(
     for b in order:
         if b in has_child:
             continue
-        path = []
+        path: list[int] = []
         x = b
         while x and len(path) <= len(chosen):
             path.append(x)
@@ -274,7 +274,7 @@ def _chain_capped(sc: dict[int, float], parents: dict[int, int]) -> dict[int, fl
     for b in sc:
         if b in out:
             continue
-        stack = []
+        stack: list[int] = []
         x = b
         while x and x not in out and len(stack) <= len(sc):
             stack.append(x)
