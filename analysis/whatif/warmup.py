@@ -19,8 +19,11 @@ Strategies (``STRATEGIES``):
   the Pareto/NBD "alive" model (demand that ends at rate ``death``), and a block is warmed only
   when that chance is at least ``min_chance`` and its chain's earlier blocks are warmed too
   (a block's chance is at most its predecessor's): its budget is what the forecast supports;
-* ``oracle`` — the blocks actually read in the horizon after the restart, the most read first:
-  the bound no strategy can pass.
+* ``oracle`` — the blocks actually read in the horizon after the restart (ranked by how often
+  they are read there, or by how soon: the better of the two at each restart): the bound no
+  strategy can pass; it includes content nobody had sent before the restart;
+* ``oracle_seen`` — the same among blocks the trace showed before the restart: the bound for a
+  strategy that learns from traffic.
 
 A chosen block brings the blocks before it in its chain (a block is only ever hit after them);
 the budget counts them all. Scores per restart and horizon: cached prompt tokens of the requests
@@ -57,7 +60,8 @@ __all__ = [
     "read_chance",
 ]
 
-STRATEGIES = ("none", "static_topk", "recency", "heat", "predictive", "oracle")
+STRATEGIES = ("none", "static_topk", "recency", "heat", "predictive", "oracle_seen", "oracle")
+ORACLES = ("oracle_seen", "oracle")
 HORIZONS_S = (60.0, 300.0, 900.0)
 HISTORY_S = 3600.0  # what static top-K counts over
 RECENT_S = 600.0  # what confirms a rate (predictive)
@@ -145,14 +149,17 @@ class _History:
     parents: dict[int, int]
 
 
-def _history(f: _Flat, lo: int, hi: int) -> _History:
-    k, t = f.keys[lo:hi], f.t[lo:hi]
+def _history(f: _Flat, lo: int, hi: int, keep: np.ndarray | None = None) -> _History:
+    """The history of references [lo, hi) (``keep``: only those where it is true)."""
+    k, t, par = f.keys[lo:hi], f.t[lo:hi], f.parent[lo:hi]
+    if keep is not None:
+        k, t, par = k[keep], t[keep], par[keep]
     uniq, inv = np.unique(k, return_inverse=True)
     last = np.full(len(uniq), -np.inf)
     np.maximum.at(last, inv, t)
     first = np.full(len(uniq), np.inf)
     np.minimum.at(first, inv, t)
-    parents = dict(zip(k.tolist(), f.parent[lo:hi].tolist(), strict=True))
+    parents = dict(zip(k.tolist(), par.tolist(), strict=True))
     return _History(uniq, np.bincount(inv, minlength=len(uniq)), last, first, t, inv, parents)
 
 
@@ -164,6 +171,9 @@ def _scores(hist: _History, now: float, strategy: str, horizon: float, lam: floa
     if strategy in ("static_topk", "oracle"):
         out: np.ndarray = hist.count + hist.last * 1e-12  # ties: the more recent
         return out
+    if strategy == "oracle_first":  # the future's blocks, the soonest read first
+        soon: np.ndarray = -hist.first
+        return soon
     if strategy == "heat":
         w = np.exp(-lam * (now - hist.times))
         heat: np.ndarray = np.bincount(hist.inv, weights=w, minlength=len(hist.uniq))
@@ -296,8 +306,10 @@ class Cell:
     horizon_s: float
     gain_tokens: float  # mean cached tokens gained over none, per restart
     gain_ci: tuple[float, float]
-    oracle_share: float  # mean gain / the oracle's mean gain
+    oracle_share: float  # mean gain / the oracle's mean gain (every block the horizon reads)
     oracle_share_ci: tuple[float, float]
+    seen_share: float  # mean gain / the seen oracle's (blocks the trace showed before)
+    seen_share_ci: tuple[float, float]
     hit_rate: float  # token hit rate of the requests within the horizon
     precision: float  # share of warmed blocks hit within the horizon
     warm_blocks: float  # mean blocks warmed (the warm-up's own prefill, in blocks)
@@ -312,6 +324,8 @@ class Cell:
             "gain_ci": list(self.gain_ci),
             "oracle_share": self.oracle_share,
             "oracle_share_ci": list(self.oracle_share_ci),
+            "seen_oracle_share": self.seen_share,
+            "seen_oracle_share_ci": list(self.seen_share_ci),
             "hit_rate": self.hit_rate,
             "precision": self.precision,
             "warm_blocks": self.warm_blocks,
@@ -342,7 +356,7 @@ class Evaluation:
         """The strategy and budget with the largest gain at ``horizon`` (default the longest),
         the oracle left out."""
         h = horizon if horizon is not None else max(self.horizons)
-        cands = [c for c in self.cells if c.horizon_s == h and c.strategy not in ("none", "oracle")]
+        cands = [c for c in self.cells if c.horizon_s == h and c.strategy not in ("none", *ORACLES)]
         return max(cands, key=lambda c: c.gain_tokens)
 
     def as_dict(self) -> dict[str, Any]:
@@ -424,24 +438,36 @@ def evaluate(
     for now in times:
         lo = int(np.searchsorted(f.t, now - HISTORY_S, side="left"))
         hi = int(np.searchsorted(f.t, now, side="left"))
-        fut_hi = int(np.searchsorted(f.t, now + H, side="right"))
         first = int(np.searchsorted(trace.t, now, side="left"))
         last = int(np.searchsorted(trace.t, now + H, side="right"))
         window = np.arange(first, last)
-        past, future = _history(f, lo, hi), _history(f, hi, fut_hi)
+        past = _history(f, lo, hi)
         for s in strategies:
-            hist = future if s == "oracle" else past
-            order, value = warm_order(hist, now, s, kmax, H, lam, min_chance)
+            if s in ORACLES:
+                if s == ORACLES[0] or ORACLES[0] not in strategies:
+                    _oracle(
+                        trace,
+                        f,
+                        now,
+                        hi,
+                        window,
+                        ks,
+                        horizons,
+                        capacity,
+                        got,
+                        [x for x in ORACLES if x in strategies],
+                    )
+                done += len(ks)
+                if progress is not None:
+                    progress(done, total)
+                continue
+            order, value = warm_order(past, now, s, kmax, H, lam, min_chance)
             for k in ks:
-                chains = chains_of(order[:k], hist.parents, value)
+                chains = chains_of(order[:k], past.parents, value)
                 hits, warmed = _replay_window(trace, window, chains, capacity)
                 for h in horizons:
-                    m = trace.t[window] <= now + h
-                    cached = float((hits[m] * B).sum())
-                    prompt = float(trace.prompt[window][m].sum())
-                    prec = _precision(trace, window[m], hits[m], warmed)
                     got.setdefault((s, k, h), []).append(
-                        (cached, prompt, prec, float(len(warmed)), float(m.sum()))
+                        _score(trace, window, hits, warmed, now + h)
                     )
                 done += 1
                 if progress is not None:
@@ -454,14 +480,8 @@ def evaluate(
         ev.per_restart[(s, k, h)] = d
         n = len(d)
         half = _t975(n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
-        o = np.array(got[("oracle", k, h)])[:, 0] - base[:, 0] if ("oracle", k, h) in got else None
-        share, share_ci = math.nan, (math.nan, math.nan)
-        if o is not None and o.mean() > 0:
-            share = float(d.mean() / o.mean())
-            idx = rng.integers(0, n, size=(2000, n))
-            om = o[idx].mean(axis=1)
-            boots = d[idx].mean(axis=1) / np.where(om > 0, om, np.nan)
-            share_ci = (float(np.nanpercentile(boots, 2.5)), float(np.nanpercentile(boots, 97.5)))
+        share, share_ci = _share(d, got, "oracle", k, h, base, rng)
+        seen, seen_ci = _share(d, got, "oracle_seen", k, h, base, rng)
         nwarm = a[:, 3]
         ev.cells.append(
             Cell(
@@ -472,6 +492,8 @@ def evaluate(
                 (float(d.mean()) - half, float(d.mean()) + half),
                 share,
                 share_ci,
+                seen,
+                seen_ci,
                 float(a[:, 0].sum() / max(a[:, 1].sum(), 1.0)),
                 float(np.nansum(a[:, 2] * nwarm) / nwarm.sum()) if nwarm.sum() else math.nan,
                 float(nwarm.mean()),
@@ -479,6 +501,79 @@ def evaluate(
             )
         )
     return ev
+
+
+def _share(
+    d: np.ndarray,
+    got: dict[tuple[str, int, float], list[tuple[float, float, float, float, float]]],
+    oracle: str,
+    k: int,
+    h: float,
+    base: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[float, tuple[float, float]]:
+    """The mean gain ``d`` as a share of an oracle's, with a percentile bootstrap interval over
+    the restarts (the pairs resampled together)."""
+    if (oracle, k, h) not in got:
+        return math.nan, (math.nan, math.nan)
+    o = np.array(got[(oracle, k, h)])[:, 0] - base[:, 0]
+    if o.mean() <= 0:
+        return math.nan, (math.nan, math.nan)
+    n = len(d)
+    idx = rng.integers(0, n, size=(2000, n))
+    om = o[idx].mean(axis=1)
+    boots = d[idx].mean(axis=1) / np.where(om > 0, om, np.nan)
+    ci = (float(np.nanpercentile(boots, 2.5)), float(np.nanpercentile(boots, 97.5)))
+    return float(d.mean() / o.mean()), ci
+
+
+def _score(
+    trace: BlockTrace, window: np.ndarray, hits: np.ndarray, warmed: set[int], until: float
+) -> tuple[float, float, float, float, float]:
+    """(cached tokens, prompt tokens, precision, blocks warmed, requests) of the window's
+    requests up to ``until``."""
+    m = trace.t[window] <= until
+    cached = float((hits[m] * trace.block_size).sum())
+    prompt = float(trace.prompt[window][m].sum())
+    prec = _precision(trace, window[m], hits[m], warmed)
+    return cached, prompt, prec, float(len(warmed)), float(m.sum())
+
+
+def _oracle(
+    trace: BlockTrace,
+    f: _Flat,
+    now: float,
+    hi: int,
+    window: np.ndarray,
+    ks: Sequence[int],
+    horizons: Sequence[float],
+    capacity: int,
+    got: dict[tuple[str, int, float], list[tuple[float, float, float, float, float]]],
+    strategies: Sequence[str] = ORACLES,
+) -> None:
+    """The clairvoyant references: for each horizon, the blocks read within it — ranked by how
+    often they are read there, or by how soon (the better of the two for this restart).
+    ``oracle``: every such block, new content included (the bound no strategy can pass);
+    ``oracle_seen``: only blocks the trace showed before the restart (the bound for a strategy
+    that learns from traffic)."""
+    seen = np.unique(f.keys[:hi])
+    for h in horizons:
+        end = int(np.searchsorted(f.t, now + h, side="right"))
+        for name, keep in (("oracle", None), ("oracle_seen", np.isin(f.keys[hi:end], seen))):
+            if name not in strategies:
+                continue
+            fut = _history(f, hi, end, keep)
+            best: dict[int, tuple[float, float, float, float, float]] = {}
+            for how in ("oracle", "oracle_first"):
+                order, value = warm_order(fut, now, how, max(ks), h)
+                for k in ks:
+                    chains = chains_of(order[:k], fut.parents, value)
+                    hits, warmed = _replay_window(trace, window, chains, capacity)
+                    sc = _score(trace, window, hits, warmed, now + h)
+                    if k not in best or sc[0] > best[k][0]:
+                        best[k] = sc
+            for k in ks:
+                got.setdefault((name, k, h), []).append(best[k])
 
 
 def _replay_window(
@@ -558,6 +653,8 @@ class Recommendation:
     net_ci: tuple[float, float]
     oracle_share: float
     oracle_share_ci: tuple[float, float]
+    seen_share: float
+    seen_share_ci: tuple[float, float]
     requests: float  # requests within the horizon per restart
     per_token_s: float = math.nan  # what a missed token costs (NaN: not priced)
     restarts_per_hour: float = math.nan
@@ -587,6 +684,8 @@ class Recommendation:
             "net_tokens_ci": list(self.net_ci),
             "share_of_the_oracle": self.oracle_share,
             "share_of_the_oracle_ci": list(self.oracle_share_ci),
+            "share_of_the_seen_oracle": self.seen_share,
+            "share_of_the_seen_oracle_ci": list(self.seen_share_ci),
             "ttft_saved_s_per_request": None
             if math.isnan(self.per_token_s)
             else self.ttft_saved_s_per_request,
@@ -624,7 +723,7 @@ def recommend(
     h = horizon if horizon is not None else max(ev.horizons)
     best: tuple[float, str, int] | None = None
     for c in ev.cells:
-        if c.horizon_s != h or c.strategy == "oracle":
+        if c.horizon_s != h or c.strategy in ORACLES:
             continue
         val = c.gain_tokens if objective == "ttft" else _net(ev, c.strategy, c.k, h)[0]
         if best is None or val > best[0] + 1e-9:
@@ -645,11 +744,13 @@ def recommend(
         net_ci,
         c.oracle_share,
         c.oracle_share_ci,
+        c.seen_share,
+        c.seen_share_ci,
         c.requests,
         per_token_s,
         restarts_per_hour,
     )
-    others = [x for x in ev.cells if x.horizon_s == h and x.strategy not in ("none", "oracle")]
+    others = [x for x in ev.cells if x.horizon_s == h and x.strategy not in ("none", *ORACLES)]
     if s != "none":
         rivals = [x for x in others if x.strategy != s]
         if rivals:
@@ -739,3 +840,31 @@ def advise(
             else "; a larger one might save more"
         )
     return ev, rec
+
+
+def reuse_profile(trace: BlockTrace) -> dict[str, float]:
+    """The trace's reuse structure, which decides what a warm-up can buy: how long after its
+    previous read a block is read again (the shares within 1, 5, 15 and 60 minutes, of every
+    read that is not a block's first), how concentrated the reads are (the share the 1 % and
+    the 10 % most read blocks take), and the share of reads that are a block's first."""
+    f = _flat(trace)
+    if not len(f.keys):
+        return {}
+    order = np.lexsort((f.t, f.keys))
+    k, t = f.keys[order], f.t[order]
+    same = np.r_[False, k[1:] == k[:-1]]
+    gaps = (t[1:] - t[:-1])[same[1:]]
+    _, counts = np.unique(f.keys, return_counts=True)
+    counts = np.sort(counts)[::-1]
+    total = float(counts.sum())
+    n = len(counts)
+    out = {
+        "block_reads": total,
+        "distinct_blocks": float(n),
+        "first_reads": float(n) / total,
+        "top_1pct_share": float(counts[: max(1, n // 100)].sum()) / total,
+        "top_10pct_share": float(counts[: max(1, n // 10)].sum()) / total,
+    }
+    for label, s in (("1min", 60.0), ("5min", 300.0), ("15min", 900.0), ("60min", 3600.0)):
+        out[f"reread_within_{label}"] = float(np.mean(gaps <= s)) if len(gaps) else math.nan
+    return out

@@ -306,14 +306,15 @@ def render_advice(ev: Any, rec: Any) -> str:
         f"{max(hs) / 60:.0f} min of traffic was replayed (the same restarts and traffic for all)",
         "",
         "Prefill tokens saved per restart over no warm-up (95 % CI), and the share of the "
-        "oracle's gain (what knowing the next minutes would save)",
+        "seen oracle's gain (what knowing the next minutes would save, among blocks the trace "
+        "had shown before the restart; the oracle knows new content too)",
     ]
     head = f"{'K':>7}  {'strategy':<12}" + "".join(f"{f'within {h / 60:g} min':>34}" for h in hs)
-    head += f"{'oracle share':>22}{'precision':>11}"
+    head += f"{'seen-oracle share':>22}{'precision':>11}"
     lines += [head, "-" * len(head)]
     hmax = max(hs)
     for k in ev.ks:
-        for s in ("static_topk", "recency", "heat", "predictive", "oracle"):
+        for s in ("static_topk", "recency", "heat", "predictive", "oracle_seen", "oracle"):
             try:
                 cells = [ev.cell(s, k, h) for h in hs]
             except KeyError:
@@ -324,10 +325,10 @@ def render_advice(ev: Any, rec: Any) -> str:
                     f"{f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>30}"
                 )
             last = ev.cell(s, k, hmax)
-            lo_s, hi_s = last.oracle_share_ci
+            lo_s, hi_s = last.seen_share_ci
             share = (
-                f"{last.oracle_share:.0%} ({lo_s:.0%}-{hi_s:.0%})"
-                if last.oracle_share == last.oracle_share
+                f"{last.seen_share:.0%} ({lo_s:.0%}-{hi_s:.0%})"
+                if last.seen_share == last.seen_share
                 else "—"
             )
             prec = f"{last.precision:.0%}" if last.precision == last.precision else "—"
@@ -342,7 +343,9 @@ def render_advice(ev: Any, rec: Any) -> str:
             f"  {rec.strategy}, K = {rec.k:,} blocks ({rec.k * ev.block_size:,} tokens): "
             f"{rec.gain_tokens:+,.0f} prefill tokens saved per restart in the "
             f"{rec.horizon_s / 60:.0f} min after it (95 % CI {rec.gain_ci[0]:+,.0f} to "
-            f"{rec.gain_ci[1]:+,.0f}), {rec.oracle_share:.0%} of the oracle's gain"
+            f"{rec.gain_ci[1]:+,.0f}); {rec.seen_share:.0%} of the seen oracle's gain "
+            f"({rec.seen_share_ci[0]:.0%}-{rec.seen_share_ci[1]:.0%}), {rec.oracle_share:.0%} of "
+            "the oracle's (which also knows content nobody had sent yet)"
         )
         lines.append(
             f"  the warm-up computes {rec.warm_tokens:,.0f} tokens itself: net "
