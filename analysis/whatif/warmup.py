@@ -559,11 +559,11 @@ def _oracle(
     seen = np.unique(f.keys[:hi])
     for h in horizons:
         end = int(np.searchsorted(f.t, now + h, side="right"))
-        for name, keep in (("oracle", None), ("oracle_seen", np.isin(f.keys[hi:end], seen))):
-            if name not in strategies:
-                continue
+        found: dict[str, dict[int, tuple[float, float, float, float, float]]] = {}
+        # the seen oracle first: the full one may take its sets too (they are clairvoyant)
+        for name, keep in (("oracle_seen", np.isin(f.keys[hi:end], seen)), ("oracle", None)):
             fut = _history(f, hi, end, keep)
-            best: dict[int, tuple[float, float, float, float, float]] = {}
+            best = dict(found.get("oracle_seen", {}))
             for how in ("oracle", "oracle_first"):
                 order, value = warm_order(fut, now, how, max(ks), h)
                 for k in ks:
@@ -572,8 +572,10 @@ def _oracle(
                     sc = _score(trace, window, hits, warmed, now + h)
                     if k not in best or sc[0] > best[k][0]:
                         best[k] = sc
+            found[name] = best
+        for name in strategies:
             for k in ks:
-                got.setdefault((name, k, h), []).append(best[k])
+                got.setdefault((name, k, h), []).append(found[name][k])
 
 
 def _replay_window(
