@@ -246,6 +246,13 @@ class TraceBuilder:
         self._cls.extend([UNJUDGED] * n if cls is None else cls)
         self._offsets.append(self._offsets[-1] + n)
 
+    def declare(self, kind: str, names: Sequence[str]) -> None:
+        """Number ``names`` of ``kind`` (tenant, engine, salt) in this order, before any request
+        names them: a rebuilt trace keeps its codes."""
+        for name in names:
+            if name or kind == "engine":
+                self._code(kind, name)
+
     def restart(self, t: float, engine: str) -> None:
         self.restarts.append((float(t), self._code("engine", engine)))
 

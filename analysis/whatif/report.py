@@ -109,6 +109,10 @@ def whatif(
     r = rate if rate is not None else (1.0 if trace.n_blocks <= EXACT_LIMIT else SAMPLE_RATE)
     lru = lru_curve(trace, rate=r, today=capacity)
     tick()
+    if warm is None and trace.restarts:
+        from .warmup import warm_plan
+
+        warm = warm_plan()
     table = fixes(trace, capacity, engines=engines, concurrent=concurrent, unsalt=unsalt, warm=warm)
     tick()
     v = None

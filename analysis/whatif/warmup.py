@@ -870,3 +870,62 @@ def reuse_profile(trace: BlockTrace) -> dict[str, float]:
     for label, s in (("1min", 60.0), ("5min", 300.0), ("15min", 900.0), ("60min", 3600.0)):
         out[f"reread_within_{label}"] = float(np.mean(gaps <= s)) if len(gaps) else math.nan
     return out
+
+
+def warm_plan(
+    strategy: str = "heat", k: int | None = None, slo_ms: float = DEFAULT_SLO_MS
+) -> Callable[[BlockTrace], tuple[BlockTrace, np.ndarray, str]]:
+    """A warm-up plan for :func:`.fixes.fixes`: at each restart the trace records, ``strategy``
+    chooses up to ``k`` blocks (default: half the blocks a request of the trace holds at most,
+    times 16) from the restarted engine's hour before, and warm-up requests that compute them
+    are inserted at the restart, routed to that engine. Returns (the trace with them, the mask
+    of warm-up requests, a sentence saying what was warmed)."""
+
+    def plan(trace: BlockTrace) -> tuple[BlockTrace, np.ndarray, str]:
+        from warmscope.model.blocktrace import TraceBuilder
+
+        f = _flat(trace)
+        lam = slo_lambda(slo_ms)
+        budget = k if k is not None else int(16 * np.diff(trace.offsets).max())
+        inserts: list[tuple[float, int, list[list[int]]]] = []
+        for t, e in sorted(trace.restarts):
+            lo = int(np.searchsorted(f.t, t - HISTORY_S, side="left"))
+            hi = int(np.searchsorted(f.t, t, side="left"))
+            on_e = trace.engine[f.req[lo:hi]] == e
+            hist = _history(f, lo, hi, on_e)
+            order, value = warm_order(hist, t, strategy, budget, 900.0, lam)
+            inserts.append((t, e, chains_of(order, hist.parents, value)))
+        B = trace.block_size
+        tb = TraceBuilder(B, trace.source)
+        tb.declare("engine", trace.engines)  # the codes as in the trace
+        tb.declare("tenant", trace.tenants)
+        warm: list[bool] = []
+        j = 0
+        for i in range(len(trace)):
+            while j < len(inserts) and inserts[j][0] <= trace.t[i]:
+                t, e, chains = inserts[j]
+                for c in chains:
+                    tb.add(t, len(c) * B, 1, c, engine=trace.engines[e])
+                    warm.append(True)
+                j += 1
+            lo, hi = int(trace.offsets[i]), int(trace.offsets[i + 1])
+            tb.add(
+                float(trace.t[i]),
+                int(trace.prompt[i]),
+                int(trace.output[i]),
+                trace.h[lo:hi].tolist(),
+                t_end=float(trace.t_end[i]),
+                engine=trace.engines[trace.engine[i]] if trace.engine[i] >= 0 else None,
+                tenant=trace.tenants[trace.tenant[i]] or None,
+                full=int(trace.full[i]),
+            )
+            warm.append(False)
+        out = tb.build()
+        n_blocks = sum(len(c) for _, _, cs in inserts for c in cs)
+        what = (
+            f"{strategy} warm sets of up to {budget:,} blocks at each of the "
+            f"{len(inserts)} restarts ({n_blocks / max(len(inserts), 1):,.0f} blocks on average)"
+        )
+        return out, np.array(warm, bool), what
+
+    return plan
