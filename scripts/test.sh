@@ -10,13 +10,22 @@
 # Every test that needs no external service and is not slow (markers in pyproject.toml): no
 # redis-server, prometheus/promtool/victoria-metrics, vLLM or Chromium is installed or started.
 # About 4½ minutes on two idle cores; lint is scripts/lint.sh.
+#
+# Both run the tests on one worker per core (pytest-xdist; WARMSCOPE_TEST_WORKERS=N sets the
+# number, 0 runs them in this process): the engine tests share one worker and its vLLM engines,
+# a module whose tests share a fixture runs on one worker (tests/conftest.py). The ten slowest
+# tests and the time per marker are printed at the end.
 QUICK="not engine and not redis and not prometheus and not browser and not slow"
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
+WORKERS="${WARMSCOPE_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+[ "$WORKERS" -gt 4 ] && WORKERS=4
+[ "$WORKERS" -le 1 ] && WORKERS=0
+PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 if [ "${1:-}" = "--quick" ]; then
   shift
-  log "quick path: -m \"$QUICK\""
-  exec .venv/bin/python -m pytest -p no:cacheprovider -m "$QUICK" "$@"
+  log "quick path: -m \"$QUICK\" on $WORKERS workers"
+  exec .venv/bin/python -m pytest -p no:cacheprovider "${PARALLEL[@]}" -m "$QUICK" "$@"
 fi
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
@@ -25,5 +34,5 @@ ensure_cmd victoria-metrics victoria-metrics   # the long-term PromQL store behi
 log "vLLM (CPU build) for the real-engine tests: installed once into ~/.cache/warmscope"
 .venv/bin/python -m warmscope.simulator.real_engine install
 bash "$ROOT/scripts/lint.sh"  # ruff and mypy --strict first: a finding fails the run
-log "running tests"
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+log "running tests on $WORKERS workers"
+exec .venv/bin/python -m pytest -p no:cacheprovider "${PARALLEL[@]}" "$@"

@@ -256,6 +256,7 @@ class VLLMEngine:
         kv_replay_endpoint: str | None = None,
         num_gpu_blocks_override: int | None = None,
         kv_cache_metrics: bool = False,
+        dev_endpoints: bool = False,
     ) -> None:
         self.port = port or free_port()
         # KV-cache events (collectors/kv): the engine's PUB socket connects to
@@ -265,6 +266,9 @@ class VLLMEngine:
         self.kv_replay_endpoint = kv_replay_endpoint
         self.num_gpu_blocks_override = num_gpu_blocks_override  # a small cache forces evictions
         self.kv_cache_metrics = kv_cache_metrics  # vllm:kv_block_* histograms
+        # vLLM's development endpoints (POST /reset_prefix_cache): an engine shared by several
+        # users (the test suite's pool) empties its prefix cache between them.
+        self.dev_endpoints = dev_endpoints
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.startup_timeout_s = startup_timeout_s
@@ -351,6 +355,8 @@ class VLLMEngine:
             VLLM_CACHE_ROOT=str(self.run_dir / "vllm-cache"),
             TMPDIR=str(self.run_dir),
         )
+        if self.dev_endpoints:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         logf = open(self.run_dir / "engine.log", "wb")
         t0 = time.monotonic()
         self.log(f"starting vLLM on {self.url} (log: {self.run_dir / 'engine.log'})")
@@ -395,6 +401,27 @@ class VLLMEngine:
             f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s:\n"
             + self.log_tail()
         )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> None:
+        """Empty the engine's prefix cache (needs ``dev_endpoints``); the counters on /metrics
+        keep counting. vLLM refuses while blocks are held by running requests: retried until
+        ``timeout_s``."""
+        deadline, last = time.monotonic() + timeout_s, "no answer"
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    if json.loads(r.read() or b"{}").get("success", r.status == 200):
+                        return
+                    last = "success=false (blocks still held)"
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                last = str(e)
+            time.sleep(0.5)
+        raise EngineError(f"vLLM on {self.url} did not reset its prefix cache: {last}")
 
     def log_tail(self, n: int = 25) -> str:
         if self.run_dir is None or not (self.run_dir / "engine.log").exists():

@@ -26,10 +26,39 @@ from warmscope.collectors.pipeline import Telemetry
 CI = os.environ.get("CI", "").lower() == "true"
 
 
+# Ports: each pytest-xdist worker (PYTEST_XDIST_WORKER=gw0, gw1, ...) hands out ports from its own
+# slice of 12000-31999 (below the kernel's ephemeral range, where outgoing connections and
+# bind(0) take theirs), one after the other, so two workers never pick the same port between
+# choosing it and binding it; the start within the slice depends on the process id, so two
+# sessions on one machine start apart. Any port that cannot be bound is passed over.
+_PORTS_LO, _PORTS_HI, _PORT_SLICES = 12000, 32000, 8
+
+
+def _port_slice() -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    i = int(worker[2:]) % _PORT_SLICES if worker[2:].isdigit() else 0
+    width = (_PORTS_HI - _PORTS_LO) // _PORT_SLICES
+    return _PORTS_LO + i * width, _PORTS_LO + (i + 1) * width
+
+
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    lo, hi = _port_slice()
+    width = hi - lo
+    if not _next_port[0]:
+        _next_port[0] = os.getpid() * 7919 % width
+    for _ in range(width):
+        port = lo + _next_port[0] % width
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free 127.0.0.1 port in {lo}-{hi - 1}")
 
 
 # The marker a test needs to start each binary: the quick path (scripts/test.sh --quick) leaves
@@ -57,6 +86,71 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture in set(item.fixturenames) & FIXTURE_MARKER.keys():
             item.add_marker(FIXTURE_MARKER[fixture])
+    _schedule(items)
+
+
+# --- parallel runs (pytest-xdist, scripts/test.sh: -n N --dist loadgroup --no-loadscope-reorder) ---
+# Work goes to the workers in groups: every engine test in one group (one worker, one pool of
+# engines for the session: vllm_engines), every module whose tests share a module- or
+# class-scoped fixture (a simulated store, a served dashboard, a live Prometheus) in a group of
+# its own, so each such fixture is built once; every other test alone. Groups are handed out in
+# the order below, the longest first, so that no long group starts last.
+
+
+def _group(item) -> tuple[int, str | None]:
+    """(rank, group): lower ranks are handed out first; group None runs the test alone."""
+    if item.get_closest_marker("engine"):
+        return 0, "engine"
+    defs = getattr(item, "_fixtureinfo", None)
+    shared = defs is not None and any(
+        fd.scope in ("module", "class", "package")
+        for name in item.fixturenames
+        for fd in defs.name2fixturedefs.get(name, ())
+        if fd.baseid  # fixtures of the project's test files, not pytest's own
+    )
+    heavy = any(item.get_closest_marker(m) for m in ("browser", "prometheus", "slow", "redis"))
+    rank = (1 if heavy else 2) if shared else (3 if heavy else 4)
+    return rank, item.module.__name__ if shared else None
+
+
+def _schedule(items) -> None:
+    ranked = []
+    for i, item in enumerate(items):
+        rank, group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        ranked.append((rank, i, item))
+    # a stable sort: within a rank, collection order (a module's tests stay together)
+    items[:] = [item for _, _, item in sorted(ranked, key=lambda r: (r[0], r[1]))]
+
+
+# --- where the time goes: printed at the end of every run --------------------------------------
+
+_times: dict[str, float] = {}
+_marks: dict[str, set[str]] = {}
+_SUMMARY_MARKERS = ("engine", "browser", "prometheus", "redis", "slow")
+
+
+def pytest_runtest_logreport(report):
+    _times[report.nodeid] = _times.get(report.nodeid, 0.0) + report.duration
+    _marks.setdefault(report.nodeid, {m for m in _SUMMARY_MARKERS if m in report.keywords})
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _times or hasattr(config, "workerinput"):
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "ten slowest tests (setup + call + teardown)")
+    for nodeid, t in sorted(_times.items(), key=lambda kv: -kv[1])[:10]:
+        tr.write_line(f"{t:8.1f}s  {nodeid}")
+    per: dict[str, list[float]] = {}
+    for nodeid, t in _times.items():
+        key = next((m for m in _SUMMARY_MARKERS if m in _marks.get(nodeid, ())), "unmarked")
+        per.setdefault(key, []).append(t)
+    tr.write_line(
+        "test time by marker (first of engine, browser, prometheus, redis, slow): "
+        + ", ".join(f"{k} {sum(v):.0f}s/{len(v)}" for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])))
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -205,22 +299,34 @@ def make_tel(tmp_path):
         t.close()
 
 
-# --- a real vLLM engine on the CPU (warmscope.simulator.real_engine) ---------
+# --- real vLLM engines on the CPU (warmscope.simulator.real_engine), shared by the session ------
 
-@pytest.fixture(scope="session")
-def vllm_engines():
-    """Factory: ``vllm_engines(n)`` starts n vLLM engines (concurrently) with the
-    tiny model on free loopback ports and returns them; every engine started is
-    stopped, with its process group and run folder, at the end of the session.
-    A vLLM that cannot be installed or started skips the test, and fails it
-    under CI=true."""
-    from concurrent.futures import ThreadPoolExecutor
 
-    from warmscope.simulator import real_engine as re_
+class EnginePool:
+    """vLLM engines shared by the session's tests, kept by configuration.
 
-    started: list = []
+    ``pool(n, **config)`` returns n running engines started with ``VLLMEngine(**config)``: the ones
+    a test asked for before with the same configuration, and new ones (started concurrently) for
+    the rest. So "a pair of engines with 96 blocks" (``pool(2, num_gpu_blocks_override=96)``) is
+    started once and handed to every test that asks for it. Each engine handed out has an empty
+    prefix cache (``fresh``; vLLM's /reset_prefix_cache): the same hits and misses as a freshly
+    started engine; its /metrics counters go on counting, so tests compare before/after. A test
+    may stop an engine (the pool starts another the next time). At most ``max_live`` engines run
+    at once: starting more stops the engines of the configurations asked for least recently.
+    Every engine is stopped, with its process group and run folder, at the end of the session."""
 
-    def start(n: int = 1, **kw):
+    def __init__(self, max_live: int = 4) -> None:
+        self.max_live = max_live
+        self.by_config: dict[tuple, list] = {}
+        self.used: dict[tuple, int] = {}  # configuration -> when it was last asked for
+        self.asked = 0
+        self.starts = 0  # engines started (for the session's summary)
+
+    def __call__(self, n: int = 1, *, fresh: bool = True, **config):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from warmscope.simulator import real_engine as re_
+
         try:
             re_.ensure_installed()
             re_.model_dir()
@@ -229,18 +335,54 @@ def vllm_engines():
             if CI:
                 pytest.fail(msg + " — required under CI=true", pytrace=False)
             pytest.skip(msg)
-        engines = [re_.VLLMEngine(**kw) for _ in range(n)]
-        started.extend(engines)
-        with ThreadPoolExecutor(n) as ex:
-            errors = [f.exception() for f in [ex.submit(e.start) for e in engines]]
-        bad = [e for e in errors if e is not None]
-        if bad:
-            pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
+        key = tuple(sorted(config.items()))
+        self.asked += 1
+        self.used[key] = self.asked
+        live = [e for e in self.by_config.get(key, []) if e.running]
+        self.by_config[key] = live
+        need = max(0, n - len(live))
+        self._make_room(need, keep=key)
+        new = [re_.VLLMEngine(dev_endpoints=True, **config) for _ in range(need)]
+        live.extend(new)
+        self.starts += need
+        if new:
+            with ThreadPoolExecutor(len(new)) as ex:
+                errors = [f.exception() for f in [ex.submit(e.start) for e in new]]
+            bad = [e for e in errors if e is not None]
+            if bad:
+                pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
+        engines = live[:n]
+        if fresh:
+            for e in engines:
+                if e not in new:
+                    e.reset_prefix_cache()
         return engines
 
-    yield start
-    for e in started:
-        e.stop()
+    def _make_room(self, need: int, keep: tuple) -> None:
+        for key in sorted(self.by_config, key=lambda k: self.used.get(k, 0)):
+            running = sum(e.running for es in self.by_config.values() for e in es)
+            if running + need <= self.max_live:
+                return
+            if key != keep:
+                for e in self.by_config.pop(key):
+                    e.stop()
+
+    def stop(self) -> None:
+        for engines in self.by_config.values():
+            for e in engines:
+                e.stop()
+        self.by_config.clear()
+
+
+@pytest.fixture(scope="session")
+def vllm_engines():
+    """The session's :class:`EnginePool`: ``vllm_engines(n, **config)`` returns n running engines
+    with that configuration (``VLLMEngine``'s keyword arguments), started once and shared, each
+    with an empty prefix cache. A vLLM that cannot be installed or started skips the test, and
+    fails it under CI=true."""
+    pool = EnginePool()
+    yield pool
+    pool.stop()
 
 
 @pytest.fixture(scope="session")
