@@ -434,7 +434,8 @@ class VLLMEngine:
         if openmetrics:
             req.add_header("Accept", "application/openmetrics-text; version=1.0.0; charset=utf-8")
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.read().decode()
+            text: str = r.read().decode()
+            return text
 
     def counters(self) -> dict[str, float]:
         """The engine's own prefix-cache counters (tokens), summed over its label sets."""
@@ -454,7 +455,7 @@ class VLLMEngine:
 
     def chat(
         self, messages: list[dict[str, str]], max_tokens: int = 1, timeout: float = 60.0
-    ) -> dict:
+    ) -> dict[str, object]:
         body = json.dumps(
             {
                 "model": SERVED_MODEL,
@@ -469,7 +470,8 @@ class VLLMEngine:
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+            answer: dict[str, object] = json.loads(r.read())
+            return answer
 
     def stop(self, keep_log: bool = False) -> None:
         proc, self.proc = self.proc, None
