@@ -8,11 +8,14 @@ a binary is missing, tests that need it are skipped on a developer machine and
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -297,6 +300,80 @@ def make_tel(tmp_path):
     yield make
     for t in made:
         t.close()
+
+
+# --- simulated stores, built once per code version ----------------------------------------------
+
+STORE_CACHE = Path(os.environ.get("WARMSCOPE_TEST_STORES", Path.home() / ".cache" / "warmscope" / "test-stores"))
+
+
+@functools.lru_cache(maxsize=1)
+def simulator_version() -> str:
+    """A digest of everything a simulated store depends on: the simulator's, the collectors' and the
+    model's source, numpy's and Python's versions."""
+    import numpy
+    import warmscope.simulator
+
+    root = Path(warmscope.simulator.__file__).resolve().parents[1]
+    h = hashlib.sha256(f"{sys.version} numpy {numpy.__version__}".encode())
+    for folder in ("model", "collectors", "simulator"):
+        for path in sorted((root / folder).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def simulated_store(path: Path, cfg, faults=(), workers: int = 1) -> Path:
+    """``simulate(cfg, path, faults, workers=workers)``, built once for each configuration, faults and
+    :func:`simulator_version` (kept in ``STORE_CACHE``, or ``$WARMSCOPE_TEST_STORES``) and copied to
+    ``path``: a test module that reads a simulated day gets the same store as if it simulated it, and
+    the simulation runs once per code version, not once per module, worker or run. Tests of the
+    simulator itself call ``simulate`` directly."""
+    import fcntl
+
+    from warmscope.simulator import simulate
+
+    key = hashlib.sha256(repr((cfg, list(faults), workers)).encode()).hexdigest()[:24]
+    folder = STORE_CACHE / simulator_version()
+    if not folder.exists():
+        _prune_store_cache()
+    folder.mkdir(parents=True, exist_ok=True)
+    cached = folder / f"{key}.sqlite"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the other workers wait for its store
+        if not cached.exists():
+            build = folder / f"{key}.building.sqlite"
+            for f in folder.glob(build.name + "*"):
+                f.unlink()
+            simulate(cfg, build, list(faults), workers=workers)
+            _copy_store(build, cached)
+            for f in folder.glob(build.name + "*"):
+                f.unlink()
+    os.utime(folder)  # in use (see _prune_store_cache)
+    _copy_store(cached, path)
+    return path
+
+
+def _prune_store_cache(days: float = 3.0) -> None:
+    """Remove the stores of code versions nobody has used for ``days`` (other checkouts may still be
+    using theirs: a version's folder is touched whenever one of its stores is read)."""
+    if not STORE_CACHE.is_dir():
+        return
+    old = time.time() - days * 86400
+    for folder in STORE_CACHE.iterdir():
+        if folder.is_dir() and folder.stat().st_mtime < old:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy_store(src: Path, dst: Path) -> None:
+    """A consistent copy of an SQLite store (its WAL folded in), through SQLite's backup."""
+    import sqlite3
+
+    a, b = sqlite3.connect(f"file:{src}?mode=ro", uri=True), sqlite3.connect(dst)
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
 
 
 # --- real vLLM engines on the CPU (warmscope.simulator.real_engine), shared by the session ------

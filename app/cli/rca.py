@@ -224,7 +224,17 @@ def run_csv(args: argparse.Namespace) -> int:
     if args.max_causes < 1:
         return _fail("--max-causes must be at least 1")
     loc = localize(
-        table, args.dims, max_depth=args.max_depth, max_causes=args.max_causes, validate=False, **kw
+        table,
+        args.dims,
+        v=kw.get("v"),
+        f=kw.get("f"),
+        v_num=kw.get("v_num"),
+        v_den=kw.get("v_den"),
+        f_num=kw.get("f_num"),
+        f_den=kw.get("f_den"),
+        max_depth=args.max_depth,
+        max_causes=args.max_causes,
+        validate=False,
     )
     if loc.error:
         return _fail(loc.error)
