@@ -134,8 +134,13 @@ _marks: dict[str, set[str]] = {}
 _SUMMARY_MARKERS = ("engine", "browser", "prometheus", "redis", "slow")
 
 
+_setups: dict[str, float] = {}
+
+
 def pytest_runtest_logreport(report):
     _times[report.nodeid] = _times.get(report.nodeid, 0.0) + report.duration
+    if report.when == "setup":
+        _setups[report.nodeid] = report.duration
     _marks.setdefault(report.nodeid, {m for m in _SUMMARY_MARKERS if m in report.keywords})
 
 
@@ -145,6 +150,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
     tr.write_sep("=", "ten slowest tests (setup + call + teardown)")
     for nodeid, t in sorted(_times.items(), key=lambda kv: -kv[1])[:10]:
+        tr.write_line(f"{t:8.1f}s  {nodeid}")
+    tr.write_line("slowest setups (fixtures; a module's shared fixtures are set up by its first test):")
+    for nodeid, t in sorted(_setups.items(), key=lambda kv: -kv[1])[:5]:
         tr.write_line(f"{t:8.1f}s  {nodeid}")
     per: dict[str, list[float]] = {}
     for nodeid, t in _times.items():
