@@ -11,22 +11,30 @@
 # redis-server, prometheus/promtool/victoria-metrics, vLLM or Chromium is installed or started.
 # About 4½ minutes on two idle cores; lint is scripts/lint.sh.
 #
-# Both run the tests on one worker per core (pytest-xdist; WARMSCOPE_TEST_WORKERS=N sets the
-# number, 0 runs them in this process): the engine tests share one worker and its vLLM engines,
-# a module whose tests share a fixture runs on one worker (tests/conftest.py). The ten slowest
-# tests and the time per marker are printed at the end.
+# Both run the tests in parallel (pytest-xdist; WARMSCOPE_TEST_WORKERS=N sets the number of
+# workers, 0 runs them in this process): the quick path on one worker per core, the whole suite on
+# one more (its tests also wait: on scrapes, real-time runs, engines starting), at most 4. The
+# engine tests share one worker and its vLLM engines; a module whose tests share a fixture runs on
+# one worker (tests/conftest.py). The ten slowest tests and the time per marker are printed at the
+# end.
 QUICK="not engine and not redis and not prometheus and not browser and not slow"
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
-WORKERS="${WARMSCOPE_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
-[ "$WORKERS" -gt 4 ] && WORKERS=4
-[ "$WORKERS" -le 1 ] && WORKERS=0
-PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
+CORES="$(nproc 2>/dev/null || echo 1)"
+parallel() {  # parallel DEFAULT_WORKERS: the pytest options of a parallel run
+  local n="${WARMSCOPE_TEST_WORKERS:-$1}"
+  [ "$n" -gt 4 ] && n=4
+  [ "$n" -le 1 ] && n=0
+  WORKERS="$n"
+  PARALLEL=(-n "$n" --dist loadgroup --no-loadscope-reorder)
+}
 if [ "${1:-}" = "--quick" ]; then
   shift
+  parallel "$CORES"
   log "quick path: -m \"$QUICK\" on $WORKERS workers"
   exec .venv/bin/python -m pytest -p no:cacheprovider "${PARALLEL[@]}" -m "$QUICK" "$@"
 fi
+parallel "$((CORES + 1))"
 ensure_cmd redis-server redis-server
 ensure_cmd chromium chromium
 ensure_cmd promtool prometheus   # promtool for the rule tests, prometheus for the integration test

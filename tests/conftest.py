@@ -112,7 +112,7 @@ def _group(item) -> tuple[int, str | None]:
         if fd.baseid  # fixtures of the project's test files, not pytest's own
     )
     heavy = any(item.get_closest_marker(m) for m in ("browser", "prometheus", "slow", "redis"))
-    rank = (1 if heavy else 2) if shared else (3 if heavy else 4)
+    rank = (1 if shared else 2) if heavy else (3 if shared else 4)
     return rank, item.module.__name__ if shared else None
 
 
