@@ -85,6 +85,7 @@ FIXTURE_MARKER = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # the markers below, before other plugins look at them
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture in set(item.fixturenames) & FIXTURE_MARKER.keys():
@@ -93,6 +94,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- parallel runs (pytest-xdist, scripts/test.sh: -n N --dist loadgroup --no-loadscope-reorder) ---
+# (the groups reach the controller's scheduler through a file: see pytest_xdist_make_scheduler)
 # Work goes to the workers in groups: every engine test in one group (one worker, one pool of
 # engines for the session: vllm_engines), every module whose tests share a module- or
 # class-scoped fixture (a simulated store, a served dashboard, a live Prometheus) in a group of
@@ -117,14 +119,53 @@ def _group(item) -> tuple[int, str | None]:
 
 
 def _schedule(items) -> None:
-    ranked = []
+    ranked, groups = [], {}
     for i, item in enumerate(items):
         rank, group = _group(item)
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
         ranked.append((rank, i, item))
     # a stable sort: within a rank, collection order (a module's tests stay together)
     items[:] = [item for _, _, item in sorted(ranked, key=lambda r: (r[0], r[1]))]
+    out = os.environ.get(_GROUPS_ENV)
+    if out and os.environ.get("PYTEST_XDIST_WORKER") == "gw0":  # every worker collects the same
+        Path(out).write_text(json.dumps(groups))
+
+
+# pytest-xdist's own groups (the xdist_group mark) are lost under pytest 9, whose node ids no longer
+# come from the ``_nodeid`` attribute xdist rewrites. So the first worker writes each grouped test's
+# group to a file named by the run's controller, and the controller's scheduler (loadscope, whose
+# unit of work is a scope) takes a test's scope from it: its group, or the test itself.
+_GROUPS_ENV = "WARMSCOPE_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="warmscope-xdist-groups-", suffix=".json")
+        os.close(fd)
+        os.environ[_GROUPS_ENV] = path  # the workers start after this and inherit it
+        config.add_cleanup(lambda: os.path.exists(path) and os.unlink(path))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Work units are the groups of tests/conftest.py (_group); ungrouped tests go alone."""
+
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                try:
+                    self._groups = json.loads(Path(os.environ[_GROUPS_ENV]).read_text() or "{}")
+                except (KeyError, OSError, ValueError):
+                    self._groups = {}
+            return self._groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
 
 
 # --- where the time goes: printed at the end of every run --------------------------------------
@@ -408,8 +449,6 @@ class EnginePool:
         self.starts = 0  # engines started (for the session's summary)
 
     def __call__(self, n: int = 1, *, fresh: bool = True, **config):
-        from concurrent.futures import ThreadPoolExecutor
-
         from warmscope.simulator import real_engine as re_
 
         try:
@@ -427,21 +466,39 @@ class EnginePool:
         self.by_config[key] = live
         need = max(0, n - len(live))
         self._make_room(need, keep=key)
-        new = [re_.VLLMEngine(dev_endpoints=True, **config) for _ in range(need)]
-        live.extend(new)
-        self.starts += need
-        if new:
-            with ThreadPoolExecutor(len(new)) as ex:
-                errors = [f.exception() for f in [ex.submit(e.start) for e in new]]
-            bad = [e for e in errors if e is not None]
-            if bad:
-                pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
+        reused = len(live)  # the rest are started below, with empty caches
+        self._start(config, need, live)
         engines = live[:n]
         if fresh:
-            for e in engines:
-                if e not in new:
-                    e.reset_prefix_cache()
+            for e in engines[:reused]:
+                e.reset_prefix_cache()
         return engines
+
+    def _start(self, config: dict, k: int, live: list) -> None:
+        """Start ``k`` engines with ``config`` concurrently and add them to ``live``; one that fails
+        is started once more (on a machine short of memory a start can fail for a moment), a
+        second failure fails the test."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from warmscope.simulator import real_engine as re_
+
+        last: BaseException | None = None
+        for _attempt in (1, 2):
+            todo = [re_.VLLMEngine(dev_endpoints=True, **config) for _ in range(k)]
+            if not todo:
+                return
+            self.starts += len(todo)
+            with ThreadPoolExecutor(len(todo)) as ex:
+                errors = [f.exception() for f in [ex.submit(e.start) for e in todo]]
+            for e, err in zip(todo, errors, strict=True):
+                if err is None:
+                    live.append(e)
+                    k -= 1
+                else:
+                    last = err
+                    print(f"vLLM did not start: {err}", file=sys.stderr)
+        if k:
+            pytest.fail(f"vLLM did not start (twice): {last}", pytrace=False)
 
     def _make_room(self, need: int, keep: tuple) -> None:
         for key in sorted(self.by_config, key=lambda k: self.used.get(k, 0)):
