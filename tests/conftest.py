@@ -120,13 +120,18 @@ def _group(item) -> tuple[int, str | None]:
 
 def _schedule(items) -> None:
     ranked, groups = [], {}
+    first: dict[str, tuple[int, int]] = {}  # group -> (its lowest rank, where it starts)
     for i, item in enumerate(items):
         rank, group = _group(item)
         if group is not None:
             groups[item.nodeid] = group
-        ranked.append((rank, i, item))
-    # a stable sort: within a rank, collection order (a module's tests stay together)
-    items[:] = [item for _, _, item in sorted(ranked, key=lambda r: (r[0], r[1]))]
+            r, start = first.get(group, (rank, i))
+            first[group] = (min(r, rank), start)
+        ranked.append((rank, i, group, item))
+    # A group goes where its first test is, at its lowest rank, its tests in collection order (tests
+    # of a module may depend on the order they were written in); the rest stably by rank.
+    key = [(*first[g], i) if g is not None else (rank, i, i) for rank, i, g, _ in ranked]
+    items[:] = [item for _, item in sorted(zip(key, (r[3] for r in ranked), strict=True), key=lambda kv: kv[0])]
     out = os.environ.get(_GROUPS_ENV)
     if out and os.environ.get("PYTEST_XDIST_WORKER") == "gw0":  # every worker collects the same
         Path(out).write_text(json.dumps(groups))
