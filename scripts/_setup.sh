@@ -49,7 +49,9 @@ ensure_venv() {  # ensure_venv [extra]
   stamp=".venv/.warmscope-installed"
   if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp"; then
     log "installing warmscope${extra:+[$extra]} into .venv"
-    .venv/bin/python -m pip install -q --upgrade pip
+    # a venv's own pip (ensurepip) installs editable projects from 21.3 on: upgraded only if older
+    .venv/bin/python -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 22)' 2>/dev/null ||
+      .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".${extra:+[$extra]}"
     echo "$want" > "$stamp"
   fi

@@ -148,10 +148,11 @@ class SimConfig:
     def for_variant(self, variant: str, name: str) -> float:
         """A cache setting as pool ``variant`` sees it."""
         if variant == "B":
-            v = getattr(self, f"b_{name}", 0)
+            v: float = getattr(self, f"b_{name}", 0)
             if v:
                 return v
-        return getattr(self, name)
+        value: float = getattr(self, name)
+        return value
 
     @property
     def heat_lambda(self) -> float:

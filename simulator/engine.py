@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from warmscope.collectors import InstrumentedCache, request_context
@@ -50,11 +50,21 @@ from warmscope.collectors.store import EmbeddedStore
 from .caches import LRU
 from .config import SimConfig
 from .faults import Fault
-from .strategies import HeatTracker, KeyStats, choose, lora_chances, yesterday_log
+from .strategies import (
+    Choice,
+    Decayed,
+    HeatTracker,
+    KeyStats,
+    choose,
+    lora_chances,
+    yesterday_log,
+)
 from .traffic import (
     CHUNKS_PER_QUERY,
     TEMPLATES,
     Arrivals,
+    Template,
+    Tenant,
     draw_arrivals,
     make_tenants,
     pick_template,
@@ -62,6 +72,9 @@ from .traffic import (
     tenant_weights,
     variant_of,
 )
+
+if TYPE_CHECKING:
+    from warmscope.collectors.warmup import WarmupRun
 
 __all__ = ["Simulation", "Summary"]
 
@@ -76,19 +89,25 @@ PRE_START_S = (
 @dataclass
 class Summary:
     requests: int = 0
-    lookups: Counter = field(default_factory=Counter)  # (replica, layer, result) -> n
+    lookups: Counter[tuple[str, str, str]] = field(
+        default_factory=Counter
+    )  # (replica, layer, result) -> n
     warmups: int = 0
     units: dict[str, int] = field(default_factory=dict)  # variant -> distinct sessions
     wall_s: float = 0.0
     kv_missed: int = 0  # prefix-KV missed tokens (prompt - cached) of requests that walked it
-    miss_classes: Counter = field(default_factory=Counter)  # class -> those tokens (ground truth)
+    miss_classes: Counter[str] = field(
+        default_factory=Counter
+    )  # class -> those tokens (ground truth)
 
     @property
     def rps(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
 
 
-def write_run_info(store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[dict]) -> None:
+def write_run_info(
+    store: EmbeddedStore, cfg: SimConfig, t0: float, truth: list[dict[str, object]]
+) -> None:
     store.write_faults(truth)
     store.set_meta(
         "simulation",
@@ -332,7 +351,7 @@ class Simulation:
         self._req_id = 0
         self._sess: list[Any] = [0, 0, "", 0]  # the session being served (see _session)
         self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
-        self._units: dict[str, set] = {v: set() for v in variants}
+        self._units: dict[str, set[int]] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
         self.bursts = self._bursts()
         strategies = cfg.strategies
@@ -347,7 +366,7 @@ class Simulation:
             for pool in self.pools.values():
                 self.schedule(
                     cfg.peak_warmup_at_h * 3600,
-                    lambda p=pool: self.warmup(p, p.replicas, "forecast_peak"),
+                    partial(self.warmup, pool, pool.replicas, "forecast_peak"),
                 )
         if cfg.restart_every_h > 0:
             self._schedule_restarts()
@@ -396,7 +415,7 @@ class Simulation:
             for i, rep in enumerate(pool.replicas):
                 t = period * (i + 1) / n
                 while t < self.cfg.hours * 3600:
-                    self.schedule(t, lambda r=rep, t=t: r.roll(t))
+                    self.schedule(t, partial(rep.roll, t))
                     t += period
 
     def _route(self, pool: Pool, sid: int, tr: float) -> tuple[Replica, float]:
@@ -419,8 +438,8 @@ class Simulation:
                     if f.matches(replica=rep.name):
                         self.schedule(
                             f.start,
-                            lambda r=rep: r.start(
-                                f.start, "replica_restart", warm_until=f.end, gated=False
+                            partial(
+                                rep.start, f.start, "replica_restart", warm_until=f.end, gated=False
                             ),
                         )
         elif f.trap == "warmup_timing":
@@ -430,17 +449,18 @@ class Simulation:
                     ttl = float(f.params.get("ttl_s", 300))
                     self.schedule(
                         f.start,
-                        lambda p=pool, rs=reps, ttl=ttl, f=f: self.warmup(
-                            p,
-                            rs,
+                        partial(
+                            self.warmup,
+                            pool,
+                            reps,
                             "scheduled",
                             ttl=ttl,
-                            layers=(f.scope.get("layer"),) if "layer" in f.scope else None,
-                            strategy="static_topk" if p.strategy == "none" else None,
+                            layers=(f.scope["layer"],) if "layer" in f.scope else None,
+                            strategy="static_topk" if pool.strategy == "none" else None,
                         ),
                     )
 
-    def ground_truth(self) -> list[dict]:
+    def ground_truth(self) -> list[dict[str, object]]:
         return [f.ground_truth(self.t0, self.cfg.hours) for f in self.faults]
 
     # -------------------------------------------------------------- warm-up
@@ -453,7 +473,7 @@ class Simulation:
         trigger: str,
         finish_at: float | None = None,
         ttl: float | None = None,
-        layers: tuple | None = None,
+        layers: tuple[str, ...] | None = None,
         strategy: str | None = None,
         cutover: bool = False,
     ) -> None:
@@ -467,10 +487,10 @@ class Simulation:
         t_rel = self.now - self.t0
         cfg = self.cfg
         lora = self._lora_picks(strategy, pool) if strategy != "none" else []
-        shared: list | None = None
+        shared: list[Choice] | None = None
         for rep in replicas:
             if strategy == "none":
-                picks: list = []
+                picks: list[Choice] = []
             elif strategy == "predictive":  # a forecast per replica (its own sessions' history)
                 picks = lora + choose(
                     strategy,
@@ -539,7 +559,7 @@ class Simulation:
             ):
                 rep.ready_at = max(rep.ready_at, t)
 
-    def _lora_picks(self, strategy: str, pool: Pool) -> list:
+    def _lora_picks(self, strategy: str, pool: Pool) -> list[Choice]:
         """The adapters of the tenants most likely to be served next, up to the
         replica's LoRA slots: predictive, the tenants whose adapter is likely to be
         read before the LRU evicts it (at least ``warm_min_prob`` under the tenants'
@@ -561,7 +581,7 @@ class Simulation:
         self,
         rep: Replica,
         layer: str,
-        picks: list,
+        picks: list[Choice],
         end: float,
         trigger: str,
         strategy: str,
@@ -579,7 +599,9 @@ class Simulation:
         self.summary.warmups += 1
         self.schedule(end, lambda: self._finish_warmup(rep, {layer: run}, picks, ttl))
 
-    def _finish_warmup(self, rep: Replica, runs: dict, picks: list, ttl: float | None) -> None:
+    def _finish_warmup(
+        self, rep: Replica, runs: dict[str, WarmupRun], picks: list[Choice], ttl: float | None
+    ) -> None:
         for layer, key, tenant, _tpl, gpu_s in picks:
             if layer == "lora":
                 rep.lora.set(key, 1)
@@ -694,10 +716,10 @@ class Simulation:
                     self.warmup(pool, pool.replicas, "hit_rate_drop")
             if pool.heat is not None:
                 self._insert_rates(pool)
-                pool.heat.cluster_recent = Counter(
+                pool.heat.cluster_recent = Decayed(
                     {k: c * 0.95 for k, c in pool.heat.cluster_recent.items()}
                 )
-                pool.heat.tenant_recent = Counter(
+                pool.heat.tenant_recent = Decayed(
                     {k: c * 0.95 for k, c in pool.heat.tenant_recent.items()}
                 )
 
@@ -727,7 +749,7 @@ class Simulation:
         self._units[variant].add(sid)
         rep, gate_wait = self._route(pool, sid, tr)
         fx: Any = ()
-        bypass: tuple = ()
+        bypass: tuple[str, ...] = ()
         if faults:
             fx = [
                 f
@@ -785,7 +807,7 @@ class Simulation:
                 pool.inserted += 1
 
     def _session(
-        self, a: Any, i: int, ten: Any, tpl: Any, tpl_idx: int
+        self, a: Any, i: int, ten: Tenant, tpl: Template, tpl_idx: int
     ) -> tuple[int, str, int, int, int, int]:
         """Continue one of the recent sessions or start a new one; returns (session id,
         its variant, conversation tokens so far, query tokens, prompt tokens, output tokens).
@@ -814,7 +836,7 @@ class Simulation:
             sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
         return sess[0], sess[2], conv, q, prompt, out_tokens
 
-    def _weights(self, rep: Replica, ten: Any, tr: float, gate_wait: float) -> float:
+    def _weights(self, rep: Replica, ten: Tenant, tr: float, gate_wait: float) -> float:
         """The model's weights; returns the wait before serving (the load balancer's gate
         until a replica is ready, or the weights still loading)."""
         look = self.summary.lookups
@@ -828,14 +850,14 @@ class Simulation:
         self,
         rep: Replica,
         pool: Pool,
-        ten: Any,
-        tpl: Any,
+        ten: Tenant,
+        tpl: Template,
         tpl_idx: int,
         a: Any,
         i: int,
         tr: float,
         fx: Any,
-        bypass: tuple,
+        bypass: tuple[str, ...],
     ) -> tuple[str | None, bool]:
         """The response cache; returns (key to fill after serving or None, served from cache)."""
         look = self.summary.lookups
@@ -850,7 +872,7 @@ class Simulation:
             pool.heat.touch("response", rkey, ten.name, tpl_idx, tr)
         return rkey, hit
 
-    def _lora(self, rep: Replica, ten: Any) -> float:
+    def _lora(self, rep: Replica, ten: Tenant) -> float:
         """The tenant's LoRA adapter; returns its load time (0 on a hit)."""
         look = self.summary.lookups
         lkey = f"lora:adapter:{ten.name}.v1"
@@ -866,12 +888,12 @@ class Simulation:
         self,
         rep: Replica,
         pool: Pool,
-        ten: Any,
-        tpl: Any,
+        ten: Tenant,
+        tpl: Template,
         tpl_idx: int,
         chunks: Any,
         tr: float,
-        bypass: tuple,
+        bypass: tuple[str, ...],
     ) -> float:
         """The retrieved chunks' embeddings; returns the time spent embedding misses."""
         cfg = self.cfg
@@ -899,7 +921,7 @@ class Simulation:
     def _finish_request(
         self,
         rep: Replica,
-        ten: Any,
+        ten: Tenant,
         tr: float,
         wait: float,
         lora_s: float,
@@ -923,7 +945,7 @@ class Simulation:
     def _record(
         self,
         rep: Replica,
-        ten: Any,
+        ten: Tenant,
         ttft: float,
         lat: float,
         prompt: int,
@@ -945,7 +967,9 @@ class Simulation:
         )
         self.summary.requests += 1
 
-    def _response_key(self, tenant: str, tpl: Any, fill: int, user: int, tr: float, fx: Any) -> str:
+    def _response_key(
+        self, tenant: str, tpl: Template, fill: int, user: int, tr: float, fx: Any
+    ) -> str:
         key = f"resp:{tpl.name}:{tenant}.{fill}"
         for f in fx:
             if f.trap == "tenant_isolation":
@@ -960,8 +984,8 @@ class Simulation:
         self,
         rep: Replica,
         pool: Pool,
-        ten: Any,
-        tpl: Any,
+        ten: Tenant,
+        tpl: Template,
         tpl_idx: int,
         sid: int,
         conv: int,
@@ -1058,8 +1082,8 @@ class Simulation:
         self,
         rep: Replica,
         pool: Pool,
-        ten: Any,
-        tpl: Any,
+        ten: Tenant,
+        tpl: Template,
         variant: str,
         blocks: list[tuple[str, int, bool]],
         n_sys: int,
@@ -1116,7 +1140,7 @@ class Simulation:
             out[k] = out.get(k, 0) + tokens
         return out
 
-    def _isolated(self, pool: Pool, ten: Any, tpl: Any, variant: str, b: int) -> bool:
+    def _isolated(self, pool: Pool, ten: Tenant, tpl: Template, variant: str, b: int) -> bool:
         """Whether system-prompt block ``b`` is held on a replica of the pool under another
         tenant."""
         reps = [r.kv_lru for r in pool.replicas]
@@ -1133,7 +1157,7 @@ def _as_lists(a: Arrivals) -> Arrivals:
     return Arrivals(**{k: v.tolist() for k, v in vars(a).items()})
 
 
-def _bypassed(bypass: tuple, layer: str) -> bool:
+def _bypassed(bypass: tuple[str, ...], layer: str) -> bool:
     """Whether an active bypass fault covers ``layer`` (``*``: every layer)."""
     return bool(bypass) and ("*" in bypass or layer in bypass)
 

@@ -256,12 +256,9 @@ class VLLMEngine:
         kv_replay_endpoint: str | None = None,
         num_gpu_blocks_override: int | None = None,
         kv_cache_metrics: bool = False,
-        dev_mode: bool = False,
+        dev_endpoints: bool = False,
     ) -> None:
         self.port = port or free_port()
-        # vLLM's development endpoints (POST /reset_prefix_cache empties the prefix cache
-        # between runs on one engine); loopback only, as the engine is.
-        self.dev_mode = dev_mode
         # KV-cache events (collectors/kv): the engine's PUB socket connects to
         # ``kv_events_endpoint`` (the subscriber binds it, e.g. tcp://127.0.0.1:PORT);
         # its ROUTER replay socket binds ``kv_replay_endpoint``. None: no events.
@@ -269,6 +266,9 @@ class VLLMEngine:
         self.kv_replay_endpoint = kv_replay_endpoint
         self.num_gpu_blocks_override = num_gpu_blocks_override  # a small cache forces evictions
         self.kv_cache_metrics = kv_cache_metrics  # vllm:kv_block_* histograms
+        # vLLM's development endpoints (POST /reset_prefix_cache): an engine shared by several
+        # users (the test suite's pool) empties its prefix cache between them.
+        self.dev_endpoints = dev_endpoints
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.startup_timeout_s = startup_timeout_s
@@ -355,7 +355,7 @@ class VLLMEngine:
             VLLM_CACHE_ROOT=str(self.run_dir / "vllm-cache"),
             TMPDIR=str(self.run_dir),
         )
-        if self.dev_mode:
+        if self.dev_endpoints:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         logf = open(self.run_dir / "engine.log", "wb")
         t0 = time.monotonic()
@@ -402,6 +402,27 @@ class VLLMEngine:
             + self.log_tail()
         )
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> None:
+        """Empty the engine's prefix cache (needs ``dev_endpoints``); the counters on /metrics
+        keep counting. vLLM refuses while blocks are held by running requests: retried until
+        ``timeout_s``."""
+        deadline, last = time.monotonic() + timeout_s, "no answer"
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    if json.loads(r.read() or b"{}").get("success", r.status == 200):
+                        return
+                    last = "success=false (blocks still held)"
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                last = str(e)
+            time.sleep(0.5)
+        raise EngineError(f"vLLM on {self.url} did not reset its prefix cache: {last}")
+
     def log_tail(self, n: int = 25) -> str:
         if self.run_dir is None or not (self.run_dir / "engine.log").exists():
             return "(no log)"
@@ -413,7 +434,8 @@ class VLLMEngine:
         if openmetrics:
             req.add_header("Accept", "application/openmetrics-text; version=1.0.0; charset=utf-8")
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.read().decode()
+            text: str = r.read().decode()
+            return text
 
     def counters(self) -> dict[str, float]:
         """The engine's own prefix-cache counters (tokens), summed over its label sets."""
@@ -433,7 +455,7 @@ class VLLMEngine:
 
     def chat(
         self, messages: list[dict[str, str]], max_tokens: int = 1, timeout: float = 60.0
-    ) -> dict:
+    ) -> dict[str, object]:
         body = json.dumps(
             {
                 "model": SERVED_MODEL,
@@ -448,13 +470,8 @@ class VLLMEngine:
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
-    def reset_prefix_cache(self) -> None:
-        """Empty the engine's prefix cache (needs ``dev_mode``; no request may be running)."""
-        req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            r.read()
+            answer: dict[str, object] = json.loads(r.read())
+            return answer
 
     def stop(self, keep_log: bool = False) -> None:
         proc, self.proc = self.proc, None

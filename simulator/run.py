@@ -29,9 +29,9 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from warmscope.collectors.store import EmbeddedStore
 
@@ -47,6 +47,8 @@ LOCK_WAIT_S = 3600.0  # a write waits this long for another writer's transaction
 def _store(path: str | Path) -> EmbeddedStore:
     return EmbeddedStore(path, durable=False, timeout=LOCK_WAIT_S)
 
+Row = Sequence[object]  # one row of a store table
+
 
 class _QueueStore:
     """The store as a worker sees it: each flush's rows go to the writer."""
@@ -54,7 +56,7 @@ class _QueueStore:
     def __init__(self, q: Any) -> None:
         self.q = q
 
-    def write(self, batches: dict) -> int:
+    def write(self, batches: Mapping[str, Sequence[Row]]) -> int:
         rows = {k: list(v) for k, v in batches.items() if v}
         if rows:
             self.q.put(("rows", rows))
@@ -71,7 +73,7 @@ def _worker(
     variant: str,
     ticks: Any,
     out: Any,
-    kw: dict,
+    kw: dict[str, Any],
     single_writer: bool,
 ) -> None:
     def progress(done: int, total: int) -> None:
@@ -83,7 +85,8 @@ def _worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        store = _QueueStore(out) if single_writer else _store(path)
+        # the pipelines call only the store's write() and close(): the queue stands in for it
+        store = cast(EmbeddedStore, _QueueStore(out)) if single_writer else _store(path)
         sim = Simulation(cfg, store, faults=faults, variants=(variant,), progress=progress, **kw)
         out.put(("done", variant, sim.run(finish=False), None))
     except BaseException as e:  # report, don't hang the parent
@@ -97,8 +100,8 @@ _GC_THRESHOLD = (100_000, 50, 1000)
 _MERGE_ROWS = 250_000  # rows gathered into one store write (bounds the writer's memory)
 
 
-def _write_merged(st: EmbeddedStore, batches: list[dict]) -> None:
-    merged: dict[str, list] = {}
+def _write_merged(st: EmbeddedStore, batches: list[dict[str, list[Row]]]) -> None:
+    merged: dict[str, list[Row]] = {}
     for b in batches:
         for k, v in b.items():
             merged.setdefault(k, []).extend(v)
@@ -121,7 +124,9 @@ def simulate(
         return sim.run()
     path = str(store)
     st = _store(path)  # schema before the workers race to create it
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ctx = (
+        mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
+    )
     ticks = [ctx.Value("i", 0) for _ in cfg.arms]
     results = ctx.Queue(
         maxsize=256
@@ -192,12 +197,12 @@ def simulate(
     write_run_info(st, cfg, cfg.start, [f.ground_truth(cfg.start, cfg.hours) for f in faults])
     st.close()
     out = Summary()
-    for p in parts:
-        out.requests += p.requests
-        out.lookups = out.lookups + p.lookups if out.lookups else Counter(p.lookups)
-        out.warmups += p.warmups
-        out.units.update(p.units)
-        out.kv_missed += p.kv_missed
-        out.miss_classes.update(p.miss_classes)
+    for part in parts:
+        out.requests += part.requests
+        out.lookups = out.lookups + part.lookups if out.lookups else Counter(part.lookups)
+        out.warmups += part.warmups
+        out.units.update(part.units)
+        out.kv_missed += part.kv_missed
+        out.miss_classes.update(part.miss_classes)
     out.wall_s = time.perf_counter() - t0
     return out

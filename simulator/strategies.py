@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -87,20 +88,30 @@ YESTERDAY_REQUESTS = 40_000  # requests in yesterday's log
 Choice = tuple[str, str, str, int, float]
 
 
+class Decayed(dict[str, float]):
+    """Decaying request counts by key: as a ``Counter``, a key never counted reads 0 (and is not
+    added by the read), but the counts are floats (they decay)."""
+
+    def __missing__(self, key: str) -> float:
+        return 0.0
+
+
 class KeyStats:
     """Per-layer request counts with each key's tenant and template."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, Counter] = {layer: Counter() for layer in WARM_LAYERS}
+        self.counts: dict[str, Counter[str]] = {layer: Counter() for layer in WARM_LAYERS}
         self.meta: dict[str, tuple[str, int]] = {}
         self.span_s = 0.0  # seconds of (all pools') traffic the counts cover
 
-    def add(self, layer: str, key: str, tenant: str, tpl: int, n: float = 1.0) -> None:
+    def add(self, layer: str, key: str, tenant: str, tpl: int, n: int = 1) -> None:
         self.counts[layer][key] += n
         self.meta[key] = (tenant, tpl)
 
 
-def request_keys(tenant: Tenant, tpl_idx: int, fill: int, chunks: Iterable[int], block_tokens: int):
+def request_keys(
+    tenant: Tenant, tpl_idx: int, fill: int, chunks: Iterable[int], block_tokens: int
+) -> Iterator[tuple[str, str]]:
     """The warmable keys one request touches: (layer, key) pairs."""
     tpl = TEMPLATES[tpl_idx]
     n = tenant.name
@@ -163,9 +174,9 @@ class HeatTracker:
         self.tau = count_tau_s
         self.decay = 1.0 / count_tau_s
         self.limit = limit
-        self.heat: dict[str, list] = {}  # key -> [heat, last_t, layer, tenant, tpl, replica]
-        self.cluster_recent: Counter = Counter()
-        self.tenant_recent: Counter = Counter()  # requests per tenant, decayed like cluster_recent
+        self.heat: dict[str, list[Any]] = {}  # key -> [heat, last_t, layer, tenant, tpl, replica]
+        self.cluster_recent = Decayed()
+        self.tenant_recent = Decayed()  # requests per tenant, decayed like cluster_recent
         self.since: float | None = None  # the first request seen
 
     def touch(
@@ -238,7 +249,7 @@ def choose(
                 tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
                 out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
             continue
-        cands = dict(yesterday.counts[layer])
+        cands: dict[str, float] = dict(yesterday.counts[layer])
         meta = yesterday.meta
         if strategy == "predictive":  # no history yet: priority-weighted yesterday
             cands = {k: v * tenants_by_name[meta[k][0]].priority / 10 for k, v in cands.items()}
@@ -369,8 +380,8 @@ def _chain(
         blocks = sorted(by_prefix[head])
         first = blocks[0][1]
         cap = 1.0 if ":sys:" in head else sys_cap.get(pair(first), 0.0)
-        for i, (b, k) in enumerate(blocks):
-            if b != i or cap <= 0:  # a gap: this block and the rest of the prompt miss
+        for i, (n, k) in enumerate(blocks):
+            if n != i or cap <= 0:  # a gap: this block and the rest of the prompt miss
                 for _, rest in blocks[i:]:
                     del chance[rest]
                 break
@@ -401,7 +412,7 @@ def _response_miss_ttft(cfg: SimConfig, tpl_idx: int, adapter_miss: float) -> fl
     )
 
 
-def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
+def _adapter_miss(cfg: SimConfig, tenant_requests: Mapping[str, float]) -> dict[str, float]:
     """Each tenant's chance that its LoRA adapter is not resident, for an LRU of ``lora_slots``
     under the tenants' recent request shares (Che's approximation: the characteristic time T
     solves Σ 1 − exp(−qᵢ·T) = slots; a tenant misses with exp(−qᵢ·T))."""
@@ -422,7 +433,7 @@ def _adapter_miss(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
     return {t: math.exp(-x * hi) for t, x in q.items()}
 
 
-def lora_chances(cfg: SimConfig, tenant_requests: Counter) -> dict[str, float]:
+def lora_chances(cfg: SimConfig, tenant_requests: Mapping[str, float]) -> dict[str, float]:
     """Each tenant's chance that its adapter, warmed now, is read before the LoRA LRU evicts it:
     1 − its miss chance under Che's approximation (:func:`_adapter_miss`)."""
     return {t: 1.0 - m for t, m in _adapter_miss(cfg, tenant_requests).items()}

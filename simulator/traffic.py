@@ -109,8 +109,9 @@ def make_tenants(cfg: SimConfig, rng: np.random.Generator) -> list[Tenant]:
 
 
 def tenant_weights(n: int) -> np.ndarray:
-    w = 1.0 / np.arange(1, n + 1) ** 0.8
-    return w / w.sum()
+    w: np.ndarray = 1.0 / np.arange(1, n + 1) ** 0.8
+    out: np.ndarray = w / w.sum()
+    return out
 
 
 def variant_of(experiment: str, session: int, arms: int = 2) -> str:

@@ -8,11 +8,14 @@ a binary is missing, tests that need it are skipped on a developer machine and
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -26,10 +29,39 @@ from warmscope.collectors.pipeline import Telemetry
 CI = os.environ.get("CI", "").lower() == "true"
 
 
+# Ports: each pytest-xdist worker (PYTEST_XDIST_WORKER=gw0, gw1, ...) hands out ports from its own
+# slice of 12000-31999 (below the kernel's ephemeral range, where outgoing connections and
+# bind(0) take theirs), one after the other, so two workers never pick the same port between
+# choosing it and binding it; the start within the slice depends on the process id, so two
+# sessions on one machine start apart. Any port that cannot be bound is passed over.
+_PORTS_LO, _PORTS_HI, _PORT_SLICES = 12000, 32000, 8
+
+
+def _port_slice() -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    i = int(worker[2:]) % _PORT_SLICES if worker[2:].isdigit() else 0
+    width = (_PORTS_HI - _PORTS_LO) // _PORT_SLICES
+    return _PORTS_LO + i * width, _PORTS_LO + (i + 1) * width
+
+
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    lo, hi = _port_slice()
+    width = hi - lo
+    if not _next_port[0]:
+        _next_port[0] = os.getpid() * 7919 % width
+    for _ in range(width):
+        port = lo + _next_port[0] % width
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free 127.0.0.1 port in {lo}-{hi - 1}")
 
 
 # The marker a test needs to start each binary: the quick path (scripts/test.sh --quick) leaves
@@ -53,10 +85,129 @@ FIXTURE_MARKER = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # the markers below, before other plugins look at them
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture in set(item.fixturenames) & FIXTURE_MARKER.keys():
             item.add_marker(FIXTURE_MARKER[fixture])
+    _schedule(items)
+
+
+# --- parallel runs (pytest-xdist, scripts/test.sh: -n N --dist loadgroup --no-loadscope-reorder) ---
+# (the groups reach the controller's scheduler through a file: see pytest_xdist_make_scheduler)
+# Work goes to the workers in groups: every engine test in one group (one worker, one pool of
+# engines for the session: vllm_engines), every module whose tests share a module- or
+# class-scoped fixture (a simulated store, a served dashboard, a live Prometheus) in a group of
+# its own, so each such fixture is built once; every other test alone. Groups are handed out in
+# the order below, the longest first, so that no long group starts last.
+
+
+def _group(item) -> tuple[int, str | None]:
+    """(rank, group): lower ranks are handed out first; group None runs the test alone."""
+    if item.get_closest_marker("engine"):
+        return 0, "engine"
+    defs = getattr(item, "_fixtureinfo", None)
+    shared = defs is not None and any(
+        fd.scope in ("module", "class", "package")
+        for name in item.fixturenames
+        for fd in defs.name2fixturedefs.get(name, ())
+        if fd.baseid  # fixtures of the project's test files, not pytest's own
+    )
+    heavy = any(item.get_closest_marker(m) for m in ("browser", "prometheus", "slow", "redis"))
+    rank = (1 if shared else 2) if heavy else (3 if shared else 4)
+    return rank, item.module.__name__ if shared else None
+
+
+def _schedule(items) -> None:
+    ranked, groups = [], {}
+    first: dict[str, tuple[int, int]] = {}  # group -> (its lowest rank, where it starts)
+    for i, item in enumerate(items):
+        rank, group = _group(item)
+        if group is not None:
+            groups[item.nodeid] = group
+            r, start = first.get(group, (rank, i))
+            first[group] = (min(r, rank), start)
+        ranked.append((rank, i, group, item))
+    # A group goes where its first test is, at its lowest rank, its tests in collection order (tests
+    # of a module may depend on the order they were written in); the rest stably by rank.
+    key = [(*first[g], i) if g is not None else (rank, i, i) for rank, i, g, _ in ranked]
+    items[:] = [item for _, item in sorted(zip(key, (r[3] for r in ranked), strict=True), key=lambda kv: kv[0])]
+    out = os.environ.get(_GROUPS_ENV)
+    if out and os.environ.get("PYTEST_XDIST_WORKER") == "gw0":  # every worker collects the same
+        Path(out).write_text(json.dumps(groups))
+
+
+# pytest-xdist's own groups (the xdist_group mark) are lost under pytest 9, whose node ids no longer
+# come from the ``_nodeid`` attribute xdist rewrites. So the first worker writes each grouped test's
+# group to a file named by the run's controller, and the controller's scheduler (loadscope, whose
+# unit of work is a scope) takes a test's scope from it: its group, or the test itself.
+_GROUPS_ENV = "WARMSCOPE_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="warmscope-xdist-groups-", suffix=".json")
+        os.close(fd)
+        os.environ[_GROUPS_ENV] = path  # the workers start after this and inherit it
+        config.add_cleanup(lambda: os.path.exists(path) and os.unlink(path))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Work units are the groups of tests/conftest.py (_group); ungrouped tests go alone."""
+
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                try:
+                    self._groups = json.loads(Path(os.environ[_GROUPS_ENV]).read_text() or "{}")
+                except (KeyError, OSError, ValueError):
+                    self._groups = {}
+            return self._groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
+
+
+# --- where the time goes: printed at the end of every run --------------------------------------
+
+_times: dict[str, float] = {}
+_marks: dict[str, set[str]] = {}
+_SUMMARY_MARKERS = ("engine", "browser", "prometheus", "redis", "slow")
+
+
+_setups: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _times[report.nodeid] = _times.get(report.nodeid, 0.0) + report.duration
+    if report.when == "setup":
+        _setups[report.nodeid] = report.duration
+    _marks.setdefault(report.nodeid, {m for m in _SUMMARY_MARKERS if m in report.keywords})
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _times or hasattr(config, "workerinput"):
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "ten slowest tests (setup + call + teardown)")
+    for nodeid, t in sorted(_times.items(), key=lambda kv: -kv[1])[:10]:
+        tr.write_line(f"{t:8.1f}s  {nodeid}")
+    tr.write_line("slowest setups (fixtures; a module's shared fixtures are set up by its first test):")
+    for nodeid, t in sorted(_setups.items(), key=lambda kv: -kv[1])[:5]:
+        tr.write_line(f"{t:8.1f}s  {nodeid}")
+    per: dict[str, list[float]] = {}
+    for nodeid, t in _times.items():
+        key = next((m for m in _SUMMARY_MARKERS if m in _marks.get(nodeid, ())), "unmarked")
+        per.setdefault(key, []).append(t)
+    tr.write_line(
+        "test time by marker (first of engine, browser, prometheus, redis, slow): "
+        + ", ".join(f"{k} {sum(v):.0f}s/{len(v)}" for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])))
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -205,22 +356,106 @@ def make_tel(tmp_path):
         t.close()
 
 
-# --- a real vLLM engine on the CPU (warmscope.simulator.real_engine) ---------
+# --- simulated stores, built once per code version ----------------------------------------------
 
-@pytest.fixture(scope="session")
-def vllm_engines():
-    """Factory: ``vllm_engines(n)`` starts n vLLM engines (concurrently) with the
-    tiny model on free loopback ports and returns them; every engine started is
-    stopped, with its process group and run folder, at the end of the session.
-    A vLLM that cannot be installed or started skips the test, and fails it
-    under CI=true."""
-    from concurrent.futures import ThreadPoolExecutor
+STORE_CACHE = Path(os.environ.get("WARMSCOPE_TEST_STORES", Path.home() / ".cache" / "warmscope" / "test-stores"))
 
-    from warmscope.simulator import real_engine as re_
 
-    started: list = []
+@functools.lru_cache(maxsize=1)
+def simulator_version() -> str:
+    """A digest of everything a simulated store depends on: the simulator's, the collectors' and the
+    model's source, numpy's and Python's versions."""
+    import numpy
+    import warmscope.simulator
 
-    def start(n: int = 1, **kw):
+    root = Path(warmscope.simulator.__file__).resolve().parents[1]
+    h = hashlib.sha256(f"{sys.version} numpy {numpy.__version__}".encode())
+    for folder in ("model", "collectors", "simulator"):
+        for path in sorted((root / folder).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def simulated_store(path: Path, cfg, faults=(), workers: int = 1) -> Path:
+    """``simulate(cfg, path, faults, workers=workers)``, built once for each configuration, faults and
+    :func:`simulator_version` (kept in ``STORE_CACHE``, or ``$WARMSCOPE_TEST_STORES``) and copied to
+    ``path``: a test module that reads a simulated day gets the same store as if it simulated it, and
+    the simulation runs once per code version, not once per module, worker or run. Tests of the
+    simulator itself call ``simulate`` directly."""
+    import fcntl
+
+    from warmscope.simulator import simulate
+
+    key = hashlib.sha256(repr((cfg, list(faults), workers)).encode()).hexdigest()[:24]
+    folder = STORE_CACHE / simulator_version()
+    if not folder.exists():
+        _prune_store_cache()
+    folder.mkdir(parents=True, exist_ok=True)
+    cached = folder / f"{key}.sqlite"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the other workers wait for its store
+        if not cached.exists():
+            build = folder / f"{key}.building.sqlite"
+            for f in folder.glob(build.name + "*"):
+                f.unlink()
+            simulate(cfg, build, list(faults), workers=workers)
+            _copy_store(build, cached)
+            for f in folder.glob(build.name + "*"):
+                f.unlink()
+    os.utime(folder)  # in use (see _prune_store_cache)
+    _copy_store(cached, path)
+    return path
+
+
+def _prune_store_cache(days: float = 3.0) -> None:
+    """Remove the stores of code versions nobody has used for ``days`` (other checkouts may still be
+    using theirs: a version's folder is touched whenever one of its stores is read)."""
+    if not STORE_CACHE.is_dir():
+        return
+    old = time.time() - days * 86400
+    for folder in STORE_CACHE.iterdir():
+        if folder.is_dir() and folder.stat().st_mtime < old:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy_store(src: Path, dst: Path) -> None:
+    """A consistent copy of an SQLite store (its WAL folded in), through SQLite's backup."""
+    import sqlite3
+
+    a, b = sqlite3.connect(f"file:{src}?mode=ro", uri=True), sqlite3.connect(dst)
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
+
+
+# --- real vLLM engines on the CPU (warmscope.simulator.real_engine), shared by the session ------
+
+
+class EnginePool:
+    """vLLM engines shared by the session's tests, kept by configuration.
+
+    ``pool(n, **config)`` returns n running engines started with ``VLLMEngine(**config)``: the ones
+    a test asked for before with the same configuration, and new ones (started concurrently) for
+    the rest. So "a pair of engines with 96 blocks" (``pool(2, num_gpu_blocks_override=96)``) is
+    started once and handed to every test that asks for it. Each engine handed out has an empty
+    prefix cache (``fresh``; vLLM's /reset_prefix_cache): the same hits and misses as a freshly
+    started engine; its /metrics counters go on counting, so tests compare before/after. A test
+    may stop an engine (the pool starts another the next time). At most ``max_live`` engines run
+    at once: starting more stops the engines of the configurations asked for least recently.
+    Every engine is stopped, with its process group and run folder, at the end of the session."""
+
+    def __init__(self, max_live: int = 4) -> None:
+        self.max_live = max_live
+        self.by_config: dict[tuple, list] = {}
+        self.used: dict[tuple, int] = {}  # configuration -> when it was last asked for
+        self.asked = 0
+        self.starts = 0  # engines started (for the session's summary)
+
+    def __call__(self, n: int = 1, *, fresh: bool = True, **config):
+        from warmscope.simulator import real_engine as re_
+
         try:
             re_.ensure_installed()
             re_.model_dir()
@@ -229,18 +464,72 @@ def vllm_engines():
             if CI:
                 pytest.fail(msg + " — required under CI=true", pytrace=False)
             pytest.skip(msg)
-        engines = [re_.VLLMEngine(**kw) for _ in range(n)]
-        started.extend(engines)
-        with ThreadPoolExecutor(n) as ex:
-            errors = [f.exception() for f in [ex.submit(e.start) for e in engines]]
-        bad = [e for e in errors if e is not None]
-        if bad:
-            pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
+        key = tuple(sorted(config.items()))
+        self.asked += 1
+        self.used[key] = self.asked
+        live = [e for e in self.by_config.get(key, []) if e.running]
+        self.by_config[key] = live
+        need = max(0, n - len(live))
+        self._make_room(need, keep=key)
+        reused = len(live)  # the rest are started below, with empty caches
+        self._start(config, need, live)
+        engines = live[:n]
+        if fresh:
+            for e in engines[:reused]:
+                e.reset_prefix_cache()
         return engines
 
-    yield start
-    for e in started:
-        e.stop()
+    def _start(self, config: dict, k: int, live: list) -> None:
+        """Start ``k`` engines with ``config`` concurrently and add them to ``live``; one that fails
+        is started once more (on a machine short of memory a start can fail for a moment), a
+        second failure fails the test."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from warmscope.simulator import real_engine as re_
+
+        last: BaseException | None = None
+        for _attempt in (1, 2):
+            todo = [re_.VLLMEngine(dev_endpoints=True, **config) for _ in range(k)]
+            if not todo:
+                return
+            self.starts += len(todo)
+            with ThreadPoolExecutor(len(todo)) as ex:
+                errors = [f.exception() for f in [ex.submit(e.start) for e in todo]]
+            for e, err in zip(todo, errors, strict=True):
+                if err is None:
+                    live.append(e)
+                    k -= 1
+                else:
+                    last = err
+                    print(f"vLLM did not start: {err}", file=sys.stderr)
+        if k:
+            pytest.fail(f"vLLM did not start (twice): {last}", pytrace=False)
+
+    def _make_room(self, need: int, keep: tuple) -> None:
+        for key in sorted(self.by_config, key=lambda k: self.used.get(k, 0)):
+            running = sum(e.running for es in self.by_config.values() for e in es)
+            if running + need <= self.max_live:
+                return
+            if key != keep:
+                for e in self.by_config.pop(key):
+                    e.stop()
+
+    def stop(self) -> None:
+        for engines in self.by_config.values():
+            for e in engines:
+                e.stop()
+        self.by_config.clear()
+
+
+@pytest.fixture(scope="session")
+def vllm_engines():
+    """The session's :class:`EnginePool`: ``vllm_engines(n, **config)`` returns n running engines
+    with that configuration (``VLLMEngine``'s keyword arguments), started once and shared, each
+    with an empty prefix cache. A vLLM that cannot be installed or started skips the test, and
+    fails it under CI=true."""
+    pool = EnginePool()
+    yield pool
+    pool.stop()
 
 
 @pytest.fixture(scope="session")

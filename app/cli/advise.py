@@ -13,10 +13,20 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from warmscope.app.cli.base import Simple, store_path
 from warmscope.app.cli.terminal import progress
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from warmscope.analysis.advisor import Recommendation
+    from warmscope.analysis.value import ValueModel
+    from warmscope.sources import EmbeddedSource
+
+    Frames = dict[str, pd.DataFrame]
 
 __all__ = ["COMMAND", "cmd_advise"]
 
@@ -128,7 +138,7 @@ def _bad_arguments(args: argparse.Namespace, path: Path) -> str | None:
     return None
 
 
-def _bad_variant(args: argparse.Namespace, lk, path: Path) -> str | None:
+def _bad_variant(args: argparse.Namespace, lk: pd.DataFrame, path: Path) -> str | None:
     """A ``--variant`` the store's lookups do not have, with the variants they do have."""
     if args.variant is None or args.variant in set(lk["variant"].astype(str)):
         return None
@@ -138,7 +148,7 @@ def _bad_variant(args: argparse.Namespace, lk, path: Path) -> str | None:
     )
 
 
-def _values(args: argparse.Namespace, src, fr):
+def _values(args: argparse.Namespace, src: EmbeddedSource, fr: Frames) -> ValueModel:
     """The value model over the lookups' span, from the store and the SLO arguments."""
     from warmscope.analysis.value import values_for
 
@@ -154,14 +164,18 @@ def _values(args: argparse.Namespace, src, fr):
     )
 
 
-def _write_json(args: argparse.Namespace, out: dict) -> None:
+def _write_json(args: argparse.Namespace, out: dict[str, object]) -> None:
     """With ``--json PATH``: the result written there, and a line saying so on stderr."""
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {args.json}", file=sys.stderr)
 
 
-def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
+def cmd_advise(
+    args: argparse.Namespace,
+    progress: Callable[[str], Callable[[int, int], None]],
+    store_path: Callable[[argparse.Namespace], Path],
+) -> int:
     from warmscope.analysis.advisor import prefix_only
     from warmscope.sources import EmbeddedSource, SourceError
 
@@ -182,7 +196,13 @@ def cmd_advise(args: argparse.Namespace, progress, store_path) -> int:
     return _advise_layers(args, progress, src, fr, path)
 
 
-def _advise_layers(args: argparse.Namespace, progress, src, fr, path: Path) -> int:
+def _advise_layers(
+    args: argparse.Namespace,
+    progress: Callable[[str], Callable[[int, int], None]],
+    src: EmbeddedSource,
+    fr: Frames,
+    path: Path,
+) -> int:
     """The response and embedding caches: forecasts, then the tuned parameters per layer."""
     from warmscope.analysis.advisor import NoRecommendation, advise, check_input, fidelity_text
     from warmscope.analysis.forecast import forecast_table
@@ -227,19 +247,20 @@ def _advise_layers(args: argparse.Namespace, progress, src, fr, path: Path) -> i
     return 0
 
 
-def _print_forecast(ft) -> None:
+def _print_forecast(ft: pd.DataFrame) -> None:
     """Forecast error per horizon: the kept model, and MAPE and 90 % coverage per model."""
     import pandas as pd
     from warmscope.analysis.advisor import fmt_hours
 
     kept = ft[ft.kept].set_index("horizon_s")
     rows = []
-    for h, g in ft.groupby("horizon_s"):
+    for key, g in ft.groupby("horizon_s"):
+        h = cast(float, key)  # seconds
         d = g.set_index("model")
         rows.append(
             {
                 "horizon": fmt_hours(h),
-                "kept": kept.loc[h, "model"] if h in kept.index else "",
+                "kept": kept.at[h, "model"] if h in kept.index else "",
                 **{f"MAPE {m}": d.loc[m, "mape"] for m in d.index},
                 **{f"cover {m}": d.loc[m, "coverage_90"] for m in d.index},
             }
@@ -252,7 +273,7 @@ def _print_forecast(ft) -> None:
         print(f"  note: {r.note}")
 
 
-def _print_parameters(rec) -> None:
+def _print_parameters(rec: Recommendation) -> None:
     """The replay's fidelity, the objective and its prices, and the parameters per layer with
     each layer's notes."""
     from warmscope.analysis.advisor import fidelity_text, layer_table
@@ -269,7 +290,7 @@ def _print_parameters(rec) -> None:
             print(f"  {la.layer}: {note}")
 
 
-def _print_replay(rec) -> None:
+def _print_replay(rec: Recommendation) -> None:
     """The recorded span replayed, recorded -> recommended: hit rates, warm-up cost and ROI, the
     expected gain in the objective's unit, and the staleness notes."""
     o, bo = rec.outcome, rec.base_outcome
@@ -300,12 +321,15 @@ def _print_replay(rec) -> None:
         print(f"  staleness                {note}")
 
 
-def _print_peak(rec) -> None:
+def _print_peak(rec: Recommendation) -> None:
     """The next forecast peak and when to trigger the warm-up before it, if there is one."""
     import pandas as pd
 
-    if rec.peak:
-        when = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")  # noqa: E731
+    if rec.peak and rec.trigger_at is not None:
+
+        def when(t: float) -> str:
+            return pd.Timestamp(t, unit="s").strftime("%Y-%m-%d %H:%M")
+
         print(
             f"\nNext peak: {when(rec.peak.at)} UTC, {rec.peak.rate:.1f} req/s "
             f"(range {rec.peak.lo:.1f}–{rec.peak.hi:.1f}); trigger the warm-up at "
@@ -313,7 +337,7 @@ def _print_peak(rec) -> None:
         )
 
 
-def _advise_prefix(args: argparse.Namespace, src, fr, path: Path) -> int:
+def _advise_prefix(args: argparse.Namespace, src: EmbeddedSource, fr: Frames, path: Path) -> int:
     """A recording of an engine's prefix cache only (a gateway's): warm-set size and lead time."""
     from warmscope.analysis.advisor import NoRecommendation, advise_prefix, prefix_text
 

@@ -26,7 +26,8 @@ class Command(Protocol):
     """A `warmscope` subcommand: ``add_parser`` adds it to the main parser's subparsers and sets
     ``fn`` (what ``main`` calls with the parsed arguments; its return is the exit code)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def add_parser(self, sub: Subparsers) -> argparse.ArgumentParser: ...
 

@@ -35,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -128,7 +129,8 @@ def _counters(url: str) -> dict[str, float]:
     return out
 
 
-def _chat(base_url: str, model: str, messages: list[dict[str, str]]) -> dict:
+def _chat(base_url: str, model: str, messages: list[dict[str, str]]) -> tuple[int, int]:
+    """One chat completion's prompt tokens and cached prompt tokens."""
     body = json.dumps(
         {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
     ).encode()
@@ -136,12 +138,15 @@ def _chat(base_url: str, model: str, messages: list[dict[str, str]]) -> dict:
         base_url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+        usage = json.loads(r.read())["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return int(usage["prompt_tokens"]), int(cached)
 
 
 def _served_model(url: str) -> str:
     with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as r:
-        return json.loads(r.read())["data"][0]["id"]
+        model: str = json.loads(r.read())["data"][0]["id"]
+        return model
 
 
 def _free_port() -> int:
@@ -152,7 +157,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | None, str]:
+def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen[bytes] | None, str]:
     binary = shutil.which("prometheus")
     if not binary:
         return None, ""
@@ -179,7 +184,7 @@ def _start_prometheus(engine_url: str, tmp: Path) -> tuple[subprocess.Popen | No
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _start_dashboard(prom_url: str, port: int, address: str, tmp: Path) -> subprocess.Popen:
+def _start_dashboard(prom_url: str, port: int, address: str, tmp: Path) -> subprocess.Popen[bytes]:
     env = dict(
         os.environ, WARMSCOPE_PROMETHEUS_URL=prom_url, WARMSCOPE_STORE=str(tmp / "no-store.sqlite")
     )
@@ -208,7 +213,7 @@ def _start_dashboard(prom_url: str, port: int, address: str, tmp: Path) -> subpr
     )
 
 
-def run(args: argparse.Namespace, out=sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run the live demo; returns the exit code."""
     from warmscope.simulator import real_engine
 
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         print("warmscope demo: --rps, --every and --duration must be positive", file=sys.stderr)
         return 2
     engine = None
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="warmscope-engine-demo-"))
     try:
         if args.engine_url:
@@ -276,12 +281,13 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
+def _drive(url: str, model: str, args: argparse.Namespace, out: TextIO) -> int:
     traffic = Traffic(seed=args.seed)
     lock = threading.Lock()
     stop = threading.Event()
     per_tenant: dict[str, list[int]] = {}
-    errors = [0, ""]
+    errors = [0]  # failed requests
+    last_error = [""]
     base = url + "/v1"
     interval = 1.0 / args.rps
 
@@ -291,17 +297,16 @@ def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
             with lock:
                 tenant, messages = traffic.next()
             try:
-                usage = _chat(base, model, messages)["usage"]
-                cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                prompt, cached = _chat(base, model, messages)
                 with lock:
                     s = per_tenant.setdefault(tenant, [0, 0, 0])
                     s[0] += 1
-                    s[1] += int(usage["prompt_tokens"])
+                    s[1] += prompt
                     s[2] += cached
             except (OSError, ValueError, KeyError) as e:
                 with lock:
                     errors[0] += 1
-                    errors[1] = str(e)[:120]
+                    last_error[0] = str(e)[:120]
             stop.wait(float(rnd.exponential(interval * 4)))  # four workers: args.rps in total
 
     c0 = _counters(url)
@@ -337,7 +342,7 @@ def _drive(url: str, model: str, args: argparse.Namespace, out) -> int:
             with lock:
                 n = sum(s[0] for s in per_tenant.values())
                 top = sorted(per_tenant.items(), key=lambda kv: -kv[1][2])[:3]
-                err = f"; {errors[0]} failed ({errors[1]})" if errors[0] else ""
+                err = f"; {errors[0]} failed ({last_error[0]})" if errors[0] else ""
             tops = ", ".join(f"{k} {v[2] / v[1]:.0%}" for k, v in top if v[1])
             print(
                 f"{time.monotonic() - t0:5.0f} s  requests {n:,}  prompt tokens {q:,.0f}  cached "

@@ -27,11 +27,18 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
 
 from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup, whatif
 from .base import Command, Group, Simple, check_commands, store_path
 from .terminal import progress as _progress
+
+if TYPE_CHECKING:
+    from warmscope.simulator import SimConfig
+    from warmscope.simulator.faults import Fault
 
 APP_MAIN = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"  # the Streamlit script
 
@@ -43,11 +50,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _number(kind: type, lo: float | None = None, lo_open: bool = False, hi: float | None = None):
+def _number(
+    kind: type[int] | type[float],
+    lo: float | None = None,
+    lo_open: bool = False,
+    hi: float | None = None,
+) -> Callable[[str], float]:
     """An argparse type: a finite number of ``kind`` within bounds, or a clear error."""
     import math
 
-    def parse(text: str):
+    def parse(text: str) -> float:
         try:
             v = kind(text)
         except ValueError:
@@ -97,7 +109,7 @@ def _writable_file(text: str) -> str:
     return text
 
 
-def _streamlit(cmd: list[str], env: dict) -> int:
+def _streamlit(cmd: list[str], env: dict[str, str]) -> int:
     """Run Streamlit in its own process group; SIGINT/SIGTERM stop it (and anything it started):
     SIGTERM first, SIGKILL after ``_STOP_GRACE_S``. Streamlit ends with this process even when
     this one is killed with SIGKILL (``serve.die_with_parent``)."""
@@ -111,7 +123,7 @@ def _streamlit(cmd: list[str], env: dict) -> int:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     got: list[int] = []
 
-    def stop(signum, _frame):
+    def stop(signum: int, _frame: FrameType | None) -> None:
         got.append(signum)
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -234,7 +246,7 @@ def _check_store(path: Path) -> None:
         ) from None
 
 
-def demo_world(hours: float, now: float | None = None):
+def demo_world(hours: float, now: float | None = None) -> tuple[SimConfig, list[Fault]]:
     """The demo's simulated span and traps, placed so the dashboard's default range (the last 6
     hours of data) shows a warm-up run, both injected traps and the alerts they raise: the span ends
     at the current minute; a scheduled warm-up 5.5 h before the end, a response-cache bypass for
@@ -247,7 +259,10 @@ def demo_world(hours: float, now: float | None = None):
     from warmscope.simulator import SimConfig, parse_fault
 
     w = min(hours, 6.0)
-    at = lambda before: round(max(hours - before * w / 6.0, 0.0), 4)  # noqa: E731 - hours from the start
+
+    def at(before: float) -> float:  # hours from the start
+        return round(max(hours - before * w / 6.0, 0.0), 4)
+
     now = time.time() if now is None else now
     # Replicas restart every hour (rolling, behind a readiness gate) and popular content changes
     # hourly, so warm-up has cold starts to prevent and a moving target to follow.
@@ -381,11 +396,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return 2
     if args.fresh and path.exists():
         _remove_store(path)
-    kw: dict = {}
+    collector_config = None  # the simulator's own (embedded store, no export)
     if args.exporter != "embedded" or args.redis_url:
         from warmscope.collectors.config import CollectorConfig
 
-        kw["collector_config"] = CollectorConfig.load(
+        collector_config = CollectorConfig.load(
             env={},
             exporter=args.exporter,
             key_secret="warmscope-sim",
@@ -394,10 +409,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             prometheus_port=args.prometheus_port,
             side_flush_s=900,
         )
-    if args.realtime:
-        kw.update(realtime=True, speed=args.speed)
-    if getattr(args, "block_trace", None):
-        kw["block_trace"] = args.block_trace
     if args.faults_out:  # fail now, not after the whole run
         try:
             Path(args.faults_out).parent.mkdir(parents=True, exist_ok=True)
@@ -416,7 +427,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         faults,
         workers=args.workers,
         progress=None if args.quiet else _progress("simulating"),
-        **kw,
+        collector_config=collector_config,
+        realtime=bool(args.realtime),
+        speed=args.speed if args.realtime else 1.0,
+        **({"block_trace": args.block_trace} if args.block_trace else {}),
     )
     if args.faults_out:
         truth = [f.ground_truth(cfg.start, cfg.hours) for f in faults]
@@ -537,7 +551,7 @@ def _variants(path: Path, experiment: str) -> list[str]:
         con.close()
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt
 
 
@@ -772,7 +786,8 @@ def main(argv: list[str] | None = None) -> int:
         # running.
         old = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return args.fn(args)
+        rc: int = args.fn(args)
+        return rc
     except ConfigError as e:
         print(f"warmscope: configuration error: {e}", file=sys.stderr)
         return 2

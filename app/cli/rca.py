@@ -23,11 +23,17 @@ import csv
 import gzip
 import io
 import json
+import os
 import sys
 from datetime import UTC
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmscope.app.cli.base import Simple
+
+if TYPE_CHECKING:
+    import numpy as np
+    from warmscope.analysis.rootcause import Localization
 
 PROG = "warmscope rca"
 
@@ -94,7 +100,7 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict:
+def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict[str, np.ndarray]:
     """Columns of a CSV leaf table as numpy arrays (dims as strings, measures
     as floats). Raises InputError naming the file, row or column."""
     import numpy as np
@@ -153,7 +159,7 @@ def read_leaf_csv(path: str, dims: list[str], measures: list[str]) -> dict:
     return out
 
 
-def _measures(args) -> tuple[list[str], dict] | None:
+def _measures(args: argparse.Namespace) -> tuple[list[str], dict[str, str]] | None:
     additive = args.v is not None or args.f is not None
     ratio = any(x is not None for x in (args.v_num, args.v_den, args.f_num, args.f_den))
     if additive == ratio:
@@ -172,7 +178,7 @@ def _measures(args) -> tuple[list[str], dict] | None:
     }
 
 
-def _print(loc, args) -> int:
+def _print(loc: Localization, args: argparse.Namespace) -> int:
     for note in loc.notes:
         print(f"{PROG}: {note}", file=sys.stderr)
     out = [c.as_json() for c in loc.causes]
@@ -182,11 +188,12 @@ def _print(loc, args) -> int:
         )
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. piped into head: the reader has what it wanted
-        sys.stdout = None
+        # stdout to /dev/null, so that the interpreter's last flush at exit raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
-def run_csv(args) -> int:
+def run_csv(args: argparse.Namespace) -> int:
     from warmscope.analysis.rootcause import LeafTableError, localize, validate_leaves
 
     if not args.dims:
@@ -217,7 +224,17 @@ def run_csv(args) -> int:
     if args.max_causes < 1:
         return _fail("--max-causes must be at least 1")
     loc = localize(
-        table, args.dims, max_depth=args.max_depth, max_causes=args.max_causes, validate=False, **kw
+        table,
+        args.dims,
+        v=kw.get("v"),
+        f=kw.get("f"),
+        v_num=kw.get("v_num"),
+        v_den=kw.get("v_den"),
+        f_num=kw.get("f_num"),
+        f_den=kw.get("f_den"),
+        max_depth=args.max_depth,
+        max_causes=args.max_causes,
+        validate=False,
     )
     if loc.error:
         return _fail(loc.error)
@@ -258,7 +275,7 @@ def parse_window(text: str, what: str) -> tuple[float, float]:
     return a, b
 
 
-def run_store(args) -> int:
+def run_store(args: argparse.Namespace) -> int:
     from warmscope.analysis.drilldown import RCA_DIMS, drill_down_source
     from warmscope.sources import EmbeddedSource, SourceError
 

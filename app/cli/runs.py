@@ -13,10 +13,15 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmscope.app.cli.base import Simple, store_path
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from warmscope.sources import EmbeddedSource
 
 __all__ = ["COMMAND", "cmd_runs", "verdict"]
 
@@ -58,7 +63,7 @@ def verdict(roi_row: dict[str, Any]) -> str:
     return "within noise" + so_far
 
 
-def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
+def cmd_runs(args: argparse.Namespace, store_path: Callable[[argparse.Namespace], Path]) -> int:
     import pandas as pd
     from warmscope.analysis.config import AnalysisConfig
     from warmscope.analysis.coverage import warm_set_coverage
@@ -95,8 +100,9 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
         return 2
     bounds = src.time_bounds()
     data_end = float(bounds[1]) if bounds else None
-    out = []
-    for r in merged.itertuples():
+    out: list[dict[str, Any]] = []
+    run_rows: Iterable[Any] = merged.itertuples()  # one merged run: its columns as attributes
+    for r in run_rows:
         mine = cov[
             (cov["replica"] == r.replica)
             & (cov["started"] >= r.started - 1)
@@ -114,7 +120,11 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
         )
         txt = roi_text(roi)
         hour = roi[roi["window_s"] == 3600.0]
-        row = (hour if len(hour) else roi.tail(1)).iloc[0].to_dict() if len(roi) else {}
+        row = (
+            {str(k): v for k, v in (hour if len(hour) else roi.tail(1)).iloc[0].items()}
+            if len(roi)
+            else {}
+        )
         out.append(
             {
                 "run_id": r.run_id,
@@ -164,8 +174,8 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 60)
     print(pd.DataFrame(rows).to_string(index=False))
-    for e in exps:
-        print(f"\n{e['text']}")
+    for x in exps:
+        print(f"\n{x['text']}")
     print(
         f"\nPrices: GPU-s at {cfg.price_per_gpu_s:g}, a conversion at "
         f"{cfg.value_per_conversion:g} ([analysis]); verdict from the T+1 h window.",
@@ -174,7 +184,9 @@ def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
     return 0
 
 
-def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _experiments(
+    src: EmbeddedSource, runs: pd.DataFrame, rq: pd.DataFrame, out: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Each experiment's whole-run compute ROI per treatment arm, beside the newest run's T+5 min
     ROI."""
     from warmscope.analysis.roi import SEED_VS_EXPERIMENT, experiment_roi

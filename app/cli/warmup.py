@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from types import ModuleType
 
 from warmscope.app.cli.base import Simple
 from warmscope.app.cli.http import bad_url, load, telemetry
@@ -67,15 +68,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _warm_set(args: argparse.Namespace, runner) -> list[dict]:
+def _warm_set(args: argparse.Namespace, runner: ModuleType) -> list[dict[str, object]]:
     """The prompts to send (raises the runner's WarmupInputError on bad input)."""
     if args.source != "hot":
-        return runner.load_prompts(args.source)
+        prompts: list[dict[str, object]] = runner.load_prompts(args.source)
+        return prompts
     from warmscope.collectors.config import CollectorConfig
 
     cfg = CollectorConfig.load(**({"store_path": args.store} if args.store else {}))
     store = cfg.resolved_store_path()
-    return runner.hot_from_store(
+    hot: list[dict[str, object]] = runner.hot_from_store(
         args.library,
         store,
         cfg.resolved_secret(),
@@ -83,6 +85,7 @@ def _warm_set(args: argparse.Namespace, runner) -> list[dict]:
         tenant=args.tenant,
         since_s=args.since * 3600,
     )
+    return hot
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:

@@ -11,7 +11,9 @@ from warmscope.analysis.ab_report import build_report, build_report_from_moments
 from warmscope.collectors import EmbeddedStore
 from warmscope.collectors.store import _TABLES
 from warmscope.model import ab_metrics as M
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
+
+from tests.conftest import simulated_store
 
 EXP = "warmup-strategy"
 
@@ -19,8 +21,8 @@ EXP = "warmup-strategy"
 @pytest.fixture(scope="module")
 def sim_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("abm") / "s.sqlite"
-    simulate(SimConfig.load(hours=2.0, rps=6.0, tenants=4, replicas=2, seed=4, strategy_b="static_topk"), path,
-             workers=2)
+    simulated_store(path, SimConfig.load(hours=2.0, rps=6.0, tenants=4, replicas=2, seed=4, strategy_b="static_topk"),
+                    workers=2)
     return path
 
 

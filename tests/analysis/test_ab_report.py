@@ -10,14 +10,16 @@ from warmscope.analysis.ab_report import (
     render_markdown,
 )
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
+
+from tests.conftest import simulated_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("ab") / "ab.sqlite"
-    simulate(SimConfig.load(hours=1.0, rps=6.0, tenants=4, replicas=2, seed=9, strategy_b="static_topk"), path,
-             workers=1)
+    simulated_store(path, SimConfig.load(hours=1.0, rps=6.0, tenants=4, replicas=2, seed=9, strategy_b="static_topk"),
+                    workers=1)
     return EmbeddedStore(path, readonly=True)
 
 

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
+
+from tests.conftest import simulated_store
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "test-output" / "screenshots"
@@ -17,7 +19,8 @@ OUT = ROOT / "test-output" / "screenshots"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("advisor-page") / "demo.sqlite"
-    simulate(SimConfig.load(None, hours=3.0, rps=3.0, tenants=4, seed=5, strategy_b="predictive"), path, workers=1)
+    simulated_store(path, SimConfig.load(None, hours=3.0, rps=3.0, tenants=4, seed=5, strategy_b="predictive"),
+                    workers=1)
     return path
 
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from warmscope.app.cli.main import demo_world
 from warmscope.app.cli.main import main as cli_main
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, simulated_store, wait_until
 
 
 @pytest.fixture(scope="module")
 def ab_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("cli") / "ab.sqlite"
-    simulate(SimConfig.load(hours=0.5, rps=3.0, tenants=3, seed=4), path, [], workers=1)
+    simulated_store(path, SimConfig.load(hours=0.5, rps=3.0, tenants=3, seed=4), [], workers=1)
     return path
 
 

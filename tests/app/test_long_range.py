@@ -8,7 +8,9 @@ from streamlit.testing.v1 import AppTest
 from warmscope.analysis.hitrate import hit_table
 from warmscope.app.dashboard.pages import PAGES
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
+
+from tests.conftest import simulated_store
 
 pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
 
@@ -18,7 +20,7 @@ MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py"
 @pytest.fixture(scope="module")
 def two_days(tmp_path_factory):
     path = tmp_path_factory.mktemp("long") / "two-days.sqlite"
-    simulate(SimConfig.load(hours=30.0, rps=0.4, tenants=2, replicas=1, seed=5), path, workers=1)
+    simulated_store(path, SimConfig.load(hours=30.0, rps=0.4, tenants=2, replicas=1, seed=5), workers=1)
     return path
 
 

@@ -11,7 +11,9 @@ from warmscope.analysis.hitrate import hit_table
 from warmscope.analysis.scores import score_card
 from warmscope.app.dashboard.pages import PAGES as REGISTRY
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, parse_fault, simulate
+from warmscope.simulator import SimConfig, parse_fault
+
+from tests.conftest import simulated_store
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 # every page of the registry main.py builds the navigation from, the default (overview) apart
@@ -21,8 +23,8 @@ PAGES = [p.name for p in REGISTRY if not p.default]
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("app") / "demo.sqlite"
-    simulate(SimConfig.load(hours=1.0, rps=4.0, tenants=4, seed=3), path,
-             [parse_fault("bypass:tenant=acme,layer=prefix_kv@00:40-01:00")], workers=1)
+    simulated_store(path, SimConfig.load(hours=1.0, rps=4.0, tenants=4, seed=3),
+                    [parse_fault("bypass:tenant=acme,layer=prefix_kv@00:40-01:00")], workers=1)
     return path
 
 

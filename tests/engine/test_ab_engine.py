@@ -118,9 +118,7 @@ def ab_run(vllm_engines, tmp_path_factory):
     yield dict(engines={"A": eng_a, "B": eng_b}, tels=tels, clients=clients, store=store, warm=warm,
                warm_set=warm_set, before=before, after=after, records=records, tmp=tmp)
     tels["A"].close()
-    store.close()
-    for e in (eng_a, eng_b):   # free the CPU and memory for the next module
-        e.stop()
+    store.close()   # the engines stay up for the next module (the session's vllm_engines pool)
 
 
 def test_per_tenant_hits_sum_to_each_engines_own_counters(ab_run):

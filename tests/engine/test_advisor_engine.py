@@ -285,8 +285,6 @@ def proof(vllm_engines, tmp_path_factory):
         t_start=t_start,
         phases=phases,
     )
-    for e in (eng_a, eng_b):
-        e.stop()
 
 
 def _warmed(proof) -> dict[str, set[tuple[str, int]]]:

@@ -145,8 +145,6 @@ def stack(vllm_engines, tmp_path_factory):
     finally:
         prom.terminate()
         prom.wait(15)
-        for e in engines:   # free their memory for the rest of the session
-            e.stop()
 
 
 @pytest.fixture(scope="module")

@@ -51,46 +51,31 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def _engines(n: int, blocks: int, events: bool = False) -> list:
-    from warmscope.simulator import real_engine as re_
+class Rig:
+    """The engines these tests use, from the session's engine pool (``vllm_engines``): the
+    recording pair of 96 blocks with KV events (endpoints fixed for the module, so the pool hands
+    the same two engines to every test here), and pairs of 64, 128 and 192 blocks. At most four
+    engines run at once: a pair is asked for when it is needed."""
 
-    kw: dict = {"num_gpu_blocks_override": blocks, "max_model_len": MAX_LEN, "dev_mode": True}
-    out = []
-    for _ in range(n):
-        if events:
-            kw = {**kw, "kv_events_endpoint": f"tcp://127.0.0.1:{re_.free_port()}",
-                  "kv_replay_endpoint": f"tcp://127.0.0.1:{re_.free_port()}"}
-        out.append(re_.VLLMEngine(**kw))
-    return out
+    def __init__(self, pool) -> None:
+        from warmscope.simulator import real_engine as re_
+
+        self.pool = pool
+        self.events = [
+            {"kv_events_endpoint": f"tcp://127.0.0.1:{re_.free_port()}",
+             "kv_replay_endpoint": f"tcp://127.0.0.1:{re_.free_port()}"} for _ in range(2)
+        ]
+
+    def __getitem__(self, blocks: int) -> list:
+        base = {"num_gpu_blocks_override": blocks, "max_model_len": MAX_LEN}
+        if blocks == 96:
+            return [self.pool(1, **base, **ev)[0] for ev in self.events]
+        return self.pool(2, **base)
 
 
 @pytest.fixture(scope="module")
-def rig():
-    """The recording pair (96 blocks, KV events) and pairs of 64, 128 and 192 blocks, all
-    started at once."""
-    from warmscope.simulator import real_engine as re_
-
-    try:
-        re_.ensure_installed()
-        re_.model_dir()
-    except re_.EngineError as e:
-        msg = f"vLLM is not available: {e}; run scripts/test.sh (it installs it)"
-        if CI:
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    pairs = {96: _engines(2, 96, events=True), 64: _engines(2, 64), 128: _engines(2, 128),
-             192: _engines(2, 192)}
-    every = [e for p in pairs.values() for e in p]
-    try:
-        with ThreadPoolExecutor(len(every)) as ex:
-            errors = [f.exception() for f in [ex.submit(e.start) for e in every]]
-        bad = [e for e in errors if e is not None]
-        if bad:
-            pytest.fail(f"vLLM did not start: {bad[0]}", pytrace=False)
-        yield pairs
-    finally:
-        for e in every:
-            e.stop()
+def rig(vllm_engines):
+    return Rig(vllm_engines)
 
 
 def _record(pairs, tmp: Path, make_tel, streams: int = 1):
@@ -178,6 +163,23 @@ def _stable(reqs):
     return out
 
 
+@pytest.mark.timeout(1200)
+def test_concurrent_streams_are_reported(rig, tmp_path, make_tel):
+    """Measured agreement with 8 concurrent streams: printed, not asserted beyond the
+    recording's completeness (the engine batches requests of one step, the replay cannot)."""
+    from warmscope.analysis.whatif.replay import replay
+
+    trace, counts, _ = _record(rig, tmp_path, make_tel, streams=8)
+    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, str(counts)
+    for concurrent in (True, False):
+        r = replay(trace, 96, concurrent=concurrent)
+        agree = int(np.sum(r.cached == trace.cached))
+        err = (int(r.cached.sum()) - int(trace.cached.sum())) / max(1, int(trace.cached.sum()))
+        print(f"8 streams, replay {'with' if concurrent else 'without'} in-flight requests: "
+              f"{agree}/{N_REQUESTS} requests equal, total {err:+.2%} "
+              f"({int(r.cached.sum())} predicted, {int(trace.cached.sum())} measured)")
+
+
 @pytest.mark.timeout(2400)  # seven configurations of 175 requests, on two shared cores
 def test_replay_predicts_every_request_on_real_engines(rig, tmp_path, make_tel):
     from warmscope.analysis.whatif.replay import replay
@@ -195,67 +197,50 @@ def test_replay_predicts_every_request_on_real_engines(rig, tmp_path, make_tel):
     base = replay(trace, 96)
     assert np.array_equal(base.cached, trace.cached)  # the recording itself, replayed
 
-    configs = [(64, "recorded"), (128, "recorded"), (192, "recorded"), (96, "prefix_aware")]
-    rows = [("96 blocks, round robin (recorded)", int(trace.cached.sum()), int(base.cached.sum()),
-             N_REQUESTS)]
-    failures = []
-    for blocks, policy in configs:
-        pred = replay(trace, blocks, policy=policy)
-        measured = _run(rig[blocks], reqs, pred.engine)
-        agree = int(np.sum(measured == pred.cached))
-        rows.append((f"{blocks} blocks, {policy.replace('_', '-')}", int(measured.sum()),
-                     int(pred.cached.sum()), agree))
-        total_err = abs(int(pred.cached.sum()) - int(measured.sum())) / max(1, int(measured.sum()))
-        if agree < 0.99 * N_REQUESTS or total_err > 0.005:
-            bad = np.flatnonzero(measured != pred.cached)[:5]
-            failures.append((blocks, policy, agree, total_err,
-                             [(int(i), int(pred.cached[i]), int(measured[i])) for i in bad]))
-    # the salt dropped for the pair that shares the most content: exact (content chains)
     from warmscope.analysis.whatif.fixes import isolation_pair
     from warmscope.analysis.whatif.replay import effective_keys
 
+    rows = {"96 blocks, round robin (recorded)": (int(trace.cached.sum()),
+                                                  int(base.cached.sum()), N_REQUESTS)}
+    failures = []
+
+    def check(name: str, engines, requests, pred, asserted: bool = True) -> None:
+        measured = _run(engines, requests, pred.engine)
+        agree = int(np.sum(measured == pred.cached))
+        rows[name] = (int(measured.sum()), int(pred.cached.sum()), agree)
+        total_err = abs(int(pred.cached.sum()) - int(measured.sum())) / max(1, int(measured.sum()))
+        if asserted and (agree < 0.99 * N_REQUESTS or total_err > 0.005):
+            bad = np.flatnonzero(measured != pred.cached)[:5]
+            failures.append((name, agree, total_err,
+                             [(int(i), int(pred.cached[i]), int(measured[i])) for i in bad]))
+
+    # on the recording pair (its caches emptied) first, then the other capacities' pairs
+    check("96 blocks, prefix-aware routing", rig[96], reqs, replay(trace, 96, policy="prefix_aware"))
+    # the salt dropped for the pair that shares the most content: exact (content chains)
     pair = isolation_pair(trace)
     assert pair is not None and {"bolt", "cora"} & set(pair), pair
-    pred = replay(trace, 96, keys=effective_keys(trace, unsalt=pair))
-    measured = _run(rig[96], _unsalted(reqs, set(pair)), pred.engine)
-    agree = int(np.sum(measured == pred.cached))
-    rows.append((f"96 blocks, salt dropped ({'+'.join(pair)})", int(measured.sum()),
-                 int(pred.cached.sum()), agree))
-    if agree < 0.99 * N_REQUESTS:
-        failures.append(("salt", pair, agree))
+    check(f"96 blocks, salt dropped ({'+'.join(pair)})", rig[96], _unsalted(reqs, set(pair)),
+          replay(trace, 96, keys=effective_keys(trace, unsalt=pair)))
     # drift fixed: the stable chain misses where the first stamp of the recording hit nothing
     # (its blocks were not yet known to drift): reported, not asserted
-    stable = replay(trace, 96, keys=effective_keys(trace, stable=True))
-    measured_stable = _run(rig[96], _stable(reqs), stable.engine)
-    rows.append(("96 blocks, drift fixed (reported)", int(measured_stable.sum()),
-                 int(stable.cached.sum()), int(np.sum(measured_stable == stable.cached))))
+    check("96 blocks, drift fixed (reported)", rig[96], _stable(reqs),
+          replay(trace, 96, keys=effective_keys(trace, stable=True)), asserted=False)
+    for blocks in (64, 128, 192):
+        check(f"{blocks} blocks, round robin", rig[blocks], reqs, replay(trace, blocks))
     prompt = int(trace.prompt.sum())
-    print(f"\n{'configuration':<36}{'measured':>10}{'predicted':>11}{'hit rate':>10}  per request")
-    for name, m, p, a in rows:
-        print(f"{name:<36}{m:>10}{p:>11}{m / prompt:>10.1%}  {a}/{N_REQUESTS}")
+    print(f"\n{'configuration':<40}{'measured':>10}{'predicted':>11}{'hit rate':>10}  per request")
+    for name, (m, p, a) in rows.items():
+        print(f"{name:<40}{m:>10}{p:>11}{m / prompt:>10.1%}  {a}/{N_REQUESTS}")
     assert not failures, failures
     # the fixes differ from the recording: the proof is not of an unchanged cache
-    assert rows[1][1] < rows[0][1] < rows[2][1] < rows[3][1] and rows[4][1] > rows[0][1]
-    assert rows[5][1] > rows[0][1]  # dropping the salt shares more
+    measured = {name: m for name, (m, _, _) in rows.items()}
+    recorded = measured["96 blocks, round robin (recorded)"]
+    assert measured["64 blocks, round robin"] < recorded < measured["128 blocks, round robin"]
+    assert measured["128 blocks, round robin"] < measured["192 blocks, round robin"]
+    assert measured["96 blocks, prefix-aware routing"] > recorded
+    assert measured[f"96 blocks, salt dropped ({'+'.join(pair)})"] > recorded
     # the recording judged the template's drift: the stable chain differs where it drifted
     assert np.any(trace.s != trace.h) and np.any(trace.cls == 4)
-
-
-@pytest.mark.timeout(1200)
-def test_concurrent_streams_are_reported(rig, tmp_path, make_tel):
-    """Measured agreement with 8 concurrent streams: printed, not asserted beyond the
-    recording's completeness (the engine batches requests of one step, the replay cannot)."""
-    from warmscope.analysis.whatif.replay import replay
-
-    trace, counts, _ = _record(rig, tmp_path, make_tel, streams=8)
-    assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, str(counts)
-    for concurrent in (True, False):
-        r = replay(trace, 96, concurrent=concurrent)
-        agree = int(np.sum(r.cached == trace.cached))
-        err = (int(r.cached.sum()) - int(trace.cached.sum())) / max(1, int(trace.cached.sum()))
-        print(f"8 streams, replay {'with' if concurrent else 'without'} in-flight requests: "
-              f"{agree}/{N_REQUESTS} requests equal, total {err:+.2%} "
-              f"({int(r.cached.sum())} predicted, {int(trace.cached.sum())} measured)")
 
 
 def _mooncake_slice(limit: int = 150):

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from warmscope.analysis.advisor import advise
 from warmscope.analysis.replay import TOLERANCE, calibrate, replay
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
 from warmscope.simulator.advisor_proof import prove
 from warmscope.sources import EmbeddedSource
+
+from tests.conftest import simulated_store
 
 pytestmark = pytest.mark.slow  # simulates or builds first: tens of seconds on two cores
 
@@ -20,8 +22,9 @@ HOURS, RPS = 3.0, 6.0
 def recorded(tmp_path_factory):
     """Three simulated hours, both pools on the predictive strategy; pool B keeps responses 4 h instead of 1 h."""
     path = tmp_path_factory.mktemp("advisor") / "recorded.sqlite"
-    simulate(SimConfig.load(None, hours=HOURS, rps=RPS, seed=3, strategy_a="predictive", strategy_b="predictive",
-                            b_response_ttl_s=14400), path, workers=1)  # one process: one run-id sequence
+    simulated_store(path, SimConfig.load(None, hours=HOURS, rps=RPS, seed=3, strategy_a="predictive",
+                                         strategy_b="predictive", b_response_ttl_s=14400),
+                    workers=1)  # one process: one run-id sequence
     return path, EmbeddedSource(path).frames(["lookups", "warmup_runs", "warmed_keys", "hot_keys"])
 
 

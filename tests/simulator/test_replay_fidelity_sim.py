@@ -5,14 +5,17 @@ without warm-up; its embedding replay swung between about 0 % and 100 % from one
 import numpy as np
 import pytest
 from warmscope.analysis.replay import calibrate, fidelity
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
 from warmscope.sources import EmbeddedSource
+
+from tests.conftest import simulated_store
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("fidelity") / "three-pools.sqlite"
-    simulate(
+    simulated_store(
+        path,
         SimConfig.load(
             None,
             hours=3.0,
@@ -24,7 +27,6 @@ def model(tmp_path_factory):
             restart_every_h=1.0,
             content_drift_h=1.0,
         ),
-        path,
         workers=1,
     )
     fr = EmbeddedSource(path).frames(
