@@ -236,6 +236,14 @@ def render(w: Any) -> str:
         if isinstance(b, float) and b == b:
             lines.append(f"  {label} {b:,.0f} blocks ({b * t.block_size:,.0f} tokens)")
     lines.append(f"  today {w.capacity:,} blocks: {_pct(c.at(w.capacity))}")
+    knee = s["knee_blocks"]
+    if isinstance(knee, float) and knee == knee and c.max_hit > 0:
+        share = c.at(w.capacity) / c.max_hit
+        lines.append(
+            f"  sizing: today's cache reaches {share:.0%} of what an infinite one would; the "
+            f"knee is {knee / w.capacity:.1f}x today ({knee:,.0f} blocks): up to it each "
+            "doubling buys much, past it little"
+        )
     if w.vllm is not None:
         lines.append("  vLLM policy (exact replay):")
         for b, h in zip(w.vllm.capacity, w.vllm.hit_rate, strict=True):
