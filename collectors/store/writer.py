@@ -67,6 +67,8 @@ class StoreWriter:
                 n += len(rows)
             for table, acc in rollups.items():
                 write_rollup(con, table, acc)
+            if batches.get("block_trace"):
+                thin_block_trace(con, max(float(r[0]) for r in batches["block_trace"]))
             con.commit()
         except BaseException:
             con.rollback()
@@ -92,6 +94,23 @@ class StoreWriter:
 
 
 _INSERT: dict[str, str] = {}
+
+
+# The block trace is kept whole for a day; beyond it one request in eight, sampled by its first
+# block (``bucket``): a sampled request keeps every request that shares its first block, so the
+# prefix sharing within what is kept stays exact (a replay of it is a spatially sampled one).
+TRACE_FULL_S = 86_400.0
+TRACE_KEEP_BUCKETS = 32  # of 256
+
+
+def thin_block_trace(con: sqlite3.Connection, newest: float) -> int:
+    """Drop the block-trace rows older than :data:`TRACE_FULL_S` before ``newest`` outside the
+    sample (inside the caller's transaction); returns the rows dropped."""
+    cur = con.execute(
+        "DELETE FROM block_trace WHERE ts < ? AND bucket >= ?",
+        (newest - TRACE_FULL_S, TRACE_KEEP_BUCKETS),
+    )
+    return int(cur.rowcount or 0)
 
 
 def _insert_sql(table: str) -> str:

@@ -160,3 +160,34 @@ def test_trace_rows_through_the_pipeline_into_the_store(make_tel, tmp_path):
     tel.record_trace(object())
     tel.flush()
     assert tel.aggregator.errors.get("record", 0) >= 1
+
+
+def test_the_store_keeps_a_day_whole_and_samples_beyond(tmp_path):
+    """Rows older than a day before the newest write are thinned to the buckets 0-31 of 256 (one
+    request in eight, whole prefix groups: the bucket is the first block's)."""
+    from warmscope.collectors.store import EmbeddedStore
+    from warmscope.collectors.store.writer import TRACE_FULL_S, TRACE_KEEP_BUCKETS
+
+    store = EmbeddedStore(tmp_path / "s.sqlite")
+    row = list(trace_record(_row(0), "acme"))
+    old = []
+    for b in range(256):  # one request a bucket, two days ago
+        r = list(row)
+        r[0] = 1000.0
+        r[11] = b
+        old.append(tuple(r))
+    store.write({"block_trace": old})
+    assert store.query("SELECT count(*) FROM block_trace")[0][0] == 256  # nothing newer yet
+    new = list(row)
+    new[0] = 1000.0 + TRACE_FULL_S + 3600
+    store.write({"block_trace": [tuple(new)]})
+    kept = store.query("SELECT bucket FROM block_trace WHERE ts < 2000 ORDER BY bucket")
+    assert [b for (b,) in kept] == list(range(TRACE_KEEP_BUCKETS))
+    store.close()
+
+
+def _row(i: int):
+    from warmscope.collectors.kv.attribution import TraceRow
+
+    return TraceRow(float(i), float(i) + 1, "acme", "e1", "unsalted", 9, 1, 0, 0.1, 4, [1, 2], [1, 2],
+                    [], bytes([5, 5]))
