@@ -146,6 +146,9 @@ def test_a_schema_4_store_gains_the_two_tables(tmp_path):
     st.write({"misses": [row]})
     assert st.frame("misses").values.tolist() == [list(row)]
     assert st.frame("misses", step=records.ROLLUP_S)["tokens"].tolist() == [4]
-    assert (
-        st._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "5"
-    )
+    from warmscope.collectors.store import SCHEMA_VERSION
+
+    # upgraded through every later version (5: misses, kv_blocks; 6: block_trace)
+    got = st._con().execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+    assert got == str(SCHEMA_VERSION) and SCHEMA_VERSION >= 6
+    assert st.query("SELECT count(*) FROM block_trace")[0][0] == 0
