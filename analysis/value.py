@@ -43,6 +43,7 @@ __all__ = [
     "MIN_UNITS",
     "TokenLatency",
     "ttft_per_token",
+    "fit_token_latency",
 ]
 
 MIN_UNITS = 30  # units with requests needed to fit the conversion response
@@ -219,6 +220,39 @@ def ttft_per_token(
         float(n.sum()),
         float(np.sum(n * x) / n.sum()),
         float(np.sum(n * y) / n.sum()),
+    )
+
+
+def fit_token_latency(
+    missed: np.ndarray, ttft: np.ndarray, min_requests: int = MIN_UNITS
+) -> TokenLatency | str:
+    """TTFT per request against the prompt tokens it missed (``ttft = fixed_s + per_token_s ×
+    missed``), least squares over requests with an HC1 interval on the slope: what one missed
+    token costs, from a block trace's own requests. Returns the fit, or one sentence saying what
+    is missing."""
+    x = np.asarray(missed, float)
+    y = np.asarray(ttft, float)
+    ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    x, y = x[ok], y[ok]
+    if len(x) < min_requests:
+        return (
+            f"not enough points: {len(x)} requests with a time to first token, {min_requests} "
+            "needed to measure what a missed token costs"
+        )
+    if float(np.ptp(x)) <= 0:
+        return "not enough points: every request missed the same number of tokens"
+    w = np.ones_like(x)
+    beta, se = _wls_hc1(x, y, w)
+    b = float(beta[1])
+    return TokenLatency(
+        float(beta[0]),
+        b,
+        b - Z95 * se,
+        b + Z95 * se,
+        0,
+        float(len(x)),
+        float(x.mean()),
+        float(y.mean()),
     )
 
 

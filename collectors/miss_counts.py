@@ -289,6 +289,7 @@ def trace_record(r: Any, tenant: str) -> tuple[Any, ...]:
         int(r.cached),
         float(r.ttft),
         int(r.block_size),
+        int(getattr(r, "capacity", 0) or 0),
         (h[0] & 0xFF) if h else 0,
         _blob(h),
         _blob(list(r.c)),

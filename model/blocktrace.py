@@ -102,6 +102,7 @@ class BlockTrace:
     salts: tuple[str, ...] = ("",)
     restarts: tuple[tuple[float, int], ...] = ()  # (time, engine index): the cache was emptied
     source: str = ""
+    capacity: dict[str, int] = field(default_factory=dict)  # engine -> num_gpu_blocks, if known
     notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -152,6 +153,7 @@ class BlockTrace:
             self.salts,
             tuple(r for r in self.restarts if len(idx) and self.t[idx[0]] <= r[0]),
             self.source,
+            dict(self.capacity),
             list(self.notes),
         )
 

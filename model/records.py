@@ -475,7 +475,8 @@ KV_BLOCKS = Record(
 # ``h``: the blocks as the engine cached them; ``c``: the chain without the cache salt; ``s``:
 # the chain with the template's drifting blocks replaced (empty when equal to ``h``); ``cls``:
 # one byte per block, model.blocktrace.BLOCK_CLASSES (255 not judged). ``bucket`` (0-255, from
-# the first block) is the sample bucket older rows are thinned by.
+# the first block) is the sample bucket older rows are thinned by; ``capacity``: the engine's
+# num_gpu_blocks from its /metrics (0 when it did not say).
 BLOCK_TRACE = Record(
     "block_trace",
     (
@@ -489,6 +490,7 @@ BLOCK_TRACE = Record(
         _m("cached"),
         _m("ttft", REAL),
         _m("block_size"),
+        _m("capacity"),
         _m("bucket"),
         _m("h", BLOB),
         _m("c", BLOB),

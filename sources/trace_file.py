@@ -113,6 +113,7 @@ def _read(f: IO[bytes], name: str, block_size: int | None) -> BlockTrace:
     pred: dict[int, tuple[int, int]] = {}  # id -> (the id before it, the line it was first seen)
     last_t = -math.inf
     restarts: list[tuple[float, str]] = []
+    capacity: dict[str, int] = {}
     for no, s in _lines(f):
         try:
             r = _loads(s)
@@ -185,6 +186,9 @@ def _read(f: IO[bytes], name: str, block_size: int | None) -> BlockTrace:
             if len(cls) < pf or any(x >= len(BLOCK_CLASSES) and x != UNJUDGED for x in cls):
                 raise TraceError(f"line {no}: classes must give one known class per hash id")
             cls = cls[:pf] + [UNJUDGED] * (len(h) - pf)
+        blocks = r.get("num_gpu_blocks")
+        if "engine" in r and isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 1:
+            capacity[str(r["engine"])] = blocks
         end = r.get("end_timestamp")
         ttft = r.get("ttft_ms")
         cached = r.get("cached_tokens")
@@ -210,6 +214,7 @@ def _read(f: IO[bytes], name: str, block_size: int | None) -> BlockTrace:
     for t, engine in restarts:
         b.restart(t, engine)
     trace = b.build()
+    trace.capacity = capacity
     trace.check()
     return trace
 
@@ -260,6 +265,9 @@ def _line(trace: BlockTrace, i: int, t0: float, ids: _Ids, cids: _Ids, sids: _Id
         r["tenant"] = tenant
     if trace.engine[i] >= 0:
         r["engine"] = trace.engines[trace.engine[i]]
+        cap = trace.capacity.get(r["engine"])
+        if cap:
+            r["num_gpu_blocks"] = cap
     if trace.salt[i] > 0:
         r["salt"] = trace.salts[trace.salt[i]]
     if not math.isnan(trace.t_end[i]):

@@ -52,9 +52,12 @@ def trace_from_rows(rows: Iterable[Sequence[Any]] | pd.DataFrame, source: str = 
             "engines of one block size at a time"
         )
     b = TraceBuilder(sizes.pop(), source)
+    capacity: dict[str, int] = {}
     for r in ordered:
-        ts, t_end, tenant, engine, salt, prompt, output, cached, ttft, _bs, _bucket = r[:11]
-        h, c, s, cls = _u64(r[11]), _u64(r[12]), _u64(r[13]), r[14]
+        ts, t_end, tenant, engine, salt, prompt, output, cached, ttft, _bs, cap, _bucket = r[:12]
+        h, c, s, cls = _u64(r[12]), _u64(r[13]), _u64(r[14]), r[15]
+        if cap and engine:
+            capacity[str(engine)] = int(cap)
         b.add(
             float(ts),
             int(prompt),
@@ -72,6 +75,7 @@ def trace_from_rows(rows: Iterable[Sequence[Any]] | pd.DataFrame, source: str = 
             cls=list(bytes(cls)) if cls is not None and len(bytes(cls)) == len(h) else None,
         )
     trace = b.build()
+    trace.capacity = {e: capacity[e] for e in trace.engines if e in capacity}
     trace.check()
     return trace
 
@@ -117,6 +121,9 @@ def store_trace_rows(trace: BlockTrace) -> list[tuple[Any, ...]]:
                 int(trace.cached[i]),
                 float(trace.ttft[i]),
                 int(trace.block_size),
+                int(trace.capacity.get(trace.engines[trace.engine[i]], 0))
+                if trace.engine[i] >= 0
+                else 0,
                 int(h[0]) & 0xFF if len(h) else 0,
                 blob(h),
                 blob(trace.c[lo:full]),

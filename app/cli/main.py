@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup
+from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup, whatif
 from .base import Command, Group, Simple, check_commands, store_path
 from .terminal import progress as _progress
 
@@ -707,6 +707,8 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     misses.COMMAND,
+    whatif.COMMAND,
+    whatif.TRACE_COMMAND,
     runs.COMMAND,
     gateway.COMMAND,
     kv.COMMAND,

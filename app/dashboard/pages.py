@@ -151,6 +151,13 @@ PAGES: tuple[Page, ...] = (
     ),
     Page("misses", "Why misses", ":material/help_center:", "Why misses"),
     Page(
+        "whatif",
+        "What if",
+        ":material/alt_route:",
+        "What would fix it",
+        imports=("plotly.graph_objects", "warmscope.analysis.whatif.report"),
+    ),
+    Page(
         "rootcause",
         "Root cause",
         ":material/troubleshoot:",

@@ -74,6 +74,7 @@ class TraceRow:
     c: list[int]
     s: list[int]
     cls: bytes
+    capacity: int = 0  # the engine's num_gpu_blocks, 0 when it did not say
 
 
 @dataclass
@@ -148,6 +149,7 @@ class KVState:
         self.trace_sink = trace_sink
         self.trace_key = trace_key or os.urandom(16)
         self._tracing: dict[str, tuple[dict[str, Any], float]] = {}
+        self.capacity: dict[str, int] = {}  # engine -> num_gpu_blocks (its /metrics), for traces
         # one-block parent-less events of resident blocks, undecided (see apply)
         self._held: dict[str, tuple[str, list[int], list[int], int, str | None, float]] = {}
         self._drift_sources: OrderedDict[int, None] = OrderedDict()
@@ -562,6 +564,7 @@ class KVState:
             [prf(x) for x in ch.c],
             [] if stable == ch.h else [prf(x) for x in stable],
             bytes(cls),
+            self.capacity.get(rec.engine, 0),
         )
 
     def _call(self, cb: Callable[[Attribution], None], a: Attribution) -> None:

@@ -17,6 +17,7 @@ of the new stream is repaired the same way.
 from __future__ import annotations
 
 import json
+import re
 import logging
 import threading
 import time
@@ -30,7 +31,8 @@ import zmq
 from .attribution import KVState
 from .decode import Batch, DecodeStats, decode_message
 
-__all__ = ["EngineSpec", "KVSubscriber", "discover"]
+__all__ = [
+    "engine_capacity","EngineSpec", "KVSubscriber", "discover"]
 
 log = logging.getLogger("warmscope.kv")
 _END_SEQ = b"\xff" * 8
@@ -75,6 +77,24 @@ def discover(url: str, name: str | None = None, timeout_s: float = 5.0) -> list[
             )
         )
     return out
+
+
+_NUM_GPU_BLOCKS = re.compile(r'^vllm[:_]cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', re.M)
+
+
+def engine_capacity(url: str, timeout_s: float = 5.0) -> int | None:
+    """The engine's KV cache in blocks (vLLM's ``num_gpu_blocks``, block 0 its null block), from
+    the ``vllm:cache_config_info`` gauge of its ``/metrics``; None when it does not say."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=timeout_s) as r:
+            text = r.read(4 << 20).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    m = _NUM_GPU_BLOCKS.search(text)
+    return int(m[1]) if m else None
 
 
 def _replay_address(ep: str, host: str) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .attribution import Attribution, KVState, TraceRow
-from .subscriber import EngineSpec, KVSubscriber, discover
+from .subscriber import EngineSpec, KVSubscriber, discover, engine_capacity
 
 __all__ = ["KVWatcher"]
 
@@ -43,12 +43,18 @@ class KVWatcher:
         trace_key: bytes | None = None,
     ) -> None:
         specs: list[EngineSpec] = []
+        capacity: dict[str, int] = {}  # engine -> num_gpu_blocks, where its /metrics says
         for e in engines:
             if isinstance(e, EngineSpec):
                 specs.append(e)
                 continue
             try:
-                specs.extend(discover(e))
+                found = discover(e)
+                specs.extend(found)
+                cap = engine_capacity(e)
+                if cap:
+                    for f in found:
+                        capacity[f.name] = cap
             except Exception as ex:  # an engine that is down, or without events
                 log.warning(
                     "warmscope kv-events: cannot read %s/kv_event_sources (%s: %s); "
@@ -66,6 +72,7 @@ class KVWatcher:
             trace_sink=trace_sink,
             trace_key=trace_key,
         )
+        self.state.capacity.update(capacity)
         self.subscriber = KVSubscriber(specs, self.state, catch_up=catch_up)
 
     def start(self) -> KVWatcher:

@@ -72,7 +72,8 @@ def workload(n: int = 175, seed: int = 37) -> list[Request]:
             out.append(Request(who, msgs, out_tokens(), salt=None if who == "acme" else who))
         elif who == "clock":
             tick += rnd.choice((0, 1, 1, 2))
-            stamp = f"Time: 2026-12-01 1{tick % 10}:{(7 * tick) % 60:02d}. "
+            # a fixed-width stamp: block 0 changes, the blocks after it keep their tokens
+            stamp = f"Time: 2026-12-01 2{tick % 4}:{10 + 7 * tick % 49:02d}:{13 + 11 * tick % 46:02d}. "
             msgs = [{"role": "system", "content": stamp + SYS_CLOCK},
                     {"role": "user", "content": f"Status of rotor {rnd.randint(1, 9)}?"}]
             out.append(Request(who, msgs, out_tokens()))

@@ -1,0 +1,383 @@
+"""`warmscope whatif` and `warmscope trace`: what each fix would buy, replayed from a recording.
+
+    warmscope whatif                              the store's block trace (a gateway's recording)
+    warmscope whatif --trace trace.jsonl --capacity 5860
+    warmscope whatif --since 6h --unsalt acme,bolt --vllm-curve 12 --json
+    warmscope trace export --out trace.jsonl      the store's block trace, in the Mooncake format
+    warmscope trace import trace.jsonl            a trace file into the store (aligned to its end)
+
+The capacity is vLLM's ``num_gpu_blocks`` per engine (block 0 is its null block): by default the
+one the gateway read from the engines' ``/metrics`` when it recorded; a trace file without it
+needs ``--capacity``. See docs/whatif.md for the method and how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from warmscope.app.cli.base import Group, Simple, store_path
+from warmscope.app.cli.misses import _since
+from warmscope.app.cli.terminal import progress
+
+__all__ = ["COMMAND", "TRACE_COMMAND", "cmd_whatif"]
+
+PROG = "warmscope whatif"
+
+
+def _fail(prog: str, msg: str) -> int:
+    print(f"{prog}: {msg}", file=sys.stderr)
+    return 2
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace",
+        help="a trace file in the Mooncake format (default: the block trace in the store)",
+    )
+    p.add_argument(
+        "--block-size", type=int, help="tokens per hash id of --trace (default: its own, or 512)"
+    )
+    p.add_argument(
+        "--capacity",
+        type=int,
+        help="KV blocks per engine today (vLLM's num_gpu_blocks; default: what the engines "
+        "reported when the trace was recorded)",
+    )
+    p.add_argument(
+        "--since",
+        help="only requests from this time on: a duration back from the newest (30m, 6h, 2d) "
+        "or a time (ISO 8601 or Unix seconds)",
+    )
+    p.add_argument(
+        "--unsalt",
+        help="the tenants whose cache salt the table drops, comma-separated (default: the two "
+        "that share the most content)",
+    )
+    p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="replay requests as in flight from arrival to end (default: one after another)",
+    )
+    p.add_argument(
+        "--vllm-curve",
+        type=int,
+        default=8,
+        metavar="N",
+        help="replay the vLLM policy at N capacities for its curve (0: the LRU curve only; "
+        "default 8)",
+    )
+    p.add_argument(
+        "--sample",
+        type=float,
+        help="SHARDS sampling rate for the LRU curve (default: exact up to 20 M block "
+        "references, 0.01 beyond)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def load_trace(args: argparse.Namespace, prog: str) -> Any:
+    """The trace the arguments name; raises ValueError with the message to print."""
+    from warmscope.model.blocktrace import TraceError
+    from warmscope.sources.base import SourceError
+
+    try:
+        if args.trace:
+            from warmscope.sources.trace_file import read_trace
+
+            tr = read_trace(args.trace, args.block_size)
+        else:
+            path = store_path(args)
+            if not Path(path).exists():
+                raise ValueError(
+                    f"no store at {path}: record a block trace with `warmscope gateway "
+                    "--kv-events`, import one with `warmscope trace import FILE`, or pass --trace"
+                )
+            from warmscope.sources.trace_store import read_store_trace
+
+            tr = read_store_trace(path)
+    except (TraceError, SourceError) as e:
+        raise ValueError(str(e)) from None
+    since = getattr(args, "since", None)
+    if since:
+        start = _since(since, float(tr.t[-1]))
+        tr = tr.window(start, math.inf)
+        if not len(tr):
+            raise ValueError(f"no traced request since {since}")
+    return tr
+
+
+def _capacity(args: argparse.Namespace, tr: Any) -> tuple[int, str]:
+    if args.capacity is not None:
+        return args.capacity, "given (--capacity)"
+    caps = sorted(set(tr.capacity.values()))
+    if len(caps) == 1:
+        return caps[0], "as the engines reported it (vllm:cache_config_info) when recorded"
+    if len(caps) > 1:
+        raise ValueError(
+            f"the engines had different capacities ({', '.join(map(str, caps))} blocks): pass "
+            "--capacity to replay them all at one"
+        )
+    raise ValueError(
+        "the trace does not say the engines' capacity: pass --capacity BLOCKS (vLLM's "
+        "num_gpu_blocks per engine; e.g. "
+        f"{max(2, int(3_000_000 // tr.block_size)):,} for 3 M tokens of {tr.block_size}-token "
+        "blocks)"
+    )
+
+
+def _pct(x: float) -> str:
+    return "—" if x != x else f"{x:.1%}"
+
+
+def _signed(x: float, digits: int = 0) -> str:
+    return "—" if x != x else f"{x:+,.{digits}f}"
+
+
+def render(w: Any) -> str:
+    """The what-if answer as text."""
+    t, tab = w.trace, w.table
+    lines = []
+    span = t.span_s
+    lines.append(
+        f"Block trace: {len(t):,} requests, {t.n_blocks:,} block references of {t.block_size} "
+        f"tokens, {len(t.engines) or 1} engine(s), {span / 60:.1f} min ({t.source})"
+    )
+    rec = (
+        ""
+        if tab.recorded_hit_rate != tab.recorded_hit_rate
+        else (
+            f"; the engines reported {_pct(tab.recorded_hit_rate)}, "
+            f"{tab.agreement:.1%} of requests replayed to the token"
+        )
+    )
+    lines.append(
+        f"Replayed as recorded at {w.capacity:,} blocks per engine ({w.capacity_note}): "
+        f"token hit rate {_pct(tab.baseline_hit_rate)}{rec}"
+    )
+    missed = tab.baseline_missed
+    if missed:
+        total = sum(missed.values())
+        parts = ", ".join(
+            f"{k} {v:,} ({v / total:.0%})" for k, v in sorted(missed.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(f"Tokens a cache could have served and did not, by why: {parts}")
+    lines.append("")
+    lines.append(
+        "What each fix buys (cached tokens gained = prefill tokens saved; 95 % CI over "
+        "20 time slices of the trace)"
+    )
+    head = (
+        f"{'fix':<34}{'hit rate':>9}  {'tokens gained (95 % CI)':<44}{'GPU-s saved':>12}  aimed at"
+    )
+    lines.append(head)
+    lines.append("-" * len(head))
+    for f in tab.fixes:
+        if not f.available:
+            lines.append(f"{f.name:<34}{'—':>9}  n/a: {f.note}")
+            continue
+        ci = f"{_signed(f.gained_ci[0])} to {_signed(f.gained_ci[1])}"
+        gained = f"{_signed(f.gained_tokens)} ({ci})"
+        lines.append(
+            f"{f.name:<34}{_pct(f.hit_rate):>9}  {gained:<44}{_signed(f.gpu_s, 2):>12}  {f.removes}"
+        )
+    lines.append("")
+    for f in tab.fixes:
+        if f.available and f.by_class:
+            got = ", ".join(
+                f"{k} {v:,}" for k, v in sorted(f.by_class.items(), key=lambda kv: -kv[1])
+            )
+            lost = (
+                "; lost: " + ", ".join(f"{k} {v:,}" for k, v in f.lost_by_class.items())
+                if f.lost_by_class
+                else ""
+            )
+            lines.append(f"  {f.name}: gains tokens that were {got}{lost}")
+        if f.available and f.note:
+            lines.append(f"  {f.name}: {f.note}")
+    lines.append(f"  prices: {tab.cost_note}")
+    if tab.cost is not None:
+        for f in tab.fixes:
+            if f.available and f.ttft_s_per_request == f.ttft_s_per_request:
+                lines.append(
+                    f"  {f.name}: TTFT {f.ttft_s_per_request * 1e3:+.2f} ms per request saved "
+                    f"(95 % CI {f.ttft_ci[0] * 1e3:+.2f} to {f.ttft_ci[1] * 1e3:+.2f})"
+                )
+    lines.append("")
+    c = w.lru
+    s = c.summary()
+    lines.append(
+        f"Miss-ratio curve (block LRU{', sampled at ' + format(c.rate, 'g') if c.rate < 1 else ''}"
+        f"{', per engine' if len(t.engines) > 1 else ''}): at most {_pct(c.max_hit)} with an "
+        f"infinite cache"
+    )
+    for label, key in (
+        ("half of that at", "half_max_blocks"),
+        ("95 % at", "p95_max_blocks"),
+        ("knee at", "knee_blocks"),
+    ):
+        b = s[key]
+        if isinstance(b, float) and b == b:
+            lines.append(f"  {label} {b:,.0f} blocks ({b * t.block_size:,.0f} tokens)")
+    lines.append(f"  today {w.capacity:,} blocks: {_pct(c.at(w.capacity))}")
+    if w.vllm is not None:
+        lines.append("  vLLM policy (exact replay):")
+        for b, h in zip(w.vllm.capacity, w.vllm.hit_rate, strict=True):
+            mark = "  <- today" if int(b) == w.capacity else ""
+            lines.append(f"    {int(b):>10,} blocks  {h:6.1%}  (LRU {c.at(b):6.1%}){mark}")
+        lines.append(f"    {w.capacity:>10,} blocks  {tab.baseline_hit_rate:6.1%}  today")
+    return "\n".join(lines)
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from warmscope.analysis.whatif.report import whatif
+    from warmscope.model.blocktrace import TraceError
+
+    if args.capacity is not None and args.capacity < 2:
+        return _fail(PROG, f"--capacity {args.capacity}: an engine needs at least 2 blocks")
+    if args.sample is not None and not 0 < args.sample <= 1:
+        return _fail(PROG, f"--sample {args.sample}: a sampling rate in (0, 1]")
+    if args.vllm_curve < 0:
+        return _fail(PROG, "--vllm-curve: a number of capacities, 0 or more")
+    try:
+        tr = load_trace(args, PROG)
+        cap, note = _capacity(args, tr)
+    except ValueError as e:
+        return _fail(PROG, str(e))
+    unsalt = [x.strip() for x in args.unsalt.split(",") if x.strip()] if args.unsalt else None
+    show = None if args.json else progress("replaying")
+    try:
+        w = whatif(
+            tr,
+            cap,
+            note,
+            concurrent=args.concurrent,
+            unsalt=unsalt,
+            vllm_points=args.vllm_curve,
+            rate=args.sample,
+            progress=show,
+        )
+    except TraceError as e:
+        return _fail(PROG, str(e))
+    if args.json:
+        print(json.dumps(w.as_dict(), indent=2))
+    else:
+        print(render(w))
+    return 0
+
+
+COMMAND = Simple(
+    "whatif",
+    run=cmd_whatif,
+    arguments=_arguments,
+    help="what each fix would buy: replay a block trace through vLLM's prefix cache at other "
+    "capacities, routings, salts and templates",
+    description="Replays a block trace (recorded by `warmscope gateway --kv-events`, or a "
+    "Mooncake-format file) through an exact model of vLLM's prefix cache: the miss-ratio curve, "
+    "and per fix (more capacity, prefix-aware routing, a dropped salt, a fixed template drift, "
+    "warm-up) the cached tokens, GPU-seconds and TTFT it buys.",
+)
+
+
+# ---------------------------------------------------------------- trace
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="the trace file to write (JSON lines)")
+    p.add_argument("--since", help="only requests from this time on (as for whatif)")
+
+
+def cmd_trace_export(args: argparse.Namespace) -> int:
+    from warmscope.sources.trace_file import write_trace
+
+    prog = "warmscope trace export"
+    args.trace = None
+    try:
+        tr = load_trace(args, prog)
+    except ValueError as e:
+        return _fail(prog, str(e))
+    try:
+        n = write_trace(tr, args.out)
+    except OSError as e:
+        return _fail(prog, f"cannot write {args.out}: {e.strerror or e}")
+    print(f"wrote {n:,} requests ({tr.n_blocks:,} block references) to {args.out}")
+    return 0
+
+
+def _import_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a trace in the Mooncake format")
+    p.add_argument("--block-size", type=int, help="tokens per hash id (default: its own, or 512)")
+    p.add_argument(
+        "--align",
+        choices=("end", "now", "keep"),
+        default="end",
+        help="where its times go: end where the store's data ends (default), end now, or as "
+        "written (seconds from 1970 for a Mooncake trace)",
+    )
+
+
+def cmd_trace_import(args: argparse.Namespace) -> int:
+    import time
+
+    import numpy as np
+    from warmscope.collectors.store import EmbeddedStore, StoreError
+    from warmscope.model.blocktrace import TraceError
+    from warmscope.sources.base import SourceError
+    from warmscope.sources.trace_file import read_trace
+    from warmscope.sources.trace_store import write_store_trace
+
+    prog = "warmscope trace import"
+    try:
+        tr = read_trace(args.file, args.block_size)
+    except TraceError as e:
+        return _fail(prog, str(e))
+    path = store_path(args)
+    shift = 0.0
+    if args.align != "keep":
+        end = time.time()
+        if args.align == "end" and Path(path).exists():
+            try:
+                store = EmbeddedStore(Path(path))  # (an older store is upgraded first)
+                try:
+                    rows = store.query("SELECT max(ts) FROM lookups")
+                finally:
+                    store.close()
+                if rows and rows[0][0] is not None:
+                    end = float(rows[0][0])
+            except StoreError:
+                pass
+        shift = end - float(tr.t[-1])
+    tr.t = tr.t + shift
+    tr.t_end = np.where(np.isnan(tr.t_end), tr.t_end, tr.t_end + shift)
+    tr.restarts = tuple((t + shift, e) for t, e in tr.restarts)
+    try:
+        n = write_store_trace(tr, path)
+    except (SourceError, OSError) as e:
+        return _fail(prog, str(e))
+    print(
+        f"imported {n:,} requests ({tr.n_blocks:,} block references, {tr.block_size}-token "
+        f"blocks) into {path}; `warmscope whatif` replays them"
+    )
+    return 0
+
+
+TRACE_COMMAND = Group(
+    "trace",
+    "the block trace: export it in the Mooncake format, or import a trace file",
+    (
+        Simple(
+            "export",
+            run=cmd_trace_export,
+            arguments=_export_arguments,
+            help="write the store's block trace as a Mooncake-format file",
+        ),
+        Simple(
+            "import",
+            run=cmd_trace_import,
+            arguments=_import_arguments,
+            help="read a Mooncake-format trace file into the store's block trace",
+        ),
+    ),
+)

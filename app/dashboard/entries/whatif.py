@@ -1,0 +1,3 @@
+from warmscope.app.dashboard.pages import run
+
+run("whatif")
