@@ -1,6 +1,6 @@
 """Write the generated reference pages of the documentation site from the code.
 
-    python scripts/docs_reference.py            # (re)write docs/reference/{cli,configuration,...}.md
+    python scripts/docs_reference.py            # (re)write docs/reference/*.md
     python scripts/docs_reference.py --check    # exit 1 naming every page that differs
 
 Each page is a pure function of the code it documents, so it cannot drift from it:
@@ -243,6 +243,9 @@ NOTES: dict[str, str] = {
     "collectors.max_tenants": "tenants kept without an allow-list (the first seen); beyond: "
     "`other`",
     "collectors.hot_keys_k": "hot keys kept per tenant × layer",
+    "collectors.max_buffered_units": "A/B unit records kept between flushes (handed to the sink "
+    "early at a quarter of this; more: dropped, counted in `warmscope.telemetry.dropped`, logged "
+    "once)",
     "collectors.hot_key_window_s": "the hot-key window: a key read at least twice in it is hot",
     "collectors.hot_key_ttl_s": "how long hot-key rows are kept in Redis",
     "analysis.price_per_gpu_s": "currency per GPU-second (ROI, the advisor's value model)",
@@ -321,7 +324,8 @@ def config_rows(section: str, cls: type, meanings: dict[str, str]) -> list[list[
         else:
             if key not in FACTORY_DEFAULTS:
                 raise SystemExit(f"{key}: a computed default; describe it in FACTORY_DEFAULTS")
-            default, kind = FACTORY_DEFAULTS[key], "table" if key.endswith("dimensions") else "string"
+            default = FACTORY_DEFAULTS[key]
+            kind = "table" if key.endswith("dimensions") else "string"
         allowed = []
         if spec is not None:
             if spec.choices:
@@ -459,7 +463,9 @@ def metrics_page() -> str:
         records.ATTR.STAGE: ", ".join(schema.TELEMETRY_STAGES),
         records.ATTR.MISS_CLASS: ", ".join(records.MISS_CLASSES),
         records.ATTR.LENGTH_BUCKET: "the power-of-two prompt-length bound: "
-        + ", ".join(schema._LEN_NAMES) + "; unknown",  # noqa: SLF001
+        + ", ".join(schema._LEN_NAMES)  # noqa: SLF001
+        + "; unknown (only on the layers declared with length buckets: "
+        + ", ".join(n for n, d in records.LAYERS.items() if d.length_buckets) + ")",
         records.ATTR.SLA_MET: "true, false",
         records.ATTR.TOKEN_TYPE: "input",
         records.ATTR.LAYER: "any name; declared layers: " + ", ".join(records.LAYERS),
@@ -470,11 +476,11 @@ def metrics_page() -> str:
         [[f"`{a}`", f"`{schema.prom_label(a)}`", ", ".join(f"`{c}`" for c in columns.get(a, [])),
           cell(values.get(a, ""))] for a in sorted(attrs)],
     )
+    shared = ", ".join(f"`{x}`" for x in schema.SHARED_LAYERS)
     out += textwrap.dedent(f"""
         `{schema.OTHER}` is the overflow value of a bounded label and `{schema.UNKNOWN}` a
         dimension the caller did not set; experiment and variant are empty outside an experiment.
-        Cross-tenant reads in the shared layers ({", ".join(f"`{x}`" for x in schema.SHARED_LAYERS)})
-        are by design, not findings.
+        Cross-tenant reads in the shared layers ({shared}) are by design, not findings.
 
         ## Histogram buckets
 
