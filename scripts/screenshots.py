@@ -34,6 +34,9 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 SIZE = (1280, 900)
+# Text a page shows while it computes part of itself in the background (the alert history): the
+# screenshot waits until it is gone.
+PENDING = ("appears here when it is done",)
 
 
 def demo_store(path: Path, hours: float = 24.0, **overrides: float) -> Path:
@@ -139,6 +142,11 @@ def take(store: Path, out: Path = OUT, pages: list[str] | None = None,
             for p in chosen:
                 page = browser.new_page(viewport={"width": size[0], "height": size[1]})
                 page.goto(f"{url}/{p.url_path}", wait_until="networkidle")
+                _settle(page)
+                page.wait_for_function(
+                    "texts => !texts.some(t => document.body.innerText.includes(t))",
+                    arg=list(PENDING), timeout=600_000,
+                )
                 _settle(page)
                 if page.locator('[data-testid="stException"]').count():
                     raise RuntimeError(f"the {p.name} page shows an exception")
