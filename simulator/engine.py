@@ -29,6 +29,7 @@ the virtual timestamp at each tick end, so frames have tick resolution.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import math
@@ -209,6 +210,8 @@ class Replica:
     def cut_over(self) -> None:
         self._clear()
         self._weights_loaded()
+        if self.sim.block_trace is not None:  # the replica's prefix cache starts empty
+            self.sim.block_trace.restart(self.pool.variant, self.sim.now, self.name)
 
     def _weights_loaded(self) -> None:
         for model in self.sim.models:
@@ -273,8 +276,15 @@ class Simulation:
         speed: float = 1.0,
         variants: tuple[str, ...] | None = None,
         first_run_seq: int = 0,
+        block_trace: str | Path | None = None,
     ) -> None:
         self.cfg = cfg
+        # The prefix-KV block trace of each pool (its replicas as engines), written at the end
+        # of run() to ``<block_trace stem>-<variant>.jsonl`` for the what-if replay.
+        self.block_trace_path = block_trace
+        self.block_trace: BlockTraceRecorder | None = (
+            BlockTraceRecorder(cfg.block_tokens) if block_trace is not None else None
+        )
         variants = variants or cfg.arms
         self.variants = variants  # a worker process may simulate one pool (see run_parallel)
         self.faults = list(faults)
@@ -638,6 +648,8 @@ class Simulation:
                     time.sleep(wait)
         for tel in self.telemetries:
             tel.close()
+        if self.block_trace is not None and self.block_trace_path is not None:
+            self.block_trace.write(self.block_trace_path)
         if self._own_provider is not None:
             from warmscope.collectors.otel import stop_server
 
@@ -1013,6 +1025,8 @@ class Simulation:
             look[(rname, "prefix_kv", "miss")] += 1
             chain = False
             missed.append(j)
+        if self.block_trace is not None:
+            self.block_trace.add(pool.variant, self.now, rname, ten.name, blocks)
         if bypass:  # a skipped cache is not a miss: no classes
             return cached
         # Why each block missed, judged against the caches the request met (before its own writes).
@@ -1122,3 +1136,61 @@ def _as_lists(a: Arrivals) -> Arrivals:
 def _bypassed(bypass: tuple, layer: str) -> bool:
     """Whether an active bypass fault covers ``layer`` (``*``: every layer)."""
     return bool(bypass) and ("*" in bypass or layer in bypass)
+
+
+class BlockTraceRecorder:
+    """Each pool's prefix-KV requests as a block trace: a request's blocks (the simulator's
+    block keys, chained into digests), its replica, tenant and time, and the replicas'
+    restarts (their caches emptied)."""
+
+    def __init__(self, block_tokens: int) -> None:
+        from warmscope.model.blocktrace import TraceBuilder
+
+        self._builder = TraceBuilder
+        self.block_tokens = block_tokens
+        self.pools: dict[str, Any] = {}
+        self._ids: dict[str, int] = {}  # block key -> digest (keys repeat: system prompts)
+
+    def _pool(self, variant: str) -> Any:
+        b = self.pools.get(variant)
+        if b is None:
+            b = self.pools[variant] = self._builder(self.block_tokens, f"simulated pool {variant}")
+        return b
+
+    def add(
+        self, variant: str, t: float, replica: str, tenant: str, blocks: list[tuple[str, int, bool]]
+    ) -> None:
+        from warmscope.model.blocktrace import MASK63, chain_ids
+
+        known = self._ids
+        if len(known) > 1_000_000:
+            known.clear()
+        ids = []
+        for k, _, _ in blocks:
+            d = known.get(k)
+            if d is None:
+                d = known[k] = (
+                    int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "little")
+                    & MASK63
+                )
+            ids.append(d)
+        n = len(ids)
+        self._pool(variant).add(
+            t, n * self.block_tokens, 1, chain_ids(ids), engine=replica, tenant=tenant
+        )
+
+    def restart(self, variant: str, t: float, replica: str) -> None:
+        self._pool(variant).restart(t, replica)
+
+    def write(self, path: str | Path) -> list[Path]:
+        from warmscope.sources.trace_file import write_trace
+
+        out = []
+        p = Path(path)
+        for variant, b in sorted(self.pools.items()):
+            if not len(b):
+                continue
+            target = p.with_name(f"{p.stem}-{variant}{p.suffix or '.jsonl'}")
+            write_trace(b.build(), target)
+            out.append(target)
+        return out

@@ -187,8 +187,9 @@ def _read(f: IO[bytes], name: str, block_size: int | None) -> BlockTrace:
                 raise TraceError(f"line {no}: classes must give one known class per hash id")
             cls = cls[:pf] + [UNJUDGED] * (len(h) - pf)
         blocks = r.get("num_gpu_blocks")
-        if "engine" in r and isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 1:
-            capacity[str(r["engine"])] = blocks
+        if "engine" in r and isinstance(blocks, int) and not isinstance(blocks, bool):
+            if blocks > 1:
+                capacity[str(r["engine"])] = blocks
         end = r.get("end_timestamp")
         ttft = r.get("ttft_ms")
         cached = r.get("cached_tokens")

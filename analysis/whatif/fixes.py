@@ -133,7 +133,7 @@ class FixTable:
     def as_dict(self) -> dict[str, Any]:
         c = self.cost
         return {
-            "capacity_blocks": list(self.capacity),
+            "engine_capacities": list(self.capacity),
             "block_size": self.trace.block_size,
             "requests": len(self.trace),
             "baseline_hit_rate": self.baseline_hit_rate,

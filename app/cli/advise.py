@@ -65,6 +65,29 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "default (default 50)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    t = p.add_argument_group(
+        "warm-up judged on a block trace",
+        "which warm-up strategy, how many blocks, and what it buys after a restart, from a paired "
+        "replay of the trace (docs/warmup-evaluation.md)",
+    )
+    t.add_argument("--trace", metavar="FILE", help="a block trace file (the Mooncake format)")
+    t.add_argument(
+        "--block-trace", action="store_true", help="the block trace the store holds (a gateway's)"
+    )
+    t.add_argument("--capacity", type=int, help="the engine's num_gpu_blocks (default: recorded)")
+    t.add_argument(
+        "--k",
+        help="warm-set sizes in blocks, comma-separated (default: 1/64, 1/16, 1/4 and all "
+        "of the cache)",
+    )
+    t.add_argument("--restarts", type=int, default=30, help="restart points (default 30)")
+    t.add_argument(
+        "--warmup-objective",
+        choices=("ttft", "net_gpu"),
+        default="ttft",
+        help="ttft (default): prefill tokens the requests after a restart skip; net_gpu: minus "
+        "the warm-up's own prefill",
+    )
 
 
 FRAMES = [
@@ -313,6 +336,10 @@ def _advise_prefix(args: argparse.Namespace, src, fr, path: Path) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.trace or args.block_trace:
+        from warmscope.app.cli.whatif import cmd_warmup_advice
+
+        return cmd_warmup_advice(args)
     return cmd_advise(args, progress, store_path)
 
 

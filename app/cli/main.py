@@ -298,6 +298,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
+    whatif.import_demo_trace(path)  # the What if page's real production hour
     if args.no_dashboard:
         return 0
     return cmd_dashboard(args)
@@ -377,6 +378,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     if args.realtime:
         kw.update(realtime=True, speed=args.speed)
+    if getattr(args, "block_trace", None):
+        kw["block_trace"] = args.block_trace
     if args.faults_out:  # fail now, not after the whole run
         try:
             Path(args.faults_out).parent.mkdir(parents=True, exist_ok=True)
@@ -587,6 +590,12 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         "--b-kv-capacity",
         type=_POS_INT,
         help="pool B's prefix-KV capacity in tokens (A/B of capacities)",
+    )
+    p.add_argument(
+        "--block-trace",
+        metavar="FILE",
+        help="also write each pool's prefix-KV block trace (Mooncake format, one file per pool: "
+        "FILE's name with -A, -B, ...) for `warmscope whatif` and `warmscope advise --trace`",
     )
     p.add_argument(
         "--restart-every",

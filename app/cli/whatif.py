@@ -20,11 +20,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from warmscope.app.cli.base import Group, Simple, store_path
 from warmscope.app.cli.misses import _since
 from warmscope.app.cli.terminal import progress
 
-__all__ = ["COMMAND", "TRACE_COMMAND", "cmd_whatif"]
+__all__ = [
+    "COMMAND",
+    "TRACE_COMMAND",
+    "cmd_whatif",
+    "cmd_warmup_advice",
+    "import_demo_trace",
+    "DEMO_TRACE",
+]
+
+# A real production hour (Mooncake's conversation trace, Apache-2.0; data/traces/README.md), in a
+# checkout: the demo imports it so that the What if page has a trace to replay.
+DEMO_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_conversation.jsonl"
 
 PROG = "warmscope whatif"
 
@@ -283,6 +295,130 @@ COMMAND = Simple(
 )
 
 
+# ---------------------------------------------------------------- warm-up advice
+def render_advice(ev: Any, rec: Any) -> str:
+    """The paired evaluation's table and the recommendation, as text."""
+    hs = list(ev.horizons)
+    lines = [
+        f"Warm-up judged on {ev.trace_source}: {len(ev.restarts)} restarts of an engine of "
+        f"{ev.capacity:,} blocks ({ev.block_size}-token blocks); each strategy chose its warm set "
+        "from the hour before the restart, then the next "
+        f"{max(hs) / 60:.0f} min of traffic was replayed (the same restarts and traffic for all)",
+        "",
+        "Prefill tokens saved per restart over no warm-up (95 % CI), and the share of the "
+        "oracle's gain (what knowing the next minutes would save)",
+    ]
+    head = f"{'K':>7}  {'strategy':<12}" + "".join(f"{f'within {h / 60:g} min':>34}" for h in hs)
+    head += f"{'oracle share':>22}{'precision':>11}"
+    lines += [head, "-" * len(head)]
+    hmax = max(hs)
+    for k in ev.ks:
+        for s in ("static_topk", "recency", "heat", "predictive", "oracle"):
+            try:
+                cells = [ev.cell(s, k, h) for h in hs]
+            except KeyError:
+                continue
+            row = f"{k:>7,}  {s:<12}"
+            for c in cells:
+                row += (
+                    f"{f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>30}"
+                )
+            last = ev.cell(s, k, hmax)
+            lo_s, hi_s = last.oracle_share_ci
+            share = (
+                f"{last.oracle_share:.0%} ({lo_s:.0%}-{hi_s:.0%})"
+                if last.oracle_share == last.oracle_share
+                else "—"
+            )
+            prec = f"{last.precision:.0%}" if last.precision == last.precision else "—"
+            lines.append(row + f"{share:>22}{prec:>11}")
+    from warmscope.analysis.whatif.warmup import OBJECTIVES
+
+    lines += ["", f"Recommendation (objective {rec.objective}: {OBJECTIVES[rec.objective]}):"]
+    if rec.strategy == "none":
+        lines.append("  no warm-up")
+    else:
+        lines.append(
+            f"  {rec.strategy}, K = {rec.k:,} blocks ({rec.k * ev.block_size:,} tokens): "
+            f"{rec.gain_tokens:+,.0f} prefill tokens saved per restart in the "
+            f"{rec.horizon_s / 60:.0f} min after it (95 % CI {rec.gain_ci[0]:+,.0f} to "
+            f"{rec.gain_ci[1]:+,.0f}), {rec.oracle_share:.0%} of the oracle's gain"
+        )
+        lines.append(
+            f"  the warm-up computes {rec.warm_tokens:,.0f} tokens itself: net "
+            f"{rec.net_tokens:+,.0f} tokens per restart (95 % CI {rec.net_ci[0]:+,.0f} to "
+            f"{rec.net_ci[1]:+,.0f})"
+        )
+        if rec.per_token_s == rec.per_token_s:
+            lines.append(
+                f"  time to first token: {rec.ttft_saved_s_per_request * 1e3:+.2f} ms per request "
+                f"in those minutes; lead time (the warm-up's prefill, behind the readiness gate): "
+                f"{rec.lead_s:.1f} s"
+            )
+        else:
+            lines.append(
+                "  seconds: the trace has no time to first token to price a token with; per "
+                f"request {rec.gain_tokens / max(rec.requests, 1):,.0f} prefill tokens saved "
+                f"({rec.requests:,.0f} requests in {rec.horizon_s / 60:.0f} min)"
+            )
+        if rec.restarts_per_hour == rec.restarts_per_hour:
+            lines.append(
+                f"  per hour: {rec.gain_tokens * rec.restarts_per_hour:+,.0f} tokens at the "
+                f"recorded {rec.restarts_per_hour:.2f} restarts an hour"
+            )
+    if rec.widened:
+        lines.append(f"  search: {rec.widened}")
+    for n in rec.notes:
+        lines.append(f"  {n}")
+    lines.append(
+        f"  heat decay λ = {ev.lam:.4f}/s (1 / max(0.1 × the {ev.slo_ms:.0f} ms TTFT SLO, 10 s)): "
+        "a read's weight halves every "
+        f"{math.log(2) / ev.lam:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+def cmd_warmup_advice(args: argparse.Namespace) -> int:
+    """`warmscope advise --trace FILE` / `--block-trace`: the paired warm-up evaluation."""
+    from warmscope.analysis.whatif.warmup import advise
+    from warmscope.model.blocktrace import TraceError
+
+    prog = "warmscope advise"
+    try:
+        tr = load_trace(
+            argparse.Namespace(trace=args.trace, block_size=None, store=args.store, since=None),
+            prog,
+        )
+        cap, _ = _capacity(args, tr)
+    except ValueError as e:
+        return _fail(prog, str(e))
+    try:
+        ks = [int(x) for x in args.k.split(",")] if args.k else None
+    except ValueError:
+        return _fail(prog, f"--k {args.k!r}: warm-set sizes in blocks, comma-separated")
+    slo_ms = 1000.0 * args.slo_ttft_s if args.slo_ttft_s else 1000.0
+    cost = math.nan
+    from warmscope.analysis.value import fit_token_latency
+
+    fit = fit_token_latency((tr.prompt - np.maximum(tr.cached, 0)).astype(float), tr.ttft)
+    if not isinstance(fit, str):
+        cost = fit.per_token_s
+    show = None if args.quiet else progress("replaying restarts")
+    try:
+        ev, rec = advise(tr, cap, ks, args.restarts, args.warmup_objective, slo_ms, cost, show)
+    except TraceError as e:
+        return _fail(prog, str(e))
+    if args.json:
+        out = {"evaluation": ev.as_dict(), "recommendation": rec.as_dict()}
+        text = json.dumps(out, indent=2, allow_nan=False, default=str)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text)
+    print(render_advice(ev, rec))
+    return 0
+
+
 # ---------------------------------------------------------------- trace
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the trace file to write (JSON lines)")
@@ -361,6 +497,31 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
         f"blocks) into {path}; `warmscope whatif` replays them"
     )
     return 0
+
+
+def import_demo_trace(path: Path) -> bool:
+    """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
+    and the file is there (a checkout); True when it did."""
+    from warmscope.collectors.store import EmbeddedStore, StoreError
+
+    if not DEMO_TRACE.exists():
+        return False
+    try:
+        store = EmbeddedStore(Path(path))
+        try:
+            have = store.query("SELECT count(*) FROM block_trace")[0][0]
+        finally:
+            store.close()
+    except StoreError:
+        return False
+    if have:
+        return False
+    args = argparse.Namespace(file=str(DEMO_TRACE), block_size=None, align="end", store=str(path))
+    print(
+        "importing a real production hour (Mooncake's conversation trace) for the What if page",
+        file=sys.stderr,
+    )
+    return cmd_trace_import(args) == 0
 
 
 TRACE_COMMAND = Group(

@@ -17,8 +17,8 @@ of the new stream is repaired the same way.
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import threading
 import time
 import urllib.parse
@@ -31,8 +31,7 @@ import zmq
 from .attribution import KVState
 from .decode import Batch, DecodeStats, decode_message
 
-__all__ = [
-    "engine_capacity","EngineSpec", "KVSubscriber", "discover"]
+__all__ = ["engine_capacity", "EngineSpec", "KVSubscriber", "discover"]
 
 log = logging.getLogger("warmscope.kv")
 _END_SEQ = b"\xff" * 8

@@ -1,0 +1,741 @@
+"""Does warm-up work on this traffic? Every warm-up strategy judged on a block trace, paired.
+
+At each of ``restarts`` points spread over the trace an engine restarts with an empty prefix
+cache. Each strategy chooses a warm set of at most ``K`` blocks from the trace *before* the
+restart; the warm set is preloaded (as prompts that compute those blocks, one per chain, the most
+valuable last so that they are freed last), and the next ``horizon`` seconds of the trace are
+replayed through the exact vLLM pool (:mod:`.kernels`) from there. Every strategy meets the same
+restarts and the same traffic: the comparison is paired.
+
+Strategies (``STRATEGIES``):
+
+* ``none`` — the empty cache;
+* ``static_topk`` — the K blocks read most often in the hour before the restart;
+* ``recency`` — the K blocks read most recently;
+* ``heat`` — the source design's heat decay: reads weighted by ``e^(−λ·age)``, λ tied to the
+  TTFT SLO as the seed defines it (:func:`warmscope.analysis.heat.slo_lambda`);
+* ``predictive`` — warmscope's predictive strategy on blocks: each block's rate is the hour's,
+  capped by what the last ten minutes confirm; the chance it is read within the horizon follows
+  the Pareto/NBD "alive" model (demand that ends at rate ``death``), and a block is warmed only
+  when that chance is at least ``min_chance`` and its chain's earlier blocks are warmed too
+  (a block's chance is at most its predecessor's): its budget is what the forecast supports;
+* ``oracle`` — the blocks actually read in the horizon after the restart, the most read first:
+  the bound no strategy can pass.
+
+A chosen block brings the blocks before it in its chain (a block is only ever hit after them);
+the budget counts them all. Scores per restart and horizon: cached prompt tokens of the requests
+arriving within ``h`` seconds (1, 5 and 15 minutes by default), the warm set's precision (the
+share of warmed blocks some request hit within ``h``), the warm-up's own prefill (the blocks it
+computed). Gains over ``none`` are paired differences per restart; intervals are t intervals
+over the restarts (which can overlap in time: neighbouring restarts share traffic, so the
+intervals are a lower bound on the uncertainty), the share of the oracle's gain a percentile
+bootstrap over restarts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from warmscope.model.blocktrace import BlockTrace, TraceError
+
+from ..heat import slo_lambda
+from . import kernels
+
+__all__ = [
+    "STRATEGIES",
+    "HORIZONS_S",
+    "Evaluation",
+    "Cell",
+    "evaluate",
+    "warm_set",
+    "warm_order",
+    "chains_of",
+    "read_chance",
+]
+
+STRATEGIES = ("none", "static_topk", "recency", "heat", "predictive", "oracle")
+HORIZONS_S = (60.0, 300.0, 900.0)
+HISTORY_S = 3600.0  # what static top-K counts over
+RECENT_S = 600.0  # what confirms a rate (predictive)
+MIN_HISTORY_S = 300.0  # a restart needs this much trace before it
+MIN_RESTARTS = 30
+DEFAULT_SLO_MS = 1000.0
+DEATH_PER_S = 1.0 / 1800.0  # demand that ends: half-life of about 20 minutes
+MIN_CHANCE = 0.6  # predictive: warm a block at this chance of a read (warm_min_prob_kv)
+_T975 = {
+    1: 12.71,
+    2: 4.30,
+    3: 3.18,
+    4: 2.78,
+    5: 2.57,
+    6: 2.45,
+    8: 2.31,
+    10: 2.23,
+    15: 2.13,
+    20: 2.09,
+    29: 2.05,
+    40: 2.02,
+    60: 2.00,
+    120: 1.98,
+}
+
+
+def _t975(df: int) -> float:
+    for k in sorted(_T975):
+        if df <= k:
+            return _T975[k]
+    return 1.96
+
+
+def read_chance(rate: np.ndarray, idle_s: np.ndarray, horizon_s: float, death: float) -> np.ndarray:
+    """The chance of a read within ``horizon_s`` for a rate (per s) while demand lasts, demand
+    that ends at ``death`` per second, ``idle_s`` since the last read (Pareto/NBD "alive"):
+    alive = 1 / (1 + μ/(λ+μ)·(e^((λ+μ)d) − 1)), read = alive·λ/(λ+μ)·(1 − e^(−(λ+μ)h))."""
+    s = rate + death
+    c = np.where(s > 0, death / np.maximum(s, 1e-300), 0.0)
+    stay = np.exp(-s * np.maximum(idle_s, 0.0))
+    alive = stay / (stay + c * (1.0 - stay))
+    out: np.ndarray = np.where(
+        rate > 0, alive * rate / np.maximum(s, 1e-300) * -np.expm1(-s * horizon_s), 0.0
+    )
+    return out
+
+
+# ------------------------------------------------------------------ the trace's shape
+@dataclass
+class _Flat:
+    """The trace as flat arrays: per block reference its request, time, position and parent."""
+
+    keys: np.ndarray
+    req: np.ndarray
+    t: np.ndarray
+    pos: np.ndarray
+    parent: np.ndarray  # the previous block's identity in the chain (0 at the root)
+
+
+def _flat(trace: BlockTrace) -> _Flat:
+    lens = np.diff(trace.offsets)
+    req = np.repeat(np.arange(len(trace)), lens)
+    pos = np.arange(trace.n_blocks) - np.repeat(trace.offsets[:-1], lens)
+    # blocks an engine caches: the chain's real full blocks (a Mooncake chain's partial last
+    # block is never cached)
+    real = pos < np.repeat(np.minimum(trace.full, trace.prompt // trace.block_size), lens)
+    keys = trace.h
+    parent = np.zeros(len(keys), np.uint64)
+    parent[1:] = keys[:-1]
+    parent[pos == 0] = 0
+    return _Flat(keys[real], req[real], trace.t[req[real]], pos[real], parent[real])
+
+
+@dataclass
+class _History:
+    """The blocks seen in a range of references: each once, with its read count, last read,
+    decayed count and chain parent."""
+
+    uniq: np.ndarray
+    count: np.ndarray
+    last: np.ndarray
+    first: np.ndarray
+    times: np.ndarray  # reference times
+    inv: np.ndarray  # reference -> its block in uniq
+    parents: dict[int, int]
+
+
+def _history(f: _Flat, lo: int, hi: int) -> _History:
+    k, t = f.keys[lo:hi], f.t[lo:hi]
+    uniq, inv = np.unique(k, return_inverse=True)
+    last = np.full(len(uniq), -np.inf)
+    np.maximum.at(last, inv, t)
+    first = np.full(len(uniq), np.inf)
+    np.minimum.at(first, inv, t)
+    parents = dict(zip(k.tolist(), f.parent[lo:hi].tolist(), strict=True))
+    return _History(uniq, np.bincount(inv, minlength=len(uniq)), last, first, t, inv, parents)
+
+
+def _scores(hist: _History, now: float, strategy: str, horizon: float, lam: float) -> np.ndarray:
+    """Each block of ``hist`` scored by ``strategy`` for a restart at ``now``; higher is warmed
+    first."""
+    if strategy == "recency":
+        return hist.last
+    if strategy in ("static_topk", "oracle"):
+        out: np.ndarray = hist.count + hist.last * 1e-12  # ties: the more recent
+        return out
+    if strategy == "heat":
+        w = np.exp(-lam * (now - hist.times))
+        heat: np.ndarray = np.bincount(hist.inv, weights=w, minlength=len(hist.uniq))
+        return heat
+    if strategy == "predictive":
+        t = hist.times
+        span = max(now - float(t.min()), 1.0) if len(t) else 1.0
+        hour = hist.count / span
+        recent = t >= now - RECENT_S
+        seen = np.bincount(hist.inv[recent], minlength=len(hist.uniq)) / min(RECENT_S, span)
+        rate = np.where(span >= RECENT_S, np.minimum(hour, seen), hour)
+        return read_chance(rate, now - hist.last, horizon, DEATH_PER_S)
+    raise TraceError(f"warm-up strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+
+
+def warm_order(
+    hist: _History,
+    now: float,
+    strategy: str,
+    k: int,
+    horizon: float = 900.0,
+    lam: float = 0.01,
+    min_chance: float = MIN_CHANCE,
+) -> tuple[list[int], dict[int, float]]:
+    """The blocks a strategy warms, in the order it adds them, at most ``k``: blocks by score,
+    each with the blocks before it in its chain, until the next one does not fit. The sets for
+    smaller budgets are the order's prefixes. Returns (order, each block's value)."""
+    if strategy == "none" or k <= 0 or not len(hist.uniq):
+        return [], {}
+    sc = _scores(hist, now, strategy, horizon, lam)
+    value = dict(zip(hist.uniq.tolist(), sc.tolist(), strict=True))
+    parents = hist.parents
+    if strategy == "predictive":
+        value = _chain_capped(value, parents)
+        keep = {b for b, p in value.items() if p >= min_chance}
+    else:
+        keep = None
+    order: list[int] = []
+    chosen: set[int] = set()
+    for i in np.argsort(-sc, kind="stable").tolist():
+        b = int(hist.uniq[i])
+        if keep is not None and b not in keep:
+            continue
+        if b in chosen:
+            continue
+        path = []
+        x = b
+        while x and x not in chosen:
+            path.append(x)
+            x = parents.get(x, 0)
+        if len(order) + len(path) > k:
+            break
+        for y in reversed(path):  # root first
+            chosen.add(y)
+            order.append(y)
+        if len(order) == k:
+            break
+    return order, value
+
+
+def chains_of(
+    order: list[int], parents: dict[int, int], value: dict[int, float]
+) -> list[list[int]]:
+    """A prefix-closed block set as chains (root first), one per block no other block of the set
+    follows, the most valuable chain last (it is freed last, so evicted last)."""
+    chosen = set(order)
+    has_child = {parents.get(b, 0) for b in chosen}
+    out = []
+    for b in order:
+        if b in has_child:
+            continue
+        path = []
+        x = b
+        while x:
+            path.append(x)
+            x = parents.get(x, 0)
+        out.append((value.get(b, 0.0), path[::-1]))
+    out.sort(key=lambda c: c[0])
+    return [c for _, c in out]
+
+
+def warm_set(
+    f: _Flat,
+    lo: int,
+    hi: int,
+    now: float,
+    strategy: str,
+    k: int,
+    horizon: float = 900.0,
+    lam: float = 0.01,
+    future: tuple[int, int] | None = None,
+    min_chance: float = MIN_CHANCE,
+) -> list[list[int]]:
+    """The warm set of ``strategy`` for a restart at ``now`` as chains, from the history in
+    references [lo, hi) (the oracle: from ``future``)."""
+    if strategy == "oracle":
+        assert future is not None
+        hist = _history(f, *future)
+    else:
+        hist = _history(f, lo, hi)
+    order, value = warm_order(hist, now, strategy, k, horizon, lam, min_chance)
+    return chains_of(order, hist.parents, value)
+
+
+def _chain_capped(sc: dict[int, float], parents: dict[int, int]) -> dict[int, float]:
+    """A block's chance at most its predecessor's (it is read only after it)."""
+    out: dict[int, float] = {}
+    for b in sc:
+        if b in out:
+            continue
+        stack = []
+        x = b
+        while x and x not in out:
+            stack.append(x)
+            x = parents.get(x, 0)
+        above = out[x] if x else 1.0
+        for y in reversed(stack):
+            above = min(above, sc.get(y, 0.0))
+            out[y] = above
+    return out
+
+
+# ------------------------------------------------------------------ evaluation
+@dataclass
+class Cell:
+    """One strategy at one budget and horizon, over every restart."""
+
+    strategy: str
+    k: int
+    horizon_s: float
+    gain_tokens: float  # mean cached tokens gained over none, per restart
+    gain_ci: tuple[float, float]
+    oracle_share: float  # mean gain / the oracle's mean gain
+    oracle_share_ci: tuple[float, float]
+    hit_rate: float  # token hit rate of the requests within the horizon
+    precision: float  # share of warmed blocks hit within the horizon
+    warm_blocks: float  # mean blocks warmed (the warm-up's own prefill, in blocks)
+    requests: float  # mean requests within the horizon per restart
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "k_blocks": self.k,
+            "horizon_s": self.horizon_s,
+            "gain_tokens_per_restart": self.gain_tokens,
+            "gain_ci": list(self.gain_ci),
+            "oracle_share": self.oracle_share,
+            "oracle_share_ci": list(self.oracle_share_ci),
+            "hit_rate": self.hit_rate,
+            "precision": self.precision,
+            "warm_blocks": self.warm_blocks,
+            "requests_per_restart": self.requests,
+        }
+
+
+@dataclass
+class Evaluation:
+    trace_source: str
+    block_size: int
+    capacity: int
+    restarts: np.ndarray  # times
+    ks: tuple[int, ...]
+    horizons: tuple[float, ...]
+    cells: list[Cell] = field(default_factory=list)
+    per_restart: dict[tuple[str, int, float], np.ndarray] = field(default_factory=dict)
+    lam: float = 0.0
+    slo_ms: float = DEFAULT_SLO_MS
+
+    def cell(self, strategy: str, k: int, horizon: float) -> Cell:
+        for c in self.cells:
+            if c.strategy == strategy and c.k == k and c.horizon_s == horizon:
+                return c
+        raise KeyError((strategy, k, horizon))
+
+    def best(self, horizon: float | None = None) -> Cell:
+        """The strategy and budget with the largest gain at ``horizon`` (default the longest),
+        the oracle left out."""
+        h = horizon if horizon is not None else max(self.horizons)
+        cands = [c for c in self.cells if c.horizon_s == h and c.strategy not in ("none", "oracle")]
+        return max(cands, key=lambda c: c.gain_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace_source,
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity,
+            "restarts": len(self.restarts),
+            "k_blocks": list(self.ks),
+            "horizons_s": list(self.horizons),
+            "heat_lambda_per_s": self.lam,
+            "ttft_slo_ms": self.slo_ms,
+            "cells": [c.row() for c in self.cells],
+        }
+
+
+def _restart_times(trace: BlockTrace, n: int, horizon: float) -> np.ndarray:
+    t0, t1 = float(trace.t[0]), float(trace.t[-1])
+    if t1 <= t0:
+        raise TraceError(
+            "the trace has no time span (its timestamps are all equal): warm-up cannot be "
+            "judged without arrival times"
+        )
+    first, last = t0 + MIN_HISTORY_S, t1 - horizon
+    if last <= first:
+        raise TraceError(
+            f"the trace spans {(t1 - t0) / 60:.1f} min: too short for {MIN_HISTORY_S / 60:.0f} "
+            f"min of history before a restart and a {horizon / 60:.0f}-min horizon after it"
+        )
+    return np.linspace(first, last, n)
+
+
+def evaluate(
+    trace: BlockTrace,
+    capacity: int,
+    ks: Sequence[int],
+    restarts: int = MIN_RESTARTS,
+    horizons: Sequence[float] = HORIZONS_S,
+    strategies: Sequence[str] = STRATEGIES,
+    slo_ms: float = DEFAULT_SLO_MS,
+    min_chance: float = MIN_CHANCE,
+    progress: Callable[[int, int], None] | None = None,
+    seed: int = 0,
+) -> Evaluation:
+    """The paired evaluation (see the module doc). ``capacity``: vLLM's num_gpu_blocks of the
+    restarted engine; ``ks``: warm-set budgets in blocks (at most ``capacity − 1``)."""
+    if restarts < MIN_RESTARTS:
+        raise TraceError(
+            f"{restarts} restart points: at least {MIN_RESTARTS} are needed for an interval "
+            "worth reading"
+        )
+    usable = capacity - 1
+    for k in ks:
+        if k > usable:
+            raise TraceError(
+                f"K = {k:,} blocks is more than the cache holds ({usable:,} usable blocks of "
+                f"{capacity:,}): a warm set cannot be larger than the cache"
+            )
+        if k < 1:
+            raise TraceError(f"K = {k}: a warm set of at least one block")
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise TraceError(f"warm-up strategy {s!r}: one of {', '.join(STRATEGIES)}")
+    if "none" not in strategies:
+        strategies = ("none", *strategies)
+    H = max(horizons)
+    times = _restart_times(trace, restarts, H)
+    f = _flat(trace)
+    lam = slo_lambda(slo_ms)
+    B = trace.block_size
+    ev = Evaluation(
+        trace.source, B, capacity, times, tuple(ks), tuple(horizons), lam=lam, slo_ms=slo_ms
+    )
+    # per (strategy, k, horizon): per restart cached tokens, prompt tokens, precision, blocks
+    got: dict[tuple[str, int, float], list[tuple[float, float, float, float, float]]] = {}
+    total = len(times) * len(strategies) * len(ks)
+    done = 0
+    kmax = max(ks)
+    for now in times:
+        lo = int(np.searchsorted(f.t, now - HISTORY_S, side="left"))
+        hi = int(np.searchsorted(f.t, now, side="left"))
+        fut_hi = int(np.searchsorted(f.t, now + H, side="right"))
+        first = int(np.searchsorted(trace.t, now, side="left"))
+        last = int(np.searchsorted(trace.t, now + H, side="right"))
+        window = np.arange(first, last)
+        past, future = _history(f, lo, hi), _history(f, hi, fut_hi)
+        for s in strategies:
+            hist = future if s == "oracle" else past
+            order, value = warm_order(hist, now, s, kmax, H, lam, min_chance)
+            for k in ks:
+                chains = chains_of(order[:k], hist.parents, value)
+                hits, warmed = _replay_window(trace, window, chains, capacity)
+                for h in horizons:
+                    m = trace.t[window] <= now + h
+                    cached = float((hits[m] * B).sum())
+                    prompt = float(trace.prompt[window][m].sum())
+                    prec = _precision(trace, window[m], hits[m], warmed)
+                    got.setdefault((s, k, h), []).append(
+                        (cached, prompt, prec, float(len(warmed)), float(m.sum()))
+                    )
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    rng = np.random.default_rng(seed)
+    for (s, k, h), rows in got.items():
+        a = np.array(rows)
+        base = np.array(got[("none", k, h)])
+        d = a[:, 0] - base[:, 0]
+        ev.per_restart[(s, k, h)] = d
+        n = len(d)
+        half = _t975(n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+        o = np.array(got[("oracle", k, h)])[:, 0] - base[:, 0] if ("oracle", k, h) in got else None
+        share, share_ci = math.nan, (math.nan, math.nan)
+        if o is not None and o.mean() > 0:
+            share = float(d.mean() / o.mean())
+            idx = rng.integers(0, n, size=(2000, n))
+            om = o[idx].mean(axis=1)
+            boots = d[idx].mean(axis=1) / np.where(om > 0, om, np.nan)
+            share_ci = (float(np.nanpercentile(boots, 2.5)), float(np.nanpercentile(boots, 97.5)))
+        nwarm = a[:, 3]
+        ev.cells.append(
+            Cell(
+                s,
+                k,
+                h,
+                float(d.mean()),
+                (float(d.mean()) - half, float(d.mean()) + half),
+                share,
+                share_ci,
+                float(a[:, 0].sum() / max(a[:, 1].sum(), 1.0)),
+                float(np.nansum(a[:, 2] * nwarm) / nwarm.sum()) if nwarm.sum() else math.nan,
+                float(nwarm.mean()),
+                float(a[:, 4].mean()),
+            )
+        )
+    return ev
+
+
+def _replay_window(
+    trace: BlockTrace, window: np.ndarray, chains: list[list[int]], capacity: int
+) -> tuple[np.ndarray, set[int]]:
+    """The window's requests on an empty engine preloaded with ``chains``; returns each
+    request's hit blocks and the warmed blocks."""
+    B = trace.block_size
+    nw = len(chains)
+    lens = np.diff(trace.offsets)[window]
+    keys = [np.array(c, np.uint64) for c in chains]
+    keys += [trace.h[trace.offsets[i] : trace.offsets[i + 1]] for i in window]
+    all_lens = np.array([len(c) for c in chains] + lens.tolist(), np.int64)
+    offsets = np.zeros(len(all_lens) + 1, np.int64)
+    np.cumsum(all_lens, out=offsets[1:])
+    flat = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    n = len(all_lens)
+    prompt = np.concatenate([all_lens[:nw] * B, trace.prompt[window]]).astype(np.int64)
+    output = np.concatenate([np.ones(nw, np.int64), trace.output[window]]).astype(np.int64)
+    real = np.concatenate([all_lens[:nw], trace.full[window]]).astype(np.int64)
+    warm = np.zeros(n, np.uint8)
+    warm[:nw] = 1
+    events = np.empty((2 * n, 2), np.int64)
+    events[0::2, 0] = 1
+    events[1::2, 0] = 0
+    events[0::2, 1] = np.arange(n)
+    events[1::2, 1] = np.arange(n)
+    _, hits, fit, _, _ = kernels.replay_pool(
+        np.ascontiguousarray(flat),
+        offsets,
+        real,
+        prompt,
+        output,
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        warm,
+        events,
+        np.array([capacity], np.int64),
+        B,
+        0,
+        0,
+        False,
+    )
+    warmed = set(flat[: offsets[nw]].tolist()) if nw else set()
+    return hits[nw:] * fit[nw:], warmed
+
+
+def _precision(trace: BlockTrace, reqs: np.ndarray, hits: np.ndarray, warmed: set[int]) -> float:
+    if not warmed:
+        return math.nan
+    read: set[int] = set()
+    for i, hcount in zip(reqs.tolist(), hits.tolist(), strict=True):
+        if hcount:
+            lo = int(trace.offsets[i])
+            read.update(trace.h[lo : lo + hcount].tolist())
+    return len(read & warmed) / len(warmed)
+
+
+# ------------------------------------------------------------------ the advice
+OBJECTIVES = {
+    "ttft": "prefill tokens the requests after a restart skip (their time to first token); the "
+    "warm-up's own prefill runs before the replica takes traffic",
+    "net_gpu": "prefill tokens saved minus the warm-up's own prefill (GPU time)",
+}
+
+
+@dataclass
+class Recommendation:
+    objective: str
+    strategy: str
+    k: int
+    horizon_s: float
+    gain_tokens: float  # per restart, within the horizon
+    gain_ci: tuple[float, float]
+    warm_tokens: float  # the warm-up's own prefill, per restart
+    net_tokens: float
+    net_ci: tuple[float, float]
+    oracle_share: float
+    oracle_share_ci: tuple[float, float]
+    requests: float  # requests within the horizon per restart
+    per_token_s: float = math.nan  # what a missed token costs (NaN: not priced)
+    restarts_per_hour: float = math.nan
+    widened: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ttft_saved_s_per_request(self) -> float:
+        return self.gain_tokens / max(self.requests, 1.0) * self.per_token_s
+
+    @property
+    def lead_s(self) -> float:
+        """The warm-up's duration: its prefill at the measured cost per token."""
+        return self.warm_tokens * self.per_token_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "objective": self.objective,
+            "objective_means": OBJECTIVES[self.objective],
+            "strategy": self.strategy,
+            "k_blocks": self.k,
+            "horizon_s": self.horizon_s,
+            "prefill_tokens_saved_per_restart": self.gain_tokens,
+            "prefill_tokens_saved_ci": list(self.gain_ci),
+            "warm_up_prefill_tokens_per_restart": self.warm_tokens,
+            "net_tokens_per_restart": self.net_tokens,
+            "net_tokens_ci": list(self.net_ci),
+            "share_of_the_oracle": self.oracle_share,
+            "share_of_the_oracle_ci": list(self.oracle_share_ci),
+            "ttft_saved_s_per_request": None
+            if math.isnan(self.per_token_s)
+            else self.ttft_saved_s_per_request,
+            "lead_s": None if math.isnan(self.per_token_s) else self.lead_s,
+            "restarts_per_hour": None
+            if math.isnan(self.restarts_per_hour)
+            else self.restarts_per_hour,
+            "search": self.widened,
+            "notes": self.notes,
+        }
+
+
+def _net(ev: Evaluation, s: str, k: int, h: float) -> tuple[float, tuple[float, float], float]:
+    d = ev.per_restart[(s, k, h)]
+    c = ev.cell(s, k, h)
+    net = d - c.warm_blocks * ev.block_size
+    n = len(net)
+    half = _t975(n - 1) * float(net.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    m = float(net.mean())
+    return m, (m - half, m + half), c.warm_blocks * ev.block_size
+
+
+def recommend(
+    ev: Evaluation,
+    objective: str = "ttft",
+    horizon: float | None = None,
+    per_token_s: float = math.nan,
+    restarts_per_hour: float = math.nan,
+) -> Recommendation:
+    """The strategy and warm-set size that maximise ``objective`` (:data:`OBJECTIVES`) at
+    ``horizon`` (default the longest), from a paired evaluation. ``none`` wins when warming does
+    not pay on that objective: the recommendation then says so."""
+    if objective not in OBJECTIVES:
+        raise TraceError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
+    h = horizon if horizon is not None else max(ev.horizons)
+    best: tuple[float, str, int] | None = None
+    for c in ev.cells:
+        if c.horizon_s != h or c.strategy == "oracle":
+            continue
+        val = c.gain_tokens if objective == "ttft" else _net(ev, c.strategy, c.k, h)[0]
+        if best is None or val > best[0] + 1e-9:
+            best = (val, c.strategy, c.k)
+    assert best is not None
+    _, s, k = best
+    c = ev.cell(s, k, h)
+    net, net_ci, warm = _net(ev, s, k, h)
+    r = Recommendation(
+        objective,
+        s,
+        k,
+        h,
+        c.gain_tokens,
+        c.gain_ci,
+        warm,
+        net,
+        net_ci,
+        c.oracle_share,
+        c.oracle_share_ci,
+        c.requests,
+        per_token_s,
+        restarts_per_hour,
+    )
+    others = [x for x in ev.cells if x.horizon_s == h and x.strategy not in ("none", "oracle")]
+    if s != "none":
+        rivals = [x for x in others if x.strategy != s]
+        if rivals:
+            key = (
+                (lambda x: x.gain_tokens)
+                if objective == "ttft"
+                else (lambda x: _net(ev, x.strategy, x.k, h)[0])
+            )
+            second = max(rivals, key=key)
+            diff = ev.per_restart[(s, k, h)] - ev.per_restart[(second.strategy, second.k, h)]
+            if objective == "net_gpu":
+                diff = diff - (c.warm_blocks - second.warm_blocks) * ev.block_size
+            n = len(diff)
+            half = _t975(n - 1) * float(diff.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+            lo, hi = float(diff.mean()) - half, float(diff.mean()) + half
+            if lo <= 0 <= hi:
+                r.notes.append(
+                    f"{second.strategy} (K = {second.k:,}) does as well on these restarts: the "
+                    f"paired difference is {diff.mean():+,.0f} tokens (95 % CI {lo:+,.0f} to "
+                    f"{hi:+,.0f}); prefer the simpler one if the two are not told apart."
+                )
+            else:
+                r.notes.append(
+                    f"Ahead of the next best, {second.strategy} (K = {second.k:,}), by "
+                    f"{diff.mean():+,.0f} tokens per restart (95 % CI {lo:+,.0f} to {hi:+,.0f})."
+                )
+    if s == "none":
+        r.notes.append(
+            "No warm-up: on this objective every strategy costs more than it saves "
+            f"(the best, {max(others, key=lambda x: _net(ev, x.strategy, x.k, h)[0]).strategy}, "
+            "loses prefill in net)."
+        )
+    else:
+        smaller = [x for x in others if x.strategy == s and x.k < k]
+        if smaller and min(x.precision for x in smaller) > c.precision:
+            p = max(smaller, key=lambda x: x.precision)
+            r.notes.append(
+                f"A smaller warm set is read more often (precision {p.precision:.0%} at K = "
+                f"{p.k:,} against {c.precision:.0%}), but K = {k:,} saves more tokens in all, "
+                "which is the objective."
+            )
+        if objective == "ttft" and net < 0:
+            r.notes.append(
+                f"It costs more prefill than it saves ({warm:,.0f} tokens warmed for "
+                f"{c.gain_tokens:,.0f} saved per restart): worth it for the requests' time to "
+                "first token, not for GPU time (objective net_gpu)."
+            )
+    return r
+
+
+def default_ks(capacity: int) -> list[int]:
+    """Warm-set sizes to try: a geometric grid up to the cache's usable blocks."""
+    usable = capacity - 1
+    return sorted({max(1, usable // 64), max(1, usable // 16), max(1, usable // 4), usable})
+
+
+def advise(
+    trace: BlockTrace,
+    capacity: int,
+    ks: Sequence[int] | None = None,
+    restarts: int = MIN_RESTARTS,
+    objective: str = "ttft",
+    slo_ms: float = DEFAULT_SLO_MS,
+    per_token_s: float = math.nan,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Evaluation, Recommendation]:
+    """Evaluate, recommend; a recommendation at the smallest size tried is searched again once
+    with smaller sizes (at the largest, the cache's capacity, nothing larger fits)."""
+    grid = sorted(set(ks)) if ks else default_ks(capacity)
+    ev = evaluate(trace, capacity, grid, restarts, slo_ms=slo_ms, progress=progress)
+    span_h = max(trace.span_s / 3600.0, 1e-9)
+    per_hour = len(trace.restarts) / span_h if trace.restarts else math.nan
+    rec = recommend(ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour)
+    usable = capacity - 1
+    if rec.strategy != "none" and rec.k == grid[0] and grid[0] > 1:
+        wider = sorted({max(1, grid[0] // 16), max(1, grid[0] // 4), *grid})
+        ev = evaluate(trace, capacity, wider, restarts, slo_ms=slo_ms, progress=progress)
+        rec = recommend(ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour)
+        rec.widened = (
+            f"the best size was the smallest tried ({grid[0]:,}); searched again down to "
+            f"{wider[0]:,}" + ("; still the smallest" if rec.k == wider[0] else "")
+        )
+    elif rec.strategy != "none" and rec.k == grid[-1]:
+        rec.widened = f"the best size is the largest tried, {grid[-1]:,} blocks" + (
+            ": the cache's capacity, no larger warm set fits"
+            if grid[-1] >= usable
+            else "; a larger one might save more"
+        )
+    return ev, rec
