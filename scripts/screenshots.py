@@ -41,12 +41,15 @@ PENDING = ("appears here when it is done",)
 
 def demo_store(path: Path, hours: float = 24.0, **overrides: float) -> Path:
     """The demo's world (``warmscope demo``: three pools, a warm-up run and both traps in the
-    last six hours) simulated into ``path``; ``overrides`` change SimConfig fields (rps, ...)."""
+    last six hours, and the block trace it imports) simulated into ``path``; ``overrides``
+    change SimConfig fields (rps, ...)."""
     from warmscope.app.cli.main import demo_world
+    from warmscope.app.cli.whatif import import_demo_trace
     from warmscope.simulator import simulate
 
     cfg, faults = demo_world(hours)
     simulate(dataclasses.replace(cfg, **overrides), path, faults)
+    import_demo_trace(path)  # as `warmscope demo` does: the What if page's production hour
     return path
 
 
