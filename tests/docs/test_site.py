@@ -22,7 +22,7 @@ from .helpers import DOCS, ROOT
 
 MKDOCS = ROOT / "mkdocs.yml"
 DESIGN_NOTES = ("architecture.md", "kv-events.md", "rootcause.md", "runbooks.md", "scaling.md")
-LEAD_PAGES = ("whatif.md", "warmup-evaluation.md")
+ANALYSE_NOTES = ("whatif.md", "warmup-evaluation.md")
 
 
 class _Collect(logging.Handler):
@@ -78,13 +78,13 @@ def test_the_site_builds_strictly_with_every_page(site):
         assert section in home, section  # a tab of the navigation
 
 
-def test_design_notes_keep_their_names_and_the_lead_pages_sit_under_analyse():
+def test_design_notes_keep_their_names_and_the_replay_notes_sit_under_analyse():
     nav = yaml.safe_load(MKDOCS.read_text())["nav"]
     files = nav_files(nav)
     for note in DESIGN_NOTES:
         assert (DOCS / note).is_file() and note in files, note
     analyse = next(e["Analyse"] for e in nav if isinstance(e, dict) and "Analyse" in e)
-    assert set(LEAD_PAGES) <= set(nav_files(analyse))
+    assert set(ANALYSE_NOTES) <= set(nav_files(analyse))
 
 
 def test_every_runbook_anchor_the_rules_and_code_use_exists_on_the_built_page(site):
