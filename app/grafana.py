@@ -680,7 +680,7 @@ def build(d: DashboardDef, missing: list[str] | None = None) -> dict[str, Any]:
                 "This datasource lacks series these panels read, so they would stay empty:\n\n"
                 f"{lines}\n\nLoad the rule files of `rules/` into its Prometheus "
                 "(`rule_files: [rules/*.yml]`) and scrape the collectors and engines; "
-                "see README, *Grafana dashboards*."
+                "see docs/operate/grafana.md."
             )
         )
     kinds: dict[str, Any] = {

@@ -759,6 +759,19 @@ COMMANDS: tuple[Command, ...] = (
 check_commands(COMMANDS)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The `warmscope` parser: the global options and every command of ``COMMANDS`` (the CLI
+    reference, docs/reference/cli.md, is generated from it)."""
+    ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
+    ap.add_argument(
+        "--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)"
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["rca"]:  # light path: no collectors, simulator or pandas import
@@ -767,14 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         return rca_main(argv[1:])
     from warmscope.collectors.config import ConfigError
 
-    ap = _Parser(prog="warmscope", description="Cache warm-up observability and A/B analysis")
-    ap.add_argument(
-        "--store", help="embedded store path (default: $WARMSCOPE_STORE or var/warmscope.sqlite)"
-    )
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for command in COMMANDS:
-        command.add_parser(sub)
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     import signal
     import sqlite3
 

@@ -39,7 +39,7 @@ COLLECTORS_NOTE = (
     "Engine metrics only: Prometheus holds the engines' own counters and no warmscope collector "
     "series. Figures by **tenant** and **key family**, **warm-up runs**, **hot keys** and **A/B** "
     "reports need the warmscope collectors in the serving code (`collectors.setup()` with "
-    "`WARMSCOPE_EXPORTER=prometheus` or `otlp`; see the README)."
+    "`WARMSCOPE_EXPORTER=prometheus` or `otlp`; see docs/operate/prometheus.md)."
 )
 
 

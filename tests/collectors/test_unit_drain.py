@@ -66,14 +66,15 @@ def test_drops_are_logged_when_they_start(tmp_path, caplog):
     assert "30 A/B unit records dropped" in caplog.text
 
 
-def test_readme_retry_chunk_size_is_the_codes():
+def test_documented_retry_chunk_size_is_the_codes():
     import re
     from pathlib import Path
 
     from warmscope.collectors import pipeline
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    sizes = {int(n.replace(",", "")) for n in re.findall(r"chunks\s+of\s+([\d,]+)\s+rows", readme)}
+    docs = Path(__file__).parents[2] / "docs"
+    text = "".join((docs / page).read_text() for page in ("instrument/in-process.md", "operate/redis.md"))
+    sizes = {int(n.replace(",", "")) for n in re.findall(r"chunks\s+of\s+([\d,]+)\s+rows", text)}
     assert sizes == {pipeline._CHUNK_ROWS}
 
 
