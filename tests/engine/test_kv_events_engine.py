@@ -140,6 +140,8 @@ def test_kv_events_attribution(engines):
                 "session_id": sid}
         if salt:
             body["cache_salt"] = salt
+        if len(rows) % 2:  # every other request asks for vLLM's reports of the blocks it reused
+            body["vllm_xargs"] = {"kv_cache_report_mode": "full"}
         usage = _post(eng.base_url + "/chat/completions", body)["usage"]
         prompt, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
         assert prompt == len(toks)
@@ -211,6 +213,9 @@ def test_kv_events_attribution(engines):
     mismatches = [(r["tenant"], r["engine"], r["got"], r["want"]) for r in rows
                   if r["got"] != r["want"]]
     assert not mismatches, mismatches
+    # the reports of reused blocks were read as reports (a watcher with reuse_reports off read them
+    # as stores: elsewhere for cold, second copies that are not there)
+    assert watcher.state.counts["reuse_reports"] > 0
     # every class the rule has was met (each could have been 0: the workload is built for them)
     for c in ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial"):
         assert sum(t[c][0] for t in table.values()) > 0, c
