@@ -47,6 +47,7 @@ LOCK_WAIT_S = 3600.0  # a write waits this long for another writer's transaction
 def _store(path: str | Path) -> EmbeddedStore:
     return EmbeddedStore(path, durable=False, timeout=LOCK_WAIT_S)
 
+
 Row = Sequence[object]  # one row of a store table
 
 

@@ -1,7 +1,7 @@
 """Every code block marked runnable (```python {.runnable}, ```bash {.runnable}) runs — those of
-Get started and Instrument, and any other page's: each page's blocks in order, in one fresh folder (a later block reads what an
-earlier one wrote), with the data directory inside it and the checkout's `warmscope` first on the
-PATH. Runs child processes and a short simulation: marked slow."""
+Get started and Instrument, and any other page's: each page's blocks in order, in one fresh
+folder (a later block reads what an earlier one wrote), with the data directory inside it and
+the checkout's `warmscope` first on the PATH. Runs child processes and a short simulation: marked slow."""
 
 from __future__ import annotations
 

@@ -220,8 +220,8 @@ def render() -> None:
         st.info(
             f"{e}. A block trace comes from `warmscope gateway --kv-events` (every chat request's "
             "KV blocks, as keyed digests) or from a trace file: `warmscope trace import "
-            "FILE` (the Mooncake format). `warmscope demo` imports a real production hour (Mooncake's "
-            "conversation trace)."
+            "FILE` (the Mooncake format). `warmscope demo` imports a real production hour "
+            "(Mooncake's conversation trace)."
         )
         return
     known = sorted(set(tr.capacity.values()))
