@@ -107,7 +107,12 @@ def source_reader(src: Any) -> Reader:
 
 
 def alert_history(
-    cfg: tuple, start: float, end: float, step: float | None, every: float, lookback: float
+    cfg: tuple[str, bool, tuple[tuple[str, str], ...]],
+    start: float,
+    end: float,
+    step: float | None,
+    every: float,
+    lookback: float,
 ) -> pd.DataFrame:
     """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback``
     (at resolution ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store

@@ -8,11 +8,35 @@ engines' token-weighted prefix-cache hit rate over model × instance × engine
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
+
+if TYPE_CHECKING:
+    from streamlit.elements.plotly_chart import PlotlyState
+    from warmscope.analysis.rootcause import Localization
+
+Window = tuple[float, float]
+
+
+SHARES = (
+    "Share of the change explained: each cause's part of the gap between the window's hit rate "
+    "and the expected one."
+)
+NEGATIVE_SHARES = (
+    SHARES + " A negative share is a part that moved the other way (its hit rate rose, or its "
+    "traffic shifted toward better-hitting keys): it offset some of the drop, so the positive "
+    "shares add up to more than 100 %."
+)
+TRAPS_ARE_ALERTS = (
+    "The trap checks the alert rules run (Alerts page), over this window against its baseline: "
+    "a trap found here is one the alerts can fire. Warm-up timing is judged on warm-ups timed "
+    "against traffic; a replica (re)start's warm-up is timed by the restart, and its unread keys "
+    "are WarmSetPrecisionLow's."
+)
 
 
 def render() -> None:
@@ -21,7 +45,9 @@ def render() -> None:
         "per-key and per-tenant records: they need the warmscope collectors."
     )
 
-    def window_chart(t: pd.DataFrame, anomaly, baseline, title: str, brush: bool):
+    def window_chart(
+        t: pd.DataFrame, anomaly: Window, baseline: Window, title: str, brush: bool
+    ) -> PlotlyState | None:
         """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
         box dragged on it chooses the window (the chart's selection event is returned)."""
         fig = go.Figure(
@@ -63,7 +89,7 @@ def render() -> None:
             fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
         )
 
-    def explanations(loc, what: str) -> None:
+    def explanations(loc: Localization, what: str) -> None:
         """The ranked explanations of a localisation: the window's hit rate against the expected
         one, each cause's share of the change, as a table and as bars."""
         st.subheader("Ranked explanations")
@@ -115,6 +141,7 @@ def render() -> None:
             height=180 + 40 * len(df),
         )
         st.plotly_chart(bar, width="stretch")
+        st.caption(NEGATIVE_SHARES if (df.Explains < 0).any() else SHARES)
 
     def engine_root_cause() -> None:
         """Engine metrics only: the window in hours before the end (engine phases are minutes), the
@@ -187,13 +214,13 @@ def render() -> None:
     def _dt(ts: float) -> datetime:
         return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
-    def _ts(d) -> float:
+    def _ts(d: datetime) -> float:
         return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
 
     lo, hi = _dt(start), _dt(end)
     # The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
     if "rc-win" not in st.session_state:
-        w = state.url_get("window", "")
+        w = state.url_get("window") or ""
         try:
             a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
             if lo <= a0 < a1 <= hi:
@@ -274,13 +301,13 @@ def render() -> None:
     # does.
     for v in verdicts:
         if v.detected and v.trap == "tenant_isolation":
-            ev = (
+            said = (
                 v.evidence[len("SECURITY:") :].strip()
                 if v.evidence.upper().startswith("SECURITY:")
                 else v.evidence
             )
             st.error(
-                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}"
+                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {said}"
             )
 
     explanations(loc, "Effective hit rate")
@@ -320,6 +347,7 @@ def render() -> None:
                 + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)"
             )
     st.subheader("Cold-start traps")
+    st.caption(TRAPS_ARE_ALERTS)
     seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
     if not seen and not any(v.detected for v in verdicts):
         st.success("No cold-start trap detected in this window.")
