@@ -257,10 +257,11 @@ def trap_verdicts(
             timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
             v = timing({**frames, "warmup_runs": timed}, anomaly, baseline)
             if not v.detected and len(runs) and len(timed) < len(runs):
+                said = v.evidence if len(timed) else "no warm-up timed against traffic"
                 v = dataclasses.replace(
                     v,
-                    evidence=f"{v.evidence}; warm-ups after a replica (re)start are left out: "
-                    "they are timed by the restart (their unread keys: WarmSetPrecisionLow)",
+                    evidence=f"{said}; warm-ups after a replica (re)start are left out: they are "
+                    "timed by the restart (their unread keys: WarmSetPrecisionLow)",
                 )
         out.append(v)
     return out

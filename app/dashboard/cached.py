@@ -222,6 +222,62 @@ def alert_history(start: float, end: float) -> pd.DataFrame | None:
         st.stop()
 
 
+# The Advisor's tuning: tens of seconds of replays, in a child process like the alert history
+# (one at a time, shared by every viewer); the page shows the forecast at once and the
+# recommendation when it is there. The prewarm starts the default range's with the default inputs.
+Advice = tuple[object, object, object]
+
+
+@st.cache_resource(show_spinner=False)
+def _advice_jobs() -> dict[tuple[object, ...], Future[Advice]]:
+    return {}
+
+
+def start_advice(
+    start: float,
+    end: float,
+    budget: float | None = None,
+    objective: str | None = None,
+    penalty: float | None = None,
+) -> Future[Advice]:
+    """The Advisor's tuning job for these inputs: started now unless it is running or done."""
+    jobs = _advice_jobs()
+    key = (data.version(), start, end, budget, objective, penalty)
+    fut = jobs.get(key)
+    if fut is None:
+        if len(jobs) >= 8:  # keep the newest few
+            jobs.pop(next(iter(jobs)))
+        fut = jobs[key] = background.submit(
+            background.advice, data.config(), start, end, budget, objective, penalty
+        )
+    return fut
+
+
+def advice(
+    start: float,
+    end: float,
+    budget: float | None,
+    objective: str | None,
+    penalty: float | None,
+) -> Advice | None:
+    """(recommendation, replayed curves before, after), or None while the tuning runs (started
+    on the first call; kept per store version, range and inputs). A ``ValueError`` of the tuning
+    (inputs it cannot use) is raised here, as the page's direct call raised it."""
+    fut = start_advice(start, end, budget, objective, penalty)
+    if not fut.done():
+        return None
+    try:
+        return fut.result()
+    except ValueError:
+        raise
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    except Exception as e:  # shown, not raised: the forecast above stays usable
+        st.error(f"The recommendation could not be computed: {type(e).__name__}: {e}")
+        st.stop()
+
+
 @st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
 def _rates(
     version: Version,

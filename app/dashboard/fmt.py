@@ -3,8 +3,13 @@ text-and-colour status of a score and the alert lines."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import streamlit as st
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 # Text-and-colour status (no emoji font needed): label, colour.
 STATUS = {
@@ -87,6 +92,22 @@ def alert_rows(alerts: pd.DataFrame, limit: int | None = None) -> None:
             str(r["summary"]),
             None if since is None else float(since),
         )
+
+
+# A table whose every column shows in full at any width: its cells wrap instead of being cut.
+_WRAPPED = (
+    "<style>.ws-wrapped table{width:100%;border-collapse:collapse;font-size:0.8rem}"
+    ".ws-wrapped th,.ws-wrapped td{white-space:normal;overflow-wrap:anywhere;padding:4px 6px;"
+    "border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top}"
+    ".ws-wrapped th{font-weight:600}</style>"
+)
+
+
+def wrapped_table(styler: Styler) -> None:
+    """A styled table drawn as HTML whose cells wrap: no column is cut off, however many there
+    are (``st.table`` and ``st.dataframe`` cut wide tables at the page's width)."""
+    html = styler.hide(axis="index").to_html()
+    st.markdown(f'{_WRAPPED}<div class="ws-wrapped">{html}</div>', unsafe_allow_html=True)
 
 
 def num(x: object) -> float:

@@ -25,6 +25,7 @@ from warmscope.app.dashboard.cached import (
     _traps,
     _warmup_spend,
     latest_warmup,
+    start_advice,
     start_history,
 )
 from warmscope.app.dashboard.charts import EXPLORER_FREQ_S, overview_freq
@@ -166,8 +167,10 @@ def _warm_steps(version: Version) -> WarmSteps:
     for name in (DEFAULT_RANGE, "last 24 hours"):
         start, end = range_bounds(name, b)
         fine = step(start, end)
-        # the Alerts page's history: evaluated in a child process, one range at a time
+        # the Alerts page's history and the Advisor's tuning (default inputs): each in a child
+        # process, one job at a time, so a first view finds them done or under way
         yield start_history, (start, end)
+        yield start_advice, (start, end)
         for p in PAGES:
             if p.prewarm:
                 yield from _WARM[p.name](version, start, end, fine)

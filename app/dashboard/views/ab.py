@@ -4,6 +4,7 @@ coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effe
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,10 @@ from warmscope.analysis.ab_report import (
 )
 from warmscope.app.dashboard import cached, data, engine_view, fmt, state
 from warmscope.model.ab_metrics import find, in_list_order
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
+    from warmscope.analysis.ab import Result
 
 
 def render() -> None:
@@ -48,7 +53,8 @@ def render() -> None:
         newest = 0
     if len(el):
         rows = []
-        for name, g in el.groupby("experiment", sort=True):
+        for key, g in el.groupby("experiment", sort=True):
+            name = str(key)
             last = g["last"].max()
             arms_ = list(g.variant.astype(str))
             try:  # the first arm as control, every other arm as a treatment, default primary metric
@@ -186,19 +192,19 @@ def render() -> None:
     if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
         st.caption(rep.power.note)
 
-    def outcome(r) -> str:
+    def outcome(r: Result) -> str:
         p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
         if not np.isfinite(p) or p >= 0.05:
             return "neutral"
         good = better(r)
         return "neutral" if good is None else ("win" if good else "lose")
 
-    def table(results, rows) -> pd.DataFrame:
+    def table(results: list[Result], rows: list[list[str]]) -> pd.DataFrame:
         t = pd.DataFrame(rows, columns=HEADERS)
         t.insert(0, "Outcome", [outcome(r) for r in results])
         return t
 
-    def styled(t: pd.DataFrame):
+    def styled(t: pd.DataFrame) -> Styler:
         return t.style.apply(
             lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
         )
@@ -209,7 +215,7 @@ def render() -> None:
     guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
     st.subheader("Metrics")
     main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
-    st.table(styled(table(main_res, main_rows)).hide(axis="index"))
+    fmt.wrapped_table(styled(table(main_res, main_rows)))
     st.caption(
         (
             "★ primary metric, Holm-adjusted over the arms; "
@@ -226,7 +232,7 @@ def render() -> None:
         gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
         said = guardrail_statement(rep)
         (st.error if said.startswith("Guardrail breached") else st.success)(said)
-        st.table(styled(gt).hide(axis="index"))
+        fmt.wrapped_table(styled(gt))
     else:
         st.info("No guardrail metric in this report.")
     st.plotly_chart(effect_figure(rep), width="stretch")
@@ -273,7 +279,7 @@ def render() -> None:
         dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
         state.url_set(segment=dim)
         by = cuts[dim]
-        if first is None:
+        if first is None or last is None:
             st.info(f"No metric series for {exp} to break down.")
             return None
         span = last - first
@@ -307,13 +313,16 @@ def render() -> None:
         seg = bd[by].astype(str).agg(" · ".join, axis=1)
         pct = bd.metric == "hit rate"
 
-        def num(v, p):
+        def num(v: float, p: bool) -> str:
             return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
 
-        def diff(v, lo, hi, p):
+        def diff(v: float, lo: float, hi: float, p: bool) -> str:
             if v != v:
                 return "–"
-            f = (lambda x: f"{x * 100:+.1f} pts") if p else (lambda x: f"{x:+.3g}")
+
+            def f(x: float) -> str:
+                return f"{x * 100:+.1f} pts" if p else f"{x:+.3g}"
+
             return f"{f(v)} [{f(lo)}, {f(hi)}]"
 
         shown = pd.DataFrame(
@@ -337,12 +346,10 @@ def render() -> None:
             }
         )
         colours = dict(COLOURS, **{"not tested": ""})
-        st.dataframe(
+        fmt.wrapped_table(
             shown.style.apply(
                 lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
-            ),
-            hide_index=True,
-            width="stretch",
+            )
         )
         # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
         marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}

@@ -93,6 +93,9 @@ def spend_metrics(start: float, end: float) -> None:
     """What the runs that started in the range spent and wasted (``cached.warmup_spend``): the
     same three figures on the Warm-up runs and the Hot keys page."""
     sp = cached.warmup_spend(start, end)
+    if not sp.runs:
+        st.caption(sp.sentence())
+        return
     c = st.columns(3)
     c[0].metric(
         "Warm-up GPU-s spent",
