@@ -69,6 +69,7 @@ __all__ = [
     "DEFAULT_WINDOWS",
     "replica_runs",
     "COST_TOO_SMALL",
+    "WARMUP_GAP_S",
     "roi_text",
     "decay_text",
     "experiment_roi",
@@ -83,29 +84,46 @@ DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
 COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
 
 
+WARMUP_GAP_S = 60.0  # a run starting this long after a replica's warm-up has ended is another
+
+
 def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per warm-up of a replica: the runs a warm-up opened per cache
-    layer (same replica, strategy, trigger and start) merged, GPU-seconds,
-    keys and bytes summed, ``layer`` listing the layers ("prefix_kv+response"),
-    ``run_id`` the first run's, ``runs`` how many were merged."""
+    """One row per warm-up of a replica: the runs a warm-up opened per cache layer (same replica,
+    strategy and trigger, each starting before the warm-up's runs so far have ended, or within
+    ``WARMUP_GAP_S`` of it: a warm-up's layers start one after the other) merged, GPU-seconds,
+    keys and bytes summed, ``started`` the first run's, ``ended`` the last end, ``layer`` listing
+    the layers ("prefix_kv+response"), ``run_id`` the first run's, ``runs`` how many were
+    merged."""
     if runs.empty:
         return runs.assign(runs=pd.Series(dtype=int))
-    keys = ["replica", "strategy", "trigger", "started"]
+    keys = ["replica", "strategy", "trigger"]
     r = runs.copy()
     for k in keys:
         if k not in r.columns:
             r[k] = ""
+    r = r.sort_values([*keys, "started", "run_id"], kind="stable")
+    end = r["ended"].astype(float).fillna(r["started"].astype(float))
+    reach = end.groupby([r[k] for k in keys], dropna=False, sort=False).cummax()
+    before = reach.groupby([r[k] for k in keys], dropna=False, sort=False).shift()
+    new = before.isna() | (r["started"].astype(float) > before + WARMUP_GAP_S)
+    r["_warmup"] = new.cumsum()
     agg: dict[str, Any] = {
         c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns
     }
     agg.update(
-        {"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"}
+        {
+            "run_id": "first",
+            "started": "min",
+            "layer": lambda s: "+".join(sorted(set(map(str, s)))),
+            "ended": "max",
+        }
     )
     for c in r.columns:
-        if c not in agg and c not in keys:
+        if c not in agg and c not in keys and c != "_warmup":
             agg[c] = "first"
-    out = r.sort_values("run_id", kind="stable").groupby(keys, dropna=False, sort=False).agg(agg)
-    out["runs"] = r.groupby(keys, dropna=False, sort=False).size()
+    g = r.groupby([*keys, "_warmup"], dropna=False, sort=False)
+    out = g.agg(agg)
+    out["runs"] = g.size()
     merged: pd.DataFrame = out.reset_index()[list(runs.columns) + ["runs"]]
     return merged
 

@@ -183,3 +183,20 @@ def test_trap_verdicts_leave_a_restarts_warmup_to_warm_set_precision():
     only_restart = {"warmup_runs": cfg_runs[cfg_runs.run_id != "sched"], "warmed_keys": keys}
     v = {x.trap: x for x in trap_verdicts(only_restart, (90.0, 200.0), (0.0, 90.0))}["warmup_timing"]
     assert not v.detected and "timed by the restart" in v.evidence
+
+
+def test_a_warmups_layers_started_one_after_the_other_are_one_warmup():
+    # the demo's restart warm-up: lora at 0 s, prefix_kv 1.6 s, embedding 5.3 s, response 25.3 s, all ending at 45.3 s;
+    # the replica's next warm-up starts 600 s later
+    runs = _runs([("l", "b-0", "lora", "s", "replica_restart", "", 0.0, 45.3, 100, 0.32, "ok"),
+                  ("p", "b-0", "prefix_kv", "s", "replica_restart", "", 1.6, 45.3, 100, 1.5, "ok"),
+                  ("e", "b-0", "embedding", "s", "replica_restart", "", 5.3, 45.3, 100, 6.0, "ok"),
+                  ("r", "b-0", "response", "s", "replica_restart", "", 25.3, 45.3, 100, 57.6, "ok"),
+                  ("n", "b-0", "lora", "s", "replica_restart", "", 645.3, 690.0, 100, 0.3, "ok")])
+    w = warmups(runs)
+    assert list(w.run_id) == ["n", "l"]
+    first = w.set_index("run_id").loc["l"]
+    # 0.32 + 1.5 + 6.0 + 57.6 = 65.42 GPU-s, 400 keys, started at the first layer's start
+    assert (first.gpu_s, first["keys"], first.started, first.ended, first.runs) == (pytest.approx(65.42), 400, 0.0,
+                                                                                    45.3, 4)
+    assert first.layer == "embedding+lora+prefix_kv+response"
