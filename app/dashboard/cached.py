@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import pandas as pd
@@ -378,6 +379,50 @@ def _coverage(version: Version, start: float, end: float) -> pd.DataFrame:
 def coverage(start: float, end: float) -> pd.DataFrame:
     """Precision, recall and wasted GPU-s of every run in the range (cached)."""
     return guarded(_coverage, start, end)
+
+
+@dataclass(frozen=True)
+class MissTables:
+    """What the Why misses page shows, computed once per store version and range
+    (``analysis.misses``): missed tokens, per class, addressable, over time, per tenant / engine /
+    key family, warmed keys lost before a reader, engine block rates per salt."""
+
+    tokens: float
+    classes: pd.DataFrame
+    addressable: dict[str, float]
+    over_time: pd.DataFrame
+    by: dict[str, pd.DataFrame]
+    lost: pd.DataFrame
+    blocks: pd.DataFrame
+
+
+def miss_freq(start: float, end: float) -> float:
+    """The Why misses chart's bucket: about 120 buckets, whole minutes, at least one."""
+    return max(60.0, float(int((end - start) / 120 // 60 * 60)))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _miss_tables(version: Version, start: float, end: float) -> MissTables:
+    from warmscope.analysis import misses as mz
+
+    fr = load(["misses", "warmed_keys", "kv_blocks"], start, end)
+    m, wk, kvb = fr["misses"], fr["warmed_keys"], fr["kv_blocks"]
+    tokens = float(m["tokens"].sum()) if len(m) else 0.0
+    has = tokens > 0
+    return MissTables(
+        tokens=tokens,
+        classes=mz.class_table(m) if has else pd.DataFrame(),
+        addressable={k: float(v) for k, v in mz.addressable(m, wk).items()} if has else {},
+        over_time=mz.over_time(m, miss_freq(start, end)) if has else pd.DataFrame(),
+        by={d: mz.by_dimension(m, d) for d in ("tenant", "engine", "family")} if has else {},
+        lost=mz.warmed_lost_before_read(wk),
+        blocks=mz.block_rates(kvb) if len(kvb) else pd.DataFrame(),
+    )
+
+
+def miss_tables(start: float, end: float) -> MissTables:
+    """The Why misses page's tables for the range (cached: a rerun recomputes nothing)."""
+    return guarded(_miss_tables, start, end)
 
 
 def _range_runs(start: float, end: float) -> dict[str, pd.DataFrame]:

@@ -80,7 +80,7 @@ def test_ab_page_verdict_matches_the_report(app, demo_store):
     at.switch_page("entries/ab.py").run()
     st = EmbeddedStore(demo_store, readonly=True)
     rep = build_report(st.units("warmup-strategy"), "warmup-strategy", requests=st.frame("requests"))
-    assert any(rep.verdict in m.value for m in at.markdown)
+    assert any(rep.verdict in m.value for m in [*at.markdown, *at.caption])  # the verdict under the headline
 
 
 def test_missing_store_shows_what_to_do(tmp_path, monkeypatch):

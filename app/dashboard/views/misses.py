@@ -8,8 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.express as px
 import streamlit as st
-from warmscope.analysis import misses as mz
-from warmscope.app.dashboard import charts, fmt, state
+from warmscope.app.dashboard import cached, charts, fmt, state
 
 # One colour per class, the same on every chart of the page.
 COLOURS = {
@@ -34,11 +33,10 @@ MEANING = {
 
 def render() -> None:
     start, end = state.time_range()
-    fr = state.load(["misses", "warmed_keys", "kv_blocks"], start, end)
-    m, wk, kvb = fr["misses"], fr["warmed_keys"], fr["kv_blocks"]
+    mt = cached.miss_tables(start, end)
     state.resolution_note(start, end)
 
-    if m.empty or float(m["tokens"].sum()) <= 0:
+    if mt.tokens <= 0:
         st.info(
             "No missed-token classes in this range: they come from the simulator (`warmscope "
             "demo`) "
@@ -46,19 +44,19 @@ def render() -> None:
             "yet."
         )
     else:
-        _classes(m, wk, start, end)
-    _lost(wk)
-    if len(kvb):
-        _kv_blocks(kvb)
+        _classes(mt, start, end)
+    _lost(mt.lost)
+    if len(mt.blocks):
+        _kv_blocks(mt.blocks)
 
 
-def _classes(m: pd.DataFrame, wk: pd.DataFrame, start: float, end: float) -> None:
+def _classes(mt: cached.MissTables, start: float, end: float) -> None:
     """Missed tokens by class: the totals, over time, the table, warm-up addressable against
     prevented, and per tenant, engine and key family."""
-    table = mz.class_table(m)
+    table = mt.classes
     total = float(table["tokens"].sum())
     top = table.sort_values("tokens", ascending=False).iloc[0]
-    addr = mz.addressable(m, wk)
+    addr = mt.addressable
     c1, c2, c3 = st.columns(3)
     c1.metric(
         "Missed prompt tokens",
@@ -80,8 +78,8 @@ def _classes(m: pd.DataFrame, wk: pd.DataFrame, start: float, end: float) -> Non
     )
 
     st.subheader("Missed tokens by class over time")
-    freq = max(60.0, float(int((end - start) / 120 // 60 * 60)))
-    ot = mz.over_time(m, freq)
+    freq = cached.miss_freq(start, end)
+    ot = mt.over_time
     ot = ot[
         ot["miss_class"].isin(table.loc[table["tokens"] > 0, "miss_class"])
     ]  # no flat zero band
@@ -126,7 +124,7 @@ def _classes(m: pd.DataFrame, wk: pd.DataFrame, start: float, end: float) -> Non
         "Addressable tokens",
         fmt.integer(addr["addressable"]),
         help=f"{fmt.integer(addr['cold_evicted'])} cold + evicted tokens in all; "
-        f"{addr['families']} warmed (tenant, family) pairs",
+        f"{int(addr['families'])} warmed (tenant, family) pairs",
     )
     a2.metric("Warmed prefix_kv keys", fmt.integer(addr["warmed_keys"]))
     a3.metric(
@@ -151,7 +149,7 @@ def _classes(m: pd.DataFrame, wk: pd.DataFrame, start: float, end: float) -> Non
     st.subheader("Per tenant, engine and key family")
     tabs = st.tabs(["Tenant", "Engine", "Key family"])
     for tab, dim in zip(tabs, ("tenant", "engine", "family"), strict=True):
-        t = mz.by_dimension(m, dim)
+        t = mt.by[dim]
         t[["evicted_share", "addressable_share"]] *= 100  # shown in percent, one decimal
         cfg = {
             c: st.column_config.NumberColumn(c, format="localized")
@@ -165,9 +163,8 @@ def _classes(m: pd.DataFrame, wk: pd.DataFrame, start: float, end: float) -> Non
         tab.dataframe(t, hide_index=True, width="stretch", column_config=cfg)
 
 
-def _lost(wk: pd.DataFrame) -> None:
+def _lost(lost: pd.DataFrame) -> None:
     st.subheader("Warmed keys lost before their first reader")
-    lost = mz.warmed_lost_before_read(wk)
     if lost.empty:
         st.info("No warm-up run warmed prefix_kv keys in this range.")
     else:
@@ -213,7 +210,7 @@ def _kv_blocks(kvb: pd.DataFrame) -> None:
         "From `Telemetry.record_kv_stats`: blocks stored, reused and evicted per second over "
         "the range, and the blocks resident at its end. Salts are hashed."
     )
-    rates = mz.block_rates(kvb)
+    rates = kvb
     rates["reuse_ratio"] = rates["reuse_ratio"].map(
         fmt.pct
     )  # "–" when nothing was stored or reused

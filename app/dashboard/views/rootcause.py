@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
+from warmscope.analysis.alerts import TRAP_ALERTS
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 if TYPE_CHECKING:
@@ -373,7 +374,11 @@ def _traps(verdicts: list[TrapVerdict]) -> None:
     elif not seen:
         st.caption("Only the cross-tenant read above was detected.")
     for v in seen:
-        st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
+        alert = TRAP_ALERTS.get(v.trap, ("",))[0]
+        named = f"; on the Alerts page: {alert}" if alert else ""
+        st.warning(
+            f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}{named}): {v.evidence}"
+        )
     with st.expander("Traps not seen"):
         for v in verdicts:
             if not v.detected:
