@@ -191,6 +191,22 @@ def _ab_report(
     return report_for(_source(cfg), experiment, control, treatment, primary=primary)
 
 
+@st.cache_data(ttl=STORE_TTL, max_entries=32, show_spinner=False)
+def _ab_report_stored(
+    cfg: Config,
+    experiment: str,
+    control: str,
+    treatment: str | tuple[str, ...],
+    primary: str,
+    version: float | None,
+) -> ABReport:
+    """A report over a stored backend, keyed by its version: kept as long as any stored answer
+    (a remote backend's is read again after ``TTL`` seconds)."""
+    from warmscope.analysis.ab_report import report_for
+
+    return report_for(_source(cfg), experiment, control, treatment, primary=primary)
+
+
 def ab_report(
     experiment: str, control: str, treatment: str | tuple[str, ...], primary: str
 ) -> ABReport:
@@ -198,9 +214,9 @@ def ab_report(
     store or Redis keeps (independent of the number of units), else from unit rows."""
     cfg = _config()
     owner = _source(cfg).owner("ab")
-    return _ab_report(
-        cfg, experiment, control, treatment, primary, None if owner is None else owner.version()
-    )
+    version = None if owner is None else owner.version()
+    ask = _ab_report if version is None else _ab_report_stored
+    return ask(cfg, experiment, control, treatment, primary, version)
 
 
 def time_bounds() -> tuple[float, float] | None:
