@@ -88,6 +88,7 @@ __all__ = [
     "normalise",
     "status",
     "weight_text",
+    "weights_note",
     "GOOD_AT",
     "FAIR_AT",
     "RAMP_MIN_SHIFT",
@@ -267,18 +268,26 @@ def status(d: DimensionScore, cfg: AnalysisConfig) -> str:
 
 
 def weight_text(d: DimensionScore, card: ScoreCard, cfg: AnalysisConfig) -> str:
-    """Why a dimension carries its weight: its base weight, the boost a breach gives it and the
-    renormalisation over the dimensions with data ("base 25.0 % × 1.40 (breached), shared over 9
-    dimensions with data → 41.4 %")."""
+    """Why a dimension carries its weight: its base weight, the boost a breach gives it, and what
+    it comes to once the weights of the dimensions with data are shared out to 100 % ("base
+    25.0% × 1.40 (breached) → 41.4%"; :func:`weights_note` says over how many)."""
     if d.score is None:
         return f"base {d.weight:.1%}; no data, left out"
-    n = sum(x.score is not None for x in card.dimensions)
     boost = ""
     if d.breached and cfg.breach_below > 0:
         b = 1 + cfg.dynamic_boost * (cfg.breach_below - d.score) / cfg.breach_below
         boost = f" × {b:.2f} (breached)"
-    shared = f"shared over {n} dimensions with data → {d.effective_weight:.1%}"
-    return f"base {d.weight:.1%}{boost}, {shared}"
+    return f"base {d.weight:.1%}{boost} → {d.effective_weight:.1%}"
+
+
+def weights_note(card: ScoreCard) -> str:
+    """How the weights shown come about, for the card as a whole."""
+    n = sum(x.score is not None for x in card.dimensions)
+    return (
+        f"Weight: each dimension's configured base weight, raised while it is breached (its CI "
+        f"excludes the target), then shared out over the {n} dimensions with data, so the "
+        "weights shown add up to 100 %."
+    )
 
 
 def _f(frames: Frames, name: str) -> pd.DataFrame:

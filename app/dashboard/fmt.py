@@ -96,16 +96,18 @@ def alert_rows(alerts: pd.DataFrame, limit: int | None = None) -> None:
 
 # A table whose every column shows in full at any width: its cells wrap instead of being cut.
 _WRAPPED = (
-    "<style>.ws-wrapped table{width:100%;border-collapse:collapse;font-size:0.8rem}"
-    ".ws-wrapped th,.ws-wrapped td{white-space:normal;overflow-wrap:anywhere;padding:4px 6px;"
+    "<style>.ws-wrapped{overflow-x:auto}"
+    ".ws-wrapped table{width:100%;border-collapse:collapse;font-size:0.78rem}"
+    ".ws-wrapped th,.ws-wrapped td{white-space:normal;overflow-wrap:normal;padding:4px 5px;"
     "border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top}"
     ".ws-wrapped th{font-weight:600}</style>"
 )
 
 
 def wrapped_table(styler: Styler) -> None:
-    """A styled table drawn as HTML whose cells wrap: no column is cut off, however many there
-    are (``st.table`` and ``st.dataframe`` cut wide tables at the page's width)."""
+    """A styled table drawn as HTML whose cells wrap at spaces: every column shows in the page's
+    width (``st.table`` and ``st.dataframe`` cut a wide table's columns or its long cells);
+    a table whose words alone are wider than the page scrolls sideways."""
     html = styler.hide(axis="index").to_html()
     st.markdown(f'{_WRAPPED}<div class="ws-wrapped">{html}</div>', unsafe_allow_html=True)
 

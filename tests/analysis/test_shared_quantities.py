@@ -24,7 +24,7 @@ from warmscope.analysis.roi import (
     significant_decay,
     warmups,
 )
-from warmscope.analysis.scores import DimensionScore, ScoreCard, status, weight_text
+from warmscope.analysis.scores import DimensionScore, ScoreCard, status, weight_text, weights_note
 
 INF = math.inf
 
@@ -147,8 +147,9 @@ def test_weight_text_explains_the_base_the_boost_and_the_sharing():
     roi = _dim("warmup_roi", -0.6, 0.1, 1.0, weight=0.25, ew=0.414, breached=True)
     other = _dim("cache_hit_rate", 0.7, 0.9, 0.8)
     card = ScoreCard((roi, other, _dim("x", None, None, 0.5)), 0.5)
-    assert weight_text(roi, card, cfg) == "base 25.0% × 1.80 (breached), shared over 2 dimensions with data → 41.4%"
-    assert weight_text(other, card, cfg) == "base 10.0%, shared over 2 dimensions with data → 10.0%"
+    assert weight_text(roi, card, cfg) == "base 25.0% × 1.80 (breached) → 41.4%"
+    assert weight_text(other, card, cfg) == "base 10.0% → 10.0%"
+    assert "shared out over the 2 dimensions with data" in weights_note(card)
 
 
 def _req(rows):

@@ -246,15 +246,8 @@ def render() -> None:
                 }
             )
         st.subheader("Experiments")
-        st.dataframe(
-            pd.DataFrame(rows),
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "Units": st.column_config.NumberColumn(format="localized"),
-                "Verdict": st.column_config.TextColumn(width="large"),
-            },
-        )
+        # the verdict is a sentence: wrapped, not cut
+        fmt.wrapped_table(pd.DataFrame(rows).style.format({"Units": "{:,}"}))
 
     state.init_from_url("ab-exp", "experiment")
     if st.session_state.get("ab-exp") not in exps:

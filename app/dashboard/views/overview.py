@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from warmscope.analysis.config import AnalysisConfig
 from warmscope.analysis.roi import decay_text, roi_text
-from warmscope.analysis.scores import status, weight_text
+from warmscope.analysis.scores import status, weight_text, weights_note
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 if TYPE_CHECKING:
@@ -226,14 +226,15 @@ def _score_card(card: ScoreCard) -> pd.DataFrame:
         height=38 + 35 * len(table),
         column_config={
             "Status": st.column_config.TextColumn(width="small"),
+            "Why this weight": st.column_config.TextColumn(width="medium"),
             "Note": st.column_config.TextColumn(width="large"),
         },
     )
     st.caption(
         "Status: OK at a score of 0.8 or more with the value meeting its target (or its CI "
-        "reaching it), FAIR from 0.5, POOR below. Weight: each dimension's configured base weight "
-        "(`[analysis.dimensions.NAME] weight`), raised while it is breached, then shared over "
-        "the dimensions with data so the weights shown add up to 100 %."
+        "reaching it), FAIR from 0.5, POOR below. "
+        + weights_note(card)
+        + " Base weights: `[analysis.dimensions.NAME] weight`."
     )
     if card.note:
         note = card.note

@@ -239,7 +239,7 @@ def _roi(run: pd.Series, roi: pd.DataFrame, cfg: AnalysisConfig) -> None:
     st.markdown(
         "**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)"
     )
-    st.dataframe(text.rename(columns=ROI_COLUMNS), hide_index=True, width="stretch")
+    fmt.wrapped_table(text.rename(columns=ROI_COLUMNS).style)  # long cells say why: wrapped
     st.caption(
         f"Prices: GPU-s at {cfg.price_per_gpu_s:g} and a conversion at "
         f"{cfg.value_per_conversion:g} (configured, `[analysis]`); intervals from per-minute batch "
