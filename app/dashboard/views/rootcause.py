@@ -34,8 +34,8 @@ SHARES = (
 )
 NEGATIVE_SHARES = (
     SHARES + " A negative share is a part that moved the other way (its hit rate rose, or its "
-    "traffic shifted toward better-hitting keys): it offset some of the drop, so the positive "
-    "shares add up to more than 100 %."
+    "traffic shifted toward better-hitting keys): it offset that share of the change instead of "
+    "causing it."
 )
 TRAPS_ARE_ALERTS = (
     "The trap checks the alert rules run (Alerts page), over this window against its baseline: "
