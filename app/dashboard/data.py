@@ -17,6 +17,7 @@ that changed is re-read); answers from remote sources for ``TTL`` seconds.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -160,10 +161,18 @@ def frame(
     name: str, start: float | None = None, end: float | None = None, step: float | None = None
 ) -> pd.DataFrame:
     """``step=3600``: hourly rollups where the embedded store keeps them (long ranges). A frame no
-    configured source holds comes back empty, with its canonical columns."""
+    configured source holds comes back empty, with its canonical columns.
+
+    The store stamps an hourly rollup with its hour's end, so an hourly read runs to the end of
+    the hour that holds ``end``: the hour in progress is kept (without it, "everything" showed
+    fewer lookups than "last 24 hours" read per flush)."""
     cfg = _config()
-    if _source(cfg).owner(name) is None:
+    src = _source(cfg)
+    owner = src.owner(name)
+    if owner is None:
         return empty_frame(name)
+    if step and end is not None and owner is src.store:
+        end = max(end, math.ceil(end / step) * step + 1e-6)
     out: pd.DataFrame = _ask(name, "frame", name, start, end, step, cfg=cfg)
     return out
 
