@@ -234,7 +234,8 @@ def better(r: Result) -> bool | None:
     difference or the metric's direction is not declared."""
     if not np.isfinite(r.abs_effect) or r.abs_effect == 0 or r.direction not in ("higher", "lower"):
         return None
-    return (r.abs_effect < 0) if r.direction == "lower" else (r.abs_effect > 0)
+    # a Python bool: the effect is a numpy float, and callers test ``better(r) is True``
+    return bool(r.abs_effect < 0) if r.direction == "lower" else bool(r.abs_effect > 0)
 
 
 def fmt_p(p: float) -> str:

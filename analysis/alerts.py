@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -53,11 +54,12 @@ from .alert_defs import (
 )
 from .coverage import warm_set_coverage
 from .hitrate import hit_rate_change
-from .traps import detect_all, timing
+from .traps import TrapVerdict, detect_all, timing
 
 __all__ = [
     "evaluate",
     "TRAP_ALERTS",
+    "trap_verdicts",
     "cross_tenant_reads",
     "hot_keys_since",
     "bypass_spikes",
@@ -240,6 +242,31 @@ def bypass_spikes(lookups: pd.DataFrame, start: float, end: float) -> pd.DataFra
     return pd.DataFrame(out, columns=cols)
 
 
+def trap_verdicts(
+    frames: Mapping[str, pd.DataFrame], anomaly: tuple[float, float], baseline: tuple[float, float]
+) -> list[TrapVerdict]:
+    """The cold-start trap verdicts for a window as the alert rules read them (the Root cause
+    page shows these, so a trap it reports is one the alerts can fire): every detector of
+    ``traps.detect_all``, with warm-up timing judged on warm-ups timed against traffic
+    (scheduled, before a forecast peak) only. A restart's warm-up is timed by the restart: its
+    unread keys are ``WarmSetPrecisionLow``'s, per strategy, not a timing fault."""
+    out = []
+    runs = frames.get("warmup_runs", pd.DataFrame())
+    for v in detect_all(frames, anomaly, baseline):
+        if v.trap == "warmup_timing":
+            timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
+            v = timing({**frames, "warmup_runs": timed}, anomaly, baseline)
+            if not v.detected and len(runs) and len(timed) < len(runs):
+                said = v.evidence if len(timed) else "no warm-up timed against traffic"
+                v = dataclasses.replace(
+                    v,
+                    evidence=f"{said}; warm-ups after a replica (re)start are left out: they are "
+                    "timed by the restart (their unread keys: WarmSetPrecisionLow)",
+                )
+        out.append(v)
+    return out
+
+
 def evaluate(
     frames: Mapping[str, pd.DataFrame], start: float, end: float, newest: float | None = None
 ) -> pd.DataFrame:
@@ -265,22 +292,9 @@ def evaluate(
                 )
         # Cross-tenant reads and bypass spikes are checked over the whole range below (as the rules
         # do).
-        runs = frames.get("warmup_runs", pd.DataFrame())
-        for v in detect_all(frames, (end - third, end), (end - 2 * third, end - third)):
+        for v in trap_verdicts(frames, (end - third, end), (end - 2 * third, end - third)):
             if not v.detected or v.trap in ("tenant_isolation", "bypass"):
                 continue
-            if v.trap == "warmup_timing":
-                # A warm-up timed against traffic (scheduled, before a forecast peak) that traffic
-                # did not use; a restart's warm-up is timed by the restart (its waste is
-                # WarmSetPrecisionLow's, per strategy).
-                timed = runs[~runs["trigger"].isin(RESTART_TRIGGERS)] if len(runs) else runs
-                v = timing(
-                    {**frames, "warmup_runs": timed},
-                    (end - third, end),
-                    (end - 2 * third, end - third),
-                )
-                if not v.detected:
-                    continue
             name, sev = TRAP_ALERTS[v.trap]
             rows.append((sev, name, v.evidence, end - third))
         for r in bypass_spikes(lk, start, end).itertuples():

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ import pandas as pd
 from .hitrate import hit_table, time_slice
 from .latency import TTFT, all_bounds, quantile_from_buckets
 
-__all__ = ["warm_set_coverage", "read_in_time", "run_effect"]
+__all__ = ["warm_set_coverage", "read_in_time", "run_effect", "WarmupSpend", "warmup_spend"]
 
 
 def read_in_time(warmed: pd.DataFrame) -> pd.Series:
@@ -44,6 +45,56 @@ def read_in_time(warmed: pd.DataFrame) -> pd.Series:
     ok &= ~np.isfinite(miss) | (hit < miss)
     ok &= ~(np.isfinite(ttl) & (ttl > 0)) | (hit <= at + np.where(np.isfinite(ttl), ttl, np.inf))
     return pd.Series(ok, index=warmed.index)
+
+
+@dataclass(frozen=True)
+class WarmupSpend:
+    """What the warm-up runs of a range spent and wasted: ``gpu_s`` the runs' own GPU-seconds
+    (``warmup_runs.gpu_s``, overhead included), ``wasted_gpu_s`` the warm-up cost of their keys
+    never read while warm (:func:`read_in_time`), ``keys_warmed`` and ``keys_unread`` their
+    warmed keys. The one definition every page shows."""
+
+    runs: int
+    gpu_s: float
+    keys_warmed: int
+    keys_unread: int
+    wasted_gpu_s: float
+
+    @property
+    def unread_share(self) -> float:
+        return self.keys_unread / self.keys_warmed if self.keys_warmed else float("nan")
+
+    def sentence(self) -> str:
+        """One line: "W of S GPU-s wasted on U of K warmed keys never read while warm (x %),
+        N runs"."""
+        if not self.runs:
+            return "No warm-up runs started in this range."
+        keys = (
+            f"on {self.keys_unread:,} of {self.keys_warmed:,} warmed keys never read while warm "
+            f"({self.unread_share:.0%})"
+            if self.keys_warmed
+            else "(no warmed keys recorded)"
+        )
+        return (
+            f"{self.wasted_gpu_s:,.2f} of {self.gpu_s:,.2f} warm-up GPU-s wasted {keys}; "
+            f"{self.runs:,} run{'s' if self.runs != 1 else ''} started in the range"
+        )
+
+
+def warmup_spend(runs: pd.DataFrame, warmed: pd.DataFrame) -> WarmupSpend:
+    """The spend and waste of ``runs`` (the runs that started in a range) and of their keys:
+    ``warmed`` rows of other runs are left out, so a window's keys belong to its runs."""
+    if runs.empty:
+        return WarmupSpend(0, 0.0, 0, 0, 0.0)
+    mine = warmed[warmed["run_id"].isin(runs["run_id"])] if len(warmed) else warmed
+    unread = mine[~read_in_time(mine)] if len(mine) else mine
+    return WarmupSpend(
+        runs=len(runs),
+        gpu_s=float(runs["gpu_s"].fillna(0).sum()),
+        keys_warmed=len(mine),
+        keys_unread=len(unread),
+        wasted_gpu_s=float(unread["gpu_s"].fillna(0).sum()) if len(unread) else 0.0,
+    )
 
 
 def warm_set_coverage(
@@ -131,8 +182,8 @@ def _scope(df: pd.DataFrame, run: Any, layer: bool) -> pd.DataFrame:
         m &= df["replica"] == run.replica
     if getattr(run, "tenant", "") and "tenant" in df.columns:
         m &= df["tenant"] == run.tenant
-    if layer and "layer" in df.columns:
-        m &= df["layer"] == run.layer
+    if layer and "layer" in df.columns:  # a warm-up of several layers ("prefix_kv+response")
+        m &= df["layer"].isin(str(run.layer).split("+"))
     return df[m.to_numpy(dtype=bool)]
 
 

@@ -69,39 +69,61 @@ __all__ = [
     "DEFAULT_WINDOWS",
     "replica_runs",
     "COST_TOO_SMALL",
+    "WARMUP_GAP_S",
     "roi_text",
     "decay_text",
     "experiment_roi",
     "SEED_VS_EXPERIMENT",
+    "warmups",
+    "latest_warmup",
+    "significant_decay",
+    "decay_summary",
 ]
 
 DEFAULT_WINDOWS = (300.0, 3600.0, 86400.0)
 COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small to estimate"
 
 
+WARMUP_GAP_S = 60.0  # a run starting this long after a replica's warm-up has ended is another
+
+
 def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per warm-up of a replica: the runs a warm-up opened per cache
-    layer (same replica, strategy, trigger and start) merged, GPU-seconds,
-    keys and bytes summed, ``layer`` listing the layers ("prefix_kv+response"),
-    ``run_id`` the first run's, ``runs`` how many were merged."""
+    """One row per warm-up of a replica: the runs a warm-up opened per cache layer (same replica,
+    strategy and trigger, each starting before the warm-up's runs so far have ended, or within
+    ``WARMUP_GAP_S`` of it: a warm-up's layers start one after the other) merged, GPU-seconds,
+    keys and bytes summed, ``started`` the first run's, ``ended`` the last end, ``layer`` listing
+    the layers ("prefix_kv+response"), ``run_id`` the first run's, ``runs`` how many were
+    merged."""
     if runs.empty:
         return runs.assign(runs=pd.Series(dtype=int))
-    keys = ["replica", "strategy", "trigger", "started"]
+    keys = ["replica", "strategy", "trigger"]
     r = runs.copy()
     for k in keys:
         if k not in r.columns:
             r[k] = ""
+    r = r.sort_values([*keys, "started", "run_id"], kind="stable")
+    end = r["ended"].astype(float).fillna(r["started"].astype(float))
+    reach = end.groupby([r[k] for k in keys], dropna=False, sort=False).cummax()
+    before = reach.groupby([r[k] for k in keys], dropna=False, sort=False).shift()
+    new = before.isna() | (r["started"].astype(float) > before + WARMUP_GAP_S)
+    r["_warmup"] = new.cumsum()
     agg: dict[str, Any] = {
         c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns
     }
     agg.update(
-        {"run_id": "first", "layer": lambda s: "+".join(sorted(set(map(str, s)))), "ended": "max"}
+        {
+            "run_id": "first",
+            "started": "min",
+            "layer": lambda s: "+".join(sorted(set(map(str, s)))),
+            "ended": "max",
+        }
     )
     for c in r.columns:
-        if c not in agg and c not in keys:
+        if c not in agg and c not in keys and c != "_warmup":
             agg[c] = "first"
-    out = r.sort_values("run_id", kind="stable").groupby(keys, dropna=False, sort=False).agg(agg)
-    out["runs"] = r.groupby(keys, dropna=False, sort=False).size()
+    g = r.groupby([*keys, "_warmup"], dropna=False, sort=False)
+    out = g.agg(agg)
+    out["runs"] = g.size()
     merged: pd.DataFrame = out.reset_index()[list(runs.columns) + ["runs"]]
     return merged
 
@@ -271,6 +293,8 @@ def roi_windows(
                 "revenue": revenue,
                 "revenue_low": lo_r,
                 "revenue_high": hi_r,
+                "revenue_se": se_r,
+                "saved_se": se_c,
                 "cost": cost,
                 "roi_business": nan if bad_b else roi_b,
                 "roi_business_low": nan if bad_b or not cost > 0 else (lo_r - cost) / cost,
@@ -293,15 +317,22 @@ def benefit_series(
     value_per_conversion: float,
     horizon_s: float = 6 * 3600.0,
     freq: float = 60.0,
+    part: str = "both",
 ) -> pd.DataFrame:
-    """Per-bucket benefit after the run (GPU-s saved × price + extra conversions ×
-    value) against the control variant, or the pre-run rates. Columns: t_s
-    (seconds after the run), benefit."""
+    """Per-bucket benefit after the run against the control variant, or the pre-run rates.
+    Columns: t_s (seconds after the run), compute (GPU-s saved × price), business (extra
+    conversions × value) and benefit: their sum (``part="both"``) or one of them (``"compute"``,
+    ``"business"``). The compute part is in the units of the run's cost; the business part
+    carries the conversions' noise (± tens of currency units a minute against a cost of
+    cents), so the decay the pages show is the compute part's."""
+    parts = ("both", "compute", "business")
+    if part not in parts:
+        raise ValueError(f"part must be one of {parts}, got {part!r}")
     requests = time_slice(requests, run.started - horizon_s, run.ended + horizon_s)
     mine = _scope(requests, run)
     after = mine[(mine.ts > run.ended) & (mine.ts <= run.ended + horizon_s)]
     if after.empty:
-        return pd.DataFrame(columns=["t_s", "benefit"])
+        return pd.DataFrame(columns=["t_s", "compute", "business", "benefit"])
     ctrl = _control(requests, after, run)
     bucket: Callable[[pd.DataFrame], pd.Series] = lambda df: bucket_start(df.ts - run.ended, freq)  # noqa: E731
     t = after.assign(t_s=bucket(after)).groupby("t_s")[["requests", "gpu_s", "conversions"]].sum()
@@ -321,8 +352,16 @@ def benefit_series(
     with np.errstate(invalid="ignore", divide="ignore"):
         gpu_saved = (c_gpu - t["gpu_s"].to_numpy() / n) * n
         conv_gain = (t["conversions"].to_numpy() / n - c_conv) * n
-    benefit = gpu_saved * price_per_gpu_s + conv_gain * value_per_conversion
-    out = pd.DataFrame({"t_s": t.index.to_numpy(dtype=float), "benefit": benefit})
+    compute, business = gpu_saved * price_per_gpu_s, conv_gain * value_per_conversion
+    benefit = {"both": compute + business, "compute": compute, "business": business}[part]
+    out = pd.DataFrame(
+        {
+            "t_s": t.index.to_numpy(dtype=float),
+            "compute": compute,
+            "business": business,
+            "benefit": benefit,
+        }
+    )
     finite: pd.DataFrame = out[np.isfinite(out["benefit"])].reset_index(drop=True)
     return finite
 
@@ -376,6 +415,13 @@ def _cell(v: float, lo: float, hi: float, why: str) -> str:
     return f"{v:+.2f}{ci}"
 
 
+def _too_small(se: float, cost: float, what: str) -> str:
+    return (
+        f"not estimable: {what} vary by ±{se:,.2f} over the window (standard error), "
+        f"{se / cost:,.0f}× the run's cost of {cost:.4f}"
+    )
+
+
 def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
     """``roi_windows`` as text, one row per window, with no empty cell: a missing figure says why
     ("no conversion data", "not enough points", "cost too small to estimate", …)."""
@@ -399,15 +445,19 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
                 "roi_business_high",
             )
         }
+        se = {k: float(r.get(k, float("nan"))) for k in ("revenue_se", "saved_se")}
         T = f["window_s"]
         win = f"T+{T / 3600:g} h" if T >= 3600 else f"T+{T / 60:g} min"
         state = str(r["state"])
         why = state if state not in ("ok", "unfinished") else "not enough points"
-        conv_why = (
-            "no conversion data"
-            if not (f["conversions"] > 0 or float(np.nan_to_num(f["baseline_conversions"])) > 0)
-            else why
-        )
+        compute_why, conv_why = why, why
+        if state == "cost too small to estimate":  # say by how much: the noise against the cost
+            compute_why, conv_why = (
+                _too_small(se[k], f["cost"], what) if np.isfinite(se[k]) else why
+                for k, what in (("saved_se", "GPU-s saved × price"), ("revenue_se", "conversions"))
+            )
+        if not (f["conversions"] > 0 or float(np.nan_to_num(f["baseline_conversions"])) > 0):
+            conv_why = "no conversion data"
         rows.append(
             {
                 "window": win + ("" if bool(r["complete"]) else " (unfinished)"),
@@ -417,7 +467,7 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
                 else why,
                 "cost": f"{f['cost']:.4f}" if np.isfinite(f["cost"]) else "no cost recorded",
                 "roi_compute": _cell(
-                    f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], why
+                    f["roi_compute"], f["roi_compute_low"], f["roi_compute_high"], compute_why
                 ),
                 "roi_business": _cell(
                     f["roi_business"], f["roi_business_low"], f["roi_business_high"], conv_why
@@ -527,3 +577,47 @@ SEED_VS_EXPERIMENT = (
     "run's cost, so a run whose benefit arrives after its first minutes reads poor at T+5 "
     "min and can still pay off over the experiment."
 )
+
+
+def warmups(runs: pd.DataFrame) -> pd.DataFrame:
+    """The warm-ups of ``runs`` (one per replica and start: :func:`replica_runs`, its layers'
+    runs merged), newest first: what the pages call a warm-up, its cost the sum of its layers'."""
+    merged = replica_runs(runs)
+    if merged.empty:
+        return merged
+    return merged.sort_values(
+        ["started", "replica"], ascending=[False, True], kind="stable"
+    ).reset_index(drop=True)
+
+
+def latest_warmup(runs: pd.DataFrame) -> pd.Series | None:
+    """The newest warm-up of ``runs`` (its layers' runs merged), or None: the "latest run" every
+    page shows."""
+    w = warmups(runs)
+    return None if w.empty else w.iloc[0]
+
+
+def significant_decay(d: Decay) -> bool:
+    """Whether the benefit measurably decays: a fit whose rate's 95 % interval lies above zero
+    (what :func:`decay_text` reports as a rate)."""
+    return d.error is None and bool(np.isfinite(d.ci_low) and d.ci_low > 0)
+
+
+def decay_summary(decays: Sequence[Decay]) -> str:
+    """The decay over several warm-ups, by :func:`significant_decay`: the median rate of those
+    that measurably decay, and how many of the fitted ones that is."""
+    fitted = [d for d in decays if d.error is None and np.isfinite(d.k_per_hour)]
+    sig = [d for d in fitted if significant_decay(d)]
+    if not fitted:
+        return "benefit decay: no warm-up with enough points after it"
+    if not sig:
+        return (
+            f"benefit decay: none measured (the rate's 95 % CI includes no decay on all "
+            f"{len(fitted)} warm-ups fitted)"
+        )
+    k = float(np.median([d.k_per_hour for d in sig]))
+    half = math.log(2) / k if k > 0 else float("inf")
+    return (
+        f"benefit decay k = {k:.3g}/h (median over the {len(sig)} of {len(fitted)} warm-ups "
+        f"whose benefit measurably decays; half-life {half:.2f} h)"
+    )

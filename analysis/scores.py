@@ -73,7 +73,7 @@ from .buckets import bucket_start
 from .forecast import prediction_error
 from .hitrate import Z95, hit_table, wilson
 from .latency import TTFT, all_bounds, quantile_from_buckets
-from .roi import benefit_series, fit_decay, replica_runs, roi_windows
+from .roi import benefit_series, decay_summary, fit_decay, replica_runs, roi_windows
 
 if TYPE_CHECKING:  # config.py reads DIMENSIONS from here
     from .config import AnalysisConfig
@@ -86,6 +86,12 @@ __all__ = [
     "dimension",
     "score_card",
     "normalise",
+    "status",
+    "weight_text",
+    "weights_note",
+    "GOOD_AT",
+    "FAIR_AT",
+    "RAMP_MIN_SHIFT",
 ]
 
 Frames = Mapping[str, pd.DataFrame]
@@ -234,6 +240,54 @@ def normalise(spec: DimensionSpec, value: float) -> float:
     else:
         s = (value - spec.worst) / (spec.target - spec.worst)
     return float(np.clip(s, 0, 1))
+
+
+GOOD_AT, FAIR_AT = 0.8, 0.5  # a score at or above: OK; FAIR; below FAIR_AT: POOR
+
+
+def _spec(cfg: AnalysisConfig, name: str) -> DimensionSpec | None:
+    return next((s for s in cfg.dimensions if s.name == name), None)
+
+
+def status(d: DimensionScore, cfg: AnalysisConfig) -> str:
+    """ "good", "fair", "poor" or "none" (no data) for a scored dimension: by its score
+    (``GOOD_AT``, ``FAIR_AT``), but never "good" while its value misses its target (a lower-is-
+    better value above the target, a higher-is-better one below it) unless its CI reaches the
+    target: 6 % against a 5 % target scores 0.96 and reads FAIR, not OK."""
+    if d.score is None or d.value is None:
+        return "none"
+    grade = "good" if d.score >= GOOD_AT else "fair" if d.score >= FAIR_AT else "poor"
+    spec = _spec(cfg, d.name)
+    if grade == "good" and spec is not None and spec.better != "target":
+        if spec.better == "lower":
+            meets = d.value <= d.target or (d.ci_low is not None and d.ci_low <= d.target)
+        else:
+            meets = d.value >= d.target or (d.ci_high is not None and d.ci_high >= d.target)
+        grade = "good" if meets else "fair"
+    return grade
+
+
+def weight_text(d: DimensionScore, card: ScoreCard, cfg: AnalysisConfig) -> str:
+    """Why a dimension carries its weight: its base weight, the boost a breach gives it, and what
+    it comes to once the weights of the dimensions with data are shared out to 100 % ("base
+    25.0% × 1.40 (breached) → 41.4%"; :func:`weights_note` says over how many)."""
+    if d.score is None:
+        return f"base {d.weight:.1%}; no data, left out"
+    boost = ""
+    if d.breached and cfg.breach_below > 0:
+        b = 1 + cfg.dynamic_boost * (cfg.breach_below - d.score) / cfg.breach_below
+        boost = f" × {b:.2f} (breached)"
+    return f"base {d.weight:.1%}{boost} → {d.effective_weight:.1%}"
+
+
+def weights_note(card: ScoreCard) -> str:
+    """How the weights shown come about, for the card as a whole."""
+    n = sum(x.score is not None for x in card.dimensions)
+    return (
+        f"Weight: each dimension's configured base weight, raised while it is breached (its CI "
+        f"excludes the target), then shared out over the {n} dimensions with data, so the "
+        "weights shown add up to 100 %."
+    )
 
 
 def _f(frames: Frames, name: str) -> pd.DataFrame:
@@ -584,6 +638,9 @@ def _conv(fr: Frames, cfg: AnalysisConfig) -> Measure:
     )
 
 
+RAMP_MIN_SHIFT = 0.1  # a grey release moves the treatment's hourly share by at least this
+
+
 @dimension(
     "grey_release_penetration",
     "Grey-release traffic penetration",
@@ -604,7 +661,14 @@ def _penetration(fr: Frames, cfg: AnalysisConfig) -> Measure:
     h = e.assign(hour=bucket_start(e["ts"], 3600.0), t=e["variant"] == cfg.treatment_variant)
     tab = h.groupby(["hour", "t"])["requests"].sum().unstack(fill_value=0)
     tab = tab[tab.sum(axis=1) > 0]
-    if tab.shape[0] < 2 or tab.shape[1] < 2 or stats.chi2_contingency(tab.to_numpy())[1] > 0.001:
+    hourly = tab[True] / tab.sum(axis=1) if True in tab.columns else pd.Series(dtype=float)
+    if (
+        tab.shape[0] < 2
+        or tab.shape[1] < 2
+        or stats.chi2_contingency(tab.to_numpy())[1] > 0.001
+        # a ramp moves the share by points, not by a million requests' chi-square
+        or abs(float(hourly.iloc[-1]) - float(hourly.iloc[0])) < RAMP_MIN_SHIFT
+    ):
         return (
             None,
             "requests",
@@ -682,11 +746,15 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
         used += 1
         d = fit_decay(
             benefit_series(
-                run, r, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s
+                run,
+                r,
+                cfg.price_per_gpu_s,
+                cfg.value_per_conversion,
+                cfg.decay_horizon_s,
+                part="compute",
             )
         )
-        if d.error is None and np.isfinite(d.k_per_hour):
-            ks.append(d)
+        ks.append(d)
     if not used:
         why = f" ({unfinished} still inside their window)" if unfinished else ""
         return (
@@ -696,14 +764,8 @@ def _roi(fr: Frames, cfg: AnalysisConfig) -> Measure:
         )
     v = (saved - cost) / cost
     se = np.sqrt(var) / cost
-    note = ""
-    if ks:
-        k = float(np.median([d.k_per_hour for d in ks]))
-        lo, hi = float(np.median([d.ci_low for d in ks])), float(np.median([d.ci_high for d in ks]))
-        note = (
-            f"benefit decay k = {k:.3g}/h (median over {len(ks)} warm-ups; median CI {lo:.3g} to "
-            f"{hi:.3g}), not scored"
-        )
+    # the decay as the Warm-up runs page reads it (a rate only where its CI excludes no decay)
+    note = decay_summary(ks) + ", not scored"
     if unfinished:
         note += (
             "; " if note else ""

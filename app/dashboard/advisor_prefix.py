@@ -18,6 +18,7 @@ import streamlit as st
 from warmscope.analysis.advisor import NoRecommendation, PrefixAdvice, advise_prefix
 from warmscope.analysis.value import values_for
 from warmscope.app.dashboard import data, fmt
+from warmscope.sources import empty_frame
 
 __all__ = ["render"]
 
@@ -42,7 +43,10 @@ def _advise(
     src = data.source()
     vm = values_for(src, _fr, start, end, slo_ttft_s, penalty, objective)
     try:
-        return advise_prefix(_fr, src.units(None), vm, objective), ""
+        # every experiment's units (a source's units() reads one experiment at a time)
+        per = [src.units(e) for e in src.experiments()]
+        units = pd.concat(per, ignore_index=True) if per else empty_frame("ab_units")
+        return advise_prefix(_fr, units, vm, objective), ""
     except (NoRecommendation, ValueError) as e:
         return None, str(e)
 

@@ -16,6 +16,19 @@ import pandas as pd
 # besides the hot keys, which they read from hot_keys_since(start, end) on.
 ALERT_FRAMES = ("lookups", "writes", "warmup_runs", "warmed_keys", "early_keys")
 Reader = Callable[[str, float, float, "float | None"], pd.DataFrame]
+# What the sources are built from (the app's ``data.config()``): store path, whether it exists,
+# the remote sources' URLs.
+Config = tuple[str, bool, tuple[tuple[str, str], ...]]
+# The frames the Advisor's tuning reads (per flush over the range; runs from an hour before).
+ADVISOR_FRAMES = (
+    "lookups",
+    "warmup_runs",
+    "warmed_keys",
+    "hot_keys",
+    "gauges",
+    "faults",
+    "histograms",
+)
 
 
 _one_at_a_time = threading.Semaphore(1)
@@ -106,8 +119,51 @@ def source_reader(src: Any) -> Reader:
     return read
 
 
+def advisor_frames(read: Reader, start: float, end: float) -> dict[str, pd.DataFrame]:
+    """What the Advisor reads: :data:`ADVISOR_FRAMES` per flush over [start, end), the warm-up runs
+    from an hour before (a replica's start-up warm-up runs before its first request)."""
+    fr = {n: read(n, start, end, None) for n in ADVISOR_FRAMES}
+    fr["warmup_runs"] = read("warmup_runs", start - 3600.0, end, None)
+    return fr
+
+
+def advice(
+    cfg: Config,
+    start: float,
+    end: float,
+    budget: float | None,
+    objective: str | None,
+    penalty: float | None,
+) -> tuple[object, object, object]:
+    """The Advisor's tuning over [start, end) (``analysis.advisor.advise``: Bayesian optimisation
+    over replays of the recorded traffic, tens of seconds), from the sources ``cfg`` names:
+    (recommendation, replayed curves with the recorded parameters, with the recommended ones), or
+    (None, why, the replay's fidelity) when there is no recommendation."""
+    from warmscope.analysis.advisor import NoRecommendation, advise
+    from warmscope.analysis.replay import curves
+    from warmscope.analysis.value import values_for
+    from warmscope.sources import from_env
+
+    path, _, urls = cfg
+    src = from_env(dict(urls), store_path=path)
+    fr = advisor_frames(source_reader(src), start, end)
+    vm = values_for(src, fr, start, end, None, penalty, objective)
+    try:
+        rec = advise(fr, budget_gpu_s=budget, objective=objective, values=vm)
+    except NoRecommendation as e:
+        return None, str(e), e.fidelity
+    if rec.model is None:  # advise() fits one from the frames: always there here
+        raise ValueError("the recommendation carries no replay model to draw its curves")
+    return rec, curves(rec.model, rec.base), curves(rec.model, rec.params)
+
+
 def alert_history(
-    cfg: tuple, start: float, end: float, step: float | None, every: float, lookback: float
+    cfg: Config,
+    start: float,
+    end: float,
+    step: float | None,
+    every: float,
+    lookback: float,
 ) -> pd.DataFrame:
     """``analysis.alert_history`` over [start, end), reading the frames from ``start - lookback``
     (at resolution ``step``) from the sources ``cfg`` names (the app's ``data._config()``: store

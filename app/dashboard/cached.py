@@ -5,6 +5,10 @@ source error as one message and stops the page (``guarded``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import pandas as pd
 import streamlit as st
@@ -12,6 +16,20 @@ from warmscope.app.dashboard import background, data, engine_view
 from warmscope.app.dashboard.fmt import pct
 from warmscope.app.dashboard.state import load, step
 from warmscope.model import records
+
+if TYPE_CHECKING:  # the analyses load on first use, not when a page starts
+    from warmscope.analysis.coverage import WarmupSpend
+    from warmscope.analysis.drilldown import DrillDown
+    from warmscope.analysis.roi import Decay
+    from warmscope.analysis.rootcause import Localization
+    from warmscope.analysis.scores import ScoreCard
+    from warmscope.analysis.traps import TrapVerdict
+
+T = TypeVar("T")
+Version = tuple[object, ...]  # data.version(): what cached results depend on
+Window = tuple[float, float]
+# (dimension, value) steps of a hit-rate drill path
+Path = tuple[tuple[str, str], ...]
 
 
 def hit_rate_layers(lookups: pd.DataFrame) -> pd.DataFrame:
@@ -44,13 +62,13 @@ def unmeasured_note(start: float, end: float, tenant: str | None = None) -> str 
     return note
 
 
-def overview_frames(start: float, end: float) -> dict:
+def overview_frames(start: float, end: float) -> dict[str, pd.DataFrame]:
     """The frames of the overview's alerts and score card, through the cached loaders."""
     return background.overview_frames(data.frame, start, end, step(start, end))
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _alerts(version: tuple, end: float):
+def _alerts(version: Version, end: float) -> pd.DataFrame:
     from warmscope.analysis.alert_history import holding_now
 
     # per flush, two hours before the evaluation's window: the hot-key windows a leak began in and
@@ -61,7 +79,7 @@ def _alerts(version: tuple, end: float):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _leak(version: tuple, start: float, end: float):
+def _leak(version: Version, start: float, end: float) -> dict[str, object] | None:
     from warmscope.analysis.alerts import cross_tenant_reads, hot_keys_since
 
     hk = data.frame("hot_keys", hot_keys_since(start, end) - HISTORY_LOOKBACK_S, end)
@@ -69,14 +87,14 @@ def _leak(version: tuple, start: float, end: float):
     return cross_tenant_reads(hk, start, end, lk)
 
 
-def leak(start: float, end: float):
+def leak(start: float, end: float) -> dict[str, object] | None:
     """Cross-tenant reads anywhere in the range (``analysis.alerts.cross_tenant_reads``: onset,
     last window, keys, tenants), or None: a leak matters after it stopped holding."""
     return guarded(_leak, start, end)
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _arm_labels(version: tuple, experiment: str) -> dict[str, str]:
+def _arm_labels(version: Version, experiment: str) -> dict[str, str]:
     from warmscope.analysis.ab_report import arm_strategies
 
     lk = data.frame("lookups", None, None, 3600.0)  # hourly rollups: which replicas served an arm
@@ -89,7 +107,7 @@ def arm_labels(experiment: str) -> dict[str, str]:
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _card(version: tuple, start: float, end: float):
+def _card(version: Version, start: float, end: float) -> ScoreCard:
     from warmscope.analysis.config import AnalysisConfig
     from warmscope.analysis.scores import score_card
 
@@ -97,7 +115,14 @@ def _card(version: tuple, start: float, end: float):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _drill(version: tuple, start: float, end: float, anomaly, baseline, hit_rate_layers_only: bool):
+def _drill(
+    version: Version,
+    start: float,
+    end: float,
+    anomaly: Window | None,
+    baseline: Window | None,
+    hit_rate_layers_only: bool,
+) -> DrillDown:
     from warmscope.analysis.drilldown import drill_down
 
     lk = data.frame("lookups", start, end, step(start, end))
@@ -107,18 +132,23 @@ def _drill(version: tuple, start: float, end: float, anomaly, baseline, hit_rate
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _traps(version: tuple, start: float, end: float, anomaly, baseline):
-    from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S, detect_all
+def _traps(
+    version: Version, start: float, end: float, anomaly: Window, baseline: Window
+) -> list[TrapVerdict]:
+    from warmscope.analysis.alerts import trap_verdicts
+    from warmscope.analysis.traps import HOT_KEY_LOOKBACK_S
 
     fr = data.frames(
         ["lookups", "writes", "warmup_runs", "warmed_keys", "misses"], start, end, step(start, end)
     )
     fr["hot_keys"] = data.frame("hot_keys", max(start, anomaly[0] - HOT_KEY_LOOKBACK_S), end)
-    return detect_all(fr, anomaly, baseline)
+    return trap_verdicts(fr, anomaly, baseline)
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _miss_shift(version: tuple, start: float, end: float, anomaly, baseline):
+def _miss_shift(
+    version: Version, start: float, end: float, anomaly: Window, baseline: Window
+) -> tuple[pd.DataFrame, DrillDown | None]:
     from warmscope.analysis.drilldown import drill_down_misses
     from warmscope.analysis.traps import miss_class_shift
 
@@ -130,7 +160,7 @@ def _miss_shift(version: tuple, start: float, end: float, anomaly, baseline):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _change_point(version: tuple, start: float, end: float):
+def _change_point(version: Version, start: float, end: float) -> float | None:
     from warmscope.analysis.drilldown import change_point
 
     return change_point(data.frame("lookups", start, end, step(start, end)))
@@ -149,18 +179,16 @@ def history_every(start: float, end: float) -> float:
 
 
 @st.cache_resource(show_spinner=False)
-def _history_jobs() -> dict:
+def _history_jobs() -> dict[tuple[object, ...], Future[pd.DataFrame]]:
     """The alert-history jobs by (version, start, end): futures of computations in a child process
     (its own interpreter, at a lower CPU priority), so that the history's dozens of evaluations do
     not slow page runs."""
     return {}
 
 
-def alert_history(start: float, end: float):
-    """When each alert fired and resolved over the range, or None while it is being computed
-    (started on the first call; kept per store version and range)."""
-    from warmscope.app.dashboard import background
-
+def start_history(start: float, end: float) -> Future[pd.DataFrame]:
+    """The alert-history job of the range: started now unless it is running or done (the
+    background prewarm starts the default and the 24-hour range's when the server starts)."""
     jobs = _history_jobs()
     key = (data.version(), start, end)
     fut = jobs.get(key)
@@ -176,6 +204,13 @@ def alert_history(start: float, end: float):
             history_every(start, end),
             HISTORY_LOOKBACK_S,
         )
+    return fut
+
+
+def alert_history(start: float, end: float) -> pd.DataFrame | None:
+    """When each alert fired and resolved over the range, or None while it is being computed
+    (started on the first call, or ahead by the prewarm; kept per store version and range)."""
+    fut = start_history(start, end)
     if not fut.done():
         return None
     try:
@@ -188,17 +223,73 @@ def alert_history(start: float, end: float):
         st.stop()
 
 
-@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
-def _rates(
-    version: tuple,
+# The Advisor's tuning: tens of seconds of replays, in a child process like the alert history
+# (one at a time, shared by every viewer); the page shows the forecast at once and the
+# recommendation when it is there. The prewarm starts the default range's with the default inputs.
+Advice = tuple[object, object, object]
+
+
+@st.cache_resource(show_spinner=False)
+def _advice_jobs() -> dict[tuple[object, ...], Future[Advice]]:
+    return {}
+
+
+def start_advice(
     start: float,
     end: float,
-    by: tuple,
+    budget: float | None = None,
+    objective: str | None = None,
+    penalty: float | None = None,
+) -> Future[Advice]:
+    """The Advisor's tuning job for these inputs: started now unless it is running or done."""
+    jobs = _advice_jobs()
+    key = (data.version(), start, end, budget, objective, penalty)
+    fut = jobs.get(key)
+    if fut is None:
+        if len(jobs) >= 8:  # keep the newest few
+            jobs.pop(next(iter(jobs)))
+        fut = jobs[key] = background.submit(
+            background.advice, data.config(), start, end, budget, objective, penalty
+        )
+    return fut
+
+
+def advice(
+    start: float,
+    end: float,
+    budget: float | None,
+    objective: str | None,
+    penalty: float | None,
+) -> Advice | None:
+    """(recommendation, replayed curves before, after), or None while the tuning runs (started
+    on the first call; kept per store version, range and inputs). A ``ValueError`` of the tuning
+    (inputs it cannot use) is raised here, as the page's direct call raised it."""
+    fut = start_advice(start, end, budget, objective, penalty)
+    if not fut.done():
+        return None
+    try:
+        return fut.result()
+    except ValueError:
+        raise
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    except Exception as e:  # shown, not raised: the forecast above stays usable
+        st.error(f"The recommendation could not be computed: {type(e).__name__}: {e}")
+        st.stop()
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
+def _rates(
+    version: Version,
+    start: float,
+    end: float,
+    by: tuple[str, ...],
     freq: float | None,
-    path: tuple,
+    path: Path,
     hit_rate_layers_only: bool,
     engine: bool,
-):
+) -> pd.DataFrame:
     from warmscope.analysis.hitrate import hit_table
 
     lk = _lookups(start, end, engine)
@@ -212,19 +303,19 @@ def _rates(
 def rates(
     start: float,
     end: float,
-    by=(),
+    by: Iterable[str] = (),
     freq: float | None = None,
-    path=(),
+    path: Iterable[Iterable[str]] = (),
     hit_rate_layers_only: bool = False,
     engine: bool = False,
-):
+) -> pd.DataFrame:
     """``hit_table`` of the range's lookups, filtered by ``path`` (a sequence of (dimension,
     value)) and, with ``hit_rate_layers_only``, to the layers counted in hit rates
     (:func:`hit_rate_layers`); cached: a rerun or another viewer reads a few rows, not the range.
     ``engine=True``: of the engines' prefix-cache counters instead (engine-only mode; lookups
     are prompt tokens, the hit rate token-weighted)."""
-    path = tuple(tuple(x) for x in path)
-    return guarded(_rates, start, end, tuple(by), freq, path, hit_rate_layers_only, engine)
+    steps: Path = tuple((str(d), str(v)) for d, v in (tuple(x) for x in path))
+    return guarded(_rates, start, end, tuple(by), freq, steps, hit_rate_layers_only, engine)
 
 
 def _lookups(start: float, end: float, engine: bool) -> pd.DataFrame:
@@ -236,7 +327,9 @@ def _lookups(start: float, end: float, engine: bool) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _engine_causes(version: tuple, start: float, end: float, anomaly: tuple, baseline: tuple):
+def _engine_causes(
+    version: Version, start: float, end: float, anomaly: Window, baseline: Window
+) -> tuple[pd.DataFrame, Localization | None]:
     from warmscope.analysis.drilldown import leaf_table
     from warmscope.analysis.rootcause import localize
 
@@ -258,7 +351,9 @@ def _engine_causes(version: tuple, start: float, end: float, anomaly: tuple, bas
     return leaves, loc
 
 
-def engine_causes(start: float, end: float, anomaly, baseline):
+def engine_causes(
+    start: float, end: float, anomaly: Window, baseline: Window
+) -> tuple[pd.DataFrame, Localization | None]:
     """Engine-only root cause (cached): the leaves (model × instance × engine kind × engine:
     prompt tokens and cached tokens in ``anomaly``, and the expected ones at the ``baseline``'s
     rate, ``analysis.drilldown.leaf_table``) and their localisation, or None when either window
@@ -268,33 +363,11 @@ def engine_causes(start: float, end: float, anomaly, baseline):
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _run_roi(version: tuple, start: float, end: float, run_id: str):
-    from warmscope.analysis.config import AnalysisConfig
-    from warmscope.analysis.roi import roi_windows
-
-    cfg = AnalysisConfig.load()
-    runs = data.frame("warmup_runs", start, end)
-    run = runs[runs.run_id == run_id].iloc[0]
-    return roi_windows(
-        run,
-        data.frame("requests", start, end, step(start, end)),
-        cfg.price_per_gpu_s,
-        cfg.value_per_conversion,
-        cfg.roi_windows_s,
-    )
-
-
-def run_roi(start: float, end: float, run_id: str):
-    """ROI windows of one run of the range, against the range's requests (cached)."""
-    return guarded(_run_roi, start, end, run_id)
-
-
-@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
-def _coverage(version: tuple, start: float, end: float):
+def _coverage(version: Version, start: float, end: float) -> pd.DataFrame:
     from warmscope.analysis.config import AnalysisConfig
     from warmscope.analysis.coverage import warm_set_coverage
 
-    fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
+    fr = _range_runs(start, end)
     return warm_set_coverage(
         fr["warmup_runs"],
         fr["warmed_keys"],
@@ -303,22 +376,92 @@ def _coverage(version: tuple, start: float, end: float):
     )
 
 
-def coverage(start: float, end: float):
+def coverage(start: float, end: float) -> pd.DataFrame:
     """Precision, recall and wasted GPU-s of every run in the range (cached)."""
     return guarded(_coverage, start, end)
 
 
+@dataclass(frozen=True)
+class MissTables:
+    """What the Why misses page shows, computed once per store version and range
+    (``analysis.misses``): missed tokens, per class, addressable, over time, per tenant / engine /
+    key family, warmed keys lost before a reader, engine block rates per salt."""
+
+    tokens: float
+    classes: pd.DataFrame
+    addressable: dict[str, float]
+    over_time: pd.DataFrame
+    by: dict[str, pd.DataFrame]
+    lost: pd.DataFrame
+    blocks: pd.DataFrame
+
+
+def miss_freq(start: float, end: float) -> float:
+    """The Why misses chart's bucket: about 120 buckets, whole minutes, at least one."""
+    return max(60.0, float(int((end - start) / 120 // 60 * 60)))
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _miss_tables(version: Version, start: float, end: float) -> MissTables:
+    from warmscope.analysis import misses as mz
+
+    fr = load(["misses", "warmed_keys", "kv_blocks"], start, end)
+    m, wk, kvb = fr["misses"], fr["warmed_keys"], fr["kv_blocks"]
+    tokens = float(m["tokens"].sum()) if len(m) else 0.0
+    has = tokens > 0
+    return MissTables(
+        tokens=tokens,
+        classes=mz.class_table(m) if has else pd.DataFrame(),
+        addressable={k: float(v) for k, v in mz.addressable(m, wk).items()} if has else {},
+        over_time=mz.over_time(m, miss_freq(start, end)) if has else pd.DataFrame(),
+        by={d: mz.by_dimension(m, d) for d in ("tenant", "engine", "family")} if has else {},
+        lost=mz.warmed_lost_before_read(wk),
+        blocks=mz.block_rates(kvb) if len(kvb) else pd.DataFrame(),
+    )
+
+
+def miss_tables(start: float, end: float) -> MissTables:
+    """The Why misses page's tables for the range (cached: a rerun recomputes nothing)."""
+    return guarded(_miss_tables, start, end)
+
+
+def _range_runs(start: float, end: float) -> dict[str, pd.DataFrame]:
+    """The runs that started in the range and their warmed keys (the keys of other runs left
+    out), with the early keys of those runs."""
+    fr = data.frames(["warmup_runs", "warmed_keys", "early_keys"], start, end)
+    ids = fr["warmup_runs"]["run_id"] if len(fr["warmup_runs"]) else pd.Series(dtype=str)
+    for n in ("warmed_keys", "early_keys"):
+        if len(fr[n]):
+            fr[n] = fr[n][fr[n]["run_id"].isin(ids)]
+    return fr
+
+
+@st.cache_data(ttl=data.STORE_TTL, max_entries=32, show_spinner=False)
+def _warmup_spend(version: Version, start: float, end: float) -> WarmupSpend:
+    from warmscope.analysis.coverage import warmup_spend
+
+    fr = _range_runs(start, end)
+    return warmup_spend(fr["warmup_runs"], fr["warmed_keys"])
+
+
+def warmup_spend(start: float, end: float) -> WarmupSpend:
+    """What the runs that started in the range spent and wasted (``analysis.coverage.
+    warmup_spend``): the Hot keys and the Warm-up runs page show this one figure (cached)."""
+    return guarded(_warmup_spend, start, end)
+
+
 @st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
-def _run_detail(version: tuple, start: float, end: float, run_id: str):
+def _run_detail(
+    version: Version, start: float, end: float, run_id: str
+) -> tuple[pd.Series, pd.DataFrame, pd.DataFrame, pd.DataFrame, Decay]:
     from warmscope.analysis.config import AnalysisConfig
     from warmscope.analysis.coverage import run_effect
-    from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows
+    from warmscope.analysis.roi import benefit_series, fit_decay, roi_windows, warmups
 
     cfg = AnalysisConfig.load()
-    runs = data.frame("warmup_runs", start, end)
-    row = runs.set_index("run_id").loc[run_id]
-    run = pd.Series({**row.to_dict(), "run_id": run_id})
-    # A run's before/after, ROI and decay need per-minute data around it only, at any range.
+    w = warmups(data.frame("warmup_runs", start, end))
+    run = w[w["run_id"] == run_id].iloc[0]
+    # A warm-up's before/after, ROI and decay need per-minute data around it only, at any range.
     ended = run.ended if run.ended == run.ended else end
     span = max([cfg.effect_window_s, cfg.decay_horizon_s, *cfg.roi_windows_s])
     fr = data.frames(
@@ -330,20 +473,43 @@ def _run_detail(version: tuple, start: float, end: float, run_id: str):
     eff = run_effect(run, fr["lookups"], fr["histograms"], rq, cfg.effect_window_s)
     roi = roi_windows(run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.roi_windows_s)
     series = benefit_series(
-        run, rq, cfg.price_per_gpu_s, cfg.value_per_conversion, cfg.decay_horizon_s
+        run,
+        rq,
+        cfg.price_per_gpu_s,
+        cfg.value_per_conversion,
+        cfg.decay_horizon_s,
+        part="compute",
     )
-    return eff, roi, series, fit_decay(series)
+    return run, eff, roi, series, fit_decay(series)
 
 
-def run_detail(start: float, end: float, run_id: str):
-    """One run's before/after effect, ROI windows, benefit series and its decay fit (cached)."""
+def run_detail(
+    start: float, end: float, run_id: str
+) -> tuple[pd.Series, pd.DataFrame, pd.DataFrame, pd.DataFrame, Decay]:
+    """One warm-up (``analysis.roi.warmups``: its layers' runs merged, named by its first run's
+    id): the warm-up, its before/after effect, ROI windows, compute-benefit series and decay fit.
+    The overview's latest run and the Warm-up runs page read this one result (cached)."""
     return guarded(_run_detail, start, end, run_id)
+
+
+def latest_warmup(start: float, end: float) -> str | None:
+    """The id of the range's newest warm-up (``analysis.roi.latest_warmup``), or None."""
+    from warmscope.analysis.roi import latest_warmup as newest
+
+    w = newest(load(["warmup_runs"], start, end)["warmup_runs"])
+    return None if w is None else str(w["run_id"])
 
 
 @st.cache_data(ttl=data.STORE_TTL, max_entries=64, show_spinner=False)
 def _latency(
-    version: tuple, start: float, end: float, metric: str, by: tuple, qs: tuple, freq: float
-):
+    version: Version,
+    start: float,
+    end: float,
+    metric: str,
+    by: tuple[str, ...],
+    qs: tuple[float, ...],
+    freq: float,
+) -> tuple[pd.DataFrame, pd.DataFrame, float] | None:
     from warmscope.analysis.latency import all_bounds, quantiles_over_time
 
     h = data.frame("histograms", start, end, step(start, end))
@@ -367,27 +533,37 @@ def _latency(
     return t, whole, top
 
 
-def latency(start: float, end: float, metric: str, by=(), qs=(0.5, 0.95, 0.99), freq: float = 600):
+def latency(
+    start: float,
+    end: float,
+    metric: str,
+    by: Iterable[str] = (),
+    qs: Iterable[float] = (0.5, 0.95, 0.99),
+    freq: float = 600,
+) -> tuple[pd.DataFrame, pd.DataFrame, float] | None:
     """Quantiles of ``metric`` per time bucket (the 10 busiest groups of ``by``), over the whole
     range, and the largest finite bucket edge — or None when the range holds none of it (cached)."""
     return guarded(_latency, start, end, metric, tuple(by), tuple(qs), freq)
 
 
-def traps(start: float, end: float, anomaly, baseline):
+def traps(start: float, end: float, anomaly: Window, baseline: Window) -> list[TrapVerdict]:
     """The cold-start trap verdicts for a window (cached)."""
     return guarded(_traps, start, end, tuple(anomaly), tuple(baseline))
 
 
-def miss_shift(start: float, end: float, anomaly, baseline):
+def miss_shift(
+    start: float, end: float, anomaly: Window, baseline: Window
+) -> tuple[pd.DataFrame, DrillDown | None]:
     """(per-class shares in the window and the baseline, the misses drill-down or None)."""
     return guarded(_miss_shift, start, end, tuple(anomaly), tuple(baseline))
 
 
-def change_point(start: float, end: float):
+def change_point(start: float, end: float) -> float | None:
     return guarded(_change_point, start, end)
 
 
-def guarded(fn, *args):
+def guarded(fn: Callable[..., T], *args: object) -> T:
+    """``fn(data.version(), *args)``; a source error is shown as one message and stops the page."""
     try:
         return fn(data.version(), *args)
     except data.SourceError as e:
@@ -395,20 +571,24 @@ def guarded(fn, *args):
         st.stop()
 
 
-def alerts(start: float, end: float):
+def alerts(start: float, end: float) -> pd.DataFrame:
     """The alerts holding at the range's end: the alert history's last evaluation (the conditions
     over the hour before ``end``), so that every page's list of open alerts is the history's
     still-firing episodes (cached per store version and end)."""
     return guarded(_alerts, end)
 
 
-def card(start: float, end: float):
+def card(start: float, end: float) -> ScoreCard:
     return guarded(_card, start, end)
 
 
 def drill(
-    start: float, end: float, anomaly=None, baseline=None, hit_rate_layers_only: bool = False
-):
+    start: float,
+    end: float,
+    anomaly: Window | None = None,
+    baseline: Window | None = None,
+    hit_rate_layers_only: bool = False,
+) -> DrillDown:
     """``drill_down`` of the range's lookups (with ``hit_rate_layers_only``, of the layers
     counted in hit rates), for an anomaly window against a baseline or automatic ones (cached)."""
     return guarded(_drill, start, end, anomaly, baseline, hit_rate_layers_only)

@@ -4,31 +4,53 @@ runs, injected fault windows, alert onsets)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from warmscope.app.dashboard import data
 from warmscope.app.dashboard.state import step
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
-def annotations(start: float, end: float) -> dict:
-    """Warm-up runs, injected fault windows and alert onsets in [start, end) to draw on time
-    series."""
+ALERT_ONSETS = (
+    "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: onsets of "
+    "the alerts open at the range's end (the Alerts page's “Holding now”)."
+)
+
+
+def time_marks(start: float, end: float) -> dict[str, pd.DataFrame]:
+    """Warm-up runs and injected fault windows in [start, end) to draw on time series."""
     try:
-        return data.annotations(start, end)
+        return data.time_marks(start, end)
     except data.SourceError:
         return {"runs": pd.DataFrame(), "faults": pd.DataFrame()}
 
 
-def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
+def open_alerts(start: float, end: float) -> pd.DataFrame:
+    """The alerts open at the range's end (``cached.alerts``: the overview's count and the Alerts
+    page's "Holding now"), whose onsets every time series marks; empty when they cannot be read."""
+    from warmscope.app.dashboard import cached
+
+    try:
+        return cached.alerts(start, end)
+    except data.SourceError:
+        return pd.DataFrame(columns=["severity", "alert", "summary", "since"])
+
+
+def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
     """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time
-    axis.
+    axis; ``alerts`` defaults to the alerts open at the range's end (:func:`open_alerts`).
 
     The shapes are added in one layout update: plotly's ``add_vline``/``add_vrect`` re-validate
     every shape already on the figure, which made a day of runs cost seconds per chart."""
-    a = annotations(start, end)
-    shapes, notes = [], []
+    a = time_marks(start, end)
+    if alerts is None:
+        alerts = open_alerts(start, end)
+    shapes: list[dict[str, object]] = []
+    notes: list[dict[str, object]] = []
 
-    def line(t: float, colour: str, dash: str = "solid") -> dict:
+    def line(t: float, colour: str, dash: str = "solid") -> dict[str, object]:
         x = pd.Timestamp(t, unit="s")
         return dict(
             type="line",
@@ -41,8 +63,14 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
             line=dict(width=1, dash=dash, color=colour),
         )
 
-    for r in a["faults"].itertuples():
-        x0, x1 = max(r.start, start), min(r.end, end)
+    f = a["faults"]
+    spans = (
+        zip(f["start"].astype(float), f["end"].astype(float), f["trap"].astype(str), strict=True)
+        if len(f)
+        else iter(())
+    )
+    for f0, f1, trap in spans:
+        x0, x1 = max(float(f0), start), min(float(f1), end)
         if x1 > x0:
             shapes.append(
                 dict(
@@ -65,7 +93,7 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
                     y=1,
                     xref="x",
                     yref="paper",
-                    text=f"fault: {r.trap}",
+                    text=f"fault: {trap}",
                     showarrow=False,
                     xanchor="left",
                     yanchor="top",
@@ -90,7 +118,7 @@ def annotate(fig, start: float, end: float, alerts: pd.DataFrame | None = None) 
                 yanchor="bottom",
             )
         )
-    if alerts is not None and len(alerts):
+    if len(alerts):
         shapes += [
             line(t, "#b35900")
             for t in sorted({x for x in alerts.since if x == x and start <= x < end})

@@ -17,13 +17,21 @@ that changed is re-read); answers from remote sources for ``TTL`` seconds.
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import streamlit as st
 from warmscope.collectors.config import CollectorConfig
 from warmscope.sources import CompositeSource, SourceError, empty_frame, from_env
+
+if TYPE_CHECKING:
+    from warmscope.analysis.ab_report import ABReport
+
+# What the sources are built from: (store path, whether it exists, the remote sources' URLs)
+Config = tuple[str, bool, tuple[tuple[str, str], ...]]
 
 __all__ = [
     "SourceError",
@@ -36,7 +44,7 @@ __all__ = [
     "ab_report",
     "time_bounds",
     "last_run_start",
-    "annotations",
+    "time_marks",
     "experiment_list",
     "experiments",
     "external_alerts",
@@ -89,13 +97,13 @@ def config_problem() -> str | None:
     return None
 
 
-def config() -> tuple:
+def config() -> Config:
     """What the sources are built from (store path, whether it exists, the remote sources' URLs): a
     child process given it builds the same sources."""
     return _config()
 
 
-def _config() -> tuple:
+def _config() -> Config:
     """What the composite depends on (part of every cache key): the store, whether it exists, and
     every ``WARMSCOPE_*_URL`` variable (the remote sources)."""
     path = store_path()
@@ -110,7 +118,7 @@ def _config() -> tuple:
 
 
 @st.cache_resource(show_spinner=False)
-def _source(cfg: tuple) -> CompositeSource:
+def _source(cfg: Config) -> CompositeSource:
     path, _, urls = cfg
     return from_env(dict(urls), store_path=path)
 
@@ -131,16 +139,16 @@ def source_label() -> str:
 # backend's version (a store's modification time: entries can live long — a range switch back and
 # forth, or another viewer of the same range, reads nothing).
 @st.cache_data(ttl=STORE_TTL, max_entries=128, show_spinner=False)
-def _stored(cfg: tuple, method: str, args: tuple, version: float) -> Any:
+def _stored(cfg: Config, method: str, args: tuple[object, ...], version: float) -> Any:
     return getattr(_source(cfg), method)(*args)
 
 
 @st.cache_data(ttl=TTL, max_entries=96, show_spinner=False)
-def _live(cfg: tuple, method: str, args: tuple) -> Any:
+def _live(cfg: Config, method: str, args: tuple[object, ...]) -> Any:
     return getattr(_source(cfg), method)(*args)
 
 
-def _ask(what: str, method: str, *args: Any, cfg: tuple | None = None) -> Any:
+def _ask(what: str, method: str, *args: object, cfg: Config | None = None) -> Any:
     cfg = cfg or _config()
     owner = _source(cfg).owner(what)
     version = None if owner is None else owner.version()
@@ -153,36 +161,71 @@ def frame(
     name: str, start: float | None = None, end: float | None = None, step: float | None = None
 ) -> pd.DataFrame:
     """``step=3600``: hourly rollups where the embedded store keeps them (long ranges). A frame no
-    configured source holds comes back empty, with its canonical columns."""
+    configured source holds comes back empty, with its canonical columns.
+
+    The store stamps an hourly rollup with its hour's end, so an hourly read runs to the end of
+    the hour that holds ``end``: the hour in progress is kept (without it, "everything" showed
+    fewer lookups than "last 24 hours" read per flush)."""
     cfg = _config()
-    if _source(cfg).owner(name) is None:
+    src = _source(cfg)
+    owner = src.owner(name)
+    if owner is None:
         return empty_frame(name)
-    return _ask(name, "frame", name, start, end, step, cfg=cfg)
+    if step and end is not None and owner is src.store:
+        end = max(end, math.ceil(end / step) * step + 1e-6)
+    out: pd.DataFrame = _ask(name, "frame", name, start, end, step, cfg=cfg)
+    return out
 
 
 def frames(
-    names, start: float | None = None, end: float | None = None, step: float | None = None
+    names: Iterable[str],
+    start: float | None = None,
+    end: float | None = None,
+    step: float | None = None,
 ) -> dict[str, pd.DataFrame]:
     return {n: frame(n, start, end, step) for n in names}
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _ab_report(
-    cfg: tuple, experiment: str, control: str, treatment: str, primary: str, version: float | None
-):
+    cfg: Config,
+    experiment: str,
+    control: str,
+    treatment: str | tuple[str, ...],
+    primary: str,
+    version: float | None,
+) -> ABReport:
     from warmscope.analysis.ab_report import report_for
 
     return report_for(_source(cfg), experiment, control, treatment, primary=primary)
 
 
-def ab_report(experiment: str, control: str, treatment: str, primary: str):
+@st.cache_data(ttl=STORE_TTL, max_entries=32, show_spinner=False)
+def _ab_report_stored(
+    cfg: Config,
+    experiment: str,
+    control: str,
+    treatment: str | tuple[str, ...],
+    primary: str,
+    version: float | None,
+) -> ABReport:
+    """A report over a stored backend, keyed by its version: kept as long as any stored answer
+    (a remote backend's is read again after ``TTL`` seconds)."""
+    from warmscope.analysis.ab_report import report_for
+
+    return report_for(_source(cfg), experiment, control, treatment, primary=primary)
+
+
+def ab_report(
+    experiment: str, control: str, treatment: str | tuple[str, ...], primary: str
+) -> ABReport:
     """The A/B report (:class:`analysis.ab_report.ABReport`): from the A/B moments the embedded
     store or Redis keeps (independent of the number of units), else from unit rows."""
     cfg = _config()
     owner = _source(cfg).owner("ab")
-    return _ab_report(
-        cfg, experiment, control, treatment, primary, None if owner is None else owner.version()
-    )
+    version = None if owner is None else owner.version()
+    ask = _ab_report if version is None else _ab_report_stored
+    return ask(cfg, experiment, control, treatment, primary, version)
 
 
 def time_bounds() -> tuple[float, float] | None:
@@ -193,18 +236,22 @@ def time_bounds() -> tuple[float, float] | None:
     if (
         owner.version() is None
     ):  # a remote source: its bounds move with the clock, read them every time
-        return owner.time_bounds()
-    return _ask("time_bounds", "time_bounds", cfg=cfg)
+        live: tuple[float, float] | None = owner.time_bounds()
+        return live
+    b: tuple[float, float] | None = _ask("time_bounds", "time_bounds", cfg=cfg)
+    return b
 
 
 def experiments() -> list[str]:
-    return _ask("ab", "experiments")
+    names: list[str] = _ask("ab", "experiments")
+    return names
 
 
 def experiment_list() -> pd.DataFrame:
     """One row per experiment × variant: first and last unit activity, units (embedded store; empty
     elsewhere)."""
-    return _ask("ab", "experiment_list")
+    out: pd.DataFrame = _ask("ab", "experiment_list")
+    return out
 
 
 def last_run_start() -> float | None:
@@ -212,10 +259,11 @@ def last_run_start() -> float | None:
     cfg = _config()
     if _source(cfg).owner("last_run_start") is None:
         return None
-    return _ask("last_run_start", "last_run_start", cfg=cfg)
+    t: float | None = _ask("last_run_start", "last_run_start", cfg=cfg)
+    return t
 
 
-def annotations(start: float, end: float) -> dict[str, pd.DataFrame]:
+def time_marks(start: float, end: float) -> dict[str, pd.DataFrame]:
     """Warm-up runs starting in [start, end) and known fault windows overlapping it (the simulator's
     ground truth, or faults recorded in the store) — drawn on every time series."""
     runs = frame("warmup_runs", start, end)
@@ -237,7 +285,7 @@ def external_alerts(origin: str) -> pd.DataFrame:
     )
 
 
-def version() -> tuple:
+def version() -> tuple[object, ...]:
     """What cached results depend on: the sources and the store's modification time."""
     cfg = _config()
     store = _source(cfg).store

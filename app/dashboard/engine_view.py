@@ -56,7 +56,7 @@ def active(start: float, end: float) -> bool:
     """Prometheus is the source and holds no warmscope lookups in the range."""
     if not data.prometheus_url():
         return False
-    return state.load(["lookups"], start, end)["lookups"].empty
+    return bool(state.load(["lookups"], start, end)["lookups"].empty)
 
 
 def no_unit_records() -> bool:

@@ -3,8 +3,13 @@ text-and-colour status of a score and the alert lines."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import streamlit as st
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 # Text-and-colour status (no emoji font needed): label, colour.
 STATUS = {
@@ -38,7 +43,7 @@ def light(score: float | None) -> str:
     return STATUS[grade(score)][0]
 
 
-def status_style(v: str) -> str:
+def status_style(v: object) -> str:
     """pandas Styler cell style for a status label."""
     for label, colour in STATUS.values():
         if v == label:
@@ -77,14 +82,58 @@ def alert_row(severity: str, alert: str, summary: str, since: float | None = Non
     box(f"**{tag}{severity.upper()} · {alert}** — {summary}{extra}")
 
 
-def pct(x, digits: int = 1) -> str:
-    """``0.123`` → ``12.3%``; a value that rounds to zero reads ``0.0%``, never ``-0.0%``."""
+def alert_rows(alerts: pd.DataFrame, limit: int | None = None) -> None:
+    """:func:`alert_row` for each row of an alert frame (severity, alert, summary, since)."""
+    for r in alerts.head(limit).to_dict("records") if limit else alerts.to_dict("records"):
+        since = r.get("since")
+        alert_row(
+            str(r["severity"]),
+            str(r["alert"]),
+            str(r["summary"]),
+            None if since is None else float(since),
+        )
+
+
+# A table whose every column shows in full at any width: its cells wrap instead of being cut.
+_WRAPPED = (
+    "<style>.ws-wrapped{overflow-x:auto}"
+    ".ws-wrapped table{width:100%;border-collapse:collapse;font-size:0.78rem}"
+    ".ws-wrapped th,.ws-wrapped td{white-space:normal;overflow-wrap:normal;padding:4px 5px;"
+    "border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top}"
+    ".ws-wrapped th{font-weight:600}</style>"
+)
+
+
+def wrapped_table(styler: Styler) -> None:
+    """A styled table drawn as HTML whose cells wrap at spaces: every column shows in the page's
+    width (``st.table`` and ``st.dataframe`` cut a wide table's columns or its long cells);
+    a table whose words alone are wider than the page scrolls sideways."""
+    html = styler.hide(axis="index").to_html()
+    st.markdown(f'{_WRAPPED}<div class="ws-wrapped">{html}</div>', unsafe_allow_html=True)
+
+
+def num(x: object) -> float:
+    """A number read from a frame's row (NaN for anything that is not one)."""
+    if isinstance(x, int | float):
+        return float(x)
+    try:
+        return float(str(x))
+    except ValueError:
+        return float("nan")
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    """``0.123`` → ``12.3%``; a positive value too small to show at ``digits`` reads ``< 0.1%``
+    (a share that is there never reads as none); one that rounds to zero from below reads
+    ``0.0%``, never ``-0.0%``."""
     if x is None or x != x:
         return "–"
-    return f"{(0.0 if round(x * 100, digits) == 0 else x):.{digits}%}"
+    if round(x * 100, digits) == 0:
+        return f"< {10.0**-digits:.{digits}f}%" if x > 0 else f"{0.0:.{digits}%}"
+    return f"{x:.{digits}%}"
 
 
-def integer(x) -> str:
+def integer(x: float | None) -> str:
     return "–" if x is None or x != x else f"{int(round(x)):,}"
 
 

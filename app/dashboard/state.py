@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -37,7 +38,7 @@ def url_get(key: str, default: str | None = None) -> str | None:
     return v if v not in (None, "") else default
 
 
-def url_set(**kw) -> None:
+def url_set(**kw: object) -> None:
     """Write view state to the URL; ``None`` removes a key."""
     for k, v in kw.items():
         if v is None or v == "":
@@ -47,7 +48,12 @@ def url_set(**kw) -> None:
             st.query_params[k] = str(v)
 
 
-def init_from_url(key: str, param: str | None = None, cast=str, default=None):
+def init_from_url(
+    key: str,
+    param: str | None = None,
+    cast: Callable[[str], object] = str,
+    default: object = None,
+) -> object:
     """Seed a widget's session state from the URL on the first run of a session (widget keys survive
     reruns)."""
     param = param or key
@@ -98,7 +104,7 @@ def sidebar_range() -> None:
         lo, hi = _minute(b[0]), _minute(b[1]) + 60
         if "custom-win" not in st.session_state:
             try:
-                f, t = _parse_iso(url_get("from", "")), _parse_iso(url_get("to", ""))
+                f, t = _parse_iso(url_get("from") or ""), _parse_iso(url_get("to") or "")
             except ValueError:
                 f, t = hi - 6 * 3600, hi
             st.session_state["custom-win"] = (_dt(max(lo, min(f, hi))), _dt(max(lo, min(t, hi))))
@@ -124,7 +130,7 @@ def _ts(d: datetime) -> float:
     return d.replace(tzinfo=UTC).timestamp()
 
 
-def defer(**state) -> None:
+def defer(**state: object) -> None:
     """Set widget state on the next run, before the widgets exist (Streamlit refuses it after)."""
     st.session_state.setdefault("_deferred", {}).update(state)
 
@@ -164,7 +170,9 @@ def time_range() -> tuple[float, float]:
     return start, end
 
 
-def range_bounds(name: str, b: tuple[float, float], custom=None) -> tuple[float, float]:
+def range_bounds(
+    name: str, b: tuple[float, float], custom: tuple[datetime, datetime] | None = None
+) -> tuple[float, float]:
     """[start, end) of a named range over data spanning ``b`` (the same floats everywhere: cache
     keys)."""
     span = RANGES.get(name, RANGES[DEFAULT_RANGE])
@@ -198,7 +206,12 @@ def resolution_note(start: float, end: float) -> None:
         )
 
 
-def load(names, start=None, end=None, fine: bool = False) -> dict:
+def load(
+    names: Iterable[str],
+    start: float | None = None,
+    end: float | None = None,
+    fine: bool = False,
+) -> dict[str, pd.DataFrame]:
     """Frames for the range; ``fine=True`` keeps per-flush rows at any range."""
     try:
         return data.frames(names, start, end, None if fine else step(start, end))

@@ -111,3 +111,21 @@ def test_arms_are_named_by_their_strategy_and_the_headline_names_winner_metric_s
     assert "<h2>Guardrails</h2>" in page and guardrail_statement(rep) in page
     assert "<h2>Breakdown by segment</h2>" in page and "<td>acme</td>" in page
     assert "B (static_topk) vs A (none)" in page and h in page.replace("&#x27;", "'")
+
+
+def test_a_significant_improvement_with_numpy_figures_is_a_win_in_the_headline(store):
+    """The demo's headline read "No arm beats A (none) … no significant difference" beside a primary metric the
+    table marked a win (−2.7 %, Holm p < 0.001): the effect is a numpy float, and ``better`` returned numpy's bool,
+    which the headline's ``is True`` refused."""
+    import dataclasses
+
+    import numpy as np
+    from warmscope.analysis.ab_report import better, headline
+
+    rep = build_report(store.units("warmup-strategy"), "warmup-strategy")
+    prim = [r for r in rep.results if r.primary][0]
+    won = dataclasses.replace(prim, abs_effect=np.float64(-0.035), rel_effect=np.float64(-0.027),
+                              p_value=np.float64(1e-6), p_holm=np.float64(1e-6), direction="lower")
+    assert better(won) is True
+    rep = dataclasses.replace(rep, results=[won if r is prim else r for r in rep.results])
+    assert " wins on " in headline(rep) and "No arm beats" not in headline(rep)

@@ -180,11 +180,13 @@ def test_heatmap_click_drills_down_and_breadcrumbs_reset(streamlit_server, page)
 
 def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(streamlit_server, store, page):
     url, _ = streamlit_server
-    runs = EmbeddedStore(store, readonly=True).frame("warmup_runs").sort_values("started")
-    first = runs.iloc[0]
+    from warmscope.analysis.roi import warmups
+
+    # a warm-up: its layers' runs together, named by its first run's id
+    first = warmups(EmbeddedStore(store, readonly=True).frame("warmup_runs")).iloc[-1]
     page.goto(f"{url}/warmup?range=everything&run={first.run_id}", wait_until="networkidle")
     settle(page)
-    assert selected(page, "Run (newest first)").endswith(
+    assert selected(page, "Warm-up (newest first").endswith(
         f"{first.replica} · {first.layer} · {first.strategy} · trigger {first.trigger}")
     assert query(page).get("run") == first.run_id
     no_errors(page, "warmup")

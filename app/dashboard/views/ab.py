@@ -4,6 +4,7 @@ coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effe
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,10 +23,176 @@ from warmscope.analysis.ab_report import (
 from warmscope.app.dashboard import cached, data, engine_view, fmt, state
 from warmscope.model.ab_metrics import find, in_list_order
 
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
+    from warmscope.analysis.ab import Result
+    from warmscope.analysis.ab_report import ABReport
+
+
+COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
+
+
+def breakdown(
+    exp: str, control: str, treatments: list[str], first: float | None, last: float | None
+) -> pd.DataFrame | None:
+    import plotly.graph_objects as go
+    from warmscope.analysis.ab_segments import segment_table
+
+    st.subheader("Breakdown by segment")
+    cuts = {
+        "tenant": ["tenant"],
+        "model": ["model"],
+        "layer": ["layer"],
+        "tenant × layer": ["tenant", "layer"],
+        "prompt length": ["length_bucket"],
+    }
+    if not st.toggle(
+        "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
+    ):
+        st.caption(
+            "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
+            "difference with its 95% CI, and p-values corrected for the number of segments."
+        )
+        return None
+    treatment = (
+        treatments[0]
+        if len(treatments) == 1
+        else st.selectbox(
+            "Treatment arm",
+            treatments,
+            key="ab-bd-arm",
+            help="The breakdown compares one treatment arm with the control.",
+        )
+    )
+    state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
+    if st.session_state.get("ab-dim") not in cuts:
+        st.session_state["ab-dim"] = "tenant"
+    dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
+    state.url_set(segment=dim)
+    by = cuts[dim]
+    if first is None or last is None:
+        st.info(f"No metric series for {exp} to break down.")
+        return None
+    span = last - first
+    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
+    # rows to read.
+    freq = 600.0 if span <= 6 * 3600 else 3600.0
+    try:
+        fr = data.frames(
+            ["lookups", "requests", "histograms"],
+            first - 60,
+            last + 60,
+            None if freq < 3600 else 3600.0,
+        )
+    except data.SourceError as e:
+        st.error(str(e))
+        return None
+    with st.spinner("Comparing the arms per segment…"):
+        bd = segment_table(
+            fr["lookups"],
+            fr["requests"],
+            fr["histograms"],
+            exp,
+            control,
+            treatment,
+            by,
+            freq=freq,
+        )
+    if bd.empty:
+        st.info(f"No metric series for {exp} to break down.")
+        return None
+    seg = bd[by].astype(str).agg(" · ".join, axis=1)
+    pct = bd.metric == "hit rate"
+
+    def num(v: float, p: bool) -> str:
+        return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
+
+    def diff(v: float, lo: float, hi: float, p: bool) -> str:
+        if v != v:
+            return "–"
+
+        def f(x: float) -> str:
+            return f"{x * 100:+.1f} pts" if p else f"{x:+.3g}"
+
+        return f"{f(v)} [{f(lo)}, {f(hi)}]"
+
+    shown = pd.DataFrame(
+        {
+            "Outcome": bd.outcome,
+            dim.capitalize(): seg,
+            "Metric": bd.metric,
+            "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
+            "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
+            "Difference [95% CI]": [
+                diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
+            ],
+            "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
+            "p": bd.p.map(fmt_p),
+            "p (Holm)": bd.p_holm.map(fmt_p),
+            "p (BH)": bd.p_bh.map(fmt_p),
+            "Buckets (ctrl / trt)": [
+                f"{a} / {b}" for a, b in zip(bd.buckets_control, bd.buckets_treatment, strict=True)
+            ],
+        }
+    )
+    colours = dict(COLOURS, **{"not tested": ""})
+    fmt.wrapped_table(
+        shown.style.apply(
+            lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
+        )
+    )
+    # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
+    marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
+    metrics = [m for m in dict.fromkeys(bd.metric)]
+    cols = st.columns(len(metrics))
+    for col, m in zip(cols, metrics, strict=True):
+        g, sg = bd[bd.metric == m], seg[bd.metric == m]
+        scale = 100 if m == "hit rate" else 1
+        fig = go.Figure(
+            go.Scatter(
+                x=g.difference * scale,
+                y=sg,
+                mode="markers",
+                marker=dict(size=9, color=[marks[o] for o in g.outcome]),
+                error_x=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(g.ci_high - g.difference) * scale,
+                    arrayminus=(g.difference - g.ci_low) * scale,
+                    color="#6e7781",
+                ),
+                customdata=g.outcome,
+                hovertemplate="%{y}: %{x:.3g} (%{customdata})<extra></extra>",
+            )
+        )
+        fig.add_vline(x=0, line_width=1, line_color="black")
+        fig.update_layout(
+            title=f"{m}: treatment − control",
+            height=120 + 26 * len(g),
+            showlegend=False,
+            xaxis_title="points" if m == "hit rate" else ("seconds" if "(s)" in m else "GPU-s"),
+            yaxis=dict(autorange="reversed"),
+            margin=dict(t=40, b=40, l=10, r=10),
+        )
+        col.plotly_chart(fig, width="stretch")
+    unit = "10-minute" if freq < 3600 else "hourly"
+    st.caption(
+        f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's "
+        "t-test); "
+        "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- "
+        "and "
+        f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly "
+        "better "
+        "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per "
+        "request "
+        "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so "
+        "this "
+        "is coarser than the report above (buckets are not independent units)."
+    )
+    return shown
+
 
 def render() -> None:
-    COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
-
     if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
         engine_view.ab_advice()
     try:
@@ -48,7 +215,8 @@ def render() -> None:
         newest = 0
     if len(el):
         rows = []
-        for name, g in el.groupby("experiment", sort=True):
+        for key, g in el.groupby("experiment", sort=True):
+            name = str(key)
             last = g["last"].max()
             arms_ = list(g.variant.astype(str))
             try:  # the first arm as control, every other arm as a treatment, default primary metric
@@ -78,15 +246,8 @@ def render() -> None:
                 }
             )
         st.subheader("Experiments")
-        st.dataframe(
-            pd.DataFrame(rows),
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "Units": st.column_config.NumberColumn(format="localized"),
-                "Verdict": st.column_config.TextColumn(width="large"),
-            },
-        )
+        # the verdict is a sentence: wrapped, not cut
+        fmt.wrapped_table(pd.DataFrame(rows).style.format({"Units": "{:,}"}))
 
     state.init_from_url("ab-exp", "experiment")
     if st.session_state.get("ab-exp") not in exps:
@@ -186,213 +347,12 @@ def render() -> None:
     if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
         st.caption(rep.power.note)
 
-    def outcome(r) -> str:
-        p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
-        if not np.isfinite(p) or p >= 0.05:
-            return "neutral"
-        good = better(r)
-        return "neutral" if good is None else ("win" if good else "lose")
-
-    def table(results, rows) -> pd.DataFrame:
-        t = pd.DataFrame(rows, columns=HEADERS)
-        t.insert(0, "Outcome", [outcome(r) for r in results])
-        return t
-
-    def styled(t: pd.DataFrame):
-        return t.style.apply(
-            lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
-        )
-
-    all_rows = metric_rows(rep)
-    is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
-    main_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if not gd]
-    guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
-    st.subheader("Metrics")
-    main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
-    st.table(styled(table(main_res, main_rows)).hide(axis="index"))
-    st.caption(
-        (
-            "★ primary metric, Holm-adjusted over the arms; "
-            if rep.multi_arm
-            else "★ primary metric, tested as is; "
-        )
-        + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
-        "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
-        "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
-        "is safe to watch continuously."
-    )
-    st.subheader("Guardrails")
-    if guard_res:
-        gt = table(guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd])
-        said = guardrail_statement(rep)
-        (st.error if said.startswith("Guardrail breached") else st.success)(said)
-        st.table(styled(gt).hide(axis="index"))
-    else:
-        st.info("No guardrail metric in this report.")
-    st.plotly_chart(effect_figure(rep), width="stretch")
+    _metric_tables(rep)
 
     # ---------------------------------------------------------------- breakdown by segment
     # Unit records carry no tenant or model: segments are compared on the experiment's labelled
     # metric series (batch means per time bucket), with the difference's CI and Holm / BH across
     # every row of the table.
-    def breakdown(
-        exp: str, control: str, treatments: list[str], first: float | None, last: float | None
-    ) -> pd.DataFrame | None:
-        import plotly.graph_objects as go
-        from warmscope.analysis.ab_segments import segment_table
-
-        st.subheader("Breakdown by segment")
-        cuts = {
-            "tenant": ["tenant"],
-            "model": ["model"],
-            "layer": ["layer"],
-            "tenant × layer": ["tenant", "layer"],
-            "prompt length": ["length_bucket"],
-        }
-        if not st.toggle(
-            "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
-        ):
-            st.caption(
-                "Per tenant, model, layer, tenant × layer or prompt length: each arm's value, the "
-                "difference with its 95% CI, and p-values corrected for the number of segments."
-            )
-            return None
-        treatment = (
-            treatments[0]
-            if len(treatments) == 1
-            else st.selectbox(
-                "Treatment arm",
-                treatments,
-                key="ab-bd-arm",
-                help="The breakdown compares one treatment arm with the control.",
-            )
-        )
-        state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
-        if st.session_state.get("ab-dim") not in cuts:
-            st.session_state["ab-dim"] = "tenant"
-        dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
-        state.url_set(segment=dim)
-        by = cuts[dim]
-        if first is None:
-            st.info(f"No metric series for {exp} to break down.")
-            return None
-        span = last - first
-        # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
-        # rows to read.
-        freq = 600.0 if span <= 6 * 3600 else 3600.0
-        try:
-            fr = data.frames(
-                ["lookups", "requests", "histograms"],
-                first - 60,
-                last + 60,
-                None if freq < 3600 else 3600.0,
-            )
-        except data.SourceError as e:
-            st.error(str(e))
-            return None
-        with st.spinner("Comparing the arms per segment…"):
-            bd = segment_table(
-                fr["lookups"],
-                fr["requests"],
-                fr["histograms"],
-                exp,
-                control,
-                treatment,
-                by,
-                freq=freq,
-            )
-        if bd.empty:
-            st.info(f"No metric series for {exp} to break down.")
-            return None
-        seg = bd[by].astype(str).agg(" · ".join, axis=1)
-        pct = bd.metric == "hit rate"
-
-        def num(v, p):
-            return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
-
-        def diff(v, lo, hi, p):
-            if v != v:
-                return "–"
-            f = (lambda x: f"{x * 100:+.1f} pts") if p else (lambda x: f"{x:+.3g}")
-            return f"{f(v)} [{f(lo)}, {f(hi)}]"
-
-        shown = pd.DataFrame(
-            {
-                "Outcome": bd.outcome,
-                dim.capitalize(): seg,
-                "Metric": bd.metric,
-                "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
-                "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
-                "Difference [95% CI]": [
-                    diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
-                ],
-                "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
-                "p": bd.p.map(fmt_p),
-                "p (Holm)": bd.p_holm.map(fmt_p),
-                "p (BH)": bd.p_bh.map(fmt_p),
-                "Buckets (ctrl / trt)": [
-                    f"{a} / {b}"
-                    for a, b in zip(bd.buckets_control, bd.buckets_treatment, strict=True)
-                ],
-            }
-        )
-        colours = dict(COLOURS, **{"not tested": ""})
-        st.dataframe(
-            shown.style.apply(
-                lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
-            ),
-            hide_index=True,
-            width="stretch",
-        )
-        # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
-        marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
-        metrics = [m for m in dict.fromkeys(bd.metric)]
-        cols = st.columns(len(metrics))
-        for col, m in zip(cols, metrics, strict=True):
-            g, sg = bd[bd.metric == m], seg[bd.metric == m]
-            scale = 100 if m == "hit rate" else 1
-            fig = go.Figure(
-                go.Scatter(
-                    x=g.difference * scale,
-                    y=sg,
-                    mode="markers",
-                    marker=dict(size=9, color=[marks[o] for o in g.outcome]),
-                    error_x=dict(
-                        type="data",
-                        symmetric=False,
-                        array=(g.ci_high - g.difference) * scale,
-                        arrayminus=(g.difference - g.ci_low) * scale,
-                        color="#6e7781",
-                    ),
-                    customdata=g.outcome,
-                    hovertemplate="%{y}: %{x:.3g} (%{customdata})<extra></extra>",
-                )
-            )
-            fig.add_vline(x=0, line_width=1, line_color="black")
-            fig.update_layout(
-                title=f"{m}: treatment − control",
-                height=120 + 26 * len(g),
-                showlegend=False,
-                xaxis_title="points" if m == "hit rate" else ("seconds" if "(s)" in m else "GPU-s"),
-                yaxis=dict(autorange="reversed"),
-                margin=dict(t=40, b=40, l=10, r=10),
-            )
-            col.plotly_chart(fig, width="stretch")
-        unit = "10-minute" if freq < 3600 else "hourly"
-        st.caption(
-            f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's "
-            "t-test); "
-            "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- "
-            "and "
-            f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly "
-            "better "
-            "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per "
-            "request "
-            "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so "
-            "this "
-            "is coarser than the report above (buckets are not independent units)."
-        )
-        return shown
 
     shown = breakdown(
         exp,
@@ -409,3 +369,56 @@ def render() -> None:
         help="The same report as this page (headline, SRM, metrics, guardrails, the breakdown when "
         "computed, effect over time) as one HTML file, with this page's control.",
     )
+
+
+def _outcome(rep: ABReport, r: Result) -> str:
+    p = r.p_value if r.primary and not rep.multi_arm else r.p_holm
+    if not np.isfinite(p) or p >= 0.05:
+        return "neutral"
+    good = better(r)
+    return "neutral" if good is None else ("win" if good else "lose")
+
+
+def _table(rep: ABReport, results: list[Result], rows: list[list[str]]) -> pd.DataFrame:
+    t = pd.DataFrame(rows, columns=HEADERS)
+    t.insert(0, "Outcome", [_outcome(rep, r) for r in results])
+    return t
+
+
+def _styled(t: pd.DataFrame) -> Styler:
+    return t.style.apply(
+        lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
+    )
+
+
+def _metric_tables(rep: ABReport) -> None:
+    """The metrics and the guardrails, coloured win / lose / neutral, and the effect over time."""
+    all_rows = metric_rows(rep)
+    is_guard = [bool((d := find(r.metric)) and d.guardrail) and not r.primary for r in rep.results]
+    main_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if not gd]
+    guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
+    st.subheader("Metrics")
+    main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
+    fmt.wrapped_table(_styled(_table(rep, main_res, main_rows)))
+    st.caption(
+        (
+            "★ primary metric, Holm-adjusted over the arms; "
+            if rep.multi_arm
+            else "★ primary metric, tested as is; "
+        )
+        + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
+        "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
+        "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
+        "is safe to watch continuously."
+    )
+    st.subheader("Guardrails")
+    if guard_res:
+        gt = _table(
+            rep, guard_res, [row for row, gd in zip(all_rows, is_guard, strict=False) if gd]
+        )
+        said = guardrail_statement(rep)
+        (st.error if said.startswith("Guardrail breached") else st.success)(said)
+        fmt.wrapped_table(_styled(gt))
+    else:
+        st.info("No guardrail metric in this report.")
+    st.plotly_chart(effect_figure(rep), width="stretch")

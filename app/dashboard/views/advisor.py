@@ -7,11 +7,33 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from warmscope.analysis.advisor import NoRecommendation, advise, layer_table, prefix_only
+from warmscope.analysis.advisor import Recommendation, layer_table, prefix_only
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
-from warmscope.analysis.replay import curves
-from warmscope.analysis.value import values_for
-from warmscope.app.dashboard import data, fmt, state
+from warmscope.analysis.replay import Fidelity as ReplayFidelity
+from warmscope.app.dashboard import cached, data, fmt, state
+
+MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
+OBJ = {
+    "default (from the data)": None,
+    "value": "value",
+    "SLO": "slo",
+    "net GPU-s": "net_gpu_s",
+    "compute ROI ratio": "roi",
+}
+
+
+@st.cache_data(ttl=data.TTL, show_spinner=False)
+def _forecast(
+    store: str, start: float, end: float, _lk: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    tab = forecast_table(_lk, ("family",))
+    s = series(_lk, ("layer",))
+    ev = evaluate(s)
+    return tab, forecast_now(_lk, ("layer",), evaluations=ev)
+
+
+def _horizon(s: float) -> str:
+    return f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s")
 
 
 def render() -> None:
@@ -49,45 +71,20 @@ def render() -> None:
         st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
         st.stop()
 
-    @st.cache_data(ttl=data.TTL, show_spinner=False)
-    def _forecast(store: str, start: float, end: float, _lk: pd.DataFrame):
-        tab = forecast_table(_lk, ("family",))
-        s = series(_lk, ("layer",))
-        ev = evaluate(s)
-        return tab, forecast_now(_lk, ("layer",), evaluations=ev)
-
-    @st.cache_data(ttl=data.TTL, show_spinner=False)
-    def _advise(
-        store: str,
-        start: float,
-        end: float,
-        budget: float | None,
-        objective: str | None,
-        penalty: float | None,
-        _fr: dict,
-    ):
-        vm = values_for(data.source(), _fr, start, end, None, penalty, objective)
-        try:
-            rec = advise(_fr, budget_gpu_s=budget, objective=objective, values=vm)
-        except NoRecommendation as e:
-            return None, str(e), e.fidelity
-        return rec, curves(rec.model, rec.base), curves(rec.model, rec.params)
-
     with st.spinner("Forecasting…"):
         tab, fc = _forecast(data.store_path(), start, end, lk)
+    _forecast_section(tab, fc)
+    _recommendation_section(start, end)
 
-    MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
+
+def _forecast_section(tab: pd.DataFrame, fc: pd.DataFrame) -> None:
     st.subheader("Forecast")
     kept = tab[tab.kept]
     cols = st.columns(len(kept) or 1)
     for c, (_, r) in zip(cols, kept.iterrows(), strict=False):
         base = tab[(tab.horizon_s == r.horizon_s) & (tab.model != r.model)]
         best_base = base.mape.min() if len(base) else np.nan
-        label = (
-            f"{r.horizon_s / 3600:g} h"
-            if r.horizon_s >= 3600
-            else (f"{r.horizon_s / 60:g} min" if r.horizon_s >= 60 else f"{r.horizon_s:g} s")
-        )
+        label = _horizon(float(r.horizon_s))
         c.metric(
             f"MAPE {label} ({MODEL_NAMES.get(r.model, r.model)})",
             f"{r.mape:.1%}",
@@ -104,9 +101,7 @@ def render() -> None:
         index=len(hs) - 1,
         horizontal=True,
         key="adv_h",
-        format_func=lambda s: (
-            f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s")
-        ),
+        format_func=_horizon,
     )
     layer = st.selectbox("Layer", sorted(fc.group.unique()) if len(fc) else [], key="adv_layer")
     f = fc[(fc.horizon_s == h) & (fc.group == layer)].copy()
@@ -146,6 +141,10 @@ def render() -> None:
             width="stretch",
         )
 
+
+def _recommendation_section(start: float, end: float) -> None:
+    """The tuned parameters: computed in a child process (``cached.advice``), shown when done;
+    the forecast above is there meanwhile."""
     st.subheader("Recommendation")
     a, b, c = st.columns(3)
     budget = a.number_input(
@@ -155,13 +154,6 @@ def render() -> None:
         step=50.0,
         key="adv_budget",
     )
-    OBJ = {
-        "default (from the data)": None,
-        "value": "value",
-        "SLO": "slo",
-        "net GPU-s": "net_gpu_s",
-        "compute ROI ratio": "roi",
-    }
     obj = b.selectbox(
         "Objective",
         list(OBJ),
@@ -179,44 +171,66 @@ def render() -> None:
         step=0.01,
         key="adv_penalty",
     )
-    with st.spinner("Tuning (Bayesian optimisation over the replay)…"):
-        try:
-            rec, before, after = _advise(
-                data.store_path(), start, end, budget or None, OBJ[obj], penalty or None, fr
-            )
-        except ValueError as e:
-            st.info(f"No recommendation: {e}")
-            st.stop()
-
-    def _fidelity(f) -> None:
-        t = f.table
-        st.dataframe(
-            pd.DataFrame(
-                {
-                    "Layer": t.layer,
-                    "15-min buckets scored": t.buckets,
-                    "Within ±5 points": [
-                        f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)
-                    ],
-                    "Median |replayed − recorded|": [
-                        f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.median_abs_diff
-                    ],
-                    "Largest": [
-                        f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.max_abs_diff
-                    ],
-                    "In fault windows (not scored)": t.faulted,
-                    "Trusted": ["yes" if ok else "no" for ok in t.ok],
-                }
-            ),
-            hide_index=True,
-            width="stretch",
+    inputs = (float(budget) or None, OBJ[str(obj)], float(penalty) or None)
+    try:
+        got = cached.advice(start, end, *inputs)
+    except ValueError as e:
+        st.info(f"No recommendation: {e}")
+        return
+    if got is None:
+        st.info(
+            "Tuning the warm-up parameters (Bayesian optimisation over replays of the recorded "
+            "traffic, tens of seconds) in the background… the recommendation appears here when "
+            "it is done; the forecast above is ready now.",
+            icon=":material/hourglass_top:",
         )
+        _wait_for_advice(start, end, inputs)
+        return
+    _recommendation(*got)
 
-    if rec is None:
-        st.warning(f"No recommendation: {before}")
-        if after is not None:
-            _fidelity(after)
-        st.stop()
+
+@st.fragment(run_every=2)
+def _wait_for_advice(
+    start: float, end: float, inputs: tuple[float | None, str | None, float | None]
+) -> None:
+    if cached.start_advice(start, end, *inputs).done():
+        st.rerun(scope="app")
+
+
+def _fidelity(f: ReplayFidelity) -> None:
+    t = f.table
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "Layer": t.layer,
+                "15-min buckets scored": t.buckets,
+                "Within ±5 points": [
+                    f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)
+                ],
+                "Median |replayed − recorded|": [
+                    f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.median_abs_diff
+                ],
+                "Largest": [
+                    f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.max_abs_diff
+                ],
+                "In fault windows (not scored)": t.faulted,
+                "Trusted": ["yes" if ok else "no" for ok in t.ok],
+            }
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _recommendation(rec_: object, before_: object, after_: object) -> None:
+    if rec_ is None:
+        st.warning(f"No recommendation: {before_}")
+        if isinstance(after_, ReplayFidelity):
+            _fidelity(after_)
+        return
+    assert isinstance(rec_, Recommendation)
+    assert isinstance(before_, pd.DataFrame) and isinstance(after_, pd.DataFrame)
+    rec, before, after = rec_, before_, after_
     st.markdown(
         "**Replay fidelity** — the replay with the recorded parameters against the recorded hit "
         "rate, "
@@ -236,7 +250,7 @@ def render() -> None:
         a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
         b.metric(
             "Trigger the warm-up at",
-            fmt.when(rec.trigger_at),
+            fmt.when(rec.trigger_at) if rec.trigger_at is not None else "now",
             help=(
                 f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's "
                 "recommended "
@@ -335,7 +349,9 @@ def render() -> None:
         "Staleness: "
         "warmed entries expire at the TTL, are evicted unread when the cache turns over, and lose "
         "popularity as the hot keys "
-        "did — " + "; ".join(rec.model.persist_note.values()) + ". The value objective also prices "
+        "did — "
+        + "; ".join(rec.model.persist_note.values() if rec.model else ())
+        + ". The value objective also prices "
         "the wait of requests behind a readiness gate while a warm-up runs (requests arriving "
         "during a "
         "warm-up of D seconds wait D/2 on average); a rolling restart's background warm-up is not "

@@ -16,8 +16,10 @@ def render() -> None:
             st.subheader(f"Firing in Alertmanager ({data.alertmanager_url()})")
             if active.empty:
                 st.success("Alertmanager has no active alerts.")
-            for a in active.itertuples():
-                fmt.alert_row(a.severity or "warning", a.alertname, a.summary)
+            for a in active.to_dict("records"):
+                fmt.alert_row(
+                    str(a["severity"] or "warning"), str(a["alertname"]), str(a["summary"])
+                )
         except data.SourceError as e:
             st.warning(f"{e}; showing the conditions evaluated here instead.")
     start, end = state.time_range()
@@ -112,10 +114,10 @@ def render() -> None:
         charts.annotate(fig, start, end)
         st.plotly_chart(fig, width="stretch")
 
-        def lasted(r) -> str:
-            s = (r.resolved if r.resolved == r.resolved else end) - r.fired
+        def lasted(fired: float, resolved: float) -> str:
+            s = (resolved if resolved == resolved else end) - fired
             text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
-            return text + ("+" if r.resolved != r.resolved else "")
+            return text + ("+" if resolved != resolved else "")
 
         st.dataframe(
             pd.DataFrame(
@@ -127,7 +129,10 @@ def render() -> None:
                     "Resolved (UTC)": hist.resolved.map(
                         lambda r: "still firing" if r != r else fmt.when(r)
                     ),
-                    "Lasted": [lasted(r) for r in hist.itertuples()],
+                    "Lasted": [
+                        lasted(float(f), float(r))
+                        for f, r in zip(hist["fired"], hist["resolved"], strict=True)
+                    ],
                     "Summary": hist.summary,
                 }
             ).iloc[::-1],
@@ -158,12 +163,10 @@ def render() -> None:
         "_sec", kind="stable"
     )
     SHOWN = 6
-    for r in alerts.head(SHOWN).itertuples():
-        fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+    fmt.alert_rows(alerts, SHOWN)
     if len(alerts) > SHOWN:
         more = len(alerts) - SHOWN
         with st.expander(f"{more} more alert condition{'s' if more != 1 else ''} holding now"):
-            for r in alerts.iloc[SHOWN:].itertuples():
-                fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+            fmt.alert_rows(alerts.iloc[SHOWN:])
 
     history()

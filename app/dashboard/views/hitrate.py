@@ -23,11 +23,11 @@ def render() -> None:
         LABEL = {"length_bucket": "prompt length", "family": "key family"}
         UNIT = "lookups"
 
-    def _encode(path) -> str:
+    def _encode(path: list[tuple[str, str]]) -> str:
         return ",".join(f"{d}:{v}" for d, v in path)
 
-    def _decode(s: str):
-        out = []
+    def _decode(s: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         for part in filter(None, s.split(",")):
             d, _, v = part.partition(":")
             if d in DIMS and v and d not in {x[0] for x in out}:
@@ -44,7 +44,7 @@ def render() -> None:
     if ENGINE:
         st.info(engine_view.COLLECTORS_NOTE)
     if "drill" not in st.session_state:
-        st.session_state["drill"] = _decode(state.url_get("drill", ""))
+        st.session_state["drill"] = _decode(state.url_get("drill") or "")
     path = st.session_state["drill"]  # [(dim, value), ...]
 
     # Breadcrumbs: each goes back to that level.

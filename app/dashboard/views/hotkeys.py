@@ -1,18 +1,20 @@
-"""Hot keys per tenant × layer (hashed), and warmed keys nobody read."""
+"""Hot keys per tenant × layer (hashed), and warmed keys nobody read: the range's total (the
+Warm-up runs page's figures) and the picked tenant × layer's part."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 from warmscope.analysis.coverage import read_in_time
 from warmscope.app.dashboard import engine_view, state
+from warmscope.app.dashboard.views.warmup import spend_metrics
 
 
 def render() -> None:
     start, end = state.time_range()
     if engine_view.only_engines(start, end):  # no collector records anywhere
         engine_view.needs_collectors("Hot keys and warmed-but-unread keys")
-    fr = state.load(["hot_keys", "warmed_keys"], start - 3600, end)
-    hk = fr["hot_keys"]
+    hk = state.load(["hot_keys"], start - 3600, end)["hot_keys"]
     if hk.empty:
         st.info("No hot keys recorded in this range (they are flushed every few minutes).")
         st.stop()
@@ -36,7 +38,8 @@ def render() -> None:
     agg = sel.groupby(["key_hash", "family"], as_index=False)[["hits", "misses", "err"]].sum()
     agg["lookups"] = agg.hits + agg.misses
     agg["hit_rate"] = 100 * agg.hits / agg.lookups  # shown in percent, one decimal
-    warmed = set(fr["warmed_keys"].key_hash) if len(fr["warmed_keys"]) else set()
+    wk = state.load(["warmed_keys"], start, end)["warmed_keys"]
+    warmed = set(wk["key_hash"]) if len(wk) else set()
     agg["warmed"] = agg.key_hash.isin(warmed)
     st.subheader(f"Top keys · {tenant} · {layer}")
     top = agg.sort_values("lookups", ascending=False).head(50)
@@ -55,27 +58,36 @@ def render() -> None:
             "warmed": st.column_config.CheckboxColumn("Warmed in range"),
         },
     )
-    wk = fr["warmed_keys"]
+    _unread(wk, tenant, layer, start, end)
+
+
+def _unread(wk: pd.DataFrame, tenant: str, layer: str, start: float, end: float) -> None:
+    """Warmed keys never read while warm: the range's totals over every tenant and layer (the
+    Warm-up runs page's), then the picked tenant × layer's part and its key families."""
     st.subheader("Warmed but never read")
+    spend_metrics(start, end)
     if wk.empty:
         st.info("No warm-up runs wrote keys in this range.")
-    else:
-        unread = wk[~read_in_time(wk)]
-        st.caption(
-            f"{len(unread):,} of {len(wk):,} warmed keys ({len(unread) / len(wk):.0%}) were "
-            "never read "
-            f"while warm: {unread.gpu_s.sum():,.2f} GPU-seconds of warm-up spent for nothing."
-        )
-        st.dataframe(
-            unread.groupby(["layer", "family"], as_index=False)
-            .agg(keys=("key_hash", "size"), gpu_s=("gpu_s", "sum"))
-            .sort_values("keys", ascending=False),
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "layer": "Layer",
-                "family": "Key family",
-                "keys": st.column_config.NumberColumn("Keys never read", format="localized"),
-                "gpu_s": st.column_config.NumberColumn("GPU-s wasted", format="%.2f"),
-            },
-        )
+        return
+    mine = wk[(wk["tenant"] == tenant) & (wk["layer"] == layer)]
+    unread = mine[~read_in_time(mine)] if len(mine) else mine
+    if mine.empty:
+        st.caption(f"No warm-up run warmed {layer} keys of {tenant} in this range.")
+        return
+    st.caption(
+        f"{tenant} · {layer}: {len(unread):,} of {len(mine):,} warmed keys "
+        f"({len(unread) / len(mine):.0%}) were never read while warm, "
+        f"{unread['gpu_s'].sum():,.2f} GPU-s of warm-up spent for nothing."
+    )
+    st.dataframe(
+        unread.groupby("family", as_index=False)
+        .agg(keys=("key_hash", "size"), gpu_s=("gpu_s", "sum"))
+        .sort_values("keys", ascending=False),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "family": "Key family",
+            "keys": st.column_config.NumberColumn("Keys never read", format="localized"),
+            "gpu_s": st.column_config.NumberColumn("GPU-s wasted", format="%.2f"),
+        },
+    )

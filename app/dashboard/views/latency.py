@@ -133,8 +133,7 @@ def render() -> None:
         "Quantiles from histogram buckets (linear inside a bucket, as Prometheus' "
         "histogram_quantile). "
         f"A triangle marks a bucket whose percentile lies past the last edge ({top:g} s): only a "
-        "lower "
-        "limit is known there. Dotted green lines: warm-up runs · red bands: known fault windows."
+        "lower limit is known there. " + charts.ALERT_ONSETS
     )
 
     st.subheader(f"Over the whole range{' by ' + by if keys else ''}")

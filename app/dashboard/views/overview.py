@@ -8,174 +8,34 @@ time to first token."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
+from warmscope.analysis.config import AnalysisConfig
+from warmscope.analysis.roi import decay_text, roi_text
+from warmscope.analysis.scores import status, weight_text, weights_note
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
+
+if TYPE_CHECKING:
+    from warmscope.analysis.drilldown import DrillDown
+    from warmscope.analysis.scores import ScoreCard
+
+HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
+ENGINE_TABLE_BY = ("model", "instance", "engine_kind", "engine")
 
 
 def render() -> None:
-    HIT_RATE_DEF = "hits / (hits + misses) over every layer except model weights"
-    ENGINE_TABLE_BY = ("model", "instance", "engine_kind", "engine")
-
-    def hit_rate_chart(hr: pd.DataFrame, by: str, title: str, alerts=None) -> None:
-        """Hit rate over time, one line per ``by``, with runs, faults and alert onsets marked; a box
-        dragged on it zooms the range."""
-        hr = hr.assign(time=hr.bucket.astype("datetime64[s]"))
-        fig = go.Figure()
-        for val, g in hr.groupby(by):
-            fig.add_trace(
-                go.Scatter(
-                    x=g.time,
-                    y=g.hit_rate,
-                    mode="lines+markers",
-                    marker_size=3,
-                    name=str(val),
-                    hovertemplate="%{x|%H:%M} · %{y:.1%}<extra>" + str(val) + "</extra>",
-                )
-            )
-        fig.update_layout(
-            title=title,
-            yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-            xaxis_title="time (UTC)",
-            height=380,
-            dragmode="select",
-            margin=dict(t=50, b=40),
-            legend_title_text=by,
-        )
-        charts.annotate(fig, start, end, alerts)
-        ev = st.plotly_chart(
-            fig, width="stretch", on_select="rerun", selection_mode="box", key="ov-zoom"
-        )
-        box = ev.selection.get("box", []) if ev and ev.selection else []
-        if box and box[0].get("x"):
-            x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
-            st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
-            if abs(x1 - x0) >= 300:
-                state.zoom_to(min(x0, x1), max(x0, x1))
-            st.rerun()
-
-    def engine_overview() -> None:
-        """Engine metrics only: the engines' token-weighted prefix-cache hit rate (the hit-rate
-        tables of the collector view, over the engines' counters), then what only engines export."""
-        st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
-        st.info(engine_view.COLLECTORS_NOTE)
-        tot = cached.rates(start, end, engine=True)
-        if tot.empty or not tot.lookups.iloc[0]:
-            engine_view.no_engine_data()
-        per = cached.rates(start, end, ENGINE_TABLE_BY, engine=True)
-        c = st.columns(4)
-        c[0].metric("Prefix-cache hit rate (tokens)", fmt.pct(tot.hit_rate.iloc[0]))
-        c[1].metric("Prompt tokens", fmt.integer(tot.lookups.iloc[0]))
-        c[2].metric("Cached tokens", fmt.integer(tot.hits.iloc[0]))
-        c[3].metric("Instances", f"{per.instance.nunique():,}")
-        st.subheader("Hit rate by model, instance and engine")
-        table = per.rename(columns={"lookups": "queries"})[
-            [*ENGINE_TABLE_BY, "hits", "queries", "hit_rate"]
-        ].sort_values(["model", "instance"])
-        st.dataframe(
-            table.style.format({"hit_rate": "{:.2%}", "hits": "{:,.0f}", "queries": "{:,.0f}"}),
-            hide_index=True,
-            width="stretch",
-            key="engine-hit-table",
-            column_config={
-                "hits": "cached tokens",
-                "queries": "prompt tokens",
-                "hit_rate": "hit rate",
-                "engine_kind": "engine kind",
-            },
-        )
-        freq = engine_view.bucket(start, end)
-        hit_rate_chart(
-            cached.rates(start, end, ("instance",), freq, engine=True),
-            "instance",
-            f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
-        )
-        left, right = st.columns(2)
-        with left:
-            src = engine_view.frame("engine_cached_by_source", start, end)
-            src = src[src.tokens > 0] if len(src) else src
-            if src.empty:
-                st.info(
-                    "No cached tokens by source in this range (vLLM "
-                    "`prompt_tokens_cached_by_source`, "
-                    "SGLang `cached_tokens_total{cache_source}`)."
-                )
-            else:
-                s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
-                s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
-                st.plotly_chart(
-                    px.bar(
-                        s,
-                        x="instance",
-                        y="share",
-                        color="source",
-                        range_y=[0, 1],
-                        title="Cached-token share by source",
-                    ),
-                    width="stretch",
-                )
-        with right:
-            kv = engine_view.frame("engine_kv_usage", start, end)
-            if kv.empty:
-                st.info("No KV-cache usage in this range.")
-            else:
-                kv["time"] = pd.to_datetime(kv.ts, unit="s")
-                st.plotly_chart(
-                    px.line(
-                        kv,
-                        x="time",
-                        y="usage",
-                        color="instance",
-                        range_y=[0, 1],
-                        markers=True,
-                        title="KV-cache usage",
-                    ),
-                    width="stretch",
-                )
-        ttft = engine_view.frame("engine_ttft", start, end)
-        st.subheader("Time to first token")
-        if ttft.empty:
-            st.info(
-                "No time-to-first-token histogram samples in this range (no requests, or the "
-                "engine "
-                "does not export `time_to_first_token_seconds`)."
-            )
-            return
-        last = ttft.sort_values("ts").groupby(["instance", "quantile"]).seconds.last()
-        last = last.unstack("quantile")
-        last.columns = [f"P{round(q * 100):d} (s)" for q in last.columns]
-        st.dataframe(
-            last.reset_index().style.format({c: "{:.3f}" for c in last.columns}),
-            hide_index=True,
-            width="stretch",
-        )
-        ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
-        q = (ttft["quantile"] * 100).round().astype(int).astype(str)
-        ttft["series"] = ttft.instance + " P" + q
-        st.plotly_chart(
-            px.line(
-                ttft,
-                x="time",
-                y="seconds",
-                color="series",
-                markers=True,
-                title="TTFT P50 / P95 / P99",
-            ),
-            width="stretch",
-        )
-
     start, end = state.time_range()
     if engine_view.active(start, end):  # engine metrics only
-        engine_overview()
+        _engine_overview(start, end)
         st.stop()
-    fr = state.load(["warmup_runs"], start, end)
+    runs = state.load(["warmup_runs"], start, end)["warmup_runs"]
     st.caption(f"{fmt.when(start)} → {fmt.when(end)} UTC · hit rate = {HIT_RATE_DEF}")
     state.resolution_note(start, end)
     cached.unmeasured_note(start, end)
-    runs = fr["warmup_runs"]
     # Cached per store version and range (filled in the background when the server starts); the
     # spinner shows only when a figure is still being computed — the first view of a range nobody
     # has opened yet.
@@ -183,8 +43,91 @@ def render() -> None:
         alerts = cached.alerts(start, end)
         dd = cached.drill(start, end, hit_rate_layers_only=True)
         card = cached.card(start, end)
+    _what_happened(start, end, alerts, dd)
+    _headline(start, end, runs, card)
+    freq = charts.overview_freq(start, end)
+    hr = cached.rates(start, end, ("layer",), freq)
+    if len(hr):
+        _hit_rate_chart(
+            hr,
+            "layer",
+            f"Hit rate by layer ({freq // 60:g}-minute buckets) · drag a box to zoom the range",
+            start,
+            end,
+            alerts,
+        )
+        st.caption(charts.ALERT_ONSETS)
+    dims = _score_card(card)
+    _radar_and_alerts(dims, alerts)
+    _latest_runs(runs)
 
-    # ---------------------------------------------------------------- what happened
+
+def _hit_rate_chart(
+    hr: pd.DataFrame,
+    by: str,
+    title: str,
+    start: float,
+    end: float,
+    alerts: pd.DataFrame | None = None,
+) -> None:
+    """Hit rate over time, one line per ``by``, with runs, faults and alert onsets marked; a box
+    dragged on it zooms the range."""
+    hr = hr.assign(time=hr.bucket.astype("datetime64[s]"))
+    fig = go.Figure()
+    for val, g in hr.groupby(by):
+        fig.add_trace(
+            go.Scatter(
+                x=g.time,
+                y=g.hit_rate,
+                mode="lines+markers",
+                marker_size=3,
+                name=str(val),
+                hovertemplate="%{x|%H:%M} · %{y:.1%}<extra>" + str(val) + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+        xaxis_title="time (UTC)",
+        height=380,
+        dragmode="select",
+        margin=dict(t=50, b=40),
+        legend_title_text=by,
+    )
+    charts.annotate(fig, start, end, alerts)
+    ev = st.plotly_chart(
+        fig, width="stretch", on_select="rerun", selection_mode="box", key="ov-zoom"
+    )
+    box = ev.selection.get("box", []) if ev and ev.selection else []
+    if box and box[0].get("x"):
+        x0, x1 = (pd.Timestamp(x).timestamp() for x in box[0]["x"][:2])
+        st.session_state.pop("ov-zoom", None)  # applied once: the box must not zoom again later
+        if abs(x1 - x0) >= 300:
+            state.zoom_to(min(x0, x1), max(x0, x1))
+        st.rerun()
+
+
+def latest_run_line(start: float, end: float) -> str:
+    """The range's latest warm-up (its layers' runs merged), its compute ROI at the first window
+    and its benefit's decay: the figures the Warm-up runs page shows for it (one cached result)."""
+    wid = cached.latest_warmup(start, end)
+    if wid is None:
+        return "**No warm-up run** in this range."
+    run, _eff, roi, _series, decay = cached.run_detail(start, end, wid)
+    first = roi.sort_values("window_s").head(1)
+    cell = roi_text(first).iloc[0]["roi_compute"] if len(first) else "no window"
+    window = f"T+{float(first['window_s'].iloc[0]) / 60:g} min" if len(first) else ""
+    layers = str(run["layer"]).split("+")
+    return (
+        f"**Latest warm-up run** {fmt.hhmm(float(run['started']))} on {run['replica']} "
+        f"({run['strategy']}, trigger {run['trigger']}, {len(layers)} "
+        f"layer{'s' if len(layers) > 1 else ''}, {fmt.integer(float(run['keys']))} keys, "
+        f"{float(run['gpu_s']):,.2f} GPU-s); compute ROI at {window}: **{cell}**; benefit "
+        f"decay: {decay_text(decay)}. See *Warm-up runs*."
+    )
+
+
+def _what_happened(start: float, end: float, alerts: pd.DataFrame, dd: DrillDown) -> None:
     st.subheader("What happened")
     lines: list[str] = []
     loc = dd.localization
@@ -198,28 +141,7 @@ def render() -> None:
         )
     else:
         lines.append("**No significant regression** in this range.")
-    if len(runs):
-        last = runs.sort_values("started").iloc[-1]
-        same = runs[(runs.replica == last.replica) & (abs(runs.started - last.started) < 60)]
-        msg = (
-            f"**Latest warm-up run** {fmt.hhmm(last.started)} on {last.replica} ({last.strategy}, "
-            f"trigger {last.trigger}, {len(same)} layer{'s' if len(same) > 1 else ''}, "
-            f"{fmt.integer(same['keys'].sum())} keys, {same.gpu_s.sum():,.1f} GPU-s)"
-        )
-        try:
-            roi = cached.run_roi(start, end, last.run_id)
-            r5 = roi.sort_values("window_s").iloc[0]
-            v = r5.roi_compute
-            msg += (
-                f"; compute ROI at T+{r5.window_s / 60:g} min: **{v:+.2f}**"
-                if np.isfinite(v)
-                else "; ROI not estimable yet"
-            )
-        except Exception:  # ROI needs requests around the run: not every source has them
-            pass
-        lines.append(msg + ". See *Warm-up runs*.")
-    else:
-        lines.append("**No warm-up run** in this range.")
+    lines.append(latest_run_line(start, end))
     n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
     sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
     lines.append(
@@ -233,16 +155,19 @@ def render() -> None:
     )
     past = cached.leak(start, end)
     if past is not None and sec.empty:
+        layers = past["layers"]
+        where = "/".join(map(str, layers)) if isinstance(layers, list) else ""
         lines.append(
             f"**Security finding in this range (no longer holding):** cross-tenant reads of "
-            f"{past['shared_keys']} {'/'.join(past['layers'])} keys from {fmt.hhmm(past['first'])} "
-            f"(last hot-key window {fmt.hhmm(past['last'])}). See *Alerts*."
+            f"{past['shared_keys']} {where} keys from {fmt.hhmm(fmt.num(past['first']))} "
+            "(last hot-key window "
+            f"{fmt.hhmm(fmt.num(past['last']))}). See *Alerts*."
         )
     st.markdown("\n".join(f"- {x}" for x in lines))
-    for r in sec.itertuples():
-        fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+    fmt.alert_rows(sec)
 
-    # ---------------------------------------------------------------- headline numbers
+
+def _headline(start: float, end: float, runs: pd.DataFrame, card: ScoreCard) -> None:
     overall = cached.rates(start, end, hit_rate_layers_only=True)  # cached: reruns read a few rows
     c = st.columns(4)
     c[0].metric(
@@ -264,41 +189,33 @@ def render() -> None:
     )
     c[3].metric("Warm-up runs", f"{len(runs):,}", help="One run per replica and layer")
 
-    # ------------------------------------------------------- hit rate by layer, with annotations
-    freq = charts.overview_freq(start, end)
-    hr = cached.rates(start, end, ("layer",), freq)
-    if len(hr):
-        hit_rate_chart(
-            hr,
-            "layer",
-            f"Hit rate by layer ({freq // 60:g}-minute buckets) · drag a box to zoom the range",
-            alerts,
-        )
-        st.caption(
-            "Dotted green lines: warm-up runs · red bands: known fault windows · orange lines: "
-            "alert "
-            "onsets."
-        )
 
-    # ---------------------------------------------------------------- the score card
+def _value(v: float | None, u: str) -> str:
+    if v is None or v != v:
+        return "no data"
+    if u in ("ratio", "share", "fraction"):
+        return fmt.pct(v)
+    return f"{v:.3g} {u}".strip()
+
+
+def _score_card(card: ScoreCard) -> pd.DataFrame:
+    """The score card's table: status (OK only where the value meets its target), value, target,
+    score and the weight with why it is that weight."""
     st.subheader("Warm-up score")
+    cfg = AnalysisConfig.load()
     dims = card.as_frame()
-
-    def _value(v, u):
-        if v is None or v != v:
-            return "no data"
-        if u in ("ratio", "share", "fraction"):
-            return fmt.pct(v)
-        return f"{v:.3g} {u}".strip()
-
     table = pd.DataFrame(
         {
-            "Status": dims.score.map(fmt.light),
+            "Status": [fmt.STATUS[status(d, cfg)][0] for d in card.dimensions],
             "Dimension": dims.label,
-            "Value": [_value(v, u) for v, u in zip(dims.value, dims.unit, strict=True)],
-            "Target": [_value(t, u) for t, u in zip(dims.target, dims.unit, strict=True)],
-            "Score": dims.score.map(lambda s: "–" if s is None or s != s else f"{s:.2f}"),
-            "Weight": dims.effective_weight.map(lambda w: f"{w:.1%}"),
+            "Value": [_value(d.value, d.unit) for d in card.dimensions],
+            "Target": [_value(d.target, d.unit) for d in card.dimensions],
+            "Score": [
+                "–" if d.score is None or d.score != d.score else f"{d.score:.2f}"
+                for d in card.dimensions
+            ],
+            "Weight": [f"{d.effective_weight:.1%}" for d in card.dimensions],
+            "Why this weight": [weight_text(d, card, cfg) for d in card.dimensions],
             "Note": dims.note,
         }
     )
@@ -309,16 +226,25 @@ def render() -> None:
         height=38 + 35 * len(table),
         column_config={
             "Status": st.column_config.TextColumn(width="small"),
+            "Why this weight": st.column_config.TextColumn(width="medium"),
             "Note": st.column_config.TextColumn(width="large"),
         },
+    )
+    st.caption(
+        "Status: OK at a score of 0.8 or more with the value meeting its target (or its CI "
+        "reaching it), FAIR from 0.5, POOR below. "
+        + weights_note(card)
+        + " Base weights: `[analysis.dimensions.NAME] weight`."
     )
     if card.note:
         note = card.note
         for d in card.dimensions:  # people read labels, not field names
             note = note.replace(d.name, d.label)
         st.caption(note)
+    return dims
 
-    # ---------------------------------------------------------------- radar, alerts and runs
+
+def _radar_and_alerts(dims: pd.DataFrame, alerts: pd.DataFrame) -> None:
     left, right = st.columns(2)
     with left:
         have = dims[dims.score.notna()]
@@ -346,30 +272,145 @@ def render() -> None:
         if alerts.empty:
             st.success("No alert conditions hold in this range.")
         else:
-            for r in alerts.head(6).itertuples():
-                fmt.alert_row(r.severity, r.alert, r.summary, r.since)
+            fmt.alert_rows(alerts, 6)
             if len(alerts) > 6:
                 st.caption(f"{len(alerts) - 6} more on the Alerts page.")
+
+
+def _latest_runs(runs: pd.DataFrame) -> None:
     st.subheader("Latest warm-up runs")
     if runs.empty:
         st.info(
             "No warm-up runs in this range; pick a longer range or 'since the last warm-up run'."
         )
-    else:
-        r = runs.sort_values("started", ascending=False).head(8)
-        st.dataframe(
-            pd.DataFrame(
-                {
-                    "Started (UTC)": r.started.map(fmt.when),
-                    "Replica": r.replica,
-                    "Layer": r.layer,
-                    "Strategy": r.strategy,
-                    "Trigger": r.trigger,
-                    "Status": r.status,
-                    "Keys": r["keys"].map(fmt.integer),
-                    "GPU-s": r.gpu_s.map(lambda x: f"{x:,.1f}"),
-                }
-            ),
-            hide_index=True,
-            width="stretch",
+        return
+    r = runs.sort_values("started", ascending=False).head(8)
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "Started (UTC)": r["started"].map(fmt.when),
+                "Replica": r["replica"],
+                "Layer": r["layer"],
+                "Strategy": r["strategy"],
+                "Trigger": r["trigger"],
+                "Status": r["status"],
+                "Keys": r["keys"].map(fmt.integer),
+                "GPU-s": r["gpu_s"].map(lambda x: f"{x:,.1f}"),
+            }
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _engine_overview(start: float, end: float) -> None:
+    """Engine metrics only: the engines' token-weighted prefix-cache hit rate (the hit-rate
+    tables of the collector view, over the engines' counters), then what only engines export."""
+    st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
+    st.info(engine_view.COLLECTORS_NOTE)
+    tot = cached.rates(start, end, engine=True)
+    if tot.empty or not tot.lookups.iloc[0]:
+        engine_view.no_engine_data()
+    per = cached.rates(start, end, ENGINE_TABLE_BY, engine=True)
+    c = st.columns(4)
+    c[0].metric("Prefix-cache hit rate (tokens)", fmt.pct(tot.hit_rate.iloc[0]))
+    c[1].metric("Prompt tokens", fmt.integer(tot.lookups.iloc[0]))
+    c[2].metric("Cached tokens", fmt.integer(tot.hits.iloc[0]))
+    c[3].metric("Instances", f"{per.instance.nunique():,}")
+    st.subheader("Hit rate by model, instance and engine")
+    table = per.rename(columns={"lookups": "queries"})[
+        [*ENGINE_TABLE_BY, "hits", "queries", "hit_rate"]
+    ].sort_values(["model", "instance"])
+    st.dataframe(
+        table.style.format({"hit_rate": "{:.2%}", "hits": "{:,.0f}", "queries": "{:,.0f}"}),
+        hide_index=True,
+        width="stretch",
+        key="engine-hit-table",
+        column_config={
+            "hits": "cached tokens",
+            "queries": "prompt tokens",
+            "hit_rate": "hit rate",
+            "engine_kind": "engine kind",
+        },
+    )
+    freq = engine_view.bucket(start, end)
+    _hit_rate_chart(
+        cached.rates(start, end, ("instance",), freq, engine=True),
+        "instance",
+        f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
+        start,
+        end,
+    )
+    left, right = st.columns(2)
+    with left:
+        src = engine_view.frame("engine_cached_by_source", start, end)
+        src = src[src.tokens > 0] if len(src) else src
+        if src.empty:
+            st.info(
+                "No cached tokens by source in this range (vLLM "
+                "`prompt_tokens_cached_by_source`, "
+                "SGLang `cached_tokens_total{cache_source}`)."
+            )
+        else:
+            s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
+            s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
+            st.plotly_chart(
+                px.bar(
+                    s,
+                    x="instance",
+                    y="share",
+                    color="source",
+                    range_y=[0, 1],
+                    title="Cached-token share by source",
+                ),
+                width="stretch",
+            )
+    with right:
+        kv = engine_view.frame("engine_kv_usage", start, end)
+        if kv.empty:
+            st.info("No KV-cache usage in this range.")
+        else:
+            kv["time"] = pd.to_datetime(kv.ts, unit="s")
+            st.plotly_chart(
+                px.line(
+                    kv,
+                    x="time",
+                    y="usage",
+                    color="instance",
+                    range_y=[0, 1],
+                    markers=True,
+                    title="KV-cache usage",
+                ),
+                width="stretch",
+            )
+    ttft = engine_view.frame("engine_ttft", start, end)
+    st.subheader("Time to first token")
+    if ttft.empty:
+        st.info(
+            "No time-to-first-token histogram samples in this range (no requests, or the "
+            "engine "
+            "does not export `time_to_first_token_seconds`)."
         )
+        return
+    newest = ttft.sort_values("ts").groupby(["instance", "quantile"])["seconds"].last()
+    last = newest.unstack("quantile")
+    last.columns = pd.Index([f"P{round(float(q) * 100):d} (s)" for q in last.columns])
+    st.dataframe(
+        last.reset_index().style.format({str(c): "{:.3f}" for c in last.columns}),
+        hide_index=True,
+        width="stretch",
+    )
+    ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
+    q = (ttft["quantile"] * 100).round().astype(int).astype(str)
+    ttft["series"] = ttft.instance + " P" + q
+    st.plotly_chart(
+        px.line(
+            ttft,
+            x="time",
+            y="seconds",
+            color="series",
+            markers=True,
+            title="TTFT P50 / P95 / P99",
+        ),
+        width="stretch",
+    )

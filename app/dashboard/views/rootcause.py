@@ -8,192 +8,228 @@ engines' token-weighted prefix-cache hit rate over model × instance × engine
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
+from warmscope.analysis.alerts import TRAP_ALERTS
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
+
+if TYPE_CHECKING:
+    from streamlit.elements.plotly_chart import PlotlyState
+    from warmscope.analysis.rootcause import Localization
+    from warmscope.analysis.traps import TrapVerdict
+
+Window = tuple[float, float]
+
+
+TRAPS_NEED_COLLECTORS = (
+    "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
+    "per-key and per-tenant records: they need the warmscope collectors."
+)
+SHARES = (
+    "Share of the change explained: each cause's part of the gap between the window's hit rate "
+    "and the expected one."
+)
+NEGATIVE_SHARES = (
+    SHARES + " A negative share is a part that moved the other way (its hit rate rose, or its "
+    "traffic shifted toward better-hitting keys): it offset that share of the change instead of "
+    "causing it."
+)
+TRAPS_ARE_ALERTS = (
+    "The trap checks the alert rules run (Alerts page), over this window against its baseline: "
+    "a trap found here is one the alerts can fire. Warm-up timing is judged on warm-ups timed "
+    "against traffic; a replica (re)start's warm-up is timed by the restart, and its unread keys "
+    "are WarmSetPrecisionLow's."
+)
+
+
+def window_chart(
+    start: float,
+    end: float,
+    t: pd.DataFrame,
+    anomaly: Window,
+    baseline: Window,
+    title: str,
+    brush: bool,
+) -> PlotlyState | None:
+    """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
+    box dragged on it chooses the window (the chart's selection event is returned)."""
+    fig = go.Figure(
+        go.Scatter(
+            x=t.bucket.astype("datetime64[s]"),
+            y=t.hit_rate,
+            mode="lines+markers",
+            marker_size=3,
+            name="hit rate",
+            hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
+        )
+    )
+    for (x0, x1), colour, text in (
+        (anomaly, "#b35900", "anomaly"),
+        (baseline, "grey", "baseline"),
+    ):
+        fig.add_vrect(
+            x0=pd.Timestamp(x0, unit="s"),
+            x1=pd.Timestamp(x1, unit="s"),
+            fillcolor=colour,
+            opacity=0.15,
+            line_width=0,
+            annotation_text=text,
+            annotation_position="bottom left",
+        )
+    charts.annotate(fig, start, end)
+    fig.update_layout(
+        title=title,
+        yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
+        xaxis_title="time (UTC)",
+        dragmode="select" if brush else "zoom",
+        height=380,
+        showlegend=False,
+    )
+    if not brush:
+        st.plotly_chart(fig, width="stretch")
+        return None
+    return st.plotly_chart(
+        fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
+    )
+
+
+def explanations(loc: Localization, what: str) -> None:
+    """The ranked explanations of a localisation: the window's hit rate against the expected
+    one, each cause's share of the change, as a table and as bars."""
+    st.subheader("Ranked explanations")
+    if loc.error:
+        st.info(loc.error)
+        return
+    if not loc.causes:
+        st.info(
+            "; ".join(loc.notes) or "No significant regression in this window: nothing stands out."
+        )
+        return
+    st.metric(
+        f"{what} in the window",
+        fmt.pct(loc.observed),
+        f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
+    )
+    df = pd.DataFrame(
+        [
+            {
+                "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
+                "Explains": c.explanatory_power,
+                "Score": c.score,
+                "Leaves": c.leaves,
+            }
+            for c in loc.causes
+        ]
+    )
+    st.dataframe(
+        df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
+        hide_index=True,
+        width="stretch",
+        column_config={"Explains": "Share of the change explained"},
+    )
+    bar = go.Figure(
+        go.Bar(
+            x=df.Explains,
+            y=df.Cause,
+            orientation="h",
+            hovertemplate="%{y}: %{x:.0%}<extra></extra>",
+        )
+    )
+    bar.update_layout(
+        title="Share of the change explained",
+        xaxis=dict(tickformat=".0%"),
+        yaxis=dict(autorange="reversed", automargin=True),
+        # Plotly's default margins (80 px top, 80 bottom) come out of the height: a bar per
+        # cause needs its 40 px after them, or the plot area shrinks until one label fits.
+        height=180 + 40 * len(df),
+    )
+    st.plotly_chart(bar, width="stretch")
+    st.caption(NEGATIVE_SHARES if (df.Explains < 0).any() else SHARES)
+
+
+def engine_root_cause(start: float, end: float) -> None:
+    """Engine metrics only: the window in hours before the end (engine phases are minutes), the
+    leaves of model × instance × engine and their localisation; no trap checks."""
+    st.info(
+        engine_view.COLLECTORS_NOTE
+        + " Here the change is localised over model × instance × engine."
+    )
+    freq = engine_view.bucket(start, end)
+    t = cached.rates(start, end, freq=freq, engine=True)
+    if t.empty or not t.lookups.sum():
+        engine_view.no_engine_data()
+    span_h = max((end - start) / 3600, 0.1)
+    a0, a1 = st.slider(
+        "Anomaly window (hours before the end)",
+        0.0,
+        span_h,
+        (0.0, min(0.25, span_h / 2)),
+        step=0.01,
+        key="engine-rc-win",
+    )
+    anomaly = (end - a1 * 3600, end - a0 * 3600)
+    baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
+    title = f"Prefix-cache hit rate, all engines (token-weighted, {freq // 60:g}-minute buckets)"
+    window_chart(start, end, t, anomaly, baseline, title, brush=False)
+    st.caption(
+        f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
+        f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])} (UTC). Hit rate = cached prompt "
+        "tokens / prompt tokens."
+    )
+    leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
+    dims = [d for d in engine_view.DIMS if d in leaves.columns]
+
+    def rate(hits: pd.Series, tokens: pd.Series) -> pd.Series:
+        return (hits / tokens.where(tokens > 0)).map(
+            lambda x: "no traffic" if x != x else fmt.pct(x)
+        )
+
+    # the baseline's rate: the expected hits per prompt token, where the baseline had traffic
+    # (volume_exp: its prompt tokens, scaled to the window's length)
+    st.dataframe(
+        leaves[dims].assign(
+            prompt_tokens=leaves.lookups.map("{:,.0f}".format),
+            hit_rate=rate(leaves.hits, leaves.lookups),
+            baseline=rate(leaves.hits_exp, leaves.lookups_exp.where(leaves.volume_exp > 0, 0)),
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    if loc is None:
+        st.subheader("Ranked explanations")
+        st.info(
+            "The anomaly window or the baseline before it holds no engine traffic, so there "
+            "is no "
+            "change to explain: move the anomaly window (the baseline is the same length just "
+            "before it) or widen the time range."
+        )
+    else:
+        explanations(loc, "Prefix-cache hit rate (tokens)")
+    st.caption(TRAPS_NEED_COLLECTORS)
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
+
+
+def _ts(d: datetime) -> float:
+    return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
 
 
 def render() -> None:
-    TRAPS_NEED_COLLECTORS = (
-        "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
-        "per-key and per-tenant records: they need the warmscope collectors."
-    )
-
-    def window_chart(t: pd.DataFrame, anomaly, baseline, title: str, brush: bool):
-        """The hit rate over time with the anomaly window and its baseline shaded; with ``brush``, a
-        box dragged on it chooses the window (the chart's selection event is returned)."""
-        fig = go.Figure(
-            go.Scatter(
-                x=t.bucket.astype("datetime64[s]"),
-                y=t.hit_rate,
-                mode="lines+markers",
-                marker_size=3,
-                name="hit rate",
-                hovertemplate="%{x|%H:%M} · %{y:.1%}<extra></extra>",
-            )
-        )
-        for (x0, x1), colour, text in (
-            (anomaly, "#b35900", "anomaly"),
-            (baseline, "grey", "baseline"),
-        ):
-            fig.add_vrect(
-                x0=pd.Timestamp(x0, unit="s"),
-                x1=pd.Timestamp(x1, unit="s"),
-                fillcolor=colour,
-                opacity=0.15,
-                line_width=0,
-                annotation_text=text,
-                annotation_position="bottom left",
-            )
-        charts.annotate(fig, start, end)
-        fig.update_layout(
-            title=title,
-            yaxis=dict(range=[0, 1.05], tickformat=".0%", title="hit rate"),
-            xaxis_title="time (UTC)",
-            dragmode="select" if brush else "zoom",
-            height=380,
-            showlegend=False,
-        )
-        if not brush:
-            st.plotly_chart(fig, width="stretch")
-            return None
-        return st.plotly_chart(
-            fig, width="stretch", on_select="rerun", selection_mode="box", key="rc-brush"
-        )
-
-    def explanations(loc, what: str) -> None:
-        """The ranked explanations of a localisation: the window's hit rate against the expected
-        one, each cause's share of the change, as a table and as bars."""
-        st.subheader("Ranked explanations")
-        if loc.error:
-            st.info(loc.error)
-            return
-        if not loc.causes:
-            st.info(
-                "; ".join(loc.notes)
-                or "No significant regression in this window: nothing stands out."
-            )
-            return
-        st.metric(
-            f"{what} in the window",
-            fmt.pct(loc.observed),
-            f"{(loc.observed - loc.expected) * 100:+.1f} pts vs expected",
-        )
-        df = pd.DataFrame(
-            [
-                {
-                    "Cause": " · ".join(f"{k} = {v}" for k, v in c.element.items()),
-                    "Explains": c.explanatory_power,
-                    "Score": c.score,
-                    "Leaves": c.leaves,
-                }
-                for c in loc.causes
-            ]
-        )
-        st.dataframe(
-            df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
-            hide_index=True,
-            width="stretch",
-            column_config={"Explains": "Share of the change explained"},
-        )
-        bar = go.Figure(
-            go.Bar(
-                x=df.Explains,
-                y=df.Cause,
-                orientation="h",
-                hovertemplate="%{y}: %{x:.0%}<extra></extra>",
-            )
-        )
-        bar.update_layout(
-            title="Share of the change explained",
-            xaxis=dict(tickformat=".0%"),
-            yaxis=dict(autorange="reversed", automargin=True),
-            # Plotly's default margins (80 px top, 80 bottom) come out of the height: a bar per
-            # cause needs its 40 px after them, or the plot area shrinks until one label fits.
-            height=180 + 40 * len(df),
-        )
-        st.plotly_chart(bar, width="stretch")
-
-    def engine_root_cause() -> None:
-        """Engine metrics only: the window in hours before the end (engine phases are minutes), the
-        leaves of model × instance × engine and their localisation; no trap checks."""
-        st.info(
-            engine_view.COLLECTORS_NOTE
-            + " Here the change is localised over model × instance × engine."
-        )
-        freq = engine_view.bucket(start, end)
-        t = cached.rates(start, end, freq=freq, engine=True)
-        if t.empty or not t.lookups.sum():
-            engine_view.no_engine_data()
-        span_h = max((end - start) / 3600, 0.1)
-        a0, a1 = st.slider(
-            "Anomaly window (hours before the end)",
-            0.0,
-            span_h,
-            (0.0, min(0.25, span_h / 2)),
-            step=0.01,
-            key="engine-rc-win",
-        )
-        anomaly = (end - a1 * 3600, end - a0 * 3600)
-        baseline = (anomaly[0] - (anomaly[1] - anomaly[0]), anomaly[0])
-        title = (
-            f"Prefix-cache hit rate, all engines (token-weighted, {freq // 60:g}-minute buckets)"
-        )
-        window_chart(t, anomaly, baseline, title, brush=False)
-        st.caption(
-            f"Anomaly {fmt.when(anomaly[0])} → {fmt.when(anomaly[1])}; baseline "
-            f"{fmt.when(baseline[0])} → {fmt.when(baseline[1])} (UTC). Hit rate = cached prompt "
-            "tokens / prompt tokens."
-        )
-        leaves, loc = cached.engine_causes(start, end, anomaly, baseline)
-        dims = [d for d in engine_view.DIMS if d in leaves.columns]
-
-        def rate(hits: pd.Series, tokens: pd.Series) -> pd.Series:
-            return (hits / tokens.where(tokens > 0)).map(
-                lambda x: "no traffic" if x != x else fmt.pct(x)
-            )
-
-        # the baseline's rate: the expected hits per prompt token, where the baseline had traffic
-        # (volume_exp: its prompt tokens, scaled to the window's length)
-        st.dataframe(
-            leaves[dims].assign(
-                prompt_tokens=leaves.lookups.map("{:,.0f}".format),
-                hit_rate=rate(leaves.hits, leaves.lookups),
-                baseline=rate(leaves.hits_exp, leaves.lookups_exp.where(leaves.volume_exp > 0, 0)),
-            ),
-            hide_index=True,
-            width="stretch",
-        )
-        if loc is None:
-            st.subheader("Ranked explanations")
-            st.info(
-                "The anomaly window or the baseline before it holds no engine traffic, so there "
-                "is no "
-                "change to explain: move the anomaly window (the baseline is the same length just "
-                "before it) or widen the time range."
-            )
-        else:
-            explanations(loc, "Prefix-cache hit rate (tokens)")
-        st.caption(TRAPS_NEED_COLLECTORS)
-
     start, end = state.time_range()
     if engine_view.active(start, end):  # engine metrics only
-        engine_root_cause()
+        engine_root_cause(start, end)
         st.stop()
     state.resolution_note(start, end)
-
-    def _dt(ts: float) -> datetime:
-        return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
-
-    def _ts(d) -> float:
-        return pd.Timestamp(d).to_pydatetime().replace(tzinfo=UTC).timestamp()
 
     lo, hi = _dt(start), _dt(end)
     # The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
     if "rc-win" not in st.session_state:
-        w = state.url_get("window", "")
+        w = state.url_get("window") or ""
         try:
             a0, a1 = (datetime.strptime(x, "%Y-%m-%dT%H:%M") for x in w.split("~"))
             if lo <= a0 < a1 <= hi:
@@ -240,6 +276,8 @@ def render() -> None:
     freq = max(300, state.step(start, end) or 0)
     t = cached.rates(start, end, freq=freq)  # cached per range
     ev = window_chart(
+        start,
+        end,
         t,
         anomaly,
         baseline,
@@ -274,16 +312,22 @@ def render() -> None:
     # does.
     for v in verdicts:
         if v.detected and v.trap == "tenant_isolation":
-            ev = (
+            said = (
                 v.evidence[len("SECURITY:") :].strip()
                 if v.evidence.upper().startswith("SECURITY:")
                 else v.evidence
             )
             st.error(
-                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {ev}"
+                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {said}"
             )
 
     explanations(loc, "Effective hit rate")
+    _miss_classes(start, end, anomaly, baseline)
+    _traps(verdicts)
+
+
+def _miss_classes(start: float, end: float, anomaly: Window, baseline: Window) -> None:
+    """Missed prefix-KV tokens by class in the window against the baseline."""
     shift, mdd = cached.miss_shift(start, end, anomaly, baseline)
     if len(shift):
         st.subheader("Why prefix-KV tokens missed")
@@ -319,14 +363,22 @@ def render() -> None:
                 f"Largest change in missed tokens: {where}"
                 + f" ({c.change:+,.0f} tokens against the baseline's rate over the window)"
             )
+
+
+def _traps(verdicts: list[TrapVerdict]) -> None:
     st.subheader("Cold-start traps")
+    st.caption(TRAPS_ARE_ALERTS)
     seen = [v for v in verdicts if v.detected and v.trap != "tenant_isolation"]
     if not seen and not any(v.detected for v in verdicts):
         st.success("No cold-start trap detected in this window.")
     elif not seen:
         st.caption("Only the cross-tenant read above was detected.")
     for v in seen:
-        st.warning(f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}): {v.evidence}")
+        alert = TRAP_ALERTS.get(v.trap, ("",))[0]
+        named = f"; on the Alerts page: {alert}" if alert else ""
+        st.warning(
+            f"**{v.trap.replace('_', ' ')}** (confidence {v.confidence:.0%}{named}): {v.evidence}"
+        )
     with st.expander("Traps not seen"):
         for v in verdicts:
             if not v.detected:

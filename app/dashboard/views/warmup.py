@@ -1,7 +1,11 @@
-"""Warm-up runs: timeline, coverage (precision, recall, waste), effect, ROI and its decay. The
-chosen run lives in the URL."""
+"""Warm-up runs: timeline, what they spent and wasted, coverage (precision, recall, waste), and
+one warm-up (its layers' runs merged): effect, ROI and the decay of its benefit. The chosen
+warm-up lives in the URL."""
 
 from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -10,8 +14,27 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 from warmscope.analysis.config import AnalysisConfig
-from warmscope.analysis.roi import decay_text, roi_text
+from warmscope.analysis.roi import decay_text, roi_text, significant_decay, warmups
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
+
+if TYPE_CHECKING:
+    from warmscope.analysis.roi import Decay
+
+NAMES = {
+    "hit_rate": ("Hit rate", "{:.1%}"),
+    "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
+    "ttft_p95_s": ("TTFT P95", "{:.3f} s"),
+    "gpu_s_per_request": ("GPU-s per request", "{:.4f}"),
+}
+ROI_COLUMNS = {
+    "window": "Window",
+    "requests": "Requests",
+    "gpu_s_saved": "GPU-s saved",
+    "cost": "Cost",
+    "roi_compute": "Compute ROI",
+    "roi_business": "Business ROI",
+    "baseline": "Compared with",
+}
 
 
 def render() -> None:
@@ -28,25 +51,21 @@ def render() -> None:
     start, end = state.time_range()
     if engine_view.only_engines(start, end):  # no collector records anywhere
         engine_view.needs_collectors("Warm-up runs, their precision, recall, effect and ROI")
-    cfg = AnalysisConfig.load()
     runs = state.load(["warmup_runs"], start, end)["warmup_runs"]
     if runs.empty:
         st.info(
             "No warm-up runs in this range: pick 'since the last warm-up run' or a longer range "
-            "in the "
-            "sidebar. Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools record "
-            "theirs unless their strategy is `none`)."
+            "in the sidebar. Runs are recorded by `Telemetry.warmup(...)` (the simulator's pools "
+            "record theirs unless their strategy is `none`)."
         )
         st.stop()
+    _timeline(runs, start, end)
+    spend_metrics(start, end)
+    _coverage(start, end)
+    _one_warmup(runs, start, end)
 
-    def label(r) -> str:
-        return (
-            f"{fmt.when(r.started)} · {r.replica} · {r.layer} · {r.strategy} · trigger {r.trigger}"
-        )
 
-    ordered = runs.sort_values("started", ascending=False)
-    labels = {r.run_id: label(r) for r in ordered.itertuples()}
-
+def _timeline(runs: pd.DataFrame, start: float, end: float) -> None:
     tl = runs.assign(
         start=pd.to_datetime(runs.started, unit="s"),
         finish=pd.to_datetime(runs.ended.fillna(end), unit="s") + pd.Timedelta(seconds=5),
@@ -67,35 +86,69 @@ def render() -> None:
     )
     charts.annotate(fig, start, end)
     st.plotly_chart(fig, width="stretch")
+    st.caption(charts.ALERT_ONSETS)
 
+
+def spend_metrics(start: float, end: float) -> None:
+    """What the runs that started in the range spent and wasted (``cached.warmup_spend``): the
+    same three figures on the Warm-up runs and the Hot keys page."""
+    sp = cached.warmup_spend(start, end)
+    if not sp.runs:
+        st.caption(sp.sentence())
+        return
+    c = st.columns(3)
+    c[0].metric(
+        "Warm-up GPU-s spent",
+        f"{sp.gpu_s:,.2f}",
+        help=f"warmup_runs.gpu_s of the {sp.runs:,} runs that started in the range",
+    )
+    c[1].metric(
+        "Warm-up GPU-s wasted",
+        f"{sp.wasted_gpu_s:,.2f}",
+        help="the warm-up cost of those runs' keys never read while warm",
+    )
+    c[2].metric(
+        "Warmed keys never read",
+        f"{sp.keys_unread:,} of {sp.keys_warmed:,}",
+        help="read while warm: a hit before the entry's TTL ran out and before the key was "
+        "first missed",
+    )
+    st.caption(sp.sentence() + " (all tenants and layers).")
+
+
+def _coverage(start: float, end: float) -> None:
+    cfg = AnalysisConfig.load()
     cov = cached.coverage(start, end)  # cached per range
     st.subheader("Warm-set coverage")
     st.caption(
         "Precision: warmed keys whose warmed entry was read (hit before its TTL ran out and "
-        "before the "
-        "key was first missed). Recall: of the keys requested in the first "
+        "before the key was first missed). Recall: of the keys requested in the first "
         f"{cfg.recall_window_s / 60:.0f} min after the run, the share it had warmed. Wasted: the "
         "warm-up GPU-seconds of keys never read."
     )
     show = cov.sort_values("started", ascending=False)
+
+    def num(v: float, fmt_: str, why: str) -> str:
+        return fmt_.format(v) if v == v else why
+
     st.dataframe(
         pd.DataFrame(
             {
-                "Started (UTC)": show.started.map(fmt.when),
-                "Replica": show.replica,
-                "Layer": show.layer,
-                "Strategy": show.strategy,
-                "Trigger": show.trigger,
-                "Keys warmed": show.keys_warmed.map(lambda v: f"{v:,.0f}"),
-                "Precision": show.precision.map(
-                    lambda v: f"{v:.1%}" if v == v else "no warmed keys recorded"
+                "Started (UTC)": show["started"].map(fmt.when),
+                "Replica": show["replica"],
+                "Layer": show["layer"],
+                "Strategy": show["strategy"],
+                "Trigger": show["trigger"],
+                "Keys warmed": show["keys_warmed"].map(lambda v: f"{v:,.0f}"),
+                "Precision": show["precision"].map(
+                    lambda v: num(v, "{:.1%}", "no warmed keys recorded")
                 ),
-                "Recall": show.recall.map(
-                    lambda v: f"{v:.1%}" if v == v else "no requests in the window"
+                "Recall": show["recall"].map(
+                    lambda v: num(v, "{:.1%}", "no requests in the window")
                 ),
-                "GPU-s": show.gpu_s.map(lambda v: f"{v:,.2f}" if v == v else "not recorded"),
-                "Wasted GPU-s": show.wasted_gpu_s.map(
-                    lambda v: f"{v:,.2f}" if v == v else "not recorded"
+                "GPU-s": show["gpu_s"].map(lambda v: num(v, "{:,.2f}", "not recorded")),
+                "Wasted GPU-s": show["wasted_gpu_s"].map(
+                    lambda v: num(v, "{:,.2f}", "not recorded")
                 ),
             }
         ),
@@ -113,91 +166,116 @@ def render() -> None:
     bar.update_layout(yaxis_title="GPU-seconds", legend_title_text="", height=320)
     st.plotly_chart(bar, width="stretch")
 
-    st.subheader("One run")
+
+def _label(r: Mapping[Hashable, object]) -> str:
+    return (
+        f"{fmt.when(fmt.num(r['started']))} · {r['replica']} · {r['layer']} · {r['strategy']} "
+        f"· trigger {r['trigger']}"
+    )
+
+
+def _cell(metric: str, v: float | None, signed: bool = False) -> str:
+    if v is None or v != v:
+        return "not enough points"
+    if metric == "hit_rate":
+        return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
+    if signed and abs(v) < 5e-4:
+        return "±0"
+    s = NAMES.get(metric, (metric, "{:.3g}"))[1].format(v)
+    return "+" + s if signed and v >= 0 else s
+
+
+def _one_warmup(runs: pd.DataFrame, start: float, end: float) -> None:
+    """One warm-up (its layers' runs merged, newest first: the overview's "latest run" is the
+    first): before/after, ROI, and the decay of its compute benefit."""
+    cfg = AnalysisConfig.load()
+    st.subheader("One warm-up")
+    w = warmups(runs)
+    labels = {str(r["run_id"]): _label(r) for r in w.to_dict("records")}
     ids = list(labels)
     want = state.url_get("run")
     if "run" not in st.session_state or st.session_state["run"] not in labels:
         st.session_state["run"] = want if want in labels else ids[0]
-    run_id = st.selectbox("Run (newest first)", ids, key="run", format_func=labels.get)
+    run_id = str(
+        st.selectbox(
+            "Warm-up (newest first; its layers' runs together)",
+            ids,
+            key="run",
+            format_func=lambda i: labels.get(i, i),
+        )
+    )
     state.url_set(run=run_id)
-    # before/after, ROI and decay from per-minute data around the run, at any range (cached per run)
-    eff, roi, series, decay = cached.run_detail(start, end, run_id)
-    NAMES = {
-        "hit_rate": ("Hit rate", "{:.1%}"),
-        "ttft_p50_s": ("TTFT P50", "{:.3f} s"),
-        "ttft_p95_s": ("TTFT P95", "{:.3f} s"),
-        "gpu_s_per_request": ("GPU-s per request", "{:.4f}"),
-    }
+    # before/after, ROI and decay from per-minute data around it, at any range (cached)
+    run, eff, roi, series, decay = cached.run_detail(start, end, run_id)
     a, _ = st.columns([3, 2])
     with a:
         st.markdown(f"**Before / after** ({cfg.effect_window_s / 60:g} min either side)")
-
-        def cell(metric, v, signed=False):
-            if v is None or v != v:
-                return "not enough points"
-            if metric == "hit_rate":
-                return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
-            if signed and abs(v) < 5e-4:
-                return "±0"
-            s = NAMES.get(metric, (metric, "{:.3g}"))[1].format(v)
-            return "+" + s if signed and v >= 0 else s
-
         st.dataframe(
             pd.DataFrame(
                 {
-                    "Metric": [NAMES.get(m, (m,))[0] for m in eff.index],
-                    "Before": [cell(m, v) for m, v in eff.before.items()],
-                    "After": [cell(m, v) for m, v in eff.after.items()],
-                    "Change": [cell(m, v, True) for m, v in eff.change.items()],
+                    "Metric": [NAMES.get(str(m), (str(m),))[0] for m in eff.index],
+                    "Before": [_cell(str(m), float(v)) for m, v in eff["before"].items()],
+                    "After": [_cell(str(m), float(v)) for m, v in eff["after"].items()],
+                    "Change": [_cell(str(m), float(v), True) for m, v in eff["change"].items()],
                 }
             ),
             hide_index=True,
             width="stretch",
         )
-    # full width: each ROI cell carries its interval
+    _roi(run, roi, cfg)
+    _benefit(series, decay, float(roi["cost"].iloc[0]) if len(roi) else float("nan"))
+
+
+def _roi(run: pd.Series, roi: pd.DataFrame, cfg: AnalysisConfig) -> None:
+    text = roi_text(roi)
+    first = roi.sort_values("window_s").head(1)
+    if len(first):
+        cell = roi_text(first).iloc[0]["roi_compute"]
+        st.markdown(
+            f"**Compute ROI at T+{float(first['window_s'].iloc[0]) / 60:g} min:** {cell} · "
+            f"cost {float(run['gpu_s']):,.2f} GPU-s × {cfg.price_per_gpu_s:g} = "
+            f"{float(first['cost'].iloc[0]):.4f}"
+        )
     st.markdown(
         "**ROI** (compute: GPU-s saved × price vs cost; business: conversion value vs cost)"
     )
-    st.dataframe(
-        roi_text(roi).rename(
-            columns={
-                "window": "Window",
-                "requests": "Requests",
-                "gpu_s_saved": "GPU-s saved",
-                "cost": "Cost",
-                "roi_compute": "Compute ROI",
-                "roi_business": "Business ROI",
-                "baseline": "Compared with",
-            }
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+    fmt.wrapped_table(text.rename(columns=ROI_COLUMNS).style)  # long cells say why: wrapped
     st.caption(
         f"Prices: GPU-s at {cfg.price_per_gpu_s:g} and a conversion at "
-        f"{cfg.value_per_conversion:g} "
-        "(configured, `[analysis]`); intervals from per-minute batch means."
+        f"{cfg.value_per_conversion:g} (configured, `[analysis]`); intervals from per-minute batch "
+        "means. A run costs cents while conversions' value moves by currency units a minute, so a "
+        "business ROI per run is rarely estimable: the A/B page's experiment ROI weighs every "
+        "request of the warmed arm against every run's cost."
     )
+
+
+def _benefit(series: pd.DataFrame, decay: Decay, cost: float) -> None:
     fig = go.Figure()
     if len(series):
         fig.add_trace(
             go.Scatter(
-                x=series.t_s / 60, y=series.benefit, mode="markers", name="benefit per minute"
+                x=series.t_s / 60,
+                y=series.compute,
+                mode="markers",
+                name="GPU-s saved × price, per minute",
             )
         )
-        if (
-            decay.error is None and np.isfinite(decay.ci_low) and decay.ci_low > 0
-        ):  # drawn only when significant
-            t = np.linspace(0, series.t_s.max(), 100)
+        if significant_decay(decay):  # drawn only when significant
+            t = np.linspace(0, float(series.t_s.max()), 100)
             fig.add_trace(
                 go.Scatter(x=t / 60, y=decay.b0 * np.exp(-decay.k_per_hour * t / 3600), name="fit")
             )
     fig.update_layout(
-        title="Benefit after the run and its exponential decay",
-        xaxis_title="minutes after the run",
+        title="Compute benefit after the warm-up and its exponential decay",
+        xaxis_title="minutes after the warm-up",
         yaxis_title="currency units / minute",
         height=360,
     )
     st.plotly_chart(fig, width="stretch")
-    dt = decay_text(decay)
-    st.markdown(f"**Benefit decay rate k:** {dt}")
+    total = float(series.compute.sum()) if len(series) else float("nan")
+    st.caption(
+        f"In the units of the warm-up's cost ({cost:.4f}): the compute benefit over the "
+        f"{len(series)} minutes shown adds up to {total:+.4f}. Conversions are left out here "
+        "(their noise, ± currency units a minute, would hide the cost's scale)."
+    )
+    st.markdown(f"**Benefit decay rate k:** {decay_text(decay)}")
