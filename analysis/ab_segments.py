@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from warmscope.model.records import NOT_IN_HIT_RATE
+from warmscope.model.records import not_in_hit_rate
 
 from .ab import adjust, batch_means
 from .buckets import bucket_start
@@ -117,7 +117,7 @@ def segment_table(
     rows: list[dict[str, Any]] = []
     lk = _arm(lookups, experiment, arms)
     if len(lk):
-        lk = lk[~lk["layer"].isin(NOT_IN_HIT_RATE)]  # e.g. model weights: not a warm-up cache
+        lk = lk[~lk["layer"].isin(not_in_hit_rate())]  # e.g. model weights: not a warm-up cache
         t = hit_table(lk, by=[*by, "variant"], freq=freq)
         t = t[t["lookups"] > 0]
         _samples(

@@ -48,6 +48,7 @@ import pandas as pd
 from scipy.stats import norm, qmc
 
 from .forecast import Peak, next_peak
+from .objectives import OBJECTIVES
 from .replay import (
     FIDELITY_TOL,
     LAYERS,
@@ -282,7 +283,6 @@ def sim_overrides(p: Params) -> dict[Any, Any]:
     }
 
 
-OBJECTIVES = ("value", "slo", "net_gpu_s", "roi")
 MIN_SPAN_S = 2 * 3600.0
 
 

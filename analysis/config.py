@@ -25,12 +25,13 @@ from typing import Any
 
 from warmscope.collectors.config import ConfigError, load_section, setting
 
-from .scores import DIMENSIONS, DimensionSpec
+from .dimensions import DIMENSIONS, DimensionSpec
 
 __all__ = ["AnalysisConfig", "DimensionSpec", "DEFAULT_DIMENSIONS", "ConfigError"]
 
 
-# The dimensions and their defaults are declared once, on their computations (analysis/scores.py).
+# The dimensions and their defaults are declared once, on their computations
+# (analysis/dimensions.py).
 DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = DIMENSIONS
 
 

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from warmscope.model import records
@@ -371,7 +372,26 @@ INSTRUMENTS = (
     KV_BLOCKS_EVICTED,
     KV_BLOCKS_RESIDENT,
 )
-SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (records.LAYERS)
+
+
+class _LiveNames(Sequence[str]):
+    """Names read again at each use (``in``, iteration, ``len``, pandas ``isin``)."""
+
+    def __init__(self, names: Callable[[], tuple[str, ...]]) -> None:
+        self._names = names
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]  # no slices needed
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+# The layers shared by design across tenants, as records.shared_layers() says at each use.
+SHARED_LAYERS: Sequence[str] = _LiveNames(records.shared_layers)
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 _LEN_NAMES = tuple(str(b) for b in _LEN_BUCKETS) + ("inf",)

@@ -37,12 +37,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from warmscope.model.records import MISS_CLASSES as CLASSES
+
 from .decode import CLEARED, REMOVED, STORED, Batch
 from .index import _COPIES, ResidencyIndex, Salts, StoreBlocks
 
 __all__ = ["CLASSES", "Attribution", "KVState"]
 
-CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
 _ELSEWHERE, _EVICTED, _ISOLATED, _DRIFTED, _COLD = range(5)
 _MAX_BLOCKS_PER_SESSION = 4096
 

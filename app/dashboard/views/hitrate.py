@@ -12,6 +12,7 @@ import streamlit as st
 st.title("Hit rate explorer")  # first: it paints before the imports below load
 
 import plotly.graph_objects as go
+from warmscope.analysis.drilldown import RCA_DIMS
 from warmscope.app.dashboard import cached, charts, engine_view, state
 
 start, end = state.time_range()
@@ -21,7 +22,7 @@ if ENGINE:
     LABEL = {"engine_kind": "engine kind"}
     UNIT = "prompt tokens"
 else:
-    DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
+    DIMS = list(RCA_DIMS)
     LABEL = {"length_bucket": "prompt length", "family": "key family"}
     UNIT = "lookups"
 
