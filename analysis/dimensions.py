@@ -328,30 +328,45 @@ def _hourly_ci(
     return half
 
 
-@dimension("warmup_qps_gain", "Warm-up QPS gain", "ratio", "higher", 0.2, 0.0, frames=("requests",))
-def _qps_gain(fr: Frames, cfg: Settings) -> Measurement:
+def _arm_effect(
+    fr: Frames,
+    cfg: Settings,
+    effect: Callable[[pd.Series, pd.Series], float],
+    what: str,
+    lacks: Callable[[pd.Series, pd.Series], str | None],
+) -> Measurement:
+    """``effect(treatment, control)`` over the experiment's arms' totals, its CI from hourly batch
+    means; no data when there is no experiment, or when ``lacks(t, c)`` says what is missing."""
     arms = _arms(fr, cfg)
     if arms is None:
         return Measurement(
             None, "requests", f"no experiment with treatment variant {cfg.treatment_variant!r}"
         )
     t, c = arms
-    if t["gpu_s"] <= 0 or c["requests"] <= 0 or t["requests"] <= 0:
-        return Measurement(None, "requests", "no GPU time recorded")
+    missing = lacks(t, c)
+    if missing:
+        return Measurement(None, "requests", missing)
+    v = float(effect(t, c))
+    half = _hourly_ci(fr, cfg, effect)
+    ci = (v - half, v + half) if half is not None else None
+    return Measurement(v, f"requests: {what} (CI: hourly batch means)", "", ci)
 
-    def gain(t: pd.Series, c: pd.Series) -> float:
-        return cast(
-            float, (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1
-        )  # a numpy float
 
-    v = float(gain(t, c))
-    half = _hourly_ci(fr, cfg, gain)
-    return Measurement(
-        v,
-        "requests: GPU-s/request control ÷ treatment − 1 (CI: hourly batch means)",
-        "",
-        (v - half, v + half) if half is not None else None,
-    )
+def _gpu_gain(t: pd.Series, c: pd.Series) -> float:
+    return cast(float, (c["gpu_s"] / c["requests"]) / (t["gpu_s"] / t["requests"]) - 1)
+
+
+def _conversion_lift(t: pd.Series, c: pd.Series) -> float:
+    return cast(float, (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1)
+
+
+@dimension("warmup_qps_gain", "Warm-up QPS gain", "ratio", "higher", 0.2, 0.0, frames=("requests",))
+def _qps_gain(fr: Frames, cfg: Settings) -> Measurement:
+    def lacks(t: pd.Series, c: pd.Series) -> str | None:
+        no_time = t["gpu_s"] <= 0 or c["requests"] <= 0 or t["requests"] <= 0
+        return "no GPU time recorded" if no_time else None
+
+    return _arm_effect(fr, cfg, _gpu_gain, "GPU-s/request control ÷ treatment − 1", lacks)
 
 
 _STARTS = ("replica_start", "replica_restart")
@@ -528,28 +543,12 @@ def _sla(fr: Frames, cfg: Settings) -> Measurement:
     frames=("requests",),
 )
 def _conv(fr: Frames, cfg: Settings) -> Measurement:
-    arms = _arms(fr, cfg)
-    if arms is None:
-        return Measurement(
-            None, "requests", f"no experiment with treatment variant {cfg.treatment_variant!r}"
-        )
-    t, c = arms
-    if c["conversions"] <= 0 or t["requests"] <= 0:
-        return Measurement(None, "requests", "no conversions in the control arm")
+    def lacks(t: pd.Series, c: pd.Series) -> str | None:
+        none = c["conversions"] <= 0 or t["requests"] <= 0
+        return "no conversions in the control arm" if none else None
 
-    def lift(t: pd.Series, c: pd.Series) -> float:
-        return cast(
-            float, (t["conversions"] / t["requests"]) / (c["conversions"] / c["requests"]) - 1
-        )  # a numpy float
-
-    v = float(lift(t, c))
-    half = _hourly_ci(fr, cfg, lift)
-    return Measurement(
-        v,
-        "requests: conversion rate treatment ÷ control − 1 (CI: hourly batch means)",
-        "",
-        (v - half, v + half) if half is not None else None,
-    )
+    what = "conversion rate treatment ÷ control − 1"
+    return _arm_effect(fr, cfg, _conversion_lift, what, lacks)
 
 
 @dimension(

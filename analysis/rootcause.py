@@ -516,6 +516,7 @@ class Search:
 
     # Step 4a: widen a cause to the parent whose other leaves moved too (:func:`climb`).
     climbs = False
+    sums_type: type[Sums] = Sums  # each grouping's sums per element
 
     @staticmethod
     def over(
@@ -562,9 +563,25 @@ class Search:
     def _saturated(self) -> np.ndarray:
         raise NotImplementedError
 
+    def _own(self) -> dict[str, np.ndarray]:
+        """The measure's own per-leaf quantities, by the name of their sum in :attr:`sums_type`."""
+        raise NotImplementedError
+
     def _sums(self, element: np.ndarray, count: int, rows: slice | np.ndarray) -> Sums:
         """Each element's sums over the leaves ``rows`` (each leaf's element in ``element``)."""
-        raise NotImplementedError
+
+        def total(w: np.ndarray | None) -> np.ndarray:
+            out: np.ndarray = np.bincount(element, w, count)
+            return out
+
+        own = {name: total(per_leaf[rows]) for name, per_leaf in self._own().items()}
+        return self.sums_type(
+            observed=total(self.h[rows]),
+            expected=total(self.e[rows]),
+            var=total(self.var[rows]),
+            leaves=total(None),
+            **own,
+        )
 
     def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
         """Purity and fit of one set of leaves moving together (see :meth:`best`)."""
@@ -590,10 +607,6 @@ class Search:
         raise NotImplementedError
 
     # -- shared
-    def _sum(self, element: np.ndarray, count: int, w: np.ndarray | None) -> np.ndarray:
-        out: np.ndarray = np.bincount(element, w, count)
-        return out
-
     def take(self, member: np.ndarray) -> None:
         """Remove an explained element's leaves from every element's sums."""
         rows = np.flatnonzero(member)
@@ -673,6 +686,7 @@ class RatioSearch(Search):
     element moves by one factor or to one common rate, whichever fits its leaves better."""
 
     climbs = True  # a cause of a rate seldom moves all its children alike
+    sums_type = RatioSums
 
     def __init__(
         self,
@@ -698,19 +712,11 @@ class RatioSearch(Search):
         rate = np.clip(self.h / np.maximum(self.vd, 1e-12), 1e-6, 1 - 1e-6)
         return _binom_llr(self.h, self.vd, rate, self.pe)
 
-    def _sums(self, element: np.ndarray, count: int, rows: slice | np.ndarray) -> RatioSums:
-        def total(w: np.ndarray | None) -> np.ndarray:
-            return self._sum(element, count, w)
-
-        return RatioSums(
-            observed=total(self.h[rows]),
-            expected=total(self.e[rows]),
-            var=total(self.var[rows]),
-            leaves=total(None),
-            den=total(self.vd[rows]),
-            vol=total(self.vol[rows]) if self.vol is not None else None,
-            fvol=total(self.fvol[rows]) if self.fvol is not None else None,
-        )
+    def _own(self) -> dict[str, np.ndarray]:
+        own = {"den": self.vd}
+        if self.vol is not None and self.fvol is not None:
+            own |= {"vol": self.vol, "fvol": self.fvol}
+        return own
 
     def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The moved rate of each leaf in ``mask`` under the model that fits the leaves
@@ -805,6 +811,8 @@ class AdditiveSearch(Search):
     """An additive measure: standardised log ratios per leaf; an element moves by one factor
     on the floored scale (:func:`additive_move`)."""
 
+    sums_type = AdditiveSums
+
     def __init__(
         self,
         r: AdditiveResiduals,
@@ -823,18 +831,8 @@ class AdditiveSearch(Search):
         sat: np.ndarray = self.h * self.h / 2
         return sat
 
-    def _sums(self, element: np.ndarray, count: int, rows: slice | np.ndarray) -> AdditiveSums:
-        def total(w: np.ndarray | None) -> np.ndarray:
-            return self._sum(element, count, w)
-
-        return AdditiveSums(
-            observed=total(self.h[rows]),
-            expected=total(self.e[rows]),
-            var=total(self.var[rows]),
-            leaves=total(None),
-            dv=total(self.dv[rows]),
-            fe=total(self.fe[rows]),
-        )
+    def _own(self) -> dict[str, np.ndarray]:
+        return {"dv": self.dv, "fe": self.fe}
 
     def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
         z, fe = self.h[mask], self.fe[mask]
