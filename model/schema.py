@@ -404,10 +404,15 @@ def length_bucket(tokens: int | None) -> str:
     return _LEN_NAMES[bisect.bisect_left(_LEN_BUCKETS, tokens)]  # the first bound >= tokens
 
 
+def prom_unit(inst: Instrument) -> str:
+    """The Prometheus unit of an instrument's unit ("" for a count such as ``{token}``)."""
+    return {"s": "seconds", "By": "bytes"}.get(inst.unit, "")
+
+
 def prom_name(inst: Instrument) -> str:
     """The series name the Prometheus exporter / OTLP translation produces."""
     base = inst.name.replace(".", "_")
-    unit_suffix = {"s": "_seconds", "By": "_bytes"}.get(inst.unit, "")
+    unit_suffix = "_" + prom_unit(inst) if prom_unit(inst) else ""
     if unit_suffix and not base.endswith(unit_suffix):
         base += unit_suffix
     if inst.kind == "counter":
