@@ -944,9 +944,8 @@ def group_sequential_bounds(
         bounds[k] = c
         if k < len(t) - 1:
             new = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
-            dens = (mass[None, :] * stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd) / sd).sum(
-                axis=1
-            )
+            step = stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd)  # the score's moves
+            dens = (mass[None, :] * step / sd).sum(axis=1)
             s_grid = new
     return bounds
 

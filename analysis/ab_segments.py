@@ -143,9 +143,8 @@ def segment_table(
     hs = _arm(histograms, experiment, arms)
     if len(hs) and all(d in hs.columns for d in by) and "layer" not in by:
         q = quantiles_over_time(hs, TTFT, qs=(0.95,), freq=freq, by=[*by, "variant"])
-        q = q[
-            ~q["overflow_p95"].astype(bool)
-        ]  # a bucket whose P95 is past the last edge has no value
+        # a bucket whose P95 is past the last edge has no value
+        q = q[~q["overflow_p95"].astype(bool)]
         _samples(
             q.rename(columns={"p95": "v"}),
             by,

@@ -91,9 +91,8 @@ __all__ = [
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
-SLO_LAMBDA = slo_lambda(
-    1000.0
-)  # the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
+# the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
+SLO_LAMBDA = slo_lambda(1000.0)
 BUCKET_S = 900.0
 SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
 STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
@@ -133,13 +132,11 @@ class Model:
     t1: float
     base: Params
     base_hits: dict[str, float] = field(default_factory=dict)
-    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=dict
-    )  # layer -> lags (s), ρ
+    # layer -> lags (s), ρ
+    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict[Any, np.ndarray] = field(
-        default_factory=dict, repr=False
-    )  # (layer, instance, s) -> T_C per bucket
+    # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)
     # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
     warmed: frozenset[str] | None = None
     # known fault windows (start, end) of the recording: not replayed, so not scored by
@@ -187,13 +184,11 @@ class Outcome:
     warm_bytes: float
     gpu_s_saved: float  # vs the recorded parameters (steady state and warm-ups)
     net_gpu_s: float  # gpu_s_saved minus the extra warm-up GPU-s: the objective
-    roi: (
-        float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
-    )
+    # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
+    roi: float
     trigger_at: float  # time of day (s) of the pre-peak warm-up
-    hits: dict[str, float] = field(
-        default_factory=dict
-    )  # layer -> replayed hits (steady state + warm-ups)
+    # layer -> replayed hits (steady state + warm-ups)
+    hits: dict[str, float] = field(default_factory=dict)
     layer_warm_gpu_s: dict[str, float] = field(default_factory=dict)  # layer -> warm-up GPU-s
 
     def as_dict(self) -> dict[Any, Any]:
@@ -504,9 +499,8 @@ def _warm_extra(
             rw = sub[b:b_end]  # buckets × families
             tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
-            off1 = (
-                np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te
-            )  # the last bucket is partial
+            # the last bucket is partial
+            off1 = np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
@@ -531,9 +525,8 @@ def _warm_extra(
             expect = keys_p[key] * (rw[:, fam].T @ dG) + (rw[:, fam].T @ (dT - dG)) / n_keys
             tc = float(tcs[0])
             age = te - max([s0 for s0 in starts if s0 <= te], default=m.t0)
-            held = _hit(
-                layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0))
-            )  # already cached
+            # already cached
+            held = _hit(layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0)))
             e = float(np.sum((1 - held) * -np.expm1(-expect)))
             extra += e
             runs += 1
@@ -810,9 +803,8 @@ class Fidelity:
     # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault
     # windows (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
     table: pd.DataFrame
-    buckets: (
-        pd.DataFrame
-    )  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    buckets: pd.DataFrame
     ok: bool  # every layer within FIDELITY_TOL in at least FIDELITY_SHARE of its scored buckets
 
     def sentence(self) -> str:

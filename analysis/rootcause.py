@@ -99,9 +99,8 @@ class Localization:
     leaves: int
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    change: float = float(
-        "nan"
-    )  # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    change: float = float("nan")
     mix: float = 0.0  # part of the change due to the traffic mix alone (ratio measures)
     rest: float = 0.0  # part of the change in leaves outside the causes
 
@@ -252,26 +251,18 @@ def validate_leaves(
     return out
 
 
-def contributions(
-    leaves: Any,
-    v: str | None = None,
-    f: str | None = None,
-    v_num: str | None = None,
-    v_den: str | None = None,
-    f_num: str | None = None,
-    f_den: str | None = None,
-) -> tuple[np.ndarray, float]:
+def contributions(leaves: Any, measure: Measure) -> tuple[np.ndarray, float]:
     """Each leaf's signed contribution to the change, and the part of the
     change no leaf holds (traffic mix). Additive: ``v − f`` (mix 0). Ratio:
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
-    # The caller gives v and f, or the four ratio columns (unchecked here: a None column
-    # fails in _col).
-    if v is not None:
-        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0  # type: ignore[arg-type]
-    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)  # type: ignore[arg-type]
-    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)  # type: ignore[arg-type]
+    # unchecked here: a column the measure does not name (None) fails in _col
+    cols = [_col(leaves, c).astype(float) for c in measure.columns]  # type: ignore[arg-type]
+    if not measure.ratio:
+        v, f = cols
+        return v - f, 0.0
+    vn, vd, fn, fd = cols
     tot_v, tot_f = vd.sum(), fd.sum()
     if tot_v <= 0 or tot_f <= 0:
         return np.zeros(len(vn)), 0.0
@@ -297,9 +288,8 @@ def _subsets(
         out.extend(itertools.combinations(range(n), k))
         depth = k
     if depth < top and n <= 16:
-        out.append(
-            tuple(range(n))
-        )  # single leaves are always candidates (cheap: the identity grouping)
+        # single leaves are always candidates (cheap: the identity grouping)
+        out.append(tuple(range(n)))
     return out, depth
 
 
@@ -519,7 +509,12 @@ class Search:
     sums_type: type[Sums] = Sums  # each grouping's sums per element
 
     @staticmethod
-    def over(
+    def over(r: Residuals, *args: Any) -> Search:
+        """The search for ``r``'s measure, over the arguments of :class:`Search`."""
+        return (RatioSearch if isinstance(r, RatioResiduals) else AdditiveSearch)(r, *args)
+
+    def __init__(
+        self,
         r: Residuals,
         codes: list[np.ndarray],
         sizes: list[int],
@@ -528,25 +523,19 @@ class Search:
         fvol: np.ndarray | None,
         ceiling: float,
         opts: Options,
-    ) -> Search:
-        """The search for ``r``'s measure. ``vol``/``fvol``: observed and expected traffic per
-        leaf (ratio measures); ``ceiling``: see :func:`significant`."""
-        if isinstance(r, RatioResiduals):
-            return RatioSearch(r, codes, sizes, subsets, vol, fvol, ceiling, opts)
-        return AdditiveSearch(cast(AdditiveResiduals, r), codes, sizes, subsets, ceiling, opts)
-
-    def __init__(
-        self,
-        r: Residuals,
-        codes: list[np.ndarray],
-        sizes: list[int],
-        subsets: list[tuple[int, ...]],
-        ceiling: float,
-        opts: Options,
     ):
+        """``vol``/``fvol``: observed and expected traffic per leaf (ratio measures: see
+        :meth:`RatioSearch.excluded`); ``ceiling``: see :func:`significant`."""
         self.idx = idx = np.flatnonzero(r.ok)
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
+        # observed and expected traffic volume per leaf, both or none (ratio measures: see
+        # RatioSearch.excluded)
+        both = vol is not None and fvol is not None
+        self.vol = vol[idx] if both else None  # type: ignore[index]
+        self.fvol = fvol[idx] if both else None  # type: ignore[index]
+        self.growth, self.load_effect = opts.max_volume_growth, opts.load_effect
+        self._leaves(r, idx)
         self.ceiling, self.purity, self.unmoved_share = ceiling, opts.purity, opts.unmoved_share
         self.groups = [Grouping(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
         n_cand = sum(g.n_elements for g in self.groups)
@@ -560,6 +549,10 @@ class Search:
         self.sums = [self._sums(g.element, g.n_elements, slice(None)) for g in self.groups]
 
     # -- the measure's part
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        """Keep the measure's own per-leaf arrays of the leaves ``idx``."""
+        raise NotImplementedError
+
     def _saturated(self) -> np.ndarray:
         raise NotImplementedError
 
@@ -688,25 +681,9 @@ class RatioSearch(Search):
     climbs = True  # a cause of a rate seldom moves all its children alike
     sums_type = RatioSums
 
-    def __init__(
-        self,
-        r: RatioResiduals,
-        codes: list[np.ndarray],
-        sizes: list[int],
-        subsets: list[tuple[int, ...]],
-        vol: np.ndarray | None,
-        fvol: np.ndarray | None,
-        ceiling: float,
-        opts: Options,
-    ):
-        idx = np.flatnonzero(r.ok)
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        r = cast(RatioResiduals, r)
         self.vd, self.pe = r.vd[idx], r.pe[idx]
-        # observed and expected traffic volume per leaf, both or none (see ``excluded``)
-        both = vol is not None and fvol is not None
-        self.vol = vol[idx] if both else None  # type: ignore[index]
-        self.fvol = fvol[idx] if both else None  # type: ignore[index]
-        self.growth, self.load_effect = opts.max_volume_growth, opts.load_effect
-        super().__init__(r, codes, sizes, subsets, ceiling, opts)
 
     def _saturated(self) -> np.ndarray:
         rate = np.clip(self.h / np.maximum(self.vd, 1e-12), 1e-6, 1 - 1e-6)
@@ -813,19 +790,10 @@ class AdditiveSearch(Search):
 
     sums_type = AdditiveSums
 
-    def __init__(
-        self,
-        r: AdditiveResiduals,
-        codes: list[np.ndarray],
-        sizes: list[int],
-        subsets: list[tuple[int, ...]],
-        ceiling: float,
-        opts: Options,
-    ):
-        idx = np.flatnonzero(r.ok)
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        r = cast(AdditiveResiduals, r)
         self.size, self.dv, self.fe = r.size[idx], r.dv[idx], r.fe[idx]
         self.floor, self.sigma = r.floor, r.sigma
-        super().__init__(r, codes, sizes, subsets, ceiling, opts)
 
     def _saturated(self) -> np.ndarray:
         sat: np.ndarray = self.h * self.h / 2
@@ -1240,7 +1208,7 @@ def localize_measure(
     subsets = candidates(dims, opts, loc.notes)  # 2. candidates
     factorized = [_factorize(leaves[c]) for c in dims]
     codes = [cd for cd, _ in factorized]
-    contrib, mix = _contributions(cols, measure)
+    contrib, mix = contributions(cols, measure)
     search = Search.over(
         res,
         codes,
@@ -1295,12 +1263,6 @@ def _start(
         loc.notes.append("no traffic in the observed or the expected period: nothing to compare")
         return loc, None
     return loc, cols
-
-
-def _contributions(cols: dict[Any, np.ndarray], m: Measure) -> tuple[np.ndarray, float]:
-    if m.ratio:
-        return contributions(cols, v_num=m.v_num, v_den=m.v_den, f_num=m.f_num, f_den=m.f_den)
-    return contributions(cols, v=m.v, f=m.f)
 
 
 def residuals(

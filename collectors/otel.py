@@ -555,9 +555,8 @@ class OTelBridge:
         self,
     ) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
-        attrs_sla = (
-            schema.REQUESTS.attributes
-        )  # REQUEST_LABELS + sla_met: the request series' label order
+        # REQUEST_LABELS + sla_met: the request series' label order
+        attrs_sla = schema.REQUESTS.attributes
 
         def req(measure: str, with_sla: bool) -> Callable[[], Iterator[Observation]]:
             idx = records.REQUESTS.measures.index(measure)
