@@ -596,6 +596,7 @@ class WelchT(_Test[Mean]):
 
     name = "Welch t"
 
+    @cached_property
     def _t(self) -> tuple[float, float]:
         """(degrees of freedom, standard error)."""
         (va, vb), v = self.variances, self.variance
@@ -610,13 +611,13 @@ class WelchT(_Test[Mean]):
     def p_value(self) -> float:
         if self.variance <= 0:
             return super().p_value()
-        df, se = self._t()
+        df, se = self._t
         return float(2 * stats.t.sf(abs(self.point_estimate) / se, df))
 
     def confidence_interval(self) -> tuple[float, float]:
         if self.variance <= 0:
             return super().confidence_interval()
-        df, se = self._t()
+        df, se = self._t
         half = stats.t.ppf(1 - self.alpha / 2, df) * se
         return self.point_estimate - half, self.point_estimate + half
 
