@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, NamedTuple, cast
 
@@ -546,7 +546,11 @@ class Search:
         self.abs_dev = np.abs(self.h - self.e)
         # Each leaf's saturated gain: its fit at its own value (see ``rank``).
         self.saturated = self._saturated()
-        self.sums = [self._sums(g.element, g.n_elements, slice(None)) for g in self.groups]
+        every = self._weights(slice(None))
+        self.sums = [
+            self.sums_type(**{k: np.bincount(g.element, w, g.n_elements) for k, w in every.items()})
+            for g in self.groups
+        ]
 
     # -- the measure's part
     def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
@@ -560,21 +564,17 @@ class Search:
         """The measure's own per-leaf quantities, by the name of their sum in :attr:`sums_type`."""
         raise NotImplementedError
 
-    def _sums(self, element: np.ndarray, count: int, rows: slice | np.ndarray) -> Sums:
-        """Each element's sums over the leaves ``rows`` (each leaf's element in ``element``)."""
-
-        def total(w: np.ndarray | None) -> np.ndarray:
-            out: np.ndarray = np.bincount(element, w, count)
-            return out
-
-        own = {name: total(per_leaf[rows]) for name, per_leaf in self._own().items()}
-        return self.sums_type(
-            observed=total(self.h[rows]),
-            expected=total(self.e[rows]),
-            var=total(self.var[rows]),
-            leaves=total(None),
+    def _weights(self, rows: slice | np.ndarray) -> dict[str, np.ndarray | None]:
+        """The per-leaf quantities of the leaves ``rows`` summed per element, by the name of their
+        sum (None: a count of leaves)."""
+        own = {name: per_leaf[rows] for name, per_leaf in self._own().items()}
+        return {
+            "observed": self.h[rows],
+            "expected": self.e[rows],
+            "var": self.var[rows],
+            "leaves": None,
             **own,
-        )
+        }
 
     def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
         """Purity and fit of one set of leaves moving together (see :meth:`best`)."""
@@ -603,12 +603,12 @@ class Search:
     def take(self, member: np.ndarray) -> None:
         """Remove an explained element's leaves from every element's sums."""
         rows = np.flatnonzero(member)
+        taken = self._weights(rows)
         for g, s in zip(self.groups, self.sums, strict=True):
-            less = self._sums(g.element[rows], g.n_elements, rows)
-            for f in fields(s):
-                arr = getattr(s, f.name)
-                if arr is not None:
-                    arr -= getattr(less, f.name)
+            element = g.element[rows]
+            for name, w in taken.items():
+                total: np.ndarray = getattr(s, name)
+                total -= np.bincount(element, w, g.n_elements)
         self.free &= ~member
 
     def assess(self, mask: np.ndarray) -> tuple[float, float, float]:
