@@ -46,7 +46,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from functools import cached_property
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +62,10 @@ __all__ = [
     "Ratio",
     "Quantile",
     "Result",
+    "WelchT",
+    "TwoProportionZ",
+    "DeltaMethodZ",
+    "OuterCIZ",
     "compare",
     "compare_arms",
     "srm",
@@ -383,16 +388,19 @@ Stat = Proportion | Mean | Ratio | Quantile
 
 
 # ------------------------------------------------------------------ results
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Result:
+    """One metric, treatment against control: the estimates, the absolute and relative effect
+    with their confidence intervals, the p-value and how it was computed (``test``)."""
+
     metric: str
-    kind: str
+    kind: str  # the statistic: "proportion", "mean", "ratio" or "quantile"
     control: float
     treatment: float
-    abs_effect: float
+    abs_effect: float  # treatment − control
     abs_low: float
     abs_high: float
-    rel_effect: float
+    rel_effect: float  # treatment ÷ control − 1
     rel_low: float
     rel_high: float
     p_value: float
@@ -410,9 +418,8 @@ class Result:
     error: str | None = None
     warning: str | None = None
     rel_p_value: float = float("nan")
-    control_above: bool = (
-        False  # the control's quantile is only known to exceed the last bucket edge
-    )
+    # the control's quantile is only known to exceed the last bucket edge
+    control_above: bool = False
     treatment_above: bool = False
     arm: str = ""  # in an A/B/n report: the treatment arm this row compares with the control
     direction: str = ""  # "higher" or "lower" is better (from the metric's definition); "" unknown
@@ -422,26 +429,33 @@ class Result:
         p = self.p_value if self.primary or not np.isfinite(self.p_holm) else self.p_holm
         return self.error is None and np.isfinite(p) and p < 0.05
 
-
-def _nan_result(metric: str, kind: str, a: Stat, b: Stat, error: str) -> Result:
-    nan = float("nan")
-    return Result(
-        metric,
-        kind,
-        nan,
-        nan,
-        nan,
-        nan,
-        nan,
-        nan,
-        nan,
-        nan,
-        nan,
-        getattr(a, "n", 0),
-        getattr(b, "n", 0),
-        "",
-        error=error,
-    )
+    @classmethod
+    def untestable(
+        cls, metric: str, kind: str, n_control: int, n_treatment: int, error: str, **known: Any
+    ) -> Result:
+        """The result for data that cannot be tested: ``error`` says why, every number is NaN
+        but the unit counts and what is ``known`` (e.g. the arms' estimates)."""
+        nan = float("nan")
+        values: dict[str, Any] = dict(
+            control=nan,
+            treatment=nan,
+            abs_effect=nan,
+            abs_low=nan,
+            abs_high=nan,
+            rel_effect=nan,
+            rel_low=nan,
+            rel_high=nan,
+            p_value=nan,
+        )
+        return cls(
+            metric=metric,
+            kind=kind,
+            n_control=n_control,
+            n_treatment=n_treatment,
+            test="",
+            error=error,
+            **{**values, **known},
+        )
 
 
 # Below this many effective units (Kish, :attr:`Ratio.effective_units`) in an
@@ -449,6 +463,244 @@ def _nan_result(metric: str, kind: str, a: Stat, b: Stat, error: str) -> Result:
 # skewed unit sizes (e.g. Pareto α = 1.5 sessions) a few units dominate Σy and
 # an A/A test rejects far more often than α. Checked by simulation (tests).
 MIN_EFFECTIVE_UNITS = 50.0
+
+
+# -------------------------------------------------------------------- tests
+S = TypeVar("S", Proportion, Mean, Ratio, Quantile)
+
+
+class _Test(Generic[S]):
+    """Treatment against control for one kind of statistic: the difference and its variance,
+    a p-value and a confidence interval (one small class per statistic below).
+
+    :meth:`why_untestable` is the guard: the first reason the arms cannot be compared, or None.
+    Its checks run in order, each needing what the earlier ones established (units, then
+    estimates, then variances)."""
+
+    name = ""  # the test, as reports show it
+
+    def __init__(self, control: S, treatment: S, alpha: float) -> None:
+        self.control: S = control
+        self.treatment: S = treatment
+        self.alpha = alpha
+        self.z = stats.norm.ppf(1 - alpha / 2)
+
+    # The arms' estimates and the variances of those estimates (each computed once).
+    @cached_property
+    def estimates(self) -> tuple[float, float]:
+        return self.control.estimate, self.treatment.estimate
+
+    @cached_property
+    def variances(self) -> tuple[float, float]:
+        return self.control.var_of_estimate(), self.treatment.var_of_estimate()
+
+    @property
+    def point_estimate(self) -> float:
+        """The absolute effect, treatment − control."""
+        ea, eb = self.estimates
+        return eb - ea
+
+    @property
+    def variance(self) -> float:
+        va, vb = self.variances
+        return va + vb
+
+    def p_value(self) -> float:
+        """Two-sided, from the normal approximation (zero variance: 0 for any difference)."""
+        d, se = self.point_estimate, math.sqrt(self.variance)
+        return float(2 * stats.norm.sf(abs(d) / se) if se > 0 else (0.0 if d else 1.0))
+
+    def confidence_interval(self) -> tuple[float, float]:
+        d, half = self.point_estimate, self.z * math.sqrt(self.variance)
+        return d - half, d + half
+
+    # -- the guard
+    def why_untestable(self) -> str | None:
+        return self.why_no_estimate() or self.why_no_difference()
+
+    def why_no_estimate(self) -> str | None:
+        na, nb = self.control.n, self.treatment.n
+        if na < 2 or nb < 2:
+            return f"not enough units: {na} in control, {nb} in treatment (need at least 2 each)"
+        if not all(np.isfinite(self.estimates)):
+            return "no estimate in an arm (no data)"
+        return None
+
+    def why_no_difference(self) -> str | None:
+        if not all(np.isfinite(self.variances)):
+            return (
+                "the variance of an arm's estimate cannot be estimated (e.g. no histogram "
+                "density at the quantile): not tested"
+            )
+        if self.variance <= 0 and self.point_estimate == 0:
+            return "zero variance in both arms and no difference: nothing to test"
+        return None
+
+    def known(self) -> dict[str, Any]:
+        """What an untestable result still shows once the estimates exist."""
+        ea, eb = self.estimates
+        return dict(control=ea, treatment=eb, abs_effect=eb - ea)
+
+    # -- the result
+    def result(self, metric: str, tau: float | None, primary: bool) -> Result:
+        kind = type(self.control).__name__.lower()
+        why = self.why_untestable()
+        if why is not None:
+            known = self.known() if self.why_no_estimate() is None else {}
+            n = self.control.n, self.treatment.n
+            return Result.untestable(metric, kind, *n, why, **known)
+        (ea, eb), (va, vb) = self.estimates, self.variances
+        d, v, z = eb - ea, va + vb, self.z
+        lo, hi = self.confidence_interval()
+        rel = rlo = rhi = rel_p = float("nan")
+        if ea != 0:
+            rel = eb / ea - 1
+            rse = math.sqrt(vb / ea**2 + eb**2 * va / ea**4)
+            rlo, rhi = rel - z * rse, rel + z * rse
+            rel_p = 2 * stats.norm.sf(abs(rel) / rse) if rse > 0 else (0.0 if rel else 1.0)
+        seq_p, seq_lo, seq_hi = msprt(
+            d, v, tau if tau is not None else _default_tau(ea), self.alpha
+        )
+        return Result(
+            metric=metric,
+            kind=kind,
+            control=ea,
+            treatment=eb,
+            abs_effect=d,
+            abs_low=lo,
+            abs_high=hi,
+            rel_effect=rel,
+            rel_low=rlo,
+            rel_high=rhi,
+            p_value=self.p_value(),
+            n_control=self.control.n,
+            n_treatment=self.treatment.n,
+            test=self.name,
+            seq_p=seq_p,
+            seq_low=seq_lo,
+            seq_high=seq_hi,
+            mde=(z + stats.norm.ppf(0.8)) * math.sqrt(v),
+            primary=primary,
+            # every unit in each arm has the same value (observed, not assumed): the difference
+            # is exact
+            warning="zero variance: every unit has the same value in each arm; the difference is "
+            "exact"
+            if v <= 0
+            else None,
+            rel_p_value=float(rel_p),
+        )
+
+
+class WelchT(_Test[Mean]):
+    """Means of per-unit values: Welch's t with Welch–Satterthwaite degrees of freedom."""
+
+    name = "Welch t"
+
+    @cached_property
+    def _t(self) -> tuple[float, float]:
+        """(degrees of freedom, standard error)."""
+        (va, vb), v = self.variances, self.variance
+        na, nb = self.control.n, self.treatment.n
+        df = (
+            v * v / ((va * va) / (na - 1) + (vb * vb) / (nb - 1))
+            if (va > 0 or vb > 0)
+            else na + nb - 2
+        )
+        return df, math.sqrt(v)
+
+    def p_value(self) -> float:
+        if self.variance <= 0:
+            return super().p_value()
+        df, se = self._t
+        return float(2 * stats.t.sf(abs(self.point_estimate) / se, df))
+
+    def confidence_interval(self) -> tuple[float, float]:
+        if self.variance <= 0:
+            return super().confidence_interval()
+        df, se = self._t
+        half = stats.t.ppf(1 - self.alpha / 2, df) * se
+        return self.point_estimate - half, self.point_estimate + half
+
+
+class TwoProportionZ(_Test[Proportion]):
+    """Units converted at least once: the p-value from the pooled proportion, the interval from
+    the unpooled (Wald) standard error."""
+
+    name = "two-proportion z"
+
+    def p_value(self) -> float:
+        a, b, d = self.control, self.treatment, self.point_estimate
+        pooled = (a.successes + b.successes) / (a.n + b.n)
+        sp = math.sqrt(pooled * (1 - pooled) * (1 / a.n + 1 / b.n))
+        return float(2 * stats.norm.sf(abs(d) / sp) if sp > 0 else (0.0 if d else 1.0))
+
+
+class DeltaMethodZ(_Test[Ratio]):
+    """Σx / Σy over units: a normal test on the delta-method variance, trusted only with enough
+    effective units in each arm (:data:`MIN_EFFECTIVE_UNITS`)."""
+
+    name = "delta-method z"
+
+    def why_no_estimate(self) -> str | None:
+        if self.control.n >= 2 and self.treatment.n >= 2:
+            if self.control.sum_y == 0 or self.treatment.sum_y == 0:
+                return "no denominator (e.g. zero lookups) in an arm"
+        return super().why_no_estimate()
+
+    def why_no_difference(self) -> str | None:
+        small = min(self.control.effective_units, self.treatment.effective_units)
+        if small < MIN_EFFECTIVE_UNITS:
+            return (
+                f"too few units for the delta method: {small:.0f} effective units in an arm "
+                f"(need {MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the "
+                "denominator, so a p-value would be overconfident — wait for more units"
+            )
+        return super().why_no_difference()
+
+
+class OuterCIZ(_Test[Quantile]):
+    """A quantile of per-unit histograms: a normal test on the difference, each arm's standard
+    error from Deng et al.'s outer interval (:meth:`Quantile.var_of_estimate`). A quantile beyond
+    the last bucket edge is only known as "> edge" and is not tested."""
+
+    name = "outer-CI z (Deng et al. 2018)"
+
+    def __init__(self, control: Quantile, treatment: Quantile, alpha: float) -> None:
+        control._same_kind(treatment)
+        super().__init__(control, treatment, alpha)
+
+    def why_no_difference(self) -> str | None:
+        above = [
+            n
+            for n, x in (("control", self.control), ("treatment", self.treatment))
+            if x.above_last_edge
+        ]
+        if above:
+            return (
+                f"P{self.control.q * 100:g} is beyond the last bucket edge "
+                f"({self.control.last_edge:g}) in the {' and '.join(above)} arm: only '> edge' is "
+                "known, so it is not tested (add buckets above the edge)"
+            )
+        return super().why_no_difference()
+
+    def known(self) -> dict[str, Any]:
+        flags = dict(
+            control_above=self.control.above_last_edge,
+            treatment_above=self.treatment.above_last_edge,
+        )
+        if flags["control_above"] or flags["treatment_above"]:  # the estimates, no difference
+            ea, eb = self.estimates
+            return dict(control=ea, treatment=eb, **flags)
+        return {**super().known(), **flags}
+
+
+# Each statistic's test (a subclass of a statistic, e.g. a test double, takes its parent's).
+TESTS: tuple[tuple[type, type[_Test[Any]]], ...] = (
+    (Mean, WelchT),
+    (Proportion, TwoProportionZ),
+    (Ratio, DeltaMethodZ),
+    (Quantile, OuterCIZ),
+)
 
 
 def compare(
@@ -463,158 +715,13 @@ def compare(
     (it says why in ``error``), but does raise ``ValueError`` on a bad
     ``alpha`` and on quantiles with different q or bucket bounds."""
     _check_alpha(alpha)
-    kind = type(control).__name__.lower()
-    z = stats.norm.ppf(1 - alpha / 2)
     if type(control) is not type(treatment):
-        return _nan_result(
-            metric, kind, control, treatment, "control and treatment are different metric types"
+        kind, n = type(control).__name__.lower(), (control.n, treatment.n)
+        return Result.untestable(
+            metric, kind, *n, "control and treatment are different metric types"
         )
-    if isinstance(control, Quantile):
-        control._same_kind(cast(Quantile, treatment))
-    na, nb = control.n, treatment.n
-    if na < 2 or nb < 2:
-        return _nan_result(
-            metric,
-            kind,
-            control,
-            treatment,
-            f"not enough units: {na} in control, {nb} in treatment (need at least 2 each)",
-        )
-    # Below, treatment has control's type (checked above): the casts say so to the type checker.
-    if isinstance(control, Ratio) and (control.sum_y == 0 or cast(Ratio, treatment).sum_y == 0):
-        return _nan_result(
-            metric, kind, control, treatment, "no denominator (e.g. zero lookups) in an arm"
-        )
-    ea, eb = control.estimate, treatment.estimate
-    if not (np.isfinite(ea) and np.isfinite(eb)):
-        return _nan_result(metric, kind, control, treatment, "no estimate in an arm (no data)")
-    if isinstance(control, Quantile) and (
-        control.above_last_edge or cast(Quantile, treatment).above_last_edge
-    ):
-        arms = [
-            n
-            for n, x in (("control", control), ("treatment", cast(Quantile, treatment)))
-            if x.above_last_edge
-        ]
-        return replace(
-            _nan_result(
-                metric,
-                kind,
-                control,
-                treatment,
-                f"P{control.q * 100:g} is beyond the last bucket edge ({control.last_edge:g})"
-                f" in the {' and '.join(arms)} arm: only '> edge' is known, so it is not tested"
-                " (add buckets above the edge)",
-            ),
-            control=ea,
-            treatment=eb,
-            control_above=control.above_last_edge,
-            treatment_above=cast(Quantile, treatment).above_last_edge,
-        )
-    if isinstance(control, Ratio):
-        small = min(control.effective_units, cast(Ratio, treatment).effective_units)
-        if small < MIN_EFFECTIVE_UNITS:
-            return replace(
-                _nan_result(
-                    metric,
-                    kind,
-                    control,
-                    treatment,
-                    f"too few units for the delta method: {small:.0f} effective units in an arm "
-                    f"(need {MIN_EFFECTIVE_UNITS:.0f}); a few large units carry most of the "
-                    "denominator, so a p-value would be overconfident — wait for more units",
-                ),
-                control=ea,
-                treatment=eb,
-                abs_effect=eb - ea,
-            )
-    va, vb = control.var_of_estimate(), treatment.var_of_estimate()
-    d = eb - ea
-    if not (np.isfinite(va) and np.isfinite(vb)):
-        return replace(
-            _nan_result(
-                metric,
-                kind,
-                control,
-                treatment,
-                "the variance of an arm's estimate cannot be estimated (e.g. no histogram "
-                "density at the quantile): not tested",
-            ),
-            control=ea,
-            treatment=eb,
-            abs_effect=d,
-        )
-    v = va + vb
-    warning = None
-    if v <= 0:
-        if d == 0:
-            return replace(
-                _nan_result(
-                    metric,
-                    kind,
-                    control,
-                    treatment,
-                    "zero variance in both arms and no difference: nothing to test",
-                ),
-                control=ea,
-                treatment=eb,
-                abs_effect=0.0,
-            )
-        # Every unit in each arm has the same value (observed, not assumed): the difference is
-        # exact.
-        warning = (
-            "zero variance: every unit has the same value in each arm; the difference is exact"
-        )
-    se = math.sqrt(v)
-    if isinstance(control, Mean) and v > 0:
-        df = (
-            v * v / ((va * va) / (na - 1) + (vb * vb) / (nb - 1))
-            if (va > 0 or vb > 0)
-            else na + nb - 2
-        )
-        tcrit = stats.t.ppf(1 - alpha / 2, df)
-        p = 2 * stats.t.sf(abs(d) / se, df)
-        lo, hi, test = d - tcrit * se, d + tcrit * se, "Welch t"
-    elif isinstance(control, Proportion):
-        pooled = (control.successes + cast(Proportion, treatment).successes) / (na + nb)
-        sp = math.sqrt(pooled * (1 - pooled) * (1 / na + 1 / nb))
-        p = 2 * stats.norm.sf(abs(d) / sp) if sp > 0 else (0.0 if d else 1.0)
-        lo, hi, test = d - z * se, d + z * se, "two-proportion z"
-    else:
-        p = 2 * stats.norm.sf(abs(d) / se) if se > 0 else (0.0 if d else 1.0)
-        lo, hi = d - z * se, d + z * se
-        test = "delta-method z" if isinstance(control, Ratio) else "outer-CI z (Deng et al. 2018)"
-    rel = rlo = rhi = rel_p = float("nan")
-    if ea != 0:
-        rel = eb / ea - 1
-        rse = math.sqrt(vb / ea**2 + eb**2 * va / ea**4)
-        rlo, rhi = rel - z * rse, rel + z * rse
-        rel_p = 2 * stats.norm.sf(abs(rel) / rse) if rse > 0 else (0.0 if rel else 1.0)
-    seq_p, seq_lo, seq_hi = msprt(d, v, tau if tau is not None else _default_tau(ea), alpha)
-    mde = (z + stats.norm.ppf(0.8)) * se
-    return Result(
-        metric,
-        kind,
-        ea,
-        eb,
-        d,
-        lo,
-        hi,
-        rel,
-        rlo,
-        rhi,
-        float(p),
-        na,
-        nb,
-        test,
-        seq_p=seq_p,
-        seq_low=seq_lo,
-        seq_high=seq_hi,
-        mde=mde,
-        primary=primary,
-        warning=warning,
-        rel_p_value=float(rel_p),
-    )
+    test = next(t for s, t in TESTS if isinstance(control, s))
+    return test(control, treatment, alpha).result(metric, tau, primary)
 
 
 def compare_arms(
@@ -838,9 +945,8 @@ def group_sequential_bounds(
         bounds[k] = c
         if k < len(t) - 1:
             new = np.linspace(-c * math.sqrt(tk), c * math.sqrt(tk), grid)
-            dens = (mass[None, :] * stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd) / sd).sum(
-                axis=1
-            )
+            step = stats.norm.pdf((new[:, None] - s_grid[None, :]) / sd)  # the score's moves
+            dens = (mass[None, :] * step / sd).sum(axis=1)
             s_grid = new
     return bounds
 

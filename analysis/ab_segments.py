@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from warmscope.model.records import NOT_IN_HIT_RATE
+from warmscope.model.records import not_in_hit_rate
 
 from .ab import adjust, batch_means
 from .buckets import bucket_start
@@ -117,7 +117,7 @@ def segment_table(
     rows: list[dict[str, Any]] = []
     lk = _arm(lookups, experiment, arms)
     if len(lk):
-        lk = lk[~lk["layer"].isin(NOT_IN_HIT_RATE)]  # e.g. model weights: not a warm-up cache
+        lk = lk[~lk["layer"].isin(not_in_hit_rate())]  # e.g. model weights: not a warm-up cache
         t = hit_table(lk, by=[*by, "variant"], freq=freq)
         t = t[t["lookups"] > 0]
         _samples(
@@ -143,9 +143,8 @@ def segment_table(
     hs = _arm(histograms, experiment, arms)
     if len(hs) and all(d in hs.columns for d in by) and "layer" not in by:
         q = quantiles_over_time(hs, TTFT, qs=(0.95,), freq=freq, by=[*by, "variant"])
-        q = q[
-            ~q["overflow_p95"].astype(bool)
-        ]  # a bucket whose P95 is past the last edge has no value
+        # a bucket whose P95 is past the last edge has no value
+        q = q[~q["overflow_p95"].astype(bool)]
         _samples(
             q.rename(columns={"p95": "v"}),
             by,

@@ -48,6 +48,7 @@ import pandas as pd
 from scipy.stats import norm, qmc
 
 from .forecast import Peak, next_peak
+from .objectives import OBJECTIVES
 from .replay import (
     FIDELITY_TOL,
     LAYERS,
@@ -149,9 +150,8 @@ def optimise(
 
     rng = np.random.default_rng(seed)
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", UserWarning
-        )  # Sobol balance needs 2^k points; a few start points do
+        # Sobol balance needs 2^k points; a few start points do
+        warnings.simplefilter("ignore", UserWarning)
         X = list(x0 or []) + list(qmc.Sobol(dim, scramble=True, seed=seed).random(n_init))
     total = len(X) + n_iter
     y = []
@@ -200,9 +200,8 @@ class LayerAdvice:
     gain_low: float  # with the latency price at its 95 % bounds (= gain when latency is not priced)
     gain_high: float
     gain_gpu_s: float  # net GPU-s on this layer
-    notes: list[str] = field(
-        default_factory=list
-    )  # at a search bound; lowers the hit rate, and why
+    # at a search bound; lowers the hit rate, and why
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[Any, Any]:
         d = asdict(self)
@@ -282,7 +281,6 @@ def sim_overrides(p: Params) -> dict[Any, Any]:
     }
 
 
-OBJECTIVES = ("value", "slo", "net_gpu_s", "roi")
 MIN_SPAN_S = 2 * 3600.0
 
 
@@ -971,9 +969,8 @@ def _prefix_data(frames: dict[Any, Any], units: pd.DataFrame | None) -> _PrefixD
             "no measurable TTFT."
         )
     keys["tokens"] = keys["tenant"].astype(str).map(ptok)
-    keys = keys.sort_values(["requests", "key_hash"], ascending=[False, True]).reset_index(
-        drop=True
-    )
+    keys = keys.sort_values(["requests", "key_hash"], ascending=[False, True])
+    keys = keys.reset_index(drop=True)
     total = float(lk["count"].sum())
     keys.attrs["prompt_tokens"] = total
     # every request, with the ones whose prefix is not among the hot keys (read once in a flush

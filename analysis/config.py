@@ -25,12 +25,13 @@ from typing import Any
 
 from warmscope.collectors.config import ConfigError, load_section, setting
 
-from .scores import DIMENSIONS, DimensionSpec
+from .dimensions import DIMENSIONS, DimensionSpec
 
 __all__ = ["AnalysisConfig", "DimensionSpec", "DEFAULT_DIMENSIONS", "ConfigError"]
 
 
-# The dimensions and their defaults are declared once, on their computations (analysis/scores.py).
+# The dimensions and their defaults are declared once, on their computations
+# (analysis/dimensions.py).
 DEFAULT_DIMENSIONS: tuple[DimensionSpec, ...] = DIMENSIONS
 
 
@@ -58,12 +59,10 @@ class AnalysisConfig:
     prediction_alpha: float = setting(0.3, ge=0.001, le=1.0)
     decay_horizon_s: float = setting(6 * 3600.0, ge=60.0, le=30 * 86400)
     treatment_variant: str = "B"
-    roi_window_s: float = setting(
-        300.0, ge=60.0, le=86400.0
-    )  # the score's ROI window after each warm-up (T+5 min)
-    dynamic_boost: float = setting(
-        1.0, ge=0.0, le=10.0
-    )  # how much a breached dimension's weight grows (see scores)
+    # the score's ROI window after each warm-up (T+5 min)
+    roi_window_s: float = setting(300.0, ge=60.0, le=86400.0)
+    # how much a breached dimension's weight grows (see scores)
+    dynamic_boost: float = setting(1.0, ge=0.0, le=10.0)
     breach_below: float = setting(0.5, ge=0.0, le=1.0)  # a dimension scoring below this is breached
     dimensions: tuple[DimensionSpec, ...] = setting(
         default_factory=lambda: DEFAULT_DIMENSIONS, parse=lambda key, v: _dimensions(v)

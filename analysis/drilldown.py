@@ -53,6 +53,7 @@ __all__ = [
     "DrillDown",
 ]
 
+# The lookups' dimensions a change is localised over, and the hit-rate explorer drills by.
 RCA_DIMS = ("tenant", "layer", "family", "model", "replica", "variant", "length_bucket")
 # The misses frame (prefix-KV missed tokens by why they missed): the class is a dimension, so a
 # regression localises to e.g. {tenant: acme, miss_class: evicted}.

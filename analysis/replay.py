@@ -91,9 +91,8 @@ __all__ = [
 
 LAYERS = ("response", "embedding")
 TOLERANCE = 0.03  # replayed vs simulated hit rate, absolute
-SLO_LAMBDA = slo_lambda(
-    1000.0
-)  # the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
+# the SLO-aware rate per second for a 1 s TTFT SLO, as the simulator uses it
+SLO_LAMBDA = slo_lambda(1000.0)
 BUCKET_S = 900.0
 SPAN_CAP_S = 4 * 3600.0  # the longest a warmed entry is followed for its first read
 STABLE = (np.array([0.0, 1.0]), np.array([1.0, 1.0]))  # ρ ≡ 1: popularity that never moves
@@ -133,13 +132,11 @@ class Model:
     t1: float
     base: Params
     base_hits: dict[str, float] = field(default_factory=dict)
-    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=dict
-    )  # layer -> lags (s), ρ
+    # layer -> lags (s), ρ
+    persist: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     persist_note: dict[str, str] = field(default_factory=dict)
-    _tc: dict[Any, np.ndarray] = field(
-        default_factory=dict, repr=False
-    )  # (layer, instance, s) -> T_C per bucket
+    # (layer, instance, s) -> T_C per bucket
+    _tc: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)
     # instances whose recorded traffic had warm-ups (None: all); the others are replayed without any
     warmed: frozenset[str] | None = None
     # known fault windows (start, end) of the recording: not replayed, so not scored by
@@ -187,13 +184,11 @@ class Outcome:
     warm_bytes: float
     gpu_s_saved: float  # vs the recorded parameters (steady state and warm-ups)
     net_gpu_s: float  # gpu_s_saved minus the extra warm-up GPU-s: the objective
-    roi: (
-        float  # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
-    )
+    # the warm-ups' own compute ROI: (GPU-s their hits saved − their GPU-s) / their GPU-s
+    roi: float
     trigger_at: float  # time of day (s) of the pre-peak warm-up
-    hits: dict[str, float] = field(
-        default_factory=dict
-    )  # layer -> replayed hits (steady state + warm-ups)
+    # layer -> replayed hits (steady state + warm-ups)
+    hits: dict[str, float] = field(default_factory=dict)
     layer_warm_gpu_s: dict[str, float] = field(default_factory=dict)  # layer -> warm-up GPU-s
 
     def as_dict(self) -> dict[Any, Any]:
@@ -504,9 +499,8 @@ def _warm_extra(
             rw = sub[b:b_end]  # buckets × families
             tcs = tc_all[b:b_end]
             off0 = np.maximum(idx[b:b_end] - te, 0.0)
-            off1 = (
-                np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te
-            )  # the last bucket is partial
+            # the last bucket is partial
+            off1 = np.minimum(idx[b:b_end] + BUCKET_S, max(m.t1, te)) - te
             death = np.where(tcs < off0, off0 + tcs, tcs)
             life = float(min(ttl, SPAN_CAP_S, np.min(np.where(death < off1, death, np.inf))))
             r_now = np.outer(rate_now, keys_p)  # families × keys
@@ -531,9 +525,8 @@ def _warm_extra(
             expect = keys_p[key] * (rw[:, fam].T @ dG) + (rw[:, fam].T @ (dT - dG)) / n_keys
             tc = float(tcs[0])
             age = te - max([s0 for s0 in starts if s0 <= te], default=m.t0)
-            held = _hit(
-                layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0))
-            )  # already cached
+            # already cached
+            held = _hit(layer, r_now.ravel()[top], np.full(k, max(min(age, ttl, tc), 0.0)))
             e = float(np.sum((1 - held) * -np.expm1(-expect)))
             extra += e
             runs += 1
@@ -577,16 +570,26 @@ def replay(m: Model, p: Params, seed: int = 0, layers: tuple[str, ...] | None = 
     )
 
 
-def calibrate(
-    frames: dict[Any, Any],
-    variant: str | None = None,
-    base: Params | None = None,
-    catalog: dict[str, int] | None = None,
-    capacity: dict[str, float] | None = None,
-    peak_at: float | None = None,
-    weights_load_s: float = 120.0,
-) -> Model:
-    """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups)."""
+@dataclass
+class _Recording:
+    """What a recorded run says per layer, for :func:`calibrate`."""
+
+    rates: dict[str, pd.DataFrame] = field(default_factory=dict)
+    instances: dict[str, list[str]] = field(default_factory=dict)
+    hit_rate: dict[str, float] = field(default_factory=dict)
+    recorded: dict[str, pd.DataFrame] = field(default_factory=dict)
+    cost_per_key: dict[str, float] = field(default_factory=dict)
+    bytes_per_key: dict[str, float] = field(default_factory=dict)
+
+
+# A warm-up's GPU-s per key when the recording has none (the simulator's defaults).
+_DEFAULT_COST = {"response": 0.17, "embedding": 0.015}
+
+
+def _pool(
+    frames: dict[Any, Any], variant: str | None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The lookups, warm-up runs and warmed keys of one A/B variant's pool (None: all)."""
     lk = frames["lookups"]
     if variant is not None:
         lk = lk[lk["variant"] == variant]
@@ -596,110 +599,149 @@ def calibrate(
         reps = set(lk["replica"])
         runs = runs[runs["replica"].isin(reps)]
         wk = wk[wk["run_id"].isin(set(runs["run_id"]))] if len(wk) else wk
-    base = base or recorded_params({"warmup_runs": runs, "warmed_keys": wk})
-    catalog = {"response": 4000, "embedding": 15000, **(catalog or {})}
-    capacity = {"response": 20000.0, "embedding": 20000.0, **(capacity or {})}
-    rates, instances, rec, cost, nbytes = {}, {}, {}, {}, {}
-    recorded: dict[str, pd.DataFrame] = {}
-    defaults_cost = {"response": 0.17, "embedding": 0.015}
+    return lk, runs, wk
+
+
+def _record(lk: pd.DataFrame, runs: pd.DataFrame, wk: pd.DataFrame) -> _Recording:
+    """Per layer with hit/miss lookups: request rates per bucket, instances, the recorded hit
+    rate (overall and per bucket), a warmed key's cost and size."""
+    rec = _Recording()
     for layer in LAYERS:
         sub = lk[(lk["layer"] == layer) & lk["result"].isin(["hit", "miss"])]
         if sub.empty:
             continue
-        rates[layer] = _rates(lk, layer, BUCKET_S)
-        instances[layer] = sorted({c[0] for c in rates[layer].columns})
-        rec[layer] = float(sub.loc[sub["result"] == "hit", "count"].sum() / sub["count"].sum())
-        recorded[layer] = _recorded(sub, rates[layer].index)
+        rec.rates[layer] = _rates(lk, layer, BUCKET_S)
+        rec.instances[layer] = sorted({c[0] for c in rec.rates[layer].columns})
+        hits = sub.loc[sub["result"] == "hit", "count"].sum()
+        rec.hit_rate[layer] = float(hits / sub["count"].sum())
+        rec.recorded[layer] = _recorded(sub, rec.rates[layer].index)
         w = wk[wk["layer"] == layer] if len(wk) else wk
-        cost[layer] = float(w["gpu_s"].mean()) if len(w) else defaults_cost[layer]
+        rec.cost_per_key[layer] = float(w["gpu_s"].mean()) if len(w) else _DEFAULT_COST[layer]
         r = runs[runs["layer"] == layer] if len(runs) else runs
-        nbytes[layer] = float(r["bytes"].sum() / max(r["keys"].sum(), 1)) if len(r) else 0.0
-    if not rates:
+        rec.bytes_per_key[layer] = (
+            float(r["bytes"].sum() / max(r["keys"].sum(), 1)) if len(r) else 0.0
+        )
+    if not rec.rates:
         raise ValueError("no response or embedding lookups to replay")
-    starts: dict[str, list[float]] = {}
-    t0 = float(lk["ts"].min()) - 60.0
-    t1 = float(lk["ts"].max())
-    rs = restarts(runs, frames.get("gauges"), t0)
+    return rec
+
+
+def _starts(
+    rec: _Recording, lk: pd.DataFrame, runs: pd.DataFrame, gauges: Any, t0: float
+) -> tuple[dict[str, list[float]], set[str]]:
+    """Each instance's start times (a response instance is a variant's pool: it starts with the
+    recording; an embedding one a replica: at its restarts), and the instances with warm-ups."""
+    rs = restarts(runs, gauges, t0)
     warmed_reps = set(runs["replica"].astype(str)) if len(runs) else set()
     warmed_vars = set(lk.loc[lk["replica"].astype(str).isin(warmed_reps), "variant"].astype(str))
+    starts: dict[str, list[float]] = {}
     warmed = set()
-    for layer in rates:
-        for inst in instances[layer]:
+    for layer in rec.rates:
+        for inst in rec.instances[layer]:
             if layer == "response":
-                st = [t0]
+                starts[inst] = [t0]
                 if inst in warmed_vars:
                     warmed.add(inst)
             else:
                 rep = inst.split("/", 1)[1]
-                st = rs.get(rep, [t0])
+                starts[inst] = rs.get(rep, [t0])
                 if rep in warmed_reps:
                     warmed.add(inst)
-            starts[inst] = st
+    return starts, warmed
+
+
+def _fit_skew(m: Model, layer: str, hit_rate: float) -> float:
+    """The Zipf exponent whose replay (warm-ups included) gives the recorded hit rate, by
+    bisection over [0, 2.5]."""
+    lo, hi = 0.0, 2.5
+    for _ in range(11):
+        s = (lo + hi) / 2
+        hb, nb = _layer_hits(m, layer, s, m.base)
+        e, _ = _warm_extra(m, layer, s, m.base, np.random.default_rng(0))
+        if (hb.sum() + e) / nb.sum() < hit_rate:
+            lo = s
+        else:
+            hi = s
+    return (lo + hi) / 2
+
+
+def calibrate(
+    frames: dict[Any, Any],
+    variant: str | None = None,
+    base: Params | None = None,
+    catalog: dict[str, int] | None = None,
+    capacity: dict[str, float] | None = None,
+    peak_at: float | None = None,
+    weights_load_s: float = 120.0,
+) -> Model:
+    """Fit the cache model to a recorded run (one A/B variant's pool, or all lookups): the
+    recorded rates, starts and warm-ups, then each layer's popularity skew so that the replay
+    gives the recorded hit rate."""
+    lk, runs, wk = _pool(frames, variant)
+    base = base or recorded_params({"warmup_runs": runs, "warmed_keys": wk})
+    rec = _record(lk, runs, wk)
+    t0, t1 = float(lk["ts"].min()) - 60.0, float(lk["ts"].max())
+    starts, warmed = _starts(rec, lk, runs, frames.get("gauges"), t0)
     if peak_at is None:
         from .forecast import next_peak
 
         pk = next_peak(frames["lookups"])
         peak_at = (pk.at % 86400) if pk else 15 * 3600.0
     m = Model(
-        rates,
-        instances,
-        {},
-        catalog,
-        capacity,
-        cost,
-        nbytes,
-        rec,
-        starts,
-        float(peak_at),
-        weights_load_s,
-        t0,
-        t1,
-        base,
+        rates=rec.rates,
+        instances=rec.instances,
+        s={},
+        catalog={"response": 4000, "embedding": 15000, **(catalog or {})},
+        capacity={"response": 20000.0, "embedding": 20000.0, **(capacity or {})},
+        cost_per_key=rec.cost_per_key,
+        bytes_per_key=rec.bytes_per_key,
+        recorded_hit_rate=rec.hit_rate,
+        starts=starts,
+        peak_at=float(peak_at),
+        weights_load_s=weights_load_s,
+        t0=t0,
+        t1=t1,
+        base=base,
         warmed=frozenset(warmed),
-        recorded=recorded,
+        recorded=rec.recorded,
     )
+    _readiness(m, lk, runs, frames)
+    # recorded warm-up trigger: keep the recorded pre-peak time as the base lead
+    pre = runs[runs["trigger"] == "forecast_peak"] if len(runs) else runs
+    if len(pre):
+        m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
+    for layer in m.rates:
+        m.s[layer] = _fit_skew(m, layer, rec.hit_rate[layer])
+    m.base_hits = {
+        layer: _layer_hits(m, layer, m.s[layer], m.base)[0].sum()
+        + _warm_extra(m, layer, m.s[layer], m.base, np.random.default_rng(0))[0]
+        for layer in m.rates
+    }
+    m.base_hits.update({f"_cost_{layer}": v for layer, v in replay_cost(m, m.base).items()})
+    return m
+
+
+def _readiness(m: Model, lk: pd.DataFrame, runs: pd.DataFrame, frames: dict[Any, Any]) -> None:
+    """What the gate wait, fidelity and persistence read: warm-up seconds per key and gated
+    starts, each replica's request rate, the fault windows, each layer's persistence."""
     if len(runs):
-        for layer in rates:
+        for layer in m.rates:
             r = runs[(runs["layer"] == layer) & (runs["keys"] > 0)]
             d = (r["ended"] - r["started"]) / r["keys"]
             m.sec_per_key[layer] = float(d.dropna().median()) if d.notna().any() else 0.0
-        m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, t0)
+        m.gated = restarts(runs[runs["trigger"] == "replica_start"], None, m.t0)
     per_request = [n for n in start_layers() if (lk["layer"] == n).any()] or ["response"]
     hw = lk[lk["layer"] == per_request[0]]
     m.req_rate = {
-        str(k): float(v) / max(t1 - t0, 1.0)
+        str(k): float(v) / max(m.t1 - m.t0, 1.0)
         for k, v in hw.groupby("replica")["count"].sum().items()
     }
     fl = frames.get("faults")
     if fl is not None and len(fl):
         m.faults = [(float(a), float(b)) for a, b in zip(fl["start"], fl["end"], strict=True)]
-    for layer in rates:
+    for layer in m.rates:
         lags, rho, note = persistence(frames.get("hot_keys"), layer)
         m.persist[layer], m.persist_note[layer] = (lags, rho), note
-    # recorded warm-up trigger: keep the recorded pre-peak time as the base lead
-    pre = runs[runs["trigger"] == "forecast_peak"] if len(runs) else runs
-    if len(pre):
-        m.base = replace(base, lead_s=float((peak_at - pre["started"].min() % 86400) % 86400))
-    for layer in rates:
-        lo, hi = 0.0, 2.5
-        for _ in range(11):
-            s = (lo + hi) / 2
-            hb, nb = _layer_hits(m, layer, s, m.base)
-            e, _ = _warm_extra(m, layer, s, m.base, np.random.default_rng(0))
-            if (hb.sum() + e) / nb.sum() < rec[layer]:
-                lo = s
-            else:
-                hi = s
-        m.s[layer] = (lo + hi) / 2
-    base_out = {
-        layer: _layer_hits(m, layer, m.s[layer], m.base)[0].sum()
-        + _warm_extra(m, layer, m.s[layer], m.base, np.random.default_rng(0))[0]
-        for layer in rates
-    }
-    m.base_hits = dict(base_out)
-    gpu0 = replay_cost(m, m.base)
-    m.base_hits.update({f"_cost_{layer}": v for layer, v in gpu0.items()})
-    return m
 
 
 def curves(m: Model, p: Params, seed: int = 0) -> pd.DataFrame:
@@ -761,9 +803,8 @@ class Fidelity:
     # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault
     # windows (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
     table: pd.DataFrame
-    buckets: (
-        pd.DataFrame
-    )  # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    # per layer and bucket: ts (bucket end), recorded, replayed, requests, diff, scored
+    buckets: pd.DataFrame
     ok: bool  # every layer within FIDELITY_TOL in at least FIDELITY_SHARE of its scored buckets
 
     def sentence(self) -> str:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -42,7 +42,12 @@ __all__ = [
     "Measure",
     "Options",
     "Residuals",
+    "RatioResiduals",
+    "AdditiveResiduals",
     "Search",
+    "RatioSearch",
+    "AdditiveSearch",
+    "Sums",
     "residuals",
     "candidates",
     "significant",
@@ -94,9 +99,8 @@ class Localization:
     leaves: int
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    change: float = float(
-        "nan"
-    )  # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    # observed − expected (ratio: in rate units, e.g. 0.031 = 3.1 points)
+    change: float = float("nan")
     mix: float = 0.0  # part of the change due to the traffic mix alone (ratio measures)
     rest: float = 0.0  # part of the change in leaves outside the causes
 
@@ -247,26 +251,18 @@ def validate_leaves(
     return out
 
 
-def contributions(
-    leaves: Any,
-    v: str | None = None,
-    f: str | None = None,
-    v_num: str | None = None,
-    v_den: str | None = None,
-    f_num: str | None = None,
-    f_den: str | None = None,
-) -> tuple[np.ndarray, float]:
+def contributions(leaves: Any, measure: Measure) -> tuple[np.ndarray, float]:
     """Each leaf's signed contribution to the change, and the part of the
     change no leaf holds (traffic mix). Additive: ``v − f`` (mix 0). Ratio:
     ``(num − den·rate_exp) / Σden`` in rate units — the leaves' contributions
     add up to the change at the observed traffic mix, and the mix term to the
     rest, so the two sum to observed − expected rate exactly."""
-    # The caller gives v and f, or the four ratio columns (unchecked here: a None column
-    # fails in _col).
-    if v is not None:
-        return _col(leaves, v).astype(float) - _col(leaves, f).astype(float), 0.0  # type: ignore[arg-type]
-    vn, vd = _col(leaves, v_num).astype(float), _col(leaves, v_den).astype(float)  # type: ignore[arg-type]
-    fn, fd = _col(leaves, f_num).astype(float), _col(leaves, f_den).astype(float)  # type: ignore[arg-type]
+    # unchecked here: a column the measure does not name (None) fails in _col
+    cols = [_col(leaves, c).astype(float) for c in measure.columns]  # type: ignore[arg-type]
+    if not measure.ratio:
+        v, f = cols
+        return v - f, 0.0
+    vn, vd, fn, fd = cols
     tot_v, tot_f = vd.sum(), fd.sum()
     if tot_v <= 0 or tot_f <= 0:
         return np.zeros(len(vn)), 0.0
@@ -292,15 +288,15 @@ def _subsets(
         out.extend(itertools.combinations(range(n), k))
         depth = k
     if depth < top and n <= 16:
-        out.append(
-            tuple(range(n))
-        )  # single leaves are always candidates (cheap: the identity grouping)
+        # single leaves are always candidates (cheap: the identity grouping)
+        out.append(tuple(range(n)))
     return out, depth
 
 
 @dataclass
 class Residuals:
-    """Step 1's result: each leaf's evidence, in the form the search sums per element."""
+    """Step 1's result: each leaf's evidence, in the form the search sums per element
+    (:class:`RatioResiduals` or :class:`AdditiveResiduals`)."""
 
     ok: np.ndarray  # leaves that carry evidence (observed or expected traffic)
     h: np.ndarray  # observed (ratio: numerator; additive: standardised log ratio)
@@ -308,18 +304,26 @@ class Residuals:
     var: np.ndarray  # variance of h − e before over-dispersion
     z: np.ndarray  # standardised residual
     phi: float  # over-dispersion (variance factor)
-    vd: np.ndarray | None = None  # ratio: observed denominator
-    pe: np.ndarray | None = None  # ratio: expected rate
-    size: np.ndarray | None = None  # additive: expected value + floor (ratio: e is the size)
-    dv: np.ndarray | None = None  # additive: observed − expected, in the measure's units
-    fe: np.ndarray | None = None  # additive: expected value (≥ 0)
-    floor: float = 0.0  # additive: the floor added to both sides of a log ratio
-    sigma: float = 1.0  # additive: the relative noise
+
+
+@dataclass
+class RatioResiduals(Residuals):
+    vd: np.ndarray  # observed denominator
+    pe: np.ndarray  # expected rate
+
+
+@dataclass
+class AdditiveResiduals(Residuals):
+    size: np.ndarray  # expected value + floor: how much evidence a leaf can hold
+    dv: np.ndarray  # observed − expected, in the measure's units
+    fe: np.ndarray  # expected value (≥ 0)
+    floor: float  # the floor added to both sides of a log ratio
+    sigma: float  # the relative noise
 
 
 def _ratio_residuals(
     vn: np.ndarray, vd: np.ndarray, fn: np.ndarray, fd: np.ndarray, fvol: np.ndarray | None
-) -> Residuals:
+) -> RatioResiduals:
     """Binomial residuals of the numerator at the observed denominator, over-dispersion removed."""
     p0 = fn.sum() / fd.sum()
     pe = (fn + p0) / (fd + 1.0)  # one pseudo-event toward the overall rate
@@ -334,12 +338,12 @@ def _ratio_residuals(
     zs = z[ok & (var >= 1.0)]
     mad = 1.4826 * float(np.median(np.abs(zs - np.median(zs)))) if len(zs) >= 10 else 1.0
     phi = max(1.0, mad) ** 2
-    return Residuals(ok, h, e, var, z / math.sqrt(phi), phi, vd, pe)
+    return RatioResiduals(ok, h, e, var, z / math.sqrt(phi), phi, vd=vd, pe=pe)
 
 
 def _additive_residuals(
     ov: np.ndarray, ev: np.ndarray, sigma_floor: float, notes: list[str]
-) -> Residuals | None:
+) -> AdditiveResiduals | None:
     """Log ratios in units of the robust relative noise; None when nothing moved."""
     # Multiplicative noise: log ratios, with a floor (the 5th percentile of
     # the positive expected values) so that small leaves prove little.
@@ -364,13 +368,13 @@ def _additive_residuals(
     if not np.isfinite(sigma) or sigma <= 0:
         return None
     z = np.where(ok, lr / sigma, 0.0)
-    return Residuals(
+    return AdditiveResiduals(
         ok,
-        z,
-        np.zeros_like(z),
-        np.ones_like(z),
-        z,
-        1.0,
+        h=z,
+        e=np.zeros_like(z),
+        var=np.ones_like(z),
+        z=z,
+        phi=1.0,
         size=evp + floor,
         dv=ov - ev,
         fe=evp,
@@ -457,10 +461,57 @@ def additive_move(
     return out
 
 
+class Grouping(NamedTuple):
+    """The candidate elements of one dimension subset."""
+
+    dims: tuple[int, ...]  # the dimension subset (indices into the dimensions)
+    element: np.ndarray  # each leaf's element
+    n_elements: int
+
+
+@dataclass
+class Sums:
+    """One grouping's sums per element over its free leaves (kept up to date by
+    :meth:`Search.take`); the measure's own sums in :class:`RatioSums` or :class:`AdditiveSums`."""
+
+    observed: np.ndarray  # Σ h
+    expected: np.ndarray  # Σ e
+    var: np.ndarray  # Σ var
+    leaves: np.ndarray  # how many free leaves
+
+    @property
+    def deviation(self) -> np.ndarray:
+        dev: np.ndarray = self.observed - self.expected
+        return dev
+
+
+@dataclass
+class RatioSums(Sums):
+    den: np.ndarray  # Σ observed denominator
+    vol: np.ndarray | None = None  # Σ observed traffic volume (with volumes)
+    fvol: np.ndarray | None = None  # Σ expected traffic volume
+
+
+@dataclass
+class AdditiveSums(Sums):
+    dv: np.ndarray  # Σ observed − expected, in the measure's units
+    fe: np.ndarray  # Σ expected value
+
+
 class Search:
-    """The state of steps 3–6 over the leaves with evidence: each candidate
-    element's sums, kept up to date as leaves are taken, and the tests of one
-    element by its own move (:meth:`best`, :meth:`assess`)."""
+    """The state of steps 3–6 over the leaves with evidence: each candidate element's sums,
+    kept up to date as leaves are taken, and the tests of one element by its own move
+    (:meth:`best`, :meth:`assess`). What depends on the measure is in :class:`RatioSearch`
+    and :class:`AdditiveSearch`; :meth:`over` picks the one for the residuals."""
+
+    # Step 4a: widen a cause to the parent whose other leaves moved too (:func:`climb`).
+    climbs = False
+    sums_type: type[Sums] = Sums  # each grouping's sums per element
+
+    @staticmethod
+    def over(r: Residuals, *args: Any) -> Search:
+        """The search for ``r``'s measure, over the arguments of :class:`Search`."""
+        return (RatioSearch if isinstance(r, RatioResiduals) else AdditiveSearch)(r, *args)
 
     def __init__(
         self,
@@ -473,134 +524,98 @@ class Search:
         ceiling: float,
         opts: Options,
     ):
-        purity, alpha, unmoved_share = opts.purity, opts.alpha, opts.unmoved_share
-        max_volume_growth, load_effect = opts.max_volume_growth, opts.load_effect
+        """``vol``/``fvol``: observed and expected traffic per leaf (ratio measures: see
+        :meth:`RatioSearch.excluded`); ``ceiling``: see :func:`significant`."""
         self.idx = idx = np.flatnonzero(r.ok)
-        self.ratio = r.vd is not None
         self.codes = [c[idx] for c in codes]
         self.h, self.e, self.var, self.phi = r.h[idx], r.e[idx], r.var[idx], r.phi
-        self.size = (r.size if r.size is not None else r.e)[idx]
-        self.dv: Any = r.dv[idx] if r.dv is not None else None
-        self.fe: Any = r.fe[idx] if r.fe is not None else None
-        self.floor, self.sigma = r.floor, r.sigma
-        # Ratio-only arrays, None otherwise and read only behind ``self.ratio`` / ``self.vol``:
-        # typed Any, since mypy cannot follow that invariant (r.vd and r.pe are set exactly when
-        # the measure is a ratio).
-        self.vd: Any = r.vd[idx] if self.ratio else None  # type: ignore[index]
-        self.pe: Any = r.pe[idx] if self.ratio else None  # type: ignore[index]
-        # Ratio measures: observed and expected traffic volume per leaf (see ``best``).
-        self.vol = vol[idx] if self.ratio and vol is not None and fvol is not None else None
-        self.fvol: Any = fvol[idx] if self.vol is not None else None  # type: ignore[index]  # set with vol
-        self.ceiling, self.purity, self.unmoved_share = ceiling, purity, unmoved_share
-        self.growth, self.load_effect = max_volume_growth, load_effect
-        self.groups = [(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
-        n_cand = sum(g[2] for g in self.groups)
-        self.z_crit = NormalDist().inv_cdf(1 - alpha / max(2 * n_cand, 1))
-        self.z_rest = NormalDist().inv_cdf(
-            1 - alpha
-        )  # one follow-up test of a chosen element's parent
+        # observed and expected traffic volume per leaf, both or none (ratio measures: see
+        # RatioSearch.excluded)
+        both = vol is not None and fvol is not None
+        self.vol = vol[idx] if both else None  # type: ignore[index]
+        self.fvol = fvol[idx] if both else None  # type: ignore[index]
+        self.growth, self.load_effect = opts.max_volume_growth, opts.load_effect
+        self._leaves(r, idx)
+        self.ceiling, self.purity, self.unmoved_share = ceiling, opts.purity, opts.unmoved_share
+        self.groups = [Grouping(sub, *_group(self.codes, sizes, sub)) for sub in subsets]
+        n_cand = sum(g.n_elements for g in self.groups)
+        self.z_crit = NormalDist().inv_cdf(1 - opts.alpha / max(2 * n_cand, 1))
+        # one follow-up test of a chosen element's parent
+        self.z_rest = NormalDist().inv_cdf(1 - opts.alpha)
         self.free = np.ones(len(idx), dtype=bool)
-        self.ah = np.abs(self.h - self.e)
+        self.abs_dev = np.abs(self.h - self.e)
         # Each leaf's saturated gain: its fit at its own value (see ``rank``).
-        self.sat: np.ndarray = self.h * self.h / 2
-        if r.vd is not None and r.pe is not None:
-            vd, pe = r.vd[idx], r.pe[idx]
-            self.sat = _binom_llr(
-                self.h, vd, np.clip(self.h / np.maximum(vd, 1e-12), 1e-6, 1 - 1e-6), pe
-            )
-        self.stats = [
-            [np.bincount(inv, w, ng) for w in self._weights(slice(None))]
-            for _, inv, ng in self.groups
+        self.saturated = self._saturated()
+        every = self._weights(slice(None))
+        self.sums = [
+            self.sums_type(**{k: np.bincount(g.element, w, g.n_elements) for k, w in every.items()})
+            for g in self.groups
         ]
 
-    def _weights(self, rows: slice | np.ndarray) -> list[np.ndarray | None]:
-        """The per-leaf quantities summed per element (None: a count of leaves)."""
-        out = [self.h[rows], self.e[rows], self.var[rows], None]
-        if self.ratio:
-            out.append(self.vd[rows])
-        else:
-            out += [self.dv[rows], self.fe[rows]]
-        if self.vol is not None:
-            out += [self.vol[rows], self.fvol[rows]]
-        return out
+    # -- the measure's part
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        """Keep the measure's own per-leaf arrays of the leaves ``idx``."""
+        raise NotImplementedError
 
+    def _saturated(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _own(self) -> dict[str, np.ndarray]:
+        """The measure's own per-leaf quantities, by the name of their sum in :attr:`sums_type`."""
+        raise NotImplementedError
+
+    def _weights(self, rows: slice | np.ndarray) -> dict[str, np.ndarray | None]:
+        """The per-leaf quantities of the leaves ``rows`` summed per element, by the name of their
+        sum (None: a count of leaves)."""
+        own = {name: per_leaf[rows] for name, per_leaf in self._own().items()}
+        return {
+            "observed": self.h[rows],
+            "expected": self.e[rows],
+            "var": self.var[rows],
+            "leaves": None,
+            **own,
+        }
+
+    def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
+        """Purity and fit of one set of leaves moving together (see :meth:`best`)."""
+        raise NotImplementedError
+
+    def votes(
+        self, s: Sums, sel: np.ndarray, element: np.ndarray, count: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For the free leaves ``sel`` (``element``: each one's element) under their element's
+        own move: each leaf's vote and weight, and each element's fit and saturated gain."""
+        raise NotImplementedError
+
+    def excluded(self, s: Sums) -> np.ndarray | None:
+        """Elements left out before the purity test (None: none)."""
+        return None
+
+    def log_move(self, mask: np.ndarray) -> float:
+        """The log of the common factor by which the leaves in ``mask`` moved."""
+        raise NotImplementedError
+
+    def unmoved_test(self, member: np.ndarray) -> Callable[[np.ndarray], tuple[float, float]]:
+        """For :func:`split`: a child's (expected size, z its element's move would show in it)."""
+        raise NotImplementedError
+
+    # -- shared
     def take(self, member: np.ndarray) -> None:
         """Remove an explained element's leaves from every element's sums."""
         rows = np.flatnonzero(member)
-        for (_, inv, ng), st in zip(self.groups, self.stats, strict=True):
-            gi = inv[rows]
-            for arr, w in zip(st, self._weights(rows), strict=True):
-                arr -= np.bincount(gi, w, ng)
+        taken = self._weights(rows)
+        for g, s in zip(self.groups, self.sums, strict=True):
+            element = g.element[rows]
+            for name, w in taken.items():
+                total: np.ndarray = getattr(s, name)
+                total -= np.bincount(element, w, g.n_elements)
         self.free &= ~member
 
     def assess(self, mask: np.ndarray) -> tuple[float, float, float]:
         """Z, purity and fit of one set of leaves moving together."""
-        hh, ee = self.h[mask], self.e[mask]
-        dz = float(hh.sum() - ee.sum())
-        zz = dz / math.sqrt(max(float(self.var[mask].sum()) * self.phi, 1e-12))
-        if self.ratio:
-            nn, pp = self.vd[mask], self.pe[mask]
-            rm, ll = self.move(mask)
-            ww = nn * _kl(rm, pp)
-            vv = votes_ratio(hh, nn, pp, rm, self.unmoved_share)
-            return (
-                zz,
-                float((ww * vv).sum() / max(ww.sum(), 1e-300)),
-                float(ll.sum()) / self.phi,
-            )
-        mm = hh.sum() / len(hh)
-        fe = self.fe[mask]
-        ph = (
-            additive_move(
-                fe, float(fe.sum() + self.dv[mask].sum()), float(fe.sum()), len(fe), self.floor
-            )
-            / self.sigma
-        )
-        ww = ph * ph
-        vv = votes_additive(hh, ph, self.unmoved_share)
-        purity = float((ww * vv).sum() / max(float(ww.sum()), 1e-300))
-        return zz, purity, len(hh) * mm * mm / 2
-
-    def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Ratio measures: the moved rate of each leaf in ``mask`` under the
-        model that fits the leaves better — all scaled by the element's factor,
-        or all converged to its common rate — and each leaf's log-likelihood
-        ratio against "unchanged"."""
-        hh, ee, nn, pp = self.h[mask], self.e[mask], self.vd[mask], self.pe[mask]
-        kk = hh.sum() / max(ee.sum(), 1e-12)
-        best = None
-        for rm in (
-            np.clip(kk * pp, 1e-6, 1 - 1e-6),
-            np.clip(np.full_like(pp, hh.sum() / max(nn.sum(), 1e-12)), 1e-6, 1 - 1e-6),
-        ):
-            ll = _binom_llr(hh, nn, rm, pp)
-            if best is None or ll.sum() > best[1].sum():
-                best = (rm, ll)
-        return best  # type: ignore[return-value]  # the loop above runs twice: best is set
-
-    def _added_traffic(
-        self, st: list[np.ndarray], Sh: np.ndarray, Se: np.ndarray, Sv: np.ndarray, dev: np.ndarray
-    ) -> np.ndarray:
-        """Elements whose move the traffic volume explains rather than a cause
-        of their own: downstream pressure, when misses upstream send more
-        requests here, moves the measure the way more load does
-        (``load_effect``: +1, up, for a hit rate — more traffic reuses more
-        keys). Such a move is an effect when the element's traffic grew by more
-        than ``max_volume_growth``, or when the added traffic alone could have
-        brought it: beyond the expected volume every added event may count in
-        the numerator (or none may, for ``load_effect`` −1). An element with no
-        expected traffic at all has no expected rate of its own; it is judged
-        within a parent that existed."""
-        Vv, Vf = st[-2], st[-1]
-        kept = np.where(Vv > 0, np.minimum(Vf, Vv) / np.maximum(Vv, 1e-300), 1.0)
-        if self.load_effect > 0:
-            beyond = Sh - (Se * kept + st[4] * (1 - kept))  # above: every added event a hit
-        else:
-            beyond = Se * kept - Sh  # below: no added event a hit
-        within = beyond < self.z_crit * np.sqrt(np.maximum(Sv * self.phi, 1e-12))
-        grown = Vv > (1 + self.growth) * np.maximum(Vf, 1e-9)
-        added: np.ndarray = (Vf <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
-        return added
+        dev = float(self.h[mask].sum() - self.e[mask].sum())
+        z = dev / math.sqrt(max(float(self.var[mask].sum()) * self.phi, 1e-12))
+        return (z, *self.purity_and_fit(mask))
 
     def best(self) -> tuple[tuple[int, ...], np.ndarray, int] | None:
         """Step 3, the candidates' test and choice: of the elements of the free
@@ -614,64 +629,42 @@ class Search:
         leaves (:func:`rank`). Returns (dimension subset, its free leaves,
         direction)."""
         best = None
-        fw = self.free.astype(float)
-        for (sub, inv, ng), st in zip(self.groups, self.stats, strict=True):
-            Sh, Se, Sv, n = st[:4]
-            dev = Sh - Se
-            cand = significant(dev, Sv, n, self.phi, self.z_crit, self.ceiling)
-            if self.vol is not None:
-                cand &= ~self._added_traffic(st, Sh, Se, Sv, dev)
+        free = self.free.astype(float)
+        for g, s in zip(self.groups, self.sums, strict=True):
+            dev = s.deviation
+            cand = significant(dev, s.var, s.leaves, self.phi, self.z_crit, self.ceiling)
+            out = self.excluded(s)
+            if out is not None:
+                cand &= ~out
             if not cand.any():
                 continue
             # Robust to one outlier: without its largest leaf the element must still be significant.
-            mx = np.zeros(ng)
-            np.maximum.at(mx, inv, self.ah * fw)
-            cand &= significant(dev, Sv, n, self.phi, self.z_crit, self.ceiling, mx)
+            largest = np.zeros(g.n_elements)
+            np.maximum.at(largest, g.element, self.abs_dev * free)
+            cand &= significant(dev, s.var, s.leaves, self.phi, self.z_crit, self.ceiling, largest)
             if not cand.any():
                 continue
             # Votes only where they can matter: free leaves of the surviving elements.
-            sel = np.flatnonzero(cand[inv] & self.free)
-            gi = inv[sel]
-            hs = self.h[sel]
-            if self.ratio:
-                Sd = st[4]
-                k = np.where(Se > 0, Sh / np.maximum(Se, 1e-12), 1.0)
-                r = Sh / np.maximum(Sd, 1e-12)
-                ns, ps = self.vd[sel], self.pe[sel]
-                rm_scale = np.clip(k[gi] * ps, 1e-6, 1 - 1e-6)
-                rm_common = np.clip(r[gi], 1e-6, 1 - 1e-6)
-                lls = _binom_llr(hs, ns, rm_scale, ps)
-                llc = _binom_llr(hs, ns, rm_common, ps)
-                use_common = np.bincount(gi, llc, ng) > np.bincount(gi, lls, ng)
-                uc = use_common[gi]
-                rm = np.where(uc, rm_common, rm_scale)
-                llr = np.where(uc, llc, lls)
-                vote = votes_ratio(hs, ns, ps, rm, self.unmoved_share)
-                w = ns * _kl(rm, ps)
-                fit = np.bincount(gi, llr, ng) / self.phi
-                sat: np.ndarray = np.bincount(gi, self.sat[sel], ng) / self.phi
-            else:
-                m = Sh / np.maximum(n, 1)  # the element's mean log ratio (noise units)
-                Sf = st[5]
-                ph = additive_move(self.fe[sel], (Sf + st[4])[gi], Sf[gi], n[gi], self.floor)
-                ph /= self.sigma
-                vote = votes_additive(hs, ph, self.unmoved_share)
-                w = ph * ph  # the evidence the leaf can hold
-                fit = n * m * m / 2
-                sat = np.bincount(gi, self.sat[sel], ng)
-            W = np.bincount(gi, w, ng)
-            P = np.where(W > 0, np.bincount(gi, w * vote, ng) / np.maximum(W, 1e-300), 0.0)
-            cand &= P >= self.purity
+            sel = np.flatnonzero(cand[g.element] & self.free)
+            el = g.element[sel]
+            vote, w, fit, sat = self.votes(s, sel, el, g.n_elements)
+            weight = np.bincount(el, w, g.n_elements)
+            purity = np.where(
+                weight > 0,
+                np.bincount(el, w * vote, g.n_elements) / np.maximum(weight, 1e-300),
+                0.0,
+            )
+            cand &= purity >= self.purity
             if not cand.any():
                 continue
             gain = np.where(cand, rank(fit, sat), -np.inf)
             i = int(np.argmax(gain))
             if best is None or gain[i] > best[0]:
-                best = (gain[i], sub, inv, i, int(np.sign(dev[i])))
+                best = (gain[i], g.dims, g.element, i, int(np.sign(dev[i])))
         if best is None:
             return None
-        _, sub, inv, i, direction = best
-        return sub, self.free & (inv == i), direction
+        _, sub, element, i, direction = best
+        return sub, self.free & (element == i), direction
 
     def _element_of(self, sub: tuple[int, ...], row: int) -> np.ndarray:
         """The free leaves sharing ``row``'s values of the dimensions in ``sub``."""
@@ -679,6 +672,180 @@ class Search:
         for j in sub:
             m &= self.codes[j] == self.codes[j][row]
         return m
+
+
+class RatioSearch(Search):
+    """A ratio measure: events ``h`` in ``vd`` trials at expected rate ``pe`` per leaf; an
+    element moves by one factor or to one common rate, whichever fits its leaves better."""
+
+    climbs = True  # a cause of a rate seldom moves all its children alike
+    sums_type = RatioSums
+
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        r = cast(RatioResiduals, r)
+        self.vd, self.pe = r.vd[idx], r.pe[idx]
+
+    def _saturated(self) -> np.ndarray:
+        rate = np.clip(self.h / np.maximum(self.vd, 1e-12), 1e-6, 1 - 1e-6)
+        return _binom_llr(self.h, self.vd, rate, self.pe)
+
+    def _own(self) -> dict[str, np.ndarray]:
+        own = {"den": self.vd}
+        if self.vol is not None and self.fvol is not None:
+            own |= {"vol": self.vol, "fvol": self.fvol}
+        return own
+
+    def move(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The moved rate of each leaf in ``mask`` under the model that fits the leaves
+        better — all scaled by the element's factor, or all converged to its common rate —
+        and each leaf's log-likelihood ratio against "unchanged"."""
+        events, trials, rate = self.h[mask], self.vd[mask], self.pe[mask]
+        factor = events.sum() / max(self.e[mask].sum(), 1e-12)
+        common = events.sum() / max(trials.sum(), 1e-12)
+        best = None
+        for moved in (
+            np.clip(factor * rate, 1e-6, 1 - 1e-6),
+            np.clip(np.full_like(rate, common), 1e-6, 1 - 1e-6),
+        ):
+            llr = _binom_llr(events, trials, moved, rate)
+            if best is None or llr.sum() > best[1].sum():
+                best = (moved, llr)
+        assert best is not None  # the loop runs twice
+        return best
+
+    def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
+        trials, rate = self.vd[mask], self.pe[mask]
+        moved, llr = self.move(mask)
+        w = trials * _kl(moved, rate)
+        vote = votes_ratio(self.h[mask], trials, rate, moved, self.unmoved_share)
+        return float((w * vote).sum() / max(w.sum(), 1e-300)), float(llr.sum()) / self.phi
+
+    def votes(
+        self, s: Sums, sel: np.ndarray, element: np.ndarray, count: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        den = cast(RatioSums, s).den
+        factor = np.where(s.expected > 0, s.observed / np.maximum(s.expected, 1e-12), 1.0)
+        common = s.observed / np.maximum(den, 1e-12)
+        events, trials, rate = self.h[sel], self.vd[sel], self.pe[sel]
+        by_factor = np.clip(factor[element] * rate, 1e-6, 1 - 1e-6)
+        to_common = np.clip(common[element], 1e-6, 1 - 1e-6)
+        llr_factor = _binom_llr(events, trials, by_factor, rate)
+        llr_common = _binom_llr(events, trials, to_common, rate)
+        use_common = (
+            np.bincount(element, llr_common, count) > np.bincount(element, llr_factor, count)
+        )[element]
+        moved = np.where(use_common, to_common, by_factor)
+        llr = np.where(use_common, llr_common, llr_factor)
+        vote = votes_ratio(events, trials, rate, moved, self.unmoved_share)
+        w = trials * _kl(moved, rate)
+        fit = np.bincount(element, llr, count) / self.phi
+        sat: np.ndarray = np.bincount(element, self.saturated[sel], count) / self.phi
+        return vote, w, fit, sat
+
+    def excluded(self, s: Sums) -> np.ndarray | None:
+        """Elements whose move the traffic volume explains rather than a cause
+        of their own: downstream pressure, when misses upstream send more
+        requests here, moves the measure the way more load does
+        (``load_effect``: +1, up, for a hit rate — more traffic reuses more
+        keys). Such a move is an effect when the element's traffic grew by more
+        than ``max_volume_growth``, or when the added traffic alone could have
+        brought it: beyond the expected volume every added event may count in
+        the numerator (or none may, for ``load_effect`` −1). An element with no
+        expected traffic at all has no expected rate of its own; it is judged
+        within a parent that existed."""
+        rs = cast(RatioSums, s)
+        if rs.vol is None or rs.fvol is None:
+            return None
+        vol, fvol, dev = rs.vol, rs.fvol, s.deviation
+        kept = np.where(vol > 0, np.minimum(fvol, vol) / np.maximum(vol, 1e-300), 1.0)
+        if self.load_effect > 0:  # above: every added event a hit
+            beyond = s.observed - (s.expected * kept + rs.den * (1 - kept))
+        else:  # below: no added event a hit
+            beyond = s.expected * kept - s.observed
+        within = beyond < self.z_crit * np.sqrt(np.maximum(s.var * self.phi, 1e-12))
+        grown = vol > (1 + self.growth) * np.maximum(fvol, 1e-9)
+        added: np.ndarray = (fvol <= 0) | ((np.sign(dev) == self.load_effect) & (within | grown))
+        return added
+
+    def log_move(self, mask: np.ndarray) -> float:
+        """``Σ num / Σ expected num``, as a log."""
+        k = float(self.h[mask].sum()) / max(float(self.e[mask].sum()), 1e-12)
+        return math.log(max(k, 1e-6))
+
+    def unmoved_test(self, member: np.ndarray) -> Callable[[np.ndarray], tuple[float, float]]:
+        # The shift each leaf would show under the element's own move (its better-fitting model).
+        shift = np.zeros(len(self.h))
+        shift[member] = self.vd[member] * self.move(member)[0] - self.e[member]
+
+        def child(km: np.ndarray) -> tuple[float, float]:
+            sd = math.sqrt(max(float(self.var[km].sum()) * self.phi, 1e-12))
+            return float(self.e[km].sum()), float(shift[km].sum()) / sd
+
+        return child
+
+
+class AdditiveSearch(Search):
+    """An additive measure: standardised log ratios per leaf; an element moves by one factor
+    on the floored scale (:func:`additive_move`)."""
+
+    sums_type = AdditiveSums
+
+    def _leaves(self, r: Residuals, idx: np.ndarray) -> None:
+        r = cast(AdditiveResiduals, r)
+        self.size, self.dv, self.fe = r.size[idx], r.dv[idx], r.fe[idx]
+        self.floor, self.sigma = r.floor, r.sigma
+
+    def _saturated(self) -> np.ndarray:
+        sat: np.ndarray = self.h * self.h / 2
+        return sat
+
+    def _own(self) -> dict[str, np.ndarray]:
+        return {"dv": self.dv, "fe": self.fe}
+
+    def purity_and_fit(self, mask: np.ndarray) -> tuple[float, float]:
+        z, fe = self.h[mask], self.fe[mask]
+        mean = z.sum() / len(z)
+        moved = (
+            additive_move(
+                fe, float(fe.sum() + self.dv[mask].sum()), float(fe.sum()), len(fe), self.floor
+            )
+            / self.sigma
+        )
+        w = moved * moved
+        vote = votes_additive(z, moved, self.unmoved_share)
+        purity = float((w * vote).sum() / max(float(w.sum()), 1e-300))
+        return purity, len(z) * mean * mean / 2
+
+    def votes(
+        self, s: Sums, sel: np.ndarray, element: np.ndarray, count: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        a = cast(AdditiveSums, s)
+        n = s.leaves
+        mean = s.observed / np.maximum(n, 1)  # the element's mean log ratio (noise units)
+        moved = additive_move(
+            self.fe[sel], (a.fe + a.dv)[element], a.fe[element], n[element], self.floor
+        )
+        moved /= self.sigma
+        vote = votes_additive(self.h[sel], moved, self.unmoved_share)
+        w = moved * moved  # the evidence the leaf can hold
+        fit = n * mean * mean / 2
+        sat = np.bincount(element, self.saturated[sel], count)
+        return vote, w, fit, sat
+
+    def log_move(self, mask: np.ndarray) -> float:
+        """``(Σv + n·floor) / (Σf + n·floor)`` on the floored scale of the residuals (as in
+        :func:`additive_move`), as a log."""
+        fe, n = float(self.fe[mask].sum()), float(mask.sum())
+        k = (fe + float(self.dv[mask].sum()) + n * self.floor) / max(fe + n * self.floor, 1e-300)
+        return math.log(max(k, 1e-6))
+
+    def unmoved_test(self, member: np.ndarray) -> Callable[[np.ndarray], tuple[float, float]]:
+        mean = self.h[member].mean()  # the element's mean standardised log ratio
+
+        def child(km: np.ndarray) -> tuple[float, float]:
+            return float(self.size[km].sum()), mean * math.sqrt(float(km.sum()))
+
+        return child
 
 
 def votes_ratio(
@@ -743,20 +910,20 @@ def climb(
         up_best = None
         row = int(np.flatnonzero(member)[0])
         for drop in sub:
-            psub = tuple(j for j in sub if j != drop)
-            pm = search._element_of(psub, row)
-            rest = pm & ~member
+            parent_dims = tuple(j for j in sub if j != drop)
+            parent = search._element_of(parent_dims, row)
+            rest = parent & ~member
             if not rest.any():
                 continue
-            zr, _, _ = search.assess(rest)
-            _, pp, fp_ = search.assess(pm)
+            z_rest, _, _ = search.assess(rest)
+            _, purity, fit = search.assess(parent)
             if (
-                np.sign(zr) == direction
-                and abs(zr) >= search.z_rest
-                and pp >= search.purity
-                and (up_best is None or (pp, fp_) > up_best[0])
+                np.sign(z_rest) == direction
+                and abs(z_rest) >= search.z_rest
+                and purity >= search.purity
+                and (up_best is None or (purity, fit) > up_best[0])
             ):
-                up_best = ((pp, fp_), psub, pm)
+                up_best = ((purity, fit), parent_dims, parent)
         if up_best is None:
             break
         _, sub, member = up_best
@@ -774,76 +941,58 @@ def split(
     clearly did not move with the element, where the element's own move would
     have shown in it at the Bonferroni level, when it shows no move (|z| < 2)
     or a move of less than ``unmoved_share`` of the element's, as log factors
-    (:func:`_log_move`): the generalised ripple effect has every leaf of a
+    (:meth:`Search.log_move`): the generalised ripple effect has every leaf of a
     cause move by one factor, and a child that kept nearly all it had while
     its siblings lost most is not part of that move. Returns [(subset,
     leaves)] of the moved children, or None."""
     z_crit = search.z_crit
-    _, _, fit_e = search.assess(member)
-    if search.ratio:
-        # The shift each leaf would show under the element's own move (its better-fitting model).
-        shift = np.zeros(len(search.h))
-        shift[member] = search.vd[member] * search.move(member)[0] - search.e[member]
-    else:
-        m_e = search.h[member].mean()
-    move_e = _log_move(search, member)
+    _, _, fit_element = search.assess(member)
+    expected_in = search.unmoved_test(member)
+    move_element = search.log_move(member)
     best = None
-    for j, cd in enumerate(search.codes):
+    for j, codes in enumerate(search.codes):
         if j in sub:
             continue
-        vals = np.unique(cd[member])
-        if len(vals) < 2:
+        values = np.unique(codes[member])
+        if len(values) < 2:
             continue
-        moved, unmoved, total_w, fit_split = [], 0.0, 0.0, 0.0
-        for val in vals:
-            km = member & (cd == val)
-            zk, pk, fk = search.assess(km)
-            if search.ratio:
-                wk = float(search.e[km].sum())
-                z_exp = float(shift[km].sum()) / math.sqrt(
-                    max(float(search.var[km].sum()) * search.phi, 1e-12)
-                )
-            else:
-                wk = float(search.size[km].sum())
-                z_exp = m_e * math.sqrt(float(km.sum()))
-            total_w += wk
+        moved, unmoved, total_size, fit_split = [], 0.0, 0.0, 0.0
+        for value in values:
+            child = member & (codes == value)
+            z_child, purity, fit = search.assess(child)
+            size, z_expected = expected_in(child)
+            total_size += size
             # Clearly not moved with the element: no move of its own (|z| < 2), or a move
             # under unmoved_share of the element's (log factors), where the element's
             # move would have shown at the Bonferroni level.
-            if abs(z_exp) >= z_crit and (
-                abs(zk) < 2 or move_e != 0 and _log_move(search, km) / move_e < search.unmoved_share
+            if abs(z_expected) >= z_crit and (
+                abs(z_child) < 2
+                or move_element != 0
+                and search.log_move(child) / move_element < search.unmoved_share
             ):
-                unmoved += wk
-            elif np.sign(zk) == direction and abs(zk) >= search.z_rest and pk >= search.purity:
-                moved.append(km)
-                fit_split += fk
+                unmoved += size
+            elif (
+                np.sign(z_child) == direction
+                and abs(z_child) >= search.z_rest
+                and purity >= search.purity
+            ):
+                moved.append(child)
+                fit_split += fit
         # Each further element is one more parameter picked among many: it must pay
         # its way (a BIC-like price of z_crit²/2 in log-likelihood).
         fit_split -= (len(moved) - 1) * z_crit * z_crit / 2
         if (
             moved
-            and total_w > 0
-            and unmoved / total_w >= search.unmoved_share
-            and fit_split > fit_e
+            and total_size > 0
+            and unmoved / total_size >= search.unmoved_share
+            and fit_split > fit_element
             and (best is None or fit_split > best[0])
         ):
             best = (fit_split, j, moved)
     if best is None:
         return None
     _, j, moved = best
-    return [(tuple(sorted((*sub, j))), km) for km in moved]
-
-
-def _log_move(search: Search, mask: np.ndarray) -> float:
-    """The log of the common factor by which the leaves in ``mask`` moved: ratio,
-    ``Σ num / Σ expected num``; additive, ``(Σv + n·floor) / (Σf + n·floor)`` on the
-    floored scale of the residuals (as in :func:`additive_move`)."""
-    if search.ratio:
-        k = float(search.h[mask].sum()) / max(float(search.e[mask].sum()), 1e-12)
-        return math.log(max(k, 1e-6))
-    fe, n = float(search.fe[mask].sum()), float(mask.sum())
-    k = (fe + float(search.dv[mask].sum()) + n * search.floor) / max(fe + n * search.floor, 1e-300)
-    return math.log(max(k, 1e-6))
+    return [(tuple(sorted((*sub, j))), child) for child in moved]
 
 
 def _shortest(
@@ -891,7 +1040,7 @@ def cover(
         if found is None:
             break
         top_sub, top_member, direction = found
-        if search.ratio:
+        if search.climbs:
             top_sub, top_member = climb(search, top_sub, top_member, direction)
         if (
             min_share > 0
@@ -911,12 +1060,12 @@ def cover(
                 full &= codes[j] == codes[j][row]
             cause = RootCause(
                 element,
-                float(np.abs(contrib[full]).sum() / total_abs_contrib),
-                float("nan"),
-                int(full.sum()),
-                int(member.sum()),
-                direction,
-                float(contrib[full].sum()),
+                score=float(np.abs(contrib[full]).sum() / total_abs_contrib),
+                explanatory_power=float("nan"),
+                leaves=int(full.sum()),
+                abnormal_leaves=int(member.sum()),
+                direction=direction,
+                change=float(contrib[full].sum()),
             )
             causes = absorb(causes, cause)
             taken_all |= full
@@ -938,14 +1087,12 @@ def absorb(causes: list[RootCause], new: RootCause) -> list[RootCause]:
     ]
     if not kids:
         return [*causes, new]
-    merged = RootCause(
-        new.element,
-        new.score + sum(c.score for c in kids),
-        new.explanatory_power,
-        new.leaves + sum(c.leaves for c in kids),
-        new.abnormal_leaves + sum(c.abnormal_leaves for c in kids),
-        new.direction,
-        new.change + sum(c.change for c in kids),
+    merged = replace(
+        new,
+        score=new.score + sum(c.score for c in kids),
+        leaves=new.leaves + sum(c.leaves for c in kids),
+        abnormal_leaves=new.abnormal_leaves + sum(c.abnormal_leaves for c in kids),
+        change=new.change + sum(c.change for c in kids),
     )
     first = min(causes.index(c) for c in kids)
     rest = [c for c in causes if c not in kids]
@@ -964,15 +1111,7 @@ def explain(loc: Localization, total: float, mix: float, sum_contrib: float) -> 
     gross = sum(abs(c.change) for c in loc.causes) + abs(loc.rest) + abs(mix)
     sign = 1.0 if not np.isfinite(total) or total >= 0 else -1.0
     loc.causes = [
-        RootCause(
-            c.element,
-            c.score,
-            sign * c.change / gross if gross > 0 else float("nan"),
-            c.leaves,
-            c.abnormal_leaves,
-            c.direction,
-            c.change,
-        )
+        replace(c, explanatory_power=sign * c.change / gross if gross > 0 else float("nan"))
         for c in loc.causes
     ]
 
@@ -1030,19 +1169,21 @@ def localize(
 ) -> Localization:
     """Root causes of the difference between observed and expected: the columns
     name a :class:`Measure`, the rest are :class:`Options` (docs/rootcause.md)."""
-    measure = Measure(v, f, v_num, v_den, f_num, f_den, v_vol, f_vol)
+    measure = Measure(
+        v=v, f=f, v_num=v_num, v_den=v_den, f_num=f_num, f_den=f_den, v_vol=v_vol, f_vol=f_vol
+    )
     opts = Options(
-        max_depth,
-        max_causes,
-        purity,
-        alpha,
-        max_volume_growth,
-        load_effect,
-        max_subsets,
-        min_share,
-        sigma_floor,
-        refine,
-        unmoved_share,
+        max_depth=max_depth,
+        max_causes=max_causes,
+        purity=purity,
+        alpha=alpha,
+        max_volume_growth=max_volume_growth,
+        load_effect=load_effect,
+        max_subsets=max_subsets,
+        min_share=min_share,
+        sigma_floor=sigma_floor,
+        refine=refine,
+        unmoved_share=unmoved_share,
     )
     return localize_measure(leaves, dims, measure, opts, validate)
 
@@ -1067,8 +1208,8 @@ def localize_measure(
     subsets = candidates(dims, opts, loc.notes)  # 2. candidates
     factorized = [_factorize(leaves[c]) for c in dims]
     codes = [cd for cd, _ in factorized]
-    contrib, mix = _contributions(cols, measure)
-    search = Search(
+    contrib, mix = contributions(cols, measure)
+    search = Search.over(
         res,
         codes,
         [len(u) for _, u in factorized],
@@ -1124,12 +1265,6 @@ def _start(
     return loc, cols
 
 
-def _contributions(cols: dict[Any, np.ndarray], m: Measure) -> tuple[np.ndarray, float]:
-    if m.ratio:
-        return contributions(cols, v_num=m.v_num, v_den=m.v_den, f_num=m.f_num, f_den=m.f_den)
-    return contributions(cols, v=m.v, f=m.f)
-
-
 def residuals(
     measure: Measure, cols: dict[Any, np.ndarray], opts: Options, notes: list[str]
 ) -> Residuals | None:
@@ -1181,6 +1316,3 @@ def _binom_llr(k: np.ndarray, n: np.ndarray, p1: np.ndarray, p0: np.ndarray) -> 
 def _kl(p1: np.ndarray, p0: np.ndarray) -> np.ndarray:
     kl: np.ndarray = p1 * np.log(p1 / p0) + (1 - p1) * np.log((1 - p1) / (1 - p0))
     return kl
-
-
-_absorb = absorb  # the name an existing test imports

@@ -48,8 +48,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from warmscope.model.records import start_layers
-from warmscope.model.schema import SHARED_LAYERS  # shared by design across tenants
+from warmscope.model.records import shared_layers, start_layers
 
 from .coverage import read_in_time
 from .hitrate import time_slice
@@ -58,7 +57,6 @@ __all__ = [
     "TrapVerdict",
     "detect_all",
     "DETECTORS",
-    "SHARED_LAYERS",
     "MISS_EVIDENCE",
     "miss_class_shift",
     "DRIFT_RISE",
@@ -137,7 +135,7 @@ def tokenisation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     lk, wr = fr.get("lookups", pd.DataFrame()), fr.get("writes", pd.DataFrame())
     if lk.empty or wr.empty:
         return _none("dynamic_tokenisation", "no lookups or writes")
-    lk = lk[~lk["layer"].isin(SHARED_LAYERS)]
+    lk = lk[~lk["layer"].isin(shared_layers())]
     a, b = _rates(time_slice(lk, *an), ["family"]), _rates(time_slice(lk, *base), ["family"])
     wa = time_slice(wr, *an).groupby("family")["count"].sum()
     wb = time_slice(wr, *base).groupby("family")["count"].sum()
@@ -237,7 +235,7 @@ def isolation(fr: Frames, an: Window, base: Window) -> TrapVerdict:
     hk = hk[
         (hk["window"] < an[1])
         & (hk["window"] >= an[0] - HOT_KEY_LOOKBACK_S)
-        & ~hk["layer"].isin(SHARED_LAYERS)
+        & ~hk["layer"].isin(shared_layers())
     ]
     if hk.empty:
         return _none("tenant_isolation", "no hot keys in the window")

@@ -1,9 +1,11 @@
 """Grafana dashboards generated from warmscope's own definitions (``warmscope grafana --out DIR``).
 
-Nothing here is hand-written JSON. Every panel is a :class:`PanelDef` whose PromQL is built from
+Nothing here is hand-written JSON. The dashboards are data (:data:`DASHBOARDS`): each panel is a
+:class:`PanelDef` (title, kind, queries, unit, ...), turned into JSON by one small function
+(:func:`build`). Its PromQL is built from
 
-* the recorded series of ``rules/*.yml`` — each name goes through :meth:`Names.rec`, which
-  fails when the rule files no longer record it (renaming a rule breaks generation and a test);
+* the recorded series of ``rules/*.yml`` — :meth:`Names.check` fails when the rule files no longer
+  record one a panel reads (renaming a rule breaks generation and a test);
 * the alert names and thresholds of :mod:`warmscope.analysis.alert_defs`;
 * the instrument and label names of :mod:`warmscope.model.schema`;
 
@@ -44,6 +46,7 @@ __all__ = [
     "Query",
     "PanelDef",
     "DashboardDef",
+    "DASHBOARDS",
     "definitions",
     "build",
     "render",
@@ -121,8 +124,8 @@ class DashboardDef:
 
 
 class Names:
-    """The recorded series of the rule files in ``rules_dir``; :meth:`rec` checks a name
-    against them."""
+    """The recorded series and the alerts of the rule files in ``rules_dir``; :meth:`check`
+    checks a dashboard against them."""
 
     def __init__(self, rules_dir: Path = RULES_DIR) -> None:
         import yaml
@@ -141,24 +144,25 @@ class Names:
                         self.recorded.setdefault(r["record"], f.name)
                     elif "alert" in r:
                         self.alerts.add(r["alert"])
-        self.used: set[str] = set()
 
-    def rec(self, name: str) -> str:
-        """``name`` if a rule records it, else :class:`GrafanaError` naming the rule files."""
-        if name not in self.recorded:
+    def check(self, d: DashboardDef) -> None:
+        """:class:`GrafanaError` naming the recorded series ``d`` reads that no rule records
+        (renaming a rule breaks generation), or the alerts it selects that no rule defines."""
+        exprs = [q.expr for p in d.panels for q in p.queries]
+        exprs += [q for _, q in d.variables] + [e for _, e, _ in d.annotations]
+        reads = {r for e in exprs for r in _reads(e) if r.startswith("warmscope:")}
+        missing = sorted(reads - set(self.recorded))
+        if missing:
             raise GrafanaError(
-                f"no rule records {name!r} (the dashboards read it); rule files record: "
+                f"no rule records {', '.join(map(repr, missing))} (the dashboards read "
+                f"{'it' if len(missing) == 1 else 'them'}); rule files record: "
                 + ", ".join(sorted(self.recorded))
             )
-        self.used.add(name)
-        return name
-
-    def alert(self, name: str) -> str:
-        if name not in self.alerts:
-            raise GrafanaError(
-                f"no rule file defines the alert {name!r} (analysis/alert_defs.py does)"
-            )
-        return name
+        for name in (a.rule for a in ad.ALERTS + ad.ENGINE_ALERTS):
+            if name not in self.alerts:
+                raise GrafanaError(
+                    f"no rule file defines the alert {name!r} (analysis/alert_defs.py does)"
+                )
 
 
 def _both(name: str) -> tuple[str, str]:
@@ -171,222 +175,222 @@ def _rate_sum(by: str, name: str, sel: str = "", rng: str = "$__rate_interval") 
     return f"sum by ({by}) (rate({a}{sel}[{rng}])) or sum by ({by}) (rate({b}{sel}[{rng}]))"
 
 
-def _thr(values: Iterable[float]) -> tuple[float, ...]:
-    return tuple(values)
+def _alerts(rules: Iterable[ad.AlertDef]) -> str:
+    return "|".join(a.rule for a in rules)
 
 
-def overview(n: Names) -> DashboardDef:
-    lookups = n.rec("warmscope:cache_lookups:rate5m")
-    hit_by = f"{TENANT}, {LAYER}"
-    flt = f'{TENANT}=~"$tenant", {LAYER}=~"$layer"'
-    hit_tl = (
-        f'sum by ({hit_by}) ({lookups}{{{flt}, {RESULT}="hit"}})\n/ '
-        f'sum by ({hit_by}) ({lookups}{{{flt}, {RESULT}=~"hit|miss"}})'
-    )
-    spent, saved = (
-        n.rec("warmscope:warmup_gpu_seconds:increase1h"),
-        n.rec("warmscope:gpu_seconds_saved:increase1h"),
-    )
-    alerts = "|".join(n.alert(a.rule) for a in ad.ALERTS + ad.ENGINE_ALERTS)
-    runs, by_run = schema.prom_name(schema.WARMUP_RUNS), f"{LAYER}, {STRATEGY}, {REPLICA}"
-    load = "load rules/warmscope.rules.yml into this datasource's Prometheus"
-    return DashboardDef(
-        "warmscope-overview",
-        "warmscope — overview",
-        "Cache hit rates, warm-up effect and alerts from warmscope's recorded series "
-        "(rules/warmscope.rules.yml).",
+# ---- the dashboards, as data --------------------------------------------------------------------
+# Each panel: title, kind, queries, unit, description, thresholds, and its empty-panel text. The
+# recorded series (``warmscope:...``) are checked against the rule files when generating (Names).
+
+_LOAD = "load rules/warmscope.rules.yml into this datasource's Prometheus"
+_LOOKUPS = "warmscope:cache_lookups:rate5m"
+_SPENT, _SAVED = "warmscope:warmup_gpu_seconds:increase1h", "warmscope:gpu_seconds_saved:increase1h"
+_HIT_BY = f"{TENANT}, {LAYER}"
+_HIT_FLT = f'{TENANT}=~"$tenant", {LAYER}=~"$layer"'
+_RUNS, _BY_RUN = schema.prom_name(schema.WARMUP_RUNS), f"{LAYER}, {STRATEGY}, {REPLICA}"
+
+OVERVIEW = DashboardDef(
+    "warmscope-overview",
+    "warmscope — overview",
+    "Cache hit rates, warm-up effect and alerts from warmscope's recorded series "
+    "(rules/warmscope.rules.yml).",
+    (
+        PanelDef(
+            "Hit rate by layer",
+            "timeseries",
+            (Query(f'warmscope:layer_hit_ratio:rate5m{{{LAYER}=~"$layer"}}', f"{{{{{LAYER}}}}}"),),
+            "percentunit",
+            "hits / (hits + misses) per cache layer, 5-minute rate.",
+            no_value=f"no warmscope:layer_hit_ratio:rate5m — {_LOAD}",
+        ),
+        PanelDef(
+            "Hit rate by tenant × layer",
+            "timeseries",
+            (
+                Query(
+                    f'sum by ({_HIT_BY}) ({_LOOKUPS}{{{_HIT_FLT}, {RESULT}="hit"}})\n/ '
+                    f'sum by ({_HIT_BY}) ({_LOOKUPS}{{{_HIT_FLT}, {RESULT}=~"hit|miss"}})',
+                    f"{{{{{TENANT}}}}} {{{{{LAYER}}}}}",
+                ),
+            ),
+            "percentunit",
+            "From the recorded lookup rates, summed over key families and variants.",
+            no_value=f"no warmscope:cache_lookups:rate5m — {_LOAD}",
+        ),
+        PanelDef(
+            "Lookups bypassing the cache",
+            "timeseries",
+            (
+                Query(
+                    f'warmscope:layer_bypass_ratio:rate5m{{{LAYER}=~"$layer"}}\nor '
+                    f'0 * warmscope:layer_hit_ratio:rate5m{{{LAYER}=~"$layer"}}',
+                    f"{{{{{LAYER}}}}}",
+                ),
+            ),
+            "percentunit",
+            "Share of a layer's lookups that skip the cache (0 for a layer with lookups "
+            f"and no bypass; alert above {ad.BYPASS_SHARE:.0%}).",
+            (ad.BYPASS_SHARE,),
+            no_value=f"no bypass ratio — {_LOAD}",
+        ),
+        PanelDef(
+            "Warm-set precision (1 h)",
+            "timeseries",
+            (
+                Query(
+                    f'warmscope:warmset_precision:ratio1h{{{LAYER}=~"$layer"}}',
+                    f"{{{{{STRATEGY}}}}} {{{{{LAYER}}}}}",
+                ),
+            ),
+            "percentunit",
+            f"Warmed keys read at least once / warmed keys (alert under "
+            f"{ad.WARM_PRECISION_MIN:.0%}).",
+            (ad.WARM_PRECISION_MIN,),
+            no_value=f"no warm-up runs recorded — {_LOAD}",
+        ),
+        PanelDef(
+            "Warm-up GPU-s spent vs saved (1 h)",
+            "timeseries",
+            (
+                Query(f"sum({_SPENT})", "spent warming"),
+                Query(f"sum({_SAVED})", "saved (treatment vs control)"),
+            ),
+            "s",
+            "GPU-seconds spent by warm-up runs and saved by the treatment variant in the "
+            "last hour.",
+            no_value=f"no warm-up or A/B series — {_LOAD}",
+        ),
+        PanelDef(
+            "Compute ROI (1 h)",
+            "stat",
+            (Query(f"(sum({_SAVED}) - sum({_SPENT})) / (sum({_SPENT}) > 0)", "ROI", instant=True),),
+            "percentunit",
+            "(GPU-s saved − GPU-s spent warming) / GPU-s spent warming, last hour. "
+            "Negative: WarmscopeWarmupROINegative.",
+            (0.0,),
+            width=6,
+            no_value="no ROI: no warm-up GPU-s spent in the hour, or no A/B experiment "
+            "with variants A and B",
+        ),
+        PanelDef(
+            "Alerts firing or pending",
+            "table",
+            (
+                Query(
+                    f"sum by (alertname, alertstate, severity, {LAYER}, instance) "
+                    f'(ALERTS{{alertname=~"{_alerts(ad.ALERTS + ad.ENGINE_ALERTS)}"}})',
+                    instant=True,
+                ),
+            ),
+            "short",
+            "warmscope's alerting rules (analysis/alert_defs.py) as Prometheus evaluates them; "
+            "runbooks in docs/runbooks.md.",
+            width=18,
+            no_value="no warmscope alert firing or pending",
+        ),
+    ),
+    variables=(
+        ("tenant", f"label_values({_LOOKUPS}, {TENANT})"),
+        ("layer", f"label_values({_LOOKUPS}, {LAYER})"),
+    ),
+    # a run ends: its counter grows, or appears (a label set's first run: increase() misses it)
+    annotations=(
         (
-            PanelDef(
-                "Hit rate by layer",
-                "timeseries",
-                (
-                    Query(
-                        f'{n.rec("warmscope:layer_hit_ratio:rate5m")}{{{LAYER}=~"$layer"}}',
-                        f"{{{{{LAYER}}}}}",
-                    ),
-                ),
-                "percentunit",
-                "hits / (hits + misses) per cache layer, 5-minute rate.",
-                no_value=f"no warmscope:layer_hit_ratio:rate5m — {load}",
-            ),
-            PanelDef(
-                "Hit rate by tenant × layer",
-                "timeseries",
-                (Query(hit_tl, f"{{{{{TENANT}}}}} {{{{{LAYER}}}}}"),),
-                "percentunit",
-                "From the recorded lookup rates, summed over key families and variants.",
-                no_value=f"no warmscope:cache_lookups:rate5m — {load}",
-            ),
-            PanelDef(
-                "Lookups bypassing the cache",
-                "timeseries",
-                (
-                    Query(
-                        f'{n.rec("warmscope:layer_bypass_ratio:rate5m")}{{{LAYER}=~"$layer"}}\nor '
-                        f'0 * {n.rec("warmscope:layer_hit_ratio:rate5m")}{{{LAYER}=~"$layer"}}',
-                        f"{{{{{LAYER}}}}}",
-                    ),
-                ),
-                "percentunit",
-                "Share of a layer's lookups that skip the cache (0 for a layer with lookups "
-                "and no bypass; alert above "
-                f"{ad.BYPASS_SHARE:.0%}).",
-                _thr([ad.BYPASS_SHARE]),
-                no_value=f"no bypass ratio — {load}",
-            ),
-            PanelDef(
-                "Warm-set precision (1 h)",
-                "timeseries",
-                (
-                    Query(
-                        f'{n.rec("warmscope:warmset_precision:ratio1h")}{{{LAYER}=~"$layer"}}',
-                        f"{{{{{STRATEGY}}}}} {{{{{LAYER}}}}}",
-                    ),
-                ),
-                "percentunit",
-                f"Warmed keys read at least once / warmed keys (alert under "
-                f"{ad.WARM_PRECISION_MIN:.0%}).",
-                _thr([ad.WARM_PRECISION_MIN]),
-                no_value=f"no warm-up runs recorded — {load}",
-            ),
-            PanelDef(
-                "Warm-up GPU-s spent vs saved (1 h)",
-                "timeseries",
-                (
-                    Query(f"sum({spent})", "spent warming"),
-                    Query(f"sum({saved})", "saved (treatment vs control)"),
-                ),
-                "s",
-                "GPU-seconds spent by warm-up runs and saved by the treatment variant in the "
-                "last hour.",
-                no_value=f"no warm-up or A/B series — {load}",
-            ),
-            PanelDef(
-                "Compute ROI (1 h)",
-                "stat",
-                (
-                    Query(
-                        f"(sum({saved}) - sum({spent})) / (sum({spent}) > 0)", "ROI", instant=True
-                    ),
-                ),
-                "percentunit",
-                "(GPU-s saved − GPU-s spent warming) / GPU-s spent warming, last hour. "
-                "Negative: WarmscopeWarmupROINegative.",
-                _thr([0.0]),
-                width=6,
-                no_value="no ROI: no warm-up GPU-s spent in the hour, or no A/B experiment "
-                "with variants A and B",
-            ),
-            PanelDef(
-                "Alerts firing or pending",
-                "table",
-                (
-                    Query(
-                        f"sum by (alertname, alertstate, severity, {LAYER}, instance) "
-                        f'(ALERTS{{alertname=~"{alerts}"}})',
-                        instant=True,
-                    ),
-                ),
-                "short",
-                "warmscope's alerting rules (analysis/alert_defs.py) as Prometheus evaluates them; "
-                "runbooks in docs/runbooks.md.",
-                width=18,
-                no_value="no warmscope alert firing or pending",
-            ),
+            "Warm-up runs",
+            f"sum by ({_BY_RUN}) (increase({_RUNS}[1m])) > 0\n"
+            f"or sum by ({_BY_RUN}) ({_RUNS} unless {_RUNS} offset 1m)",
+            "green",
         ),
-        variables=(
-            (
-                ("tenant", f"label_values({lookups}, {TENANT})"),
-                ("layer", f"label_values({lookups}, {LAYER})"),
-            )
+        (
+            "warmscope alerts",
+            f'ALERTS{{alertname=~"{_alerts(ad.ALERTS + ad.ENGINE_ALERTS)}", alertstate="firing"}}',
+            "orange",
         ),
-        # a run ends: its counter grows, or appears (a label set's first run: increase() misses it)
-        annotations=(
-            (
-                "Warm-up runs",
-                f"sum by ({by_run}) (increase({runs}[1m])) > 0\n"
-                f"or sum by ({by_run}) ({runs} unless {runs} offset 1m)",
-                "green",
-            ),
-            ("warmscope alerts", f'ALERTS{{alertname=~"{alerts}", alertstate="firing"}}', "orange"),
-        ),
-    )
+    ),
+)
 
+_ENGINES_LOAD = "load rules/engines.rules.yml and scrape the engines' /metrics"
+_WHO = f"{{{{{ENGINE}}}}} {{{{instance}}}} {{{{engine}}}}"
+_BUDGET = 1 - ad.ENGINE_TTFT_SLO_TARGET
 
-def engines(n: Names) -> DashboardDef:
-    load = "load rules/engines.rules.yml and scrape the engines' /metrics"
-    who = f"{{{{{ENGINE}}}}} {{{{instance}}}} {{{{engine}}}}"
-    budget = 1 - ad.ENGINE_TTFT_SLO_TARGET
-    miss5, miss1h = (
-        n.rec("warmscope:engine_ttft_slo_miss:ratio_rate5m"),
-        n.rec("warmscope:engine_ttft_slo_miss:ratio_rate1h"),
-    )
-    panels = [
+ENGINES = DashboardDef(
+    "warmscope-engines",
+    "warmscope — engines",
+    "vLLM, SGLang and LMCache through rules/engines.rules.yml: no warmscope "
+    "instrumentation needed.",
+    (
         PanelDef(
             "Prefix-cache hit ratio per engine",
             "timeseries",
-            (Query(n.rec("warmscope:engine_prefix_hit_ratio:rate5m"), who),),
+            (Query("warmscope:engine_prefix_hit_ratio:rate5m", _WHO),),
             "percentunit",
             "Token-weighted: prompt tokens served from the prefix cache / prompt tokens.",
-            no_value=f"no engine hit ratio — {load}",
+            no_value=f"no engine hit ratio — {_ENGINES_LOAD}",
         ),
         PanelDef(
             "Cached prompt tokens by source",
             "timeseries",
             (
                 Query(
-                    n.rec("warmscope:engine_cached_tokens_by_source:rate5m"),
+                    "warmscope:engine_cached_tokens_by_source:rate5m",
                     f"{{{{{ENGINE}}}}} {{{{instance}}}} {{{{source}}}}",
                 ),
             ),
             "short",
             "Tokens/s served from each cache tier (device, host, …).",
             stack=True,
-            no_value=f"no cached tokens by source — {load}",
+            no_value=f"no cached tokens by source — {_ENGINES_LOAD}",
         ),
         PanelDef(
             "KV-cache usage",
             "timeseries",
-            (Query(n.rec("warmscope:engine_kv_cache_usage:ratio"), who),),
+            (Query("warmscope:engine_kv_cache_usage:ratio", _WHO),),
             "percentunit",
             f"Share of KV-cache blocks in use (alert over {ad.ENGINE_KV_SATURATED:.0%}).",
-            _thr([ad.ENGINE_KV_SATURATED]),
-            no_value=f"no KV-cache usage — {load}",
+            (ad.ENGINE_KV_SATURATED,),
+            no_value=f"no KV-cache usage — {_ENGINES_LOAD}",
         ),
         PanelDef(
             "TTFT quantiles",
             "timeseries",
             (
                 Query(
-                    n.rec("warmscope:engine_ttft_seconds:quantile_rate5m"),
+                    "warmscope:engine_ttft_seconds:quantile_rate5m",
                     f"p{{{{quantile}}}} {{{{instance}}}} {{{{{MODEL}}}}}",
                 ),
             ),
             "s",
             "Time to first token, P50 / P95 / P99.",
-            _thr([ad.ENGINE_TTFT_SLO_S]),
-            no_value=f"no TTFT histogram — {load}",
+            (ad.ENGINE_TTFT_SLO_S,),
+            no_value=f"no TTFT histogram — {_ENGINES_LOAD}",
         ),
         PanelDef(
             "TTFT SLO burn rate",
             "timeseries",
             (
-                Query(f"{miss5} / {budget:g}", "5 min {{instance}}"),
-                Query(f"{miss1h} / {budget:g}", "1 h {{instance}}"),
+                Query(
+                    f"warmscope:engine_ttft_slo_miss:ratio_rate5m / {_BUDGET:g}",
+                    "5 min {{instance}}",
+                ),
+                Query(
+                    f"warmscope:engine_ttft_slo_miss:ratio_rate1h / {_BUDGET:g}",
+                    "1 h {{instance}}",
+                ),
             ),
             "x",
             f"Error-budget burn: share of requests over {ad.ENGINE_TTFT_SLO_S:g} s / "
-            f"{budget:.0%}. WarmscopeEngineTTFTSLOBurn pages when both windows exceed "
+            f"{_BUDGET:.0%}. WarmscopeEngineTTFTSLOBurn pages when both windows exceed "
             f"{ad.ENGINE_BURN_RATE:g}.",
-            _thr([ad.ENGINE_BURN_RATE]),
-            no_value=f"no TTFT SLO series — {load}",
+            (ad.ENGINE_BURN_RATE,),
+            no_value=f"no TTFT SLO series — {_ENGINES_LOAD}",
         ),
         PanelDef(
             "Cache-read share of prompt tokens (GenAI conventions)",
             "timeseries",
             (
                 Query(
-                    n.rec("warmscope:genai_cache_read_ratio:rate5m"),
+                    "warmscope:genai_cache_read_ratio:rate5m",
                     "{{gen_ai_provider_name}} {{gen_ai_request_model}}",
                 ),
             ),
@@ -395,9 +399,7 @@ def engines(n: Names) -> DashboardDef:
             f"`{genai.METRIC_INPUT_TOKENS}` counters.",
             no_value="no client emits the GenAI registry's token counters",
         ),
-    ]
-    for name, title in RESIDENCY:
-        panels.append(
+        *(
             PanelDef(
                 title,
                 "heatmap",
@@ -408,141 +410,133 @@ def engines(n: Names) -> DashboardDef:
                 width=8,
                 no_value=f"no {name} — this vLLM does not export KV-block residency metrics",
             )
-        )
-    return DashboardDef(
-        "warmscope-engines",
-        "warmscope — engines",
-        "vLLM, SGLang and LMCache through rules/engines.rules.yml: no warmscope "
-        "instrumentation needed.",
-        tuple(panels),
-        variables=(
-            (
-                "instance",
-                f"label_values({n.rec('warmscope:engine_prefix_query_tokens:rate5m')}, instance)",
-            ),
+            for name, title in RESIDENCY
         ),
-        annotations=(
-            (
-                "engine alerts",
-                'ALERTS{alertname=~"'
-                + "|".join(n.alert(a.rule) for a in ad.ENGINE_ALERTS)
-                + '", alertstate="firing"}',
-                "red",
-            ),
-        ),
-    )
-
-
-def kv_misses(n: Names) -> DashboardDef:
-    flt = 'tenant=~"$tenant", engine=~"$engine"'
-    bflt = 'engine=~"$engine"'
-    reused, stored = KV_BLOCKS["reused"], KV_BLOCKS["stored"]
-    src = "no block-level KV series — the engines need the KV-block source (warmscope_kv_*)"
-    blk = [
-        Query(
-            f"sum by (engine) (rate({KV_BLOCKS[k]}{{{bflt}}}[$__rate_interval]))",
-            f"{k} {{{{engine}}}}",
-        )
-        for k in KV_BLOCKS
-    ]
-    return DashboardDef(
-        "warmscope-kv-misses",
-        "warmscope — KV-block miss classes",
-        "Why prompt tokens missed the prefix cache, block by block: "
-        + ", ".join(MISS_CLASSES)
-        + ".",
+    ),
+    variables=(
+        ("instance", "label_values(warmscope:engine_prefix_query_tokens:rate5m, instance)"),
+    ),
+    annotations=(
         (
-            PanelDef(
-                "Missed prompt tokens by class",
-                "timeseries",
-                (
-                    Query(
-                        f"sum by (miss_class) (rate({KV_MISSED}{{{flt}}}[$__rate_interval]))",
-                        "{{miss_class}}",
-                    ),
-                ),
-                "short",
-                "Tokens/s that missed, by miss class.",
-                stack=True,
-                no_value=src,
-            ),
-            PanelDef(
-                "Share of missed tokens by class (range)",
-                "bargauge",
-                (
-                    Query(
-                        f"sum by (miss_class) (increase({KV_MISSED}{{{flt}}}[$__range]))\n"
-                        "/ ignoring (miss_class) "
-                        f"group_left sum(increase({KV_MISSED}{{{flt}}}[$__range]))",
-                        "{{miss_class}}",
-                        instant=True,
-                    ),
-                ),
-                "percentunit",
-                "Over the dashboard's time range.",
-                no_value=src,
-            ),
-            PanelDef(
-                "Missed tokens by tenant × class (range)",
-                "table",
-                (
-                    Query(
-                        f"sum by (tenant, miss_class) (increase({KV_MISSED}{{{flt}}}[$__range]))",
-                        instant=True,
-                    ),
-                ),
-                "short",
-                "",
-                width=24,
-                no_value=src,
-            ),
-            PanelDef(
-                "KV blocks stored / reused / evicted",
-                "timeseries",
-                tuple(blk),
-                "short",
-                "Blocks/s per engine.",
-                no_value=src,
-            ),
-            PanelDef(
-                "Block reuse ratio",
-                "timeseries",
-                (
-                    Query(
-                        f"sum by (engine, salt) (rate({reused}{{{bflt}}}[$__rate_interval]))\n/ "
-                        f"sum by (engine, salt) (rate({stored}{{{bflt}}}[$__rate_interval]))",
-                        "{{engine}} {{salt}}",
-                    ),
-                ),
-                "percentunit",
-                "Reuses per stored block, per engine and cache salt (tenant).",
-                no_value=src,
-            ),
-            PanelDef(
-                "Resident KV blocks",
-                "timeseries",
-                (Query(f"sum by (engine, salt) ({KV_RESIDENT}{{{bflt}}})", "{{engine}} {{salt}}"),),
-                "short",
-                "Blocks resident per engine and salt.",
-                stack=True,
-                no_value=src,
-            ),
+            "engine alerts",
+            f'ALERTS{{alertname=~"{_alerts(ad.ENGINE_ALERTS)}", alertstate="firing"}}',
+            "red",
         ),
-        variables=(
-            ("tenant", f"label_values({KV_MISSED}, tenant)"),
-            ("engine", f"label_values({KV_MISSED}, engine)"),
+    ),
+)
+
+_KV_FLT, _BLOCK_FLT = 'tenant=~"$tenant", engine=~"$engine"', 'engine=~"$engine"'
+_KV_SOURCE = "no block-level KV series — the engines need the KV-block source (warmscope_kv_*)"
+
+KV_MISSES = DashboardDef(
+    "warmscope-kv-misses",
+    "warmscope — KV-block miss classes",
+    "Why prompt tokens missed the prefix cache, block by block: " + ", ".join(MISS_CLASSES) + ".",
+    (
+        PanelDef(
+            "Missed prompt tokens by class",
+            "timeseries",
+            (
+                Query(
+                    f"sum by (miss_class) (rate({KV_MISSED}{{{_KV_FLT}}}[$__rate_interval]))",
+                    "{{miss_class}}",
+                ),
+            ),
+            "short",
+            "Tokens/s that missed, by miss class.",
+            stack=True,
+            no_value=_KV_SOURCE,
         ),
-    )
+        PanelDef(
+            "Share of missed tokens by class (range)",
+            "bargauge",
+            (
+                Query(
+                    f"sum by (miss_class) (increase({KV_MISSED}{{{_KV_FLT}}}[$__range]))\n"
+                    "/ ignoring (miss_class) "
+                    f"group_left sum(increase({KV_MISSED}{{{_KV_FLT}}}[$__range]))",
+                    "{{miss_class}}",
+                    instant=True,
+                ),
+            ),
+            "percentunit",
+            "Over the dashboard's time range.",
+            no_value=_KV_SOURCE,
+        ),
+        PanelDef(
+            "Missed tokens by tenant × class (range)",
+            "table",
+            (
+                Query(
+                    f"sum by (tenant, miss_class) (increase({KV_MISSED}{{{_KV_FLT}}}[$__range]))",
+                    instant=True,
+                ),
+            ),
+            "short",
+            "",
+            width=24,
+            no_value=_KV_SOURCE,
+        ),
+        PanelDef(
+            "KV blocks stored / reused / evicted",
+            "timeseries",
+            tuple(
+                Query(
+                    f"sum by (engine) (rate({series}{{{_BLOCK_FLT}}}[$__rate_interval]))",
+                    f"{k} {{{{engine}}}}",
+                )
+                for k, series in KV_BLOCKS.items()
+            ),
+            "short",
+            "Blocks/s per engine.",
+            no_value=_KV_SOURCE,
+        ),
+        PanelDef(
+            "Block reuse ratio",
+            "timeseries",
+            (
+                Query(
+                    f"sum by (engine, salt) (rate({KV_BLOCKS['reused']}{{{_BLOCK_FLT}}}"
+                    "[$__rate_interval]))\n/ "
+                    f"sum by (engine, salt) (rate({KV_BLOCKS['stored']}{{{_BLOCK_FLT}}}"
+                    "[$__rate_interval]))",
+                    "{{engine}} {{salt}}",
+                ),
+            ),
+            "percentunit",
+            "Reuses per stored block, per engine and cache salt (tenant).",
+            no_value=_KV_SOURCE,
+        ),
+        PanelDef(
+            "Resident KV blocks",
+            "timeseries",
+            (
+                Query(
+                    f"sum by (engine, salt) ({KV_RESIDENT}{{{_BLOCK_FLT}}})", "{{engine}} {{salt}}"
+                ),
+            ),
+            "short",
+            "Blocks resident per engine and salt.",
+            stack=True,
+            no_value=_KV_SOURCE,
+        ),
+    ),
+    variables=(
+        ("tenant", f"label_values({KV_MISSED}, tenant)"),
+        ("engine", f"label_values({KV_MISSED}, engine)"),
+    ),
+)
 
-
-DEFINITIONS: tuple[Callable[[Names], DashboardDef], ...] = (overview, engines, kv_misses)
+DASHBOARDS: tuple[DashboardDef, ...] = (OVERVIEW, ENGINES, KV_MISSES)
 
 
 def definitions(rules_dir: Path = RULES_DIR) -> list[DashboardDef]:
-    """Every dashboard's definition, each recorded series checked against the rule files
-    in ``rules_dir``."""
+    """Every dashboard's definition, each recorded series and alert it reads checked against the
+    rule files in ``rules_dir``."""
     n = Names(rules_dir)
-    return [d(n) for d in DEFINITIONS]
+    for d in DASHBOARDS:
+        n.check(d)
+    return list(DASHBOARDS)
 
 
 _TOKEN = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -608,23 +602,28 @@ def build(d: DashboardDef, missing: list[str] | None = None) -> dict[str, Any]:
     """``d`` as Grafana dashboard JSON (a dict), through the Grafana Foundation SDK's builders.
     ``missing``: series the target datasource lacks — the dashboard then opens with a text panel
     naming them."""
-    from grafana_foundation_sdk.builders import (
-        bargauge,
-        dashboard,
-        heatmap,
-        prometheus,
-        stat,
-        table,
-        text,
-        timeseries,
-    )
-    from grafana_foundation_sdk.builders import common as cb
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models import common as cm
-    from grafana_foundation_sdk.models import dashboard as dm
-    from grafana_foundation_sdk.models import prometheus as pm
 
-    ds = dm.DataSourceRef(type_val="prometheus", uid=DS)
+    b = _dashboard(d)
+    if missing:
+        b = b.with_panel(_missing_panel(missing))
+    for p in d.panels:
+        b = b.with_panel(_panel(p))
+    out: dict[str, Any] = json.loads(json.dumps(b.build(), cls=JSONEncoder))
+    return out
+
+
+def _datasource() -> Any:
+    from grafana_foundation_sdk.models import dashboard as dm
+
+    return dm.DataSourceRef(type_val="prometheus", uid=DS)
+
+
+def _dashboard(d: DashboardDef) -> Any:
+    """The dashboard with its settings, link, datasource variable, variables and annotations."""
+    from grafana_foundation_sdk.builders import dashboard
+    from grafana_foundation_sdk.models import dashboard as dm
+
     b = (
         dashboard.Dashboard(d.title)
         .uid(d.uid)
@@ -651,7 +650,7 @@ def build(d: DashboardDef, missing: list[str] | None = None) -> dict[str, Any]:
         b = b.with_variable(
             dashboard.QueryVariable(name)
             .label(name)
-            .datasource(ds)
+            .datasource(_datasource())
             .query(query)
             .multi(True)
             .include_all(True)
@@ -663,26 +662,38 @@ def build(d: DashboardDef, missing: list[str] | None = None) -> dict[str, Any]:
         b = b.annotation(
             dashboard.AnnotationQuery()
             .name(name)
-            .datasource(ds)
+            .datasource(_datasource())
             .enable(True)
             .icon_color(colour)
             .expr(expr)
         )
-    if missing:
-        lines = "\n".join(f"- `{m}`" for m in missing)
-        b = b.with_panel(
-            text.Panel()
-            .title("Series missing from this datasource")
-            .height(6)
-            .span(24)
-            .mode(_text_mode())
-            .content(
-                "This datasource lacks series these panels read, so they would stay empty:\n\n"
-                f"{lines}\n\nLoad the rule files of `rules/` into its Prometheus "
-                "(`rule_files: [rules/*.yml]`) and scrape the collectors and engines; "
-                "see docs/operate/grafana.md."
-            )
+    return b
+
+
+def _missing_panel(missing: list[str]) -> Any:
+    from grafana_foundation_sdk.builders import text
+
+    lines = "\n".join(f"- `{m}`" for m in missing)
+    return (
+        text.Panel()
+        .title("Series missing from this datasource")
+        .height(6)
+        .span(24)
+        .mode(_text_mode())
+        .content(
+            "This datasource lacks series these panels read, so they would stay empty:\n\n"
+            f"{lines}\n\nLoad the rule files of `rules/` into its Prometheus "
+            "(`rule_files: [rules/*.yml]`) and scrape the collectors and engines; "
+            "see docs/operate/grafana.md."
         )
+    )
+
+
+def _panel(p: PanelDef) -> Any:
+    """One panel: its kind's builder, the common settings, the queries, the thresholds and the
+    options of its kind (:data:`_KIND_OPTIONS`)."""
+    from grafana_foundation_sdk.builders import bargauge, heatmap, stat, table, timeseries
+
     kinds: dict[str, Any] = {
         "timeseries": timeseries.Panel,
         "stat": stat.Panel,
@@ -690,67 +701,96 @@ def build(d: DashboardDef, missing: list[str] | None = None) -> dict[str, Any]:
         "heatmap": heatmap.Panel,
         "bargauge": bargauge.Panel,
     }
-    for p in d.panels:
-        if p.kind not in kinds:
-            raise GrafanaError(f"panel {p.title!r}: unknown kind {p.kind!r}")
-        pb = (
-            kinds[p.kind]()
-            .title(p.title)
-            .description(p.description)
-            .datasource(ds)
-            .unit(p.unit)
-            .height(8)
-            .span(p.width)
-        )
-        if p.no_value:
-            pb = pb.no_value(p.no_value)
-        for i, q in enumerate(p.queries):
-            t = (
-                prometheus.Dataquery()
-                .expr(q.expr)
-                .ref_id(chr(ord("A") + i))
-                .legend_format(q.legend or "__auto")
-            )
-            if q.instant:
-                t = t.instant().format(
-                    pm.PromQueryFormat.TABLE
-                    if p.kind == "table"
-                    else pm.PromQueryFormat.TIME_SERIES
-                )
-            elif p.kind == "heatmap":
-                t = t.range().format(pm.PromQueryFormat.HEATMAP)
-            else:
-                t = t.range()
-            pb = pb.with_target(t)
-        if p.thresholds:
-            steps = [dm.Threshold(value=None, color="green")] + [
-                dm.Threshold(value=v, color="red") for v in p.thresholds
-            ]
-            pb = pb.thresholds(
-                dashboard.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
-            )
-            if p.kind == "timeseries":
-                pb = pb.thresholds_style(
-                    cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED)
-                )
-        if p.kind == "timeseries" and p.stack:
-            pb = pb.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(30)
-        if p.kind == "timeseries":
-            pb = pb.legend(
-                cb.VizLegendOptions()
-                .show_legend(True)
-                .display_mode(cm.LegendDisplayMode.LIST)
-                .placement(cm.LegendPlacement.BOTTOM)
-            )
-        elif p.kind in ("stat", "bargauge"):
-            pb = pb.reduce_options(cb.ReduceDataOptions().values(False).calcs(["lastNotNull"]))
-        elif p.kind == "table":
-            pb = pb.show_header(True)
-        if p.kind == "heatmap":
-            pb = pb.calculate(False).y_axis(heatmap.YAxisConfig().unit("s"))
-        b = b.with_panel(pb)
-    out: dict[str, Any] = json.loads(json.dumps(b.build(), cls=JSONEncoder))
-    return out
+    if p.kind not in kinds:
+        raise GrafanaError(f"panel {p.title!r}: unknown kind {p.kind!r}")
+    pb = (
+        kinds[p.kind]()
+        .title(p.title)
+        .description(p.description)
+        .datasource(_datasource())
+        .unit(p.unit)
+        .height(8)
+        .span(p.width)
+    )
+    if p.no_value:
+        pb = pb.no_value(p.no_value)
+    for i, q in enumerate(p.queries):
+        pb = pb.with_target(_target(q, chr(ord("A") + i), p.kind))
+    if p.thresholds:
+        pb = _thresholds(pb, p)
+    return _KIND_OPTIONS[p.kind](pb, p)
+
+
+def _target(q: Query, ref_id: str, kind: str) -> Any:
+    """A Prometheus query: an instant one as a table (tables) or a time series, a range one as
+    time series (heatmaps: buckets)."""
+    from grafana_foundation_sdk.builders import prometheus
+    from grafana_foundation_sdk.models import prometheus as pm
+
+    t = prometheus.Dataquery().expr(q.expr).ref_id(ref_id).legend_format(q.legend or "__auto")
+    if q.instant:
+        fmt = pm.PromQueryFormat.TABLE if kind == "table" else pm.PromQueryFormat.TIME_SERIES
+        return t.instant().format(fmt)
+    if kind == "heatmap":
+        return t.range().format(pm.PromQueryFormat.HEATMAP)
+    return t.range()
+
+
+def _thresholds(pb: Any, p: PanelDef) -> Any:
+    """Green below, red from each threshold; drawn as dashed lines on a time series."""
+    from grafana_foundation_sdk.builders import common as cb
+    from grafana_foundation_sdk.builders import dashboard
+    from grafana_foundation_sdk.models import common as cm
+    from grafana_foundation_sdk.models import dashboard as dm
+
+    steps = [dm.Threshold(value=None, color="green")] + [
+        dm.Threshold(value=v, color="red") for v in p.thresholds
+    ]
+    pb = pb.thresholds(dashboard.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
+    if p.kind == "timeseries":
+        style = cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED)
+        pb = pb.thresholds_style(style)
+    return pb
+
+
+def _timeseries_options(pb: Any, p: PanelDef) -> Any:
+    from grafana_foundation_sdk.builders import common as cb
+    from grafana_foundation_sdk.models import common as cm
+
+    if p.stack:
+        pb = pb.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(30)
+    return pb.legend(
+        cb.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(cm.LegendDisplayMode.LIST)
+        .placement(cm.LegendPlacement.BOTTOM)
+    )
+
+
+def _last_value_options(pb: Any, p: PanelDef) -> Any:
+    from grafana_foundation_sdk.builders import common as cb
+
+    return pb.reduce_options(cb.ReduceDataOptions().values(False).calcs(["lastNotNull"]))
+
+
+def _table_options(pb: Any, p: PanelDef) -> Any:
+    return pb.show_header(True)
+
+
+def _heatmap_options(pb: Any, p: PanelDef) -> Any:
+    from grafana_foundation_sdk.builders import heatmap
+
+    return pb.calculate(False).y_axis(heatmap.YAxisConfig().unit("s"))
+
+
+# What each kind of panel sets beyond the common settings.
+_KIND_OPTIONS: dict[str, Callable[[Any, PanelDef], Any]] = {
+    "timeseries": _timeseries_options,
+    "stat": _last_value_options,
+    "bargauge": _last_value_options,
+    "table": _table_options,
+    "heatmap": _heatmap_options,
+}
 
 
 def _text_mode() -> Any:

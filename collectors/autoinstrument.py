@@ -33,12 +33,15 @@ contrib instrumentations pass theirs, so the same hooks serve both. A hook that 
 in ``warmscope.telemetry.errors{stage="hook"}``; the command goes on. ``instrument()`` twice is a
 no-op (``BaseInstrumentor``); ``uninstrument()`` restores the classes (clients built meanwhile
 keep their instrumented transport).
+
+Each patch is a small module-level wrapper factory (``_redis_command`` and the like) handed to
+wrapt's ``wrap_function_wrapper`` and undone with ``unwrap``, as the opentelemetry-python-contrib
+instrumentations do: a wrapper gets ``(wrapped, instance, args, kwargs)`` and can be tested alone.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import importlib
 import os
 from collections.abc import Callable, Collection
 from typing import Any
@@ -47,6 +50,8 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,
 )
+from opentelemetry.instrumentation.utils import unwrap
+from wrapt import wrap_function_wrapper
 
 from .context import INTERNAL
 from .pipeline import Telemetry, current_telemetry, setup
@@ -55,6 +60,7 @@ from .redis import _Interpreter, _queued, is_instrumented
 __all__ = ["WarmscopeInstrumentor"]
 
 Hook = Callable[..., Any] | None
+Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _call(hook: Hook, tel: Telemetry, what: str, *args: Any) -> None:
@@ -66,27 +72,233 @@ def _call(hook: Hook, tel: Telemetry, what: str, *args: Any) -> None:
         tel.aggregator.count_error("hook", what, e)
 
 
+# ---- Redis: what the sync and async wrappers share ----------------------------------------------
+
+
+class _RedisHooks:
+    """A Redis command's or pipeline's way through warmscope: whether it is observed (not counted
+    already by a hand-instrumented client, not warmscope's own traffic), then its replies
+    interpreted (hits, misses, writes, errors) and the hooks called. ``*_asked`` return what the
+    answer is read against (the command's arguments, the pipeline's queued commands) or None."""
+
+    def __init__(self, interp: _Interpreter, tel: Telemetry, req: Hook, resp: Hook) -> None:
+        self.interp, self.tel, self.req, self.resp = interp, tel, req, resp
+
+    def _observed(self, client: Any) -> bool:
+        return not (is_instrumented(client) or INTERNAL.get())
+
+    def command_asked(
+        self, client: Any, args: tuple[Any, ...], options: dict[str, Any]
+    ) -> tuple[Any, ...] | None:
+        if not self._observed(client):
+            return None
+        _call(self.req, self.tel, "redis request_hook", client, args, options)
+        return args
+
+    def command_failed(self, args: tuple[Any, ...], e: Exception) -> None:
+        self.interp.outcome(args, e)
+
+    def command_answered(self, client: Any, args: tuple[Any, ...], reply: Any) -> Any:
+        self.interp.outcome(args, reply)
+        _call(self.resp, self.tel, "redis response_hook", client, reply)
+        return reply
+
+    def pipeline_asked(
+        self, pipe: Any, args: tuple[Any, ...], options: dict[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
+        if not self._observed(pipe):
+            return None
+        try:
+            stack = _queued(pipe)
+        except Exception as e:
+            self.interp.failed("redis pipeline inspection", e)
+            stack = []
+        _call(self.req, self.tel, "redis request_hook", pipe, ("PIPELINE",), {"stack": stack})
+        return stack
+
+    def pipeline_failed(self, stack: list[tuple[Any, ...]], e: Exception) -> None:
+        for args in stack:
+            self.interp.outcome(args, e)
+
+    def pipeline_answered(self, pipe: Any, stack: list[tuple[Any, ...]], replies: Any) -> Any:
+        for args, reply in zip(stack, replies, strict=False):
+            self.interp.outcome(args, reply)
+        _call(self.resp, self.tel, "redis response_hook", pipe, replies)
+        return replies
+
+
+def _observing(
+    asked: Callable[..., Any], failed: Callable[..., None], answered: Callable[..., Any]
+) -> Wrapper:
+    """A wrapper that asks, calls, and hands the reply or the error on (the error is raised
+    again unchanged)."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        what = asked(instance, args, kwargs)
+        if what is None:
+            return wrapped(*args, **kwargs)
+        try:
+            reply = wrapped(*args, **kwargs)
+        except Exception as e:
+            failed(what, e)
+            raise
+        return answered(instance, what, reply)
+
+    return wrapper
+
+
+def _async_observing(
+    asked: Callable[..., Any], failed: Callable[..., None], answered: Callable[..., Any]
+) -> Wrapper:
+    """:func:`_observing` for a coroutine method (``redis.asyncio``)."""
+
+    async def wrapper(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        what = asked(instance, args, kwargs)
+        if what is None:
+            return await wrapped(*args, **kwargs)
+        try:
+            reply = await wrapped(*args, **kwargs)
+        except Exception as e:
+            failed(what, e)
+            raise
+        return answered(instance, what, reply)
+
+    return wrapper
+
+
+def _redis_command(hooks: _RedisHooks) -> Wrapper:
+    """``Redis.execute_command``: each command observed."""
+    return _observing(hooks.command_asked, hooks.command_failed, hooks.command_answered)
+
+
+def _async_redis_command(hooks: _RedisHooks) -> Wrapper:
+    return _async_observing(hooks.command_asked, hooks.command_failed, hooks.command_answered)
+
+
+def _redis_pipeline(hooks: _RedisHooks) -> Wrapper:
+    """``Pipeline.execute``: each queued command observed with its reply."""
+    return _observing(hooks.pipeline_asked, hooks.pipeline_failed, hooks.pipeline_answered)
+
+
+def _async_redis_pipeline(hooks: _RedisHooks) -> Wrapper:
+    return _async_observing(hooks.pipeline_asked, hooks.pipeline_failed, hooks.pipeline_answered)
+
+
+# (module, class, method, wrapper factory): what instrument() patches in redis-py.
+_REDIS_TARGETS: tuple[tuple[str, str, str, Callable[[_RedisHooks], Wrapper]], ...] = (
+    ("redis.client", "Redis", "execute_command", _redis_command),
+    ("redis.client", "Pipeline", "execute", _redis_pipeline),
+    ("redis.asyncio.client", "Redis", "execute_command", _async_redis_command),
+    ("redis.asyncio.client", "Pipeline", "execute", _async_redis_pipeline),
+)
+
+
+# ---- the OpenAI client ---------------------------------------------------------------------------
+
+
+def _openai_init(tel: Telemetry, req: Hook, resp: Hook, is_async: bool) -> Wrapper:
+    """``OpenAI.__init__`` / ``AsyncOpenAI.__init__``: the client's httpx client sends through
+    warmscope's instrumented transport (a new httpx client when the caller gave none); a client
+    of an unknown shape works uninstrumented."""
+    import httpx
+
+    from .llm import LLMRecorder
+    from .openai_client import AsyncInstrumentedTransport, InstrumentedTransport
+
+    recorder: list[LLMRecorder] = []  # one for every client, made at the first
+
+    class Hooked(InstrumentedTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            _call(req, tel, "openai request_hook", request)
+            r = super().handle_request(request)
+            _call(resp, tel, "openai response_hook", request, r)
+            return r
+
+    class AsyncHooked(AsyncInstrumentedTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            _call(req, tel, "openai request_hook", request)
+            r = await super().handle_async_request(request)
+            _call(resp, tel, "openai response_hook", request, r)
+            return r
+
+    def hooked(t: Any) -> Any:
+        if t is None or isinstance(t, (InstrumentedTransport, AsyncInstrumentedTransport)):
+            return t
+        if not recorder:
+            recorder.append(LLMRecorder(tel))
+        return (AsyncHooked if is_async else Hooked)(t, recorder=recorder[0])
+
+    def instrumented(http: Any) -> Any:
+        if http is None:
+            http = (httpx.AsyncClient if is_async else httpx.Client)(follow_redirects=True)
+        # e.g. an httpx2 client of the caller's (openai accepts httpx's and httpx2's)
+        if not isinstance(http, (httpx.AsyncClient, httpx.Client)):
+            tel.aggregator.count_error(
+                "hook",
+                "openai http_client not httpx: not instrumented",
+                TypeError(type(http).__name__),
+            )
+            return http
+        http._transport = hooked(http._transport)
+        http._mounts = {k: hooked(v) for k, v in http._mounts.items()}
+        return http
+
+    def wrapper(wrapped: Any, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            kwargs["http_client"] = instrumented(kwargs.get("http_client"))
+        except Exception as e:  # an unknown client shape: it works uninstrumented
+            tel.aggregator.count_error("hook", "openai client instrumentation", e)
+        wrapped(*args, **kwargs)
+
+    return wrapper
+
+
 class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """warmscope's Redis and OpenAI-client instrumentation as an OpenTelemetry instrumentor."""
 
-    _patched: list[tuple[Any, str, Any]]
+    _wrapped: list[tuple[Any, str]]  # (class, method) wrapped, in order
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # each library is patched when it is importable; none is required
 
     def _instrument(self, **kwargs: Any) -> None:
-        self._patched = []
+        self._wrapped = []
         tel: Telemetry = kwargs.get("telemetry") or setup()
         req, resp = kwargs.get("request_hook"), kwargs.get("response_hook")
         if kwargs.get("redis", True):
             layer = (
                 kwargs.get("redis_layer") or os.environ.get("WARMSCOPE_REDIS_LAYER") or "response"
             )
-            self._redis(_Interpreter(layer, tel), tel, req, resp)
+            self._redis(_RedisHooks(_Interpreter(layer, tel), tel, req, resp))
         if kwargs.get("openai", True):
             self._openai(tel, req, resp)
         if kwargs.get("genai_spans", True):
             self._genai_spans(tel, kwargs.get("tracer_provider"))
+
+    def _wrap(self, owner: Any, name: str, wrapper: Wrapper) -> None:
+        wrap_function_wrapper(owner, name, wrapper)
+        self._wrapped.append((owner, name))
+
+    def _redis(self, hooks: _RedisHooks) -> None:
+        try:
+            owners = [importlib.import_module(m) for m, _, _, _ in _REDIS_TARGETS]
+        except ImportError:
+            return
+        for owner, (_, cls, method, factory) in zip(owners, _REDIS_TARGETS, strict=True):
+            self._wrap(getattr(owner, cls), method, factory(hooks))
+
+    def _openai(self, tel: Telemetry, req: Hook, resp: Hook) -> None:
+        try:
+            import httpx  # noqa: F401  # the transports' and the client's
+            import openai
+
+            from . import llm, openai_client  # noqa: F401
+        except ImportError:
+            return
+        self._wrap(openai.OpenAI, "__init__", _openai_init(tel, req, resp, False))
+        self._wrap(openai.AsyncOpenAI, "__init__", _openai_init(tel, req, resp, True))
 
     def _genai_spans(self, tel: Telemetry, provider: Any) -> None:
         """Read the GenAI usage attributes of every span back into warmscope's counts (an SDK
@@ -108,190 +320,9 @@ class WarmscopeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         proc = getattr(self, "_span_processor", None)
         if proc is not None:  # an SDK provider cannot drop a processor: it stops counting
             proc.active = False
-        for owner, name, orig in reversed(getattr(self, "_patched", [])):
-            setattr(owner, name, orig)
-        self._patched = []
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        orig = owner.__dict__[name]
-        self._patched.append((owner, name, orig))
-        setattr(owner, name, functools.wraps(orig)(make(orig)))
-
-    # ---- Redis ---------------------------------------------------------------------------------
-
-    def _redis(self, interp: _Interpreter, tel: Telemetry, req: Hook, resp: Hook) -> None:
-        try:
-            import redis
-            import redis.asyncio
-            import redis.asyncio.client
-            import redis.client
-        except ImportError:
-            return
-
-        # The shared part of the sync and async wrappers, which differ only by their await.
-        def asked(client: Any, args: tuple[Any, ...], options: dict[str, Any]) -> bool:
-            """Whether a command is observed: not counted already (an instrumented client),
-            not warmscope's own. When it is, the request hook has been called."""
-            if is_instrumented(client) or INTERNAL.get():
-                return False
-            _call(req, tel, "redis request_hook", client, args, options)
-            return True
-
-        def answered(client: Any, args: tuple[Any, ...], r: Any) -> Any:
-            """A command's reply ``r``, once interpreted and given to the response hook."""
-            interp.outcome(args, r)
-            _call(resp, tel, "redis response_hook", client, r)
-            return r
-
-        def command(orig: Any) -> Any:
-            if inspect.iscoroutinefunction(orig):
-
-                async def acall(self: Any, *args: Any, **options: Any) -> Any:
-                    if not asked(self, args, options):
-                        return await orig(self, *args, **options)
-                    try:
-                        r = await orig(self, *args, **options)
-                    except Exception as e:
-                        interp.outcome(args, e)
-                        raise
-                    return answered(self, args, r)
-
-                return acall
-
-            def call(self: Any, *args: Any, **options: Any) -> Any:
-                if not asked(self, args, options):
-                    return orig(self, *args, **options)
-                try:
-                    r = orig(self, *args, **options)
-                except Exception as e:
-                    interp.outcome(args, e)
-                    raise
-                return answered(self, args, r)
-
-            return call
-
-        def done(stack: list[tuple[Any, ...]], results: Any) -> None:
-            for args, r in zip(stack, results, strict=False):
-                interp.outcome(args, r)
-
-        def pipe_asked(pipe: Any) -> list[tuple[Any, ...]] | None:
-            """The commands of a pipeline that is observed (see ``asked``), after the request
-            hook; None when it is not."""
-            if is_instrumented(pipe) or INTERNAL.get():
-                return None
-            try:
-                stack = _queued(pipe)
-            except Exception as e:
-                interp.failed("redis pipeline inspection", e)
-                stack = []
-            _call(req, tel, "redis request_hook", pipe, ("PIPELINE",), {"stack": stack})
-            return stack
-
-        def pipe_answered(pipe: Any, stack: list[tuple[Any, ...]], results: Any) -> Any:
-            done(stack, results)
-            _call(resp, tel, "redis response_hook", pipe, results)
-            return results
-
-        def execute(orig: Any) -> Any:
-            if inspect.iscoroutinefunction(orig):
-
-                async def aexecute(self: Any, raise_on_error: bool = True) -> Any:
-                    stack = pipe_asked(self)
-                    if stack is None:
-                        return await orig(self, raise_on_error)
-                    try:
-                        results = await orig(self, raise_on_error)
-                    except Exception as e:
-                        done(stack, [e] * len(stack))
-                        raise
-                    return pipe_answered(self, stack, results)
-
-                return aexecute
-
-            def sexecute(self: Any, raise_on_error: bool = True) -> Any:
-                stack = pipe_asked(self)
-                if stack is None:
-                    return orig(self, raise_on_error)
-                try:
-                    results = orig(self, raise_on_error)
-                except Exception as e:
-                    done(stack, [e] * len(stack))
-                    raise
-                return pipe_answered(self, stack, results)
-
-            return sexecute
-
-        self._patch(redis.client.Redis, "execute_command", command)
-        self._patch(redis.client.Pipeline, "execute", execute)
-        self._patch(redis.asyncio.client.Redis, "execute_command", command)
-        self._patch(redis.asyncio.client.Pipeline, "execute", execute)
-
-    # ---- OpenAI client -------------------------------------------------------------------------
-
-    def _openai(self, tel: Telemetry, req: Hook, resp: Hook) -> None:
-        try:
-            import httpx
-            import openai
-
-            from .llm import LLMRecorder
-            from .openai_client import AsyncInstrumentedTransport, InstrumentedTransport
-        except ImportError:
-            return
-        recorder: list[LLMRecorder] = []
-
-        def shared() -> LLMRecorder:
-            if not recorder:
-                recorder.append(LLMRecorder(tel))
-            return recorder[0]
-
-        class _Hooked(InstrumentedTransport):
-            def handle_request(self, request: httpx.Request) -> httpx.Response:
-                _call(req, tel, "openai request_hook", request)
-                r = super().handle_request(request)
-                _call(resp, tel, "openai response_hook", request, r)
-                return r
-
-        class _AsyncHooked(AsyncInstrumentedTransport):
-            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-                _call(req, tel, "openai request_hook", request)
-                r = await super().handle_async_request(request)
-                _call(resp, tel, "openai response_hook", request, r)
-                return r
-
-        def wrap_transport(t: Any, is_async: bool) -> Any:
-            if t is None or isinstance(t, (InstrumentedTransport, AsyncInstrumentedTransport)):
-                return t
-            return (_AsyncHooked if is_async else _Hooked)(t, recorder=shared())
-
-        def instrumented(http: Any, is_async: bool) -> Any:
-            """``http`` (an httpx client: openai accepts httpx's and httpx2's) sending through
-            warmscope's transport; a new httpx client when the caller gave none."""
-            if http is None:
-                http = (httpx.AsyncClient if is_async else httpx.Client)(follow_redirects=True)
-            # e.g. an httpx2 client of the caller's
-            if not isinstance(http, (httpx.AsyncClient, httpx.Client)):
-                tel.aggregator.count_error(
-                    "hook",
-                    "openai http_client not httpx: not instrumented",
-                    TypeError(type(http).__name__),
-                )
-                return http
-            http._transport = wrap_transport(http._transport, is_async)
-            http._mounts = {k: wrap_transport(v, is_async) for k, v in http._mounts.items()}
-            return http
-
-        def init(orig: Any, is_async: bool) -> Any:
-            def __init__(self: Any, *a: Any, **kw: Any) -> None:  # noqa: N807
-                try:
-                    kw["http_client"] = instrumented(kw.get("http_client"), is_async)
-                except Exception as e:  # an unknown client shape: it works uninstrumented
-                    tel.aggregator.count_error("hook", "openai client instrumentation", e)
-                orig(self, *a, **kw)
-
-            return __init__
-
-        self._patch(openai.OpenAI, "__init__", lambda orig: init(orig, False))
-        self._patch(openai.AsyncOpenAI, "__init__", lambda orig: init(orig, True))
+        for owner, name in reversed(getattr(self, "_wrapped", [])):
+            unwrap(owner, name)
+        self._wrapped = []
 
 
 def telemetry() -> Telemetry:

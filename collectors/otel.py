@@ -3,11 +3,21 @@
 Counters are OTel *observable* counters whose callbacks sum the aggregator's
 per-thread dicts, so the SDK's cost is paid once per export interval instead of
 ~7 µs per lookup. The OTel API has no observable histogram, so the request
-histograms (already bucketed by the aggregator) are appended to each
-collection by warmscope's reader classes (:class:`InMemoryReader`,
-:class:`PeriodicReader`, :class:`PrometheusReader`) as cumulative
-``Histogram`` points. With a meter provider whose readers are not warmscope's,
-counters still export and histograms do not.
+histograms (already bucketed by the aggregator) reach each exporter through
+warmscope's readers (:class:`InMemoryReader`, :class:`PeriodicReader`,
+:class:`PrometheusReader`) by public routes only:
+
+* a reader's collection runs the observable callbacks of every pipeline on its meter provider
+  on the collecting thread; each callback notes its pipeline there, and the reader binds the
+  pipelines noted during its own collection (:class:`Histograms`), so it exports the histograms
+  of the pipelines it reads and of no other provider's;
+* the in-memory reader adds them to what ``get_metrics_data()`` returns, the periodic reader's
+  exporter adds them to each batch before the wrapped exporter sends it, and the Prometheus
+  reader registers a prometheus_client custom collector beside the OTel one that yields them as
+  histogram families at each scrape.
+
+With a meter provider whose readers are not warmscope's, counters still export and
+histograms do not.
 
 ``exporter = "otlp"`` sends OTLP/HTTP to ``OTEL_EXPORTER_OTLP_ENDPOINT`` (default
 ``http://127.0.0.1:4318``); ``exporter = "prometheus"`` serves a scrape endpoint
@@ -23,6 +33,7 @@ Example (tests)::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -45,6 +56,8 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     Metric,
+    MetricExporter,
+    MetricExportResult,
     MetricsData,
     PeriodicExportingMetricReader,
     ResourceMetrics,
@@ -52,14 +65,16 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from prometheus_client.core import HistogramMetricFamily
 from warmscope.model import records, schema
-from warmscope.model.records import COLUMN_ATTRS
+from warmscope.model.records import COLUMN_ATTRS, prom_label
 
 from .aggregator import H_COUNT, H_SUM, HISTOGRAM_LABELS, HISTOGRAMS, Aggregator
 from .warm_tracking import S_BYTES, S_GPU_S, S_KEYS, S_RUNS
 
 __all__ = [
     "OTelBridge",
+    "Histograms",
     "InMemoryReader",
     "PeriodicReader",
     "PrometheusReader",
@@ -71,37 +86,87 @@ __all__ = [
 SCOPE = "warmscope.collectors"
 _CARDINALITY = 100_000  # our own caps bound series; the SDK default (2000) would drop some
 
+# The pipelines whose observable callbacks ran on this thread since a warmscope reader last
+# started a collection here (OTelBridge notes them; a reader binds them, see Histograms).
+_SEEN = threading.local()
 
-class _HistogramInjection:
-    """Mixin: appends the aggregator's histograms to each collection.
 
-    It overrides ``MetricReader._receive_metrics``, the method through which
-    the SDK hands every reader its collection. The name is private: the OTel
-    API has no observable histogram, and the Prometheus reader offers no
-    public hook into the data it translates, so no public route yields the
-    same series. ``pyproject.toml`` therefore pins the SDK and the Prometheus
-    exporter to the tested range, and ``tests/collectors/test_otel_sdk_contract.py``
-    fails when the method moves or changes shape."""
+def _seen() -> dict[int, tuple[Aggregator, int]]:
+    seen: dict[int, tuple[Aggregator, int]] | None = getattr(_SEEN, "aggs", None)
+    if seen is None:
+        seen = _SEEN.aggs = {}
+    return seen
 
-    _ws_aggs: list[tuple[Aggregator, int]] | None = None
 
-    def ws_bind(self, agg: Aggregator) -> None:
-        """Add an aggregator whose histograms this reader appends (several
-        pipelines may share one provider, e.g. simulated replicas)."""
-        if self._ws_aggs is None:
-            self._ws_aggs = []
-        if all(a is not agg for a, _ in self._ws_aggs):
-            self._ws_aggs.append((agg, time.time_ns()))
+class Histograms:
+    """The aggregators whose request histograms one reader exports (several pipelines may share
+    a provider, e.g. simulated replicas), each with the time its pipeline started."""
 
-    def _receive_metrics(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any
-    ) -> None:
-        for agg, start_ns in self._ws_aggs or ():
+    def __init__(self) -> None:
+        self._aggs: list[tuple[Aggregator, int]] = []
+
+    @staticmethod
+    def start() -> None:
+        """A collection starts on this thread: forget the pipelines seen before it."""
+        _seen().clear()
+
+    def bind_seen(self) -> None:
+        """Bind the pipelines whose callbacks this thread's collection ran (once each)."""
+        seen = _seen()
+        for agg, start_ns in seen.values():
+            if all(a is not agg for a, _ in self._aggs):
+                self._aggs.append((agg, start_ns))
+        seen.clear()
+
+    def inject(self, md: MetricsData) -> MetricsData:
+        """``md`` with the histograms added (in the scope ``SCOPE``)."""
+        for agg, start_ns in self._aggs:
             try:
-                metrics_data = _inject(metrics_data, agg, start_ns)
+                md = _inject(md, agg, start_ns)
             except Exception as e:  # never break export
                 agg.count_error("export", "histogram injection", e)
-        super()._receive_metrics(metrics_data, timeout_millis, **kw)  # type: ignore[misc]
+        return md
+
+    def families(self, prefix: str = "", scope_labels: bool = True) -> list[HistogramMetricFamily]:
+        """The histograms as Prometheus metric families, one per histogram, named and labelled
+        as the OTel Prometheus exporter names and labels what it translates (each pipeline's
+        points with its own scope: ``SCOPE`` and the replica as the scope's version)."""
+        by_name: dict[str, tuple[Metric, list[dict[str, str]], list[HistogramDataPoint]]] = {}
+        for agg, start_ns in self._aggs:
+            try:
+                scope = {"otel_scope_name": SCOPE, "otel_scope_version": agg.replica}
+                scope["otel_scope_schema_url"] = ""
+                for m in _histogram_metrics(agg, start_ns):
+                    _, rows, points = by_name.setdefault(m.name, (m, [], []))
+                    assert isinstance(m.data, Histogram)
+                    for p in m.data.data_points:
+                        attrs = {prom_label(k): str(v) for k, v in (p.attributes or {}).items()}
+                        rows.append({**(scope if scope_labels else {}), **attrs})
+                        points.append(p)
+            except Exception as e:  # never break a scrape
+                agg.count_error("export", "histogram families", e)
+        return [_family(m, rows, points, prefix) for m, rows, points in by_name.values()]
+
+
+def _family(
+    m: Metric, rows: list[dict[str, str]], points: list[HistogramDataPoint], prefix: str
+) -> HistogramMetricFamily:
+    inst = next(h for h, _ in HISTOGRAMS if h.name == m.name)
+    keys = sorted({k for r in rows for k in r})
+    name = schema.prom_name(inst)
+    fam = HistogramMetricFamily(
+        f"{prefix}_{name}" if prefix else name,
+        m.description or "",
+        labels=keys,
+        unit=schema.prom_unit(inst),
+    )
+    for row, p in zip(rows, points, strict=True):
+        cumulative, buckets = 0, []
+        for edge, n in zip([*p.explicit_bounds, "+Inf"], p.bucket_counts, strict=True):
+            cumulative += n
+            buckets.append((f"{edge}", cumulative))
+        fam.add_metric([row.get(k, "") for k in keys], buckets=buckets, sum_value=p.sum)
+    return fam
 
 
 def _limits() -> dict[type, int]:
@@ -118,25 +183,119 @@ def _limits() -> dict[type, int]:
     }
 
 
-class InMemoryReader(_HistogramInjection, InMemoryMetricReader):
+class InMemoryReader(InMemoryMetricReader):
     def __init__(self, **kw: Any) -> None:
         kw.setdefault("cardinality_limits", _limits())
+        self.histograms = Histograms()
         super().__init__(**kw)
 
+    def get_metrics_data(self) -> MetricsData | None:
+        self.histograms.start()
+        md = super().get_metrics_data()
+        self.histograms.bind_seen()
+        return None if md is None else self.histograms.inject(md)
 
-class PeriodicReader(_HistogramInjection, PeriodicExportingMetricReader):
-    def __init__(self, exporter: Any, **kw: Any) -> None:
+
+class _HistogramExporter(MetricExporter):
+    """Adds a reader's histograms to each batch, then lets the wrapped exporter send it."""
+
+    def __init__(self, inner: MetricExporter, histograms: Histograms) -> None:
+        # The wrapped exporter's preferences, as MetricExporter keeps them (and
+        # PeriodicExportingMetricReader reads them); the SDK's defaults when it has none.
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
+        self.inner, self.histograms = inner, histograms
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any
+    ) -> MetricExportResult:
+        self.histograms.bind_seen()  # the collection that made this batch ran on this thread
+        md = self.histograms.inject(metrics_data)
+        return self.inner.export(md, timeout_millis=timeout_millis, **kw)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kw)
+
+
+class PeriodicReader(PeriodicExportingMetricReader):
+    """Exports through ``exporter`` with the histograms added. Its own thread collects on a
+    timer; a flush or the shutdown collects on the caller's thread (they start the collection)."""
+
+    def __init__(self, exporter: MetricExporter, **kw: Any) -> None:
         kw.setdefault("cardinality_limits", _limits())
-        super().__init__(exporter, **kw)
+        self.histograms = Histograms()
+        super().__init__(_HistogramExporter(exporter, self.histograms), **kw)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        self.histograms.start()
+        return super().force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+        self.histograms.start()
+        super().shutdown(timeout_millis, **kw)
+
+
+class _ScrapeStart:
+    """A prometheus_client collector registered before the OTel one: a scrape's collection
+    starts (its collectors run in the order they were registered)."""
+
+    def __init__(self, histograms: Histograms) -> None:
+        self.histograms = histograms
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        self.histograms.start()
+        yield from ()
+
+
+class _HistogramCollector:
+    """A prometheus_client custom collector registered after the OTel one: the histograms of the
+    pipelines the scrape's collection ran, as metric families."""
+
+    def __init__(self, histograms: Histograms, prefix: str, scope_labels: bool) -> None:
+        self.histograms, self.prefix, self.scope_labels = histograms, prefix, scope_labels
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        self.histograms.bind_seen()
+        yield from self.histograms.families(self.prefix, self.scope_labels)
 
 
 def _prometheus_reader_cls() -> type[Any]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import REGISTRY, CollectorRegistry
 
-    class PrometheusReader(_HistogramInjection, PrometheusMetricReader):
-        def __init__(self, **kw: Any) -> None:
+    class PrometheusReader(PrometheusMetricReader):
+        """The OTel Prometheus reader, and beside its collector on ``registry`` one that yields
+        the histograms (``resource_attribute_filter`` labels the counters only)."""
+
+        def __init__(
+            self,
+            registry: CollectorRegistry = REGISTRY,
+            prefix: str = "",
+            scope_info_enabled: bool = True,
+            **kw: Any,
+        ) -> None:
             kw.setdefault("cardinality_limits", _limits())
-            super().__init__(**kw)
+            self.histograms = h = Histograms()
+            self._registry_ws = registry
+            self._collectors_ws = (
+                _ScrapeStart(h),
+                _HistogramCollector(h, prefix, scope_info_enabled),
+            )
+            registry.register(self._collectors_ws[0])  # before the OTel collector
+            super().__init__(
+                registry=registry, prefix=prefix, scope_info_enabled=scope_info_enabled, **kw
+            )
+            registry.register(self._collectors_ws[1])  # after it
+
+        def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+            for c in self._collectors_ws:
+                self._registry_ws.unregister(c)
+            super().shutdown(timeout_millis, **kw)
 
     return PrometheusReader
 
@@ -223,7 +382,6 @@ def _counting_exporter(agg: Aggregator | None, **kw: Any) -> Any:
     errors) are counted in ``warmscope.telemetry.errors{stage="export"}``; the
     SDK itself only logs them."""
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics.export import MetricExportResult
 
     class CountingOTLPExporter(OTLPMetricExporter):
         # the SDK declares timeout_millis as float | None
@@ -339,10 +497,7 @@ class OTelBridge:
         if provider is None:
             provider, self._server = build_provider(cfg, agg)
         self.provider = provider
-        # A provider keeps its readers privately; find ours to bind them.
-        for r in getattr(provider, "_metric_readers", ()):
-            if isinstance(r, _HistogramInjection):
-                r.ws_bind(agg)
+        self.start_ns = time.time_ns()  # the histograms' start time
         self._register(provider.get_meter(SCOPE, version=agg.replica))
 
     def _safe(
@@ -350,6 +505,7 @@ class OTelBridge:
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
             try:
+                _seen()[id(self.agg)] = (self.agg, self.start_ns)  # see Histograms.bind_seen
                 return list(fn())
             except Exception as e:
                 self.agg.count_error("export", "observable callback", e)
@@ -399,9 +555,8 @@ class OTelBridge:
         self,
     ) -> list[tuple[schema.Instrument, Callable[[], Iterable[Observation]]]]:
         agg = self.agg
-        attrs_sla = (
-            schema.REQUESTS.attributes
-        )  # REQUEST_LABELS + sla_met: the request series' label order
+        # REQUEST_LABELS + sla_met: the request series' label order
+        attrs_sla = schema.REQUESTS.attributes
 
         def req(measure: str, with_sla: bool) -> Callable[[], Iterator[Observation]]:
             idx = records.REQUESTS.measures.index(measure)

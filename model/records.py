@@ -51,9 +51,9 @@ __all__ = [
     "LAYERS",
     "layer",
     "start_layers",
+    "shared_layers",
+    "not_in_hit_rate",
     "check_layers",
-    "SHARED_LAYERS",
-    "NOT_IN_HIT_RATE",
     "LOOKUPS",
     "WRITES",
     "REQUESTS",
@@ -571,8 +571,6 @@ def check_layers(layers: dict[str, Layer]) -> None:
 
 
 check_layers(LAYERS)
-SHARED_LAYERS = tuple(n for n, d in LAYERS.items() if d.shared)  # cross-tenant reads are by design
-NOT_IN_HIT_RATE = tuple(n for n, d in LAYERS.items() if not d.in_hit_rate)  # left out of hit rates
 
 
 def layer(name: str) -> Layer:
@@ -580,10 +578,21 @@ def layer(name: str) -> Layer:
     return LAYERS.get(name, _DEFAULT_LAYER)
 
 
+# The declared layers with a property, read from ``LAYERS`` at each call (in declaration order), so
+# that a layer declared at run time counts everywhere at once.
 def start_layers() -> tuple[str, ...]:
-    """The layers declared ``loaded_at_start`` (read from ``LAYERS`` at each call), in their
-    declaration order."""
+    """The layers declared ``loaded_at_start``."""
     return tuple(n for n, d in LAYERS.items() if d.loaded_at_start)
+
+
+def shared_layers() -> tuple[str, ...]:
+    """The layers declared ``shared``: cross-tenant reads in them are by design."""
+    return tuple(n for n, d in LAYERS.items() if d.shared)
+
+
+def not_in_hit_rate() -> tuple[str, ...]:
+    """The layers declared ``in_hit_rate=False``: left out of hit rates."""
+    return tuple(n for n, d in LAYERS.items() if not d.in_hit_rate)
 
 
 # ------------------------------------------------------------ derived names

@@ -3,7 +3,7 @@
 Each extension point has one registry, declared where its entries live and checked when that module
 is imported:
 
-* score dimensions: ``analysis/scores.py`` (``@dimension(...)`` on each computation,
+* score dimensions: ``analysis/dimensions.py`` (``@dimension(...)`` on each computation,
   ``DIMENSIONS``);
 * dashboard pages: ``app/dashboard/pages.py`` (``PAGES``);
 * cache layers: ``model/records.py`` (``LAYERS``);

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from warmscope.model import records
@@ -371,7 +372,26 @@ INSTRUMENTS = (
     KV_BLOCKS_EVICTED,
     KV_BLOCKS_RESIDENT,
 )
-SHARED_LAYERS = records.SHARED_LAYERS  # shared by design across tenants (records.LAYERS)
+
+
+class _LiveNames(Sequence[str]):
+    """Names read again at each use (``in``, iteration, ``len``, pandas ``isin``)."""
+
+    def __init__(self, names: Callable[[], tuple[str, ...]]) -> None:
+        self._names = names
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]  # no slices needed
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+# The layers shared by design across tenants, as records.shared_layers() says at each use.
+SHARED_LAYERS: Sequence[str] = _LiveNames(records.shared_layers)
 
 _LEN_BUCKETS = tuple(1 << i for i in range(5, 18))  # 32 .. 131072
 _LEN_NAMES = tuple(str(b) for b in _LEN_BUCKETS) + ("inf",)
@@ -384,10 +404,15 @@ def length_bucket(tokens: int | None) -> str:
     return _LEN_NAMES[bisect.bisect_left(_LEN_BUCKETS, tokens)]  # the first bound >= tokens
 
 
+def prom_unit(inst: Instrument) -> str:
+    """The Prometheus unit of an instrument's unit ("" for a count such as ``{token}``)."""
+    return {"s": "seconds", "By": "bytes"}.get(inst.unit, "")
+
+
 def prom_name(inst: Instrument) -> str:
     """The series name the Prometheus exporter / OTLP translation produces."""
     base = inst.name.replace(".", "_")
-    unit_suffix = {"s": "_seconds", "By": "_bytes"}.get(inst.unit, "")
+    unit_suffix = "_" + prom_unit(inst) if prom_unit(inst) else ""
     if unit_suffix and not base.endswith(unit_suffix):
         base += unit_suffix
     if inst.kind == "counter":

@@ -346,7 +346,7 @@ def config_rows(section: str, cls: type, meanings: dict[str, str]) -> list[list[
 
 def configuration_page() -> str:
     from warmscope.analysis.config import AnalysisConfig
-    from warmscope.analysis.scores import DIMENSIONS
+    from warmscope.analysis.dimensions import DIMENSIONS
     from warmscope.collectors.config import CollectorConfig
     from warmscope.simulator import config as simconfig
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from warmscope.analysis.objectives import OBJECTIVES
 from warmscope.app.cli.base import Simple, store_path
 from warmscope.app.cli.terminal import progress
 
@@ -37,7 +38,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--objective",
-        choices=("value", "slo", "net_gpu_s", "roi"),
+        choices=OBJECTIVES,
         default=None,
         help="what the tuning maximises: value (default when the A/B units record conversions) = "
         "GPU-s and TTFT saved, TTFT priced by the measured conversion response to latency; slo "

@@ -13,15 +13,10 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from warmscope.app.cli.base import Simple, store_path
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from warmscope.sources import EmbeddedSource
 
 __all__ = ["COMMAND", "cmd_runs", "verdict"]
 
@@ -63,11 +58,18 @@ def verdict(roi_row: dict[str, Any]) -> str:
     return "within noise" + so_far
 
 
-def cmd_runs(args: argparse.Namespace, store_path: Callable[[argparse.Namespace], Path]) -> int:
-    import pandas as pd
+class _Runs(NamedTuple):
+    """What the rows are read from."""
+
+    runs: Any  # the warm-up runs (one per replica and layer)
+    coverage: Any  # precision and recall of each run (analysis.coverage.warm_set_coverage)
+    merged: Any  # one row per warm-up of a replica, newest first, at most --limit
+    requests: Any  # the requests around them, for the ROI windows
+    data_end: float | None  # the newest data: a window past it is "so far"
+
+
+def cmd_runs(args: argparse.Namespace, store_path: Any) -> int:
     from warmscope.analysis.config import AnalysisConfig
-    from warmscope.analysis.coverage import warm_set_coverage
-    from warmscope.analysis.roi import replica_runs, roi_text, roi_windows
     from warmscope.sources import EmbeddedSource, SourceError
 
     path = Path(store_path(args))
@@ -80,89 +82,108 @@ def cmd_runs(args: argparse.Namespace, store_path: Callable[[argparse.Namespace]
     cfg = AnalysisConfig.load()
     try:
         src = EmbeddedSource(path)
-        fr = src.frames(["warmup_runs", "warmed_keys", "early_keys"])
-        runs = fr["warmup_runs"]
-        if runs.empty:
-            print(f"warmscope runs: no warm-up runs in {path}", file=sys.stderr)
-            return 1
-        cov = warm_set_coverage(runs, fr["warmed_keys"], fr["early_keys"], cfg.recall_window_s)
-        merged = replica_runs(runs).sort_values("started", ascending=False)
-        if args.limit:
-            merged = merged.head(args.limit)
-        span = max(cfg.roi_windows_s)
-        rq = src.frame(
-            "requests",
-            float(merged["started"].min()) - span - 60,
-            float(merged["ended"].max()) + span + 60,
-        )
+        data = _read(src, cfg, args.limit)
     except SourceError as e:
         print(f"warmscope runs: {e}", file=sys.stderr)
         return 2
-    bounds = src.time_bounds()
-    data_end = float(bounds[1]) if bounds else None
-    out: list[dict[str, Any]] = []
-    run_rows: Iterable[Any] = merged.itertuples()  # one merged run: its columns as attributes
-    for r in run_rows:
-        mine = cov[
-            (cov["replica"] == r.replica)
-            & (cov["started"] >= r.started - 1)
-            & (cov["started"] <= (r.ended if r.ended == r.ended else r.started) + 1)
-        ]
-        k, read = float(mine["keys_warmed"].sum()), float(mine["keys_read"].sum())
-        early, ew = float(mine["early_keys"].sum()), float(mine["early_warmed"].sum())
-        roi = roi_windows(
-            pd.Series(r._asdict()),
-            rq,
-            cfg.price_per_gpu_s,
-            cfg.value_per_conversion,
-            cfg.roi_windows_s,
-            data_end=data_end,
-        )
-        txt = roi_text(roi)
-        hour = roi[roi["window_s"] == 3600.0]
-        row = (
-            {str(k): v for k, v in (hour if len(hour) else roi.tail(1)).iloc[0].items()}
-            if len(roi)
-            else {}
-        )
-        out.append(
-            {
-                "run_id": r.run_id,
-                "started": pd.Timestamp(r.started, unit="s").strftime("%Y-%m-%d %H:%M:%S"),
-                "replica": r.replica,
-                "layers": r.layer,
-                "strategy": r.strategy,
-                "trigger": r.trigger,
-                "keys": int(k),
-                "precision": read / k if k else None,
-                "recall": ew / early if early else None,
-                "gpu_s": float(r.gpu_s),
-                "roi": [
-                    {"window": w, "compute": c, "business": b}
-                    for w, c, b in zip(
-                        txt["window"], txt["roi_compute"], txt["roi_business"], strict=True
-                    )
-                ],
-                "verdict": verdict(row),
-                "prices": {"gpu_s": cfg.price_per_gpu_s, "conversion": cfg.value_per_conversion},
-            }
-        )
-    exps = _experiments(src, runs, rq, out)
+    if data is None:
+        print(f"warmscope runs: no warm-up runs in {path}", file=sys.stderr)
+        return 1
+    out = [_row(r, data, cfg) for r in data.merged.itertuples()]
+    exps = _experiments(src, data.runs, data.requests, out)
     if args.json:
         print(json.dumps({"runs": out, "experiments": exps}, indent=1))
-        return 0
+    else:
+        _print_table(out, exps, cfg)
+    return 0
+
+
+def _read(src: Any, cfg: Any, limit: int) -> _Runs | None:
+    """The runs of the store, their coverage and the requests around the newest ``limit`` of
+    them (0: all); None when there is no run."""
+    from warmscope.analysis.coverage import warm_set_coverage
+    from warmscope.analysis.roi import replica_runs
+
+    fr = src.frames(["warmup_runs", "warmed_keys", "early_keys"])
+    runs = fr["warmup_runs"]
+    if runs.empty:
+        return None
+    cov = warm_set_coverage(runs, fr["warmed_keys"], fr["early_keys"], cfg.recall_window_s)
+    merged = replica_runs(runs).sort_values("started", ascending=False)
+    if limit:
+        merged = merged.head(limit)
+    span = max(cfg.roi_windows_s)
+    rq = src.frame(
+        "requests",
+        float(merged["started"].min()) - span - 60,
+        float(merged["ended"].max()) + span + 60,
+    )
+    bounds = src.time_bounds()
+    return _Runs(runs, cov, merged, rq, float(bounds[1]) if bounds else None)
+
+
+def _row(r: Any, data: _Runs, cfg: Any) -> dict[str, Any]:
+    """One warm-up of a replica: its keys, precision, recall, ROI per window and verdict."""
+    import pandas as pd
+    from warmscope.analysis.roi import roi_text, roi_windows
+
+    cov = data.coverage
+    mine = cov[
+        (cov["replica"] == r.replica)
+        & (cov["started"] >= r.started - 1)
+        & (cov["started"] <= (r.ended if r.ended == r.ended else r.started) + 1)
+    ]
+    k, read = float(mine["keys_warmed"].sum()), float(mine["keys_read"].sum())
+    early, ew = float(mine["early_keys"].sum()), float(mine["early_warmed"].sum())
+    roi = roi_windows(
+        pd.Series(r._asdict()),
+        data.requests,
+        cfg.price_per_gpu_s,
+        cfg.value_per_conversion,
+        cfg.roi_windows_s,
+        data_end=data.data_end,
+    )
+    txt = roi_text(roi)
+    hour = roi[roi["window_s"] == 3600.0]
+    row = (
+        {str(k): v for k, v in (hour if len(hour) else roi.tail(1)).iloc[0].items()}
+        if len(roi)
+        else {}
+    )
+    return {
+        "run_id": r.run_id,
+        "started": pd.Timestamp(r.started, unit="s").strftime("%Y-%m-%d %H:%M:%S"),
+        "replica": r.replica,
+        "layers": r.layer,
+        "strategy": r.strategy,
+        "trigger": r.trigger,
+        "keys": int(k),
+        "precision": read / k if k else None,
+        "recall": ew / early if early else None,
+        "gpu_s": float(r.gpu_s),
+        "roi": [
+            {"window": w, "compute": c, "business": b}
+            for w, c, b in zip(txt["window"], txt["roi_compute"], txt["roi_business"], strict=True)
+        ],
+        "verdict": verdict(row),
+        "prices": {"gpu_s": cfg.price_per_gpu_s, "conversion": cfg.value_per_conversion},
+    }
+
+
+def _print_table(out: list[dict[str, Any]], exps: list[dict[str, Any]], cfg: Any) -> None:
+    import pandas as pd
+
     rows = []
     for o in out:
+        precision, recall = o["precision"], o["recall"]
         d = {
             "started (UTC)": o["started"],
             "replica": o["replica"],
             "strategy": o["strategy"],
             "trigger": o["trigger"],
             "keys": o["keys"],
-            "precision": f"{o['precision']:.1%}"
-            if o["precision"] is not None
-            else "no warmed keys",
-            "recall": f"{o['recall']:.1%}" if o["recall"] is not None else "no requests",
+            "precision": f"{precision:.1%}" if precision is not None else "no warmed keys",
+            "recall": f"{recall:.1%}" if recall is not None else "no requests",
         }
         for w in o["roi"]:
             d[f"compute ROI {w['window']}"] = w["compute"]
@@ -174,19 +195,16 @@ def cmd_runs(args: argparse.Namespace, store_path: Callable[[argparse.Namespace]
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 60)
     print(pd.DataFrame(rows).to_string(index=False))
-    for x in exps:
-        print(f"\n{x['text']}")
+    for e in exps:
+        print(f"\n{e['text']}")
     print(
         f"\nPrices: GPU-s at {cfg.price_per_gpu_s:g}, a conversion at "
         f"{cfg.value_per_conversion:g} ([analysis]); verdict from the T+1 h window.",
         file=sys.stderr,
     )
-    return 0
 
 
-def _experiments(
-    src: EmbeddedSource, runs: pd.DataFrame, rq: pd.DataFrame, out: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def _experiments(src: Any, runs: Any, rq: Any, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each experiment's whole-run compute ROI per treatment arm, beside the newest run's T+5 min
     ROI."""
     from warmscope.analysis.roi import SEED_VS_EXPERIMENT, experiment_roi

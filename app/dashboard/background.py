@@ -89,8 +89,8 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 def overview_frame_names() -> tuple[str, ...]:
     """What the overview's analyses read: the alert conditions' frames and every score dimension's
-    (the ``frames`` each one declares in ``analysis.scores.DIMENSIONS``), hot keys apart."""
-    from warmscope.analysis.scores import DIMENSIONS
+    (the ``frames`` each one declares in ``analysis.dimensions.DIMENSIONS``), hot keys apart."""
+    from warmscope.analysis.dimensions import DIMENSIONS
 
     dims = [f for d in DIMENSIONS for f in d.frames if f not in ALERT_FRAMES]
     return ALERT_FRAMES + tuple(dict.fromkeys(dims))

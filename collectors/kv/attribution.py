@@ -40,12 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmscope.model.records import MISS_CLASSES as CLASSES
+
 from .decode import CLEARED, REMOVED, STORED, Batch
 from .index import MASK64, ResidencyIndex, Salts, StoreBlocks
 
 __all__ = ["CLASSES", "Attribution", "KVState", "TraceRow", "TRACE_WAIT_S"]
 
-CLASSES = ("elsewhere", "evicted", "isolated", "drifted", "cold", "partial", "unknown")
 _ELSEWHERE, _EVICTED, _ISOLATED, _DRIFTED, _COLD = range(5)
 _MAX_BLOCKS_PER_SESSION = 4096
 _UNJUDGED = 255  # model.blocktrace.UNJUDGED (a block class byte: not judged)

@@ -132,6 +132,8 @@ def test_degenerate_inputs_give_a_clear_message(a, b, needle):
 def test_zero_variance_with_a_difference_warns():
     r = compare("m", Mean.from_units([2.0] * 5), Mean.from_units([3.0] * 5))
     assert r.error is None and "zero variance" in r.warning and r.abs_effect == 1.0
+    # a mean is named by its own test even when both arms are constant (no quantile's outer CI)
+    assert r.test == "Welch t" and r.p_value == 0.0 and (r.abs_low, r.abs_high) == (1.0, 1.0)
 
 
 def test_batch_means_fallback_warns():

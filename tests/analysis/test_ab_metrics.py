@@ -119,7 +119,8 @@ def test_direction_comes_from_the_definition_not_the_name():
     assert AM.lower_is_better("P95 latency (s)") and not AM.lower_is_better("hit rate (prefix_kv)")
     with pytest.raises(KeyError):
         AM.lower_is_better("latency of something undeclared")
-    undeclared = Result("x", "ratio", 1, 2, 1, 0, 2, 1, 0, 2, 0.01, 10, 10, "z")
+    undeclared = Result(metric="x", kind="ratio", control=1, treatment=2, abs_effect=1, abs_low=0, abs_high=2,
+                        rel_effect=1, rel_low=0, rel_high=2, p_value=0.01, n_control=10, n_treatment=10, test="z")
     assert better(undeclared) is None  # no declared direction: no colour, never a guess
 
 

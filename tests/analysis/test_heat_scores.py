@@ -7,8 +7,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from warmscope.analysis import config as C
-from warmscope.analysis import scores as S
+from warmscope.analysis import dimensions as D
 from warmscope.analysis.config import AnalysisConfig, DimensionSpec
+from warmscope.analysis.dimensions import Measurement as M
 from warmscope.analysis.heat import (
     ewma_forecast,
     heat_scores,
@@ -62,7 +63,7 @@ def test_mape_and_forecast():
 
 def _spec(better="lower", target=1.0, worst=5.0, **kw):
     fields = dict(name="x", label="x", unit="", better=better, target=target, worst=worst, weight=1,
-                  compute=lambda fr, cfg: (None, "", ""), frames=("lookups",))
+                  compute=lambda fr, cfg: M(None, ""), frames=("lookups",))
     return DimensionSpec(**{**fields, **kw})
 
 
@@ -79,14 +80,14 @@ def test_empty_frames_give_no_data_everywhere():
     card = score_card({})
     assert card.composite is None
     assert all(d.value is None and d.score is None and d.note for d in card.dimensions)
-    assert [d.name for d in card.dimensions] == [d.name for d in S.DIMENSIONS]
+    assert [d.name for d in card.dimensions] == [d.name for d in D.DIMENSIONS]
     assert len(card.dimensions) == 12
 
 
 def test_composite_and_dynamic_weighting(monkeypatch):
     values = {"cache_hit_rate": 0.8, "sla_deviation": 0.1, "prediction_mape": 0.15}  # scores 1, 0, 1
     _computes(monkeypatch,
-              lambda n: lambda fr, cfg: (values.get(n), "test", "" if n in values else "no data"))
+              lambda n: lambda fr, cfg: M(values.get(n), "test", "" if n in values else "no data"))
     cfg = AnalysisConfig.load(dynamic_boost=1.0, breach_below=0.5)
     card = {d.name: d for d in score_card({}, cfg).dimensions}
     w_hit, w_sla, w_mape = 0.057, 0.057 * 2, 0.18  # sla breached with score 0: weight × (1 + 1)
@@ -118,14 +119,14 @@ def test_score_card_never_crashes_and_stays_in_range(rows):
 def _computes(monkeypatch, compute):
     """Every registered dimension computed by ``compute(name)`` instead (in the configurations
     loaded after)."""
-    dims = tuple(dataclasses.replace(d, compute=compute(d.name)) for d in S.DIMENSIONS)
+    dims = tuple(dataclasses.replace(d, compute=compute(d.name)) for d in D.DIMENSIONS)
     monkeypatch.setattr(C, "DEFAULT_DIMENSIONS", dims)
 
 
 def _fixed(values):
     """Computations replaced by constants: name -> (value, ci) or absent (no data)."""
-    return lambda n: (lambda fr, cfg: (values[n][0], "test", "", values[n][1]) if n in values else
-                      (None, "test", "no data"))
+    return lambda n: (lambda fr, cfg: M(values[n][0], "test", "", values[n][1]) if n in values else
+                      M(None, "test", "no data"))
 
 
 def test_breach_needs_the_ci_to_exclude_the_target(monkeypatch):
@@ -152,26 +153,29 @@ def _req(rows):
 def test_a_fixed_split_is_not_a_grey_release_and_a_ramp_is():
     fixed = _req([(3600.0 * h + 60, "t", "e", v, "m", "r", "true", 500, 1.0, 0, 0.0)
                   for h in range(6) for v in ("A", "B")])
-    v, _, note = S._penetration({"requests": fixed}, AnalysisConfig())[:3]
+    m = D._penetration({"requests": fixed}, AnalysisConfig())
+    v, note = m.value, m.note
     assert v is None and "fixed at 50%" in note
     ramp = _req([(3600.0 * h + 60, "t", "e", v, "m", "r", "true", n, 1.0, 0, 0.0)
                  for h, share in enumerate((0.05, 0.1, 0.25, 0.5)) for v, n in
                  (("B", int(1000 * share)), ("A", int(1000 * (1 - share))))])
-    v, src, _ = S._penetration({"requests": ramp}, AnalysisConfig())[:3]
+    m = D._penetration({"requests": ramp}, AnalysisConfig())
+    v, src = m.value, m.source
     assert v == pytest.approx(0.5) and "last hour" in src  # 500 of 1000 in the last hour
 
 
 def test_cold_start_needs_a_replica_start_in_the_range():
     lkp = lk([(60.0 * m, "t", "kv", "f:*", r, 5) for m in range(1, 120) for r in ("hit", "miss")]).assign(
         replica="a-0")
-    v, _, note = S._cold_start({"lookups": lkp, "warmup_runs": pd.DataFrame(
-        columns=["replica", "trigger", "started"])}, AnalysisConfig())[:3]
+    m = D._cold_start({"lookups": lkp, "warmup_runs": pd.DataFrame(
+        columns=["replica", "trigger", "started"])}, AnalysisConfig())
+    v, note = m.value, m.note
     assert v is None and "no replica started" in note
     # started at 0 s; hit rate 0 for 10 minutes, then 0.5: the first minute at 90% of the median (0.5) ends 660 s
     lkp = lk([(60.0 * m, "t", "kv", "f:*", r, 5 if (r == "miss" or m > 10) else 0)
               for m in range(1, 120) for r in ("hit", "miss")]).assign(replica="a-0")
     runs = pd.DataFrame([("a-0", "replica_start", 0.0)], columns=["replica", "trigger", "started"])
-    v = S._cold_start({"lookups": lkp, "warmup_runs": runs}, AnalysisConfig())[0]
+    v = D._cold_start({"lookups": lkp, "warmup_runs": runs}, AnalysisConfig()).value
     assert v == 660.0
 
 
@@ -180,13 +184,15 @@ def test_mape_dimension_is_the_forecast_modules_15_s_prediction_error():
 
     # per-minute data: a 15-s horizon is scored one 60-s bucket ahead, and the source says so
     lkp = lk([(60.0 * m, "t", "kv", "f:*", "hit", 10) for m in range(1, 30)])
-    v, src, note, ci = S._mape({"lookups": lkp}, AnalysisConfig())
+    m = D._mape({"lookups": lkp}, AnalysisConfig())
+    v, src, note, ci = m.value, m.source, m.note, m.ci
     assert v == pytest.approx(0.0, abs=1e-9)  # a flat series is forecast exactly by every model
     assert "15 s ahead, scored as the next 60-s bucket" in src and note == ""
     # 15-s data, two families with noise: the same number as analysis.forecast gives, with its CI
     rng = np.random.default_rng(5)
     lkp15 = lk([(15.0 * m, "t", "kv", f, "hit", int(rng.poisson(20))) for m in range(1, 400) for f in ("f:*", "g:*")])
-    v, src, _, ci = S._mape({"lookups": lkp15}, AnalysisConfig())
+    m = D._mape({"lookups": lkp15}, AnalysisConfig())
+    v, src, ci = m.value, m.source, m.ci
     pe = prediction_error(lkp15, horizon_s=15.0)
     assert v == pe.value and ci == pe.ci and "scored as" not in src
     assert 0 < ci[0] < v < ci[1]
@@ -194,7 +200,8 @@ def test_mape_dimension_is_the_forecast_modules_15_s_prediction_error():
     assert 0.1 < v < 0.3
     # hourly rollups: no data, and why
     hourly = lk([(3600.0 * h, "t", "kv", "f:*", "hit", 10) for h in range(1, 30)])
-    v, _, note = S._mape({"lookups": hourly}, AnalysisConfig())[:3]
+    m = D._mape({"lookups": hourly}, AnalysisConfig())
+    v, note = m.value, m.note
     assert v is None and "per 3600 s" in note
 
 
@@ -209,7 +216,8 @@ def test_warmup_roi_dimension_by_hand():
         rows += [(100 + 60 * k, "t", "e", "B", "m", "b-0", "true", 10, g, 0, 0.0),
                  (100 + 60 * k, "t", "e", "A", "m", "a-0", "true", 10, 10.0, 0, 0.0)]
     cfg = AnalysisConfig.load(price_per_gpu_s=0.5)
-    v, src, note, ci = S._roi({"warmup_runs": runs, "requests": _req(rows)}, cfg)
+    m = D._roi({"warmup_runs": runs, "requests": _req(rows)}, cfg)
+    v, src, ci = m.value, m.source, m.ci
     # T+300 s: saved 8 + 6 + 4 + 6 + 6 = 30 GPU-s = $15 → (15 − 5) / 5 = 2
     assert v == pytest.approx(2.0) and "1 warm-up(s)" in src
     assert ci[0] < 2.0 < ci[1]
@@ -234,24 +242,24 @@ def test_an_incomplete_dimension_fails_with_a_clear_message(missing, words):
 def test_the_registry_is_checked_as_a_whole():
     def decl(name, weight=None):
         return (dict(name=name, label=name, unit="", better="lower", target=1.0, worst=2.0,
-                     weight=weight, frames=("requests",)), lambda fr, cfg: (None, "", ""))
+                     weight=weight, frames=("requests",)), lambda fr, cfg: M(None, ""))
 
     with pytest.raises(RegistryError, match="'a': declared twice"):
-        S.build([decl("a"), decl("a")])
+        D.build([decl("a"), decl("a")])
     with pytest.raises(RegistryError, match="no weight left to share"):
-        S.build([decl("a", 0.7), decl("b", 0.6), decl("c")])
+        D.build([decl("a", 0.7), decl("b", 0.6), decl("c")])
     # dimensions without a weight share what the others leave, whatever their count
-    built = S.build([decl("a", 0.4), decl("b"), decl("c"), decl("d")])
+    built = D.build([decl("a", 0.4), decl("b"), decl("c"), decl("d")])
     assert [d.weight for d in built] == [0.4, 0.2, 0.2, 0.2]
-    assert sum(d.weight for d in S.DIMENSIONS) == pytest.approx(1.0)
+    assert sum(d.weight for d in D.DIMENSIONS) == pytest.approx(1.0)
 
 
 def test_a_dimension_reads_only_the_frames_it_declares(monkeypatch):
     seen = {}
     _computes(monkeypatch,
-              lambda n: lambda fr, cfg: (seen.setdefault(n, sorted(fr)), (None, "t", "x"))[1])
+              lambda n: lambda fr, cfg: (seen.setdefault(n, sorted(fr)), M(None, "t", "x"))[1])
     names = ("lookups", "requests", "histograms", "gauges", "warmup_runs", "writes", "hot_keys")
     frames = {name: pd.DataFrame() for name in names}
     score_card(frames, AnalysisConfig.load())
-    assert seen == {d.name: sorted(d.frames) for d in S.DIMENSIONS}
+    assert seen == {d.name: sorted(d.frames) for d in D.DIMENSIONS}
     assert seen["cold_start_time"] == ["lookups", "warmup_runs"]

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from warmscope.analysis.rootcause import contributions, localize
+from warmscope.analysis.rootcause import Measure, contributions, localize
 from warmscope.app.cli import rca as cli_rca
 
 HEADER = "a,b,v,f\n"
@@ -96,12 +96,12 @@ def test_ratio_contributions_add_up_to_the_change():
     # Leaf shares at observed traffic: (20 - 100*0.1)/200 = 0.05, (30 - 100*0.3)/200 = 0;
     # mix: (100*0.1 + 100*0.3)/200 - 0.2 = 0. They add up to 0.05.
     df = pd.DataFrame({"a": ["x", "y"], "n": [20, 30], "d": [100, 100], "fn": [10, 30], "fd": [100, 100]})
-    c, mix = contributions(df, v_num="n", v_den="d", f_num="fn", f_den="fd")
+    c, mix = contributions(df, Measure(v_num="n", v_den="d", f_num="fn", f_den="fd"))
     assert c.tolist() == pytest.approx([0.05, 0.0]) and mix == pytest.approx(0.0)
     # Traffic shifts to the low-rate leaf with no rate changing: all of the change is mix.
     # Expected 0.2 overall; observed (15 + 15)/(150 + 50) = 0.15; mix = (150*0.1 + 50*0.3)/200 - 0.2 = -0.05.
     df2 = pd.DataFrame({"a": ["x", "y"], "n": [15, 15], "d": [150, 50], "fn": [10, 30], "fd": [100, 100]})
-    c, mix = contributions(df2, v_num="n", v_den="d", f_num="fn", f_den="fd")
+    c, mix = contributions(df2, Measure(v_num="n", v_den="d", f_num="fn", f_den="fd"))
     assert c.tolist() == pytest.approx([0.0, 0.0]) and mix == pytest.approx(-0.05)
 
 

@@ -94,16 +94,16 @@ def test_grouping_numbers_each_combination_once_small_or_huge_key_space():
 def test_a_parent_found_after_its_child_names_both():
     """A failure rate: one child of the cause jumps far more than its siblings, so it is found
     first and the siblings then move on their own as the parent: one cause, the parent."""
-    from warmscope.analysis.rootcause import RootCause, _absorb
+    from warmscope.analysis.rootcause import RootCause, absorb
 
     child = RootCause({"b": "b1", "d": "d0"}, 0.6, float("nan"), 4, 4, 1, 0.02)
     parent = RootCause({"b": "b1"}, 0.3, float("nan"), 12, 12, 1, 0.01)
     other = RootCause({"a": "a2"}, 0.05, float("nan"), 3, 3, 1, 0.002)
-    merged = _absorb([child, other], parent)
+    merged = absorb([child, other], parent)
     assert [c.element for c in merged] == [{"b": "b1"}, {"a": "a2"}]        # in the child's place
     assert merged[0].leaves == 16 and merged[0].change == pytest.approx(0.03) and merged[0].score == pytest.approx(0.9)
     # A child that moved the other way is a cause of its own.
-    assert len(_absorb([RootCause({"b": "b1", "d": "d0"}, 0.6, 0, 4, 4, -1, -0.02)], parent)) == 2
+    assert len(absorb([RootCause({"b": "b1", "d": "d0"}, 0.6, 0, 4, 4, -1, -0.02)], parent)) == 2
 
     # On data: the child has 5x its siblings' traffic and 18x its rate; the siblings 2.5x.
     rng = np.random.default_rng(7)

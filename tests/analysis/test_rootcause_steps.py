@@ -52,7 +52,7 @@ def search_of(g, measure, cols):
     dims = list(g.columns)
     res = residuals(measure, cols, opts, [])
     codes = [g[d].factorize()[0] for d in dims]
-    return Search(
+    return Search.over(
         res,
         codes,
         [int(c.max()) + 1 for c in codes],

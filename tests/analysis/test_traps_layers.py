@@ -1,6 +1,7 @@
 """The warm-up-out-of-step trap reads the layers declared ``loaded_at_start`` in
-``records.LAYERS`` (model weights by default), not a layer name: a new layer with the
-attribute is picked up, an undeclared one is not."""
+``records.LAYERS`` when it runs, not a layer name: a new layer with the attribute is picked up,
+an undeclared one is not. The tests declare their own registry (a model-weights layer and, where
+needed, a LoRA one), so they hold whatever the shipped registry declares."""
 
 import re
 from pathlib import Path
@@ -30,8 +31,12 @@ def _lookups() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["ts", "layer", "replica", "result", "count"])
 
 
-def test_weights_is_the_declared_start_layer():
-    assert records.LAYERS["weights"].loaded_at_start
+@pytest.fixture(autouse=True)
+def weights_only(monkeypatch):
+    monkeypatch.setattr(records, "LAYERS", {"weights": records.Layer(loaded_at_start=True)})
+
+
+def test_the_start_layers_are_the_declared_ones():
     assert records.start_layers() == ("weights",)
     with pytest.raises(RegistryError):
         records.Layer(loaded_at_start="yes")  # type: ignore[arg-type]

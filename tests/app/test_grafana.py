@@ -282,6 +282,15 @@ def test_json_round_trips_through_the_sdk_model(tmp_path):
         assert var["name"] == "datasource" and var["query"] == "prometheus"
 
 
+def test_the_kv_dashboard_names_the_model_s_miss_classes():
+    """The dashboard lists the classes in its own reading order; they are the model's classes (but
+    "unknown", a gap in the engine's events rather than a reason)."""
+    from warmscope.model.records import MISS_CLASSES
+
+    assert sorted(grafana.MISS_CLASSES) == sorted(set(MISS_CLASSES) - {"unknown"})
+    assert len(set(grafana.MISS_CLASSES)) == len(grafana.MISS_CLASSES)
+
+
 def test_renaming_a_rule_breaks_generation(tmp_path, capsys):
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))

@@ -85,15 +85,57 @@ def test_prewarm_steps_match_the_pages_that_ask_for_them():
 
 
 # ----------------------------------------------------------------- layers
-def test_layer_declarations_drive_hit_rates_and_sharing():
-    assert records.NOT_IN_HIT_RATE == ("weights",) and records.SHARED_LAYERS == ("weights",)
-    assert records.layer("rerank") == records.Layer()  # undeclared: a plain per-tenant cache
+def _undeclared() -> str:
+    """A layer name no declaration uses (whatever the registry holds)."""
+    name = "undeclared"
+    while name in records.LAYERS:
+        name += "_"
+    return name
+
+
+def test_layer_declarations_drive_hit_rates_and_sharing(monkeypatch):
+    # A registry of the test's own: the functions read whatever LAYERS holds when called.
+    monkeypatch.setattr(records, "LAYERS", {"w": records.Layer(shared=True, in_hit_rate=False),
+                                            "kv": records.Layer(length_buckets=True),
+                                            "lora": records.Layer(loaded_at_start=True)})
+    assert records.not_in_hit_rate() == ("w",) and records.shared_layers() == ("w",)
+    assert records.start_layers() == ("lora",)
+    monkeypatch.setitem(records.LAYERS, "emb", records.Layer(shared=True))
+    assert records.shared_layers() == ("w", "emb") and records.not_in_hit_rate() == ("w",)
+    assert records.layer(_undeclared()) == records.Layer()  # undeclared: a plain per-tenant cache
     with pytest.raises(RegistryError, match="must be True or False"):
         records.Layer(in_hit_rate="no")  # type: ignore[arg-type]
     with pytest.raises(RegistryError, match="LAYERS entry 'x': must be a Layer"):
         records.check_layers({"x": {"shared": True}})  # type: ignore[dict-item]
     with pytest.raises(RegistryError, match="non-empty string"):
         records.check_layers({" x": records.Layer()})
+
+
+def test_a_layer_declared_at_run_time_counts_alike_on_the_score_card_and_the_dashboard(monkeypatch):
+    """Hit rates leave out the layers declared in_hit_rate=False when they are computed, not when
+    a module was imported: the score card and the dashboard's filter agree on a new declaration."""
+    import pandas as pd
+    from warmscope.analysis.hitrate import hit_table
+    from warmscope.analysis.scores import score_card
+    from warmscope.app.dashboard.cached import hit_rate_layers
+    from warmscope.model import schema
+
+    scratch = _undeclared()
+    lookups = pd.DataFrame([(60.0, "t", "kv", "f:*", "hit", 8), (60.0, "t", "kv", "f:*", "miss", 2),
+                            (60.0, "t", scratch, "s:*", "miss", 10)],
+                           columns=["ts", "tenant", "layer", "family", "result", "count"])
+
+    def rates() -> tuple[float, float]:
+        card = {d.name: d for d in score_card({"lookups": lookups}).dimensions}
+        dash = hit_table(hit_rate_layers(lookups))["hit_rate"].iloc[0]
+        return card["cache_hit_rate"].value, float(dash)
+
+    assert rates() == (pytest.approx(8 / 20), pytest.approx(8 / 20))  # 8 hits of 20 lookups
+    monkeypatch.setitem(records.LAYERS, scratch, records.Layer(in_hit_rate=False, shared=True))
+    assert rates() == (pytest.approx(8 / 10), pytest.approx(8 / 10))  # the scratch layer left out
+    card = {d.name: d for d in score_card({"lookups": lookups}).dimensions}
+    assert scratch in card["cache_hit_rate"].source  # "layers except ..., <scratch>"
+    assert scratch in schema.SHARED_LAYERS  # the name modules import reads the registry too
 
 
 def test_no_module_names_a_layer_to_leave_out_of_hit_rates():

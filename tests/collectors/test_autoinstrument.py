@@ -299,3 +299,36 @@ def test_warmscopes_own_redis_traffic_is_not_counted(
     assert len(seen) == 3, f"warmscope's own commands went through the hooks: {seen[3:6]}"
     assert redis_client.dbsize() > 2, "the sink wrote to Redis"
     assert _counts(tel) == {"hit": 1, "miss": 1, "error": 0}
+
+
+def test_a_wrapper_factory_works_alone(make_tel):
+    """The patches are module-level wrappers over (wrapped, instance, args, kwargs), testable without
+    patching redis-py: a reply is interpreted, an error reaches the caller unchanged and is counted, a
+    hand-instrumented client passes through untouched."""
+    from warmscope.collectors.autoinstrument import _redis_command, _redis_pipeline, _RedisHooks
+    from warmscope.collectors.redis import _Interpreter
+
+    tel = make_tel()
+    asked: list = []
+    hooks = _RedisHooks(_Interpreter("response", tel), tel, lambda span, c, a, kw: asked.append(a), None)
+    command = _redis_command(hooks)
+    client = object()
+    assert command(lambda *a, **k: b"1", client, ("GET", "resp:a"), {}) == b"1"
+    assert command(lambda *a, **k: None, client, ("GET", "resp:b"), {}) is None
+
+    def refused(*a, **k):
+        raise ConnectionError("refused")
+
+    with pytest.raises(ConnectionError, match="refused"):
+        command(refused, client, ("GET", "resp:c"), {})
+    assert asked == [("GET", "resp:a"), ("GET", "resp:b"), ("GET", "resp:c")]
+    assert _counts(tel) == {"hit": 1, "miss": 1, "error": 1}
+    hand = instrument_redis(redis.Redis(), layer="response", telemetry=tel)  # counted by itself
+    assert command(lambda *a, **k: b"1", hand, ("GET", "resp:a"), {}) == b"1"
+    assert _counts(tel) == {"hit": 1, "miss": 1, "error": 1} and len(asked) == 3
+
+    class Pipe:  # what _queued reads of a redis-py pipeline
+        command_stack = [(("GET", "resp:a"), {}), (("GET", "resp:z"), {})]
+
+    assert _redis_pipeline(hooks)(lambda *a, **k: [b"1", None], Pipe(), (), {}) == [b"1", None]
+    assert _counts(tel) == {"hit": 2, "miss": 2, "error": 1}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import streamlit as st
+from warmscope.analysis.drilldown import RCA_DIMS
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 
@@ -19,7 +20,7 @@ def render() -> None:
         LABEL = {"engine_kind": "engine kind"}
         UNIT = "prompt tokens"
     else:
-        DIMS = ["tenant", "layer", "family", "replica", "variant", "model", "length_bucket"]
+        DIMS = list(RCA_DIMS)
         LABEL = {"length_bucket": "prompt length", "family": "key family"}
         UNIT = "lookups"
 
