@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from warmscope.analysis import dimensions as D
 from warmscope.analysis import scores as S
 from warmscope.analysis.alerts import trap_verdicts
 from warmscope.analysis.config import AnalysisConfig
@@ -167,8 +168,8 @@ def test_a_fixed_three_way_split_with_a_million_requests_is_no_grey_release():
         rest = n - b
         for v, k in (("A", rest // 2), ("B", b), ("C", rest - rest // 2)):
             rows.append((3600.0 * h + 60, "t", "e", v, "m", "r", "true", k, 1.0, 0, 0.0))
-    v, _, note = S._penetration({"requests": _req(rows)}, AnalysisConfig())[:3]
-    assert v is None and "no grey release" in note
+    m = D._penetration({"requests": _req(rows)}, AnalysisConfig())
+    assert m.value is None and "no grey release" in m.note
 
 
 def test_trap_verdicts_leave_a_restarts_warmup_to_warm_set_precision():

@@ -140,6 +140,7 @@ def test_close_counts_and_logs_every_row_it_does_not_write(redis_server, redis_c
     assert not list(redis_client.scan_iter(match="ws:{ab:*", count=1000))
 
 
+@pytest.mark.redis
 def test_redis_down_under_load_drops_whole_units_and_counts_them(tmp_path):
     # Redis is down while units keep coming: the backlog fills up and rows are dropped. Before: the backlog
     # kept a unit's lookup row and dropped its request row (half-written units once Redis was back). Now a
