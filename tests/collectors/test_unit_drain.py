@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+import pytest
 from warmscope.collectors import request_context
 from warmscope.collectors.config import CollectorConfig
 from warmscope.collectors.pipeline import Telemetry
