@@ -8,6 +8,7 @@ from bench.eval_rca import evaluate
 
 
 @pytest.mark.slow  # 36 simulations
+@pytest.mark.timeout(1500)  # about 6 min on two idle cores; a loaded CI run took over 10
 def test_rca_f1_and_trap_identification_reach_ninety_percent(tmp_path):
     df = evaluate(36, tmp_path)
     rca = df["f1"].dropna()

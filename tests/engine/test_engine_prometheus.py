@@ -240,7 +240,7 @@ def test_unique_prefixes_fire_the_engine_hit_rate_alert(stack, phases, unique_ph
 
     for k, v in _page_env(prom, tmp_path).items():
         monkeypatch.setenv(k, v)
-    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / "alerts.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "entries" / "alerts.py"), default_timeout=120).run()
     assert not at.exception and not at.error
     shown = " ".join(w.value for w in at.warning)
     assert "WarmscopeEngineHitRateRegressionShortTerm** (firing, warning)" in shown and "[runbook](https://" in shown
@@ -274,7 +274,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, unique_phase, tmp
         monkeypatch.setenv(k, v)
     texts = {}
     for name in [p.name for p in ENGINE_PAGES]:
-        at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / f"{name}.py"), default_timeout=120)
+        at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "entries" / f"{name}.py"), default_timeout=120)
         at.session_state["range"] = "last hour"
         at.run()
         assert not at.exception, (name, [e.value for e in at.exception])
@@ -306,7 +306,7 @@ def test_every_page_renders_in_engine_only_mode(stack, phases, unique_phase, tmp
     assert "per-unit records" in ab and "WARMSCOPE_REDIS_URL" in ab
     assert "Prometheus evaluates from its rules" in texts["alerts"][1]
     # root cause: the unique-prefix window against the shared-prompt one, over model x instance x engine
-    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "views" / "rootcause.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "entries" / "rootcause.py"), default_timeout=120)
     at.session_state["range"] = "last hour"
     at.run()
     # anomaly: from the start of the unique-prefix phase to now; baseline: as long, just before (shared prompts)

@@ -10,7 +10,7 @@ import streamlit as st
 from warmscope.analysis.advisor import Recommendation, layer_table, prefix_only
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
 from warmscope.analysis.replay import Fidelity as ReplayFidelity
-from warmscope.app.dashboard import cached, data, fmt, state
+from warmscope.app.dashboard import advisor_trace, cached, data, fmt, state
 
 MODEL_NAMES = {"ses": "exponential smoothing", "seasonal_naive": "seasonal naive"}
 OBJ = {
@@ -32,8 +32,32 @@ def _forecast(
     return tab, forecast_now(_lk, ("layer",), evaluations=ev)
 
 
+def _range_hours(rec: Recommendation) -> float:
+    """The hours the replay covers (the gain is over them)."""
+    m = rec.model
+    return max((m.t1 - m.t0) / 3600.0, 1e-9) if m is not None else 24.0
+
+
+def _trigger(at: float, rec: Recommendation) -> str:
+    """A trigger time, or "now" when it falls before the end of the replayed range."""
+    m = rec.model
+    return "now" if m is not None and at <= m.t1 else fmt.when(at)
+
+
 def _horizon(s: float) -> str:
     return f"{s / 3600:g} h" if s >= 3600 else (f"{s / 60:g} min" if s >= 60 else f"{s:g} s")
+
+
+TERMS = (
+    "**MAPE**: mean absolute percentage error of a forecast on the held-back last 20 % of the "
+    "range (lower is better). **Seasonal naive**: tomorrow repeats today at the same minute. "
+    "**Exponential smoothing**: a weighted mean with weights falling geometrically into the "
+    "past. **Bayesian optimisation**: the warm-up parameters searched by fitting a Gaussian "
+    "process to the replays tried so far and trying next where it expects most (GP sd: its "
+    "uncertainty about the gain). **λ (heat decay)**: a key's reads weighted by e^(−λ·age); "
+    "1/λ is how long a read counts. **Lead**: how long before the forecast peak a warm-up "
+    "starts."
+)
 
 
 def render() -> None:
@@ -42,12 +66,19 @@ def render() -> None:
         "against seasonal-naive and exponential-smoothing baselines on the held-back last 20 % "
         "of the "
         "range; warm-up parameters tuned by Bayesian optimisation over a replay of the recorded "
-        "traffic (`warmscope advise` prints the same)."
+        "traffic (`warmscope advise` prints the same); below, every warm-up strategy judged on "
+        "the recorded block trace, when the store holds one."
     )
     start, end = state.time_range()
+    _tuning(start, end)
+    advisor_trace.render(start, end)
+
+
+def _tuning(start: float, end: float) -> None:
+    """The forecast and the tuned parameters (or the prefix-only advice of a gateway's store)."""
     if state.step(start, end):
         st.info("The advisor needs per-minute lookups: pick a range of 24 hours or less.")
-        st.stop()
+        return
     fr = state.load(
         ["lookups", "warmup_runs", "warmed_keys", "hot_keys", "gauges", "faults", "histograms"],
         start,
@@ -66,15 +97,16 @@ def render() -> None:
         fr["hot_keys"] = state.load(["hot_keys"], start - 3600.0, end)["hot_keys"]
 
         advisor_prefix.render(fr, start, end)
-        st.stop()
+        return
     if len(lk) == 0 or lk["ts"].max() - lk["ts"].min() < 2 * 3600:
         st.info("The advisor needs at least 2 hours of lookups in the range: pick a longer range.")
-        st.stop()
+        return
 
     with st.spinner("Forecasting…"):
         tab, fc = _forecast(data.store_path(), start, end, lk)
     _forecast_section(tab, fc)
     _recommendation_section(start, end)
+    st.caption(TERMS)
 
 
 def _forecast_section(tab: pd.DataFrame, fc: pd.DataFrame) -> None:
@@ -246,16 +278,20 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         + (rec.values.prices() if rec.values else "")
     )
     if rec.peak:
-        a, b = st.columns(2)
+        a, b = st.columns([1, 2])
         a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
-        b.metric(
-            "Trigger the warm-up at",
-            fmt.when(rec.trigger_at) if rec.trigger_at is not None else "now",
-            help=(
-                f"{rec.params.lead_s / 60:.0f} min before the peak (the response layer's "
-                "recommended "
-                "lead time)"
-            ),
+        b.markdown("**Trigger each layer's warm-up at** (its own lead before the peak)")
+        b.table(
+            pd.DataFrame(
+                [
+                    {
+                        "layer": la.layer,
+                        "trigger at": _trigger(rec.peak.at - la.params.lead_s, rec),
+                        "lead": _horizon(la.params.lead_s),
+                    }
+                    for la in rec.layers.values()
+                ]
+            ).set_index("layer")
         )
     st.dataframe(layer_table(rec), width="stretch")
     for la in rec.layers.values():
@@ -263,17 +299,18 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
             st.markdown(f"- **{la.layer}**: {note}")
     o, bo = rec.outcome, rec.base_outcome
     c1, c2, c3, c4 = st.columns(4)
+    hours = _range_hours(rec)
     if rec.objective in ("value", "slo"):
         lo = sum(la.gain_low for la in rec.layers.values())
         hi = sum(la.gain_high for la in rec.layers.values())
         c1.metric(
-            "Expected gain (value)",
-            f"{rec.gain:+,.2f}",
+            "Expected gain, value per hour",
+            f"{rec.gain / hours:+,.2f}",
             help=(
-                "GPU-s and TTFT saved, priced, against the recorded parameters over the range; "
-                "95 % CI "
-                f"of the latency price: {lo:+,.2f} to {hi:+,.2f}. Net GPU-s: "
-                f"{o.net_gpu_s - bo.net_gpu_s:+,.0f}"
+                "GPU-s and TTFT saved, priced (the prices below, in the configured currency), "
+                f"against the recorded parameters: {rec.gain:+,.2f} over the range's "
+                f"{hours:.1f} h; 95 % CI of the latency price: {lo:+,.2f} to {hi:+,.2f} over the "
+                f"range. Net GPU-s over the range: {o.net_gpu_s - bo.net_gpu_s:+,.0f}"
             ),
         )
     elif rec.objective == "roi":
@@ -307,6 +344,18 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+,.0f} MB",
         delta_color="inverse",
     )
+    if o.roi < bo.roi - 0.005 and rec.objective != "roi":
+        how = (
+            "spends more warm-up GPU time, on keys that each save less than the first ones"
+            if o.warm_gpu_s > bo.warm_gpu_s
+            else "spends less warm-up GPU time and gives up some hits the recorded one bought"
+        )
+        st.caption(
+            f"The warm-up ROI falls ({bo.roi:+.2f} → {o.roi:+.2f}): ROI is what the warm-ups "
+            f"save per GPU-second they spend, and the recommendation {how}. It is still better "
+            f"on the objective ({rec.objective}), which counts the total gain "
+            f"({rec.gain:+,.2f}), not the gain per GPU-second."
+        )
     rec_hr = rec.fidelity.buckets if rec.fidelity is not None else pd.DataFrame()
     fig = go.Figure()
     for ly, g in rec_hr.groupby("layer") if len(rec_hr) else ():
