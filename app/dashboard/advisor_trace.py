@@ -22,10 +22,9 @@ from warmscope.analysis.whatif.warmup import (
     advise,
     reuse_profile,
 )
-from warmscope.app.dashboard import data, fmt
-from warmscope.model.blocktrace import BlockTrace, TraceError
+from warmscope.app.dashboard import cached, data, fmt
+from warmscope.model.blocktrace import TraceError
 from warmscope.sources.base import SourceError
-from warmscope.sources.trace_store import read_store_trace
 
 __all__ = ["render"]
 
@@ -58,16 +57,11 @@ GLOSSARY = (
 )
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
-def _trace(path: str, start: float | None, end: float | None, version: Any) -> BlockTrace:
-    return read_store_trace(path, start, end)
-
-
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _judged(
     path: str, start: float | None, end: float | None, version: Any, capacity: int
 ) -> tuple[Evaluation, Recommendation, dict[str, float]]:
-    tr = _trace(path, start, end, version)
+    tr = cached.block_trace(start, end)
     from warmscope.analysis.value import fit_token_latency
 
     fit = fit_token_latency((tr.prompt - np.maximum(tr.cached, 0)).astype(float), tr.ttft)
@@ -95,7 +89,7 @@ def render(start: float | None, end: float | None) -> None:
     )
     path, version = data.store_path(), data.version()
     try:
-        tr = _trace(path, start, end, version)
+        tr = cached.block_trace(start, end)
     except (TraceError, SourceError) as e:
         st.info(
             f"{e}. Record one with `warmscope gateway --kv-events` in front of vLLM, or import "
@@ -134,7 +128,7 @@ def render(start: float | None, end: float | None) -> None:
     st.session_state["adv_trace_done"] = key
     _recommendation(ev, rec)
     st.plotly_chart(_chart(ev), width="stretch")
-    st.dataframe(_table(ev), hide_index=True, width="stretch")
+    st.table(_table(ev).set_index(["K (blocks)", "strategy"]))  # wraps: no column cut
     st.caption(GLOSSARY)
     if profile:
         st.caption(
@@ -185,8 +179,11 @@ def _recommendation(ev: Evaluation, rec: Recommendation) -> None:
     else:
         c3.metric(
             "Warm-up's own prefill",
-            f"{rec.warm_tokens:,.0f} tokens",
-            help="the trace has no time to first token to price a token in seconds with",
+            f"{rec.warm_tokens / 1e6:.2f} M tokens"
+            if rec.warm_tokens >= 1e6
+            else f"{rec.warm_tokens:,.0f} tokens",
+            help=f"{rec.warm_tokens:,.0f} tokens per restart; the trace has no time to first "
+            "token to price a token in seconds with",
         )
     c4.metric(
         "Share of the seen oracle's gain",
@@ -197,13 +194,6 @@ def _recommendation(ev: Evaluation, rec: Recommendation) -> None:
     notes = list(rec.notes)
     if rec.widened:
         notes.insert(0, f"Search: {rec.widened}.")
-    if rec.net_tokens < 0:
-        notes.append(
-            f"Net of its own prefill the warm-up costs {-rec.net_tokens:,.0f} tokens per restart "
-            f"(95 % CI {-rec.net_ci[1]:,.0f} to {-rec.net_ci[0]:,.0f}); it is still the "
-            "recommendation because the objective is the requests' time to first token, which "
-            "the warm-up buys before the replica takes traffic."
-        )
     for n in notes:
         st.markdown(f"- {n}")
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the analyses load on first use, not when a page starts
     from warmscope.analysis.rootcause import Localization
     from warmscope.analysis.scores import ScoreCard
     from warmscope.analysis.traps import TrapVerdict
+    from warmscope.model.blocktrace import BlockTrace
 
 T = TypeVar("T")
 Version = tuple[object, ...]  # data.version(): what cached results depend on
@@ -592,3 +593,17 @@ def drill(
     """``drill_down`` of the range's lookups (with ``hit_rate_layers_only``, of the layers
     counted in hit rates), for an anomaly window against a baseline or automatic ones (cached)."""
     return guarded(_drill, start, end, anomaly, baseline, hit_rate_layers_only)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _block_trace(path: str, start: float | None, end: float | None, version: Version) -> BlockTrace:
+    from warmscope.sources.trace_store import read_store_trace
+
+    return read_store_trace(path, start, end)
+
+
+def block_trace(start: float | None, end: float | None) -> BlockTrace:
+    """The store's block trace in the range (all of it for ``None``), read once per store version
+    for the What if and Advisor pages; raises ``TraceError``/``SourceError`` with the message to
+    show when the store holds none."""
+    return _block_trace(data.store_path(), start, end, data.version())

@@ -14,10 +14,9 @@ import plotly.graph_objects as go
 import streamlit as st
 from warmscope.analysis.whatif.fixes import isolation_pair
 from warmscope.analysis.whatif.report import WhatIf, whatif
-from warmscope.app.dashboard import data, fmt, state
-from warmscope.model.blocktrace import BlockTrace, TraceError
+from warmscope.app.dashboard import cached, data, fmt, state
+from warmscope.model.blocktrace import TraceError
 from warmscope.sources.base import SourceError
-from warmscope.sources.trace_store import read_store_trace
 
 CLASS_COLOURS = {
     "elsewhere": "#8250df",
@@ -28,11 +27,6 @@ CLASS_COLOURS = {
     "hit": "#1a7f37",
     "unknown": "#afb8c1",
 }
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def _trace(path: str, start: float | None, end: float | None, version: Any) -> BlockTrace:
-    return read_store_trace(path, start, end)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
@@ -47,7 +41,7 @@ def _answer(
     points: int,
     tenant: str,
 ) -> WhatIf:
-    tr = _trace(path, start, end, version)
+    tr = cached.block_trace(start, end)
     if tenant:
         tr = tr.subset(np.asarray([tr.tenants[k] == tenant for k in tr.tenant]))
     bar = st.progress(0.0, text="replaying the trace at each capacity…")
@@ -215,7 +209,7 @@ def render() -> None:
     start, end = _range()
     version = data.version()
     try:
-        tr = _trace(path, start, end, version)
+        tr = cached.block_trace(start, end)
     except (TraceError, SourceError) as e:
         st.info(
             f"{e}. A block trace comes from `warmscope gateway --kv-events` (every chat request's "
