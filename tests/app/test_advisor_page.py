@@ -52,7 +52,7 @@ def test_advisor_page_shows_forecast_and_no_recommendation_on_an_untrusted_repla
         # fidelity table and one sentence instead of a recommendation
         page.get_by_text("No recommendation").wait_for(timeout=600_000)
         _settle(page)
-        page.screenshot(path=str(OUT / "advisor.png"), full_page=True)
+        page.screenshot(path=str(OUT / "advisor-untrusted.png"), full_page=True)
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
         body = page.locator('[data-testid="stMainBlockContainer"]').inner_text()

@@ -3,6 +3,7 @@ the dashboard server on a free loopback port, over the demo world (runs, traps a
 Screenshots go to test-output/screenshots/."""
 
 import dataclasses
+import hashlib
 import time
 import urllib.parse
 from pathlib import Path
@@ -125,7 +126,9 @@ def test_every_page_at_the_default_range(streamlit_server, page):
     assert sorted(shots) == sorted(p.name for p in PAGES)
     for name, png in shots.items():
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, (name, len(png))
-        assert (OUT / f"{name}.png").read_bytes() == png, name
+        # compared by digest: a failing bytes comparison makes pytest diff megabytes for minutes
+        on_disk = hashlib.sha256((OUT / f"{name}.png").read_bytes()).hexdigest()
+        assert on_disk == hashlib.sha256(png).hexdigest(), f"{name}.png was overwritten: screenshot names must be unique"
 
 
 def test_first_screen_tells_the_story(streamlit_server, page):
