@@ -58,6 +58,7 @@ __all__ = [
     "warm_order",
     "chains_of",
     "read_chance",
+    "warmed_cached_tokens",
 ]
 
 STRATEGIES = ("none", "static_topk", "recency", "heat", "predictive", "oracle_seen", "oracle")
@@ -621,6 +622,21 @@ def _replay_window(
     )
     warmed = set(flat[: offsets[nw]].tolist()) if nw else set()
     return hits[nw:] * fit[nw:], warmed
+
+
+def warmed_cached_tokens(
+    trace: BlockTrace, chains: Sequence[Sequence[int]], capacity: int
+) -> np.ndarray:
+    """Cached prompt tokens of every request of ``trace`` on one engine of ``capacity`` blocks
+    that starts empty just before the first request and is preloaded with ``chains`` (block-hash
+    chains, in the order the warm-up sends them): the evaluation's replay of one restart, for a
+    warm set chosen elsewhere (e.g. the prefixes a warm-up run wrote)."""
+    if capacity < 2:
+        raise TraceError(f"capacity {capacity}: an engine holds at least two blocks")
+    hits, _ = _replay_window(
+        trace, np.arange(len(trace)), [[int(b) for b in c] for c in chains], capacity
+    )
+    return (hits * trace.block_size).astype(np.int64)
 
 
 def _precision(trace: BlockTrace, reqs: np.ndarray, hits: np.ndarray, warmed: set[int]) -> float:

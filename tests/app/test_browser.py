@@ -128,7 +128,7 @@ def test_every_page_at_the_default_range(streamlit_server, page):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, (name, len(png))
         # compared by digest: a failing bytes comparison makes pytest diff megabytes for minutes
         on_disk = hashlib.sha256((OUT / f"{name}.png").read_bytes()).hexdigest()
-        assert on_disk == hashlib.sha256(png).hexdigest(), f"{name}.png was overwritten: screenshot names must be unique"
+        assert on_disk == hashlib.sha256(png).hexdigest(), f"{name}.png overwritten: screenshot names must be unique"
 
 
 def test_first_screen_tells_the_story(streamlit_server, page):

@@ -12,6 +12,10 @@
    lie within its CI, the TTFT prediction is printed beside the measured one (the engines' speed on
    this shared machine, measured by probes sent straight to them, moves more than its CI allows).
    Every request's cached tokens are checked against which prefixes were warmed.
+4. The paired warm-up evaluation's replay (analysis/whatif/warmup.py) predicts each arm from the
+   recording's block trace (its engine's KV events, through `warmscope gateway --kv-events`) and
+   the arm's warm set: every replayed request's cached tokens, to the token, and the difference
+   inside the A/B's CI, printed beside the measured A/B.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 import pytest
 from warmscope.analysis.ab_report import report_for
 from warmscope.collectors.keys import KeyHasher
+from warmscope.collectors.kv.subscriber import engine_capacity
 from warmscope.collectors.llm import read_library
 from warmscope.sources import EmbeddedSource
 
@@ -106,7 +111,13 @@ class Gateway:
     """`warmscope gateway` in its own process, in front of one engine."""
 
     def __init__(
-        self, store: Path, upstream: str, variant: str, experiment: str, library: Path | None = None
+        self,
+        store: Path,
+        upstream: str,
+        variant: str,
+        experiment: str,
+        library: Path | None = None,
+        kv: bool = False,
     ) -> None:
         from warmscope.simulator.real_engine import free_port
 
@@ -127,6 +138,8 @@ class Gateway:
         ]
         if library is not None:
             args += ["--prompt-library", str(library)]
+        if kv:
+            args.append("--kv-events")  # the engine's block truth into the store's block trace
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "warmscope.app.cli", *args],
             env={
@@ -195,18 +208,27 @@ def proof(vllm_engines, tmp_path_factory):
         now = time.monotonic()
         phases[name], t0[0] = now - t0[0], now
 
-    rec_eng, eng_a, eng_b = vllm_engines(3)  # started together; A and B stay untouched
+    from warmscope.simulator.real_engine import free_port
+
+    # the recording engine publishes its KV events (the block trace the evaluation replays);
+    # A and B, started together, stay untouched until the warm-ups
+    (rec_eng,) = vllm_engines(
+        1,
+        kv_events_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        kv_replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+    )
+    eng_a, eng_b = vllm_engines(2)
     phase("engines")
     tmp = tmp_path_factory.mktemp("proof")
     rec_store, ab_store, lib = tmp / "record.sqlite", tmp / "ab.sqlite", tmp / "library.jsonl"
     work = workload()
     # 1. the recording: one fresh engine behind the gateway
-    gw = Gateway(rec_store, rec_eng.url, "R", "record", library=lib)
+    gw = Gateway(rec_store, rec_eng.url, "R", "record", library=lib, kv=True)
     recorded = []
     for n, (tenant, j, q) in enumerate(work):
         u = gw.chat(tenant, f"rec-{n}", system_prompt(tenant, j), q)
         recorded.append((u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]))
-    gw.stop()
+    gw_log = gw.stop()
     rec_eng.stop()  # free the CPU for the A/B
     phase("recording")
     # 2. the advisor on the recording: the table printed, the same as JSON in a file
@@ -275,6 +297,8 @@ def proof(vllm_engines, tmp_path_factory):
         recorded=recorded,
         replayed=replayed,
         runs=runs,
+        gw_log=gw_log,
+        capacity=engine_capacity(eng_a.url),
         rec_store=rec_store,
         ab_store=ab_store,
         lib=lib,
@@ -395,6 +419,96 @@ def test_the_predicted_difference_lies_within_the_measured_ci(proof):
     # TTFT: the predicted direction, and a measured interval that admits it
     assert vs["ttft_per_request_s"] < 0 and vs["ttft_relative"] < 0
     assert tt.abs_low < 0 and tt.rel_low < 0
+
+
+def _tokens(url: str, messages: list[dict]) -> list[int]:
+    """The engine's own tokens of a chat (its chat template, with the generation prompt)."""
+    r = httpx.post(url + "/tokenize", json={"model": "tiny", "messages": messages}, timeout=60)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def _prompt_chains(trace, work, url: str) -> dict[tuple[str, int], list[int]]:
+    """Each prompt's blocks its warm-up computes and a request of it can read: the warm-up sends
+    the system message alone, so a request shares the full blocks before the first token where
+    the two chats' tokens (the engine's /tokenize) part; the chain is the recording's first
+    request of the prompt cut there."""
+    out: dict[tuple[str, int], list[int]] = {}
+    B = trace.block_size
+    for i, (tenant, j, q) in enumerate(work):
+        if (tenant, j) in out:
+            continue
+        system = {"role": "system", "content": system_prompt(tenant, j)}
+        warm = _tokens(url, [system])
+        req = _tokens(url, [system, {"role": "user", "content": q}])
+        assert len(req) == trace.prompt[i]  # the same tokens the engine counted
+        short = min(len(warm), len(req))
+        same = next((n for n in range(short) if warm[n] != req[n]), short)  # tokens the two share
+        lo = int(trace.offsets[i])
+        assert same // B <= trace.full[i]
+        out[(tenant, j)] = trace.h[lo : lo + same // B].tolist()
+    return out
+
+
+def test_the_trace_evaluation_predicts_each_arm(proof):
+    """The paired warm-up evaluation's replay, at the A/B's one restart: the recording's block
+    trace (the engine's KV events, through `warmscope gateway --kv-events`) replayed through the
+    exact vLLM pool of the A/B engines' capacity, preloaded with each arm's warm set (the prompts
+    its warm-up run wrote, as their block chains, in the order the run wrote them). Predicted:
+    every replayed request's cached tokens; measured: what each engine reported. The prediction
+    sits in the report beside the measured A/B; the difference must lie in the A/B's CI and
+    every request must be predicted to the token (the engines hold 16,384 blocks: the recording,
+    the warm-ups and the probes, which the recording does not hold, evict nothing)."""
+    from warmscope.analysis.whatif.warmup import warmed_cached_tokens
+    from warmscope.sources.trace_store import read_store_trace
+
+    trace = read_store_trace(proof["rec_store"])
+    work, recorded = proof["work"], proof["recorded"]
+    # the trace is the recording, request by request (sent one at a time, in order)
+    assert len(trace) == len(work), proof["gw_log"][-3000:]
+    assert trace.prompt.tolist() == [p for p, _ in recorded]
+    assert trace.cached.tolist() == [c for _, c in recorded]
+    chains = _prompt_chains(trace, work, proof["engines"]["A"].url)
+    assert all(len(c) * trace.block_size >= 1024 for c in chains.values())
+    # the order each arm's warm-up wrote its prompts (its warmed keys, oldest first)
+    lib = read_library(proof["lib"])
+    h = KeyHasher(SECRET.encode()).hash
+    by_hash = {}
+    for key, (_, _t, prefix) in lib.items():
+        m = re.match(r"(\w+) desk (\d+) ", prefix[0][1])
+        by_hash[h(key)] = (m.group(1), int(m.group(2)))
+    wk = EmbeddedSource(proof["rec_store"]).frame("warmed_keys")
+    cap = proof["capacity"]
+    assert cap and cap > 1
+    rows, pred_rate, meas_rate, exact, per_request = [], {}, {}, {}, {}
+    for arm, run in proof["runs"].items():
+        mine = wk[wk.run_id == run].sort_values("warmed_at", kind="stable")
+        order = list(dict.fromkeys(by_hash[x] for x in mine["key_hash"]))
+        pred = warmed_cached_tokens(trace, [chains[p] for p in order], cap)
+        meas = np.array([r["cached"] for r in proof["replayed"] if r["arm"] == arm])
+        prompts = np.array([r["prompt"] for r in proof["replayed"] if r["arm"] == arm])
+        assert prompts.tolist() == trace.prompt.tolist()  # the same requests, in the same order
+        pred_rate[arm], meas_rate[arm] = pred.sum() / prompts.sum(), meas.sum() / prompts.sum()
+        exact[arm] = int((pred == meas).sum())
+        per_request[arm] = (pred, meas)
+        rows.append(f"| {arm} ({len(order)} prompts warmed) | {pred_rate[arm]:.4f} | {meas_rate[arm]:.4f} | "
+                    f"{exact[arm]}/{len(pred)} |")
+    rep = report_for(EmbeddedSource(proof["ab_store"]), "proof", primary="hit rate (prefix_kv)")
+    hr = {r.metric: r for r in rep.results}["hit rate (prefix_kv)"]
+    diff = pred_rate["B"] - pred_rate["A"]
+    print("\n" + "\n".join([
+        f"the paired evaluation's replay on the recording's block trace ({len(trace)} requests, "
+        f"{trace.n_blocks:,} blocks, engines of {cap:,} blocks), beside the measured A/B:",
+        "| arm | predicted token hit rate | measured | requests predicted to the token |",
+        "|---|---|---|---|",
+        *rows,
+        f"B-A: predicted {diff:+.4f}; measured {hr.abs_effect:+.4f} (95 % CI {hr.abs_low:+.4f} to "
+        f"{hr.abs_high:+.4f}); the advisor's prediction {proof['adv']['versus']['hit_rate']:+.4f}",
+    ]))
+    assert hr.abs_low <= diff <= hr.abs_high
+    for arm, (pred, meas) in per_request.items():  # every request, to the token
+        wrong = [(n, int(p), int(m)) for n, (p, m) in enumerate(zip(pred, meas, strict=True)) if p != m]
+        assert not wrong, (arm, "request, predicted, measured", wrong)
 
 
 def test_no_prompt_text_in_the_stores(proof):

@@ -16,6 +16,7 @@ from warmscope.analysis.whatif.warmup import (
     read_chance,
     recommend,
     warm_order,
+    warmed_cached_tokens,
 )
 from warmscope.model.blocktrace import TraceBuilder, TraceError, chain_ids
 
@@ -136,3 +137,23 @@ def test_traces_that_cannot_be_judged():
     with pytest.raises(TraceError, match="warm-up strategy 'magic'"):
         evaluate(_hot_trace(), 1000, [3], strategies=("magic",))
     assert math.isfinite(read_chance(np.array([0.0]), np.array([1.0]), 10, 0.1)[0])
+
+
+def test_one_restart_with_a_given_warm_set_by_hand():
+    """Three requests on an engine restarted just before them: the hot prefix P (3 blocks) and a
+    block of its own (64 tokens), then an unrelated prompt Q (2 blocks and one of its own, 48
+    tokens), then P again with another own block."""
+    tb = TraceBuilder(B)
+    tb.add(0.0, 4 * B, 1, P + chain_ids([1, 2, 3, 900])[3:])
+    q = chain_ids([7, 8, 901])
+    tb.add(1.0, 3 * B, 1, q)
+    tb.add(2.0, 4 * B, 1, P + chain_ids([1, 2, 3, 902])[3:])
+    tr = tb.build()
+    # cold: only the third request reads P, which the first computed: 3 blocks x 16 = 48 tokens
+    assert warmed_cached_tokens(tr, [], 1000).tolist() == [0, 0, 48]
+    # P warmed: the first read hits it too (3 blocks, within (64 - 1) // 16 = 3)
+    assert warmed_cached_tokens(tr, [P], 1000).tolist() == [48, 0, 48]
+    # both warmed; Q's first two blocks hit, its own block cannot: min(2, (48 - 1) // 16 = 2) = 2
+    assert warmed_cached_tokens(tr, [P, q[:2]], 1000).tolist() == [48, 32, 48]
+    with pytest.raises(TraceError, match="capacity 1"):
+        warmed_cached_tokens(tr, [P], 1)
