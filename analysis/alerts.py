@@ -86,9 +86,19 @@ _ORDER = {"critical": 0, "warning": 1, "info": 2}
 # is stamped with its start, so one starting up to this long before the range covers part of it.
 HOT_KEY_WINDOW_S = float(CollectorConfig().hot_key_window_s)
 # A flush's hit rate on the leaking layer departs from the hour before by more than this many
-# robust standard deviations (1.4826 × MAD), and by at least LEAK_MIN_SHIFT: the leak shows.
+# robust standard deviations (1.4826 × MAD), and by at least LEAK_MIN_SHIFT: the leak shows. Or
+# the mean of LEAK_RUN flushes departs by LEAK_RUN_SDS standard deviations of such a mean (and by
+# LEAK_MIN_SHIFT), the first of them by LEAK_FIRST_SDS to the same side (and LEAK_MIN_SHIFT / 2):
+# a leak's dip on a layer with few lookups per flush, where one flush's noise hides the step.
 LEAK_SDS = 6.0
 LEAK_MIN_SHIFT = 0.1
+LEAK_RUN = 3
+LEAK_RUN_SDS = 5.0
+LEAK_FIRST_SDS = 2.5
+# A leak that begins shortly before a window's end leaves too few reads there for its keys to be
+# hot: the first flush that shows it is searched this share of a window before the first window
+# with shared keys too.
+LEAK_LEAD = 0.5
 
 
 def hot_keys_since(start: float, end: float) -> float:
@@ -106,22 +116,54 @@ def hot_key_window_s(hot_keys: pd.DataFrame) -> float:
     return float(min(d.min(), HOT_KEY_WINDOW_S)) if len(d) else HOT_KEY_WINDOW_S
 
 
+def _first_departure(rate: pd.Series, lo: float, hi: float) -> float | None:
+    """The stamp of the first flush in (lo, hi] whose rate departs from the hour up to ``lo``
+    (see LEAK_SDS and LEAK_RUN); None without one, or with under ten flushes to compare to."""
+    ts = rate.index.to_numpy(float)
+    vals = rate.to_numpy(float)
+    before = vals[(ts > lo - 3600.0) & (ts <= lo)]
+    inside = (ts > lo) & (ts <= hi)
+    if len(before) < 10 or not inside.any():
+        return None
+    med = float(np.median(before))
+    spread = 1.4826 * float(np.median(np.abs(before - med)))
+    dev = vals[inside] - med
+    stamps = ts[inside]
+    big = np.abs(dev) > max(LEAK_SDS * spread, LEAK_MIN_SHIFT)
+    run = np.zeros(len(dev), bool)  # the LEAK_RUN flushes from flush i depart together
+    if len(dev) >= LEAK_RUN:
+        mean = np.convolve(dev, np.ones(LEAK_RUN) / LEAK_RUN, mode="valid")
+        first = dev[: len(mean)]
+        run[: len(mean)] = (
+            (np.abs(first) > max(LEAK_FIRST_SDS * spread, LEAK_MIN_SHIFT / 2))
+            & (np.sign(first) == np.sign(mean))
+            & (np.abs(mean) > max(LEAK_RUN_SDS * spread / np.sqrt(LEAK_RUN), LEAK_MIN_SHIFT))
+        )
+    hit = np.flatnonzero(big | run)
+    return float(stamps[hit[0]]) if len(hit) else None
+
+
 def leak_onset(
     lookups: pd.DataFrame | None,
     layers: list[str],
     window: float,
     window_s: float,
     newest: float,
+    lead: float = 0.0,
 ) -> float:
     """When a cross-tenant read first shows in per-flush data: the stamp of the first flush in
-    hot-key window [window, window + window_s) whose hit rate on ``layers`` departs from the hour
-    before the window (keys that lose their tenant scope are new keys, then other tenants'
-    entries: the layer's hit rate jumps). Without such a flush, the window's end, the first time
-    its complete counts exist — or ``newest`` while the window is still open. Never the window's
-    start: an hourly window stamped 16:00 holds a leak that began at 16:35.
+    hot-key window [window, window + window_s) — or up to ``lead`` seconds before it — whose hit
+    rate on ``layers`` departs from the hour before (keys that lose their tenant scope are new
+    keys, then other tenants' entries: the layer's hit rate dips; see LEAK_SDS and LEAK_RUN).
+    Without such a flush, the window's end, the first time its complete counts exist — or
+    ``newest`` while the window is still open. Never the window's start: an hourly window
+    stamped 16:00 holds a leak that began at 16:35.
 
-    Flushes are stamped at the end of their interval, so the onset is no earlier than the first
-    data that shows the leak."""
+    ``lead``: a leak that began near the previous window's end left too few reads there for its
+    keys to be hot, and its first dip lies before ``window`` (searched first, against the hour
+    before it; the leak's end, inside the window, dips too, so the window alone would date the
+    end). Flushes are stamped at the end of their interval, so the onset is no earlier than the
+    first data that shows the leak."""
     fallback = min(window + window_s, newest)
     if lookups is None or lookups.empty:
         return fallback
@@ -131,15 +173,12 @@ def leak_onset(
     n = lk.groupby("ts")["count"].sum()
     hits = lk[lk["result"] == "hit"].groupby("ts")["count"].sum().reindex(n.index, fill_value=0)
     rate = (hits / n[n > 0]).dropna()
-    ts = rate.index.to_numpy(float)
-    before = rate.to_numpy(float)[(ts > window - 3600.0) & (ts <= window)]
-    inside = rate[(ts > window) & (ts <= min(window + window_s, newest))]
-    if len(before) < 10 or inside.empty:
-        return fallback
-    med = float(np.median(before))
-    spread = 1.4826 * float(np.median(np.abs(before - med)))
-    off = inside[np.abs(inside.to_numpy(float) - med) > max(LEAK_SDS * spread, LEAK_MIN_SHIFT)]
-    return float(off.index[0]) if len(off) else fallback
+    if lead > 0:
+        early = _first_departure(rate, window - lead, min(window, newest))
+        if early is not None:
+            return early
+    found = _first_departure(rate, window, fallback)
+    return fallback if found is None else found
 
 
 def cross_tenant_reads(
@@ -182,7 +221,7 @@ def cross_tenant_reads(
         w0 -= ws
     if lookups is not None and len(lookups):
         lookups = lookups[lookups["ts"] <= end]  # nothing after the evaluation instant
-    onset = leak_onset(lookups, layers, w0, ws, newest or end)
+    onset = leak_onset(lookups, layers, w0, ws, newest or end, lead=LEAK_LEAD * ws)
     if onset > end:  # shows only after end (a later window starts after the onset)
         return None
     return {

@@ -54,6 +54,34 @@ def test_without_a_flush_that_shows_it_a_leak_is_dated_at_the_windows_end():
     assert leak_onset(None, ["response"], 7200.0, 3600.0, 14400.0) == 10800.0
 
 
+def test_a_leak_that_began_just_before_its_first_shared_window_is_dated_by_its_first_dip():
+    # The leak runs 6600–9000 s: its keys are hot (shared) only from window 7200 on; the hit rate dips when it
+    # starts (keys lose their tenant scope: new keys) and again when it ends (they regain it). The window alone
+    # would date the end (9060); half a window before it the start shows: the flush stamped 6660.
+    lk = _flushes([(0.0, 6600.0, 0.65), (6600.0, 6900.0, 0.35), (6900.0, 9000.0, 0.65),
+                   (9000.0, 9300.0, 0.35), (9300.0, 14400.0, 0.65)])
+    assert leak_onset(lk, ["response"], 7200.0, 3600.0, 14400.0) == 9060.0
+    assert leak_onset(lk, ["response"], 7200.0, 3600.0, 14400.0, lead=1800.0) == 6660.0
+    assert cross_tenant_reads(_leak(7200.0), 3600.0, 14400.0, lk)["first"] == 6660.0
+    # nothing in the lead: the window's own first dip
+    lk2 = _flushes([(0.0, 9300.0, 0.65), (9300.0, 9600.0, 0.35), (9600.0, 14400.0, 0.65)])
+    assert leak_onset(lk2, ["response"], 7200.0, 3600.0, 14400.0, lead=1800.0) == 9360.0
+
+
+def test_a_dip_that_one_noisy_flush_hides_shows_in_three():
+    # Flushes alternate 0.60 / 0.70: median 0.65, MAD 0.05, robust sd 1.4826 x 0.05 = 0.0741. A dip to 0.30,
+    # 0.35, 0.40 from 7200 s: no flush departs by 6 sd (0.445 > 0.35), but the three's mean departs by
+    # 0.30 > 5 x 0.0741 / sqrt(3) = 0.214 and the first by 0.35 > 2.5 x 0.0741 = 0.185: the flush stamped 7260.
+    noisy = [(t, t + 60.0, 0.60 if (t // 60) % 2 else 0.70) for t in np.arange(0.0, 7200.0, 60.0)]
+    dip = [(7200.0, 7260.0, 0.30), (7260.0, 7320.0, 0.35), (7320.0, 7380.0, 0.40)]
+    after = [(t, t + 60.0, 0.60 if (t // 60) % 2 else 0.70) for t in np.arange(7380.0, 10800.0, 60.0)]
+    lk = _flushes(noisy + dip + after)
+    assert leak_onset(lk, ["response"], 7200.0, 3600.0, 10800.0) == 7260.0
+    # the same noise without the dip: no departure, the window's end
+    lk0 = _flushes(noisy + [(t, t + 60.0, 0.60 if (t // 60) % 2 else 0.70) for t in np.arange(7200.0, 10800.0, 60.0)])
+    assert leak_onset(lk0, ["response"], 7200.0, 3600.0, 10800.0) == 10800.0
+
+
 def test_a_bypass_spike_is_dated_by_the_first_flush_over_the_line():
     # 20 % of lookups bypass from 3600 s: the flush stamped 3660 shows it; the 5-minute share crosses 5 % at 3720
     lk = _flushes([(0.0, 3600.0, 0.0), (3600.0, 7200.0, 0.2)], results=("bypass", "hit"))
@@ -94,3 +122,28 @@ def test_the_simulators_two_faults_are_dated_within_one_flush_of_their_start(tmp
         # flushes every 60 s, stamped at their end: the first one that shows the fault ends 60 s after its start
         assert f.start < r.since <= f.start + 60.0, (f.trap, r.since - f.start)
         assert r.fired >= r.since
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("minute", [0, 20, 45])
+def test_the_demos_leak_is_dated_at_its_start_whatever_the_minute_it_ends(tmp_path, minute):
+    """The demo's span ends at the current minute, so its leak (2.5 h to 1.5 h before the end) starts at any minute
+    of an hour: at minute 0 and 45 of the end it starts 30 and 15 minutes into a window; at minute 20, 10 minutes
+    before one (its keys are not hot there). The onset is the first flush after its start, every time (it was the
+    leak's end, 05:51, or a window's end before)."""
+    import dataclasses
+
+    from warmscope.app.cli.main import demo_world
+    from warmscope.app.dashboard import background
+    from warmscope.simulator import simulate
+    from warmscope.sources import from_env
+
+    path = tmp_path / "demo.sqlite"
+    cfg, faults = demo_world(6.0, now=1796367600.0 + minute * 60)  # an hour's start, + minute
+    simulate(dataclasses.replace(cfg, rps=3.0, tenants=4, seed=5), path, faults, workers=1)
+    src = from_env({}, store_path=str(path))
+    b = src.time_bounds()
+    fr = background.overview_frames(background.source_reader(src), b[0] - 3600, b[1] + 1e-6, None)
+    f = src.frame("faults").set_index("trap").loc["tenant_isolation"]
+    leak = cross_tenant_reads(fr["hot_keys"], b[0], b[1] + 1e-6, fr["lookups"])
+    assert f.start < leak["first"] <= f.start + 60.0, (minute, leak["first"] - f.start)
