@@ -85,11 +85,11 @@ _ORDER = {"critical": 0, "warning": 1, "info": 2}
 # The collectors' hot-key window (``[collectors] hot_key_window_s``, an hour by default): a window
 # is stamped with its start, so one starting up to this long before the range covers part of it.
 HOT_KEY_WINDOW_S = float(CollectorConfig().hot_key_window_s)
-# A flush's hit rate on the leaking layer departs from the hour before by more than this many
+# A flush's hit rate on the leaking layer dips below the hour before by more than this many
 # robust standard deviations (1.4826 × MAD), and by at least LEAK_MIN_SHIFT: the leak shows. Or
-# the mean of LEAK_RUN flushes departs by LEAK_RUN_SDS standard deviations of such a mean (and by
-# LEAK_MIN_SHIFT), the first of them by LEAK_FIRST_SDS to the same side (and LEAK_MIN_SHIFT / 2):
-# a leak's dip on a layer with few lookups per flush, where one flush's noise hides the step.
+# the mean of LEAK_RUN flushes dips by LEAK_RUN_SDS standard deviations of such a mean (and by
+# LEAK_MIN_SHIFT), the first of them by LEAK_FIRST_SDS (and LEAK_MIN_SHIFT / 2): a leak's dip on
+# a layer with few lookups per flush, where one flush's noise hides the step.
 LEAK_SDS = 6.0
 LEAK_MIN_SHIFT = 0.1
 LEAK_RUN = 3
@@ -117,8 +117,9 @@ def hot_key_window_s(hot_keys: pd.DataFrame) -> float:
 
 
 def _first_departure(rate: pd.Series, lo: float, hi: float) -> float | None:
-    """The stamp of the first flush in (lo, hi] whose rate departs from the hour up to ``lo``
-    (see LEAK_SDS and LEAK_RUN); None without one, or with under ten flushes to compare to."""
+    """The stamp of the first flush in (lo, hi] whose rate dips below the hour up to ``lo`` (see
+    LEAK_SDS and LEAK_RUN); None without one, or with under ten flushes to compare to. Only a dip:
+    a rise (an engine warming up after a cold start) is no leak's onset."""
     ts = rate.index.to_numpy(float)
     vals = rate.to_numpy(float)
     before = vals[(ts > lo - 3600.0) & (ts <= lo)]
@@ -127,18 +128,15 @@ def _first_departure(rate: pd.Series, lo: float, hi: float) -> float | None:
         return None
     med = float(np.median(before))
     spread = 1.4826 * float(np.median(np.abs(before - med)))
-    dev = vals[inside] - med
+    drop = med - vals[inside]  # a dip: keys that lose their tenant scope are new keys, and miss
     stamps = ts[inside]
-    big = np.abs(dev) > max(LEAK_SDS * spread, LEAK_MIN_SHIFT)
-    run = np.zeros(len(dev), bool)  # the LEAK_RUN flushes from flush i depart together
-    if len(dev) >= LEAK_RUN:
-        mean = np.convolve(dev, np.ones(LEAK_RUN) / LEAK_RUN, mode="valid")
-        first = dev[: len(mean)]
+    big = drop > max(LEAK_SDS * spread, LEAK_MIN_SHIFT)
+    run = np.zeros(len(drop), bool)  # the LEAK_RUN flushes from flush i dip together
+    if len(drop) >= LEAK_RUN:
+        mean = np.convolve(drop, np.ones(LEAK_RUN) / LEAK_RUN, mode="valid")
         run[: len(mean)] = (
-            (np.abs(first) > max(LEAK_FIRST_SDS * spread, LEAK_MIN_SHIFT / 2))
-            & (np.sign(first) == np.sign(mean))
-            & (np.abs(mean) > max(LEAK_RUN_SDS * spread / np.sqrt(LEAK_RUN), LEAK_MIN_SHIFT))
-        )
+            drop[: len(mean)] > max(LEAK_FIRST_SDS * spread, LEAK_MIN_SHIFT / 2)
+        ) & (mean > max(LEAK_RUN_SDS * spread / np.sqrt(LEAK_RUN), LEAK_MIN_SHIFT))
     hit = np.flatnonzero(big | run)
     return float(stamps[hit[0]]) if len(hit) else None
 
@@ -153,8 +151,8 @@ def leak_onset(
 ) -> float:
     """When a cross-tenant read first shows in per-flush data: the stamp of the first flush in
     hot-key window [window, window + window_s) — or up to ``lead`` seconds before it — whose hit
-    rate on ``layers`` departs from the hour before (keys that lose their tenant scope are new
-    keys, then other tenants' entries: the layer's hit rate dips; see LEAK_SDS and LEAK_RUN).
+    rate on ``layers`` dips below the hour before (keys that lose their tenant scope are new keys:
+    they miss; see LEAK_SDS and LEAK_RUN).
     Without such a flush, the window's end, the first time its complete counts exist — or
     ``newest`` while the window is still open. Never the window's start: an hourly window
     stamped 16:00 holds a leak that began at 16:35.

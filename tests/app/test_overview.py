@@ -2,6 +2,7 @@
 analysis functions' on the same data, drill-down changes the selection, and
 the empty/missing-store states say what to do."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,21 @@ def test_a_share_that_is_there_never_reads_as_none():
     # Why misses: 2,048 addressable of 51,200,000 missed tokens = 0.004 % (read "0.0%" beside "2,048")
     assert pct(2048 / 51_200_000) == "< 0.1%" and pct(2048 / 51_200_000, 3) == "0.004%"
     assert pct(0.0) == "0.0%" and pct(-0.0004) == "0.0%"
+
+
+def test_a_security_finding_that_no_longer_holds_stays_red(tmp_path, monkeypatch):
+    """A cross-tenant read 01:10-01:40 on a 4-hour store (after an hour to compare its flushes with): at the
+    range's end it no longer holds (no open alert names it), and the overview still shows it as a red security
+    finding, dated at its first flush."""
+    path = tmp_path / "old-leak.sqlite"
+    simulated_store(path, SimConfig.load(hours=4.0, rps=3.0, tenants=4, seed=5),
+                    [parse_fault("tenant_isolation:layer=response@01:10-01:40")], workers=1)
+    monkeypatch.setenv("WARMSCOPE_STORE", str(path))
+    at = AppTest.from_file(MAIN, default_timeout=300).run()
+    assert not at.exception, at.exception
+    body = "\n".join(m.value for m in at.markdown)
+    assert "open alert" in body and "CrossTenantCacheRead" not in body
+    red = [e.value for e in at.error]
+    assert len(red) == 1 and "CrossTenantCacheRead in this range, no longer holding" in red[0], red
+    start = float(EmbeddedStore(path, readonly=True).frame("faults").start.iloc[0])
+    assert f"from {time.strftime('%H:%M', time.gmtime(start + 60))}" in red[0], red

@@ -153,18 +153,18 @@ def _what_happened(start: float, end: float, alerts: pd.DataFrame, dd: DrillDown
         )
         + " (the Alerts page's “Holding now” and the history's still-firing episodes)."
     )
-    past = cached.leak(start, end)
-    if past is not None and sec.empty:
-        layers = past["layers"]
-        where = "/".join(map(str, layers)) if isinstance(layers, list) else ""
-        lines.append(
-            f"**Security finding in this range (no longer holding):** cross-tenant reads of "
-            f"{past['shared_keys']} {where} keys from {fmt.hhmm(fmt.num(past['first']))} "
-            "(last hot-key window "
-            f"{fmt.hhmm(fmt.num(past['last']))}). See *Alerts*."
-        )
     st.markdown("\n".join(f"- {x}" for x in lines))
     fmt.alert_rows(sec)
+    past = cached.leak(start, end)
+    if past is not None and sec.empty:  # a security finding stays red after it stops holding
+        layers = past["layers"]
+        where = "/".join(map(str, layers)) if isinstance(layers, list) else ""
+        st.error(
+            "**SECURITY · CrossTenantCacheRead in this range, no longer holding** — cross-tenant "
+            f"reads of {past['shared_keys']} {where} keys from "
+            f"{fmt.hhmm(fmt.num(past['first']))} (last hot-key window "
+            f"{fmt.hhmm(fmt.num(past['last']))}). See *Alerts*."
+        )
 
 
 def _headline(start: float, end: float, runs: pd.DataFrame, card: ScoreCard) -> None:
