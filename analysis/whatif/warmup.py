@@ -360,6 +360,19 @@ class Evaluation:
         cands = [c for c in self.cells if c.horizon_s == h and c.strategy not in ("none", *ORACLES)]
         return max(cands, key=lambda c: c.gain_tokens)
 
+    def table_rows(self) -> list[tuple[int, str, list[Cell]]]:
+        """The evaluation as a table: per K, per strategy in STRATEGIES order (``none``, the
+        baseline, left out), its cells in horizon order; what the CLI and the dashboard print."""
+        hs = sorted(self.horizons)
+        out = []
+        for k in self.ks:
+            for s in STRATEGIES[1:]:
+                try:
+                    out.append((k, s, [self.cell(s, k, h) for h in hs]))
+                except KeyError:  # not evaluated
+                    continue
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "trace": self.trace_source,

@@ -306,7 +306,9 @@ COMMAND = Simple(
 # ---------------------------------------------------------------- warm-up advice
 def render_advice(ev: Any, rec: Any) -> str:
     """The paired evaluation's table and the recommendation, as text."""
-    hs = list(ev.horizons)
+    from warmscope.analysis.whatif.warmup import OBJECTIVES, ORACLES
+
+    hs = sorted(ev.horizons)
     lines = [
         f"Warm-up judged on {ev.trace_source}: {len(ev.restarts)} restarts of an engine of "
         f"{ev.capacity:,} blocks ({ev.block_size}-token blocks); each strategy chose its warm set "
@@ -320,29 +322,21 @@ def render_advice(ev: Any, rec: Any) -> str:
     head = f"{'K':>7}  {'strategy':<12}" + "".join(f"{f'within {h / 60:g} min':>34}" for h in hs)
     head += f"{'seen-oracle share':>22}{'precision':>11}"
     lines += [head, "-" * len(head)]
-    hmax = max(hs)
-    for k in ev.ks:
-        for s in ("static_topk", "recency", "heat", "predictive", "oracle_seen", "oracle"):
-            try:
-                cells = [ev.cell(s, k, h) for h in hs]
-            except KeyError:
-                continue
-            row = f"{k:>7,}  {s:<12}"
-            for c in cells:
-                row += (
-                    f"{f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>30}"
-                )
-            last = ev.cell(s, k, hmax)
-            lo_s, hi_s = last.seen_share_ci
-            share = (
-                f"{last.seen_share:.0%} ({lo_s:.0%}-{hi_s:.0%})"
-                if last.seen_share == last.seen_share
-                else "—"
-            )
-            prec = f"{last.precision:.0%}" if last.precision == last.precision else "—"
-            lines.append(row + f"{share:>22}{prec:>11}")
-    from warmscope.analysis.whatif.warmup import OBJECTIVES
-
+    for k, s, cells in ev.table_rows():
+        row = f"{k:>7,}  {s:<12}"
+        for c in cells:
+            row += f"{f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>30}"
+        last = cells[-1]  # the longest horizon
+        lo_s, hi_s = last.seen_share_ci
+        share = (
+            "(a bound)"
+            if s in ORACLES
+            else f"{last.seen_share:.0%} ({lo_s:.0%}-{hi_s:.0%})"
+            if last.seen_share == last.seen_share
+            else "—"
+        )
+        prec = f"{last.precision:.0%}" if last.precision == last.precision else "—"
+        lines.append(row + f"{share:>22}{prec:>11}")
     lines += ["", f"Recommendation (objective {rec.objective}: {OBJECTIVES[rec.objective]}):"]
     if rec.strategy == "none":
         lines.append("  no warm-up")

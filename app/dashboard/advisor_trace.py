@@ -238,24 +238,22 @@ def _chart(ev: Evaluation) -> go.Figure:
 
 def _table(ev: Evaluation) -> pd.DataFrame:
     rows = []
-    hs = sorted(ev.horizons)
-    for k in ev.ks:
-        for s in NAMES:
-            try:
-                cells = [ev.cell(s, k, h) for h in hs]
-            except KeyError:
-                continue
-            row: dict[str, Any] = {"K (blocks)": f"{k:,}", "strategy": NAMES[s]}
-            for c in cells:
-                row[f"saved within {c.horizon_s / 60:g} min"] = (
-                    f"{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})"
-                )
-            last = cells[-1]
-            row["share of seen oracle"] = (
-                f"{last.seen_share:.0%} ({last.seen_share_ci[0]:.0%}–{last.seen_share_ci[1]:.0%})"
-                if last.seen_share == last.seen_share
-                else "—"
+    for k, s, cells in ev.table_rows():
+        if s not in NAMES:
+            continue
+        row: dict[str, Any] = {"K (blocks)": f"{k:,}", "strategy": NAMES[s]}
+        for c in cells:
+            row[f"saved within {c.horizon_s / 60:g} min"] = (
+                f"{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})"
             )
-            row["precision"] = fmt.pct(last.precision) if last.precision == last.precision else "—"
-            rows.append(row)
+        last = cells[-1]
+        row["share of seen oracle"] = (
+            "(a bound)"
+            if s in ("oracle_seen", "oracle")
+            else f"{last.seen_share:.0%} ({last.seen_share_ci[0]:.0%}–{last.seen_share_ci[1]:.0%})"
+            if last.seen_share == last.seen_share
+            else "—"
+        )
+        row["precision"] = fmt.pct(last.precision) if last.precision == last.precision else "—"
+        rows.append(row)
     return pd.DataFrame(rows)

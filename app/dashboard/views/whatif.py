@@ -147,7 +147,11 @@ def _gain_chart(w: WhatIf) -> go.Figure:
     fig.update_layout(
         height=80 + 40 * len(rows),
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        xaxis={"title": "cached tokens gained (= prefill tokens saved), 95 % interval"},
+        # two lines: in its half-width column one line was cut ("… 95 % interv")
+        xaxis={
+            "title": "cached tokens gained<br>(= prefill tokens saved), 95 % interval",
+            "automargin": True,
+        },
         yaxis={"autorange": "reversed", "automargin": True},
     )
     return fig
@@ -169,7 +173,7 @@ def _classes_chart(w: WhatIf) -> go.Figure:
         barmode="stack",
         height=80 + 40 * len(rows),
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        xaxis={"title": "tokens gained, by why they missed before"},
+        xaxis={"title": "tokens gained,<br>by why they missed before", "automargin": True},
         yaxis={"autorange": "reversed", "automargin": True},
         legend={"orientation": "h"},
     )

@@ -157,3 +157,26 @@ def test_one_restart_with_a_given_warm_set_by_hand():
     assert warmed_cached_tokens(tr, [P, q[:2]], 1000).tolist() == [48, 32, 48]
     with pytest.raises(TraceError, match="capacity 1"):
         warmed_cached_tokens(tr, [P], 1)
+
+
+def test_the_cli_prints_the_paired_table_and_the_recommendation(tmp_path, capsys):
+    """`warmscope advise --block-trace` on the hand-worked trace (in a store): each K x strategy row with its
+    gain per horizon (the hot prefix: +48 tokens, CI +48 to +48, at both sizes for static top-K), the seen
+    oracle's share (100 %; the two oracles are the bounds, not shares of one), and a recommendation in named
+    units."""
+    from warmscope.app.cli.main import main
+    from warmscope.sources.trace_store import write_store_trace
+
+    store = tmp_path / "s.sqlite"
+    write_store_trace(_hot_trace(), store)
+    assert main(["--store", str(store), "advise", "--block-trace", "--capacity", "1000", "--k", "3,30",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = {tuple(line.split()[:2]): line for line in out.splitlines() if line[:7].strip().isdigit()}
+    assert sorted({s for _, s in rows}) == sorted(["static_topk", "recency", "heat", "predictive", "oracle_seen",
+                                                   "oracle"])
+    for k in ("3", "30"):
+        assert rows[(k, "static_topk")].count("+48 (+48 to +48)") == 3, rows[(k, "static_topk")]
+        assert "100% (100%-100%)" in rows[(k, "static_topk")]
+        assert "(a bound)" in rows[(k, "oracle")] and "(a bound)" in rows[(k, "oracle_seen")]
+    assert "prefill tokens saved per restart" in out and "Recommendation (objective ttft" in out
