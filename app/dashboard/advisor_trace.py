@@ -179,9 +179,7 @@ def _recommendation(ev: Evaluation, rec: Recommendation) -> None:
     else:
         c3.metric(
             "Warm-up's own prefill",
-            f"{rec.warm_tokens / 1e6:.2f} M tokens"
-            if rec.warm_tokens >= 1e6
-            else f"{rec.warm_tokens:,.0f} tokens",
+            fmt.tokens(rec.warm_tokens),
             help=f"{rec.warm_tokens:,.0f} tokens per restart; the trace has no time to first "
             "token to price a token in seconds with",
         )

@@ -3,6 +3,7 @@ text-and-colour status of a score and the alert lines."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -135,6 +136,18 @@ def pct(x: float | None, digits: int = 1) -> str:
 
 def integer(x: float | None) -> str:
     return "–" if x is None or x != x else f"{int(round(x)):,}"
+
+
+def tokens(x: float | None) -> str:
+    """A token count at a size a person reads, to three significant figures: ``812 tokens``,
+    ``41.0 k tokens``, ``1.58 M tokens`` (never ``0.0 M``)."""
+    if x is None or x != x:
+        return "–"
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        q = float(f"{x / scale:.3g}")
+        if abs(q) >= 1:
+            return f"{q:,.{max(0, 2 - math.floor(math.log10(abs(q))))}f} {unit} tokens"
+    return f"{x:,.0f} tokens"
 
 
 def human(col: str) -> str:

@@ -246,6 +246,17 @@ def test_percentages_read_as_people_write_them():
     assert pct(float("nan")) == "–" and pct(None) == "–"
 
 
+def test_token_counts_read_at_their_size():
+    from warmscope.app.dashboard.fmt import tokens
+
+    # 80 blocks x 512 tokens = 40,960: it read "0.0 M tokens" on the What if page
+    assert tokens(80 * 512) == "41.0 k tokens"
+    assert tokens(812) == "812 tokens" and tokens(1_580_000) == "1.58 M tokens"
+    assert tokens(999_999) == "1.00 M tokens"  # rounds up into the next unit, not "1e+03 k"
+    assert tokens(19_300_000) == "19.3 M tokens" and tokens(-2_500) == "-2.50 k tokens"
+    assert tokens(float("nan")) == "–"
+
+
 def test_a_share_that_is_there_never_reads_as_none():
     from warmscope.app.dashboard.fmt import pct
 

@@ -295,7 +295,7 @@ def render() -> None:
         half = w.lru.capacity_for(0.5)
         m3.metric(
             "Half the maximum needs",
-            f"{half * t.block_size / 1e6:,.1f} M tokens" if half == half else "—",
+            fmt.tokens(half * t.block_size) if half == half else "—",
             help="the smallest cache (block LRU) that reaches half of an infinite one's hit rate",
         )
     m4.metric(
@@ -314,9 +314,7 @@ def render() -> None:
         ("the knee", c.knee),
     ):
         if blocks == blocks:
-            bits.append(
-                f"{label} at {blocks:,.0f} blocks ({blocks * t.block_size / 1e6:,.1f} M tokens)"
-            )
+            bits.append(f"{label} at {blocks:,.0f} blocks ({fmt.tokens(blocks * t.block_size)})")
     st.caption(
         "Block LRU reaches " + "; ".join(bits) + ". The knee is where the curve, on the log "
         "axis, is furthest above the line from its first to its last point: past it each "
