@@ -253,6 +253,24 @@ class Backlog:
         return self.n
 
 
+def _aggregator(cfg: CollectorConfig, clock: Callable[[], float]) -> Aggregator:
+    """The in-process counters a :class:`Telemetry` records into, sized by ``cfg``."""
+    return Aggregator(
+        replica=cfg.replica,
+        tenants=TenantBucketer(cfg.tenants, cfg.max_tenants),
+        family_rules=cfg.family_rules,
+        max_families=cfg.max_families,
+        hot_keys_k=cfg.hot_keys_k,
+        clock=clock,
+        warmed_key_limit=cfg.warmed_key_limit,
+        early_key_limit=cfg.early_key_limit,
+        max_buffered_units=cfg.max_buffered_units,
+        max_label_values=cfg.max_label_values,
+        max_layers=cfg.max_layers,
+        family_vocabulary=cfg.family_vocabulary,
+    )
+
+
 class Telemetry:
     def __init__(
         self,
@@ -266,23 +284,25 @@ class Telemetry:
     ) -> None:
         self.config = cfg = config or CollectorConfig.load()
         self.clock = clock
-        self.aggregator = Aggregator(
-            replica=cfg.replica,
-            tenants=TenantBucketer(cfg.tenants, cfg.max_tenants),
-            family_rules=cfg.family_rules,
-            max_families=cfg.max_families,
-            hot_keys_k=cfg.hot_keys_k,
-            clock=clock,
-            warmed_key_limit=cfg.warmed_key_limit,
-            early_key_limit=cfg.early_key_limit,
-            max_buffered_units=cfg.max_buffered_units,
-            max_label_values=cfg.max_label_values,
-            max_layers=cfg.max_layers,
-            family_vocabulary=cfg.family_vocabulary,
-        )
+        self.aggregator = _aggregator(cfg, clock)
         self.default_context = RequestContext(self.aggregator)
-        # This process among those that write as cfg.replica: in the OTel resource
-        # (service.instance.id) and in Redis (the replica collision check).
+        self._identity()
+        self.background = background
+        self.store = store
+        self._open_sinks(cfg, redis_client, background)
+        self._start_export(cfg, meter_provider)
+        self._flush_state(cfg)
+        # Called with the flush time before each flush (on the flusher's thread,
+        # never a request's): e.g. collectors.run_follow's reader of runs recorded elsewhere.
+        self.flush_hooks: list[Callable[[float], Any]] = []
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="warmscope-flush", daemon=True)
+            self._thread.start()
+
+    def _identity(self) -> None:
+        """This process among those that write as cfg.replica: in the OTel resource
+        (service.instance.id) and in Redis (the replica collision check)."""
         self.instance_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(3)}"
         self.aggregator.instance_id = self.instance_id
         self.replica_collisions: set[str] = set()
@@ -292,13 +312,14 @@ class Telemetry:
         self._last_beat = -float("inf")
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
-        self.background = background
-        self.store = store
+
+    def _open_sinks(self, cfg: CollectorConfig, redis_client: Any, background: bool) -> None:
+        """The store and Redis. Metric points go to the store with the embedded exporter; hot
+        keys, A/B units and warm-up runs go to Redis when configured, else the store. A sink
+        that cannot be opened is counted and logged, never raised."""
         has_redis = bool(cfg.redis_url) or redis_client is not None
-        # Metric points go to the store with the embedded exporter; hot keys,
-        # A/B units and warm-up runs go to Redis when configured, else the store.
         self._store_path = None
-        if store is None and (
+        if self.store is None and (
             cfg.exporter == "embedded" or (cfg.exporter != "none" and not has_redis)
         ):
             self._store_path = cfg.resolved_store_path()
@@ -324,6 +345,10 @@ class Telemetry:
                     f"cannot use Redis at {_redact(cfg.redis_url)!r} ({e}); hot keys, "
                     "A/B units and warm-up runs are dropped (counted) until the URL is fixed",
                 )
+
+    def _start_export(self, cfg: CollectorConfig, meter_provider: Any) -> None:
+        """The OpenTelemetry bridge for the otlp and prometheus exporters (or a given meter
+        provider); a failure to start it is counted and logged, never raised."""
         self.otel = None
         if meter_provider is not None or cfg.exporter in ("otlp", "prometheus"):
             try:
@@ -336,6 +361,10 @@ class Telemetry:
                     f"cannot start the {cfg.exporter} exporter ({e}); metrics are "
                     "kept in memory only",
                 )
+
+    def _flush_state(self, cfg: CollectorConfig) -> None:
+        """What the flusher keeps between flushes: the last exported values, the backlogs of
+        rows kept for retry, the side flush's clock and the hot keys read once so far."""
         self._last: dict[str, dict[Any, Any]] = {
             "lookups": {},
             "writes": {},
@@ -356,13 +385,6 @@ class Telemetry:
         self._abandoned = False  # set by close() once it counted what is left
         self._in_hand = 0  # side rows a flush took from the aggregator, not in a backlog yet
         self._stop = threading.Event()
-        # Called with the flush time before each flush (on the flusher's thread,
-        # never a request's): e.g. collectors.run_follow's reader of runs recorded elsewhere.
-        self.flush_hooks: list[Callable[[float], Any]] = []
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._loop, name="warmscope-flush", daemon=True)
-            self._thread.start()
 
     def _setup_failed(self, stage: str, message: str) -> None:
         self.aggregator.bump_error(stage)
