@@ -4,7 +4,7 @@ coloured win / lose / neutral, guardrails, a breakdown by tenant and model, effe
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -192,63 +192,50 @@ def breakdown(
     return shown
 
 
-def render() -> None:
-    if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
-        engine_view.ab_advice()
-    try:
-        exps = data.experiments()
-    except data.SourceError as e:
-        st.error(str(e))
-        st.stop()
-    if not exps:
-        st.info(
-            "No experiment has unit records yet. Set `experiment`, `variant` and `unit` in "
-            "`collectors.request_context(...)` (the simulator does this for its A and B pools)."
-        )
-        st.stop()
-
-    # ---------------------------------------------------------------- experiment list
-    el = data.experiment_list()
+def _experiment_list(el: pd.DataFrame) -> None:
+    """Every experiment: its arms named, span, units, status and verdict (the first arm as
+    control, every other arm a treatment, the default primary metric)."""
     try:
         newest = (data.time_bounds() or (0, 0))[1]
     except data.SourceError:
         newest = 0
-    if len(el):
-        rows = []
-        for key, g in el.groupby("experiment", sort=True):
-            name = str(key)
-            last = g["last"].max()
-            arms_ = list(g.variant.astype(str))
-            try:  # the first arm as control, every other arm as a treatment, default primary metric
-                verdict = (
-                    headline(
-                        dataclasses.replace(
-                            data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY),
-                            labels=cached.arm_labels(name),
-                        )
+    rows = []
+    for key, g in el.groupby("experiment", sort=True):
+        name = str(key)
+        last = g["last"].max()
+        arms_ = list(g.variant.astype(str))
+        try:
+            verdict = (
+                headline(
+                    dataclasses.replace(
+                        data.ab_report(name, arms_[0], tuple(arms_[1:]), DEFAULT_PRIMARY),
+                        labels=cached.arm_labels(name),
                     )
-                    if len(arms_) > 1
-                    else "one arm only"
                 )
-            except data.SourceError as e:
-                verdict = str(e)
-            rows.append(
-                {
-                    "Experiment": name,
-                    "Arms": " / ".join(
-                        f"{a} ({cached.arm_labels(name).get(a, '?')})" for a in arms_
-                    ),
-                    "Started (UTC)": fmt.when(g["first"].min()),
-                    "Last unit (UTC)": fmt.when(last),
-                    "Units": int(g.units.sum()),
-                    "Status": "running" if newest and newest - last < 3600 else "stopped",
-                    "Verdict": verdict,
-                }
+                if len(arms_) > 1
+                else "one arm only"
             )
-        st.subheader("Experiments")
-        # the verdict is a sentence: wrapped, not cut
-        fmt.wrapped_table(pd.DataFrame(rows).style.format({"Units": "{:,}"}))
+        except data.SourceError as e:
+            verdict = str(e)
+        rows.append(
+            {
+                "Experiment": name,
+                "Arms": " / ".join(f"{a} ({cached.arm_labels(name).get(a, '?')})" for a in arms_),
+                "Started (UTC)": fmt.when(g["first"].min()),
+                "Last unit (UTC)": fmt.when(last),
+                "Units": int(g.units.sum()),
+                "Status": "running" if newest and newest - last < 3600 else "stopped",
+                "Verdict": verdict,
+            }
+        )
+    st.subheader("Experiments")
+    # the verdict is a sentence: wrapped, not cut
+    fmt.wrapped_table(pd.DataFrame(rows).style.format({"Units": "{:,}"}))
 
+
+def _arms(exps: list[str], el: pd.DataFrame) -> tuple[str, str, list[str], Any]:
+    """The experiment, control and treatment pickers (kept in the URL): (experiment, control,
+    treatments, the column for the primary-metric picker)."""
     state.init_from_url("ab-exp", "experiment")
     if st.session_state.get("ab-exp") not in exps:
         st.session_state["ab-exp"] = exps[0]
@@ -290,8 +277,13 @@ def render() -> None:
     if not treatments:
         st.warning("Pick at least one treatment arm to compare with the control.")
         st.stop()
-    # The primary-metric choices are the declared metrics (analysis.ab_metrics), per-layer ones for
-    # this experiment's layers: read from the report itself, which holds every declared metric.
+    return str(exp), str(control), list(treatments), c4
+
+
+def _report(exp: str, control: str, treatments: list[str], column: Any) -> ABReport:
+    """The report for the primary metric picked in ``column``. The choices are the declared
+    metrics (model.ab_metrics), per-layer ones for this experiment's layers: read from the
+    report itself, which holds every declared metric."""
     state.init_from_url("ab-primary", "primary")
     wanted = st.session_state.get("ab-primary") or DEFAULT_PRIMARY
     try:
@@ -306,7 +298,7 @@ def render() -> None:
         if wanted in choices
         else (DEFAULT_PRIMARY if DEFAULT_PRIMARY in choices else choices[0])
     )
-    primary = c4.selectbox(
+    primary = column.selectbox(
         "Primary metric",
         choices,
         key="ab-primary",
@@ -318,18 +310,11 @@ def render() -> None:
     if rep.error:
         st.error(rep.error)
         st.stop()
-    g = el[el.experiment == exp] if len(el) else el
-    span = (
-        f"{fmt.when(g['first'].min())} → {fmt.when(g['last'].max())} UTC"
-        if len(g)
-        else "its whole run"
-    )
-    st.caption(
-        f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is "
-        "read "
-        "over every unit it enrolled."
-    )
+    return rep
 
+
+def _srm(rep: ABReport) -> None:
+    """The sample-ratio checks, first: a mismatch makes every figure below suspect."""
     for s in (rep.srm_units, rep.srm_requests):
         if s is not None:
             msg = (
@@ -339,6 +324,38 @@ def render() -> None:
                 f"{s.p_value:.3g}; a mismatch is p < {s.threshold:g})"
             )
             (st.error if s.flagged else st.success)(("MISMATCH — " if s.flagged else "OK — ") + msg)
+
+
+def render() -> None:
+    if engine_view.no_unit_records():  # Prometheus only: no unit records anywhere
+        engine_view.ab_advice()
+    try:
+        exps = data.experiments()
+    except data.SourceError as e:
+        st.error(str(e))
+        st.stop()
+    if not exps:
+        st.info(
+            "No experiment has unit records yet. Set `experiment`, `variant` and `unit` in "
+            "`collectors.request_context(...)` (the simulator does this for its A and B pools)."
+        )
+        st.stop()
+    el = data.experiment_list()
+    if len(el):
+        _experiment_list(el)
+    exp, control, treatments, column = _arms(exps, el)
+    rep = _report(exp, control, treatments, column)
+    g = el[el.experiment == exp] if len(el) else el
+    span = (
+        f"{fmt.when(g['first'].min())} → {fmt.when(g['last'].max())} UTC"
+        if len(g)
+        else "its whole run"
+    )
+    st.caption(
+        f"The report covers the whole experiment ({span}), not the sidebar range: an A/B test is "
+        "read over every unit it enrolled."
+    )
+    _srm(rep)
     rep = dataclasses.replace(rep, labels=cached.arm_labels(exp))
     st.markdown(f"### {headline(rep)}")
     st.caption(rep.verdict)
@@ -346,18 +363,14 @@ def render() -> None:
         st.warning(w)
     if rep.power is not None and rep.power.mde_rel == rep.power.mde_rel:
         st.caption(rep.power.note)
-
     _metric_tables(rep)
-
-    # ---------------------------------------------------------------- breakdown by segment
-    # Unit records carry no tenant or model: segments are compared on the experiment's labelled
-    # metric series (batch means per time bucket), with the difference's CI and Holm / BH across
-    # every row of the table.
-
+    # The breakdown by segment: unit records carry no tenant or model, so segments are compared
+    # on the experiment's labelled metric series (batch means per time bucket), with the
+    # difference's CI and Holm / BH across every row of the table.
     shown = breakdown(
         exp,
         control,
-        list(treatments),
+        treatments,
         g["first"].min() if len(g) else None,
         g["last"].max() if len(g) else None,
     )
