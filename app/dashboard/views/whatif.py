@@ -15,7 +15,7 @@ import streamlit as st
 from warmscope.analysis.whatif.fixes import isolation_pair
 from warmscope.analysis.whatif.report import WhatIf, whatif
 from warmscope.app.dashboard import cached, data, fmt, state
-from warmscope.model.blocktrace import TraceError
+from warmscope.model.blocktrace import BlockTrace, TraceError
 from warmscope.sources.base import SourceError
 
 CLASS_COLOURS = {
@@ -203,25 +203,9 @@ def _table(w: WhatIf) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render() -> None:
-    st.caption(
-        "The recorded block trace replayed through an exact model of vLLM's prefix cache (its "
-        "block pool, freeing order and last-token rule), as recorded and once per fix. The "
-        "replay reproduces what real engines report request by request (docs/whatif.md)."
-    )
-    path = data.store_path()
-    start, end = _range()
-    version = data.version()
-    try:
-        tr = cached.block_trace(start, end)
-    except (TraceError, SourceError) as e:
-        st.info(
-            f"{e}. A block trace comes from `warmscope gateway --kv-events` (every chat request's "
-            "KV blocks, as keyed digests) or from a trace file: `warmscope trace import "
-            "FILE` (the Mooncake format). `warmscope demo` imports a real production hour "
-            "(Mooncake's conversation trace)."
-        )
-        return
+def _controls(tr: BlockTrace) -> tuple[str, int, bool, tuple[str, ...]]:
+    """The pickers: (tenant or "" for the pool, capacity in blocks, in-flight replay, tenants
+    whose salt the table drops)."""
     known = sorted(set(tr.capacity.values()))
     default_cap = known[0] if known else max(2, 3_000_000 // tr.block_size)
     c1, c2, c3 = st.columns([1.2, 1, 1])
@@ -263,16 +247,11 @@ def render() -> None:
             default=list(pair) if pair else [],
             help="their blocks identified by content: their common prefixes would be shared",
         )
-    points = 8 if tr.n_blocks <= 2_000_000 else 4
-    try:
-        w = _answer(path, start, end, version, capacity, concurrent, tuple(unsalt), points, tenant)
-    except TraceError as e:
-        st.error(str(e))
-        return
+    return str(tenant), capacity, bool(concurrent), tuple(unsalt)
+
+
+def _headline(w: WhatIf) -> None:
     t, tab = w.trace, w.table
-    if not len(t):
-        st.info(f"No traced request of {tenant} in this range.")
-        return
     m1, m2, m3, m4 = st.columns(4)
     m1.metric(
         "Requests",
@@ -304,6 +283,8 @@ def render() -> None:
         help="every block kept forever (block LRU): no capacity can do better",
     )
 
+
+def _curves(w: WhatIf, capacity: int) -> None:
     st.subheader("Hit rate against capacity")
     st.plotly_chart(_curve_chart(w, capacity), use_container_width=True)
     c = w.lru
@@ -314,13 +295,19 @@ def render() -> None:
         ("the knee", c.knee),
     ):
         if blocks == blocks:
-            bits.append(f"{label} at {blocks:,.0f} blocks ({fmt.tokens(blocks * t.block_size)})")
+            bits.append(
+                f"{label} at {blocks:,.0f} blocks ({fmt.tokens(blocks * w.trace.block_size)})"
+            )
     st.caption(
         "Block LRU reaches " + "; ".join(bits) + ". The knee is where the curve, on the log "
         "axis, is furthest above the line from its first to its last point: past it each "
         "doubling buys less. vLLM's curve is its own policy replayed exactly (it also holds "
         "each request's partial and output blocks)."
     )
+
+
+def _fixes(w: WhatIf) -> None:
+    tab = w.table
     st.subheader("What each fix buys")
     st.table(_table(w).set_index("fix"))
     for f in tab.fixes:
@@ -351,3 +338,37 @@ def render() -> None:
     )
     if not math.isnan(w.lru.rate) and w.lru.rate < 1:
         st.caption(f"The LRU curve is sampled (SHARDS, rate {w.lru.rate:g}).")
+
+
+def render() -> None:
+    st.caption(
+        "The recorded block trace replayed through an exact model of vLLM's prefix cache (its "
+        "block pool, freeing order and last-token rule), as recorded and once per fix. The "
+        "replay reproduces what real engines report request by request (docs/whatif.md)."
+    )
+    path = data.store_path()
+    start, end = _range()
+    version = data.version()
+    try:
+        tr = cached.block_trace(start, end)
+    except (TraceError, SourceError) as e:
+        st.info(
+            f"{e}. A block trace comes from `warmscope gateway --kv-events` (every chat request's "
+            "KV blocks, as keyed digests) or from a trace file: `warmscope trace import "
+            "FILE` (the Mooncake format). `warmscope demo` imports a real production hour "
+            "(Mooncake's conversation trace)."
+        )
+        return
+    tenant, capacity, concurrent, unsalt = _controls(tr)
+    points = 8 if tr.n_blocks <= 2_000_000 else 4
+    try:
+        w = _answer(path, start, end, version, capacity, concurrent, unsalt, points, tenant)
+    except TraceError as e:
+        st.error(str(e))
+        return
+    if not len(w.trace):
+        st.info(f"No traced request of {tenant} in this range.")
+        return
+    _headline(w)
+    _curves(w, capacity)
+    _fixes(w)
