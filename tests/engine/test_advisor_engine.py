@@ -311,8 +311,9 @@ def proof(vllm_engines, tmp_path_factory):
     )
 
 
-def _warmed(proof) -> dict[str, set[tuple[str, int]]]:
-    """(tenant, prompt) pairs each arm's warm-up run wrote, from its recorded warmed keys."""
+def _warm_orders(proof) -> dict[str, list[tuple[str, int]]]:
+    """(tenant, prompt) pairs each arm's warm-up run wrote, in the order it wrote them (its recorded
+    warmed keys, oldest first)."""
     lib = read_library(proof["lib"])
     h = KeyHasher(SECRET.encode()).hash
     by_hash = {}
@@ -321,9 +322,14 @@ def _warmed(proof) -> dict[str, set[tuple[str, int]]]:
         by_hash[h(key)] = (m.group(1), int(m.group(2)))
     wk = EmbeddedSource(proof["rec_store"]).frame("warmed_keys")
     return {
-        arm: {by_hash[x] for x in wk.loc[wk.run_id == run, "key_hash"]}
+        arm: list(dict.fromkeys(
+            by_hash[x] for x in wk[wk.run_id == run].sort_values("warmed_at", kind="stable")["key_hash"]))
         for arm, run in proof["runs"].items()
     }
+
+
+def _warmed(proof) -> dict[str, set[tuple[str, int]]]:
+    return {arm: set(order) for arm, order in _warm_orders(proof).items()}
 
 
 def test_the_recommendation_is_a_warm_set_size_and_lead_time(proof):
@@ -470,20 +476,11 @@ def test_the_trace_evaluation_predicts_each_arm(proof):
     assert trace.cached.tolist() == [c for _, c in recorded]
     chains = _prompt_chains(trace, work, proof["engines"]["A"].url)
     assert all(len(c) * trace.block_size >= 1024 for c in chains.values())
-    # the order each arm's warm-up wrote its prompts (its warmed keys, oldest first)
-    lib = read_library(proof["lib"])
-    h = KeyHasher(SECRET.encode()).hash
-    by_hash = {}
-    for key, (_, _t, prefix) in lib.items():
-        m = re.match(r"(\w+) desk (\d+) ", prefix[0][1])
-        by_hash[h(key)] = (m.group(1), int(m.group(2)))
-    wk = EmbeddedSource(proof["rec_store"]).frame("warmed_keys")
+    orders = _warm_orders(proof)
     cap = proof["capacity"]
     assert cap and cap > 1
     rows, pred_rate, meas_rate, exact, per_request = [], {}, {}, {}, {}
-    for arm, run in proof["runs"].items():
-        mine = wk[wk.run_id == run].sort_values("warmed_at", kind="stable")
-        order = list(dict.fromkeys(by_hash[x] for x in mine["key_hash"]))
+    for arm, order in orders.items():
         pred = warmed_cached_tokens(trace, [chains[p] for p in order], cap)
         meas = np.array([r["cached"] for r in proof["replayed"] if r["arm"] == arm])
         prompts = np.array([r["prompt"] for r in proof["replayed"] if r["arm"] == arm])
