@@ -758,9 +758,22 @@ def build_from_series(
 
 # ---------------------------------------------------------------- render
 def _fmt(x: float, pct: bool = False) -> str:
+    """A report cell: three significant figures in plain notation (``0.649``, ``8.36``, ``12,346``;
+    a value under 0.001 with two: ``0.000025``, never ``2.512e-05``); a relative effect as a
+    signed percentage, a tiny one with its significant figures (``+0.0025%``, never
+    ``-0.00%``)."""
     if x is None or not np.isfinite(x):
         return "–"
-    return f"{x:+.2%}" if pct else (f"{x:.4g}")
+    if pct:
+        v = 100 * x
+        if v == 0 or abs(v) >= 0.01:
+            return f"{x:+.2%}"
+        digits = np.format_float_positional(abs(v), precision=2, unique=False, fractional=False)
+        return f"{'+' if v > 0 else '-'}{digits.rstrip('.')}%"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    prec = 3 if abs(x) >= 1e-3 or x == 0 else 2
+    return np.format_float_positional(x, precision=prec, unique=False, fractional=False, trim="-")
 
 
 def metric_rows(rep: ABReport) -> list[list[str]]:

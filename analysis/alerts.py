@@ -323,7 +323,8 @@ def evaluate(
                         "critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning",
                         "HitRateRegression",
                         f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
-                        f"({-fall:+.0%}, p = {r.p_value:.1g})",
+                        f"({-fall:+.0%}, "
+                        + ("p < 0.001)" if r.p_value < 0.001 else f"p = {r.p_value:.3f})"),
                         end - third,
                     )
                 )

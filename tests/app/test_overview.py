@@ -177,6 +177,10 @@ def test_alerts_page_history_equals_the_analysis(app, demo_store):
         sorted(zip(ref.alert, ref.fired.map(when), strict=True))
     resolved = ["still firing" if r != r else when(r) for r in ref.resolved]
     assert sorted(shown["Resolved (UTC)"]) == sorted(resolved)
+    # each episode's onset, the same at any range (the evaluations' spacing is not)
+    began = ["–" if t != t else when(t) for t in ref.since]
+    assert sorted(shown["Began (UTC)"]) == sorted(began)
+    assert all(b <= f for b, f in zip(ref.since.fillna(ref.fired), ref.fired, strict=True))
 
 
 def test_start_up_warm_up_covers_each_pages_first_view(demo_store, monkeypatch):

@@ -123,6 +123,7 @@ def _history_table(hist: pd.DataFrame, end: float) -> None:
                 "Alert": hist.alert,
                 "Subject": hist.subject.replace("", "–"),
                 "Severity": hist.severity.str.upper(),
+                "Began (UTC)": hist.since.map(lambda t: fmt.when(t) if t == t else "–"),
                 "Fired (UTC)": hist.fired.map(fmt.when),
                 "Resolved (UTC)": hist.resolved.map(
                     lambda r: "still firing" if r != r else fmt.when(r)
@@ -138,7 +139,12 @@ def _history_table(hist: pd.DataFrame, end: float) -> None:
         width="stretch",
         column_config={"Summary": st.column_config.TextColumn(width="large")},
     )
-    st.caption("Newest first. “+”: still firing at the end of the range.")
+    st.caption(
+        "Newest first. Began: the first data that shows the condition (the same onset at any "
+        "range); fired and resolved: the evaluations, every few minutes, at which it first held "
+        "and first no longer did (their spacing grows with the range). “+”: still firing at the "
+        "end of the range."
+    )
 
 
 def _holding(alerts: pd.DataFrame) -> None:

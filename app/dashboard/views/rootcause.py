@@ -317,8 +317,11 @@ def render() -> None:
                 if v.evidence.upper().startswith("SECURITY:")
                 else v.evidence
             )
+            leak = cached.leak(start, end)  # the onset every page shows: the first flush
+            began = f" Began {fmt.when(fmt.num(leak['first']))} UTC." if leak is not None else ""
             st.error(
-                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): {said}"
+                f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): "
+                f"{said}{began}"
             )
 
     explanations(loc, "Effective hit rate")

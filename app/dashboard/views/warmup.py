@@ -276,6 +276,7 @@ def _benefit(series: pd.DataFrame, decay: Decay, cost: float) -> None:
     st.caption(
         f"In the units of the warm-up's cost ({cost:.4f}): the compute benefit over the "
         f"{len(series)} minutes shown adds up to {total:+.4f}. Conversions are left out here "
-        "(their noise, ± currency units a minute, would hide the cost's scale)."
+        "(their noise, currency units a minute against a cost of cents, would hide the cost's "
+        "scale)."
     )
     st.markdown(f"**Benefit decay rate k:** {decay_text(decay)}")
