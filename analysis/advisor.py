@@ -262,7 +262,7 @@ class Recommendation:
 
 class NoRecommendation(ValueError):
     """The advisor will not recommend: one sentence says what is missing (``fidelity`` when the
-    replay does not reproduce the recorded day)."""
+    replay does not reproduce the recorded traffic)."""
 
     def __init__(self, sentence: str, fidelity: Fidelity | None = None) -> None:
         super().__init__(sentence)
@@ -583,7 +583,7 @@ def advise(
     values: ValueModel | None = None,
     require_fidelity: bool = True,
 ) -> Recommendation:
-    """Calibrate the replay on ``frames``, check that it reproduces the recorded day, tune each
+    """Calibrate the replay on ``frames``, check that it reproduces the recorded traffic, tune each
     layer on the objective and return the recommendation. Raises :class:`NoRecommendation` (a
     ``ValueError``) with one sentence when the data cannot support one.
 

@@ -798,7 +798,7 @@ def _recorded(sub: pd.DataFrame, index: pd.Index) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How well the replay with the recorded parameters reproduces the recorded day."""
+    """How well the replay with the recorded parameters reproduces the recorded traffic."""
 
     # per layer: buckets scored, within, share, ok, median and max |diff|, buckets in known fault
     # windows (faulted) and buckets with fewer than FIDELITY_MIN_REQUESTS lookups (unscored)
@@ -811,7 +811,7 @@ class Fidelity:
         """One sentence: trusted, or which layers miss and by how much."""
         if self.ok:
             return (
-                f"The replay reproduces the recorded day: on every layer at least "
+                f"The replay reproduces the recorded traffic: on every layer at least "
                 f"{FIDELITY_SHARE:.0%} of 15-min buckets are within "
                 f"±{FIDELITY_TOL * 100:.0f} points."
             )
@@ -825,7 +825,7 @@ class Fidelity:
             )
         ]
         return (
-            "The replay does not reproduce the recorded day ("
+            "The replay does not reproduce the recorded traffic ("
             + "; ".join(parts)
             + f"; {FIDELITY_SHARE:.0%} needed), so it makes no recommendation."
         )

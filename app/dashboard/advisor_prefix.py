@@ -108,7 +108,7 @@ def render(fr: dict[str, Any], start: float, end: float) -> None:
             fr,
         )
     if adv is None:
-        st.warning(f"No recommendation: {why}")
+        st.warning(f"No recommendation. {why}")
         return
     o = adv.outcome
     m1, m2, m3, m4 = st.columns(4)

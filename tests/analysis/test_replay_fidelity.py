@@ -88,7 +88,7 @@ def test_fidelity_passes_on_its_own_replay_and_fails_when_a_fifth_of_buckets_are
     f = fidelity(m)
     # 96 buckets of 0.5 req/s × 900 s = 450 lookups each (≥ 100: all scored), all within 0 points
     assert f.ok and f.table.loc[0, "buckets"] == 96 and f.table.loc[0, "share"] == 1.0
-    assert "reproduces the recorded day" in f.sentence()
+    assert "reproduces the recorded traffic" in f.sentence()
     # move the recorded hit rate of every 5th bucket (20 of 96) by 10 points: 76/96 = 79 % within, < 90 %
     rec = m.recorded["embedding"]
     off = np.arange(96) % 5 == 0
@@ -98,7 +98,7 @@ def test_fidelity_passes_on_its_own_replay_and_fails_when_a_fifth_of_buckets_are
     f = fidelity(m)
     assert not f.ok and f.table.loc[0, "within"] == 96 - off.sum() == 76
     assert f.sentence().startswith(
-        "The replay does not reproduce the recorded day (embedding 79% of 96 buckets"
+        "The replay does not reproduce the recorded traffic (embedding 79% of 96 buckets"
     )
     # a known fault window over those buckets takes them out of the score: 76 of 76 within
     m.faults = [(float(t), float(t) + 1.0) for t in m.rates["embedding"].index[off]]

@@ -56,7 +56,7 @@ def test_advisor_page_shows_forecast_and_no_recommendation_on_an_untrusted_repla
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
         body = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
-        for text in ("Advisor", "Forecast", "Recommendation", "does not reproduce the recorded day",
+        for text in ("Advisor", "Forecast", "Recommendation", "does not reproduce the recorded traffic",
                      "response 75% of 12 buckets"):
             assert text in body, text
         # the fidelity table follows the sentence (a data grid drawn on a canvas: its cells are not text)
@@ -78,7 +78,7 @@ def test_advise_cli_prints_table_and_json_and_rejects_bad_input(store, tmp_path)
     assert r.returncode == 2, r.stderr
     assert "Replay fidelity" in r.stdout and "75%" in r.stdout and "100%" in r.stdout
     assert r.stderr.strip().splitlines()[-1] == (
-        "warmscope advise: The replay does not reproduce the recorded day (response 75% of 12 buckets within "
+        "warmscope advise: The replay does not reproduce the recorded traffic (response 75% of 12 buckets within "
         "±5 points; 90% needed), so it makes no recommendation.")
     assert not out.exists()  # no recommendation written
     r = subprocess.run(exe + ["--objective", "slo"], capture_output=True, text=True, timeout=600)

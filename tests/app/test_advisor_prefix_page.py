@@ -108,5 +108,5 @@ def test_without_a_price_for_latency_the_page_says_what_is_missing(gateway_store
     assert not at.exception, at.exception
     warn = [w.value for w in at.warning]
     # no A/B unit records a conversion: one sentence, no recommendation
-    assert len(warn) == 1 and warn[0].startswith("No recommendation: No conversion data"), warn
+    assert len(warn) == 1 and warn[0].startswith("No recommendation. No conversion data"), warn
     assert "Warm set (prefixes)" not in {m.label for m in at.metric}

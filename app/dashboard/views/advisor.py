@@ -207,7 +207,7 @@ def _recommendation_section(start: float, end: float) -> None:
     try:
         got = cached.advice(start, end, *inputs)
     except ValueError as e:
-        st.info(f"No recommendation: {e}")
+        st.info(f"No recommendation. {e}")
         return
     if got is None:
         st.info(
@@ -256,7 +256,7 @@ def _fidelity(f: ReplayFidelity) -> None:
 
 def _recommendation(rec_: object, before_: object, after_: object) -> None:
     if rec_ is None:
-        st.warning(f"No recommendation: {before_}")
+        st.warning(f"No recommendation. {before_}")
         if isinstance(after_, ReplayFidelity):
             _fidelity(after_)
         return
