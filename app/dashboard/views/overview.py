@@ -8,6 +8,7 @@ time to first token."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -248,10 +249,12 @@ def _radar_and_alerts(dims: pd.DataFrame, alerts: pd.DataFrame) -> None:
     left, right = st.columns(2)
     with left:
         have = dims[dims.score.notna()]
+        # long labels on two lines: on one, the figure's edge cut them ("…sliding window")
+        labels = ["<br>".join(textwrap.wrap(str(x), 24)) for x in have.label]
         fig = go.Figure(
             go.Scatterpolar(
                 r=list(have.score) + list(have.score[:1]),
-                theta=list(have.label) + list(have.label[:1]),
+                theta=labels + labels[:1],
                 fill="toself",
                 name="score",
                 hovertemplate="%{theta}: %{r:.2f}<extra></extra>",
