@@ -882,15 +882,21 @@ def effect_figure(rep: ABReport) -> Any:  # a plotly Figure (plotly ships no typ
         x = d[d["arm"] == arm]
         c = palette[i % len(palette)]
         t = pd.to_datetime(x["t"], unit="s")
+        # the band's edges as lines of no width in the arm's colour: without a mode and a colour
+        # plotly drew them as dots of the next default colour (a teal dot on an orange band)
+        edge = dict(width=0, color=f"rgb({c})")
         fig.add_trace(
-            go.Scatter(x=t, y=x["high"], line=dict(width=0), showlegend=False, hoverinfo="skip")
+            go.Scatter(
+                x=t, y=x["high"], mode="lines", line=edge, showlegend=False, hoverinfo="skip"
+            )
         )
         fig.add_trace(
             go.Scatter(
                 x=t,
                 y=x["low"],
+                mode="lines",
                 fill="tonexty",
-                line=dict(width=0),
+                line=edge,
                 name=f"{arm}: 95% CI",
                 fillcolor=f"rgba({c},0.2)",
             )

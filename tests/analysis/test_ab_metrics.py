@@ -156,6 +156,15 @@ def test_three_arms_each_against_control_with_holm_over_the_arms():
     holm_o, _ = adjust([r.p_value for r in others])
     assert [r.p_holm for r in others] == pytest.approx(list(holm_o))
     assert {tuple(d.arm.unique()) for _, d in rep.effect_over_time.groupby("arm")} == {("B",), ("C",)}
+    # each arm's band, its edges and its line in one colour (the band's legend entry showed another arm's)
+    from warmscope.analysis.ab_report import effect_figure
+
+    traces = effect_figure(rep).data
+    for i in range(0, len(traces), 3):
+        upper, band, line = traces[i : i + 3]
+        assert upper.mode == band.mode == "lines" and upper.line.width == band.line.width == 0
+        assert upper.line.color == band.line.color == line.line.color
+        assert band.fillcolor.replace("rgba", "rgb").rsplit(",", 1)[0] + ")" == line.line.color
     md = render_markdown(rep)
     assert "B, C vs A" in md and "| B vs A |" in md and "| C vs A |" in md
 

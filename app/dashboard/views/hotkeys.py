@@ -53,7 +53,12 @@ def render() -> None:
             "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
             "hits": st.column_config.NumberColumn("Hits", format="localized"),
             "misses": st.column_config.NumberColumn("Misses", format="localized"),
-            "err": st.column_config.NumberColumn("Count error ±", format="localized"),
+            "err": st.column_config.NumberColumn(
+                "Count error ±",
+                format="localized",
+                help="the hot-key sketch's bound: the key's true lookups are within ± this of the "
+                "count shown",
+            ),
             "hit_rate": st.column_config.NumberColumn("Hit rate", format="%.1f%%"),
             "warmed": st.column_config.CheckboxColumn("Warmed in range"),
         },

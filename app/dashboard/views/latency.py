@@ -131,6 +131,12 @@ def _whole_range(whole: pd.DataFrame, top: float, keys: list[str]) -> None:
         ),
         hide_index=True,
         width="stretch",
+        column_config={
+            "Observations": st.column_config.TextColumn(
+                help="measurements in the range: requests (time to first token, latency) or "
+                "cache loads (load time)"
+            )
+        },
     )
 
 

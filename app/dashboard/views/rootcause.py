@@ -128,7 +128,19 @@ def explanations(loc: Localization, what: str) -> None:
         df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
         hide_index=True,
         width="stretch",
-        column_config={"Explains": "Share of the change explained"},
+        column_config={
+            "Explains": st.column_config.NumberColumn(
+                "Share of the change explained",
+                help="signed: a negative share moved the other way and offset part of the change",
+            ),
+            "Score": st.column_config.NumberColumn(
+                help="the cause's share of every leaf's absolute change (sign ignored): what "
+                "ranks the causes"
+            ),
+            "Leaves": st.column_config.NumberColumn(
+                help="the finest combinations (one value of every dimension) inside the cause"
+            ),
+        },
     )
     bar = go.Figure(
         go.Bar(
