@@ -330,10 +330,14 @@ def render() -> None:
                 else v.evidence
             )
             leak = cached.leak(start, end)  # the onset every page shows: the first flush
-            began = f" Began {fmt.when(fmt.num(leak['first']))} UTC." if leak is not None else ""
+            began = (
+                f"; began {fmt.when(fmt.num(leak['first']))} UTC (the first flush that shows it)"
+                if leak is not None
+                else ""
+            )
             st.error(
                 f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): "
-                f"{said}{began}"
+                f"{said.rstrip('. ')}{began}."
             )
 
     explanations(loc, "Effective hit rate")
