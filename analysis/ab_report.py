@@ -245,7 +245,7 @@ def fmt_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _p_eq(p: float) -> str:
+def p_eq(p: float) -> str:
     """``p`` for "p = 0.012" / "p < 0.001" in a sentence."""
     t = fmt_p(p)
     return t if t.startswith("<") else f"= {t}"
@@ -288,7 +288,7 @@ def headline(rep: ABReport) -> str:
             w = worse[0]
             return (
                 f"No arm beats {ctrl} on {w.metric}; {arm_label(rep, w.arm or rep.treatment)} is "
-                f"worse by {_rel(w)} (p {_p_eq(_p(w, rep.multi_arm))})."
+                f"worse by {_rel(w)} (p {p_eq(_p(w, rep.multi_arm))})."
             )
         return (
             f"No arm beats {ctrl} on {prims[0].metric}: no significant difference at p < 0.05 "
@@ -303,7 +303,7 @@ def headline(rep: ABReport) -> str:
     adj = "Holm-adjusted over the arms, " if rep.multi_arm else ""
     text = (
         f"{arm_label(rep, best.arm or rep.treatment)} wins on {best.metric}: {_rel(best)} against "
-        f"{ctrl} ({adj}p {_p_eq(_p(best, rep.multi_arm))})"
+        f"{ctrl} ({adj}p {p_eq(_p(best, rep.multi_arm))})"
     )
     others = [r for r in sig if r is not best]
     if others:
@@ -343,10 +343,10 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             return f"No verdict on {rep.primary}: {prim.error}."
         if prim.p_value < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(prim)]
-            seq = f" (always-valid p {_p_eq(prim.seq_p)})" if np.isfinite(prim.seq_p) else ""
+            seq = f" (always-valid p {p_eq(prim.seq_p)})" if np.isfinite(prim.seq_p) else ""
             return (
                 f"{rep.treatment} {word} {rep.control} on {prim.metric}: {_rel(prim)}, "
-                f"p {_p_eq(prim.p_value)}{seq}."
+                f"p {p_eq(prim.p_value)}{seq}."
             )
         mde = (
             f"; the smallest effect this test can detect now is {rep.power.mde_rel:.1%}"
@@ -355,7 +355,7 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
         )
         return (
             f"No significant difference on {prim.metric} ({_rel(prim)}, "
-            f"p {_p_eq(prim.p_value)}){mde}."
+            f"p {p_eq(prim.p_value)}){mde}."
         )
     parts = []
     for r in prims:
@@ -363,11 +363,11 @@ def _verdict(rep: ABReport, prims: Sequence[Result]) -> str:
             parts.append(f"{r.arm}: not tested ({r.error})")
         elif r.p_holm < 0.05:
             word = {True: "beats", False: "is worse than", None: "differs from"}[better(r)]
-            parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p {_p_eq(r.p_holm)}")
+            parts.append(f"{r.arm} {word} {rep.control}: {_rel(r)}, Holm p {p_eq(r.p_holm)}")
         else:
             parts.append(
                 f"{r.arm}: no significant difference from {rep.control} ({_rel(r)}, Holm p "
-                f"{_p_eq(r.p_holm)})"
+                f"{p_eq(r.p_holm)})"
             )
     return (
         f"On {rep.primary}, each arm against {rep.control} (Holm over {len(prims)} arms): "

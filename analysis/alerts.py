@@ -43,6 +43,7 @@ import pandas as pd
 from warmscope.collectors.config import CollectorConfig
 from warmscope.model.schema import SHARED_LAYERS
 
+from .ab_report import p_eq
 from .alert_defs import (
     BYPASS_FOR_S,
     BYPASS_SHARE,
@@ -323,8 +324,7 @@ def evaluate(
                         "critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning",
                         "HitRateRegression",
                         f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
-                        f"({-fall:+.0%}, "
-                        + ("p < 0.001)" if r.p_value < 0.001 else f"p = {r.p_value:.3f})"),
+                        f"({-fall:+.0%}, p {p_eq(r.p_value)})",
                         end - third,
                     )
                 )

@@ -237,8 +237,6 @@ def _chart(ev: Evaluation) -> go.Figure:
 def _table(ev: Evaluation) -> pd.DataFrame:
     rows = []
     for k, s, cells in ev.table_rows():
-        if s not in NAMES:
-            continue
         row: dict[str, Any] = {"K (blocks)": f"{k:,}", "strategy": NAMES[s]}
         for c in cells:
             row[f"saved within {c.horizon_s / 60:g} min"] = (
