@@ -323,7 +323,8 @@ def evaluate(
                     (
                         "critical" if fall >= HIT_RATE_CRITICAL_DROP else "warning",
                         "HitRateRegression",
-                        f"layer {r.layer}: hit rate {r.rate:.1%} vs {r.baseline_rate:.1%} before "
+                        f"layer {r.layer}: hit rate {r.rate:.1%} in the last {third / 60:.0f} min "
+                        f"vs {r.baseline_rate:.1%} in the {third / 60:.0f} min before "
                         f"({-fall:+.0%}, p {p_eq(r.p_value)})",
                         end - third,
                     )

@@ -2,7 +2,9 @@
 
 Hit rate = hits / (hits + misses). ``bypass`` and ``error`` lookups are not in
 the denominator: a bypassed request never asked the cache, and errors are
-reported on their own (:func:`result_shares`).
+reported on their own (:func:`result_shares`); :func:`hit_table` counts the
+bypassed lookups beside the rate (``bypassed``), so a bypass spike shows where
+the rate cannot.
 
 Example::
 
@@ -78,6 +80,12 @@ def _hits_n(lookups: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(is_hit, cnt, 0.0), np.where(is_hit | (res == "miss"), cnt, 0.0)
 
 
+def _bypassed(lookups: pd.DataFrame) -> np.ndarray:
+    return np.where(
+        lookups["result"].to_numpy() == "bypass", lookups["count"].to_numpy(dtype=float), 0.0
+    )
+
+
 def hit_table(
     lookups: pd.DataFrame,
     by: Sequence[str] = (),
@@ -86,19 +94,21 @@ def hit_table(
     mask: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Hits, lookups, hit rate and Wilson CI per group (and per ``freq``-second
-    time bucket when given: column ``bucket``, the bucket's start).
+    time bucket when given: column ``bucket``, the bucket's start), and the
+    lookups that bypassed the cache (``bypassed``: in neither hits nor lookups).
 
     ``mask`` (boolean per row) leaves rows out without copying the frame."""
     by = list(by)
     _check(lookups, by)
     keys = by + (["bucket"] if freq else [])
-    cols = keys + ["hits", "lookups", "hit_rate", "ci_low", "ci_high"]
+    cols = keys + ["hits", "lookups", "hit_rate", "ci_low", "ci_high", "bypassed"]
     if lookups.empty:
         return pd.DataFrame(columns=cols)
     h, n = _hits_n(lookups)
+    b = _bypassed(lookups)
     if mask is not None:
-        h, n = h * mask, n * mask
-    vals = pd.DataFrame({"hits": h, "lookups": n}, index=lookups.index)
+        h, n, b = h * mask, n * mask, b * mask
+    vals = pd.DataFrame({"hits": h, "lookups": n, "bypassed": b}, index=lookups.index)
     groupers = [lookups[c] for c in by]
     if freq:
         # Points are stamped at the end of their interval: put them in the bucket they cover.
@@ -112,7 +122,7 @@ def hit_table(
     g = (
         vals.groupby(groupers, sort=True, observed=True).sum().reset_index()
         if groupers
-        else pd.DataFrame({"hits": [h.sum()], "lookups": [n.sum()]})
+        else pd.DataFrame({"hits": [h.sum()], "lookups": [n.sum()], "bypassed": [b.sum()]})
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         g["hit_rate"] = np.where(g["lookups"] > 0, g["hits"] / g["lookups"], np.nan)

@@ -38,6 +38,20 @@ def open_alerts(start: float, end: float) -> pd.DataFrame:
         return pd.DataFrame(columns=["severity", "alert", "summary", "since"])
 
 
+LABEL_CHAR_FRACTION = 1 / 120  # a 10-px label character, as a share of a chart's time axis
+
+
+def label_row(rows: list[list[tuple[float, float]]], x0: float, x1: float) -> int:
+    """The first text row where a label spanning [x0, x1] overlaps none placed before (the label
+    is recorded there): fault labels close in time stack instead of printing over each other."""
+    for i, placed in enumerate(rows):
+        if all(x1 <= a or x0 >= b for a, b in placed):
+            placed.append((x0, x1))
+            return i
+    rows.append([(x0, x1)])
+    return len(rows) - 1
+
+
 def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
     """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time
     axis; ``alerts`` defaults to the alerts open at the range's end (:func:`open_alerts`).
@@ -69,9 +83,12 @@ def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | No
         if len(f)
         else iter(())
     )
+    rows: list[list[tuple[float, float]]] = []  # the labels' extents placed in each text row
     for f0, f1, trap in spans:
         x0, x1 = max(float(f0), start), min(float(f1), end)
         if x1 > x0:
+            text = f"fault: {trap}"
+            row = label_row(rows, x0, x0 + len(text) * LABEL_CHAR_FRACTION * (end - start))
             shapes.append(
                 dict(
                     type="rect",
@@ -93,10 +110,11 @@ def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | No
                     y=1,
                     xref="x",
                     yref="paper",
-                    text=f"fault: {trap}",
+                    text=text,
                     showarrow=False,
                     xanchor="left",
                     yanchor="top",
+                    yshift=-13 * row,
                     font=dict(size=10, color="#cf222e"),
                 )
             )

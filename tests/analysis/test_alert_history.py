@@ -60,6 +60,8 @@ def test_a_hit_rate_drop_fires_for_its_layer_and_resolves_once_both_thirds_are_l
     r = reg.iloc[0]
     # 0.9 -> 0.5 at most: a 44 % relative fall, past the 20 % that fires, short of the 50 % that makes it critical
     assert r.subject == "layer response" and r.severity == "warning"
+    # the summary names its windows: the evaluation's last third against the third before (1200 s each)
+    assert " in the last 20 min vs " in r.summary and "% in the 20 min before (" in r.summary
     assert r.fired == 7800.0
     assert r.resolved == 9600.0
     assert h.columns.tolist() == ["alert", "subject", "severity", "fired", "resolved", "since", "summary",

@@ -76,6 +76,23 @@ def test_hit_rate_drill_down_changes_the_selection(app):
     assert not at.exception
 
 
+def test_a_bypass_shows_on_the_hit_rate_page_though_not_in_the_rate(app, demo_store):
+    # the store's bypass fault (acme, prefix_kv, 00:40-01:00) skips the cache: no hit, no miss
+    at = app.run()
+    at.switch_page("entries/hitrate.py").run()
+    at.selectbox(key="groupby").set_value("tenant").run()
+    lk = EmbeddedStore(demo_store, readonly=True).frame("lookups")
+    by_tenant = lk[lk.result == "bypass"].groupby("tenant")["count"].sum()
+    assert by_tenant.index.tolist() == ["acme"] and by_tenant["acme"] > 0
+    groups = at.dataframe[0].value
+    shown = groups.data if hasattr(groups, "data") else groups
+    assert dict(zip(shown["tenant"], shown["bypassed"], strict=True)).get("acme") == by_tenant["acme"]
+    assert {t: v for t, v in zip(shown["tenant"], shown["bypassed"], strict=True) if t != "acme"} == \
+        dict.fromkeys(set(shown["tenant"]) - {"acme"}, 0)
+    said = " ".join(c.value for c in at.caption)
+    assert f"{int(by_tenant.sum()):,} lookups bypassed the cache" in said
+
+
 def test_ab_page_verdict_matches_the_report(app, demo_store):
     from warmscope.analysis.ab_report import build_report
 

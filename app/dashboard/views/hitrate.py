@@ -126,6 +126,14 @@ def _totals(
     )
     c[2].metric("Hit rate (weights included)", fmt.pct(total.hit_rate.iloc[0]))
     c[3].metric("Lookups (weights included)", fmt.integer(total.lookups.iloc[0]))
+    bypassed = float(total.bypassed.iloc[0]) if "bypassed" in total else 0.0
+    if bypassed:
+        st.caption(
+            f"{fmt.integer(bypassed)} lookups bypassed the cache in the selection "
+            f"({bypassed / (bypassed + float(total.lookups.iloc[0])):.1%} of all requests that "
+            "could have asked it): they are not in the hit rate — the table's Bypassed column "
+            "says where."
+        )
     cached.unmeasured_note(start, end, tenant=dict(path).get("tenant"))
 
 
@@ -241,7 +249,7 @@ def _groups(v: _View, top: pd.DataFrame, by: str, path: list[tuple[str, str]]) -
     st.subheader(f"By {v.name(by)}")
     top = top.assign(share=top.lookups / top.lookups.sum())
     if v.engine:
-        top = top.drop(columns=["ci_low", "ci_high"])
+        top = top.drop(columns=["ci_low", "ci_high", "bypassed"])
     st.dataframe(
         top.rename(columns={by: v.name(by)}).style.format(
             {
@@ -251,6 +259,7 @@ def _groups(v: _View, top: pd.DataFrame, by: str, path: list[tuple[str, str]]) -
                 "ci_low": "{:.1%}",
                 "ci_high": "{:.1%}",
                 "share": "{:.1%}",
+                "bypassed": "{:,.0f}",
             }
         ),
         hide_index=True,
@@ -262,6 +271,11 @@ def _groups(v: _View, top: pd.DataFrame, by: str, path: list[tuple[str, str]]) -
             "ci_low": "95% CI low",
             "ci_high": "95% CI high",
             "share": f"Share of {v.unit}",
+            "bypassed": st.column_config.Column(
+                "Bypassed",
+                help="Lookups that skipped the cache (a bypass): in neither hits nor lookups, so "
+                "a bypass spike lowers the lookups, not the hit rate",
+            ),
         },
     )
     choice = st.selectbox(

@@ -137,11 +137,12 @@ def _what_happened(start: float, end: float, alerts: pd.DataFrame, dd: DrillDown
         cause = " · ".join(f"{k} = {v}" for k, v in top.element.items())
         lines.append(
             f"**Latest regression** since {fmt.hhmm(dd.anomaly[0])}: hit rate "
-            f"{fmt.pct(loc.observed)} "
-            f"vs {fmt.pct(loc.expected)} expected; largest cause **{cause}**. See *Root cause*."
+            f"{fmt.pct(loc.observed)} vs {fmt.pct(loc.expected)} expected; largest cause "
+            f"**{cause}**. See *Root cause*."
         )
     else:
         lines.append("**No significant regression** in this range.")
+
     lines.append(latest_run_line(start, end))
     n_crit = int((alerts.severity == "critical").sum()) if len(alerts) else 0
     sec = alerts[alerts.alert.map(fmt.is_security)] if len(alerts) else alerts
@@ -155,6 +156,12 @@ def _what_happened(start: float, end: float, alerts: pd.DataFrame, dd: DrillDown
         + " (the Alerts page's “Holding now” and the history's still-firing episodes)."
     )
     st.markdown("\n".join(f"- {x}" for x in lines))
+    st.caption(
+        "The regression is sought at the range's change point, against as long before it, on "
+        "every layer except model weights: another range can find another change point (or "
+        "none); Root cause counts every layer, and an alert compares the last 20 minutes with "
+        "the 20 before."
+    )
     fmt.alert_rows(sec)
     past = cached.leak(start, end)
     if past is not None and sec.empty:  # a security finding stays red after it stops holding
@@ -217,7 +224,6 @@ def _score_card(card: ScoreCard) -> pd.DataFrame:
             ],
             "Weight": [f"{d.effective_weight:.1%}" for d in card.dimensions],
             "Why this weight": [weight_text(d, card, cfg) for d in card.dimensions],
-            "Note": dims.note,
         }
     )
     st.dataframe(
@@ -228,9 +234,11 @@ def _score_card(card: ScoreCard) -> pd.DataFrame:
         column_config={
             "Status": st.column_config.TextColumn(width="small"),
             "Why this weight": st.column_config.TextColumn(width="medium"),
-            "Note": st.column_config.TextColumn(width="large"),
         },
     )
+    notes = [f"**{d.label}** — {d.note}" for d in card.dimensions if d.note]
+    if notes:  # below the table: a note is a sentence, a table column cuts it at any width
+        st.markdown("\n".join(f"- {n}" for n in notes))
     st.caption(
         "Status: OK at a score of 0.8 or more with the value meeting its target (or its CI "
         "reaching it), FAIR from 0.5, POOR below. "

@@ -1,0 +1,23 @@
+"""Chart helpers: fault labels close in time stack instead of printing over each other."""
+
+from warmscope.app.dashboard.charts import LABEL_CHAR_FRACTION, label_row
+
+
+def test_labels_that_would_overlap_go_to_the_next_row():
+    rows: list[list[tuple[float, float]]] = []
+    assert label_row(rows, 0.0, 10.0) == 0
+    assert label_row(rows, 5.0, 15.0) == 1  # overlaps the first
+    assert label_row(rows, 10.0, 20.0) == 0  # touches the first's end only: same row
+    assert label_row(rows, 6.0, 9.0) == 2  # overlaps row 0's first and row 1's
+    assert rows == [[(0.0, 10.0), (10.0, 20.0)], [(5.0, 15.0)], [(6.0, 9.0)]]
+
+
+def test_the_demo_days_two_faults_take_two_rows_on_a_day_and_one_on_six_hours():
+    # bypass from 18:23, the cross-tenant read from 20:53: 2.5 h apart; "fault: bypass" is 13 characters,
+    # 13/120 of the axis: 2.6 h on a 24 h range (overlap), 0.65 h on a 6 h range (no overlap)
+    for hours, want in ((24, [0, 1]), (6, [0, 0])):
+        span = hours * 3600.0
+        rows: list[list[tuple[float, float]]] = []
+        got = [label_row(rows, x0, x0 + len(text) * LABEL_CHAR_FRACTION * span)
+               for x0, text in ((18.38 * 3600, "fault: bypass"), (20.88 * 3600, "fault: tenant_isolation"))]
+        assert got == want, hours
