@@ -624,6 +624,23 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
                 self.max_buffered_units,
             )
 
+    @property
+    def hot_cap(self) -> int:
+        """Keys a hot-key sketch holds before it compacts to its K (K plus slack)."""
+        return self._hot_cap
+
+    @property
+    def units_buffered(self) -> int:
+        """Unit records buffered since the last take (approximate under races: a bound)."""
+        return self._units_n
+
+    def first_time(self, what: str) -> bool:
+        """True the first time ``what`` is asked about (a failure to log once), then False."""
+        if what in self._logged:
+            return False
+        self._logged.add(what)
+        return True
+
     def bump_error(self, stage: str) -> None:
         """Count a failure the caller has already explained (no log line)."""
         self.errors[stage] = self.errors.get(stage, 0) + 1

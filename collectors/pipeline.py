@@ -46,6 +46,8 @@ from .keys import KeyHasher, TenantBucketer
 from .store import EmbeddedStore, histogram_row
 
 if TYPE_CHECKING:
+    from .otel import OTelBridge
+    from .redis_sink import RedisSink
     from .warmup import WarmupRun
 
 __all__ = ["Telemetry", "setup", "current_telemetry", "shutdown", "flush_together"]
@@ -253,7 +255,7 @@ class Backlog:
         return self.n
 
 
-def _aggregator(cfg: CollectorConfig, clock: Callable[[], float]) -> Aggregator:
+def make_aggregator(cfg: CollectorConfig, clock: Callable[[], float]) -> Aggregator:
     """The in-process counters a :class:`Telemetry` records into, sized by ``cfg``."""
     return Aggregator(
         replica=cfg.replica,
@@ -271,7 +273,28 @@ def _aggregator(cfg: CollectorConfig, clock: Callable[[], float]) -> Aggregator:
     )
 
 
+def open_redis_sink(cfg: CollectorConfig, client: Any, aggregator: Aggregator) -> RedisSink:
+    """The Redis sink for hot keys, A/B units and warm-up runs (``client`` or ``cfg.redis_url``);
+    raises what redis-py raises for a bad URL, or ImportError without redis-py."""
+    from .redis_sink import RedisSink
+
+    return RedisSink(client, cfg.redis_url, cfg.hot_key_ttl_s, aggregator)
+
+
+def start_exporter(cfg: CollectorConfig, aggregator: Aggregator, meter_provider: Any) -> OTelBridge:
+    """The OpenTelemetry bridge (otlp / prometheus exporters, or the given meter provider)."""
+    from .otel import OTelBridge
+
+    return OTelBridge(aggregator, cfg, meter_provider)
+
+
 class Telemetry:
+    """The pipeline one process records into: an :class:`Aggregator`, the sinks it flushes to
+    (the embedded store, Redis) and the OpenTelemetry exporter. Each collaborator can be given
+    (``aggregator``, ``store``, ``redis_sink``, ``exporter``); the ones not given are built from
+    the configuration by :func:`make_aggregator`, :func:`open_redis_sink` and
+    :func:`start_exporter`, and one that cannot be built is counted and logged, never raised."""
+
     def __init__(
         self,
         config: CollectorConfig | None = None,
@@ -281,16 +304,19 @@ class Telemetry:
         store: EmbeddedStore | None = None,
         redis_client: Any = None,
         background: bool = True,
+        aggregator: Aggregator | None = None,
+        redis_sink: RedisSink | None = None,
+        exporter: OTelBridge | None = None,
     ) -> None:
         self.config = cfg = config or CollectorConfig.load()
         self.clock = clock
-        self.aggregator = _aggregator(cfg, clock)
+        self.aggregator = aggregator if aggregator is not None else make_aggregator(cfg, clock)
         self.default_context = RequestContext(self.aggregator)
         self._identity()
         self.background = background
         self.store = store
-        self._open_sinks(cfg, redis_client, background)
-        self._start_export(cfg, meter_provider)
+        self._open_sinks(cfg, redis_client, redis_sink, background)
+        self._start_export(cfg, meter_provider, exporter)
         self._flush_state(cfg)
         # Called with the flush time before each flush (on the flusher's thread,
         # never a request's): e.g. collectors.run_follow's reader of runs recorded elsewhere.
@@ -313,11 +339,17 @@ class Telemetry:
         self._secret: bytes | None = None
         self._hasher: KeyHasher | None = None
 
-    def _open_sinks(self, cfg: CollectorConfig, redis_client: Any, background: bool) -> None:
+    def _open_sinks(
+        self,
+        cfg: CollectorConfig,
+        redis_client: Any,
+        redis_sink: RedisSink | None,
+        background: bool,
+    ) -> None:
         """The store and Redis. Metric points go to the store with the embedded exporter; hot
         keys, A/B units and warm-up runs go to Redis when configured, else the store. A sink
         that cannot be opened is counted and logged, never raised."""
-        has_redis = bool(cfg.redis_url) or redis_client is not None
+        has_redis = bool(cfg.redis_url) or redis_client is not None or redis_sink is not None
         self._store_path = None
         if self.store is None and (
             cfg.exporter == "embedded" or (cfg.exporter != "none" and not has_redis)
@@ -329,32 +361,29 @@ class Telemetry:
         ) and cfg.exporter in ("embedded", "none")
         self.aggregator.miss_bucket_s = float(cfg.flush_interval_s)
         self.aggregator.miss_to_store = self.points_to_store
-        self.redis_sink = None
-        if has_redis:
+        self.redis_sink = redis_sink
+        if has_redis and redis_sink is None:
             try:
-                from .redis_sink import RedisSink
-
-                self.redis_sink = RedisSink(
-                    redis_client, cfg.redis_url, cfg.hot_key_ttl_s, self.aggregator
-                )
-            except (
-                Exception
-            ) as e:  # garbage URL, redis-py missing: keep serving, keep rows in memory
+                self.redis_sink = open_redis_sink(cfg, redis_client, self.aggregator)
+            except Exception as e:  # garbage URL, redis-py missing: keep serving, rows in memory
                 self._setup_failed(
                     "redis",
                     f"cannot use Redis at {_redact(cfg.redis_url)!r} ({e}); hot keys, "
                     "A/B units and warm-up runs are dropped (counted) until the URL is fixed",
                 )
 
-    def _start_export(self, cfg: CollectorConfig, meter_provider: Any) -> None:
+    def _start_export(
+        self, cfg: CollectorConfig, meter_provider: Any, exporter: OTelBridge | None
+    ) -> None:
         """The OpenTelemetry bridge for the otlp and prometheus exporters (or a given meter
-        provider); a failure to start it is counted and logged, never raised."""
-        self.otel = None
-        if meter_provider is not None or cfg.exporter in ("otlp", "prometheus"):
+        provider, or a given bridge); a failure to start it is counted and logged, never
+        raised."""
+        self.otel = exporter
+        if exporter is None and (
+            meter_provider is not None or cfg.exporter in ("otlp", "prometheus")
+        ):
             try:
-                from .otel import OTelBridge
-
-                self.otel = OTelBridge(self.aggregator, cfg, meter_provider)
+                self.otel = start_exporter(cfg, self.aggregator, meter_provider)
             except Exception as e:
                 self._setup_failed(
                     "export",
@@ -380,7 +409,7 @@ class Telemetry:
         # This hot-key window's keys, (scope, key) -> (window, entry): read once so far (the
         # entry), or exported (None); bounded to a few sketches' worth (_export_hot).
         self._singles: dict[tuple[int, str], tuple[float, list[Any] | None]] = {}
-        self._singles_cap = 16 * self.aggregator._hot_cap  # sixteen sketches' worth
+        self._singles_cap = 16 * self.aggregator.hot_cap  # sixteen sketches' worth
         self._deadline = float("inf")  # monotonic; set by close()
         self._abandoned = False  # set by close() once it counted what is left
         self._in_hand = 0  # side rows a flush took from the aggregator, not in a backlog yet
@@ -388,7 +417,7 @@ class Telemetry:
 
     def _setup_failed(self, stage: str, message: str) -> None:
         self.aggregator.bump_error(stage)
-        self.aggregator._logged.add(stage)
+        self.aggregator.first_time(stage)  # logged here: a later count_error stays quiet
         log.error("warmscope: %s", message)
 
     def _open_store(self, wait_s: float | None = None) -> bool:
@@ -404,8 +433,7 @@ class Telemetry:
             return True
         except Exception as e:
             self.aggregator.bump_error("store")
-            if "store" not in self.aggregator._logged:
-                self.aggregator._logged.add("store")
+            if self.aggregator.first_time("store"):
                 log.error(
                     "warmscope: cannot open the embedded store: %s; rows are kept in memory (up to "
                     "max_pending_rows) and the store is retried at every flush",
@@ -434,8 +462,7 @@ class Telemetry:
             return True
         except ConfigError as e:
             self.aggregator.bump_error("config")
-            if "secret" not in self.aggregator._logged:
-                self.aggregator._logged.add("secret")
+            if self.aggregator.first_time("secret"):
                 log.error("warmscope: %s", e)
             return False
 
@@ -586,7 +613,7 @@ class Telemetry:
             self._flush_lock.release()
 
     def _units_filling(self) -> bool:
-        return self.aggregator._units_n >= self.config.max_buffered_units // 4 > 0
+        return self.aggregator.units_buffered >= self.config.max_buffered_units // 4 > 0
 
     def flush(
         self, now: float | None = None, settle: bool | None = None, side: bool = True
@@ -1089,7 +1116,7 @@ def _fallback(reason: str, clock: Callable[[], float] = time.time) -> Telemetry:
         CollectorConfig(exporter="none", key_secret="unconfigured"), clock=clock, background=False
     )
     tel.aggregator.bump_error("config")
-    tel.aggregator._logged.add("config")
+    tel.aggregator.first_time("config")  # logged above
     return tel
 
 
@@ -1109,9 +1136,7 @@ def _build(config: CollectorConfig | None, overrides: dict[str, Any]) -> Telemet
                 if overrides
                 else config
             )
-    except (
-        Exception
-    ) as e:  # ConfigError names the key; anything else is a bug we must not raise either
+    except Exception as e:  # ConfigError names the key; anything else is a bug not to raise
         return _fallback(f"configuration error: {e}", clock)
     try:
         return Telemetry(

@@ -38,17 +38,17 @@ def test_hit_rate_layers_keep_the_layers_counted_in_hit_rates(monkeypatch):
 
     lk = pd.DataFrame(
         {
-            "layer": ["weights", "prefix_kv", "rerank", "weights"],
+            "layer": ["weights", "prefix_kv", "ocr_pages", "weights"],
             "hits": [5, 3, 1, 2],
             "misses": [0, 1, 1, 0],
         }
     )
     kept = hit_rate_layers(lk)
-    # weights is declared in_hit_rate=False; prefix_kv is declared; rerank is not: the default
+    # weights is declared in_hit_rate=False; prefix_kv is declared; ocr_pages is not: the default
     # (counted)
-    assert list(kept.layer) == ["prefix_kv", "rerank"]
+    assert list(kept.layer) == ["prefix_kv", "ocr_pages"]
     assert int(kept.hits.sum()) == 3 + 1
-    # the filter reads the registry: declare rerank out of hit rates and it goes too
-    monkeypatch.setitem(records.LAYERS, "rerank", records.Layer(in_hit_rate=False))
+    # the filter reads the registry: declare ocr_pages out of hit rates and it goes too
+    monkeypatch.setitem(records.LAYERS, "ocr_pages", records.Layer(in_hit_rate=False))
     assert list(hit_rate_layers(lk).layer) == ["prefix_kv"]
     assert hit_rate_layers(lk.iloc[:0]).empty

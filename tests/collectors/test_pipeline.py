@@ -154,3 +154,52 @@ def test_a_key_read_once_per_flush_is_hot_when_read_twice_in_its_window(tmp_path
         assert (row["hits"], row["misses"], row["window"]) == (1, 2, t0), row
     finally:
         tel.close()
+
+
+def test_telemetry_uses_the_collaborators_it_is_given(tmp_path, redis_client):
+    """Each collaborator given is used as is (nothing built in its place): the aggregator counts, the
+    store receives the points, the Redis sink the hot keys and the exporter the counters."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from warmscope.collectors.otel import InMemoryReader
+    from warmscope.collectors.pipeline import make_aggregator, open_redis_sink, start_exporter
+    from warmscope.collectors.store import EmbeddedStore
+
+    cfg = CollectorConfig.load(env={}, store_path=str(tmp_path / "unused.sqlite"), key_secret="s", replica="r0")
+    agg = make_aggregator(cfg, time.time)
+    store = EmbeddedStore(tmp_path / "given.sqlite")
+    sink = open_redis_sink(cfg, redis_client, agg)
+    reader = InMemoryReader()
+    provider = MeterProvider(metric_readers=[reader])
+    bridge = start_exporter(cfg, agg, provider)
+    tel = Telemetry(cfg, aggregator=agg, store=store, redis_sink=sink, exporter=bridge, background=False)
+    try:
+        assert (tel.aggregator, tel.store, tel.redis_sink, tel.otel) == (agg, store, sink, bridge)
+        c = InstrumentedCache({"resp:1": 1}, layer="response", telemetry=tel)
+        with request_context(tenant="t1", telemetry=tel):
+            for _ in range(3):
+                c.get("resp:1")
+        tel.flush()
+        assert store.frame("lookups")["count"].sum() == 3           # the given store, not cfg's path
+        assert not (tmp_path / "unused.sqlite").exists()
+        assert len(redis_client.keys("*")) > 0                       # hot keys went to the given Redis
+        names = {m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics}
+        assert "warmscope.cache.lookups" in names                    # the given exporter's reader saw them
+        assert not any(agg.errors.values())
+    finally:
+        tel.close()
+        provider.shutdown()
+        store.close()
+
+
+def test_a_collaborator_that_cannot_be_built_is_counted_not_raised(tmp_path, caplog):
+    cfg = CollectorConfig.load(env={}, store_path=str(tmp_path / "s.sqlite"), key_secret="s",
+                               redis_url="redis://127.0.0.1:notaport/0")
+    tel = Telemetry(cfg, background=False)
+    try:
+        assert tel.redis_sink is None and tel.aggregator.errors.get("redis") == 1
+        assert sum("cannot use Redis" in r.message for r in caplog.records) == 1
+        tel.aggregator.count_error("redis", "again")                 # already explained: no second line
+        assert sum("redis" in r.message.lower() for r in caplog.records) == 1
+    finally:
+        tel.close()
