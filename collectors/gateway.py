@@ -91,6 +91,153 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": err}, status_code=status, headers={"connection": "close"})
 
 
+class _Gateway:
+    """One gateway's state and its request path: read the body (bounded), forward it upstream
+    with the recorder's changes, stream the answer back through the recorder."""
+
+    def __init__(
+        self,
+        upstream: str,
+        recorder: LLMRecorder,
+        timeout_s: float,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        kv: Any,
+    ) -> None:
+        self.base = upstream.rstrip("/")
+        self.recorder = recorder
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.kv = kv  # a kv.gateway_hook.KVGatewayHook: session id (and salt) for KV events
+        self.stats = dict.fromkeys(GATEWAY_STATS, 0)
+        self.client = httpx.AsyncClient(
+            base_url=self.base,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def read_body(self, request: Request) -> bytes | Response:
+        """The request body, or the response that refuses it (counted)."""
+        limit, stats = self.max_body_bytes, self.stats
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > limit:
+            stats["too_large"] += 1
+            return _error(413, f"body of {size} bytes is over the limit of {limit}")
+        parts: list[bytes] = []
+        n = 0
+
+        async def read() -> bool:
+            nonlocal n
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    return False
+                parts.append(chunk)
+            return True
+
+        try:
+            fits = await asyncio.wait_for(read(), self.body_timeout_s)
+        except TimeoutError:
+            stats["body_timeouts"] += 1
+            return _error(408, f"request body not received within {self.body_timeout_s:g} s")
+        if not fits:
+            stats["too_large"] += 1
+            return _error(413, f"request body is over the limit of {limit} bytes")
+        return b"".join(parts)
+
+    def upstream_request(self, request: Request, body: bytes, ex: Any) -> httpx.Request:
+        """The request to send upstream: the header bytes as they came (a UTF-8 or latin-1 value
+        is forwarded, not re-encoded) less hop-by-hop ones, and the recorder's body."""
+        path = request.url.path
+        headers = [
+            (k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in _HOP
+        ]
+        if ex is not None and ex.body is not None:  # plain, so the usage chunk can be taken out
+            headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
+        content = body if ex is None or ex.body is None else ex.body
+        if self.kv is not None:
+            content = self.kv.before(ex, path, content)
+        return self.client.build_request(
+            request.method, path, params=request.url.query or None, headers=headers, content=content
+        )
+
+    def unreachable(self, e: Exception) -> JSONResponse:
+        """502 (or 504 on a timeout) naming the upstream."""
+        timeout = isinstance(e, httpx.TimeoutException)
+        message = (
+            f"warmscope gateway: upstream {self.base} "
+            + ("timed out" if timeout else "unreachable")
+            + f" ({type(e).__name__})"
+        )
+        return JSONResponse(
+            {"error": {"message": message, "type": "upstream_error"}},
+            status_code=504 if timeout else 502,
+        )
+
+    async def proxy(self, request: Request) -> Response:
+        try:
+            body = await self.read_body(request)
+        except ClientDisconnect:  # the client hung up mid-body: nobody to answer
+            self.stats["client_disconnects"] += 1
+            return Response(status_code=499)
+        if isinstance(body, Response):
+            return body
+        ex = self.recorder.begin(request.method, request.url.path, request.headers, body)
+        try:
+            resp = await self.client.send(self.upstream_request(request, body, ex), stream=True)
+        except Exception as e:
+            if ex is not None:
+                ex.finish(e)
+            return self.unreachable(e)
+        encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        if ex is not None:
+            ex.response(resp.status_code, resp.headers.get("content-type"))
+            if encoded:
+                ex.skip, ex.strip = True, False  # compressed bytes are forwarded, not parsed
+        # The upstream's length holds for the body as it came; a stream whose usage chunk is
+        # taken out is shorter, and goes out chunked.
+        hop = _HOP if ex is not None and ex.strip else _HOP - {"content-length"}
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in hop}
+        return StreamingResponse(
+            self.relay(resp, ex, request.url.path),
+            status_code=resp.status_code,
+            headers=out_headers,
+        )
+
+    async def relay(self, resp: httpx.Response, ex: Any, path: str) -> AsyncIterator[bytes]:
+        """The upstream's body through the recorder; an upstream cut cuts the caller's too."""
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk if ex is None else ex.feed(chunk)
+        except httpx.HTTPError as e:
+            if ex is not None:
+                ex.finish(e)
+            raise UpstreamCut(
+                f"upstream {self.base} ended {path} early ({type(e).__name__})"
+            ) from None
+        except BaseException as e:  # the client went away
+            if ex is not None:
+                ex.finish(e)
+            raise
+        finally:
+            await resp.aclose()
+        if ex is not None:
+            yield ex.flush()
+            ex.finish()
+            if self.kv is not None:
+                self.kv.after(ex)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)  # counted, not a traceback
+        yield
+        await self.client.aclose()
+        self.recorder.close()
+        if self.kv is not None:
+            self.kv.close()
+
+
 def make_app(
     upstream: str,
     telemetry: Telemetry | None = None,
@@ -103,133 +250,19 @@ def make_app(
     """The gateway as a Starlette app; ``app.state.recorder`` holds its
     :class:`~warmscope.collectors.llm.LLMRecorder` (``stats``, ``hot_prefixes``),
     ``app.state.stats`` the requests it refused or lost (:data:`GATEWAY_STATS`)."""
-    base = upstream.rstrip("/")
-    recorder = LLMRecorder(telemetry, **recorder_kw)
-    stats = dict.fromkeys(GATEWAY_STATS, 0)
-    client = httpx.AsyncClient(
-        base_url=base,
-        timeout=httpx.Timeout(timeout_s, connect=10.0),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    gw = _Gateway(
+        upstream,
+        LLMRecorder(telemetry, **recorder_kw),
+        timeout_s,
+        max_body_bytes,
+        body_timeout_s,
+        kv,
     )
-
-    async def read_body(request: Request) -> bytes | Response:
-        """The request body, or the response that refuses it (counted)."""
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > max_body_bytes:
-            stats["too_large"] += 1
-            return _error(413, f"body of {size} bytes is over the limit of {max_body_bytes}")
-        parts: list[bytes] = []
-        n = 0
-
-        async def read() -> bool:
-            nonlocal n
-            async for chunk in request.stream():
-                n += len(chunk)
-                if n > max_body_bytes:
-                    return False
-                parts.append(chunk)
-            return True
-
-        try:
-            fits = await asyncio.wait_for(read(), body_timeout_s)
-        except TimeoutError:
-            stats["body_timeouts"] += 1
-            return _error(408, f"request body not received within {body_timeout_s:g} s")
-        if not fits:
-            stats["too_large"] += 1
-            return _error(413, f"request body is over the limit of {max_body_bytes} bytes")
-        return b"".join(parts)
-
-    async def proxy(request: Request) -> Response:
-        try:
-            body = await read_body(request)
-        except ClientDisconnect:  # the client hung up mid-body: nobody to answer
-            stats["client_disconnects"] += 1
-            return Response(status_code=499)
-        if isinstance(body, Response):
-            return body
-        path = request.url.path
-        ex = recorder.begin(request.method, path, request.headers, body)
-        # The header bytes as they came: a UTF-8 or latin-1 value is forwarded, not re-encoded.
-        headers = [
-            (k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in _HOP
-        ]
-        if (
-            ex is not None and ex.body is not None
-        ):  # a plain body, so that the usage chunk can be taken out
-            headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
-            headers.append((b"accept-encoding", b"identity"))
-        content = body if ex is None or ex.body is None else ex.body
-        if kv is not None:  # a kv.gateway_hook.KVGatewayHook: session id (and salt) for KV events
-            content = kv.before(ex, path, content)
-        req = client.build_request(
-            request.method, path, params=request.url.query or None, headers=headers, content=content
-        )
-        try:
-            resp = await client.send(req, stream=True)
-        except Exception as e:
-            if ex is not None:
-                ex.finish(e)
-            timeout = isinstance(e, httpx.TimeoutException)
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": f"warmscope gateway: upstream {base} "
-                        + ("timed out" if timeout else "unreachable")
-                        + f" ({type(e).__name__})",
-                        "type": "upstream_error",
-                    }
-                },
-                status_code=504 if timeout else 502,
-            )
-        encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
-        if ex is not None:
-            ex.response(resp.status_code, resp.headers.get("content-type"))
-            if encoded:
-                ex.skip, ex.strip = True, False  # compressed bytes are forwarded, not parsed
-
-        async def body_iter() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in resp.aiter_raw():
-                    yield chunk if ex is None else ex.feed(chunk)
-            except httpx.HTTPError as e:  # the upstream cut the response: the caller's is cut too
-                if ex is not None:
-                    ex.finish(e)
-                raise UpstreamCut(
-                    f"upstream {base} ended {path} early ({type(e).__name__})"
-                ) from None
-            except BaseException as e:  # the client went away
-                if ex is not None:
-                    ex.finish(e)
-                raise
-            finally:
-                await resp.aclose()
-            if ex is not None:
-                yield ex.flush()
-                ex.finish()
-                if kv is not None:
-                    kv.after(ex)
-
-        # The upstream's length holds for the body as it came; a stream whose usage chunk is
-        # taken out is shorter, and goes out chunked.
-        hop = _HOP if ex is not None and ex.strip else _HOP - {"content-length"}
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in hop}
-        return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)  # counted, not a traceback
-        yield
-        await client.aclose()
-        recorder.close()
-        if kv is not None:
-            kv.close()
-
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-    app = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
-    app.state.recorder = recorder
-    app.state.upstream = base
-    app.state.stats = stats
+    app = Starlette(routes=[Route("/{path:path}", gw.proxy, methods=methods)], lifespan=gw.lifespan)
+    app.state.recorder = gw.recorder
+    app.state.upstream = gw.base
+    app.state.stats = gw.stats
     return app
 
 
