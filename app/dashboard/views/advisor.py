@@ -255,6 +255,9 @@ def _fidelity(f: ReplayFidelity) -> None:
 
 
 def _recommendation(rec_: object, before_: object, after_: object) -> None:
+    """The Advisor's recommendation: how far the replay is trusted, the objective, when to
+    trigger each layer's warm-up, the layers' parameters, the expected outcome against the
+    recorded parameters, and the hit rate replayed both ways."""
     if rec_ is None:
         st.warning(f"No recommendation. {before_}")
         if isinstance(after_, ReplayFidelity):
@@ -262,7 +265,20 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         return
     assert isinstance(rec_, Recommendation)
     assert isinstance(before_, pd.DataFrame) and isinstance(after_, pd.DataFrame)
-    rec, before, after = rec_, before_, after_
+    rec = rec_
+    _fidelity_and_objective(rec)
+    _peak_triggers(rec)
+    st.dataframe(layer_table(rec), width="stretch")
+    for la in rec.layers.values():
+        for note in la.notes:
+            st.markdown(f"- **{la.layer}**: {note}")
+    _outcome(rec)
+    _roi_falls(rec)
+    _replayed_hit_rates(rec, before_, after_)
+    _replay_caption(rec)
+
+
+def _fidelity_and_objective(rec: Recommendation) -> None:
     st.markdown(
         "**Replay fidelity** — the replay with the recorded parameters against the recorded hit "
         "rate, "
@@ -277,6 +293,9 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         f"**Objective: {rec.objective}** — {'; '.join(rec.notes) or 'as chosen'}. "
         + (rec.values.prices() if rec.values else "")
     )
+
+
+def _peak_triggers(rec: Recommendation) -> None:
     if rec.peak:
         a, b = st.columns([1, 2])
         a.metric("Next peak", fmt.when(rec.peak.at), help=rec.peak.basis)
@@ -293,10 +312,11 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
                 ]
             ).set_index("layer")
         )
-    st.dataframe(layer_table(rec), width="stretch")
-    for la in rec.layers.values():
-        for note in la.notes:
-            st.markdown(f"- **{la.layer}**: {note}")
+
+
+def _outcome(rec: Recommendation) -> None:
+    """The expected gain on the objective and the warm-ups' ROI, GPU-s and bytes against the
+    recorded parameters."""
     o, bo = rec.outcome, rec.base_outcome
     c1, c2, c3, c4 = st.columns(4)
     hours = _range_hours(rec)
@@ -344,6 +364,11 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         delta=f"{(o.warm_bytes - bo.warm_bytes) / 1e6:+,.0f} MB",
         delta_color="inverse",
     )
+
+
+def _roi_falls(rec: Recommendation) -> None:
+    """Why the warm-up ROI can fall while the objective rises."""
+    o, bo = rec.outcome, rec.base_outcome
     if o.roi < bo.roi - 0.005 and rec.objective != "roi":
         how = (
             "spends more warm-up GPU time, on keys that each save less than the first ones"
@@ -356,6 +381,9 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
             f"on the objective ({rec.objective}), which counts the total gain "
             f"({rec.gain:+,.2f}), not the gain per GPU-second."
         )
+
+
+def _replayed_hit_rates(rec: Recommendation, before: pd.DataFrame, after: pd.DataFrame) -> None:
     rec_hr = rec.fidelity.buckets if rec.fidelity is not None else pd.DataFrame()
     fig = go.Figure()
     for ly, g in rec_hr.groupby("layer") if len(rec_hr) else ():
@@ -389,6 +417,9 @@ def _recommendation(rec_: object, before_: object, after_: object) -> None:
         margin=dict(t=50, b=20),
     )
     st.plotly_chart(fig, width="stretch")
+
+
+def _replay_caption(rec: Recommendation) -> None:
     st.caption(
         f"{rec.evaluations} replays in {rec.seconds:.1f} s. Each layer is tuned on its own share "
         "of "
