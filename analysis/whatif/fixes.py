@@ -258,46 +258,87 @@ def fixes(
         raise TraceError("the trace has no requests: nothing to replay")
     n_eng = engines if engines is not None else max(1, len(trace.engines))
     caps = [int(capacity)] * n_eng if isinstance(capacity, (int, np.integer)) else list(capacity)
-    keys = trace.h
-    base = replay(trace, caps, engines=n_eng, concurrent=concurrent, keys=keys)
-    n = int(base.scored.sum())
-    rec = trace.cached >= 0
-    recorded = (
-        float(trace.cached[rec].sum()) / float(trace.prompt[rec].sum()) if rec.any() else math.nan
-    )
-    agreement = float(np.mean(base.cached[rec] == trace.cached[rec])) if rec.any() else math.nan
-    cls = _classes_of(trace, base, keys)
-    lens = np.diff(trace.offsets)
-    judged_hi = np.minimum(
-        np.minimum((trace.prompt - 1) // trace.block_size, np.minimum(trace.full, lens)), lens
-    )
-    missed = _by_class(trace, cls, base.hits, np.maximum(base.hits, judged_hi))
-    cost_note = ""
+    fx = _Fixes(trace, caps, n_eng, concurrent, cost)
+    fx.capacity(steps)
+    fx.routing()
+    fx.salt(tuple(unsalt) if unsalt else isolation_pair(trace))
+    fx.drift()
+    fx.warm_up(warm)
+    return fx.table
+
+
+def _token_cost(
+    trace: BlockTrace, base: Replay, cost: TokenLatency | None
+) -> tuple[TokenLatency | None, str]:
+    """What a missed token costs (given, or fitted over the trace's TTFT against the replay's
+    missed tokens) and the sentence that says so, or why it is not priced."""
     if cost is None:
         fit = fit_token_latency((trace.prompt - base.cached).astype(float), trace.ttft)
         if isinstance(fit, str):
-            cost_note = f"not priced in seconds: {fit}"
-        else:
-            cost = fit
-    if cost is not None and not cost_note:
-        cost_note = (
-            f"a missed token costs {cost.per_token_s * 1e3:.4f} ms of prefill "
-            f"(95 % CI {cost.ci_low * 1e3:.4f} to {cost.ci_high * 1e3:.4f} ms), fitted over "
-            f"{cost.requests:,.0f} requests' TTFT against their missed tokens"
-        )
-    table = FixTable(
-        trace,
-        tuple(caps),
-        base,
-        base.token_hit_rate(),
-        recorded,
-        agreement,
-        cost,
-        cost_note,
-        baseline_missed=missed,
+            return None, f"not priced in seconds: {fit}"
+        cost = fit
+    return cost, (
+        f"a missed token costs {cost.per_token_s * 1e3:.4f} ms of prefill "
+        f"(95 % CI {cost.ci_low * 1e3:.4f} to {cost.ci_high * 1e3:.4f} ms), fitted over "
+        f"{cost.requests:,.0f} requests' TTFT against their missed tokens"
     )
 
-    def add(name: str, what: str, removes: str, r: Replay, note: str = "") -> Fix:
+
+class _Fixes:
+    """The baseline replay of a trace and one row per fix, each replayed with one thing changed
+    (capacity, routing, a salt, drift, a warm-up) and compared request by request."""
+
+    def __init__(
+        self,
+        trace: BlockTrace,
+        caps: list[int],
+        n_eng: int,
+        concurrent: bool,
+        cost: TokenLatency | None,
+    ) -> None:
+        self.trace, self.caps, self.n_eng, self.concurrent = trace, caps, n_eng, concurrent
+        self.base = base = self.replay(caps)
+        self.n = int(base.scored.sum())
+        rec = trace.cached >= 0
+        recorded = (
+            float(trace.cached[rec].sum()) / float(trace.prompt[rec].sum())
+            if rec.any()
+            else math.nan
+        )
+        agreement = float(np.mean(base.cached[rec] == trace.cached[rec])) if rec.any() else math.nan
+        self.cls = _classes_of(trace, base, trace.h)
+        lens = np.diff(trace.offsets)
+        judged_hi = np.minimum(
+            np.minimum((trace.prompt - 1) // trace.block_size, np.minimum(trace.full, lens)), lens
+        )
+        missed = _by_class(trace, self.cls, base.hits, np.maximum(base.hits, judged_hi))
+        self.cost, cost_note = _token_cost(trace, base, cost)
+        self.table = FixTable(
+            trace,
+            tuple(caps),
+            base,
+            base.token_hit_rate(),
+            recorded,
+            agreement,
+            self.cost,
+            cost_note,
+            baseline_missed=missed,
+        )
+
+    def replay(self, caps: list[int], keys: Any = None, **kw: Any) -> Replay:
+        return replay(
+            self.trace,
+            caps,
+            engines=self.n_eng,
+            concurrent=self.concurrent,
+            keys=self.trace.h if keys is None else keys,
+            **kw,
+        )
+
+    def add(self, name: str, what: str, removes: str, r: Replay, note: str = "") -> Fix:
+        """A fix's row: the tokens it gains over the baseline (CI by blocks of requests), by the
+        class the baseline missed them as, and what it loses."""
+        base, trace = self.base, self.trace
         d = (r.cached - base.cached)[base.scored]
         gained = int(d.sum())
         ci = _interval(d, BLOCKS)
@@ -310,68 +351,85 @@ def fixes(
             r.token_hit_rate(),
             gained,
             ci,
-            _by_class(trace, cls, base.hits, gain_hi),
-            _by_class(trace, cls, lose_lo, base.hits),
+            _by_class(trace, self.cls, base.hits, gain_hi),
+            _by_class(trace, self.cls, lose_lo, base.hits),
             int(np.sum(d != 0)),
             note=note,
         )
-        _priced(f, gained, ci, cost, n)
-        table.fixes.append(f)
+        _priced(f, gained, ci, self.cost, self.n)
+        self.table.fixes.append(f)
         return f
 
-    for k in steps:
-        bigger = [max(2, int(round(c * k))) for c in caps]
-        r = replay(trace, bigger, engines=n_eng, concurrent=concurrent, keys=keys)
-        add(
-            f"capacity ×{k:g} ({bigger[0]:,} blocks)",
-            f"{bigger[0]:,} blocks per engine instead of {caps[0]:,}",
-            "evicted",
-            r,
-        )
-    if n_eng > 1:
-        r = replay(
-            trace, caps, engines=n_eng, policy="prefix_aware", concurrent=concurrent, keys=keys
-        )
-        add(
-            "prefix-aware routing",
-            "each request to the engine holding most of its leading "
-            "blocks (load breaks ties), instead of the recorded routing",
-            "elsewhere",
-            r,
-        )
-    else:
-        table.fixes.append(
-            _unavailable(
-                "prefix-aware routing", "elsewhere", "one engine: nothing to route between"
+    def capacity(self, steps: Sequence[float]) -> None:
+        caps = self.caps
+        for k in steps:
+            bigger = [max(2, int(round(c * k))) for c in caps]
+            self.add(
+                f"capacity ×{k:g} ({bigger[0]:,} blocks)",
+                f"{bigger[0]:,} blocks per engine instead of {caps[0]:,}",
+                "evicted",
+                self.replay(bigger),
             )
-        )
-    pair = tuple(unsalt) if unsalt else isolation_pair(trace)
-    if pair:
-        ks = effective_keys(trace, unsalt=pair)
-        r = replay(trace, caps, engines=n_eng, concurrent=concurrent, keys=ks)
-        add(
+
+    def routing(self) -> None:
+        if self.n_eng > 1:
+            self.add(
+                "prefix-aware routing",
+                "each request to the engine holding most of its leading "
+                "blocks (load breaks ties), instead of the recorded routing",
+                "elsewhere",
+                self.replay(self.caps, policy="prefix_aware"),
+            )
+        else:
+            self.table.fixes.append(
+                _unavailable(
+                    "prefix-aware routing", "elsewhere", "one engine: nothing to route between"
+                )
+            )
+
+    def salt(self, pair: tuple[str, ...] | None) -> None:
+        if not pair:
+            self.table.fixes.append(
+                _unavailable(
+                    "salt dropped", "isolated", "no two tenants share content under a salt"
+                )
+            )
+            return
+        self.add(
             f"salt dropped: {' + '.join(pair)}",
             f"{' and '.join(pair)} share their cached "
             "prefixes (their blocks identified by content)",
             "isolated",
-            r,
+            self.replay(self.caps, keys=effective_keys(self.trace, unsalt=pair)),
             note=f"isolation risk: with no salt between them, {' and '.join(pair)} can learn "
             "from each other's time to first token whether the other sent a prompt with the "
             "same prefix; drop it only inside one trust domain",
         )
-    else:
-        table.fixes.append(
-            _unavailable("salt dropped", "isolated", "no two tenants share content under a salt")
-        )
-    if np.any(trace.s != trace.h):
-        ks = effective_keys(trace, stable=True)
-        r = replay(trace, caps, engines=n_eng, concurrent=concurrent, keys=ks)
-        add("drift fixed", "the template's drifting blocks (a timestamp) held stable", "drifted", r)
-    else:
-        table.fixes.append(_unavailable("drift fixed", "drifted", "no drifting template seen"))
-    if warm is not None and trace.restarts:
+
+    def drift(self) -> None:
+        trace = self.trace
+        if np.any(trace.s != trace.h):
+            self.add(
+                "drift fixed",
+                "the template's drifting blocks (a timestamp) held stable",
+                "drifted",
+                self.replay(self.caps, keys=effective_keys(trace, stable=True)),
+            )
+        else:
+            self.table.fixes.append(
+                _unavailable("drift fixed", "drifted", "no drifting template seen")
+            )
+
+    def warm_up(self, warm: Any) -> None:
+        """The warm-up row: the trace with the plan's warm-up requests at each restart, replayed,
+        scored on the trace's own requests only."""
+        trace = self.trace
+        if warm is None or not trace.restarts:
+            why = "the recording holds no engine restart" if not trace.restarts else "no plan given"
+            self.table.fixes.append(_unavailable("warm-up at each restart", "cold, evicted", why))
+            return
         wtrace, wmask, what = warm(trace)
-        r = replay(wtrace, caps, engines=n_eng, concurrent=concurrent, warm=wmask)
+        r = replay(wtrace, self.caps, engines=self.n_eng, concurrent=self.concurrent, warm=wmask)
         scored = r.scored
         mapped = Replay(
             trace,
@@ -384,11 +442,7 @@ def fixes(
             r.peak,
             np.ones(len(trace), bool),
         )
-        add("warm-up at each restart", what, "cold, evicted", mapped)
-    else:
-        why = "the recording holds no engine restart" if not trace.restarts else "no plan given"
-        table.fixes.append(_unavailable("warm-up at each restart", "cold, evicted", why))
-    return table
+        self.add("warm-up at each restart", what, "cold, evicted", mapped)
 
 
 def _unavailable(name: str, removes: str, why: str) -> Fix:
