@@ -317,6 +317,26 @@ def _latest_runs(runs: pd.DataFrame) -> None:
 def _engine_overview(start: float, end: float) -> None:
     """Engine metrics only: the engines' token-weighted prefix-cache hit rate (the hit-rate
     tables of the collector view, over the engines' counters), then what only engines export."""
+    per = _engine_totals(start, end)
+    _engine_table(per)
+    freq = engine_view.bucket(start, end)
+    _hit_rate_chart(
+        cached.rates(start, end, ("instance",), freq, engine=True),
+        "instance",
+        f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
+        start,
+        end,
+    )
+    left, right = st.columns(2)
+    with left:
+        _cached_by_source(start, end)
+    with right:
+        _kv_usage(start, end)
+    _engine_ttft(start, end)
+
+
+def _engine_totals(start: float, end: float) -> pd.DataFrame:
+    """The engines' totals as metrics; returns the hit-rate table by model, instance, engine."""
     st.caption(f"{fmt.when(start)} → {fmt.when(end)} · engine metrics from Prometheus")
     st.info(engine_view.COLLECTORS_NOTE)
     tot = cached.rates(start, end, engine=True)
@@ -328,6 +348,10 @@ def _engine_overview(start: float, end: float) -> None:
     c[1].metric("Prompt tokens", fmt.integer(tot.lookups.iloc[0]))
     c[2].metric("Cached tokens", fmt.integer(tot.hits.iloc[0]))
     c[3].metric("Instances", f"{per.instance.nunique():,}")
+    return per
+
+
+def _engine_table(per: pd.DataFrame) -> None:
     st.subheader("Hit rate by model, instance and engine")
     table = per.rename(columns={"lookups": "queries"})[
         [*ENGINE_TABLE_BY, "hits", "queries", "hit_rate"]
@@ -344,56 +368,54 @@ def _engine_overview(start: float, end: float) -> None:
             "engine_kind": "engine kind",
         },
     )
-    freq = engine_view.bucket(start, end)
-    _hit_rate_chart(
-        cached.rates(start, end, ("instance",), freq, engine=True),
-        "instance",
-        f"Prefix-cache hit rate by instance (token-weighted, {freq // 60:g}-minute buckets)",
-        start,
-        end,
-    )
-    left, right = st.columns(2)
-    with left:
-        src = engine_view.frame("engine_cached_by_source", start, end)
-        src = src[src.tokens > 0] if len(src) else src
-        if src.empty:
-            st.info(
-                "No cached tokens by source in this range (vLLM "
-                "`prompt_tokens_cached_by_source`, "
-                "SGLang `cached_tokens_total{cache_source}`)."
-            )
-        else:
-            s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
-            s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
-            st.plotly_chart(
-                px.bar(
-                    s,
-                    x="instance",
-                    y="share",
-                    color="source",
-                    range_y=[0, 1],
-                    title="Cached-token share by source",
-                ),
-                width="stretch",
-            )
-    with right:
-        kv = engine_view.frame("engine_kv_usage", start, end)
-        if kv.empty:
-            st.info("No KV-cache usage in this range.")
-        else:
-            kv["time"] = pd.to_datetime(kv.ts, unit="s")
-            st.plotly_chart(
-                px.line(
-                    kv,
-                    x="time",
-                    y="usage",
-                    color="instance",
-                    range_y=[0, 1],
-                    markers=True,
-                    title="KV-cache usage",
-                ),
-                width="stretch",
-            )
+
+
+def _cached_by_source(start: float, end: float) -> None:
+    src = engine_view.frame("engine_cached_by_source", start, end)
+    src = src[src.tokens > 0] if len(src) else src
+    if src.empty:
+        st.info(
+            "No cached tokens by source in this range (vLLM "
+            "`prompt_tokens_cached_by_source`, "
+            "SGLang `cached_tokens_total{cache_source}`)."
+        )
+    else:
+        s = src.groupby(["instance", "source"], as_index=False).tokens.sum()
+        s["share"] = s.tokens / s.groupby("instance").tokens.transform("sum")
+        st.plotly_chart(
+            px.bar(
+                s,
+                x="instance",
+                y="share",
+                color="source",
+                range_y=[0, 1],
+                title="Cached-token share by source",
+            ),
+            width="stretch",
+        )
+
+
+def _kv_usage(start: float, end: float) -> None:
+    kv = engine_view.frame("engine_kv_usage", start, end)
+    if kv.empty:
+        st.info("No KV-cache usage in this range.")
+    else:
+        kv["time"] = pd.to_datetime(kv.ts, unit="s")
+        st.plotly_chart(
+            px.line(
+                kv,
+                x="time",
+                y="usage",
+                color="instance",
+                range_y=[0, 1],
+                markers=True,
+                title="KV-cache usage",
+            ),
+            width="stretch",
+        )
+
+
+def _engine_ttft(start: float, end: float) -> None:
     ttft = engine_view.frame("engine_ttft", start, end)
     st.subheader("Time to first token")
     if ttft.empty:
