@@ -417,6 +417,29 @@ def evaluate(
 ) -> Evaluation:
     """The paired evaluation (see the module doc). ``capacity``: vLLM's num_gpu_blocks of the
     restarted engine; ``ks``: warm-set budgets in blocks (at most ``capacity − 1``)."""
+    strategies = _checked(capacity, ks, restarts, strategies)
+    times = _restart_times(trace, restarts, max(horizons))
+    lam = slo_lambda(slo_ms)
+    ev = Evaluation(
+        trace.source,
+        trace.block_size,
+        capacity,
+        times,
+        tuple(ks),
+        tuple(horizons),
+        lam=lam,
+        slo_ms=slo_ms,
+    )
+    got = _replays(trace, capacity, ks, times, horizons, strategies, lam, min_chance, progress)
+    _summarise(ev, got, seed)
+    return ev
+
+
+def _checked(
+    capacity: int, ks: Sequence[int], restarts: int, strategies: Sequence[str]
+) -> Sequence[str]:
+    """The strategies to evaluate ("none", the baseline, always among them), or the
+    :class:`TraceError` that says which input cannot be used."""
     if restarts < MIN_RESTARTS:
         raise TraceError(
             f"{restarts} restart points: at least {MIN_RESTARTS} are needed for an interval "
@@ -434,18 +457,29 @@ def evaluate(
     for s in strategies:
         if s not in STRATEGIES:
             raise TraceError(f"warm-up strategy {s!r}: one of {', '.join(STRATEGIES)}")
-    if "none" not in strategies:
-        strategies = ("none", *strategies)
+    return strategies if "none" in strategies else ("none", *strategies)
+
+
+Scores = dict[tuple[str, int, float], list[tuple[float, float, float, float, float]]]
+
+
+def _replays(
+    trace: BlockTrace,
+    capacity: int,
+    ks: Sequence[int],
+    times: np.ndarray,
+    horizons: Sequence[float],
+    strategies: Sequence[str],
+    lam: float,
+    min_chance: float,
+    progress: Callable[[int, int], None] | None,
+) -> Scores:
+    """Per (strategy, k, horizon): per restart cached tokens, prompt tokens, precision, blocks
+    warmed and their cost: each restart's window replayed from an empty cache preloaded with
+    the strategy's warm set, chosen from the hour before."""
     H = max(horizons)
-    times = _restart_times(trace, restarts, H)
     f = _flat(trace)
-    lam = slo_lambda(slo_ms)
-    B = trace.block_size
-    ev = Evaluation(
-        trace.source, B, capacity, times, tuple(ks), tuple(horizons), lam=lam, slo_ms=slo_ms
-    )
-    # per (strategy, k, horizon): per restart cached tokens, prompt tokens, precision, blocks
-    got: dict[tuple[str, int, float], list[tuple[float, float, float, float, float]]] = {}
+    got: Scores = {}
     total = len(times) * len(strategies) * len(ks)
     done = 0
     kmax = max(ks)
@@ -459,18 +493,8 @@ def evaluate(
         for s in strategies:
             if s in ORACLES:
                 if s == ORACLES[0] or ORACLES[0] not in strategies:
-                    _oracle(
-                        trace,
-                        f,
-                        now,
-                        hi,
-                        window,
-                        ks,
-                        horizons,
-                        capacity,
-                        got,
-                        [x for x in ORACLES if x in strategies],
-                    )
+                    oracles = [x for x in ORACLES if x in strategies]
+                    _oracle(trace, f, now, hi, window, ks, horizons, capacity, got, oracles)
                 done += len(ks)
                 if progress is not None:
                     progress(done, total)
@@ -486,6 +510,12 @@ def evaluate(
                 done += 1
                 if progress is not None:
                     progress(done, total)
+    return got
+
+
+def _summarise(ev: Evaluation, got: Scores, seed: int) -> None:
+    """One cell per (strategy, k, horizon): the paired gain over "none" with its t interval,
+    the oracles' shares (bootstrap intervals) and the warm sets' precision and size."""
     rng = np.random.default_rng(seed)
     for (s, k, h), rows in got.items():
         a = np.array(rows)
@@ -514,7 +544,6 @@ def evaluate(
                 float(a[:, 4].mean()),
             )
         )
-    return ev
 
 
 def _share(
