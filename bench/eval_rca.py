@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -257,19 +259,26 @@ def match(pred: set[frozenset], exp: set[frozenset], leaves: pd.DataFrame) -> tu
     return len(recalled), len(right)
 
 
-def _twin(cfg: SimConfig, tmp: Path) -> pd.DataFrame:
+Simulate = Callable[[SimConfig, Path, list[Any]], Any]
+
+
+def _simulate(cfg: SimConfig, path: Path, faults: list[Any]) -> Any:
+    return simulate(cfg, path, faults, workers=1)
+
+
+def _twin(cfg: SimConfig, tmp: Path, sim: Simulate = _simulate) -> pd.DataFrame:
     path = tmp / f"clean-{cfg.seed}-{cfg.rps:g}-{cfg.tenants}.sqlite"
     if not path.exists():
-        simulate(cfg, path, workers=1)
+        sim(cfg, path, [])
     return EmbeddedStore(path, readonly=True).frame("lookups")
 
 
-def run(sc: Scenario, tmp: Path) -> dict:
+def run(sc: Scenario, tmp: Path, sim: Simulate = _simulate) -> dict:
     cfg = SimConfig.load(
         hours=HOURS, rps=sc.rps, tenants=sc.tenants, replicas=2, seed=sc.seed, peak_warmup_at_h=-1
     )
     path = tmp / f"s{sc.name[:2]}.sqlite"
-    simulate(cfg, path, [parse_fault(f) for f in sc.faults], workers=1)
+    sim(cfg, path, [parse_fault(f) for f in sc.faults])
     st = EmbeddedStore(path, readonly=True)
     lk = st.frame("lookups")
     t0 = cfg.start
@@ -277,7 +286,7 @@ def run(sc: Scenario, tmp: Path) -> dict:
     base = (t0 + BASE[0], t0 + BASE[1])
     row = {"scenario": sc.name, "f1": np.nan, "predicted": "", "expected": ""}
     if sc.rca:
-        dd = drill_down(lk, anomaly=win, baseline=base, forecast=_twin(cfg, tmp))
+        dd = drill_down(lk, anomaly=win, baseline=base, forecast=_twin(cfg, tmp, sim))
         pred = {frozenset(c.element.items()) for c in dd.localization.causes}
         exp = set().union(*(expected(f, lk, t0) for f in sc.faults))
         recalled, right = match(pred, exp, dd.leaves)
@@ -307,9 +316,13 @@ def run(sc: Scenario, tmp: Path) -> dict:
     return row
 
 
-def evaluate(n: int = 36, tmp: Path | None = None, seed: int = 2026) -> pd.DataFrame:
+def evaluate(
+    n: int = 36, tmp: Path | None = None, seed: int = 2026, sim: Simulate = _simulate
+) -> pd.DataFrame:
+    """The scenarios' scores; ``sim(cfg, path, faults)`` simulates a store (the tests pass one
+    that keeps each simulated store per simulator version, so a rerun reads it back)."""
     tmp = tmp or Path(tempfile.mkdtemp())
-    return pd.DataFrame([run(sc, tmp) for sc in scenarios(n, seed)])
+    return pd.DataFrame([run(sc, tmp, sim) for sc in scenarios(n, seed)])
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Edges of issue 30: header bytes the gateway must forward, label bounds in one
+"""Edges: header bytes the gateway must forward, label bounds in one
 place (gateway, client, request_context, config), free labels under the family
 vocabulary rule, and the gateway's own resource bounds (413, 408, hang-ups)."""
 

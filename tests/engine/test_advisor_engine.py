@@ -1,4 +1,4 @@
-"""The advisor's recommendation proven on real vLLM engines (issue 27, item 5).
+"""The advisor's recommendation proven on real vLLM engines.
 
 1. A multi-tenant workload (4 tenants, 80 system prompts of Zipf-like popularity, most read twice)
    is recorded on a fresh vLLM engine through `warmscope gateway` into an embedded store, with the
