@@ -9,6 +9,8 @@ import pytest
 from warmscope.analysis.alert_history import alert_history, holding_now, open_alerts
 from warmscope.analysis.alerts import bypass_spikes, cross_tenant_reads, leak_onset
 
+from tests.conftest import simulated_store
+
 HK = ["window", "tenant", "layer", "key_hash", "family", "hits", "misses", "err"]
 LK = ["ts", "tenant", "layer", "family", "result", "experiment", "variant", "model", "replica", "length_bucket",
       "count"]
@@ -101,15 +103,15 @@ def test_holding_now_is_the_historys_last_evaluation():
 @pytest.mark.slow
 def test_the_simulators_two_faults_are_dated_within_one_flush_of_their_start(tmp_path):
     from warmscope.app.dashboard import background
-    from warmscope.simulator import SimConfig, simulate
+    from warmscope.simulator import SimConfig
     from warmscope.simulator.faults import parse_fault
     from warmscope.sources import from_env
 
     path = tmp_path / "two-faults.sqlite"
     # the leak starts 35 minutes into an hourly hot-key window (01:00): the old attribution dated it 01:00
-    simulate(SimConfig.load(hours=2.5, rps=6.0, tenants=4, seed=3), path,
-             [parse_fault("bypass:tenant=globex,layer=response@00:38-01:10"),
-              parse_fault("tenant_isolation:layer=response@01:35-02:20")], workers=1)
+    simulated_store(path, SimConfig.load(hours=2.5, rps=6.0, tenants=4, seed=3),
+                    [parse_fault("bypass:tenant=globex,layer=response@00:38-01:10"),
+                     parse_fault("tenant_isolation:layer=response@01:35-02:20")], workers=1)
     src = from_env({}, store_path=str(path))
     b = src.time_bounds()
     fr = background.overview_frames(background.source_reader(src), b[0] - 3600, b[1] + 1e-6, None)
@@ -135,12 +137,11 @@ def test_the_demos_leak_is_dated_at_its_start_whatever_the_minute_it_ends(tmp_pa
 
     from warmscope.app.cli.main import demo_world
     from warmscope.app.dashboard import background
-    from warmscope.simulator import simulate
     from warmscope.sources import from_env
 
     path = tmp_path / "demo.sqlite"
     cfg, faults = demo_world(6.0, now=1796367600.0 + minute * 60)  # an hour's start, + minute
-    simulate(dataclasses.replace(cfg, rps=3.0, tenants=4, seed=5), path, faults, workers=1)
+    simulated_store(path, dataclasses.replace(cfg, rps=3.0, tenants=4, seed=5), faults, workers=1)
     src = from_env({}, store_path=str(path))
     b = src.time_bounds()
     fr = background.overview_frames(background.source_reader(src), b[0] - 3600, b[1] + 1e-6, None)

@@ -17,7 +17,9 @@ from warmscope.analysis.roi import (
     roi_windows,
 )
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, parse_fault, simulate
+from warmscope.simulator import SimConfig, parse_fault
+
+from tests.conftest import simulated_store
 
 NAN = float("nan")
 RUN_COLS = ["run_id", "strategy", "layer", "tenant", "replica", "trigger", "started", "ended", "gpu_s", "status"]
@@ -70,8 +72,8 @@ def test_coverage_of_nothing_is_an_empty_frame():
 def test_warmup_too_early_has_lower_precision_than_a_clean_run(tmp_path):
     cfg = SimConfig.load(hours=1, rps=3.0, tenants=4, replicas=1, seed=3, peak_warmup_at_h=-1)
     clean, early = tmp_path / "clean.sqlite", tmp_path / "early.sqlite"
-    simulate(cfg, clean, workers=1)
-    simulate(cfg, early, [parse_fault("warmup_timing:replica=b-0,layer=response@00:20-00:40;ttl_s=60")], workers=1)
+    simulated_store(clean, cfg, workers=1)
+    simulated_store(early, cfg, [parse_fault("warmup_timing:replica=b-0,layer=response@00:20-00:40;ttl_s=60")], workers=1)
 
     def precision(path, trigger):
         st = EmbeddedStore(path, readonly=True)

@@ -4,9 +4,10 @@ single-trap scenarios), and the detectors' silence on a clean run."""
 import pytest
 from warmscope.analysis.traps import detect_all
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
 
 from bench.eval_rca import BASE, HOURS, WIN, run, scenarios
+from tests.conftest import simulated_store
 
 SINGLE = [s for s in scenarios(9) if len(s.faults) == 1]
 
@@ -21,7 +22,7 @@ def test_detector_names_the_injected_trap(sc, tmp_path):
 @pytest.mark.slow  # a simulation
 def test_no_trap_on_a_clean_run(tmp_path):
     cfg = SimConfig.load(hours=HOURS, rps=6.0, tenants=6, replicas=2, seed=77, peak_warmup_at_h=-1)
-    simulate(cfg, tmp_path / "clean.sqlite", workers=1)
+    simulated_store(tmp_path / "clean.sqlite", cfg, workers=1)
     st = EmbeddedStore(tmp_path / "clean.sqlite", readonly=True)
     frames = {n: st.frame(n) for n in ("lookups", "writes", "hot_keys", "warmup_runs", "warmed_keys")}
     t0 = cfg.start

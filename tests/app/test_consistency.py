@@ -11,8 +11,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from warmscope.app.dashboard.pages import page
 from warmscope.collectors import EmbeddedStore
-from warmscope.simulator import SimConfig, simulate
+from warmscope.simulator import SimConfig
 from warmscope.simulator.faults import parse_fault
+
+from tests.conftest import simulated_store
 
 MAIN = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "app" / "dashboard" / "main.py")
 RANGES = ("last 6 hours", "last 24 hours", "everything", "custom")
@@ -23,9 +25,9 @@ def store(tmp_path_factory):
     if os.environ.get("WARMSCOPE_CONSISTENCY_STORE"):
         return os.environ["WARMSCOPE_CONSISTENCY_STORE"]
     path = tmp_path_factory.mktemp("consistency") / "demo.sqlite"
-    simulate(SimConfig.load(hours=2.5, rps=4.0, tenants=4, seed=3), path,
-             [parse_fault("bypass:tenant=globex,layer=response@00:38-01:10"),
-              parse_fault("tenant_isolation:layer=response@01:35-02:20")], workers=1)
+    simulated_store(path, SimConfig.load(hours=2.5, rps=4.0, tenants=4, seed=3),
+                    [parse_fault("bypass:tenant=globex,layer=response@00:38-01:10"),
+                     parse_fault("tenant_isolation:layer=response@01:35-02:20")], workers=1)
     return str(path)
 
 
