@@ -73,7 +73,8 @@ def test_warmup_too_early_has_lower_precision_than_a_clean_run(tmp_path):
     cfg = SimConfig.load(hours=1, rps=3.0, tenants=4, replicas=1, seed=3, peak_warmup_at_h=-1)
     clean, early = tmp_path / "clean.sqlite", tmp_path / "early.sqlite"
     simulated_store(clean, cfg, workers=1)
-    simulated_store(early, cfg, [parse_fault("warmup_timing:replica=b-0,layer=response@00:20-00:40;ttl_s=60")], workers=1)
+    early_fault = parse_fault("warmup_timing:replica=b-0,layer=response@00:20-00:40;ttl_s=60")
+    simulated_store(early, cfg, [early_fault], workers=1)
 
     def precision(path, trigger):
         st = EmbeddedStore(path, readonly=True)
