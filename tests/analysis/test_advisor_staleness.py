@@ -109,9 +109,9 @@ def test_persistence_from_hot_keys_by_hand():
     assert (rho == 1).all() and "taken as stable" in note
 
 
-@pytest.mark.slow
-def test_the_roi_ratio_and_net_gpu_s_objectives_each_win_on_their_own_terms():
-    from warmscope.analysis.advisor import advise
+def tunable_model() -> tuple[Model, pd.DataFrame]:
+    """A response-layer model with room to tune (500 entries, 20,000 keys), its recorded hits from its
+    own base parameters, and the lookups that record them (15-minute points)."""
     from warmscope.analysis.replay import _layer_hits, replay_cost
 
     m = _model(capacity=500.0, catalog=20000)
@@ -121,6 +121,14 @@ def test_the_roi_ratio_and_net_gpu_s_objectives_each_win_on_their_own_terms():
     r = m.rates["response"]
     lk = pd.DataFrame({"ts": r.index + 900.0, "layer": "response", "family": "f", "result": "hit",
                        "count": r.iloc[:, 0].to_numpy() * 900.0})
+    return m, lk
+
+
+@pytest.mark.slow
+def test_the_roi_ratio_and_net_gpu_s_objectives_each_win_on_their_own_terms():
+    from warmscope.analysis.advisor import advise
+
+    m, lk = tunable_model()
     net = advise({"lookups": lk}, model=m, n_init=5, n_iter=3, seed=1)
     roi = advise({"lookups": lk}, model=m, n_init=5, n_iter=3, seed=1, objective="roi")
     assert net.objective == "net_gpu_s" and roi.objective == "roi"

@@ -1,11 +1,9 @@
 """The Advisor page's recommendation section under AppTest, on a recommendation tuned over a given replay
 model: every figure on it is the recommendation's own."""
 
-import numpy as np
-import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-from tests.analysis.test_advisor_staleness import _model, _warm_extra
+from tests.analysis.test_advisor_staleness import tunable_model
 
 
 def _show(rec, before, after):
@@ -16,15 +14,9 @@ def _show(rec, before, after):
 
 def test_the_recommendation_section_shows_the_recommendations_own_figures():
     from warmscope.analysis.advisor import advise
-    from warmscope.analysis.replay import _layer_hits, curves, replay_cost
+    from warmscope.analysis.replay import curves
 
-    m = _model(capacity=500.0, catalog=20000)
-    m.base_hits = {"response": _layer_hits(m, "response", 1.0, m.base)[0].sum()
-                   + _warm_extra(m, "response", 1.0, m.base, np.random.default_rng(0))[0]}
-    m.base_hits.update({f"_cost_{k}": v for k, v in replay_cost(m, m.base).items()})
-    r = m.rates["response"]
-    lk = pd.DataFrame({"ts": r.index + 900.0, "layer": "response", "family": "f", "result": "hit",
-                       "count": r.iloc[:, 0].to_numpy() * 900.0})
+    m, lk = tunable_model()
     rec = advise({"lookups": lk}, model=m, n_init=4, n_iter=2, seed=1)
     before, after = curves(rec.model, rec.base), curves(rec.model, rec.params)
     at = AppTest.from_function(_show, args=(rec, before, after), default_timeout=60).run()
