@@ -172,8 +172,8 @@ def _lost(lost: pd.DataFrame) -> None:
         st.caption(
             f"{n_lost:,} of {n_keys:,} warmed prefix_kv keys ({fmt.pct(n_lost / n_keys)}) were "
             "evicted or expired before anyone read them: their first read after warming missed. "
-            "The "
-            "time is from warming to that first miss (the key was gone by then)."
+            "The time is from warming to that first miss (the key was gone by then). A run id "
+            "pasted in *Find a run id* on the Warm-up runs page opens its warm-up."
         )
 
         def _secs(x: float) -> str:
