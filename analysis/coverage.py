@@ -132,7 +132,8 @@ def warm_set_coverage(
             keys_warmed=("key_hash", "size"), keys_read=("read", "sum"), key_gpu_s=("gpu_s", "sum")
         )
         if len(w)
-        else pd.DataFrame(columns=["keys_warmed", "keys_read", "key_gpu_s"])
+        # float: runs without warmed-key records read as 0 keys, a NaN precision (not a crash)
+        else pd.DataFrame(columns=["keys_warmed", "keys_read", "key_gpu_s"], dtype=float)
     )
     wasted = w[~w["read"]].groupby("run_id")["gpu_s"].sum() if len(w) else pd.Series(dtype=float)
     out = runs[

@@ -68,6 +68,7 @@ __all__ = [
     "Decay",
     "DEFAULT_WINDOWS",
     "replica_runs",
+    "warmup_members",
     "COST_TOO_SMALL",
     "WARMUP_GAP_S",
     "roi_text",
@@ -87,15 +88,9 @@ COST_TOO_SMALL = 10.0  # benefit SE / cost beyond which ROI is "cost too small t
 WARMUP_GAP_S = 60.0  # a run starting this long after a replica's warm-up has ended is another
 
 
-def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per warm-up of a replica: the runs a warm-up opened per cache layer (same replica,
-    strategy and trigger, each starting before the warm-up's runs so far have ended, or within
-    ``WARMUP_GAP_S`` of it: a warm-up's layers start one after the other) merged, GPU-seconds,
-    keys and bytes summed, ``started`` the first run's, ``ended`` the last end, ``layer`` listing
-    the layers ("prefix_kv+response"), ``run_id`` the first run's, ``runs`` how many were
-    merged."""
-    if runs.empty:
-        return runs.assign(runs=pd.Series(dtype=int))
+def _warmup_groups(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``runs`` (sorted) with ``_warmup``, the number of the warm-up each run belongs to (see
+    :func:`replica_runs`), and the columns a warm-up shares."""
     keys = ["replica", "strategy", "trigger"]
     r = runs.copy()
     for k in keys:
@@ -107,6 +102,19 @@ def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
     before = reach.groupby([r[k] for k in keys], dropna=False, sort=False).shift()
     new = before.isna() | (r["started"].astype(float) > before + WARMUP_GAP_S)
     r["_warmup"] = new.cumsum()
+    return r, keys
+
+
+def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per warm-up of a replica: the runs a warm-up opened per cache layer (same replica,
+    strategy and trigger, each starting before the warm-up's runs so far have ended, or within
+    ``WARMUP_GAP_S`` of it: a warm-up's layers start one after the other) merged, GPU-seconds,
+    keys and bytes summed, ``started`` the first run's, ``ended`` the last end, ``layer`` listing
+    the layers ("prefix_kv+response"), ``run_id`` the first run's, ``runs`` how many were
+    merged."""
+    if runs.empty:
+        return runs.assign(runs=pd.Series(dtype=int))
+    r, keys = _warmup_groups(runs)
     agg: dict[str, Any] = {
         c: "sum" for c in ("gpu_s", "keys", "bytes", "memory_bytes") if c in r.columns
     }
@@ -126,6 +134,16 @@ def replica_runs(runs: pd.DataFrame) -> pd.DataFrame:
     out["runs"] = g.size()
     merged: pd.DataFrame = out.reset_index()[list(runs.columns) + ["runs"]]
     return merged
+
+
+def warmup_members(runs: pd.DataFrame) -> dict[str, list[str]]:
+    """The run ids of each warm-up of ``runs`` (:func:`replica_runs`), keyed by the warm-up's
+    ``run_id`` (its first run's), in the order its layers started."""
+    if runs.empty:
+        return {}
+    r, _ = _warmup_groups(runs)
+    ids = r["run_id"].astype(str)
+    return {str(g.iloc[0]): list(g) for _, g in ids.groupby(r["_warmup"], sort=False)}
 
 
 def business_roi(

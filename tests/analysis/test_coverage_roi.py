@@ -15,6 +15,7 @@ from warmscope.analysis.roi import (
     fit_decay,
     replica_runs,
     roi_windows,
+    warmup_members,
 )
 from warmscope.collectors import EmbeddedStore
 from warmscope.simulator import SimConfig, parse_fault
@@ -66,6 +67,13 @@ def test_precision_recall_and_wasted_gpu_by_hand():
 def test_coverage_of_nothing_is_an_empty_frame():
     out = warm_set_coverage(runs(), warmed(), pd.DataFrame(columns=["run_id", "key_hash", "first_seen"]))
     assert out.empty and "precision" in out.columns
+
+
+def test_runs_without_warmed_key_records_have_no_precision():
+    # a runner that records its runs but not their keys: 0 keys warmed, precision unknown (NaN)
+    r = runs(("r1", "static_topk", "prefix_kv", "", "b-0", "replica_start", 0.0, 20.0, 1.0, "ok"))
+    out = warm_set_coverage(r, warmed(), pd.DataFrame(columns=["run_id", "key_hash", "first_seen"]))
+    assert out.loc[0, "keys_warmed"] == 0 and np.isnan(out.loc[0, "precision"])
 
 
 @pytest.mark.slow
@@ -245,3 +253,6 @@ def test_replica_runs_count_a_warm_up_once():
     assert len(m) == 2 and m.loc["b-0", "gpu_s"] == 1.5 and m.loc["b-0", "keys"] == 8
     assert m.loc["b-0", "layer"] == "prefix_kv+response" and m.loc["b-0", "ended"] == 28.0
     assert m.loc["b-0", "runs"] == 2 and m.loc["b-0", "run_id"] == "r1"
+    # every run id, keyed by its warm-up's (the first run's): r2 is b-0's response run
+    assert warmup_members(runs) == {"r1": ["r1", "r2"], "r3": ["r3"]}
+    assert warmup_members(runs.iloc[:0]) == {}

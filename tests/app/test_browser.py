@@ -196,7 +196,7 @@ def test_runs_are_picked_from_a_labelled_list_kept_in_the_url(streamlit_server, 
     page.goto(f"{url}/warmup?range=everything&run={first.run_id}", wait_until="networkidle")
     settle(page)
     assert selected(page, "Warm-up (newest first").endswith(
-        f"{first.replica} · {first.layer} · {first.strategy} · trigger {first.trigger}")
+        f"{first.run_id} · {first.replica} · {first.layer} · {first.strategy} · trigger {first.trigger}")
     assert query(page).get("run") == first.run_id
     no_errors(page, "warmup")
 

@@ -1,6 +1,7 @@
 """The Why misses page under AppTest, on a store with hand-written rows: every figure it shows
 equals the arithmetic in the comments; an empty misses frame gives one sentence and no table."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,9 @@ def test_the_page_shows_the_rows_arithmetic(page):
     assert lost[["keys", "lost"]].iloc[0].tolist() == [2, 1]
     assert lost["lost_share"].iloc[0] == pytest.approx(50.0)
     assert lost["median"].iloc[0] == "39 s"
+    # a run id leads to the Warm-up runs page, which finds a warm-up by any of its runs' ids
+    assert any("*Find a run id* on the Warm-up runs page" in c.value for c in at.caption)
+    assert "Find a run id" in json.loads(at.dataframe[4].proto.columns)["run_id"]["help"]
 
     blocks = at.dataframe[5].value.iloc[0]
     # two flushes 60 s apart span 120 s: stored 60 / 120 = 0.5 /s, reused 180 / 120 = 1.5 /s,

@@ -111,34 +111,53 @@ def _timeline(hist: pd.DataFrame, start: float, end: float) -> go.Figure:
     return fig
 
 
+HISTORY_ROWS = 12  # episodes shown before the history table scrolls in its own box
+HISTORY_HEIGHT = 560  # px
+# Column widths (the rest to the summary): dates and durations on one or two lines, the summary
+# wide enough to read in a few lines at 1,400 px.
+HISTORY_WIDTHS = {
+    "Alert": "14%",
+    "Subject": "12%",
+    "Severity": "7%",
+    "Began (UTC)": "8%",
+    "Fired (UTC)": "8%",
+    "Resolved (UTC)": "8%",
+    "Lasted": "6%",
+}
+
+
 def _history_table(hist: pd.DataFrame, end: float) -> None:
     def lasted(fired: float, resolved: float) -> str:
         s = (resolved if resolved == resolved else end) - fired
         text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
         return text + ("+" if resolved != resolved else "")
 
-    st.dataframe(
-        pd.DataFrame(
-            {
-                "Alert": hist.alert,
-                "Subject": hist.subject.replace("", "–"),
-                "Severity": hist.severity.str.upper(),
-                "Began (UTC)": hist.since.map(lambda t: fmt.when(t) if t == t else "–"),
-                "Fired (UTC)": hist.fired.map(fmt.when),
-                "Resolved (UTC)": hist.resolved.map(
-                    lambda r: "still firing" if r != r else fmt.when(r)
-                ),
-                "Lasted": [
-                    lasted(float(f), float(r))
-                    for f, r in zip(hist["fired"], hist["resolved"], strict=True)
-                ],
-                "Summary": hist.summary,
-            }
-        ).iloc[::-1],
-        hide_index=True,
-        width="stretch",
-        column_config={"Summary": st.column_config.TextColumn(width="large")},
-    )
+    table = pd.DataFrame(
+        {
+            "Alert": hist.alert,
+            "Subject": hist.subject.replace("", "–"),
+            "Severity": hist.severity.str.upper(),
+            "Began (UTC)": hist.since.map(lambda t: fmt.when(t) if t == t else "–"),
+            "Fired (UTC)": hist.fired.map(fmt.when),
+            "Resolved (UTC)": hist.resolved.map(
+                lambda r: "still firing" if r != r else fmt.when(r)
+            ),
+            "Lasted": [
+                lasted(float(f), float(r))
+                for f, r in zip(hist["fired"], hist["resolved"], strict=True)
+            ],
+            "Summary": hist.summary,
+        }
+    ).iloc[::-1]
+    # Drawn wrapped (a data grid cuts a summary at its column's width); a long history scrolls
+    # inside a box of its own, so the page below stays in reach.
+    box = st.container(height=HISTORY_HEIGHT) if len(table) > HISTORY_ROWS else st.container()
+    with box:
+        fmt.wrapped_table(
+            table.style.format(escape="html").set_table_styles(
+                {c: [{"selector": "th", "props": f"width: {w}"}] for c, w in HISTORY_WIDTHS.items()}
+            )
+        )
     st.caption(
         "Newest first. Began: the first data that shows the condition (the same onset at any "
         "range); fired and resolved: the evaluations, every few minutes, at which it first held "

@@ -9,6 +9,14 @@ from warmscope.analysis.coverage import read_in_time
 from warmscope.app.dashboard import engine_view, state
 from warmscope.app.dashboard.views.warmup import spend_metrics
 
+MISSES_HELP = (
+    "Summed over every replica (each has its own cache) and every hot-key window in the range. "
+    "A hot key misses only when its entry is gone: about once per replica after a restart that "
+    "no warm-up followed, an eviction or a TTL expiry, whatever its traffic. So the top keys "
+    "share one count: e.g. two replicas without warm-up restarting every hour give two misses "
+    "per key an hour, 12 to 14 over 6 h."
+)
+
 
 def render() -> None:
     start, end = state.time_range()
@@ -52,7 +60,11 @@ def render() -> None:
             "family": st.column_config.TextColumn("Key family"),
             "lookups": st.column_config.NumberColumn("Lookups", format="localized"),
             "hits": st.column_config.NumberColumn("Hits", format="localized"),
-            "misses": st.column_config.NumberColumn("Misses", format="localized"),
+            "misses": st.column_config.NumberColumn(
+                "Misses",
+                format="localized",
+                help=MISSES_HELP,
+            ),
             "err": st.column_config.NumberColumn(
                 "Count error ±",
                 format="localized",
@@ -63,7 +75,25 @@ def render() -> None:
             "warmed": st.column_config.CheckboxColumn("Warmed in range"),
         },
     )
+    st.caption(_misses_sentence(sel, top))
     _unread(wk, tenant, layer, start, end)
+
+
+def _misses_sentence(sel: pd.DataFrame, top: pd.DataFrame) -> str:
+    """The top keys' misses per hot-key window: near one value whatever their lookups, as misses
+    come with restarts, evictions and expiries rather than with traffic."""
+    shown = sel[sel.key_hash.isin(top.key_hash)]
+    per = shown.groupby("key_hash").agg(misses=("misses", "sum"), windows=("window", "nunique"))
+    rate = per.misses / per.windows
+    starts = sorted(sel.window.unique())
+    span = min(b - a for a, b in zip(starts, starts[1:], strict=False)) if len(starts) > 1 else 0
+    unit = f"{span / 3600:g} h " if span else ""
+    return (
+        f"The {len(top)} top keys miss a median {rate.median():.1f} times per {unit}hot-key "
+        f"window (from {rate.min():.1f} to {rate.max():.1f}) while their lookups run from "
+        f"{top.lookups.min():,.0f} to {top.lookups.max():,.0f}: a hot key misses when a replica "
+        "lost it (restart without warm-up, eviction, TTL expiry), not in step with its traffic."
+    )
 
 
 def _unread(wk: pd.DataFrame, tenant: str, layer: str, start: float, end: float) -> None:

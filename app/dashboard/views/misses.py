@@ -172,8 +172,8 @@ def _lost(lost: pd.DataFrame) -> None:
         st.caption(
             f"{n_lost:,} of {n_keys:,} warmed prefix_kv keys ({fmt.pct(n_lost / n_keys)}) were "
             "evicted or expired before anyone read them: their first read after warming missed. "
-            "The "
-            "time is from warming to that first miss (the key was gone by then)."
+            "The time is from warming to that first miss (the key was gone by then). A run id "
+            "pasted in *Find a run id* on the Warm-up runs page opens its warm-up."
         )
 
         def _secs(x: float) -> str:
@@ -194,7 +194,11 @@ def _lost(lost: pd.DataFrame) -> None:
             hide_index=True,
             width="stretch",
             column_config={
-                "run_id": st.column_config.TextColumn("Run"),
+                "run_id": st.column_config.TextColumn(
+                    "Run",
+                    help="the warm-up run's id (its prefix_kv layer's run): paste it in "
+                    "*Find a run id* on the Warm-up runs page to open that warm-up",
+                ),
                 "keys": st.column_config.NumberColumn("Keys warmed", format="localized"),
                 "lost": st.column_config.NumberColumn("Lost before read", format="localized"),
                 "lost_share": st.column_config.NumberColumn("Share", format="%.1f%%"),

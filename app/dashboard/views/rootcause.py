@@ -28,6 +28,10 @@ TRAPS_NEED_COLLECTORS = (
     "Cold-start trap checks (bypass, key explosion, tenant isolation, warm-up timing) read "
     "per-key and per-tenant records: they need the warmscope collectors."
 )
+RANKED = (
+    "Causes are ranked by score, highest first (each cause's share of every leaf's absolute "
+    "change, sign ignored): the first row is the top cause."
+)
 SHARES = (
     "Share of the change explained: each cause's part of the gap between the window's hit rate "
     "and the expected one."
@@ -123,7 +127,7 @@ def explanations(loc: Localization, what: str) -> None:
             }
             for c in loc.causes
         ]
-    )
+    ).sort_values("Score", ascending=False, kind="stable")  # the first row is the top cause
     st.dataframe(
         df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
         hide_index=True,
@@ -135,7 +139,7 @@ def explanations(loc: Localization, what: str) -> None:
             ),
             "Score": st.column_config.NumberColumn(
                 help="the cause's share of every leaf's absolute change (sign ignored): what "
-                "ranks the causes"
+                "ranks the causes, highest first"
             ),
             "Leaves": st.column_config.NumberColumn(
                 help="the finest combinations (one value of every dimension) inside the cause"
@@ -159,7 +163,7 @@ def explanations(loc: Localization, what: str) -> None:
         height=180 + 40 * len(df),
     )
     st.plotly_chart(bar, width="stretch")
-    st.caption(NEGATIVE_SHARES if (df.Explains < 0).any() else SHARES)
+    st.caption(RANKED + " " + (NEGATIVE_SHARES if (df.Explains < 0).any() else SHARES))
 
 
 def engine_root_cause(start: float, end: float) -> None:
@@ -376,7 +380,7 @@ def _miss_classes(start: float, end: float, anomaly: Window, baseline: Window) -
             },
         )
         if mdd is not None and mdd.localization.causes:
-            c = mdd.localization.causes[0]
+            c = max(mdd.localization.causes, key=lambda c: c.score)  # the top-ranked cause
             where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
             st.caption(
                 f"Largest change in missed tokens: {where}"

@@ -14,7 +14,13 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 from warmscope.analysis.config import AnalysisConfig
-from warmscope.analysis.roi import decay_text, roi_text, significant_decay, warmups
+from warmscope.analysis.roi import (
+    decay_text,
+    roi_text,
+    significant_decay,
+    warmup_members,
+    warmups,
+)
 from warmscope.app.dashboard import cached, charts, engine_view, fmt, state
 
 if TYPE_CHECKING:
@@ -135,6 +141,7 @@ def _coverage(start: float, end: float) -> None:
         pd.DataFrame(
             {
                 "Started (UTC)": show["started"].map(fmt.when),
+                "Run": show["run_id"],
                 "Replica": show["replica"],
                 "Layer": show["layer"],
                 "Strategy": show["strategy"],
@@ -169,9 +176,17 @@ def _coverage(start: float, end: float) -> None:
 
 def _label(r: Mapping[Hashable, object]) -> str:
     return (
-        f"{fmt.when(fmt.num(r['started']))} · {r['replica']} · {r['layer']} · {r['strategy']} "
-        f"· trigger {r['trigger']}"
+        f"{fmt.when(fmt.num(r['started']))} · {r['run_id']} · {r['replica']} · {r['layer']} · "
+        f"{r['strategy']} · trigger {r['trigger']}"
     )
+
+
+def _find_run(owner: Mapping[str, str]) -> None:
+    """The run-id box's callback: select the warm-up that holds the run id typed (any of its
+    layers' runs, e.g. one named on the Why misses page)."""
+    typed = str(st.session_state.get("run-find") or "").strip()
+    if typed in owner:
+        st.session_state["run"] = owner[typed]
 
 
 def _cell(metric: str, v: float | None, signed: bool = False) -> str:
@@ -193,16 +208,39 @@ def _one_warmup(runs: pd.DataFrame, start: float, end: float) -> None:
     w = warmups(runs)
     labels = {str(r["run_id"]): _label(r) for r in w.to_dict("records")}
     ids = list(labels)
-    want = state.url_get("run")
+    members = warmup_members(runs)
+    # every run id (each layer's run) -> the warm-up holding it, keyed by its first run's id
+    owner = {rid: wid for wid, rids in members.items() for rid in rids if wid in labels}
+    want = owner.get(state.url_get("run") or "")
     if "run" not in st.session_state or st.session_state["run"] not in labels:
-        st.session_state["run"] = want if want in labels else ids[0]
+        st.session_state["run"] = want or ids[0]
+    pick, find = st.columns([5, 1])
+    typed = find.text_input(
+        "Find a run id",
+        key="run-find",
+        placeholder="e.g. run-1-b00003",
+        on_change=_find_run,
+        args=(owner,),
+        help="Any run id (every layer's run has one, as the Why misses page and the coverage "
+        "table show them): picks the warm-up that holds it.",
+    ).strip()
     run_id = str(
-        st.selectbox(
+        pick.selectbox(
             "Warm-up (newest first; its layers' runs together)",
             ids,
             key="run",
             format_func=lambda i: labels.get(i, i),
         )
+    )
+    if typed and typed not in owner:
+        st.warning(
+            f"No warm-up run {typed!r} started in this range: check the id, or widen the time "
+            "range in the sidebar."
+        )
+    layer_of = dict(zip(runs["run_id"].astype(str), runs["layer"].astype(str), strict=True))
+    st.caption(
+        "Its runs: "
+        + " · ".join(f"`{rid}` ({layer_of.get(rid, '?')})" for rid in members.get(run_id, []))
     )
     state.url_set(run=run_id)
     # before/after, ROI and decay from per-minute data around it, at any range (cached)
