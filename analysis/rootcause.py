@@ -104,6 +104,11 @@ class Localization:
     mix: float = 0.0  # part of the change due to the traffic mix alone (ratio measures)
     rest: float = 0.0  # part of the change in leaves outside the causes
 
+    def ranked(self) -> list[RootCause]:
+        """The causes by score, highest first (``causes`` is in the search's order): the order
+        every page and the CLI show, so "the largest cause" is one cause everywhere."""
+        return sorted(self.causes, key=lambda c: -c.score)
+
 
 @dataclass(frozen=True)
 class Options:

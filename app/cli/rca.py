@@ -181,7 +181,7 @@ def _measures(args: argparse.Namespace) -> tuple[list[str], dict[str, str]] | No
 def _print(loc: Localization, args: argparse.Namespace) -> int:
     for note in loc.notes:
         print(f"{PROG}: {note}", file=sys.stderr)
-    out = [c.as_json() for c in loc.causes]
+    out = [c.as_json() for c in loc.ranked()]  # most important first
     try:
         print(
             json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False)

@@ -10,7 +10,7 @@ from warmscope.analysis.rootcause import Localization, RootCause
 def _show(loc):
     from warmscope.app.dashboard.views.rootcause import explanations
 
-    explanations(loc, "Effective hit rate")
+    explanations(loc, "Hit rate (every layer, weights included)")
 
 
 def _cause(tenant, score, power):
@@ -39,3 +39,20 @@ def test_the_causes_are_ranked_by_score_highest_first():
     assert bars["data"][0]["y"] == list(table["Cause"])
     assert bars["layout"]["yaxis"]["autorange"] == "reversed"
     assert any("ranked by score, highest first" in c.value for c in at.caption)
+
+
+def test_every_reader_of_the_largest_cause_takes_the_top_scored_one(capsys):
+    # Localization.ranked() is the one order: the Root cause table's, the overview's "largest cause"
+    # and `warmscope rca`'s JSON; the search's own order (causes) is left as found.
+    import argparse
+    import inspect
+
+    from warmscope.app.cli.rca import _print
+    from warmscope.app.dashboard.views import overview
+
+    assert [c.element["tenant"] for c in LOC.ranked()] == ["globex", "acme", "stark", "hooli", "umbrella"]
+    assert [c.element["tenant"] for c in LOC.causes][:2] == ["acme", "globex"]
+    assert _print(LOC, argparse.Namespace(compact=True)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [c["element"]["tenant"] for c in printed] == ["globex", "acme", "stark", "hooli", "umbrella"]
+    assert "loc.ranked()[0]" in inspect.getsource(overview._what_happened)  # the overview's sentence

@@ -133,7 +133,7 @@ def _what_happened(start: float, end: float, alerts: pd.DataFrame, dd: DrillDown
     lines: list[str] = []
     loc = dd.localization
     if loc.causes and loc.observed == loc.observed and loc.observed < loc.expected:
-        top = loc.causes[0]
+        top = loc.ranked()[0]
         cause = " · ".join(f"{k} = {v}" for k, v in top.element.items())
         lines.append(
             f"**Latest regression** since {fmt.hhmm(dd.anomaly[0])}: hit rate "

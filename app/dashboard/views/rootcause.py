@@ -125,9 +125,9 @@ def explanations(loc: Localization, what: str) -> None:
                 "Score": c.score,
                 "Leaves": c.leaves,
             }
-            for c in loc.causes
+            for c in loc.ranked()  # the first row is the top cause
         ]
-    ).sort_values("Score", ascending=False, kind="stable")  # the first row is the top cause
+    )
     st.dataframe(
         df.style.format({"Explains": "{:.0%}", "Score": "{:.2f}", "Leaves": "{:,}"}),
         hide_index=True,
@@ -297,9 +297,8 @@ def render() -> None:
         t,
         anomaly,
         baseline,
-        f"Effective hit rate, all layers ({freq // 60:g}-minute buckets) · drag a box to choose "
-        "the "
-        "window",
+        f"Hit rate, every layer with model weights ({freq // 60:g}-minute buckets) · drag a box "
+        "to choose the window",
         brush=True,
     )
     box = ev.selection.get("box", []) if ev and ev.selection else []
@@ -344,7 +343,7 @@ def render() -> None:
                 f"{said.rstrip('. ')}{began}."
             )
 
-    explanations(loc, "Effective hit rate")
+    explanations(loc, "Hit rate (every layer, weights included)")
     _miss_classes(start, end, anomaly, baseline)
     _traps(verdicts)
 
@@ -380,7 +379,7 @@ def _miss_classes(start: float, end: float, anomaly: Window, baseline: Window) -
             },
         )
         if mdd is not None and mdd.localization.causes:
-            c = max(mdd.localization.causes, key=lambda c: c.score)  # the top-ranked cause
+            c = mdd.localization.ranked()[0]
             where = " · ".join(f"{k} = {v}" for k, v in c.element.items())
             st.caption(
                 f"Largest change in missed tokens: {where}"
