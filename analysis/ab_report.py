@@ -1102,7 +1102,11 @@ def render_html(
     )
     rows = metric_rows(rep)
     mi, gi = guardrail_split(rep)
-    cls = p_classes(rep, rep.results)
+    # every p on one line ("< 0.001", not "<" above "0.001")
+    cls = [
+        [f"p {c}".strip() if h in P_HELP else c for c, h in zip(row, HEADERS, strict=True)]
+        for row in p_classes(rep, rep.results)
+    ]
 
     def metric_table(idx: list[int]) -> str:
         return _html_table(HEADERS, [rows[i] for i in idx], P_HELP, [cls[i] for i in idx])
@@ -1133,8 +1137,8 @@ td:first-child,th:first-child
 .ok{{background:#e8f5e9}}
 .bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}\
 .warn{{color:#b26a00}}
-.decides{{font-weight:bold}}.aside{{color:#6e7781}}th[title]{{text-decoration:underline dotted;\
-cursor:help}}.legend{{font-size:.85rem;color:#444}}
+.p{{white-space:nowrap}}.decides{{font-weight:bold}}.aside{{color:#6e7781}}\
+th[title]{{text-decoration:underline dotted;cursor:help}}.legend{{font-size:.85rem;color:#444}}
 </style></head><body><h1>{e(_title(rep))}</h1>
 {srm_html}<p class="verdict"><b>{e(headline(rep))}</b></p><p>{e(rep.verdict)}</p>{warn}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}
