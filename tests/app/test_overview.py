@@ -154,6 +154,12 @@ def test_ab_breakdown_by_tenant_and_model(app):
     at.toggle(key="ab-breakdown").set_value(True).run()
     assert not at.exception, at.exception
     assert any("Holm- and BH-adjusted across every tenant" in c.value for c in at.caption)
+    # the breakdown's p columns say which decides the colour, as the metric tables do
+    from html import escape
+
+    from warmscope.app.dashboard.views.ab import SEGMENT_P_HELP
+    segments = [m.value for m in at.markdown if "ws-wrapped" in m.value and "Buckets (ctrl / trt)" in m.value]
+    assert len(segments) == 1 and all(f'title="{escape(t)}">' in segments[0] for t in SEGMENT_P_HELP.values())
     at.radio(key="ab-dim").set_value("model").run()
     assert not at.exception, at.exception
     assert any("across every model" in c.value for c in at.caption)

@@ -33,6 +33,15 @@ if TYPE_CHECKING:
 
 
 COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
+# the p that decides a row's outcome in bold, the BH p (never deciding) in grey, as in the HTML
+CELL = {"decides": "font-weight: 700", "aside": "color: #6e7781", "": ""}
+# the breakdown's p columns: Holm decides the colour, as in the metric tables
+SEGMENT_P_HELP = {
+    "p": "Unadjusted p of the segment's difference, for reference: it decides nothing.",
+    "p (Holm)": "Holm-adjusted across every row of this table (family-wise error at most 5 %): "
+    "the p that decides the row's colour, win / lose below 0.05.",
+    "p (BH)": P_HELP["p (BH)"].replace("which metrics", "which segments"),
+}
 
 
 def breakdown(
@@ -139,10 +148,21 @@ def breakdown(
         }
     )
     colours = dict(COLOURS, **{"not tested": ""})
+    # as in the metric tables: the Holm p decides the colour (bold), the BH p never does (grey)
+    cell = {"p (Holm)": CELL["decides"], "p (BH)": CELL["aside"]}
     fmt.wrapped_table(
         shown.style.apply(
-            lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
-        )
+            lambda row: [
+                "; ".join(
+                    x
+                    for x in (f"background-color: {colours[row['Outcome']]}", cell.get(str(c), ""))
+                    if x
+                )
+                for c in shown.columns
+            ],
+            axis=1,
+        ),
+        help=SEGMENT_P_HELP,
     )
     # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
     marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
@@ -399,10 +419,6 @@ def _table(rep: ABReport, results: list[Result], rows: list[list[str]]) -> pd.Da
     t = pd.DataFrame(rows, columns=HEADERS)
     t.insert(0, "Outcome", [_outcome(rep, r) for r in results])
     return t
-
-
-# the p that decides a row's outcome in bold, the BH p (never deciding) in grey, as in the HTML
-CELL = {"decides": "font-weight: 700", "aside": "color: #6e7781", "": ""}
 
 
 def _styled(rep: ABReport, results: list[Result], t: pd.DataFrame) -> Styler:
