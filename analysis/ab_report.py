@@ -89,6 +89,9 @@ __all__ = [
     "metric_rows",
     "HEADERS",
     "fmt_p",
+    "P_HELP",
+    "p_reading",
+    "p_classes",
     "headline",
     "arm_strategies",
     "arm_label",
@@ -120,6 +123,9 @@ class ABReport:
         default_factory=list
     )  # every treatment arm, each compared with the control
     labels: dict[str, str] = field(default_factory=dict)  # arm -> what it is (strategy)
+    # The primary metric between treatment arms, tested as each arm is against the control:
+    # (x, y) -> y against x (y − x), for every ordered pair of treatment arms.
+    between: dict[tuple[str, str], Result] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.treatments:
@@ -299,17 +305,71 @@ def headline(rep: ABReport) -> str:
     def gain(r: Result) -> float:
         return sign * float(r.rel_effect) if np.isfinite(r.rel_effect) else 0.0
 
-    best = sorted(sig, key=gain)[0]
+    best, *others = sorted(sig, key=gain)
     adj = "Holm-adjusted over the arms, " if rep.multi_arm else ""
-    text = (
-        f"{arm_label(rep, best.arm or rep.treatment)} wins on {best.metric}: {_rel(best)} against "
-        f"{ctrl} ({adj}p {p_eq(_p(best, rep.multi_arm))})"
-    )
-    others = [r for r in sig if r is not best]
-    if others:
-        o = others[0]
-        text += f"; {arm_label(rep, o.arm or rep.treatment)} also beats it ({_rel(o)})"
+    if not others:
+        return (
+            f"{_arm(rep, best)} wins on {best.metric}: {_rel(best)} against {ctrl} "
+            f"({adj}p {p_eq(_p(best, rep.multi_arm))})."
+        )
+    # Another arm beats the control too: the best one wins only if it also beats that arm,
+    # tested as each arm is against the control (Holm over these pairs); else they tie.
+    pairs = [rep.between.get((o.arm, best.arm)) for o in others]  # best − other
+    p_pairs = adjust([np.nan if x is None or x.error else x.p_value for x in pairs])[0]
+    beaten = [
+        x is not None and q < 0.05 and better(x) is True
+        for x, q in zip(pairs, p_pairs, strict=True)
+    ]
+    holm = "Holm " if len(others) > 1 else ""
+
+    def vs(o: Result, x: Result | None, q: float) -> str:
+        if x is None or x.error:
+            return f"{_arm(rep, best)} vs {_arm(rep, o)}: not tested"
+        return (
+            f"{_arm(rep, best)} vs {_arm(rep, o)}: {x.rel_effect:+.1%}, 95% CI "
+            f"{x.rel_low:+.1%} to {x.rel_high:+.1%}, {holm}p {p_eq(q)}"
+            if np.isfinite(x.rel_effect)
+            else f"{_arm(rep, best)} vs {_arm(rep, o)}: {x.abs_effect:+.4g}, {holm}p {p_eq(q)}"
+        )
+
+    peers = list(zip(others, pairs, p_pairs, beaten, strict=True))
+    won = [(o, x, q) for o, x, q, b in peers if b]
+    level = [(o, x, q) for o, x, q, b in peers if not b]  # not told apart from the best
+    if not level:
+        text = (
+            f"{_arm(rep, best)} wins on {best.metric}: {_rel(best)} against {ctrl} "
+            f"({adj}p {p_eq(_p(best, rep.multi_arm))})"
+        )
+    else:
+        order = {a: i for i, a in enumerate(rep.treatments)}
+        # tied arms are named in arm order, not ranked
+        tied = sorted([best] + [o for o, _, _ in level], key=lambda r: order.get(r.arm, 0))
+        ps = [p_eq(_p(r, rep.multi_arm)) for r in tied]
+        conf = f"p {ps[0]} each" if len(set(ps)) == 1 else _and([f"p {x}" for x in ps])
+        text = (
+            f"{_and([_arm(rep, r) for r in tied])} {'both' if len(tied) == 2 else 'all'} beat "
+            f"{ctrl} on {best.metric}: "
+            + "; ".join(f"{_arm(rep, r)} {_rel(r)}" for r in tied)
+            + f" ({adj}{conf})"
+        )
+        said = "; ".join(vs(o, x, q) for o, x, q in level)
+        text += (
+            f"; they do not differ significantly from each other ({said})"
+            if len(tied) == 2
+            else f"; none differs significantly from {_arm(rep, best)} ({said})"
+        )
+    for o, x, q in won:
+        text += f"; {_arm(rep, o)} also beats {ctrl}, by less ({_rel(o)}; {vs(o, x, q)})"
     return text + "."
+
+
+def _arm(rep: ABReport, r: Result) -> str:
+    return arm_label(rep, r.arm or rep.treatment)
+
+
+def _and(words: Sequence[str]) -> str:
+    """Words joined as a sentence reads them: "B", "B and C", "B, C and D"."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _p(r: Result, multi: bool) -> float:
@@ -412,6 +472,17 @@ def _finish(
         r for r in results if not r.primary
     ]  # list order otherwise
     prims = [r for r in rep.results if r.primary]
+    d = find(primary, metrics)
+    rep.between = {
+        (x, y): replace(
+            compare(primary, stats[x][primary], stats[y][primary], alpha, primary=True),
+            arm=y,
+            direction=d.direction if d else "",
+        )
+        for x in rep.treatments
+        for y in rep.treatments
+        if x != y and primary in stats[x] and primary in stats[y]
+    }
     rep.power = (
         power(sa[primary], stats[rep.treatment][primary], rep.days_observed, target_rel)
         if prims
@@ -822,6 +893,51 @@ HEADERS = [
 ]
 
 
+#: What each p-value column is for, said the same way by the dashboard's column help and the
+#: HTML report's header tooltips.
+P_HELP = {
+    "p": "Unadjusted two-sided p of the difference. It decides win / lose only for the ★ primary "
+    "metric when one treatment arm is compared; every other row is decided by p (Holm).",
+    "p (relative)": "Unadjusted p of the relative difference (delta method), for reference: it "
+    "decides nothing.",
+    "p (Holm)": "Holm-adjusted p (family-wise error at most 5 %): the p that decides win / lose, "
+    "the row's colour, for every row but a one-arm primary metric.",
+    "p (BH)": "Benjamini–Hochberg adjusted p (false-discovery rate at most 5 %), for screening "
+    "which metrics to look at next: it never decides win / lose. A BH p under 0.05 beside a Holm "
+    "p over 0.05 is not a significant difference.",
+    "Always-valid p": "Mixture-SPRT p, safe to read at any time while the experiment runs; it "
+    "decides nothing here.",
+}
+
+
+def p_reading(marked: bool = True) -> str:
+    """The legend under a metric table (``marked``: the deciding p is bold, p (BH) grey)."""
+    bold, grey = (" in bold", ", in grey,") if marked else ("", "")
+    return (
+        f"Win / lose is decided by the p{bold}: p (Holm), or p for a one-arm primary metric, "
+        f"below 0.05. p (BH){grey} controls the false-discovery rate instead: it is for "
+        "screening and never decides (a BH p under 0.05 beside a Holm p over 0.05 is no "
+        "significant difference)."
+    )
+
+
+def deciding_p(rep: ABReport, r: Result) -> str:
+    """The column (of :data:`HEADERS`) whose p-value decides ``r``'s win / lose."""
+    return "p" if r.primary and not rep.multi_arm else "p (Holm)"
+
+
+def p_classes(rep: ABReport, results: Sequence[Result]) -> list[list[str]]:
+    """Per row and column of :data:`HEADERS`: "decides" for the p that decides win / lose,
+    "aside" for the BH p (shown, never deciding), "" elsewhere."""
+    return [
+        [
+            "decides" if h == deciding_p(rep, r) else ("aside" if h == "p (BH)" else "")
+            for h in HEADERS
+        ]
+        for r in results
+    ]
+
+
 def _title(rep: ABReport) -> str:
     arms = ", ".join(arm_label(rep, a) for a in rep.treatments)
     return f"A/B report: {rep.experiment} — {arms} vs {arm_label(rep, rep.control)} (control)"
@@ -868,7 +984,7 @@ def render_markdown(rep: ABReport) -> str:
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for row in metric_rows(rep):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
-    lines += ["", _footnote(rep), ""]
+    lines += ["", _footnote(rep), "", p_reading(marked=False), ""]
     return "\n".join(lines)
 
 
@@ -946,12 +1062,27 @@ def guardrail_statement(rep: ABReport) -> str:
     )
 
 
-def _html_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def _html_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    help: Mapping[str, str] | None = None,
+    classes: Sequence[Sequence[str]] | None = None,
+) -> str:
+    """A table; ``help``: a header's tooltip; ``classes``: each cell's class, row by row."""
     e = html.escape
-    out = "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr></thead>"
+
+    def th(h: str) -> str:
+        tip = (help or {}).get(h)
+        return f'<th title="{e(tip)}">{e(h)}</th>' if tip else f"<th>{e(h)}</th>"
+
+    def td(c: str, cls: str) -> str:
+        return f'<td class="{cls}">{e(c)}</td>' if cls else f"<td>{e(c)}</td>"
+
+    out = "<table><thead><tr>" + "".join(th(h) for h in headers) + "</tr></thead>"
     out += "<tbody>"
-    for row in rows:
-        out += "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>"
+    for i, row in enumerate(rows):
+        cls = classes[i] if classes is not None else [""] * len(row)
+        out += "<tr>" + "".join(td(str(c), k) for c, k in zip(row, cls, strict=True)) + "</tr>"
     return out + "</tbody></table>"
 
 
@@ -971,10 +1102,20 @@ def render_html(
     )
     rows = metric_rows(rep)
     mi, gi = guardrail_split(rep)
-    table = "<h2>Metrics</h2>" + _html_table(HEADERS, [rows[i] for i in mi])
+    # every p on one line ("< 0.001", not "<" above "0.001")
+    cls = [
+        [f"p {c}".strip() if h in P_HELP else c for c, h in zip(row, HEADERS, strict=True)]
+        for row in p_classes(rep, rep.results)
+    ]
+
+    def metric_table(idx: list[int]) -> str:
+        return _html_table(HEADERS, [rows[i] for i in idx], P_HELP, [cls[i] for i in idx])
+
+    legend = f'<p class="legend">{e(p_reading())}</p>'
+    table = "<h2>Metrics</h2>" + metric_table(mi) + legend
     table += f"<h2>Guardrails</h2><p><b>{e(guardrail_statement(rep))}</b></p>"
     if gi:
-        table += _html_table(HEADERS, [rows[i] for i in gi])
+        table += metric_table(gi) + legend
     if breakdown is not None and len(breakdown):
         table += "<h2>Breakdown by segment</h2>" + _html_table(
             [str(c) for c in breakdown.columns], breakdown.astype(str).itertuples(index=False)
@@ -996,6 +1137,8 @@ td:first-child,th:first-child
 .ok{{background:#e8f5e9}}
 .bad{{background:#ffebee;font-weight:bold}}.verdict{{font-size:1.25rem;margin:1rem 0}}\
 .warn{{color:#b26a00}}
+.p{{white-space:nowrap}}.decides{{font-weight:bold}}.aside{{color:#6e7781}}\
+th[title]{{text-decoration:underline dotted;cursor:help}}.legend{{font-size:.85rem;color:#444}}
 </style></head><body><h1>{e(_title(rep))}</h1>
 {srm_html}<p class="verdict"><b>{e(headline(rep))}</b></p><p>{e(rep.verdict)}</p>{warn}
 <p>Source: {e(rep.source)}; units: {units}; {rep.days_observed:.2f} days observed.</p>{pw}

@@ -4,6 +4,9 @@ text-and-colour status of a score and the alert lines."""
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
+from html import escape
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -101,15 +104,23 @@ _WRAPPED = (
     ".ws-wrapped table{width:100%;border-collapse:collapse;font-size:0.78rem}"
     ".ws-wrapped th,.ws-wrapped td{white-space:normal;overflow-wrap:normal;padding:4px 5px;"
     "border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top}"
-    ".ws-wrapped th{font-weight:600}</style>"
+    ".ws-wrapped th{font-weight:600}"
+    ".ws-wrapped th[title]{text-decoration:underline dotted;cursor:help}</style>"
 )
 
 
-def wrapped_table(styler: Styler) -> None:
+def wrapped_table(styler: Styler, help: Mapping[str, str] | None = None) -> None:
     """A styled table drawn as HTML whose cells wrap at spaces: every column shows in the page's
     width (``st.table`` and ``st.dataframe`` cut a wide table's columns or its long cells);
-    a table whose words alone are wider than the page scrolls sideways."""
+    a table whose words alone are wider than the page scrolls sideways. ``help``: a column's
+    help, shown on hovering its name (dotted underline)."""
     html = styler.hide(axis="index").to_html()
+    for i, col in enumerate(styler.columns):
+        if (tip := (help or {}).get(str(col))) is not None:
+            head = re.search(rf'<th [^>]*class="col_heading level0 col{i}" >', html)
+            if head is not None:  # the help as the header's title attribute
+                at = head.end() - 1
+                html = f'{html[:at]}title="{escape(tip)}"{html[at:]}'
     st.markdown(f'{_WRAPPED}<div class="ws-wrapped">{html}</div>', unsafe_allow_html=True)
 
 

@@ -155,6 +155,12 @@ def test_ab_breakdown_by_tenant_and_model(app):
     at.toggle(key="ab-breakdown").set_value(True).run()
     assert not at.exception, at.exception
     assert any("Holm- and BH-adjusted across every tenant" in c.value for c in at.caption)
+    # the breakdown's p columns say which decides the colour, as the metric tables do
+    from html import escape
+
+    from warmscope.app.dashboard.views.ab import SEGMENT_P_HELP
+    segments = [m.value for m in at.markdown if "ws-wrapped" in m.value and "Buckets (ctrl / trt)" in m.value]
+    assert len(segments) == 1 and all(f'title="{escape(t)}">' in segments[0] for t in SEGMENT_P_HELP.values())
     at.radio(key="ab-dim").set_value("model").run()
     assert not at.exception, at.exception
     assert any("across every model" in c.value for c in at.caption)
@@ -303,3 +309,36 @@ def test_a_security_finding_that_no_longer_holds_stays_red(tmp_path, monkeypatch
     assert len(red) == 1 and "CrossTenantCacheRead in this range, no longer holding" in red[0], red
     start = float(EmbeddedStore(path, readonly=True).frame("faults").start.iloc[0])
     assert f"from {time.strftime('%H:%M', time.gmtime(start + 60))}" in red[0], red
+
+
+def test_ab_page_says_which_adjusted_p_decides(app):
+    """Each p column's name carries its help (hover), the p that decides a row's colour is bold (p (Holm), or p
+    for a one-arm primary metric) and the BH p grey, and the caption says so: a BH p under 0.05 beside a Holm p
+    over it read as a missing colour before."""
+    import re
+    from html import escape
+
+    from warmscope.analysis.ab_report import HEADERS, P_HELP, p_reading
+
+    at = app.run()
+    at.switch_page("entries/ab.py").run()
+    assert not at.exception, at.exception
+    tables = [m.value for m in at.markdown if "ws-wrapped" in m.value and "p (BH)" in m.value]
+    assert len(tables) == 2  # metrics and guardrails
+    assert any(p_reading() in c.value for c in at.caption)
+    col = {h: HEADERS.index(h) + 1 for h in HEADERS}  # "Outcome" is column 0
+    for table in tables:
+        for h, tip in P_HELP.items():
+            assert re.search(rf'class="col_heading level0 col{col[h]}" title="{re.escape(escape(tip))}">', table)
+        props: dict[tuple[int, int], str] = {}
+        for sel, body in re.findall(r"([^{}<>]+)\{([^}]*)\}", table.split("</style>")[-2]):
+            for rc in re.findall(r"_row(\d+)_col(\d+)", sel):
+                props[(int(rc[0]), int(rc[1]))] = props.get((int(rc[0]), int(rc[1])), "") + body
+        rows = sorted({r for r, _ in props})
+        cell = {(int(r), int(c)): v for r, c, v in re.findall(r'_row(\d+)_col(\d+)" class="data[^"]*" >([^<]*)</td>',
+                                                                 table)}
+        one_arm = len({cell[(r, col["Arm"])] for r in rows}) == 1
+        for r in rows:
+            bold = [h for h in ("p", "p (Holm)", "p (BH)") if "font-weight: 700" in props.get((r, col[h]), "")]
+            assert bold == (["p"] if cell[(r, col["Metric"])].startswith("★") and one_arm else ["p (Holm)"]), r
+            assert "color: #6e7781" in props[(r, col["p (BH)"])]

@@ -12,12 +12,15 @@ import streamlit as st
 from warmscope.analysis.ab_report import (
     DEFAULT_PRIMARY,
     HEADERS,
+    P_HELP,
     better,
     effect_figure,
     fmt_p,
     guardrail_statement,
     headline,
     metric_rows,
+    p_classes,
+    p_reading,
     render_html,
 )
 from warmscope.app.dashboard import cached, data, engine_view, fmt, state
@@ -30,6 +33,15 @@ if TYPE_CHECKING:
 
 
 COLOURS = {"win": "#d1f0d9", "lose": "#ffd8d3", "neutral": ""}
+# the p that decides a row's outcome in bold, the BH p (never deciding) in grey, as in the HTML
+CELL = {"decides": "font-weight: 700", "aside": "color: #6e7781", "": ""}
+# the breakdown's p columns: Holm decides the colour, as in the metric tables
+SEGMENT_P_HELP = {
+    "p": "Unadjusted p of the segment's difference, for reference: it decides nothing.",
+    "p (Holm)": "Holm-adjusted across every row of this table (family-wise error at most 5 %): "
+    "the p that decides the row's colour, win / lose below 0.05.",
+    "p (BH)": P_HELP["p (BH)"].replace("which metrics", "which segments"),
+}
 
 
 def breakdown(
@@ -136,10 +148,21 @@ def breakdown(
         }
     )
     colours = dict(COLOURS, **{"not tested": ""})
+    # as in the metric tables: the Holm p decides the colour (bold), the BH p never does (grey)
+    cell = {"p (Holm)": CELL["decides"], "p (BH)": CELL["aside"]}
     fmt.wrapped_table(
         shown.style.apply(
-            lambda row: [f"background-color: {colours[row['Outcome']]}"] * len(row), axis=1
-        )
+            lambda row: [
+                "; ".join(
+                    x
+                    for x in (f"background-color: {colours[row['Outcome']]}", cell.get(str(c), ""))
+                    if x
+                )
+                for c in shown.columns
+            ],
+            axis=1,
+        ),
+        help=SEGMENT_P_HELP,
     )
     # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
     marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
@@ -398,10 +421,19 @@ def _table(rep: ABReport, results: list[Result], rows: list[list[str]]) -> pd.Da
     return t
 
 
-def _styled(t: pd.DataFrame) -> Styler:
-    return t.style.apply(
-        lambda row: [f"background-color: {COLOURS[row['Outcome']]}"] * len(row), axis=1
-    )
+def _styled(rep: ABReport, results: list[Result], t: pd.DataFrame) -> Styler:
+    cells = [[""] + c for c in p_classes(rep, results)]  # "Outcome" first
+    # a p-value on one line ("< 0.001", not "<" above "0.001")
+    keep = ["white-space: nowrap" if c in P_HELP else "" for c in t.columns]
+
+    def style(row: pd.Series) -> list[str]:
+        bg = f"background-color: {COLOURS[row['Outcome']]}"
+        return [
+            "; ".join(x for x in (bg, CELL[c], k) if x)
+            for c, k in zip(cells[int(str(row.name))], keep, strict=True)
+        ]
+
+    return t.style.apply(style, axis=1)
 
 
 def _metric_tables(rep: ABReport) -> None:
@@ -412,7 +444,7 @@ def _metric_tables(rep: ABReport) -> None:
     guard_res = [r for r, gd in zip(rep.results, is_guard, strict=True) if gd]
     st.subheader("Metrics")
     main_rows = [row for row, gd in zip(all_rows, is_guard, strict=False) if not gd]
-    fmt.wrapped_table(_styled(_table(rep, main_res, main_rows)))
+    fmt.wrapped_table(_styled(rep, main_res, _table(rep, main_res, main_rows)), help=P_HELP)
     st.caption(
         (
             "★ primary metric, Holm-adjusted over the arms; "
@@ -420,9 +452,9 @@ def _metric_tables(rep: ABReport) -> None:
             else "★ primary metric, tested as is; "
         )
         + "the others carry Holm and BH adjusted p-values. One row per metric and treatment arm. "
-        "Green: the arm is significantly better than the control (adjusted p < 0.05), red: "
-        "significantly worse, no colour: no significant difference. Always-valid p (mixture SPRT) "
-        "is safe to watch continuously."
+        "Green: the arm is significantly better than the control, red: significantly worse, no "
+        f"colour: no significant difference. {p_reading()} Always-valid p (mixture SPRT) is safe "
+        "to watch continuously. Hover a p column's name for what it is."
     )
     st.subheader("Guardrails")
     if guard_res:
@@ -431,7 +463,7 @@ def _metric_tables(rep: ABReport) -> None:
         )
         said = guardrail_statement(rep)
         (st.error if said.startswith("Guardrail breached") else st.success)(said)
-        fmt.wrapped_table(_styled(gt))
+        fmt.wrapped_table(_styled(rep, guard_res, gt), help=P_HELP)
     else:
         st.info("No guardrail metric in this report.")
     st.plotly_chart(effect_figure(rep), width="stretch")
