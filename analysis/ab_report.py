@@ -89,6 +89,7 @@ __all__ = [
     "metric_rows",
     "HEADERS",
     "fmt_p",
+    "plain_number",
     "P_HELP",
     "p_reading",
     "p_classes",
@@ -828,7 +829,7 @@ def build_from_series(
 
 
 # ---------------------------------------------------------------- render
-def _fmt(x: float, pct: bool = False) -> str:
+def plain_number(x: float, pct: bool = False) -> str:
     """A report cell: three significant figures in plain notation (``0.649``, ``8.36``, ``12,346``;
     a value under 0.001 with two: ``0.000025``, never ``2.512e-05``); a relative effect as a
     signed percentage, a tiny one with its significant figures (``+0.0025%``, never
@@ -847,6 +848,10 @@ def _fmt(x: float, pct: bool = False) -> str:
     return np.format_float_positional(x, precision=prec, unique=False, fractional=False, trim="-")
 
 
+def _with_ci(x: float, lo: float, hi: float, pct: bool = False) -> str:
+    return f"{plain_number(x, pct)} [{plain_number(lo, pct)}, {plain_number(hi, pct)}]"
+
+
 def metric_rows(rep: ABReport) -> list[list[str]]:
     """One row per metric and treatment arm (in HEADERS order)."""
     out = []
@@ -854,8 +859,8 @@ def metric_rows(rep: ABReport) -> list[list[str]]:
         # With one arm the primary metric is tested as is: no adjusted p-value to show.
         p_adj = "–" if r.primary and not rep.multi_arm else fmt_p(r.p_holm)
         p_bh = "–" if r.primary and not rep.multi_arm else fmt_p(r.p_bh)
-        ctrl = f"> {_fmt(r.control)}" if r.control_above else _fmt(r.control)
-        trt = f"> {_fmt(r.treatment)}" if r.treatment_above else _fmt(r.treatment)
+        ctrl = f"> {plain_number(r.control)}" if r.control_above else plain_number(r.control)
+        trt = f"> {plain_number(r.treatment)}" if r.treatment_above else plain_number(r.treatment)
         out.append(
             [
                 ("★ " if r.primary else "") + r.metric,
@@ -863,8 +868,8 @@ def metric_rows(rep: ABReport) -> list[list[str]]:
                 r.kind,
                 ctrl,
                 trt,
-                f"{_fmt(r.abs_effect)} [{_fmt(r.abs_low)}, {_fmt(r.abs_high)}]",
-                f"{_fmt(r.rel_effect, True)} [{_fmt(r.rel_low, True)}, {_fmt(r.rel_high, True)}]",
+                _with_ci(r.abs_effect, r.abs_low, r.abs_high),
+                _with_ci(r.rel_effect, r.rel_low, r.rel_high, pct=True),
                 fmt_p(r.p_value),
                 fmt_p(r.rel_p_value),
                 p_adj,

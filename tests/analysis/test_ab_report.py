@@ -132,10 +132,10 @@ def test_a_significant_improvement_with_numpy_figures_is_a_win_in_the_headline(s
 
 
 def test_report_cells_read_in_plain_notation():
-    from warmscope.analysis.ab_report import _fmt
+    from warmscope.analysis.ab_report import plain_number
 
     # seen on the demo's guardrail rows: "2.512e-05 [2.025e-08, 5.022e-05]" and "+0.00% [-0.00%, +0.00%]"
-    assert [_fmt(x) for x in (2.512e-05, 2.025e-08, -3.331e-06)] == ["0.000025", "0.00000002", "-0.0000033"]
-    assert [_fmt(x) for x in (0.6488, 8.357, 12345.678, 0.0)] == ["0.649", "8.36", "12,346", "0"]
-    assert [_fmt(x, True) for x in (2.5e-05, -2e-07, -0.0267)] == ["+0.0025%", "-0.00002%", "-2.67%"]
-    assert _fmt(float("nan")) == "–"
+    assert [plain_number(x) for x in (2.512e-05, 2.025e-08, -3.331e-06)] == ["0.000025", "0.00000002", "-0.0000033"]
+    assert [plain_number(x) for x in (0.6488, 8.357, 12345.678, 0.0)] == ["0.649", "8.36", "12,346", "0"]
+    assert [plain_number(x, True) for x in (2.5e-05, -2e-07, -0.0267)] == ["+0.0025%", "-0.00002%", "-2.67%"]
+    assert plain_number(float("nan")) == "–"

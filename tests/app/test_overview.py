@@ -342,3 +342,13 @@ def test_ab_page_says_which_adjusted_p_decides(app):
             bold = [h for h in ("p", "p (Holm)", "p (BH)") if "font-weight: 700" in props.get((r, col[h]), "")]
             assert bold == (["p"] if cell[(r, col["Metric"])].startswith("★") and one_arm else ["p (Holm)"]), r
             assert "color: #6e7781" in props[(r, col["p (BH)"])]
+
+
+def test_breakdown_cells_read_in_plain_notation():
+    from warmscope.app.dashboard.views.ab import _segment_cell, _segment_diff
+
+    # a GPU-s difference of 4.05e-06 read "+4.05e-06 [...]" before
+    assert _segment_diff(4.05e-06, -1.2e-06, 9.3e-06, False) == "+0.0000041 [-0.0000012, +0.0000093]"
+    assert _segment_diff(0.0123, 0.0046, 0.0201, True) == "+1.2 pts [+0.5 pts, +2.0 pts]"  # x 100, 1 decimal
+    assert _segment_cell(0.000123456, False) == "0.00012" and _segment_cell(0.25, True) == "25.0%"
+    assert _segment_diff(float("nan"), 0.0, 0.0, False) == "–"

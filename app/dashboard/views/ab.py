@@ -21,6 +21,7 @@ from warmscope.analysis.ab_report import (
     metric_rows,
     p_classes,
     p_reading,
+    plain_number,
     render_html,
 )
 from warmscope.app.dashboard import cached, data, engine_view, fmt, state
@@ -44,20 +45,22 @@ SEGMENT_P_HELP = {
 }
 
 
+SEGMENT_CUTS = {
+    "tenant": ["tenant"],
+    "model": ["model"],
+    "layer": ["layer"],
+    "tenant × layer": ["tenant", "layer"],
+    "prompt length": ["length_bucket"],
+}
+OUTCOME_MARKS = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
+
+
 def breakdown(
     exp: str, control: str, treatments: list[str], first: float | None, last: float | None
 ) -> pd.DataFrame | None:
-    import plotly.graph_objects as go
-    from warmscope.analysis.ab_segments import segment_table
-
+    """Each segment's arms compared (one treatment with the control), as a table coloured by
+    outcome and a forest plot per metric; returns the table shown (None when there is none)."""
     st.subheader("Breakdown by segment")
-    cuts = {
-        "tenant": ["tenant"],
-        "model": ["model"],
-        "layer": ["layer"],
-        "tenant × layer": ["tenant", "layer"],
-        "prompt length": ["length_bucket"],
-    }
     if not st.toggle(
         "Compute the breakdown (reads the experiment's metric series)", key="ab-breakdown"
     ):
@@ -66,6 +69,28 @@ def breakdown(
             "difference with its 95% CI, and p-values corrected for the number of segments."
         )
         return None
+    treatment, dim = _breakdown_choice(treatments)
+    if first is None or last is None:
+        st.info(f"No metric series for {exp} to break down.")
+        return None
+    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
+    # rows to read.
+    freq = 600.0 if last - first <= 6 * 3600 else 3600.0
+    bd = _segments(exp, control, treatment, SEGMENT_CUTS[dim], first, last, freq)
+    if bd is None or bd.empty:
+        if bd is not None:
+            st.info(f"No metric series for {exp} to break down.")
+        return None
+    seg = bd[SEGMENT_CUTS[dim]].astype(str).agg(" · ".join, axis=1)
+    shown = _segment_table(bd, seg, dim)
+    _forest_plots(bd, seg)
+    _breakdown_caption(dim, freq)
+    return shown
+
+
+def _breakdown_choice(treatments: list[str]) -> tuple[str, str]:
+    """The treatment arm (asked when there are several) and the segment dimension (kept in the
+    URL)."""
     treatment = (
         treatments[0]
         if len(treatments) == 1
@@ -76,19 +101,27 @@ def breakdown(
             help="The breakdown compares one treatment arm with the control.",
         )
     )
-    state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in cuts else "tenant")
-    if st.session_state.get("ab-dim") not in cuts:
+    state.init_from_url("ab-dim", "segment", cast=lambda v: v if v in SEGMENT_CUTS else "tenant")
+    if st.session_state.get("ab-dim") not in SEGMENT_CUTS:
         st.session_state["ab-dim"] = "tenant"
-    dim = st.radio("By", list(cuts), horizontal=True, key="ab-dim")
+    dim = st.radio("By", list(SEGMENT_CUTS), horizontal=True, key="ab-dim")
     state.url_set(segment=dim)
-    by = cuts[dim]
-    if first is None or last is None:
-        st.info(f"No metric series for {exp} to break down.")
-        return None
-    span = last - first
-    # Hourly buckets (read from the hourly rollups) past six hours: enough buckets per arm, few
-    # rows to read.
-    freq = 600.0 if span <= 6 * 3600 else 3600.0
+    return str(treatment), str(dim)
+
+
+def _segments(
+    exp: str,
+    control: str,
+    treatment: str,
+    by: list[str],
+    first: float,
+    last: float,
+    freq: float,
+) -> pd.DataFrame | None:
+    """``segment_table`` over the experiment's span; None (the error shown) when the source
+    fails."""
+    from warmscope.analysis.ab_segments import segment_table
+
     try:
         fr = data.frames(
             ["lookups", "requests", "histograms"],
@@ -100,7 +133,7 @@ def breakdown(
         st.error(str(e))
         return None
     with st.spinner("Comparing the arms per segment…"):
-        bd = segment_table(
+        return segment_table(
             fr["lookups"],
             fr["requests"],
             fr["histograms"],
@@ -110,33 +143,37 @@ def breakdown(
             by,
             freq=freq,
         )
-    if bd.empty:
-        st.info(f"No metric series for {exp} to break down.")
-        return None
-    seg = bd[by].astype(str).agg(" · ".join, axis=1)
+
+
+def _segment_cell(v: float, pct: bool) -> str:
+    return "–" if v != v else (f"{v:.1%}" if pct else plain_number(v))
+
+
+def _segment_diff(v: float, lo: float, hi: float, pct: bool) -> str:
+    """A difference and its CI: points for a hit rate, else signed plain numbers."""
+    if v != v:
+        return "–"
+
+    def f(x: float) -> str:
+        return f"{x * 100:+.1f} pts" if pct else ("+" if x > 0 else "") + plain_number(x)
+
+    return f"{f(v)} [{f(lo)}, {f(hi)}]"
+
+
+def _segment_table(bd: pd.DataFrame, seg: pd.Series, dim: str) -> pd.DataFrame:
+    """The segments' table, each row coloured by its outcome; the Holm p (which decides the
+    colour) bold, the BH p grey. Returns the table's cells."""
     pct = bd.metric == "hit rate"
-
-    def num(v: float, p: bool) -> str:
-        return "–" if v != v else (f"{v:.1%}" if p else f"{v:.4g}")
-
-    def diff(v: float, lo: float, hi: float, p: bool) -> str:
-        if v != v:
-            return "–"
-
-        def f(x: float) -> str:
-            return f"{x * 100:+.1f} pts" if p else f"{x:+.3g}"
-
-        return f"{f(v)} [{f(lo)}, {f(hi)}]"
-
     shown = pd.DataFrame(
         {
             "Outcome": bd.outcome,
             dim.capitalize(): seg,
             "Metric": bd.metric,
-            "Control": [num(v, p) for v, p in zip(bd.control, pct, strict=True)],
-            "Treatment": [num(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
+            "Control": [_segment_cell(v, p) for v, p in zip(bd.control, pct, strict=True)],
+            "Treatment": [_segment_cell(v, p) for v, p in zip(bd.treatment, pct, strict=True)],
             "Difference [95% CI]": [
-                diff(*x) for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
+                _segment_diff(*x)
+                for x in zip(bd.difference, bd.ci_low, bd.ci_high, pct, strict=True)
             ],
             "Relative": bd.relative.map(lambda v: "–" if v != v else f"{v:+.1%}"),
             "p": bd.p.map(fmt_p),
@@ -164,9 +201,14 @@ def breakdown(
         ),
         help=SEGMENT_P_HELP,
     )
-    # A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome.
-    marks = {"win": "#1a7f37", "lose": "#cf222e", "neutral": "#6e7781", "not tested": "#c0c0c0"}
-    metrics = [m for m in dict.fromkeys(bd.metric)]
+    return shown
+
+
+def _forest_plots(bd: pd.DataFrame, seg: pd.Series) -> None:
+    """A forest plot per metric: each segment's difference and its 95% CI, coloured by outcome."""
+    import plotly.graph_objects as go
+
+    metrics = list(dict.fromkeys(bd.metric))
     cols = st.columns(len(metrics))
     for col, m in zip(cols, metrics, strict=True):
         g, sg = bd[bd.metric == m], seg[bd.metric == m]
@@ -176,7 +218,7 @@ def breakdown(
                 x=g.difference * scale,
                 y=sg,
                 mode="markers",
-                marker=dict(size=9, color=[marks[o] for o in g.outcome]),
+                marker=dict(size=9, color=[OUTCOME_MARKS[o] for o in g.outcome]),
                 error_x=dict(
                     type="data",
                     symmetric=False,
@@ -198,21 +240,19 @@ def breakdown(
             margin=dict(t=40, b=40, l=10, r=10),
         )
         col.plotly_chart(fig, width="stretch")
+
+
+def _breakdown_caption(dim: str, freq: float) -> None:
     unit = "10-minute" if freq < 3600 else "hourly"
     st.caption(
         f"Per {dim}: each arm's mean of its {unit} bucket values (batch means, Welch's "
-        "t-test); "
-        "difference treatment − control with its 95% CI (bars; not adjusted). p-values Holm- "
-        "and "
-        f"BH-adjusted across every {dim} × metric row; green / red: treatment significantly "
-        "better "
-        "/ worse at Holm p < 0.05. Hit rate leaves the model-weights layer out; GPU-s per "
-        "request "
-        "and TTFT have no layer or prompt length. Unit records carry no tenant or model, so "
-        "this "
-        "is coarser than the report above (buckets are not independent units)."
+        "t-test); difference treatment − control with its 95% CI (bars; not adjusted). "
+        f"p-values Holm- and BH-adjusted across every {dim} × metric row; green / red: treatment "
+        "significantly better / worse at Holm p < 0.05. Hit rate leaves the model-weights layer "
+        "out; GPU-s per request and TTFT have no layer or prompt length. Unit records carry no "
+        "tenant or model, so this is coarser than the report above (buckets are not independent "
+        "units)."
     )
-    return shown
 
 
 def _experiment_list(el: pd.DataFrame) -> None:
