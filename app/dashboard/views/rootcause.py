@@ -241,8 +241,22 @@ def render() -> None:
         engine_root_cause(start, end)
         st.stop()
     state.resolution_note(start, end)
-
     lo, hi = _dt(start), _dt(end)
+    _window_from_url(lo, hi)
+    anomaly = _anomaly_window(start, end, lo, hi)
+    length = anomaly[1] - anomaly[0]
+    baseline = (max(start, anomaly[0] - length), anomaly[0])
+    _chart_and_brush(start, end, anomaly, baseline, lo, hi)
+    dd = cached.drill(start, end, anomaly, baseline)
+    loc = dd.localization
+    verdicts = cached.traps(start, end, anomaly, baseline)
+    _security_findings(start, end, verdicts)
+    explanations(loc, "Hit rate (every layer, weights included)")
+    _miss_classes(start, end, anomaly, baseline)
+    _traps(verdicts)
+
+
+def _window_from_url(lo: datetime, hi: datetime) -> None:
     # The window from the URL (a shared link) or a brush on the chart, kept while it fits the range.
     if "rc-win" not in st.session_state:
         w = state.url_get("window") or ""
@@ -257,6 +271,11 @@ def render() -> None:
         lo <= st.session_state["rc-win"][0] < st.session_state["rc-win"][1] <= hi
     ):
         st.session_state.pop("rc-win")
+
+
+def _anomaly_window(start: float, end: float, lo: datetime, hi: datetime) -> Window:
+    """The regression window: the detected change point to the range's end, or the one chosen
+    (slider, brush or URL); stops the page when no change point can be found."""
     mode = st.radio(
         "Regression window",
         ["detected change point", "choose"],
@@ -287,8 +306,13 @@ def render() -> None:
             )
             st.stop()
         anomaly = (cp, end)
-    length = anomaly[1] - anomaly[0]
-    baseline = (max(start, anomaly[0] - length), anomaly[0])
+    return anomaly
+
+
+def _chart_and_brush(
+    start: float, end: float, anomaly: Window, baseline: Window, lo: datetime, hi: datetime
+) -> None:
+    """The hit rate with both windows shaded; a box dragged on it becomes the chosen window."""
     freq = max(300, state.step(start, end) or 0)
     t = cached.rates(start, end, freq=freq)  # cached per range
     ev = window_chart(
@@ -319,10 +343,9 @@ def render() -> None:
         f"{fmt.when(baseline[0])} → "
         f"{fmt.when(baseline[1])} (UTC). Hit rate = hits / (hits + misses) over every layer."
     )
-    dd = cached.drill(start, end, anomaly, baseline)
-    loc = dd.localization
-    verdicts = cached.traps(start, end, anomaly, baseline)
 
+
+def _security_findings(start: float, end: float, verdicts: list[TrapVerdict]) -> None:
     # Security findings first, in red: a cross-tenant read is a data leak whatever the hit rate
     # does.
     for v in verdicts:
@@ -342,10 +365,6 @@ def render() -> None:
                 f"**SECURITY · cross-tenant cache read** (confidence {v.confidence:.0%}): "
                 f"{said.rstrip('. ')}{began}."
             )
-
-    explanations(loc, "Hit rate (every layer, weights included)")
-    _miss_classes(start, end, anomaly, baseline)
-    _traps(verdicts)
 
 
 def _miss_classes(start: float, end: float, anomaly: Window, baseline: Window) -> None:
