@@ -521,6 +521,17 @@ class EnginePool:
         self.by_config.clear()
 
 
+@pytest.fixture(autouse=True)
+def _main_module_kept():
+    """Streamlit's AppTest runs a page as ``__main__`` and leaves it in ``sys.modules``; a process
+    a later test starts with multiprocessing's spawn re-runs ``__main__`` by its path, so it would
+    run that page script (and fail: ``NameError: __args``). Each test gets the original back."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
+
+
 @pytest.fixture(scope="session")
 def vllm_engines():
     """The session's :class:`EnginePool`: ``vllm_engines(n, **config)`` returns n running engines

@@ -81,8 +81,10 @@ def _latest_warmup_page(wu):
         box = wu.selectbox(key="run")
     except KeyError:  # no warm-up in the range: the page says so
         return None
-    label = str(box.format_func(box.value))
-    started = label.split(" · ")[0][-5:] + " " + label.split(" · ")[1]
+    # "2026-12-03 22:55 · run-1-b00201 · b-0 · embedding+lora · static_topk · trigger replica_restart"
+    parts = str(box.format_func(box.value)).split(" · ")
+    assert parts[1].startswith("run-"), parts  # the warm-up's run id, findable on the page
+    started = parts[0][-5:] + " " + parts[2]
     text = _text(wu)
     roi = re.search(r"\*\*Compute ROI at T\+[\d.]+ min:\*\* (.*?) · cost ([\d,.]+) GPU-s", text)
     decay = re.search(r"\*\*Benefit decay rate k:\*\* (.*)$", text)
