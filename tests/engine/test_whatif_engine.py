@@ -191,6 +191,13 @@ def test_replay_predicts_every_request_on_real_engines(rig, tmp_path, make_tel):
     from warmscope.analysis.whatif.replay import replay
 
     trace, counts, reqs = _record(rig, tmp_path, make_tel)
+    if counts["trace_incomplete"]:
+        # On a loaded machine a request's trace can come out incomplete (counted, never wrong: 1 of
+        # 175 in one clean-clone CI run); the proof needs every request, so the workload is recorded
+        # again, once, on emptied caches.
+        print(f"\nrecorded again: {counts['trace_incomplete']} incomplete trace(s) in the first recording")
+        (tmp_path / "again").mkdir()
+        trace, counts, reqs = _record(rig, tmp_path / "again", make_tel)
     # the recording is complete: every request traced, chains of every full block
     assert len(trace) == N_REQUESTS and counts["trace_incomplete"] == 0, str(counts)
     assert sorted(trace.engines) == ["e0", "e1"]
