@@ -486,8 +486,12 @@ class KVState:
             rec = self._sessions.get(session)
             bs = rec.block_size if rec is not None else self.block_size
             if rec is None or rec.chain is None or bs <= 0:
+                # a full hit is judged on submission; its reuse report may still be on the way
+                if now < deadline and not force:
+                    continue
                 del self._tracing[session]
                 self.counts["trace_incomplete"] += 1
+                self.forget(session)
                 continue
             want = (meta["prompt"] + max(int(meta.get("output", 0)) - 1, 0)) // bs
             if len(rec.chain.h) < want and now < deadline and not force:

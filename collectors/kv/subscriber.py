@@ -197,7 +197,9 @@ class KVSubscriber:
                 else:
                     sock.bind(ep)
             except zmq.ZMQError as e:
-                self._fault("socket", f"cannot open {ep} for engine {spec.name}: {e}")
+                self._fault(
+                    "socket", f"cannot open {ep} for engine {spec.name}: {e}{_ephemeral_hint(ep)}"
+                )
                 sock.close(0)
                 continue
             self._sources.append(_Source(spec, sock))
@@ -458,3 +460,21 @@ class KVSubscriber:
             "attribution": dict(self.state.counts),
             "class_tokens": dict(self.state.class_tokens),
         }
+
+
+def _ephemeral_hint(endpoint: str) -> str:
+    """Why a bind of a port in the kernel's ephemeral range can fail, and what to do."""
+    try:
+        port = int(endpoint.rsplit(":", 1)[1])
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError, IndexError):
+        return ""
+    if not low <= port <= high:
+        return ""
+    return (
+        f" (port {port} is in the kernel's ephemeral range {low}-{high}: an engine that keeps "
+        "retrying its connect can be given it as its own source port and hold it; use a port "
+        f"below {low})"
+    )
+

@@ -221,3 +221,31 @@ def test_a_batch_dropped_at_the_end_of_a_burst_is_repaired_when_the_engine_goes_
         sub.stop()
         pa.close()
         pb.close()
+
+
+def test_a_port_held_by_a_self_connect_is_named_with_what_to_do(caplog):
+    """An engine that starts first retries its connect to the watcher's endpoint; a retry can be
+    given that very port as its source port and connect to itself, holding it. Reproduced with
+    a real TCP self-connect: the watcher's bind fails, is logged with the way out, never raised;
+    bind_first_port picks ports the kernel never hands out as source ports."""
+    from warmscope.simulator.real_engine import bind_first_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # an ephemeral port, as a connect's source port would be
+    port = s.getsockname()[1]
+    assert port >= low
+    s.connect(("127.0.0.1", port))  # TCP self-connect: it now holds the port
+    try:
+        spec = EngineSpec("e0", f"tcp://127.0.0.1:{port}", None)
+        with caplog.at_level("WARNING", logger="warmscope.kv"), KVWatcher([spec]) as w:
+            time.sleep(0.1)
+            assert w.stats()["batches"] == 0
+        msg = " ".join(r.getMessage() for r in caplog.records)
+        assert f"cannot open tcp://127.0.0.1:{port}" in msg and "Address already in use" in msg
+        assert "ephemeral range" in msg and f"below {low}" in msg
+    finally:
+        s.close()
+    ports = {bind_first_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1

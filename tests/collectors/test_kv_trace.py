@@ -83,6 +83,35 @@ def test_output_blocks_join_the_chain_when_they_arrive():
     assert rows[0].cls == bytes([5, 5, 255, 255])  # output blocks are not judged
 
 
+def test_a_full_hit_answered_before_its_report_arrives_waits_for_it():
+    """A request whose whole prompt was cached needs no store event, so it is judged as soon as
+    it is submitted; under load its reuse report can reach the watcher after that. Its trace
+    waits for the report (up to the output wait) instead of being counted incomplete."""
+    rows: list = []
+    st = _state(rows)
+    feed(st, "e1", [stored([1, 2], None, toks(1, 2), session="a")], 1.0)
+    _done(st, "a", 9, 0)
+    _done(st, "late", 9, 8)  # 8 of 9 tokens cached: nothing to judge, no event yet
+    assert st.counts["trace_incomplete"] == 0 and len(rows) == 1  # a, not yet late
+    feed(st, "e1", [stored([1, 2], None, toks(1, 2), session="late")], 2.0)
+    time.sleep(1.1)
+    st.resolve_pending()
+    assert st.counts["trace_incomplete"] == 0 and st.counts["traced"] == 2, st.counts
+    assert rows[1].h == rows[0].h and rows[1].cls == bytes([0, 0])
+
+
+def test_a_request_whose_events_never_come_is_counted_after_the_wait():
+    rows: list = []
+    st = _state(rows)
+    feed(st, "e1", [stored([1, 2], None, toks(1, 2), session="a")], 1.0)  # the block size
+    _done(st, "a", 9, 0)
+    _done(st, "ghost", 9, 8)
+    assert st.counts["trace_incomplete"] == 0  # still waiting
+    time.sleep(1.1)
+    st.resolve_pending()
+    assert st.counts["trace_incomplete"] == 1 and len(rows) == 1  # a
+
+
 def test_a_one_block_event_waits_to_be_told():
     rows: list = []
     st = _state(rows)

@@ -60,7 +60,7 @@ def engines():
         if CI:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
-    specs = [EngineSpec(f"e{i}", f"tcp://127.0.0.1:{re_.free_port()}",
+    specs = [EngineSpec(f"e{i}", f"tcp://127.0.0.1:{re_.bind_first_port()}",
                         f"tcp://127.0.0.1:{re_.free_port()}") for i in (1, 2)]
     engs = [re_.VLLMEngine(kv_events_endpoint=s.endpoint, kv_replay_endpoint=s.replay_endpoint,
                            num_gpu_blocks_override=BLOCKS, kv_cache_metrics=True)

@@ -10,11 +10,13 @@ engines run the other way.
 2. From that store alone, :func:`warmscope.analysis.whatif.replay.replay` predicts every
    request's cached tokens for engines of 64, 128 and 192 blocks (round robin as recorded) and
    for prefix-aware routing at 96 blocks.
-3. Each configuration is run with the same requests on real engines: fresh pairs of 64, 128 and
-   192 blocks, and the recording pair with its prefix caches emptied (``/reset_prefix_cache``:
+3. Each configuration is run with the same requests on real engines: a fresh engine of 64, 128
+   and 192 blocks, and the recording pair with its prefix caches emptied (``/reset_prefix_cache``:
    every block hashless, which is all a fresh engine's pool is) for prefix-aware routing, each
-   request sent to the engine the replay routed it to. Asserted: per-request predicted ==
-   measured for at least 99 % of requests, and totals within 0.5 %.
+   request sent to the engine the replay routed it to. The two engines of a pair share nothing,
+   so one engine plays both in turn: the first one's requests in order, its cache emptied, then
+   the second one's (one engine start per capacity instead of two). Asserted: per-request
+   predicted == measured for at least 99 % of requests, and totals within 0.5 %.
 4. Reported beside it, not asserted: the same workload from 8 concurrent streams (the replay
    orders requests by arrival and end; the engine schedules several per step).
 5. A slice of the Mooncake conversation trace on a real engine: each hash id becomes a fixed run
@@ -54,15 +56,16 @@ def _post(url: str, body: dict) -> dict:
 class Rig:
     """The engines these tests use, from the session's engine pool (``vllm_engines``): the
     recording pair of 96 blocks with KV events (endpoints fixed for the module, so the pool hands
-    the same two engines to every test here), and pairs of 64, 128 and 192 blocks. At most four
-    engines run at once: a pair is asked for when it is needed."""
+    the same two engines to every test here), and one engine each of 64, 128 and 192 blocks that
+    plays the pair (:func:`_run`). At most four engines run at once: one is asked for when it is
+    needed."""
 
     def __init__(self, pool) -> None:
         from warmscope.simulator import real_engine as re_
 
         self.pool = pool
         self.events = [
-            {"kv_events_endpoint": f"tcp://127.0.0.1:{re_.free_port()}",
+            {"kv_events_endpoint": f"tcp://127.0.0.1:{re_.bind_first_port()}",
              "kv_replay_endpoint": f"tcp://127.0.0.1:{re_.free_port()}"} for _ in range(2)
         ]
 
@@ -70,7 +73,7 @@ class Rig:
         base = {"num_gpu_blocks_override": blocks, "max_model_len": MAX_LEN}
         if blocks == 96:
             return [self.pool(1, **base, **ev)[0] for ev in self.events]
-        return self.pool(2, **base)
+        return self.pool(1, **base)  # it plays both engines of the pair in turn (_run)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +122,8 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
                 with ThreadPoolExecutor(streams) as ex:
                     list(ex.map(send, range(len(reqs))))
             deadline = time.monotonic() + 30
-            while watcher.state.counts["traced"] < len(reqs) and time.monotonic() < deadline:
+            c = watcher.state.counts  # every request traced or counted incomplete
+            while c["traced"] + c["trace_incomplete"] < len(reqs) and time.monotonic() < deadline:
                 time.sleep(0.2)
             for c in gws:
                 c.close()
@@ -131,14 +135,19 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
 
 
 def _run(engs, reqs, routes) -> np.ndarray:
-    """Send the requests one at a time, each to the engine the replay routed it to; returns
-    the cached tokens each reported."""
-    for e in engs:
-        e.reset_prefix_cache()
+    """Send the requests one at a time, each to the engine the replay routed it to, one routed
+    engine after the other (two engines share nothing: each one's hits depend only on its own
+    requests, in order); returns the cached tokens each reported. Given a single engine, it plays
+    each routed engine in turn, its prefix cache emptied before each."""
     out = np.zeros(len(reqs), np.int64)
-    for i, r in enumerate(reqs):
-        u = _post(engs[int(routes[i])].base_url + "/chat/completions", r.body("tiny"))["usage"]
-        out[i] = u["prompt_tokens_details"]["cached_tokens"]
+    routes = [int(x) for x in routes]
+    for k in sorted(set(routes)):
+        e = engs[k] if len(engs) > 1 else engs[0]
+        e.reset_prefix_cache()
+        for i, r in enumerate(reqs):
+            if routes[i] == k:
+                u = _post(e.base_url + "/chat/completions", r.body("tiny"))["usage"]
+                out[i] = u["prompt_tokens_details"]["cached_tokens"]
     return out
 
 
@@ -170,11 +179,12 @@ def test_concurrent_streams_are_reported(rig, tmp_path, make_tel):
     from warmscope.analysis.whatif.replay import replay
 
     trace, counts, _ = _record(rig, tmp_path, make_tel, streams=8)
-    # Under concurrency a block of a request's hit prefix can leave the index before its chain is
-    # walked: that request is counted (trace_incomplete), never recorded wrong or lost uncounted.
+    # A request whose chain cannot be walked (its events never came, or a block of its hit prefix
+    # left the index first) is counted (trace_incomplete), never recorded wrong or lost uncounted.
     assert len(trace) + counts["trace_incomplete"] == N_REQUESTS, str(counts)
-    # a few: 4 of 175 in one clean-clone CI run with the other workers loading both cores
-    assert counts["trace_incomplete"] <= 0.05 * N_REQUESTS, str(counts)
+    # A full hit's trace waits for its reuse report (it once came after the request was judged
+    # under load, and 4 of 175 were counted incomplete in one clean-clone CI run); idle: 0.
+    assert counts["trace_incomplete"] <= 0.02 * N_REQUESTS, str(counts)
     print(f"8 streams: {len(trace)} traced, {counts['trace_incomplete']} counted incomplete")
     n = len(trace)
     for concurrent in (True, False):
