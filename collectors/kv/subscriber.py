@@ -477,4 +477,3 @@ def _ephemeral_hint(endpoint: str) -> str:
         "retrying its connect can be given it as its own source port and hold it; use a port "
         f"below {low})"
     )
-
