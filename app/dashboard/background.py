@@ -81,10 +81,16 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     except Exception as e:
         result = (False, e)
     try:
-        conn.send(result)
-    except Exception as e:  # an exception (or result) that does not pickle: its text
-        conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
-    conn.close()
+        try:
+            conn.send(result)
+        except OSError:  # nobody waits any more (the page or the server went away)
+            pass
+        except Exception as e:  # an exception (or result) that does not pickle: its text
+            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+    except OSError:
+        pass
+    finally:
+        conn.close()
 
 
 def overview_frame_names() -> tuple[str, ...]:
