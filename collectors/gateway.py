@@ -113,7 +113,12 @@ class _Gateway:
         self.client = httpx.AsyncClient(
             base_url=self.base,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            # an idle upstream connection is dropped at 4 s, before the 5 s after which uvicorn
+            # (vLLM's and SGLang's server) closes it: a request is never sent on a connection
+            # the upstream is closing at that moment (a ReadError, answered 502)
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=64, keepalive_expiry=4.0
+            ),
         )
 
     async def read_body(self, request: Request) -> bytes | Response:

@@ -151,32 +151,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bind_first_port() -> int:
-    """A free loopback port below the kernel's ephemeral range, for an endpoint this side binds
-    while the other side may already be connecting (an engine's KV-event publisher connects to
-    the watcher's endpoint and retries until it is bound). A port in the ephemeral range can be
-    given to one of those retried connects as its own source port: the connect then reaches
-    itself (a TCP self-connect) and holds the port, so the bind fails. Ports below the range
-    are never handed out as source ports."""
-    import random
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
-
-
 def _reap_group(pgid: int, timeout_s: float = 15.0) -> None:
     """Kill what is left of a process group (helpers outliving the server) and
     wait until the group is empty."""

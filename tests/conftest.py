@@ -489,7 +489,11 @@ class EnginePool:
 
         last: BaseException | None = None
         for _attempt in (1, 2):
-            todo = [re_.VLLMEngine(dev_endpoints=True, **config) for _ in range(k)]
+            # HTTP ports from the session's slice: an engine binds its port some 30 s after it is
+            # chosen, and a port from the ephemeral range can be taken by an outgoing connection
+            # meanwhile
+            todo = [re_.VLLMEngine(dev_endpoints=True, **{"port": free_port(), **config})
+                    for _ in range(k)]
             if not todo:
                 return
             self.starts += len(todo)

@@ -47,7 +47,9 @@ def alive(pid: int) -> bool:
 def start(store, port: int) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "dashboard", "--port",
                           str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # piped, never read
-    wait_until(lambda: healthy(port), 120, "the dashboard")
+    wait_until(lambda: healthy(port) or p.poll() is not None, 120, "the dashboard")
+    if p.poll() is not None:  # it ended instead: say why (its stderr), not "did not become ready"
+        raise RuntimeError(f"the dashboard exited with {p.returncode}: {p.stderr.read()[-2000:]!r}")
     return p
 
 

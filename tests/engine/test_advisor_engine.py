@@ -208,13 +208,15 @@ def proof(vllm_engines, tmp_path_factory):
         now = time.monotonic()
         phases[name], t0[0] = now - t0[0], now
 
-    from warmscope.simulator.real_engine import bind_first_port, free_port
+    from tests.conftest import (
+        free_port,  # below the ephemeral range (see _record in test_whatif_engine)
+    )
 
     # the recording engine publishes its KV events (the block trace the evaluation replays);
     # A and B, started together, stay untouched until the warm-ups
     (rec_eng,) = vllm_engines(
         1,
-        kv_events_endpoint=f"tcp://127.0.0.1:{bind_first_port()}",
+        kv_events_endpoint=f"tcp://127.0.0.1:{free_port()}",
         kv_replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
     )
     eng_a, eng_b = vllm_engines(2)

@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from warmscope.collectors.kv import CLASSES, EngineSpec, KVWatcher
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.engine
 
 CI = os.environ.get("CI", "").lower() == "true"
@@ -60,8 +62,10 @@ def engines():
         if CI:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
-    specs = [EngineSpec(f"e{i}", f"tcp://127.0.0.1:{re_.bind_first_port()}",
-                        f"tcp://127.0.0.1:{re_.free_port()}") for i in (1, 2)]
+    # the event port from the session's slice, below the ephemeral range: an engine retrying its
+    # connect can never be handed it as its own source port (a TCP self-connect would hold it)
+    specs = [EngineSpec(f"e{i}", f"tcp://127.0.0.1:{free_port()}",
+                        f"tcp://127.0.0.1:{free_port()}") for i in (1, 2)]
     engs = [re_.VLLMEngine(kv_events_endpoint=s.endpoint, kv_replay_endpoint=s.replay_endpoint,
                            num_gpu_blocks_override=BLOCKS, kv_cache_metrics=True)
             for s in specs]

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import free_port
 from tests.engine.whatif_workload import workload
 
 pytestmark = pytest.mark.engine
@@ -61,12 +62,12 @@ class Rig:
     needed."""
 
     def __init__(self, pool) -> None:
-        from warmscope.simulator import real_engine as re_
-
         self.pool = pool
         self.events = [
-            {"kv_events_endpoint": f"tcp://127.0.0.1:{re_.bind_first_port()}",
-             "kv_replay_endpoint": f"tcp://127.0.0.1:{re_.free_port()}"} for _ in range(2)
+            # the session's ports, below the ephemeral range: an engine that keeps retrying its
+            # connect to the watcher's endpoint can never be handed it as its own source port
+            {"kv_events_endpoint": f"tcp://127.0.0.1:{free_port()}",
+             "kv_replay_endpoint": f"tcp://127.0.0.1:{free_port()}"} for _ in range(2)
         ]
 
     def __getitem__(self, blocks: int) -> list:
