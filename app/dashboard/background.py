@@ -4,6 +4,7 @@ imports only the sources and the analysis it needs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -81,14 +82,12 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     except Exception as e:
         result = (False, e)
     try:
-        try:
-            conn.send(result)
-        except OSError:  # nobody waits any more (the page or the server went away)
-            pass
-        except Exception as e:  # an exception (or result) that does not pickle: its text
-            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
-    except OSError:
+        conn.send(result)
+    except OSError:  # nobody waits any more (the page or the server went away)
         pass
+    except Exception as e:  # an exception (or result) that does not pickle: its text
+        with contextlib.suppress(OSError):
+            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
     finally:
         conn.close()
 

@@ -123,8 +123,9 @@ def _record(pairs, tmp: Path, make_tel, streams: int = 1):
                 with ThreadPoolExecutor(streams) as ex:
                     list(ex.map(send, range(len(reqs))))
             deadline = time.monotonic() + 30
-            c = watcher.state.counts  # every request traced or counted incomplete
-            while c["traced"] + c["trace_incomplete"] < len(reqs) and time.monotonic() < deadline:
+            seen = watcher.state.counts  # every request traced or counted incomplete
+            while (seen["traced"] + seen["trace_incomplete"] < len(reqs)
+                   and time.monotonic() < deadline):
                 time.sleep(0.2)
             for c in gws:
                 c.close()
@@ -184,7 +185,7 @@ def test_concurrent_streams_are_reported(rig, tmp_path, make_tel):
     # left the index first) is counted (trace_incomplete), never recorded wrong or lost uncounted.
     assert len(trace) + counts["trace_incomplete"] == N_REQUESTS, str(counts)
     # A full hit's trace waits for its reuse report (it once came after the request was judged
-    # under load, and 4 of 175 were counted incomplete in one clean-clone CI run); idle: 0.
+    # under load, and 4 of 175 were counted incomplete in one clean-clone CI run); idle: 0 or 1.
     assert counts["trace_incomplete"] <= 0.02 * N_REQUESTS, str(counts)
     print(f"8 streams: {len(trace)} traced, {counts['trace_incomplete']} counted incomplete")
     n = len(trace)
