@@ -20,9 +20,9 @@ Example::
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar, cast
 
 from warmscope.model import schema
 
@@ -107,7 +107,39 @@ def current_context() -> RequestContext | None:
     return _current.get()
 
 
-@contextmanager
+class _Scope:
+    """What :func:`request_context` returns: a context manager with the labelling in
+    ``__enter__`` (a class, not a generator: this runs once per request)."""
+
+    __slots__ = ("_args", "_tel", "_token")
+
+    def __init__(self, tel: Any, args: tuple[Any, ...]) -> None:
+        self._tel = tel
+        self._args = args
+        self._token: contextvars.Token[RequestContext | None] | None = None
+
+    def __enter__(self) -> RequestContext:
+        ctx = None
+        try:  # labelling must never break the request it labels
+            tel = _telemetry(self._tel)
+            ctx = RequestContext(tel.aggregator, *self._args)
+            self._token = _current.set(ctx)
+        except Exception as e:
+            try:
+                tel = _telemetry(self._tel)
+                tel.aggregator.count_error("record", "request context", e)
+                ctx = tel.default_context  # unlabelled, but the block runs
+            except Exception:  # pragma: no cover
+                pass
+        return cast(RequestContext, ctx)  # None only if even the fallback failed
+
+    def __exit__(self, *exc: object) -> None:
+        token = self._token
+        if token is not None:
+            self._token = None
+            _current.reset(token)
+
+
 def request_context(
     tenant: str | None = None,
     unit: str | None = None,
@@ -116,28 +148,9 @@ def request_context(
     model: str | None = None,
     prompt_tokens: int | None = None,
     telemetry: Any = None,
-) -> Iterator[RequestContext]:
+) -> AbstractContextManager[RequestContext]:
     """Label every lookup and request record inside the block."""
-    token = None
-    ctx = None
-    try:  # labelling must never break the request it labels
-        tel = _telemetry(telemetry)
-        ctx = RequestContext(
-            tel.aggregator, tenant, unit, experiment, variant, model, prompt_tokens
-        )
-        token = _current.set(ctx)
-    except Exception as e:
-        try:
-            tel = _telemetry(telemetry)
-            tel.aggregator.count_error("record", "request context", e)
-            ctx = tel.default_context  # unlabelled, but the block runs
-        except Exception:  # pragma: no cover
-            pass
-    try:
-        yield ctx  # type: ignore[misc]
-    finally:
-        if token is not None:
-            _current.reset(token)
+    return _Scope(telemetry, (tenant, unit, experiment, variant, model, prompt_tokens))
 
 
 def propagate(fn: Callable[..., T]) -> Callable[..., T]:

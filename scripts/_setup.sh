@@ -63,4 +63,10 @@ ensure_venv() {  # ensure_venv [extra]
     fi
     echo "$want" > "$stamp"
   fi
+  # The project's own modules compiled here, once: where PYTHONDONTWRITEBYTECODE is set, Python
+  # reads bytecode but never writes it, and every process (a test worker, a CLI call, the
+  # dashboard) would compile the project again, about 0.3 s of CPU each. Up-to-date files are
+  # skipped (a quarter of a second when nothing changed).
+  .venv/bin/python -m compileall -q -j 0 model collectors sources analysis simulator app >/dev/null ||
+    log "could not compile the project's bytecode (it is compiled on import instead)"
 }

@@ -339,6 +339,8 @@ class Simulation:
         self.tenants = make_tenants(cfg, self.rng)
         self.by_name = {t.name: t for t in self.tenants}
         self.models = sorted({t.model for t in self.tenants})
+        self._weights_key = {m: f"weights:{m}" for m in self.models}  # cache keys, built once
+        self._lora_key = {t.name: f"lora:adapter:{t.name}.v1" for t in self.tenants}
         self.tw = tenant_weights(len(self.tenants))
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -654,7 +656,7 @@ class Simulation:
                 if self._events and self._events[0][0] <= tr:
                     self._run_events(tr)
                 self.now = self.t0 + tr
-                self._serve(a, i, tr, [f for f in active if f.active(tr)] if active else ())
+                self._serve(a, i, tr, active)
             self._run_events(t_rel + dt)
             self.now = self.t0 + t_rel + dt
             self._tick_end(kv_before)
@@ -737,15 +739,17 @@ class Simulation:
     # ------------------------------------------------------- one request
     def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
         """One request: its session, then the caches in serving order — weights,
-        response, LoRA, embeddings, the prefix-KV walk — then the record."""
+        response, LoRA, embeddings, the prefix-KV walk — then the record. ``faults``: those
+        active at some time of the tick."""
         cfg = self.cfg
         ten = self.tenants[a.tenant[i]]
         tpl_idx = pick_template(ten, a.u_tpl[i])
         tpl = TEMPLATES[tpl_idx]
-        sid, variant, conv, q, prompt, out_tokens = self._session(a, i, ten, tpl, tpl_idx)
-        pool = self.pools.get(variant)
-        if pool is None:  # another worker's pool
+        drawn = self._session(a, i, ten, tpl, tpl_idx)
+        if drawn is None:  # another worker's pool
             return
+        sid, variant, conv, q, prompt, out_tokens = drawn
+        pool = self.pools[variant]
         self._units[variant].add(sid)
         rep, gate_wait = self._route(pool, sid, tr)
         fx: Any = ()
@@ -754,7 +758,8 @@ class Simulation:
             fx = [
                 f
                 for f in faults
-                if f.matches(tenant=ten.name, replica=rep.name, template=tpl.name, model=ten.model)
+                if f.active(tr)
+                and f.matches(tenant=ten.name, replica=rep.name, template=tpl.name, model=ten.model)
             ]
             bypass = tuple(f.scope.get("layer", "*") for f in fx if f.trap == "bypass")
         if pool.heat is not None:
@@ -808,10 +813,12 @@ class Simulation:
 
     def _session(
         self, a: Any, i: int, ten: Tenant, tpl: Template, tpl_idx: int
-    ) -> tuple[int, str, int, int, int, int]:
+    ) -> tuple[int, str, int, int, int, int] | None:
         """Continue one of the recent sessions or start a new one; returns (session id,
-        its variant, conversation tokens so far, query tokens, prompt tokens, output tokens).
-        Session state advances in every worker, whether its pool serves the session or not."""
+        its variant, conversation tokens so far, query tokens, prompt tokens, output tokens), or
+        None for a session of a pool this process does not simulate. Which sessions there are
+        advances in every worker; a conversation's length only where its pool is served (no
+        other worker reads it)."""
         sess_list = self.sessions[(ten.idx, tpl_idx)]
         p_cont = 0.7 if tpl.dialog else 0.3
         if sess_list and a.u_session[i] < p_cont:
@@ -826,6 +833,8 @@ class Simulation:
             if len(sess_list) > 200:
                 sess_list.pop(0)
         self._req_id += 1
+        if sess[2] not in self.pools:
+            return None
         self._sess = sess
         lo, hi = tpl.query_tokens
         q = lo + int(a.query_tokens_u[i] * (hi - lo))
@@ -840,7 +849,7 @@ class Simulation:
         """The model's weights; returns the wait before serving (the load balancer's gate
         until a replica is ready, or the weights still loading)."""
         look = self.summary.lookups
-        if rep.weights.get(f"weights:{ten.model}") is None:
+        if rep.weights.get(self._weights_key[ten.model]) is None:
             look[(rep.name, "weights", "miss")] += 1
             return max(rep.weights_ready.get(ten.model, tr) - tr, gate_wait)
         look[(rep.name, "weights", "hit")] += 1
@@ -875,7 +884,7 @@ class Simulation:
     def _lora(self, rep: Replica, ten: Tenant) -> float:
         """The tenant's LoRA adapter; returns its load time (0 on a hit)."""
         look = self.summary.lookups
-        lkey = f"lora:adapter:{ten.name}.v1"
+        lkey = self._lora_key[ten.name]
         if rep.lora.get(lkey) is not None:
             look[(rep.name, "lora", "hit")] += 1
             return 0.0

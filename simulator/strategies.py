@@ -103,10 +103,15 @@ class KeyStats:
         self.counts: dict[str, Counter[str]] = {layer: Counter() for layer in WARM_LAYERS}
         self.meta: dict[str, tuple[str, int]] = {}
         self.span_s = 0.0  # seconds of (all pools') traffic the counts cover
+        # choose()'s rankings of yesterday's keys, which do not change once the log is read:
+        # (strategy, layer, tenant scope, keys) -> the warm set's keys
+        self.ranked: dict[tuple[str, str, str | None, int], list[str]] = {}
 
     def add(self, layer: str, key: str, tenant: str, tpl: int, n: int = 1) -> None:
         self.counts[layer][key] += n
         self.meta[key] = (tenant, tpl)
+        if self.ranked:  # a ranking taken before this request is out of date
+            self.ranked.clear()
 
 
 def request_keys(
@@ -249,8 +254,15 @@ def choose(
                 tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
                 out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
             continue
-        cands: dict[str, float] = dict(yesterday.counts[layer])
         meta = yesterday.meta
+        memo = (strategy, layer, tenant_scope, cfg.warm_keys)
+        ranked = yesterday.ranked.get(memo)
+        if ranked is not None:
+            for k in ranked:
+                tenant, tpl = meta[k]
+                out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
+            continue
+        cands: dict[str, float] = dict(yesterday.counts[layer])
         if strategy == "predictive":  # no history yet: priority-weighted yesterday
             cands = {k: v * tenants_by_name[meta[k][0]].priority / 10 for k, v in cands.items()}
         if tenant_scope is not None:
@@ -263,6 +275,7 @@ def choose(
             keys = [k for c in sorted(by_cluster) for k in _top(by_cluster[c], share)]
         else:
             keys = _top(cands, cfg.warm_keys)
+        yesterday.ranked[memo] = keys
         for k in keys:
             tenant, tpl = meta[k]
             out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
