@@ -59,3 +59,40 @@ def test_tenants_outside_the_allow_list_become_other(make_tel):
             c.get("k:1")
     assert total(tel.reader, LOOKUPS, {ATTR.TENANT: "gold"}) == 1
     assert total(tel.reader, LOOKUPS, {ATTR.TENANT: schema.OTHER}) == 2
+
+
+def test_a_labelling_failure_runs_the_block_unlabelled_and_is_counted(make_tel):
+    tel = make_tel()
+    c = InstrumentedCache({}, layer="response", telemetry=tel)
+
+    class Unprintable:
+        def __str__(self):
+            raise ValueError("no text")
+
+    before = tel.aggregator.errors.get("record", 0)
+    ran = []
+    with request_context(tenant="t", unit="u1", experiment=Unprintable(), telemetry=tel) as ctx:
+        ran.append(ctx)
+        c.get("k:1")
+    assert ran == [tel.default_context]  # the block ran, with the unlabelled context
+    assert tel.aggregator.errors.get("record", 0) == before + 1
+    assert total(tel.reader, LOOKUPS, {ATTR.TENANT: schema.UNKNOWN}) == 1
+
+
+def test_an_exception_in_the_block_propagates_and_the_outer_context_comes_back(make_tel):
+    tel = make_tel()
+    c = InstrumentedCache({}, layer="response", telemetry=tel)
+    with request_context(tenant="outer", telemetry=tel):
+        try:
+            with request_context(tenant="inner", telemetry=tel) as ctx:
+                assert ctx.tenant == "inner"
+                raise KeyError("from the host")
+        except KeyError as e:
+            assert e.args == ("from the host",)
+        else:  # pragma: no cover
+            raise AssertionError("the host's exception was swallowed")
+        c.get("x:1")
+    c.get("x:2")
+    assert total(tel.reader, LOOKUPS, {ATTR.TENANT: "outer"}) == 1
+    assert total(tel.reader, LOOKUPS, {ATTR.TENANT: "inner"}) == 0
+    assert total(tel.reader, LOOKUPS, {ATTR.TENANT: schema.UNKNOWN}) == 1
