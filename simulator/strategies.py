@@ -236,6 +236,12 @@ def choose(
     if strategy == "none":
         return []
     out: list[Choice] = []
+    # the heat scores of every layer, in one pass over the pool's keys
+    scores = (
+        _predictive_scores(cfg, now_rel, heat, tenants_by_name)
+        if strategy == "predictive" and heat is not None and heat.heat
+        else {}
+    )
     for layer in WARM_LAYERS:
         if strategy == "predictive" and heat is not None and heat.heat:
             keys = _forecast(
@@ -249,6 +255,7 @@ def choose(
                 valid_for,
                 tenant_scope,
                 residence,
+                seed=scores.get(layer, {}),
             )
             for k in keys:
                 tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
@@ -326,19 +333,22 @@ def _forecast(
     valid_for: Callable[[str, str], float] | None,
     tenant_scope: str | None,
     residence: Callable[[str], float] | None = None,
+    seed: dict[str, float] | None = None,
 ) -> list[str]:
     """Predictive keys of one layer: the chance each is read before the cache drops it
     (:func:`read_chance` over the horizon: ``warm_horizon_s``, or the cache's residence time
     when shorter — how long an entry nobody reads survives the LRU, or its TTL), at least
     ``warm_min_prob``, highest first (ties: the heat score), at most ``warm_keys``: the budget
     is what the forecast supports, not a fixed count. A prefix block is read only when the
-    blocks before it are cached, so a block's chance is at most its predecessor's."""
+    blocks before it are cached, so a block's chance is at most its predecessor's.
+    ``seed``: the layer's heat scores (:func:`_predictive_scores`) when already at hand."""
     prior = yesterday.counts[layer]
     per_s = (
         1.0 / (yesterday.span_s * len(cfg.arms)) if yesterday.span_s else 0.0
     )  # one pool's share
     obs = heat.observed_s(now)
-    seed = _predictive_scores(cfg, layer, now, heat, tenants_by_name)
+    if seed is None:
+        seed = _predictive_scores(cfg, now, heat, tenants_by_name).get(layer, {})
     own = layer in PER_REPLICA
     horizon = min(cfg.warm_horizon_s, residence(layer) if residence is not None else math.inf)
     since = heat.since if heat.since is not None else now
@@ -453,16 +463,19 @@ def lora_chances(cfg: SimConfig, tenant_requests: Mapping[str, float]) -> dict[s
 
 
 def _predictive_scores(
-    cfg: SimConfig, layer: str, now: float, heat: HeatTracker, tenants_by_name: dict[str, Tenant]
-) -> dict[str, float]:
+    cfg: SimConfig, now: float, heat: HeatTracker, tenants_by_name: dict[str, Tenant]
+) -> dict[str, dict[str, float]]:
+    """Each layer's keys by heat score: decayed heat × the template cluster's recent share of
+    the top cluster's × the tenant's priority / 10."""
     recent = heat.cluster_recent
     top = max(recent.values()) if recent else 0
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for k, (h, last, lay, tenant, tpl, _rep) in heat.heat.items():
-        if lay != layer:
-            continue
         sim = recent.get(TEMPLATES[tpl].cluster, 0) / top if top else 1.0
-        out[k] = (
+        layer_out = out.get(lay)
+        if layer_out is None:
+            layer_out = out[lay] = {}
+        layer_out[k] = (
             h
             * sim
             * math.exp(-heat.lam * max(now - last, 0.0))
