@@ -184,6 +184,11 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         self.early_key_limit = early_key_limit
         # Hard bounds enforced on the way in; what does not fit is counted per row.
         self.max_buffered_units = max_buffered_units
+        # Called (once per take, by the recording thread that reaches a quarter of the bound)
+        # to wake the flusher, so a burst of new units is handed off without waiting for its
+        # next look; set by the pipeline. Must be cheap and never raise (an Event's set).
+        self.on_units_filling: Callable[[], object] | None = None
+        self._fill_mark = max_buffered_units // 4
         self._units_n = (
             0  # unit records buffered since the last take (approximate under races: a bound)
         )
@@ -385,6 +390,8 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
             self._decide(ukey, False, now)
             return False
         self._units_n += 1
+        if self._units_n == self._fill_mark and self.on_units_filling is not None:
+            self.on_units_filling()
         if d is None:
             self._decide(ukey, True, now)
         return True

@@ -414,6 +414,9 @@ class Telemetry:
         self._abandoned = False  # set by close() once it counted what is left
         self._in_hand = 0  # side rows a flush took from the aggregator, not in a backlog yet
         self._stop = threading.Event()
+        # Set by close() and by the aggregator when a quarter of max_buffered_units is buffered.
+        self._wake = threading.Event()
+        self.aggregator.on_units_filling = self._wake.set
 
     def _setup_failed(self, stage: str, message: str) -> None:
         self.aggregator.bump_error(stage)
@@ -581,11 +584,15 @@ class Telemetry:
     def _loop(self) -> None:
         interval = self.config.flush_interval_s
         last = time.monotonic()
-        # The buffer's fill is looked at every 0.1 s (an attribute read), so
-        # a high rate of new A/B units is handed to the sink at a quarter of
-        # max_buffered_units, not dropped at the bound between two looks.
+        # A high rate of new A/B units is handed to the sink at a quarter of
+        # max_buffered_units, not dropped at the bound: the recording thread that
+        # reaches the quarter wakes this one, which also looks every 0.1 s.
         polled = last
-        while not self._stop.wait(min(interval, 0.1)):
+        while True:
+            self._wake.wait(min(interval, 0.1))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             if time.monotonic() - last >= interval or self._units_filling():
                 last = polled = time.monotonic()
                 self.flush(side=False)
@@ -981,6 +988,7 @@ class Telemetry:
         end = time.monotonic() + budget
         self._deadline = end
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(0.0, end - time.monotonic()))
 

@@ -124,7 +124,8 @@ def test_restart_clears_and_garbage_is_counted(pair):
     pub.pub.send_multipart([b"only one frame"])
     pub.restart()                                                 # the engine restarts: seq 0
     pub.publish([stored([20], None, toks(9))], 50.0)
-    wait_for(lambda: sub.stats()["restarts"] == 1)
+    # the restart is counted before the new batch is applied: wait for both
+    wait_for(lambda: sub.stats()["restarts"] == 1 and idx.copies(20) == 1)
     st = sub.stats()
     assert st["decode_errors"] == 2 and st["bad_payload"] == 1 and st["bad_frames"] == 1
     # the old blocks are gone (remembered as removed at the restart), the new one is there

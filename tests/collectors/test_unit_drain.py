@@ -180,3 +180,46 @@ def test_redis_down_under_load_drops_whole_units_and_counts_them(tmp_path):
         assert req + lk + sum(tel.aggregator.dropped_counts().values()) == 2 * made
     finally:
         srv2.stop()
+
+
+def test_the_thread_that_buffers_a_quarter_of_the_bound_wakes_the_flusher_once_per_take(tmp_path):
+    # max_buffered_units 40: the 10th new unit (40 // 4) wakes the flusher, the 11th..30th do not;
+    # after a take the count starts over and the 10th wakes it again.
+    cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=str(tmp_path / "s.db"),
+                               key_secret="s", max_buffered_units=40)
+    tel = Telemetry(cfg, background=False)
+    woken: list[int] = []
+    tel.aggregator.on_units_filling = lambda: woken.append(tel.aggregator.units_buffered)
+
+    def units(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            with request_context(unit=f"u{i}", experiment="e", variant="A", telemetry=tel) as ctx:
+                tel.aggregator.record_request(ctx, None, 0.01, 0, 0, 0.0, None, None, 0.0)
+
+    units(0, 9)
+    assert woken == []
+    units(9, 21)
+    assert woken == [10]
+    tel.flush()
+    assert tel.aggregator.units_buffered == 0
+    units(30, 10)
+    assert woken == [10, 10]
+    tel.close()
+
+
+def test_a_background_pipeline_wires_the_wake_to_its_flusher(tmp_path):
+    cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=str(tmp_path / "s.db"),
+                               key_secret="s", max_buffered_units=40, flush_interval_s=3600)
+    tel = Telemetry(cfg, background=True)
+    try:
+        assert tel.aggregator.on_units_filling == tel._wake.set
+        for i in range(10):
+            with request_context(unit=f"u{i}", experiment="e", variant="A", telemetry=tel) as ctx:
+                tel.aggregator.record_request(ctx, None, 0.01, 0, 0, 0.0, None, None, 0.0)
+        # woken at the 10th: flushed long before the hour's interval (polled at 0.1 s otherwise)
+        deadline = time.monotonic() + 30
+        while tel.aggregator.units_buffered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tel.aggregator.units_buffered == 0
+    finally:
+        tel.close()
