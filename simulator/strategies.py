@@ -318,7 +318,8 @@ def read_chance(rate: float, idle_s: float, horizon_s: float, death: float) -> f
     s = rate + death
     c = death / s
     stay = math.exp(-s * max(idle_s, 0.0))  # e^(−(λ+μ)d), kept finite for long idle times
-    alive = stay / (stay + c * (1.0 - stay))
+    # no death (c = 0): always alive (stay / stay, which is 0 / 0 once stay underflows)
+    alive = 1.0 if c == 0 else stay / (stay + c * (1.0 - stay))
     return alive * rate / s * -math.expm1(-s * horizon_s)
 
 
@@ -353,6 +354,9 @@ def _forecast(
     horizon = min(cfg.warm_horizon_s, residence(layer) if residence is not None else math.inf)
     since = heat.since if heat.since is not None else now
     floor = cfg.warm_min_prob_kv if layer == "prefix_kv" else cfg.warm_min_prob
+    # 1 - e^-x <= x, so a key's chance is at most rate × horizon; half the floor leaves room for
+    # rounding: a key skipped on it could not have reached the floor
+    cutoff = 0.5 * floor
     adapter_miss = _adapter_miss(cfg, heat.tenant_recent) if layer == "response" else {}
     chance: dict[str, float] = {}
     saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
@@ -370,6 +374,8 @@ def _forecast(
             rate *= (
                 1.0 / cfg.replicas if where == "*" or replica is None else float(where == replica)
             )
+        if rate * horizon < cutoff:  # read_chance <= rate * horizon: below the floor (most keys)
+            continue
         left = valid_for(layer, k) if valid_for is not None else 0.0
         idle = now - (e[1] if e is not None else since)  # never seen here: idle since the start
         p = read_chance(rate, idle, horizon - left, heat.decay)

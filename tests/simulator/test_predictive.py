@@ -78,6 +78,24 @@ def test_read_chance_stationary_with_death_and_after_a_long_idle_time():
     assert read_chance(0.0, 0.0, 1800.0, 1 / 3600) == 0.0
     assert read_chance(1 / 1800, 0.0, 0.0, 1 / 3600) == 0.0
     assert read_chance(1.0, 1e9, 1800.0, 1 / 3600) == 0.0
+    # no death and a long idle time: still stationary (it divided 0 by 0 once e^(−λd) underflowed):
+    # λ = 1, h = 1 s: 1 − e^(−1) = 0.632121
+    assert read_chance(1.0, 1e9, 1.0, 0.0) == pytest.approx(0.632121, abs=1e-6)
+
+
+def test_read_chance_is_at_most_rate_times_horizon():
+    # The forecast skips a key whose rate × horizon is under half the floor without computing its
+    # chance: sound only if read_chance <= λ·h (1 − e^(−x) <= x, alive <= 1), checked over a grid
+    # of rates, idle times, horizons and death rates, including where λ·h is tiny and near 1.
+    import itertools
+
+    rates = [1e-9, 1e-6, 1e-4, 1 / 3600, 1 / 600, 0.01, 0.1, 1.0]
+    for lam, idle, h, mu in itertools.product(rates, [0.0, 60.0, 3600.0, 86400.0],
+                                              [1.0, 60.0, 1800.0, 3600.0], [0.0, 1 / 86400, 1 / 3600, 0.01]):
+        assert read_chance(lam, idle, h, mu) <= lam * h * (1 + 1e-12), (lam, idle, h, mu)
+    # and the bound is tight for a stationary key just requested: λ = 1e-6, h = 60: λh = 6e-5,
+    # 1 − e^(−6e-5) = 5.99982e-5
+    assert read_chance(1e-6, 0.0, 60.0, 0.0) == pytest.approx(5.99982e-5, rel=1e-5)
 
 
 def test_rate_caps_yesterday_by_today_once_observed():
