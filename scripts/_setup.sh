@@ -49,11 +49,13 @@ ensure_venv() {  # ensure_venv [extra]
   stamp=".venv/.warmscope-installed"
   if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp"; then
     log "installing warmscope${extra:+[$extra]} into .venv"
-    # uv installs the same packages in about half pip's time (both compile the bytecode, so no
-    # later process compiles a module again); pip when uv cannot be had or cannot install
-    # (WARMSCOPE_PIP=1: pip only)
+    # uv installs the same packages in a fraction of pip's time; pip when uv cannot be had or
+    # cannot install (WARMSCOPE_PIP=1: pip only). uv leaves the dependencies' bytecode to Python,
+    # which compiles a module when first imported, only the modules imported (a fraction of
+    # the tens of thousands installed: compiling them all took about 20 s of the demo's setup);
+    # demo.sh and test.sh let Python write it even where PYTHONDONTWRITEBYTECODE is set.
     if [ "${WARMSCOPE_PIP:-0}" != 1 ] && .venv/bin/python -m pip install -q uv >/dev/null 2>&1 &&
-       .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e ".${extra:+[$extra]}"; then
+       .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extra:+[$extra]}"; then
       :
     else
       # a venv's own pip (ensurepip) installs editable projects from 21.3 on: upgraded only if older
