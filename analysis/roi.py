@@ -393,6 +393,9 @@ class Decay:
     b0: float
     n_points: int
     error: str | None = None
+    # minutes after the run by which the benefit is gone, when it fades faster than the points
+    # measure (then no rate: ``error`` says so)
+    gone_min: float = float("nan")
 
 
 def fit_decay(series: pd.DataFrame) -> Decay:
@@ -422,8 +425,30 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         se = float(np.sqrt(cov[1, 1])) if np.isfinite(cov[1, 1]) else nan
     except (RuntimeError, ValueError) as e:
         return Decay(nan, nan, nan, nan, nan, len(series), f"decay fit did not converge: {e}")
+    if k > 0:
+        # A benefit the fit leaves under 1/1000 of its start from the third point on is gone
+        # between two points: its rate is bounded below, not measured (the fit runs off to any
+        # larger k, its interval with it)
+        seen = np.sort(t[t * k < _GONE])
+        if len(seen) < 3:
+            later = t[t * k >= _GONE]
+            gone_min = float(later.min()) * 60 if len(later) else float("nan")
+            return Decay(
+                nan,
+                nan,
+                nan,
+                nan,
+                float(b0),
+                len(series),
+                f"the benefit is gone by {gone_min:.0f} min after the run (the fitted curve "
+                f"keeps under 1/1000 of it from there): it fades faster than these points measure",
+                gone_min,
+            )
     half = float(np.log(2) / k) if k > 0 else float("inf")
     return Decay(float(k), float(k - Z95 * se), float(k + Z95 * se), half, float(b0), len(series))
+
+
+_GONE = float(np.log(1000.0))  # k·t beyond which the fitted benefit is under 1/1000 of b0
 
 
 def _cell(v: float, lo: float, hi: float, why: str) -> str:
@@ -509,7 +534,10 @@ def roi_text(roi: pd.DataFrame) -> pd.DataFrame:
 
 def decay_text(d: Decay) -> str:
     """The decay rate only when the benefit is significantly decaying (its 95 % interval above
-    zero); otherwise "no decay measured" and why."""
+    zero); "too fast to measure" when the benefit is gone between two points; otherwise "no
+    decay measured" and why."""
+    if np.isfinite(d.gone_min):
+        return f"too fast to measure: {d.error}"
     if d.error:
         return f"no decay measured: {d.error}"
     if not (np.isfinite(d.ci_low) and np.isfinite(d.ci_high)):
@@ -626,16 +654,23 @@ def decay_summary(decays: Sequence[Decay]) -> str:
     that measurably decay, and how many of the fitted ones that is."""
     fitted = [d for d in decays if d.error is None and np.isfinite(d.k_per_hour)]
     sig = [d for d in fitted if significant_decay(d)]
+    fast = sum(1 for d in decays if np.isfinite(d.gone_min))  # gone between two points
+    more = f"; {fast} more gone between two points, faster than measured" if fast else ""
     if not fitted:
+        if fast:
+            return (
+                f"benefit decay: faster than measured (after {fast} warm-up(s) the benefit is "
+                "gone between two points)"
+            )
         return "benefit decay: no warm-up with enough points after it"
     if not sig:
         return (
             f"benefit decay: none measured (the rate's 95 % CI includes no decay on all "
-            f"{len(fitted)} warm-ups fitted)"
+            f"{len(fitted)} warm-ups fitted{more})"
         )
     k = float(np.median([d.k_per_hour for d in sig]))
     half = math.log(2) / k if k > 0 else float("inf")
     return (
         f"benefit decay k = {k:.3g}/h (median over the {len(sig)} of {len(fitted)} warm-ups "
-        f"whose benefit measurably decays; half-life {half:.2f} h)"
+        f"whose benefit measurably decays; half-life {half:.2f} h{more})"
     )

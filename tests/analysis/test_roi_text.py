@@ -77,3 +77,29 @@ def test_a_decay_rate_is_shown_only_when_its_interval_is_above_zero():
         decay_text(Decay(NAN, NAN, NAN, NAN, NAN, 2, "not enough points after the run (need 4)"))
         == "no decay measured: not enough points after the run (need 4)"
     )
+
+
+def test_a_benefit_gone_between_two_points_is_too_fast_to_measure_not_a_rate():
+    import numpy as np
+    import pandas as pd
+    from warmscope.analysis.roi import fit_decay
+
+    # a benefit of 5 right after the run, then noise around 0 at points every 5 min: the fit runs
+    # off to a huge k (its Wald interval with it); only the first two points (0 and 5 min) are
+    # under k·t < ln 1000 at any k that fits, so it is gone by 10 min
+    rng = np.random.default_rng(1)
+    t = np.arange(0.0, 3600.0, 300.0)
+    gone = fit_decay(pd.DataFrame({"t_s": t, "benefit": np.r_[5.0, rng.normal(0, 0.3, len(t) - 1)]}))
+    assert gone.error is not None and math.isnan(gone.k_per_hour) and gone.gone_min == 10.0
+    assert decay_text(gone).startswith("too fast to measure: the benefit is gone by 10 min after the run")
+    # a decay the points do follow (0.8 /h over an hour: e^(-0.8) = 0.45 left at the end) is a rate
+    slow = fit_decay(pd.DataFrame({"t_s": t, "benefit": 3 * np.exp(-0.8 * t / 3600) + rng.normal(0, 0.05, len(t))}))
+    assert slow.error is None and 0.7 < slow.k_per_hour < 0.9 and math.isnan(slow.gone_min)
+    assert decay_text(slow).startswith(f"{slow.k_per_hour:.2f} /h (95 % CI")
+    # over several warm-ups: the fast one is said, not counted as fitted
+    from warmscope.analysis.roi import decay_summary
+
+    assert decay_summary([gone]) == ("benefit decay: faster than measured (after 1 warm-up(s) the "
+                                     "benefit is gone between two points)")
+    assert decay_summary([slow, gone]).endswith("; 1 more gone between two points, faster than measured)")
+    assert "median over the 1 of 1 warm-ups" in decay_summary([slow, gone])
