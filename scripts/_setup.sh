@@ -50,12 +50,16 @@ ensure_venv() {  # ensure_venv [extra]
   if [ ! -f "$stamp" ] || ! grep -qx "$want" "$stamp"; then
     log "installing warmscope${extra:+[$extra]} into .venv"
     # uv installs the same packages in a fraction of pip's time; pip when uv cannot be had or
-    # cannot install (WARMSCOPE_PIP=1: pip only). uv leaves the dependencies' bytecode to Python,
-    # which compiles a module when first imported, only the modules imported (a fraction of
-    # the tens of thousands installed: compiling them all took about 20 s of the demo's setup);
-    # demo.sh and test.sh let Python write it even where PYTHONDONTWRITEBYTECODE is set.
+    # cannot install (WARMSCOPE_PIP=1: pip only). For the demo uv leaves the dependencies'
+    # bytecode to Python, which compiles a module when first imported, only the modules imported
+    # (compiling all the thousands installed took about 20 s of the demo's setup; demo.sh lets
+    # Python write it even where PYTHONDONTWRITEBYTECODE is set). For the tests it compiles them
+    # all: the test run starts many processes at once under a timeout (three workers, dashboards,
+    # CLI calls), and the first of each would otherwise compile its imports under that load.
+    local compile=()
+    [ "$extra" = dev ] && compile=(--compile-bytecode)
     if [ "${WARMSCOPE_PIP:-0}" != 1 ] && .venv/bin/python -m pip install -q uv >/dev/null 2>&1 &&
-       .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extra:+[$extra]}"; then
+       .venv/bin/uv pip install -q "${compile[@]}" --python .venv/bin/python -e ".${extra:+[$extra]}"; then
       :
     else
       # a venv's own pip (ensurepip) installs editable projects from 21.3 on: upgraded only if older

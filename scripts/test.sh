@@ -22,8 +22,7 @@ source "$(dirname "$0")/_setup.sh"
 ensure_venv dev
 # The test run caches bytecode (in __pycache__, ignored by git) even where PYTHONDONTWRITEBYTECODE
 # is set: each pytest worker would otherwise compile and assertion-rewrite every test module again
-# (about 5 s of CPU a worker), and each process a test starts would compile what it imports (the
-# setup leaves the dependencies' bytecode to their first import).
+# (about 5 s of CPU a worker), and each process a test starts would compile what it imports.
 export PYTHONDONTWRITEBYTECODE=
 CORES="$(nproc 2>/dev/null || echo 1)"
 parallel() {  # parallel DEFAULT_WORKERS: the pytest options of a parallel run
