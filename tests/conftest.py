@@ -557,7 +557,10 @@ def redis_cluster():
     need_binary("redis-server")
     need_binary("redis-cli")
     try:
-        c = LocalCluster(masters=3)
+        # No replicas, so no failover to be quick about: a long node timeout keeps a master that a
+        # loaded machine did not schedule for a second from being marked failed (the cluster then
+        # answers CLUSTERDOWN; seen once in a clean-clone CI run with the default 1 s)
+        c = LocalCluster(masters=3, node_timeout_ms=15_000)
     except ClusterUnavailable as e:
         if CI:
             pytest.fail(f"Redis Cluster did not start: {e}", pytrace=False)
