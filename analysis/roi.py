@@ -429,8 +429,7 @@ def fit_decay(series: pd.DataFrame) -> Decay:
         # A benefit the fit leaves under 1/1000 of its start from the third point on is gone
         # between two points: its rate is bounded below, not measured (the fit runs off to any
         # larger k, its interval with it)
-        seen = np.sort(t[t * k < _GONE])
-        if len(seen) < 3:
+        if np.count_nonzero(t * k < _GONE) < 3:
             later = t[t * k >= _GONE]
             gone_min = float(later.min()) * 60 if len(later) else float("nan")
             return Decay(
