@@ -96,6 +96,13 @@ _QUERY_NAMES = (
 _SOURCE_NAMES = r"vllm[:_]prompt_tokens_cached_by_source_total|sglang[:_]cached_tokens_total"
 _KV_NAMES = r"vllm[:_]kv_cache_usage_perc|sglang[:_]token_usage"
 _ENGINE_COLS = ["engine_kind", "model", "instance", "engine"]
+# read with the engine counters (PrometheusSource._engine_base)
+_BASE_NAMES = ("up", "process_start_time_seconds")
+_NAME_TAG = "warmscope_metric_name"  # a counter's name, kept through last_over_time()
+
+
+def _by_name(name: str) -> str:
+    return f"{{__name__={promql_string(name)}}}"
 
 
 def engine_kind(metric_name: str) -> str:
@@ -440,30 +447,50 @@ class PrometheusSource(SourceBase):
     # ------------------------------------------------------------ engines
     def _raw_increments(
         self,
-        names_rx: str,
+        names_rxs: Sequence[str],
         start: float,
         end: float,
         labels: Callable[[dict[Any, Any]], tuple[Any, ...]],
-    ) -> list[tuple[Any, ...]]:
-        """Per-step increments of raw counters whose name matches ``names_rx``
-        (resets as in :meth:`_increase_frame`; a series first seen inside the
-        range counts from 0 only on the evidence of :meth:`_engine_base`)."""
-        step, q0 = self._counter_grid(start, end)
-        series = []
-        # One query per name: last_over_time() drops the name, and the two forms of a name share
-        # label sets.
-        for name in self.metric_names(names_rx, q0 - counter_window(step, self.lookback_s), end):
-            sel = f"{{__name__={promql_string(name)}}}"
-            for s in self.query_range(last_counts(sel, step, self.lookback_s), q0, end, step):
-                s["metric"] = {**s.get("metric", {}), "__name__": name}
-                series.append(s)
-        if not series:
-            return []
-        return _increments(
-            _dedupe_name_forms(series), labels, q0, step, start, self._engine_base(q0, end, step)
-        )
+    ) -> list[list[tuple[Any, ...]]]:
+        """Per-step increments of raw counters, one list per name pattern of ``names_rxs`` (resets
+        as in :meth:`_increase_frame`; a series first seen inside the range counts from 0 only on
+        the evidence of :meth:`_engine_base`).
 
-    def _engine_base(self, q0: float, end: float, step: int) -> Base:
+        Every counter and the targets' ``up`` and ``process_start_time_seconds`` are read in one
+        range query, so they all come from one view of the database: a scrape's samples are seen
+        together or not at all. Read as one query per name, a scrape stored between two queries
+        was counted in one name and not the other (one more scrape of queries than of hits)."""
+        step, q0 = self._counter_grid(start, end)
+        window = counter_window(step, self.lookback_s)
+        names = self.metric_names("|".join(names_rxs), q0 - window, end)
+        if not names:
+            return [[] for _ in names_rxs]
+        # last_over_time() drops the name, and the two forms of a name share label sets: each
+        # part is tagged with its name, which `or` then keeps apart
+        parts = [*names, *_BASE_NAMES]
+        tag = promql_string(_NAME_TAG)
+        query = " or ".join(
+            f"label_replace({last_counts(_by_name(n), step, self.lookback_s)}, {tag}, "
+            f"{promql_string(n)}, '', '')"
+            for n in parts
+        )
+        series: dict[str, list[dict[Any, Any]]] = {n: [] for n in parts}
+        for s in self.query_range(query, q0, end, step):
+            m = dict(s.get("metric", {}))
+            name = m.pop(_NAME_TAG, "")
+            if name in series:
+                s["metric"] = {**m, "__name__": name}
+                series[name].append(s)
+        base = self._engine_base(series, q0, step)
+        out = []
+        for rx in names_rxs:
+            own = [s for n in names if re.fullmatch(rx, n) for s in series[n]]
+            out.append(_increments(_dedupe_name_forms(own), labels, q0, step, start, base))
+        return out
+
+    def _engine_base(
+        self, series: Mapping[str, list[dict[Any, Any]]], q0: float, step: int
+    ) -> Base:
         """The value an engine counter first seen at ``ts`` (inside the range) counts from.
 
         Prometheus' ``increase()`` never counts a series' first sample as an
@@ -480,11 +507,12 @@ class PrometheusSource(SourceBase):
 
         Otherwise the counter counts from its first raw sample (as
         ``increase()`` does, without extrapolation): the increments between
-        the scrapes Prometheus saw."""
+        the scrapes Prometheus saw. ``series`` holds the ``up`` and
+        ``process_start_time_seconds`` series read with the counters."""
         up: dict[tuple[str, str], dict[float, float]] = {}
         started: dict[tuple[str, str], dict[float, float]] = {}
-        for expr, into in (("up", up), ("process_start_time_seconds", started)):
-            for s in self.query_range(last_counts(expr, step, self.lookback_s), q0, end, step):
+        for name, into in zip(_BASE_NAMES, (up, started), strict=True):
+            for s in series.get(name, []):
                 m = s.get("metric", {})
                 into[(m.get("job", ""), m.get("instance", ""))] = {
                     round(float(ts), 3): float(v) for ts, v in s.get("values", [])
@@ -526,8 +554,8 @@ class PrometheusSource(SourceBase):
         if name == "engine_prefix":
             cols = ["ts", *_ENGINE_COLS]
             parts = []
-            for rx, col in ((_HIT_NAMES, "hits"), (_QUERY_NAMES, "queries")):
-                rows = self._raw_increments(rx, start, end, _engine_labels)
+            both = self._raw_increments((_HIT_NAMES, _QUERY_NAMES), start, end, _engine_labels)
+            for rows, col in zip(both, ("hits", "queries"), strict=True):
                 df = pd.DataFrame(rows, columns=[*cols, col]).astype({"ts": float, col: float})
                 parts.append(df.groupby(cols, as_index=False)[col].sum())
             out = (
@@ -540,7 +568,7 @@ class PrometheusSource(SourceBase):
             def lab(m: dict[Any, Any]) -> tuple[Any, ...]:
                 return (*_engine_labels(m)[:3], m.get("source") or m.get("cache_source") or "all")
 
-            rows = self._raw_increments(_SOURCE_NAMES, start, end, lab)
+            (rows,) = self._raw_increments((_SOURCE_NAMES,), start, end, lab)
             cols = ["ts", "engine_kind", "model", "instance", "source"]
             df = pd.DataFrame(rows, columns=[*cols, "tokens"]).astype(
                 {"ts": float, "tokens": float}

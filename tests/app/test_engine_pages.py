@@ -45,6 +45,9 @@ class _Exporter(BaseHTTPRequestHandler):
             'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25',
         ]
         body = ("\n".join(lines) + "\n").encode()
+        # answer as a busy engine does: Prometheus stamps the samples with the scrape's start
+        # and stores them when the answer is in, 0.3 s later
+        time.sleep(0.3)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
@@ -181,3 +184,41 @@ def test_root_cause_names_the_engine_whose_hit_rate_dropped(engine_only):
     a = next(i for i, w in names.items() if w == "a")
     assert f"instance = {a}" in causes.Cause.iloc[0]
     assert "Cold-start trap checks" in " ".join(str(c.value) for c in at.caption)
+
+
+def test_hits_and_queries_of_a_read_come_from_the_same_scrapes(prom):
+    """B caches 30 of every 100 prompt tokens on every scrape, so any read of whole scrapes is
+    exactly 0.3. Hits and queries are read in one query (Prometheus answers it from one view:
+    a scrape's samples are seen together or not at all); read as two queries, a scrape landing
+    between them gave one more scrape of queries than of hits (1,680 / 5,700 = 0.2947).
+    Reads ending now, back to back for 12 s (scrapes every second), so scrapes do land
+    mid-read."""
+    from warmscope.sources.prometheus import PrometheusSource
+
+    url, names, _ = prom
+    b = next(i for i, w in names.items() if w == "b")
+    src = PrometheusSource(url, scrape_interval=1.0)
+    asked = []
+    query_range = src.query_range
+
+    def counted(query, start, end, step):
+        asked.append(query)
+        return query_range(query, start, end, step)
+
+    src.query_range = counted
+    reads, off = 0, []
+    stop = time.monotonic() + 12
+    while time.monotonic() < stop:
+        asked.clear()
+        now = time.time()
+        df = src.engine_frame("engine_prefix", now - 120, now)
+        rows = df[df.instance == b]
+        hits, queries = rows.hits.sum(), rows.queries.sum()
+        assert queries > 0 and queries % QUERIES == 0  # whole scrapes
+        if hits * QUERIES != queries * HITS["b"]:
+            off.append((hits, queries))
+        reads += 1
+        # hits, queries and the targets' up and start times: one range query
+        assert len(asked) == 1, asked
+    assert reads >= 20
+    assert not off, f"{len(off)} of {reads} reads mixed scrapes: {off[:5]}"
