@@ -236,20 +236,18 @@ def choose(
     if strategy == "none":
         return []
     out: list[Choice] = []
-    # the heat scores of every layer, in one pass over the pool's keys
-    scores = (
-        _predictive_scores(cfg, now_rel, heat, tenants_by_name)
-        if strategy == "predictive" and heat is not None and heat.heat
-        else {}
-    )
+    # predictive with a history: the forecast, on the heat scores of every layer (one pass over
+    # the pool's keys)
+    seen = heat if strategy == "predictive" and heat is not None and heat.heat else None
+    scores = _predictive_scores(cfg, now_rel, seen, tenants_by_name) if seen is not None else {}
     for layer in WARM_LAYERS:
-        if strategy == "predictive" and heat is not None and heat.heat:
+        if seen is not None:
             keys = _forecast(
                 cfg,
                 layer,
                 now_rel,
                 yesterday,
-                heat,
+                seen,
                 tenants_by_name,
                 replica,
                 valid_for,
@@ -258,7 +256,7 @@ def choose(
                 seed=scores.get(layer, {}),
             )
             for k in keys:
-                tenant, tpl = heat.heat[k][3:5] if k in heat.heat else yesterday.meta[k]
+                tenant, tpl = seen.heat[k][3:5] if k in seen.heat else yesterday.meta[k]
                 out.append((layer, k, tenant, tpl, warm_cost(cfg, layer, tpl)))
             continue
         meta = yesterday.meta

@@ -103,7 +103,8 @@ def read_chance(rate: np.ndarray, idle_s: np.ndarray, horizon_s: float, death: f
     s = rate + death
     c = np.where(s > 0, death / np.maximum(s, 1e-300), 0.0)
     stay = np.exp(-s * np.maximum(idle_s, 0.0))
-    alive = stay / (stay + c * (1.0 - stay))
+    # no death (c = 0): always alive (stay / stay is 0 / 0 once stay underflows)
+    alive = np.where(c > 0, stay / np.maximum(stay + c * (1.0 - stay), 1e-300), 1.0)
     out: np.ndarray = np.where(
         rate > 0, alive * rate / np.maximum(s, 1e-300) * -np.expm1(-s * horizon_s), 0.0
     )

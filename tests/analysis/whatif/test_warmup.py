@@ -89,6 +89,11 @@ def test_read_chance_by_hand():
     # = 0.0049452; x 0.43233 = 0.0021380
     got = read_chance(np.array([0.01]), np.array([300.0]), 100, 0.01)[0]
     assert got == pytest.approx(0.0049452 * 0.43233, rel=1e-3)
+    # no end of demand and idle so long that e^(-rate x idle) underflows: still 1 - e^(-1)
+    # (it was 0 / 0 = nan)
+    with np.errstate(divide="raise", invalid="raise"):
+        far = read_chance(np.array([1.0, 0.01]), np.array([1e9, 1e9]), 1, 0.0)
+    assert far == pytest.approx([0.63212, 1 - math.exp(-0.01)], rel=1e-4)
 
 
 def test_the_recommendation_and_its_notes():
