@@ -141,6 +141,7 @@ class KVState:
         reuse_reports: bool = False,
         block_size: int = 0,
         clock: Callable[[], float] = time.time,
+        wait_clock: Callable[[], float] = time.monotonic,
         trace_sink: Callable[[TraceRow], None] | None = None,
         trace_key: bytes | None = None,
     ) -> None:
@@ -163,7 +164,8 @@ class KVState:
         self.drift_blocks = drift_blocks
         self.block_size = block_size
         self.max_sessions = max_sessions
-        self.clock = clock
+        self.clock = clock  # wall time, for the indexes' residency
+        self.wait_clock = wait_clock  # measures the waits (submit's wait_s, TRACE_WAIT_S)
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []
@@ -441,7 +443,7 @@ class KVState:
                     session,
                     prompt_tokens,
                     cached_tokens,
-                    time.monotonic() + wait_s,
+                    self.wait_clock() + wait_s,
                     callback,
                     trace if self.trace_sink is not None else None,
                 )
@@ -453,7 +455,7 @@ class KVState:
         with self._cond:
             if not self._pending:
                 return
-            now = time.monotonic()
+            now = self.wait_clock()
             keep, due = [], []
             for p in self._pending:
                 r = self._sessions.get(p.session)
@@ -481,7 +483,7 @@ class KVState:
     # ------------------------------------------------------------ block trace
     def _flush_traces(self, force: bool = False) -> None:
         """Hand on the traced requests whose output blocks are in, or whose wait is over."""
-        now = time.monotonic()
+        now = self.wait_clock()
         for session, (meta, deadline) in list(self._tracing.items()):
             rec = self._sessions.get(session)
             bs = rec.block_size if rec is not None else self.block_size

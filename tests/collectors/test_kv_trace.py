@@ -6,10 +6,9 @@ setting); and the rows through the pipeline into the store's block trace."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from warmscope.collectors.kv import KVState
+from warmscope.collectors.kv.attribution import TRACE_WAIT_S
 from warmscope.collectors.miss_counts import trace_record
 from warmscope.sources.trace_store import read_store_trace, trace_from_rows
 
@@ -19,8 +18,23 @@ from tests.collectors.test_kv_attribution import feed, zero
 B = 4
 
 
+class _Waits:
+    """The state's wait clock, moved on by the test: the waits are judged without sleeping."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def _state(rows: list) -> KVState:
-    return KVState(["e1", "e2"], trace_sink=rows.append, trace_key=b"k" * 16)
+    return KVState(["e1", "e2"], trace_sink=rows.append, trace_key=b"k" * 16, wait_clock=_Waits())
+
+
+def _past_the_wait(st: KVState) -> None:
+    """TRACE_WAIT_S (1 s) and a little more pass on the state's wait clock."""
+    st.wait_clock.t += TRACE_WAIT_S + 0.1
 
 
 def _done(st: KVState, sid: str, prompt: int, cached: int, output: int = 1, t: float = 1.0) -> None:
@@ -45,7 +59,7 @@ def test_a_chain_of_stored_blocks_then_a_reported_prefix():
     # r3 reuses all of r1's full blocks, stores nothing (4 + 1 tokens: no block fills)
     feed(st, "e1", [stored([1, 2], None, toks(1, 2), session="r3")], 3.0)
     _done(st, "r3", 10, 8)
-    time.sleep(1.1)  # past the wait for output blocks
+    _past_the_wait(st)  # past the wait for output blocks
     st.resolve_pending()
     assert [len(r.h) for r in rows] == [2, 3, 2]
     r1, r2, r3 = rows
@@ -65,7 +79,7 @@ def test_the_prefix_walked_from_the_parent_without_reports():
     # b hits 1, 2 (no report), stores 3 with parent 2: its chain is walked back to the root
     feed(st, "e1", [stored([3], 2, toks(3), session="b")], 2.0)
     _done(st, "b", 13, 8)
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     assert rows[1].h[:2] == rows[0].h and len(rows[1].h) == 3
 
@@ -94,7 +108,7 @@ def test_a_full_hit_answered_before_its_report_arrives_waits_for_it():
     _done(st, "late", 9, 8)  # 8 of 9 tokens cached: nothing to judge, no event yet
     assert st.counts["trace_incomplete"] == 0 and len(rows) == 1  # a, not yet late
     feed(st, "e1", [stored([1, 2], None, toks(1, 2), session="late")], 2.0)
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     assert st.counts["trace_incomplete"] == 0 and st.counts["traced"] == 2, st.counts
     assert rows[1].h == rows[0].h and rows[1].cls == bytes([0, 0])
@@ -107,7 +121,7 @@ def test_a_request_whose_events_never_come_is_counted_after_the_wait():
     _done(st, "a", 9, 0)
     _done(st, "ghost", 9, 8)
     assert st.counts["trace_incomplete"] == 0  # still waiting
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     assert st.counts["trace_incomplete"] == 1 and len(rows) == 1  # a
 
@@ -126,7 +140,7 @@ def test_a_one_block_event_waits_to_be_told():
          3.0)
     _done(st, "z", 9, 4)
     assert st.indexes["e1"].copies(1) == 2  # the report added no copy
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     assert [len(r.h) for r in rows] == [1, 1, 2]
 
@@ -159,7 +173,7 @@ def test_drift_gets_a_stable_chain():
     _done(st, "b", 13, 0)
     feed(st, "e1", [stored([301, 302, 303], None, toks(12, 2, 3), session="c")], 3.0)
     _done(st, "c", 13, 0)
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     a, b, c = rows
     assert b.cls == bytes([5, 4, 4])  # cold stamp, drifted after it
@@ -174,7 +188,7 @@ def test_trace_rows_through_the_pipeline_into_the_store(make_tel, tmp_path):
     _done(st, "r1", 9, 0)
     feed(st, "e2", [stored([1, 2], None, toks(1, 2), session="r2")], 2.0)
     _done(st, "r2", 9, 0, t=2.0)
-    time.sleep(1.1)
+    _past_the_wait(st)
     st.resolve_pending()
     tel = make_tel()
     for r in rows:
