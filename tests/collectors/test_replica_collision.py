@@ -38,8 +38,11 @@ def test_two_processes_with_one_replica_label_are_detected(redis_server, redis_c
 
 
 def test_each_process_has_its_own_otel_resource(tmp_path):
+    # nothing listens on port 9: each provider's last export at shutdown fails, after at most
+    # export_timeout_s (the default 3 s is not what this test is about)
     cfgs = [CollectorConfig.load(env={}, exporter="otlp", otlp_endpoint="http://127.0.0.1:9",
-                                 store_path=str(tmp_path / f"{i}.db"), key_secret="s", replica="dup-0")
+                                 store_path=str(tmp_path / f"{i}.db"), key_secret="s", replica="dup-0",
+                                 export_timeout_s=0.2)
             for i in range(2)]
     attrs = []
     for cfg in cfgs:
