@@ -68,6 +68,7 @@ def test_unusable_store_one_line_and_left_intact(tmp_path, cmd, kind, word):
         assert path.is_dir() and not any(path.iterdir())
 
 
+@pytest.mark.slow  # a child process that waits out SQLite's 5 s lock wait
 def test_locked_store_one_line(tmp_path):
     path = tmp_path / "locked.sqlite"
     EmbeddedStore(path).close()

@@ -31,6 +31,7 @@ def finished(p: subprocess.Popen) -> tuple[int, dict, str]:
     return p.returncode, (json.loads(out) if p.returncode == 0 else {}), err
 
 
+@pytest.mark.slow  # two simulations in child processes, one waiting 8 s for a lock
 def test_an_append_waits_for_another_writers_lock_and_keeps_its_rows(tmp_path):
     store = tmp_path / "s.sqlite"
     rc, first, err = finished(simulate(store, "--hours", "0.5", "--seed", "1"))
