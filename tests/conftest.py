@@ -583,22 +583,37 @@ def cluster_client(redis_cluster):
 # --- the dashboard served (Streamlit) on a free loopback port --------
 
 
+STREAMLIT_START_S = 180  # a loaded CI machine (three workers on two cores) has taken over 60 s
+
+
 @contextlib.contextmanager
 def streamlit_app(env: dict[str, str], cwd: Path | None = None):
     """Serve the dashboard (``app/dashboard/main.py``) with ``env`` (the whole environment) on a free loopback
-    port; yields its URL and stops the server afterwards."""
+    port; yields its URL and stops the server afterwards. A server that exits before it answers fails at
+    once, and a failure shows the end of its output."""
+    import tempfile
     import urllib.request
 
     from warmscope.app.dashboard.serve import command
 
     port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix=f"streamlit-{port}-", suffix=".log", delete=False)
     # served as `warmscope dashboard` serves it: Streamlit, its settings, the caches warmed at start
     proc = subprocess.Popen(command("--server.port", str(port), "--server.address", "127.0.0.1"), env=env,
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                            cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit(f"the dashboard exited with {proc.returncode} before it answered")
+        return urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200
+
     try:
-        wait_until(lambda: urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200, 60,
-                   "streamlit")
+        try:
+            wait_until(ready, STREAMLIT_START_S, "streamlit")
+        except (RuntimeError, SystemExit) as e:
+            tail = Path(log.name).read_text(errors="replace").splitlines()[-20:]
+            raise RuntimeError(f"{e}; its output ends:\n" + "\n".join(tail)) from None
         yield url
     finally:
         proc.terminate()
@@ -606,6 +621,8 @@ def streamlit_app(env: dict[str, str], cwd: Path | None = None):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
