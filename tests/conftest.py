@@ -536,6 +536,27 @@ def _main_module_kept():
         sys.modules["__main__"] = main
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _background_jobs_end_with_their_module():
+    """The pages' background jobs (the alert history, the Advisor's tuning: tens of seconds each,
+    in child processes of the process that ran the page) end with the test module that started
+    them, instead of running on beside later modules' tests and holding the one-at-a-time lock a
+    later job waits for (a one-second test of the background module once took 14 s that way). Their
+    futures are forgotten with them, so a later page starts its own."""
+    yield
+    import multiprocessing
+
+    ended = [p for p in multiprocessing.active_children() if p.name == "warmscope-background"]
+    for p in ended:
+        p.terminate()
+    for p in ended:
+        p.join(10)
+    cached = sys.modules.get("warmscope.app.dashboard.cached")
+    if ended and cached is not None:
+        cached._history_jobs.clear()
+        cached._advice_jobs.clear()
+
+
 @pytest.fixture(scope="session")
 def vllm_engines():
     """The session's :class:`EnginePool`: ``vllm_engines(n, **config)`` returns n running engines
