@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from warmscope.app.dashboard import data
 from warmscope.app.dashboard.state import step
@@ -52,12 +53,31 @@ def label_row(rows: list[list[tuple[float, float]]], x0: float, x1: float) -> in
     return len(rows) - 1
 
 
+def span_one_instant(fig: go.Figure, start: float, end: float) -> None:
+    """A time axis whose traces hold one instant at most (one bucket of data in the range) spans
+    the range instead: plotly's autorange would zoom into a millisecond around the point, with
+    ticks such as 02:20:59.9995."""
+    first = None
+    for trace in fig.data:
+        x = getattr(trace, "x", None)
+        if x is None or len(x) == 0:
+            continue
+        arr = np.asarray(x)
+        if first is None:
+            first = arr[0]
+        if (arr != first).any():
+            return
+    fig.update_xaxes(range=[pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s")])
+
+
 def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:
     """Draw runs (green ticks), fault windows (red bands) and alert onsets (orange lines) on a time
-    axis; ``alerts`` defaults to the alerts open at the range's end (:func:`open_alerts`).
+    axis; ``alerts`` defaults to the alerts open at the range's end (:func:`open_alerts`). A chart
+    of one instant spans the range (:func:`span_one_instant`).
 
     The shapes are added in one layout update: plotly's ``add_vline``/``add_vrect`` re-validate
     every shape already on the figure, which made a day of runs cost seconds per chart."""
+    span_one_instant(fig, start, end)
     a = time_marks(start, end)
     if alerts is None:
         alerts = open_alerts(start, end)

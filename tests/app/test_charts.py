@@ -1,4 +1,5 @@
-"""Chart helpers: fault labels close in time stack instead of printing over each other."""
+"""Chart helpers: fault labels close in time stack instead of printing over each other; a chart of one
+instant spans the range."""
 
 from warmscope.app.dashboard.charts import LABEL_CHAR_FRACTION, label_row
 
@@ -21,3 +22,28 @@ def test_the_demo_days_two_faults_take_two_rows_on_a_day_and_one_on_six_hours():
         got = [label_row(rows, x0, x0 + len(text) * LABEL_CHAR_FRACTION * span)
                for x0, text in ((18.38 * 3600, "fault: bypass"), (20.88 * 3600, "fault: tenant_isolation"))]
         assert got == want, hours
+
+
+def test_a_chart_of_one_instant_spans_the_range_and_others_keep_plotlys():
+    """One bucket of data in the range (an engine scraped for two minutes of a 6-hour range): plotly
+    would zoom the axis into a millisecond around the point; the range is shown instead."""
+    import pandas as pd
+    import plotly.express as px
+    import plotly.graph_objects as go
+    from warmscope.app.dashboard.charts import span_one_instant
+
+    start, end = 1_796_400_000.0, 1_796_421_600.0  # six hours
+    at = pd.Timestamp(1_796_421_300, unit="s")
+    # two series (instances), each one point, at the same instant
+    one = px.line(pd.DataFrame({"time": [at, at], "usage": [0.25, 0.3], "instance": ["a", "b"]}),
+                  x="time", y="usage", color="instance")
+    span_one_instant(one, start, end)
+    assert tuple(one.layout.xaxis.range) == (pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s"))
+    # a second instant in any trace: plotly's own autorange stays
+    two = go.Figure([go.Scatter(x=[at], y=[0.5]), go.Scatter(x=[at + pd.Timedelta(minutes=3)], y=[0.3])])
+    span_one_instant(two, start, end)
+    assert two.layout.xaxis.range is None
+    # no data at all: nothing to zoom into, the range is shown
+    empty = go.Figure([go.Scatter(x=[], y=[])])
+    span_one_instant(empty, start, end)
+    assert empty.layout.xaxis.range is not None

@@ -401,18 +401,17 @@ def _kv_usage(start: float, end: float) -> None:
         st.info("No KV-cache usage in this range.")
     else:
         kv["time"] = pd.to_datetime(kv.ts, unit="s")
-        st.plotly_chart(
-            px.line(
-                kv,
-                x="time",
-                y="usage",
-                color="instance",
-                range_y=[0, 1],
-                markers=True,
-                title="KV-cache usage",
-            ),
-            width="stretch",
+        fig = px.line(
+            kv,
+            x="time",
+            y="usage",
+            color="instance",
+            range_y=[0, 1],
+            markers=True,
+            title="KV-cache usage",
         )
+        charts.span_one_instant(fig, start, end)
+        st.plotly_chart(fig, width="stretch")
 
 
 def _engine_ttft(start: float, end: float) -> None:
@@ -436,14 +435,13 @@ def _engine_ttft(start: float, end: float) -> None:
     ttft["time"] = pd.to_datetime(ttft.ts, unit="s")
     q = (ttft["quantile"] * 100).round().astype(int).astype(str)
     ttft["series"] = ttft.instance + " P" + q
-    st.plotly_chart(
-        px.line(
-            ttft,
-            x="time",
-            y="seconds",
-            color="series",
-            markers=True,
-            title="TTFT P50 / P95 / P99",
-        ),
-        width="stretch",
+    fig = px.line(
+        ttft,
+        x="time",
+        y="seconds",
+        color="series",
+        markers=True,
+        title="TTFT P50 / P95 / P99",
     )
+    charts.span_one_instant(fig, start, end)
+    st.plotly_chart(fig, width="stretch")
