@@ -9,7 +9,7 @@
 # The quick path:  bash scripts/test.sh --quick [pytest args]
 # Every test that needs no external service and is not slow (markers in pyproject.toml): no
 # redis-server, prometheus/promtool/victoria-metrics, vLLM or Chromium is installed or started.
-# 1½ to 2½ minutes on two idle cores (the machine decides); lint is scripts/lint.sh.
+# 1½ to 3 minutes on two idle cores (the machine decides); lint is scripts/lint.sh.
 #
 # Both run the tests in parallel (pytest-xdist; WARMSCOPE_TEST_WORKERS=N sets the number of
 # workers, 0 runs them in this process): the quick path on one worker per core, the whole suite on

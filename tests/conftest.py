@@ -539,18 +539,28 @@ def _main_module_kept():
 @pytest.fixture(autouse=True, scope="module")
 def _background_jobs_end_with_their_module():
     """The pages' background jobs (the alert history, the Advisor's tuning: tens of seconds each,
-    in child processes of the process that ran the page) end with the test module that started
-    them, instead of running on beside later modules' tests and holding the one-at-a-time lock a
-    later job waits for (a one-second test of the background module once took 14 s that way). Their
-    futures are forgotten with them, so a later page starts its own."""
+    in child processes of the process that ran the page, one at a time) end with the test module
+    that started them, instead of running on beside later modules' tests and holding the
+    one-at-a-time lock a later job waits for (a one-second test of the background module once took
+    14 s that way). Jobs still queued behind the lock start their child when the one before ends:
+    each is ended too, until no job's watcher is left. Their futures are forgotten with them, so a
+    later page starts its own."""
     yield
     import multiprocessing
+    import threading
 
-    ended = [p for p in multiprocessing.active_children() if p.name == "warmscope-background"]
-    for p in ended:
-        p.terminate()
-    for p in ended:
-        p.join(10)
+    ended = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        kids = [p for p in multiprocessing.active_children() if p.name == "warmscope-background"]
+        for p in kids:
+            p.terminate()
+        for p in kids:
+            p.join(10)
+        ended += len(kids)
+        if not any(t.name == "warmscope-background-watch" and t.is_alive() for t in threading.enumerate()):
+            break
+        time.sleep(0.02)
     cached = sys.modules.get("warmscope.app.dashboard.cached")
     if ended and cached is not None:
         cached._history_jobs.clear()

@@ -165,7 +165,7 @@ class KVState:
         self.block_size = block_size
         self.max_sessions = max_sessions
         self.clock = clock  # wall time, for the indexes' residency
-        self.wait_clock = wait_clock  # measures the waits (submit's wait_s, TRACE_WAIT_S)
+        self.wait_clock = wait_clock  # the deadlines of submit's wait_s and of TRACE_WAIT_S
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._cond = threading.Condition()
         self._pending: list[_Pending] = []

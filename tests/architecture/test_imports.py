@@ -47,14 +47,15 @@ def test_the_module_list_is_complete():
 
 
 IMPORT_EACH = Path(__file__).with_name("import_each.py")
-# what importing every module loads besides the project's own (the children's preload)
+# the top-level packages importing every module loads besides the project (the children's preload)
 _LOADED = """import importlib, sys
-for m in sys.argv[1:]:
+prefix = sys.argv[1]
+for m in sys.argv[2:]:
     try:
         importlib.import_module(m)
     except BaseException:
         pass
-print("\\n".join(n for n in sorted(sys.modules) if n.split(".")[0] not in ("warmscope", "__main__")))
+print("\\n".join(n for n in sorted(sys.modules) if "." not in n and n not in (prefix, "__main__")))
 """
 
 
@@ -72,7 +73,7 @@ def import_each(prefix: str, mods: list[str], preload: list[str], **kw) -> dict[
 @pytest.mark.slow
 def test_every_module_imports_first_among_the_projects_modules():
     mods = modules()
-    loaded = subprocess.run([sys.executable, "-c", _LOADED, *mods], capture_output=True, text=True,
+    loaded = subprocess.run([sys.executable, "-c", _LOADED, "warmscope", *mods], capture_output=True, text=True,
                             timeout=300, check=True).stdout.split()
     assert "pandas" in loaded and not any(m.startswith("warmscope") for m in loaded)
     failed = {m: err for m, (rc, err) in import_each("warmscope", mods, loaded).items() if rc}
@@ -80,26 +81,43 @@ def test_every_module_imports_first_among_the_projects_modules():
 
 
 def test_import_each_finds_a_cycle_that_bites_in_one_order(tmp_path):
-    """The harness itself: ``cyc.a`` and ``cyc.b`` import each other by name (each fails when
-    imported first: the other finds it half-made), ``cyc.ok`` imports one of them only inside a
-    function. In one interpreter the second import would succeed from the module cache; forked
-    from a preloaded interpreter, each is first and fails."""
+    """The harness itself, on a package of its own:
+
+    * ``cyc.a`` defines ``f`` and then imports ``g`` from ``cyc.b``; ``cyc.b`` imports ``f`` from
+      ``cyc.a`` and then defines ``g``. Imported a first, both load; b first finds a half-made
+      that asks b for a ``g`` it has not made yet. In one interpreter, a then b would both pass
+      (b comes from the module cache); each in its own child, b fails.
+    * ``cyc.late`` imports ``concurrent`` and uses ``concurrent.futures`` at import: it fails in a
+      fresh interpreter, and must fail here although another module (``cyc.early``) imported
+      ``concurrent.futures`` in the interpreter that found what to preload.
+    * ``cyc.hang`` never finishes importing: it is ended and reported, by name, without holding up
+      the rest."""
     pkg = tmp_path / "cyc"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from cyc.b import g\n\ndef f():\n    return g\n")
+    (pkg / "a.py").write_text("def f():\n    return 1\n\nfrom cyc.b import g  # noqa\n")
     (pkg / "b.py").write_text("from cyc.a import f\n\ndef g():\n    return f\n")
-    (pkg / "ok.py").write_text("import json\n\ndef h():\n    from cyc.a import f\n    return f\n")
-    got = import_each("cyc", ["cyc.a", "cyc.ok", "cyc.b"], ["json", "cyc_absent"],
-                      env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert got["cyc.ok"] == (0, "")
-    for m, name in (("cyc.a", "f"), ("cyc.b", "g")):  # a first: b finds a half-made, no f
-        rc, err = got[m]
-        assert rc == 1 and err.startswith("ImportError") and f"cannot import name '{name}'" in err, got
-    # nothing of the project may be preloaded: the harness refuses
-    r = subprocess.run([sys.executable, str(IMPORT_EACH), "cyc", "cyc.ok"], input="cyc.a\n", capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert r.returncode != 0 and "cyc modules were loaded before the children" in r.stderr
+    (pkg / "early.py").write_text("import concurrent.futures\n")
+    (pkg / "late.py").write_text("import concurrent\n\nPOOL = concurrent.futures.ThreadPoolExecutor\n")
+    (pkg / "hang.py").write_text("import threading\n\nthreading.Event().wait()\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    mods = ["cyc.a", "cyc.b", "cyc.early", "cyc.late"]
+    loaded = subprocess.run([sys.executable, "-c", _LOADED, "cyc", *mods], capture_output=True, text=True,
+                            timeout=60, env=env, check=True).stdout.split()
+    assert "concurrent" in loaded and "concurrent.futures" not in loaded
+    got = import_each("cyc", [*mods, "cyc.hang"], loaded, env={**env, "WARMSCOPE_IMPORT_LIMIT_S": "2"})
+    assert got["cyc.a"] == (0, "") and got["cyc.early"] == (0, "")
+    rc, err = got["cyc.b"]
+    assert rc == 1 and err.startswith("ImportError") and "cannot import name 'g'" in err, got
+    rc, err = got["cyc.late"]
+    assert rc == 1 and err.startswith("AttributeError") and "futures" in err, got
+    assert got["cyc.hang"][0] == -14, got  # SIGALRM
+    # nothing of the project may be preloaded, and only top-level packages: the harness refuses
+    for preload, said in ((["cyc"], "cyc modules were loaded before the children"),
+                          (["concurrent.futures"], "only top-level packages are preloaded")):
+        r = subprocess.run([sys.executable, str(IMPORT_EACH), "cyc", *preload], input="cyc.a\n", capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert r.returncode != 0 and said in r.stderr, r.stderr
 
 
 def test_the_import_contract_holds():
