@@ -14,9 +14,9 @@
 # Both run the tests in parallel (pytest-xdist; WARMSCOPE_TEST_WORKERS=N sets the number of
 # workers, 0 runs them in this process): the quick path on one worker per core, the whole suite on
 # one more (its tests also wait: on scrapes, real-time runs, engines starting), at most 4. The
-# engine tests share one worker and its vLLM engines; a module whose tests share a fixture runs on
-# one worker (tests/conftest.py). The ten slowest tests and the time per marker are printed at the
-# end.
+# engine tests share one worker and its vLLM engines (the what-if module's own engines another);
+# a module whose tests share a fixture runs on one worker (tests/conftest.py). The ten slowest
+# tests and the time per marker are printed at the end.
 QUICK="not engine and not redis and not prometheus and not browser and not slow"
 source "$(dirname "$0")/_setup.sh"
 ensure_venv dev

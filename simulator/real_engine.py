@@ -241,6 +241,36 @@ def reap_stale(
     return found
 
 
+# vLLM inspects the model's class in a subprocess of its own (a third import of torch and vLLM
+# beside the API server's and the engine core's: about 8 s of CPU and of the start's wall time
+# here) unless its cache root holds that class's model info, keyed by a hash of the class's
+# source. Each engine has a cache root of its own (its run folder), so the info one engine wrote
+# is kept here and copied into the next one's; a stale copy only means vLLM inspects again.
+def _modelinfos() -> Path:
+    return home() / "vllm-modelinfos"
+
+
+def _seed_modelinfos(cache_root: Path) -> None:
+    """Copy the kept model info into a new engine's cache root (nothing when none is kept)."""
+    with contextlib.suppress(OSError):
+        if _modelinfos().is_dir():
+            shutil.copytree(_modelinfos(), cache_root / "modelinfos", dirs_exist_ok=True)
+
+
+def _keep_modelinfos(cache_root: Path) -> None:
+    """Keep the model info a started engine's vLLM wrote (replacing a stale copy atomically)."""
+    with contextlib.suppress(OSError):
+        for f in (cache_root / "modelinfos").glob("*.json"):
+            kept = _modelinfos() / f.name
+            data = f.read_bytes()
+            if kept.is_file() and kept.read_bytes() == data:
+                continue
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_name(f".{f.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, kept)
+
+
 class VLLMEngine:
     """One vLLM server process group on 127.0.0.1, started and stopped by us."""
 
@@ -357,6 +387,11 @@ class VLLMEngine:
         )
         if self.dev_endpoints:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        # OpenMP threads that wait for work sleep instead of spinning: the same answers in the
+        # same time, and about a quarter less CPU per request on a machine that shares its cores
+        # (40 sequential requests: 4.1 s of CPU instead of 5.4, the same 2.8 s wall)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        _seed_modelinfos(self.run_dir / "vllm-cache")
         logf = open(self.run_dir / "engine.log", "wb")
         t0 = time.monotonic()
         self.log(f"starting vLLM on {self.url} (log: {self.run_dir / 'engine.log'})")
@@ -379,6 +414,7 @@ class VLLMEngine:
         except BaseException:
             self.stop(keep_log=True)
             raise
+        _keep_modelinfos(self.run_dir / "vllm-cache")
         self.startup_s = time.monotonic() - t0
         return self
 

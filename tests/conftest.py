@@ -95,8 +95,9 @@ def pytest_collection_modifyitems(config, items):
 
 # --- parallel runs (pytest-xdist, scripts/test.sh: -n N --dist loadgroup --no-loadscope-reorder) ---
 # (the groups reach the controller's scheduler through a file: see pytest_xdist_make_scheduler)
-# Work goes to the workers in groups: every engine test in one group (one worker, one pool of
-# engines for the session: vllm_engines), every module whose tests share a module- or
+# Work goes to the workers in groups: the engine tests in one group (one worker, one pool of
+# engines for the session: vllm_engines), but for a module with engines of its own that names a
+# group of its own (ENGINE_GROUP: a second worker and pool), every module whose tests share a module- or
 # class-scoped fixture (a simulated store, a served dashboard, a live Prometheus) in a group of
 # its own, so each such fixture is built once; every other test alone. Groups are handed out in
 # the order below, the longest first, so that no long group starts last.
@@ -105,7 +106,10 @@ def pytest_collection_modifyitems(config, items):
 def _group(item) -> tuple[int, str | None]:
     """(rank, group): lower ranks are handed out first; group None runs the test alone."""
     if item.get_closest_marker("engine"):
-        return 0, "engine"
+        # a module whose engines no other module asks for (configurations of its own) may name a
+        # group of its own (ENGINE_GROUP): its engines then start and serve on another worker,
+        # beside the rest, instead of after them on one worker (the longest path of the run)
+        return 0, "engine-" + getattr(item.module, "ENGINE_GROUP", "shared")
     defs = getattr(item, "_fixtureinfo", None)
     shared = defs is not None and any(
         fd.scope in ("module", "class", "package")

@@ -36,6 +36,12 @@ def test_engine_serves_prefix_cache_hits_and_stops_clean(vllm_engines):
     assert queries == first["prompt_tokens"] + second["prompt_tokens"]
     om = eng.metrics_text(openmetrics=True)
     assert "prefix_cache_hits" in om
+    # the model info vLLM wrote while starting is kept for the next engine's start (vLLM then
+    # skips inspecting the model in a subprocess of its own)
+    written = sorted((eng.run_dir / "vllm-cache" / "modelinfos").glob("*.json"))
+    assert written
+    for f in written:
+        assert (real_engine.home() / "vllm-modelinfos" / f.name).read_bytes() == f.read_bytes()
     pid, run_dir = eng.proc.pid, eng.run_dir
     eng.stop()
     with pytest.raises(ProcessLookupError):
