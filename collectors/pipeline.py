@@ -958,11 +958,14 @@ class Telemetry:
 
     def _export_early(self, now: float, side: dict[Any, Any]) -> None:
         agg = self.aggregator
-        closed = [w for w in agg.early if now > w.until]
+        # At close every window goes (final() cut them at the clock, which a simulated clock
+        # does not move past: ``now > until`` alone would leave them unexported, counted dropped)
+        closed = [w for w in agg.early if now > w.until or self._final]
         if not closed:
             return
         with agg._lock:
-            agg.early = [w for w in agg.early if now <= w.until]
+            gone = {id(w) for w in closed}
+            agg.early = [w for w in agg.early if id(w) not in gone]
         h = self.hasher.hash
         for win in closed:
             for key, (first, n, fam) in list(win.seen.items()):

@@ -105,6 +105,26 @@ def test_recall_window_records_keys_seen_after_the_run(make_tel):
     assert early.key_hash.isin(warmed).sum() == 1
 
 
+def test_a_recall_window_open_at_close_is_written_under_a_clock_that_stands_still(make_tel):
+    # A simulated clock stands still while the pipeline closes: the window cut at the clock
+    # (until == now) is written at close, not left behind and counted dropped (it was, for every
+    # warm-up whose window was still open at the end of a simulated span)
+    clock = Clock()
+    tel = make_tel(clock=clock, early_window_s=600)
+    kv = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
+    with tel.warmup("static_topk", layer="prefix_kv", tenant="t") as run:
+        run.warmed("kv:1")
+    clock.t += 10
+    with request_context(tenant="t", telemetry=tel):
+        for k in ("kv:1", "kv:2", "kv:2"):
+            kv.get(k)
+    store = tel.store
+    tel.close()
+    early = store.frame("early_keys")
+    assert sorted(early.lookups) == [1, 2]  # kv:1 once, kv:2 twice
+    assert tel.aggregator.dropped.get("store", 0) == 0
+
+
 def test_keys_read_counter_gives_precision_in_prometheus_terms(make_tel):
     clock = Clock()
     tel = make_tel(clock=clock)
