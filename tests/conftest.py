@@ -365,18 +365,47 @@ def make_tel(tmp_path):
 STORE_CACHE = Path(os.environ.get("WARMSCOPE_TEST_STORES", Path.home() / ".cache" / "warmscope" / "test-stores"))
 
 
-@functools.lru_cache(maxsize=1)
-def simulator_version() -> str:
-    """A digest of everything a simulated store depends on: the simulator's, the collectors' and the
-    model's source, numpy's and Python's versions."""
-    import numpy
-    import warmscope.simulator
+_SIM_FOLDERS = ("model", "collectors", "sources", "simulator")
+_DYNAMIC = ("sources",)  # packages that import their modules by name (sources/__init__.py)
 
-    root = Path(warmscope.simulator.__file__).resolve().parents[1]
+
+def simulation_sources(root: Path) -> list[Path]:
+    """The source files a simulated store can depend on: every module of model/, collectors/,
+    sources/ and simulator/ that ``warmscope.simulator`` imports, directly or not (its static
+    import graph, function-level imports included: grimp, import-linter's), with their packages'
+    ``__init__.py``, and every module of a package that imports its modules by name. Not the
+    engine harness, the gateway or the KV-event subscriber: a change there leaves the cached
+    stores valid (tests/simulator/test_store_cache_key.py checks that a simulation imports nothing
+    else). Without grimp: every file of those folders."""
+    every = sorted(p for folder in _SIM_FOLDERS for p in (root / folder).rglob("*.py"))
+    try:
+        import grimp
+    except ImportError:
+        return every
+    graph = grimp.build_graph(*(f"warmscope.{f}" for f in _SIM_FOLDERS), cache_dir=None)
+    mods = {"warmscope.simulator"} | graph.find_upstream_modules("warmscope.simulator")
+    keep: set[Path] = set()
+    for m in mods:
+        parts = m.split(".")[1:]  # without "warmscope"
+        for i in range(1, len(parts) + 1):  # the module and the packages Python runs first
+            base = root.joinpath(*parts[:i])
+            keep.add(base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py"))
+    return [p for p in every if p in keep or p.relative_to(root).parts[0] in _DYNAMIC]
+
+
+@functools.lru_cache(maxsize=4)
+def simulator_version(root: Path | None = None) -> str:
+    """A digest of everything a simulated store depends on: the source of the modules a
+    simulation imports (:func:`simulation_sources`), numpy's and Python's versions."""
+    import numpy
+
+    if root is None:
+        import warmscope.simulator
+
+        root = Path(warmscope.simulator.__file__).resolve().parents[1]
     h = hashlib.sha256(f"{sys.version} numpy {numpy.__version__}".encode())
-    for folder in ("model", "collectors", "simulator"):
-        for path in sorted((root / folder).rglob("*.py")):
-            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    for path in simulation_sources(root):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
