@@ -53,10 +53,15 @@ def label_row(rows: list[list[tuple[float, float]]], x0: float, x1: float) -> in
     return len(rows) - 1
 
 
+PAD = 0.02  # of the range, after its end, on a chart of one instant
+
+
 def span_one_instant(fig: go.Figure, start: float, end: float) -> None:
     """A time axis whose traces hold one instant at most (one bucket of data in the range) spans
     the range instead: plotly's autorange would zoom into a millisecond around the point, with
-    ticks such as 02:20:59.9995."""
+    ticks such as 02:20:59.9995. The axis ends a little after the range (``PAD`` of it), so a
+    point at the range's end is drawn whole, not cut in half by the plot's edge, and each point
+    is drawn with a marker."""
     first = None
     for trace in fig.data:
         x = getattr(trace, "x", None)
@@ -67,7 +72,10 @@ def span_one_instant(fig: go.Figure, start: float, end: float) -> None:
             first = arr[0]
         if (arr != first).any():
             return
-    fig.update_xaxes(range=[pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s")])
+    pad = (end - start) * PAD
+    fig.update_xaxes(range=[pd.Timestamp(start, unit="s"), pd.Timestamp(end + pad, unit="s")])
+    # a line of one point is a dot a pixel wide: each point gets a marker
+    fig.update_traces(mode="lines+markers", selector={"type": "scatter"})
 
 
 def annotate(fig: go.Figure, start: float, end: float, alerts: pd.DataFrame | None = None) -> None:

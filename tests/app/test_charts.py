@@ -38,11 +38,16 @@ def test_a_chart_of_one_instant_spans_the_range_and_others_keep_plotlys():
     one = px.line(pd.DataFrame({"time": [at, at], "usage": [0.25, 0.3], "instance": ["a", "b"]}),
                   x="time", y="usage", color="instance")
     span_one_instant(one, start, end)
-    assert tuple(one.layout.xaxis.range) == (pd.Timestamp(start, unit="s"), pd.Timestamp(end, unit="s"))
+    # the range, and 2 % of it after its end (432 s of six hours: 21,600 s x 0.02), so a point
+    # at the end is drawn whole
+    assert tuple(one.layout.xaxis.range) == (pd.Timestamp(start, unit="s"),
+                                             pd.Timestamp(end + 432, unit="s"))
+    assert {t.mode for t in one.data} == {"lines+markers"}  # a lone point is a marker, not a pixel
     # a second instant in any trace: plotly's own autorange stays
     two = go.Figure([go.Scatter(x=[at], y=[0.5]), go.Scatter(x=[at + pd.Timedelta(minutes=3)], y=[0.3])])
     span_one_instant(two, start, end)
     assert two.layout.xaxis.range is None
+    assert {t.mode for t in two.data} == {None}
     # no data at all: nothing to zoom into, the range is shown
     empty = go.Figure([go.Scatter(x=[], y=[])])
     span_one_instant(empty, start, end)
