@@ -373,9 +373,10 @@ def simulation_sources(root: Path) -> list[Path]:
     """The source files a simulated store can depend on: every module of model/, collectors/,
     sources/ and simulator/ that ``warmscope.simulator`` imports, directly or not (its static
     import graph, function-level imports included: grimp, import-linter's), with their packages'
-    ``__init__.py``, and every module of a package that imports its modules by name. Not the
-    engine harness, the gateway or the KV-event subscriber: a change there leaves the cached
-    stores valid (tests/simulator/test_store_cache_key.py checks that a simulation imports nothing
+    ``__init__.py``, and every module of a package that imports its modules by name
+    (``from warmscope.sources import X``) when the package itself is imported. Not the engine
+    harness, the gateway, the KV-event subscriber or the Prometheus source: a change there leaves
+    the cached stores valid (tests/simulator/test_store_cache_key.py checks that a simulation imports nothing
     else). Without grimp: every file of those folders."""
     every = sorted(p for folder in _SIM_FOLDERS for p in (root / folder).rglob("*.py"))
     try:
@@ -390,7 +391,9 @@ def simulation_sources(root: Path) -> list[Path]:
         for i in range(1, len(parts) + 1):  # the module and the packages Python runs first
             base = root.joinpath(*parts[:i])
             keep.add(base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py"))
-    return [p for p in every if p in keep or p.relative_to(root).parts[0] in _DYNAMIC]
+    # a package that imports its modules by name counts whole when it is itself imported
+    whole = {d for d in _DYNAMIC if f"warmscope.{d}" in mods}
+    return [p for p in every if p in keep or p.relative_to(root).parts[0] in whole]
 
 
 @functools.lru_cache(maxsize=4)
