@@ -185,6 +185,37 @@ _SUMMARY_MARKERS = ("engine", "browser", "prometheus", "redis", "slow")
 
 
 _setups: dict[str, float] = {}
+# CPU seconds per test, of the process that ran it ("self") and of the children it waited for
+# (CLI calls, builds; not the services a fixture keeps running): a CPU-bound suite's time goes
+# where the CPU goes, which a wall time alone does not say.
+_cpu: dict[str, list[float]] = {}
+_cpu_mark: list[float] = []
+_workers: dict[str, str] = {}
+TIMES_FILE = Path(__file__).resolve().parents[1] / "test-output" / "test-times.json"
+
+
+def _rusage() -> list[float]:
+    import resource
+
+    return [
+        r.ru_utime + r.ru_stime
+        for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    ]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid, location):
+    _cpu_mark[:] = _rusage()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    now = _rusage()
+    before = _cpu_mark or now
+    # each phase's report carries the CPU spent since the last one (setup: since the test started)
+    outcome.get_result().user_properties.append(("cpu_s", [a - b for a, b in zip(now, before, strict=True)]))
+    _cpu_mark[:] = now
 
 
 def pytest_runtest_logreport(report):
@@ -192,6 +223,40 @@ def pytest_runtest_logreport(report):
     if report.when == "setup":
         _setups[report.nodeid] = report.duration
     _marks.setdefault(report.nodeid, {m for m in _SUMMARY_MARKERS if m in report.keywords})
+    cpu = dict(report.user_properties).get("cpu_s")
+    if cpu:
+        acc = _cpu.setdefault(report.nodeid, [0.0, 0.0])
+        acc[0] += cpu[0]
+        acc[1] += cpu[1]
+    node = getattr(report, "node", None)  # the xdist worker that ran it
+    if node is not None:
+        _workers[report.nodeid] = str(getattr(node, "gateway", node).id)
+
+
+def _marker(nodeid: str) -> str:
+    return next((m for m in _SUMMARY_MARKERS if m in _marks.get(nodeid, ())), "unmarked")
+
+
+def _write_times() -> None:
+    """Every test's wall and CPU seconds to test-output/test-times.json (for finding where a run's
+    time went; the terminal shows the ten slowest)."""
+    rows = [
+        {
+            "test": nodeid,
+            "wall_s": round(t, 3),
+            "setup_s": round(_setups.get(nodeid, 0.0), 3),
+            "cpu_self_s": round(_cpu.get(nodeid, [0.0, 0.0])[0], 3),
+            "cpu_children_s": round(_cpu.get(nodeid, [0.0, 0.0])[1], 3),
+            "marker": _marker(nodeid),
+            "worker": _workers.get(nodeid, ""),
+        }
+        for nodeid, t in sorted(_times.items(), key=lambda kv: -kv[1])
+    ]
+    try:
+        TIMES_FILE.parent.mkdir(exist_ok=True)
+        TIMES_FILE.write_text(json.dumps(rows, indent=0))
+    except OSError:
+        pass
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -205,13 +270,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for nodeid, t in sorted(_setups.items(), key=lambda kv: -kv[1])[:5]:
         tr.write_line(f"{t:8.1f}s  {nodeid}")
     per: dict[str, list[float]] = {}
+    cpu: dict[str, float] = {}
     for nodeid, t in _times.items():
-        key = next((m for m in _SUMMARY_MARKERS if m in _marks.get(nodeid, ())), "unmarked")
+        key = _marker(nodeid)
         per.setdefault(key, []).append(t)
+        cpu[key] = cpu.get(key, 0.0) + sum(_cpu.get(nodeid, (0.0, 0.0)))
     tr.write_line(
         "test time by marker (first of engine, browser, prometheus, redis, slow): "
         + ", ".join(f"{k} {sum(v):.0f}s/{len(v)}" for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])))
     )
+    tr.write_line(
+        "CPU of the test processes and the children they waited for, by marker (services a fixture "
+        "keeps running not included): "
+        + ", ".join(f"{k} {v:.0f}s" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    )
+    tr.write_line("most CPU (test process + waited-for children):")
+    for nodeid, c in sorted(_cpu.items(), key=lambda kv: -sum(kv[1]))[:5]:
+        tr.write_line(f"{sum(c):8.1f}s  {nodeid}")
+    _write_times()
+    tr.write_line(f"every test's wall and CPU seconds: {TIMES_FILE}")
 
 
 @pytest.hookimpl(hookwrapper=True)
