@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from warmscope.model.registry import require, unique
 
-__all__ = ["Command", "Simple", "Group", "check_commands", "store_path"]
+__all__ = ["Command", "Simple", "Group", "check_commands", "store_path", "overwrite_problem"]
 
 Subparsers = Any  # argparse's _SubParsersAction, private in typeshed's eyes
 
@@ -69,6 +69,15 @@ class Simple:
         }
         p: argparse.ArgumentParser = sub.add_parser(self.name, help=self.help, **extra)
         self.arguments(p)
+        if "--store" not in p._option_string_actions:
+            # `warmscope CMD --store PATH` as well as `warmscope --store PATH CMD` (the messages
+            # say "pass --store PATH"); absent, the global option's value stands
+            p.add_argument(
+                "--store",
+                default=argparse.SUPPRESS,
+                metavar="PATH",
+                help="the embedded store (as `warmscope --store PATH CMD`)",
+            )
         p.set_defaults(fn=self.run)
         return p
 
@@ -119,3 +128,29 @@ def store_path(args: argparse.Namespace) -> Path:
     from warmscope.collectors.config import CollectorConfig
 
     return Path(args.store) if args.store else CollectorConfig.load().resolved_store_path()
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def overwrite_problem(flag: str, out: str | Path, store: str | Path | None = None) -> str | None:
+    """Why writing an output file at ``out`` (given as ``flag``) would destroy data, or None: it is
+    the store the command reads (``store``), or any SQLite database (a report, a trace or a table
+    never replaces one). Checked before anything is written."""
+    path = Path(out)
+    if store is not None and (
+        path.resolve() == Path(store).resolve()
+        or (path.exists() and Path(store).exists() and path.samefile(store))
+    ):
+        return f"{flag} {out} is the store this command reads; give another path"
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except OSError:  # absent, a directory, unreadable: the write itself says what is wrong
+        return None
+    if head == _SQLITE_HEADER:
+        return (
+            f"{flag} {out} is a SQLite database (a store?); warmscope does not write over one: "
+            "give another path"
+        )
+    return None

@@ -85,6 +85,18 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _unreachable(url: str, timeout_s: float = 2.0) -> str | None:
+    """Why nothing answers at ``url`` (a connection error or a timeout), or None when something
+    does (any HTTP status)."""
+    import httpx
+
+    try:
+        httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return None
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     if bad_url("gateway", "--upstream", args.upstream):
         return 2
@@ -117,6 +129,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     )
     if args.kv_events and not kvmod:
         return 2
+    down = _unreachable(args.upstream)
+    if down:
+        print(
+            f"warmscope gateway: nothing answers at {args.upstream} yet ({down}); forwarding "
+            "anyway: requests get HTTP 502 until the engine is up",
+            file=sys.stderr,
+        )
     tel = telemetry(args)
     kv = None
     if kvmod:
@@ -125,8 +144,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         watcher = KVWatcher([args.upstream, *args.kv_engine])
         if not watcher.specs:
             print(
-                f"warmscope gateway: {args.upstream} publishes no KV events (start vLLM with "
-                "--kv-events-config, see docs/kv-events.md); forwarding without them",
+                f"warmscope gateway: {args.upstream} "
+                + (
+                    "does not answer, so where it publishes KV events is unknown; restart the "
+                    "gateway once the engine is up"
+                    if down
+                    else "publishes no KV events (start vLLM with --kv-events-config, see "
+                    "docs/kv-events.md)"
+                )
+                + "; forwarding without them",
                 file=sys.stderr,
             )
         else:
@@ -170,8 +196,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         tel.close()
         app.state.recorder.close()
         st = {**app.state.recorder.stats, **app.state.stats}
+        counts = ", ".join(f"{k} {v}" for k, v in st.items() if v)
         print(
-            "warmscope gateway stopped: " + ", ".join(f"{k} {v}" for k, v in st.items() if v),
+            "warmscope gateway stopped" + (f": {counts}" if counts else " (no requests)"),
             file=sys.stderr,
         )
         if st.get("no_usage"):

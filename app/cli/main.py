@@ -33,7 +33,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup, whatif
-from .base import Command, Group, Simple, check_commands, store_path
+from .base import Command, Group, Simple, check_commands, overwrite_problem, store_path
 from .terminal import progress as _progress
 
 if TYPE_CHECKING:
@@ -384,6 +384,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if path.is_dir():
         print(f"warmscope simulate: {path} is a directory; pass --out FILE", file=sys.stderr)
         return 2
+    if args.fresh and args.append:
+        print(
+            "warmscope simulate: --fresh replaces the store and --append adds to it; pass one",
+            file=sys.stderr,
+        )
+        return 2
+    outputs = [("--faults-out", Path(args.faults_out))] if args.faults_out else []
+    if args.block_trace:  # one file per pool (simulator/engine.py BlockTraceRecorder.write)
+        bt = Path(args.block_trace)
+        outputs += [
+            ("--block-trace", bt.with_name(f"{bt.stem}-{v}{bt.suffix or '.jsonl'}"))
+            for v in cfg.arms
+        ]
+    for flag, out in outputs:
+        problem = overwrite_problem(flag, out, path)
+        if problem:
+            print(f"warmscope simulate: {problem}", file=sys.stderr)
+            return 2
     if path.exists() and args.fresh:
         _check_store(path)
     if path.exists() and not (args.fresh or args.append):
@@ -464,6 +482,17 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
         return fail(
             f"{path} does not exist; pass --store PATH (or run `warmscope demo` for demo data)"
         )
+    out = Path(args.out)
+    md = Path(args.markdown) if args.markdown else out.with_suffix(".md")
+    if out.resolve() == md.resolve():
+        return fail(
+            f"the HTML report and the Markdown one would both be {out}; give --markdown another "
+            "path (or an --out ending in .html)"
+        )
+    for flag, target in (("--out", out), ("--markdown", md)):
+        problem = overwrite_problem(flag, target, path)
+        if problem:
+            return fail(problem)
     try:
         src = EmbeddedSource(path)
         experiment = args.experiment
@@ -503,11 +532,13 @@ def cmd_report_ab(args: argparse.Namespace) -> int:
             f"--primary {args.primary!r} is not a metric of this report; metrics: "
             + ", ".join(repr(m) for m in metrics)
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(rep))
-    md = Path(args.markdown) if args.markdown else out.with_suffix(".md")
-    md.write_text(render_markdown(rep))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_html(rep))
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(render_markdown(rep))
+    except OSError as e:
+        return fail(f"cannot write {e.filename or out}: {e.strerror or e}")
     print(rep.verdict)
     print(f"wrote {out} and {md}", file=sys.stderr)
     return 0

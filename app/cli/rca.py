@@ -29,7 +29,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmscope.app.cli.base import Simple
+from warmscope.app.cli.base import Simple, overwrite_problem
 
 if TYPE_CHECKING:
     import numpy as np
@@ -178,10 +178,19 @@ def _measures(args: argparse.Namespace) -> tuple[list[str], dict[str, str]] | No
     }
 
 
+def _bounds_problem(args: argparse.Namespace) -> str | None:
+    if args.max_depth is not None and args.max_depth < 1:
+        return "--max-depth must be at least 1"
+    if args.max_causes < 1:
+        return "--max-causes must be at least 1"
+    return None
+
+
 def _print(loc: Localization, args: argparse.Namespace) -> int:
     for note in loc.notes:
         print(f"{PROG}: {note}", file=sys.stderr)
-    out = [c.as_json() for c in loc.ranked()]  # most important first
+    # most important first, at most --max-causes
+    out = [c.as_json() for c in loc.ranked()[: args.max_causes]]
     try:
         print(
             json.dumps(out, indent=None if args.compact else 2, ensure_ascii=False, allow_nan=False)
@@ -219,10 +228,9 @@ def run_csv(args: argparse.Namespace) -> int:
         return _fail(str(e))
     except LeafTableError as e:
         return _fail(f"{args.csv}, {e}")
-    if args.max_depth is not None and args.max_depth < 1:
-        return _fail("--max-depth must be at least 1")
-    if args.max_causes < 1:
-        return _fail("--max-causes must be at least 1")
+    bad = _bounds_problem(args)
+    if bad:
+        return _fail(bad)
     loc = localize(
         table,
         args.dims,
@@ -292,6 +300,18 @@ def run_store(args: argparse.Namespace) -> int:
         baseline = parse_window(args.baseline, "--baseline") if args.baseline else None
     except InputError as e:
         return _fail(str(e))
+    bad = _bounds_problem(args)
+    if bad:
+        return _fail(bad)
+    if args.dims:
+        unknown = [d for d in args.dims if d not in RCA_DIMS]
+        if unknown:
+            return _fail(
+                f"--dims {' '.join(unknown)}: not a dimension of the store's lookups; "
+                f"use some of: {' '.join(RCA_DIMS)}"
+            )
+        if len(set(args.dims)) != len(args.dims):
+            return _fail("a dimension is named twice in --dims")
     path = args.rca_store or args.store_global
     if path is None:
         from warmscope.collectors.config import CollectorConfig
@@ -302,6 +322,10 @@ def run_store(args: argparse.Namespace) -> int:
             f"no store at {path}; give --store PATH "
             "(fill one with `warmscope demo` or your services)"
         )
+    if args.export:
+        problem = overwrite_problem("--export", args.export, path)
+        if problem:
+            return _fail(problem)
     try:
         source = EmbeddedSource(path)
     except SourceError as e:

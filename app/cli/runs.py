@@ -150,6 +150,8 @@ def _row(r: Any, data: _Runs, cfg: Any) -> dict[str, Any]:
         if len(roi)
         else {}
     )
+    status = str(getattr(r, "status", None) or "ok")
+    error = str(getattr(r, "error", None) or "")
     return {
         "run_id": r.run_id,
         "started": pd.Timestamp(r.started, unit="s").strftime("%Y-%m-%d %H:%M:%S"),
@@ -165,7 +167,10 @@ def _row(r: Any, data: _Runs, cfg: Any) -> dict[str, Any]:
             {"window": w, "compute": c, "business": b}
             for w, c, b in zip(txt["window"], txt["roi_compute"], txt["roi_business"], strict=True)
         ],
-        "verdict": verdict(row),
+        "status": status,
+        "verdict": verdict(row)
+        if status == "ok"
+        else f"no verdict: the run ended {status}" + (f" ({error})" if error else ""),
         "prices": {"gpu_s": cfg.price_per_gpu_s, "conversion": cfg.value_per_conversion},
     }
 
@@ -185,8 +190,12 @@ def _print_table(out: list[dict[str, Any]], exps: list[dict[str, Any]], cfg: Any
             "precision": f"{precision:.1%}" if precision is not None else "no warmed keys",
             "recall": f"{recall:.1%}" if recall is not None else "no requests",
         }
-        for w in o["roi"]:
-            d[f"compute ROI {w['window']}"] = w["compute"]
+        for w in o["roi"]:  # one column per window; a window still open says so in its cell
+            win, unfinished = (
+                w["window"].removesuffix(" (unfinished)"),
+                "(unfinished)" in w["window"],
+            )
+            d[f"compute ROI {win}"] = w["compute"] + (" (unfinished)" if unfinished else "")
         d["business ROI T+1 h"] = next(
             (w["business"] for w in o["roi"] if w["window"].startswith("T+1 h")), ""
         )
@@ -194,7 +203,7 @@ def _print_table(out: list[dict[str, Any]], exps: list[dict[str, Any]], cfg: Any
         rows.append(d)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 60)
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(pd.DataFrame(rows).fillna("").to_string(index=False))
     for e in exps:
         print(f"\n{e['text']}")
     print(

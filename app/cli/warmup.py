@@ -13,6 +13,22 @@ from warmscope.app.cli.http import bad_url, load, telemetry
 from warmscope.app.cli.terminal import progress
 
 
+def _hours(text: str) -> float:
+    """Hours: a number (hours) or a duration (30m, 6h, 2d, 90s) as ``--since`` of the other
+    commands takes it."""
+    from warmscope.app.cli.misses import _DURATION, _UNIT_S
+
+    m = _DURATION.match(text.strip())
+    if m:
+        return float(m[1]) * _UNIT_S[m[2]] / 3600.0
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of hours nor a duration (30m, 6h, 2d)"
+        ) from None
+
+
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
@@ -37,10 +53,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--since",
-        type=float,
+        type=_hours,
         default=24.0,
         metavar="HOURS",
-        help="with --from hot: hot keys recorded in the last this many hours (default 24)",
+        help="with --from hot: hot keys recorded in the last this many hours, or a duration as "
+        "the other commands take it (30m, 6h, 2d; default 24)",
     )
     p.add_argument(
         "--top-k", type=int, default=50, help="warm at most this many prefixes (default 50)"
@@ -99,10 +116,16 @@ def cmd_warmup(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for flag, v in (("--top-k", args.top_k), ("--since", args.since)):
+    for flag, v in (("--top-k", args.top_k), ("--since", args.since), ("--timeout", args.timeout)):
         if not v > 0:
-            print(f"warmscope warmup: {flag} {v} must be positive", file=sys.stderr)
+            print(f"warmscope warmup: {flag} {v:g} must be positive", file=sys.stderr)
             return 2
+    if not args.rate >= 0:
+        print(
+            f"warmscope warmup: --rate {args.rate:g} must be positive (or 0: no limit)",
+            file=sys.stderr,
+        )
+        return 2
     runner = load("warmup", "client", "warmscope.collectors.warmup_runner")
     if runner is None:
         return 2
@@ -139,7 +162,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         f"tokens ({res.cached_tokens} already cached), {res.duration_s:.1f} s"
     )
     if res.status != "ok":
-        print(f"warmscope warmup: {line} — {res.error}", file=sys.stderr)
+        print(f"warmscope warmup: {line} — {res.error} ({args.engine})", file=sys.stderr)
         return 130 if res.status == "cancelled" else 1
     print(line, file=sys.stderr)
     return 0

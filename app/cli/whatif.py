@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warmscope.app.cli.base import Group, Simple, store_path
+from warmscope.app.cli.base import Group, Simple, overwrite_problem, store_path
 from warmscope.app.cli.misses import _since
 from warmscope.app.cli.terminal import progress
 
@@ -319,13 +319,17 @@ def render_advice(ev: Any, rec: Any) -> str:
         "seen oracle's gain (what knowing the next minutes would save, among blocks the trace "
         "had shown before the restart; the oracle knows new content too)",
     ]
-    head = f"{'K':>7}  {'strategy':<12}" + "".join(f"{f'within {h / 60:g} min':>34}" for h in hs)
+    # a horizon's column: two spaces, then its cell right-aligned in 32 (a wider cell still
+    # keeps the two spaces from its neighbour)
+    head = f"{'K':>7}  {'strategy':<12}" + "".join(f"  {f'within {h / 60:g} min':>32}" for h in hs)
     head += f"{'seen-oracle share':>22}{'precision':>11}"
     lines += [head, "-" * len(head)]
     for k, s, cells in ev.table_rows():
         row = f"{k:>7,}  {s:<12}"
         for c in cells:
-            row += f"{f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>30}"
+            row += (
+                f"  {f'{c.gain_tokens:+,.0f} ({c.gain_ci[0]:+,.0f} to {c.gain_ci[1]:+,.0f})':>32}"
+            )
         last = cells[-1]  # the longest horizon
         lo_s, hi_s = last.seen_share_ci
         share = (
@@ -389,6 +393,12 @@ def cmd_warmup_advice(args: argparse.Namespace) -> int:
     from warmscope.model.blocktrace import TraceError
 
     prog = "warmscope advise"
+    if args.json and args.json != "-":
+        problem = overwrite_problem("--json", args.json, store_path(args))
+        if not problem and args.trace and Path(args.trace).resolve() == Path(args.json).resolve():
+            problem = f"--json {args.json} is the trace this command reads; give another path"
+        if problem:
+            return _fail(prog, problem)
     try:
         tr = load_trace(
             argparse.Namespace(trace=args.trace, block_size=None, store=args.store, since=None),
@@ -415,13 +425,28 @@ def cmd_warmup_advice(args: argparse.Namespace) -> int:
         return _fail(prog, str(e))
     if args.json:
         out = {"evaluation": ev.as_dict(), "recommendation": rec.as_dict()}
-        text = json.dumps(out, indent=2, allow_nan=False, default=str)
+        # a figure the trace cannot give (no TTFT: no cost per token) is null, not NaN
+        text = json.dumps(_nan_to_none(out), indent=2, allow_nan=False, default=str)
         if args.json == "-":
             print(text)
             return 0
-        Path(args.json).write_text(text)
+        try:
+            Path(args.json).write_text(text)
+        except OSError as e:
+            return _fail(prog, f"cannot write --json {args.json}: {e.strerror or e}")
     print(render_advice(ev, rec))
     return 0
+
+
+def _nan_to_none(v: Any) -> Any:
+    """``v`` with every NaN float (at any depth of dicts, lists and tuples) replaced by None."""
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _nan_to_none(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_nan_to_none(x) for x in v]
+    return v
 
 
 # ---------------------------------------------------------------- trace
@@ -435,6 +460,9 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 
     prog = "warmscope trace export"
     args.trace = None
+    problem = overwrite_problem("--out", args.out, store_path(args))
+    if problem:
+        return _fail(prog, problem)
     try:
         tr = load_trace(args, prog)
     except ValueError as e:
@@ -475,6 +503,14 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
     except TraceError as e:
         return _fail(prog, str(e))
     path = store_path(args)
+    held = _held_trace(Path(path))
+    if held:
+        return _fail(
+            prog,
+            f"{path} already holds a block trace ({held:,} requests); a second one would mix two "
+            "traces' hash ids (the same file twice would count every request twice): import into "
+            "another store (--store NEW.sqlite)",
+        )
     shift = 0.0
     if args.align != "keep":
         end = time.time()
@@ -504,22 +540,26 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def import_demo_trace(path: Path) -> bool:
-    """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
-    and the file is there (a checkout); True when it did."""
+def _held_trace(path: Path) -> int:
+    """The requests of the block trace the store at ``path`` holds (0: none, or no store yet)."""
     from warmscope.collectors.store import EmbeddedStore, StoreError
 
-    if not DEMO_TRACE.exists():
-        return False
+    if not path.exists():
+        return 0
     try:
-        store = EmbeddedStore(Path(path))
+        store = EmbeddedStore(path)
         try:
-            have = store.query("SELECT count(*) FROM block_trace")[0][0]
+            return int(store.query("SELECT count(*) FROM block_trace")[0][0])
         finally:
             store.close()
     except StoreError:
-        return False
-    if have:
+        return 0
+
+
+def import_demo_trace(path: Path) -> bool:
+    """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
+    and the file is there (a checkout); True when it did."""
+    if not DEMO_TRACE.exists() or not Path(path).exists() or _held_trace(Path(path)):
         return False
     args = argparse.Namespace(file=str(DEMO_TRACE), block_size=None, align="end", store=str(path))
     print(

@@ -52,7 +52,7 @@ def test_every_reader_of_the_largest_cause_takes_the_top_scored_one(capsys):
 
     assert [c.element["tenant"] for c in LOC.ranked()] == ["globex", "acme", "stark", "hooli", "umbrella"]
     assert [c.element["tenant"] for c in LOC.causes][:2] == ["acme", "globex"]
-    assert _print(LOC, argparse.Namespace(compact=True)) == 0
+    assert _print(LOC, argparse.Namespace(compact=True, max_causes=10)) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [c["element"]["tenant"] for c in printed] == ["globex", "acme", "stark", "hooli", "umbrella"]
     assert "loc.ranked()[0]" in inspect.getsource(overview._what_happened)  # the overview's sentence
