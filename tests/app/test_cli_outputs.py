@@ -165,3 +165,40 @@ def test_warmup_checks_since_rate_and_timeout_before_sending(capsys):
     with pytest.raises(SystemExit):
         main(base + ["--since", "soon"])
     assert "'soon' is neither a number of hours nor a duration (30m, 6h, 2d)" in capsys.readouterr().err
+
+
+def test_the_gateway_says_at_start_when_nothing_answers_upstream(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = dict(os.environ, WARMSCOPE_KEY_SECRET="t")
+    proc = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(tmp_path / "g.sqlite"),
+                             "gateway", "--upstream", "http://127.0.0.1:9", "--port", str(port)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # up and listening, forwarding into nothing: 502 per request
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=5,
+                               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        assert r.status_code == 502
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert "Traceback" not in err
+    assert "warmscope gateway: nothing answers at http://127.0.0.1:9 yet (ConnectError" in err
+    assert "requests get HTTP 502 until the engine is up" in err
+    assert err.rstrip().splitlines()[-1].startswith("warmscope gateway stopped")
+    assert not err.rstrip().endswith(":")
