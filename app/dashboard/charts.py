@@ -56,6 +56,21 @@ def label_row(rows: list[list[tuple[float, float]]], x0: float, x1: float) -> in
 PAD = 0.02  # of the range, after its end, on a chart of one instant
 
 
+def break_at_gaps(g: pd.DataFrame, col: str, step_s: float) -> pd.DataFrame:
+    """``g`` sorted by ``col`` (bucket starts, seconds) with an all-NaN row one step after each
+    bucket whose next one is more than a step later: a line drawn through it breaks there instead
+    of joining two measured points straight across buckets that measured nothing (e.g. a cache
+    bypassed for an hour)."""
+    g = g.sort_values(col)
+    t = g[col].to_numpy(dtype=float)
+    after = t[:-1][np.diff(t) > 1.5 * step_s]
+    if not len(after):
+        return g
+    gap = pd.DataFrame({c: np.nan for c in g.columns}, index=range(len(after)))
+    gap[col] = after + step_s
+    return pd.concat([g, gap], ignore_index=True).sort_values(col, kind="stable")
+
+
 def span_one_instant(fig: go.Figure, start: float, end: float) -> None:
     """A time axis whose traces hold one instant at most (one bucket of data in the range) spans
     the range instead: plotly's autorange would zoom into a millisecond around the point, with

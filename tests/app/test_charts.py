@@ -52,3 +52,20 @@ def test_a_chart_of_one_instant_spans_the_range_and_others_keep_plotlys():
     empty = go.Figure([go.Scatter(x=[], y=[])])
     span_one_instant(empty, start, end)
     assert empty.layout.xaxis.range is not None
+
+
+def test_a_line_breaks_where_buckets_measured_nothing():
+    """Buckets of 10 min with nothing between 00:20 and 01:20 (a bypassed cache): one all-NaN row
+    at 00:30 breaks the line there; a series without gaps is left as it is."""
+    import numpy as np
+    import pandas as pd
+    from warmscope.app.dashboard.charts import break_at_gaps
+
+    g = pd.DataFrame({"bucket": [4800, 0, 600, 1200, 5400], "tenant": ["a"] * 5,
+                      "hit_rate": [0.5, 0.7, 0.7, 0.6, 0.6]})
+    out = break_at_gaps(g, "bucket", 600)
+    assert list(out.bucket) == [0, 600, 1200, 1800, 4800, 5400]  # 1200 + 600: the first empty bucket
+    assert np.isnan(out.hit_rate.iloc[3]) and out.tenant.isna().iloc[3]
+    assert list(out.hit_rate.dropna()) == [0.7, 0.7, 0.6, 0.5, 0.6]
+    same = break_at_gaps(g[g.bucket < 4800], "bucket", 600)
+    assert list(same.bucket) == [0, 600, 1200] and not same.hit_rate.isna().any()

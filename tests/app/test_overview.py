@@ -64,11 +64,14 @@ def test_hit_rate_drill_down_changes_the_selection(app):
     at = app.run()
     at.switch_page("entries/hitrate.py").run()
     at.selectbox(key="groupby").set_value("tenant").run()
-    at.selectbox(key="drill-pick").set_value("acme").run()
+    first = drill_picker(at).key
+    drill_picker(at).set_value("acme").run()
     assert at.session_state["drill"] == [("tenant", "acme")]
     assert any("tenant = acme" in b.label for b in at.button)
+    # the next level's picker is a new widget starting at "—" (a browser keeps a known key's choice)
+    assert drill_picker(at).key != first and drill_picker(at).value == "—"
     at.selectbox(key="groupby").set_value("layer").run()
-    at.selectbox(key="drill-pick").set_value("prefix_kv").run()
+    drill_picker(at).set_value("prefix_kv").run()
     assert at.session_state["drill"] == [("tenant", "acme"), ("layer", "prefix_kv")]
     at.button(key="crumb-0").click().run()  # back to tenant = acme
     assert at.session_state["drill"] == [("tenant", "acme")]
@@ -352,3 +355,8 @@ def test_breakdown_cells_read_in_plain_notation():
     assert _segment_diff(0.0123, 0.0046, 0.0201, True) == "+1.2 pts [+0.5 pts, +2.0 pts]"  # x 100, 1 decimal
     assert _segment_cell(0.000123456, False) == "0.00012" and _segment_cell(0.25, True) == "25.0%"
     assert _segment_diff(float("nan"), 0.0, 0.0, False) == "–"
+
+
+def drill_picker(at):
+    """The hit rate explorer's "Drill into a ..." picker (its key changes with each level)."""
+    return next(s for s in at.selectbox if s.label.startswith("Drill into"))

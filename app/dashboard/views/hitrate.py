@@ -54,9 +54,11 @@ def _decode(v: _View, s: str) -> list[tuple[str, str]]:
 
 def _reset_pickers() -> None:
     # Dependent pickers start over whenever the path changes: no stale value from another level.
-    for k in ("drill-pick", "groupby"):
+    for k in [k for k in st.session_state if str(k).startswith("drill-pick")] + ["groupby"]:
         st.session_state.pop(k, None)
-    # A new heatmap key: the browser keeps an old chart's click and would drill again with it.
+    # New keys for the heatmap and the drill picker: the browser keeps an old chart's click (it
+    # would drill again with it) and an old picker's choice (the next level's picker showed the
+    # value just drilled into) for a widget whose key it has seen.
     st.session_state["heat-gen"] = st.session_state.get("heat-gen", 0) + 1
 
 
@@ -151,9 +153,10 @@ def _time_chart(
     t = t[t.lookups > 0]
     keep = list(top[by].astype(str).head(12))
     t = t[t[by].astype(str).isin(keep)]
-    t["time"] = t.bucket.astype("datetime64[s]")
     fig = go.Figure()
     for val, g in t.groupby(by):
+        g = charts.break_at_gaps(g, "bucket", freq)  # no line across buckets without lookups
+        g["time"] = g.bucket.astype("datetime64[s]")
         # Prompt tokens are not independent trials: no Wilson band on a token-weighted rate.
         ci = "" if v.engine else "95% CI %{customdata[0]:.1%}–%{customdata[1]:.1%}, "
         fig.add_trace(
@@ -279,7 +282,9 @@ def _groups(v: _View, top: pd.DataFrame, by: str, path: list[tuple[str, str]]) -
         },
     )
     choice = st.selectbox(
-        f"Drill into a {v.name(by)}", ["—"] + list(top[by].astype(str)), key="drill-pick"
+        f"Drill into a {v.name(by)}",
+        ["—"] + list(top[by].astype(str)),
+        key=f"drill-pick-{st.session_state.get('heat-gen', 0)}",
     )
     if choice != "—":
         path.append((by, choice))
