@@ -636,6 +636,14 @@ def _roi(fr: Frames, cfg: Settings) -> Measurement:
         return Measurement(None, "warmup_runs, requests", "no warm-up runs")
     done = replica_runs(runs[(runs["status"] == "ok") & runs["ended"].notna()])
     T = cfg.roi_window_s
+    if float(r.attrs.get("step_s", 0) or 0) > T:  # hourly rollups cannot hold a T-second window
+        return Measurement(
+            None,
+            "warmup_runs, requests",
+            f"needs per-minute requests for its T+{T:g} s windows, and this range reads hourly "
+            "rollups (ranges over a day): choose a day or less; the Warm-up runs page has each "
+            "run's ROI at any range",
+        )
     end = float(r["ts"].max())
     saved = cost = var = 0.0
     used = unfinished = 0
@@ -678,7 +686,7 @@ def _roi(fr: Frames, cfg: Settings) -> Measurement:
     v = (saved - cost) / cost
     se = np.sqrt(var) / cost
     # the decay as the Warm-up runs page reads it (a rate only where its CI excludes no decay)
-    note = decay_summary(ks) + ", not scored"
+    note = decay_summary(ks) + " (the decay is reported beside the ROI, not scored)"
     if unfinished:
         note += (
             "; " if note else ""

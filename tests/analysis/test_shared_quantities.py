@@ -202,3 +202,24 @@ def test_a_warmups_layers_started_one_after_the_other_are_one_warmup():
     assert (first.gpu_s, first["keys"], first.started, first.ended, first.runs) == (pytest.approx(65.42), 400, 0.0,
                                                                                     45.3, 4)
     assert first.layer == "embedding+lora+prefix_kv+response"
+
+
+def test_the_roi_dimension_on_hourly_rollups_says_it_needs_minutes():
+    """The same warm-up and traffic read per minute give an ROI; read as hourly rollups (ranges over a
+    day) the T+300 s window cannot be cut out of them, and the score says so instead of "no finished
+    warm-up" (the overview's score lost its ROI on "everything" with that wrong reason)."""
+    runs = _runs([("w", "b-0", "prefix_kv", "s", "scheduled", "", 0.0, 100.0, 10, 10.0, "ok")])
+    rows = []
+    for k, g in enumerate([2.0, 4.0, 6.0, 4.0, 4.0, 5.0, 5.0], start=1):  # treated GPU-s per minute
+        rows.append((100 + 60 * k, "t", "e", "B", "m", "b-0", "true", 10, g, 0, 0.0))
+        rows.append((100 + 60 * k, "t", "e", "A", "m", "a-0", "true", 10, 10.0, 0, 0.0))
+    minute = _req(rows)
+    cfg = AnalysisConfig.load(price_per_gpu_s=0.5)
+    m = D._roi({"warmup_runs": runs, "requests": minute}, cfg)
+    # saved in (100, 400]: 10·1 − g = [8, 6, 4, 6, 6] = 30 GPU-s = $15 against the run's $5: (15 − 5) / 5
+    assert m.value == pytest.approx(2.0)
+    hourly = minute.copy()
+    hourly.attrs["step_s"] = 3600.0
+    m = D._roi({"warmup_runs": runs, "requests": hourly}, cfg)
+    assert m.value is None and "needs per-minute requests for its T+300 s windows" in m.note
+    assert "hourly rollups" in m.note
