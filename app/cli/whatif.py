@@ -533,9 +533,13 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
         n = write_store_trace(tr, path)
     except (SourceError, OSError) as e:
         return _fail(prog, str(e))
+    # the store keeps full blocks only (an engine caches no partial one): the count it holds
+    kept = int(np.minimum(tr.full, np.diff(tr.offsets)).sum())
+    partial = tr.n_blocks - kept
     print(
-        f"imported {n:,} requests ({tr.n_blocks:,} block references, {tr.block_size}-token "
-        f"blocks) into {path}; `warmscope whatif` replays them"
+        f"imported {n:,} requests ({kept:,} block references, {tr.block_size}-token blocks"
+        + (f"; {partial:,} partial last blocks left out" if partial else "")
+        + f") into {path}; `warmscope whatif` replays them"
     )
     return 0
 

@@ -89,8 +89,10 @@ def test_a_second_trace_is_not_imported_into_a_store_that_holds_one(store, tmp_p
     trace = store.with_name("bt-A.jsonl")
     target = tmp_path / "t.sqlite"
     assert main(["--store", str(target), "trace", "import", str(trace), "--align", "keep"]) == 0
-    capsys.readouterr()
-    rows = sqlite3.connect(target).execute("SELECT count(*) FROM block_trace").fetchone()[0]
+    said = capsys.readouterr().out
+    rows, blocks = sqlite3.connect(target).execute(
+        "SELECT count(*), sum(length(h)) / 8 FROM block_trace").fetchone()  # 8 bytes per block hash
+    assert f"imported {rows:,} requests ({blocks:,} block references" in said  # what the store holds
     assert rows == len(read_trace(trace).t) > 0
     for again in (trace, store.with_name("bt-B.jsonl")):  # the same file twice, or a second trace
         assert main(["--store", str(target), "trace", "import", str(again)]) == 2

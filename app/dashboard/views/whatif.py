@@ -286,7 +286,7 @@ def _headline(w: WhatIf) -> None:
 
 def _curves(w: WhatIf, capacity: int) -> None:
     st.subheader("Hit rate against capacity")
-    st.plotly_chart(_curve_chart(w, capacity), use_container_width=True)
+    st.plotly_chart(_curve_chart(w, capacity), width="stretch")
     c = w.lru
     bits = []
     for label, blocks in (
@@ -317,8 +317,8 @@ def _fixes(w: WhatIf) -> None:
     if missing:
         st.caption("Not shown, nothing to replay: " + "; ".join(missing) + ".")
     g1, g2 = st.columns(2)
-    g1.plotly_chart(_gain_chart(w), use_container_width=True)
-    g2.plotly_chart(_classes_chart(w), use_container_width=True)
+    g1.plotly_chart(_gain_chart(w), width="stretch")
+    g2.plotly_chart(_classes_chart(w), width="stretch")
     missed = tab.baseline_missed
     if missed:
         total = sum(missed.values())
