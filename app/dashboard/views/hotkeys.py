@@ -88,9 +88,17 @@ def _misses_sentence(sel: pd.DataFrame, top: pd.DataFrame) -> str:
     starts = sorted(sel.window.unique())
     span = min(b - a for a, b in zip(starts, starts[1:], strict=False)) if len(starts) > 1 else 0
     unit = f"{span / 3600:g} h " if span else ""
+    many = per[per.windows > 1]  # keys hot in several windows: the steadier figure
+    steady = (
+        f"; the {len(many)} hot in more than one window, a median "
+        f"{(many.misses / many.windows).median():.1f}"
+        if 0 < len(many) < len(per)
+        else ""
+    )
     return (
         f"The {len(top)} top keys miss a median {rate.median():.1f} times per {unit}hot-key "
-        f"window (from {rate.min():.1f} to {rate.max():.1f}) while their lookups run from "
+        f"window in which they were counted (from {rate.min():.1f} to {rate.max():.1f}{steady}) "
+        "while their lookups run from "
         f"{top.lookups.min():,.0f} to {top.lookups.max():,.0f}: a hot key misses when a replica "
         "lost it (restart without warm-up, eviction, TTL expiry), not in step with its traffic."
     )
