@@ -224,7 +224,9 @@ def cross_tenant_reads(
     if onset > end:  # shows only after end (a later window starts after the onset)
         return None
     return {
-        "shared_keys": int(len(sh.drop_duplicates(keys))),
+        # distinct keys (a key shared in three hourly windows is one key), and the windows
+        "shared_keys": int(len(sh.drop_duplicates(["layer", "key_hash"]))),
+        "shared_windows": int(sh["window"].nunique()),
         "layers": layers,
         "tenants": sorted(set(sh["tenant"])),
         "first": onset,

@@ -39,6 +39,27 @@ def test_no_shared_key_no_alert_and_windows_outside_the_range_do_not_count():
     assert cross_tenant_reads(hk, 0.0, 6000.0)["layers"] == ["embedding"]
 
 
+def test_a_key_shared_in_several_windows_is_one_key_on_every_page():
+    """The alert, the root-cause verdict and the overview count distinct keys: k1 shared in three hourly
+    windows and k2 in one are 2 keys in 3 windows (the root-cause page said 4 "keys": key × window pairs)."""
+    import numpy as np
+    from warmscope.analysis.traps import detect_all
+
+    rows = []
+    for w in (0.0, 3600.0, 7200.0):
+        rows += [(w, "acme", "response", "k1", "resp:*", 1, 0, 0), (w, "globex", "response", "k1", "resp:*", 1, 0, 0)]
+    rows += [(7200.0, "acme", "response", "k2", "resp:*", 1, 0, 0), (7200.0, "initech", "response", "k2", "resp:*", 1, 0, 0)]
+    hk = _hot(rows)
+    leak = cross_tenant_reads(hk, 0.0, 10800.0)
+    assert (leak["shared_keys"], leak["shared_windows"]) == (2, 3)
+    assert "SECURITY: 2 response keys were read by two" in evaluate({"hot_keys": hk}, 0.0, 10800.0).summary.iloc[0]
+    lk = pd.DataFrame({"ts": np.arange(60.0, 10800.0, 60.0), "layer": "response", "result": "hit", "count": 1,
+                       "tenant": "acme"})
+    v = {x.trap: x for x in detect_all({"hot_keys": hk, "lookups": lk}, (3600.0, 10800.0), (0.0, 3600.0))}
+    assert v["tenant_isolation"].numbers["shared_keys"] == 2
+    assert v["tenant_isolation"].evidence.startswith("SECURITY: 2 response keys were read by two or more tenants")
+
+
 def test_a_restarts_warm_up_is_not_a_timing_alert_and_precision_is_judged_per_strategy():
     # Two restart warm-ups of one strategy and layer: 5 % and 45 % of 20 keys read → 25 % over both runs: one
     # WarmSetPrecisionLow for the strategy × layer, no per-run alert, no "out of step with traffic".
