@@ -48,7 +48,8 @@ def test_a_key_shared_in_several_windows_is_one_key_on_every_page():
     rows = []
     for w in (0.0, 3600.0, 7200.0):
         rows += [(w, "acme", "response", "k1", "resp:*", 1, 0, 0), (w, "globex", "response", "k1", "resp:*", 1, 0, 0)]
-    rows += [(7200.0, "acme", "response", "k2", "resp:*", 1, 0, 0), (7200.0, "initech", "response", "k2", "resp:*", 1, 0, 0)]
+    rows += [(7200.0, "acme", "response", "k2", "resp:*", 1, 0, 0),
+             (7200.0, "initech", "response", "k2", "resp:*", 1, 0, 0)]
     hk = _hot(rows)
     leak = cross_tenant_reads(hk, 0.0, 10800.0)
     assert (leak["shared_keys"], leak["shared_windows"]) == (2, 3)
