@@ -98,15 +98,37 @@ def by_dimension(misses: pd.DataFrame, dim: str) -> pd.DataFrame:
     return out[cols]
 
 
+def _bucket_ending(ts: np.ndarray, freq: float) -> np.ndarray:
+    """The start ``b`` of the bucket (b, b + freq] holding each ``ts`` (a stamp on a bucket's
+    edge ends the bucket before it; exact for epoch seconds, where a subtracted epsilon is lost)."""
+    return np.asarray((np.ceil(ts / freq) - 1.0) * freq, dtype=float)
+
+
 def over_time(misses: pd.DataFrame, freq: float = 600.0) -> pd.DataFrame:
-    """ts (bucket start), miss_class, tokens: per ``freq`` seconds, every class on every bucket."""
+    """ts (bucket start), miss_class, tokens, covered_s, per_min: per ``freq`` seconds, every
+    class on every bucket. A row stamped ``ts`` counts the flush interval ending at ``ts`` (back
+    to the flush before it; the first one as long as the median interval), so bucket ``b`` holds
+    the rows of (b, b + freq]; ``covered_s`` is how long the intervals of its flushes are (a row
+    read counts its whole interval, even one that began before the range) and ``per_min`` the
+    tokens per minute over it: a bucket cut short by the range's edges or by a short last flush
+    reads as a rate, not as a drop or a spike."""
     classes = _present(misses)
     if misses.empty:
-        return pd.DataFrame(columns=["ts", "miss_class", "tokens"])
-    b = (np.floor((misses["ts"].to_numpy(float) - 1e-9) / freq) * freq).astype(float)
+        return pd.DataFrame(columns=["ts", "miss_class", "tokens", "covered_s", "per_min"])
+    ts = misses["ts"].to_numpy(float)
+    b = _bucket_ending(ts, freq)
     g = misses.assign(ts=b).groupby(["ts", "miss_class"])["tokens"].sum()
     idx = pd.MultiIndex.from_product([np.unique(b), classes], names=["ts", "miss_class"])
-    return g.reindex(idx, fill_value=0).reset_index()
+    out = g.reindex(idx, fill_value=0).reset_index()
+    flushes = np.unique(ts)
+    gaps = np.diff(flushes)
+    first = float(np.median(gaps)) if len(gaps) else freq
+    lo = np.concatenate([[flushes[0] - first], flushes[:-1]])  # each flush's interval start
+    # a flush's whole interval counts in its bucket, as its tokens do
+    covered = pd.Series(np.maximum(flushes - lo, 0.0)).groupby(_bucket_ending(flushes, freq)).sum()
+    out["covered_s"] = np.maximum(out["ts"].map(covered).to_numpy(float), 1.0)
+    out["per_min"] = out["tokens"] / out["covered_s"] * 60.0
+    return out
 
 
 def _warmed_kv(warmed_keys: pd.DataFrame) -> pd.DataFrame:

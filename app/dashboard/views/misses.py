@@ -84,15 +84,17 @@ def _classes(mt: cached.MissTables, start: float, end: float) -> None:
         ot["miss_class"].isin(table.loc[table["tokens"] > 0, "miss_class"])
     ]  # no flat zero band
     ot["time"] = pd.to_datetime(ot["ts"], unit="s")
+    # per minute over the part of each bucket the data covers: the range's first and last
+    # buckets are cut by its edges and would read as drops as counts
     fig = px.area(
         ot,
         x="time",
-        y="tokens",
+        y="per_min",
         color="miss_class",
         color_discrete_map=COLOURS,
         category_orders={"miss_class": list(COLOURS)},
         labels={
-            "tokens": f"missed tokens per {freq / 60:.0f} min",
+            "per_min": f"missed tokens per minute ({freq / 60:.0f}-min buckets)",
             "time": "",
             "miss_class": "class",
         },
