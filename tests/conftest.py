@@ -185,9 +185,10 @@ _SUMMARY_MARKERS = ("engine", "browser", "prometheus", "redis", "slow")
 
 
 _setups: dict[str, float] = {}
-# CPU seconds per test, of the process that ran it ("self") and of the children it waited for
-# (CLI calls, builds; not the services a fixture keeps running): a CPU-bound suite's time goes
-# where the CPU goes, which a wall time alone does not say.
+# CPU seconds per test, of the process that ran it ("self") and of the children reaped while it ran
+# ("children": its CLI calls and builds, but also any service a fixture stopped then, e.g. a vLLM
+# engine the pool evicted: a figure to read with care): a CPU-bound suite's time goes where the CPU
+# goes, which a wall time alone does not say.
 _cpu: dict[str, list[float]] = {}
 _cpu_mark: list[float] = []
 _workers: dict[str, str] = {}
@@ -274,19 +275,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for nodeid, t in _times.items():
         key = _marker(nodeid)
         per.setdefault(key, []).append(t)
-        cpu[key] = cpu.get(key, 0.0) + sum(_cpu.get(nodeid, (0.0, 0.0)))
+        cpu[key] = cpu.get(key, 0.0) + _cpu.get(nodeid, (0.0, 0.0))[0]
     tr.write_line(
         "test time by marker (first of engine, browser, prometheus, redis, slow): "
         + ", ".join(f"{k} {sum(v):.0f}s/{len(v)}" for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])))
     )
     tr.write_line(
-        "CPU of the test processes and the children they waited for, by marker (services a fixture "
-        "keeps running not included): "
+        "CPU of the test processes themselves, by marker (their subprocesses and services not "
+        "included; test-output/test-times.json has both): "
         + ", ".join(f"{k} {v:.0f}s" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
     )
-    tr.write_line("most CPU (test process + waited-for children):")
-    for nodeid, c in sorted(_cpu.items(), key=lambda kv: -sum(kv[1]))[:5]:
-        tr.write_line(f"{sum(c):8.1f}s  {nodeid}")
+    tr.write_line("most CPU in the test's own process:")
+    for nodeid, c in sorted(_cpu.items(), key=lambda kv: -kv[1][0])[:5]:
+        tr.write_line(f"{c[0]:8.1f}s  {nodeid}")
     _write_times()
     tr.write_line(f"every test's wall and CPU seconds: {TIMES_FILE}")
 
