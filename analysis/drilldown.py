@@ -266,7 +266,11 @@ def drill_down(
         if not (test["p"] < alpha):
             loc = Localization([], "hits/lookups", test["observed"], test["expected"], 0, 0)
             loc.change = test["change"]
-            p = "too few minutes to test" if not np.isfinite(test["p"]) else f"p = {test['p']:.2g}"
+            p = (
+                "too few minutes to test"
+                if not np.isfinite(test["p"])
+                else f"p = {test['p']:.2g}, not below the test's α = {alpha:g}"
+            )
             loc.notes.append(
                 f"no significant regression in this range: hit rate {test['observed']:.1%} vs "
                 f"{test['expected']:.1%} in the baseline ({test['change'] * 100:+.2f} points, {p}, "

@@ -275,7 +275,10 @@ def _token_cost(
     if cost is None:
         fit = fit_token_latency((trace.prompt - base.cached).astype(float), trace.ttft)
         if isinstance(fit, str):
-            return None, f"not priced in seconds: {fit}"
+            return None, (
+                "fixes are not priced in seconds of TTFT (the trace cannot say what a missed "
+                f"token costs: {fit})"
+            )
         cost = fit
     return cost, (
         f"a missed token costs {cost.per_token_s * 1e3:.4f} ms of prefill "

@@ -43,6 +43,8 @@ def test_flat_range_says_no_significant_regression():
     dd = drill_down(lk, anomaly=(T0 + 3600, T0 + 7200))
     assert not dd.significant and dd.localization.causes == []
     assert "no significant regression in this range" in dd.localization.notes[0]
+    # the p-value is read against the test's α (a p of 0.012 is "no regression" only at α = 0.01)
+    assert "not below the test's α = 0.01" in dd.localization.notes[0] or "too few minutes" in dd.localization.notes[0]
 
 
 def test_injected_fault_is_significant_and_localised():

@@ -81,3 +81,15 @@ def test_the_coverage_table_names_every_run(page):
     cov = next(df.value for df in at.dataframe if "Keys warmed" in df.value.columns)
     # newest first, one row per layer's run
     assert list(cov["Run"]) == ["run-1-b4", "run-1-b3", "run-1-b2", "run-1-b1"]
+
+
+def test_a_change_is_shown_at_the_precision_of_its_values():
+    """Before/after: GPU-s per request 0.0914 → 0.0916 is +0.0002 (it read ±0 under a fixed 5e-4 cut-off);
+    ±0 only where the change rounds to nothing at the values' own precision."""
+    from warmscope.app.dashboard.views.warmup import _cell
+
+    assert _cell("gpu_s_per_request", 0.0916 - 0.0914, signed=True) == "+0.0002"
+    assert _cell("gpu_s_per_request", 0.00001, signed=True) == "±0"
+    assert _cell("ttft_p95_s", -0.0004, signed=True) == "±0"  # -0.000 s would say nothing either
+    assert _cell("ttft_p95_s", -0.004, signed=True) == "-0.004 s"
+    assert _cell("hit_rate", 0.01, signed=True) == "+1.0 pts"

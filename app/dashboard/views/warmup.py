@@ -194,9 +194,10 @@ def _cell(metric: str, v: float | None, signed: bool = False) -> str:
         return "not enough points"
     if metric == "hit_rate":
         return f"{v * 100:+.1f} pts" if signed else f"{v:.1%}"
-    if signed and abs(v) < 5e-4:
-        return "±0"
-    s = NAMES.get(metric, (metric, "{:.3g}"))[1].format(v)
+    form = NAMES.get(metric, (metric, "{:.3g}"))[1]
+    s = form.format(v)
+    if signed and form.format(abs(v)) == form.format(0.0):
+        return "±0"  # nothing at the precision the values are shown at (0.0914 → 0.0916 is +0.0002)
     return "+" + s if signed and v >= 0 else s
 
 
@@ -304,7 +305,12 @@ def _benefit(series: pd.DataFrame, decay: Decay, cost: float) -> None:
                 go.Scatter(x=t / 60, y=decay.b0 * np.exp(-decay.k_per_hour * t / 3600), name="fit")
             )
     fig.update_layout(
-        title="Compute benefit after the warm-up and its exponential decay",
+        title="Compute benefit after the warm-up"
+        + (
+            " and its exponential decay"
+            if len(series) and significant_decay(decay)
+            else " (no decay measured: no curve)"
+        ),
         xaxis_title="minutes after the warm-up",
         yaxis_title="currency units / minute",
         height=360,
