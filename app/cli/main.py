@@ -453,6 +453,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.faults_out:
         truth = [f.ground_truth(cfg.start, cfg.hours) for f in faults]
         Path(args.faults_out).write_text(json.dumps(truth, indent=2, default=str))
+    for flag, out in outputs:  # what a replay of each pool's trace needs: its cache's capacity
+        if flag == "--block-trace" and out.exists():
+            variant = out.stem.rsplit("-", 1)[-1]
+            blocks = cfg.for_variant(variant, "kv_capacity_tokens") // cfg.block_tokens
+            print(
+                f"pool {variant}'s block trace: {out} (its replicas' prefix caches hold {blocks:,} "
+                f"blocks): warmscope whatif --trace {out} --capacity {blocks}",
+                file=sys.stderr,
+            )
     print(
         json.dumps(
             {

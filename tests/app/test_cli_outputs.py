@@ -204,3 +204,16 @@ def test_the_gateway_says_at_start_when_nothing_answers_upstream(tmp_path):
     assert "requests get HTTP 502 until the engine is up" in err
     assert err.rstrip().splitlines()[-1].startswith("warmscope gateway stopped")
     assert not err.rstrip().endswith(":")
+
+
+def test_simulate_says_the_capacity_a_replay_of_each_pools_trace_needs(tmp_path, capsys):
+    """`simulate --block-trace` names each pool's file and its cache's capacity in blocks (pool A: 400,000
+    tokens / 512 = 781; pool B given 100,000 tokens: 195), and `whatif` runs on the line it prints."""
+    assert main(["--store", str(tmp_path / "s.sqlite"), "simulate", "--hours", "0.1", "--workers", "1", "--quiet",
+                 "--block-trace", str(tmp_path / "t.jsonl"), "--b-kv-capacity", "100000"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "block trace:" in x]
+    assert [x.split(" --capacity ")[-1] for x in lines] == ["781", "195"]
+    cmd = lines[0].split(": warmscope ", 1)[1].split()
+    assert main(cmd + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity_blocks"] == 781
