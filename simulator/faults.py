@@ -110,6 +110,7 @@ def _time(s: str) -> float:
 
 # Parameters the traps read, and their types (others pass through as given).
 _PARAM_TYPES = {"min_tokens": int, "ttl_s": float}
+LAYERS = ("weights", "response", "lora", "embedding", "prefix_kv")  # the simulator's caches
 
 
 def parse_fault(spec: str) -> Fault:
@@ -131,16 +132,24 @@ def parse_fault(spec: str) -> Fault:
             raise ValueError(
                 f"unknown scope dimension {k!r} in {spec!r}; dimensions: {', '.join(DIMS)}"
             )
+        if k in scope:
+            raise ValueError(f"scope dimension {k!r} is given twice in {spec!r}; give it once")
+        if k == "layer" and v not in LAYERS:
+            raise ValueError(f"unknown layer {v!r} in {spec!r}; layers: {', '.join(LAYERS)}")
         scope[k] = v
     start, end = 0.0, float("inf")
     if m["win"]:
+        if "-" not in m["win"]:
+            raise ValueError(
+                f"window {m['win']!r} in {spec!r} must be HH:MM-HH:MM (a start and an end)"
+            )
         try:
             a, b = m["win"].split("-", 1)
             start, end = _time(a), _time(b)
         except ValueError as e:
             raise ValueError(f"window {m['win']!r} in {spec!r} must be HH:MM-HH:MM ({e})") from None
         if end <= start:
-            raise ValueError(f"window {m['win']!r} in {spec!r} ends before it starts")
+            raise ValueError(f"window {m['win']!r} in {spec!r} must end after it starts")
     params: dict[str, Any] = {}
     for part in filter(None, (m["params"] or "").split(";")):
         if "=" not in part:
@@ -159,8 +168,8 @@ def parse_fault(spec: str) -> Fault:
                 ) from None
             params[k] = num
             continue
-        try:
-            params[k] = float(v)
-        except ValueError:
-            params[k] = v
+        raise ValueError(
+            f"unknown parameter {k!r} in {spec!r}; parameters: min_tokens (kv_fixed_len), "
+            "ttl_s (warmup_timing)"
+        )
     return Fault(trap, scope, start, end, params)

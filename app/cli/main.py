@@ -682,7 +682,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         help="trending content: popular fills and RAG chunks change every HOURS (default: never)",
     )
     p.add_argument(
-        "--fault", action="append", default=[], metavar="SPEC", help="inject a trap (repeatable)"
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a trap (repeatable): TRAP[:DIM=VALUE,...][@HH:MM-HH:MM][;PARAM=VALUE], "
+        "e.g. bypass:tenant=globex,layer=response@10:00-11:30; DIM: tenant, layer, replica, "
+        "template, model; PARAM: min_tokens (kv_fixed_len), ttl_s (warmup_timing); the traps: "
+        "docs/get-started/simulator.md",
     )
     p.add_argument("--seed", type=_NONNEG_INT, help="random seed, >= 0 (default 1)")
     p.add_argument("--tick", type=_POS_FLOAT, help="flush interval in virtual seconds (default 60)")

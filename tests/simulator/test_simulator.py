@@ -187,7 +187,7 @@ def test_fault_specs_are_validated_with_clear_messages():
         parse_fault("bypas:tenant=a")
     with pytest.raises(ValueError, match="unknown scope dimension 'tennant'"):
         parse_fault("bypass:tennant=a")
-    with pytest.raises(ValueError, match="ends before it starts"):
+    with pytest.raises(ValueError, match="must end after it starts"):
         parse_fault("bypass@10:00-09:00")
     f = parse_fault("kv_fixed_len:replica=a-0@01:30-02:00;min_tokens=4096")
     assert (f.start, f.end, f.params) == (5400, 7200, {"min_tokens": 4096.0})
