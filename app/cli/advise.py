@@ -88,10 +88,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--capacity", type=int, help="the engine's num_gpu_blocks (default: recorded)")
     t.add_argument(
         "--k",
+        metavar="K[,K...]",
         help="warm-set sizes in blocks, comma-separated (default: 1/64, 1/16, 1/4 and all "
         "of the cache)",
     )
-    t.add_argument("--restarts", type=int, default=30, help="restart points (default 30)")
+    t.add_argument(
+        "--restarts",
+        type=int,
+        default=30,
+        help="restart points, at least 30 for an interval worth reading (default 30)",
+    )
     t.add_argument(
         "--warmup-objective",
         choices=("ttft", "net_gpu"),

@@ -51,6 +51,7 @@ class Simple:
     description: str | None = None
     epilog: str | None = None
     formatter_class: type[argparse.HelpFormatter] | None = None
+    uses_store: bool = True  # it reads or records into the embedded store: takes --store too
 
     def __post_init__(self) -> None:
         def need(ok: object, problem: str) -> None:
@@ -69,7 +70,7 @@ class Simple:
         }
         p: argparse.ArgumentParser = sub.add_parser(self.name, help=self.help, **extra)
         self.arguments(p)
-        if "--store" not in p._option_string_actions:
+        if self.uses_store and "--store" not in p._option_string_actions:
             # `warmscope CMD --store PATH` as well as `warmscope --store PATH CMD` (the messages
             # say "pass --store PATH"); absent, the global option's value stands
             p.add_argument(

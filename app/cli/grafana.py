@@ -41,6 +41,12 @@ def cmd_grafana(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError) as e:
             print(f"warmscope grafana: cannot query {args.prometheus}: {e}", file=sys.stderr)
             return 1
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"warmscope grafana: --out {args.out} is a file; give a folder (created if missing)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         written = grafana.write(
             Path(args.out), Path(args.rules) if args.rules else grafana.RULES_DIR, present
@@ -83,4 +89,5 @@ COMMAND = Simple(
     description="Write the overview, engine and KV-miss-class dashboards as Grafana JSON (one "
     "file each), with a datasource variable. Every recorded series a panel reads is checked "
     "against the rule files.",
+    uses_store=False,
 )

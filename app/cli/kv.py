@@ -134,9 +134,16 @@ def cmd_kv_events(args: argparse.Namespace) -> int:
             w, args.interval, args.duration, args.json, None if tel is None else StatsRecorder(tel)
         )
     finally:
+        got = int(w.stats().get("batches", -1))
         w.stop()
         if tel is not None:
             tel.close()
+    if got == 0:
+        print(
+            f"warmscope kv-events: no KV event arrived from {names}: is the endpoint the one the "
+            "engine publishes on, and did it serve any request?",
+            file=sys.stderr,
+        )
     return 0
 
 

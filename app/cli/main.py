@@ -47,6 +47,10 @@ class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line naming the problem and where to look, exit 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        for a in self._actions:  # no (sub)command given: name them, not argparse's dest
+            sub = isinstance(a, argparse._SubParsersAction)
+            if sub and message.endswith(f"required: {a.dest}"):
+                message = f"give a command: {', '.join(a.choices or ())}"
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -384,6 +388,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if path.is_dir():
         print(f"warmscope simulate: {path} is a directory; pass --out FILE", file=sys.stderr)
         return 2
+    if args.speed is not None and not args.realtime:
+        print(
+            "warmscope simulate: --speed paces a --realtime run; add --realtime or leave it out",
+            file=sys.stderr,
+        )
+        return 2
     if args.fresh and args.append:
         print(
             "warmscope simulate: --fresh replaces the store and --append adds to it; pass one",
@@ -447,7 +457,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         progress=None if args.quiet else _progress("simulating"),
         collector_config=collector_config,
         realtime=bool(args.realtime),
-        speed=args.speed if args.realtime else 1.0,
+        speed=args.speed or 1.0,
         **({"block_trace": args.block_trace} if args.block_trace else {}),
     )
     if args.faults_out:
@@ -706,8 +716,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speed",
         type=_POS_FLOAT,
-        default=1.0,
-        help="with --realtime: virtual seconds per wall second, > 0",
+        help="with --realtime: virtual seconds per wall second, > 0 (default 1)",
     )
     p.add_argument(
         "--exporter",

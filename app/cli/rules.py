@@ -47,6 +47,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
         )
         return 1
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(
+            f"warmscope rules: --out {out} is a file; give a folder (created if missing)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         out.mkdir(parents=True, exist_ok=True)
         for f in files:
@@ -77,4 +83,5 @@ COMMAND = Simple(
     help="write the Prometheus rule files with runbook links on your own base URL",
     description="Copy rules/*.yml to a folder, pointing every alert's runbook_url at "
     "BASE#anchor (BASE: where your copy of docs/runbooks.md is served).",
+    uses_store=False,
 )

@@ -34,8 +34,10 @@ def test_kv_events_records_block_counts_per_engine_and_salt(tmp_path, capsys, mo
     finally:
         pub.close()
     assert out == [0]
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "batches 3 " in text.splitlines()[-3] or "batches 3 " in text, text
+    assert "no KV event arrived" not in captured.err
     kv = EmbeddedSource(str(store)).frame("kv_blocks")
     assert set(kv["engine"]) == {"e1"}
     by = kv.groupby("salt")[["stored", "evicted"]].sum()
@@ -55,3 +57,11 @@ def test_kv_events_without_engines_says_what_to_pass(capsys):
     assert "--engine http://HOST:PORT" in err and "Traceback" not in err
     assert main(["kv-events", "--endpoint", "nonsense"]) == 2
     assert "is not NAME=ENDPOINT" in capsys.readouterr().err
+
+
+def test_a_watch_that_received_nothing_says_so(tmp_path, capsys):
+    port = free_port()  # nothing publishes there
+    assert main(["--store", str(tmp_path / "kv.sqlite"), "kv-events", "--endpoint", f"e=tcp://127.0.0.1:{port}",
+                 "--interval", "0.5", "--duration", "1", "--no-record"]) == 0
+    err = capsys.readouterr().err
+    assert f"no KV event arrived from e (tcp://127.0.0.1:{port})" in err

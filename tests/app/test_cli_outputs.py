@@ -217,3 +217,21 @@ def test_simulate_says_the_capacity_a_replay_of_each_pools_trace_needs(tmp_path,
     cmd = lines[0].split(": warmscope ", 1)[1].split()
     assert main(cmd + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["capacity_blocks"] == 781
+
+
+def test_usage_mistakes_name_the_fix(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([])
+    assert "warmscope: give a command: demo, dashboard, simulate" in one_line(capsys)
+    with pytest.raises(SystemExit):
+        main(["report"])
+    assert "warmscope report: give a command: ab" in one_line(capsys)
+    assert main(["--store", str(tmp_path / "s.sqlite"), "simulate", "--hours", "0.1", "--speed", "10"]) == 2
+    assert "--speed paces a --realtime run" in one_line(capsys) and not (tmp_path / "s.sqlite").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for cmd in ("grafana", "rules"):
+        extra = [] if cmd == "grafana" else ["--runbook-base", "https://x/r.md"]
+        assert main([cmd, "--out", str(afile), *extra]) == 1
+        assert f"--out {afile} is a file; give a folder" in one_line(capsys)
+    assert afile.read_text() == "x"
