@@ -849,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         rc: int = args.fn(args)
+        sys.stdout.flush()  # a closed reader shows here, inside the handler below
         return rc
     except ConfigError as e:
         print(f"warmscope: configuration error: {e}", file=sys.stderr)
@@ -861,6 +862,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. piped into head: the reader has what it wanted
+        # stdout to /dev/null, so that the interpreter's last flush at exit raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         print(
             f"warmscope {args.cmd}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}",

@@ -143,6 +143,9 @@ def cmd_misses(args: argparse.Namespace, path: Path) -> int:
     return 0
 
 
+HEADERS = {"addressable_share": "cold+evicted share"}
+
+
 def _render(t: Any, by: str | None) -> str:
     """A plain text table: integers with thousands separators, shares in percent, '-' if none."""
 
@@ -157,7 +160,9 @@ def _render(t: Any, by: str | None) -> str:
 
     cols = list(t.columns)
     body = [[cell(c, r[c]) for c in cols] for r in t.to_dict("records")]
-    head = [c.replace("_", " ") for c in cols]
+    # "addressable" names the warmed families' cold + evicted share (the summary line); a
+    # tenant's or family's column is cold + evicted of all its misses, as the dashboard calls it
+    head = [HEADERS.get(c, c.replace("_", " ")) for c in cols]
     widths = [
         max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)
     ]

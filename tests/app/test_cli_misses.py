@@ -57,6 +57,11 @@ def test_class_table_by_engine_json_and_since(tmp_path):
         and {r["miss_class"]: r["tokens"] for r in recent["rows"]}["evicted"] == 300
     )
     assert recent["addressable_share"] == 0  # no warm-up run warmed anything
+    # the by-tenant table's last column is cold + evicted of all a tenant's misses (the dashboard's name),
+    # not "addressable", which the summary line keeps for the families a warm-up warmed
+    table = _cli(path, "--since", "2h", "--by", "engine").stdout
+    assert table.splitlines()[0].rstrip().endswith("evicted share  cold+evicted share")
+    assert "addressable share" not in table
 
 
 def test_bad_since_is_one_line(tmp_path):

@@ -235,3 +235,15 @@ def test_usage_mistakes_name_the_fix(tmp_path, capsys):
         assert main([cmd, "--out", str(afile), *extra]) == 1
         assert f"--out {afile} is a file; give a folder" in one_line(capsys)
     assert afile.read_text() == "x"
+
+
+def test_output_into_a_closed_pipe_ends_quietly(store):
+    """`warmscope runs --json | head -1`: the reader leaves early; no traceback, no 'Broken pipe' line."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "runs", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the first byte
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err
