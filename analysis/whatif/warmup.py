@@ -361,6 +361,30 @@ class Evaluation:
         cands = [c for c in self.cells if c.horizon_s == h and c.strategy not in ("none", *ORACLES)]
         return max(cands, key=lambda c: c.gain_tokens)
 
+    def settled_by(self) -> float | None:
+        """The shortest horizon after which no strategy gains anything more at any budget (every
+        cell's gain equal to the one at that horizon), when it is not the longest: by then a
+        warmed cache and a cold one hold the same blocks (the cache turned over), so the later
+        minutes add no difference. None when gains still move at the longest horizon."""
+        hs = sorted(self.horizons)
+        rows = self.table_rows()
+        if not rows:
+            return None
+        for i, h in enumerate(hs[:-1]):
+            if all(c.gain_tokens == cs[i].gain_tokens for _, _, cs in rows for c in cs[i:]):
+                return h
+        return None
+
+    def settled_note(self, settled: float) -> str:
+        """The sentence for :meth:`settled_by`'s horizon (the page and the CLI print it)."""
+        longest = max(self.horizons)
+        return (
+            f"Every strategy saves the same within {settled / 60:g} min as within "
+            f"{longest / 60:g} min: by {settled / 60:g} min after a restart the warmed cache and "
+            f"the cold one hold the same blocks (a cache of {self.capacity:,} blocks turns over "
+            "within minutes on this traffic), so the later minutes add no difference."
+        )
+
     def table_rows(self) -> list[tuple[int, str, list[Cell]]]:
         """The evaluation as a table: per K, per strategy in STRATEGIES order (``none``, the
         baseline, left out), its cells in horizon order; what the CLI and the dashboard print."""

@@ -341,6 +341,9 @@ def render_advice(ev: Any, rec: Any) -> str:
         )
         prec = f"{last.precision:.0%}" if last.precision == last.precision else "—"
         lines.append(row + f"{share:>22}{prec:>11}")
+    settled = ev.settled_by()
+    if settled is not None:
+        lines += ["", ev.settled_note(settled)]
     lines += ["", f"Recommendation (objective {rec.objective}: {OBJECTIVES[rec.objective]}):"]
     if rec.strategy == "none":
         lines.append("  no warm-up")

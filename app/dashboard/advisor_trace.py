@@ -129,6 +129,9 @@ def render(start: float | None, end: float | None) -> None:
     _recommendation(ev, rec)
     st.plotly_chart(_chart(ev), width="stretch")
     st.table(_table(ev).set_index(["K (blocks)", "strategy"]))  # wraps: no column cut
+    settled = ev.settled_by()
+    if settled is not None:
+        st.caption(ev.settled_note(settled))
     st.caption(GLOSSARY)
     if profile:
         st.caption(
