@@ -107,7 +107,8 @@ def load_trace(args: argparse.Namespace, prog: str) -> Any:
             if not Path(path).exists():
                 raise ValueError(
                     f"no store at {path}: record a block trace with `warmscope gateway "
-                    "--kv-events`, import one with `warmscope trace import FILE`, or pass --trace"
+                    "--kv-events` or import one with `warmscope trace import FILE`"
+                    + ("" if prog == "warmscope trace export" else ", or pass --trace FILE")
                 )
             from warmscope.sources.trace_store import read_store_trace
 

@@ -247,3 +247,11 @@ def test_output_into_a_closed_pipe_ends_quietly(store):
     p.stdout.close()  # the reader is gone before the first byte
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and err == "", err
+
+
+def test_trace_export_without_a_store_offers_what_it_takes(tmp_path, capsys):
+    assert main(["--store", str(tmp_path / "none.sqlite"), "trace", "export", "--out", str(tmp_path / "t.jsonl")]) == 2
+    err = one_line(capsys)
+    assert "no store at" in err and "--trace" not in err  # trace export has no --trace
+    assert main(["--store", str(tmp_path / "none.sqlite"), "whatif"]) == 2
+    assert one_line(capsys).endswith("or pass --trace FILE")
