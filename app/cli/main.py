@@ -400,13 +400,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    outputs = [("--faults-out", Path(args.faults_out))] if args.faults_out else []
+    traces: dict[str, Path] = {}  # pool -> its block-trace file
     if args.block_trace:  # one file per pool (simulator/engine.py BlockTraceRecorder.write)
         bt = Path(args.block_trace)
-        outputs += [
-            ("--block-trace", bt.with_name(f"{bt.stem}-{v}{bt.suffix or '.jsonl'}"))
-            for v in cfg.arms
-        ]
+        traces = {v: bt.with_name(f"{bt.stem}-{v}{bt.suffix or '.jsonl'}") for v in cfg.arms}
+    outputs = [("--faults-out", Path(args.faults_out))] if args.faults_out else []
+    outputs += [("--block-trace", out) for out in traces.values()]
     for flag, out in outputs:
         problem = overwrite_problem(flag, out, path)
         if problem:
@@ -463,9 +462,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.faults_out:
         truth = [f.ground_truth(cfg.start, cfg.hours) for f in faults]
         Path(args.faults_out).write_text(json.dumps(truth, indent=2, default=str))
-    for flag, out in outputs:  # what a replay of each pool's trace needs: its cache's capacity
-        if flag == "--block-trace" and out.exists():
-            variant = out.stem.rsplit("-", 1)[-1]
+    for variant, out in traces.items():  # what a replay of each pool's trace needs: its capacity
+        if out.exists():
             blocks = cfg.for_variant(variant, "kv_capacity_tokens") // cfg.block_tokens
             print(
                 f"pool {variant}'s block trace: {out} (its replicas' prefix caches hold {blocks:,} "

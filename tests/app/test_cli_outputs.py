@@ -14,11 +14,14 @@ from warmscope.sources.trace_file import read_trace
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A simulated half hour (the default A/B experiment, two pools) with each pool's block trace."""
+    """A simulated half hour (the default A/B experiment, two pools) with each pool's block trace, and two
+    traps from 00:15 to 00:30 (a regression with several causes for rca)."""
     folder = tmp_path_factory.mktemp("outputs")
     path = folder / "s.sqlite"
     assert main(["--store", str(path), "simulate", "--hours", "0.5", "--workers", "1", "--quiet",
-                 "--block-trace", str(folder / "bt.jsonl")]) == 0
+                 "--block-trace", str(folder / "bt.jsonl"),
+                 "--fault", "kv_fixed_len:replica=a-0@00:15-00:30;min_tokens=4096",
+                 "--fault", "key_explosion:tenant=acme@00:15-00:30"]) == 0
     return path
 
 
@@ -109,8 +112,11 @@ def test_rca_on_a_store_checks_its_options_and_honours_max_causes(store, capsys)
     for flag in ("--max-depth", "--max-causes"):
         assert main(base + [flag, "0"]) == 2
         assert f"{flag} must be at least 1" in one_line(capsys)
-    assert main(base + ["--max-causes", "1", "--compact"]) == 0
-    assert len(json.loads(capsys.readouterr().out)) <= 1
+    regression = ["--store", str(store), "rca", "--window", "2026-11-28T00:15..2026-11-28T00:30", "--compact"]
+    assert main(regression) == 0
+    assert len(json.loads(capsys.readouterr().out)) > 1  # several causes (7 when written)...
+    assert main(regression + ["--max-causes", "1"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 1  # ...and the one asked for
 
 
 def test_advise_json_on_a_trace_without_ttft_writes_null_not_nan(store, tmp_path, capsys):
