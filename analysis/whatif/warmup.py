@@ -793,6 +793,25 @@ def _net(ev: Evaluation, s: str, k: int, h: float) -> tuple[float, tuple[float, 
     return m, (m - half, m + half), c.warm_blocks * ev.block_size
 
 
+def _paired(
+    ev: Evaluation, objective: str, h: float, a: Cell, b: Cell
+) -> tuple[float, float, float]:
+    """``a`` minus ``b`` on ``objective`` over the same restarts: (mean, 95 % CI low, high)."""
+    diff = ev.per_restart[(a.strategy, a.k, h)] - ev.per_restart[(b.strategy, b.k, h)]
+    if objective == "net_gpu":
+        diff = diff - (a.warm_blocks - b.warm_blocks) * ev.block_size
+    n = len(diff)
+    half = _t975(n - 1) * float(diff.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    m = float(diff.mean())
+    return m, m - half, m + half
+
+
+# The strategies from the simplest to the most elaborate (what each must keep and tune): the hour's
+# read counts, the last reads, decayed counts, a fitted model with its threshold. When a simpler
+# one cannot be told apart from the best and warms no more, it is the one recommended.
+SIMPLEST_FIRST = ("static_topk", "recency", "heat", "predictive")
+
+
 def recommend(
     ev: Evaluation,
     objective: str = "ttft",
@@ -802,19 +821,43 @@ def recommend(
 ) -> Recommendation:
     """The strategy and warm-set size that maximise ``objective`` (:data:`OBJECTIVES`) at
     ``horizon`` (default the longest), from a paired evaluation. ``none`` wins when warming does
-    not pay on that objective: the recommendation then says so."""
+    not pay on that objective: the recommendation then says so. A simpler strategy
+    (:data:`SIMPLEST_FIRST`) whose paired difference from the best includes zero, and whose
+    warm-up computes no more blocks, is recommended instead of it: the same gain within the noise,
+    for less to keep and tune."""
     if objective not in OBJECTIVES:
         raise TraceError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
     h = horizon if horizon is not None else max(ev.horizons)
-    best: tuple[float, str, int] | None = None
+
+    def score(c: Cell) -> float:
+        return c.gain_tokens if objective == "ttft" else _net(ev, c.strategy, c.k, h)[0]
+
+    # each strategy's best warm-set size (the smallest of equal ones)
+    tops: dict[str, Cell] = {}
     for c in ev.cells:
         if c.horizon_s != h or c.strategy in ORACLES:
             continue
-        val = c.gain_tokens if objective == "ttft" else _net(ev, c.strategy, c.k, h)[0]
-        if best is None or val > best[0] + 1e-9:
-            best = (val, c.strategy, c.k)
-    assert best is not None
-    _, s, k = best
+        top = tops.get(c.strategy)
+        if top is None or score(c) > score(top) + 1e-9:
+            tops[c.strategy] = c
+    assert tops
+    best = max(tops.values(), key=score)  # the first strategy listed of equal ones
+    chosen, tie = best, None
+    floor = score(tops["none"]) if "none" in tops else -math.inf
+    if best.strategy in SIMPLEST_FIRST:
+        for name in SIMPLEST_FIRST[: SIMPLEST_FIRST.index(best.strategy)]:
+            simpler = tops.get(name)
+            # a tie that still beats no warm-up and warms no more than the best
+            if (
+                simpler is not None
+                and score(simpler) > floor
+                and simpler.warm_blocks <= best.warm_blocks + 1e-9
+            ):
+                m, lo, hi = _paired(ev, objective, h, best, simpler)
+                if lo <= 0 <= hi:
+                    chosen, tie = simpler, (m, lo, hi)
+                    break
+    s, k = chosen.strategy, chosen.k
     c = ev.cell(s, k, h)
     net, net_ci, warm = _net(ev, s, k, h)
     r = Recommendation(
@@ -836,31 +879,36 @@ def recommend(
         restarts_per_hour,
     )
     others = [x for x in ev.cells if x.horizon_s == h and x.strategy not in ("none", *ORACLES)]
-    if s != "none":
-        rivals = [x for x in others if x.strategy != s]
+    if tie is not None:
+        m, lo, hi = tie
+        r.notes.append(
+            f"{best.strategy} (K = {best.k:,}) scores {m:+,.0f} tokens per restart more, within "
+            f"the noise (paired 95 % CI {lo:+,.0f} to {hi:+,.0f}): the simpler {s} is "
+            "recommended."
+        )
+    elif s != "none":
+        rivals = [x for x in tops.values() if x.strategy not in (s, "none")]
         if rivals:
-            key = (
-                (lambda x: x.gain_tokens)
-                if objective == "ttft"
-                else (lambda x: _net(ev, x.strategy, x.k, h)[0])
-            )
-            second = max(rivals, key=key)
-            diff = ev.per_restart[(s, k, h)] - ev.per_restart[(second.strategy, second.k, h)]
-            if objective == "net_gpu":
-                diff = diff - (c.warm_blocks - second.warm_blocks) * ev.block_size
-            n = len(diff)
-            half = _t975(n - 1) * float(diff.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
-            lo, hi = float(diff.mean()) - half, float(diff.mean()) + half
+            second = max(rivals, key=score)
+            m, lo, hi = _paired(ev, objective, h, c, second)
             if lo <= 0 <= hi:
-                r.notes.append(
+                same = (
                     f"{second.strategy} (K = {second.k:,}) does as well on these restarts: the "
-                    f"paired difference is {diff.mean():+,.0f} tokens (95 % CI {lo:+,.0f} to "
-                    f"{hi:+,.0f}); prefer the simpler one if the two are not told apart."
+                    f"paired difference is {m:+,.0f} tokens (95 % CI {lo:+,.0f} to {hi:+,.0f})"
                 )
+                if SIMPLEST_FIRST.index(second.strategy) < SIMPLEST_FIRST.index(s):
+                    # a simpler tie is recommended unless its warm-up computes more blocks
+                    r.notes.append(
+                        f"{same}, and it is simpler, but its warm-up computes "
+                        f"{second.warm_blocks / c.warm_blocks:.1f} times the blocks "
+                        f"({second.warm_blocks:,.0f} against {c.warm_blocks:,.0f})."
+                    )
+                else:
+                    r.notes.append(f"{same}, and {s} is the simpler of the two.")
             else:
                 r.notes.append(
                     f"Ahead of the next best, {second.strategy} (K = {second.k:,}), by "
-                    f"{diff.mean():+,.0f} tokens per restart (95 % CI {lo:+,.0f} to {hi:+,.0f})."
+                    f"{m:+,.0f} tokens per restart (95 % CI {lo:+,.0f} to {hi:+,.0f})."
                 )
     if s == "none":
         r.notes.append(

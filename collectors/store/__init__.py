@@ -134,7 +134,7 @@ class EmbeddedStore(StoreReader, StoreWriter):
             if not self.path.exists():
                 raise StoreError(
                     f"embedded store {self.path} does not exist; run `warmscope simulate` "
-                    "or point WARMSCOPE_STORE at a store the collectors wrote"
+                    "or point --store / WARMSCOPE_STORE at a store the collectors wrote"
                 )
             try:
                 row = (
@@ -148,10 +148,11 @@ class EmbeddedStore(StoreReader, StoreWriter):
                         f"cannot read embedded store {self.path} on a read-only file system or "
                         f"directory ({e}): a store in WAL mode is read with its -shm file beside "
                         "it; copy the store (with its -wal file) to a writable place and point "
-                        "WARMSCOPE_STORE there"
+                        "--store / WARMSCOPE_STORE there"
                     ) from None
                 raise StoreError(
-                    f"{self.path} is not a warmscope store ({e}); point WARMSCOPE_STORE at one"
+                    f"{self.path} is not a warmscope store ({e}); point --store / WARMSCOPE_STORE "
+                    "at one"
                 ) from None
             if row and int(row[0]) in MIGRATIONS:
                 raise StoreError(

@@ -213,3 +213,50 @@ def test_a_cache_that_turned_over_is_said_to_have_settled():
     rec = types.SimpleNamespace(objective="ttft", strategy="none", widened="", notes=[])
     assert "Every strategy saves the same within 5 min" in render_advice(settled, rec)
     assert "saves the same" not in render_advice(ev(2.5), rec)
+
+
+def _hand_evaluation(per_restart: dict[str, list[float]]):
+    """An evaluation of one budget (K = 4) at 300 s whose paired per-restart gains are given."""
+    from warmscope.analysis.whatif.warmup import Cell, Evaluation
+
+    ev = Evaluation("hand", 16, 100, np.arange(4.0), (4,), (300.0,))
+    for s, d in {"none": [0.0] * 4, **per_restart}.items():
+        m = float(np.mean(d))
+        ev.cells.append(Cell(s, 4, 300.0, m, (m, m), 0.5, (0.5, 0.5), 0.5, (0.5, 0.5), 0.5, 0.5, 4.0, 10.0))
+        ev.per_restart[(s, 4, 300.0)] = np.array(d)
+    return ev
+
+
+def test_a_simpler_strategy_within_the_noise_is_recommended():
+    # predictive - static_topk per restart: +10, -6, +8, -4: mean +2, sd = sqrt((64 + 64 + 36 + 36) / 3)
+    # = 8.165; half-width t(0.975, 3) = 3.1824 x 8.165 / 2 = 12.99: CI -10.99 to +14.99 holds 0
+    ev = _hand_evaluation({"static_topk": [100.0, 110.0, 90.0, 100.0],
+                           "predictive": [110.0, 104.0, 98.0, 96.0]})
+    r = recommend(ev, "ttft")
+    assert (r.strategy, r.gain_tokens) == ("static_topk", 100.0)
+    assert any("predictive (K = 4) scores +2 tokens per restart more" in n and "-11 to +15" in n
+               and "the simpler static_topk is recommended" in n for n in r.notes), r.notes
+    # predictive ahead on every restart by 20 +- 1: no tie, predictive is recommended
+    ev = _hand_evaluation({"static_topk": [100.0, 110.0, 90.0, 100.0],
+                           "predictive": [120.0, 131.0, 109.0, 120.0]})
+    r = recommend(ev, "ttft")
+    assert r.strategy == "predictive" and any(n.startswith("Ahead of the next best, static_topk") for n in r.notes)
+    # the simpler of two that tie is named as the simpler one when it is also the best
+    ev = _hand_evaluation({"static_topk": [104.0, 110.0, 90.0, 100.0],
+                           "predictive": [100.0, 104.0, 98.0, 96.0]})
+    r = recommend(ev, "ttft")
+    assert r.strategy == "static_topk"
+    assert any("predictive (K = 4) does as well" in n and "static_topk is the simpler of the two" in n
+               for n in r.notes), r.notes
+    # a tie that does not beat no warm-up on the objective is not recommended over the best
+    ev = _hand_evaluation({"static_topk": [-3.0, 2.0, -2.0, 1.0], "heat": [6.0, 1.0, 2.0, 3.0]})
+    r = recommend(ev, "ttft")
+    assert r.strategy == "heat"
+    # a simpler tie whose warm-up computes more blocks is not recommended over the best, and says why
+    ev = _hand_evaluation({"static_topk": [100.0, 110.0, 90.0, 100.0],
+                           "predictive": [110.0, 104.0, 98.0, 96.0]})
+    ev.cell("predictive", 4, 300.0).warm_blocks = 2.0  # half the blocks static top-K warms (4)
+    r = recommend(ev, "ttft")
+    assert r.strategy == "predictive"
+    assert any("static_topk (K = 4) does as well" in n and "it is simpler, but its warm-up computes 2.0 times the "
+               "blocks (4 against 2)" in n for n in r.notes), r.notes
