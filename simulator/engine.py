@@ -76,7 +76,7 @@ from .traffic import (
 if TYPE_CHECKING:
     from warmscope.collectors.warmup import WarmupRun
 
-__all__ = ["Simulation", "Summary"]
+__all__ = ["Simulation", "Summary", "block_trace_file"]
 
 TOKENISATION_VARIANTS = 50
 MAX_CONTEXT = 8192  # a conversation longer than this starts over (context window)
@@ -1171,6 +1171,13 @@ def _bypassed(bypass: tuple[str, ...], layer: str) -> bool:
     return bool(bypass) and ("*" in bypass or layer in bypass)
 
 
+def block_trace_file(path: str | Path, pool: str) -> Path:
+    """The file ``--block-trace PATH`` writes pool ``pool``'s trace to: PATH's name with ``-POOL``
+    before its suffix (``trace.jsonl`` → ``trace-A.jsonl``; ``.jsonl`` when it has none)."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}-{pool}{p.suffix or '.jsonl'}")
+
+
 class BlockTraceRecorder:
     """Each pool's prefix-KV requests as a block trace: a request's blocks (the simulator's
     block keys, chained into digests), its replica, tenant and time, and the replicas'
@@ -1223,7 +1230,7 @@ class BlockTraceRecorder:
         for variant, b in sorted(self.pools.items()):
             if not len(b):
                 continue
-            target = p.with_name(f"{p.stem}-{variant}{p.suffix or '.jsonl'}")
+            target = block_trace_file(p, variant)
             write_trace(b.build(), target)
             out.append(target)
         return out

@@ -38,7 +38,7 @@ bootstrap over restarts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -818,16 +818,21 @@ def recommend(
     horizon: float | None = None,
     per_token_s: float = math.nan,
     restarts_per_hour: float = math.nan,
+    names: Mapping[str, str] | None = None,
 ) -> Recommendation:
     """The strategy and warm-set size that maximise ``objective`` (:data:`OBJECTIVES`) at
     ``horizon`` (default the longest), from a paired evaluation. ``none`` wins when warming does
     not pay on that objective: the recommendation then says so. A simpler strategy
     (:data:`SIMPLEST_FIRST`) whose paired difference from the best includes zero, and whose
     warm-up computes no more blocks, is recommended instead of it: the same gain within the noise,
-    for less to keep and tune."""
+    for less to keep and tune. ``names``: how the notes name the strategies (default: as
+    :data:`STRATEGIES` spells them)."""
     if objective not in OBJECTIVES:
         raise TraceError(f"objective {objective!r}: one of {', '.join(OBJECTIVES)}")
     h = horizon if horizon is not None else max(ev.horizons)
+
+    def nm(strategy: str) -> str:
+        return names.get(strategy, strategy) if names else strategy
 
     def score(c: Cell) -> float:
         return c.gain_tokens if objective == "ttft" else _net(ev, c.strategy, c.k, h)[0]
@@ -882,8 +887,8 @@ def recommend(
     if tie is not None:
         m, lo, hi = tie
         r.notes.append(
-            f"{best.strategy} (K = {best.k:,}) scores {m:+,.0f} tokens per restart more, within "
-            f"the noise (paired 95 % CI {lo:+,.0f} to {hi:+,.0f}): the simpler {s} is "
+            f"{nm(best.strategy)} (K = {best.k:,}) scores {m:+,.0f} tokens per restart more, "
+            f"within the noise (paired 95 % CI {lo:+,.0f} to {hi:+,.0f}): the simpler {nm(s)} is "
             "recommended."
         )
     elif s != "none":
@@ -893,8 +898,9 @@ def recommend(
             m, lo, hi = _paired(ev, objective, h, c, second)
             if lo <= 0 <= hi:
                 same = (
-                    f"{second.strategy} (K = {second.k:,}) does as well on these restarts: the "
-                    f"paired difference is {m:+,.0f} tokens (95 % CI {lo:+,.0f} to {hi:+,.0f})"
+                    f"{nm(second.strategy)} (K = {second.k:,}) does as well on these restarts: "
+                    f"the paired difference is {m:+,.0f} tokens (95 % CI {lo:+,.0f} to "
+                    f"{hi:+,.0f})"
                 )
                 if SIMPLEST_FIRST.index(second.strategy) < SIMPLEST_FIRST.index(s):
                     # a simpler tie is recommended unless its warm-up computes more blocks
@@ -904,17 +910,17 @@ def recommend(
                         f"({second.warm_blocks:,.0f} against {c.warm_blocks:,.0f})."
                     )
                 else:
-                    r.notes.append(f"{same}, and {s} is the simpler of the two.")
+                    r.notes.append(f"{same}, and {nm(s)} is the simpler of the two.")
             else:
                 r.notes.append(
-                    f"Ahead of the next best, {second.strategy} (K = {second.k:,}), by "
+                    f"Ahead of the next best, {nm(second.strategy)} (K = {second.k:,}), by "
                     f"{m:+,.0f} tokens per restart (95 % CI {lo:+,.0f} to {hi:+,.0f})."
                 )
     if s == "none":
+        top = max(others, key=lambda x: _net(ev, x.strategy, x.k, h)[0])
         r.notes.append(
             "No warm-up: on this objective every strategy costs more than it saves "
-            f"(the best, {max(others, key=lambda x: _net(ev, x.strategy, x.k, h)[0]).strategy}, "
-            "loses prefill in net)."
+            f"(the best, {nm(top.strategy)}, loses prefill in net)."
         )
     else:
         smaller = [x for x in others if x.strategy == s and x.k < k]
@@ -949,19 +955,23 @@ def advise(
     slo_ms: float = DEFAULT_SLO_MS,
     per_token_s: float = math.nan,
     progress: Callable[[int, int], None] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[Evaluation, Recommendation]:
     """Evaluate, recommend; a recommendation at the smallest size tried is searched again once
-    with smaller sizes (at the largest, the cache's capacity, nothing larger fits)."""
+    with smaller sizes (at the largest, the cache's capacity, nothing larger fits). ``names``:
+    as :func:`recommend` takes them."""
     grid = sorted(set(ks)) if ks else default_ks(capacity)
     ev = evaluate(trace, capacity, grid, restarts, slo_ms=slo_ms, progress=progress)
     span_h = max(trace.span_s / 3600.0, 1e-9)
     per_hour = len(trace.restarts) / span_h if trace.restarts else math.nan
-    rec = recommend(ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour)
+    rec = recommend(ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour, names=names)
     usable = capacity - 1
     if rec.strategy != "none" and rec.k == grid[0] and grid[0] > 1:
         wider = sorted({max(1, grid[0] // 16), max(1, grid[0] // 4), *grid})
         ev = evaluate(trace, capacity, wider, restarts, slo_ms=slo_ms, progress=progress)
-        rec = recommend(ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour)
+        rec = recommend(
+            ev, objective, per_token_s=per_token_s, restarts_per_hour=per_hour, names=names
+        )
         rec.widened = (
             f"the best size was the smallest tried ({grid[0]:,}); searched again down to "
             f"{wider[0]:,}" + ("; still the smallest" if rec.k == wider[0] else "")

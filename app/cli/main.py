@@ -363,6 +363,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from warmscope.collectors.store import EmbeddedStore
     from warmscope.simulator import SimConfig, parse_fault, simulate
+    from warmscope.simulator.engine import block_trace_file
 
     try:
         cfg = SimConfig.load(
@@ -401,9 +402,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
         return 2
     traces: dict[str, Path] = {}  # pool -> its block-trace file
-    if args.block_trace:  # one file per pool (simulator/engine.py BlockTraceRecorder.write)
-        bt = Path(args.block_trace)
-        traces = {v: bt.with_name(f"{bt.stem}-{v}{bt.suffix or '.jsonl'}") for v in cfg.arms}
+    if args.block_trace:  # one file per pool
+        traces = {v: block_trace_file(args.block_trace, v) for v in cfg.arms}
     outputs = [("--faults-out", Path(args.faults_out))] if args.faults_out else []
     outputs += [("--block-trace", out) for out in traces.values()]
     for flag, out in outputs:

@@ -72,7 +72,7 @@ def _judged(
         bar.progress(min(1.0, done / max(total, 1)), text=f"replaying: {done} of {total} restarts")
 
     try:
-        ev, rec = advise(tr, capacity, per_token_s=per_token, progress=tick)
+        ev, rec = advise(tr, capacity, per_token_s=per_token, progress=tick, names=NAMES)
     finally:
         bar.empty()
     return ev, rec, reuse_profile(tr)

@@ -260,3 +260,6 @@ def test_a_simpler_strategy_within_the_noise_is_recommended():
     assert r.strategy == "predictive"
     assert any("static_topk (K = 4) does as well" in n and "it is simpler, but its warm-up computes 2.0 times the "
                "blocks (4 against 2)" in n for n in r.notes), r.notes
+    # the page's names in the notes (the dashboard's table says "static top-K", not static_topk)
+    r = recommend(ev, "ttft", names={"static_topk": "static top-K", "predictive": "predictive"})
+    assert any(n.startswith("static top-K (K = 4) does as well") for n in r.notes), r.notes
