@@ -117,8 +117,8 @@ class _Balance:
     strategy's forecasts), and the operating system shares the cores out evenly: a cheap pool
     would finish first and leave a core to the expensive one alone. A worker that runs ahead of
     the slowest by more than ``_AHEAD`` of the run is given a lower scheduling priority, one
-    ``nice`` step at a time (at most ``_MAX_NICE``; a process may always lower its children's
-    priority, never raise it back), so the slowest gets the larger share. Where the system has no
+    ``nice`` step at a time from where it is (at most ``_MAX_NICE`` steps; a process may always
+    lower its children's priority, never raise it back), so the slowest gets the larger share. Where the system has no
     ``setpriority``, nothing changes."""
 
     def __init__(self, procs: list[Any], ticks: list[Any], total: int) -> None:
@@ -136,8 +136,9 @@ class _Balance:
         lo = min(done)
         for i, p in enumerate(self.procs):
             if done[i] - lo > self.ahead and self.nice[i] < _MAX_NICE and p.pid is not None:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, p.pid, self.nice[i] + 1)
+                try:  # one step from where it is (a run started under `nice` starts higher)
+                    now_at = os.getpriority(os.PRIO_PROCESS, p.pid)
+                    os.setpriority(os.PRIO_PROCESS, p.pid, now_at + 1)
                     self.nice[i] += 1
                 except OSError:  # gone already, or not allowed: it runs on as it is
                     self.nice[i] = _MAX_NICE
