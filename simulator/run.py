@@ -118,8 +118,8 @@ class _Balance:
     would finish first and leave a core to the expensive one alone. A worker that runs ahead of
     the slowest by more than ``_AHEAD`` of the run is given a lower scheduling priority, one
     ``nice`` step at a time from where it is (at most ``_MAX_NICE`` steps; a process may always
-    lower its children's priority, never raise it back), so the slowest gets the larger share. Where the system has no
-    ``setpriority``, nothing changes."""
+    lower its children's priority, never raise it back), so the slowest gets the larger share.
+    Where the system has no ``setpriority``, nothing changes."""
 
     def __init__(self, procs: list[Any], ticks: list[Any], total: int) -> None:
         self.procs, self.ticks = procs, ticks
