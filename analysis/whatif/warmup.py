@@ -812,6 +812,25 @@ def _paired(
 SIMPLEST_FIRST = ("static_topk", "recency", "heat", "predictive")
 
 
+def _passed_over(simpler: Cell, chosen: Cell, score: float, floor: float) -> str:
+    """Why ``simpler``, tied with ``chosen`` within the noise, is not recommended instead:
+    ``score`` is its score on the objective, ``floor`` no warm-up's."""
+    if score <= floor:
+        return (
+            f"it does not beat no warm-up on this objective ({score:+,.1f} tokens per restart "
+            f"against {floor:+,.1f})"
+        )
+    times = (
+        f"{simpler.warm_blocks / chosen.warm_blocks:.1f} times the blocks"
+        if chosen.warm_blocks > 0
+        else "more blocks"
+    )
+    return (
+        f"its warm-up computes {times} ({simpler.warm_blocks:,.0f} against "
+        f"{chosen.warm_blocks:,.0f})"
+    )
+
+
 def recommend(
     ev: Evaluation,
     objective: str = "ttft",
@@ -903,12 +922,10 @@ def recommend(
                     f"{hi:+,.0f})"
                 )
                 if SIMPLEST_FIRST.index(second.strategy) < SIMPLEST_FIRST.index(s):
-                    # a simpler tie is recommended unless its warm-up computes more blocks
-                    r.notes.append(
-                        f"{same}, and it is simpler, but its warm-up computes "
-                        f"{second.warm_blocks / c.warm_blocks:.1f} times the blocks "
-                        f"({second.warm_blocks:,.0f} against {c.warm_blocks:,.0f})."
-                    )
+                    # a simpler tie is passed over only for not beating no warm-up, or for
+                    # computing more blocks in its warm-up: the note gives the reason that held
+                    why = _passed_over(second, c, score(second), floor)
+                    r.notes.append(f"{same}, and it is simpler, but {why}.")
                 else:
                     r.notes.append(f"{same}, and {nm(s)} is the simpler of the two.")
             else:

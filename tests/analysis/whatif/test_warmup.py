@@ -252,6 +252,13 @@ def test_a_simpler_strategy_within_the_noise_is_recommended():
     ev = _hand_evaluation({"static_topk": [-3.0, 2.0, -2.0, 1.0], "heat": [6.0, 1.0, 2.0, 3.0]})
     r = recommend(ev, "ttft")
     assert r.strategy == "heat"
+    # ... and its note gives that reason, not its warm-up's size (the same 4 blocks as heat's): heat - static
+    # per restart 9, -1, 4, 2: mean 3.5, sd sqrt(53 / 3) = 4.203, half-width 3.1824 x 4.203 / 2 = 6.69: CI -3 to +10;
+    # static top-K's own mean (-3 + 2 - 2 + 1) / 4 = -0.5 against no warm-up's 0
+    assert any("static_topk (K = 4) does as well" in n and "(95 % CI -3 to +10)" in n
+               and "it does not beat no warm-up on this objective (-0.5 tokens per restart against +0.0)" in n
+               for n in r.notes), r.notes
+    assert not any("times the blocks" in n for n in r.notes), r.notes
     # a simpler tie whose warm-up computes more blocks is not recommended over the best, and says why
     ev = _hand_evaluation({"static_topk": [100.0, 110.0, 90.0, 100.0],
                            "predictive": [110.0, 104.0, 98.0, 96.0]})
