@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -241,6 +241,9 @@ def drill_down(
 
     if lookups.empty:
         return empty("no lookups in the selected range")
+    absent = _absent_note(dims, lookups.columns, "lookups")
+    if not any(d in lookups.columns for d in dims):
+        return empty(f"the lookups carry none of the dimensions asked for ({', '.join(dims)})")
     uts = np.unique(lookups["ts"].to_numpy(float))
     # A flush stamps the end of its interval: the data starts one interval before the first stamp.
     data_start = float(uts[0]) - (float(np.median(np.diff(uts))) if len(uts) > 1 else 0.0)
@@ -276,6 +279,7 @@ def drill_down(
                 f"{test['expected']:.1%} in the baseline ({test['change'] * 100:+.2f} points, {p}, "
                 "against the baseline's minute-to-minute variation)"
             )
+            loc.notes += absent
             return DrillDown(loc, anomaly, baseline, pd.DataFrame(), test, significant=False)
     leaves = leaf_table(lookups, anomaly, baseline, dims, forecast=forecast)
     loc = localize(
@@ -289,7 +293,21 @@ def drill_down(
         v_vol="lookups",
         f_vol="volume_exp",
     )
+    loc.notes += absent
     return DrillDown(loc, anomaly, baseline, leaves, test)
+
+
+def _absent_note(dims: Sequence[str], columns: Iterable[str], frame: str) -> list[str]:
+    """A note naming the dimensions asked for that the frame does not carry (a Prometheus
+    source has no per-family labels, an older store no length buckets): they were not searched."""
+    have = set(columns)
+    absent = [d for d in dims if d not in have]
+    if not absent:
+        return []
+    return [
+        f"not searched: {', '.join(absent)} (the source's {frame} carry no such "
+        f"label{'s' if len(absent) > 1 else ''})"
+    ]
 
 
 def miss_leaf_table(
@@ -332,6 +350,7 @@ def drill_down_misses(
         f="tokens_exp",
         max_depth=max_depth,
     )
+    loc.notes += _absent_note(dims, misses.columns, "missed-token rows")
     return DrillDown(loc, anomaly, baseline, leaves)
 
 
@@ -361,7 +380,7 @@ def drill_down_source(
         lookups,
         anomaly,
         baseline,
-        [d for d in dims if d in lookups.columns] or list(dims),
+        dims,  # those the source lacks are named in a note, not searched
         max_depth=max_depth,
         alpha=alpha,
     )

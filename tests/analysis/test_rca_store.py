@@ -58,6 +58,26 @@ def test_injected_fault_is_significant_and_localised():
     assert dd.localization.causes[0].explanatory_power > 0.9
 
 
+def test_dimensions_a_source_lacks_are_named_not_dropped_silently():
+    """A source without some labels (Prometheus has no length buckets; an older store no model): the
+    cause is still found over the rest, and a note names what was not searched."""
+    _, lk = lookups(fault_from=80)
+    dd = drill_down(lk.drop(columns=["model", "length_bucket"]), anomaly=(T0 + 80 * 60, T0 + 7200))
+    assert [c.element for c in dd.localization.causes] == [{"tenant": "globex", "layer": "response"}]
+    assert "not searched: model, length_bucket (the source's lookups carry no such labels)" in dd.localization.notes
+    # the same on a flat range (no regression: the note still says what a search would have left out)
+    _, flat = lookups()
+    dd = drill_down(flat.drop(columns=["replica"]), anomaly=(T0 + 3600, T0 + 7200))
+    assert not dd.significant and dd.localization.notes[-1] == (
+        "not searched: replica (the source's lookups carry no such label)")
+    # a frame that carries none of the dimensions asked for: one clear message, no search
+    dd = drill_down(lk, anomaly=(T0 + 80 * 60, T0 + 7200), dims=["engine"])
+    assert dd.localization.error == "the lookups carry none of the dimensions asked for (engine)"
+    # all present (the store's own frame): no such note
+    dd = drill_down(lk, anomaly=(T0 + 80 * 60, T0 + 7200))
+    assert not any(n.startswith("not searched") for n in dd.localization.notes)
+
+
 def test_baseline_never_starts_before_the_data():
     _, lk = lookups(minutes=60)
     dd = drill_down(lk, anomaly=(T0 + 20 * 60, T0 + 60 * 60))  # 40 min window, 20 min of data before it

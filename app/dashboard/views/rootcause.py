@@ -164,6 +164,8 @@ def explanations(loc: Localization, what: str) -> None:
     )
     st.plotly_chart(bar, width="stretch")
     st.caption(RANKED + " " + (NEGATIVE_SHARES if (df.Explains < 0).any() else SHARES))
+    if loc.notes:  # what the search left out or bounded (e.g. labels the source does not carry)
+        st.caption("The search: " + "; ".join(loc.notes) + ".")
 
 
 def engine_root_cause(start: float, end: float) -> None:
