@@ -298,8 +298,8 @@ def drill_down(
 
 
 def _absent_note(dims: Sequence[str], columns: Iterable[str], frame: str) -> list[str]:
-    """A note naming the dimensions asked for that the frame does not carry (a Prometheus
-    source has no per-family labels, an older store no length buckets): they were not searched."""
+    """A note naming the dimensions asked for that the frame does not carry (a source that maps
+    only some labels onto the frame): they were not searched."""
     have = set(columns)
     absent = [d for d in dims if d not in have]
     if not absent:

@@ -59,8 +59,8 @@ def test_injected_fault_is_significant_and_localised():
 
 
 def test_dimensions_a_source_lacks_are_named_not_dropped_silently():
-    """A source without some labels (Prometheus has no length buckets; an older store no model): the
-    cause is still found over the rest, and a note names what was not searched."""
+    """A source that maps only some labels onto the lookups frame: the cause is still found over the rest,
+    and a note names what was not searched."""
     _, lk = lookups(fault_from=80)
     dd = drill_down(lk.drop(columns=["model", "length_bucket"]), anomaly=(T0 + 80 * 60, T0 + 7200))
     assert [c.element for c in dd.localization.causes] == [{"tenant": "globex", "layer": "response"}]
