@@ -34,6 +34,7 @@ import heapq
 import json
 import math
 import time
+from bisect import bisect
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +68,6 @@ from .traffic import (
     Tenant,
     draw_arrivals,
     make_tenants,
-    pick_template,
     rate_at,
     tenant_weights,
     variant_of,
@@ -651,12 +651,7 @@ class Simulation:
                 and f.trap not in ("warmup_out_of_step", "warmup_timing")
             ]
             kv_before = self._kv_counts()
-            for i in range(len(a.t)):
-                tr = a.t[i]
-                if self._events and self._events[0][0] <= tr:
-                    self._run_events(tr)
-                self.now = self.t0 + tr
-                self._serve(a, i, tr, active)
+            self._arrivals(a, active)
             self._run_events(t_rel + dt)
             self.now = self.t0 + t_rel + dt
             self._tick_end(kv_before)
@@ -737,18 +732,72 @@ class Simulation:
                 rep.inserted[layer] = 0.0
 
     # ------------------------------------------------------- one request
-    def _serve(self, a: Any, i: int, tr: float, faults: Any) -> None:
-        """One request: its session, then the caches in serving order — weights,
-        response, LoRA, embeddings, the prefix-KV walk — then the record. ``faults``: those
-        active at some time of the tick."""
+    def _arrivals(self, a: Arrivals, faults: Any) -> None:
+        """A tick's arrivals, in order. Every worker draws all traffic and keeps every session's
+        bookkeeping (which sessions exist, their variant: the same in every process); only the
+        requests of sessions of a pool this process simulates are served (:meth:`_serve`). The
+        bookkeeping is written out here, in one loop, because most arrivals are another pool's
+        (two in three with three pools): they cost only this. Continue one of the recent sessions
+        of the (tenant, template) or start a new one; a conversation's length advances only where
+        its pool is served (no other worker reads it)."""
+        events, pools, tenants, sessions = self._events, self.pools, self.tenants, self.sessions
+        experiment, arms, t0 = self.cfg.experiment, len(self.cfg.arms), self.t0
+        a_t, a_tenant, a_u_tpl, a_u_session, a_u_pick = (
+            a.t,
+            a.tenant,
+            a.u_tpl,
+            a.u_session,
+            a.u_pick,
+        )
+        for i in range(len(a_t)):
+            tr = a_t[i]
+            if events and events[0][0] <= tr:
+                self._run_events(tr)
+            self.now = t0 + tr
+            ten = tenants[a_tenant[i]]
+            # traffic.pick_template, written out (it runs for every arrival of every pool)
+            tpl_idx = ten.templates[min(bisect(ten.cum, a_u_tpl[i]), len(ten.templates) - 1)]
+            tpl = TEMPLATES[tpl_idx]
+            sess_list = sessions[(ten.idx, tpl_idx)]
+            if sess_list and a_u_session[i] < (0.7 if tpl.dialog else 0.3):
+                sess = sess_list[int(a_u_pick[i] * len(sess_list))]
+            else:
+                sid = self._next_session
+                # the variant, hashed once; the last slot counts the conversation's blocks stored
+                # (ground truth)
+                sess = [sid, 0, variant_of(experiment, sid, arms), 0]
+                self._next_session = sid + 1
+                sess_list.append(sess)
+                if len(sess_list) > 200:
+                    sess_list.pop(0)
+            self._req_id += 1
+            if sess[2] in pools:
+                self._serve(a, i, tr, faults, ten, tpl, tpl_idx, sess)
+
+    def _serve(
+        self,
+        a: Arrivals,
+        i: int,
+        tr: float,
+        faults: Any,
+        ten: Tenant,
+        tpl: Template,
+        tpl_idx: int,
+        sess: list[Any],
+    ) -> None:
+        """One request of session ``sess`` (:meth:`_arrivals`): its tokens, then the caches in
+        serving order — weights, response, LoRA, embeddings, the prefix-KV walk — then the record.
+        ``faults``: those active at some time of the tick."""
         cfg = self.cfg
-        ten = self.tenants[a.tenant[i]]
-        tpl_idx = pick_template(ten, a.u_tpl[i])
-        tpl = TEMPLATES[tpl_idx]
-        drawn = self._session(a, i, ten, tpl, tpl_idx)
-        if drawn is None:  # another worker's pool
-            return
-        sid, variant, conv, q, prompt, out_tokens = drawn
+        self._sess = sess
+        sid, variant = sess[0], sess[2]
+        lo, hi = tpl.query_tokens
+        q = lo + int(a.query_tokens_u[i] * (hi - lo))
+        conv = sess[1] if tpl.dialog else 0
+        prompt = tpl.sys_tokens + conv + q
+        out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
+        if tpl.dialog:
+            sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
         pool = self.pools[variant]
         self._units[variant].add(sid)
         rep, gate_wait = self._route(pool, sid, tr)
@@ -810,40 +859,6 @@ class Simulation:
             if rkey is not None:
                 rep.resp.set(rkey, b"r")
                 pool.inserted += 1
-
-    def _session(
-        self, a: Any, i: int, ten: Tenant, tpl: Template, tpl_idx: int
-    ) -> tuple[int, str, int, int, int, int] | None:
-        """Continue one of the recent sessions or start a new one; returns (session id,
-        its variant, conversation tokens so far, query tokens, prompt tokens, output tokens), or
-        None for a session of a pool this process does not simulate. Which sessions there are
-        advances in every worker; a conversation's length only where its pool is served (no
-        other worker reads it)."""
-        sess_list = self.sessions[(ten.idx, tpl_idx)]
-        p_cont = 0.7 if tpl.dialog else 0.3
-        if sess_list and a.u_session[i] < p_cont:
-            sess = sess_list[int(a.u_pick[i] * len(sess_list))]
-        else:
-            sid = self._next_session
-            # the variant, hashed once; the last slot counts the conversation's blocks stored
-            # (ground truth)
-            sess = [sid, 0, variant_of(self.cfg.experiment, sid, len(self.cfg.arms)), 0]
-            self._next_session += 1
-            sess_list.append(sess)
-            if len(sess_list) > 200:
-                sess_list.pop(0)
-        self._req_id += 1
-        if sess[2] not in self.pools:
-            return None
-        self._sess = sess
-        lo, hi = tpl.query_tokens
-        q = lo + int(a.query_tokens_u[i] * (hi - lo))
-        conv = sess[1] if tpl.dialog else 0
-        prompt = tpl.sys_tokens + conv + q
-        out_tokens = max(1, int(tpl.out_tokens * a.out_mult[i]))
-        if tpl.dialog:
-            sess[1] = conv + q + out_tokens if conv + q + out_tokens < MAX_CONTEXT else 0
-        return sess[0], sess[2], conv, q, prompt, out_tokens
 
     def _weights(self, rep: Replica, ten: Tenant, tr: float, gate_wait: float) -> float:
         """The model's weights; returns the wait before serving (the load balancer's gate
