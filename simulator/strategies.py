@@ -358,7 +358,11 @@ def _forecast(
     adapter_miss = _adapter_miss(cfg, heat.tenant_recent) if layer == "response" else {}
     chance: dict[str, float] = {}
     saved: dict[str, float] = {}  # response: expected seconds of time to first token saved
-    for k in set(prior) | set(seed):
+    # Once the pool has watched for MIN_OBSERVED_S, a key today's traffic never read has rate
+    # min(prior, 0) = 0 (:func:`_rate`): only the keys in the heat (all of them are in ``seed``)
+    # can reach the floor, and yesterday's other keys (most of its log) need no look.
+    keys = seed.keys() if obs >= MIN_OBSERVED_S else set(prior) | set(seed)
+    for k in keys:
         e = heat.heat.get(k)
         if (
             tenant_scope is not None
