@@ -137,10 +137,11 @@ class Backlog:
         return dropped
 
     def _note(self, rows: dict[str, list[Any]], now: float) -> None:
-        """Remember the units whose rows were just kept (see ``add``)."""
-        for f in _UNIT_FRAMES:
-            for r in rows.get(f, ()):
-                self._remember(r[:3], True, now)
+        """Remember the units whose rows were just kept (see ``add``): each unit once (a unit has
+        a row per cache layer it read, and its unit row)."""
+        units = dict.fromkeys(r[:3] for f in _UNIT_FRAMES for r in rows.get(f, ()))
+        for unit in units:
+            self._remember(unit, True, now)
 
     def _remember(self, unit: tuple[Any, ...], kept: bool, now: float) -> None:
         rec = self._recent
