@@ -835,7 +835,7 @@ class Simulation:
                     return
             lora_s = self._lora(rep, ten)
             emb_s = (
-                self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i], tr, bypass)
+                self._embeddings(rep, pool, ten, tpl, tpl_idx, a.chunks[i].tolist(), tr, bypass)
                 if tpl.rag
                 else 0.0
             )
@@ -1177,8 +1177,10 @@ class Simulation:
 
 
 def _as_lists(a: Arrivals) -> Arrivals:
-    """The tick's arrivals with every array as a Python list (``tolist`` keeps the values)."""
-    return Arrivals(**{k: v.tolist() for k, v in vars(a).items()})
+    """The tick's arrivals with every array as a Python list (``tolist`` keeps the values), but
+    the retrieved chunks (a row per request): only a pool's own RAG requests read theirs, a row
+    at a time (``a.chunks[i].tolist()``)."""
+    return Arrivals(**{k: v if k == "chunks" else v.tolist() for k, v in vars(a).items()})
 
 
 def _bypassed(bypass: tuple[str, ...], layer: str) -> bool:

@@ -143,11 +143,18 @@ def yesterday_log(cfg: SimConfig, tenants: list[Tenant], n: int = YESTERDAY_REQU
     )
     ks = KeyStats()
     ks.span_s = n / max(cfg.rps, 1e-9)
+    # Python lists, read an element at a time (the same values as the arrays' scalars)
+    tenant, u_tpl, fill, chunks = (
+        a.tenant.tolist(),
+        a.u_tpl.tolist(),
+        a.fill.tolist(),
+        a.chunks.tolist(),
+    )
     for i in range(len(a.t)):
-        ten = tenants[int(a.tenant[i])]
-        tpl = pick_template(ten, float(a.u_tpl[i]))
+        ten = tenants[tenant[i]]
+        tpl = pick_template(ten, u_tpl[i])
         for layer, key in request_keys(
-            ten, tpl, int(a.fill[i]), a.chunks[i][:CHUNKS_PER_QUERY], cfg.block_tokens
+            ten, tpl, fill[i], chunks[i][:CHUNKS_PER_QUERY], cfg.block_tokens
         ):
             ks.add(layer, key, ten.name, tpl)
     return ks
