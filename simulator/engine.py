@@ -351,7 +351,7 @@ class Simulation:
         self.sessions: dict[tuple[int, int], list[list[Any]]] = defaultdict(list)
         self._next_session = 0
         self._req_id = 0
-        self._sess: list[Any] = [0, 0, "", 0]  # the session being served (see _session)
+        self._sess: list[Any] = [0, 0, "", 0]  # the session being served (see _arrivals)
         self._sys_blocks: dict[tuple[int, int, str], list[tuple[str, int, bool]]] = {}
         self._units: dict[str, set[int]] = {v: set() for v in variants}
         self.yesterday: KeyStats = yesterday_log(cfg, self.tenants)
