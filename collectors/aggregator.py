@@ -810,9 +810,11 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         ready = self._ready_buffers(settle)
         hot_out: dict[int, dict[Any, Any]] = {}
         units_out: dict[tuple[Any, ...], list[Any]] = {}
+        merged: set[int] = set()  # layers with records in units_out (keys hold the layer)
         for layer_id, hot, units in ready:
             hotkeys.merge(hot_out, layer_id, hot)
-            self._merge_units(units_out, layer_id, units)
+            self._merge_units(units_out, layer_id, units, layer_id in merged)
+            merged.add(layer_id)
         for layer, n in hotkeys.cross_tenant_reads(hot_out, self._layer_names.__getitem__).items():
             self.cross_tenant[layer] = self.cross_tenant.get(layer, 0) + n
         hotkeys.top_k(hot_out, self.hot_k)
@@ -860,10 +862,15 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         return out
 
     def _merge_units(
-        self, out: dict[tuple[Any, ...], list[Any]], layer_id: int, units: dict[Any, Any]
+        self,
+        out: dict[tuple[Any, ...], list[Any]],
+        layer_id: int,
+        units: dict[Any, Any],
+        overlap: bool = True,
     ) -> None:
         """Add one thread's unit records to ``out``: per layer unpacked to
-        [lookups, hits]; request-level records to numbers (counts as ints)."""
+        [lookups, hits]; request-level records to numbers (counts as ints). ``overlap``: whether
+        ``out`` may hold records of this layer already (another thread's)."""
         if not units:
             return
         if layer_id >= 0:  # packed ints: lookups + hits << 32
@@ -884,7 +891,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
                 uk + ("",): vals
                 for uk, vals in zip(units, map(list, zip(*cols, strict=True)), strict=True)
             }
-        if out:  # another thread's buffer had some of these units: add them up
+        if overlap and out:  # another thread's buffer had some of these units: add them up
             for k in new.keys() & out.keys():
                 a = out[k]
                 for j, v in enumerate(new.pop(k)):

@@ -103,9 +103,15 @@ class HotKeySketch:
 
 
 def merge(into: dict[int, dict[Any, Any]], layer_id: int, hot: dict[int, dict[Any, Any]]) -> None:
-    """Add one thread's sketches of a layer (tenant id -> sketch) to ``into`` (scope -> sketch)."""
+    """Add one thread's sketches of a layer (tenant id -> sketch) to ``into`` (scope -> sketch).
+    The first sketch of a scope becomes the merged one as it is: the thread has let go of it (its
+    buffers were swapped out), so its entries need no copy."""
     for tid, sk in hot.items():
-        acc = into.setdefault(scope(tid, layer_id), {})
+        sc = scope(tid, layer_id)
+        acc = into.get(sc)
+        if acc is None:
+            into[sc] = sk
+            continue
         for key, e in sk.items():
             a = acc.get(key)
             if a is None:

@@ -875,11 +875,13 @@ class Telemetry:
             self._in_hand = len(units) + sum(len(sk) for sk in hot.values())
         if hot:
             self._export_hot(now, hot, side)
-        for (exp, var, unit, layer), u in units.items():
-            if layer:  # records.AB_LOOKUPS: keys, layer, lookups, hits
-                side["ab_lookups"].append((exp, var, self.hasher.hash(unit), layer, *u))
-            else:  # records.AB_UNITS: keys, first_ts, last_ts, sums, histogram
-                side["ab_units"].append((exp, var, self.hasher.hash(unit), now, now, *u))
+        if units:
+            unit_hash, per_layer, per_unit = self.hasher.hash, side["ab_lookups"], side["ab_units"]
+            for (exp, var, unit, layer), u in units.items():
+                if layer:  # records.AB_LOOKUPS: keys, layer, lookups, hits
+                    per_layer.append((exp, var, unit_hash(unit), layer, *u))
+                else:  # records.AB_UNITS: keys, first_ts, last_ts, sums, histogram
+                    per_unit.append((exp, var, unit_hash(unit), now, now, *u))
         while agg.events:
             kind, rec = agg.events.popleft()
             side["warmup_runs"].append(tuple(rec.get(c) for c in RUN_COLUMNS))
