@@ -34,6 +34,7 @@ import heapq
 import json
 import math
 import time
+import zlib
 from bisect import bisect
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -70,7 +71,6 @@ from .traffic import (
     make_tenants,
     rate_at,
     tenant_weights,
-    variant_of,
 )
 
 if TYPE_CHECKING:
@@ -741,19 +741,18 @@ class Simulation:
         of the (tenant, template) or start a new one; a conversation's length advances only where
         its pool is served (no other worker reads it)."""
         events, pools, tenants, sessions = self._events, self.pools, self.tenants, self.sessions
-        experiment, arms, t0 = self.cfg.experiment, len(self.cfg.arms), self.t0
-        a_t, a_tenant, a_u_tpl, a_u_session, a_u_pick = (
-            a.t,
-            a.tenant,
-            a.u_tpl,
-            a.u_session,
-            a.u_pick,
-        )
+        arms, t0 = len(self.cfg.arms), self.t0
+        # traffic.variant_of, written out: the CRC-32 of "<experiment>:" carried on over the id
+        crc_base = zlib.crc32(f"{self.cfg.experiment}:".encode())
+        a_t, a_tenant, a_u_tpl = a.t, a.tenant, a.u_tpl
+        a_u_session, a_u_pick = a.u_session, a.u_pick
+        req_id = self._req_id
         for i in range(len(a_t)):
             tr = a_t[i]
+            req_id += 1  # counts every arrival (a request's id in its prompt's query blocks)
             if events and events[0][0] <= tr:
+                self.now = t0 + tr
                 self._run_events(tr)
-            self.now = t0 + tr
             ten = tenants[a_tenant[i]]
             # traffic.pick_template, written out (it runs for every arrival of every pool)
             tpl_idx = ten.templates[min(bisect(ten.cum, a_u_tpl[i]), len(ten.templates) - 1)]
@@ -765,14 +764,16 @@ class Simulation:
                 sid = self._next_session
                 # the variant, hashed once; the last slot counts the conversation's blocks stored
                 # (ground truth)
-                sess = [sid, 0, variant_of(experiment, sid, arms), 0]
+                sess = [sid, 0, "ABCDEFGH"[zlib.crc32(str(sid).encode(), crc_base) % arms], 0]
                 self._next_session = sid + 1
                 sess_list.append(sess)
                 if len(sess_list) > 200:
                     sess_list.pop(0)
-            self._req_id += 1
             if sess[2] in pools:
+                self.now = t0 + tr
+                self._req_id = req_id
                 self._serve(a, i, tr, faults, ten, tpl, tpl_idx, sess)
+        self._req_id = req_id
 
     def _serve(
         self,

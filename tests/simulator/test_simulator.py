@@ -285,3 +285,20 @@ def test_a_third_pool_splits_sessions_three_ways(tmp_path):
         SimConfig.load(strategy_c="magic")
     assert SimConfig.load().arms == ("A", "B")
 
+
+
+@pytest.mark.parametrize("arms", [{}, {"strategy_c": "predictive"}])
+def test_every_session_is_in_the_variant_its_id_hashes_to(tmp_path, arms):
+    """The serving loop hashes a new session's variant itself (the CRC-32 of "<experiment>:" carried on over
+    the id): every session it kept is in traffic.variant_of's variant, with two arms and with three, and the
+    loop's request count is every arrival's."""
+    from warmscope.simulator.traffic import variant_of
+
+    cfg = SimConfig.load(**{**SMALL, "hours": 0.25, "experiment": "ünïcode-expt 7", **arms})
+    sim = Simulation(cfg, EmbeddedStore(tmp_path / "s.sqlite"))
+    summary = sim.run()
+    sessions = [s for lst in sim.sessions.values() for s in lst]
+    assert len(sessions) > 100
+    assert all(s[2] == variant_of(cfg.experiment, s[0], len(cfg.arms)) for s in sessions)
+    assert {s[2] for s in sessions} == set(cfg.arms)
+    assert sim._req_id == summary.requests  # one process serves every pool: every arrival is a request
