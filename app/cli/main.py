@@ -708,7 +708,10 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true", help="replace an existing store")
     p.add_argument("--append", action="store_true", help="add to an existing store")
     p.add_argument(
-        "--workers", type=_POS_INT, help="processes, >= 1 (default: 2 on a multi-core machine)"
+        "--workers",
+        type=_POS_INT,
+        help="processes simulating the pools, >= 1 (default: one per pool, at most one per core; "
+        "fewer than the pools share them out by cost)",
     )
     p.add_argument("--realtime", action="store_true", help="pace virtual time to the wall clock")
     p.add_argument(

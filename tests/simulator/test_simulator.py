@@ -302,3 +302,23 @@ def test_every_session_is_in_the_variant_its_id_hashes_to(tmp_path, arms):
     assert all(s[2] == variant_of(cfg.experiment, s[0], len(cfg.arms)) for s in sessions)
     assert {s[2] for s in sessions} == set(cfg.arms)
     assert sim._req_id == summary.requests  # one process serves every pool: every arrival is a request
+
+
+def test_fewer_workers_than_pools_share_them_out_by_cost(tmp_path):
+    """Three pools on two workers: the predictive pool (the costliest) alone, the other two together; the
+    store is the one three workers write, one per pool (three 15-minute pools, every frame equal; a single
+    process numbers warm-up runs across its pools instead, so its run ids differ)."""
+    from warmscope.simulator.run import _groups
+
+    three = {"strategy_b": "static_topk", "strategy_c": "predictive"}
+    cfg = SimConfig.load(**{**SMALL, **three})
+    assert _groups(cfg, 2) == [("C",), ("A", "B")]
+    assert _groups(cfg, 3) == _groups(cfg, 5) == [("A",), ("B",), ("C",)]
+    assert _groups(cfg, 1) == [("A", "B", "C")]
+    assert _groups(SimConfig.load(**SMALL), 2) == [("A",), ("B",)]
+    three_w, a = _run(tmp_path, "three", hours=0.25, workers=3, **three)
+    two, b = _run(tmp_path, "two", hours=0.25, workers=2, **three)
+    assert three_w.units == two.units and set(two.units) == {"A", "B", "C"}
+    assert not b.frame("warmup_runs").empty
+    for f in FRAMES:
+        pd.testing.assert_frame_equal(_sorted(a.frame(f)), _sorted(b.frame(f)), obj=f)
