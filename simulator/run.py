@@ -3,16 +3,17 @@
 The variant pools (A, B and an optional C) share nothing but the traffic, and
 the traffic (arrivals, sessions) is drawn from the seed identically in every
 process. So with ``workers >= 2`` each process simulates one or more pools — drawing all
-traffic, serving its own pools' sessions. Their flushes go through a queue
-to one writer (this process), which merges what has arrived into one store
-transaction: the workers never wait for the store's write lock, and hourly
-rollups and A/B moments are read once per merged write rather than once per
-flush. The store's contents are the same as a single-process run's, up to row
-order and the numbering of warm-up runs (each process numbers its own pools' runs). (``single_writer=False``: each worker writes to the store itself, as before.) With fewer
-workers than pools, the pools are shared out by what they cost (``_groups``): on two cores the
-demo's three pools run as two workers, {A, B} and {C}, and the traffic is drawn twice instead of
-three times (a day of the demo: 5 % less wall time, 91.8 → 87.2 s per million requests, median
-of five 12-hour runs each). Pools cost different amounts (the predictive strategy's forecasts): a
+traffic, serving its own pools' sessions. Their flushes go through a queue to one writer (this
+process), which merges what has arrived into one store transaction: the workers never wait for
+the store's write lock, and hourly rollups and A/B moments are read once per merged write rather
+than once per flush. The store's contents are the same as a single-process run's, up to row order
+and the numbering of warm-up runs (each process numbers its own pools' runs).
+(``single_writer=False``: each worker writes to the store itself, as before.)
+
+With fewer workers than pools, the pools are shared out by what they cost (``_groups``): on two
+cores the demo's three pools run as two workers, {A, B} and {C}, and the traffic is drawn twice
+instead of three times (12 hours of the demo: 87.2 s per million requests against 91.8 s, the
+median of five runs each). Pools cost different amounts (the predictive strategy's forecasts): a
 worker that runs ahead of the slowest yields its core, one scheduling-priority step at a time
 (``_Balance``), so that they finish together rather than leave the slowest alone on a core at the
 end (a day of the demo: 112.6 s → 108.0 s).
