@@ -8,7 +8,8 @@ pool's worker (a ``Simulation`` of that pool alone, on the demo's settings, writ
 only counts its rows, as ``run.simulate``'s workers do) runs under valgrind for ``--hours`` and for
 0.01 hours; the difference is the simulation of those hours, without the imports and the start.
 Both versions run side by side (one per core). DIR is a checkout, as for ``bench.bench_release``.
-About 2.5 minutes per pool and hour.
+About 2.5 minutes per pool and hour. A worker named by several pools (``--pools AB,C``) simulates
+them together, as when two workers share the demo's three pools (``run._groups``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Rows:
     def close(self):
         pass
 cfg, faults = demo_world(float(sys.argv[1]), now=1.75e9)
-Simulation(cfg, Rows(), faults=faults, variants=(sys.argv[2],)).run(finish=False)
+Simulation(cfg, Rows(), faults=faults, variants=tuple(sys.argv[2])).run(finish=False)
 """
 SHORT_H = 0.01
 
@@ -54,7 +55,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--previous", type=Path, required=True, help="a checkout of the version to compare with")
     ap.add_argument("--hours", type=float, default=1.0, help="simulated hours per pool (default 1)")
-    ap.add_argument("--pools", default="A,B,C", help="pools of the demo to count (default A,B,C)")
+    ap.add_argument("--pools", default="A,B,C",
+                    help="workers of the demo to count, each named by its pools (default A,B,C; AB: one worker "
+                         "simulating pools A and B, as two workers share three pools)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
