@@ -726,7 +726,7 @@ class Telemetry:
                 bl.pop()
             while bl.chunks and time.monotonic() < self._deadline and not self._abandoned:
                 # the rest in transactions of up to _STORE_TXN_ROWS rows (a
-                # transaction's fixed cost is large: A/B staging, rollups)
+                # transaction's fixed cost is large: A/B reads, rollups)
                 batch: dict[str, list[Any]] = defaultdict(list)
                 taken = rows_in = 0
                 for _, rows, n in bl.chunks:

@@ -238,7 +238,7 @@ def simulate(
                 continue
             # Rows: gather flushes until _MERGE_ROWS rows (or a worker's end), one transaction.
             # Fewer, larger writes: a unit or rollup row seen in several flushes is folded
-            # once, and each write's fixed cost (staging, rollup reads, commit) is paid less often.
+            # once, and each write's fixed cost (rollup reads, commit) is paid less often.
             batch, n = [], 0
             while msg is not None and msg[0] == "rows":
                 batch.append(msg[1])

@@ -294,7 +294,7 @@ class EmbeddedStore(StoreReader, StoreWriter):
                     con.execute(
                         "PRAGMA cache_size=-65536"
                     )  # 64 MiB: A/B upserts probe unit B-trees at random
-                    con.execute("PRAGMA temp_store=MEMORY")  # the A/B staging tables
+                    con.execute("PRAGMA temp_store=MEMORY")  # sorts and temp B-trees
                 con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             except sqlite3.Error as e:
                 raise StoreError(f"cannot open embedded store {self.path}: {e}") from None
