@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import advise, gateway, grafana, kv, misses, rca, rules, runs, warmup, whatif
 from .base import Command, Group, Simple, check_commands, overwrite_problem, store_path
@@ -325,8 +325,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"simulating {cfg.hours:g} h of traffic into {path} (once; --fresh starts over)",
             file=sys.stderr,
         )
+        # The What if page's real production hour is read while the day is simulated, from the
+        # first progress report on (the simulation's worker processes are forked by then, and a
+        # process is best forked with no other thread running).
+        trace: list[Any] = []
+        bar = _progress("simulating")
+
+        def report(done: int, total: int) -> None:
+            if not trace:
+                trace.append(whatif.read_demo_trace())
+            bar(done, total)
+
         try:
-            s = simulate(cfg, path, faults, progress=_progress("simulating"))
+            s = simulate(cfg, path, faults, progress=report)
         except KeyboardInterrupt:
             print(
                 f"\ninterrupted: {path} holds part of the simulated day; "
@@ -335,7 +346,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             raise
         print(f"wrote {s.requests:,} simulated requests in {s.wall_s:.0f} s", file=sys.stderr)
-    whatif.import_demo_trace(path)  # the What if page's real production hour
+        whatif.import_demo_trace(path, trace[0] if trace else None)
+    else:
+        whatif.import_demo_trace(path)
     if args.no_dashboard:
         return 0
     return cmd_dashboard(args)

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "cmd_whatif",
     "cmd_warmup_advice",
     "import_demo_trace",
+    "read_demo_trace",
     "DEMO_TRACE",
 ]
 
@@ -503,7 +505,8 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
 
     prog = "warmscope trace import"
     try:
-        tr = read_trace(args.file, args.block_size)
+        pre = getattr(args, "pre_read", None)  # the demo's trace, read beside its simulation
+        tr = pre.result() if pre is not None else read_trace(args.file, args.block_size)
     except TraceError as e:
         return _fail(prog, str(e))
     path = store_path(args)
@@ -564,12 +567,30 @@ def _held_trace(path: Path) -> int:
         return 0
 
 
-def import_demo_trace(path: Path) -> bool:
+def read_demo_trace() -> Future[Any] | None:
+    """Start reading :data:`DEMO_TRACE` on a thread of its own (the demo reads it while it
+    simulates, about 2 s of parsing that would otherwise wait for the simulation to end); None
+    where the file is not there. Pass the result to :func:`import_demo_trace`."""
+    if not DEMO_TRACE.exists():
+        return None
+    from warmscope.sources.trace_file import read_trace
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="demo-trace")
+    try:
+        return pool.submit(read_trace, DEMO_TRACE, None)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with its one task
+
+
+def import_demo_trace(path: Path, pre_read: Future[Any] | None = None) -> bool:
     """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
-    and the file is there (a checkout); True when it did."""
+    and the file is there (a checkout); True when it did. ``pre_read``: the file already being
+    read (:func:`read_demo_trace`)."""
     if not DEMO_TRACE.exists() or not Path(path).exists() or _held_trace(Path(path)):
         return False
-    args = argparse.Namespace(file=str(DEMO_TRACE), block_size=None, align="end", store=str(path))
+    args = argparse.Namespace(
+        file=str(DEMO_TRACE), block_size=None, align="end", store=str(path), pre_read=pre_read
+    )
     print(
         "importing a real production hour (Mooncake's conversation trace) for the What if page",
         file=sys.stderr,

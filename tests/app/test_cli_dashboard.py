@@ -107,6 +107,28 @@ def test_demo_world_puts_runs_and_traps_in_the_last_six_hours():
     assert {f.trap for f in faults} == {"bypass", "tenant_isolation"}
 
 
+def test_demo_imports_the_production_hour_read_beside_the_simulation(tmp_path):
+    """`demo` reads the What if page's trace while it simulates (a thread, started after the
+    workers are forked) and imports it after: every request of the file, its last aligned to the
+    simulated day's last flush, and the messages in order."""
+    from warmscope.app.cli.whatif import DEMO_TRACE
+
+    store = tmp_path / "demo.sqlite"
+    r = subprocess.run([sys.executable, "-m", "warmscope.app.cli", "--store", str(store), "demo", "--hours",
+                        "0.5", "--no-dashboard"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.startswith(("wrote", "importing", "imported"))]
+    assert [ln.split()[0] for ln in lines] == ["wrote", "importing", "imported"], lines
+    requests_in_file = sum(1 for ln in DEMO_TRACE.read_text().splitlines() if ln.strip())
+    import sqlite3
+
+    con = sqlite3.connect(store)
+    n, last = con.execute("SELECT count(*), max(ts) FROM block_trace").fetchone()
+    end = con.execute("SELECT max(ts) FROM lookups").fetchone()[0]
+    assert n == requests_in_file == 12_031
+    assert last == pytest.approx(end, abs=1e-6)
+
+
 def _children(pid: int) -> list[int]:
     p = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(x) for x in p.read_text().split()] if p.exists() else []
