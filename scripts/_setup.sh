@@ -43,7 +43,7 @@ pick_python() {
 # then made and filled in a few seconds (making a venv with pip in it, then installing uv into it,
 # took about 6 s of every fresh checkout's setup). Prints the uv to use, or fails (pip then).
 uv_bin() {  # uv_bin python
-  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/warmscope/uv"
+  local dir="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/warmscope/uv"
   [ "${WARMSCOPE_PIP:-0}" = 1 ] && return 1
   if command -v uv >/dev/null 2>&1; then command -v uv; return 0; fi
   if ! "$dir/bin/uv" --version >/dev/null 2>&1; then
