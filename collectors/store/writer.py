@@ -232,14 +232,16 @@ def _write_ab(con: sqlite3.Connection, units: list[Any], lookups: list[Any]) -> 
     # Units with lookups but neither a unit row in this batch nor one stored (first seen, in order).
     ukeys = {r[:_NK] for r in units}
     cand = list(dict.fromkeys(k for k in (r[:_NK] for r in lookups) if k not in ukeys))
-    stored = _existing(con, "ab_units", ("first_ts",), cand) if cand else {}
+    # One read of the stored unit rows, for the batch's units and those candidates alike.
+    found = _existing(con, "ab_units", _AB_UNIT_COLS[_NK:], list(ukeys) + cand)
+    stored = {k: found[k] for k in cand if k in found}  # a row from an earlier batch
+    old_rows = {k: v for k, v in found.items() if k in ukeys}
     zero = [k for k in cand if k not in stored]
     if zero:
         units = units + [k + (now, now) + (0,) * len(_AB_SUMS) for k in zero]
-    old_rows = _existing(con, "ab_units", _AB_UNIT_COLS[_NK:], list(ukeys)) if units else {}
     bucket_by = _unit_moments(con, units, old_rows) if units else {}
     if stored:  # units whose unit row came in an earlier batch
-        firsts = np.array([first for (first,) in stored.values()], dtype=float)
+        firsts = np.array([row[_FIRST - _NK] for row in stored.values()], dtype=float)
         bucket_by.update(zip(stored, _m.bucket_of(firsts).tolist(), strict=True))
     con.executemany(_UNIT_UPSERT, units)
     if lookups:

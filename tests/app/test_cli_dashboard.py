@@ -108,9 +108,9 @@ def test_demo_world_puts_runs_and_traps_in_the_last_six_hours():
 
 
 def test_demo_imports_the_production_hour_read_beside_the_simulation(tmp_path):
-    """`demo` reads the What if page's trace while it simulates (a thread, started after the
-    workers are forked) and imports it after: every request of the file, its last aligned to the
-    simulated day's last flush, and the messages in order."""
+    """`demo` imports the What if page's trace after it simulates (read meanwhile: the next test):
+    every request of the file, its last aligned to the simulated day's last flush, and the messages
+    in order."""
     from warmscope.app.cli.whatif import DEMO_TRACE
 
     store = tmp_path / "demo.sqlite"
@@ -127,6 +127,34 @@ def test_demo_imports_the_production_hour_read_beside_the_simulation(tmp_path):
     end = con.execute("SELECT max(ts) FROM lookups").fetchone()[0]
     assert n == requests_in_file == 12_031
     assert last == pytest.approx(end, abs=1e-6)
+
+
+def test_demo_reads_the_production_hour_after_its_workers_are_forked(tmp_path, capsys, monkeypatch):
+    """In process: `demo` starts reading the trace once, while its simulation workers run (they were
+    forked with no second thread), and hands that read to the import."""
+    import multiprocessing
+
+    from warmscope.app.cli import whatif
+    from warmscope.simulator.run import _cores
+
+    started, handed = [], []
+    read, imp = whatif.read_demo_trace, whatif.import_demo_trace
+
+    def read_spy():
+        started.append(len(multiprocessing.active_children()))
+        return read()
+
+    def import_spy(path, pre_read=None):
+        handed.append(pre_read)
+        return imp(path, pre_read)
+
+    monkeypatch.setattr(whatif, "read_demo_trace", read_spy)
+    monkeypatch.setattr(whatif, "import_demo_trace", import_spy)
+    rc, _, err = run(capsys, "--store", str(tmp_path / "d.sqlite"), "demo", "--hours", "0.25", "--no-dashboard")
+    assert rc == 0, err
+    cores = _cores()
+    assert len(started) == 1 and started[0] == (min(3, cores) if cores > 1 else 0)  # its workers were running
+    assert len(handed) == 1 and handed[0] is not None and handed[0].done()
 
 
 def _children(pid: int) -> list[int]:
