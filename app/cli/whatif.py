@@ -19,12 +19,15 @@ import math
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from warmscope.app.cli.base import Group, Simple, overwrite_problem, store_path
 from warmscope.app.cli.misses import _since
 from warmscope.app.cli.terminal import progress
+
+if TYPE_CHECKING:
+    from warmscope.model.blocktrace import BlockTrace
 
 __all__ = [
     "COMMAND",
@@ -494,22 +497,27 @@ def _import_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_trace_import(args: argparse.Namespace) -> int:
+    from warmscope.model.blocktrace import TraceError
+    from warmscope.sources.trace_file import read_trace
+
+    prog = "warmscope trace import"
+    try:
+        tr = read_trace(args.file, args.block_size)
+    except TraceError as e:
+        return _fail(prog, str(e))
+    return _import_trace(tr, store_path(args), args.align, prog)
+
+
+def _import_trace(tr: BlockTrace, path: str, align: str, prog: str) -> int:
+    """Write the block trace ``tr`` (read already) into the store at ``path``, its times moved
+    as ``align`` says (end, now, keep: see ``warmscope trace import --help``); 0 when it did."""
     import time
 
     import numpy as np
     from warmscope.collectors.store import EmbeddedStore, StoreError
-    from warmscope.model.blocktrace import TraceError
     from warmscope.sources.base import SourceError
-    from warmscope.sources.trace_file import read_trace
     from warmscope.sources.trace_store import write_store_trace
 
-    prog = "warmscope trace import"
-    try:
-        pre = getattr(args, "pre_read", None)  # the demo's trace, read beside its simulation
-        tr = pre.result() if pre is not None else read_trace(args.file, args.block_size)
-    except TraceError as e:
-        return _fail(prog, str(e))
-    path = store_path(args)
     held = _held_trace(Path(path))
     if held:
         return _fail(
@@ -519,9 +527,9 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
             "another store (--store NEW.sqlite)",
         )
     shift = 0.0
-    if args.align != "keep":
+    if align != "keep":
         end = time.time()
-        if args.align == "end" and Path(path).exists():
+        if align == "end" and Path(path).exists():
             try:
                 store = EmbeddedStore(Path(path))  # (an older store is upgraded first)
                 try:
@@ -567,7 +575,7 @@ def _held_trace(path: Path) -> int:
         return 0
 
 
-def read_demo_trace() -> Future[Any] | None:
+def read_demo_trace() -> Future[BlockTrace] | None:
     """Start reading :data:`DEMO_TRACE` on a thread of its own (the demo reads it while it
     simulates, about 2 s of parsing that would otherwise wait for the simulation to end); None
     where the file is not there. Pass the result to :func:`import_demo_trace`."""
@@ -582,20 +590,26 @@ def read_demo_trace() -> Future[Any] | None:
         pool.shutdown(wait=False)  # the thread ends with its one task
 
 
-def import_demo_trace(path: Path, pre_read: Future[Any] | None = None) -> bool:
+def import_demo_trace(path: Path, pre_read: Future[BlockTrace] | None = None) -> bool:
     """Import :data:`DEMO_TRACE` into the store at ``path`` when the store holds no block trace
     and the file is there (a checkout); True when it did. ``pre_read``: the file already being
     read (:func:`read_demo_trace`)."""
     if not DEMO_TRACE.exists() or not Path(path).exists() or _held_trace(Path(path)):
         return False
-    args = argparse.Namespace(
-        file=str(DEMO_TRACE), block_size=None, align="end", store=str(path), pre_read=pre_read
-    )
+    from warmscope.model.blocktrace import TraceError
+    from warmscope.sources.trace_file import read_trace
+
     print(
         "importing a real production hour (Mooncake's conversation trace) for the What if page",
         file=sys.stderr,
     )
-    return cmd_trace_import(args) == 0
+    prog = "warmscope demo"
+    try:
+        tr = pre_read.result() if pre_read is not None else read_trace(DEMO_TRACE, None)
+    except TraceError as e:
+        _fail(prog, f"{DEMO_TRACE}: {e}")
+        return False
+    return _import_trace(tr, str(path), "end", prog) == 0
 
 
 TRACE_COMMAND = Group(
