@@ -508,7 +508,7 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
     return _import_trace(tr, store_path(args), args.align, prog)
 
 
-def _import_trace(tr: BlockTrace, path: str, align: str, prog: str) -> int:
+def _import_trace(tr: BlockTrace, path: str | Path, align: str, prog: str) -> int:
     """Write the block trace ``tr`` (read already) into the store at ``path``, its times moved
     as ``align`` says (end, now, keep: see ``warmscope trace import --help``); 0 when it did."""
     import time
