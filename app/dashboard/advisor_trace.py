@@ -155,22 +155,23 @@ def _recommendation(ev: Evaluation, rec: Recommendation) -> None:
     )
     c1, c2, c3, c4 = st.columns(4)
     c1.metric(
-        "Prefill tokens saved per restart",
+        "Tokens saved per restart",
         f"{rec.gain_tokens:+,.0f}",
-        help=f"over no warm-up, in the {h} after a restart; 95 % CI {rec.gain_ci[0]:+,.0f} to "
-        f"{rec.gain_ci[1]:+,.0f}",
+        help=f"prefill tokens saved over no warm-up, in the {h} after a restart; 95 % CI "
+        f"{rec.gain_ci[0]:+,.0f} to {rec.gain_ci[1]:+,.0f}",
     )
     if rec.restarts_per_hour == rec.restarts_per_hour:
         c2.metric(
-            "Prefill tokens saved per hour",
+            "Tokens saved per hour",
             f"{rec.gain_tokens * rec.restarts_per_hour:+,.0f}",
-            help=f"at the trace's {rec.restarts_per_hour:.2g} restarts per hour",
+            help=f"prefill tokens, at the trace's {rec.restarts_per_hour:.2g} restarts per hour",
         )
     else:
         c2.metric(
-            "Prefill tokens saved per request",
+            "Tokens saved per request",
             f"{rec.gain_tokens / max(rec.requests, 1.0):+,.0f}",
-            help=f"{rec.requests:,.0f} requests in the {h} after a restart",
+            help=f"prefill tokens, over the {rec.requests:,.0f} requests in the {h} after a "
+            "restart",
         )
     if rec.per_token_s == rec.per_token_s:
         c3.metric(
@@ -181,16 +182,18 @@ def _recommendation(ev: Evaluation, rec: Recommendation) -> None:
         )
     else:
         c3.metric(
-            "Warm-up's own prefill",
-            fmt.tokens(rec.warm_tokens),
+            "Warm-up's prefill, tokens",
+            fmt.tokens(rec.warm_tokens, unit=False),
             help=f"{rec.warm_tokens:,.0f} tokens per restart; the trace has no time to first "
             "token to price a token in seconds with",
         )
     c4.metric(
-        "Share of the seen oracle's gain",
+        "Of the seen oracle's gain",
         fmt.pct(rec.seen_share),
-        help=f"95 % CI {rec.seen_share_ci[0]:.0%} to {rec.seen_share_ci[1]:.0%}; of the full "
-        f"oracle's (which knows content nobody had sent yet): {rec.oracle_share:.0%}",
+        help="the share of what warming the blocks the next minutes read (among those the trace "
+        f"had already sent) would save; 95 % CI {rec.seen_share_ci[0]:.0%} to "
+        f"{rec.seen_share_ci[1]:.0%}; of the full oracle's (which knows content nobody had sent "
+        f"yet): {rec.oracle_share:.0%}",
     )
     notes = list(rec.notes)
     if rec.widened:

@@ -149,16 +149,18 @@ def integer(x: float | None) -> str:
     return "–" if x is None or x != x else f"{int(round(x)):,}"
 
 
-def tokens(x: float | None) -> str:
+def tokens(x: float | None, unit: bool = True) -> str:
     """A token count at a size a person reads, to three significant figures: ``812 tokens``,
-    ``41.0 k tokens``, ``1.58 M tokens`` (never ``0.0 M``)."""
+    ``41.0 k tokens``, ``1.58 M tokens`` (never ``0.0 M``); ``unit=False`` leaves out the word
+    (``1.58 M``: a metric whose label names the unit, where the value has a tile's width)."""
     if x is None or x != x:
         return "–"
-    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    word = " tokens" if unit else ""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         q = float(f"{x / scale:.3g}")
         if abs(q) >= 1:
-            return f"{q:,.{max(0, 2 - math.floor(math.log10(abs(q))))}f} {unit} tokens"
-    return f"{x:,.0f} tokens"
+            return f"{q:,.{max(0, 2 - math.floor(math.log10(abs(q))))}f} {prefix}{word}"
+    return f"{x:,.0f}{word}"
 
 
 def human(col: str) -> str:

@@ -170,6 +170,20 @@ def time_range() -> tuple[float, float]:
     return start, end
 
 
+def range_or_whole_trace() -> tuple[float | None, float | None]:
+    """:func:`time_range`, or (None, None) for a store with no lookups: the pages that read the
+    block trace (What if, the Advisor's judgement of warm-up strategies) then read all of it; a
+    store that holds only an imported trace has no other data to set a range by."""
+    try:
+        b = data.time_bounds()
+    except data.SourceError:
+        b = None
+    if b is None:
+        st.caption("The whole block trace (the store has no other data to set a range by).")
+        return None, None
+    return time_range()
+
+
 def range_bounds(
     name: str, b: tuple[float, float], custom: tuple[datetime, datetime] | None = None
 ) -> tuple[float, float]:

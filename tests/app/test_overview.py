@@ -286,6 +286,10 @@ def test_token_counts_read_at_their_size():
     assert tokens(999_999) == "1.00 M tokens"  # rounds up into the next unit, not "1e+03 k"
     assert tokens(19_300_000) == "19.3 M tokens" and tokens(-2_500) == "-2.50 k tokens"
     assert tokens(float("nan")) == "–"
+    # without the word, for a metric tile whose label names the unit (4,070,000: "4.07 M tokens"
+    # was cut to "4.07 M tok…" in a quarter of the What if page)
+    assert tokens(4_070_000, unit=False) == "4.07 M" and tokens(812, unit=False) == "812"
+    assert tokens(float("nan"), unit=False) == "–"
 
 
 def test_a_share_that_is_there_never_reads_as_none():

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from warmscope.analysis.advisor import Recommendation, layer_table, prefix_only
 from warmscope.analysis.forecast import evaluate, forecast_now, forecast_table, series
+from warmscope.analysis.replay import FIDELITY_MIN_REQUESTS, FIDELITY_SHARE, FIDELITY_TOL
 from warmscope.analysis.replay import Fidelity as ReplayFidelity
 from warmscope.app.dashboard import advisor_trace, cached, data, fmt, state
 
@@ -69,8 +70,15 @@ def render() -> None:
         "traffic (`warmscope advise` prints the same); below, every warm-up strategy judged on "
         "the recorded block trace, when the store holds one."
     )
-    start, end = state.time_range()
-    _tuning(start, end)
+    start, end = state.range_or_whole_trace()
+    if start is None or end is None:  # no lookups: the block trace alone (e.g. one imported)
+        st.info(
+            "No forecast or tuning: the store has no lookups yet (the collectors record them; "
+            "`warmscope demo` simulates a day of them). Below, the warm-up strategies judged on "
+            "the store's block trace."
+        )
+    else:
+        _tuning(start, end)
     advisor_trace.render(start, end)
 
 
@@ -231,26 +239,42 @@ def _wait_for_advice(
 
 def _fidelity(f: ReplayFidelity) -> None:
     t = f.table
+    col = st.column_config.Column
+    tol = f"±{FIDELITY_TOL * 100:g} pts"
     st.dataframe(
         pd.DataFrame(
             {
                 "Layer": t.layer,
-                "15-min buckets scored": t.buckets,
-                "Within ±5 points": [
-                    f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)
-                ],
-                "Median |replayed − recorded|": [
+                "Buckets scored": t.buckets,
+                f"Within {tol}": [f"{w} ({s:.0%})" for w, s in zip(t.within, t.share, strict=True)],
+                "Median gap": [
                     f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.median_abs_diff
                 ],
-                "Largest": [
+                "Largest gap": [
                     f"{x * 100:.1f} pts" if x == x else "no bucket" for x in t.max_abs_diff
                 ],
-                "In fault windows (not scored)": t.faulted,
+                "In faults": t.faulted,
                 "Trusted": ["yes" if ok else "no" for ok in t.ok],
             }
         ),
         hide_index=True,
         width="stretch",
+        # short headers, so that the table fits the page; what each counts, on hover
+        column_config={
+            "Buckets scored": col(
+                help=f"15-minute buckets with at least {FIDELITY_MIN_REQUESTS:g} lookups, outside "
+                "fault windows"
+            ),
+            f"Within {tol}": col(
+                help=f"scored buckets whose replayed hit rate is within {tol} of the recorded"
+            ),
+            "Median gap": col(help="median |replayed − recorded| hit rate over scored buckets"),
+            "Largest gap": col(help="largest |replayed − recorded| hit rate of a scored bucket"),
+            "In faults": col(help="buckets inside known fault windows: not scored"),
+            "Trusted": col(
+                help=f"at least {FIDELITY_SHARE:.0%} of the scored buckets within {tol}"
+            ),
+        },
     )
 
 

@@ -63,17 +63,6 @@ def _answer(
         bar.empty()
 
 
-def _range() -> tuple[float | None, float | None]:
-    try:
-        b = data.time_bounds()
-    except data.SourceError:
-        b = None
-    if b is None:  # a store that holds only a block trace: all of it
-        st.caption("The whole block trace (the store has no other data to set a range by).")
-        return None, None
-    return state.time_range()
-
-
 def _curve_chart(w: WhatIf, today: int) -> go.Figure:
     c, B = w.lru, w.trace.block_size
     fig = go.Figure()
@@ -232,10 +221,11 @@ def _controls(tr: BlockTrace) -> tuple[str, int, bool, tuple[str, ...]]:
         )
     )
     concurrent = c3.toggle(
-        "In-flight requests hold their blocks",
+        "Concurrent replay",
         value=False,
-        help="replay each request from its arrival to its recorded end (default: one after "
-        "another, which is exact when requests reach an engine one at a time)",
+        help="in-flight requests hold their blocks: each request replayed from its arrival to its "
+        "recorded end (default: one after another, which is exact when requests reach an engine "
+        "one at a time)",
     )
     pair = isolation_pair(tr)
     salted = [t for t in tr.tenants if t]
@@ -273,9 +263,10 @@ def _headline(w: WhatIf) -> None:
     else:
         half = w.lru.capacity_for(0.5)
         m3.metric(
-            "Half the maximum needs",
-            fmt.tokens(half * t.block_size) if half == half else "—",
-            help="the smallest cache (block LRU) that reaches half of an infinite one's hit rate",
+            "Tokens for half the max",
+            fmt.tokens(half * t.block_size, unit=False),
+            help="the smallest cache (block LRU, in tokens per engine) that reaches half of an "
+            "infinite one's hit rate",
         )
     m4.metric(
         "Infinite cache",
@@ -347,7 +338,7 @@ def render() -> None:
         "replay reproduces what real engines report request by request (docs/whatif.md)."
     )
     path = data.store_path()
-    start, end = _range()
+    start, end = state.range_or_whole_trace()
     version = data.version()
     try:
         tr = cached.block_trace(start, end)
