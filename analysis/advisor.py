@@ -646,8 +646,9 @@ def _merge(m: Model, outs: dict[str, Outcome], per_layer: dict[str, Params]) -> 
     )
 
 
-def fidelity_text(f: Fidelity) -> str:
-    """The replay-fidelity table and its sentence."""
+def fidelity_text(f: Fidelity, sentence: bool = True) -> str:
+    """The replay-fidelity table and its sentence (``sentence=False``: the table alone, where the
+    sentence is printed as the error that ends the command)."""
     t = f.table.rename(columns={"share": "share within"})
     t["share within"] = t["share within"].map(lambda x: f"{x:.0%}")
     for c in ("median_abs_diff", "max_abs_diff"):
@@ -655,8 +656,7 @@ def fidelity_text(f: Fidelity) -> str:
     return (
         "Replay fidelity (recorded parameters vs recorded hit rate, per 15-min bucket):\n"
         + t.to_string(index=False)
-        + "\n"
-        + f.sentence()
+        + ("\n" + f.sentence() if sentence else "")
     )
 
 

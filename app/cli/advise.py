@@ -234,8 +234,8 @@ def _advise_layers(
             values=vm,
         )
     except NoRecommendation as e:
-        if e.fidelity is not None:
-            print(fidelity_text(e.fidelity))
+        if e.fidelity is not None:  # the table; its sentence is the error below, said once
+            print(fidelity_text(e.fidelity, sentence=False))
         return _fail(str(e))
     except ValueError as e:
         return _fail(str(e))

@@ -80,6 +80,7 @@ def test_advise_cli_prints_table_and_json_and_rejects_bad_input(store, tmp_path)
     assert r.stderr.strip().splitlines()[-1] == (
         "warmscope advise: The replay does not reproduce the recorded traffic (response 75% of 12 buckets within "
         "±5 points; 90% needed), so it makes no recommendation.")
+    assert (r.stdout + r.stderr).count("does not reproduce") == 1  # said once, as the error
     assert not out.exists()  # no recommendation written
     r = subprocess.run(exe + ["--objective", "slo"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "No SLO price" in r.stderr and "Traceback" not in r.stderr
