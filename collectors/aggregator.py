@@ -315,7 +315,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:
-            self._add_unit(st, ctx.ukey, _HIT_INC if result == HIT else 1)
+            self._add_unit(st, ctx, _HIT_INC if result == HIT else 1)
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
@@ -354,7 +354,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         if len(lst) >= _BATCH:
             self._sketch(b.layer_id, st.hot, st.hbuf)
         if ctx.ukey is not None:  # here in tokens
-            self._add_unit(st, ctx.ukey, pack_layer_unit(hits + misses, hits))
+            self._add_unit(st, ctx, pack_layer_unit(hits + misses, hits))
         if self.warmed:
             w = self.warmed.get(key)
             if w is not None:
@@ -362,41 +362,47 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         if self.early:
             self._early_read(b, key, fam, ctx)
 
-    def _add_unit(self, st: _ThreadState, ukey: tuple[Any, ...], inc: int) -> None:
+    def _add_unit(self, st: _ThreadState, ctx: Any, inc: int) -> None:
         """Add ``inc`` (see :func:`pack_layer_unit`) to a unit's lookups and
         hits in this layer: one int per unit, no container for the GC to walk."""
+        ukey = ctx.ukey
         u = st.units.get(ukey)
         if u is None:
-            if self._admit(ukey):
+            if self._admit(ukey, ctx):
                 st.units[ukey] = inc
             else:
                 st.dropped += 1
         else:
             st.units[ukey] = u + inc
 
-    def _admit(self, ukey: tuple[Any, ...]) -> bool:
+    def _admit(self, ukey: tuple[Any, ...], ctx: Any) -> bool:
         """Whether a unit's new record (its first in this thread's buffer since the take) is
         kept. Below ``max_buffered_units`` it is, unless the unit's records were dropped in the
         last ``_DECIDED_S``; at the bound it is only if the unit had records kept then. So the
         lookups and the request record of one request are kept or dropped together, even when
-        a take (a flush) falls between them. The decisions kept are bounded."""
+        a take (a flush) falls between them: the request's context holds its decision (the
+        decisions kept for units across requests are bounded, and a flood of new units can push
+        one out between a request's lookup and its request record)."""
         now = time.monotonic()
-        d = self._decided.get(ukey)
-        if d is not None and now - d[1] > _DECIDED_S:
-            d = None
+        d = ctx.decided
+        if d is None or now - d[1] > _DECIDED_S:
+            d = self._decided.get(ukey)
+            if d is not None and now - d[1] > _DECIDED_S:
+                d = None
         if d is not None and not d[0]:
             return False
         if d is None and self._units_n >= self.max_buffered_units:
-            self._decide(ukey, False, now)
+            self._decide(ukey, False, now, ctx)
             return False
         self._units_n += 1
         if self._units_n == self._fill_mark and self.on_units_filling is not None:
             self.on_units_filling()
         if d is None:
-            self._decide(ukey, True, now)
+            self._decide(ukey, True, now, ctx)
         return True
 
-    def _decide(self, ukey: tuple[Any, ...], kept: bool, now: float) -> None:
+    def _decide(self, ukey: tuple[Any, ...], kept: bool, now: float, ctx: Any) -> None:
+        ctx.decided = (kept, now)
         dec = self._decided
         dec.pop(ukey, None)
         dec[ukey] = (kept, now)
@@ -504,7 +510,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
             h[H_SUM] += cached_tokens
             h[H_COUNT] += 1
         if ctx.ukey is not None:
-            self._unit_request(st, ctx.ukey, ttft_s, latency_s, gpu_s, sla_met, conversion, value)
+            self._unit_request(st, ctx, ttft_s, latency_s, gpu_s, sla_met, conversion, value)
 
     def record_llm(
         self,
@@ -525,7 +531,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
     def _unit_request(
         self,
         st: _ThreadState,
-        ukey: tuple[Any, ...],
+        ctx: Any,
         ttft_s: float | None,
         latency_s: float | None,
         gpu_s: float,
@@ -534,9 +540,10 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         value: float,
     ) -> None:
         """Add one request to its A/B unit's request-level record."""
+        ukey = ctx.ukey
         ub = st.units.get(ukey)
         if ub is None:
-            if not self._admit(ukey):
+            if not self._admit(ukey, ctx):
                 st.dropped += 1
                 return  # counted as dropped, not kept
             ub = st.units[ukey] = _new_unit()  # a bytearray: not tracked by the GC

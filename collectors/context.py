@@ -44,6 +44,7 @@ class RequestContext:
         "cid0",
         "tid",
         "ukey",
+        "decided",
         "_agg",
     )
 
@@ -75,6 +76,10 @@ class RequestContext:
         self.ukey = (
             (self.experiment, self.variant, self.unit) if (self.unit and self.experiment) else None
         )
+        # Whether this request's unit records are kept, and when that was decided: its later
+        # records (after a flush took the earlier ones) follow the first, however many other
+        # units were decided meanwhile (the aggregator's shared memory of decisions is bounded).
+        self.decided: tuple[bool, float] | None = None
 
 
 # The installed pipeline, as collectors.pipeline provides it (set when that

@@ -234,3 +234,42 @@ def test_a_background_pipeline_wires_the_wake_to_its_flusher(tmp_path):
         assert tel.aggregator.units_buffered == 0
     finally:
         tel.close()
+
+
+def test_a_request_keeps_its_units_decision_however_many_units_are_decided_meanwhile(tmp_path):
+    # A request's lookup is dropped at the bound; before its request record, a flood of other new
+    # units (each dropped, each decision remembered) overflows the aggregator's bounded memory of
+    # decisions (2 × 50 + 1,024 here) and a flush empties the buffer. The request record must follow
+    # its lookup (dropped), not be decided afresh (kept, with room again): a half-written unit.
+    from warmscope.collectors import InstrumentedCache
+    from warmscope.collectors.store import EmbeddedStore
+
+    path = tmp_path / "s.db"
+    cfg = CollectorConfig.load(env={}, exporter="embedded", store_path=str(path), key_secret="s",
+                               max_buffered_units=50)
+    tel = Telemetry(cfg, background=False)
+    cache = InstrumentedCache({}, layer="prefix_kv", telemetry=tel)
+
+    def whole_request(unit: str) -> None:
+        with request_context(unit=unit, experiment="e", variant="A", telemetry=tel):
+            cache.get(f"k-{unit}")
+            tel.record_request(latency_s=0.01)
+
+    for n in range(25):  # the buffer at its bound: 50 records (each unit's lookup and request)
+        whole_request(f"fill{n}")
+    with request_context(unit="u", experiment="e", variant="A", telemetry=tel):
+        cache.get("k-u")  # dropped: the bound is reached
+        for n in range(2 * 50 + 1024 + 10):  # the flood, dropped too
+            whole_request(f"flood{n}")
+        tel.flush()  # the buffer is empty again
+        tel.record_request(latency_s=0.01)  # must be dropped with its lookup
+    tel.close()
+    st = EmbeddedStore(path)
+    try:
+        units = {r[0] for r in st.query("SELECT unit_hash FROM ab_units")}
+        looked = {r[0] for r in st.query("SELECT unit_hash FROM ab_lookups")}
+    finally:
+        st.close()
+    assert len(units) == 25 and units == looked  # the 25 kept whole; u and the flood dropped whole
+    # the fill's 25 lookups and requests kept; u's two records and the flood's two each dropped
+    assert tel.aggregator.dropped_counts() == {"record": 2 + 2 * (2 * 50 + 1024 + 10)}
