@@ -368,17 +368,17 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         ukey = ctx.ukey
         u = st.units.get(ukey)
         if u is None:
-            if self._admit(ukey, ctx):
+            if self._admit(ctx):
                 st.units[ukey] = inc
             else:
                 st.dropped += 1
         else:
             st.units[ukey] = u + inc
 
-    def _admit(self, ukey: tuple[Any, ...], ctx: Any) -> bool:
-        """Whether a unit's new record (its first in this thread's buffer since the take) is
-        kept. Below ``max_buffered_units`` it is, unless the unit's records were dropped in the
-        last ``_DECIDED_S``; at the bound it is only if the unit had records kept then. So the
+    def _admit(self, ctx: Any) -> bool:
+        """Whether the new record of a request's unit (``ctx.ukey``; its first in this thread's
+        buffer since the take) is kept. Below ``max_buffered_units`` it is, unless the unit's
+        records were dropped in the last ``_DECIDED_S``; at the bound it is only if the unit had records kept then. So the
         lookups and the request record of one request are kept or dropped together, even when
         a take (a flush) falls between them: the request's context holds its decision (the
         decisions kept for units across requests are bounded, and a flood of new units can push
@@ -386,23 +386,24 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         now = time.monotonic()
         d = ctx.decided
         if d is None or now - d[1] > _DECIDED_S:
-            d = self._decided.get(ukey)
+            d = self._decided.get(ctx.ukey)
             if d is not None and now - d[1] > _DECIDED_S:
                 d = None
         if d is not None and not d[0]:
             return False
         if d is None and self._units_n >= self.max_buffered_units:
-            self._decide(ukey, False, now, ctx)
+            self._decide(ctx, False, now)
             return False
         self._units_n += 1
         if self._units_n == self._fill_mark and self.on_units_filling is not None:
             self.on_units_filling()
         if d is None:
-            self._decide(ukey, True, now, ctx)
+            self._decide(ctx, True, now)
         return True
 
-    def _decide(self, ukey: tuple[Any, ...], kept: bool, now: float, ctx: Any) -> None:
+    def _decide(self, ctx: Any, kept: bool, now: float) -> None:
         ctx.decided = (kept, now)
+        ukey = ctx.ukey
         dec = self._decided
         dec.pop(ukey, None)
         dec[ukey] = (kept, now)
@@ -543,7 +544,7 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
         ukey = ctx.ukey
         ub = st.units.get(ukey)
         if ub is None:
-            if not self._admit(ukey, ctx):
+            if not self._admit(ctx):
                 st.dropped += 1
                 return  # counted as dropped, not kept
             ub = st.units[ukey] = _new_unit()  # a bytearray: not tracked by the GC
