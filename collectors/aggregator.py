@@ -378,11 +378,11 @@ class Aggregator(HotKeySketch, WarmupTracking, MissTracking):
     def _admit(self, ctx: Any) -> bool:
         """Whether the new record of a request's unit (``ctx.ukey``; its first in this thread's
         buffer since the take) is kept. Below ``max_buffered_units`` it is, unless the unit's
-        records were dropped in the last ``_DECIDED_S``; at the bound it is only if the unit had records kept then. So the
-        lookups and the request record of one request are kept or dropped together, even when
-        a take (a flush) falls between them: the request's context holds its decision (the
-        decisions kept for units across requests are bounded, and a flood of new units can push
-        one out between a request's lookup and its request record)."""
+        records were dropped in the last ``_DECIDED_S``; at the bound it is only if the unit had
+        records kept then. So the lookups and the request record of one request are kept or
+        dropped together, even when a take (a flush) falls between them: the request's context
+        holds its decision (the decisions kept for units across requests are bounded, and a flood
+        of new units can push one out between a request's lookup and its request record)."""
         now = time.monotonic()
         d = ctx.decided
         if d is None or now - d[1] > _DECIDED_S:
